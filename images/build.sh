@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build the sandboxes images: sandboxes/runtime and sandboxes/ssh-vm, tagged <VERSION> and latest.
+#
+#   images/build.sh                              # offline: base debootstrapped from the apt mirror
+#   BASE=debian:bookworm-slim images/build.sh    # online: base pulled from a registry
+#
+# Environment:
+#   BASE             "local" (default) or an image reference to build on
+#   SANDBOXES_CACHE  cache dir for the debootstrapped rootfs (default ~/.cache/sandboxes)
+#   DEBIAN_MIRROR    apt mirror for debootstrap and the base image (default http://deb.debian.org/debian)
+#   DEBIAN_SECURITY_MIRROR  (default http://deb.debian.org/debian-security)
+#   BUILD_NETWORK    passed as `docker build --network`, e.g. "host" if build containers have no network
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+version=$(tr -d '[:space:]' <"$here/VERSION")
+BASE=${BASE:-local}
+cache=${SANDBOXES_CACHE:-$HOME/.cache/sandboxes}
+rootfs=$cache/rootfs-bookworm
+marker=$rootfs.done          # beside the rootfs, not in it, so it is not part of the image
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+security_mirror=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+base_image=sandboxes/base:bookworm
+
+log() { printf '==> [%3ds] %s\n' "$SECONDS" "$*" >&2; }
+die() { printf 'build.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+docker info >/dev/null 2>&1 || die "Docker engine not reachable (start one: bash .ci/docker.sh)"
+
+# A minbase bookworm rootfs, trimmed like debian:*-slim. Only a rootfs with a marker counts as
+# complete: an interrupted debootstrap is thrown away and redone.
+make_rootfs() {
+    [ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
+    command -v debootstrap >/dev/null || die "debootstrap missing (apt-get install -y debootstrap)"
+    log "debootstrap --variant=minbase bookworm $rootfs (mirror $mirror)"
+    # --one-file-system: an interrupted debootstrap may leave proc/sys mounted inside.
+    rm -rf --one-file-system "$rootfs" "$rootfs.tmp" "$marker"
+    mkdir -p "$cache"
+    debootstrap --variant=minbase bookworm "$rootfs.tmp" "$mirror"
+
+    # Same apt sources as the official image (main + updates + security), on our mirror.
+    rm -f "$rootfs.tmp/etc/apt/sources.list"
+    cat >"$rootfs.tmp/etc/apt/sources.list.d/debian.sources" <<EOF
+Types: deb
+URIs: $mirror
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: $security_mirror
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+    # Slim: no docs, man pages or translations, now or for packages installed later.
+    cat >"$rootfs.tmp/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+EOF
+    find "$rootfs.tmp/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+    rm -rf "$rootfs.tmp"/usr/share/{man,info}/* "$rootfs.tmp"/var/cache/apt/* "$rootfs.tmp"/var/lib/apt/lists/*
+    find "$rootfs.tmp/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} +
+    rm -f "$rootfs.tmp"/var/log/*.log "$rootfs.tmp"/var/log/apt/*
+
+    mv "$rootfs.tmp" "$rootfs"
+    date -u +%Y%m%dT%H%M%SZ >"$marker"
+}
+
+if [ "$BASE" = local ]; then
+    if [ -s "$marker" ] && [ -d "$rootfs" ]; then
+        log "reusing rootfs $rootfs ($(cat "$marker"))"
+    else
+        make_rootfs
+    fi
+    # Re-importing would give a new image ID and invalidate every cached layer built on it, so
+    # import only when the image is missing or came from another rootfs.
+    rootfs_id=$(cat "$marker")
+    if [ "$(docker image inspect -f '{{index .Config.Labels "io.sandboxes.rootfs"}}' "$base_image" 2>/dev/null)" = "$rootfs_id" ]; then
+        log "reusing $base_image (rootfs $rootfs_id)"
+    else
+        log "docker import $rootfs -> $base_image"
+        tar --numeric-owner -C "$rootfs" -c . | docker import \
+            --change "LABEL io.sandboxes.rootfs=$rootfs_id" \
+            --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+            --change 'CMD ["bash"]' \
+            - "$base_image" >/dev/null
+    fi
+    BASE=$base_image
+fi
+
+build_args=(--build-arg "VERSION=$version")
+[ -z "${BUILD_NETWORK:-}" ] || build_args+=(--network "$BUILD_NETWORK")
+
+log "docker build sandboxes/runtime:$version (base $BASE)"
+docker build "${build_args[@]}" --build-arg "BASE=$BASE" \
+    -t "sandboxes/runtime:$version" -t sandboxes/runtime:latest "$here/runtime"
+
+log "docker build sandboxes/ssh-vm:$version"
+docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+    -t "sandboxes/ssh-vm:$version" -t sandboxes/ssh-vm:latest "$here/ssh-vm"
+
+docker image ls --filter reference='sandboxes/*' >&2

@@ -1,0 +1,54 @@
+"""Bounded capture of a command's output, shared by every transport."""
+
+from __future__ import annotations
+
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+"""Bytes of output ``execute`` keeps by default (1 MiB): enough for any tool result an agent can
+use, small enough that a runaway ``yes`` cannot exhaust the caller's memory."""
+
+UNLIMITED = 1 << 62
+
+
+class OutputBuffer:
+    """Keeps the first and last ``limit / 2`` bytes of a stream of unknown length.
+
+    Memory stays O(limit) however much the command prints; what is dropped from the middle is
+    counted and announced by a marker line in `text`.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(limit, 0)
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._half = self.limit // 2
+        self.total = 0
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        if len(self._head) < self.limit - self._half:
+            room = self.limit - self._half - len(self._head)
+            self._head += data[:room]
+            data = data[room:]
+        if data and self._half:
+            self._tail += data
+            if len(self._tail) > 2 * self._half:  # trim in bulk, not on every write
+                del self._tail[: len(self._tail) - self._half]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    def getvalue(self) -> bytes:
+        if not self.truncated:
+            return bytes(self._head + self._tail)
+        tail = self._tail[-self._half :] if self._half else b""
+        return bytes(self._head) + bytes(tail)
+
+    def text(self) -> str:
+        """The kept output as text, with a marker where the middle was dropped."""
+        if not self.truncated:
+            return self.getvalue().decode("utf-8", "replace")
+        tail = bytes(self._tail[-self._half :]) if self._half else b""
+        dropped = self.total - len(self._head) - len(tail)
+        marker = f"\n... [{dropped} bytes of output truncated] ...\n"
+        return self._head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")

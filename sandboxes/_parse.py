@@ -1,0 +1,142 @@
+"""Parsing of what the scripts in `sandboxes._scripts` print, and of their exit statuses."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from sandboxes import _scripts as s
+from sandboxes import protocol as p
+from sandboxes.paths import join
+from sandboxes.semantics import iso_from_epoch, message_for
+
+_STATUS_CODES: dict[int, p.ErrorCode] = {
+    s.EXIT_NOT_FOUND: p.FILE_NOT_FOUND,
+    s.EXIT_IS_DIRECTORY: p.IS_DIRECTORY,
+    s.EXIT_PERMISSION: p.PERMISSION_DENIED,
+    s.EXIT_NOT_A_DIRECTORY: p.NOT_A_DIRECTORY,
+    s.EXIT_CHANGED: p.FILE_CHANGED,
+    s.EXIT_NO_SPACE: p.NO_SPACE,
+    s.EXIT_NOT_REGULAR: p.INVALID_ARGUMENT,
+}
+
+
+class ScriptFailed(Exception):
+    """A script ended in a way that is not a file-level answer (timeout, lost sandbox, a shell
+    without the tools it needs). Carries the protocol code and a message for the result."""
+
+    def __init__(self, code: p.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def code_for_status(status: int) -> p.ErrorCode | None:
+    return _STATUS_CODES.get(status)
+
+
+def check(response: p.ExecuteResponse, path: str) -> p.ErrorCode | None:
+    """The file-level error a script reported, ``None`` on success; raise `ScriptFailed` for
+    anything that is not an answer about the file."""
+    if response.error is not None:
+        raise ScriptFailed(response.error, response.message or message_for(response.error, path))
+    if response.exit_code == 0:
+        return None
+    if response.exit_code is not None and (code := code_for_status(response.exit_code)) is not None:
+        return code
+    detail = response.output.strip()[-500:] or "no output"
+    raise ScriptFailed(
+        p.BACKEND_ERROR,
+        f"sandbox shell failed on '{path}' (exit {response.exit_code}): {detail}",
+    )
+
+
+def decode_base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text)
+    except binascii.Error as exc:
+        raise ScriptFailed(p.BACKEND_ERROR, f"corrupt file transfer from sandbox: {exc}") from exc
+
+
+def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
+    """Entries from `_scripts.LS`: NUL-terminated ``d``/``f``-tagged names, then stat lines."""
+    *records, stats_text = output.split("\x00")
+    stats = stats_text.split("\n")
+    if stats and stats[-1] == "":
+        stats.pop()
+    aligned = len(stats) == len(records)
+    entries = []
+    for index, record in enumerate(records):
+        kind, name = record[:1], record[1:]
+        size = mtime = None
+        if aligned:
+            fields = stats[index].split(" ")
+            if len(fields) == 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
+                size, mtime = int(fields[0]), iso_from_epoch(int(fields[1]))
+        is_dir = kind == "d"
+        path = join(directory, name) + ("/" if is_dir else "")
+        entries.append(p.FileInfo(path, is_dir, 0 if is_dir else size, mtime))
+    entries.sort(key=lambda e: e.path)
+    return entries
+
+
+def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
+    """``(status, content)`` per file from `_scripts.DOWNLOAD`."""
+    results: list[tuple[int, bytes | None]] = []
+    chunk: list[str] = []
+    for line in output.split("\n"):
+        if line.startswith("!"):
+            status = int(line[1:]) if line[1:].isdigit() else -1
+            results.append((status, decode_base64("".join(chunk)) if status == 0 else None))
+            chunk = []
+        else:
+            chunk.append(line)
+    if len(results) != count:
+        raise ScriptFailed(p.BACKEND_ERROR, f"sandbox answered {len(results)} of {count} downloads")
+    return results
+
+
+def upload_statuses(output: str, count: int) -> list[int]:
+    statuses = [int(line) for line in output.split("\n") if line.strip().isdigit()]
+    if len(statuses) != count:
+        raise ScriptFailed(p.BACKEND_ERROR, f"sandbox answered {len(statuses)} of {count} uploads")
+    return statuses
+
+
+def nul_list(output: str) -> list[str]:
+    return [item for item in output.split("\x00") if item]
+
+
+_LINE_NUMBER = re.compile(r"(\d+):")
+
+
+def grep_matches(output: str) -> list[p.GrepMatch]:
+    """Matches from `_scripts.GREP`: candidate names, a newline, then ``path:line:text`` lines.
+
+    A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
+    followed by ``:<digits>:`` rather than split on the first colon.
+    """
+    names_text, _, grep_text = output.rpartition("\x00")
+    candidates = set(nul_list(names_text + "\x00"))
+    grep_text = grep_text[1:] if grep_text.startswith("\n") else grep_text
+    matches = []
+    pos, end = 0, len(grep_text)
+    while pos < end:
+        colon = grep_text.find(":", pos)
+        found = None
+        while colon != -1:
+            if grep_text[pos:colon] in candidates and (m := _LINE_NUMBER.match(grep_text, colon + 1)):
+                found = (grep_text[pos:colon], int(m.group(1)), m.end())
+                break
+            colon = grep_text.find(":", colon + 1)
+        if found is None:  # a line that is not a match (e.g. a "binary file matches" notice)
+            newline = grep_text.find("\n", pos)
+            pos = end if newline == -1 else newline + 1
+            continue
+        path, line_number, text_start = found
+        newline = grep_text.find("\n", text_start)
+        text_end = end if newline == -1 else newline
+        matches.append(p.GrepMatch(path, line_number, grep_text[text_start:text_end]))
+        pos = text_end + 1
+    return matches

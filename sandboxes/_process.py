@@ -1,0 +1,118 @@
+"""Running a local process with bounded output, stdin fed concurrently, and a tree-wide kill.
+
+Used by `LocalSandbox`; kept apart so the sandbox module holds only policy (what to run and
+how to isolate it), not pipe plumbing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sandboxes._output import OutputBuffer
+
+_DRAIN_GRACE = 0.2
+"""Seconds to keep reading after the command exits: a background job it started may hold the
+pipe open forever, and ``execute`` must not wait for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    output: OutputBuffer
+    exit_code: int | None
+    timed_out: bool
+    duration_ms: float
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: bytes | None,
+    timeout: float | None,
+    output_limit: int,
+    marker: tuple[str, str] | None = None,
+) -> ProcessResult:
+    """Run ``argv`` in a new session; on timeout kill its process group and every process that
+    still carries ``marker`` (an environment variable inherited by all descendants, which finds
+    the ones that left the group with ``setsid``)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    output = OutputBuffer(output_limit)
+    assert proc.stdout is not None
+    reader = threading.Thread(target=_pump, args=(proc.stdout, output), daemon=True)
+    reader.start()
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout if timeout else None)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc.pid, marker)
+        proc.wait()
+    reader.join(_DRAIN_GRACE if not timed_out else 2.0)
+    if reader.is_alive():  # a background job holds the pipe; stop listening to it
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+    code = None if timed_out else _shell_status(proc.returncode)
+    return ProcessResult(output, code, timed_out, (time.monotonic() - started) * 1000)
+
+
+def kill_tree(pid: int, marker: tuple[str, str] | None) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if marker is not None:
+        for other in _processes_with_env(*marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(other, signal.SIGKILL)
+
+
+def _processes_with_env(name: str, value: str) -> list[int]:
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\x00"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _pump(stream: object, output: OutputBuffer) -> None:
+    read = stream.read1 if hasattr(stream, "read1") else stream.read  # type: ignore[attr-defined]
+    with contextlib.suppress(ValueError, OSError):
+        while chunk := read(65536):
+            output.write(chunk)
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+        proc.stdin.write(data)
+    with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+        proc.stdin.close()
+
+
+def _shell_status(returncode: int) -> int:
+    """Report death by signal N as 128+N, the way a shell would."""
+    return 128 - returncode if returncode < 0 else returncode

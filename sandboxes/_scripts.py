@@ -1,0 +1,158 @@
+"""Shell text for the file operations `BaseSandbox` builds on ``execute()``.
+
+Rules every script here keeps:
+
+* The script text is a constant. Caller data (paths, patterns, sizes) reaches it only as
+  positional parameters, each one `shlex.quote`-d by `command`, so no path or pattern can
+  become shell syntax whatever bytes it holds. File contents travel on stdin.
+* Only POSIX ``sh`` plus coreutils or busybox (``base64``, ``head``, ``tail``, ``stat -c``,
+  ``find``, ``grep -F``, ``md5sum``, ``mktemp``) is assumed: no python3, no bash.
+* Failures are reported by exit status (the ``EXIT_*`` codes below), never by parsing error
+  text, because stderr wording differs between coreutils, busybox and locales.
+* Output that Python parses is NUL- or line-framed so that names with spaces, quotes or
+  newlines survive.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+EXIT_NOT_FOUND = 10
+EXIT_IS_DIRECTORY = 11
+EXIT_PERMISSION = 12
+EXIT_NOT_A_DIRECTORY = 13
+EXIT_CHANGED = 14
+EXIT_NO_SPACE = 15
+EXIT_NOT_REGULAR = 16
+
+
+def command(script: str, *args: str) -> str:
+    """Bind ``args`` to ``$1..$n`` of ``script`` without any of them reaching the parser."""
+    bound = " ".join(shlex.quote(arg) for arg in args)
+    return f"set -- {bound}\n{_PRELUDE}{script}" if args else f"{_PRELUDE}{script}"
+
+
+# `why` leaves in $c the code explaining why $1 could not be used as an existing file: a
+# directory, a missing path under a parent that is a file, simply missing, or present but
+# refused. `prep` creates $1's parent directory, or exits explaining why it could not.
+_PRELUDE = r"""LC_ALL=C; export LC_ALL; unset CDPATH
+why() {
+  if [ -d "$1" ]; then c=11; return; fi
+  if [ -e "$1" ] || [ -L "$1" ]; then c=12; return; fi
+  d=$1
+  while d=${d%/*}; [ -n "$d" ]; do
+    if [ -e "$d" ] && [ ! -d "$d" ]; then c=13; return; fi
+  done
+  c=10
+}
+prep() {
+  d=${1%/*}
+  [ -z "$d" ] || [ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null || {
+    why "$d"; [ "$c" = 10 ] && c=12; [ "$c" = 11 ] && c=12; return 1; }
+}
+"""
+
+LS = r"""if ! cd -P -- "$1" 2>/dev/null; then
+  [ -d "$1" ] && exit 12
+  why "$1"; [ "$c" = 12 ] && c=13; exit "$c"
+fi
+for f in * .[!.]* ..?*; do
+  if [ -d "$f" ]; then printf 'd%s\0' "$f"
+  elif [ -e "$f" ] || [ -L "$f" ]; then printf 'f%s\0' "$f"; fi
+done
+stat -c '%s %Y' -- * .[!.]* ..?* 2>/dev/null
+exit 0
+"""
+"""Entries as NUL-terminated ``d<name>``/``f<name>``, then one ``size mtime`` line per entry in
+the same order (the glob expands identically twice; no per-entry fork)."""
+
+READ_FILE = r"""f=$1
+if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && c=16; exit "$c"; fi
+true < "$f" 2>/dev/null || exit 12
+head -c "$2" < "$f" | base64
+"""
+"""The file (at most ``$2`` bytes of it) as base64: binary-safe through any text channel."""
+
+DOWNLOAD = r"""limit=$1; shift
+for f do
+  if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && c=16
+  elif true < "$f" 2>/dev/null; then head -c "$limit" < "$f" | base64; c=0
+  else c=12; fi
+  printf '!%s\n' "$c"
+done
+"""
+"""Per file: its base64 lines, then ``!<status>``. Base64 lines never start with ``!``."""
+
+_WRITE_ONE = r"""put() {
+  if [ -d "$1" ]; then c=11; return 1; fi
+  prep "$1" || return 1
+  if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
+  case $err in *[Nn]o\ space*) c=15 ;; *) why "$1"; [ "$c" = 10 ] && c=12 ;; esac
+  return 1
+}
+"""
+# `put PATH PRODUCER` writes what the function PRODUCER prints to PATH, leaving in $c why not.
+
+WRITE = (
+    _WRITE_ONE
+    + r"""_cat() { cat; }
+put "$1" _cat; exit "$c"
+"""
+)
+"""Write stdin to ``$1`` (creating parents), in place so the file keeps its mode and owner."""
+
+CAS_WRITE = (
+    _WRITE_ONE
+    + r"""_cat() { cat; }
+[ -f "$1" ] || { why "$1"; exit "$c"; }
+cur=$(md5sum < "$1" 2>/dev/null) || exit 12
+case $cur in "$2"*) ;; *) exit 14 ;; esac
+put "$1" _cat; exit "$c"
+"""
+)
+"""Compare-and-swap: write stdin to ``$1`` only if its md5 is still ``$2``."""
+
+UPLOAD = (
+    _WRITE_ONE
+    + r"""t=$(mktemp 2>/dev/null) || t=$(mktemp -p "${1%/*}" 2>/dev/null) || exit 12
+trap 'rm -f "$t"' EXIT HUP INT TERM
+cat > "$t" || exit 15
+off=1
+_part() { tail -c "+$off" "$t" 2>/dev/null | head -c "$n"; }
+while [ $# -gt 0 ]; do
+  n=$2
+  put "$1" _part
+  printf '%s\n' "$c"
+  off=$((off + n)); shift 2
+done
+exit 0
+"""
+)
+"""Several files in one stream: ``$1 $2`` = path and byte count, repeated. The stream is spooled
+to a temporary file removed on exit, because ``head -c`` on a pipe may read past its count
+(busybox) and would swallow the next file's bytes."""
+
+DELETE = r"""f=$1
+if [ ! -e "$f" ] && [ ! -L "$f" ]; then why "$f"; exit "$c"; fi
+rm -rf -- "$f" 2>/dev/null
+if [ -e "$f" ] || [ -L "$f" ]; then exit 12; fi
+exit 0
+"""
+
+FIND_FILES = r"""root=$1; shift
+if [ ! -e "$root" ]; then why "$root"; exit "$c"; fi
+find -P "$root" "$@" -type f -print0 2>/dev/null
+exit 0
+"""
+"""Regular files under ``$1`` (or ``$1`` itself), NUL-terminated; ``$2...`` are extra ``find``
+predicates such as ``( -name *.py )`` that narrow the walk."""
+
+GREP = r"""root=$1; pat=$2; shift 2
+if [ ! -e "$root" ]; then why "$root"; exit "$c"; fi
+find -P "$root" "$@" -type f -print0 2>/dev/null
+printf '\n'
+find -P "$root" "$@" -type f -exec grep -F -n -H -e "$pat" -- {} + 2>/dev/null
+exit 0
+"""
+"""The candidate files NUL-terminated (so the parser can tell where a name ends even when it
+holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""

@@ -1,0 +1,356 @@
+"""`BaseSandbox`: every file operation on top of one primitive, ``execute()``.
+
+A backend supplies ``execute()`` (and ``id``) and inherits ls, read, write, edit, delete, grep,
+glob, upload and download, each in ONE round trip (edit: two, read then compare-and-swap).
+Backends whose transport moves files faster (tar over the Docker API, SFTP) override
+``upload_files``/``download_files`` only.
+
+Each operation is split in three: validate arguments in Python, run one constant script from
+`sandboxes._scripts` with the arguments bound as quoted positional parameters, and interpret
+the exit status and output in Python with `sandboxes.semantics`, the same code the in-memory
+backend uses. The sync and async variants share everything but the call to ``execute``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sandboxes import _parse, _scripts
+from sandboxes import protocol as p
+from sandboxes._output import UNLIMITED
+from sandboxes.paths import InvalidPathError, normalize_path
+from sandboxes.semantics import (
+    InvalidGlobError,
+    Replacement,
+    basename_prefilter,
+    compile_glob,
+    filter_glob,
+    finish_grep,
+    message_for,
+    read_window,
+    refused_input,
+    replace_text,
+)
+
+R = TypeVar("R")
+
+MAX_READ_BYTES = 256 << 20
+"""``read`` and ``edit`` refuse files larger than this: they travel whole (base64) through
+``execute``. ``download_files`` has no such cap on backends with a native transfer."""
+
+SEARCH_OUTPUT_LIMIT = 64 << 20
+"""Cap on what ls/grep/glob may send back; beyond it results are marked truncated."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One round trip: what to run, what to feed it, and how much output to accept."""
+
+    command: str
+    stdin: bytes | None = None
+    output_limit: int = UNLIMITED
+
+
+# An operation is a generator that yields the `_Call`s it needs, receives each response, and
+# returns its result. `_drive` runs it over `execute`, `_adrive` over `aexecute`.
+Operation = Generator[_Call, p.ExecuteResponse, R]
+
+
+class BaseSandbox(p.SandboxBackendProtocol):
+    """File operations over ``execute()``; subclasses provide ``id`` and ``execute``."""
+
+    operation_timeout: float = 300.0
+    """Seconds a single file operation may take inside the sandbox before it is killed."""
+
+    # ----------------------------------------------------------------- driving operations
+
+    def _drive(self, operation: Operation[R], on_error: Callable[[p.ErrorCode, str], R]) -> R:
+        try:
+            call = next(operation)
+            while True:
+                response = self.execute(
+                    call.command,
+                    stdin=call.stdin,
+                    timeout=self.operation_timeout,
+                    output_limit=call.output_limit,
+                )
+                call = operation.send(response)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        except _parse.ScriptFailed as failed:
+            return on_error(failed.code, failed.message)
+
+    async def _adrive(self, operation: Operation[R], on_error: Callable[[p.ErrorCode, str], R]) -> R:
+        try:
+            call = next(operation)
+            while True:
+                response = await self.aexecute(
+                    call.command,
+                    stdin=call.stdin,
+                    timeout=self.operation_timeout,
+                    output_limit=call.output_limit,
+                )
+                call = operation.send(response)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        except _parse.ScriptFailed as failed:
+            return on_error(failed.code, failed.message)
+
+    # ----------------------------------------------------------------- operations
+
+    def _ls(self, path: str) -> Operation[p.LsResult]:
+        try:
+            directory = normalize_path(path)
+        except InvalidPathError as exc:
+            return p.LsResult(*refused_input(exc, path))
+        response = yield _Call(_scripts.command(_scripts.LS, directory), output_limit=SEARCH_OUTPUT_LIMIT)
+        if (code := _parse.check(response, directory)) is not None:
+            return p.LsResult(code, message_for(code, directory))
+        return p.LsResult(entries=_parse.ls_entries(response.output, directory))
+
+    def _fetch(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
+        """The whole file (up to `MAX_READ_BYTES`), or why not."""
+        response = yield _Call(_scripts.command(_scripts.READ_FILE, path, str(MAX_READ_BYTES + 1)))
+        if (code := _parse.check(response, path)) is not None:
+            detail = "not a regular file" if code == p.INVALID_ARGUMENT else None
+            return code, message_for(code, path, detail)
+        data = _parse.decode_base64(response.output)
+        if len(data) > MAX_READ_BYTES:
+            return p.FILE_TOO_LARGE, message_for(
+                p.FILE_TOO_LARGE, path, f"larger than {MAX_READ_BYTES} bytes; use download_files"
+            )
+        return data
+
+    def _read(self, file_path: str, offset: int, limit: int) -> Operation[p.ReadResult]:
+        try:
+            path = normalize_path(file_path)
+        except InvalidPathError as exc:
+            return p.ReadResult(*refused_input(exc, file_path))
+        data = yield from self._fetch(path)
+        if isinstance(data, tuple):
+            return p.ReadResult(*data)
+        return read_window(path, data, offset, limit)
+
+    def _write(self, file_path: str, content: str) -> Operation[p.WriteResult]:
+        try:
+            path = normalize_path(file_path)
+        except InvalidPathError as exc:
+            return p.WriteResult(*refused_input(exc, file_path))
+        call = _Call(_scripts.command(_scripts.WRITE, path), stdin=content.encode("utf-8"))
+        if (code := _parse.check((yield call), path)) is not None:
+            return p.WriteResult(code, message_for(code, path))
+        return p.WriteResult(path=path)
+
+    def _edit(self, file_path: str, old: str, new: str, replace_all: bool) -> Operation[p.EditResult]:
+        try:
+            path = normalize_path(file_path)
+        except InvalidPathError as exc:
+            return p.EditResult(*refused_input(exc, file_path))
+        data = yield from self._fetch(path)
+        if isinstance(data, tuple):
+            return p.EditResult(*data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return p.EditResult(p.NOT_A_TEXT_FILE, message_for(p.NOT_A_TEXT_FILE, path))
+        outcome = replace_text(path, text, old, new, replace_all)
+        if not isinstance(outcome, Replacement):
+            return p.EditResult(*outcome)
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        call = _Call(_scripts.command(_scripts.CAS_WRITE, path, digest), stdin=outcome.content.encode("utf-8"))
+        if (code := _parse.check((yield call), path)) is not None:
+            return p.EditResult(code, message_for(code, path))
+        return p.EditResult(path=path, occurrences=outcome.occurrences)
+
+    def _delete(self, file_path: str) -> Operation[p.DeleteResult]:
+        try:
+            path = normalize_path(file_path)
+        except InvalidPathError as exc:
+            return p.DeleteResult(*refused_input(exc, file_path))
+        if path == "/":
+            return p.DeleteResult(p.INVALID_PATH, "refusing to delete the root directory")
+        if (code := _parse.check((yield _Call(_scripts.command(_scripts.DELETE, path))), path)) is not None:
+            return p.DeleteResult(code, message_for(code, path))
+        return p.DeleteResult(path=path)
+
+    def _find(self, root: str, pattern: str | None) -> Operation[list[str] | tuple[p.ErrorCode, str]]:
+        """Regular files under ``root``, narrowed by ``pattern``'s basename where possible."""
+        names = basename_prefilter(pattern) if pattern else None
+        predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
+        call = _Call(_scripts.command(_scripts.FIND_FILES, root, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        response = yield call
+        if (code := _parse.check(response, root)) is not None:
+            return code, message_for(code, root)
+        return _parse.nul_list(response.output)
+
+    def _glob(self, pattern: str, path: str | None) -> Operation[p.GlobResult]:
+        try:
+            root = normalize_path(path or "/")
+            compile_glob(pattern)
+        except (InvalidPathError, InvalidGlobError) as exc:
+            return p.GlobResult(*refused_input(exc, path if isinstance(exc, InvalidPathError) else pattern))
+        found = yield from self._find(root, pattern)
+        if isinstance(found, tuple):
+            return p.GlobResult(*found)
+        return p.GlobResult(matches=[p.FileInfo(f) for f in filter_glob(found, pattern, root)])
+
+    def _grep(self, pattern: str, path: str | None, glob: str | None, max_count: int | None) -> Operation[p.GrepResult]:
+        try:
+            root = normalize_path(path or "/")
+            if glob:
+                compile_glob(glob)
+        except (InvalidPathError, InvalidGlobError) as exc:
+            return p.GrepResult(*refused_input(exc, path if isinstance(exc, InvalidPathError) else glob))
+        if "\n" in pattern:  # no single line can contain it; grep -F would split it instead
+            return p.GrepResult(matches=[])
+        names = basename_prefilter(glob) if glob else None
+        predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
+        call = _Call(_scripts.command(_scripts.GREP, root, pattern, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        response = yield call
+        if (code := _parse.check(response, root)) is not None:
+            return p.GrepResult(code, message_for(code, root))
+        matches = _parse.grep_matches(response.output)
+        if glob:
+            keep = set(filter_glob({m.path for m in matches}, glob, root))
+            matches = [m for m in matches if m.path in keep]
+        result = finish_grep(matches, max_count)
+        if response.truncated and not result.truncated:
+            return p.GrepResult(matches=result.matches, truncated=True)
+        return result
+
+    def _upload(self, files: list[tuple[str, bytes]]) -> Operation[list[p.FileUploadResponse]]:
+        responses: list[p.FileUploadResponse | None] = []
+        valid: list[tuple[int, str, bytes]] = []
+        for index, (raw, content) in enumerate(files):
+            try:
+                valid.append((index, normalize_path(raw), content))
+                responses.append(None)
+            except InvalidPathError as exc:
+                responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
+        if len(valid) == 1:
+            index, path, content = valid[0]
+            response = yield _Call(_scripts.command(_scripts.WRITE, path), stdin=content)
+            code = _parse.check(response, path)
+            responses[index] = _upload_response(files[index][0], code, path)
+        elif valid:
+            args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
+            stream = b"".join(content for _, _, content in valid)
+            response = yield _Call(_scripts.command(_scripts.UPLOAD, *args), stdin=stream)
+            failure = _parse.check(response, valid[0][1])
+            if failure is not None:  # the batch could not start (no temp space)
+                statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)
+            else:
+                statuses = _parse.upload_statuses(response.output, len(valid))
+            for (index, path, _), status in zip(valid, statuses, strict=True):
+                responses[index] = _upload_response(files[index][0], _parse.code_for_status(status), path)
+        return [r for r in responses if r is not None]
+
+    def _download(self, paths: list[str]) -> Operation[list[p.FileDownloadResponse]]:
+        responses: list[p.FileDownloadResponse | None] = []
+        valid: list[tuple[int, str]] = []
+        for index, raw in enumerate(paths):
+            try:
+                valid.append((index, normalize_path(raw)))
+                responses.append(None)
+            except InvalidPathError as exc:
+                responses.append(p.FileDownloadResponse(raw, None, *refused_input(exc, raw)))
+        if valid:
+            command = _scripts.command(_scripts.DOWNLOAD, str(UNLIMITED), *(path for _, path in valid))
+            response = yield _Call(command)
+            _parse.check(response, valid[0][1])
+            for (index, path), (status, content) in zip(
+                valid, _parse.downloads(response.output, len(valid)), strict=True
+            ):
+                code = None if status == 0 else (_parse.code_for_status(status) or p.BACKEND_ERROR)
+                message = None if code is None else message_for(code, path)
+                responses[index] = p.FileDownloadResponse(paths[index], content, code, message)
+        return [r for r in responses if r is not None]
+
+    # ----------------------------------------------------------------- public sync API
+
+    def ls(self, path: str) -> p.LsResult:
+        return self._drive(self._ls(path), p.LsResult)
+
+    def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> p.ReadResult:
+        return self._drive(self._read(file_path, offset, limit), p.ReadResult)
+
+    def write(self, file_path: str, content: str) -> p.WriteResult:
+        return self._drive(self._write(file_path, content), p.WriteResult)
+
+    def edit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> p.EditResult:
+        return self._drive(self._edit(file_path, old_string, new_string, replace_all), p.EditResult)
+
+    def delete(self, file_path: str) -> p.DeleteResult:
+        return self._drive(self._delete(file_path), p.DeleteResult)
+
+    def grep(
+        self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
+    ) -> p.GrepResult:
+        return self._drive(self._grep(pattern, path, glob, max_count), p.GrepResult)
+
+    def glob(self, pattern: str, path: str | None = None) -> p.GlobResult:
+        return self._drive(self._glob(pattern, path), p.GlobResult)
+
+    def upload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
+        return self._drive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
+
+    def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        return self._drive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+
+    # ----------------------------------------------------------------- public async API
+
+    async def als(self, path: str) -> p.LsResult:
+        return await self._adrive(self._ls(path), p.LsResult)
+
+    async def aread(self, file_path: str, offset: int = 0, limit: int = 2000) -> p.ReadResult:
+        return await self._adrive(self._read(file_path, offset, limit), p.ReadResult)
+
+    async def awrite(self, file_path: str, content: str) -> p.WriteResult:
+        return await self._adrive(self._write(file_path, content), p.WriteResult)
+
+    async def aedit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> p.EditResult:
+        return await self._adrive(self._edit(file_path, old_string, new_string, replace_all), p.EditResult)
+
+    async def adelete(self, file_path: str) -> p.DeleteResult:
+        return await self._adrive(self._delete(file_path), p.DeleteResult)
+
+    async def agrep(
+        self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
+    ) -> p.GrepResult:
+        return await self._adrive(self._grep(pattern, path, glob, max_count), p.GrepResult)
+
+    async def aglob(self, pattern: str, path: str | None = None) -> p.GlobResult:
+        return await self._adrive(self._glob(pattern, path), p.GlobResult)
+
+    async def aupload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
+        return await self._adrive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
+
+    async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        return await self._adrive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+
+
+def _join_or(groups: list[list[str]]) -> list[str]:
+    joined: list[str] = []
+    for group in groups:
+        if joined:
+            joined.append("-o")
+        joined.extend(group)
+    return joined
+
+
+def _upload_response(raw: str, code: p.ErrorCode | None, path: str) -> p.FileUploadResponse:
+    if code is None:
+        return p.FileUploadResponse(raw)
+    return p.FileUploadResponse(raw, code, message_for(code, path))
+
+
+def _batch_failed(items: list[Any], kind: type[Any]) -> Callable[[p.ErrorCode, str], list[Any]]:
+    """When a whole batch round trip fails, every item reports it, in order; nothing raises."""
+
+    def report(code: p.ErrorCode, message: str) -> list[Any]:
+        return [kind(item[0] if isinstance(item, tuple) else item, error=code, message=message) for item in items]
+
+    return report

@@ -1,0 +1,257 @@
+"""Pure-Python semantics shared by every backend.
+
+Whatever can be decided without touching storage is decided here (pagination, text vs binary,
+edit matching, CRLF handling, glob and grep matching, error wording), so a local directory, a
+Docker container, a VM over SSH and an in-memory dict all answer the same question the same way.
+Backends only move bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+
+import bracex
+from wcmatch import glob as wcglob
+
+from sandboxes import protocol as p
+from sandboxes.paths import relative_to
+
+MAX_BINARY_READ_BYTES = 512_000
+"""Binary files larger than this are refused by ``read`` (use ``download_files``); this is
+deepagents' preview cap, kept so agents see the same limit everywhere."""
+
+BINARY_EXTENSIONS = frozenset(
+    {
+        ".png", ".jpeg", ".jpg", ".webp", ".gif", ".heic", ".heif",
+        ".mp4", ".mpeg", ".mov", ".avi", ".flv", ".mpg", ".webm", ".wmv", ".3gpp",
+        ".wav", ".mp3", ".aiff", ".aac", ".ogg", ".flac",
+        ".pdf", ".ppt", ".pptx",
+    }
+)  # fmt: skip
+"""Extensions read as base64 even when their bytes happen to decode (deepagents' list)."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def iso_from_epoch(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
+class InvalidGlobError(ValueError):
+    """A glob pattern the shared matcher refuses."""
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def message_for(code: p.ErrorCode, path: str | None = None, detail: str | None = None) -> str:
+    """The sentence an agent reads for an error code; ``detail`` is appended when given."""
+    subject = f"'{path}'" if path is not None else "path"
+    base = {
+        p.FILE_NOT_FOUND: f"File {subject} not found",
+        p.PERMISSION_DENIED: f"Permission denied: {subject}",
+        p.IS_DIRECTORY: f"{subject} is a directory",
+        p.NOT_A_DIRECTORY: f"{subject} is not a directory (or a parent is a file)",
+        p.INVALID_PATH: f"Invalid path {subject}",
+        p.NOT_A_TEXT_FILE: f"File {subject} is not a text file",
+        p.FILE_CHANGED: f"File {subject} changed while it was being edited; read it again and retry",
+        p.NO_SPACE: f"No space left on device writing {subject}",
+        p.TIMEOUT: f"Operation on {subject} timed out",
+        p.CONNECTION_LOST: f"Connection to the sandbox was lost during the operation on {subject}",
+    }.get(code, f"{code}: {subject}")
+    return f"{base}: {detail}" if detail else base
+
+
+def failure(code: p.ErrorCode, path: str | None = None, detail: str | None = None) -> tuple[p.ErrorCode, str]:
+    return code, message_for(code, path, detail)
+
+
+def refused_input(exc: ValueError, subject: object) -> tuple[p.ErrorCode, str]:
+    """``invalid_path`` for a refused path, ``invalid_argument`` for a refused glob pattern."""
+    code: p.ErrorCode = p.INVALID_ARGUMENT if isinstance(exc, InvalidGlobError) else p.INVALID_PATH
+    return code, f"{message_for(code, str(subject))}: {exc}"
+
+
+# --------------------------------------------------------------------------- read
+
+
+def decode_text(path: str, data: bytes) -> str | None:
+    """The file's text, or ``None`` when it must be treated as binary.
+
+    Binary means: an extension agents expect as media, a NUL byte, or bytes that are not
+    UTF-8. NUL counts because ``grep`` in every sandbox treats such files as binary too.
+    """
+    if PurePosixPath(path).suffix.lower() in BINARY_EXTENSIONS or b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def read_window(
+    path: str,
+    data: bytes,
+    offset: int,
+    limit: int,
+    *,
+    created_at: str | None = None,
+    modified_at: str | None = None,
+) -> p.ReadResult:
+    """Slice a file into the requested window (deepagents' ``slice_read_response`` semantics).
+
+    Line indexing splits on LF, CRLF and CR; the window is shown with LF endings. Blank files
+    come back whole and unpaginated; ``limit <= 0`` inspects nothing.
+    """
+    text = decode_text(path, data)
+    if text is None:
+        if len(data) > MAX_BINARY_READ_BYTES:
+            return p.ReadResult(
+                error=p.FILE_TOO_LARGE,
+                message=f"File '{path}': Binary file exceeds maximum preview size of {MAX_BINARY_READ_BYTES} bytes",
+            )
+        encoded = base64.b64encode(data).decode("ascii")
+        return p.ReadResult(file_data=p.FileData(encoded, "base64", created_at, modified_at))
+
+    offset, limit = max(int(offset), 0), max(int(limit), 0)
+    if text.strip() == "":
+        return p.ReadResult(file_data=p.FileData(text, "utf-8", created_at, modified_at))
+    if limit == 0:
+        return p.ReadResult(file_data=p.FileData("", "utf-8", created_at, modified_at), no_lines_requested=True)
+
+    lines = text.splitlines(keepends=True)
+    total = len(lines)
+    if offset >= total:
+        return p.ReadResult(
+            error=p.OFFSET_OUT_OF_RANGE,
+            message=f"Line offset {offset} exceeds file length ({total} lines)",
+        )
+    end = min(offset + limit, total)
+    window = "".join(lines[offset:end]).replace("\r\n", "\n").replace("\r", "\n")
+    return p.ReadResult(
+        file_data=p.FileData(window, "utf-8", created_at, modified_at),
+        total_lines=total,
+        start_line=offset + 1,
+        end_line=end,
+        next_offset=end if end < total else None,
+    )
+
+
+# --------------------------------------------------------------------------- edit
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    content: str
+    occurrences: int
+
+
+def _is_crlf_file(text: str) -> bool:
+    newlines = text.count("\n")
+    return newlines > 0 and text.count("\r\n") == newlines
+
+
+def replace_text(
+    path: str, content: str, old: str, new: str, replace_all: bool
+) -> Replacement | tuple[p.ErrorCode, str]:
+    """Apply an edit, or say why it cannot apply.
+
+    Agents see CRLF files with LF endings (``read`` normalises the window), so in a file whose
+    every newline is CRLF the match is made on the LF form and the result is written back as
+    CRLF. Files with mixed endings are matched literally.
+    """
+    if old == "":
+        return p.INVALID_ARGUMENT, "Error: old_string cannot be empty. Provide the exact text to replace."
+    crlf = _is_crlf_file(content)
+    if crlf:
+        content = content.replace("\r\n", "\n")
+        old = old.replace("\r\n", "\n")
+        new = new.replace("\r\n", "\n")
+    count = content.count(old)
+    if count == 0:
+        hint = ""
+        if old.endswith("\n") and content.endswith(old[:-1]):
+            hint = " (old_string ends with a newline but the file does not; drop the trailing newline)"
+        return p.STRING_NOT_FOUND, f"Error: String not found in file '{path}': '{old}'{hint}"
+    if count > 1 and not replace_all:
+        return (
+            p.MULTIPLE_OCCURRENCES,
+            f"Error: String '{old}' appears {count} times (multiple occurrences) in file '{path}'. "
+            "Use replace_all=True to replace all instances, or provide a more specific string "
+            "with surrounding context.",
+        )
+    updated = content.replace(old, new)
+    if crlf:
+        updated = updated.replace("\n", "\r\n")
+    return Replacement(updated, count)
+
+
+# --------------------------------------------------------------------------- glob
+
+
+@functools.lru_cache(maxsize=256)
+def compile_glob(pattern: str) -> Callable[[str], bool]:
+    """A predicate over search-root-relative paths with deepagents' (ripgrep-like) semantics.
+
+    No ``/`` in the pattern: match the basename at any depth. With ``/``: match the relative
+    path, ``**`` crossing directories; a leading ``/`` anchors at the root. Dot-names match
+    only when the pattern segment starts with ``.``. ``{a,b}`` expands.
+    """
+    if ".." in pattern.split("/"):
+        raise InvalidGlobError(f"'..' is not allowed in glob patterns: {pattern!r}")
+    try:
+        compiled = wcglob.compile(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
+    except Exception as exc:  # wcmatch raises private types
+        raise InvalidGlobError(f"invalid glob pattern {pattern!r}: {exc}") from exc
+    if "/" in pattern:
+        return lambda rel: bool(compiled.match(rel))
+    return lambda rel: bool(compiled.match(rel.rsplit("/", 1)[-1]))
+
+
+def basename_prefilter(pattern: str) -> list[str] | None:
+    """Shell ``find -name`` patterns that every match's basename satisfies, or ``None``.
+
+    Lets a sandbox skip most files before sending names back; the Python matcher still decides.
+    """
+    last = pattern.rsplit("/", 1)[-1]
+    if last in ("", "**") or "\\" in last:
+        return None
+    try:
+        return list(bracex.expand(last, limit=64)) if "{" in last else [last]
+    except Exception:
+        return None
+
+
+def filter_glob(paths: Iterable[str], pattern: str, root: str) -> list[str]:
+    """Paths (under ``root``) that ``pattern`` selects, sorted."""
+    match = compile_glob(pattern)
+    return sorted(path for path in paths if match(relative_to(path, root)))
+
+
+# --------------------------------------------------------------------------- grep
+
+
+def grep_text(path: str, text: str, pattern: str) -> list[p.GrepMatch]:
+    """Literal (never regex) matches of ``pattern`` in ``text``, 1-based, as ``grep -F`` sees it:
+    lines split on LF only, and a final newline does not start an extra empty line."""
+    if "\n" in pattern:
+        return []
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [p.GrepMatch(path, number, line) for number, line in enumerate(lines, 1) if pattern in line]
+
+
+def finish_grep(matches: list[p.GrepMatch], max_count: int | None) -> p.GrepResult:
+    """Order matches by path then line and apply the total cap."""
+    matches.sort(key=lambda m: (m.path, m.line))
+    if max_count is not None and len(matches) > max_count:
+        return p.GrepResult(matches=matches[: max(max_count, 0)], truncated=True)
+    return p.GrepResult(matches=matches)

@@ -48,7 +48,12 @@ why() {
 prep() {
   d=${1%/*}
   [ -z "$d" ] || [ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null || {
-    why "$d"; [ "$c" = 10 ] && c=12; [ "$c" = 11 ] && c=12; return 1; }
+    c=12
+    while [ -n "$d" ]; do
+      if [ -e "$d" ] && [ ! -d "$d" ]; then c=13; fi
+      d=${d%/*}
+    done
+    return 1; }
 }
 """
 

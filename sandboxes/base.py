@@ -204,8 +204,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 compile_glob(glob)
         except (InvalidPathError, InvalidGlobError) as exc:
             return p.GrepResult(*refused_input(exc, path if isinstance(exc, InvalidPathError) else glob))
-        if "\n" in pattern:  # no single line can contain it; grep -F would split it instead
-            return p.GrepResult(matches=[])
+        if "\n" in pattern:  # no line can contain it (grep -F would split it); only check the root
+            found = yield from self._find(root, None)
+            return p.GrepResult(*found) if isinstance(found, tuple) else p.GrepResult(matches=[])
         names = basename_prefilter(glob) if glob else None
         predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
         call = _Call(_scripts.command(_scripts.GREP, root, pattern, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)

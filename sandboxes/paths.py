@@ -34,7 +34,7 @@ def normalize_path(path: object) -> str:
         raise InvalidPathError("path contains a NUL byte")
     if path.startswith("~"):
         raise InvalidPathError(f"home-relative paths are not allowed: {path!r}")
-    if _DRIVE_LETTER.match(path) or "\\" in path:
+    if _DRIVE_LETTER.match(path):  # a backslash elsewhere is an ordinary POSIX name character
         raise InvalidPathError(f"Windows paths are not supported: {path!r}")
     if not path.startswith("/"):
         raise InvalidPathError(f"path must be absolute (start with '/'): {path!r}")

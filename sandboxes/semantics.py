@@ -60,6 +60,8 @@ def message_for(code: p.ErrorCode, path: str | None = None, detail: str | None =
         p.IS_DIRECTORY: f"{subject} is a directory",
         p.NOT_A_DIRECTORY: f"{subject} is not a directory (or a parent is a file)",
         p.INVALID_PATH: f"Invalid path {subject}",
+        p.INVALID_ARGUMENT: f"Invalid argument {subject}",
+        p.FILE_TOO_LARGE: f"File {subject} is too large",
         p.NOT_A_TEXT_FILE: f"File {subject} is not a text file",
         p.FILE_CHANGED: f"File {subject} changed while it was being edited; read it again and retry",
         p.NO_SPACE: f"No space left on device writing {subject}",

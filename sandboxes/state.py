@@ -105,9 +105,10 @@ class StateBackend(p.BackendProtocol):
         except InvalidPathError as exc:
             return p.LsResult(*refused_input(exc, path))
         with self._lock:
+            if directory in self._files:
+                return p.LsResult(*failure(p.NOT_A_DIRECTORY, directory))
             if directory not in self._dirs:
-                code, message = self._missing(directory)
-                return p.LsResult(p.NOT_A_DIRECTORY if directory in self._files else code, message)
+                return p.LsResult(*self._missing(directory))
             prefix = directory.rstrip("/") + "/"
             entries = [
                 p.FileInfo(f, False, len(self._bytes(d)), d.modified_at)

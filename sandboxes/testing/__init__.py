@@ -1,0 +1,8 @@
+"""Test support shipped with the package: the backend conformance suite.
+
+Importing this module needs pytest and hypothesis (extra ``testing``)."""
+
+from sandboxes.testing.conformance import BackendConformance
+from sandboxes.testing.sandbox_conformance import SandboxConformance
+
+__all__ = ["BackendConformance", "SandboxConformance"]

@@ -1,0 +1,521 @@
+"""The conformance suite every backend, ours or a third party's, runs.
+
+Subclass `BackendConformance` (file operations) or `SandboxConformance` (adds ``execute``) in a
+test module and provide a ``backend`` fixture; override ``base_dir`` when the backend's
+namespace is not empty at ``/`` (a sandbox: a writable directory such as ``/workspace``).
+Each test works in its own fresh directory ``root`` under ``base_dir``, so an expensive
+backend can be class- or module-scoped::
+
+    class TestMine(SandboxConformance):
+        @pytest.fixture(scope="class")
+        def backend(self):
+            with MySandbox() as sandbox:
+                yield sandbox
+
+        @pytest.fixture
+        def base_dir(self):
+            return "/workspace"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandboxes import protocol as p
+from sandboxes.semantics import MAX_BINARY_READ_BYTES
+from sandboxes.state import StateBackend
+from sandboxes.testing import differential
+from sandboxes.testing.corpus import BINARY_SAMPLES, CANARY, HOSTILE_NAMES
+
+BAD_PATHS = ("relative/path.txt", "", "/a/../b", "~/x", "/nul\x00byte", "C:\\windows")
+
+
+class BackendConformance:
+    """File-operation behaviour shared by every backend (deepagents 0.7 semantics)."""
+
+    large_file_bytes = 12 << 20
+    """Size of the large-file round trip; at least 10 MiB."""
+
+    @pytest.fixture
+    def backend(self) -> p.BackendProtocol:
+        raise NotImplementedError("subclasses provide a `backend` fixture")
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/"
+
+    @pytest.fixture
+    def root(self, base_dir: str) -> str:
+        """A fresh directory path, not created until a test writes below it."""
+        return f"{base_dir.rstrip('/')}/conf-{uuid.uuid4().hex[:10]}"
+
+    # ------------------------------------------------------------------ write / read
+
+    def test_write_then_read(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/hello.txt"
+        written = backend.write(path, "Hello\nWorld\n")
+        assert written == p.WriteResult(path=path)
+        result = backend.read(path)
+        assert result.error is None
+        assert result.file_data is not None
+        assert result.file_data.content == "Hello\nWorld\n"
+        assert result.file_data.encoding == "utf-8"
+        assert (result.total_lines, result.start_line, result.end_line, result.next_offset) == (2, 1, 2, None)
+
+    def test_write_overwrites(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/f.txt"
+        backend.write(path, "first version, longer")
+        assert backend.write(path, "second").error is None
+        assert _text(backend, path) == "second"
+
+    def test_write_creates_parents_and_normalises_path(self, backend: p.BackendProtocol, root: str) -> None:
+        result = backend.write(f"{root}//deep/./nested//dir/f.txt", "x")
+        assert result.path == f"{root}/deep/nested/dir/f.txt"
+        assert _text(backend, f"{root}/deep/nested/dir/f.txt") == "x"
+
+    def test_write_onto_directory_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/d/f.txt", "x")
+        assert backend.write(f"{root}/d", "y").error == p.IS_DIRECTORY
+        assert _text(backend, f"{root}/d/f.txt") == "x"
+
+    def test_write_below_a_file_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/file", "x")
+        assert backend.write(f"{root}/file/child.txt", "y").error == p.NOT_A_DIRECTORY
+        assert _text(backend, f"{root}/file") == "x"
+
+    def test_empty_and_whitespace_files(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/empty", "")
+        backend.write(f"{root}/blank", "\n\n\n")
+        empty = backend.read(f"{root}/empty")
+        assert empty.error is None
+        assert empty.file_data == p.FileData("", "utf-8", empty.file_data.created_at, empty.file_data.modified_at)
+        assert _text(backend, f"{root}/blank") == "\n\n\n"
+
+    def test_read_missing_and_directory(self, backend: p.BackendProtocol, root: str) -> None:
+        assert backend.read(f"{root}/missing.txt").error == p.FILE_NOT_FOUND
+        backend.write(f"{root}/d/f", "x")
+        assert backend.read(f"{root}/d").error == p.IS_DIRECTORY
+        assert backend.read(f"{root}/d/f/below").error == p.NOT_A_DIRECTORY
+
+    def test_read_pagination(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/lines.txt"
+        backend.write(path, "".join(f"line {i}\n" for i in range(1, 11)))
+        window = backend.read(path, offset=2, limit=3)
+        assert window.file_data is not None
+        assert window.file_data.content == "line 3\nline 4\nline 5\n"
+        assert (window.total_lines, window.start_line, window.end_line, window.next_offset) == (10, 3, 5, 5)
+        last = backend.read(path, offset=8, limit=100)
+        assert last.file_data is not None
+        assert last.file_data.content == "line 9\nline 10\n"
+        assert last.next_offset is None
+        negative = backend.read(path, offset=-5, limit=1)
+        assert negative.start_line == 1
+
+    def test_read_zero_limit_and_offset_past_end(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/three.txt"
+        backend.write(path, "a\nb\nc")
+        zero = backend.read(path, limit=0)
+        assert zero.no_lines_requested
+        assert zero.file_data is not None
+        assert zero.file_data.content == ""
+        assert backend.read(path, offset=3).error == p.OFFSET_OUT_OF_RANGE
+        assert backend.read(path, offset=100).error == p.OFFSET_OUT_OF_RANGE
+
+    def test_read_shows_crlf_as_lf(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/dos.txt"
+        backend.upload_files([(path, b"one\r\ntwo\r\nthree")])
+        result = backend.read(path)
+        assert result.file_data is not None
+        assert result.file_data.content == "one\ntwo\nthree"
+        assert result.total_lines == 3
+
+    def test_unicode_content_roundtrip(self, backend: p.BackendProtocol, root: str) -> None:
+        content = "héllo wörld\n日本語\n🦀 emoji\n\u200b zero-width\n"
+        backend.write(f"{root}/u.txt", content)
+        assert _text(backend, f"{root}/u.txt") == content
+        assert backend.download_files([f"{root}/u.txt"])[0].content == content.encode()
+
+    @pytest.mark.parametrize("sample", BINARY_SAMPLES, ids=range(len(BINARY_SAMPLES)))
+    def test_binary_read_is_base64(self, backend: p.BackendProtocol, root: str, sample: bytes) -> None:
+        path = f"{root}/blob.bin"
+        assert backend.upload_files([(path, sample)]) == [p.FileUploadResponse(path)]
+        result = backend.read(path)
+        assert result.file_data is not None
+        assert result.file_data.encoding == "base64"
+        assert base64.b64decode(result.file_data.content) == sample
+        assert backend.download_files([path])[0].content == sample
+
+    def test_media_extension_reads_as_base64(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.upload_files([(f"{root}/img.png", b"not really a png")])
+        result = backend.read(f"{root}/img.png")
+        assert result.file_data is not None
+        assert result.file_data.encoding == "base64"
+
+    def test_binary_over_preview_cap_is_refused_by_read(self, backend: p.BackendProtocol, root: str) -> None:
+        blob = bytes(range(256)) * (MAX_BINARY_READ_BYTES // 256 + 1)
+        backend.upload_files([(f"{root}/big.bin", blob)])
+        result = backend.read(f"{root}/big.bin")
+        assert result.error == p.FILE_TOO_LARGE
+        assert result.file_data is None
+        assert backend.download_files([f"{root}/big.bin"])[0].content == blob
+
+    @pytest.mark.slow
+    def test_large_file_roundtrip(self, backend: p.BackendProtocol, root: str) -> None:
+        line = b"0123456789abcdef" * 4 + b"\n"
+        blob = line * (self.large_file_bytes // len(line) + 1)
+        path = f"{root}/large.txt"
+        assert backend.upload_files([(path, blob)])[0].error is None
+        assert backend.download_files([path])[0].content == blob
+        total = blob.count(b"\n")
+        tail = backend.read(path, offset=total - 2, limit=10)
+        assert tail.file_data is not None
+        assert tail.file_data.content == (line * 2).decode()
+        assert tail.total_lines == total
+        binary = bytes(range(256)) * (self.large_file_bytes // 256)
+        assert backend.upload_files([(f"{root}/large.bin", binary)])[0].error is None
+        assert backend.download_files([f"{root}/large.bin"])[0].content == binary
+
+    # ------------------------------------------------------------------ edit
+
+    def test_edit_single_occurrence(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/e.txt"
+        backend.write(path, "Hello world\nGoodbye world\n")
+        assert backend.edit(path, "Goodbye", "Farewell") == p.EditResult(path=path, occurrences=1)
+        assert _text(backend, path) == "Hello world\nFarewell world\n"
+
+    def test_edit_errors(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/e.txt"
+        backend.write(path, "a b a")
+        assert backend.edit(path, "zzz", "y").error == p.STRING_NOT_FOUND
+        many = backend.edit(path, "a", "y")
+        assert many.error == p.MULTIPLE_OCCURRENCES
+        assert many.message is not None
+        assert "2" in many.message
+        assert backend.edit(path, "", "y").error == p.INVALID_ARGUMENT
+        assert backend.edit(f"{root}/missing", "a", "b").error == p.FILE_NOT_FOUND
+        assert _text(backend, path) == "a b a"
+
+    def test_edit_replace_all(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/e.txt"
+        backend.write(path, "x.x.x")
+        assert backend.edit(path, "x", "yy", replace_all=True).occurrences == 3
+        assert _text(backend, path) == "yy.yy.yy"
+
+    def test_edit_is_literal_and_multiline(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/e.txt"
+        content = "a = re.sub(r'\\d+$', '$1', s)  # (.*)\nsecond line\nthird\n"
+        backend.write(path, content)
+        result = backend.edit(path, "r'\\d+$', '$1'", "r'[a-z]*', '\\\\0'")
+        assert result.error is None
+        assert backend.edit(path, "second line\nthird", "2nd\n3rd").occurrences == 1
+        assert _text(backend, path) == "a = re.sub(r'[a-z]*', '\\\\0', s)  # (.*)\n2nd\n3rd\n"
+
+    def test_edit_keeps_crlf_files_crlf(self, backend: p.BackendProtocol, root: str) -> None:
+        path = f"{root}/dos.txt"
+        backend.upload_files([(path, b"one\r\ntwo\r\nthree\r\n")])
+        assert backend.edit(path, "one\ntwo", "uno\ndos").error is None
+        assert backend.download_files([path])[0].content == b"uno\r\ndos\r\nthree\r\n"
+
+    def test_edit_binary_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.upload_files([(f"{root}/b.bin", b"\xff\xfeab")])
+        assert backend.edit(f"{root}/b.bin", "ab", "cd").error == p.NOT_A_TEXT_FILE
+        assert backend.download_files([f"{root}/b.bin"])[0].content == b"\xff\xfeab"
+
+    # ------------------------------------------------------------------ delete
+
+    def test_delete_file_and_directory(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/keep.txt", "k")
+        backend.write(f"{root}/gone.txt", "g")
+        backend.write(f"{root}/tree/a/b.txt", "b")
+        assert backend.delete(f"{root}/gone.txt") == p.DeleteResult(path=f"{root}/gone.txt")
+        assert backend.delete(f"{root}/tree") == p.DeleteResult(path=f"{root}/tree")
+        assert [e.path for e in _entries(backend, root)] == [f"{root}/keep.txt"]
+        assert backend.delete(f"{root}/gone.txt").error == p.FILE_NOT_FOUND
+        assert backend.delete("/").error == p.INVALID_PATH
+
+    def test_delete_last_file_keeps_directory(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/d/only.txt", "x")
+        backend.delete(f"{root}/d/only.txt")
+        assert backend.ls(f"{root}/d") == p.LsResult(entries=[])
+        assert [e.path for e in _entries(backend, root)] == [f"{root}/d/"]
+
+    # ------------------------------------------------------------------ ls
+
+    def test_ls_shape(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/b.txt", "bb")
+        backend.write(f"{root}/a.txt", "a")
+        backend.write(f"{root}/.hidden", "h")
+        backend.write(f"{root}/sub/inner.txt", "i")
+        entries = _entries(backend, root)
+        assert [(e.path, e.is_dir) for e in entries] == [
+            (f"{root}/.hidden", False),
+            (f"{root}/a.txt", False),
+            (f"{root}/b.txt", False),
+            (f"{root}/sub/", True),
+        ]
+        assert entries[2].size == 2
+        assert all(e.modified_at for e in entries if not e.is_dir)
+        assert _entries(backend, f"{root}/") == entries
+
+    def test_ls_errors(self, backend: p.BackendProtocol, root: str) -> None:
+        assert backend.ls(f"{root}/missing").error == p.FILE_NOT_FOUND
+        backend.write(f"{root}/f.txt", "x")
+        assert backend.ls(f"{root}/f.txt").error == p.NOT_A_DIRECTORY
+
+    def test_ls_many_entries(self, backend: p.BackendProtocol, root: str) -> None:
+        files = [(f"{root}/many/file_{i:03d}.txt", b"%d" % i) for i in range(150)]
+        assert all(r.error is None for r in backend.upload_files(files))
+        entries = _entries(backend, f"{root}/many")
+        assert [e.path for e in entries] == [path for path, _ in files]
+        assert [e.size for e in entries] == [len(content) for _, content in files]
+
+    # ------------------------------------------------------------------ grep
+
+    def test_grep_literal_with_line_numbers(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/a.py", "x = 1\nprint(x)\n# TODO: fix (.*)\n")
+        backend.write(f"{root}/sub/b.txt", "TODO once\nnothing\nTODO twice\n")
+        result = backend.grep("TODO", root)
+        assert result == p.GrepResult(
+            matches=[
+                p.GrepMatch(f"{root}/a.py", 3, "# TODO: fix (.*)"),
+                p.GrepMatch(f"{root}/sub/b.txt", 1, "TODO once"),
+                p.GrepMatch(f"{root}/sub/b.txt", 3, "TODO twice"),
+            ]
+        )
+        assert [m.line for m in _matches(backend.grep("(.*)", root))] == [3]
+        assert _matches(backend.grep("todo", root)) == []
+
+    def test_grep_glob_filter_and_max_count(self, backend: p.BackendProtocol, root: str) -> None:
+        for name in ("a.py", "b.txt", "src/c.py", "src/deep/d.py"):
+            backend.write(f"{root}/{name}", "needle\nneedle\n")
+        assert {m.path for m in _matches(backend.grep("needle", root, glob="*.py"))} == {
+            f"{root}/a.py",
+            f"{root}/src/c.py",
+            f"{root}/src/deep/d.py",
+        }
+        assert {m.path for m in _matches(backend.grep("needle", root, glob="src/**/*.py"))} == {
+            f"{root}/src/c.py",
+            f"{root}/src/deep/d.py",
+        }
+        capped = backend.grep("needle", root, max_count=3)
+        assert capped.truncated
+        assert len(_matches(capped)) == 3
+        exact = backend.grep("needle", root, glob="*.txt", max_count=2)
+        assert not exact.truncated
+        assert len(_matches(exact)) == 2
+
+    def test_grep_edge_cases(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/f.txt", "-e starts with dash\nütf-8 ✓\nsecond\n")
+        backend.upload_files([(f"{root}/bin.dat", b"needle\x00needle")])
+        assert [m.line for m in _matches(backend.grep("-e", root))] == [1]
+        assert [m.text for m in _matches(backend.grep("✓", root))] == ["ütf-8 ✓"]
+        assert _matches(backend.grep("needle", root)) == []
+        assert _matches(backend.grep("starts\nsecond", root)) == []
+        assert [m.path for m in _matches(backend.grep("second", f"{root}/f.txt"))] == [f"{root}/f.txt"]
+        assert backend.grep("x", f"{root}/missing").error == p.FILE_NOT_FOUND
+
+    # ------------------------------------------------------------------ glob
+
+    def test_glob_semantics(self, backend: p.BackendProtocol, root: str) -> None:
+        for name in ("top.py", "src/app/main.py", "src/app/util.txt", ".github/ci.yml", "data/x1.csv", "data/x2.csv"):
+            backend.write(f"{root}/{name}", "x")
+
+        def found(pattern: str) -> list[str]:
+            result = backend.glob(pattern, root)
+            assert result.error is None, result
+            assert result.matches is not None
+            assert all(not m.is_dir for m in result.matches)
+            return [m.path for m in result.matches]
+
+        assert found("*.py") == [f"{root}/src/app/main.py", f"{root}/top.py"]
+        assert found("/*.py") == [f"{root}/top.py"]
+        assert found("src/**/*.py") == [f"{root}/src/app/main.py"]
+        assert found("*.{py,txt}") == [f"{root}/src/app/main.py", f"{root}/src/app/util.txt", f"{root}/top.py"]
+        assert found("data/x?.csv") == [f"{root}/data/x1.csv", f"{root}/data/x2.csv"]
+        assert found("data/x[!1].csv") == [f"{root}/data/x2.csv"]
+        assert found("*.yml") == [f"{root}/.github/ci.yml"]
+        assert found("**/*.yml") == []
+        assert found("*.rs") == []
+        assert found("app") == []  # directories never match
+
+    def test_glob_errors(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/f.txt", "x")
+        assert backend.glob("../*", root).error == p.INVALID_ARGUMENT
+        assert backend.glob("*", f"{root}/missing").error == p.FILE_NOT_FOUND
+
+    # ------------------------------------------------------------------ upload / download
+
+    def test_batches_keep_order_and_report_per_file(self, backend: p.BackendProtocol, root: str) -> None:
+        backend.write(f"{root}/dir/x", "x")
+        backend.write(f"{root}/file", "f")
+        uploads = backend.upload_files(
+            [
+                (f"{root}/ok1", b"1"),
+                ("relative.txt", b"r"),
+                (f"{root}/dir", b"onto a dir"),
+                (f"{root}/file/below", b"below a file"),
+                (f"{root}/new/dir/ok2", b"2"),
+            ]
+        )
+        assert [(u.path, u.error) for u in uploads] == [
+            (f"{root}/ok1", None),
+            ("relative.txt", p.INVALID_PATH),
+            (f"{root}/dir", p.IS_DIRECTORY),
+            (f"{root}/file/below", p.NOT_A_DIRECTORY),
+            (f"{root}/new/dir/ok2", None),
+        ]
+        downloads = backend.download_files(
+            [f"{root}/new/dir/ok2", f"{root}/missing", "../x", f"{root}/dir", f"{root}/ok1"]
+        )
+        assert [(d.path, d.content, d.error) for d in downloads] == [
+            (f"{root}/new/dir/ok2", b"2", None),
+            (f"{root}/missing", None, p.FILE_NOT_FOUND),
+            ("../x", None, p.INVALID_PATH),
+            (f"{root}/dir", None, p.IS_DIRECTORY),
+            (f"{root}/ok1", b"1", None),
+        ]
+        assert backend.upload_files([]) == []
+        assert backend.download_files([]) == []
+
+    def test_batch_of_many_files(self, backend: p.BackendProtocol, root: str) -> None:
+        files = [(f"{root}/batch/{i}/f{i}.bin", bytes([i]) * (i * 100)) for i in range(60)]
+        assert all(r.error is None for r in backend.upload_files(files))
+        downloaded = backend.download_files([path for path, _ in files])
+        assert [(d.path, d.content) for d in downloaded] == files
+
+    # ------------------------------------------------------------------ hostile input
+
+    @pytest.mark.parametrize("bad", BAD_PATHS, ids=repr)
+    def test_invalid_paths_are_refused_everywhere(self, backend: p.BackendProtocol, bad: str) -> None:
+        assert backend.ls(bad).error == p.INVALID_PATH
+        assert backend.read(bad).error == p.INVALID_PATH
+        assert backend.write(bad, "x").error == p.INVALID_PATH
+        assert backend.edit(bad, "a", "b").error == p.INVALID_PATH
+        assert backend.delete(bad).error == p.INVALID_PATH
+        if bad:  # an empty search root means the default root, as in deepagents
+            assert backend.grep("x", bad).error == p.INVALID_PATH
+            assert backend.glob("*", bad).error == p.INVALID_PATH
+        assert backend.upload_files([(bad, b"x")])[0].error == p.INVALID_PATH
+        assert backend.download_files([bad])[0].error == p.INVALID_PATH
+
+    def test_hostile_names_survive_every_operation(self, backend: p.BackendProtocol, root: str) -> None:
+        for name in HOSTILE_NAMES:
+            path = f"{root}/{name}"
+            assert backend.write(path, f"content of {name}\n").error is None, name
+            assert _text(backend, path) == f"content of {name}\n", name
+            assert backend.edit(path, "content", "body").error is None, name
+        entries = {e.path for e in _entries(backend, root)}
+        assert entries == {f"{root}/{name}" for name in HOSTILE_NAMES}
+        grep = _matches(backend.grep("body of", root))
+        assert sorted(m.path for m in grep) == sorted(f"{root}/{name}" for name in HOSTILE_NAMES)
+        dirname = f"{root}/$(touch {CANARY}) -rf `x`\n"
+        assert backend.write(f"{dirname}/-n", "deep").error is None
+        assert [m.path for m in _matches(backend.grep("deep", dirname))] == [f"{dirname}/-n"]
+        assert [m.path for m in backend.glob("-n", root).matches or []] == sorted([f"{dirname}/-n", f"{root}/-n"])
+        for name in HOSTILE_NAMES:
+            assert backend.delete(f"{root}/{name}").error is None, name
+        assert [e.path for e in _entries(backend, root)] == [f"{dirname}/"]
+        assert backend.read(f"{root}/{CANARY}").error == p.FILE_NOT_FOUND
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        name=st.text(st.characters(exclude_characters="/\x00", exclude_categories=("Cs",)), min_size=1, max_size=40)
+        .map(lambda s: s.encode("utf-8")[:200].decode("utf-8", "ignore") or "x")
+        .filter(lambda s: s not in (".", "..")),
+        content=st.binary(max_size=2048),
+    )
+    def test_fuzz_names_and_binary_content(
+        self, backend: p.BackendProtocol, root: str, name: str, content: bytes
+    ) -> None:
+        path = f"{root}/fuzz/{name}"
+        assert backend.upload_files([(path, content)]) == [p.FileUploadResponse(path)]
+        assert backend.download_files([path]) == [p.FileDownloadResponse(path, content)]
+        assert path in {e.path for e in _entries(backend, f"{root}/fuzz")}
+        assert [m.path for m in backend.glob("*", f"{root}/fuzz").matches or []] == (
+            [] if name.startswith(".") else [path]
+        )
+        assert backend.delete(path) == p.DeleteResult(path=path)
+        assert _entries(backend, f"{root}/fuzz") == []
+
+    # ------------------------------------------------------------------ differential
+
+    differential_examples = 40
+
+    def test_differential_against_state_backend(self, backend: p.BackendProtocol, root: str) -> None:
+        """Random operation sequences answer exactly as on the in-memory reference backend."""
+        counter = iter(range(1 << 30))
+
+        @settings(max_examples=self.differential_examples, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(ops=differential.operations())
+        def check(ops: list[tuple[str, tuple[object, ...]]]) -> None:
+            case_root = f"{root}/case{next(counter)}"
+            reference = StateBackend()
+            for step, (method, args) in enumerate(ops):
+                expected = differential.comparable(differential.apply(reference, case_root, method, args))
+                actual = differential.comparable(differential.apply(backend, case_root, method, args))
+                assert actual == expected, f"step {step}: {method}{args!r}"
+
+        check()
+
+    # ------------------------------------------------------------------ concurrency & async
+
+    def test_concurrent_operations(self, backend: p.BackendProtocol, root: str) -> None:
+        def worker(i: int) -> bytes | None:
+            path = f"{root}/conc/{i}.txt"
+            backend.write(path, f"worker {i}\n" * 100)
+            backend.edit(path, f"worker {i}\n", f"done {i}\n", replace_all=True)
+            return backend.download_files([path])[0].content
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(worker, range(24)))
+        assert results == [f"done {i}\n".encode() * 100 for i in range(24)]
+
+    def test_async_twins(self, backend: p.BackendProtocol, root: str) -> None:
+        async def scenario() -> None:
+            paths = [f"{root}/async/{i}.txt" for i in range(10)]
+            writes = await asyncio.gather(*(backend.awrite(path, f"v{i}") for i, path in enumerate(paths)))
+            assert [w.path for w in writes] == paths
+            assert (await backend.aedit(paths[0], "v0", "edited")).occurrences == 1
+            reads = await asyncio.gather(*(backend.aread(path) for path in paths))
+            assert [r.file_data.content if r.file_data else None for r in reads] == ["edited"] + [
+                f"v{i}" for i in range(1, 10)
+            ]
+            assert len((await backend.als(f"{root}/async")).entries or []) == 10
+            assert len((await backend.agrep("v", f"{root}/async")).matches or []) == 9
+            assert len((await backend.aglob("*.txt", f"{root}/async")).matches or []) == 10
+            up = await backend.aupload_files([(f"{root}/async/up", b"\x00up")])
+            assert up == [p.FileUploadResponse(f"{root}/async/up")]
+            down = await backend.adownload_files([f"{root}/async/up"])
+            assert down[0].content == b"\x00up"
+            assert (await backend.adelete(f"{root}/async")).error is None
+            assert (await backend.aread(paths[1])).error == p.FILE_NOT_FOUND
+
+        asyncio.run(scenario())
+
+
+def _text(backend: p.BackendProtocol, path: str) -> str:
+    """The file's whole text via download (read paginates and normalises line endings)."""
+    [response] = backend.download_files([path])
+    assert response.error is None, response
+    assert response.content is not None
+    return response.content.decode("utf-8")
+
+
+def _entries(backend: p.BackendProtocol, path: str) -> list[p.FileInfo]:
+    result = backend.ls(path)
+    assert result.error is None, result
+    assert result.entries is not None
+    return result.entries
+
+
+def _matches(result: p.GrepResult) -> list[p.GrepMatch]:
+    assert result.error is None, result
+    assert result.matches is not None
+    return result.matches

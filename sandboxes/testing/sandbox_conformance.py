@@ -1,0 +1,121 @@
+"""Conformance for backends that run commands: `execute` semantics on top of the file suite."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sandboxes import protocol as p
+from sandboxes.testing.conformance import BackendConformance, _text
+from sandboxes.testing.corpus import CANARY, HOSTILE_NAMES
+
+
+class SandboxConformance(BackendConformance):
+    """Everything in `BackendConformance`, plus ``execute``."""
+
+    @pytest.fixture
+    def sandbox(self, backend: p.BackendProtocol) -> p.SandboxBackendProtocol:
+        assert isinstance(backend, p.SandboxBackendProtocol)
+        return backend
+
+    def test_id_is_stable(self, sandbox: p.SandboxBackendProtocol) -> None:
+        assert isinstance(sandbox.id, str)
+        assert sandbox.id
+        assert sandbox.id == sandbox.id
+
+    def test_execute_output_and_exit_code(self, sandbox: p.SandboxBackendProtocol) -> None:
+        result = sandbox.execute("echo out; echo err >&2; exit 3")
+        assert result.exit_code == 3
+        assert result.error is None
+        assert "out\n" in result.output
+        assert "err\n" in result.output
+        assert not result.truncated
+        assert sandbox.execute("true").exit_code == 0
+
+    def test_execute_reports_death_by_signal(self, sandbox: p.SandboxBackendProtocol) -> None:
+        assert sandbox.execute("kill -9 $$").exit_code == 137
+
+    def test_execute_stdin_env_cwd(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        blob = bytes(range(256)) * 4096
+        assert sandbox.execute("wc -c", stdin=blob).output.strip() == str(len(blob))
+        assert sandbox.execute("cat", stdin="héllo\n").output == "héllo\n"
+        weird = "spaces $(touch x) `y` 'q' \"d\"\nnewline"
+        assert sandbox.execute('printf %s "$WEIRD"', env={"WEIRD": weird}).output == weird
+        sandbox.write(f"{root}/marker", "m")
+        assert sandbox.execute("pwd", cwd=root).output.strip() == root
+
+    def test_file_ops_and_commands_see_the_same_files(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        sandbox.write(f"{root}/from-api.txt", "api\n")
+        assert sandbox.execute(f"cat {shlex.quote(root)}/from-api.txt").output == "api\n"
+        made = sandbox.execute(f"printf 'shell\\n' > {shlex.quote(root)}/from-shell.txt")
+        assert made.exit_code == 0
+        assert _text(sandbox, f"{root}/from-shell.txt") == "shell\n"
+
+    def test_output_is_capped_keeping_head_and_tail(self, sandbox: p.SandboxBackendProtocol) -> None:
+        command = "echo START; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END"
+        result = sandbox.execute(command, output_limit=100_000)
+        assert result.truncated
+        assert result.exit_code == 0
+        assert result.output.startswith("START\n")
+        assert result.output.rstrip().endswith("END")
+        assert len(result.output) < 101_000
+
+    def test_large_output_within_limit_is_complete(self, sandbox: p.SandboxBackendProtocol) -> None:
+        result = sandbox.execute("head -c 5000000 /dev/zero | tr '\\0' y", output_limit=8_000_000)
+        assert not result.truncated
+        assert result.output == "y" * 5_000_000
+
+    def test_timeout_kills_the_whole_process_tree(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        sandbox.write(f"{root}/.keep", "")
+        q = shlex.quote(root)
+        beat = "i=0; while :; do i=$((i+1)); echo $i > {file}; sleep 0.1; done"
+        command = (
+            f"({beat.format(file=q + '/hb1')}) & "
+            f"(sh -c {shlex.quote(beat.format(file=q + '/hb2'))} &) ; "
+            f"if command -v setsid >/dev/null; then setsid sh -c {shlex.quote(beat.format(file=q + '/hb3'))} & "
+            f"else ({beat.format(file=q + '/hb3')}) & fi; "
+            "sleep 1000"
+        )
+        started = time.monotonic()
+        result = sandbox.execute(command, timeout=2)
+        assert result.error == p.TIMEOUT
+        assert result.exit_code is None
+        assert time.monotonic() - started < 30
+        time.sleep(0.5)
+        before = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
+        assert all(beat.strip().isdigit() for beat in before), before
+        time.sleep(1.0)
+        after = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
+        assert after == before, "a process of the timed-out command is still running"
+        assert sandbox.execute("echo alive").output == "alive\n"
+
+    def test_concurrent_commands(self, sandbox: p.SandboxBackendProtocol) -> None:
+        def run(i: int) -> p.ExecuteResponse:
+            return sandbox.execute(f"echo start{i}; sleep 0.3; echo end{i}")
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = list(pool.map(run, range(12)))
+        assert [r.output for r in results] == [f"start{i}\nend{i}\n" for i in range(12)]
+        assert all(r.exit_code == 0 for r in results)
+
+    def test_async_execute(self, sandbox: p.SandboxBackendProtocol) -> None:
+        async def scenario() -> list[p.ExecuteResponse]:
+            return await asyncio.gather(*(sandbox.aexecute(f"echo {i}") for i in range(8)))
+
+        assert [r.output for r in asyncio.run(scenario())] == [f"{i}\n" for i in range(8)]
+
+    def test_hostile_names_never_run_as_commands(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        for name in HOSTILE_NAMES:
+            sandbox.write(f"{root}/{name}", "x")
+            sandbox.ls(root)
+            sandbox.grep("x", root, glob=name)
+            sandbox.glob(name, root)
+            sandbox.edit(f"{root}/{name}", "x", "y")
+            sandbox.download_files([f"{root}/{name}"])
+            sandbox.delete(f"{root}/{name}")
+        found = sandbox.execute(f"ls -a . {shlex.quote(root)} /tmp 2>/dev/null | grep -c {CANARY}")
+        assert found.output.strip() == "0"

@@ -31,9 +31,10 @@ def _relative_path(draw: st.DrawFn) -> str:
 def operations() -> st.SearchStrategy[list[tuple[str, tuple[Any, ...]]]]:
     """Lists of ``(method, args)`` with paths relative to the test root."""
     path = _relative_path()
+    uploads = st.lists(st.tuples(path, _BLOBS | _TEXT.map(str.encode)), max_size=3)
     op = st.one_of(
         st.tuples(st.just("write"), st.tuples(path, _TEXT)),
-        st.tuples(st.just("upload_files"), st.tuples(st.lists(st.tuples(path, _BLOBS | _TEXT.map(str.encode)), max_size=3))),
+        st.tuples(st.just("upload_files"), st.tuples(uploads)),
         st.tuples(st.just("read"), st.tuples(path, st.integers(-1, 4), st.integers(0, 3))),
         st.tuples(st.just("edit"), st.tuples(path, _NEEDLES, _TEXT, st.booleans())),
         st.tuples(st.just("delete"), st.tuples(path)),

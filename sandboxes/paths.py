@@ -12,6 +12,8 @@ from sandboxes.protocol import INVALID_PATH
 
 _DRIVE_LETTER = re.compile(r"^[A-Za-z]:")
 MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
+"""Linux's NAME_MAX: refused up front so that every backend, in memory or on disk, agrees."""
 
 
 class InvalidPathError(ValueError):
@@ -41,6 +43,8 @@ def normalize_path(path: object) -> str:
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise InvalidPathError(f"'..' is not allowed in paths: {path!r}")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in parts):
+        raise InvalidPathError(f"a path component is longer than {MAX_NAME_BYTES} bytes: {path!r}")
     normalized = "/" + "/".join(parts)
     if len(normalized.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise InvalidPathError(f"path longer than {MAX_PATH_BYTES} bytes")

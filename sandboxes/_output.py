@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sandboxes.protocol import TIMEOUT, ExecuteResponse
+
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 """Bytes of output ``execute`` keeps by default (1 MiB): enough for any tool result an agent can
 use, small enough that a runaway ``yes`` cannot exhaust the caller's memory."""
@@ -52,3 +54,19 @@ class OutputBuffer:
         dropped = self.total - len(self._head) - len(tail)
         marker = f"\n... [{dropped} bytes of output truncated] ...\n"
         return self._head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
+
+
+def execute_response(
+    output: OutputBuffer, exit_code: int | None, *, timed_out: bool, timeout: float | None, duration_ms: float
+) -> ExecuteResponse:
+    """The one place a finished (or killed) command becomes an `ExecuteResponse`."""
+    if timed_out:
+        return ExecuteResponse(
+            output.text(),
+            exit_code=None,
+            truncated=output.truncated,
+            error=TIMEOUT,
+            message=f"Command timed out after {timeout}s; its process tree was killed",
+            duration_ms=duration_ms,
+        )
+    return ExecuteResponse(output.text(), exit_code=exit_code, truncated=output.truncated, duration_ms=duration_ms)

@@ -19,6 +19,7 @@ _STATUS_CODES: dict[int, p.ErrorCode] = {
     s.EXIT_CHANGED: p.FILE_CHANGED,
     s.EXIT_NO_SPACE: p.NO_SPACE,
     s.EXIT_NOT_REGULAR: p.INVALID_ARGUMENT,
+    s.EXIT_TOO_LARGE: p.FILE_TOO_LARGE,
 }
 
 

@@ -24,6 +24,7 @@ EXIT_NOT_A_DIRECTORY = 13
 EXIT_CHANGED = 14
 EXIT_NO_SPACE = 15
 EXIT_NOT_REGULAR = 16
+EXIT_TOO_LARGE = 17
 
 
 def command(script: str, *args: str) -> str:
@@ -81,12 +82,14 @@ head -c "$2" < "$f" | base64
 DOWNLOAD = r"""limit=$1; shift
 for f do
   if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && c=16
-  elif true < "$f" 2>/dev/null; then head -c "$limit" < "$f" | base64; c=0
-  else c=12; fi
+  elif ! true < "$f" 2>/dev/null; then c=12
+  elif [ "$limit" != - ] && [ "$(wc -c < "$f")" -gt "$limit" ]; then c=17
+  else base64 < "$f"; c=0; fi
   printf '!%s\n' "$c"
 done
 """
-"""Per file: its base64 lines, then ``!<status>``. Base64 lines never start with ``!``."""
+"""Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. Files
+over ``$1`` bytes (``-``: no limit) get status 17 and no content, for a bulk transport."""
 
 _WRITE_ONE = r"""put() {
   if [ -d "$1" ]; then c=11; return 1; fi
@@ -136,6 +139,20 @@ exit 0
 """Several files in one stream: ``$1 $2`` = path and byte count, repeated. The stream is spooled
 to a temporary file removed on exit, because ``head -c`` on a pipe may read past its count
 (busybox) and would swallow the next file's bytes."""
+
+PREPARE_UPLOAD = (
+    _WRITE_ONE
+    + r"""for f do
+  if [ -d "$f" ]; then c=11
+  elif prep "$f"; then
+    if [ -e "$f" ]; then [ -w "$f" ] && c=0 || c=12
+    else [ -w "${f%/*}" ] && c=0 || c=12; fi
+  fi
+  printf '%s\n' "$c"
+done
+"""
+)
+"""Per destination, whether a bulk transport may write it: parents created, status printed."""
 
 DELETE = r"""f=$1
 if [ ! -e "$f" ] && [ ! -L "$f" ]; then why "$f"; exit "$c"; fi

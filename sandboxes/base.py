@@ -249,7 +249,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses[index] = _upload_response(files[index][0], _parse.code_for_status(status), path)
         return [r for r in responses if r is not None]
 
-    def _download(self, paths: list[str]) -> Operation[list[p.FileDownloadResponse]]:
+    def _download(self, paths: list[str], inline_limit: int | None = None) -> Operation[list[p.FileDownloadResponse]]:
+        """Files in one round trip; with ``inline_limit``, larger ones answer ``file_too_large``
+        without content, for a backend with a bulk transport to fetch separately."""
         responses: list[p.FileDownloadResponse | None] = []
         valid: list[tuple[int, str]] = []
         for index, raw in enumerate(paths):
@@ -259,7 +261,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
             except InvalidPathError as exc:
                 responses.append(p.FileDownloadResponse(raw, None, *refused_input(exc, raw)))
         if valid:
-            command = _scripts.command(_scripts.DOWNLOAD, str(UNLIMITED), *(path for _, path in valid))
+            limit = "-" if inline_limit is None else str(inline_limit)
+            command = _scripts.command(_scripts.DOWNLOAD, limit, *(path for _, path in valid))
             response = yield _Call(command)
             _parse.check(response, valid[0][1])
             for (index, path), (status, content) in zip(

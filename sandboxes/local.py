@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
 from sandboxes.base import BaseSandbox
 from sandboxes.semantics import message_for
@@ -150,20 +150,11 @@ class LocalSandbox(BaseSandbox):
             output_limit=self.config.output_limit if output_limit is None else output_limit,
             marker=marker,
         )
-        if result.timed_out:
-            return p.ExecuteResponse(
-                result.output.text(),
-                exit_code=None,
-                truncated=result.output.truncated,
-                error=p.TIMEOUT,
-                message=f"Command timed out after {timeout or self.config.default_timeout}s; "
-                "its process tree was killed",
-                duration_ms=result.duration_ms,
-            )
-        return p.ExecuteResponse(
-            result.output.text(),
-            exit_code=result.exit_code,
-            truncated=result.output.truncated,
+        return execute_response(
+            result.output,
+            result.exit_code,
+            timed_out=result.timed_out,
+            timeout=self.config.default_timeout if timeout is None else timeout,
             duration_ms=result.duration_ms,
         )
 

@@ -36,6 +36,7 @@ ErrorCode = Literal[
     "offset_out_of_range",
     "no_space",
     "timeout",
+    "out_of_memory",
     "connection_lost",
     "unavailable",
     "backend_error",
@@ -57,6 +58,7 @@ FILE_CHANGED: Final = "file_changed"
 OFFSET_OUT_OF_RANGE: Final = "offset_out_of_range"
 NO_SPACE: Final = "no_space"
 TIMEOUT: Final = "timeout"
+OUT_OF_MEMORY: Final = "out_of_memory"
 CONNECTION_LOST: Final = "connection_lost"
 UNAVAILABLE: Final = "unavailable"
 BACKEND_ERROR: Final = "backend_error"

@@ -1,0 +1,201 @@
+"""Client of the in-sandbox exec helper (`sandboxes._mux._server`), over any byte stream.
+
+A transport (a ``docker exec`` attach socket, an SSH channel, a local pipe) only has to offer
+`ByteStream`; the client multiplexes concurrent commands over it, applies the output cap, and
+turns a dead stream into a clear error for every command in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from sandboxes import protocol as p
+from sandboxes._output import OutputBuffer, execute_response
+
+HEADER = struct.Struct(">cII")
+SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf-8")
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
+
+_STDIN_CHUNK = 1 << 20
+_KILL_GRACE = 10.0
+"""Seconds past a command's timeout before the client stops trusting the helper to report it."""
+
+
+class ByteStream(Protocol):
+    def send(self, data: bytes) -> None: ...
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes; ``b""`` at end of stream."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MuxBroken(Exception):
+    """The helper or its stream is gone; the owner should start a new one.
+
+    ``started`` tells whether the command in hand may have run: ``False`` only when the helper
+    never acknowledged it, so the caller can safely send it to a fresh helper."""
+
+    def __init__(self, reason: str, *, started: bool = True) -> None:
+        super().__init__(reason)
+        self.started = started
+
+
+@dataclass
+class _Pending:
+    output: OutputBuffer
+    done: threading.Event = field(default_factory=threading.Event)
+    exit_code: int | None = None
+    timed_out: bool = False
+    failure: str | None = None
+    start_error: str | None = None
+    accepted: bool = False
+
+
+class MuxClient:
+    def __init__(self, stream: ByteStream, *, hello_timeout: float = 15.0) -> None:
+        self._stream = stream
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._hello = threading.Event()
+        self.info: dict[str, object] = {}
+        self.broken: str | None = None
+        threading.Thread(target=self._read_loop, name="mux-reader", daemon=True).start()
+        self._send(b"P", 0)
+        if not self._hello.wait(hello_timeout) or self.broken:
+            self.close()
+            raise MuxBroken(self.broken or f"exec helper did not say hello within {hello_timeout}s")
+
+    @property
+    def alive(self) -> bool:
+        return self.broken is None
+
+    def close(self) -> None:
+        self._fail_all("exec helper closed")
+        with contextlib.suppress(Exception):
+            self._stream.close()
+
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int,
+    ) -> p.ExecuteResponse:
+        """Run one command; raise `MuxBroken` if the helper dies or stops answering."""
+        if self.broken:
+            raise MuxBroken(self.broken, started=False)
+        ident = next(self._ids)
+        pending = _Pending(OutputBuffer(output_limit))
+        with self._pending_lock:
+            self._pending[ident] = pending
+        started = time.monotonic()
+        spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
+        spec["stdin"] = stdin is not None
+        try:
+            try:
+                self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
+            except MuxBroken as broken:
+                raise MuxBroken(str(broken), started=False) from broken
+            if stdin is not None:
+                for offset in range(0, len(stdin), _STDIN_CHUNK):
+                    self._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+                self._send(b"C", ident)
+            if not pending.done.wait(timeout + _KILL_GRACE if timeout else None):
+                self._send(b"K", ident)
+                if not pending.done.wait(_KILL_GRACE):
+                    self._break(f"exec helper did not report command {ident} after its timeout")
+        finally:
+            with self._pending_lock:
+                self._pending.pop(ident, None)
+        if pending.failure is not None:
+            raise MuxBroken(pending.failure, started=pending.accepted)
+        if pending.start_error is not None:
+            code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
+            return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
+        return execute_response(
+            pending.output,
+            pending.exit_code,
+            timed_out=pending.timed_out,
+            timeout=timeout,
+            duration_ms=(time.monotonic() - started) * 1000,
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None:
+        try:
+            with self._send_lock:
+                self._stream.send(HEADER.pack(kind, ident, len(payload)) + payload)
+        except OSError as exc:
+            self._break(f"exec helper stream failed: {exc}")
+            raise MuxBroken(self.broken or str(exc)) from exc
+
+    def _recv_exact(self, size: int) -> bytes:
+        chunks, remaining = [], size
+        while remaining:
+            chunk = self._stream.recv(remaining)
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                kind, ident, length = HEADER.unpack(self._recv_exact(HEADER.size))
+                payload = self._recv_exact(length) if length else b""
+                self._dispatch(kind, ident, payload)
+        except (EOFError, OSError, struct.error, ValueError) as exc:
+            self._break(f"exec helper stream ended ({type(exc).__name__})")
+
+    def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
+        if kind == b"H":
+            self.info = json.loads(payload)
+            self._hello.set()
+            return
+        with self._pending_lock:
+            pending = self._pending.get(ident)
+        if pending is None:
+            return
+        if kind == b"A":
+            pending.accepted = True
+        elif kind == b"O":
+            pending.output.write(payload)
+        elif kind == b"X":
+            status = json.loads(payload)
+            pending.exit_code, pending.timed_out = status["code"], status["timed_out"]
+            pending.done.set()
+        elif kind == b"E":
+            pending.start_error = payload.decode("utf-8", "replace")
+            pending.done.set()
+
+    def _break(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+        self._hello.set()
+        self._fail_all(reason)
+
+    def _fail_all(self, reason: str) -> None:
+        with self._pending_lock:
+            pending = list(self._pending.values())
+        for item in pending:
+            if not item.done.is_set():
+                item.failure = reason
+                item.done.set()

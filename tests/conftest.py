@@ -1,0 +1,49 @@
+"""Shared fixtures: a Docker engine (required in CI), and label-based cleanup of everything
+a test session creates, since testcontainers' Ryuk reaper cannot be pulled here."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+IN_CI = os.environ.get("CI") == "true"
+SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
+"""Owner label of every sandbox this session creates; the session sweeps exactly these."""
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        if IN_CI:
+            pytest.fail(f"CI needs a Docker engine (bash .ci/docker.sh): {exc}")
+        pytest.skip(f"no Docker engine here: {exc}")
+    yield client
+    _sweep(client, {"io.sandboxes.owner": SESSION_OWNER})
+    _sweep(client, {"io.sandboxes.test-session": SESSION_OWNER})
+
+
+def _sweep(client: Any, labels: dict[str, str]) -> None:
+    selector = [f"{key}={value}" for key, value in labels.items()]
+    for container in client.containers.list(all=True, filters={"label": selector}):
+        container.remove(force=True, v=True)
+    for volume in client.volumes.list(filters={"label": selector}):
+        volume.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def runtime_image(docker_client: Any) -> str:
+    image = "sandboxes/runtime:latest"
+    try:
+        docker_client.images.get(image)
+    except Exception:
+        pytest.fail(f"{image} is missing: build it with `bash images/build.sh`")
+    return image

@@ -1,0 +1,100 @@
+"""DockerSandbox: the full conformance suite through the exec helper and through the
+one-docker-exec-per-command fallback, plus the helper's lifecycle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SESSION_OWNER
+from testcontainers.core.image import DockerImage
+
+from sandboxes import protocol as p
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.testing import SandboxConformance
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _config(image: str, **overrides: Any) -> DockerSandboxConfig:
+    return DockerSandboxConfig(image=image, owner=SESSION_OWNER, **overrides)
+
+
+@pytest.fixture(scope="module")
+def helper_sandbox(docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def no_python_image(docker_client: Any) -> Iterator[str]:
+    with DockerImage(path=FIXTURES / "no-python", tag="sandboxes-test/no-python:latest", clean_up=False) as image:
+        yield str(image)
+
+
+@pytest.fixture(scope="module")
+def fallback_sandbox(docker_client: Any, no_python_image: str) -> Iterator[DockerSandbox]:
+    with DockerSandbox.create(_config(no_python_image), client=docker_client) as sandbox:
+        yield sandbox
+
+
+class TestDockerSandboxConformance(SandboxConformance):
+    @pytest.fixture
+    def backend(self, helper_sandbox: DockerSandbox) -> DockerSandbox:
+        return helper_sandbox
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+    def test_commands_go_through_the_exec_helper(self, helper_sandbox: DockerSandbox) -> None:
+        helper_sandbox.execute("true")
+        assert helper_sandbox._mux is not None
+        assert helper_sandbox._mux.alive
+        assert not helper_sandbox._helper_unavailable
+
+
+class TestDockerFallbackConformance(SandboxConformance):
+    """An image without python3: every command is its own docker exec, same semantics."""
+
+    @pytest.fixture
+    def backend(self, fallback_sandbox: DockerSandbox) -> DockerSandbox:
+        return fallback_sandbox
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+    def test_no_helper_is_used(self, fallback_sandbox: DockerSandbox) -> None:
+        assert fallback_sandbox.execute("echo ok").output == "ok\n"
+        assert fallback_sandbox._helper_unavailable
+        assert fallback_sandbox._mux is None
+
+
+def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        sandbox.execute("true")
+        assert sandbox._mux is not None
+        first_pid = sandbox._mux.info["pid"]
+        killed = sandbox.execute(f"kill -9 {first_pid}")
+        assert killed.error == p.CONNECTION_LOST
+        assert sandbox.execute("echo back").output == "back\n"
+        assert sandbox._mux is not None
+        assert sandbox._mux.info["pid"] != first_pid
+        sandbox.execute("true")
+        helper = sandbox._mux
+        docker_client.containers.get(sandbox.id).exec_run(["kill", "-9", str(helper.info["pid"])])
+        assert sandbox.execute("echo again").output == "again\n"
+
+
+def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) -> None:
+    sandbox = DockerSandbox.create(_config(runtime_image), client=docker_client)
+    sandbox.write("/workspace/kept.txt", "still here")
+    attached = DockerSandbox.attach(sandbox.id, client=docker_client)
+    assert attached.read("/workspace/kept.txt").file_data == p.FileData("still here")
+    attached.close()
+    sandbox.destroy()
+    sandbox.destroy()
+    assert docker_client.containers.list(all=True, filters={"id": sandbox.id}) == []

@@ -52,6 +52,9 @@ class _Call:
     command: str
     stdin: bytes | None = None
     output_limit: int = UNLIMITED
+    idempotent: bool = True
+    """Whether running it twice is harmless: a transport that lost its connection may retry
+    these (reads, listings, searches), and must not retry the others (writes, deletes)."""
 
 
 # An operation is a generator that yields the `_Call`s it needs, receives each response, and
@@ -67,17 +70,22 @@ class BaseSandbox(p.SandboxBackendProtocol):
 
     # ----------------------------------------------------------------- driving operations
 
+    def _run_call(self, call: _Call) -> p.ExecuteResponse:
+        """One round trip; transports with retry policies (reconnecting SSH) override this."""
+        return self.execute(
+            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+        )
+
+    async def _arun_call(self, call: _Call) -> p.ExecuteResponse:
+        return await self.aexecute(
+            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+        )
+
     def _drive(self, operation: Operation[R], on_error: Callable[[p.ErrorCode, str], R]) -> R:
         try:
             call = next(operation)
             while True:
-                response = self.execute(
-                    call.command,
-                    stdin=call.stdin,
-                    timeout=self.operation_timeout,
-                    output_limit=call.output_limit,
-                )
-                call = operation.send(response)
+                call = operation.send(self._run_call(call))
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         except _parse.ScriptFailed as failed:
@@ -87,13 +95,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         try:
             call = next(operation)
             while True:
-                response = await self.aexecute(
-                    call.command,
-                    stdin=call.stdin,
-                    timeout=self.operation_timeout,
-                    output_limit=call.output_limit,
-                )
-                call = operation.send(response)
+                call = operation.send(await self._arun_call(call))
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         except _parse.ScriptFailed as failed:
@@ -139,7 +141,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.WriteResult(*refused_input(exc, file_path))
-        call = _Call(_scripts.command(_scripts.WRITE, path), stdin=content.encode("utf-8"))
+        call = _Call(_scripts.command(_scripts.WRITE, path), stdin=content.encode("utf-8"), idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -160,7 +162,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if not isinstance(outcome, Replacement):
             return p.EditResult(*outcome)
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        call = _Call(_scripts.command(_scripts.CAS_WRITE, path, digest), stdin=outcome.content.encode("utf-8"))
+        command = _scripts.command(_scripts.CAS_WRITE, path, digest)
+        call = _Call(command, stdin=outcome.content.encode("utf-8"), idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
         return p.EditResult(path=path, occurrences=outcome.occurrences)
@@ -172,7 +175,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.DeleteResult(*refused_input(exc, file_path))
         if path == "/":
             return p.DeleteResult(p.INVALID_PATH, "refusing to delete the root directory")
-        if (code := _parse.check((yield _Call(_scripts.command(_scripts.DELETE, path))), path)) is not None:
+        call = _Call(_scripts.command(_scripts.DELETE, path), idempotent=False)
+        if (code := _parse.check((yield call), path)) is not None:
             return p.DeleteResult(code, message_for(code, path))
         return p.DeleteResult(path=path)
 
@@ -233,13 +237,13 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if len(valid) == 1:
             index, path, content = valid[0]
-            response = yield _Call(_scripts.command(_scripts.WRITE, path), stdin=content)
+            response = yield _Call(_scripts.command(_scripts.WRITE, path), stdin=content, idempotent=False)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
             args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
             stream = b"".join(content for _, _, content in valid)
-            response = yield _Call(_scripts.command(_scripts.UPLOAD, *args), stdin=stream)
+            response = yield _Call(_scripts.command(_scripts.UPLOAD, *args), stdin=stream, idempotent=False)
             failure = _parse.check(response, valid[0][1])
             if failure is not None:  # the batch could not start (no temp space)
                 statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)
@@ -299,10 +303,92 @@ class BaseSandbox(p.SandboxBackendProtocol):
         return self._drive(self._glob(pattern, path), p.GlobResult)
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
-        return self._drive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
+        bulk = [i for i, (path, data) in enumerate(files) if self._bulk_eligible(path, len(data))]
+        if not bulk:
+            return self._drive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
+        results = self._in_groups(
+            files, bulk, lambda group: self._drive(self._upload(group), _batch_failed(group, p.FileUploadResponse))
+        )
+        prepared = self._drive(
+            self._prepare_bulk([files[i] for i in bulk]), _batch_failed([files[i] for i in bulk], p.FileUploadResponse)
+        )
+        ready = [
+            (i, normalize_path(files[i][0]), files[i][1])
+            for i, r in zip(bulk, prepared, strict=True)
+            if r.error is None
+        ]
+        outcomes = self._bulk_put([(path, data) for _, path, data in ready]) if ready else []
+        for i, response in zip(bulk, prepared, strict=True):
+            results[i] = response
+        for (i, path, _), code in zip(ready, outcomes, strict=True):
+            results[i] = _upload_response(files[i][0], code, path)
+        return [results[i] for i in range(len(files))]
 
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
-        return self._drive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+        bulk = [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
+        if not bulk:
+            return self._drive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+        results = self._in_groups(
+            paths, bulk, lambda group: self._drive(self._download(group), _batch_failed(group, p.FileDownloadResponse))
+        )
+        group = [paths[i] for i in bulk]
+        assert self.bulk_threshold is not None
+        inline = self._drive(self._download(group, self.bulk_threshold), _batch_failed(group, p.FileDownloadResponse))
+        for i, response in zip(bulk, inline, strict=True):
+            results[i] = self._fetch_bulk(paths[i]) if response.error == p.FILE_TOO_LARGE else response
+        return [results[i] for i in range(len(paths))]
+
+    # ----------------------------------------------------------------- bulk transfer hooks
+
+    bulk_threshold: int | None = None
+    """Files above this many bytes move through `_bulk_put`/`_bulk_get` (tar, SFTP) instead of
+    inline through ``execute``; ``None`` disables the bulk path."""
+
+    def _bulk_eligible(self, path: str, size: int | None) -> bool:
+        """Whether ``path`` may use the bulk transport; ``size`` is ``None`` for downloads
+        (whose size is only learnt inside the sandbox)."""
+        return self.bulk_threshold is not None and (size is None or size > self.bulk_threshold)
+
+    def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        """Write files whose destinations `_prepare_bulk` already checked and created parents for."""
+        raise NotImplementedError
+
+    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
+        raise NotImplementedError
+
+    def _prepare_bulk(self, files: list[tuple[str, bytes]]) -> Operation[list[p.FileUploadResponse]]:
+        """One round trip: validate every bulk destination, create its parents, say which may be written."""
+        responses: list[p.FileUploadResponse | None] = []
+        valid: list[tuple[int, str]] = []
+        for index, (raw, _) in enumerate(files):
+            try:
+                valid.append((index, normalize_path(raw)))
+                responses.append(None)
+            except InvalidPathError as exc:
+                responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
+        if valid:
+            call = _Call(_scripts.command(_scripts.PREPARE_UPLOAD, *(path for _, path in valid)), idempotent=False)
+            response = yield call
+            _parse.check(response, valid[0][1])
+            for (index, path), status in zip(valid, _parse.upload_statuses(response.output, len(valid)), strict=True):
+                responses[index] = _upload_response(files[index][0], _parse.code_for_status(status), path)
+        return [r for r in responses if r is not None]
+
+    def _fetch_bulk(self, raw: str) -> p.FileDownloadResponse:
+        path = normalize_path(raw)
+        outcome = self._bulk_get(path)
+        if isinstance(outcome, bytes):
+            return p.FileDownloadResponse(raw, outcome)
+        return p.FileDownloadResponse(raw, None, outcome, message_for(outcome, path))
+
+    @staticmethod
+    def _in_groups(items: list[Any], bulk: list[int], inline: Callable[[list[Any]], list[Any]]) -> dict[int, Any]:
+        """Run ``inline`` over the items not in ``bulk`` (one batch), keyed by original index."""
+        chosen = set(bulk)
+        rest = [i for i in range(len(items)) if i not in chosen]
+        if not rest:
+            return {}
+        return dict(zip(rest, inline([items[i] for i in rest]), strict=True))
 
     # ----------------------------------------------------------------- public async API
 

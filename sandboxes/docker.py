@@ -25,14 +25,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._docker_io import ExecSocket, build_tar, read_single_file
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
-from sandboxes.base import BaseSandbox, _batch_failed
+from sandboxes.base import BaseSandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
-from sandboxes.semantics import message_for
 
 if TYPE_CHECKING:
     import docker
@@ -306,78 +304,34 @@ class DockerSandbox(BaseSandbox):
 
     # ------------------------------------------------------------------ bulk file transfer
 
-    def upload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
-        bulk = [i for i, (path, data) in enumerate(files) if len(data) > BULK_THRESHOLD and self._in_volume(path)]
-        if not bulk:
-            return super().upload_files(files)
-        results: dict[int, p.FileUploadResponse] = {}
-        inline = [i for i in range(len(files)) if i not in set(bulk)]
-        for i, response in zip(inline, super().upload_files([files[i] for i in inline]), strict=True):
-            results[i] = response
-        results.update(self._upload_archive([(i, files[i][0], files[i][1]) for i in bulk]))
-        return [results[i] for i in range(len(files))]
+    bulk_threshold = BULK_THRESHOLD
 
-    def _upload_archive(self, items: list[tuple[int, str, bytes]]) -> dict[int, p.FileUploadResponse]:
-        """Check and prepare every destination in one round trip, then send one tar."""
-        paths = [normalize_path(path) for _, path, _ in items]
-        response = self.execute(_scripts.command(_scripts.PREPARE_UPLOAD, *paths), timeout=self.operation_timeout)
-        statuses = _parse.upload_statuses(response.output, len(items)) if response.exit_code == 0 else None
-        results: dict[int, p.FileUploadResponse] = {}
-        ready = []
-        for position, (index, raw, data) in enumerate(items):
-            status = statuses[position] if statuses is not None else _scripts.EXIT_PERMISSION
-            code = _parse.code_for_status(status)
-            if code is None:
-                ready.append((index, paths[position], data))
-            else:
-                results[index] = p.FileUploadResponse(raw, code, message_for(code, paths[position]))
-        if ready:
-            uid, gid = self.config.uid_gid
-            workdir = normalize_path(self.config.workdir)
-            archive = build_tar([(relative_to(path, workdir), data) for _, path, data in ready], uid=uid, gid=gid)
-            try:
-                self.container.put_archive(workdir, archive)
-                code = None
-            except Exception as exc:  # the daemon refused the whole archive
-                logger.warning("put_archive into %s failed: %s", self.id[:12], exc)
-                code = p.PERMISSION_DENIED
-            finally:
-                archive.close()
-            for index, path, _ in ready:
-                raw = next(r for i, r, _ in items if i == index)
-                results[index] = p.FileUploadResponse(raw, code, message_for(code, path) if code else None)
-        return results
+    def _bulk_eligible(self, path: str, size: int | None) -> bool:
+        """Only the workspace volume: the archive API cannot reach tmpfs mounts or write a read-only root."""
+        return super()._bulk_eligible(path, size) and self._in_volume(path)
 
-    def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
-        """Workspace files over `BULK_THRESHOLD` come as tar streams; the rest inline, in one
-        round trip per group (``get_archive`` cannot read tmpfs mounts, so those stay inline)."""
-        in_volume = [i for i, path in enumerate(paths) if self._in_volume(path)]
-        if not in_volume:
-            return super().download_files(paths)
-        elsewhere = [i for i in range(len(paths)) if i not in set(in_volume)]
-        results: dict[int, p.FileDownloadResponse] = {}
-        if elsewhere:
-            for i, response in zip(elsewhere, super().download_files([paths[i] for i in elsewhere]), strict=True):
-                results[i] = response
-        batch = [paths[i] for i in in_volume]
-        inline = self._drive(self._download(batch, BULK_THRESHOLD), _batch_failed(batch, p.FileDownloadResponse))
-        for i, response in zip(in_volume, inline, strict=True):
-            large = response.error == p.FILE_TOO_LARGE
-            results[i] = self._download_archive(paths[i]) if large else response
-        return [results[i] for i in range(len(paths))]
+    def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        uid, gid = self.config.uid_gid
+        workdir = normalize_path(self.config.workdir)
+        archive = build_tar([(relative_to(path, workdir), data) for path, data in files], uid=uid, gid=gid)
+        try:
+            self.container.put_archive(workdir, archive)
+        except Exception as exc:  # the daemon refused the whole archive
+            logger.warning("put_archive into %s failed: %s", self.id[:12], exc)
+            return [p.PERMISSION_DENIED] * len(files)
+        finally:
+            archive.close()
+        return [None] * len(files)
 
-    def _download_archive(self, raw: str) -> p.FileDownloadResponse:
+    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
         import docker.errors
 
-        path = normalize_path(raw)
         try:
             chunks, _ = self.container.get_archive(path, chunk_size=1 << 20)
             content = read_single_file(iter(chunks))
         except docker.errors.NotFound:
-            return p.FileDownloadResponse(raw, None, p.FILE_NOT_FOUND, message_for(p.FILE_NOT_FOUND, path))
-        if content is None:
-            return p.FileDownloadResponse(raw, None, p.IS_DIRECTORY, message_for(p.IS_DIRECTORY, path))
-        return p.FileDownloadResponse(raw, content)
+            return p.FILE_NOT_FOUND
+        return p.IS_DIRECTORY if content is None else content
 
     def _in_volume(self, path: str) -> bool:
         try:

@@ -385,6 +385,37 @@ class BackendConformance:
         assert backend.upload_files([]) == []
         assert backend.download_files([]) == []
 
+    def test_large_files_in_batches_report_per_file(self, backend: p.BackendProtocol, root: str) -> None:
+        """Backends may move big files by another transport (tar, SFTP); the answers must not change."""
+        big = bytes(range(256)) * (3 << 12)  # 3 MiB
+        backend.write(f"{root}/dir/x", "x")
+        backend.write(f"{root}/file", "f")
+        uploads = backend.upload_files(
+            [
+                (f"{root}/dir", big),
+                (f"{root}/small", b"s"),
+                (f"{root}/file/below", big),
+                (f"{root}/new/deep/big.bin", big),
+                ("relative", big),
+            ]
+        )
+        assert [(u.path, u.error) for u in uploads] == [
+            (f"{root}/dir", p.IS_DIRECTORY),
+            (f"{root}/small", None),
+            (f"{root}/file/below", p.NOT_A_DIRECTORY),
+            (f"{root}/new/deep/big.bin", None),
+            ("relative", p.INVALID_PATH),
+        ]
+        downloads = backend.download_files([f"{root}/new/deep/big.bin", f"{root}/dir", f"{root}/small", f"{root}/nope"])
+        assert [(d.content, d.error) for d in downloads] == [
+            (big, None),
+            (None, p.IS_DIRECTORY),
+            (b"s", None),
+            (None, p.FILE_NOT_FOUND),
+        ]
+        assert backend.edit(f"{root}/small", "s", "t").error is None
+        assert [e.path for e in _entries(backend, f"{root}/new/deep")] == [f"{root}/new/deep/big.bin"]
+
     def test_batch_of_many_files(self, backend: p.BackendProtocol, root: str) -> None:
         files = [(f"{root}/batch/{i}/f{i}.bin", bytes([i]) * (i * 100)) for i in range(60)]
         assert all(r.error is None for r in backend.upload_files(files))

@@ -25,6 +25,9 @@ EXIT_CHANGED = 14
 EXIT_NO_SPACE = 15
 EXIT_NOT_REGULAR = 16
 EXIT_TOO_LARGE = 17
+EXIT_NO_CWD = 200
+"""From `RUN_IN` when the working directory is missing; a user's command may exit 200 too, so
+callers confirm with `CWD_EXISTS` before reporting ``file_not_found``."""
 
 
 def command(script: str, *args: str) -> str:
@@ -178,3 +181,11 @@ exit 0
 """
 """The candidate files NUL-terminated (so the parser can tell where a name ends even when it
 holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
+
+RUN_IN = r"""cd -- "$1" 2>/dev/null || exit 200
+exec /bin/sh -c "$2"
+"""
+"""Run ``$2`` in directory ``$1``: for transports that cannot set a working directory that may
+not exist without failing opaquely."""
+
+CWD_EXISTS = r"""[ -d "$1" ]"""

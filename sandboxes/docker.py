@@ -20,11 +20,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._docker_io import ExecSocket, build_tar, read_single_file
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
@@ -125,6 +126,11 @@ class DockerSandbox(BaseSandbox):
     def id(self) -> str:
         return str(self.container.id)
 
+    @property
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live exec helper (the fast path)."""
+        return self._mux is not None and self._mux.alive
+
     def close(self) -> None:
         """Drop the exec helper; the container keeps running."""
         with self._mux_lock:
@@ -169,6 +175,21 @@ class DockerSandbox(BaseSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        return self.execute_streaming(
+            command, None, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         timeout = self.config.default_timeout if timeout is None else timeout
         limit = self.config.output_limit if output_limit is None else output_limit
@@ -181,7 +202,13 @@ class DockerSandbox(BaseSandbox):
                 break
             try:
                 response = mux.run(
-                    command, timeout=timeout, stdin=data, env=environment, cwd=workdir, output_limit=limit
+                    command,
+                    timeout=timeout,
+                    stdin=data,
+                    env=environment,
+                    cwd=workdir,
+                    output_limit=limit,
+                    on_output=on_output,
                 )
                 break
             except MuxBroken as broken:
@@ -192,7 +219,7 @@ class DockerSandbox(BaseSandbox):
                         "", error=p.CONNECTION_LOST, message=f"exec helper died during the command: {broken}"
                     )
         if response is None:
-            response = self._exec_once(command, timeout, data, environment, workdir, limit)
+            response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
         if response.exit_code == 137 and self._oom_killed():
             return p.ExecuteResponse(
                 response.output,
@@ -244,7 +271,14 @@ class DockerSandbox(BaseSandbox):
                 self._mux = None
 
     def _exec_once(
-        self, command: str, timeout: float, stdin: bytes | None, env: dict[str, str], cwd: str, limit: int
+        self,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        env: dict[str, str],
+        cwd: str,
+        limit: int,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> p.ExecuteResponse:
         """One ``docker exec`` for one command: the slow path, for images without python3."""
         api = self.client.api
@@ -252,15 +286,14 @@ class DockerSandbox(BaseSandbox):
         started = time.monotonic()
         exec_id = api.exec_create(
             self.id,
-            ["/bin/sh", "-c", command],
+            ["/bin/sh", "-c", _scripts.command(_scripts.RUN_IN, cwd, command)],
             stdin=stdin is not None,
             environment={**env, "SANDBOXES_EXEC_ID": marker},
-            workdir=cwd,
             user=self.config.user,
         )["Id"]
         stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
         output = OutputBuffer(limit)
-        reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)
+        reader = threading.Thread(target=_pump, args=(stream, output, on_output), daemon=True)
         reader.start()
         if stdin is not None:
             stream.send(stdin)
@@ -279,9 +312,15 @@ class DockerSandbox(BaseSandbox):
                 break
         stream.close()
         code = api.exec_inspect(exec_id)["ExitCode"]
+        if code == _scripts.EXIT_NO_CWD and not self._cwd_exists(cwd):
+            return p.ExecuteResponse("", error=p.FILE_NOT_FOUND, message=f"working directory {cwd!r} not found")
         return execute_response(
             output, code, timed_out=timed_out, timeout=timeout, duration_ms=(time.monotonic() - started) * 1000
         )
+
+    def _cwd_exists(self, cwd: str) -> bool:
+        probe = ["/bin/sh", "-c", _scripts.command(_scripts.CWD_EXISTS, cwd)]
+        return bool(self.container.exec_run(probe, user=self.config.user).exit_code == 0)
 
     def _kill_marked(self, marker: str) -> None:
         self.container.exec_run(["/bin/sh", "-c", _KILL_MARKED, "sh", marker], user=self.config.user)
@@ -340,7 +379,9 @@ class DockerSandbox(BaseSandbox):
             return False
 
 
-def _pump(stream: ExecSocket, output: OutputBuffer) -> None:
+def _pump(stream: ExecSocket, output: OutputBuffer, on_output: Callable[[bytes], None] | None = None) -> None:
     with contextlib.suppress(OSError):
         while chunk := stream.recv(65536):
             output.write(chunk)
+            if on_output is not None:
+                on_output(chunk)

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +29,7 @@ from sandboxes import protocol as p
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
 from sandboxes.base import BaseSandbox
+from sandboxes.paths import is_within, relative_to
 from sandboxes.semantics import message_for
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,21 @@ class LocalSandbox(BaseSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        return self.execute_streaming(
+            command, None, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
         workdir = cwd or str(self.root)
         environment = {
             "PATH": _DEFAULT_PATH,
@@ -127,7 +143,7 @@ class LocalSandbox(BaseSandbox):
             **self.config.env,
             **(env or {}),
         }
-        if self._bwrap is None and not Path(workdir).is_dir():
+        if not self._host_view(workdir).is_dir():
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
@@ -149,6 +165,7 @@ class LocalSandbox(BaseSandbox):
             timeout=self.config.default_timeout if timeout is None else timeout,
             output_limit=self.config.output_limit if output_limit is None else output_limit,
             marker=marker,
+            on_output=on_output,
         )
         return execute_response(
             result.output,
@@ -157,6 +174,12 @@ class LocalSandbox(BaseSandbox):
             timeout=self.config.default_timeout if timeout is None else timeout,
             duration_ms=result.duration_ms,
         )
+
+    def _host_view(self, path: str) -> Path:
+        """Where a path inside the sandbox lives on the host (the private /tmp is elsewhere)."""
+        if self._tmp is not None and is_within(path, "/tmp") and not is_within(path, str(self.root)):
+            return self._tmp / relative_to(path, "/tmp") if path != "/tmp" else self._tmp
+        return Path(path)
 
     def _bwrap_argv(self, environment: Mapping[str, str], workdir: str) -> list[str]:
         assert self._bwrap is not None

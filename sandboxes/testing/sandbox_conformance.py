@@ -47,6 +47,9 @@ class SandboxConformance(BackendConformance):
         assert sandbox.execute('printf %s "$WEIRD"', env={"WEIRD": weird}).output == weird
         sandbox.write(f"{root}/marker", "m")
         assert sandbox.execute("pwd", cwd=root).output.strip() == root
+        missing = sandbox.execute("pwd", cwd=f"{root}/no-such-dir")
+        assert missing.error == p.FILE_NOT_FOUND
+        assert missing.exit_code is None
 
     def test_file_ops_and_commands_see_the_same_files(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
         sandbox.write(f"{root}/from-api.txt", "api\n")

@@ -1,0 +1,241 @@
+"""DockerProvider against a real Docker engine: the warm pool (acquisition, refill, cold
+fallback, failures, close) and the sweeps (expired sandboxes, orphaned volumes, other owners).
+
+Each test uses its own owner label, so one test's sweep cannot reach another's sandboxes;
+every container also carries the session label, so the session sweep reaps what is left."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import docker.errors
+import pytest
+from conftest import SESSION_OWNER
+from pydantic import ValidationError
+
+from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX, DockerSandbox, DockerSandboxConfig
+from sandboxes.providers.docker import LABEL_POOL, DockerProvider, DockerProviderConfig
+
+SESSION_LABEL = "io.sandboxes.test-session"
+
+
+@pytest.fixture
+def owner() -> str:
+    return f"{SESSION_OWNER}-{uuid.uuid4().hex[:6]}"
+
+
+def _template(image: str, owner: str, **overrides: Any) -> DockerSandboxConfig:
+    return DockerSandboxConfig(image=image, owner=owner, labels={SESSION_LABEL: SESSION_OWNER}, **overrides)
+
+
+def _labelled(client: Any, key: str, value: str) -> tuple[set[str], set[str]]:
+    """Ids of the containers and names of the volumes carrying ``key=value``."""
+    selector = {"label": f"{key}={value}"}
+    containers = {c.id for c in client.containers.list(all=True, filters=selector)}
+    return containers, {v.name for v in client.volumes.list(filters=selector)}
+
+
+def _volume_of(sandbox: DockerSandbox) -> str:
+    return f"sandboxes-ws-{sandbox.container.labels[LABEL_SANDBOX]}"
+
+
+def _exists(client: Any, *, container: str | None = None, volume: str | None = None) -> bool:
+    try:
+        if container is not None:
+            client.containers.get(container)
+        if volume is not None:
+            client.volumes.get(volume)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def _eventually(condition: Any, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+def test_options_are_validated_and_merged_over_a_config() -> None:
+    base = DockerProviderConfig(pool_size=3, sweep_interval=None)
+    provider = DockerProvider(client=object(), config=base, pool_size=1)
+    assert provider.config.pool_size == 1
+    assert provider.config.sweep_interval is None
+    with pytest.raises(ValidationError):
+        DockerProvider(client=object(), pool_size=-1)
+    with pytest.raises(ValidationError):
+        DockerProvider(client=object(), pool_sise=1)
+
+
+# ---------------------------------------------------------------------- warm pool
+
+
+def test_acquire_hands_out_a_started_helper_warmed_pooled_sandbox(
+    docker_client: Any, runtime_image: str, owner: str
+) -> None:
+    template = _template(runtime_image, owner, ttl=50)
+    with DockerProvider(template, client=docker_client, pool_size=2, pool_max_idle=100, sweep_interval=None) as pool:
+        assert pool.wait_filled(30)
+        pooled = pool.idle
+        assert len(pooled) == 2
+        assert set(pooled) == _labelled(docker_client, LABEL_POOL, pool.id)[0]
+        acquired_at = time.time()
+        with pool.acquire() as sandbox:
+            assert sandbox.id == pooled[0]  # created before acquire was called
+            assert sandbox.helper_alive  # the helper was started by the pool, not by us
+            sandbox.container.reload()
+            assert sandbox.container.status == "running"
+            assert sandbox.config == template  # it behaves like any sandbox of the template
+            # Labels are fixed at creation: the pooled expiry leaves the full ttl after acquisition.
+            expires = int(sandbox.container.labels[LABEL_EXPIRES])
+            assert acquired_at + 50 <= expires + 1
+            assert expires <= acquired_at + 50 + 100
+            assert sandbox.execute("id -u").output == "1000\n"
+
+
+def test_the_pool_refills_after_acquisitions(docker_client: Any, runtime_image: str, owner: str) -> None:
+    template = _template(runtime_image, owner)
+    with DockerProvider(template, client=docker_client, pool_size=2, refill_interval=0.2, sweep_interval=None) as pool:
+        assert pool.wait_filled(30)
+        first, second = pool.acquire(), pool.acquire()
+        try:
+            assert pool.wait_filled(30)
+            refilled = set(pool.idle)
+            assert len(refilled) == 2
+            assert refilled.isdisjoint({first.id, second.id})
+            assert _labelled(docker_client, LABEL_POOL, pool.id)[0] == refilled | {first.id, second.id}
+        finally:
+            first.destroy()
+            second.destroy()
+
+
+def test_an_empty_pool_falls_back_to_a_cold_create(docker_client: Any, runtime_image: str, owner: str) -> None:
+    pool = DockerProvider(_template(runtime_image, owner), client=docker_client, pool_size=1)  # never started
+    with pool.acquire() as sandbox:
+        assert not sandbox.helper_alive  # not warmed: created for this call
+        assert LABEL_POOL not in sandbox.container.labels
+        assert sandbox.execute("echo cold").output == "cold\n"
+    pool.close()
+    with pytest.raises(RuntimeError):
+        pool.acquire()
+
+
+def test_close_destroys_the_idle_pool_and_leaves_acquired_sandboxes(
+    docker_client: Any, runtime_image: str, owner: str
+) -> None:
+    template = _template(runtime_image, owner)
+    pool = DockerProvider(template, client=docker_client, pool_size=2, sweep_interval=None).start()
+    assert pool.wait_filled(30)
+    held = pool.acquire()
+    pool.close()
+    assert _labelled(docker_client, LABEL_POOL, pool.id) == ({held.id}, {_volume_of(held)})
+    held.destroy()
+    assert _labelled(docker_client, LABEL_POOL, pool.id) == (set(), set())
+
+    # Closed while the thread is still creating: what it finishes is destroyed, not pooled.
+    busy = DockerProvider(template, client=docker_client, pool_size=2, sweep_interval=None).start()
+    busy.close()
+    assert _labelled(docker_client, LABEL_POOL, busy.id) == (set(), set())
+
+
+def test_refill_failures_are_retried_and_do_not_kill_the_thread(
+    docker_client: Any, runtime_image: str, owner: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = _template(runtime_image, owner, memory="1k")  # the daemon refuses such a container
+    caplog.set_level(logging.WARNING, logger="sandboxes.providers.docker")
+    pool = DockerProvider(broken, client=docker_client, pool_size=1, retry_max_backoff=0.1, sweep_interval=None)
+    with pool:
+        assert _eventually(lambda: sum("Retrying" in r.getMessage() for r in caplog.records) >= 3)
+        assert pool._thread is not None
+        assert pool._thread.is_alive()
+        assert pool.idle == ()
+        started = time.monotonic()
+    assert time.monotonic() - started < 5  # close interrupts the backoff
+    assert _labelled(docker_client, LABEL_POOL, pool.id) == (set(), set())  # no volume left by a failure
+
+
+# ---------------------------------------------------------------------- sweeps
+
+
+def test_sweep_removes_expired_sandboxes_with_their_volumes(docker_client: Any, runtime_image: str, owner: str) -> None:
+    provider = DockerProvider(_template(runtime_image, owner, ttl=1), client=docker_client)
+    expired = provider.create()
+    lasting = DockerProvider(_template(runtime_image, owner, ttl=3600), client=docker_client).create()
+    forever = DockerProvider(_template(runtime_image, owner, ttl=None), client=docker_client).create()
+    try:
+        report = provider.sweep(now=time.time() + 10)
+        assert report.containers == [expired.id]
+        assert report.orphan_volumes == []
+        assert report.errors == []
+        assert not _exists(docker_client, container=expired.id)
+        assert not _exists(docker_client, volume=_volume_of(expired))
+        for kept in (lasting, forever):
+            assert _exists(docker_client, container=kept.id, volume=_volume_of(kept))
+    finally:
+        lasting.destroy()
+        forever.destroy()
+
+
+def test_sweep_removes_orphaned_volumes_after_a_grace(docker_client: Any, runtime_image: str, owner: str) -> None:
+    provider = DockerProvider(_template(runtime_image, owner), client=docker_client, orphan_grace=30)
+    crashed = provider.create()
+    volume = _volume_of(crashed)
+    crashed.container.remove(force=True)  # as a crash between container and volume removal leaves it
+    assert provider.sweep().orphan_volumes == []  # may still be a creation in progress
+    assert _exists(docker_client, volume=volume)
+    report = provider.sweep(now=time.time() + 60)
+    assert report.orphan_volumes == [volume]
+    assert report.containers == []
+    assert not _exists(docker_client, volume=volume)
+
+
+def test_sweep_never_touches_other_owners(docker_client: Any, runtime_image: str, owner: str) -> None:
+    other = f"{owner}-other"
+    mine = DockerProvider(_template(runtime_image, owner, ttl=1), client=docker_client, orphan_grace=0)
+    theirs = DockerProvider(_template(runtime_image, other, ttl=1), client=docker_client, orphan_grace=0)
+    my_expired = mine.create()
+    their_expired = theirs.create()
+    their_orphan = theirs.create()
+    their_orphan.container.remove(force=True)
+    try:
+        report = mine.sweep(now=time.time() + 1000)
+        assert report.containers == [my_expired.id]  # the sweep did run, on its own owner
+        assert _exists(docker_client, container=their_expired.id, volume=_volume_of(their_expired))
+        assert _exists(docker_client, volume=_volume_of(their_orphan))
+    finally:
+        cleanup = theirs.sweep(now=time.time() + 1000)
+    assert cleanup.containers == [their_expired.id]
+    assert cleanup.orphan_volumes == [_volume_of(their_orphan)]
+
+
+def test_start_sweeps_and_the_thread_sweeps_periodically(docker_client: Any, runtime_image: str, owner: str) -> None:
+    template = _template(runtime_image, owner, ttl=1)
+    before = DockerProvider(template, client=docker_client).create()
+    time.sleep(max(0.0, int(before.container.labels[LABEL_EXPIRES]) + 0.1 - time.time()))
+    with DockerProvider(template, client=docker_client, sweep_interval=0.3) as provider:
+        assert not _exists(docker_client, container=before.id)  # gone by the time start returned
+        assert not _exists(docker_client, volume=_volume_of(before))
+        after = provider.create()
+        assert _exists(docker_client, container=after.id)
+        assert _eventually(lambda: not _exists(docker_client, container=after.id), timeout=10)
+        assert not _exists(docker_client, volume=_volume_of(after))
+
+
+def test_sweep_spares_its_own_idle_pool(docker_client: Any, runtime_image: str, owner: str) -> None:
+    template = _template(runtime_image, owner, ttl=1)
+    with DockerProvider(template, client=docker_client, pool_size=1, pool_max_idle=60, sweep_interval=None) as pool:
+        assert pool.wait_filled(30)
+        (idle,) = pool.idle
+        report = pool.sweep(now=time.time() + 1000)  # long expired, but the pool manages it
+        assert idle not in report.containers
+        assert pool.idle == (idle,)
+        assert _exists(docker_client, container=idle)

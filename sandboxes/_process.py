@@ -12,7 +12,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sandboxes._output import OutputBuffer
@@ -39,10 +39,14 @@ def run_process(
     timeout: float | None,
     output_limit: int,
     marker: tuple[str, str] | None = None,
+    on_output: Callable[[bytes], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` in a new session; on timeout kill its process group and every process that
     still carries ``marker`` (an environment variable inherited by all descendants, which finds
-    the ones that left the group with ``setsid``)."""
+    the ones that left the group with ``setsid``).
+
+    ``on_output`` sees every chunk as it is read (uncapped, in order), from the reader thread:
+    it must neither block nor raise, or it stalls the command's pipe."""
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv),
@@ -55,7 +59,7 @@ def run_process(
     )
     output = OutputBuffer(output_limit)
     assert proc.stdout is not None
-    reader = threading.Thread(target=_pump, args=(proc.stdout, output), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc.stdout, output, on_output), daemon=True)
     reader.start()
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
@@ -98,11 +102,13 @@ def _processes_with_env(name: str, value: str) -> list[int]:
     return found
 
 
-def _pump(stream: object, output: OutputBuffer) -> None:
+def _pump(stream: object, output: OutputBuffer, on_output: Callable[[bytes], None] | None = None) -> None:
     read = stream.read1 if hasattr(stream, "read1") else stream.read  # type: ignore[attr-defined]
     with contextlib.suppress(ValueError, OSError):
         while chunk := read(65536):
             output.write(chunk)
+            if on_output is not None:
+                on_output(chunk)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:

@@ -14,7 +14,7 @@ backend uses. The sync and async variants share everything but the call to ``exe
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +67,26 @@ class BaseSandbox(p.SandboxBackendProtocol):
 
     operation_timeout: float = 300.0
     """Seconds a single file operation may take inside the sandbox before it is killed."""
+
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        """``execute``, also handing each chunk of output to ``on_output`` as it arrives, so a
+        service can relay it live. ``on_output`` runs on a transport thread: it must neither
+        block nor raise. This default, for transports without a live hook, hands over the
+        (capped) output once, when the command ends."""
+        response = self.execute(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        if on_output is not None and response.output:
+            on_output(response.output.encode("utf-8"))
+        return response
 
     # ----------------------------------------------------------------- driving operations
 

@@ -13,7 +13,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -60,6 +60,7 @@ class _Pending:
     failure: str | None = None
     start_error: str | None = None
     accepted: bool = False
+    on_output: Callable[[bytes], None] | None = None
 
 
 class MuxClient:
@@ -96,12 +97,16 @@ class MuxClient:
         env: Mapping[str, str] | None,
         cwd: str | None,
         output_limit: int,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> p.ExecuteResponse:
-        """Run one command; raise `MuxBroken` if the helper dies or stops answering."""
+        """Run one command; raise `MuxBroken` if the helper dies or stops answering.
+
+        ``on_output`` sees every output chunk as it arrives (uncapped, in order), on the
+        stream's reader thread, which serves every command: it must neither block nor raise."""
         if self.broken:
             raise MuxBroken(self.broken, started=False)
         ident = next(self._ids)
-        pending = _Pending(OutputBuffer(output_limit))
+        pending = _Pending(OutputBuffer(output_limit), on_output=on_output)
         with self._pending_lock:
             self._pending[ident] = pending
         started = time.monotonic()
@@ -178,6 +183,8 @@ class MuxClient:
             pending.accepted = True
         elif kind == b"O":
             pending.output.write(payload)
+            if pending.on_output is not None:
+                pending.on_output(payload)
         elif kind == b"X":
             status = json.loads(payload)
             pending.exit_code, pending.timed_out = status["code"], status["timed_out"]

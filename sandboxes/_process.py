@@ -41,9 +41,10 @@ def run_process(
     marker: tuple[str, str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
 ) -> ProcessResult:
-    """Run ``argv`` in a new session; on timeout kill its process group and every process that
-    still carries ``marker`` (an environment variable inherited by all descendants, which finds
-    the ones that left the group with ``setsid``).
+    """Run ``argv`` in a new session. When it ends or times out, kill its process group and
+    every process still carrying ``marker`` (an environment variable inherited by all
+    descendants, which finds the ones that left the group with ``setsid``): nothing a command
+    started outlives it.
 
     ``on_output`` sees every chunk as it is read (uncapped, in order), from the reader thread:
     it must neither block nor raise, or it stalls the command's pipe."""
@@ -68,8 +69,8 @@ def run_process(
         proc.wait(timeout=timeout if timeout else None)
     except subprocess.TimeoutExpired:
         timed_out = True
-        kill_tree(proc.pid, marker)
-        proc.wait()
+    kill_tree(proc.pid, marker)  # on timeout, and also whatever a finished command left running
+    proc.wait()
     reader.join(_DRAIN_GRACE if not timed_out else 2.0)
     if reader.is_alive():  # a background job holds the pipe; stop listening to it
         with contextlib.suppress(OSError):
@@ -81,8 +82,13 @@ def run_process(
 def kill_tree(pid: int, marker: tuple[str, str] | None) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    if marker is not None:
-        for other in _processes_with_env(*marker):
+    if marker is None:
+        return
+    for _ in range(20):  # repeat: a process may fork while /proc is being scanned
+        survivors = _processes_with_env(*marker)
+        if not survivors:
+            return
+        for other in survivors:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(other, signal.SIGKILL)
 

@@ -182,10 +182,31 @@ exit 0
 """The candidate files NUL-terminated (so the parser can tell where a name ends even when it
 holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
 
-RUN_IN = r"""cd -- "$1" 2>/dev/null || exit 200
-exec /bin/sh -c "$2"
+KILL_MARKED = r"""kill_marked() {
+  [ -n "$1" ] || return 1  # an empty marker would match every command's processes
+  r=0
+  while [ "$r" -lt 20 ]; do
+    r=$((r + 1)); n=0
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}; [ "$p" = "$$" ] && continue
+      if grep -q "SANDBOXES_EXEC_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null; n=1; fi
+    done
+    [ "$n" = 0 ] && return 0
+  done
+}
 """
-"""Run ``$2`` in directory ``$1``: for transports that cannot set a working directory that may
-not exist without failing opaquely."""
+"""Kill every process carrying marker ``$1``, rescanning until none is left (a process may
+fork while /proc is being read). The caller must not carry the marker itself."""
+
+RUN_IN = KILL_MARKED + r"""cd -- "$1" 2>/dev/null || exit 200
+/bin/sh -c "$2"
+s=$?
+m=$SANDBOXES_EXEC_ID; unset SANDBOXES_EXEC_ID
+[ -n "$m" ] && kill_marked "$m"
+exit "$s"
+"""
+"""Run ``$2`` in directory ``$1`` (exit 200 if it is missing), then kill whatever the command
+left running that carries its ``SANDBOXES_EXEC_ID`` marker: for transports without the exec
+helper, so that nothing a command starts outlives it there either."""
 
 CWD_EXISTS = r"""[ -d "$1" ]"""

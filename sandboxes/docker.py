@@ -47,10 +47,6 @@ LABEL_SANDBOX = "io.sandboxes.sandbox-id"
 BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
 
-_KILL_MARKED = r"""for d in /proc/[0-9]*; do
-  if grep -q "SANDBOXES_EXEC_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "${d#/proc/}" 2>/dev/null; fi
-done; exit 0
-"""
 _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
     " | awk '$1==\"oom_kill\"{print $2; exit}'"
@@ -323,7 +319,8 @@ class DockerSandbox(BaseSandbox):
         return bool(self.container.exec_run(probe, user=self.config.user).exit_code == 0)
 
     def _kill_marked(self, marker: str) -> None:
-        self.container.exec_run(["/bin/sh", "-c", _KILL_MARKED, "sh", marker], user=self.config.user)
+        script = _scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker)
+        self.container.exec_run(["/bin/sh", "-c", script], user=self.config.user)
 
     def _oom_killed(self) -> bool:
         """Whether the container's memory cgroup killed something since we last looked."""

@@ -142,19 +142,25 @@ class Command(object):
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        for pid in marked_pids(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        for _ in range(20):  # repeat: a process may fork while /proc is being scanned
+            pids = marked_pids(self.marker)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     def wait(self):
         try:
             self.proc.wait(timeout=self.timeout or None)
         except subprocess.TimeoutExpired:
             self.timed_out = True
-            self.kill()
+            self.proc.kill()
             self.proc.wait()
+        # Whatever the command left running (background jobs, daemons, a fork bomb) ends with it.
+        self.kill()
         self.reader.join(DRAIN_GRACE if not self.timed_out else 2.0)
         self.finished = True
         code = self.proc.returncode
@@ -183,14 +189,18 @@ def main():
             continue
         if kind == b"R":
             send(b"A", ident)
+            command = None
             try:
                 command = Command(ident, json.loads(payload.decode("utf-8")))
-            except Exception as exc:  # bad cwd, fork failure: report, keep serving
+                with _commands_lock:
+                    _commands[ident] = command
+                command.start()
+            except Exception as exc:  # bad cwd, no pid left for a fork or a thread: report, keep serving
+                if command is not None:
+                    command.kill()
+                    with _commands_lock:
+                        _commands.pop(ident, None)
                 send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
-                continue
-            with _commands_lock:
-                _commands[ident] = command
-            command.start()
             continue
         with _commands_lock:
             command = _commands.get(ident)

@@ -96,6 +96,21 @@ class SandboxConformance(BackendConformance):
         assert after == before, "a process of the timed-out command is still running"
         assert sandbox.execute("echo alive").output == "alive\n"
 
+    def test_background_processes_end_with_their_command(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        """Nothing a command starts outlives it: long-lived processes are the service's background API."""
+        sandbox.write(f"{root}/.keep", "")
+        beat = f"i=0; while :; do i=$((i+1)); echo $i > {shlex.quote(root)}/bg; sleep 0.1; done"
+        started = time.monotonic()
+        result = sandbox.execute(f"({beat}) & nohup sh -c {shlex.quote(beat)} >/dev/null 2>&1 & echo started")
+        assert result.exit_code == 0
+        assert result.output == "started\n"
+        assert time.monotonic() - started < 10
+        time.sleep(0.5)
+        before = sandbox.download_files([f"{root}/bg"])[0].content  # None: killed before its first beat
+        time.sleep(1.0)
+        after = sandbox.download_files([f"{root}/bg"])[0].content
+        assert after == before, "a background process outlived its command"
+
     def test_concurrent_commands(self, sandbox: p.SandboxBackendProtocol) -> None:
         def run(i: int) -> p.ExecuteResponse:
             return sandbox.execute(f"echo start{i}; sleep 0.3; echo end{i}")

@@ -7,15 +7,12 @@ import io
 import socket
 import struct
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import Any
 
 _FRAME = struct.Struct(">BxxxL")
-_SPOOL_IN_MEMORY = 8 << 20
-"""Tar archives up to this size are built in memory; larger ones spill to a temporary file, so
-a big upload is never held whole in memory a second time."""
+_SLICE = 4 << 20
 
 
 class ExecSocket:
@@ -79,17 +76,21 @@ class ExecSocket:
                 close()
 
 
-def build_tar(files: Iterable[tuple[str, bytes]], *, uid: int, gid: int) -> IO[bytes]:
-    """A tar of regular files, named relative to where it will be extracted, owned by uid:gid."""
-    spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 - returned open
+def tar_stream(files: Iterable[tuple[str, bytes]], *, uid: int, gid: int) -> Iterator[bytes | memoryview]:
+    """A tar of regular files, named relative to where it will be extracted, owned by uid:gid,
+    produced piece by piece: headers, then slices of the callers' own bytes (no copy, no spool
+    to disk), so a big upload is never held whole in memory a second time."""
     now = time.time()
-    with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for path, content in files:
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size, info.mode, info.mtime, info.uid, info.gid = len(content), 0o644, now, uid, gid
-            archive.addfile(info, io.BytesIO(content))
-    spool.seek(0)
-    return spool
+    for path, content in files:
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.size, info.mode, info.mtime, info.uid, info.gid = len(content), 0o644, now, uid, gid
+        yield info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+        view = memoryview(content)
+        for offset in range(0, len(view), _SLICE):
+            yield view[offset : offset + _SLICE]
+        if len(content) % tarfile.BLOCKSIZE:
+            yield tarfile.NUL * (tarfile.BLOCKSIZE - len(content) % tarfile.BLOCKSIZE)
+    yield tarfile.NUL * (tarfile.BLOCKSIZE * 2)
 
 
 class _ChunkReader(io.RawIOBase):

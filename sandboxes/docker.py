@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._docker_io import ExecSocket, build_tar, read_single_file
+from sandboxes._docker_io import ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox
@@ -349,14 +349,12 @@ class DockerSandbox(BaseSandbox):
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
         uid, gid = self.config.uid_gid
         workdir = normalize_path(self.config.workdir)
-        archive = build_tar([(relative_to(path, workdir), data) for path, data in files], uid=uid, gid=gid)
+        archive = tar_stream([(relative_to(path, workdir), data) for path, data in files], uid=uid, gid=gid)
         try:
             self.container.put_archive(workdir, archive)
         except Exception as exc:  # the daemon refused the whole archive
             logger.warning("put_archive into %s failed: %s", self.id[:12], exc)
             return [p.PERMISSION_DENIED] * len(files)
-        finally:
-            archive.close()
         return [None] * len(files)
 
     def _bulk_get(self, path: str) -> bytes | p.ErrorCode:

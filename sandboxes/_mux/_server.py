@@ -152,15 +152,21 @@ class Command(object):
                 except OSError:
                     pass
 
-    def wait(self):
-        try:
-            self.proc.wait(timeout=self.timeout or None)
-        except subprocess.TimeoutExpired:
-            self.timed_out = True
-            self.proc.kill()
-            self.proc.wait()
-        # Whatever the command left running (background jobs, daemons, a fork bomb) ends with it.
+    def expire(self):
+        self.timed_out = True
         self.kill()
+
+    def wait(self):
+        # Block in wait() and enforce the timeout with a timer: wait(timeout=...) polls with
+        # sleeps of up to 50 ms, which would delay every answer.
+        timer = None
+        if self.timeout:
+            timer = threading.Timer(self.timeout, self.expire)
+            timer.daemon = True
+            timer.start()
+        self.proc.wait()
+        if timer is not None:
+            timer.cancel()
         self.reader.join(DRAIN_GRACE if not self.timed_out else 2.0)
         self.finished = True
         code = self.proc.returncode
@@ -173,6 +179,9 @@ class Command(object):
             self.ident,
             json.dumps({"code": None if self.timed_out else code, "timed_out": self.timed_out}).encode(),
         )
+        # Then whatever the command left running (background jobs, a fork bomb) ends with it;
+        # after the answer, so that scanning /proc does not delay it.
+        self.kill()
 
 
 def main():

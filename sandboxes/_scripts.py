@@ -198,13 +198,16 @@ KILL_MARKED = r"""kill_marked() {
 """Kill every process carrying marker ``$1``, rescanning until none is left (a process may
 fork while /proc is being read). The caller must not carry the marker itself."""
 
-RUN_IN = KILL_MARKED + r"""cd -- "$1" 2>/dev/null || exit 200
+RUN_IN = (
+    KILL_MARKED
+    + r"""cd -- "$1" 2>/dev/null || exit 200
 /bin/sh -c "$2"
 s=$?
 m=$SANDBOXES_EXEC_ID; unset SANDBOXES_EXEC_ID
 [ -n "$m" ] && kill_marked "$m"
 exit "$s"
 """
+)
 """Run ``$2`` in directory ``$1`` (exit 200 if it is missing), then kill whatever the command
 left running that carries its ``SANDBOXES_EXEC_ID`` marker: for transports without the exec
 helper, so that nothing a command starts outlives it there either."""

@@ -1,0 +1,215 @@
+"""`create_app`: the FastAPI application of the service, with what every request goes through.
+
+The per-request machinery is one plain ASGI middleware (not Starlette's ``BaseHTTPMiddleware``,
+which costs a task and a copy per request and breaks streaming back-pressure): it assigns the
+request id, refuses oversized bodies (by ``Content-Length`` up front, by counting otherwise),
+and writes one structured access log line and the request metrics when the response ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandboxes.server import api
+from sandboxes.server.auth import Authenticator, RateLimiter
+from sandboxes.server.backends import make_backends
+from sandboxes.server.errors import ServiceError, code_for_status
+from sandboxes.server.logs import REQUEST_ID
+from sandboxes.server.metrics import Metrics
+from sandboxes.server.registry import Registry
+from sandboxes.server.routes import Service, health, router
+from sandboxes.server.settings import ServiceSettings
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("sandboxes.server.access")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive``; an `HTTPException` so FastAPI's body parsing lets it through."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastAPI:
+    """The service as an ASGI app; sandboxes are reconciled when its lifespan starts."""
+    check_settings(settings)
+    metrics = Metrics()
+    registry = Registry(settings, make_backends(settings, docker_client), metrics)
+    service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="sandboxes-worker")
+        loop.set_default_executor(executor)
+        await registry.start()
+        logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
+        try:
+            yield
+        finally:
+            await registry.close()
+            logger.info("service stopped")
+
+    app = FastAPI(
+        title="sandboxes",
+        version="1",
+        summary="Isolated code execution for LLM agents",
+        lifespan=lifespan,
+        openapi_url=f"{api.API_PREFIX}/openapi.json",
+        docs_url=f"{api.API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.service = service
+    app.include_router(router)
+    app.include_router(health)
+    _install_error_handlers(app, metrics)
+    app.add_middleware(_RequestMiddleware, service=service)
+    return app
+
+
+def check_settings(settings: ServiceSettings) -> None:
+    """Refuse at start what would only fail later, one sandbox at a time."""
+    needs_bwrap = [name for name, t in settings.templates.items() if t.backend == "local" and t.isolation == "bwrap"]
+    if needs_bwrap and shutil.which("bwrap") is None:
+        raise RuntimeError(
+            f"templates {needs_bwrap} isolate with bubblewrap, which is not installed (apt install bubblewrap)"
+        )
+    if not settings.api_keys and not settings.insecure:
+        raise RuntimeError("no API keys configured: set api_keys (SHA-256 of each key -> tenant), or run insecure")
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = api.ErrorBody(error=code, message=message, request_id=REQUEST_ID.get())
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    async def service_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServiceError)
+        metrics.errors.labels(exc.code).inc()
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error.get('loc', ()))}: {error.get('msg')}" for error in exc.errors()
+        )
+        metrics.errors.labels("invalid_request").inc()
+        return error_response(422, "invalid_request", problems or "invalid request")
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = code_for_status(exc.status_code)
+        metrics.errors.labels(code).inc()
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return error_response(exc.status_code, code, message, dict(exc.headers or {}))
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("unhandled error", exc_info=exc)
+        metrics.errors.labels("internal").inc()
+        return error_response(500, "internal", f"internal error ({type(exc).__name__}); see the service log")
+
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+class _RequestMiddleware:
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        offered = headers.get("x-request-id", "")
+        request_id = offered if _REQUEST_ID.match(offered) else uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        settings = self.service.settings
+        is_archive = scope["method"] == "PUT" and scope["path"].endswith("/archive")
+        limit = settings.max_archive_bytes if is_archive else settings.max_body_bytes
+        status = [0]
+        started = time.perf_counter()
+        try:
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                self.service.metrics.errors.labels("too_large").inc()
+                response = error_response(413, "too_large", f"request body larger than {limit} bytes")
+                status[0] = 413
+                await response(scope, receive, send)
+                return
+            try:
+                await self.app(scope, _counted(receive, limit), _tagged(send, request_id, status))
+            except Exception as exc:
+                if status[0]:  # mid-response: all that can be done is to break the connection
+                    raise
+                logger.error("unhandled error", exc_info=exc)
+                self.service.metrics.errors.labels("internal").inc()
+                status[0] = 500
+                response = error_response(500, "internal", f"internal error ({type(exc).__name__}); see the log")
+                await response(scope, receive, send)
+        finally:
+            duration = (time.perf_counter() - started) * 1000
+            self.service.metrics.requests.labels(f"{status[0] // 100}xx").inc()
+            access_logger.info(
+                "%s %s %s",
+                scope["method"],
+                scope["path"],
+                status[0],
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status[0],
+                    "duration_ms": round(duration, 3),
+                    "tenant": state.get("tenant"),
+                },
+            )
+            REQUEST_ID.reset(token)
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    seen = [0]
+
+    async def wrapped() -> Message:
+        message = await receive()
+        if message["type"] == "http.request":
+            seen[0] += len(message.get("body", b""))
+            if seen[0] > limit:
+                raise BodyTooLarge(limit)
+        return message
+
+    return wrapped
+
+
+def _tagged(send: Send, request_id: str, status: list[int]) -> Send:
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+            message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+        await send(message)
+
+    return wrapped

@@ -1,0 +1,298 @@
+"""Tar streams in and out of sandboxes.
+
+Layout, for every backend (Docker's ``docker cp`` convention): ``GET ?path=P`` answers a tar
+whose single top-level member is P's basename (a file, or a directory with its tree);
+``PUT ?path=D`` extracts a tar's members under directory D, creating D if needed.
+
+Local sandboxes are read and written by the service itself, on the host, while the sandbox
+may be running commands that swap directories for symlinks. So every path is opened one
+component at a time relative to a directory file descriptor with ``O_NOFOLLOW``, starting from
+the sandbox's root: no symlink, however placed or raced, leads the service outside the root.
+Docker archives go through the daemon, which confines them to the container; they are rewritten
+on the way in (owner set to the sandbox user, special bits dropped, only regular files,
+directories and symlinks) and spooled to a temporary file, never to memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.streams import ChunkSink, Emit
+
+_SPOOL_IN_MEMORY = 8 << 20
+_COPY = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def checked_path(raw: str) -> str:
+    try:
+        return normalize_path(raw)
+    except InvalidPathError as exc:
+        raise ServiceError("invalid_path", str(exc)) from exc
+
+
+def _os_error(exc: OSError, path: str) -> ServiceError:
+    if exc.errno == errno.ENOENT:
+        return ServiceError("file_not_found", f"{path}: no such file or directory")
+    if exc.errno == errno.ENOTDIR:
+        return ServiceError("not_a_directory", f"{path}: a component is not a directory")
+    if exc.errno == errno.ELOOP:
+        return ServiceError("invalid_path", f"{path}: goes through a symbolic link")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return ServiceError("permission_denied", f"{path}: permission denied")
+    if exc.errno == errno.ENOSPC:
+        return ServiceError("invalid_request", f"{path}: no space left")
+    return ServiceError("invalid_request", f"{path}: {exc.strerror}")
+
+
+def member_parts(name: str) -> list[str]:
+    """The components of a member name, refusing absolute names and ``..``."""
+    if name.startswith("/") or "\x00" in name:
+        raise ServiceError("invalid_path", f"archive member {name!r} is absolute")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise ServiceError("invalid_path", f"archive member {name!r} contains '..'")
+    return parts
+
+
+# ---------------------------------------------------------------------- local: fd-relative I/O
+
+
+def _parts_under(root: str, path: str) -> list[str]:
+    if not is_within(path, root):
+        raise ServiceError("invalid_path", f"{path} is outside the sandbox's root {root}")
+    return [] if path == root else relative_to(path, root).split("/")
+
+
+def _open_dir(name: str, dir_fd: int, *, create: bool) -> int:
+    """``name`` in ``dir_fd`` as a directory fd, refusing a symlink as ``ELOOP`` (``O_NOFOLLOW``
+    with ``O_DIRECTORY`` says only ``ENOTDIR`` for one)."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=dir_fd)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except NotADirectoryError:
+        if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, "symbolic link", name) from None
+        raise
+
+
+def _open_beneath(root: str, parts: list[str], *, create: bool = False) -> int:
+    """A directory fd for ``root/parts``, never following a symlink; ``create`` makes missing
+    directories on the way (``mkdir -p``)."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            child = _open_dir(part, fd, create=create)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Callable[[Emit], None]:
+    """Check ``raw_path`` now (so a bad one is an HTTP error, not a broken stream) and return
+    the producer that streams its tar."""
+    path = checked_path(raw_path)
+    parts = _parts_under(root, path)
+    try:
+        parent_fd = _open_beneath(root, parts[:-1]) if parts else None
+        name = parts[-1] if parts else None
+        if parent_fd is None:
+            fd = os.open(root, _DIR_FLAGS)
+            name = os.path.basename(root)
+        else:
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent_fd)
+            finally:
+                os.close(parent_fd)
+    except OSError as exc:
+        raise _os_error(exc, path) from exc
+    assert name is not None
+    info = os.fstat(fd)
+    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        os.close(fd)
+        raise ServiceError("invalid_path", f"{path} is neither a file nor a directory")
+
+    def produce(emit: Emit) -> None:
+        sink = ChunkSink(emit)
+        try:
+            with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                top = _tar_info(name, info, uid, gid)
+                if stat.S_ISREG(info.st_mode):
+                    with os.fdopen(os.dup(fd), "rb") as content:
+                        tar.addfile(top, content)
+                else:
+                    tar.addfile(top)
+                    _add_tree(tar, fd, name, uid, gid)
+            sink.flush_all()
+        finally:
+            os.close(fd)
+
+    return produce
+
+
+def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "") -> tarfile.TarInfo:
+    entry = tarfile.TarInfo(name)
+    entry.mode = info.st_mode & 0o777
+    entry.mtime = int(info.st_mtime)
+    entry.uid, entry.gid = uid, gid
+    if stat.S_ISDIR(info.st_mode):
+        entry.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(info.st_mode):
+        entry.type, entry.linkname = tarfile.SYMTYPE, link
+    else:
+        entry.size = info.st_size
+    return entry
+
+
+def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, uid: int, gid: int) -> None:
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top_fd, follow_symlinks=False):
+        prefix = top_name if dirpath == "." else f"{top_name}/{dirpath[2:]}"
+        for name in sorted(dirnames) + sorted(filenames):
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: simply absent
+                _add_entry(tar, dir_fd, name, f"{prefix}/{name}", uid, gid)
+
+
+def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, uid: int, gid: int) -> None:
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(info.st_mode):
+        tar.addfile(_tar_info(arcname, info, uid, gid))
+    elif stat.S_ISLNK(info.st_mode):
+        tar.addfile(_tar_info(arcname, info, uid, gid, os.readlink(name, dir_fd=dir_fd)))
+    elif stat.S_ISREG(info.st_mode):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # swapped for a symlink meanwhile: not ours to follow
+                return
+            raise
+        with os.fdopen(fd, "rb") as content:
+            opened = os.fstat(content.fileno())
+            if stat.S_ISREG(opened.st_mode):
+                tar.addfile(_tar_info(arcname, opened, uid, gid), content)
+    # sockets, fifos and devices are skipped: they have no content to archive
+
+
+def extract_local(root: str, raw_dest: str, archive: IO[bytes], *, max_bytes: int) -> None:
+    """Extract a tar stream under ``raw_dest`` (created if needed) inside ``root``."""
+    dest = checked_path(raw_dest)
+    parts = _parts_under(root, dest)
+    try:
+        dest_fd = _open_beneath(root, parts, create=True)
+    except OSError as exc:
+        raise _os_error(exc, dest) from exc
+    written = 0
+    try:
+        for member, content in _members(archive):
+            names = member_parts(member.name)
+            if not names:
+                continue
+            written += member.size
+            if written > max_bytes:
+                raise ServiceError("too_large", f"archive expands to more than {max_bytes} bytes")
+            try:
+                _extract_member(dest_fd, names, member, content)
+            except OSError as exc:
+                raise _os_error(exc, f"{dest}/{'/'.join(names)}") from exc
+    except tarfile.TarError as exc:  # a truncated member, read while extracting it
+        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+    finally:
+        os.close(dest_fd)
+
+
+def _members(archive: IO[bytes]) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    try:
+        with tarfile.open(fileobj=archive, mode="r|*") as tar:
+            for member in tar:
+                if not (member.isreg() or member.isdir() or member.issym()):
+                    raise ServiceError(
+                        "invalid_request", f"archive member {member.name!r}: only files, directories and symlinks"
+                    )
+                yield member, tar.extractfile(member) if member.isreg() else None
+    except tarfile.TarError as exc:
+        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+
+
+def _extract_member(dest_fd: int, names: list[str], member: tarfile.TarInfo, content: IO[bytes] | None) -> None:
+    parent_fd = os.dup(dest_fd)
+    try:
+        for part in names[:-1]:
+            child = _open_dir(part, parent_fd, create=True)
+            os.close(parent_fd)
+            parent_fd = child
+        name, mode = names[-1], (member.mode & 0o777) or 0o644
+        if member.isdir():
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, mode | 0o700, dir_fd=parent_fd)
+            os.close(_open_dir(name, parent_fd, create=False))  # exists, and is a real directory
+            return
+        _unlink_non_dir(parent_fd, name)
+        if member.issym():
+            os.symlink(member.linkname, name, dir_fd=parent_fd)
+            return
+        assert content is not None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=parent_fd)
+        with os.fdopen(fd, "wb") as target:
+            while chunk := content.read(_COPY):
+                target.write(chunk)
+            target.flush()
+            os.fchmod(target.fileno(), mode)
+            os.utime(target.fileno(), (member.mtime, member.mtime))
+    finally:
+        os.close(parent_fd)
+
+
+def _unlink_non_dir(dir_fd: int, name: str) -> None:
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise ServiceError("is_directory", f"archive member {name!r} would replace a directory")
+    os.unlink(name, dir_fd=dir_fd)
+
+
+# ---------------------------------------------------------------------- docker: rewrite, spool
+
+
+def rewrite_for_container(archive: IO[bytes], *, uid: int, gid: int, max_bytes: int) -> IO[bytes]:
+    """The tar, made safe to hand to ``put_archive``: owned by the sandbox user, no special
+    mode bits, no device nodes or hard links, no member escaping the destination."""
+    spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 - returned open
+    written = 0
+    try:
+        with tarfile.open(fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT) as out:
+            for member, content in _members(archive):
+                names = member_parts(member.name)
+                if not names:
+                    continue
+                written += member.size
+                if written > max_bytes:
+                    raise ServiceError("too_large", f"archive expands to more than {max_bytes} bytes")
+                member.name = "/".join(names)
+                member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+                member.mode = (member.mode & 0o777) or (0o755 if member.isdir() else 0o644)
+                member.pax_headers = {}
+                out.addfile(member, content)
+    except tarfile.TarError as exc:
+        spool.close()
+        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool

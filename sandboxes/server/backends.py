@@ -1,0 +1,448 @@
+"""The backends behind the service: how a template becomes a sandbox, how a sandbox is found
+again after a restart, destroyed, archived, and how a marked process tree in it is killed.
+
+Everything here blocks (Docker API calls, directory trees); the registry calls it from worker
+threads.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import stat
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from sandboxes import _scripts
+from sandboxes.base import BaseSandbox
+from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.store import SandboxState
+from sandboxes.server.streams import Emit
+
+logger = logging.getLogger(__name__)
+
+LABEL_TENANT = "io.sandboxes.tenant"
+LABEL_TEMPLATE = "io.sandboxes.template"
+LABEL_USER_PREFIX = "io.sandboxes.label."
+"""Clients' own labels, carried on the container so a restart without state recovers them."""
+MARKER_ENV = "SANDBOXES_PROCESS_ID"
+"""Set on every background or streamed command: all its descendants inherit it, which is how
+its whole tree is found and killed, even the parts that left its process group."""
+ORPHAN_VOLUME_GRACE = 60.0
+
+_KILL_MARKED = r"""for d in /proc/[0-9]*; do
+  if grep -q "SANDBOXES_PROCESS_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "${d#/proc/}" 2>/dev/null; fi
+done; exit 0
+"""
+
+Adopted = tuple[SandboxState, BaseSandbox]
+
+
+class Backend(abc.ABC):
+    name: str
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+
+    @abc.abstractmethod
+    def create(
+        self,
+        template_name: str,
+        template: Template,
+        tenant: str,
+        expires_at: float,
+        labels: dict[str, str],
+        env: dict[str, str],
+    ) -> Adopted: ...
+
+    @abc.abstractmethod
+    def destroy(self, state: SandboxState, sandbox: BaseSandbox | None) -> None:
+        """Remove the sandbox and everything it stored. Idempotent: gone already is fine."""
+
+    @abc.abstractmethod
+    def reconcile(self, states: list[SandboxState], now: float) -> list[Adopted]:
+        """Compare ``states`` (what the service remembers) with what really exists: return the
+        live sandboxes to adopt; destroy the expired and the orphaned."""
+
+    @abc.abstractmethod
+    def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
+        """Kill every process of the sandbox carrying ``MARKER_ENV=token``."""
+
+    @abc.abstractmethod
+    def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
+        """Validate ``path`` and return the producer of its tar stream."""
+
+    @abc.abstractmethod
+    def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None: ...
+
+    def check_ready(self) -> None:  # noqa: B027 - optional hook
+        """Raise if the backend cannot create sandboxes right now."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; sandboxes stay (a restarted service adopts them)."""
+
+
+def _make_dir(sandbox: BaseSandbox, path: str) -> None:
+    """``mkdir -p`` as the sandbox user, inside the sandbox: what it may not create, we may not."""
+    made = sandbox.execute(_scripts.command('mkdir -p -- "$1" 2>&1', path), timeout=30)
+    if made.exit_code != 0:
+        raise ServiceError("permission_denied", f"cannot create directory {path}: {made.output.strip()}")
+
+
+# ---------------------------------------------------------------------- local
+
+
+class LocalBackend(Backend):
+    """Sandboxes as `LocalSandbox` root directories under ``data_dir/local``."""
+
+    name = "local"
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        super().__init__(settings)
+        self.base = (settings.data_dir / "local").resolve()
+        self.base.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base, 0o700)
+
+    def _open(self, sandbox_id: str, template: Template, root: Path, env: dict[str, str]) -> BaseSandbox:
+        from sandboxes.local import LocalSandbox, LocalSandboxConfig
+
+        config = LocalSandboxConfig(
+            root_dir=root,
+            isolation=template.isolation,
+            default_timeout=template.default_timeout,
+            output_limit=self.settings.max_output_bytes,
+            env={**template.env, **env},
+            sandbox_id=sandbox_id,
+        )
+        return LocalSandbox(config=config)
+
+    def create(
+        self,
+        template_name: str,
+        template: Template,
+        tenant: str,
+        expires_at: float,
+        labels: dict[str, str],
+        env: dict[str, str],
+    ) -> Adopted:
+        sandbox_id = uuid.uuid4().hex[:16]
+        root = self.base / sandbox_id
+        root.mkdir(mode=0o755)
+        sandbox = self._open(sandbox_id, template, root, env)
+        state = SandboxState(
+            id=sandbox_id,
+            tenant=tenant,
+            template=template_name,
+            backend=self.name,
+            created_at=time.time(),
+            expires_at=expires_at,
+            cpus=template.cpus,
+            memory=template.memory_bytes,
+            ref=str(root),
+            workdir=str(root),
+            labels=dict(labels),
+            env=dict(env),
+        )
+        return state, sandbox
+
+    def destroy(self, state: SandboxState, sandbox: BaseSandbox | None) -> None:
+        close = getattr(sandbox, "close", None)
+        if close is not None:
+            close()
+        _remove_tree(Path(state.ref))
+
+    def reconcile(self, states: list[SandboxState], now: float) -> list[Adopted]:
+        adopted: list[Adopted] = []
+        known = set()
+        for state in states:
+            root = Path(state.ref)
+            if root.parent != self.base:
+                logger.warning("state of %s points outside %s; ignoring it", state.id, self.base)
+                continue
+            known.add(root.name)
+            if state.deleting or state.expires_at <= now or not root.is_dir():
+                logger.info("reaping local sandbox %s (deleted, expired or gone)", state.id)
+                _remove_tree(root)
+                continue
+            template = self.settings.templates.get(state.template) or Template()
+            adopted.append((state, self._open(state.id, template, root, state.env)))
+        for entry in self.base.iterdir():
+            if entry.name not in known:
+                logger.info("reaping orphaned local sandbox directory %s", entry)
+                _remove_tree(entry)
+        return adopted
+
+    def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
+        # bwrap gives every command its own pid namespace, so no command inside could see
+        # another's processes; the host sees them all.
+        needle = f"{MARKER_ENV}={token}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    marked = needle in fh.read().split(b"\x00")
+            except OSError:
+                continue
+            if marked:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry), signal.SIGKILL)
+
+    def _root(self, sandbox: BaseSandbox) -> str:
+        return str(getattr(sandbox, "root"))  # noqa: B009 - LocalSandbox's root
+
+    def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
+        uid, gid = _local_ids(sandbox)
+        return open_local_archive(self._root(sandbox), path, uid=uid, gid=gid)
+
+    def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
+        extract_local(self._root(sandbox), path, archive, max_bytes=self.settings.max_archive_bytes)
+
+
+def _local_ids(sandbox: BaseSandbox) -> tuple[int, int]:
+    config = getattr(sandbox, "config", None)
+    return int(getattr(config, "uid", 1000)), int(getattr(config, "gid", 1000))
+
+
+def _remove_tree(path: Path) -> None:
+    """``rm -rf`` that also gets through directories a sandbox made unreadable (chmod 000)."""
+
+    def unlock(function: Callable[..., Any], name: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), stat.S_IRWXU)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, stat.S_IRWXU)
+        with contextlib.suppress(FileNotFoundError):
+            if function in (os.rmdir, os.unlink):
+                function(name)
+            else:  # could not open or list it: retry the whole subtree now that it is ours again
+                shutil.rmtree(name, ignore_errors=True)
+
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, onerror=unlock)
+
+
+# ---------------------------------------------------------------------- docker
+
+
+class DockerBackend(Backend):
+    """Sandboxes as containers labelled with this service's owner id and the tenant."""
+
+    name = "docker"
+
+    def __init__(self, settings: ServiceSettings, client: Any = None) -> None:
+        super().__init__(settings)
+        self._client = client
+        self._owns_client = client is None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            url = self.settings.docker_url
+            self._client = docker.DockerClient(base_url=url) if url else docker.from_env()
+        return self._client
+
+    def _config(self, template: Template, labels: dict[str, str], ttl: float | None, env: dict[str, str]) -> Any:
+        from sandboxes.docker import DockerSandboxConfig
+
+        return DockerSandboxConfig(
+            image=template.image,
+            cpus=template.cpus,
+            memory=template.memory,
+            env={**template.env, **env},
+            labels=labels,
+            ttl=ttl,
+            owner=self.settings.owner,
+            default_timeout=template.default_timeout,
+            output_limit=self.settings.max_output_bytes,
+        )
+
+    def create(
+        self,
+        template_name: str,
+        template: Template,
+        tenant: str,
+        expires_at: float,
+        labels: dict[str, str],
+        env: dict[str, str],
+    ) -> Adopted:
+        from sandboxes.docker import LABEL_SANDBOX, DockerSandbox
+        from sandboxes.providers.docker import create_container
+
+        docker_labels = {**template.labels, LABEL_TENANT: tenant, LABEL_TEMPLATE: template_name}
+        docker_labels.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
+        config = self._config(template, docker_labels, max(1.0, expires_at - time.time()), env)
+        container = create_container(self.client, config)
+        sandbox = DockerSandbox(container, self.client, config)
+        state = SandboxState(
+            id=container.labels[LABEL_SANDBOX],
+            tenant=tenant,
+            template=template_name,
+            backend=self.name,
+            created_at=time.time(),
+            expires_at=expires_at,
+            cpus=template.cpus,
+            memory=template.memory_bytes,
+            ref=str(container.id),
+            workdir=config.workdir,
+            labels=dict(labels),
+            env=dict(env),
+        )
+        return state, sandbox
+
+    def destroy(self, state: SandboxState, sandbox: BaseSandbox | None) -> None:
+        from sandboxes.providers.docker import remove_sandbox
+
+        close = getattr(sandbox, "close", None)
+        if close is not None:
+            close()
+        remove_sandbox(self.client, state.ref)
+
+    def reconcile(self, states: list[SandboxState], now: float) -> list[Adopted]:
+        from sandboxes.docker import LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, DockerSandbox
+        from sandboxes.providers.docker import remove_sandbox
+
+        remembered = {state.id: state for state in states}
+        selector = [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={self.settings.owner}"]
+        adopted: list[Adopted] = []
+        live: set[str] = set()
+        for container in self.client.containers.list(all=True, filters={"label": selector}):
+            labels: dict[str, str] = container.labels or {}
+            sandbox_id = labels.get(LABEL_SANDBOX, "")
+            state = remembered.get(sandbox_id) or _state_from_labels(container, self.name)
+            if state is None or state.deleting or state.expires_at <= now:
+                logger.info("reaping container %s (deleted, expired or not a tenant's)", container.id[:12])
+                remove_sandbox(self.client, container.id)
+                continue
+            if container.status != "running":
+                try:
+                    container.start()
+                except Exception as exc:
+                    logger.warning("cannot restart container %s (%s); reaping it", container.id[:12], exc)
+                    remove_sandbox(self.client, container.id)
+                    continue
+            template = self.settings.templates.get(state.template) or Template(backend="docker")
+            config = self._config(template, {}, None, state.env)
+            adopted.append((state, DockerSandbox(container, self.client, config, owned=False)))
+            live.add(sandbox_id)
+        self._reap_orphan_volumes(live, now)
+        return adopted
+
+    def _reap_orphan_volumes(self, live: set[str], now: float) -> None:
+        from sandboxes.docker import LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX
+
+        selector = [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={self.settings.owner}"]
+        for volume in self.client.volumes.list(filters={"label": selector}):
+            attrs = volume.attrs or {}
+            if (attrs.get("Labels") or {}).get(LABEL_SANDBOX, "") in live:
+                continue
+            if _created(attrs.get("CreatedAt")) > now - ORPHAN_VOLUME_GRACE:
+                continue  # its container may be being created right now
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)
+                logger.info("reaped orphaned workspace volume %s", volume.name)
+
+    def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
+        sandbox.execute(_scripts.command(_KILL_MARKED, token), timeout=30)
+
+    def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
+        import docker.errors
+
+        checked = checked_path(path)
+        try:
+            chunks, _stat = getattr(sandbox, "container").get_archive(checked, chunk_size=1 << 20)  # noqa: B009
+        except docker.errors.NotFound as exc:
+            raise ServiceError("file_not_found", f"{checked}: no such file or directory") from exc
+
+        def produce(emit: Emit) -> None:
+            for chunk in chunks:
+                emit(chunk)
+
+        return produce
+
+    def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
+        import docker.errors
+
+        checked = checked_path(path)
+        config = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
+        uid, gid = config.uid_gid
+        safe = rewrite_for_container(archive, uid=uid, gid=gid, max_bytes=self.settings.max_archive_bytes)
+        try:
+            _make_dir(sandbox, checked)
+            getattr(sandbox, "container").put_archive(checked, safe)  # noqa: B009
+        except docker.errors.APIError as exc:
+            raise ServiceError("permission_denied", f"cannot extract into {checked}: {exc.explanation}") from exc
+        finally:
+            safe.close()
+
+    def check_ready(self) -> None:
+        self.client.ping()
+
+    def close(self) -> None:
+        if self._client is not None and self._owns_client:
+            with contextlib.suppress(Exception):
+                self._client.close()
+
+
+def _state_from_labels(container: Any, backend: str) -> SandboxState | None:
+    """What a container says about itself, for one the state files do not know (a crash
+    between its creation and the state's write)."""
+    from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX
+
+    labels: dict[str, str] = container.labels or {}
+    tenant, sandbox_id = labels.get(LABEL_TENANT), labels.get(LABEL_SANDBOX)
+    if not tenant or not sandbox_id:
+        return None
+    try:
+        expires_at = float(labels[LABEL_EXPIRES])
+    except (KeyError, ValueError):
+        return None
+    host = container.attrs.get("HostConfig") or {}
+    return SandboxState(
+        id=sandbox_id,
+        tenant=tenant,
+        template=labels.get(LABEL_TEMPLATE, "default"),
+        backend=backend,
+        created_at=_created(container.attrs.get("Created")),
+        expires_at=expires_at,
+        cpus=(host.get("NanoCpus") or 0) / 1e9,
+        memory=int(host.get("Memory") or 0),
+        ref=str(container.id),
+        workdir=(container.attrs.get("Config") or {}).get("WorkingDir") or "/workspace",
+        labels={k[len(LABEL_USER_PREFIX) :]: v for k, v in labels.items() if k.startswith(LABEL_USER_PREFIX)},
+    )
+
+
+def _created(value: Any) -> float:
+    try:
+        text = str(value).replace("Z", "+00:00")
+        if "." in text:  # Docker gives nanoseconds; fromisoformat takes at most microseconds
+            head, _, tail = text.partition(".")
+            digits = "".join(ch for ch in tail if ch.isdigit())
+            zone = tail[len(digits) :]
+            text = f"{head}.{digits[:6]}{zone}"
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def make_backends(settings: ServiceSettings, docker_client: Any = None) -> dict[str, Backend]:
+    """The backends the templates use (the local one always: it costs nothing)."""
+    backends: dict[str, Backend] = {"local": LocalBackend(settings)}
+    if any(template.backend == "docker" for template in settings.templates.values()):
+        backends["docker"] = DockerBackend(settings, docker_client)
+    return backends

@@ -1,0 +1,130 @@
+"""Execute requests: the service's limits applied, then run once (JSON result) or streamed
+(NDJSON: ``output`` events as the command prints, then one ``exit`` event).
+
+Streaming: the backend's output hook runs on a transport thread that must never block (it may
+serve every command of a sandbox), so chunks are handed to the event loop without waiting and
+the bytes in flight are capped at the request's output limit: a client slower than the
+command loses the middle of the live stream (the final ``exit`` result says so with
+``truncated``), never the service's memory. A client that disconnects has its command's
+process tree killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from sandboxes import protocol as p
+from sandboxes.base import BaseSandbox
+from sandboxes.server.api import ExecuteRequest, ExecuteResult, StreamEvent
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.processes import Command, result_of, run_marked
+from sandboxes.server.settings import ServiceSettings, Template
+
+logger = logging.getLogger(__name__)
+
+
+def command_for(request: ExecuteRequest, template: Template, settings: ServiceSettings) -> Command:
+    """The request with the service's ceilings: a timeout of 0 ("none") gets the maximum."""
+    timeout = template.default_timeout if request.timeout is None else request.timeout
+    if timeout == 0 or timeout > settings.max_execute_timeout:
+        timeout = settings.max_execute_timeout
+    limit = min(request.output_limit or settings.max_output_bytes, settings.max_output_bytes)
+    stdin = None
+    if request.stdin_b64 is not None:
+        try:
+            stdin = base64.b64decode(request.stdin_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ServiceError("invalid_request", f"stdin_b64 is not base64: {exc}") from exc
+    for name in request.env:
+        if not name or "=" in name or "\x00" in name:
+            raise ServiceError("invalid_request", f"invalid environment variable name {name!r}")
+    return Command(request.command, timeout, stdin, dict(request.env), request.cwd, limit)
+
+
+async def run_once(sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None]) -> ExecuteResult:
+    token = uuid.uuid4().hex
+    work = asyncio.ensure_future(asyncio.to_thread(run_marked, sandbox, command, token, None))
+    try:
+        return result_of(await asyncio.shield(work))
+    except asyncio.CancelledError:  # the client went away: do not leave its command running
+        _kill_soon(kill_marked, token)
+        raise
+
+
+def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:
+    """Kill from a thread of its own: called while the request is being cancelled, when any
+    ``await`` (anyio's cancellation is level-triggered) would be cancelled before it ran."""
+
+    def kill() -> None:
+        try:
+            kill_marked(token)
+        except Exception:
+            logger.warning("could not kill the tree of an abandoned command", exc_info=True)
+
+    threading.Thread(target=kill, name="sandboxes-kill", daemon=True).start()
+
+
+async def run_streamed(
+    sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None], on_done: Callable[[float], None]
+) -> AsyncIterator[bytes]:
+    """NDJSON lines of `StreamEvent`; the last is always ``exit``."""
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+    budget = [command.output_limit]
+    budget_lock = threading.Lock()
+    token = uuid.uuid4().hex
+
+    def on_output(chunk: bytes) -> None:
+        with budget_lock:
+            chunk = chunk[: budget[0]]
+            budget[0] -= len(chunk)
+        if chunk:
+            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+
+    started = time.perf_counter()
+    work = asyncio.ensure_future(asyncio.to_thread(run_marked, sandbox, command, token, on_output))
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    finished = False
+    try:
+        while True:
+            getter = asyncio.ensure_future(chunks.get())
+            await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            data = _drain(getter.result(), chunks)
+            if text := decoder.decode(data):
+                yield _line(StreamEvent(type="output", data=text))
+        # Every chunk was queued before the command's result: what is left is in the queue.
+        data = _drain(b"", chunks)
+        if text := decoder.decode(data, final=True):
+            yield _line(StreamEvent(type="output", data=text))
+        response: p.ExecuteResponse = work.result()
+        finished = True
+        on_done(time.perf_counter() - started)
+        yield _line(StreamEvent(type="exit", result=result_of(response)))
+    finally:
+        if not finished and not work.done():
+            _kill_soon(kill_marked, token)
+
+
+def _drain(first: bytes, chunks: asyncio.Queue[bytes]) -> bytes:
+    """Coalesce what is already queued: a slow reader gets fewer, bigger events."""
+    parts = [first]
+    with contextlib.suppress(asyncio.QueueEmpty):
+        while True:
+            parts.append(chunks.get_nowait())
+    return b"".join(parts)
+
+
+def _line(event: StreamEvent) -> bytes:
+    return event.model_dump_json().encode("utf-8") + b"\n"

@@ -1,0 +1,178 @@
+"""Background commands of one sandbox: start, poll, kill.
+
+Each runs in its own thread through ``execute_streaming``, whose hook fills a bounded output
+buffer that polls read while the command runs. Every command carries a marker in its
+environment (`MARKER_ENV`), inherited by everything it starts, so a kill takes down the whole
+tree, including what left its process group; a timeout still bounds every command, killed or
+not. Processes live in the service's memory only: a restart forgets them (their commands die
+with the service on the local backend, and with the exec helper's stream on Docker).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sandboxes import protocol as p
+from sandboxes._output import OutputBuffer
+from sandboxes.base import BaseSandbox
+from sandboxes.server.api import ExecuteResult, ProcessInfo
+from sandboxes.server.errors import ServiceError
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["running", "exited", "killed", "timeout"]
+_KEEP_FINISHED = 64
+_KILL_WAIT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command with the service's limits already applied."""
+
+    command: str
+    timeout: float
+    stdin: bytes | None
+    env: Mapping[str, str]
+    cwd: str | None
+    output_limit: int
+
+
+def result_of(response: p.ExecuteResponse) -> ExecuteResult:
+    return ExecuteResult(
+        output=response.output,
+        exit_code=response.exit_code,
+        truncated=response.truncated,
+        error=response.error,
+        message=response.message,
+        duration_ms=response.duration_ms,
+    )
+
+
+def run_marked(
+    sandbox: BaseSandbox, command: Command, token: str, on_output: Callable[[bytes], None] | None
+) -> p.ExecuteResponse:
+    """Run ``command`` with its tree marked by ``token``; a backend failure becomes a result."""
+    from sandboxes.server.backends import MARKER_ENV
+
+    try:
+        return sandbox.execute_streaming(
+            command.command,
+            on_output,
+            timeout=command.timeout,
+            stdin=command.stdin,
+            env={**command.env, MARKER_ENV: token},
+            cwd=command.cwd,
+            output_limit=command.output_limit,
+        )
+    except Exception as exc:
+        logger.exception("execute failed in %s", sandbox.id)
+        return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the sandbox's backend failed: {exc}")
+
+
+@dataclass
+class _Process:
+    id: str
+    token: str
+    output: OutputBuffer
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: threading.Event = field(default_factory=threading.Event)
+    killed: bool = False
+    response: p.ExecuteResponse | None = None
+
+    def write(self, chunk: bytes) -> None:
+        with self.lock:
+            self.output.write(chunk)
+
+    @property
+    def status(self) -> Status:
+        if self.response is None:
+            return "running"
+        if self.killed:
+            return "killed"
+        return "timeout" if self.response.error == p.TIMEOUT else "exited"
+
+    def info(self) -> ProcessInfo:
+        with self.lock:
+            response = self.response
+            output = self.output.text() if response is None else response.output
+        return ProcessInfo(
+            id=self.id, status=self.status, output=output, result=None if response is None else result_of(response)
+        )
+
+
+class ProcessTable:
+    def __init__(self, max_running: int) -> None:
+        self._max_running = max_running
+        self._processes: OrderedDict[str, _Process] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def start(self, sandbox: BaseSandbox, command: Command) -> ProcessInfo:
+        with self._lock:
+            running = sum(1 for proc in self._processes.values() if proc.response is None)
+            if running >= self._max_running:
+                raise ServiceError(
+                    "quota_exceeded", f"{running} background processes already run in this sandbox (the maximum)"
+                )
+            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(command.output_limit))
+            self._processes[proc.id] = proc
+            self._forget_old()
+        threading.Thread(
+            target=self._run, args=(sandbox, command, proc), name=f"sandboxes-bg-{proc.id}", daemon=True
+        ).start()
+        return proc.info()
+
+    def _run(self, sandbox: BaseSandbox, command: Command, proc: _Process) -> None:
+        response = run_marked(sandbox, command, proc.token, proc.write)
+        with proc.lock:
+            proc.response = response
+        proc.done.set()
+
+    def get(self, process_id: str) -> ProcessInfo:
+        return self._find(process_id).info()
+
+    def kill(self, process_id: str, kill_marked: Callable[[str], None]) -> ProcessInfo:
+        """Kill the process's tree and wait for its result (blocking: call from a thread).
+        A process that already finished is reported as it finished."""
+        proc = self._find(process_id)
+        if not proc.done.is_set():
+            with proc.lock:
+                proc.killed = proc.response is None
+            deadline = time.monotonic() + _KILL_WAIT
+            # Again until it ends: a command killed just as it was being started (its shell not
+            # yet forked) carries no marker yet, and a kill then finds nothing.
+            while True:
+                kill_marked(proc.token)
+                if proc.done.wait(0.2):
+                    break
+                if time.monotonic() > deadline:
+                    logger.warning("process %s did not end within %ss of its kill", proc.id, _KILL_WAIT)
+                    break
+        return proc.info()
+
+    def kill_all(self, kill_marked: Callable[[str], None]) -> None:
+        with self._lock:
+            running = [proc for proc in self._processes.values() if not proc.done.is_set()]
+        for proc in running:
+            proc.killed = True
+            kill_marked(proc.token)
+
+    def _find(self, process_id: str) -> _Process:
+        with self._lock:
+            proc = self._processes.get(process_id)
+        if proc is None:
+            raise ServiceError("not_found", f"no process {process_id!r} in this sandbox")
+        return proc
+
+    def _forget_old(self) -> None:
+        finished = [key for key, proc in self._processes.items() if proc.response is not None]
+        for key in finished[: max(0, len(finished) - _KEEP_FINISHED)]:
+            del self._processes[key]

@@ -1,0 +1,276 @@
+"""The HTTP routes of `sandboxes.server.api`, version 1.
+
+Every route under ``/v1`` authenticates first, then takes a token from the tenant's rate
+bucket, then looks the sandbox up among the tenant's own (another tenant's id is simply not
+there: 404). File operations answer the protocol's results inside a 200; only failures of the
+service itself (or of reaching the backend) are HTTP errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
+
+from sandboxes.server import api
+from sandboxes.server.auth import Authenticator, RateLimiter, Tenant
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.execution import command_for, run_once, run_streamed
+from sandboxes.server.metrics import CONTENT_TYPE, Metrics
+from sandboxes.server.registry import Entry, Registry
+from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.streams import buffered_body, iterate_thread
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class Service:
+    """Everything a route needs, hung on ``app.state.service``."""
+
+    settings: ServiceSettings
+    registry: Registry
+    auth: Authenticator
+    limiter: RateLimiter
+    metrics: Metrics
+    draining: bool = False
+
+
+def service_of(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+_bearer = HTTPBearer(auto_error=False, description="An API key of the service")
+
+
+async def _tenant(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Tenant:
+    svc = service_of(request)
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+    tenant = svc.auth.authenticate(header)
+    request.scope.setdefault("state", {})["tenant"] = tenant.id
+    svc.limiter.check(tenant)
+    return tenant
+
+
+Authed = Annotated[Tenant, Depends(_tenant)]
+router = APIRouter(prefix=api.API_PREFIX)
+health = APIRouter()
+
+
+def _entry(request: Request, tenant: Tenant, sandbox_id: str) -> tuple[Service, Entry]:
+    svc = service_of(request)
+    return svc, svc.registry.get(tenant, sandbox_id)
+
+
+def _template(svc: Service, entry: Entry) -> Template:
+    return svc.settings.templates.get(entry.state.template) or Template(backend=entry.backend.name)  # type: ignore[arg-type]
+
+
+async def _backend(function: Callable[..., T], *args: Any) -> T:
+    """A blocking backend call in a worker thread; a backend that fails is a 503, not a 500."""
+    try:
+        return await asyncio.to_thread(function, *args)
+    except (ServiceError, HTTPException):  # ours, and a body over the limit met while reading it
+        raise
+    except Exception as exc:
+        logger.warning("backend call %s failed: %s", getattr(function, "__name__", function), exc, exc_info=True)
+        raise ServiceError("backend_unavailable", f"the sandbox's backend failed: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo)
+async def create_sandbox(request: Request, body: api.CreateSandbox, tenant: Authed) -> api.SandboxInfo:
+    entry = await service_of(request).registry.create(tenant, body)
+    return entry.info()
+
+
+@router.get("/sandboxes", response_model=api.SandboxList)
+async def list_sandboxes(request: Request, tenant: Authed) -> api.SandboxList:
+    return api.SandboxList(sandboxes=[entry.info() for entry in service_of(request).registry.list(tenant)])
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
+async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> api.SandboxInfo:
+    return _entry(request, tenant, sandbox_id)[1].info()
+
+
+@router.post("/sandboxes/{sandbox_id}/renew", response_model=api.SandboxInfo)
+async def renew_sandbox(request: Request, sandbox_id: str, body: api.RenewSandbox, tenant: Authed) -> api.SandboxInfo:
+    entry = await service_of(request).registry.renew(tenant, sandbox_id, body.ttl)
+    return entry.info()
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204, response_class=Response)
+async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
+    await service_of(request).registry.delete(tenant, sandbox_id)
+    return Response(status_code=204)
+
+
+# ---------------------------------------------------------------------- execute
+
+
+@router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
+async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
+    svc, entry = _entry(request, tenant, sandbox_id)
+    command = command_for(body, _template(svc, entry), svc.settings)
+    started = time.perf_counter()
+    result = await run_once(entry.sandbox, command, entry.kill_marked)
+    svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
+    return JSONResponse(result.model_dump())
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/execute/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "NDJSON lines of StreamEvent"}},
+)
+async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
+    svc, entry = _entry(request, tenant, sandbox_id)
+    command = command_for(body, _template(svc, entry), svc.settings)
+    histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
+    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe)
+    return StreamingResponse(events, media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
+
+
+@router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)
+async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> api.ProcessInfo:
+    svc, entry = _entry(request, tenant, sandbox_id)
+    return entry.processes.start(entry.sandbox, command_for(body, _template(svc, entry), svc.settings))
+
+
+@router.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
+async def poll_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
+    return _entry(request, tenant, sandbox_id)[1].processes.get(process_id)
+
+
+@router.delete("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
+async def kill_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
+    entry = _entry(request, tenant, sandbox_id)[1]
+    return await _backend(entry.processes.kill, process_id, entry.kill_marked)
+
+
+# ---------------------------------------------------------------------- files
+
+
+def _files(op: str, model: type[Any], run: Callable[[Any, Any], Any]) -> None:
+    async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
+        entry = _entry(request, tenant, sandbox_id)[1]
+        result = await _backend(run, entry.sandbox, body)
+        return JSONResponse(api.result_json(result))
+
+    operation.__annotations__["body"] = model  # FastAPI reads the request model from here
+    operation.__name__ = f"files_{op}"
+    router.add_api_route(
+        f"/sandboxes/{{sandbox_id}}/files/{op}",
+        operation,
+        methods=["POST"],
+        name=f"files_{op}",
+        summary=f"File operation `{op}` (protocol result in a 200)",
+    )
+
+
+def _decode(item: api.UploadItem) -> tuple[str, bytes]:
+    try:
+        return item.path, base64.b64decode(item.content_b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ServiceError("invalid_request", f"content_b64 of {item.path!r} is not base64") from exc
+
+
+def _upload(sandbox: Any, body: api.UploadRequest) -> Any:
+    return sandbox.upload_files([_decode(item) for item in body.files])
+
+
+def _download(sandbox: Any, body: api.DownloadRequest) -> list[api.DownloadItem]:
+    return [
+        api.DownloadItem(
+            path=item.path,
+            content_b64=None if item.content is None else base64.b64encode(item.content).decode("ascii"),
+            error=item.error,
+            message=item.message,
+        )
+        for item in sandbox.download_files(body.paths)
+    ]
+
+
+_OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "ls": lambda s, b: s.ls(b.path),
+    "read": lambda s, b: s.read(b.file_path, b.offset, b.limit),
+    "write": lambda s, b: s.write(b.file_path, b.content),
+    "edit": lambda s, b: s.edit(b.file_path, b.old_string, b.new_string, b.replace_all),
+    "delete": lambda s, b: s.delete(b.file_path),
+    "grep": lambda s, b: s.grep(b.pattern, b.path, b.glob, max_count=b.max_count),
+    "glob": lambda s, b: s.glob(b.pattern, b.path),
+    "upload": _upload,
+    "download": lambda s, b: [item.model_dump() for item in _download(s, b)],
+}
+for _op, _model in api.FILE_OPERATIONS.items():
+    _files(_op, _model, _OPERATIONS[_op])
+
+
+# ---------------------------------------------------------------------- archives
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/archive",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"}},
+)
+async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
+    entry = _entry(request, tenant, sandbox_id)[1]
+    produce = await _backend(entry.backend.open_archive, entry.sandbox, path)
+    return StreamingResponse(iterate_thread(produce), media_type="application/x-tar")
+
+
+@router.put("/sandboxes/{sandbox_id}/archive", status_code=204, response_class=Response)
+async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
+    entry = _entry(request, tenant, sandbox_id)[1]
+    body = buffered_body(request.stream(), asyncio.get_running_loop())
+    await _backend(entry.backend.put_archive, entry.sandbox, path, body)
+    return Response(status_code=204)
+
+
+# ---------------------------------------------------------------------- health
+
+
+@health.get("/healthz", include_in_schema=False)
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@health.get("/readyz", include_in_schema=False)
+async def readyz(request: Request) -> Response:
+    svc = service_of(request)
+    problems = []
+    if svc.draining:
+        problems.append("shutting down")
+    if not svc.registry.ready:
+        problems.append("not started")
+    for name, backend in svc.registry.backends.items():
+        try:
+            await asyncio.to_thread(backend.check_ready)
+        except Exception as exc:
+            problems.append(f"{name} backend: {exc}")
+    if problems:
+        return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@health.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(service_of(request).metrics.render(), media_type=CONTENT_TYPE)

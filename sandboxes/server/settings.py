@@ -1,0 +1,190 @@
+"""Configuration of the service: environment variables ``SANDBOXES_*`` over an optional config
+file (TOML or JSON) over defaults.
+
+API keys are configured by their SHA-256 only (``python -m sandboxes.server --hash-key`` prints
+it), so neither the config file nor the environment holds a usable credential. Nested values
+come from the environment as JSON (``SANDBOXES_TEMPLATES='{"default": {"backend": "docker"}}'``)
+or one field at a time (``SANDBOXES_DEFAULT_POLICY__RATE=20``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_memory(value: str) -> int:
+    """Bytes in a Docker-style size (``512m``, ``2g``, ``1048576``), for quota arithmetic."""
+    match = _MEMORY.match(value)
+    if match is None:
+        raise ValueError(f"not a memory size: {value!r} (use e.g. 512m, 2g)")
+    number, unit = match.groups()
+    return int(float(number) * (1 << (10 * "bkmgt".index(unit.lower() or "b"))))
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Template(_Frozen):
+    """What a sandbox is made from; clients choose a template by name and nothing else."""
+
+    backend: Literal["local", "docker"] = "local"
+    image: str = "sandboxes/runtime:latest"
+    """Docker only."""
+    cpus: float = Field(default=1.0, gt=0)
+    """Enforced by Docker; for the local backend it only counts against the tenant's quota."""
+    memory: str = "512m"
+    ttl: float = Field(default=3600.0, gt=0)
+    """Default lifetime in seconds when the client asks for none."""
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Docker only: the operator's own labels on every container and volume of the template."""
+    default_timeout: float = Field(default=120.0, ge=0)
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """Local only. ``none`` runs commands as the service's own user with access to everything
+    it can read (its keys included), so it is refused unless the service is ``insecure``."""
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_parses(cls, value: str) -> str:
+        parse_memory(value)
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.memory)
+
+
+class TenantPolicy(_Frozen):
+    max_sandboxes: int = Field(default=10, ge=0)
+    max_cpus: float = Field(default=8.0, ge=0)
+    max_memory: str = "16g"
+    rate: float = Field(default=100.0, gt=0)
+    """Requests per second, sustained (token bucket refill rate)."""
+    burst: int = Field(default=200, ge=1)
+    """Requests allowed at once before the rate applies (token bucket size)."""
+
+    @field_validator("max_memory")
+    @classmethod
+    def _memory_parses(cls, value: str) -> str:
+        parse_memory(value)
+        return value
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return parse_memory(self.max_memory)
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDBOXES_", env_nested_delimiter="__", extra="forbid")
+
+    config_file: Path | None = None
+    """TOML or JSON file with any of these fields; also from ``SANDBOXES_CONFIG_FILE``."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "share" / "sandboxes")
+    """Local sandboxes' directories and the state that survives a restart."""
+    owner: str = "sandboxes-service"
+    """Value of the ``io.sandboxes.owner`` label on this service's containers: at start-up it
+    adopts or reaps exactly these, so two services on one engine need different owners."""
+    templates: dict[str, Template] = Field(default_factory=lambda: {"default": Template()})
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    """SHA-256 (hex) of each API key -> the tenant it authenticates."""
+    tenants: dict[str, TenantPolicy] = Field(default_factory=dict)
+    default_policy: TenantPolicy = Field(default_factory=TenantPolicy)
+    """Quotas and rate of tenants without an entry in ``tenants``."""
+    insecure: bool = False
+    """Start without API keys (every request is tenant ``anonymous``) and allow unisolated
+    local templates. Only for a laptop."""
+    docker_url: str | None = None
+    """Docker engine to use; ``None``: the environment's (``DOCKER_HOST`` or the local socket)."""
+    max_ttl: float = Field(default=24 * 3600.0, gt=0)
+    max_execute_timeout: float = Field(default=3600.0, gt=0)
+    """Ceiling on a command's timeout; a request for none (0) gets this."""
+    max_output_bytes: int = Field(default=16 << 20, gt=0)
+    """Ceiling on the output a command keeps (and streams)."""
+    max_body_bytes: int = Field(default=64 << 20, gt=0)
+    """Largest JSON request body (uploads travel base64 in it)."""
+    max_archive_bytes: int = Field(default=4 << 30, gt=0)
+    """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
+    max_processes: int = Field(default=16, gt=0)
+    """Background processes running at once per sandbox."""
+    sweep_interval: float = Field(default=10.0, gt=0)
+    worker_threads: int = Field(default=64, gt=0)
+    """Threads for blocking backend calls; each running command holds one for its duration."""
+    drain_timeout: float = Field(default=30.0, ge=0)
+    """Seconds a shutdown waits for in-flight requests."""
+    log_level: str = "INFO"
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashes_only(cls, value: dict[str, str]) -> dict[str, str]:
+        normalized = {}
+        for digest, tenant in value.items():
+            if not _SHA256.match(digest.lower()):
+                raise ValueError("api_keys maps the SHA-256 hex digest of a key (not the key) to a tenant")
+            if not tenant:
+                raise ValueError("every API key needs a tenant")
+            normalized[digest.lower()] = tenant
+        return normalized
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSettings:
+        if not self.templates:
+            raise ValueError("at least one template is needed")
+        for name, template in self.templates.items():
+            if template.backend == "local" and template.isolation == "none" and not self.insecure:
+                raise ValueError(f"template {name!r} has isolation 'none': allowed only with insecure")
+        return self
+
+    def policy_for(self, tenant: str) -> TenantPolicy:
+        return self.tenants.get(tenant, self.default_policy)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        explicit = getattr(init_settings, "init_kwargs", {}).get("config_file")
+        path = explicit or os.environ.get(CONFIG_FILE_ENV)
+        return init_settings, env_settings, _ConfigFile(settings_cls, Path(path) if path else None)
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The config file, below the environment: an operator overrides one value with one
+    variable without editing the file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._data = _read_config(path) if path is not None else {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config file must hold a table/object")
+    return data

@@ -1,0 +1,85 @@
+"""What the service must remember across a crash: one small JSON file per sandbox.
+
+The backend is the truth about what exists (directories, containers); these files add what it
+cannot say: which tenant a local directory belongs to, and a TTL renewed after creation
+(Docker labels are fixed when a container is created). One file per sandbox, replaced
+atomically, so a ``kill -9`` at any instant leaves either the old or the new version, and
+concurrent changes to different sandboxes never rewrite each other's state. The directory
+lives outside every sandbox's root: no sandbox can read or forge it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass
+class SandboxState:
+    id: str
+    tenant: str
+    template: str
+    backend: str
+    created_at: float
+    expires_at: float
+    cpus: float
+    memory: int
+    """Bytes, as counted against the tenant's quota."""
+    ref: str
+    """The backend's handle: a local root directory, a container id."""
+    workdir: str
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """The sandbox's environment over its template's (a local sandbox re-opened after a restart
+    needs it again; a container keeps its own)."""
+    deleting: bool = False
+    """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
+    back from its container's labels."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxState:
+        return cls(**{key: data[key] for key in cls.__dataclass_fields__ if key in data})
+
+
+class StateStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+
+    def save(self, state: SandboxState) -> None:
+        path = self._path(state.id)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        os.replace(temporary, path)
+
+    def remove(self, sandbox_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(sandbox_id).unlink()
+
+    def load_all(self) -> list[SandboxState]:
+        states = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                states.append(SandboxState.from_json(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, TypeError) as exc:
+                logger.warning("ignoring unreadable state file %s: %s", path, exc)
+        return states
+
+    def _path(self, sandbox_id: str) -> Path:
+        if not _SAFE_ID.match(sandbox_id):
+            raise ValueError(f"unsafe sandbox id {sandbox_id!r}")
+        return self.directory / f"{sandbox_id}.json"

@@ -1,0 +1,180 @@
+"""Running the service for tests: in-process (a real uvicorn server on 127.0.0.1 in a thread)
+or as a subprocess (``python -m sandboxes.server``), and talking to it with httpx."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from sandboxes.server.app import create_app
+from sandboxes.server.auth import hash_key
+from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy
+
+KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
+"""Tenant -> API key. ``tiny`` has a quota of one small sandbox; ``slow`` 2 requests/s."""
+
+POLICIES = {
+    "tiny": TenantPolicy(max_sandboxes=1, max_cpus=1.5, max_memory="1g"),
+    "slow": TenantPolicy(rate=2.0, burst=3),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_for(data_dir: Path, **overrides: Any) -> ServiceSettings:
+    options: dict[str, Any] = {
+        "data_dir": data_dir,
+        "api_keys": {hash_key(key): tenant for tenant, key in KEYS.items()},
+        "tenants": POLICIES,
+        "templates": {"default": Template(default_timeout=30), "big": Template(cpus=4, memory="1g")},
+        "sweep_interval": 0.2,
+    }
+    options.update(overrides)
+    return ServiceSettings(**options)
+
+
+@dataclass
+class Running:
+    url: str
+    app: Any
+    server: uvicorn.Server
+
+    def client(self, tenant: str | None = "alice", **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {KEYS[tenant]}"} if tenant else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kwargs)
+
+    @property
+    def registry(self) -> Any:
+        return self.app.state.service.registry
+
+
+@contextlib.contextmanager
+def running(settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10) -> Iterator[Running]:
+    app = create_app(settings, docker_client=docker_client)
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=drain,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the service did not start")
+        time.sleep(0.02)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", app, server)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/sandboxes", json=body)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+def execute(client: httpx.Client, sandbox_id: str, command: str, **body: Any) -> dict[str, Any]:
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/execute", json={"command": command, **body})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def error_of(response: httpx.Response) -> str:
+    body = response.json()
+    assert set(body) == {"error", "message", "request_id"}, body
+    return str(body["error"])
+
+
+class ServiceProcess:
+    """``python -m sandboxes.server`` with a config file; its JSON log goes to a file."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / "service.json"
+        self.config_path.write_text(json.dumps({**config, "port": self.port}))
+        self.log_path = workdir / f"service-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str, timeout: float = 30) -> ServiceProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+        env["TMPDIR"] = str(self.config_path.parent)  # what a SIGKILL leaves in /tmp stays in the test's dir
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sandboxes.server", "--config", str(self.config_path), *extra],
+                stdout=log,
+                stderr=log,
+                env=env,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited {self.process.returncode}: {self.log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError(f"service not ready in {timeout}s: {self.log_path.read_text()[-3000:]}")
+
+    def client(self, tenant: str = "alice") -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {KEYS[tenant]}"}, timeout=60)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()  # SIGKILL: no shutdown code runs
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+        return lines
+
+
+def subprocess_config(data_dir: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "api_keys": {hash_key(key): tenant for tenant, key in KEYS.items()},
+        "templates": {"default": {"default_timeout": 30}},
+        "sweep_interval": 0.2,
+    }
+    config.update(overrides)
+    return config

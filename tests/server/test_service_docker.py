@@ -1,0 +1,192 @@
+"""Over real HTTP with the Docker backend: sandboxes as containers, what they can (not) see,
+archives through the Docker API, and a ``kill -9`` of the service followed by a restart that
+adopts its containers from their labels and reaps the expired and the orphaned."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import httpx
+import pytest
+from conftest import SESSION_OWNER
+from service_harness import KEYS, Running, ServiceProcess, create, execute, running, settings_for, subprocess_config
+
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.server.settings import Template
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+"""On every container and volume the service makes, so the session sweep removes leftovers."""
+
+
+def _template(image: str) -> Template:
+    return Template(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+
+
+@pytest.fixture(scope="module")
+def service(docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    owner = f"{SESSION_OWNER}-svc-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(
+        tmp_path_factory.mktemp("docker"), owner=owner, templates={"default": _template(runtime_image)}
+    )
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
+    created = create(client)
+    yield created
+    client.delete(f"/v1/sandboxes/{created['id']}")
+
+
+def _container(docker_client: Any, service: Running, sandbox_id: str) -> Any:
+    return service.registry._entries[sandbox_id].sandbox.container
+
+
+def test_create_execute_delete(service: Running, client: httpx.Client, docker_client: Any) -> None:
+    sandbox = create(client, env={"GREETING": "hello"})
+    assert (sandbox["backend"], sandbox["workdir"]) == ("docker", "/workspace")
+    container_id = _container(docker_client, service, sandbox["id"]).id
+    result = execute(client, sandbox["id"], 'id -u; pwd; echo "$GREETING"')
+    assert result["output"] == "1000\n/workspace\nhello\n"
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(container_id)
+    assert not docker_client.volumes.list(filters={"label": f"io.sandboxes.sandbox-id={sandbox['id']}"})
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+
+def test_container_sees_no_socket_no_credentials_no_network(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any], docker_client: Any
+) -> None:
+    container = _container(docker_client, service, sandbox["id"])
+    container.reload()
+    mounts = container.attrs["Mounts"]
+    assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/workspace")]
+    assert container.attrs["HostConfig"]["Binds"] == [f"sandboxes-ws-{sandbox['id']}:/workspace:rw"]  # a volume
+    assert container.attrs["HostConfig"]["NetworkMode"] == "none"
+    assert container.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    labels = container.labels
+    assert labels["io.sandboxes.tenant"] == "alice"
+    assert labels["io.sandboxes.owner"] == service.app.state.service.settings.owner
+    env = execute(client, sandbox["id"], "env; ls -la /var/run/docker.sock /run/docker.sock 2>&1")["output"]
+    assert "docker.sock" in env  # the error message names it ...
+    assert "No such file" in env  # ... because it is not there
+    for tenant_key in KEYS.values():
+        assert tenant_key not in env
+    assert "api_keys" not in env
+    assert execute(client, sandbox["id"], "getent hosts example.com || echo offline")["output"] == "offline\n"
+
+
+def test_streamed_output_in_order(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    events = []
+    command = "for i in $(seq 1 50); do echo $i; sleep 0.02; done"
+    with client.stream("POST", f"/v1/sandboxes/{sandbox['id']}/execute/stream", json={"command": command}) as r:
+        for line in r.iter_lines():
+            if line:
+                events.append((time.monotonic(), json.loads(line)))
+    assert events[-1][1]["type"] == "exit"
+    assert events[-1][1]["result"]["exit_code"] == 0
+    assert len(events) - 1 >= 5
+    assert "".join(e["data"] for _, e in events[:-1]) == "".join(f"{i}\n" for i in range(1, 51))
+    assert events[-1][0] - events[0][0] > 0.5
+
+
+def test_files_and_archive_round_trip(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    base = f"/v1/sandboxes/{sandbox['id']}"
+    client.post(f"{base}/files/write", json={"file_path": "/workspace/t/a.txt", "content": "alpha\n"})
+    assert client.post(f"{base}/files/read", json={"file_path": "/workspace/t/a.txt"}).json()["file_data"] == {
+        "content": "alpha\n",
+        "encoding": "utf-8",
+        "created_at": None,
+        "modified_at": None,
+    }
+    grep = client.post(f"{base}/files/grep", json={"pattern": "alp", "path": "/workspace"}).json()
+    assert [m["path"] for m in grep["matches"]] == ["/workspace/t/a.txt"]
+    archive = client.get(f"{base}/archive", params={"path": "/workspace/t"})
+    assert archive.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        assert sorted(tar.getnames()) == ["t", "t/a.txt"]
+    put = client.put(f"{base}/archive", params={"path": "/workspace/copy"}, content=archive.content)
+    assert put.status_code == 204, put.text
+    assert execute(client, sandbox["id"], "cat copy/t/a.txt && stat -c %u copy/t/a.txt")["output"] == "alpha\n1000\n"
+    missing = client.get(f"{base}/archive", params={"path": "/workspace/missing"})
+    assert missing.status_code == 404
+
+
+def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    loop = "while :; do date +%s%N > /workspace/beat; sleep 0.1; done"
+    process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
+    time.sleep(0.5)
+    killed = client.delete(f"{base}/{process['id']}").json()
+    assert killed["status"] == "killed"
+    first = execute(client, sandbox["id"], "cat /workspace/beat")["output"]
+    time.sleep(0.5)
+    assert first
+    assert execute(client, sandbox["id"], "cat /workspace/beat")["output"] == first
+
+
+# ---------------------------------------------------------------------- kill -9 and reconcile
+
+
+def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
+    tmp_path: Path, docker_client: Any, runtime_image: str
+) -> None:
+    owner = f"{SESSION_OWNER}-k9-{uuid.uuid4().hex[:6]}"
+    data_dir = tmp_path / "data"
+    template = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
+    service = ServiceProcess(subprocess_config(data_dir, owner=owner, templates={"default": template}), tmp_path)
+    stranger = DockerSandbox.create(
+        DockerSandboxConfig(image=runtime_image, owner=owner, labels=CLEANUP), client=docker_client
+    )
+    neighbour = DockerSandbox.create(
+        DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER), client=docker_client
+    )
+    service.start()
+    try:
+        with service.client("alice") as alice:
+            kept = create(alice, ttl=300, labels={"role": "kept"})
+            execute(alice, kept["id"], "echo persisted > /workspace/file.txt")
+            renewed = alice.post(f"/v1/sandboxes/{kept['id']}/renew", json={"ttl": 900}).json()
+            stateless = create(alice, ttl=300, labels={"role": "stateless"})
+            doomed = create(alice, ttl=2)
+        (data_dir / "state" / f"{stateless['id']}.json").unlink()  # as if killed before writing it
+        service.kill()
+        time.sleep(2.2)
+        service.start()
+        with service.client("alice") as alice:
+            listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}
+            assert set(listed) == {kept["id"], stateless["id"]}
+            assert listed[kept["id"]]["expires_at"] == pytest.approx(renewed["expires_at"])  # not the label's
+            assert listed[stateless["id"]]["labels"] == {"role": "stateless"}  # from the container's labels
+            assert execute(alice, kept["id"], "cat /workspace/file.txt")["output"] == "persisted\n"
+            assert alice.get(f"/v1/sandboxes/{doomed['id']}").status_code == 404
+        remaining = docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
+        assert sorted(c.labels["io.sandboxes.sandbox-id"] for c in remaining) == sorted([kept["id"], stateless["id"]])
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.containers.get(stranger.id)  # our owner, no tenant: orphaned, reaped
+        docker_client.containers.get(neighbour.id)  # another owner's: untouched
+        with service.client("alice") as alice:
+            for sandbox_id in (kept["id"], stateless["id"]):
+                assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+        assert not docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
+    finally:
+        service.stop()
+        neighbour.destroy()
+        stranger.destroy()

@@ -1,0 +1,206 @@
+"""Over real HTTP: sandbox lifecycle, TTLs (timers and the sweep), renewals, restarts that
+lose nothing (in-process, and ``kill -9`` of a service subprocess), graceful draining, and the
+operability surface (readiness, metrics, JSON logs)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import (
+    Running,
+    ServiceProcess,
+    create,
+    error_of,
+    execute,
+    running,
+    settings_for,
+    subprocess_config,
+)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with running(settings_for(tmp_path_factory.mktemp("lifecycle"), max_ttl=600)) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+def _wait_gone(client: httpx.Client, sandbox_id: str, timeout: float = 10) -> float:
+    started = time.monotonic()
+    while client.get(f"/v1/sandboxes/{sandbox_id}").status_code != 404:
+        assert time.monotonic() - started < timeout, f"{sandbox_id} still there after {timeout}s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_create_list_get_renew_delete(client: httpx.Client) -> None:
+    before = time.time()
+    sandbox = create(client, ttl=120, labels={"purpose": "test"}, env={"FROM_CREATE": "yes"})
+    assert sandbox["backend"] == "local"
+    assert sandbox["template"] == "default"
+    assert sandbox["labels"] == {"purpose": "test"}
+    assert before <= sandbox["created_at"] <= time.time()
+    assert sandbox["expires_at"] == pytest.approx(sandbox["created_at"] + 120, abs=2)
+    assert Path(sandbox["workdir"]).is_dir()
+    assert execute(client, sandbox["id"], 'echo "$FROM_CREATE"')["output"] == "yes\n"
+    assert client.get(f"/v1/sandboxes/{sandbox['id']}").json() == sandbox
+    assert sandbox in client.get("/v1/sandboxes").json()["sandboxes"]
+    renewed = client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 300}).json()
+    assert renewed["expires_at"] == pytest.approx(time.time() + 300, abs=2)
+    capped = client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 10**6}).json()
+    assert capped["expires_at"] == pytest.approx(time.time() + 600, abs=2)  # max_ttl
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+    assert not Path(sandbox["workdir"]).exists()
+    again = client.delete(f"/v1/sandboxes/{sandbox['id']}")
+    assert (again.status_code, error_of(again)) == (404, "not_found")
+    assert sandbox["id"] not in [s["id"] for s in client.get("/v1/sandboxes").json()["sandboxes"]]
+
+
+def test_ttl_expiry_by_timer(client: httpx.Client, service: Running) -> None:
+    sandbox = create(client, ttl=1)
+    waited = _wait_gone(client, sandbox["id"])
+    assert 0.5 < waited < 5
+    assert not Path(sandbox["workdir"]).exists()
+    assert "sandboxes_expired_total" in client.get("/metrics").text
+
+
+def test_ttl_expiry_by_sweep_without_a_timer(client: httpx.Client, service: Running) -> None:
+    sandbox = create(client, ttl=300)
+    registry = service.registry
+    # Move the expiry into the past behind the timer's back, as a clock jump would: only the
+    # periodic sweep (every 0.2 s here) can notice.
+    registry._entries[sandbox["id"]].state.expires_at = time.time() - 1
+    assert registry._timers[sandbox["id"]].when() > time.monotonic() + 100
+    _wait_gone(client, sandbox["id"], timeout=5)
+    assert not Path(sandbox["workdir"]).exists()
+
+
+def test_renew_keeps_a_sandbox_past_its_first_ttl(client: httpx.Client) -> None:
+    sandbox = create(client, ttl=1)
+    client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 60})
+    time.sleep(1.5)
+    assert client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
+    assert execute(client, sandbox["id"], "echo alive")["output"] == "alive\n"
+    client.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_readiness_and_metrics(client: httpx.Client) -> None:
+    sandbox = create(client)
+    execute(client, sandbox["id"], "true")
+    with client.stream("POST", f"/v1/sandboxes/{sandbox['id']}/execute/stream", json={"command": "true"}) as r:
+        r.read()
+    client.get("/v1/sandboxes/does-not-exist")
+    metrics = client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    assert 'sandboxes_live{backend="local"} 1.0' in text
+    assert 'sandboxes_create_seconds_count{backend="local"}' in text
+    assert 'sandboxes_execute_seconds_count{backend="local",mode="sync"}' in text
+    assert 'sandboxes_execute_seconds_count{backend="local",mode="stream"}' in text
+    assert 'sandboxes_errors_total{code="not_found"}' in text
+    client.delete(f"/v1/sandboxes/{sandbox['id']}")
+    assert 'sandboxes_live{backend="local"} 0.0' in client.get("/metrics").text
+    assert client.get("/readyz").json() == {"status": "ready"}
+
+
+# ---------------------------------------------------------------------- restarts
+
+
+def test_restart_adopts_live_sandboxes_and_reaps_expired_ones(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    with running(settings) as first, first.client() as client:
+        keep = create(client, ttl=300, labels={"k": "v"})
+        short = create(client, ttl=1)
+        client.post(
+            f"/v1/sandboxes/{keep['id']}/files/write", json={"file_path": f"{keep['workdir']}/f", "content": "x"}
+        )
+        client.post(f"/v1/sandboxes/{keep['id']}/renew", json={"ttl": 200})
+        renewed = client.get(f"/v1/sandboxes/{keep['id']}").json()
+        first.registry._timers[short["id"]].cancel()  # let it outlive its TTL across the restart
+        first.registry._sweeper.cancel()
+    time.sleep(1.2)
+    with running(settings) as second, second.client() as client:
+        listed = client.get("/v1/sandboxes").json()["sandboxes"]
+        assert listed == [renewed]  # the renewal survived, the expired one did not
+        read = client.post(f"/v1/sandboxes/{keep['id']}/files/read", json={"file_path": f"{keep['workdir']}/f"})
+        assert read.json()["file_data"]["content"] == "x"
+        assert not Path(short["workdir"]).exists()
+        client.delete(f"/v1/sandboxes/{keep['id']}")
+
+
+def test_kill_9_then_restart_loses_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    service = ServiceProcess(subprocess_config(data_dir), tmp_path)
+    service.start()
+    try:
+        with service.client("alice") as alice, service.client("bob") as bob:
+            kept = create(alice, ttl=300)
+            execute(alice, kept["id"], "echo persisted > file.txt")
+            bobs = create(bob, ttl=300)
+            doomed = create(alice, ttl=2)
+            deleted = create(alice, ttl=300)
+            assert alice.delete(f"/v1/sandboxes/{deleted['id']}").status_code == 204
+            request_id = alice.get("/v1/sandboxes").headers["x-request-id"]
+        orphan = data_dir / "local" / "0123456789abcdef"  # a directory nobody remembers
+        orphan.mkdir()
+        deadline = time.monotonic() + 10  # the access line is written after the response is sent
+        while not [line for line in service.log_lines() if line.get("request_id") == request_id]:
+            assert time.monotonic() < deadline, "the access log never recorded the request"
+            time.sleep(0.05)
+        service.kill()
+        access = [line for line in service.log_lines() if line.get("request_id") == request_id]
+        assert access[0]["path"] == "/v1/sandboxes"
+        assert access[0]["status"] == 200
+        assert access[0]["tenant"] == "alice"
+        time.sleep(2.2)  # `doomed` expires while nobody is running
+        service.start()
+        with service.client("alice") as alice, service.client("bob") as bob:
+            assert [s["id"] for s in alice.get("/v1/sandboxes").json()["sandboxes"]] == [kept["id"]]
+            assert [s["id"] for s in bob.get("/v1/sandboxes").json()["sandboxes"]] == [bobs["id"]]
+            assert execute(alice, kept["id"], "cat file.txt")["output"] == "persisted\n"
+            assert alice.get(f"/v1/sandboxes/{doomed['id']}").status_code == 404
+            assert bob.get(f"/v1/sandboxes/{kept['id']}").status_code == 404
+        assert not Path(doomed["workdir"]).exists()
+        assert not Path(deleted["workdir"]).exists()
+        assert not orphan.exists()
+        assert sorted(p.name for p in (data_dir / "local").iterdir()) == sorted([kept["id"], bobs["id"]])
+        assert sorted(p.stem for p in (data_dir / "state").glob("*.json")) == sorted([kept["id"], bobs["id"]])
+    finally:
+        service.stop()
+
+
+# ---------------------------------------------------------------------- draining
+
+
+def test_shutdown_drains_in_flight_requests(tmp_path: Path) -> None:
+    outcome: dict[str, Any] = {}
+    with running(settings_for(tmp_path), drain=20) as svc, svc.client() as client:
+        sandbox = create(client)
+
+        def slow_request() -> None:
+            outcome["response"] = client.post(
+                f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "sleep 1.5; echo finished"}
+            )
+
+        thread = threading.Thread(target=slow_request)
+        thread.start()
+        time.sleep(0.5)  # the request is in flight
+        svc.server.should_exit = True
+        time.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):  # no new connections while draining
+            httpx.get(f"{svc.url}/healthz", timeout=2)
+        thread.join(20)
+    response = outcome["response"]
+    assert response.status_code == 200
+    assert response.json()["output"] == "finished\n"

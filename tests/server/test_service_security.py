@@ -1,0 +1,317 @@
+"""Over real HTTP: authentication, tenant isolation on every route, quotas, rate limits, body
+limits, and what a sandbox can (not) see of the service."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import KEYS, Running, create, error_of, execute, running, settings_for
+
+from sandboxes.server.api import FILE_OPERATIONS
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    data_dir = tmp_path_factory.mktemp("security")
+    settings = settings_for(data_dir, max_body_bytes=64 * 1024, max_archive_bytes=256 * 1024)
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture
+def alice(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+@pytest.fixture
+def bob(service: Running) -> Iterator[httpx.Client]:
+    with service.client("bob") as client:
+        yield client
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------- authentication
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-key"},
+        {"Authorization": f"Basic {KEYS['alice']}"},
+        {"Authorization": "Bearer"},
+        {"Authorization": KEYS["alice"]},
+    ],
+    ids=["no-key", "wrong-key", "wrong-scheme", "empty-key", "no-scheme"],
+)
+def test_requests_without_a_valid_key_are_401(service: Running, headers: dict[str, str]) -> None:
+    with httpx.Client(base_url=service.url, headers=headers) as client:
+        for method, path in [("GET", "/v1/sandboxes"), ("POST", "/v1/sandboxes"), ("GET", "/v1/sandboxes/x")]:
+            response = client.request(method, path, json={} if method == "POST" else None)
+            assert response.status_code == 401, (method, path, response.text)
+            assert error_of(response) == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_and_metrics_need_no_key(service: Running) -> None:
+    with service.client(None) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/readyz").json() == {"status": "ready"}
+        assert "sandboxes_live" in client.get("/metrics").text
+        assert client.get("/v1/openapi.json").json()["info"]["title"] == "sandboxes"
+
+
+# ---------------------------------------------------------------------- tenancy
+
+
+def _every_route(sandbox_id: str, workdir: str, process_id: str) -> list[tuple[str, str, Any]]:
+    base = f"/v1/sandboxes/{sandbox_id}"
+    file_bodies: dict[str, Any] = {
+        "ls": {"path": workdir},
+        "read": {"file_path": f"{workdir}/secret.txt"},
+        "write": {"file_path": f"{workdir}/secret.txt", "content": "stolen"},
+        "edit": {"file_path": f"{workdir}/secret.txt", "old_string": "alice", "new_string": "bob"},
+        "delete": {"file_path": f"{workdir}/secret.txt"},
+        "grep": {"pattern": "alice", "path": workdir},
+        "glob": {"pattern": "*", "path": workdir},
+        "upload": {"files": [{"path": f"{workdir}/x", "content_b64": "eA=="}]},
+        "download": {"paths": [f"{workdir}/secret.txt"]},
+    }
+    assert set(file_bodies) == set(FILE_OPERATIONS)
+    return [
+        ("GET", base, None),
+        ("POST", f"{base}/renew", {"ttl": 100}),
+        ("POST", f"{base}/execute", {"command": "echo hi"}),
+        ("POST", f"{base}/execute/stream", {"command": "echo hi"}),
+        ("POST", f"{base}/processes", {"command": "echo hi"}),
+        ("GET", f"{base}/processes/{process_id}", None),
+        ("DELETE", f"{base}/processes/{process_id}", None),
+        *[("POST", f"{base}/files/{op}", body) for op, body in file_bodies.items()],
+        ("GET", f"{base}/archive?path={workdir}", None),
+        ("PUT", f"{base}/archive?path={workdir}", _tar({"x": b"x"})),
+        ("DELETE", base, None),
+    ]
+
+
+def test_another_tenants_sandbox_is_not_found_on_every_route(alice: httpx.Client, bob: httpx.Client) -> None:
+    sandbox = create(alice)
+    sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
+    alice.post(
+        f"/v1/sandboxes/{sandbox_id}/files/write", json={"file_path": f"{workdir}/secret.txt", "content": "alice"}
+    )
+    process = alice.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": "sleep 30"}).json()
+    try:
+        for method, path, body in _every_route(sandbox_id, workdir, process["id"]):
+            kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
+            for client, missing in ((bob, path), (alice, path.replace(sandbox_id, "0" * 16))):
+                response = client.request(method, missing, **kwargs)
+                assert response.status_code == 404, (client.headers["authorization"], method, missing, response.text)
+                assert error_of(response) == "not_found"
+        assert bob.get("/v1/sandboxes").json() == {"sandboxes": []}
+        # nothing bob tried had any effect
+        assert [s["id"] for s in alice.get("/v1/sandboxes").json()["sandboxes"]] == [sandbox_id]
+        read = alice.post(f"/v1/sandboxes/{sandbox_id}/files/read", json={"file_path": f"{workdir}/secret.txt"})
+        assert read.json()["file_data"]["content"] == "alice"
+        poll = alice.get(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}").json()
+        assert poll["status"] == "running"
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}")
+        assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+# ---------------------------------------------------------------------- quotas and rates
+
+
+def test_quota_of_live_sandboxes(service: Running) -> None:
+    with service.client("tiny") as tiny:
+        first = create(tiny)
+        refused = tiny.post("/v1/sandboxes", json={})
+        assert refused.status_code == 403
+        assert error_of(refused) == "quota_exceeded"
+        assert "1 live sandboxes" in refused.json()["message"]
+        assert tiny.delete(f"/v1/sandboxes/{first['id']}").status_code == 204
+        second = create(tiny)  # freed by the delete
+        tiny.delete(f"/v1/sandboxes/{second['id']}")
+
+
+def test_quota_of_cpus_and_memory(service: Running) -> None:
+    with service.client("tiny") as tiny:
+        refused = tiny.post("/v1/sandboxes", json={"template": "big"})  # 4 cpus > 1.5
+        assert refused.status_code == 403
+        assert error_of(refused) == "quota_exceeded"
+        assert "cpus" in refused.json()["message"]
+        assert tiny.get("/v1/sandboxes").json() == {"sandboxes": []}
+
+
+def test_rate_limit_refuses_with_retry_after(service: Running) -> None:
+    with service.client("slow") as slow:
+        statuses = [slow.get("/v1/sandboxes").status_code for _ in range(6)]
+        assert statuses[:3] == [200, 200, 200]  # the burst
+        assert 429 in statuses[3:]
+        refused = slow.get("/v1/sandboxes")
+        assert refused.status_code == 429
+        assert error_of(refused) == "rate_limited"
+        assert int(refused.headers["retry-after"]) >= 1
+        time.sleep(1.1)  # 2 tokens/s refill
+        assert slow.get("/v1/sandboxes").status_code == 200
+
+
+def test_rate_limits_are_per_tenant(service: Running, alice: httpx.Client) -> None:
+    with service.client("slow") as slow:
+        for _ in range(6):
+            slow.get("/v1/sandboxes")
+        assert slow.get("/v1/sandboxes").status_code == 429
+    assert all(alice.get("/v1/sandboxes").status_code == 200 for _ in range(10))
+
+
+# ---------------------------------------------------------------------- body limits and bad input
+
+
+def test_oversized_json_body_is_413(alice: httpx.Client) -> None:
+    sandbox = create(alice)
+    try:
+        path = f"/v1/sandboxes/{sandbox['id']}/files/write"
+        big = {"file_path": f"{sandbox['workdir']}/big", "content": "x" * 100_000}
+        response = alice.post(path, json=big)
+        assert response.status_code == 413
+        assert error_of(response) == "too_large"
+
+        def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+            yield b'{"file_path": "' + sandbox["workdir"].encode() + b'/big", "content": "'
+            for _ in range(20):
+                yield b"y" * 10_000
+            yield b'"}'
+
+        response = alice.post(path, content=chunked(), headers={"Content-Type": "application/json"})
+        assert response.status_code == 413
+        assert error_of(response) == "too_large"
+        small = alice.post(path, json={"file_path": f"{sandbox['workdir']}/small", "content": "x" * 1000})
+        assert small.json()["error"] is None
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_oversized_archive_is_413(alice: httpx.Client) -> None:
+    sandbox = create(alice)
+    try:
+        url = f"/v1/sandboxes/{sandbox['id']}/archive"
+        archive = _tar({"big.bin": b"z" * 300_000})
+        response = alice.put(url, params={"path": sandbox["workdir"]}, content=archive)
+        assert response.status_code == 413
+        assert error_of(response) == "too_large"
+        response = alice.put(url, params={"path": sandbox["workdir"]}, content=iter([archive]))  # chunked
+        assert response.status_code == 413
+        assert error_of(response) == "too_large"
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"template": "nope"}, "unknown template"),
+        ({"ttl": -1}, "ttl"),
+        ({"labels": {"bad key!": "v"}}, "invalid label"),
+        ({"env": {"A=B": "v"}}, "invalid environment"),
+        ({"unexpected": 1}, "unexpected"),
+    ],
+)
+def test_invalid_create_requests_are_422(alice: httpx.Client, body: dict[str, Any], fragment: str) -> None:
+    response = alice.post("/v1/sandboxes", json=body)
+    assert response.status_code == 422, response.text
+    assert error_of(response) == "invalid_request"
+    assert fragment in response.json()["message"]
+
+
+def test_request_ids_are_echoed_and_in_error_bodies(alice: httpx.Client) -> None:
+    response = alice.get("/v1/sandboxes/missing", headers={"X-Request-ID": "trace-123"})
+    assert response.headers["x-request-id"] == "trace-123"
+    assert response.json()["request_id"] == "trace-123"
+    generated = alice.get("/v1/sandboxes")
+    assert len(generated.headers["x-request-id"]) == 32
+
+
+def test_unknown_route_is_a_json_404(alice: httpx.Client) -> None:
+    response = alice.post("/v1/sandboxes/x/files/chmod", json={})
+    assert response.status_code == 404
+    assert error_of(response) == "not_found"
+
+
+# ---------------------------------------------------------------------- what a sandbox sees
+
+
+def test_a_local_sandbox_sees_no_service_secrets(service: Running, alice: httpx.Client) -> None:
+    sandbox = create(alice)
+    try:
+        data_dir = service.app.state.service.settings.data_dir
+        env = execute(alice, sandbox["id"], "env")["output"]
+        assert "SANDBOXES_" not in env.replace("SANDBOXES_PROCESS_ID", "")
+        assert KEYS["alice"] not in env
+        state = execute(alice, sandbox["id"], f"ls {data_dir}/state; cat {data_dir}/state/*.json")
+        assert state["exit_code"] != 0
+        assert sandbox["id"] not in state["output"]
+        assert execute(alice, sandbox["id"], "ls /var/run/docker.sock /run/docker.sock")["exit_code"] != 0
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+# ---------------------------------------------------------------------- start-up refusals
+
+
+def _serve(args: list[str], tmp_path: Path, timeout: float = 20) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sandboxes.server", "--data-dir", str(tmp_path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+
+
+def test_refuses_to_start_without_api_keys(tmp_path: Path) -> None:
+    process = _serve(["--port", "0"], tmp_path)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert "refusing to start without API keys" in stderr
+
+
+def test_insecure_starts_without_keys_and_says_so_loudly(tmp_path: Path) -> None:
+    from service_harness import free_port
+
+    port = free_port()
+    process = _serve(["--insecure", "--port", str(port)], tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as anonymous:
+            sandbox = create(anonymous)  # no key needed
+            assert execute(anonymous, sandbox["id"], "echo open")["output"] == "open\n"
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert "INSECURE MODE" in stderr
+    assert "!!!!!!!!" in stderr

@@ -13,6 +13,7 @@ backend uses. The sync and async variants share everything but the call to ``exe
 
 from __future__ import annotations
 
+import abc
 import hashlib
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -464,3 +465,35 @@ def _batch_failed(items: list[Any], kind: type[Any]) -> Callable[[p.ErrorCode, s
         return [kind(item[0] if isinstance(item, tuple) else item, error=code, message=message) for item in items]
 
     return report
+
+
+class StreamingSandbox(BaseSandbox):
+    """A sandbox whose transport sees output as it arrives: it implements `execute_streaming`,
+    and ``execute`` is that without a listener."""
+
+    def execute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        return self.execute_streaming(
+            command, None, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+
+    @abc.abstractmethod
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse: ...

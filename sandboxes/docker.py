@@ -30,7 +30,7 @@ from sandboxes import protocol as p
 from sandboxes._docker_io import ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
-from sandboxes.base import BaseSandbox
+from sandboxes.base import StreamingSandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DockerSandboxConfig(BaseModel):
         return int(uid), int(gid or uid)
 
 
-class DockerSandbox(BaseSandbox):
+class DockerSandbox(StreamingSandbox):
     """One container. Thread-safe: many commands and file operations may run at once."""
 
     def __init__(
@@ -160,20 +160,6 @@ class DockerSandbox(BaseSandbox):
             self.close()
 
     # ------------------------------------------------------------------ execute
-
-    def execute(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        return self.execute_streaming(
-            command, None, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
 
     def execute_streaming(
         self,

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import protocol as p
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
-from sandboxes.base import BaseSandbox
+from sandboxes.base import StreamingSandbox
 from sandboxes.paths import is_within, relative_to
 from sandboxes.semantics import message_for
 
@@ -60,7 +60,7 @@ class LocalSandboxConfig(BaseModel):
     sandbox_id: str | None = None
 
 
-class LocalSandbox(BaseSandbox):
+class LocalSandbox(StreamingSandbox):
     def __init__(self, root_dir: str | Path | None = None, config: LocalSandboxConfig | None = None) -> None:
         if config is None:
             if root_dir is None:
@@ -109,20 +109,6 @@ class LocalSandbox(BaseSandbox):
         self.close()
 
     # ------------------------------------------------------------------ execute
-
-    def execute(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        return self.execute_streaming(
-            command, None, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
 
     def execute_streaming(
         self,

@@ -72,9 +72,8 @@ def run_process(
     kill_tree(proc.pid, marker)  # on timeout, and also whatever a finished command left running
     proc.wait()
     reader.join(_DRAIN_GRACE if not timed_out else 2.0)
-    if reader.is_alive():  # a background job holds the pipe; stop listening to it
-        with contextlib.suppress(OSError):
-            proc.stdout.close()
+    with contextlib.suppress(OSError):  # also stops listening to a job that still holds the pipe
+        proc.stdout.close()
     code = None if timed_out else _shell_status(proc.returncode)
     return ProcessResult(output, code, timed_out, (time.monotonic() - started) * 1000)
 

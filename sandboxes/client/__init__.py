@@ -1,0 +1,52 @@
+"""Python client of the sandbox service: lifecycle calls, and `RemoteSandbox`, a backend of the
+protocol over HTTP, so a remote sandbox is used exactly like a local one::
+
+    from sandboxes.client import SandboxClient
+
+    with SandboxClient("http://127.0.0.1:8080", api_key) as client, client.create("default") as sandbox:
+        print(sandbox.execute("echo hello").output)
+
+Calls that may safely be sent twice (reads, listings, searches, downloads, GET, DELETE, renew)
+are retried with backoff on connection failures, read timeouts, ``503`` and ``429`` (after its
+``Retry-After``). Every other call (create, execute, write, edit, file delete, upload) is retried
+only when the request certainly never left, so nothing runs twice. Needs the ``server`` extra
+(httpx).
+"""
+
+from sandboxes.client._http import AsyncSandboxClient, SandboxClient
+from sandboxes.client._wire import ClientConfig, ProcessStatus
+from sandboxes.client.errors import (
+    BackendUnavailable,
+    ConnectionLost,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    RateLimited,
+    SandboxServiceError,
+    ServiceUnreachable,
+    TooLarge,
+    Unauthorized,
+)
+from sandboxes.client.remote import RemoteSandbox
+from sandboxes.server.api import SandboxInfo
+
+__all__ = [
+    "AsyncSandboxClient",
+    "BackendUnavailable",
+    "ClientConfig",
+    "ConnectionLost",
+    "InternalError",
+    "InvalidRequest",
+    "NotFound",
+    "ProcessStatus",
+    "QuotaExceeded",
+    "RateLimited",
+    "RemoteSandbox",
+    "SandboxClient",
+    "SandboxInfo",
+    "SandboxServiceError",
+    "ServiceUnreachable",
+    "TooLarge",
+    "Unauthorized",
+]

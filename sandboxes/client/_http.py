@@ -1,0 +1,317 @@
+"""`SandboxClient` and `AsyncSandboxClient`: the sandbox lifecycle over HTTP, and the one loop
+(per flavour) that sends an `Op` with the retry policy of `sandboxes.client._wire`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying, Retrying
+
+from sandboxes.client import _ops
+from sandboxes.client import _wire as w
+from sandboxes.client.errors import (
+    ConnectionLost,
+    NotFound,
+    SandboxServiceError,
+    error_from_response,
+    error_from_transport,
+)
+from sandboxes.server import api
+
+if TYPE_CHECKING:
+    from sandboxes.client.remote import RemoteSandbox
+
+T = TypeVar("T")
+
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=4.0)
+"""Keep-alive shorter than the server's (uvicorn: 5 s) so a pooled connection is never reused
+just as the server closes it: that race would turn a harmless write into `ConnectionLost`."""
+
+
+def _config(
+    url: str, api_key: str | None, timeout: float, retries: int, config: w.ClientConfig | None, options: dict[str, Any]
+) -> w.ClientConfig:
+    if config is not None:
+        return config
+    return w.ClientConfig(url=url, api_key=api_key, timeout=timeout, retries=retries, **options)
+
+
+class SandboxClient:
+    """A connection pool to one sandbox service, for one API key. Thread-safe.
+
+    ``SandboxClient(url, api_key).create("default")`` gives a `RemoteSandbox`, a backend like
+    any other. Extra keyword options are `ClientConfig` fields (``connect_timeout``,
+    ``backoff``, ...).
+    """
+
+    def __init__(
+        self,
+        url: str = "",
+        api_key: str | None = None,
+        *,
+        timeout: float = 300.0,
+        retries: int = 4,
+        config: w.ClientConfig | None = None,
+        transport: httpx.BaseTransport | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = _config(url, api_key, timeout, retries, config, options)
+        self._http = httpx.Client(
+            base_url=self.config.base_url(),
+            headers=self.config.headers(),
+            timeout=self.config.httpx_timeout(w.DEFAULT_READ),
+            limits=_LIMITS,
+            transport=transport,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def create(
+        self,
+        template: str = "default",
+        *,
+        env: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> RemoteSandbox:
+        """A new sandbox. Not retried once the request may have been sent: a lost answer would
+        otherwise leave an orphan (which the service's TTL sweep then removes)."""
+        info = self.call(_ops.create(template, env, ttl, labels))
+        return self.attach(info.id, info=info)
+
+    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
+        """A handle on an existing sandbox, without a round trip."""
+        from sandboxes.client.remote import RemoteSandbox
+
+        return RemoteSandbox(sandbox_id, self, info=info)
+
+    def list(self) -> list[api.SandboxInfo]:
+        return self.call(_ops.list_sandboxes())
+
+    def get(self, sandbox_id: str) -> api.SandboxInfo:
+        return self.call(_ops.get(sandbox_id))
+
+    def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
+        return self.call(_ops.renew(sandbox_id, ttl))
+
+    def delete(self, sandbox_id: str) -> None:
+        self.call(_ops.delete(sandbox_id))
+
+    def health(self) -> Any:
+        """``/healthz``'s answer: the service process is up."""
+        return self.call(_ops.health("/healthz"))
+
+    def ready(self) -> bool:
+        """Whether ``/readyz`` answers 2xx: the service and its backend take requests."""
+        try:
+            self.call(_ops.health("/readyz", retry=False))
+        except SandboxServiceError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ sending
+
+    def call(self, op: w.Op[T]) -> T:
+        """Send ``op`` (retrying as its class allows) and parse the answer."""
+        try:
+            response = self._send_retrying(op, stream=False)
+        except SandboxServiceError as exc:
+            return w.recovered(op, exc)
+        return op.parse(response)
+
+    def open(self, op: w.Op[Any], content: Any = None) -> httpx.Response:
+        """A streamed answer whose headers said success; the caller reads and closes it."""
+        return self._send_retrying(op, stream=True, content=content)
+
+    def _send_retrying(self, op: w.Op[Any], *, stream: bool, content: Any = None) -> httpx.Response:
+        response: httpx.Response | None = None
+        maybe_done = False
+        for attempt in Retrying(**w.retry_kwargs(self.config, op)):
+            with attempt:
+                try:
+                    response = self._send(op, stream=stream, content=content)
+                except ConnectionLost:
+                    maybe_done = True
+                    raise
+                except NotFound:
+                    if not (maybe_done and op.gone_is_done):
+                        raise
+                    response = httpx.Response(204)
+        assert response is not None
+        return response
+
+    def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
+        request = self._http.build_request(
+            op.method, op.path, json=op.json, params=op.params, content=content, timeout=_timeout(self.config, op)
+        )
+        try:
+            response = self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        if response.is_success:
+            return response
+        try:
+            if stream:
+                response.read()
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        finally:
+            response.close()
+        raise error_from_response(response)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSandboxClient:
+    """`SandboxClient` for asyncio programs: the same calls, awaited, on one event loop."""
+
+    def __init__(
+        self,
+        url: str = "",
+        api_key: str | None = None,
+        *,
+        timeout: float = 300.0,
+        retries: int = 4,
+        config: w.ClientConfig | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = _LIMITS,
+        **options: Any,
+    ) -> None:
+        self.config = _config(url, api_key, timeout, retries, config, options)
+        self._http = httpx.AsyncClient(
+            base_url=self.config.base_url(),
+            headers=self.config.headers(),
+            timeout=self.config.httpx_timeout(w.DEFAULT_READ),
+            limits=limits,
+            transport=transport,
+        )
+
+    async def create(
+        self,
+        template: str = "default",
+        *,
+        env: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> RemoteSandbox:
+        info = await self.call(_ops.create(template, env, ttl, labels))
+        return self.attach(info.id, info=info)
+
+    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
+        from sandboxes.client.remote import RemoteSandbox
+
+        return RemoteSandbox(sandbox_id, self, info=info)
+
+    async def list(self) -> list[api.SandboxInfo]:
+        return await self.call(_ops.list_sandboxes())
+
+    async def get(self, sandbox_id: str) -> api.SandboxInfo:
+        return await self.call(_ops.get(sandbox_id))
+
+    async def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
+        return await self.call(_ops.renew(sandbox_id, ttl))
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self.call(_ops.delete(sandbox_id))
+
+    async def health(self) -> Any:
+        return await self.call(_ops.health("/healthz"))
+
+    async def ready(self) -> bool:
+        try:
+            await self.call(_ops.health("/readyz", retry=False))
+        except SandboxServiceError:
+            return False
+        return True
+
+    async def call(self, op: w.Op[T]) -> T:
+        try:
+            response = await self._send_retrying(op, stream=False)
+        except SandboxServiceError as exc:
+            return w.recovered(op, exc)
+        return op.parse(response)
+
+    async def open(self, op: w.Op[Any], content: Any = None) -> httpx.Response:
+        return await self._send_retrying(op, stream=True, content=content)
+
+    async def _send_retrying(self, op: w.Op[Any], *, stream: bool, content: Any = None) -> httpx.Response:
+        response: httpx.Response | None = None
+        maybe_done = False
+        async for attempt in AsyncRetrying(**w.retry_kwargs(self.config, op)):
+            with attempt:
+                try:
+                    response = await self._send(op, stream=stream, content=content)
+                except ConnectionLost:
+                    maybe_done = True
+                    raise
+                except NotFound:
+                    if not (maybe_done and op.gone_is_done):
+                        raise
+                    response = httpx.Response(204)
+        assert response is not None
+        return response
+
+    async def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
+        request = self._http.build_request(
+            op.method, op.path, json=op.json, params=op.params, content=content, timeout=_timeout(self.config, op)
+        )
+        try:
+            response = await self._http.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        if response.is_success:
+            return response
+        try:
+            if stream:
+                await response.aread()
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        finally:
+            await response.aclose()
+        raise error_from_response(response)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _timeout(config: w.ClientConfig, op: w.Op[Any]) -> httpx.Timeout:
+    return config.httpx_timeout(op.read_timeout)
+
+
+def chunks_of(content: bytes | Iterable[bytes] | Any, size: int = 1 << 16) -> Iterable[bytes] | bytes:
+    """A request body for httpx's sync client: bytes as they are, a file read chunk by chunk."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        return bytes(content)
+    if hasattr(content, "read"):
+        return iter(lambda: content.read(size), b"")
+    return content
+
+
+async def achunks_of(content: Any, size: int = 1 << 16) -> AsyncIterable[bytes]:
+    """A request body for httpx's async client, whatever the caller passed."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        yield bytes(content)
+    elif hasattr(content, "read"):
+        while chunk := content.read(size):
+            yield chunk
+    elif hasattr(content, "__aiter__"):
+        async for chunk in content:
+            yield chunk
+    else:
+        for chunk in content:
+            yield chunk

@@ -1,0 +1,359 @@
+"""What the sync and async clients share: configuration, requests described as data, the retry
+policy, and the conversion of the service's JSON back into the protocol's dataclasses.
+
+Every call is an `Op`: a request plus how to read its answer and whether it may be sent twice.
+The sync and async clients differ only in the loop that sends it, so the rules about retries and
+errors live here once.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+import httpx
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tenacity import RetryCallState
+
+from sandboxes import protocol as p
+from sandboxes.client.errors import (
+    BackendUnavailable,
+    ConnectionLost,
+    InvalidRequest,
+    OperationFailed,
+    RateLimited,
+    SandboxServiceError,
+    ServiceUnreachable,
+)
+from sandboxes.server import api
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class ClientConfig(BaseModel):
+    """How to reach the service and how patient to be with it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    api_key: str | None = Field(default=None, repr=False)
+    timeout: float = Field(default=300.0, gt=0)
+    """Seconds to wait for an answer (and to send a body). Long enough for a command that runs
+    until the service's default command timeout; ``execute`` with an explicit timeout waits
+    that timeout plus `execute_grace` instead."""
+    connect_timeout: float = Field(default=10.0, gt=0)
+    retries: int = Field(default=4, ge=0)
+    """Extra attempts after the first, for the calls and failures that may be repeated."""
+    backoff: float = Field(default=0.25, ge=0)
+    """Seconds before the first retry; doubled (with jitter) for each next one."""
+    max_backoff: float = Field(default=8.0, ge=0)
+    max_retry_after: float = Field(default=60.0, ge=0)
+    """A ``Retry-After`` longer than this is not waited for: the error is raised at once."""
+    execute_grace: float = Field(default=30.0, ge=0)
+    """Seconds beyond a command's own timeout to wait for the service to report it."""
+    inline_upload_bytes: int = Field(default=8 << 20, ge=0)
+    """``upload_files`` sends bigger files as a streamed tar instead of base64 in JSON."""
+    max_batch_bytes: int = Field(default=16 << 20, gt=0)
+    """Raw bytes of inline files per upload request; more are split over several requests
+    (the service caps JSON bodies, 64 MiB by default)."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"the service URL must start with http:// or https://, not {value!r}")
+        return value
+
+    def httpx_timeout(self, read: object) -> httpx.Timeout:
+        chosen = self.timeout if read is DEFAULT_READ else cast("float | None", read)
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout, read=chosen, pool=self.timeout)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"user-agent": "sandboxes-client/1"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def base_url(self) -> str:
+        return self.url.rstrip("/")
+
+
+DEFAULT_READ: Any = object()
+"""Marker for "the configured read timeout" in `Op.read_timeout` (``None`` means no limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Op(Generic[T]):
+    """One HTTP request and the reading of its answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: Mapping[str, str] | None = None
+    idempotent: bool = False
+    """Sending it twice is harmless (GET, DELETE, reads, renew): it may be retried after a
+    failure that can have reached the service. Others are retried only when the request
+    certainly never left (`ServiceUnreachable`)."""
+    read_timeout: Any = DEFAULT_READ
+    retry: bool = True
+    """``False``: one attempt whatever happens (a readiness probe answers now or never)."""
+    gone_is_done: bool = False
+    """A DELETE retried after a lost answer finds nothing: its first attempt did the work."""
+    recover: Callable[[p.ErrorCode, str], T] | None = None
+    """For protocol methods: the result carrying an error code, for the failures a local backend
+    reports as results too: `ConnectionLost` (``connection_lost``, as every backend reports a
+    command or write whose fate is unknown) and `OperationFailed` (a protocol code the service
+    answered outside a 200, e.g. a missing ``cwd``)."""
+
+    @property
+    def what(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def model_json(model: type[M], **fields: Any) -> dict[str, Any]:
+    """A request body checked against the contract before it leaves."""
+    try:
+        return model(**fields).model_dump(mode="json")
+    except pydantic.ValidationError as exc:
+        raise InvalidRequest(f"invalid {model.__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- retry policy
+
+
+def may_retry(op: Op[Any], exc: BaseException) -> bool:
+    """Whether this failure of this call may be answered by sending the call again."""
+    if not op.retry:
+        return False
+    if isinstance(exc, ServiceUnreachable):
+        return True  # nothing was sent: safe for every call
+    if not op.idempotent:
+        return False  # a command, write or upload never runs twice
+    return isinstance(exc, RateLimited | BackendUnavailable | ConnectionLost)
+
+
+def retry_kwargs(config: ClientConfig, op: Op[Any]) -> dict[str, Any]:
+    """Arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call."""
+    from tenacity import retry_if_exception, stop_after_attempt
+
+    def wanted(exc: BaseException) -> bool:
+        if not may_retry(op, exc):
+            return False
+        hint: float | None = getattr(exc, "retry_after", None)
+        return hint is None or hint <= config.max_retry_after
+
+    def wait(state: RetryCallState) -> float:
+        outcome = state.outcome
+        hint: float | None = getattr(outcome.exception(), "retry_after", None) if outcome is not None else None
+        if hint is not None:
+            return hint
+        ceiling = min(config.max_backoff, config.backoff * 2.0 ** (state.attempt_number - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+
+    return {
+        "retry": retry_if_exception(wanted),
+        "wait": wait,
+        "stop": stop_after_attempt(config.retries + 1),
+        "reraise": True,
+    }
+
+
+def recovered(op: Op[T], exc: SandboxServiceError) -> T:
+    """The result standing for ``exc`` when ``op`` has one; re-raises ``exc`` otherwise."""
+    if op.recover is not None:
+        if isinstance(exc, ConnectionLost):
+            return op.recover(p.CONNECTION_LOST, exc.message)
+        if isinstance(exc, OperationFailed):
+            return op.recover(cast("p.ErrorCode", exc.code), exc.message)
+    raise exc
+
+
+# ---------------------------------------------------------------------- JSON -> dataclasses
+
+
+def _known(model: type[M], data: Any) -> M:
+    """Validate an answer, ignoring fields a newer service may have added."""
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"unexpected answer for {model.__name__}: {data!r:.200}")
+    return model.model_validate({k: v for k, v in data.items() if k in model.model_fields})
+
+
+def sandbox_info(response: httpx.Response) -> api.SandboxInfo:
+    return _known(api.SandboxInfo, response.json())
+
+
+def sandbox_list(response: httpx.Response) -> list[api.SandboxInfo]:
+    data = response.json()
+    return [_known(api.SandboxInfo, item) for item in data.get("sandboxes", [])]
+
+
+def no_content(response: httpx.Response) -> None:
+    return None
+
+
+def _error(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"error": cast("p.ErrorCode | None", data.get("error")), "message": data.get("message")}
+
+
+def _file_info(data: Mapping[str, Any]) -> p.FileInfo:
+    return p.FileInfo(
+        path=data["path"],
+        is_dir=bool(data.get("is_dir", False)),
+        size=data.get("size"),
+        modified_at=data.get("modified_at"),
+    )
+
+
+def _infos(items: Any) -> list[p.FileInfo] | None:
+    return None if items is None else [_file_info(item) for item in items]
+
+
+def ls_result(response: httpx.Response) -> p.LsResult:
+    data = response.json()
+    return p.LsResult(**_error(data), entries=_infos(data.get("entries")))
+
+
+def read_result(response: httpx.Response) -> p.ReadResult:
+    data = response.json()
+    raw = data.get("file_data")
+    file_data = (
+        None
+        if raw is None
+        else p.FileData(
+            content=raw["content"],
+            encoding=raw.get("encoding", "utf-8"),
+            created_at=raw.get("created_at"),
+            modified_at=raw.get("modified_at"),
+        )
+    )
+    return p.ReadResult(
+        **_error(data),
+        file_data=file_data,
+        total_lines=data.get("total_lines"),
+        start_line=data.get("start_line"),
+        end_line=data.get("end_line"),
+        next_offset=data.get("next_offset"),
+        no_lines_requested=bool(data.get("no_lines_requested", False)),
+    )
+
+
+def write_result(response: httpx.Response) -> p.WriteResult:
+    data = response.json()
+    return p.WriteResult(**_error(data), path=data.get("path"))
+
+
+def edit_result(response: httpx.Response) -> p.EditResult:
+    data = response.json()
+    return p.EditResult(**_error(data), path=data.get("path"), occurrences=data.get("occurrences"))
+
+
+def delete_result(response: httpx.Response) -> p.DeleteResult:
+    data = response.json()
+    return p.DeleteResult(**_error(data), path=data.get("path"))
+
+
+def grep_result(response: httpx.Response) -> p.GrepResult:
+    data = response.json()
+    matches = data.get("matches")
+    return p.GrepResult(
+        **_error(data),
+        matches=None if matches is None else [p.GrepMatch(m["path"], m["line"], m["text"]) for m in matches],
+        truncated=bool(data.get("truncated", False)),
+    )
+
+
+def glob_result(response: httpx.Response) -> p.GlobResult:
+    data = response.json()
+    return p.GlobResult(**_error(data), matches=_infos(data.get("matches")), truncated=bool(data.get("truncated")))
+
+
+def upload_results(response: httpx.Response) -> list[p.FileUploadResponse]:
+    return [p.FileUploadResponse(item["path"], **_error(item)) for item in response.json()]
+
+
+def download_results(response: httpx.Response) -> list[p.FileDownloadResponse]:
+    results = []
+    for item in response.json():
+        encoded = item.get("content_b64")
+        content = None if encoded is None else base64.b64decode(encoded)
+        results.append(p.FileDownloadResponse(item["path"], content, **_error(item)))
+    return results
+
+
+def execute_response(data: Mapping[str, Any]) -> p.ExecuteResponse:
+    result = _known(api.ExecuteResult, data)
+    return p.ExecuteResponse(
+        output=result.output,
+        exit_code=result.exit_code,
+        truncated=result.truncated,
+        error=cast("p.ErrorCode | None", result.error),
+        message=result.message,
+        duration_ms=result.duration_ms,
+    )
+
+
+def execute_result(response: httpx.Response) -> p.ExecuteResponse:
+    return execute_response(response.json())
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStatus:
+    """A background command: ``output`` so far, and its ``result`` once it has ended."""
+
+    id: str
+    status: str
+    """``running``, ``exited``, ``killed`` or ``timeout``."""
+    output: str = ""
+    result: p.ExecuteResponse | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+def process_status(response: httpx.Response) -> ProcessStatus:
+    info = _known(api.ProcessInfo, response.json())
+    result = None if info.result is None else execute_response(info.result.model_dump())
+    return ProcessStatus(id=info.id, status=info.status, output=info.output, result=result)
+
+
+def stream_event(line: str) -> str | p.ExecuteResponse:
+    """One NDJSON line of ``execute/stream``: an output chunk, or the final response."""
+    event = _known(api.StreamEvent, _loads(line))
+    if event.type == "output":
+        return event.data or ""
+    if event.result is None:
+        raise ConnectionLost("the stream's exit event carried no result")
+    return execute_response(event.result.model_dump())
+
+
+def _loads(line: str) -> Any:
+    import json
+
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise ConnectionLost(f"malformed stream line: {line[:200]!r}") from exc
+
+
+def failed_execution(code: p.ErrorCode, message: str) -> p.ExecuteResponse:
+    return p.ExecuteResponse("", error=code, message=message)
+
+
+def lost_execution(message: str) -> p.ExecuteResponse:
+    return failed_execution(p.CONNECTION_LOST, message)
+
+
+def execute_timeout(config: ClientConfig, timeout: float | None) -> Any:
+    """How long to wait for ``execute``'s answer: the command's own timeout plus a grace."""
+    if timeout is None:
+        return DEFAULT_READ
+    if timeout == 0:
+        return None  # the command may run forever; so may the wait
+    return max(config.timeout, timeout + config.execute_grace)

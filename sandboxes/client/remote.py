@@ -1,0 +1,455 @@
+"""`RemoteSandbox`: a sandbox of the service, usable exactly like a local backend.
+
+Every protocol method is one HTTP call whose JSON answer becomes the same dataclass a local
+backend returns, so an agent cannot tell the difference. What a local backend cannot do also
+shows the same way: a command or write whose connection broke after it was sent answers
+``connection_lost`` (it is never sent twice), as `SSHSandbox` does. Failures of the service
+itself (bad key, sandbox gone, quota, rate limit after retries) raise the exceptions of
+`sandboxes.client.errors`: no result dataclass could express them.
+
+Sync methods use a `SandboxClient`, async ones an `AsyncSandboxClient` (native asyncio, no
+threads). The handle works from either: whichever it was made with is used as is, the other is
+made on first use from the same configuration. A made-up async client lives per event loop and
+keeps no idle connection, so a loop that ends leaves nothing open behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from asyncio import AbstractEventLoop, get_running_loop
+from asyncio import sleep as asleep
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from typing import IO, cast
+
+import httpx
+
+from sandboxes import protocol as p
+from sandboxes.client import _ops
+from sandboxes.client import _wire as w
+from sandboxes.client._bulk import Inline, Outcome, Step, Tarred, plan_uploads, tar_of_one
+from sandboxes.client._http import AsyncSandboxClient, SandboxClient, achunks_of, chunks_of
+from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
+from sandboxes.semantics import message_for
+from sandboxes.server import api
+
+ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
+"""A tar stream to upload: bytes, a binary file (read in chunks), or an iterable of chunks."""
+
+_CHUNK = 1 << 16
+
+
+class RemoteSandbox(p.SandboxBackendProtocol):
+    """A sandbox living in the service; ``with`` destroys it on exit."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        client: SandboxClient | AsyncSandboxClient,
+        *,
+        info: api.SandboxInfo | None = None,
+    ) -> None:
+        self._id = sandbox_id
+        self.info = info
+        """The last known lifecycle record (from create, `refresh` or `renew`)."""
+        self.config = client.config
+        self._client = client if isinstance(client, SandboxClient) else None
+        self._aclient = client if isinstance(client, AsyncSandboxClient) else None
+        self._owned: SandboxClient | None = None
+        self._per_loop: weakref.WeakKeyDictionary[AbstractEventLoop, AsyncSandboxClient] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"RemoteSandbox({self._id!r}, url={self.config.url!r})"
+
+    # ------------------------------------------------------------------ clients
+
+    def _sync(self) -> SandboxClient:
+        if self._client is not None:
+            return self._client
+        with self._lock:
+            if self._owned is None:
+                self._owned = SandboxClient(config=self.config)
+            return self._owned
+
+    def _async(self) -> AsyncSandboxClient:
+        if self._aclient is not None:
+            return self._aclient
+        loop = get_running_loop()
+        with self._lock:
+            client = self._per_loop.get(loop)
+            if client is None:
+                no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+                client = self._per_loop[loop] = AsyncSandboxClient(config=self.config, limits=no_idle)
+            return client
+
+    def close(self) -> None:
+        """Release connections this handle opened itself (not the client it was given)."""
+        with self._lock:
+            owned, self._owned = self._owned, None
+        if owned is not None:
+            owned.close()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def refresh(self) -> api.SandboxInfo:
+        self.info = self._sync().get(self._id)
+        return self.info
+
+    def renew(self, ttl: float) -> api.SandboxInfo:
+        """Push the expiry to ``ttl`` seconds from now."""
+        self.info = self._sync().renew(self._id, ttl)
+        return self.info
+
+    @property
+    def workdir(self) -> str | None:
+        """Where the sandbox's files live (``/workspace``, a local sandbox's root directory)."""
+        if self.info is None:
+            self.refresh()
+        return self.info.workdir if self.info is not None else None
+
+    def destroy(self) -> None:
+        """Delete the sandbox; one already gone (expired, deleted) is not an error."""
+        try:
+            self._sync().delete(self._id)
+        except NotFound:
+            pass
+        finally:
+            self.close()
+
+    async def arefresh(self) -> api.SandboxInfo:
+        self.info = await self._async().get(self._id)
+        return self.info
+
+    async def arenew(self, ttl: float) -> api.SandboxInfo:
+        self.info = await self._async().renew(self._id, ttl)
+        return self.info
+
+    async def adestroy(self) -> None:
+        try:
+            with contextlib.suppress(NotFound):
+                await self._async().delete(self._id)
+        finally:
+            self.close()
+
+    def __enter__(self) -> RemoteSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    async def __aenter__(self) -> RemoteSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.adestroy()
+
+    # ------------------------------------------------------------------ commands
+
+    def execute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        return self._sync().call(_ops.execute(self.config, self._id, body))
+
+    async def aexecute(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's timeout, enforced by the service
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        return await self._async().call(_ops.execute(self.config, self._id, body))
+
+    def execute_stream(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> Iterator[str | p.ExecuteResponse]:
+        """Output chunks (str) as the command prints them, then exactly one `ExecuteResponse`.
+
+        The final response is the same as ``execute`` would return (its ``output`` included); if
+        the connection breaks mid-stream it is a ``connection_lost`` one.
+        """
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        op = _ops.execute_stream(self.config, self._id, body)
+        try:
+            response = self._sync().open(op)
+        except ConnectionLost as exc:
+            yield w.lost_execution(exc.message)
+            return
+        try:
+            for line in response.iter_lines():
+                if line.strip():
+                    event = w.stream_event(line)
+                    yield event
+                    if isinstance(event, p.ExecuteResponse):
+                        return
+        except httpx.TransportError as exc:
+            yield w.lost_execution(error_from_transport(exc, op.what).message)
+            return
+        except ConnectionLost as exc:
+            yield w.lost_execution(exc.message)
+            return
+        finally:
+            response.close()
+        yield w.lost_execution(f"{op.what}: the stream ended before the command's exit")
+
+    async def aexecute_stream(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's timeout, enforced by the service
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> AsyncIterator[str | p.ExecuteResponse]:
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        op = _ops.execute_stream(self.config, self._id, body)
+        try:
+            response = await self._async().open(op)
+        except ConnectionLost as exc:
+            yield w.lost_execution(exc.message)
+            return
+        try:
+            async for line in response.aiter_lines():
+                if line.strip():
+                    event = w.stream_event(line)
+                    yield event
+                    if isinstance(event, p.ExecuteResponse):
+                        return
+        except httpx.TransportError as exc:
+            yield w.lost_execution(error_from_transport(exc, op.what).message)
+            return
+        except ConnectionLost as exc:
+            yield w.lost_execution(exc.message)
+            return
+        finally:
+            await response.aclose()
+        yield w.lost_execution(f"{op.what}: the stream ended before the command's exit")
+
+    # ------------------------------------------------------------------ background processes
+
+    def start_process(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> w.ProcessStatus:
+        """Start ``command`` in the background; poll it with `poll_process`."""
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        return self._sync().call(_ops.start_process(self._id, body))
+
+    def poll_process(self, process_id: str) -> w.ProcessStatus:
+        return self._sync().call(_ops.poll_process(self._id, process_id))
+
+    def kill_process(self, process_id: str) -> w.ProcessStatus:
+        return self._sync().call(_ops.kill_process(self._id, process_id))
+
+    def wait_process(self, process_id: str, *, timeout: float | None = None, interval: float = 0.1) -> w.ProcessStatus:
+        """Poll until the process has ended, or until ``timeout`` seconds (then the last status)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.poll_process(process_id)
+            if not status.running or (deadline is not None and time.monotonic() >= deadline):
+                return status
+            time.sleep(interval)
+
+    async def astart_process(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the command's timeout, enforced by the service
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> w.ProcessStatus:
+        body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        return await self._async().call(_ops.start_process(self._id, body))
+
+    async def apoll_process(self, process_id: str) -> w.ProcessStatus:
+        return await self._async().call(_ops.poll_process(self._id, process_id))
+
+    async def akill_process(self, process_id: str) -> w.ProcessStatus:
+        return await self._async().call(_ops.kill_process(self._id, process_id))
+
+    async def await_process(
+        self,
+        process_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a polling budget, returns the last status
+        interval: float = 0.1,
+    ) -> w.ProcessStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = await self.apoll_process(process_id)
+            if not status.running or (deadline is not None and time.monotonic() >= deadline):
+                return status
+            await asleep(interval)
+
+    # ------------------------------------------------------------------ archives
+
+    def upload_archive(self, directory: str, tar: ArchiveSource) -> None:
+        """Extract a tar stream under ``directory``, streaming it: never held whole in memory."""
+        response = self._sync().open(_ops.upload_archive(self._id, directory), content=chunks_of(tar, _CHUNK))
+        response.close()
+
+    def download_archive(self, path: str) -> Iterator[bytes]:
+        """``path`` (a file or a directory) as a tar stream, chunk by chunk as it arrives.
+
+        Close the iterator (or exhaust it) to release the connection. A connection that breaks
+        mid-stream raises `ConnectionLost`: the chunks already seen are not a whole archive.
+        """
+        op = _ops.download_archive(self._id, path)
+        response = self._sync().open(op)
+        try:
+            yield from response.iter_bytes(_CHUNK)
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        finally:
+            response.close()
+
+    async def aupload_archive(self, directory: str, tar: ArchiveSource | AsyncIterable[bytes]) -> None:
+        response = await self._async().open(_ops.upload_archive(self._id, directory), content=achunks_of(tar, _CHUNK))
+        await response.aclose()
+
+    async def adownload_archive(self, path: str) -> AsyncIterator[bytes]:
+        op = _ops.download_archive(self._id, path)
+        response = await self._async().open(op)
+        try:
+            async for chunk in response.aiter_bytes(_CHUNK):
+                yield chunk
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, op.what) from exc
+        finally:
+            await response.aclose()
+
+    # ------------------------------------------------------------------ file operations
+
+    def ls(self, path: str) -> p.LsResult:
+        return self._sync().call(_ops.ls(self._id, path))
+
+    def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> p.ReadResult:
+        return self._sync().call(_ops.read(self._id, file_path, offset, limit))
+
+    def write(self, file_path: str, content: str) -> p.WriteResult:
+        return self._sync().call(_ops.write(self._id, file_path, content))
+
+    def edit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> p.EditResult:
+        return self._sync().call(_ops.edit(self._id, file_path, old_string, new_string, replace_all))
+
+    def delete(self, file_path: str) -> p.DeleteResult:
+        return self._sync().call(_ops.delete_file(self._id, file_path))
+
+    def grep(
+        self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
+    ) -> p.GrepResult:
+        return self._sync().call(_ops.grep(self._id, pattern, path, glob, max_count))
+
+    def glob(self, pattern: str, path: str | None = None) -> p.GlobResult:
+        return self._sync().call(_ops.glob(self._id, pattern, path))
+
+    def upload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
+        plan = plan_uploads(files, self.config)
+        try:
+            step = next(plan)
+            while True:
+                step = plan.send(self._upload_step(step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _upload_step(self, step: Step) -> Outcome:
+        if isinstance(step, Inline):
+            return self._sync().call(_ops.upload(self._id, step.files))
+        try:
+            self.upload_archive(step.directory, tar_of_one(step.name, step.data))
+        except (OperationFailed, ConnectionLost) as exc:
+            return _tar_failure(step, exc)
+        return None, None
+
+    def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        if not paths:
+            return []
+        return self._sync().call(_ops.download(self._id, paths))
+
+    async def als(self, path: str) -> p.LsResult:
+        return await self._async().call(_ops.ls(self._id, path))
+
+    async def aread(self, file_path: str, offset: int = 0, limit: int = 2000) -> p.ReadResult:
+        return await self._async().call(_ops.read(self._id, file_path, offset, limit))
+
+    async def awrite(self, file_path: str, content: str) -> p.WriteResult:
+        return await self._async().call(_ops.write(self._id, file_path, content))
+
+    async def aedit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> p.EditResult:
+        return await self._async().call(_ops.edit(self._id, file_path, old_string, new_string, replace_all))
+
+    async def adelete(self, file_path: str) -> p.DeleteResult:
+        return await self._async().call(_ops.delete_file(self._id, file_path))
+
+    async def agrep(
+        self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
+    ) -> p.GrepResult:
+        return await self._async().call(_ops.grep(self._id, pattern, path, glob, max_count))
+
+    async def aglob(self, pattern: str, path: str | None = None) -> p.GlobResult:
+        return await self._async().call(_ops.glob(self._id, pattern, path))
+
+    async def aupload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
+        plan = plan_uploads(files, self.config)
+        try:
+            step = next(plan)
+            while True:
+                step = plan.send(await self._aupload_step(step))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def _aupload_step(self, step: Step) -> Outcome:
+        if isinstance(step, Inline):
+            return await self._async().call(_ops.upload(self._id, step.files))
+        try:
+            await self.aupload_archive(step.directory, tar_of_one(step.name, step.data))
+        except (OperationFailed, ConnectionLost) as exc:
+            return _tar_failure(step, exc)
+        return None, None
+
+    async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        if not paths:
+            return []
+        return await self._async().call(_ops.download(self._id, paths))
+
+
+def _tar_failure(step: Tarred, exc: OperationFailed | ConnectionLost) -> Outcome:
+    """A tarred file's failure, worded as every backend words it."""
+    if isinstance(exc, ConnectionLost):
+        return p.CONNECTION_LOST, exc.message
+    code = cast("p.ErrorCode", exc.code)
+    return code, message_for(code, step.path)

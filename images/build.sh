@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build the sandboxes images: sandboxes/runtime and sandboxes/ssh-vm, tagged <VERSION> and latest.
+# Build the sandboxes images: sandboxes/runtime, sandboxes/ssh-vm and sandboxes/service, tagged
+# <VERSION> and latest.
 #
 #   images/build.sh                              # offline: base debootstrapped from the apt mirror
 #   BASE=debian:bookworm-slim images/build.sh    # online: base pulled from a registry
+#   images/build.sh service                      # only these images (runtime must exist for the others)
 #
 # Environment:
 #   BASE             "local" (default) or an image reference to build on
@@ -10,9 +12,18 @@
 #   DEBIAN_MIRROR    apt mirror for debootstrap and the base image (default http://deb.debian.org/debian)
 #   DEBIAN_SECURITY_MIRROR  (default http://deb.debian.org/debian-security)
 #   BUILD_NETWORK    passed as `docker build --network`, e.g. "host" if build containers have no network
+#   BUILD_CA_BUNDLE  CA bundle pip trusts while building the service image (default: $PIP_CERT,
+#                    $SSL_CERT_FILE, or this machine's /etc/ssl/certs/ca-certificates.crt)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(runtime ssh-vm service)
+for target in "${targets[@]}"; do
+    case "$target" in runtime | ssh-vm | service) ;; *) echo "build.sh: unknown image $target" >&2; exit 2 ;; esac
+done
+wanted() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 version=$(tr -d '[:space:]' <"$here/VERSION")
 BASE=${BASE:-local}
 cache=${SANDBOXES_CACHE:-$HOME/.cache/sandboxes}
@@ -71,7 +82,7 @@ EOF
     date -u +%Y%m%dT%H%M%SZ >"$marker"
 }
 
-if [ "$BASE" = local ]; then
+if wanted runtime && [ "$BASE" = local ]; then
     if [ -s "$marker" ] && [ -d "$rootfs" ]; then
         log "reusing rootfs $rootfs ($(cat "$marker"))"
     else
@@ -93,15 +104,41 @@ if [ "$BASE" = local ]; then
     BASE=$base_image
 fi
 
-build_args=(--build-arg "VERSION=$version")
+# --force-rm: a failed step leaves no stopped container behind.
+build_args=(--force-rm --build-arg "VERSION=$version")
 [ -z "${BUILD_NETWORK:-}" ] || build_args+=(--network "$BUILD_NETWORK")
 
-log "docker build sandboxes/runtime:$version (base $BASE)"
-docker build "${build_args[@]}" --build-arg "BASE=$BASE" \
-    -t "sandboxes/runtime:$version" -t sandboxes/runtime:latest "$here/runtime"
+if wanted runtime; then
+    log "docker build sandboxes/runtime:$version (base $BASE)"
+    docker build "${build_args[@]}" --build-arg "BASE=$BASE" \
+        -t "sandboxes/runtime:$version" -t sandboxes/runtime:latest "$here/runtime"
+fi
+docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1 \
+    || die "sandboxes/runtime:$version is missing: build it first (images/build.sh runtime)"
 
-log "docker build sandboxes/ssh-vm:$version"
-docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
-    -t "sandboxes/ssh-vm:$version" -t sandboxes/ssh-vm:latest "$here/ssh-vm"
+if wanted ssh-vm; then
+    log "docker build sandboxes/ssh-vm:$version"
+    docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+        -t "sandboxes/ssh-vm:$version" -t sandboxes/ssh-vm:latest "$here/ssh-vm"
+fi
+
+# The service image's context is the repository, sent as a tar of only what the image needs:
+# no .venv, caches or .git. Fixed metadata (mtime, owner, order) keeps an unchanged tree a
+# layer-cache hit. Its dependencies come from PyPI during the build (cached in a layer that
+# only a change to pyproject.toml invalidates), over HTTPS checked against this machine's CA
+# bundle (a TLS-inspecting proxy's CA is in it, not in the image's); the bundle is used in the
+# build stage only and does not reach the image.
+if wanted service; then
+    log "docker build sandboxes/service:$version"
+    extra=$(mktemp -d)
+    trap 'rm -rf "$extra"' EXIT
+    ca=${BUILD_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
+    if [ -s "$ca" ]; then cp "$ca" "$extra/build-ca.pem"; else : >"$extra/build-ca.pem"; fi
+    tar -c --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+        --exclude=__pycache__ --exclude='*.pyc' \
+        -C "$repo" pyproject.toml README.md sandboxes images/service -C "$extra" build-ca.pem |
+        docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+            -f images/service/Dockerfile -t "sandboxes/service:$version" -t sandboxes/service:latest -
+fi
 
 docker image ls --filter reference='sandboxes/*' >&2

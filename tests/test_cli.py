@@ -33,7 +33,7 @@ def run(
     cwd: Path | None = None,
     env_root: str | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "SANDBOXES_ROOT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}  # SANDBOXES_URL: remote mode
     if env_root is not None:
         env["SANDBOXES_ROOT"] = env_root
     argv = [*SCRIPT, *(["--root", str(root)] if root is not None else []), *args]

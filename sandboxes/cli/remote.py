@@ -1,0 +1,179 @@
+"""The subcommands that talk to a sandbox service: the lifecycle (create, list, rm), copies in
+and out (cp), and the opening of a remote sandbox for the protocol subcommands.
+
+Imported only in remote mode: it needs the ``server`` extra (httpx), which a local-only
+install does not have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from sandboxes import protocol as p
+from sandboxes.cli import _transfer
+from sandboxes.cli._common import EXIT_ERROR, Failed, Session, Usage, emit_json, note, out
+from sandboxes.client import NotFound, SandboxClient, SandboxServiceError
+from sandboxes.paths import InvalidPathError, normalize_path, parent
+
+URL_ENV = "SANDBOXES_URL"
+KEY_ENV = "SANDBOXES_API_KEY"
+
+
+def service_url(args: argparse.Namespace) -> str:
+    url: str | None = args.url or os.environ.get(URL_ENV)
+    if not url:
+        raise Usage(f"{args.subcommand}: needs the service's address: --url URL or {URL_ENV}")
+    return url
+
+
+@contextlib.contextmanager
+def connect(args: argparse.Namespace) -> Iterator[SandboxClient]:
+    """A client for the service. Few retries: a person at a terminal would rather hear at once
+    that the service is down than wait through a long backoff."""
+    client = SandboxClient(service_url(args), args.api_key or os.environ.get(KEY_ENV) or None, retries=1)
+    try:
+        yield client
+    except SandboxServiceError as exc:
+        # str() adds the HTTP status and request id (to find the request in the service's log).
+        raise Failed(exc.code, str(exc).removeprefix(f"{exc.code}: ")) from exc
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def open_sandbox(args: argparse.Namespace, sandbox_id: str) -> Iterator[Session]:
+    """A remote sandbox as a `Session`, its workdir as the base of relative paths. Asking for
+    the workdir also tells a wrong id or key here, before anything runs."""
+    with connect(args) as client:
+        sandbox = client.attach(sandbox_id)
+        info = sandbox.refresh()
+        yield Session(sandbox, info.workdir or "/", remote=True)
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
+    sandbox = client.create(args.template, env=dict(args.env), ttl=args.ttl, labels=dict(args.label))
+    if args.json:
+        emit_json(sandbox.info)
+    else:
+        out(sandbox.id + "\n")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, client: SandboxClient) -> int:
+    sandboxes = client.list()
+    if args.json:
+        emit_json(sandboxes)
+        return 0
+    for info in sorted(sandboxes, key=lambda info: info.created_at):
+        line = info.id
+        if args.long:
+            expires = _when(info.expires_at)
+            line = f"{info.id}  {info.template:<12}  {info.backend:<7}  expires {expires}  {info.workdir}"
+        out(line + "\n")
+    return 0
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "never"
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cmd_rm(args: argparse.Namespace, client: SandboxClient) -> int:
+    """Every id is tried; the exit status says whether all of them went."""
+    status = 0
+    for sandbox_id in args.ids:
+        try:
+            client.delete(sandbox_id)
+        except NotFound as exc:
+            if not args.force:
+                note(f"error: {exc.code}: {exc.message}")
+                status = EXIT_ERROR
+    return status
+
+
+# ---------------------------------------------------------------------- cp
+
+
+def split_remote(text: str) -> tuple[str, str] | None:
+    """``ID:PATH`` -> ``(ID, PATH)``; a local path -> ``None``. As with ``docker cp``, a local
+    path with a colon is written ``./a:b``."""
+    head, sep, tail = text.partition(":")
+    if not sep or not head or "/" in head or head in (".", ".."):
+        return None
+    return head, tail
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    source, target = split_remote(args.source), split_remote(args.target)
+    if (source is None) == (target is None):
+        raise Usage("cp: exactly one of SOURCE and TARGET is SANDBOX_ID:PATH")
+    if target is not None:
+        with open_sandbox(args, target[0]) as session:
+            _upload(args.source, session, target[1])
+        return 0
+    assert source is not None
+    with open_sandbox(args, source[0]) as session:
+        _download(session, source[1], args.target)
+    return 0
+
+
+def _remote_path(session: Session, raw: str) -> str:
+    try:
+        return normalize_path(session.path(raw or "."))
+    except InvalidPathError as exc:
+        raise Failed(p.INVALID_PATH, str(exc)) from exc
+
+
+def _upload(local: str, session: Session, raw_target: str) -> None:
+    """Like ``docker cp``: into the target if it is a directory (or ends with ``/``), else to
+    the target's name. ``-`` reads a tar stream from stdin and extracts it into the target."""
+    sandbox = session.backend
+    target = _remote_path(session, raw_target)
+    upload = sandbox.upload_archive  # type: ignore[attr-defined]
+    if local == "-":
+        upload(target, sys.stdin.buffer)
+        return
+    path = Path(local)
+    if not path.exists() and not path.is_symlink():
+        raise Failed(p.FILE_NOT_FOUND, f"{local}: no such file or directory")
+    listing = sandbox.ls(target)
+    if raw_target.endswith("/") or listing.error is None:
+        directory, name = target, path.resolve().name if path.name in ("", ".", "..") else path.name
+    elif listing.error in (p.NOT_A_DIRECTORY, p.FILE_NOT_FOUND):
+        directory, name = parent(target), target.rsplit("/", 1)[-1]
+    else:
+        raise Failed(listing.error, listing.message or listing.error)
+    with _transfer.tar_stream(path, name) as stream:
+        upload(directory, stream)
+
+
+def _download(session: Session, raw_source: str, local: str) -> None:
+    """Like ``docker cp``: into the local target if it is a directory, else to its name; ``-``
+    writes the tar stream itself to stdout."""
+    source = _remote_path(session, raw_source)
+    if source == "/":
+        raise Failed(p.INVALID_PATH, "cp: copy a directory of the sandbox, not its whole root")
+    chunks = session.backend.download_archive(source)  # type: ignore[attr-defined]
+    if local == "-":
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        return
+    destination = Path(local)
+    if destination.is_dir():
+        into, name = destination, None
+    else:
+        into, name = destination.parent, destination.name
+        if not into.is_dir():
+            raise Failed(p.FILE_NOT_FOUND, f"{into}: no such directory")
+    _transfer.extract(chunks, into, rename=name)

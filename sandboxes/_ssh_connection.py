@@ -4,13 +4,24 @@ Failures to connect are split into distinct exceptions, raised fast, because eac
 different fix: a wrong key (`SSHAuthenticationError`), a host key that does not match or is not
 known (`SSHHostKeyError`), a host that cannot be reached (`SSHUnreachableError`). A connection
 that drops later is reopened on the next use, with backoff.
+
+A peer that stops answering without closing the connection (a frozen VM, a cut network) is
+noticed by keepalive requests that expect a reply, like OpenSSH's ``ServerAliveCountMax``: the
+connection is then closed, so every command waiting on it fails at once instead of hanging.
+
+sshd accepts at most ``MaxSessions`` (default 10) channels per connection and refuses the rest;
+since the sandboxes of a host share one connection, channels are counted here and a new one
+waits for a free slot rather than being refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +65,13 @@ class SSHHostConfig(BaseModel):
     known_hosts: Path | None = Path("~/.ssh/known_hosts")
     insecure_accept_any_host_key: bool = False
     connect_timeout: float = Field(default=10.0, gt=0)
-    keepalive: int = Field(default=15, ge=0)
+    keepalive: float = Field(default=15, ge=0)
+    """Seconds between keepalive requests; ``0`` disables them (and dead-peer detection)."""
+    keepalive_count_max: int = Field(default=3, ge=1)
+    """Keepalive intervals without any answer after which the connection is declared dead."""
     reconnect_attempts: int = Field(default=5, ge=1)
+    max_sessions: int = Field(default=10, ge=2)
+    """The server's ``MaxSessions``: channels open at once on this connection."""
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -80,6 +96,11 @@ class SSHConnection:
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.RLock()
         self.users = 0
+        self._sessions: set[paramiko.Channel] = set()
+        """Channels open on the current transport; a reconnect starts a fresh set."""
+        self._opening = 0
+        self._sessions_changed = threading.Condition()
+        self._stop_watch = threading.Event()
 
     def transport(self) -> paramiko.Transport:
         """The live transport, reconnecting (with backoff) if it dropped."""
@@ -107,6 +128,63 @@ class SSHConnection:
         with self._lock:
             if self._client is None:
                 self._client = self._connect()
+
+    def open_session(self, timeout: float, *, keep_free: int = 0) -> paramiko.Channel | None:
+        """A new channel, counted against ``max_sessions``; give it back with `close_session`.
+
+        Waits up to ``timeout`` for a free slot (then raises `SSHUnreachableError`). With
+        ``keep_free``, answers ``None`` at once unless that many slots would stay free: how a
+        long-lived channel (an exec helper) avoids starving the short ones."""
+        transport = self.transport()
+        limit = self.config.max_sessions - keep_free
+        with self._sessions_changed:
+            self._sessions = {c for c in self._sessions if c.get_transport() is transport}
+
+            def used() -> int:
+                return len(self._sessions) + self._opening
+
+            if keep_free and used() >= limit:
+                return None
+            if not self._sessions_changed.wait_for(lambda: used() < limit, timeout):
+                raise SSHUnreachableError(
+                    f"all {self.config.max_sessions} sessions to {self.config.host} stayed busy for {timeout}s"
+                )
+            self._opening += 1
+        channel = None
+        try:
+            channel = self._open_refused_or_not(transport)
+            return channel
+        finally:
+            with self._sessions_changed:
+                self._opening -= 1
+                if channel is not None:
+                    self._sessions.add(channel)
+                self._sessions_changed.notify_all()
+
+    def _open_refused_or_not(self, transport: paramiko.Transport) -> paramiko.Channel:
+        """Open a channel, retrying refusals for up to ``connect_timeout``: sshd frees a closed
+        session's slot only after it has processed the close, so an open that follows a close
+        closely can be refused although our count says a slot is free. A refusal is an answer
+        (the connection lives); a timeout or a dead transport is not, and is raised at once."""
+        deadline = time.monotonic() + self.config.connect_timeout
+        delay = 0.01
+        while True:
+            started = time.monotonic()
+            try:
+                return transport.open_session(timeout=max(deadline - started, 0.1))
+            except paramiko.SSHException:
+                answered = transport.is_active() and time.monotonic() - started < self.config.connect_timeout / 2
+                if not answered or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def close_session(self, channel: paramiko.Channel) -> None:
+        with contextlib.suppress(Exception):  # a channel of a dead transport may fail to close
+            channel.close()
+        with self._sessions_changed:
+            self._sessions.discard(channel)
+            self._sessions_changed.notify_all()
 
     def _connect(self) -> paramiko.SSHClient:
         config = self.config
@@ -149,13 +227,46 @@ class SSHConnection:
         except paramiko.SSHException as exc:
             if "known_hosts" in str(exc) or "not found in" in str(exc):
                 raise SSHHostKeyError(f"host key of {where} is not in known_hosts: {exc}") from exc
-            raise SSHUnreachableError(f"SSH handshake with {where} failed: {exc}") from exc
+            detail = str(exc)
+            if detail == "No existing session":  # paramiko's word for a handshake that timed out
+                detail = f"no SSH handshake within {config.connect_timeout}s"
+            raise SSHUnreachableError(f"SSH handshake with {where} failed: {detail}") from exc
         except (OSError, EOFError) as exc:  # TimeoutError is an OSError
             raise SSHUnreachableError(f"cannot reach {where}: {exc}") from exc
         transport = client.get_transport()
-        if transport is not None and config.keepalive:
-            transport.set_keepalive(config.keepalive)
+        assert transport is not None
+        # Without it, Nagle's algorithm and delayed ACKs add ~40-200 ms to each small round trip.
+        with contextlib.suppress(OSError, AttributeError):  # not a TCP socket: nothing to tune
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if config.keepalive:
+            threading.Thread(
+                target=self._watch, args=(transport, self._stop_watch), name="ssh-keepalive", daemon=True
+            ).start()
         return client
+
+    def _watch(self, transport: paramiko.Transport, stop: threading.Event) -> None:
+        """Ask for a reply every ``keepalive`` seconds; close the transport when none comes
+        within ``keepalive * keepalive_count_max`` (TCP alone may wait many minutes)."""
+        interval = self.config.keepalive
+        patience = interval * self.config.keepalive_count_max
+        while not stop.wait(interval) and transport.is_active():
+            answered = threading.Event()
+
+            def ask(done: threading.Event = answered) -> None:
+                # sshd answers an unknown global request with a failure: any answer proves life.
+                transport.global_request("keepalive@openssh.com", wait=True)
+                done.set()
+
+            threading.Thread(target=ask, name="ssh-keepalive-request", daemon=True).start()
+            if not answered.wait(patience) and transport.is_active() and not stop.is_set():
+                logger.warning(
+                    "%s:%d did not answer for %.1fs: closing the connection",
+                    self.config.host,
+                    self.config.port,
+                    patience,
+                )
+                transport.close()
+                return
 
     def _close_client(self) -> None:
         if self._client is not None:
@@ -166,6 +277,8 @@ class SSHConnection:
 
     def close(self) -> None:
         with self._lock:
+            self._stop_watch.set()
+            self._stop_watch = threading.Event()
             self._close_client()
 
 

@@ -11,7 +11,8 @@ command costs a fork on the host instead of a channel setup; without python3 on 
 
 When the connection drops, the next operation reconnects with backoff. Operations that are
 safe to repeat (reads, listings, searches) are retried on a fresh connection; a command or a
-write whose fate is unknown answers ``connection_lost`` instead of running twice.
+write whose fate is unknown answers ``connection_lost`` instead of running twice. A command
+that never left (no connection, no channel) answers ``unavailable``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import shlex
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,15 +59,42 @@ logger = logging.getLogger(__name__)
 _RUN = r"""cwd=$1; marker=$2; cmd=$3; shift 3
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
-cd -- "$cwd" || exit 200
-exec /bin/sh -c "$cmd"
+cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
+exec 3>&2 2>/dev/null
+/bin/sh -c "$cmd" 2>&3 3>&-
+status=$?
+unset SANDBOXES_EXEC_ID
+pids=$(grep -ls "SANDBOXES_EXEC_ID=$marker" /proc/[0-9]*/environ | cut -d/ -f3)
+[ -z "$pids" ] || kill -9 $pids
+cat >/dev/null
+exit "$status"
 """
-"""One command without the helper: environment pairs and cwd as quoted arguments."""
+"""One command without the helper: environment pairs and cwd as quoted arguments.
 
-_KILL_MARKED = r"""for d in /proc/[0-9]*; do
-  if grep -q "SANDBOXES_EXEC_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "${d#/proc/}" 2>/dev/null; fi
+The command runs as a child, not by ``exec``: sshd reports a death by signal as ``exit-signal``,
+which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
+is muted so that it does not add a "Killed" line to the output. Whatever the command left
+running (marked by the environment variable) is killed when it exits, as the exec helper does.
+
+The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
+stdin (or its EOF) is still on the way: sshd reuses the number of a closed channel at once, and
+paramiko may send a message it prepared just before the close, which would then land in another
+command's stdin (or end the whole connection).
+
+A missing working directory prints the marker too, so that a command that itself exits 200 is
+not mistaken for it."""
+
+_KILL_MARKED = r"""for round in 1 2 3; do
+  pids=$(grep -ls "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ | cut -d/ -f3)
+  [ -n "$pids" ] || exit 0
+  kill -9 $pids 2>/dev/null
 done; exit 0
 """
+"""Kill a timed-out command's processes: one ``grep`` over every process's environment per
+round (a grep per process costs ~1 ms each), repeated for children forked meanwhile."""
+
+_SPARE_SESSIONS = 2
+"""Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
 class SSHSandboxConfig(BaseModel):
@@ -156,20 +184,28 @@ class SSHSandbox(BaseSandbox):
         timeout = self.config.default_timeout if timeout is None else timeout
         limit = self.config.output_limit if output_limit is None else output_limit
         workdir = cwd or self.workspace
+        if self._closed:
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
         try:
             for _attempt in range(2):
                 mux = self._helper()
                 if mux is None:
                     return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit)
+                was_alive = mux.alive
                 try:
                     return mux.run(command, timeout=timeout, stdin=data, env=env, cwd=workdir, output_limit=limit)
                 except MuxBroken as broken:
-                    self._drop_helper()
-                    if broken.started:
+                    self._drop_helper(mux)
+                    # The client says "not started" when the helper never acknowledged the
+                    # command, but a request sent before the connection died may still reach
+                    # the host and run: only a helper already dead before it was handed the
+                    # command is safe to replace and retry.
+                    if broken.started or was_alive:
                         return _lost(f"the connection dropped while the command ran: {broken}")
             return _lost("the exec helper failed twice before taking the command")
-        except SSHError as exc:
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
+        except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
+            # Raised only before the command was sent: no connection, no channel.
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
 
     def _run_call(self, call: _Call) -> p.ExecuteResponse:
         """Reads and listings survive a dropped connection: retried once on a fresh one."""
@@ -179,25 +215,41 @@ class SSHSandbox(BaseSandbox):
         return response
 
     def _helper(self) -> MuxClient | None:
+        """The live exec helper, started if needed; ``None``: run this command on its own channel
+        (no python3 on the host, or the connection's channel slots are nearly all taken)."""
         if self._helper_unavailable:
             return None
         with self._mux_lock:
-            if self._mux is not None and self._mux.alive:
-                return self._mux
-            channel = self._connection.transport().open_session(timeout=self.config.host.connect_timeout)
-            channel.exec_command(self._as_user(f"exec python3 -u -c {shlex.quote(SERVER_SOURCE)}"))
+            if self._mux is not None:
+                if self._mux.alive:
+                    return self._mux
+                self._mux.close()  # frees its channel slot
+                self._mux = None
+            channel = self._connection.open_session(self.config.host.connect_timeout, keep_free=_SPARE_SESSIONS)
+            if channel is None:
+                return None
+            stream = _ChannelStream(self._connection, channel)
             try:
-                self._mux = MuxClient(_ChannelStream(channel), hello_timeout=20)
+                channel.exec_command(self._as_user(f"exec python3 -u -c {shlex.quote(SERVER_SOURCE)}"))
+                self._mux = MuxClient(stream, hello_timeout=20)
             except MuxBroken as broken:
-                if channel.exit_status_ready() and channel.recv_exit_status() == 127:
+                if _exit_status(channel, wait=2.0) == 127:
                     logger.warning("no python3 on %s: one exec_command per command", self.config.host.host)
                     self._helper_unavailable = True
                     return None
                 raise SSHUnreachableError(f"exec helper did not start: {broken}") from broken
+            except BaseException:
+                stream.close()
+                raise
             return self._mux
 
-    def _drop_helper(self) -> None:
+    def _drop_helper(self, broken: MuxClient | None = None) -> None:
+        """Close the helper (only if it is still ``broken``, when given: another thread may
+        already have replaced it with a working one)."""
         with self._mux_lock:
+            if broken is not None and self._mux is not broken:
+                broken.close()
+                return
             if self._mux is not None:
                 self._mux.close()
                 self._mux = None
@@ -210,41 +262,107 @@ class SSHSandbox(BaseSandbox):
     def _exec_once(
         self, command: str, timeout: float, stdin: bytes | None, env: dict[str, str], cwd: str, limit: int
     ) -> p.ExecuteResponse:
+        """One command on its own channel. Raises only before the command was sent."""
         marker = uuid.uuid4().hex
         pairs = [f"{name}={value}" for name, value in env.items()]
         started = time.monotonic()
-        channel = self._connection.transport().open_session(timeout=self.config.host.connect_timeout)
+        # Waiting for a free channel slot counts against the command's own timeout.
+        channel = self._connection.open_session(timeout or self.config.default_timeout or 3600.0)
+        assert channel is not None
+        try:
+            return self._converse(channel, command, marker, pairs, stdin, timeout, cwd, limit, started)
+        except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
+            return _lost(f"the connection failed while the command ran: {type(exc).__name__}: {exc}")
+        finally:
+            self._connection.close_session(channel)
+
+    def _converse(
+        self,
+        channel: paramiko.Channel,
+        command: str,
+        marker: str,
+        pairs: list[str],
+        stdin: bytes | None,
+        timeout: float,
+        cwd: str,
+        limit: int,
+        started: float,
+    ) -> p.ExecuteResponse:
         channel.set_combine_stderr(True)
         channel.exec_command(self._as_user(_scripts.command(_RUN, cwd, marker, command, *pairs)))
-        if stdin is not None:
-            channel.sendall(stdin)
-        channel.shutdown_write()
+        feeder = None
+        if stdin:
+            # From its own thread: a command that prints much before reading its input would
+            # otherwise block on a full window while we block sending to it.
+            feeder = threading.Thread(target=_feed, args=(channel, stdin), name="ssh-stdin", daemon=True)
+            feeder.start()
+        else:
+            channel.shutdown_write()
+        try:
+            return self._collect(channel, marker, timeout, cwd, limit, started)
+        finally:
+            if feeder is not None:
+                # Nothing may be sent once we close the channel (see `_RUN`); the host has read
+                # all of stdin by now unless the connection failed, which wakes the feeder too.
+                feeder.join(self.config.host.connect_timeout)
+
+    def _collect(
+        self,
+        channel: paramiko.Channel,
+        marker: str,
+        timeout: float,
+        cwd: str,
+        limit: int,
+        started: float,
+    ) -> p.ExecuteResponse:
         output = OutputBuffer(limit)
         deadline = started + timeout if timeout else None
-        timed_out = False
         channel.settimeout(0.1)
+        eof = False
         while True:
-            try:
-                chunk: bytes | None = channel.recv(65536)
-            except TimeoutError:
-                chunk = None
-            if chunk:
-                output.write(chunk)
-                continue
-            if chunk == b"" or channel.exit_status_ready():
-                break  # EOF, or exited while a background job holds the channel open
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                _run_simple(self._connection, self._as_user(_scripts.command(_KILL_MARKED, marker)))
+            if not eof:
+                try:
+                    chunk: bytes | None = channel.recv(65536)
+                except TimeoutError:
+                    chunk = None
+                if chunk:
+                    output.write(chunk)
+                    continue
+                eof = chunk == b""
+            if channel.exit_status_ready():
+                # Exited (a background job may still hold its output open). Output sent before
+                # the exit status is already buffered, but may have landed after recv gave up.
+                while channel.recv_ready():
+                    output.write(channel.recv(65536))
                 break
-            if not self._connection.transport().is_active():
+            if eof:
+                channel.status_event.wait(0.1)
+            if deadline is not None and time.monotonic() > deadline:
+                return self._kill_after_timeout(marker, output, timeout, started)
+        code = channel.exit_status
+        if code == -1:  # the channel closed without an exit status
+            transport = channel.get_transport()
+            if transport is None or not transport.is_active():
                 return _lost("the connection dropped while the command ran")
-        code = None if timed_out else channel.recv_exit_status()
-        channel.close()
-        if code == 200:
+            return p.ExecuteResponse(
+                output.text(), error=p.BACKEND_ERROR, message="the command's shell ended without an exit status"
+            )
+        if code == 200 and output.getvalue() == marker.encode():
             return p.ExecuteResponse("", error=p.FILE_NOT_FOUND, message=f"working directory {cwd!r} not found")
         return execute_response(
-            output, code, timed_out=timed_out, timeout=timeout, duration_ms=(time.monotonic() - started) * 1000
+            output, code, timed_out=False, timeout=timeout, duration_ms=(time.monotonic() - started) * 1000
+        )
+
+    def _kill_after_timeout(
+        self, marker: str, output: OutputBuffer, timeout: float, started: float
+    ) -> p.ExecuteResponse:
+        try:
+            kill = self._as_user(_scripts.command(_KILL_MARKED, marker))
+            _run_simple(self._connection, kill, timeout=self.config.host.connect_timeout)
+        except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
+            return _lost(f"the command timed out after {timeout}s and could not be killed ({exc}): it may still run")
+        return execute_response(
+            output, None, timed_out=True, timeout=timeout, duration_ms=(time.monotonic() - started) * 1000
         )
 
     # ------------------------------------------------------------------ SFTP bulk transfer
@@ -252,37 +370,59 @@ class SSHSandbox(BaseSandbox):
     def _bulk_eligible(self, path: str, size: int | None) -> bool:
         return self.config.run_as is None and super()._bulk_eligible(path, size)
 
-    def _sftp(self) -> paramiko.SFTPClient:
-        client = self._connection.transport().open_sftp_client()
-        if client is None:
-            raise SSHUnreachableError("the server refused an SFTP session")
-        return client
+    @contextlib.contextmanager
+    def _sftp(self) -> Iterator[paramiko.SFTPClient]:
+        """An SFTP session on a counted channel slot."""
+        channel = self._connection.open_session(self.config.host.connect_timeout)
+        assert channel is not None
+        try:
+            channel.invoke_subsystem("sftp")
+            yield paramiko.SFTPClient(channel)
+        finally:
+            self._connection.close_session(channel)
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
         outcomes: list[p.ErrorCode | None] = []
-        with self._sftp() as sftp:
-            for path, data in files:
-                try:
-                    with sftp.open(path, "wb") as remote:
-                        remote.set_pipelined(True)
-                        remote.write(data)
-                    outcomes.append(None)
-                except OSError as exc:
-                    outcomes.append(_sftp_error(exc))
+        try:
+            with self._sftp() as sftp:
+                for path, data in files:
+                    try:
+                        with sftp.open(path, "wb") as remote:
+                            remote.set_pipelined(True)
+                            remote.write(data)
+                        outcomes.append(None)
+                    except OSError as exc:
+                        if _channel_dead(sftp):
+                            raise
+                        outcomes.append(_sftp_error(exc))
+        except (SSHError, paramiko.SSHException, OSError, EOFError):
+            # Files already written stay reported as written; the rest may be partly written.
+            failed: list[p.ErrorCode | None] = [p.CONNECTION_LOST] * (len(files) - len(outcomes))
+            return outcomes + failed
         return outcomes
 
     def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
-        with self._sftp() as sftp:
+        """Reading is safe to repeat: one retry on a fresh connection after a failure."""
+        for attempt in range(2):
             try:
-                with sftp.open(path, "rb") as remote:
-                    remote.prefetch()
-                    return bytes(remote.read())
-            except OSError as exc:
-                return _sftp_error(exc)
+                with self._sftp() as sftp:
+                    try:
+                        with sftp.open(path, "rb") as remote:
+                            remote.prefetch()
+                            return bytes(remote.read())
+                    except OSError as exc:
+                        if _channel_dead(sftp):
+                            raise
+                        return _sftp_error(exc)
+            except (SSHError, paramiko.SSHException, OSError, EOFError):
+                if attempt:
+                    return p.CONNECTION_LOST
+        return p.CONNECTION_LOST
 
 
 class _ChannelStream:
-    def __init__(self, channel: paramiko.Channel) -> None:
+    def __init__(self, connection: SSHConnection, channel: paramiko.Channel) -> None:
+        self._connection = connection
         self._channel = channel
 
     def send(self, data: bytes) -> None:
@@ -292,8 +432,28 @@ class _ChannelStream:
         return bytes(self._channel.recv(size))
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._channel.close()
+        self._connection.close_session(self._channel)
+
+
+def _feed(channel: paramiko.Channel, data: bytes) -> None:
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        channel.sendall(data)
+        channel.shutdown_write()
+
+
+def _exit_status(channel: paramiko.Channel, wait: float) -> int:
+    """The channel's exit status, waiting a little for it: it may trail the end of output."""
+    deadline = time.monotonic() + wait
+    while channel.exit_status == -1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return int(channel.exit_status)
+
+
+def _channel_dead(sftp: paramiko.SFTPClient) -> bool:
+    """Whether an SFTP ``OSError`` is the connection failing rather than a status from the server."""
+    channel = sftp.get_channel()
+    transport = channel.get_transport()
+    return bool(channel.closed) or transport is None or not transport.is_active()
 
 
 def _lost(message: str) -> p.ExecuteResponse:
@@ -315,18 +475,23 @@ def _sftp_error(exc: OSError) -> p.ErrorCode:
 
 
 def _run_simple(connection: SSHConnection, command: str, timeout: float = 30.0) -> str:
-    """A short housekeeping command on its own channel; raises `SSHError` if it fails."""
-    channel = connection.transport().open_session(timeout=timeout)
+    """A short housekeeping command on its own channel; raises `SSHError` if it fails, or if
+    the connection does (`SSHUnreachableError`)."""
     try:
-        channel.settimeout(timeout)
-        channel.set_combine_stderr(True)
-        channel.exec_command(command)
-        chunks = []
-        while chunk := channel.recv(65536):
-            chunks.append(chunk)
-        status = channel.recv_exit_status()
-    finally:
-        channel.close()
+        channel = connection.open_session(timeout)
+        assert channel is not None
+        try:
+            channel.settimeout(timeout)
+            channel.set_combine_stderr(True)
+            channel.exec_command(command)
+            chunks = []
+            while chunk := channel.recv(65536):
+                chunks.append(chunk)
+            status = _exit_status(channel, wait=timeout)
+        finally:
+            connection.close_session(channel)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise SSHUnreachableError(f"{connection.config.host}: {type(exc).__name__}: {exc}") from exc
     output = b"".join(chunks).decode("utf-8", "replace")
     if status != 0:
         raise SSHError(f"command on {connection.config.host} failed ({status}): {output.strip()[:500]}")

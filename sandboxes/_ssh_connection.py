@@ -287,17 +287,26 @@ class _Registry:
 
     def __init__(self) -> None:
         self._connections: dict[tuple[str, int, str], SSHConnection] = {}
+        self._host_locks: dict[tuple[str, int, str], threading.Lock] = {}
         self._lock = threading.Lock()
 
     def acquire(self, config: SSHHostConfig) -> SSHConnection:
+        """The shared connection to ``config``'s host, connecting if there is none. Connecting
+        holds only that host's lock: a slow or unreachable host does not stall the others."""
         with self._lock:
-            connection = self._connections.get(config.key)
-            if connection is None or connection.config != config:
-                connection = SSHConnection(config)
-                connection.connect_once()
+            host_lock = self._host_locks.setdefault(config.key, threading.Lock())
+        with host_lock:
+            with self._lock:
+                connection = self._connections.get(config.key)
+                if connection is not None and connection.config == config:
+                    connection.users += 1
+                    return connection
+            connection = SSHConnection(config)
+            connection.connect_once()
+            with self._lock:
                 self._connections[config.key] = connection
-            connection.users += 1
-            return connection
+                connection.users += 1
+                return connection
 
     def release(self, connection: SSHConnection) -> None:
         with self._lock:

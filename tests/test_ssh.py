@@ -309,6 +309,48 @@ def test_unreachable_port_fails_fast() -> None:
     assert time.monotonic() - started < 15
 
 
+def test_a_silent_host_does_not_stall_connections_to_others(ssh_vm: SSHVM) -> None:
+    """A host that accepts TCP but never speaks SSH holds only its own connect, not the registry."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        stuck = SSHSandboxConfig(
+            host=SSHHostConfig(
+                host="127.0.0.1",
+                port=silent.getsockname()[1],
+                username="sandbox",
+                use_agent=False,
+                known_hosts=None,
+                connect_timeout=8,
+                reconnect_attempts=1,
+            )
+        )
+        outcome: dict[str, Any] = {}
+
+        def connect_to_silent_host() -> None:
+            try:
+                outcome["result"] = SSHSandbox.create(stuck)
+            except Exception as exc:
+                outcome["error"] = exc
+
+        threading.Thread(target=connect_to_silent_host, daemon=True).start()
+        time.sleep(0.5)  # the silent connect is now waiting for a banner
+        started = time.monotonic()
+        with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
+            assert sandbox.execute("echo ok").output == "ok\n"
+        assert time.monotonic() - started < 5, "connecting to a healthy host waited for the silent one"
+    finally:
+        silent.close()
+    deadline = time.monotonic() + 20
+    while "error" not in outcome and "result" not in outcome:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert isinstance(outcome.get("error"), SSHUnreachableError)
+
+
 # ---------------------------------------------------------------------------------- sharing
 
 

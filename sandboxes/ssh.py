@@ -64,8 +64,13 @@ exec 3>&2 2>/dev/null
 /bin/sh -c "$cmd" 2>&3 3>&-
 status=$?
 unset SANDBOXES_EXEC_ID
-pids=$(grep -ls "SANDBOXES_EXEC_ID=$marker" /proc/[0-9]*/environ | cut -d/ -f3)
-[ -z "$pids" ] || kill -9 $pids
+r=0
+while [ "$r" -lt 20 ]; do
+  r=$((r + 1))
+  pids=$(grep -ls "SANDBOXES_EXEC_ID=$marker" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
+  [ -n "$pids" ] || break
+  kill -9 $pids 2>/dev/null
+done
 cat >/dev/null
 exit "$status"
 """
@@ -84,14 +89,18 @@ command's stdin (or end the whole connection).
 A missing working directory prints the marker too, so that a command that itself exits 200 is
 not mistaken for it."""
 
-_KILL_MARKED = r"""for round in 1 2 3; do
-  pids=$(grep -ls "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ | cut -d/ -f3)
+_KILL_MARKED = r"""[ -n "$1" ] || exit 1
+r=0
+while [ "$r" -lt 20 ]; do
+  r=$((r + 1))
+  pids=$(grep -ls "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
   [ -n "$pids" ] || exit 0
   kill -9 $pids 2>/dev/null
 done; exit 0
 """
 """Kill a timed-out command's processes: one ``grep`` over every process's environment per
-round (a grep per process costs ~1 ms each), repeated for children forked meanwhile."""
+round (a grep per process costs ~1 ms each), repeated until none is left, since a process may
+fork while /proc is being read (a single pass lost races under load in CI)."""
 
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""

@@ -89,8 +89,9 @@ class SandboxConformance(BackendConformance):
         assert result.exit_code is None
         assert time.monotonic() - started < 30
         time.sleep(0.5)
+        # The files existing proves each loop ran (_text fails otherwise); a loop killed between
+        # `>` truncating its file and `echo` writing it leaves the file empty, which is fine.
         before = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
-        assert all(beat.strip().isdigit() for beat in before), before
         time.sleep(1.0)
         after = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
         assert after == before, "a process of the timed-out command is still running"

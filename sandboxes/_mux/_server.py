@@ -28,6 +28,7 @@ import sys
 import threading
 
 HEADER = struct.Struct(">cII")
+MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 _out = sys.stdout.buffer
 _in = sys.stdin.buffer
@@ -190,6 +191,9 @@ def main():
         if header is None:
             break
         kind, ident, length = HEADER.unpack(header)
+        if kind not in b"PRICK" or length > MAX_FRAME:
+            sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (header,))
+            break  # a corrupt stream: end it (the client sees EOF) rather than wait for a bogus length
         payload = recv_exact(length) if length else b""
         if payload is None:
             break

@@ -29,6 +29,12 @@ _STDIN_CHUNK = 1 << 20
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 
+ACK_TIMEOUT = 15.0
+"""Seconds to wait for the helper to acknowledge a command. The helper acknowledges BEFORE it
+starts anything, so a command never acknowledged never started: the stream is declared broken
+and the command may be sent to a fresh helper. (Seen under load with Docker: a request that
+never reached an idle helper, root cause not yet found; this turns that hang into a retry.)"""
+
 
 class ByteStream(Protocol):
     def send(self, data: bytes) -> None: ...
@@ -60,12 +66,14 @@ class _Pending:
     failure: str | None = None
     start_error: str | None = None
     accepted: bool = False
+    acknowledged: threading.Event = field(default_factory=threading.Event)
     on_output: Callable[[bytes], None] | None = None
 
 
 class MuxClient:
-    def __init__(self, stream: ByteStream, *, hello_timeout: float = 15.0) -> None:
+    def __init__(self, stream: ByteStream, *, hello_timeout: float = 15.0, ack_timeout: float = ACK_TIMEOUT) -> None:
         self._stream = stream
+        self._ack_timeout = ack_timeout
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
         self._pending_lock = threading.Lock()
@@ -121,6 +129,9 @@ class MuxClient:
                 for offset in range(0, len(stdin), _STDIN_CHUNK):
                     self._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
                 self._send(b"C", ident)
+            if not pending.acknowledged.wait(self._ack_timeout) and not pending.done.is_set():
+                self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
+                raise MuxBroken(self.broken or "no acknowledgement", started=False)
             if not pending.done.wait(timeout + _KILL_GRACE if timeout else None):
                 self._send(b"K", ident)
                 if not pending.done.wait(_KILL_GRACE):
@@ -181,6 +192,7 @@ class MuxClient:
             return
         if kind == b"A":
             pending.accepted = True
+            pending.acknowledged.set()
         elif kind == b"O":
             pending.output.write(payload)
             if pending.on_output is not None:

@@ -14,7 +14,6 @@ import logging
 import re
 import shutil
 import time
-import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from sandboxes.server import api
 from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
 from sandboxes.server.errors import ServiceError, code_for_status
-from sandboxes.server.logs import REQUEST_ID
+from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.routes import Service, health, router
@@ -145,7 +144,7 @@ class _RequestMiddleware:
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         offered = headers.get("x-request-id", "")
-        request_id = offered if _REQUEST_ID.match(offered) else uuid.uuid4().hex
+        request_id = offered if _REQUEST_ID.match(offered) else unique_id()
         token = REQUEST_ID.set(request_id)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id

@@ -19,13 +19,13 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 from sandboxes import protocol as p
 from sandboxes.base import BaseSandbox
 from sandboxes.server.api import ExecuteRequest, ExecuteResult, StreamEvent
 from sandboxes.server.errors import ServiceError
+from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command, result_of, run_marked
 from sandboxes.server.settings import ServiceSettings, Template
 
@@ -51,7 +51,7 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
 
 
 async def run_once(sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None]) -> ExecuteResult:
-    token = uuid.uuid4().hex
+    token = unique_id()
     work = asyncio.ensure_future(asyncio.to_thread(run_marked, sandbox, command, token, None))
     try:
         return result_of(await asyncio.shield(work))
@@ -81,7 +81,7 @@ async def run_streamed(
     chunks: asyncio.Queue[bytes] = asyncio.Queue()
     budget = [command.output_limit]
     budget_lock = threading.Lock()
-    token = uuid.uuid4().hex
+    token = unique_id()
 
     def on_output(chunk: bytes) -> None:
         with budget_lock:

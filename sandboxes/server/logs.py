@@ -4,13 +4,31 @@ caused it, so a client's ``X-Request-ID`` finds every line about its request."""
 from __future__ import annotations
 
 import contextvars
+import itertools
 import json
 import logging
+import secrets
 import sys
 import time
 from typing import Any
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("sandboxes_request_id", default=None)
+
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def unique_id() -> str:
+    """32 hex digits, unique within this service process and across its restarts (a random
+    prefix drawn once, then a counter); not secret, and nothing it is used for needs it to be.
+
+    Not ``uuid4`` on the request path: each call reads the kernel's random source, and the
+    event-loop thread, having released the interpreter lock for that system call, then waits
+    to get it back behind the worker threads; with 20 clients that cost about 0.15 ms per
+    call, twice per execute (request id and kill marker), on the thread that bounds
+    throughput."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):020x}"
+
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}
 

@@ -1,0 +1,589 @@
+"""The sandbox service (real HTTP on 127.0.0.1) beside the same backend called directly.
+
+One run measures, for the backend chosen (Docker when an engine answers, else local):
+
+* latency, one client, calls in sequence: ``execute("true")`` and a 200-line file ``read``
+  through ``POST /v1/sandboxes/{id}/execute`` and ``/files/read`` beside ``sandbox.execute`` /
+  ``sandbox.read`` on a sandbox made here with the same template values. Two reference rows
+  split the overhead: ``GET /healthz`` (the HTTP stack alone: httpx + uvicorn) and
+  ``GET /v1/sandboxes/{id}`` (plus auth, rate limit, routing, lookup; no backend call).
+* throughput: ``execute("true")`` from C concurrent clients (threads, each with its own
+  ``httpx.Client`` and keep-alive connection) for ``--duration`` seconds per side, beside C
+  threads calling the sandbox directly. Windows alternate service, direct, direct, service (half
+  the time each) so drift in machine load hits both sides alike. Each window records the CPU it
+  cost per request: the service process's, this process's (the load generator, or the direct
+  backend's client code), the sandbox side's (the commands; for Docker also dockerd, containerd
+  and this run's containers with their exec helpers), and the share of the machine's busy CPU
+  that none of these used: another test suite on a shared machine shows up there and explains
+  a low rate.
+
+The service runs as a SUBPROCESS (``python -m sandboxes.server`` with a config file), not in a
+thread of this process: deployed, it has a process, an interpreter lock and an event loop of its
+own, while an in-process server would share this process's lock with the C client threads and
+measure their contention rather than the service. All clients of a side share ``--sandboxes``
+sandboxes (default 1), so both sides have the same per-sandbox serialisation.
+
+Targets (reported, never asserted): overhead (service p50 - direct p50) <= 3 ms for execute and
+read; >= 300 execute/s through the service with 20 clients. ``--profile`` runs the service
+under cProfile (its event-loop thread, during the throughput windows only, which it slows) and
+prints where that thread's time goes, by function and by package.
+
+    python benchmarks/bench_service.py [--iterations N] [--duration S] [--clients C]
+        [--backend docker|local] [--json] [--save report.json] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import _service_measures as measures
+import httpx
+
+from sandboxes import protocol as p
+from sandboxes.base import BaseSandbox
+
+IMAGE = "sandboxes/runtime:latest"
+READ_LINES = 200
+OVERHEAD_TARGET_MS = 3.0
+RATE_TARGET = 300.0
+TENANT = "bench"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    section: str
+    """``latency`` (one client, ms) or ``throughput`` (C clients, requests/s)."""
+    op: str
+    service_p50: float
+    service_p99: float
+    direct_p50: float | None
+    direct_p99: float | None
+    overhead_ms: float | None
+    """Latency rows: service p50 - direct p50 (a reference row: its own p50)."""
+    ratio: float | None
+    """Latency: service p50 / direct p50 (the slowdown). Throughput: service rate / direct rate."""
+    service_rate: float | None = None
+    direct_rate: float | None = None
+    requests: int | None = None
+    server_cpu_ms: float | None = None
+    """Service process CPU per request (all its threads; not the commands it ran)."""
+    client_cpu_ms: float | None = None
+    """This process's CPU per request in the service windows: the load generator."""
+    backend_cpu_ms: float | None = None
+    """CPU per request of the sandboxes' side in the service windows: the commands and, for
+    Docker, dockerd, containerd and everything under their shims (the exec helper)."""
+    direct_cpu_ms: float | None = None
+    """This process's CPU per request in the direct windows (the backend's client code)."""
+    direct_backend_cpu_ms: float | None = None
+    unrelated_cpu_share: float | None = None
+    """Of the machine's busy CPU over all windows, the share that none of the above used: other
+    programs on the machine, competing with both sides (0..1)."""
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def _percentile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- the two sides
+
+
+class _Service:
+    """``python -m sandboxes.server`` on a free loopback port, configured by a JSON file."""
+
+    def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool) -> None:
+        self.key = "sbx_" + secrets.token_urlsafe(24)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "service.log"
+        self.profile_path = workdir / "service.prof" if profile else None
+        template: dict[str, Any] = {"backend": backend, "default_timeout": 30}
+        if backend == "docker":
+            template.update(image=image, cpus=1.0, memory="512m")
+        config = {
+            "port": self.port,
+            "data_dir": str(workdir / "data"),
+            "owner": owner,
+            "api_keys": {hashlib.sha256(self.key.encode()).hexdigest(): TENANT},
+            "tenants": {
+                TENANT: {
+                    "max_sandboxes": sandboxes + 2,
+                    "max_cpus": 64,
+                    "max_memory": "64g",
+                    "rate": 1e9,
+                    "burst": 10**9,
+                }
+            },
+            "templates": {"default": template},
+            "log_level": "INFO",  # as deployed: one JSON access line per request is part of the cost
+        }
+        config_path = workdir / "service.json"
+        config_path.write_text(json.dumps(config))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+        if self.profile_path is None:
+            argv = [sys.executable, "-m", "sandboxes.server", "--config", str(config_path)]
+        else:
+            argv = [
+                sys.executable,
+                "-c",
+                measures.PROFILED_SERVER,
+                str(self.profile_path),
+                "--config",
+                str(config_path),
+            ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the service exited {self.process.returncode}: {self._log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"the service was not ready within {timeout:g}s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60)
+
+    def profile_signal(self, sig: signal.Signals) -> None:
+        if self.profile_path is None:
+            return
+        before = self.profile_path.stat().st_mtime_ns if self.profile_path.exists() else 0
+        self.process.send_signal(sig)
+        if sig == signal.SIGUSR1:  # wait for the dump, so the stats read later are complete
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if self.profile_path.exists() and self.profile_path.stat().st_mtime_ns != before:
+                    time.sleep(0.2)
+                    return
+                time.sleep(0.05)
+        else:
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _checked(response: httpx.Response) -> Any:
+    if response.status_code >= 300:
+        raise RuntimeError(
+            f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text}"
+        )
+    return response.json() if response.content else None
+
+
+def _ok_execute(result: Mapping[str, Any] | p.ExecuteResponse) -> None:
+    code = result.get("exit_code") if isinstance(result, Mapping) else result.exit_code
+    error = result.get("error") if isinstance(result, Mapping) else result.error
+    if code != 0 or error is not None:
+        raise RuntimeError(f"benchmark command failed: {result}")
+
+
+def _direct_sandbox(backend: str, image: str, owner: str, workdir: Path, index: int) -> BaseSandbox:
+    """A sandbox like the service's template makes, for calling directly."""
+    if backend == "docker":
+        import docker
+
+        from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+
+        config = DockerSandboxConfig(image=image, owner=owner, cpus=1.0, memory="512m", default_timeout=30)
+        return DockerSandbox.create(config, client=docker.from_env())
+    from sandboxes.local import LocalSandbox, LocalSandboxConfig
+
+    root = workdir / f"direct-{index}"
+    root.mkdir(mode=0o755)
+    return LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="bwrap", default_timeout=30))
+
+
+def _destroy(sandbox: BaseSandbox) -> None:
+    for name in ("destroy", "close"):  # Docker removes its container; local only drops its tmp dir
+        method = getattr(sandbox, name, None)
+        if method is not None:
+            with contextlib.suppress(Exception):
+                method()
+            return
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def _paired(
+    service: Callable[[], object], direct: Callable[[], object] | None, iterations: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    service_ms: list[float] = []
+    direct_ms: list[float] = []
+    for i in range(warmup + iterations):
+        sides: list[tuple[Callable[[], object], list[float]]] = [(service, service_ms)]
+        if direct is not None:
+            sides.append((direct, direct_ms))
+        for fn, samples in sides if i % 2 == 0 else sides[::-1]:
+            elapsed = measures.timed(fn)
+            if i >= warmup:
+                samples.append(elapsed)
+    return service_ms, direct_ms
+
+
+def _latency_row(op: str, service_ms: list[float], direct_ms: list[float], note: str = "") -> Row:
+    s50 = statistics.median(service_ms)
+    if not direct_ms:  # a reference row: all of it is overhead
+        return Row("latency", op, s50, _percentile(service_ms, 0.99), None, None, s50, None, note=note)
+    d50 = statistics.median(direct_ms)
+    overhead = s50 - d50
+    return Row("latency", op, s50, _percentile(service_ms, 0.99), d50, _percentile(direct_ms, 0.99), overhead,
+               s50 / d50 if d50 else None, target=f"overhead <= {OVERHEAD_TARGET_MS:g} ms",
+               met=overhead <= OVERHEAD_TARGET_MS, note=note)  # fmt: skip
+
+
+def _bench_latency(client: httpx.Client, sid: str, direct: BaseSandbox, read_path: str, direct_read_path: str,
+                   iterations: int, warmup: int) -> list[Row]:  # fmt: skip
+    def service_execute() -> None:
+        _ok_execute(_checked(client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "true"})))
+
+    def service_read() -> None:
+        result = _checked(client.post(f"/v1/sandboxes/{sid}/files/read", json={"file_path": read_path}))
+        if result["error"] is not None or result["total_lines"] != READ_LINES:
+            raise RuntimeError(f"service read failed: {result}")
+
+    def direct_read() -> None:
+        result = direct.read(direct_read_path)
+        if result.error is not None or result.total_lines != READ_LINES:
+            raise RuntimeError(f"direct read failed: {result}")
+
+    rows = []
+    for op, service_fn, direct_fn, note in [
+        ("GET /healthz", lambda: _checked(client.get("/healthz")), None, "reference: the HTTP stack alone"),
+        ("GET /v1/sandboxes/{id}", lambda: _checked(client.get(f"/v1/sandboxes/{sid}")), None,
+         "reference: + auth, rate limit, routing, lookup; no backend call"),
+        ("execute('true')", service_execute, lambda: _ok_execute(direct.execute("true")), ""),
+        (f"read ({READ_LINES} lines)", service_read, direct_read, ""),
+    ]:  # fmt: skip
+        service_ms, direct_ms = _paired(service_fn, direct_fn, iterations, warmup)
+        rows.append(_latency_row(op, service_ms, direct_ms, note))
+    return rows
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def _bench_throughput(
+    service: _Service, sids: list[str], directs: list[BaseSandbox], clients: int, duration: float, containers: list[int]
+) -> Row:
+    http = [service.client() for _ in range(clients)]
+
+    def through_service(index: int) -> None:
+        response = http[index].post(f"/v1/sandboxes/{sids[index % len(sids)]}/execute", json={"command": "true"})
+        _ok_execute(_checked(response))
+
+    def direct_call(index: int) -> None:
+        _ok_execute(directs[index % len(directs)].execute("true"))
+
+    served: list[measures.Window] = []
+    direct: list[measures.Window] = []
+    try:
+        for side in ("service", "direct", "direct", "service"):
+            if side == "service":
+                service.profile_signal(signal.SIGUSR2)
+                served.append(measures.load(clients, duration / 2, through_service, service.process.pid, containers))
+                service.profile_signal(signal.SIGUSR1)
+            else:
+                direct.append(measures.load(clients, duration / 2, direct_call, None, containers))
+    finally:
+        for client in http:
+            client.close()
+    failures = [f for w in served + direct for f in w.failures]
+    if failures:
+        raise RuntimeError("throughput run failed: " + "; ".join(failures[:5]))
+
+    def total(windows: list[measures.Window], name: str) -> float:
+        return float(sum(getattr(w, name) for w in windows))
+
+    s_req, d_req = int(total(served, "requests")), int(total(direct, "requests"))
+    s_rate, d_rate = s_req / total(served, "seconds"), d_req / total(direct, "seconds")
+    s_lat = [ms for w in served for ms in w.latencies_ms]
+    d_lat = [ms for w in direct for ms in w.latencies_ms]
+    every = served + direct
+    busy = total(every, "machine_busy")
+    unrelated = max(0.0, busy - sum(total(every, name) for name in ("server_cpu", "own_cpu", "backend_cpu")))
+    row = Row("throughput", f"execute('true') x {clients} clients", statistics.median(s_lat), _percentile(s_lat, 0.99),
+              statistics.median(d_lat), _percentile(d_lat, 0.99), None, s_rate / d_rate if d_rate else None,
+              service_rate=s_rate, direct_rate=d_rate, requests=s_req,
+              server_cpu_ms=total(served, "server_cpu") * 1000 / max(1, s_req),
+              client_cpu_ms=total(served, "own_cpu") * 1000 / max(1, s_req),
+              backend_cpu_ms=total(served, "backend_cpu") * 1000 / max(1, s_req),
+              direct_cpu_ms=total(direct, "own_cpu") * 1000 / max(1, d_req),
+              direct_backend_cpu_ms=total(direct, "backend_cpu") * 1000 / max(1, d_req),
+              unrelated_cpu_share=unrelated / busy if busy else None,
+              target=f">= {RATE_TARGET:g}/s", met=s_rate >= RATE_TARGET,
+              note=f"{len(sids)} sandbox(es) per side; p50/p99 = per-request latency under this load")  # fmt: skip
+    return row
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:
+        return False
+    return True
+
+
+def _sweep(owner: str) -> int:
+    """Remove every container and volume labelled with this run's owner; their count."""
+    import docker
+
+    client = docker.from_env()
+    selector = f"io.sandboxes.owner={owner}"
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": selector}):
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+            removed += 1
+    for volume in client.volumes.list(filters={"label": selector}):
+        with contextlib.suppress(Exception):
+            volume.remove(force=True)
+    return removed
+
+
+@contextlib.contextmanager
+def _sides(
+    backend: str, image: str, owner: str, sandboxes: int, profile: bool
+) -> Iterator[tuple[_Service, list[BaseSandbox]]]:
+    with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+        workdir = Path(tmp)
+        service = _Service(workdir, backend, image, owner, sandboxes, profile)
+        directs: list[BaseSandbox] = []
+        try:
+            # Made after the service is ready: its start-up reconciliation reaps unknown
+            # containers with its owner label, and these carry it too (for the final sweep).
+            directs = [_direct_sandbox(backend, image, owner, workdir, i) for i in range(sandboxes)]
+            yield service, directs
+        finally:
+            for sandbox in directs:
+                _destroy(sandbox)
+            service.stop()
+
+
+def _prepare(client: httpx.Client, sids: list[str], directs: list[BaseSandbox]) -> tuple[str, str]:
+    """The file to read on both sides (same content), and every exec helper started, untimed."""
+    read_path = f"{_checked(client.get(f'/v1/sandboxes/{sids[0]}'))['workdir']}/read.txt"
+    direct_path = str(Path(getattr(directs[0], "root", "/workspace")) / "read.txt")
+    text = "".join(f"line {i} with some text\n" for i in range(READ_LINES))
+    for sid in sids:
+        written = _checked(
+            client.post(f"/v1/sandboxes/{sid}/files/write", json={"file_path": read_path, "content": text})
+        )
+        if written["error"] is not None:
+            raise RuntimeError(f"could not write the file to read through the service: {written}")
+    for sandbox in directs:
+        if sandbox.write(direct_path, text).error is not None:
+            raise RuntimeError("could not write the file to read directly")
+    for sid, sandbox in zip(sids, directs, strict=True):
+        _ok_execute(_checked(client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "true"})))
+        _ok_execute(sandbox.execute("true"))
+    return read_path, direct_path
+
+
+def _server_stack(profile: bool) -> str:
+    """What uvicorn picks in the service's environment (its "auto" HTTP parser and loop)."""
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"subprocess python -m sandboxes.server (uvicorn, {http}, {loop} loop){' under cProfile' if profile else ''}"
+
+
+def run(
+    iterations: int,
+    warmup: int = 5,
+    duration: float = 10.0,
+    clients: int = 20,
+    backend: str | None = None,
+    sandboxes: int = 1,
+    image: str = IMAGE,
+    owner: str | None = None,
+    profile: bool = False,
+) -> dict[str, Any]:
+    backend = backend or ("docker" if _docker_available() else "local")
+    if backend == "local" and shutil.which("bwrap") is None:
+        raise RuntimeError("the local backend isolates with bubblewrap, which is not installed")
+    owner = owner or f"bench-{base64.b32encode(uuid.uuid4().bytes[:5]).decode().lower()}"
+    started = time.monotonic()
+    report: dict[str, Any] = {"backend": backend, "image": image if backend == "docker" else None}
+    try:
+        with _sides(backend, image, owner, sandboxes, profile) as (service, directs), service.client() as client:
+            sids = [_checked(client.post("/v1/sandboxes", json={}))["id"] for _ in range(sandboxes)]
+            read_path, direct_path = _prepare(client, sids, directs)
+            rows = _bench_latency(client, sids[0], directs[0], read_path, direct_path, iterations, warmup)
+            containers = measures.container_pids(owner) if backend == "docker" else []
+            throughput = _bench_throughput(service, sids, directs, clients, duration, containers)
+            rows.append(throughput)
+            for sid in sids:
+                _checked(client.delete(f"/v1/sandboxes/{sid}"))
+            if service.profile_path is not None and service.profile_path.exists():
+                report["profile"] = measures.profile_report(service.profile_path, throughput.requests or 0)
+    finally:
+        leftovers = _sweep(owner) if backend == "docker" else 0
+    report.update(
+        iterations=iterations,
+        warmup=warmup,
+        clients=clients,
+        duration_s=duration,
+        sandboxes=sandboxes,
+        server=_server_stack(profile),
+        owner=owner,
+        leftovers_swept=leftovers,
+        seconds=round(time.monotonic() - started, 1),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        platform=platform.platform(),
+        rows=[asdict(r) for r in rows],
+    )
+    return report
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _aligned(lines: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+            for line in lines]  # fmt: skip
+    return [text[0], "-" * len(text[0]), *text[1:]]
+
+
+def _met(row: Mapping[str, Any]) -> str:
+    return "-" if row["met"] is None else ("yes" if row["met"] else "NO")
+
+
+def format_table(report: Mapping[str, Any]) -> str:
+    image = f" ({report['image']})" if report["image"] else ""
+    out = [
+        f"sandbox service vs direct, {report['backend']} backend{image}, server: {report['server']}, "
+        f"{report['cpus']} cpus, Python {report['python']}, {report['seconds']} s"
+    ]
+    latency = [r for r in report["rows"] if r["section"] == "latency"]
+    lines: list[tuple[str, ...]] = [
+        ("op", "service p50", "p99", "direct p50", "p99", "overhead", "ratio", "target", "met")
+    ]
+    for r in latency:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        lines.append((r["op"], _num(r["service_p50"]), _num(r["service_p99"]), _num(r["direct_p50"]),
+                      _num(r["direct_p99"]), _num(r["overhead_ms"]), ratio, r["target"] or "-", _met(r)))  # fmt: skip
+    out += ["", f"1. latency, one client, {report['iterations']} calls per side (ms)", *_aligned(lines)]
+    out += [f"  note: {r['op']}: {r['note']}" for r in latency if r["note"]]
+    throughput = [r for r in report["rows"] if r["section"] == "throughput"]
+    lines = [("op", "service/s", "direct/s", "ratio", "p50 ms", "p99 ms", "direct p50", "p99", "target", "met")]
+    cpu: list[tuple[str, ...]] = [
+        ("op", "server", "load generator", "sandbox side", "direct: caller", "direct: sandbox side", "unrelated")
+    ]
+    for r in throughput:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        rates = (_num(r["service_rate"], 1), _num(r["direct_rate"], 1), ratio)
+        latencies = (_num(r["service_p50"]), _num(r["service_p99"]), _num(r["direct_p50"]), _num(r["direct_p99"]))
+        lines.append((r["op"], *rates, *latencies, r["target"], _met(r)))
+        unrelated = "-" if r["unrelated_cpu_share"] is None else f"{r['unrelated_cpu_share'] * 100:.0f}%"
+        cpu.append((r["op"], _num(r["server_cpu_ms"], 3), _num(r["client_cpu_ms"], 3), _num(r["backend_cpu_ms"], 3),
+                    _num(r["direct_cpu_ms"], 3), _num(r["direct_backend_cpu_ms"], 3), unrelated))  # fmt: skip
+    out += ["", f"2. throughput, {report['clients']} concurrent clients, {report['duration_s']:g} s per side",
+            *_aligned(lines)]  # fmt: skip
+    out += [f"  note: {r['op']}: {r['note']}" for r in throughput if r["note"]]
+    out += ["", "2b. CPU per request (ms) in those windows, and the machine's busy CPU used by unrelated programs",
+            *_aligned(cpu)]  # fmt: skip
+    out += ["  server: the service process (not the commands it ran); sandbox side: the commands, and for Docker "
+            "dockerd, containerd and the containers (exec helper); unrelated: neither side's, e.g. another test "
+            "suite on a shared machine"]  # fmt: skip
+    if "profile" in report:
+        prof = report["profile"]
+        out += ["", f"3. profile of the service's event-loop thread under load ({prof['requests']} requests, "
+                f"{prof['total_s']:.2f} s, the profiler's own cost included)"]  # fmt: skip
+        lines = [("package", "seconds", "ms/request")]
+        lines += [
+            (e["package"], f"{e['tottime_s']:.3f}", f"{e['ms_per_request']:.3f}") for e in prof["by_package"][:12]
+        ]
+        out += _aligned(lines)
+        lines = [("function", "calls", "tottime s", "cumtime s")]
+        lines += [(f["function"], str(f["calls"]), f"{f['tottime_s']:.3f}", f"{f['cumtime_s']:.3f}")
+                  for f in prof["functions"]]  # fmt: skip
+        out += ["", *_aligned(lines)]
+    out += ["", "overhead = service p50 - direct p50; ratio = service / direct (latency: slowdown; throughput: "
+            "rate kept). Targets are reported, never asserted."]  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--iterations", type=int, default=300, help="timed calls per latency op and side (default 300)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per side (default 10)")
+    parser.add_argument("--clients", type=int, default=20, help="concurrent clients (default 20)")
+    parser.add_argument("--sandboxes", type=int, default=1, help="sandboxes per side the clients share (default 1)")
+    parser.add_argument("--backend", choices=["docker", "local"], default=None,
+                        help="default: docker when an engine answers, else local")  # fmt: skip
+    parser.add_argument("--image", default=IMAGE, help=f"Docker sandbox image (default {IMAGE})")
+    parser.add_argument("--owner", default=None, help="owner label of every container made (default: unique)")
+    parser.add_argument("--profile", action="store_true", help="profile the service's event loop under load")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--save", metavar="PATH", help="also write the JSON report to PATH")
+    args = parser.parse_args(argv)
+    if args.iterations < 1 or args.warmup < 0 or args.duration <= 0 or args.clients < 1 or args.sandboxes < 1:
+        parser.error("--iterations, --clients, --sandboxes must be >= 1, --warmup >= 0, --duration > 0")
+    report = run(args.iterations, args.warmup, args.duration, args.clients, args.backend, args.sandboxes, args.image,
+                 args.owner, args.profile)  # fmt: skip
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

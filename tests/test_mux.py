@@ -85,3 +85,17 @@ def test_a_corrupt_frame_ends_the_stream_instead_of_hanging(stream: _PipeStream)
         assert time.monotonic() < deadline, "the helper kept waiting on a corrupt stream"
         time.sleep(0.05)
     assert stream.process.wait(timeout=5) == 0
+
+
+def test_a_stream_that_dies_releases_a_caller_waiting_for_the_acknowledgement(stream: _PipeStream) -> None:
+    """The helper dies while a command waits for its acknowledgement: the caller must learn at
+    once, not after the acknowledgement timeout."""
+    client = MuxClient(stream, ack_timeout=30.0)
+    assert _run(client, "echo warm").output == "warm\n"
+    os.kill(stream.process.pid, signal.SIGSTOP)  # the next command will not be acknowledged...
+    killer = __import__("threading").Timer(0.5, lambda: os.kill(stream.process.pid, signal.SIGKILL))
+    killer.start()  # ...and then the stream dies
+    started = time.monotonic()
+    with pytest.raises(MuxBroken):
+        _run(client, "echo never")
+    assert time.monotonic() - started < 10

@@ -218,3 +218,4 @@ class MuxClient:
             if not item.done.is_set():
                 item.failure = reason
                 item.done.set()
+            item.acknowledged.set()  # release a caller still waiting for the acknowledgement

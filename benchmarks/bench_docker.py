@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from _common import percentile as _percentile
+from _common import timed as _timed
 from deepagents.backends import protocol as da
 from deepagents.backends.sandbox import BaseSandbox as DeepagentsBaseSandbox
 
@@ -133,17 +135,6 @@ class Row:
     target: str
     met: bool | None
     note: str = ""
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - started) / 1e6
 
 
 def _ok(result: object) -> object:

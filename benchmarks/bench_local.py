@@ -25,11 +25,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from _common import ok as _ok
+from _common import percentile as _percentile
+from _common import timed as _timed
 
 from sandboxes import protocol as p
 from sandboxes.local import _DEFAULT_PATH, LocalSandbox
@@ -72,28 +75,6 @@ class Row:
     ratio: float
     floor_ms: float | None
     """``round_trips`` x the raw bwrap spawn p50: the least this operation can cost isolated."""
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - started) / 1e6
-
-
-def _ok(result: object) -> object:
-    """Fail loudly rather than time an operation that errored."""
-    items = result if isinstance(result, list) else [result]
-    for item in items:
-        if getattr(item, "error", None) is not None:
-            raise RuntimeError(f"benchmark operation failed: {item}")
-        if isinstance(item, p.ExecuteResponse) and item.exit_code != 0:
-            raise RuntimeError(f"benchmark command failed: {item}")
-    return result
 
 
 # --------------------------------------------------------------------------- direct baselines

@@ -59,6 +59,7 @@ from typing import Any
 
 import _service_measures as measures
 import httpx
+from _common import percentile as _percentile
 
 from sandboxes import protocol as p
 from sandboxes.base import BaseSandbox
@@ -102,11 +103,6 @@ class Row:
     target: str = ""
     met: bool | None = None
     note: str = ""
-
-
-def _percentile(samples: Sequence[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def _free_port() -> int:

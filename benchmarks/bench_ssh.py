@@ -44,6 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+from _common import ok as _ok
+from _common import percentile as _percentile
+from _common import timed as _timed
 from pydantic import SecretStr
 
 from sandboxes import protocol as p
@@ -118,28 +121,6 @@ class TransferRow:
     ratio: float
     """SSHSandbox throughput / raw SFTP throughput (p50 of each)."""
     met: bool
-
-
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter_ns()
-    fn()
-    return (time.perf_counter_ns() - started) / 1e6
-
-
-def _ok(result: object) -> object:
-    """Fail loudly rather than time an operation that errored."""
-    items = result if isinstance(result, list) else [result]
-    for item in items:
-        if getattr(item, "error", None) is not None:
-            raise RuntimeError(f"benchmark operation failed: {item}")
-        if isinstance(item, p.ExecuteResponse) and item.exit_code != 0:
-            raise RuntimeError(f"benchmark command failed: {item}")
-    return result
 
 
 def _interleaved(sides: list[Callable[[], object]], iterations: int, warmup: int) -> list[list[float]]:

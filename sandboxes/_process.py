@@ -69,8 +69,10 @@ def run_process(
         proc.wait(timeout=timeout if timeout else None)
     except subprocess.TimeoutExpired:
         timed_out = True
-    kill_tree(proc.pid, marker)  # on timeout, and also whatever a finished command left running
-    proc.wait()
+        kill_tree(proc.pid, marker)  # unreaped, so its group id cannot belong to anyone else yet
+        proc.wait()
+    else:  # reaped: its group id may already be reused, so only the marker is safe to follow
+        kill_marked(marker)
     reader.join(_DRAIN_GRACE if not timed_out else 2.0)
     with contextlib.suppress(OSError):  # also stops listening to a job that still holds the pipe
         proc.stdout.close()
@@ -81,6 +83,10 @@ def run_process(
 def kill_tree(pid: int, marker: tuple[str, str] | None) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    kill_marked(marker)
+
+
+def kill_marked(marker: tuple[str, str] | None) -> None:
     if marker is None:
         return
     for _ in range(20):  # repeat: a process may fork while /proc is being scanned

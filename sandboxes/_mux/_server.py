@@ -91,6 +91,8 @@ class Command(object):
             start_new_session=True,
         )
         self.timeout = spec.get("timeout")
+        self.reap_lock = threading.Lock()
+        self.reaped = False
 
     def start(self):
         self.reader = threading.Thread(target=self.pump_output)
@@ -139,10 +141,17 @@ class Command(object):
             pass
 
     def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        """Kill the command's process group (only while unreaped: after that its id may already
+        belong to another command's group) and every process carrying its marker."""
+        with self.reap_lock:
+            if not self.reaped:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.kill_marked()
+
+    def kill_marked(self):
         for _ in range(20):  # repeat: a process may fork while /proc is being scanned
             pids = marked_pids(self.marker)
             if not pids:
@@ -165,9 +174,18 @@ class Command(object):
             timer = threading.Timer(self.timeout, self.expire)
             timer.daemon = True
             timer.start()
-        self.proc.wait()
+        # Wait for the exit WITHOUT reaping, so the pid (and the group id) stays ours while the
+        # group's leftovers are killed; only then reap.
+        os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
         if timer is not None:
             timer.cancel()
+        with self.reap_lock:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.wait()
+            self.reaped = True
         self.reader.join(DRAIN_GRACE if not self.timed_out else 2.0)
         self.finished = True
         code = self.proc.returncode
@@ -180,9 +198,9 @@ class Command(object):
             self.ident,
             json.dumps({"code": None if self.timed_out else code, "timed_out": self.timed_out}).encode(),
         )
-        # Then whatever the command left running (background jobs, a fork bomb) ends with it;
-        # after the answer, so that scanning /proc does not delay it.
-        self.kill()
+        # Then whatever left its group (setsid, double forks) ends too; after the answer, so
+        # that scanning /proc does not delay it.
+        self.kill_marked()
 
 
 def main():

@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+# Ryuk's image cannot be pulled here; the label sweep below does its job. Set before any test
+# module imports testcontainers, which reads it once.
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
 IN_CI = os.environ.get("CI") == "true"
 SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
 """Owner label of every sandbox this session creates; the session sweeps exactly these."""

@@ -38,7 +38,10 @@ def command(script: str, *args: str) -> str:
 
 # `why` leaves in $c the code explaining why $1 could not be used as an existing file: a
 # directory, a missing path under a parent that is a file, simply missing, or present but
-# refused. `prep` creates $1's parent directory, or exits explaining why it could not.
+# refused (which includes hidden behind a directory we may not search, e.g. another user's
+# workspace: EACCES, as open(2) would say, rather than ENOENT; callers that turn "present but
+# not what I need" into another code check that $1 is visible first). `prep` creates $1's
+# parent directory, or exits explaining why it could not.
 _PRELUDE = r"""LC_ALL=C; export LC_ALL; unset CDPATH
 why() {
   if [ -d "$1" ]; then c=11; return; fi
@@ -46,6 +49,7 @@ why() {
   d=$1
   while d=${d%/*}; [ -n "$d" ]; do
     if [ -e "$d" ] && [ ! -d "$d" ]; then c=13; return; fi
+    if [ -d "$d" ] && [ ! -x "$d" ]; then c=12; return; fi
   done
   c=10
 }
@@ -63,7 +67,7 @@ prep() {
 
 LS = r"""if ! cd -P -- "$1" 2>/dev/null; then
   [ -d "$1" ] && exit 12
-  why "$1"; [ "$c" = 12 ] && c=13; exit "$c"
+  why "$1"; [ "$c" = 12 ] && [ -e "$1" ] && c=13; exit "$c"
 fi
 for f in * .[!.]* ..?*; do
   if [ -d "$f" ]; then printf 'd%s\0' "$f"
@@ -76,7 +80,7 @@ exit 0
 the same order (the glob expands identically twice; no per-entry fork)."""
 
 READ_FILE = r"""f=$1
-if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && c=16; exit "$c"; fi
+if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
 true < "$f" 2>/dev/null || exit 12
 head -c "$2" < "$f" | base64
 """
@@ -84,7 +88,7 @@ head -c "$2" < "$f" | base64
 
 DOWNLOAD = r"""limit=$1; shift
 for f do
-  if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && c=16
+  if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16
   elif ! true < "$f" 2>/dev/null; then c=12
   elif [ "$limit" != - ] && [ "$(wc -c < "$f")" -gt "$limit" ]; then c=17
   else base64 < "$f"; c=0; fi

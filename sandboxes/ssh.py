@@ -1,13 +1,15 @@
 """`SSHSandbox`: a sandbox on a VM (or any host) reached over SSH.
 
 Each sandbox is a workspace directory on the host, created at `create` and removed at
-`destroy`; commands run with it as their working directory, optionally as another user
-(``run_as``, through ``sudo -n -u``). Many sandboxes share one SSH transport per host.
+`destroy`; commands run with it as their working directory. By default (``isolation="user"``)
+each sandbox also runs as its own OS user leased from a pool on the host (`sandboxes._ssh_users`),
+so sandboxes sharing a VM cannot read each other's files; ``isolation="none"`` runs them all as
+the login user (or one ``run_as`` user). Many sandboxes share one SSH transport per host.
 
 How commands travel: one exec helper (`sandboxes._mux`) per sandbox over one SSH channel, so a
 command costs a fork on the host instead of a channel setup; without python3 on the host, one
-``exec_command`` per command with the same timeout semantics. Files over 1 MiB move by SFTP
-(when commands run as the login user, so permissions mean the same thing).
+``exec_command`` per command with the same timeout semantics. Files over 1 MiB move by SFTP,
+through an ``sftp-server`` started as the sandbox's user, so permissions mean the same thing.
 
 When the connection drops, the next operation reconnects with backoff. Operations that are
 safe to repeat (reads, listings, searches) are retried on a fresh connection; a command or a
@@ -23,12 +25,14 @@ import shlex
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Mapping
+from typing import Literal
 
 import paramiko
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandboxes import _scripts
+from sandboxes import _scripts, _ssh_users
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
@@ -41,7 +45,9 @@ from sandboxes._ssh_connection import (
     SSHUnreachableError,
     connections,
 )
+from sandboxes._ssh_users import UserPoolError
 from sandboxes.base import BaseSandbox, _Call
+from sandboxes.local import NotIsolatedWarning
 from sandboxes.paths import InvalidPathError, normalize_path
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "SSHSandbox",
     "SSHSandboxConfig",
     "SSHUnreachableError",
+    "UserPoolError",
 ]
 
 logger = logging.getLogger(__name__)
@@ -111,19 +118,37 @@ class SSHSandboxConfig(BaseModel):
 
     host: SSHHostConfig
     workspace_root: str | None = None
-    """Where workspaces are created on the host; default ``$HOME/sandboxes``."""
+    """Where workspaces are created on the host; default ``$HOME/sandboxes`` of the login user."""
+    isolation: Literal["user", "none"] = "user"
+    """``user``: each sandbox runs as its own user leased from ``user_group`` on the host, so
+    sandboxes on one host cannot see each other's files (the VM must be prepared: see
+    ``images/ssh-vm``). ``none``: every sandbox runs as the login user, or as ``run_as``, and
+    can read the others' workspaces; for single-tenant hosts."""
+    user_group: str = "sandboxes"
+    """The group whose members the login user may ``sudo -n -u`` to (``isolation="user"``)."""
     run_as: str | None = None
+    """With ``isolation="none"``: the one user (through ``sudo -n -u``) all sandboxes run as."""
     default_timeout: float = Field(default=120.0, ge=0)
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
     use_exec_helper: bool = True
+
+    @model_validator(mode="after")
+    def _run_as_only_when_shared(self) -> SSHSandboxConfig:
+        if self.run_as is not None and self.isolation == "user":
+            raise ValueError("run_as is the one user of isolation='none'; isolation='user' leases one per sandbox")
+        return self
 
 
 class SSHSandbox(BaseSandbox):
     bulk_threshold = 1 << 20
 
-    def __init__(self, config: SSHSandboxConfig, workspace: str, connection: SSHConnection) -> None:
+    def __init__(
+        self, config: SSHSandboxConfig, workspace: str, connection: SSHConnection, user: str | None = None
+    ) -> None:
         self.config = config
         self.workspace = workspace
+        self.user = user
+        """The OS user commands run as; ``None``: the login user."""
         self._connection = connection
         self._id = f"ssh:{config.host.host}:{config.host.port}:{workspace}"
         self._mux: MuxClient | None = None
@@ -135,21 +160,39 @@ class SSHSandbox(BaseSandbox):
 
     @classmethod
     def create(cls, config: SSHSandboxConfig) -> SSHSandbox:
-        """Connect (errors are raised at once, not retried) and make a fresh workspace."""
+        """Connect (errors are raised at once, not retried) and make a fresh workspace, as a
+        freshly leased user when isolated (`UserPoolError` when none is free)."""
         connection = connections.acquire(config.host)
         try:
             root = config.workspace_root or f"{_remote_home(connection)}/sandboxes"
             workspace = f"{normalize_path(root)}/{uuid.uuid4().hex[:16]}"
-            _run_simple(connection, _scripts.command('mkdir -p -- "$1" && chmod 700 -- "$1"', workspace))
-            return cls(config, workspace, connection)
+            if config.isolation == "user":
+                run = _runner(connection)
+                user = _ssh_users.lease(run, host=config.host.host, group=config.user_group, workspace=workspace)
+                return cls(config, workspace, connection, user)
+            _warn_not_isolated(config)
+            make = _scripts.command('mkdir -p -- "$1" && chmod 700 -- "$1"', workspace)
+            if config.run_as is not None:
+                make = _ssh_users.as_user(make, config.run_as, None)
+            _run_simple(connection, make)
+            return cls(config, workspace, connection, config.run_as)
         except Exception:
             connections.release(connection)
             raise
 
     @classmethod
     def attach(cls, config: SSHSandboxConfig, workspace: str) -> SSHSandbox:
+        """A sandbox on an existing workspace (of an isolated sandbox: as the user it leased)."""
+        workspace = normalize_path(workspace)
         connection = connections.acquire(config.host)
-        return cls(config, normalize_path(workspace), connection)
+        try:
+            user = config.run_as
+            if config.isolation == "user":
+                user = _ssh_users.owner(_runner(connection), host=config.host.host, workspace=workspace)
+            return cls(config, workspace, connection, user)
+        except Exception:
+            connections.release(connection)
+            raise
 
     @property
     def id(self) -> str:
@@ -164,11 +207,18 @@ class SSHSandbox(BaseSandbox):
         connections.release(self._connection)
 
     def destroy(self) -> None:
-        """Remove the workspace (idempotent), then close."""
+        """Remove the workspace (idempotent), then close. An isolated sandbox's user is emptied
+        of everything it left (processes, files) and returned to the pool."""
         if not self._closed:
-            response = self.execute(_scripts.command('rm -rf -- "$1"', self.workspace), cwd="/")
-            if response.exit_code != 0:
-                raise SSHError(f"could not remove workspace {self.workspace}: {response.message or response.output}")
+            if self.config.isolation == "user" and self.user is not None:
+                self._drop_helper()  # it runs as the user, whose processes are all about to die
+                run = _runner(self._connection)
+                _ssh_users.release(run, host=self.config.host.host, user=self.user, workspace=self.workspace)
+            else:
+                response = self.execute(_scripts.command('rm -rf -- "$1"', self.workspace), cwd="/")
+                if response.exit_code != 0:
+                    message = response.message or response.output
+                    raise SSHError(f"could not remove workspace {self.workspace}: {message}")
         self.close()
 
     def __enter__(self) -> SSHSandbox:
@@ -264,9 +314,10 @@ class SSHSandbox(BaseSandbox):
                 self._mux = None
 
     def _as_user(self, command: str) -> str:
-        if self.config.run_as is None:
+        if self.user is None:
             return command
-        return f"sudo -n -u {shlex.quote(self.config.run_as)} -- /bin/sh -c {shlex.quote(command)}"
+        tmpdir = _ssh_users.tmpdir_of(self.workspace) if self.config.isolation == "user" else None
+        return _ssh_users.as_user(command, self.user, tmpdir)
 
     def _exec_once(
         self, command: str, timeout: float, stdin: bytes | None, env: dict[str, str], cwd: str, limit: int
@@ -376,16 +427,16 @@ class SSHSandbox(BaseSandbox):
 
     # ------------------------------------------------------------------ SFTP bulk transfer
 
-    def _bulk_eligible(self, path: str, size: int | None) -> bool:
-        return self.config.run_as is None and super()._bulk_eligible(path, size)
-
     @contextlib.contextmanager
     def _sftp(self) -> Iterator[paramiko.SFTPClient]:
-        """An SFTP session on a counted channel slot."""
+        """An SFTP session on a counted channel slot, as the sandbox's user."""
         channel = self._connection.open_session(self.config.host.connect_timeout)
         assert channel is not None
         try:
-            channel.invoke_subsystem("sftp")
+            if self.user is None:
+                channel.invoke_subsystem("sftp")
+            else:
+                channel.exec_command(self._as_user(_ssh_users.SFTP_SERVER))
             yield paramiko.SFTPClient(channel)
         finally:
             self._connection.close_session(channel)
@@ -486,6 +537,19 @@ def _sftp_error(exc: OSError) -> p.ErrorCode:
 def _run_simple(connection: SSHConnection, command: str, timeout: float = 30.0) -> str:
     """A short housekeeping command on its own channel; raises `SSHError` if it fails, or if
     the connection does (`SSHUnreachableError`)."""
+    status, output = _run_status(connection, command, timeout)
+    if status != 0:
+        raise SSHError(f"command on {connection.config.host} failed ({status}): {output.strip()[:500]}")
+    return output
+
+
+def _runner(connection: SSHConnection, timeout: float = 60.0) -> _ssh_users.Run:
+    return lambda command: _run_status(connection, command, timeout)
+
+
+def _run_status(connection: SSHConnection, command: str, timeout: float) -> tuple[int, str]:
+    """A short housekeeping command's exit status and output; raises `SSHUnreachableError` if
+    the connection fails."""
     try:
         channel = connection.open_session(timeout)
         assert channel is not None
@@ -501,10 +565,16 @@ def _run_simple(connection: SSHConnection, command: str, timeout: float = 30.0) 
             connection.close_session(channel)
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise SSHUnreachableError(f"{connection.config.host}: {type(exc).__name__}: {exc}") from exc
-    output = b"".join(chunks).decode("utf-8", "replace")
-    if status != 0:
-        raise SSHError(f"command on {connection.config.host} failed ({status}): {output.strip()[:500]}")
-    return output
+    return status, b"".join(chunks).decode("utf-8", "replace")
+
+
+def _warn_not_isolated(config: SSHSandboxConfig) -> None:
+    user = config.run_as or config.host.username
+    warnings.warn(
+        f"isolation='none': every sandbox on {config.host.host} runs as {user!r} and can read the others' files",
+        NotIsolatedWarning,
+        stacklevel=3,
+    )
 
 
 def _remote_home(connection: SSHConnection) -> str:

@@ -17,6 +17,7 @@ import pytest
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
 
 from sandboxes import protocol as p
+from sandboxes.local import NotIsolatedWarning
 from sandboxes.ssh import (
     SSHAuthenticationError,
     SSHHostConfig,
@@ -24,6 +25,7 @@ from sandboxes.ssh import (
     SSHSandbox,
     SSHSandboxConfig,
     SSHUnreachableError,
+    UserPoolError,
 )
 from sandboxes.testing import SandboxConformance
 
@@ -358,10 +360,8 @@ def test_sandboxes_of_a_host_share_one_transport(ssh_vm: SSHVM) -> None:
     """Sandboxes on one host share one SSH connection, and each has its own workspace that
     `destroy` removes without touching the others.
 
-    Known limitation: every sandbox on a host runs as the same login user (``sandbox``), so
-    although workspaces are created ``chmod 700``, one sandbox CAN read and write another's
-    workspace by path. Workspaces separate the sandboxes' files, they do not isolate them;
-    use ``run_as`` with distinct users (or one VM per tenant) when that matters."""
+    That they cannot read each other's files (each runs as its own leased user) is
+    tests/test_ssh_users.py's subject."""
     config = SSHSandboxConfig(host=ssh_vm.host_config())
     first = SSHSandbox.create(config)
     second = SSHSandbox.create(config)
@@ -399,6 +399,16 @@ def test_destroy_is_idempotent_and_removes_the_workspace(ssh_vm: SSHVM) -> None:
         sandbox.destroy()
         assert sandbox.execute("true").error == p.UNAVAILABLE
 
-        attached = SSHSandbox.attach(config, sandbox.workspace)
-        attached.destroy()  # a workspace already gone: still fine
-        attached.destroy()
+        # An isolated workspace names its user by its owner: once gone, there is nothing to attach.
+        with pytest.raises(UserPoolError, match="no workspace"):
+            SSHSandbox.attach(config, sandbox.workspace)
+
+
+def test_destroy_of_a_shared_user_workspace_already_gone_is_fine(ssh_vm: SSHVM) -> None:
+    config = SSHSandboxConfig(host=ssh_vm.host_config(), isolation="none")
+    with pytest.warns(NotIsolatedWarning):
+        sandbox = SSHSandbox.create(config)
+    sandbox.destroy()
+    attached = SSHSandbox.attach(config, sandbox.workspace)
+    attached.destroy()  # a workspace already gone: still fine
+    attached.destroy()

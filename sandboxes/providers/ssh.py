@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -63,6 +64,10 @@ class SSHProviderConfig(BaseModel):
     hosts: list[SSHHostConfig] = Field(min_length=1)
     workspace_root: str | None = None
     """Where workspaces live on every host; default ``$HOME/sandboxes`` of the login user."""
+    isolation: Literal["user", "none"] = "user"
+    """As `SSHSandboxConfig.isolation`: by default each sandbox leases its own user on its host,
+    and a host whose pool is exhausted is skipped like an unreachable one."""
+    user_group: str = "sandboxes"
     run_as: str | None = None
     default_timeout: float = Field(default=120.0, ge=0)
     output_limit: int | None = Field(default=None, gt=0)
@@ -251,6 +256,8 @@ class SSHProvider:
         settings = {
             "host": host,
             "workspace_root": self.config.workspace_root,
+            "isolation": self.config.isolation,
+            "user_group": self.config.user_group,
             "run_as": self.config.run_as,
             "default_timeout": self.config.default_timeout,
             "use_exec_helper": self.config.use_exec_helper,

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ssh_fixtures import SSHVM, free_port, start_vm
 
 from sandboxes.providers.ssh import SSHProvider, SSHProviderConfig
-from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig, SSHUnreachableError
+from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig, SSHUnreachableError, UserPoolError
 
 PROVIDER_LOG = "sandboxes.providers.ssh"
 
@@ -197,12 +197,16 @@ def test_attach_names_one_of_the_hosts(vms: tuple[SSHVM, SSHVM], root: str) -> N
         provider.attach("127.0.0.1:1", f"{root}/x")
     with pytest.raises(ValueError, match="matches several hosts"):
         provider.attach("127.0.0.1", f"{root}/x")
-    sandbox = provider.attach(f"sandbox@127.0.0.1:{a.port}", f"{root}/adhoc")
+    made = SSHSandbox.create(SSHSandboxConfig(host=a.host_config(), workspace_root=root))
+    made.close()
+    sandbox = provider.attach(f"sandbox@127.0.0.1:{a.port}", made.workspace)
     try:
         assert _port(sandbox) == a.port
+        assert sandbox.user == made.user
         assert provider.loads[_label(a)] == 1
     finally:
-        sandbox.close()
+        sandbox.destroy()
+    assert provider.loads[_label(a)] == 0
 
 
 # ---------------------------------------------------------------------- unreachable hosts
@@ -244,3 +248,30 @@ def test_a_stopped_host_is_skipped(
         assert _port(provider.create()) == a.port
     finally:
         provider.destroy_all()
+
+
+# ---------------------------------------------------------------------- per-sandbox users
+
+
+def test_a_host_whose_user_pool_is_exhausted_is_skipped(
+    vms: tuple[SSHVM, SSHVM], root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Group ``sbx-03`` has one member, so one sandbox (made outside the provider, in another
+    root) exhausts the first host's pool; the provider then places on the second host, and
+    says why. With both pools taken, the pool error itself is raised."""
+    first, second = vms
+    outside = SSHSandbox.create(
+        SSHSandboxConfig(host=first.host_config(), user_group="sbx-03", workspace_root=f"{root}-outside")
+    )
+    try:
+        provider = SSHProvider(_config(vms, root, user_group="sbx-03"))
+        with caplog.at_level(logging.WARNING, logger=PROVIDER_LOG):
+            placed = provider.create()
+        assert _port(placed) == second.port
+        assert placed.user == "sbx-03"
+        assert any("every user of group 'sbx-03'" in r.getMessage() for r in caplog.records)
+        with pytest.raises(UserPoolError, match="every user of group 'sbx-03'"):
+            provider.create()
+        provider.destroy_all()
+    finally:
+        outside.destroy()

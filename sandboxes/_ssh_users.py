@@ -1,0 +1,142 @@
+"""Per-sandbox users on an SSH host: what keeps sandboxes that share one VM out of each other's files.
+
+Every sandbox on a host would otherwise run as the login user, and a ``chmod 700`` workspace
+does not stop a process of the same user. So with ``isolation="user"`` each sandbox runs as
+its own OS user, leased for its life from a pool: the members of a group (``sandboxes`` by
+default) that the login user may ``sudo -n -u`` to. The ssh-vm image ships 32 of them and the
+sudoers rule (``images/ssh-vm``); any VM prepared the same way works.
+
+* A lease is a directory named after the user in the login user's private state directory,
+  made with ``mkdir``: atomic on the host, so two clients (or two threads) creating sandboxes
+  at once never get the same user.
+* The workspace is made BY the leased user (mode 700) in a root that is ``1733``: anyone may
+  create an entry in it, nobody but the login user may list it, and the sticky bit keeps users
+  from removing each other's entries. Beside it, ``.<name>.tmp`` (`tmpdir_of`) is the
+  sandbox's private ``TMPDIR`` (hidden, so listings of the root show workspaces only);
+  commands run with ``umask 077``, so what they leave in the shared ``/tmp`` is not readable
+  by the others either.
+* Releasing kills every process of the user, removes the workspace, its tmp directory, the
+  user's files in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` and the contents of its home, and
+  only then frees the lease: the next sandbox to get that user inherits nothing. A cleanup that
+  fails keeps the lease (the user stays out of the pool) and says why.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from sandboxes import _scripts
+from sandboxes._ssh_connection import SSHError
+
+__all__ = ["SFTP_SERVER", "UserPoolError", "as_user", "lease", "owner", "release", "tmpdir_of"]
+
+Run = Callable[[str], tuple[int, str]]
+"""Runs a command as the login user on the host: its exit status and output."""
+
+_LEASES = "${XDG_STATE_HOME:-$HOME/.local/state}/sandboxes/users"
+
+_LEASE = rf"""group=$1; ws=$2; tmp=$3; leases={_LEASES}; root=${{ws%/*}}
+mkdir -p -- "$leases" "$root" && chmod 700 -- "$leases" && chmod 1733 -- "$root" || exit 10
+entry=$(getent group "$group") || exit 11
+gid=$(printf %s "$entry" | cut -d: -f3)
+members="$(printf %s "$entry" | cut -d: -f4 | tr , ' ') $(getent passwd | awk -F: -v g="$gid" '$4 == g {{ print $1 }}')"
+for u in $members; do
+  mkdir -- "$leases/$u" 2>/dev/null || continue
+  printf '%s\n' "$ws" > "$leases/$u/workspace" || {{ rmdir -- "$leases/$u"; exit 10; }}
+  if err=$(sudo -n -u "$u" -- /bin/sh -c 'umask 077; mkdir -- "$1" "$2"' sh "$ws" "$tmp" 2>&1); then
+    printf '%s' "$u"; exit 0
+  fi
+  rm -rf -- "$leases/$u"; printf '%s: %s' "$u" "$err"; exit 12
+done
+exit 13
+"""
+"""Lease a free member of group ``$1`` and make workspace ``$2`` as that user; prints the user."""
+
+_RELEASE = rf"""u=$1; ws=$2; tmp=$3; leases={_LEASES}
+[ -d "$leases/$u" ] || exit 0
+[ "$(cat -- "$leases/$u/workspace" 2>/dev/null)" = "$ws" ] || exit 14
+sudo -n -u "$u" -- /bin/sh -c '
+  r=0; while kill -9 -1 2>/dev/null && [ "$r" -lt 50 ]; do r=$((r + 1)); sleep 0.02; done
+  rm -rf -- "$1" "$2" || exit 1
+  find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
+  case $HOME in /* ) [ "$HOME" != / ] && [ -O "$HOME" ] && find "$HOME" -mindepth 1 -delete ;; esac
+  exit 0' sh "$ws" "$tmp" 2>&1 || exit 15
+rm -rf -- "$leases/$u"
+"""
+"""Empty and free the lease of user ``$1`` on workspace ``$2``; a lease already gone is fine
+(idempotent); a lease now held for another workspace is left alone (14). ``kill -1`` from the
+user's own shell reaches every process of the user but that shell (and never sudo, which
+runs as root)."""
+
+_OWNER = rf"""ws=$1; leases={_LEASES}
+u=$(stat -c %U -- "$ws") || exit 16
+[ "$(cat -- "$leases/$u/workspace" 2>/dev/null)" = "$ws" ] || exit 14
+printf '%s' "$u"
+"""
+"""The leased user of an existing workspace, checked against its lease."""
+
+SFTP_SERVER = r"""umask 077
+for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server \
+         /usr/libexec/sftp-server /usr/lib/sftp-server; do
+  [ -x "$p" ] && exec "$p"
+done
+echo "no sftp-server on this host" >&2; exit 127
+"""
+"""An SFTP server running as the sandbox's user: the SFTP subsystem would run as the login user,
+who cannot enter a leased user's workspace."""
+
+
+class UserPoolError(SSHError):
+    """The host's pool of sandbox users cannot give or take back a user."""
+
+
+def tmpdir_of(workspace: str) -> str:
+    """The private TMPDIR of an isolated sandbox: hidden beside its workspace."""
+    parent, _, name = workspace.rpartition("/")
+    return f"{parent}/.{name}.tmp"
+
+
+def as_user(command: str, user: str, tmpdir: str | None) -> str:
+    """``command`` run as ``user`` through sudo (a private umask and TMPDIR when isolated)."""
+    prelude = "" if tmpdir is None else f"umask 077; TMPDIR={shlex.quote(tmpdir)}; export TMPDIR; "
+    return f"sudo -n -u {shlex.quote(user)} -- /bin/sh -c {shlex.quote(prelude + command)}"
+
+
+def lease(run: Run, *, host: str, group: str, workspace: str) -> str:
+    """Lease a free user of ``group`` and make ``workspace`` as it; the user's name."""
+    status, output = run(_scripts.command(_LEASE, group, workspace, tmpdir_of(workspace)))
+    if status != 0:
+        raise UserPoolError(_message(status, output, host=host, group=group, workspace=workspace))
+    return output
+
+
+def release(run: Run, *, host: str, user: str, workspace: str) -> None:
+    """Empty ``user`` of everything the sandbox left and free its lease (idempotent)."""
+    status, output = run(_scripts.command(_RELEASE, user, workspace, tmpdir_of(workspace)))
+    if status != 0:
+        raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
+
+
+def owner(run: Run, *, host: str, workspace: str) -> str:
+    """The user leased for an existing ``workspace``."""
+    status, output = run(_scripts.command(_OWNER, workspace))
+    if status != 0:
+        raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
+    return output
+
+
+def _message(status: int, output: str, *, host: str, group: str, workspace: str) -> str:
+    detail = output.strip()[:500]
+    messages = {
+        10: f"cannot prepare the workspace root or the lease directory on {host}: {detail}",
+        11: f"no group {group!r} on {host}: prepare the VM with per-sandbox users (see images/ssh-vm) "
+        "or use isolation='none', under which sandboxes on one host can read each other's files",
+        12: f"cannot make workspace {workspace} as a sandbox user on {host} (is the sudoers rule there, "
+        f"and are the root's parents searchable by group {group!r}?): {detail}",
+        13: f"every user of group {group!r} on {host} is leased to a live sandbox: destroy some, or add users",
+        14: f"workspace {workspace} on {host} is not leased to its owner (already released?)",
+        15: f"could not clean up the sandbox user of {workspace} on {host}; its lease is kept: {detail}",
+        16: f"no workspace {workspace} on {host}",
+    }
+    return messages.get(status, f"the sandbox user pool on {host} failed ({status}): {detail}")

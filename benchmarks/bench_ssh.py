@@ -293,7 +293,8 @@ def _file_rows(sandbox: CountingSSHSandbox, iterations: int, warmup: int) -> lis
 
 def _transfer_rows(sandbox: SSHSandbox, transport: paramiko.Transport, size: int, iterations: int) -> list[TransferRow]:
     blob = (uuid.uuid4().bytes * (size // 16 + 1))[:size]
-    ours_path, raw_path = f"{sandbox.workspace}/up-ours.bin", f"{sandbox.workspace}/up-raw.bin"
+    # Raw SFTP runs as the login user, who may not enter an isolated sandbox's workspace.
+    ours_path, raw_path = f"{sandbox.workspace}/up-ours.bin", f"/tmp/up-raw-{uuid.uuid4().hex}.bin"
     sftp = paramiko.SFTPClient.from_transport(transport)
     if sftp is None:
         raise RuntimeError("the server refused an SFTP session")
@@ -315,6 +316,8 @@ def _transfer_rows(sandbox: SSHSandbox, transport: paramiko.Transport, size: int
                            lambda: sftp.putfo(io.BytesIO(blob), raw_path, file_size=size)], iterations, 0)  # fmt: skip
         down = _interleaved([download_ours, download_raw], iterations, 0)
     finally:
+        with contextlib.suppress(OSError):
+            sftp.remove(raw_path)
         sftp.close()
     rows = []
     for op, (ours, raw) in (("upload_files", up), ("download_files", down)):

@@ -8,7 +8,8 @@ sudoers rule (``images/ssh-vm``); any VM prepared the same way works.
 
 * A lease is a directory named after the user in the login user's private state directory,
   made with ``mkdir``: atomic on the host, so two clients (or two threads) creating sandboxes
-  at once never get the same user.
+  at once never get the same user. Leases live in the login user's home, so a pool must be
+  used through one login user only.
 * The workspace is made BY the leased user (mode 700) in a root that is ``1733``: anyone may
   create an entry in it, nobody but the login user may list it, and the sticky bit keeps users
   from removing each other's entries. Beside it, ``.<name>.tmp`` (`tmpdir_of`) is the

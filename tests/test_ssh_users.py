@@ -63,6 +63,7 @@ def test_sandboxes_cannot_read_write_or_list_each_others_files(pair: tuple[SSHSa
     # Nor can it find the other workspaces: the root is not listable.
     root = first.workspace.rsplit("/", 1)[0]
     assert second.execute(f"ls {root}").exit_code != 0
+    assert second.execute("ls /home/sandbox").exit_code != 0  # nor the login user's home
     assert first.read(secret).file_data is not None  # the owner still can
 
 

@@ -5,15 +5,15 @@ loopback only, removed at the end whatever happens). The sandbox and the raw bas
 one paramiko transport (the connection registry hands the sandbox's to the baselines), so the
 rows differ only in what each side does over it:
 
-* execute: ``SSHSandbox.execute("true")`` (exec helper; again with ``timeout=0``, which lets
-  the helper block in ``waitpid`` instead of polling; and without the helper, ``exec_command``
-  per command) beside (a) raw ``exec_command("true")`` on a fresh channel, (b) the BASELINE, the
-  same command run by a long-lived ``sh`` on one channel (it forks ``sh -c true``, then echoes a
-  sentinel that is read back): what running a command over a persistent channel costs without
-  any helper, and the target's yardstick, and (c) the floor, a 1-byte echo through a long-lived
-  ``cat`` channel: what any request/response costs on this transport. A reference row times, ON
-  the host, the spawn of ``sh -c true`` the way the exec helper spawns it: the part of execute
-  that no transport can remove.
+* execute: ``SSHSandbox.execute("true")`` (exec helper; again with ``timeout=0``, which shows
+  what arming a timeout costs; and without the helper, ``exec_command`` per command) beside
+  (a) raw ``exec_command("true")`` on a fresh channel, (b) the BASELINE, the same command run
+  by a long-lived ``sh`` on one channel (it forks ``sh -c true``, then echoes a sentinel that is
+  read back): what running a command over a persistent channel costs without any helper, and
+  the target's yardstick, and (c) the floor, a 1-byte echo through a long-lived ``cat``
+  channel: what any request/response costs on this transport. A reference row times, ON the
+  host, the spawn of ``sh -c true`` the way the exec helper spawns it: the part of execute that
+  no transport can remove.
 * file operations through SSHSandbox on a 200-file tree, with their ``execute`` round trips.
 * 64 MiB upload/download through SSHSandbox beside raw SFTP ``putfo``/``getfo``.
 
@@ -85,17 +85,22 @@ for d in range({TREE_DIRS}):
 """
 
 _HOST_SPAWN = """
-import os, subprocess, sys, time
+import os, sys, time
 env = dict(os.environ, SANDBOXES_EXEC_ID="bench")
 for _ in range(int(sys.argv[1])):
     started = time.perf_counter()
-    proc = subprocess.Popen(["/bin/sh", "-c", "true"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    proc.stdout.read()
-    proc.wait()
+    out_r, out_w = os.pipe()
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+               (os.POSIX_SPAWN_DUP2, out_w, 2)]
+    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", "true"], env, file_actions=actions, setsid=True)
+    os.close(out_w)
+    while os.read(out_r, 65536):
+        pass
+    os.close(out_r)
+    os.waitpid(pid, 0)
     print((time.perf_counter() - started) * 1000)
 """
-"""The exec helper's spawn of one command (`sandboxes._mux._server.Command`), timed on the host."""
+"""The exec helper's spawn of one command (`sandboxes._mux._server._spawn`), timed on the host."""
 
 
 class CountingSSHSandbox(SSHSandbox):
@@ -241,7 +246,7 @@ class _Raw:
 def _execute_rows(sandbox: SSHSandbox, plain: SSHSandbox, raw: _Raw, iterations: int, warmup: int) -> list[LatencyRow]:
     sides: list[tuple[str, str, Callable[[], object]]] = [
         ("execute", "SSHSandbox.execute('true'), exec helper", lambda: _ok(sandbox.execute("true"))),
-        ("execute (timeout=0)", "the same without a timeout: the helper waits for the exit without polling",
+        ("execute (timeout=0)", "the same without a timeout: what arming the timeout costs",
          lambda: _ok(sandbox.execute("true", timeout=0))),
         ("execute (no helper)", "SSHSandbox.execute('true'), exec_command per call",
          lambda: _ok(plain.execute("true"))),
@@ -257,7 +262,7 @@ def _execute_rows(sandbox: SSHSandbox, plain: SSHSandbox, raw: _Raw, iterations:
     spawned = _ok(sandbox.execute(f"python3 -c {shlex.quote(_HOST_SPAWN)} {warmup + iterations}"))
     assert isinstance(spawned, p.ExecuteResponse)
     host = [float(line) for line in spawned.output.split()][warmup:]
-    rows.append(LatencyRow("host spawn", "on the host: Popen('sh -c true') + wait, as the exec helper does",
+    rows.append(LatencyRow("host spawn", "on the host: posix_spawn('sh -c true') + wait, as the exec helper does",
                            statistics.median(host), _percentile(host, 0.9)))  # fmt: skip
     return rows
 

@@ -17,9 +17,11 @@ rows differ only in what each side does over it:
 * file operations through SSHSandbox on a 200-file tree, with their ``execute`` round trips.
 * 64 MiB upload/download through SSHSandbox beside raw SFTP ``putfo``/``getfo``.
 
-Sides alternate within one loop (and which goes first rotates) so machine noise hits all
-alike. Targets are reported, never asserted. ``--profile N`` appends a cProfile of N execute
-calls (the calling thread only: time spent in the helper shows up as waiting).
+Sides alternate within one loop, in a fresh random order each time (seeded: reproducible),
+so machine noise hits all alike and no side always follows the same other side (with a fixed
+rotation each side always came after the same neighbour: one after a channel close, say).
+Targets are reported, never asserted. ``--profile N`` appends a cProfile of N execute calls
+(the calling thread only: time spent in the helper shows up as waiting).
 
     python benchmarks/bench_ssh.py [--iterations N] [--json] [--save report.json] [--profile N]
 """
@@ -34,6 +36,7 @@ import json
 import logging
 import platform
 import pstats
+import random
 import shlex
 import socket
 import statistics
@@ -133,11 +136,11 @@ class TransferRow:
 
 
 def _interleaved(sides: list[Callable[[], object]], iterations: int, warmup: int) -> list[list[float]]:
-    """Run the sides in turn, rotating which goes first, and keep each one's samples."""
+    """Run the sides in turn, each round in a fresh (seeded) random order, and keep each one's samples."""
     samples: list[list[float]] = [[] for _ in sides]
+    order = random.Random(len(sides) * 1000 + iterations)
     for i in range(warmup + iterations):
-        shift = i % len(sides)
-        for index in list(range(len(sides)))[shift:] + list(range(len(sides)))[:shift]:
+        for index in order.sample(range(len(sides)), len(sides)):
             elapsed = _timed(sides[index])
             if i >= warmup:
                 samples[index].append(elapsed)

@@ -204,4 +204,8 @@ def test_a_command_that_cannot_start_is_reported_and_the_helper_keeps_serving(st
     bad_env = _run(client, "true", env={"A=B": "x"})
     assert bad_env.error == p.BACKEND_ERROR, bad_env
     assert _run(client, "pwd", cwd="/tmp").output == "/tmp\n"
+    here = os.getcwd()  # where the helper started: commands without a cwd run there, even after others
+    assert _run(client, "pwd").output == f"{here}\n"
+    assert _run(client, "pwd", cwd="/").output == "/\n"
+    assert _run(client, "pwd", cwd=".").output == f"{here}\n"
     assert _run(client, "echo $X", env={"X": "y"}).output == "y\n"

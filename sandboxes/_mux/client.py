@@ -26,7 +26,7 @@ SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf
 """Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
 
 _STDIN_CHUNK = 1 << 20
-_RECV_SIZE = 1 << 18
+_RECV_SIZE = 1 << 16
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 

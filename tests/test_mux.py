@@ -117,7 +117,7 @@ def _gone(pid: int, *, zombie_ok: bool, wait: float = 10.0) -> bool:
         try:
             with open(f"/proc/{pid}/stat") as fh:
                 state = fh.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between it and the read
             return True
         if zombie_ok and state == "Z":
             return True

@@ -20,12 +20,13 @@ EXECUTE_ROWS = [
     "execute (timeout=0)",
     "execute (no helper)",
     "raw fresh channel",
+    "raw persistent shell",
     "raw persistent channel",
     "host spawn",
 ]
 FILE_ROWS = ["ls", "read", "write", "edit", "delete", "grep", "glob"]
 TRANSFER_ROWS = ["upload_files 2MiB", "download_files 2MiB"]
-TARGETS = ["persistent-channel round trip", "a fresh exec_command"]
+TARGETS = ["the same command on a raw persistent shell", "a fresh exec_command"]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,7 @@ def test_every_execute_row_and_target_prints(bench_run: dict[str, Any]) -> None:
     for target in TARGETS:
         assert any(line.startswith("target:") and target in line for line in bench_run["table"].splitlines())
     assert "(what a command cannot avoid)" in bench_run["table"]
+    assert "persistent-channel 1-byte echo" in bench_run["table"]
 
 
 def test_every_file_operation_and_transfer_row_prints(bench_run: dict[str, Any]) -> None:
@@ -83,6 +85,7 @@ def test_json_report_agrees_with_the_table(bench_run: dict[str, Any]) -> None:
     assert by_op["edit"]["round_trips"] == 2  # read, then compare-and-swap: proves the counter counts
     assert all(by_op[op]["round_trips"] == 1 for op in FILE_ROWS if op != "edit")
     execute = {r["op"]: r["p50_ms"] for r in report["execute"]}
+    assert report["targets"]["execute_vs_shell"] == pytest.approx(execute["execute"] / execute["raw persistent shell"])
     assert report["targets"]["execute_vs_persistent"] == pytest.approx(
         execute["execute"] / execute["raw persistent channel"]
     )

@@ -8,17 +8,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 
+_VARIANTS = {
+    "posix_spawn+subreaper": "",
+    "popen": "import os\ndel os.posix_spawn  # as on Python < 3.8\n",
+    "no-subreaper": "import sys\nsys.modules['ctypes'] = None  # no ctypes: no prctl, so every command is swept\n",
+}
+"""Python code run before the helper's source: the helper as it runs where Python lacks what
+its fast paths use."""
+
 
 class _PipeStream:
-    def __init__(self) -> None:
+    def __init__(self, prelude: str = "") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVER_SOURCE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            [sys.executable, "-c", prelude + SERVER_SOURCE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
 
     def send(self, data: bytes) -> None:
@@ -35,9 +44,9 @@ class _PipeStream:
         self.process.wait()
 
 
-@pytest.fixture
-def stream() -> Iterator[_PipeStream]:
-    pipe = _PipeStream()
+@pytest.fixture(params=list(_VARIANTS))
+def stream(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
+    pipe = _PipeStream(_VARIANTS[request.param])
     yield pipe
     pipe.close()
 
@@ -99,3 +108,104 @@ def test_a_stream_that_dies_releases_a_caller_waiting_for_the_acknowledgement(st
     with pytest.raises(MuxBroken):
         _run(client, "echo never")
     assert time.monotonic() - started < 10
+
+
+def _gone(pid: int, *, zombie_ok: bool, wait: float = 10.0) -> bool:
+    """Whether ``pid`` ends within ``wait`` seconds (reaped; or a zombie, when that is enough)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between it and the read
+            return True
+        if zombie_ok and state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+_ESCAPES = (
+    "sleep 300 & echo $!; setsid sleep 300 & echo $!; sh -c 'setsid sleep 300 & echo $!'; sh -c 'sleep 300 & echo $!'"
+)
+"""A background job, one in its own session, and two orphans (one also in its own session):
+each prints its pid."""
+
+
+def test_hello_says_how_commands_are_spawned(stream: _PipeStream, request: pytest.FixtureRequest) -> None:
+    """Proves the variants exercise the fallbacks they are named after."""
+    info = MuxClient(stream).info
+    variant = request.node.callspec.params["stream"]
+    assert info["spawn"] == ("popen" if variant == "popen" else "posix_spawn")
+    assert info["subreaper"] is (variant != "no-subreaper")
+
+
+def test_everything_a_command_started_ends_with_it(stream: _PipeStream) -> None:
+    """Escaped or orphaned, every process a command started is killed once it ends, and the helper
+    (a subreaper, when it can be) reaps the orphans it adopted: no zombie is left behind."""
+    client = MuxClient(stream)
+    for _ in range(3):  # again and again: the check that skips the /proc sweep must not go stale
+        result = _run(client, _ESCAPES)
+        assert result.exit_code == 0, result
+        pids = [int(pid) for pid in result.output.split()]
+        assert len(pids) == 4
+        assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
+
+
+def test_a_stray_the_helper_cannot_kill_does_not_hide_later_leftovers(stream: _PipeStream) -> None:
+    """A process that dropped the marker and left the group survives its command (it escaped
+    both ways of finding it); the helper then has a child that is no command's, so it must go
+    back to sweeping /proc for every later command instead of trusting its children."""
+    client = MuxClient(stream)
+    escaped = _run(client, "env -u SANDBOXES_EXEC_ID setsid sleep 300 & echo $!; sleep 0.5")  # setsid before the end
+    stray = int(escaped.output)
+    try:
+        assert not _gone(stray, zombie_ok=True, wait=0.5)
+        result = _run(client, _ESCAPES)
+        pids = [int(pid) for pid in result.output.split()]
+        assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
+    finally:
+        os.kill(stray, signal.SIGKILL)
+
+
+def test_a_timeout_kills_the_whole_tree_and_keeps_the_output(stream: _PipeStream) -> None:
+    client = MuxClient(stream)
+    started = time.monotonic()
+    result = _run(client, _ESCAPES + "; echo waiting; sleep 300", timeout=1)
+    assert result.error == p.TIMEOUT, result
+    assert time.monotonic() - started < 8
+    assert result.output.splitlines()[-1] == "waiting"
+    pids = [int(pid) for pid in result.output.split()[:4]]
+    assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
+    assert _run(client, "echo alive").output == "alive\n"
+
+
+def test_concurrent_commands_with_output_stdin_and_a_kill(stream: _PipeStream) -> None:
+    client = MuxClient(stream)
+
+    def one(i: int) -> p.ExecuteResponse:
+        if i % 3 == 0:
+            return _run(client, "cat; echo end", stdin=f"in{i}\n".encode() * 20_000)
+        return _run(client, f"echo start{i}; sleep 0.3; echo end{i}; exit {i % 5}")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one, range(16)))
+    for i, result in enumerate(results):
+        if i % 3 == 0:
+            assert result.output == f"in{i}\n" * 20_000 + "end\n"
+        else:
+            assert (result.output, result.exit_code) == (f"start{i}\nend{i}\n", i % 5)
+
+
+def test_a_command_that_cannot_start_is_reported_and_the_helper_keeps_serving(stream: _PipeStream) -> None:
+    client = MuxClient(stream)
+    missing = _run(client, "true", cwd="/no/such/directory")
+    assert missing.error == p.FILE_NOT_FOUND, missing
+    bad_env = _run(client, "true", env={"A=B": "x"})
+    assert bad_env.error == p.BACKEND_ERROR, bad_env
+    assert _run(client, "pwd", cwd="/tmp").output == "/tmp\n"
+    here = os.getcwd()  # where the helper started: commands without a cwd run there, even after others
+    assert _run(client, "pwd").output == f"{here}\n"
+    assert _run(client, "pwd", cwd="/").output == "/\n"
+    assert _run(client, "pwd", cwd=".").output == f"{here}\n"
+    assert _run(client, "echo $X", env={"X": "y"}).output == "y\n"

@@ -26,6 +26,7 @@ SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf
 """Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
 
 _STDIN_CHUNK = 1 << 20
+_RECV_SIZE = 1 << 16
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 
@@ -65,8 +66,8 @@ class _Pending:
     timed_out: bool = False
     failure: str | None = None
     start_error: str | None = None
-    accepted: bool = False
-    acknowledged: threading.Event = field(default_factory=threading.Event)
+    accepted_at: float | None = None
+    """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
     on_output: Callable[[bytes], None] | None = None
 
 
@@ -129,18 +130,12 @@ class MuxClient:
                 for offset in range(0, len(stdin), _STDIN_CHUNK):
                     self._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
                 self._send(b"C", ident)
-            if not pending.acknowledged.wait(self._ack_timeout) and not pending.done.is_set():
-                self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
-                raise MuxBroken(self.broken or "no acknowledgement", started=False)
-            if not pending.done.wait(timeout + _KILL_GRACE if timeout else None):
-                self._send(b"K", ident)
-                if not pending.done.wait(_KILL_GRACE):
-                    self._break(f"exec helper did not report command {ident} after its timeout")
+            self._await(ident, pending, time.monotonic(), timeout)
         finally:
             with self._pending_lock:
                 self._pending.pop(ident, None)
         if pending.failure is not None:
-            raise MuxBroken(pending.failure, started=pending.accepted)
+            raise MuxBroken(pending.failure, started=pending.accepted_at is not None)
         if pending.start_error is not None:
             code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
             return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
@@ -154,6 +149,34 @@ class MuxClient:
 
     # ------------------------------------------------------------------ internals
 
+    def _await(self, ident: int, pending: _Pending, sent: float, timeout: float | None) -> None:
+        """Wait for the command's end, breaking the stream if it is not acknowledged within
+        the acknowledgement timeout, and killing it if it is not reported within its own timeout
+        (counted from the acknowledgement) plus a grace.
+
+        The caller sleeps through the acknowledgement (the reader thread records it): most
+        commands end before the acknowledgement timeout, and waking this thread for the
+        acknowledgement alone would cost every command two more thread switches."""
+        while not pending.done.is_set():
+            now = time.monotonic()
+            if pending.accepted_at is None:
+                if now >= sent + self._ack_timeout:
+                    self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
+                    raise MuxBroken(self.broken or "no acknowledgement", started=False)
+                until: float | None = sent + self._ack_timeout
+                if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
+                    until = min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
+            elif timeout:
+                until = pending.accepted_at + timeout + _KILL_GRACE
+                if now >= until:
+                    self._send(b"K", ident)
+                    if not pending.done.wait(_KILL_GRACE):
+                        self._break(f"exec helper did not report command {ident} after its timeout")
+                    return
+            else:
+                until = None
+            pending.done.wait(None if until is None else until - now)
+
     def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None:
         try:
             with self._send_lock:
@@ -162,22 +185,24 @@ class MuxClient:
             self._break(f"exec helper stream failed: {exc}")
             raise MuxBroken(self.broken or str(exc)) from exc
 
-    def _recv_exact(self, size: int) -> bytes:
-        chunks, remaining = [], size
-        while remaining:
-            chunk = self._stream.recv(remaining)
-            if not chunk:
-                raise EOFError
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-
     def _read_loop(self) -> None:
+        """Read whatever the stream has and dispatch every whole frame in it: one ``recv`` per
+        burst rather than two per frame (output chunks and the exit often arrive together)."""
+        buffer = bytearray()
         try:
             while True:
-                kind, ident, length = HEADER.unpack(self._recv_exact(HEADER.size))
-                payload = self._recv_exact(length) if length else b""
-                self._dispatch(kind, ident, payload)
+                chunk = self._stream.recv(_RECV_SIZE)
+                if not chunk:
+                    raise EOFError
+                buffer += chunk
+                while len(buffer) >= HEADER.size:
+                    kind, ident, length = HEADER.unpack_from(buffer)
+                    end = HEADER.size + length
+                    if len(buffer) < end:
+                        break
+                    payload = bytes(buffer[HEADER.size : end])
+                    del buffer[:end]
+                    self._dispatch(kind, ident, payload)
         except (EOFError, OSError, struct.error, ValueError) as exc:
             self._break(f"exec helper stream ended ({type(exc).__name__})")
 
@@ -191,8 +216,7 @@ class MuxClient:
         if pending is None:
             return
         if kind == b"A":
-            pending.accepted = True
-            pending.acknowledged.set()
+            pending.accepted_at = time.monotonic()
         elif kind == b"O":
             pending.output.write(payload)
             if pending.on_output is not None:
@@ -217,5 +241,4 @@ class MuxClient:
         for item in pending:
             if not item.done.is_set():
                 item.failure = reason
-                item.done.set()
-            item.acknowledged.set()  # release a caller still waiting for the acknowledgement
+                item.done.set()  # also releases a caller still waiting for the acknowledgement

@@ -63,11 +63,10 @@ class HotPath:
             model = api.ExecuteRequest if op == "execute" else api.FILE_OPERATIONS[op]
             read: list[Message] = []
             try:
-                raw = await _read_body(receive, read)
+                body = _parsed(model, await _read_body(receive, read), content_type)
             except HTTPException as exc:  # over the body limit: FastAPI reports it
                 await self.app(scope, _replay(read, receive, exc), send)
                 return
-            body = _parsed(model, raw, content_type) if raw is not None else None
             if body is None:
                 await self.app(scope, _replay(read, receive), send)
                 return
@@ -79,6 +78,8 @@ class HotPath:
         except ServiceError:  # FastAPI answers it, with its own order of checks
             await self.app(scope, receive, send)
             return
+        if op is not None:
+            read.clear()  # served here: only the parsed body is needed, the raw bytes can go
         await self._serve(scope, send, svc, tenant, op, entry, body)
 
     async def _serve(
@@ -149,9 +150,9 @@ async def _read_body(receive: Receive, read: list[Message]) -> bytes | None:
             return b"".join(m.get("body", b"") for m in read)
 
 
-def _parsed(model: type[BaseModel], raw: bytes, content_type: str | None) -> BaseModel | None:
+def _parsed(model: type[BaseModel], raw: bytes | None, content_type: str | None) -> BaseModel | None:
     """The body as FastAPI would validate it (``json.loads``, then the model), or ``None``."""
-    if content_type != responses.JSON:
+    if raw is None or content_type != responses.JSON:
         return None
     try:
         return model.model_validate(json.loads(raw))

@@ -30,6 +30,11 @@ _SIZED = b"\r\ncontent-length: "
 lower case."""
 
 
+_JOIN_LIMIT = 64 << 10
+"""Bodies up to this size are copied behind their head; bigger ones follow it in a write of
+their own."""
+
+
 class _OnePiece:
     """A transport that sends a response head of known length with the body that follows it.
 
@@ -42,8 +47,12 @@ class _OnePiece:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._head is not None:
-            data, self._head = self._head + data, None
+            head, self._head = self._head, None
             self._cancel_flush()
+            if len(data) > _JOIN_LIMIT:  # copying a big body costs more than the second write
+                self._transport.write(head)
+            else:
+                data = head + data
         elif isinstance(data, bytes) and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n") and _SIZED in data:
             self._head = data
             self._flush = asyncio.get_running_loop().call_soon(self.flush)

@@ -92,6 +92,17 @@ def test_a_response_of_known_length_is_one_write(url: str) -> None:
             assert WRITES[0].endswith(response.content)
 
 
+def test_a_big_body_is_not_copied_behind_its_head(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        WRITES.clear()
+        response = client.get("/json", params={"n": 30_000})  # 150 kB
+        assert response.json() == {"hello": "world" * 30_000}
+    assert len(WRITES) == 2
+    assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert WRITES[0].endswith(b"\r\n\r\n")
+    assert WRITES[1] == response.content
+
+
 def test_keep_alive_requests_each_get_their_whole_answer(url: str) -> None:
     with httpx.Client(base_url=url) as client:
         WRITES.clear()

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import io
+import json
 import shlex
 import socket
 import tarfile
@@ -458,6 +460,55 @@ def test_dropped_connections_retry_reads_and_report_writes(
             assert proxied.download_files([path])[0].content == b"before\n"  # nothing was replayed
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_read_is_attempted_exactly_retries_plus_one_times(
+    service: _Service, remote: RemoteSandbox, workdir: str, retries: int
+) -> None:
+    """The first attempt is made outside tenacity's loop; the count and the outcome stay."""
+    proxy = _DroppingProxy(service.url)
+    try:
+        one_per_request = httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+        with SandboxClient(proxy.url, KEY, retries=retries, backoff=0.01, transport=one_per_request) as c:
+            proxy.drop = 10
+            lost = c.attach(remote.id).read(f"{workdir}/anything")
+            assert lost.error == p.CONNECTION_LOST
+            assert proxy.dropped == retries + 1
+    finally:
+        proxy.close()
+
+
+def test_a_url_with_a_path_keeps_it_on_every_call() -> None:
+    """The service behind a reverse proxy at a path: every request goes under that path."""
+    seen: list[str] = []
+    info = {"id": "a/b", "template": "default", "backend": "local", "created_at": 1.0, "expires_at": None}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            body = json.dumps({"sandboxes": []} if self.path.endswith("/sandboxes") else info).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with SandboxClient(f"http://127.0.0.1:{server.server_address[1]}/behind/proxy/", KEY) as c:
+            for _ in range(2):  # the second time from the client's cache of addresses
+                assert c.list() == []
+                assert c.get("a/b").id == "a/b"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/behind/proxy/v1/sandboxes", "/behind/proxy/v1/sandboxes/a%2Fb"] * 2
 
 
 # ---------------------------------------------------------------------- streaming

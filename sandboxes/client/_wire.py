@@ -138,28 +138,37 @@ def may_retry(op: Op[Any], exc: BaseException) -> bool:
     return isinstance(exc, RateLimited | BackendUnavailable | ConnectionLost)
 
 
-def retry_kwargs(config: ClientConfig, op: Op[Any]) -> dict[str, Any]:
-    """Arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call."""
-    from tenacity import retry_if_exception, stop_after_attempt
+def retry_now(config: ClientConfig, op: Op[Any], exc: BaseException) -> bool:
+    """Whether to send ``op`` again after ``exc``: allowed, and not told to wait too long."""
+    if not may_retry(op, exc):
+        return False
+    hint: float | None = getattr(exc, "retry_after", None)
+    return hint is None or hint <= config.max_retry_after
 
-    def wanted(exc: BaseException) -> bool:
-        if not may_retry(op, exc):
-            return False
-        hint: float | None = getattr(exc, "retry_after", None)
-        return hint is None or hint <= config.max_retry_after
+
+def retry_delay(config: ClientConfig, attempt: int, exc: BaseException | None) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (from 1): the service's
+    ``Retry-After`` if it gave one, else exponential backoff with jitter."""
+    hint: float | None = getattr(exc, "retry_after", None)
+    if hint is not None:
+        return hint
+    ceiling = min(config.max_backoff, config.backoff * 2.0 ** (attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+
+
+def retry_kwargs(config: ClientConfig, op: Op[Any], *, made: int = 0) -> dict[str, Any]:
+    """Arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call, when ``made``
+    attempts were already made (and failed) outside it."""
+    from tenacity import retry_if_exception, stop_after_attempt
 
     def wait(state: RetryCallState) -> float:
         outcome = state.outcome
-        hint: float | None = getattr(outcome.exception(), "retry_after", None) if outcome is not None else None
-        if hint is not None:
-            return hint
-        ceiling = min(config.max_backoff, config.backoff * 2.0 ** (state.attempt_number - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+        return retry_delay(config, state.attempt_number + made, outcome.exception() if outcome is not None else None)
 
     return {
-        "retry": retry_if_exception(wanted),
+        "retry": retry_if_exception(lambda exc: retry_now(config, op, exc)),
         "wait": wait,
-        "stop": stop_after_attempt(config.retries + 1),
+        "stop": stop_after_attempt(config.retries + 1 - made),
         "reraise": True,
     }
 

@@ -98,20 +98,14 @@ def run(app: Any, settings: ServiceSettings) -> None:
     ``drain_timeout`` seconds), and only then stop the registry."""
     import uvicorn
 
+    from sandboxes.server.serving import uvicorn_config
+
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             app.state.service.draining = True  # /readyz turns 503 while requests drain
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=int(settings.drain_timeout),
-    )
+    config = uvicorn_config(app, host=settings.host, port=settings.port, drain_timeout=settings.drain_timeout)
     _Server(config).run()
 
 

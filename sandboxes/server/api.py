@@ -28,7 +28,7 @@ is an answer, not an HTTP failure.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,16 +192,3 @@ FILE_OPERATIONS: dict[str, type[_Model]] = {
 """Request model per ``/files/{op}``. Responses: the protocol result dataclass as JSON
 (``dataclasses.asdict``); for upload a list of FileUploadResponse, for download a list of
 DownloadItem."""
-
-
-def result_json(result: Any) -> Any:
-    """A protocol result (frozen dataclass, or list of them) as JSON-ready data."""
-    import dataclasses
-
-    if isinstance(result, list):
-        return [result_json(item) for item in result]
-    if dataclasses.is_dataclass(result) and not isinstance(result, type):
-        return {f.name: result_json(getattr(result, f.name)) for f in dataclasses.fields(result)}
-    if isinstance(result, dict):
-        return {key: result_json(value) for key, value in result.items()}
-    return result

@@ -4,12 +4,14 @@ The per-request machinery is one plain ASGI middleware (not Starlette's ``BaseHT
 which costs a task and a copy per request and breaks streaming back-pressure): it assigns the
 request id, refuses oversized bodies (by ``Content-Length`` up front, by counting otherwise),
 and writes one structured access log line and the request metrics when the response ends.
+Inside it, `sandboxes.server.hot.HotPath` answers the ordinary requests of the hot routes
+(execute, file operations, one sandbox's record) without FastAPI's per-request cost, and hands
+everything else to FastAPI unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import shutil
@@ -25,13 +27,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxes.server import api
+from sandboxes.server import api, responses
 from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
-from sandboxes.server.errors import ServiceError, code_for_status
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.hot import HotPath
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
+from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, router
 from sandboxes.server.settings import ServiceSettings
 
@@ -81,6 +85,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastA
     app.include_router(router)
     app.include_router(health)
     _install_error_handlers(app, metrics)
+    app.add_middleware(HotPath, service=service)  # inside the request middleware: ids, limits, logs
     app.add_middleware(_RequestMiddleware, service=service)
     return app
 
@@ -96,16 +101,10 @@ def check_settings(settings: ServiceSettings) -> None:
         raise RuntimeError("no API keys configured: set api_keys (SHA-256 of each key -> tenant), or run insecure")
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = api.ErrorBody(error=code, message=message, request_id=REQUEST_ID.get())
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
-
-
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def service_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        metrics.errors.labels(exc.code).inc()
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        return responses.service_error(metrics, exc)
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -117,15 +116,10 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        code = code_for_status(exc.status_code)
-        metrics.errors.labels(code).inc()
-        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return error_response(exc.status_code, code, message, dict(exc.headers or {}))
+        return responses.http_error(metrics, exc)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.error("unhandled error", exc_info=exc)
-        metrics.errors.labels("internal").inc()
-        return error_response(500, "internal", f"internal error ({type(exc).__name__}); see the service log")
+        return responses.unexpected(metrics, exc)
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(RequestValidationError, validation_error)
@@ -158,8 +152,7 @@ class _RequestMiddleware:
             if declared.isdigit() and int(declared) > limit:
                 self.service.metrics.errors.labels("too_large").inc()
                 response = error_response(413, "too_large", f"request body larger than {limit} bytes")
-                status[0] = 413
-                await response(scope, receive, send)
+                await response(scope, receive, _tagged(send, request_id, status))
                 return
             try:
                 await self.app(scope, _counted(receive, limit), _tagged(send, request_id, status))

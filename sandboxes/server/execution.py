@@ -16,6 +16,8 @@ import base64
 import binascii
 import codecs
 import contextlib
+import contextvars
+import functools
 import logging
 import threading
 import time
@@ -52,7 +54,11 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
 
 async def run_once(sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None]) -> ExecuteResult:
     token = unique_id()
-    work = asyncio.ensure_future(asyncio.to_thread(run_marked, sandbox, command, token, None))
+    # The executor's future itself, not a task around `asyncio.to_thread`: one scheduling step
+    # less per command on the event loop. The context goes along, as to_thread would take it,
+    # so the worker's log lines carry the request id.
+    call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, None)
+    work = asyncio.get_running_loop().run_in_executor(None, call)
     try:
         return result_of(await asyncio.shield(work))
     except asyncio.CancelledError:  # the client went away: do not leave its command running

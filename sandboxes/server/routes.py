@@ -28,6 +28,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import command_for, run_once, run_streamed
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
+from sandboxes.server.responses import json_response, to_json
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streams import buffered_body, iterate_thread
 
@@ -106,8 +107,13 @@ async def list_sandboxes(request: Request, tenant: Authed) -> api.SandboxList:
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
-async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> api.SandboxInfo:
-    return _entry(request, tenant, sandbox_id)[1].info()
+async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
+    return json_response(info_json(_entry(request, tenant, sandbox_id)[1]))
+
+
+def info_json(entry: Entry) -> bytes:
+    """``GET /v1/sandboxes/{id}``'s answer; also served by `sandboxes.server.hot`."""
+    return to_json(entry.info())
 
 
 @router.post("/sandboxes/{sandbox_id}/renew", response_model=api.SandboxInfo)
@@ -128,11 +134,16 @@ async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> R
 @router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
 async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
     svc, entry = _entry(request, tenant, sandbox_id)
+    return json_response(await execute_json(svc, entry, body))
+
+
+async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest) -> bytes:
+    """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`."""
     command = command_for(body, _template(svc, entry), svc.settings)
     started = time.perf_counter()
     result = await run_once(entry.sandbox, command, entry.kill_marked)
     svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
-    return JSONResponse(result.model_dump())
+    return to_json(result)
 
 
 @router.post(
@@ -168,11 +179,16 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 # ---------------------------------------------------------------------- files
 
 
-def _files(op: str, model: type[Any], run: Callable[[Any, Any], Any]) -> None:
+async def file_json(op: str, entry: Entry, body: Any) -> bytes:
+    """The answer of file operation ``op`` (a protocol result as JSON). Also served by
+    `sandboxes.server.hot`."""
+    return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body))
+
+
+def _files(op: str, model: type[Any]) -> None:
     async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
         entry = _entry(request, tenant, sandbox_id)[1]
-        result = await _backend(run, entry.sandbox, body)
-        return JSONResponse(api.result_json(result))
+        return json_response(await file_json(op, entry, body))
 
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"
@@ -217,10 +233,10 @@ _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "grep": lambda s, b: s.grep(b.pattern, b.path, b.glob, max_count=b.max_count),
     "glob": lambda s, b: s.glob(b.pattern, b.path),
     "upload": _upload,
-    "download": lambda s, b: [item.model_dump() for item in _download(s, b)],
+    "download": _download,
 }
 for _op, _model in api.FILE_OPERATIONS.items():
-    _files(_op, _model, _OPERATIONS[_op])
+    _files(_op, _model)
 
 
 # ---------------------------------------------------------------------- archives

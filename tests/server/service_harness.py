@@ -21,6 +21,7 @@ import uvicorn
 
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
+from sandboxes.server.serving import uvicorn_config
 from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy
 
 KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
@@ -69,15 +70,7 @@ class Running:
 def running(settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10) -> Iterator[Running]:
     app = create_app(settings, docker_client=docker_client)
     port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=drain,
-    )
+    config = uvicorn_config(app, host="127.0.0.1", port=port, drain_timeout=drain)  # as deployed
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()

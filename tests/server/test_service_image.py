@@ -172,20 +172,35 @@ def test_cli_against_the_image(service: tuple[str, str, str], monkeypatch: pytes
         assert run("rm", sandbox_id) == ""
 
 
-def test_service_runs_unprivileged(service: tuple[str, str, str], docker_client: Any) -> None:
-    url, _, _ = service
+def _container_of(docker_client: Any, url: str) -> Any:
     port = url.rsplit(":", 1)[1]
     (container,) = [
         c
         for c in docker_client.containers.list(filters={"label": CLEANUP_LABEL})
         if any(b.get("HostPort") == port for b in (c.ports.get("8080/tcp") or []))
     ]
+    return container
+
+
+def test_service_runs_unprivileged(service: tuple[str, str, str], docker_client: Any) -> None:
+    container = _container_of(docker_client, service[0])
     code, output = container.exec_run(["sh", "-c", "id -u; cat /proc/1/status | grep -E '^(Uid|CapEff)'"])
     assert code == 0
     lines = output.decode().split("\n")
     assert lines[0] == "10001"
     assert lines[1].split()[1:] == ["10001"] * 4  # pid 1 (the service): uid 10001, real to filesystem
     assert lines[2].split()[1] == "0000000000000000"  # no capabilities
+
+
+def test_service_serves_with_httptools_and_uvloop(service: tuple[str, str, str], docker_client: Any) -> None:
+    """The ``server`` extra's fast HTTP stack is in the image, and the service uses it."""
+    logs = _container_of(docker_client, service[0]).logs().decode()
+    stacks = [
+        (line["http"], line["loop"])
+        for line in (json.loads(text) for text in logs.splitlines() if text.startswith("{"))
+        if "http" in line and "loop" in line
+    ]
+    assert stacks == [("httptools", "uvloop")], logs[-3000:]
 
 
 def test_without_group_add_the_entry_point_says_why(service_image: str, socket_gid: int, docker_client: Any) -> None:

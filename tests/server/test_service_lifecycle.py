@@ -44,6 +44,15 @@ def _wait_gone(client: httpx.Client, sandbox_id: str, timeout: float = 10) -> fl
     return time.monotonic() - started
 
 
+def _wait_removed(path: Path, timeout: float = 5) -> None:
+    """An expired sandbox leaves the registry first (requests for it are 404 from then on),
+    then its files are removed in a worker thread: they may outlive the first 404 briefly."""
+    deadline = time.monotonic() + timeout
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} still there {timeout}s after its sandbox expired"
+        time.sleep(0.05)
+
+
 def test_create_list_get_renew_delete(client: httpx.Client) -> None:
     before = time.time()
     sandbox = create(client, ttl=120, labels={"purpose": "test"}, env={"FROM_CREATE": "yes"})
@@ -71,7 +80,7 @@ def test_ttl_expiry_by_timer(client: httpx.Client, service: Running) -> None:
     sandbox = create(client, ttl=1)
     waited = _wait_gone(client, sandbox["id"])
     assert 0.5 < waited < 5
-    assert not Path(sandbox["workdir"]).exists()
+    _wait_removed(Path(sandbox["workdir"]))
     assert "sandboxes_expired_total" in client.get("/metrics").text
 
 
@@ -83,7 +92,7 @@ def test_ttl_expiry_by_sweep_without_a_timer(client: httpx.Client, service: Runn
     registry._entries[sandbox["id"]].state.expires_at = time.time() - 1
     assert registry._timers[sandbox["id"]].when() > time.monotonic() + 100
     _wait_gone(client, sandbox["id"], timeout=5)
-    assert not Path(sandbox["workdir"]).exists()
+    _wait_removed(Path(sandbox["workdir"]))
 
 
 def test_renew_keeps_a_sandbox_past_its_first_ttl(client: httpx.Client) -> None:

@@ -1,0 +1,117 @@
+"""How uvicorn serves the app: the fastest HTTP stack installed, and every response of known
+length written to the socket in one piece.
+
+httptools and uvloop (the ``server`` extra installs both) parse requests and run the event loop
+in C; without them uvicorn falls back to h11 and asyncio, which cost the event-loop thread, the
+service's bottleneck, several times more per request. The choice is logged at start.
+
+uvicorn writes a response's head (status line and headers) as soon as the app sends it, and the
+body in a second write. On loopback or a LAN each write is a packet: the client wakes up for
+the head, parses it, sleeps again until the body arrives, and the server makes two system calls
+where one would do. `_OnePiece` holds a head that declares a ``Content-Length`` until the
+body's first write and sends both together; a head not followed by a body in the same turn of
+the event loop (a ``HEAD`` request) is sent at the end of that turn, as are heads of streamed
+(chunked) responses at once, so a stream's headers are never held back waiting for its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from typing import Any
+
+import uvicorn
+
+logger = logging.getLogger("sandboxes.server")
+
+_SIZED = b"\r\ncontent-length: "
+"""How a head declaring its body's length reads on the wire: uvicorn writes header names in
+lower case."""
+
+
+_JOIN_LIMIT = 64 << 10
+"""Bodies up to this size are copied behind their head; bigger ones follow it in a write of
+their own."""
+
+
+class _OnePiece:
+    """A transport that sends a response head of known length with the body that follows it.
+
+    Everything but `write` and `close` is the wrapped transport's own."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._cancel_flush()
+            if len(data) > _JOIN_LIMIT:  # copying a big body costs more than the second write
+                self._transport.write(head)
+            else:
+                data = head + data
+        elif isinstance(data, bytes) and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n") and _SIZED in data:
+            self._head = data
+            self._flush = asyncio.get_running_loop().call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Send a held head now."""
+        self._cancel_flush()
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def _cancel_flush(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _one_piece(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    class OnePiece(protocol):  # type: ignore[valid-type, misc]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(_OnePiece(transport))  # type: ignore[arg-type]
+
+    OnePiece.__name__ = OnePiece.__qualname__ = f"OnePiece{protocol.__name__}"
+    return OnePiece
+
+
+def stack() -> tuple[str, str]:
+    """(HTTP parser, event loop) the service runs on here."""
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return http, loop
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, drain_timeout: float) -> uvicorn.Config:
+    """The service's uvicorn configuration; the test harness serves with it too."""
+    http, loop = stack()
+    if http == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as protocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
+    logger.info("serving with %s and the %s event loop", http, loop, extra={"http": http, "loop": loop})
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=_one_piece(protocol),
+        loop=loop,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(drain_timeout),
+    )

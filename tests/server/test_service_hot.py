@@ -1,0 +1,256 @@
+"""Over real HTTP: the hot path (`sandboxes.server.hot`) answers exactly as FastAPI's routes do.
+
+One service, two sandboxes of one tenant: every request is sent once with the hot path in place
+(to sandbox A) and once with it bypassed (to sandbox B, straight to FastAPI), and the two answers
+must agree (status, JSON body, the headers that carry meaning, the metrics counted), once each
+sandbox's id and directory are written as placeholders. Each request also says who must serve
+it: the hot path (ordinary requests, and failures past the rate limiter) or FastAPI (everything
+the hot path hands over: bad bodies, bad keys, unknown or foreign sandboxes, unknown routes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import Running, create, error_of, running, settings_for
+from starlette.types import Receive, Scope, Send
+
+from sandboxes.server.app import _RequestMiddleware
+from sandboxes.server.hot import HotPath
+from sandboxes.server.settings import TenantPolicy
+
+LIMIT = 64 * 1024
+
+
+class _Counting:
+    """FastAPI behind the hot path, counting the requests handed to it."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.calls = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.calls += 1
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class _Switch:
+    outer: _RequestMiddleware
+    hot: HotPath
+    fastapi: _Counting
+
+    def use_hot_path(self, on: bool) -> None:
+        self.outer.app = self.hot if on else self.fastapi
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    settings = settings_for(
+        tmp_path_factory.mktemp("hot"),
+        max_body_bytes=LIMIT,
+        tenants={"alice": TenantPolicy(rate=1000, burst=1000), "slow": TenantPolicy(rate=0.5, burst=2)},
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def switch(service: Running) -> Iterator[_Switch]:
+    layers = []
+    layer = service.app.middleware_stack  # built by the lifespan's first call
+    while layer is not None:
+        layers.append(layer)
+        layer = getattr(layer, "app", None)
+    outer = next(x for x in layers if isinstance(x, _RequestMiddleware))
+    hot = next(x for x in layers if isinstance(x, HotPath))
+    assert outer.app is hot
+    fastapi = hot.app = _Counting(hot.app)
+    yield _Switch(outer, hot, fastapi)
+    outer.app = hot
+
+
+@dataclass
+class _Sandboxes:
+    ids: dict[bool, str]
+    workdirs: dict[bool, str]
+    foreign: dict[bool, str] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def sandboxes(service: Running) -> Iterator[_Sandboxes]:
+    with service.client("alice") as alice, service.client("bob") as bob:
+        made = {hot: create(alice) for hot in (True, False)}
+        foreign = {hot: create(bob)["id"] for hot in (True, False)}
+        yield _Sandboxes({h: s["id"] for h, s in made.items()}, {h: s["workdir"] for h, s in made.items()}, foreign)
+        for sandbox in made.values():
+            alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+        for sandbox_id in foreign.values():
+            bob.delete(f"/v1/sandboxes/{sandbox_id}")
+
+
+def _chunked_oversized() -> Iterator[bytes]:
+    yield b'{"command": "'
+    for _ in range(LIMIT // 10_000 + 2):
+        yield b"y" * 10_000
+    yield b'"}'
+
+
+HOT, FASTAPI, MIDDLEWARE = "hot path", "FastAPI", "request middleware"
+JSON = {"Content-Type": "application/json"}
+# (name, who must answer it, method, path after /v1/sandboxes/<ID>, request options). "<WORKDIR>"
+# in a body stands for the sandbox's directory; a path starting with "/v1/" is the whole path.
+# The request middleware refuses a declared oversized body before either path sees it.
+CASES: list[tuple[str, str, str, str, dict[str, Any]]] = [
+    ("get", HOT, "GET", "", {}),
+    ("execute", HOT, "POST", "/execute", {"json": {"command": "echo out; echo err >&2; exit 3"}}),
+    ("execute stdin env cwd", HOT, "POST", "/execute",
+     {"json": {"command": 'cat; echo "$X"; pwd', "stdin_b64": "aW4K", "env": {"X": "x"}, "cwd": "<WORKDIR>"}}),
+    ("execute output limit", HOT, "POST", "/execute", {"json": {"command": "seq 1000", "output_limit": 50}}),
+    ("execute missing cwd", HOT, "POST", "/execute", {"json": {"command": "true", "cwd": "<WORKDIR>/nope"}}),
+    ("execute bad stdin", HOT, "POST", "/execute", {"json": {"command": "cat", "stdin_b64": "%%%"}}),
+    ("execute bad env", HOT, "POST", "/execute", {"json": {"command": "true", "env": {"A=B": "x"}}}),
+    ("write", HOT, "POST", "/files/write", {"json": {"file_path": "<WORKDIR>/f.txt", "content": "a\nb\nüñí\n"}}),
+    ("write again", HOT, "POST", "/files/write", {"json": {"file_path": "<WORKDIR>/f.txt", "content": "x"}}),
+    ("read", HOT, "POST", "/files/read", {"json": {"file_path": "<WORKDIR>/f.txt", "offset": 1, "limit": 1}}),
+    ("read missing", HOT, "POST", "/files/read", {"json": {"file_path": "<WORKDIR>/missing"}}),
+    ("edit", HOT, "POST", "/files/edit",
+     {"json": {"file_path": "<WORKDIR>/f.txt", "old_string": "b", "new_string": "c"}}),
+    ("ls", HOT, "POST", "/files/ls", {"json": {"path": "<WORKDIR>"}}),
+    ("grep", HOT, "POST", "/files/grep", {"json": {"pattern": "c", "path": "<WORKDIR>"}}),
+    ("glob", HOT, "POST", "/files/glob", {"json": {"pattern": "*.txt", "path": "<WORKDIR>"}}),
+    ("upload", HOT, "POST", "/files/upload", {"json": {"files": [{"path": "<WORKDIR>/u.bin", "content_b64": "AAH/"}]}}),
+    ("upload bad base64", HOT, "POST", "/files/upload",
+     {"json": {"files": [{"path": "<WORKDIR>/v.bin", "content_b64": "!!"}]}}),
+    ("download", HOT, "POST", "/files/download", {"json": {"paths": ["<WORKDIR>/u.bin", "<WORKDIR>/none"]}}),
+    ("delete", HOT, "POST", "/files/delete", {"json": {"file_path": "<WORKDIR>/u.bin"}}),
+    ("missing field", FASTAPI, "POST", "/execute", {"json": {}}),
+    ("extra field", FASTAPI, "POST", "/execute", {"json": {"command": "true", "bogus": 1}}),
+    ("wrong type", FASTAPI, "POST", "/files/read", {"json": {"file_path": "x", "offset": "many"}}),
+    ("not an object", FASTAPI, "POST", "/execute", {"json": ["true"]}),
+    ("broken json", FASTAPI, "POST", "/execute", {"content": b'{"command": ', "headers": JSON}),
+    ("not utf-8", FASTAPI, "POST", "/execute", {"content": b'{"command": "\xff"}', "headers": JSON}),
+    ("empty body", FASTAPI, "POST", "/execute", {"content": b"", "headers": JSON}),
+    ("text content type", FASTAPI, "POST", "/execute",
+     {"content": b'{"command": "true"}', "headers": {"Content-Type": "text/plain"}}),
+    ("json charset", FASTAPI, "POST", "/execute",
+     {"content": b'{"command": "true"}', "headers": {"Content-Type": "application/json; charset=utf-8"}}),
+    ("no key", FASTAPI, "POST", "/execute", {"json": {"command": "true"}, "headers": {"Authorization": ""}}),
+    ("wrong key", FASTAPI, "GET", "", {"headers": {"Authorization": "Bearer wrong"}}),
+    ("basic scheme", FASTAPI, "POST", "/files/read",
+     {"json": {"file_path": "x"}, "headers": {"Authorization": "Basic key-alice-0123456789"}}),
+    ("unknown sandbox", FASTAPI, "POST", "/v1/sandboxes/does-not-exist/execute", {"json": {"command": "true"}}),
+    ("foreign sandbox", FASTAPI, "POST", "/v1/sandboxes/<FOREIGN>/files/read", {"json": {"file_path": "/etc/hosts"}}),
+    ("foreign sandbox get", FASTAPI, "GET", "/v1/sandboxes/<FOREIGN>", {}),
+    ("unknown operation", FASTAPI, "POST", "/files/nope", {"json": {"path": "x"}}),
+    ("wrong method", FASTAPI, "GET", "/execute", {}),
+    ("trailing slash", FASTAPI, "POST", "/execute/", {"json": {"command": "true"}}),
+    ("oversized, declared", MIDDLEWARE, "POST", "/execute", {"json": {"command": "y" * (LIMIT + 10)}}),
+    ("oversized, chunked", FASTAPI, "POST", "/execute", {"content": _chunked_oversized, "headers": JSON}),
+]  # fmt: skip
+
+_MEANINGFUL_HEADERS = ("content-type", "www-authenticate", "retry-after", "allow")
+
+
+def _metrics(client: httpx.Client) -> dict[str, float]:
+    counted = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(("sandboxes_errors_total{", "sandboxes_requests_total{")):
+            name, value = line.rsplit(" ", 1)
+            counted[name] = float(value)
+    return counted
+
+
+def _send(
+    client: httpx.Client, sandboxes: _Sandboxes, hot: bool, method: str, path: str, options: dict[str, Any]
+) -> httpx.Response:
+    def fill(text: str) -> str:
+        return text.replace("<WORKDIR>", sandboxes.workdirs[hot]).replace("<FOREIGN>", sandboxes.foreign[hot])
+
+    url = fill(path) if path.startswith("/v1/") else f"/v1/sandboxes/{sandboxes.ids[hot]}{path}"
+    options = dict(options)
+    if "json" in options:
+        options["json"] = json.loads(fill(json.dumps(options["json"])))
+    if callable(options.get("content")):
+        options["content"] = options["content"]()
+    return client.request(method, url, **options)
+
+
+def _normalised(response: httpx.Response, sandboxes: _Sandboxes, hot: bool) -> dict[str, Any]:
+    text = response.text
+    for placeholder, value in (
+        ("<WORKDIR>", sandboxes.workdirs[hot]),
+        ("<ID>", sandboxes.ids[hot]),
+        ("<FOREIGN>", sandboxes.foreign[hot]),
+    ):
+        text = text.replace(value, placeholder)
+    text = re.sub(r'"duration_ms":\s*[0-9.e+-]+', '"duration_ms": 0', text)
+    text = re.sub(r'"(created_at|expires_at|modified_at)":\s*[0-9.e+-]+', r'"\1": 0', text)
+    text = re.sub(r'"request_id":\s*"[^"]*"', '"request_id": "-"', text)
+    return {
+        "status": response.status_code,
+        "body": text,
+        "headers": {name: response.headers.get(name) for name in _MEANINGFUL_HEADERS},
+    }
+
+
+@pytest.mark.parametrize(("name", "served_by", "method", "path", "options"), CASES, ids=[c[0] for c in CASES])
+def test_same_answer_with_and_without_the_hot_path(
+    service: Running,
+    switch: _Switch,
+    sandboxes: _Sandboxes,
+    name: str,
+    served_by: str,
+    method: str,
+    path: str,
+    options: dict[str, Any],
+) -> None:
+    answers = {}
+    counted = {}
+    with service.client("alice") as client:
+        for hot in (True, False):
+            switch.use_hot_path(hot)
+            try:
+                before = _metrics(client)
+                before_calls = switch.fastapi.calls
+                response = _send(client, sandboxes, hot, method, path, options)
+                handed_over = switch.fastapi.calls - before_calls
+                after = _metrics(client)
+                if hot:
+                    expected = 1 if served_by == FASTAPI else 0
+                    assert handed_over == expected, f"{name}: handed to FastAPI {handed_over}x, not {expected}x"
+            finally:
+                switch.use_hot_path(True)
+            answers[hot] = _normalised(response, sandboxes, hot)
+            counted[hot] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+            assert response.headers.get("x-request-id"), name
+    assert answers[True] == answers[False]
+    assert counted[True] == counted[False]
+    assert counted[True], "every request is counted in the metrics"
+
+
+def test_rate_limit_on_the_hot_path(service: Running, switch: _Switch) -> None:
+    """The token is taken on the hot path too, and a refusal there is FastAPI's refusal."""
+    with service.client("slow") as slow:
+        sandbox = create(slow)  # the burst's first token
+        path = f"/v1/sandboxes/{sandbox['id']}/files/ls"
+        before = switch.fastapi.calls
+        first = slow.post(path, json={"path": sandbox["workdir"]})
+        refused = slow.post(path, json={"path": sandbox["workdir"]})
+        assert switch.fastapi.calls == before  # both answered by the hot path
+        assert first.status_code == 200
+        assert (refused.status_code, error_of(refused)) == (429, "rate_limited")
+        assert int(refused.headers["retry-after"]) >= 1
+        assert re.fullmatch(r"tenant 'slow' exceeds 0\.5 requests/s; retry in [0-9.]+s", refused.json()["message"])
+        switch.use_hot_path(False)
+        try:
+            also_refused = slow.get(f"/v1/sandboxes/{sandbox['id']}")
+        finally:
+            switch.use_hot_path(True)
+        assert (also_refused.status_code, error_of(also_refused)) == (429, "rate_limited")

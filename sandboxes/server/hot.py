@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandboxes.server import api, responses
 from sandboxes.server.auth import Tenant
 from sandboxes.server.errors import ServiceError
+from sandboxes.server.registry import Entry
 from sandboxes.server.routes import Service, execute_json, file_json, info_json
 
 _ROUTE = re.compile(
@@ -83,7 +84,7 @@ class HotPath:
         await self._serve(scope, send, svc, tenant, op, entry, body)
 
     async def _serve(
-        self, scope: Scope, send: Send, svc: Service, tenant: Tenant, op: str | None, entry: Any, body: Any
+        self, scope: Scope, send: Send, svc: Service, tenant: Tenant, op: str | None, entry: Entry, body: Any
     ) -> None:
         scope.setdefault("state", {})["tenant"] = tenant.id
         try:

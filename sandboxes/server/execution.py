@@ -6,7 +6,7 @@ serve every command of a sandbox), so chunks are handed to the event loop withou
 the bytes in flight are capped at the request's output limit: a client slower than the
 command loses the middle of the live stream (the final ``exit`` result says so with
 ``truncated``), never the service's memory. A client that disconnects has its command's
-process tree killed.
+process tree killed, streamed or not: a plain execute watches the connection while it waits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from sandboxes import protocol as p
 from sandboxes.base import BaseSandbox
@@ -52,18 +53,42 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
     return Command(request.command, timeout, stdin, dict(request.env), request.cwd, limit)
 
 
-async def run_once(sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None]) -> ExecuteResult:
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+"""The request's ASGI ``receive``, once its body is read: what it returns next is the client
+leaving (``http.disconnect``)."""
+
+
+async def run_once(
+    sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None], receive: Receive | None = None
+) -> ExecuteResult:
+    """The command's result. If the client disconnects first (``receive`` given), the command's
+    tree is killed at once rather than left to its timeout; the result then goes nowhere."""
     token = unique_id()
     # The executor's future itself, not a task around `asyncio.to_thread`: one scheduling step
     # less per command on the event loop. The context goes along, as to_thread would take it,
     # so the worker's log lines carry the request id.
     call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, None)
     work = asyncio.get_running_loop().run_in_executor(None, call)
+    watch = None if receive is None else asyncio.ensure_future(_client_gone(receive))
     try:
+        if watch is not None:
+            either: set[asyncio.Future[Any]] = {work, watch}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                logger.info("the client left while its command ran: killing the command")
+                _kill_soon(kill_marked, token)
         return result_of(await asyncio.shield(work))
-    except asyncio.CancelledError:  # the client went away: do not leave its command running
+    except asyncio.CancelledError:  # the request was cancelled: do not leave its command running
         _kill_soon(kill_marked, token)
         raise
+    finally:
+        if watch is not None and not watch.done():
+            watch.cancel()
+
+
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:

@@ -81,10 +81,18 @@ class HotPath:
             return
         if op is not None:
             read.clear()  # served here: only the parsed body is needed, the raw bytes can go
-        await self._serve(scope, send, svc, tenant, op, entry, body)
+        await self._serve(scope, receive, send, svc, tenant, op, entry, body)
 
     async def _serve(
-        self, scope: Scope, send: Send, svc: Service, tenant: Tenant, op: str | None, entry: Entry, body: Any
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        svc: Service,
+        tenant: Tenant,
+        op: str | None,
+        entry: Entry,
+        body: Any,
     ) -> None:
         scope.setdefault("state", {})["tenant"] = tenant.id
         try:
@@ -92,7 +100,7 @@ class HotPath:
             if op is None:
                 answer = info_json(entry)
             elif op == "execute":
-                answer = await execute_json(svc, entry, body)
+                answer = await execute_json(svc, entry, body, receive)
             else:
                 answer = await file_json(op, entry, body)
         except ServiceError as exc:

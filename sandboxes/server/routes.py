@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from sandboxes.server import api
 from sandboxes.server.auth import Authenticator, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import command_for, run_once, run_streamed
+from sandboxes.server.execution import Receive, command_for, run_once, run_streamed
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, to_json
@@ -134,14 +134,15 @@ async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> R
 @router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
 async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
     svc, entry = _entry(request, tenant, sandbox_id)
-    return json_response(await execute_json(svc, entry, body))
+    return json_response(await execute_json(svc, entry, body, request.receive))
 
 
-async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest) -> bytes:
-    """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`."""
+async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, receive: Receive | None = None) -> bytes:
+    """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
+    ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
     started = time.perf_counter()
-    result = await run_once(entry.sandbox, command, entry.kill_marked)
+    result = await run_once(entry.sandbox, command, entry.kill_marked, receive)
     svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
     return to_json(result)
 

@@ -150,6 +150,29 @@ def test_a_disconnected_stream_kills_its_command(client: httpx.Client, sandbox: 
         assert time.monotonic() < deadline, "the abandoned command kept running"
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "application/json; charset=utf-8"],
+    ids=["hot-path", "fastapi"],  # the hot path hands any other content type to FastAPI's route
+)
+def test_a_client_leaving_a_plain_execute_kills_its_command(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any], content_type: str
+) -> None:
+    """Not left running until its (long) timeout: the service watches the connection."""
+    sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
+    beat = f"{workdir}/beat-sync-{content_type.count(';')}"
+    loop = f"while :; do date +%s%N > {shlex.quote(beat)}; sleep 0.1; done"
+    body = json.dumps({"command": loop, "timeout": 120})
+    headers = {**client.headers, "content-type": content_type}
+    impatient = httpx.Client(base_url=service.url, headers=headers, timeout=httpx.Timeout(60, read=1.5))
+    with impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", content=body)
+    assert execute(client, sandbox_id, f"test -s {shlex.quote(beat)}")["exit_code"] == 0, "the command never ran"
+    deadline = time.monotonic() + 10
+    while not _heartbeat_stopped(client, sandbox_id, beat):
+        assert time.monotonic() < deadline, "the abandoned command kept running"
+
+
 # ---------------------------------------------------------------------- background processes
 
 

@@ -9,8 +9,10 @@
 # Environment:
 #   BASE             "local" (default) or an image reference to build on
 #   SANDBOXES_CACHE  cache dir for the debootstrapped rootfs (default ~/.cache/sandboxes)
-#   DEBIAN_MIRROR    apt mirror for debootstrap and the base image (default http://deb.debian.org/debian)
-#   DEBIAN_SECURITY_MIRROR  (default http://deb.debian.org/debian-security)
+#   DEBIAN_MIRROR    apt mirror for debootstrap and the base image (default: the Debian archive
+#                    this machine's own apt sources name, so a machine behind its own mirror works)
+#   DEBIAN_SECURITY_MIRROR  (default: the security archive of this machine's apt sources, else
+#                    DEBIAN_MIRROR with its last component suffixed -security)
 #   BUILD_NETWORK    passed as `docker build --network`, e.g. "host" if build containers have no network
 #   BUILD_CA_BUNDLE  CA bundle pip trusts while building the service image (default: $PIP_CERT,
 #                    $SSL_CERT_FILE, or this machine's /etc/ssl/certs/ca-certificates.crt)
@@ -29,12 +31,16 @@ BASE=${BASE:-local}
 cache=${SANDBOXES_CACHE:-$HOME/.cache/sandboxes}
 rootfs=$cache/rootfs-bookworm
 marker=$rootfs.done          # beside the rootfs, not in it, so it is not part of the image
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-security_mirror=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 base_image=sandboxes/base:bookworm
 
 log() { printf '==> [%3ds] %s\n' "$SECONDS" "$*" >&2; }
 die() { printf 'build.sh: ERROR: %s\n' "$*" >&2; exit 1; }
+
+# The apt mirrors come from this machine's own sources (see apt-mirror.sh), so no host name is
+# written in the repository.
+mirror=${DEBIAN_MIRROR:-$(bash "$here/apt-mirror.sh" main)} \
+    || die "no Debian archive in this machine's apt sources: set DEBIAN_MIRROR"
+security_mirror=${DEBIAN_SECURITY_MIRROR:-$(bash "$here/apt-mirror.sh" security 2>/dev/null || echo "$mirror-security")}
 
 docker info >/dev/null 2>&1 || die "Docker engine not reachable (start one: bash .ci/docker.sh)"
 
@@ -42,7 +48,11 @@ docker info >/dev/null 2>&1 || die "Docker engine not reachable (start one: bash
 # complete: an interrupted debootstrap is thrown away and redone.
 make_rootfs() {
     [ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
-    command -v debootstrap >/dev/null || die "debootstrap missing (apt-get install -y debootstrap)"
+    if ! command -v debootstrap >/dev/null; then
+        log "installing debootstrap"
+        apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2 \
+            || die "debootstrap missing and could not be installed (apt-get install -y debootstrap)"
+    fi
     log "debootstrap --variant=minbase bookworm $rootfs (mirror $mirror)"
     # --one-file-system: an interrupted debootstrap may leave proc/sys mounted inside.
     rm -rf --one-file-system "$rootfs" "$rootfs.tmp" "$marker"

@@ -25,6 +25,8 @@ EXIT_CHANGED = 14
 EXIT_NO_SPACE = 15
 EXIT_NOT_REGULAR = 16
 EXIT_TOO_LARGE = 17
+EXIT_SHORT = 18
+"""Fewer bytes arrived than were sent: the stream was cut, so the target was left as it was."""
 EXIT_NO_CWD = 200
 """From `RUN_IN` when the working directory is missing; a user's command may exit 200 too, so
 callers confirm with `CWD_EXISTS` before reporting ``file_not_found``."""
@@ -98,23 +100,53 @@ done
 """Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. Files
 over ``$1`` bytes (``-``: no limit) get status 17 and no content, for a bulk transport."""
 
-_WRITE_ONE = r"""put() {
+_WRITE_ONE = r"""inplace() {
+  [ -e "$1" ] && { [ -L "$1" ] || [ ! -f "$1" ] || [ ! -O "$1" ] || [ ! -w "${1%/*}/." ]; }
+}
+failed() {
+  case $1 in *[Nn]o\ space*) c=15 ;; *) why "$2"; [ "$c" = 10 ] && c=12 ;; esac
+}
+place() {
+  if [ -e "$2" ]; then
+    wm=$(stat -c %a -- "$2" 2>/dev/null) || { rm -f -- "$1"; c=12; return 1; }
+    chgrp "$(stat -c %g -- "$2")" "$1" 2>/dev/null || true
+  else
+    wm=$(umask); wm=$(printf %o $((0666 & ~0$wm)))
+  fi
+  if chmod "$wm" "$1" 2>/dev/null && mv -f -- "$1" "$2" 2>/dev/null; then c=0; return 0; fi
+  rm -f -- "$1"; why "$2"; [ "$c" = 10 ] && c=12; return 1
+}
+put() {
   if [ -d "$1" ]; then c=11; return 1; fi
   prep "$1" || return 1
-  if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
-  case $err in *[Nn]o\ space*) c=15 ;; *) why "$1"; [ "$c" = 10 ] && c=12 ;; esac
-  return 1
+  if inplace "$1"; then
+    if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
+    failed "$err" "$1"; return 1
+  fi
+  if [ -e "$1" ] && [ ! -w "$1" ]; then c=12; return 1; fi
+  wt=$(mktemp "${1%/*}/.sandboxes-write.XXXXXX" 2>/dev/null) || { failed "" "$1"; return 1; }
+  if ! err=$("$2" 2>&1 >"$wt"); then rm -f -- "$wt"; failed "$err" "$1"; return 1; fi
+  wn=$(wc -c < "$wt"); wn=$((wn))
+  if [ "$wn" != "$3" ]; then rm -f -- "$wt"; c=18; return 1; fi
+  place "$wt" "$1"
 }
 """
-# `put PATH PRODUCER` writes what the function PRODUCER prints to PATH, leaving in $c why not.
+# `put PATH PRODUCER SIZE` writes what the function PRODUCER prints to PATH, leaving in $c why
+# not (its own variables are named w*, so its callers' survive). It is atomic: the bytes go to a
+# temporary file beside PATH, and `place` renames it over PATH only once all SIZE bytes are
+# there, with PATH's mode (and group, where we may set it), so a writer killed halfway or a
+# stream cut short leaves the old file whole and never a part of the new one. Where a rename
+# could not keep what PATH is (`inplace`), the write happens in place as before: a symlink
+# (written through), a device or FIFO, another user's file, or a directory we may not create
+# entries in. New files get the mode the umask gives, not mktemp's 0600.
 
 WRITE = (
     _WRITE_ONE
     + r"""_cat() { cat; }
-put "$1" _cat; exit "$c"
+put "$1" _cat "$2"; exit "$c"
 """
 )
-"""Write stdin to ``$1`` (creating parents), in place so the file keeps its mode and owner."""
+"""Write stdin (``$2`` bytes) to ``$1``, creating parents; atomically, keeping mode and owner."""
 
 CAS_WRITE = (
     _WRITE_ONE
@@ -122,10 +154,10 @@ CAS_WRITE = (
 [ -f "$1" ] || { why "$1"; exit "$c"; }
 cur=$(md5sum < "$1" 2>/dev/null) || exit 12
 case $cur in "$2"*) ;; *) exit 14 ;; esac
-put "$1" _cat; exit "$c"
+put "$1" _cat "$3"; exit "$c"
 """
 )
-"""Compare-and-swap: write stdin to ``$1`` only if its md5 is still ``$2``."""
+"""Compare-and-swap: write stdin (``$3`` bytes) to ``$1`` only if its md5 is still ``$2``."""
 
 UPLOAD = (
     _WRITE_ONE
@@ -136,7 +168,7 @@ off=1
 _part() { tail -c "+$off" "$t" 2>/dev/null | head -c "$n"; }
 while [ $# -gt 0 ]; do
   n=$2
-  put "$1" _part
+  put "$1" _part "$n"
   printf '%s\n' "$c"
   off=$((off + n)); shift 2
 done
@@ -160,6 +192,40 @@ done
 """
 )
 """Per destination, whether a bulk transport may write it: parents created, status printed."""
+
+COMMIT_STAGED = (
+    _WRITE_ONE
+    + r"""while [ $# -gt 0 ]; do
+  s=$1 f=$2 n=$3; shift 3
+  if [ "$n" = - ]; then rm -f -- "$s"; continue; fi
+  if [ -d "$f" ]; then rm -f -- "$s"; c=11
+  elif [ ! -f "$s" ]; then c=18
+  else
+    wn=$(wc -c < "$s"); wn=$((wn))
+    if [ "$wn" != "$n" ]; then rm -f -- "$s"; c=18
+    elif inplace "$f"; then
+      if err=$(cat -- "$s" 2>&1 >"$f"); then c=0; else failed "$err" "$f"; fi
+      rm -f -- "$s"
+    else place "$s" "$f"; fi
+  fi
+  printf '%s\n' "$c"
+done
+exit 0
+"""
+)
+"""Put files a bulk transport (tar, SFTP) staged beside their targets in place, atomically:
+``$1 $2 $3`` = staged file, target, expected size, repeated; size ``-`` only removes the staged
+file (its transfer failed) and prints nothing. One status line per committed file."""
+
+STAGE_CHUNK = r"""if [ "$2" = new ]; then
+  : > "$1" 2>/dev/null || { why "$1"; [ "$c" = 10 ] && c=12; exit "$c"; }
+else
+  [ -f "$1" ] || exit 10
+fi
+cat >> "$1" || exit 15
+"""
+"""Append stdin to the staged file ``$1``, created empty first when ``$2`` is ``new``: a big file
+crosses the sandbox's command stream in bounded pieces, then `COMMIT_STAGED` renames it."""
 
 DELETE = r"""f=$1
 if [ ! -e "$f" ] && [ ! -L "$f" ]; then why "$f"; exit "$c"; fi

@@ -138,3 +138,22 @@ class SandboxConformance(BackendConformance):
             sandbox.delete(f"{root}/{name}")
         found = sandbox.execute(f"ls -a . {shlex.quote(root)} /tmp 2>/dev/null | grep -c {CANARY}")
         assert found.output.strip() == "0"
+
+    def test_replacing_a_file_keeps_its_mode_and_leaves_nothing_beside_it(
+        self, sandbox: p.SandboxBackendProtocol, root: str
+    ) -> None:
+        """Writes go to a temporary file renamed over the target: the target keeps its mode,
+        new files get the umask's, and no temporary file is left behind, on every write path."""
+        big = bytes(range(256)) * 8192  # 2 MiB: over any backend's bulk-transfer threshold
+        target = f"{root}/kept/mode.txt"
+        assert sandbox.write(target, "one\n").error is None
+        assert sandbox.execute(f"chmod 751 {shlex.quote(target)}").exit_code == 0
+        assert sandbox.write(target, "two\n").error is None
+        assert sandbox.edit(target, "two", "three").error is None
+        assert sandbox.upload_files([(target, b"four\n")])[0].error is None
+        assert sandbox.upload_files([(target, big), (f"{root}/kept/other.bin", big)])[0].error is None
+        assert sandbox.download_files([target])[0].content == big
+        stat = sandbox.execute(f"cd {shlex.quote(root)}/kept && stat -c '%a %n' * .[!.]* 2>/dev/null; umask")
+        lines = stat.output.split("\n")
+        umask = int(lines[-2], 8)
+        assert lines[:-2] == ["751 mode.txt", f"{0o666 & ~umask:o} other.bin"]

@@ -70,6 +70,10 @@ class BaseSandbox(p.SandboxBackendProtocol):
     operation_timeout: float = 300.0
     """Seconds a single file operation may take inside the sandbox before it is killed."""
 
+    search_tools: bool = True
+    """Whether ``grep`` may use ripgrep where the sandbox has it (one process instead of a walk
+    and a search); ``False`` keeps to POSIX ``find`` and ``grep``, which every sandbox has."""
+
     def execute_streaming(
         self,
         command: str,
@@ -164,7 +168,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
         except InvalidPathError as exc:
             return p.WriteResult(*refused_input(exc, file_path))
         data = content.encode("utf-8")
-        call = _Call(_scripts.command(_scripts.WRITE, path, str(len(data))), stdin=data, idempotent=False)
+        command = _scripts.command(_scripts.WRITE, path, str(len(data)), _token())
+        call = _Call(command, stdin=data, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -186,7 +191,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.EditResult(*outcome)
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
         replacement = outcome.content.encode("utf-8")
-        command = _scripts.command(_scripts.CAS_WRITE, path, digest, str(len(replacement)))
+        command = _scripts.command(_scripts.CAS_WRITE, path, digest, str(len(replacement)), _token())
         call = _Call(command, stdin=replacement, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
@@ -235,9 +240,10 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if "\n" in pattern:  # no line can contain it (grep -F would split it); only check the root
             found = yield from self._find(root, None)
             return p.GrepResult(*found) if isinstance(found, tuple) else p.GrepResult(matches=[])
-        names = basename_prefilter(glob) if glob else None
-        predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
-        call = _Call(_scripts.command(_scripts.GREP, root, pattern, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        names = (basename_prefilter(glob) if glob else None) or []
+        tool = "rg" if self.search_tools else "find"
+        command = _scripts.command(_scripts.GREP, root, pattern, tool, *names)
+        call = _Call(command, output_limit=SEARCH_OUTPUT_LIMIT)
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return p.GrepResult(code, message_for(code, root))
@@ -261,14 +267,15 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if len(valid) == 1:
             index, path, content = valid[0]
-            command = _scripts.command(_scripts.WRITE, path, str(len(content)))
+            command = _scripts.command(_scripts.WRITE, path, str(len(content)), _token())
             response = yield _Call(command, stdin=content, idempotent=False)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
             args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
             stream = b"".join(content for _, _, content in valid)
-            response = yield _Call(_scripts.command(_scripts.UPLOAD, *args), stdin=stream, idempotent=False)
+            command = _scripts.command(_scripts.UPLOAD, _token(), *args)
+            response = yield _Call(command, stdin=stream, idempotent=False)
             failure = _parse.check(response, valid[0][1])
             if failure is not None:  # the batch could not start (no temp space)
                 statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)
@@ -477,11 +484,16 @@ def _join_or(groups: list[list[str]]) -> list[str]:
     return joined
 
 
+def _token() -> str:
+    """Random enough that two writers never pick the same staging name beside one file."""
+    return uuid.uuid4().hex[:16]
+
+
 def staging_name(path: str) -> str:
     """A fresh hidden name beside ``path`` for a bulk transfer to fill before it is renamed over
     ``path`` (beside it, so the rename never crosses a filesystem)."""
     directory = path.rpartition("/")[0]
-    return f"{directory}/.sandboxes-write.{uuid.uuid4().hex[:12]}"
+    return f"{directory}/.sandboxes-write.{_token()}"
 
 
 def _upload_response(raw: str, code: p.ErrorCode | None, path: str) -> p.FileUploadResponse:

@@ -120,7 +120,7 @@ def test_a_stream_cut_short_is_never_renamed_into_place(docker_sandbox: DockerSa
     target untouched and report ``connection_lost``, not success."""
     target = "/workspace/short/file.txt"
     assert docker_sandbox.upload_files([(target, ORIGINAL)])[0].error is None
-    command = _scripts.command(_scripts.WRITE, target, str(len(ORIGINAL) + 10))
+    command = _scripts.command(_scripts.WRITE, target, str(len(ORIGINAL) + 10), "cut-short")
     response = docker_sandbox.execute(command, stdin=b"only part of it")
     assert response.exit_code == _scripts.EXIT_SHORT
     assert docker_sandbox.download_files([target])[0].content == ORIGINAL

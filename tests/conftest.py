@@ -19,6 +19,15 @@ SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
 """Owner label of every sandbox this session creates; the session sweeps exactly these."""
 
 
+def needs(ready: bool, reason: str) -> None:
+    """A precondition of a test: skipped on a developer's machine that lacks it, a failure in CI,
+    where every test must run (a silent skip there would hide a missing install step)."""
+    if not ready:
+        if IN_CI:
+            pytest.fail(f"CI must run this test: {reason}")
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     try:

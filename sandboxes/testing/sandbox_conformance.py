@@ -23,9 +23,11 @@ class SandboxConformance(BackendConformance):
         return backend
 
     def test_id_is_stable(self, sandbox: p.SandboxBackendProtocol) -> None:
-        assert isinstance(sandbox.id, str)
-        assert sandbox.id
-        assert sandbox.id == sandbox.id
+        first = sandbox.id
+        assert isinstance(first, str)
+        assert first.strip() == first != ""
+        assert sandbox.execute("true").exit_code == 0  # starting a transport must not change it
+        assert sandbox.id == first
 
     def test_execute_output_and_exit_code(self, sandbox: p.SandboxBackendProtocol) -> None:
         result = sandbox.execute("echo out; echo err >&2; exit 3")
@@ -100,16 +102,24 @@ class SandboxConformance(BackendConformance):
     def test_background_processes_end_with_their_command(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
         """Nothing a command starts outlives it: long-lived processes are the service's background API."""
         sandbox.write(f"{root}/.keep", "")
-        beat = f"i=0; while :; do i=$((i+1)); echo $i > {shlex.quote(root)}/bg; sleep 0.1; done"
+        beats = [f"{shlex.quote(root)}/bg{n}" for n in (1, 2)]
+        loops = [f"i=0; while :; do i=$((i+1)); echo $i > {beat}; sleep 0.1; done" for beat in beats]
         started = time.monotonic()
-        result = sandbox.execute(f"({beat}) & nohup sh -c {shlex.quote(beat)} >/dev/null 2>&1 & echo started")
+        # Both loops must have beaten before the command ends, so a loop that never started
+        # cannot pass for one that was stopped.
+        wait = f"until [ -s {beats[0]} ] && [ -s {beats[1]} ]; do sleep 0.01; done"
+        immune = f"(trap '' HUP; exec sh -c {shlex.quote(loops[1])})"  # nohup's effect; busybox may lack nohup
+        command = f"({loops[0]}) & {immune} >/dev/null 2>&1 & {wait}; echo started"
+        result = sandbox.execute(command, timeout=30)
         assert result.exit_code == 0
         assert result.output == "started\n"
         assert time.monotonic() - started < 10
-        time.sleep(0.5)
-        before = sandbox.download_files([f"{root}/bg"])[0].content  # None: killed before its first beat
-        time.sleep(1.0)
-        after = sandbox.download_files([f"{root}/bg"])[0].content
+        paths = [f"{root}/bg{n}" for n in (1, 2)]
+        time.sleep(0.5)  # the tree is killed as the command ends; let a kill in flight land
+        before = [r.content for r in sandbox.download_files(paths)]
+        assert all(content is not None for content in before)
+        time.sleep(1.0)  # ten beats' time: a survivor would have written by now
+        after = [r.content for r in sandbox.download_files(paths)]
         assert after == before, "a background process outlived its command"
 
     def test_concurrent_commands(self, sandbox: p.SandboxBackendProtocol) -> None:

@@ -120,6 +120,11 @@ class ServiceSettings(BaseSettings):
     """Largest JSON request body (uploads travel base64 in it)."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)
     """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
+    max_archive_members: int = Field(default=100_000, gt=0)
+    """Most members a ``PUT /archive`` tar may have."""
+    max_archive_expansion: int = Field(default=256 << 20, ge=0)
+    """Most bytes an archive may expand to beyond its own size (sparse holes, compression):
+    what a small upload may cost the service host's disk while it is spooled."""
     max_processes: int = Field(default=16, gt=0)
     """Background processes running at once per sandbox."""
     sweep_interval: float = Field(default=10.0, gt=0)

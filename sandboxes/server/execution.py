@@ -46,7 +46,7 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
         try:
             stdin = base64.b64decode(request.stdin_b64, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ServiceError("invalid_request", f"stdin_b64 is not base64: {exc}") from exc
+            raise ServiceError("invalid_request", "stdin_b64 is not base64") from exc
     for name in request.env:
         if not name or "=" in name or "\x00" in name:
             raise ServiceError("invalid_request", f"invalid environment variable name {name!r}")

@@ -72,9 +72,11 @@ def run_marked(
             cwd=command.cwd,
             output_limit=command.output_limit,
         )
-    except Exception as exc:
+    except Exception:
         logger.exception("execute failed in %s", sandbox.id)
-        return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the sandbox's backend failed: {exc}")
+        return p.ExecuteResponse(
+            "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
+        )
 
 
 @dataclass

@@ -159,7 +159,9 @@ class Registry:
             raise
         except Exception as exc:
             logger.exception("creating a %s sandbox failed", backend.name)
-            raise ServiceError("backend_unavailable", f"the {backend.name} backend failed: {exc}") from exc
+            raise ServiceError(
+                "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
+            ) from exc
         finally:
             self._reserved.pop(reservation.key, None)
         entry = await self._register(state, sandbox, backend)

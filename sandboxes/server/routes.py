@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
@@ -28,7 +29,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, command_for, run_once, run_streamed
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
-from sandboxes.server.responses import json_response, to_json
+from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streams import buffered_body, iterate_thread
 
@@ -56,19 +57,48 @@ def service_of(request: Request) -> Service:
 _bearer = HTTPBearer(auto_error=False, description="An API key of the service")
 
 
+AUTHENTICATED = "authenticated"
+"""Key in a request's ``scope["state"]`` of its `Tenant`, once the request middleware has
+authenticated it from the headers (before any of the body was read)."""
+
+
 async def _tenant(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Tenant:
     svc = service_of(request)
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    tenant = svc.auth.authenticate(header)
-    request.scope.setdefault("state", {})["tenant"] = tenant.id
+    state = request.scope.setdefault("state", {})
+    tenant = state.get(AUTHENTICATED)
+    if not isinstance(tenant, Tenant):
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+        tenant = svc.auth.authenticate(header)
+    state["tenant"] = tenant.id
     svc.limiter.check(tenant)
     return tenant
 
 
+class _JSONRequest(Request):
+    """A request whose JSON body is parsed as the hot path parses it (`parse_json`): malformed,
+    lone surrogates and deep nesting are 422s, and a big body is parsed off the event loop."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = await parse_json_off_loop(await self.body())
+        return self._json
+
+
+class _Route(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            response: Response = await handler(_JSONRequest(request.scope, request.receive))
+            return response
+
+        return handle
+
+
 Authed = Annotated[Tenant, Depends(_tenant)]
-router = APIRouter(prefix=api.API_PREFIX)
+router = APIRouter(prefix=api.API_PREFIX, route_class=_Route)
 health = APIRouter()
 
 
@@ -89,7 +119,9 @@ async def _backend(function: Callable[..., T], *args: Any) -> T:
         raise
     except Exception as exc:
         logger.warning("backend call %s failed: %s", getattr(function, "__name__", function), exc, exc_info=True)
-        raise ServiceError("backend_unavailable", f"the sandbox's backend failed: {exc}") from exc
+        raise ServiceError(
+            "backend_unavailable", "the sandbox's backend failed; the service log has the request id"
+        ) from exc
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -282,7 +314,8 @@ async def readyz(request: Request) -> Response:
         try:
             await asyncio.to_thread(backend.check_ready)
         except Exception as exc:
-            problems.append(f"{name} backend: {exc}")
+            logger.warning("%s backend not ready: %s", name, exc)
+            problems.append(f"{name} backend not ready (see the service log)")
     if problems:
         return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
     return JSONResponse({"status": "ready"})

@@ -130,6 +130,12 @@ class ServiceSettings(BaseSettings):
     sweep_interval: float = Field(default=10.0, gt=0)
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls; each running command holds one for its duration."""
+    max_header_bytes: int = Field(default=16 << 10, gt=0)
+    """Largest request head (request line and headers); a bigger one is refused before it is
+    parsed to the end."""
+    metrics_access: Literal["key", "open"] = "key"
+    """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
+    (``open``: only behind a network that keeps strangers off the port)."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

@@ -67,12 +67,14 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastA
         loop = asyncio.get_running_loop()
         executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="sandboxes-worker")
         loop.set_default_executor(executor)
+        service.command_pool = ThreadPoolExecutor(settings.command_threads, thread_name_prefix="sandboxes-command")
         await registry.start()
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
             yield
         finally:
             await registry.close()
+            service.command_pool.shutdown(wait=False, cancel_futures=True)
             logger.info("service stopped")
 
     app = FastAPI(

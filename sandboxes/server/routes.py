@@ -14,19 +14,21 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes.server import api
-from sandboxes.server.auth import Authenticator, RateLimiter, Tenant
+from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import Receive, command_for, run_once, run_streamed
+from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
@@ -47,6 +49,14 @@ class Service:
     limiter: RateLimiter
     metrics: Metrics
     draining: bool = False
+    commands: CommandSlots = field(default_factory=CommandSlots)
+    command_pool: Executor | None = None
+    """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
+
+    def take_command_slot(self, entry: Entry) -> Callable[[], None]:
+        """One of the sandbox's tenant's command slots (see `CommandSlots`)."""
+        tenant = entry.state.tenant
+        return self.commands.take(tenant, self.settings.policy_for(tenant))
 
 
 def service_of(request: Request) -> Service:
@@ -173,8 +183,9 @@ async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, rec
     """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
     ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
+    release = svc.take_command_slot(entry)
     started = time.perf_counter()
-    result = await run_once(entry.sandbox, command, entry.kill_marked, receive)
+    result = await run_once(entry.sandbox, command, entry.kill_marked, receive, svc.command_pool, release)
     svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
     return to_json(result)
 
@@ -188,14 +199,26 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
     svc, entry = _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
-    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe)
-    return StreamingResponse(events, media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
+    slot = StreamSlot(svc.take_command_slot(entry))
+    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe, svc.command_pool, slot)
+    return StreamingResponse(
+        events,
+        media_type="application/x-ndjson",
+        headers={"X-Accel-Buffering": "no"},
+        background=BackgroundTask(slot.release_unless_submitted),
+    )
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)
 async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> api.ProcessInfo:
     svc, entry = _entry(request, tenant, sandbox_id)
-    return entry.processes.start(entry.sandbox, command_for(body, _template(svc, entry), svc.settings))
+    command = command_for(body, _template(svc, entry), svc.settings)
+    release = svc.take_command_slot(entry)
+    try:
+        return entry.processes.start(entry.sandbox, command, release)
+    except BaseException:
+        release()
+        raise
 
 
 @router.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)

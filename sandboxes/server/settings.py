@@ -76,6 +76,9 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
+    max_commands: int = Field(default=16, ge=1)
+    """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
+    background); one more is refused with ``rate_limited`` (429) until one ends."""
 
     @field_validator("max_memory")
     @classmethod
@@ -127,9 +130,17 @@ class ServiceSettings(BaseSettings):
     what a small upload may cost the service host's disk while it is spooled."""
     max_processes: int = Field(default=16, gt=0)
     """Background processes running at once per sandbox."""
+    max_process_output_bytes: int = Field(default=64 << 20, gt=0)
+    """Output a sandbox's background processes may hold in the service's memory, together: a
+    running one reserves its output limit, a finished one holds its output until newer
+    processes need the room (the oldest outputs are dropped first)."""
     sweep_interval: float = Field(default=10.0, gt=0)
     worker_threads: int = Field(default=64, gt=0)
-    """Threads for blocking backend calls; each running command holds one for its duration."""
+    """Threads for blocking backend calls (file operations, archives, lifecycle)."""
+    command_threads: int = Field(default=256, gt=0)
+    """Threads for commands (execute and streamed): each running command holds one for its
+    duration, so tenants' ``max_commands`` together should stay under it. Apart from
+    `worker_threads`, so file operations never wait behind commands."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

@@ -139,6 +139,6 @@ The service is running ($backend backend, pid $pid, $url), and sandbox $id is yo
   .venv/bin/sandboxes exec --sandbox $id 'ls -la'
   .venv/bin/sandboxes cp $id:sum.py /tmp/sum.py
   .venv/bin/sandboxes rm $id
-  curl -H "Authorization: Bearer \$SANDBOXES_API_KEY" $url/v1/sandboxes     # the HTTP API ($url/v1/docs)
+  curl -H "Authorization: Bearer \$SANDBOXES_API_KEY" $url/v1/sandboxes     # the HTTP API ($url/v1/openapi.json)
 Stop it: bash scripts/demo.sh stop
 EOF

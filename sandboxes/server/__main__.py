@@ -105,7 +105,13 @@ def run(app: Any, settings: ServiceSettings) -> None:
             app.state.service.draining = True  # /readyz turns 503 while requests drain
             super().handle_exit(sig, frame)
 
-    config = uvicorn_config(app, host=settings.host, port=settings.port, drain_timeout=settings.drain_timeout)
+    config = uvicorn_config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        drain_timeout=settings.drain_timeout,
+        max_header_bytes=settings.max_header_bytes,
+    )
     _Server(config).run()
 
 

@@ -2,8 +2,11 @@
 
 The per-request machinery is one plain ASGI middleware (not Starlette's ``BaseHTTPMiddleware``,
 which costs a task and a copy per request and breaks streaming back-pressure): it assigns the
-request id, refuses oversized bodies (by ``Content-Length`` up front, by counting otherwise),
-and writes one structured access log line and the request metrics when the response ends.
+request id, authenticates every ``/v1`` request (and ``/metrics``) from its headers before a
+byte of its body is read, so a stranger costs the service one hash and never a body parsed
+or buffered, refuses oversized bodies (by ``Content-Length`` up front, by counting
+otherwise), and writes one structured access log line and the request metrics when the
+response ends.
 Inside it, `sandboxes.server.hot.HotPath` answers the ordinary requests of the hot routes
 (execute, file operations, one sandbox's record) without FastAPI's per-request cost, and hands
 everything else to FastAPI unchanged.
@@ -36,7 +39,7 @@ from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
-from sandboxes.server.routes import Service, health, router
+from sandboxes.server.routes import AUTHENTICATED, Service, health, router
 from sandboxes.server.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -64,12 +67,14 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastA
         loop = asyncio.get_running_loop()
         executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="sandboxes-worker")
         loop.set_default_executor(executor)
+        service.command_pool = ThreadPoolExecutor(settings.command_threads, thread_name_prefix="sandboxes-command")
         await registry.start()
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
             yield
         finally:
             await registry.close()
+            service.command_pool.shutdown(wait=False, cancel_futures=True)
             logger.info("service stopped")
 
     app = FastAPI(
@@ -78,7 +83,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastA
         summary="Isolated code execution for LLM agents",
         lifespan=lifespan,
         openapi_url=f"{api.API_PREFIX}/openapi.json",
-        docs_url=f"{api.API_PREFIX}/docs",
+        docs_url=None,  # Swagger UI loads its JavaScript from a public CDN: blank offline
         redoc_url=None,
     )
     app.state.service = service
@@ -136,7 +141,8 @@ class _RequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        # The first of a repeated header, as Starlette's ``headers.get`` gives it.
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in reversed(scope["headers"])}
         offered = headers.get("x-request-id", "")
         request_id = offered if _REQUEST_ID.match(offered) else unique_id()
         token = REQUEST_ID.set(request_id)
@@ -148,6 +154,15 @@ class _RequestMiddleware:
         status = [0]
         started = time.perf_counter()
         try:
+            if self._needs_key(scope["path"]):
+                try:
+                    tenant = self.service.auth.authenticate(headers.get("authorization"))
+                except ServiceError as exc:  # refused on its headers: the body is never read
+                    response = responses.service_error(self.service.metrics, exc)
+                    await response(scope, receive, _tagged(send, request_id, status))
+                    return
+                state[AUTHENTICATED] = tenant
+                state["tenant"] = tenant.id
             declared = headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:
                 self.service.metrics.errors.labels("too_large").inc()
@@ -162,7 +177,7 @@ class _RequestMiddleware:
                 logger.error("unhandled error", exc_info=exc)
                 self.service.metrics.errors.labels("internal").inc()
                 status[0] = 500
-                response = error_response(500, "internal", f"internal error ({type(exc).__name__}); see the log")
+                response = error_response(500, "internal", "internal error; the service log has the request id")
                 await response(scope, receive, send)
         finally:
             duration = (time.perf_counter() - started) * 1000
@@ -181,6 +196,12 @@ class _RequestMiddleware:
                 },
             )
             REQUEST_ID.reset(token)
+
+    def _needs_key(self, path: str) -> bool:
+        """Every ``/v1`` route but the OpenAPI description; ``/metrics`` unless configured open."""
+        if path.startswith(f"{api.API_PREFIX}/"):
+            return path != f"{api.API_PREFIX}/openapi.json"
+        return path == "/metrics" and self.service.settings.metrics_access == "key"
 
 
 def _counted(receive: Receive, limit: int) -> Receive:

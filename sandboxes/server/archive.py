@@ -11,24 +11,40 @@ the sandbox's root: no symlink, however placed or raced, leads the service outsi
 Docker archives go through the daemon, which confines them to the container; they are rewritten
 on the way in (owner set to the sandbox user, special bits dropped, only regular files,
 directories and symlinks) and spooled to a temporary file, never to memory.
+
+Every archive coming in is hostile until read (`_members`): at most ``max_members`` members;
+no absolute or ``..`` names; no symlink whose target is absolute or climbs out of the
+destination, and no member reached through a symlink the archive made earlier (Docker
+extracts as root and follows such links into the read-only root); and what it expands to is
+bounded twice: in total (``max_bytes``) and beyond the bytes that really arrived
+(``max_expansion``), which is what a sparse member's holes or a compressed stream of zeros
+cost the service host's disk while spooled. Sparse members are written out as the regular
+files they stand for.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
+import lzma
 import os
 import stat
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Any
 
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.streams import ChunkSink, Emit
 
 _SPOOL_IN_MEMORY = 8 << 20
+MAX_MEMBERS = 100_000
+"""Default ceiling on an archive's members: each costs a header's parse and an inode."""
+MAX_EXPANSION = 256 << 20
+"""Default ceiling on the bytes an archive may expand to beyond the bytes it is made of."""
 _COPY = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -51,7 +67,7 @@ def _os_error(exc: OSError, path: str) -> ServiceError:
         return ServiceError("permission_denied", f"{path}: permission denied")
     if exc.errno == errno.ENOSPC:
         return ServiceError("invalid_request", f"{path}: no space left")
-    return ServiceError("invalid_request", f"{path}: {exc.strerror}")
+    return ServiceError("invalid_request", f"{path}: {exc.strerror or 'cannot be written'}")
 
 
 def member_parts(name: str) -> list[str]:
@@ -186,7 +202,15 @@ def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, uid: 
     # sockets, fifos and devices are skipped: they have no content to archive
 
 
-def extract_local(root: str, raw_dest: str, archive: IO[bytes], *, max_bytes: int) -> None:
+def extract_local(
+    root: str,
+    raw_dest: str,
+    archive: IO[bytes],
+    *,
+    max_bytes: int,
+    max_members: int = MAX_MEMBERS,
+    max_expansion: int = MAX_EXPANSION,
+) -> None:
     """Extract a tar stream under ``raw_dest`` (created if needed) inside ``root``."""
     dest = checked_path(raw_dest)
     parts = _parts_under(root, dest)
@@ -194,36 +218,136 @@ def extract_local(root: str, raw_dest: str, archive: IO[bytes], *, max_bytes: in
         dest_fd = _open_beneath(root, parts, create=True)
     except OSError as exc:
         raise _os_error(exc, dest) from exc
-    written = 0
     try:
-        for member, content in _members(archive):
-            names = member_parts(member.name)
-            if not names:
-                continue
-            written += member.size
-            if written > max_bytes:
-                raise ServiceError("too_large", f"archive expands to more than {max_bytes} bytes")
+        members = _members(archive, max_bytes=max_bytes, max_members=max_members, max_expansion=max_expansion)
+        for member, names, content in members:
             try:
                 _extract_member(dest_fd, names, member, content)
             except OSError as exc:
                 raise _os_error(exc, f"{dest}/{'/'.join(names)}") from exc
-    except tarfile.TarError as exc:  # a truncated member, read while extracting it
-        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+    except _UNREADABLE as exc:  # a truncated member, met while extracting it
+        raise _unreadable() from exc
     finally:
         os.close(dest_fd)
 
 
-def _members(archive: IO[bytes]) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+_UNREADABLE = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError)
+"""What tarfile and its decompressors raise for a truncated or corrupt stream."""
+
+
+def _unreadable() -> ServiceError:
+    return ServiceError("invalid_request", "not a readable tar stream (truncated or corrupt)")
+
+
+class _Counted(io.RawIOBase):
+    """The archive's bytes as they arrive, counted: what the expansion is measured against."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        data = self._raw.read(len(target))
+        target[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+class _Budget:
+    """What the members expand to so far, against ``max_bytes`` and the bytes that arrived."""
+
+    def __init__(self, arrived: _Counted, *, max_bytes: int, max_expansion: int) -> None:
+        self._arrived = arrived
+        self._max_bytes = max_bytes
+        self._max_expansion = max_expansion
+        self.produced = 0
+
+    def take(self, size: int) -> None:
+        self.produced += size
+        if self.produced > self._max_bytes:
+            raise ServiceError("too_large", f"the archive expands to more than {self._max_bytes} bytes")
+        if self.produced - self._arrived.count > self._max_expansion:
+            raise ServiceError(
+                "too_large",
+                f"the archive expands to more than {self._max_expansion} bytes beyond its own size"
+                " (sparse holes or compression)",
+            )
+
+
+class _Content(io.RawIOBase):
+    """A member's content, every byte of it charged to the `_Budget` as it is read."""
+
+    def __init__(self, content: IO[bytes], budget: _Budget) -> None:
+        self._content = content
+        self._budget = budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        data = self._content.read(len(target))
+        self._budget.take(len(data))
+        target[: len(data)] = data
+        return len(data)
+
+
+def _members(
+    archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBERS, max_expansion: int = MAX_EXPANSION
+) -> Iterator[tuple[tarfile.TarInfo, list[str], IO[bytes] | None]]:
+    """Each member that may be extracted, with its name's components and its content (charged
+    to the budget as it is read). Raises `ServiceError` at the first member that may not."""
+    arrived = _Counted(archive)
+    budget = _Budget(arrived, max_bytes=max_bytes, max_expansion=max_expansion)
+    links: set[tuple[str, ...]] = set()
     try:
-        with tarfile.open(fileobj=archive, mode="r|*") as tar:
-            for member in tar:
+        with tarfile.open(fileobj=io.BufferedReader(arrived, _COPY), mode="r|*") as tar:
+            for count, member in enumerate(tar, 1):
+                if count > max_members:
+                    raise ServiceError("too_large", f"the archive has more than {max_members} members")
                 if not (member.isreg() or member.isdir() or member.issym()):
                     raise ServiceError(
                         "invalid_request", f"archive member {member.name!r}: only files, directories and symlinks"
                     )
-                yield member, tar.extractfile(member) if member.isreg() else None
-    except tarfile.TarError as exc:
-        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+                names = member_parts(member.name)
+                if not names:
+                    continue
+                _check_reached(member.name, names, links)
+                if member.issym():
+                    _check_link(member.name, names, member.linkname)
+                    links.add(tuple(names))
+                else:
+                    links.discard(tuple(names))
+                content = tar.extractfile(member) if member.isreg() else None  # reads holes as zeros
+                if member.issparse():  # so written out as the regular file it stands for
+                    member.type, member.sparse = tarfile.REGTYPE, None
+                yield member, names, None if content is None else io.BufferedReader(_Content(content, budget), _COPY)
+    except _UNREADABLE as exc:
+        raise _unreadable() from exc
+
+
+def _check_reached(name: str, names: list[str], links: set[tuple[str, ...]]) -> None:
+    """Refuse a member under a symlink the archive made: extracting it would write wherever
+    the link points."""
+    for depth in range(1, len(names)):
+        if tuple(names[:depth]) in links:
+            raise ServiceError("invalid_path", f"archive member {name!r} goes through a symbolic link it made")
+
+
+def _check_link(name: str, names: list[str], target: str) -> None:
+    """A symlink member may point only inside the destination, relatively."""
+    if not target or target.startswith("/") or "\x00" in target:
+        raise ServiceError("invalid_path", f"archive member {name!r} is a symbolic link to an absolute path")
+    depth = len(names) - 1  # components of the directory the link is in
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                raise ServiceError("invalid_path", f"archive member {name!r} is a symbolic link out of the archive")
+        elif part not in ("", "."):
+            depth += 1
 
 
 def _extract_member(dest_fd: int, names: list[str], member: tarfile.TarInfo, content: IO[bytes] | None) -> None:
@@ -269,28 +393,30 @@ def _unlink_non_dir(dir_fd: int, name: str) -> None:
 # ---------------------------------------------------------------------- docker: rewrite, spool
 
 
-def rewrite_for_container(archive: IO[bytes], *, uid: int, gid: int, max_bytes: int) -> IO[bytes]:
+def rewrite_for_container(
+    archive: IO[bytes],
+    *,
+    uid: int,
+    gid: int,
+    max_bytes: int,
+    max_members: int = MAX_MEMBERS,
+    max_expansion: int = MAX_EXPANSION,
+) -> IO[bytes]:
     """The tar, made safe to hand to ``put_archive``: owned by the sandbox user, no special
     mode bits, no device nodes or hard links, no member escaping the destination."""
     spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 - returned open
-    written = 0
     try:
         with tarfile.open(fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT) as out:
-            for member, content in _members(archive):
-                names = member_parts(member.name)
-                if not names:
-                    continue
-                written += member.size
-                if written > max_bytes:
-                    raise ServiceError("too_large", f"archive expands to more than {max_bytes} bytes")
+            members = _members(archive, max_bytes=max_bytes, max_members=max_members, max_expansion=max_expansion)
+            for member, names, content in members:
                 member.name = "/".join(names)
                 member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
                 member.mode = (member.mode & 0o777) or (0o755 if member.isdir() else 0o644)
                 member.pax_headers = {}
                 out.addfile(member, content)
-    except tarfile.TarError as exc:
+    except _UNREADABLE as exc:
         spool.close()
-        raise ServiceError("invalid_request", f"not a readable tar stream: {exc}") from exc
+        raise _unreadable() from exc
     except BaseException:
         spool.close()
         raise

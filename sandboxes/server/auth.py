@@ -2,7 +2,8 @@
 
 A key is checked against every configured digest with `hmac.compare_digest`, never stopping
 early, so the time a refusal takes says nothing about how close a guess was or which entry
-matched. The rate limit is a token bucket per tenant, kept in memory: a restart refills it.
+matched. The rate limit is a token bucket per tenant, kept in memory: a restart refills it; so is the
+count of each tenant's running commands (`CommandSlots`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxes.server.errors import ServiceError
@@ -88,3 +90,45 @@ class RateLimiter:
                     headers={"Retry-After": str(max(1, math.ceil(wait)))},
                 )
             self._buckets[tenant.id] = (tokens - 1.0, now)
+
+
+class CommandSlots:
+    """Commands running at once, per tenant, against its policy's ``max_commands``.
+
+    Each running command holds a thread until it ends, so one tenant with commands that never
+    end would otherwise take every thread and stall everyone else's."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, tenant: str, policy: TenantPolicy) -> Callable[[], None]:
+        """A slot for one command, or ``rate_limited``; call what is returned (once, from any
+        thread) when the command has ended."""
+        with self._lock:
+            running = self._running.get(tenant, 0)
+            if running >= policy.max_commands:
+                raise ServiceError(
+                    "rate_limited",
+                    f"tenant {tenant!r} already runs {running} commands at once, its maximum; retry when one ends",
+                    headers={"Retry-After": "1"},
+                )
+            self._running[tenant] = running + 1
+        released = threading.Event()
+
+        def release() -> None:
+            if released.is_set():
+                return
+            released.set()
+            with self._lock:
+                left = self._running.get(tenant, 1) - 1
+                if left > 0:
+                    self._running[tenant] = left
+                else:
+                    self._running.pop(tenant, None)
+
+        return release
+
+    def running(self, tenant: str) -> int:
+        with self._lock:
+            return self._running.get(tenant, 0)

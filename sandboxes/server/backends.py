@@ -29,7 +29,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.store import SandboxState
-from sandboxes.server.streams import Emit
+from sandboxes.server.streams import CHUNK, ChunkSink, Emit
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +94,36 @@ class Backend(abc.ABC):
         """Release connections; sandboxes stay (a restarted service adopts them)."""
 
 
+_WRITABLE_DIR = r"""mkdir -p -- "$1" 2>/dev/null
+if [ ! -d "$1" ]; then exit 3; fi
+if [ ! -w "$1" ] || [ ! -x "$1" ]; then exit 4; fi
+exit 0
+"""
+
+_READABLE = r"""if [ ! -e "$1" ] && [ ! -L "$1" ]; then exit 3; fi
+if [ ! -r "$1" ]; then exit 4; fi
+exit 0
+"""
+
+
 def _make_dir(sandbox: BaseSandbox, path: str) -> None:
-    """``mkdir -p`` as the sandbox user, inside the sandbox: what it may not create, we may not."""
-    made = sandbox.execute(_scripts.command('mkdir -p -- "$1" 2>&1', path), timeout=30)
+    """``mkdir -p`` as the sandbox user, inside the sandbox, and the directory must then be one
+    the sandbox user may write: what it may not write to, an archive may not either (Docker
+    extracts as root, through the read-only root's own checks)."""
+    made = sandbox.execute(_scripts.command(_WRITABLE_DIR, path), timeout=30)
+    if made.exit_code == 3:
+        raise ServiceError("not_a_directory", f"cannot create directory {path}")
     if made.exit_code != 0:
-        raise ServiceError("permission_denied", f"cannot create directory {path}: {made.output.strip()}")
+        raise ServiceError("permission_denied", f"{path}: the sandbox may not write there")
+
+
+def _check_readable(sandbox: BaseSandbox, path: str) -> None:
+    """``path`` exists and the sandbox user may read it."""
+    checked = sandbox.execute(_scripts.command(_READABLE, path), timeout=30)
+    if checked.exit_code == 3:
+        raise ServiceError("file_not_found", f"{path}: no such file or directory")
+    if checked.exit_code != 0:
+        raise ServiceError("permission_denied", f"{path}: the sandbox may not read it")
 
 
 # ---------------------------------------------------------------------- local
@@ -208,7 +233,16 @@ class LocalBackend(Backend):
         return open_local_archive(self._root(sandbox), path, uid=uid, gid=gid)
 
     def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
-        extract_local(self._root(sandbox), path, archive, max_bytes=self.settings.max_archive_bytes)
+        extract_local(self._root(sandbox), path, archive, **archive_limits(self.settings))
+
+
+def archive_limits(settings: ServiceSettings) -> dict[str, int]:
+    """The bounds on what an uploaded archive may be, as `sandboxes.server.archive` takes them."""
+    return {
+        "max_bytes": settings.max_archive_bytes,
+        "max_members": settings.max_archive_members,
+        "max_expansion": settings.max_archive_expansion,
+    }
 
 
 def _local_ids(sandbox: BaseSandbox) -> tuple[int, int]:
@@ -362,17 +396,33 @@ class DockerBackend(Backend):
         sandbox.execute(_scripts.command(_KILL_MARKED, token), timeout=30)
 
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
-        import docker.errors
-
+        """The tar is made inside the container by ``tar`` running as the sandbox user, not by
+        the daemon (which reads as root): the archive holds what the sandbox may read, no more
+        (``/etc/shadow`` is refused; unreadable files inside a tree are left out)."""
         checked = checked_path(path)
-        try:
-            chunks, _stat = getattr(sandbox, "container").get_archive(checked, chunk_size=1 << 20)  # noqa: B009
-        except docker.errors.NotFound as exc:
-            raise ServiceError("file_not_found", f"{checked}: no such file or directory") from exc
+        _check_readable(sandbox, checked)
+        parent, name = os.path.split(checked)
+        command = ["tar", "-C", parent or "/", "-cf", "-", "--ignore-failed-read", "--", name or "."]
+        container = getattr(sandbox, "container")  # noqa: B009
+        user = getattr(sandbox, "config").user  # noqa: B009 - DockerSandboxConfig
+        api = self.client.api
 
         def produce(emit: Emit) -> None:
-            for chunk in chunks:
-                emit(chunk)
+            from sandboxes._docker_io import ExecSocket
+
+            exec_id = api.exec_create(container.id, command, user=user, stdout=True, stderr=True)["Id"]
+            stream = ExecSocket(api.exec_start(exec_id, socket=True))
+            sink = ChunkSink(emit)
+            try:
+                while data := stream.recv(CHUNK):
+                    sink.write(data)
+                sink.flush_all()
+            finally:
+                stream.close()
+            status = api.exec_inspect(exec_id).get("ExitCode")
+            if status not in (0, 1):  # 1: a file changed while it was read
+                logger.warning("tar of %s exited %s: %s", checked, status, bytes(stream.stderr[:2000]))
+                raise ServiceError("backend_unavailable", f"the archive of {checked} could not be completed")
 
         return produce
 
@@ -382,7 +432,7 @@ class DockerBackend(Backend):
         checked = checked_path(path)
         config = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
         uid, gid = config.uid_gid
-        safe = rewrite_for_container(archive, uid=uid, gid=gid, max_bytes=self.settings.max_archive_bytes)
+        safe = rewrite_for_container(archive, uid=uid, gid=gid, **archive_limits(self.settings))
         try:
             if not is_within(checked, normalize_path(config.workdir)):
                 # The engine's archive API cannot write the read-only root or see tmpfs mounts
@@ -392,7 +442,8 @@ class DockerBackend(Backend):
             _make_dir(sandbox, checked)
             getattr(sandbox, "container").put_archive(checked, safe)  # noqa: B009
         except docker.errors.APIError as exc:
-            raise ServiceError("permission_denied", f"cannot extract into {checked}: {exc.explanation}") from exc
+            logger.warning("put_archive into %s refused: %s", checked, exc.explanation)
+            raise ServiceError("permission_denied", f"cannot extract into {checked}") from exc
         finally:
             safe.close()
 

@@ -22,6 +22,8 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from sandboxes import protocol as p
@@ -46,11 +48,25 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
         try:
             stdin = base64.b64decode(request.stdin_b64, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ServiceError("invalid_request", f"stdin_b64 is not base64: {exc}") from exc
+            raise ServiceError("invalid_request", "stdin_b64 is not base64") from exc
     for name in request.env:
         if not name or "=" in name or "\x00" in name:
             raise ServiceError("invalid_request", f"invalid environment variable name {name!r}")
     return Command(request.command, timeout, stdin, dict(request.env), request.cwd, limit)
+
+
+@dataclass
+class StreamSlot:
+    """A command slot taken for a streamed execute. The stream releases it when its command
+    ends; a stream that never started (its client left first) never ran the command, and the
+    response's background task releases it (`release_unless_submitted`)."""
+
+    release: Callable[[], None]
+    submitted: bool = False
+
+    def release_unless_submitted(self) -> None:
+        if not self.submitted:
+            self.release()
 
 
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
@@ -59,16 +75,22 @@ leaving (``http.disconnect``)."""
 
 
 async def run_once(
-    sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None], receive: Receive | None = None
+    sandbox: BaseSandbox,
+    command: Command,
+    kill_marked: Callable[[str], None],
+    receive: Receive | None = None,
+    executor: Executor | None = None,
+    on_end: Callable[[], None] | None = None,
 ) -> ExecuteResult:
     """The command's result. If the client disconnects first (``receive`` given), the command's
-    tree is killed at once rather than left to its timeout; the result then goes nowhere."""
+    tree is killed at once rather than left to its timeout; the result then goes nowhere.
+    ``on_end`` is called when the command has ended, answered or not."""
     token = unique_id()
     # The executor's future itself, not a task around `asyncio.to_thread`: one scheduling step
     # less per command on the event loop. The context goes along, as to_thread would take it,
     # so the worker's log lines carry the request id.
     call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, None)
-    work = asyncio.get_running_loop().run_in_executor(None, call)
+    work = _submitted(call, executor, on_end)
     watch = None if receive is None else asyncio.ensure_future(_client_gone(receive))
     try:
         if watch is not None:
@@ -84,6 +106,22 @@ async def run_once(
     finally:
         if watch is not None and not watch.done():
             watch.cancel()
+
+
+def _submitted(
+    call: Callable[[], p.ExecuteResponse], executor: Executor | None, on_end: Callable[[], None] | None
+) -> asyncio.Future[p.ExecuteResponse]:
+    """``call`` running in ``executor``; ``on_end`` runs when it has returned, on the thread
+    that ran it (never before: a slot is freed only once its thread is)."""
+
+    def run() -> p.ExecuteResponse:
+        try:
+            return call()
+        finally:
+            if on_end is not None:
+                on_end()
+
+    return asyncio.get_running_loop().run_in_executor(executor, run)
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -105,9 +143,15 @@ def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:
 
 
 async def run_streamed(
-    sandbox: BaseSandbox, command: Command, kill_marked: Callable[[str], None], on_done: Callable[[float], None]
+    sandbox: BaseSandbox,
+    command: Command,
+    kill_marked: Callable[[str], None],
+    on_done: Callable[[float], None],
+    executor: Executor | None = None,
+    slot: StreamSlot | None = None,
 ) -> AsyncIterator[bytes]:
-    """NDJSON lines of `StreamEvent`; the last is always ``exit``."""
+    """NDJSON lines of `StreamEvent`; the last is always ``exit``. ``slot`` is released when
+    the command has ended."""
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[bytes] = asyncio.Queue()
     budget = [command.output_limit]
@@ -122,13 +166,17 @@ async def run_streamed(
             loop.call_soon_threadsafe(chunks.put_nowait, chunk)
 
     started = time.perf_counter()
-    work = asyncio.ensure_future(asyncio.to_thread(run_marked, sandbox, command, token, on_output))
+    call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, on_output)
+    work = _submitted(call, executor, None if slot is None else slot.release)
+    if slot is not None:
+        slot.submitted = True
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     finished = False
     try:
         while True:
             getter = asyncio.ensure_future(chunks.get())
-            await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {getter, work}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not getter.done():
                 getter.cancel()
                 break

@@ -24,7 +24,6 @@ error handling stay in FastAPI; this module only decides who serves the common c
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -36,7 +35,7 @@ from sandboxes.server import api, responses
 from sandboxes.server.auth import Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
-from sandboxes.server.routes import Service, execute_json, file_json, info_json
+from sandboxes.server.routes import AUTHENTICATED, Service, execute_json, file_json, info_json
 
 _ROUTE = re.compile(
     rf"^{re.escape(api.API_PREFIX)}/sandboxes/(?P<id>[^/]+)(?:/(?P<action>execute|files/(?P<op>[a-z]+)))?$"
@@ -64,7 +63,7 @@ class HotPath:
             model = api.ExecuteRequest if op == "execute" else api.FILE_OPERATIONS[op]
             read: list[Message] = []
             try:
-                body = _parsed(model, await _read_body(receive, read), content_type)
+                body = await _parsed(model, await _read_body(receive, read), content_type)
             except HTTPException as exc:  # over the body limit: FastAPI reports it
                 await self.app(scope, _replay(read, receive, exc), send)
                 return
@@ -74,7 +73,9 @@ class HotPath:
             receive = _replay(read, receive)
         svc = self.service
         try:
-            tenant = svc.auth.authenticate(authorization)
+            tenant = scope.get("state", {}).get(AUTHENTICATED)
+            if not isinstance(tenant, Tenant):
+                tenant = svc.auth.authenticate(authorization)
             entry = svc.registry.get(tenant, sandbox_id)
         except ServiceError:  # FastAPI answers it, with its own order of checks
             await self.app(scope, receive, send)
@@ -159,13 +160,14 @@ async def _read_body(receive: Receive, read: list[Message]) -> bytes | None:
             return b"".join(m.get("body", b"") for m in read)
 
 
-def _parsed(model: type[BaseModel], raw: bytes | None, content_type: str | None) -> BaseModel | None:
-    """The body as FastAPI would validate it (``json.loads``, then the model), or ``None``."""
+async def _parsed(model: type[BaseModel], raw: bytes | None, content_type: str | None) -> BaseModel | None:
+    """The body as FastAPI would validate it (`responses.parse_json`, off the event loop when
+    big, then the model), or ``None``."""
     if raw is None or content_type != responses.JSON:
         return None
     try:
-        return model.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return model.model_validate(await responses.parse_json_off_loop(raw))
+    except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
         return None
 
 

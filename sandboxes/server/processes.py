@@ -6,10 +6,16 @@ environment (`MARKER_ENV`), inherited by everything it starts, so a kill takes d
 tree, including what left its process group; a timeout still bounds every command, killed or
 not. Processes live in the service's memory only: a restart forgets them (their commands die
 with the service on the local backend, and with the exec helper's stream on Docker).
+
+Their output is bounded per sandbox (``output_budget``): a process reserves its output limit
+while it runs (granted less when less is left, refused when almost nothing is) and holds its
+output's size once finished; room for a new process is made by dropping the oldest finished
+outputs (their status and exit code stay, with a message saying the output was dropped).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -31,6 +37,8 @@ logger = logging.getLogger(__name__)
 Status = Literal["running", "exited", "killed", "timeout"]
 _KEEP_FINISHED = 64
 _KILL_WAIT = 10.0
+_MIN_GRANT = 64 << 10
+"""Least output room a process is started with, unless it asked for less."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +80,11 @@ def run_marked(
             cwd=command.cwd,
             output_limit=command.output_limit,
         )
-    except Exception as exc:
+    except Exception:
         logger.exception("execute failed in %s", sandbox.id)
-        return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the sandbox's backend failed: {exc}")
+        return p.ExecuteResponse(
+            "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
+        )
 
 
 @dataclass
@@ -86,10 +96,33 @@ class _Process:
     done: threading.Event = field(default_factory=threading.Event)
     killed: bool = False
     response: p.ExecuteResponse | None = None
+    held: int = 0
+    """Bytes of output counted against the sandbox's budget: the limit while it runs, then
+    the size of its output."""
 
     def write(self, chunk: bytes) -> None:
         with self.lock:
             self.output.write(chunk)
+
+    def finish(self, response: p.ExecuteResponse) -> None:
+        with self.lock:
+            self.response = response
+            self.output = OutputBuffer(0)  # the response has the output now: no second copy
+            self.held = len(response.output)
+
+    def drop_output(self, budget: int) -> int:
+        """Forget a finished process's output; the bytes freed."""
+        with self.lock:
+            if self.response is None or not self.response.output:
+                return 0
+            freed, self.held = self.held, 0
+            self.response = dataclasses.replace(
+                self.response,
+                output="",
+                truncated=True,
+                message=f"output dropped to make room for newer processes (the sandbox's budget is {budget} bytes)",
+            )
+            return freed
 
     @property
     def status(self) -> Status:
@@ -109,32 +142,38 @@ class _Process:
 
 
 class ProcessTable:
-    def __init__(self, max_running: int) -> None:
+    def __init__(self, max_running: int, output_budget: int = 64 << 20) -> None:
         self._max_running = max_running
+        self._budget = output_budget
         self._processes: OrderedDict[str, _Process] = OrderedDict()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
-    def start(self, sandbox: BaseSandbox, command: Command) -> ProcessInfo:
+    def start(self, sandbox: BaseSandbox, command: Command, on_end: Callable[[], None] | None = None) -> ProcessInfo:
+        """Start ``command`` in a thread of its own; ``on_end`` is called when it has ended."""
         with self._lock:
             running = sum(1 for proc in self._processes.values() if proc.response is None)
             if running >= self._max_running:
                 raise ServiceError(
                     "quota_exceeded", f"{running} background processes already run in this sandbox (the maximum)"
                 )
-            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(command.output_limit))
+            limit = self._grant(command.output_limit)
+            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(limit), held=limit)
             self._processes[proc.id] = proc
+            command = dataclasses.replace(command, output_limit=limit)
             self._forget_old()
         threading.Thread(
-            target=self._run, args=(sandbox, command, proc), name=f"sandboxes-bg-{proc.id}", daemon=True
+            target=self._run, args=(sandbox, command, proc, on_end), name=f"sandboxes-bg-{proc.id}", daemon=True
         ).start()
         return proc.info()
 
-    def _run(self, sandbox: BaseSandbox, command: Command, proc: _Process) -> None:
-        response = run_marked(sandbox, command, proc.token, proc.write)
-        with proc.lock:
-            proc.response = response
-        proc.done.set()
+    def _run(self, sandbox: BaseSandbox, command: Command, proc: _Process, on_end: Callable[[], None] | None) -> None:
+        try:
+            proc.finish(run_marked(sandbox, command, proc.token, proc.write))
+            proc.done.set()
+        finally:
+            if on_end is not None:
+                on_end()
 
     def get(self, process_id: str) -> ProcessInfo:
         return self._find(process_id).info()
@@ -171,6 +210,23 @@ class ProcessTable:
         if proc is None:
             raise ServiceError("not_found", f"no process {process_id!r} in this sandbox")
         return proc
+
+    def _grant(self, wanted: int) -> int:
+        """Output room for a new process (under ``self._lock``), dropping the oldest finished
+        outputs until ``wanted`` fits or none is left."""
+        held = sum(proc.held for proc in self._processes.values())
+        for proc in list(self._processes.values()):
+            if self._budget - held >= wanted:
+                break
+            if proc.done.is_set():
+                held -= proc.drop_output(self._budget)
+        room = self._budget - held
+        if room < min(wanted, _MIN_GRANT):
+            raise ServiceError(
+                "quota_exceeded",
+                f"the sandbox's running processes hold its whole output budget ({self._budget} bytes)",
+            )
+        return min(wanted, room)
 
     def _forget_old(self) -> None:
         finished = [key for key, proc in self._processes.items() if proc.response is not None]

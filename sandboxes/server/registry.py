@@ -88,7 +88,12 @@ class Registry:
             adopted = await asyncio.to_thread(backend.reconcile, mine, now)
             kept = set()
             for state, sandbox in adopted:
-                self._entries[state.id] = Entry(state, sandbox, backend, ProcessTable(self.settings.max_processes))
+                self._entries[state.id] = Entry(
+                    state,
+                    sandbox,
+                    backend,
+                    self._process_table(),
+                )
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
                 self._schedule(state.id)
@@ -159,7 +164,9 @@ class Registry:
             raise
         except Exception as exc:
             logger.exception("creating a %s sandbox failed", backend.name)
-            raise ServiceError("backend_unavailable", f"the {backend.name} backend failed: {exc}") from exc
+            raise ServiceError(
+                "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
+            ) from exc
         finally:
             self._reserved.pop(reservation.key, None)
         entry = await self._register(state, sandbox, backend)
@@ -167,8 +174,11 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
+    def _process_table(self) -> ProcessTable:
+        return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes)
+
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: Backend) -> Entry:
-        entry = Entry(state, sandbox, backend, ProcessTable(self.settings.max_processes))
+        entry = Entry(state, sandbox, backend, self._process_table())
         self._entries[state.id] = entry
         self._schedule(state.id)
         self._update_gauge()

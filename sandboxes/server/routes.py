@@ -14,21 +14,24 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes.server import api
-from sandboxes.server.auth import Authenticator, RateLimiter, Tenant
+from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import Receive, command_for, run_once, run_streamed
+from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
-from sandboxes.server.responses import json_response, to_json
+from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streams import buffered_body, iterate_thread
 
@@ -46,6 +49,14 @@ class Service:
     limiter: RateLimiter
     metrics: Metrics
     draining: bool = False
+    commands: CommandSlots = field(default_factory=CommandSlots)
+    command_pool: Executor | None = None
+    """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
+
+    def take_command_slot(self, entry: Entry) -> Callable[[], None]:
+        """One of the sandbox's tenant's command slots (see `CommandSlots`)."""
+        tenant = entry.state.tenant
+        return self.commands.take(tenant, self.settings.policy_for(tenant))
 
 
 def service_of(request: Request) -> Service:
@@ -56,19 +67,48 @@ def service_of(request: Request) -> Service:
 _bearer = HTTPBearer(auto_error=False, description="An API key of the service")
 
 
+AUTHENTICATED = "authenticated"
+"""Key in a request's ``scope["state"]`` of its `Tenant`, once the request middleware has
+authenticated it from the headers (before any of the body was read)."""
+
+
 async def _tenant(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Tenant:
     svc = service_of(request)
-    header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-    tenant = svc.auth.authenticate(header)
-    request.scope.setdefault("state", {})["tenant"] = tenant.id
+    state = request.scope.setdefault("state", {})
+    tenant = state.get(AUTHENTICATED)
+    if not isinstance(tenant, Tenant):
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+        tenant = svc.auth.authenticate(header)
+    state["tenant"] = tenant.id
     svc.limiter.check(tenant)
     return tenant
 
 
+class _JSONRequest(Request):
+    """A request whose JSON body is parsed as the hot path parses it (`parse_json`): malformed,
+    lone surrogates and deep nesting are 422s, and a big body is parsed off the event loop."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = await parse_json_off_loop(await self.body())
+        return self._json
+
+
+class _Route(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            response: Response = await handler(_JSONRequest(request.scope, request.receive))
+            return response
+
+        return handle
+
+
 Authed = Annotated[Tenant, Depends(_tenant)]
-router = APIRouter(prefix=api.API_PREFIX)
+router = APIRouter(prefix=api.API_PREFIX, route_class=_Route)
 health = APIRouter()
 
 
@@ -89,7 +129,9 @@ async def _backend(function: Callable[..., T], *args: Any) -> T:
         raise
     except Exception as exc:
         logger.warning("backend call %s failed: %s", getattr(function, "__name__", function), exc, exc_info=True)
-        raise ServiceError("backend_unavailable", f"the sandbox's backend failed: {exc}") from exc
+        raise ServiceError(
+            "backend_unavailable", "the sandbox's backend failed; the service log has the request id"
+        ) from exc
 
 
 # ---------------------------------------------------------------------- lifecycle
@@ -141,8 +183,9 @@ async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, rec
     """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
     ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
+    release = svc.take_command_slot(entry)
     started = time.perf_counter()
-    result = await run_once(entry.sandbox, command, entry.kill_marked, receive)
+    result = await run_once(entry.sandbox, command, entry.kill_marked, receive, svc.command_pool, release)
     svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
     return to_json(result)
 
@@ -156,14 +199,26 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
     svc, entry = _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
-    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe)
-    return StreamingResponse(events, media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
+    slot = StreamSlot(svc.take_command_slot(entry))
+    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe, svc.command_pool, slot)
+    return StreamingResponse(
+        events,
+        media_type="application/x-ndjson",
+        headers={"X-Accel-Buffering": "no"},
+        background=BackgroundTask(slot.release_unless_submitted),
+    )
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)
 async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> api.ProcessInfo:
     svc, entry = _entry(request, tenant, sandbox_id)
-    return entry.processes.start(entry.sandbox, command_for(body, _template(svc, entry), svc.settings))
+    command = command_for(body, _template(svc, entry), svc.settings)
+    release = svc.take_command_slot(entry)
+    try:
+        return entry.processes.start(entry.sandbox, command, release)
+    except BaseException:
+        release()
+        raise
 
 
 @router.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
@@ -282,7 +337,8 @@ async def readyz(request: Request) -> Response:
         try:
             await asyncio.to_thread(backend.check_ready)
         except Exception as exc:
-            problems.append(f"{name} backend: {exc}")
+            logger.warning("%s backend not ready: %s", name, exc)
+            problems.append(f"{name} backend not ready (see the service log)")
     if problems:
         return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
     return JSONResponse({"status": "ready"})

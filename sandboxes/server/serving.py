@@ -12,12 +12,17 @@ where one would do. `_OnePiece` holds a head that declares a ``Content-Length`` 
 body's first write and sends both together; a head not followed by a body in the same turn of
 the event loop (a ``HEAD`` request) is sent at the end of that turn, as are heads of streamed
 (chunked) responses at once, so a stream's headers are never held back waiting for its output.
+
+Request heads are bounded (``max_header_bytes``): h11 by uvicorn's own option; httptools keeps
+a header it is given in memory until it ends, however long, so `_bounded_head` counts what
+arrives while a head is incomplete and answers 431 and closes the connection past the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 from typing import Any
 
@@ -89,6 +94,44 @@ def _one_piece(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
     return OnePiece
 
 
+def _too_large_head(limit: int) -> bytes:
+    body = json.dumps({"error": "too_large", "message": f"request head larger than {limit} bytes", "request_id": None})
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}".encode()
+    )
+
+
+def _bounded_head(protocol: type[asyncio.Protocol], limit: int) -> type[asyncio.Protocol]:
+    """httptools' protocol refusing a request head over ``limit`` bytes with a 431."""
+
+    class BoundedHead(protocol):  # type: ignore[valid-type, misc]
+        _head_bytes = 0
+        _in_head = True  # a connection starts with a head
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head = True
+            self._head_bytes = 0
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._in_head and not self.transport.is_closing():
+                # Still inside a head after all of ``data``: it was head, bar the end of a
+                # previous pipelined request.
+                self._head_bytes += len(data)
+                if self._head_bytes > limit:
+                    self.transport.write(_too_large_head(limit))
+                    self.transport.close()
+
+    BoundedHead.__name__ = BoundedHead.__qualname__ = f"BoundedHead{protocol.__name__}"
+    return BoundedHead
+
+
 def stack() -> tuple[str, str]:
     """(HTTP parser, event loop) the service runs on here."""
     http = "httptools" if importlib.util.find_spec("httptools") else "h11"
@@ -96,13 +139,20 @@ def stack() -> tuple[str, str]:
     return http, loop
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, drain_timeout: float) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, *, host: str, port: int, drain_timeout: float, max_header_bytes: int = 16 << 10
+) -> uvicorn.Config:
     """The service's uvicorn configuration; the test harness serves with it too."""
     http, loop = stack()
+    protocol: type[asyncio.Protocol]
     if http == "httptools":
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as protocol
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        protocol = _bounded_head(HttpToolsProtocol, max_header_bytes)
     else:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        protocol = H11Protocol
     logger.info("serving with %s and the %s event loop", http, loop, extra={"http": http, "loop": loop})
     return uvicorn.Config(
         app,
@@ -114,4 +164,5 @@ def uvicorn_config(app: Any, *, host: str, port: int, drain_timeout: float) -> u
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(drain_timeout),
+        h11_max_incomplete_event_size=max_header_bytes,
     )

@@ -76,6 +76,9 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
+    max_commands: int = Field(default=16, ge=1)
+    """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
+    background); one more is refused with ``rate_limited`` (429) until one ends."""
 
     @field_validator("max_memory")
     @classmethod
@@ -120,11 +123,30 @@ class ServiceSettings(BaseSettings):
     """Largest JSON request body (uploads travel base64 in it)."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)
     """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
+    max_archive_members: int = Field(default=100_000, gt=0)
+    """Most members a ``PUT /archive`` tar may have."""
+    max_archive_expansion: int = Field(default=256 << 20, ge=0)
+    """Most bytes an archive may expand to beyond its own size (sparse holes, compression):
+    what a small upload may cost the service host's disk while it is spooled."""
     max_processes: int = Field(default=16, gt=0)
     """Background processes running at once per sandbox."""
+    max_process_output_bytes: int = Field(default=64 << 20, gt=0)
+    """Output a sandbox's background processes may hold in the service's memory, together: a
+    running one reserves its output limit, a finished one holds its output until newer
+    processes need the room (the oldest outputs are dropped first)."""
     sweep_interval: float = Field(default=10.0, gt=0)
     worker_threads: int = Field(default=64, gt=0)
-    """Threads for blocking backend calls; each running command holds one for its duration."""
+    """Threads for blocking backend calls (file operations, archives, lifecycle)."""
+    command_threads: int = Field(default=256, gt=0)
+    """Threads for commands (execute and streamed): each running command holds one for its
+    duration, so tenants' ``max_commands`` together should stay under it. Apart from
+    `worker_threads`, so file operations never wait behind commands."""
+    max_header_bytes: int = Field(default=16 << 10, gt=0)
+    """Largest request head (request line and headers); a bigger one is refused before it is
+    parsed to the end."""
+    metrics_access: Literal["key", "open"] = "key"
+    """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
+    (``open``: only behind a network that keeps strangers off the port)."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

@@ -70,7 +70,9 @@ class Running:
 def running(settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10) -> Iterator[Running]:
     app = create_app(settings, docker_client=docker_client)
     port = free_port()
-    config = uvicorn_config(app, host="127.0.0.1", port=port, drain_timeout=drain)  # as deployed
+    config = uvicorn_config(  # as deployed
+        app, host="127.0.0.1", port=port, drain_timeout=drain, max_header_bytes=settings.max_header_bytes
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()

@@ -3,7 +3,9 @@ limits, and what a sandbox can (not) see of the service."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
 import subprocess
 import sys
 import tarfile
@@ -72,12 +74,120 @@ def test_requests_without_a_valid_key_are_401(service: Running, headers: dict[st
             assert response.headers["www-authenticate"] == "Bearer"
 
 
-def test_health_and_metrics_need_no_key(service: Running) -> None:
+def test_health_needs_no_key_metrics_do(service: Running, alice: httpx.Client) -> None:
     with service.client(None) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/readyz").json() == {"status": "ready"}
-        assert "sandboxes_live" in client.get("/metrics").text
         assert client.get("/v1/openapi.json").json()["info"]["title"] == "sandboxes"
+        refused = client.get("/metrics")
+        assert (refused.status_code, error_of(refused)) == (401, "unauthorized")
+        assert "sandboxes_live" not in refused.text
+    assert "sandboxes_live" in alice.get("/metrics").text
+
+
+def test_metrics_can_be_configured_open(tmp_path: Path) -> None:
+    with running(settings_for(tmp_path, metrics_access="open")) as svc, svc.client(None) as client:
+        assert "sandboxes_live" in client.get("/metrics").text
+        assert client.get("/v1/sandboxes").status_code == 401
+
+
+def test_no_docs_page_that_needs_a_cdn(alice: httpx.Client) -> None:
+    assert alice.get("/v1/docs").status_code == 404
+    assert alice.get("/v1/openapi.json").status_code == 200
+
+
+# ---------------------------------------------------------------------- strangers
+
+
+def _raw_exchange(service: Running, head: bytes, body: bytes = b"", wait: float = 5.0) -> bytes:
+    """Send ``head`` and ``body`` on a fresh connection and return what comes back within
+    ``wait`` seconds (the connection may be closed before everything is sent)."""
+    host, port = service.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as sock:
+        with contextlib.suppress(OSError):  # refused and closed mid-send
+            sock.sendall(head)
+            sock.sendall(body)
+        answer = b""
+        with contextlib.suppress(OSError):  # a timeout: no (more) answer
+            while chunk := sock.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer and b"content-length" in answer.lower():
+                    length = int(answer.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                    if len(answer.split(b"\r\n\r\n", 1)[1]) >= length:
+                        break
+        return answer
+
+
+def test_a_stranger_is_refused_before_its_body_is_read(service: Running, alice: httpx.Client) -> None:
+    """Declares 60 KB (under the body limit) and sends 1 KB: the 401 must come without the rest."""
+    sandbox = create(alice)
+    try:
+        head = (
+            f"POST /v1/sandboxes/{sandbox['id']}/execute HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n"
+        ).encode()
+        started = time.monotonic()
+        answer = _raw_exchange(service, head, b'{"command": "' + b"x" * 1000)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        assert time.monotonic() - started < 4
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_an_oversized_request_head_is_refused(service: Running, alice: httpx.Client) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
+    answer = _raw_exchange(service, head)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"too_large" in answer
+    # an ordinary head still passes, on a fresh connection
+    assert alice.get("/healthz", headers={"X-Fine": "a" * 4000}).status_code == 200
+
+
+# ---------------------------------------------------------------------- bad input, plain answers
+
+DEEP = b"[" * 20_000 + b"]" * 20_000
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/files/read", b'{"file_path": "/tmp/\\ud800"}'),
+        ("/files/write", b'{"file_path": "/tmp/x", "content": "\\udfff"}'),
+        ("/execute", b'{"command": "echo \\ud800"}'),
+        ("/execute", b'{"command": ' + DEEP + b"}"),
+        ("/files/ls", b'{"path": ' + DEEP + b"}"),
+        ("/processes", b'{"command": ' + DEEP + b"}"),
+    ],
+    ids=["read-surrogate", "write-surrogate", "execute-surrogate", "execute-deep", "ls-deep", "process-deep"],
+)
+def test_unparseable_bodies_are_422_without_internals(alice: httpx.Client, route: str, body: bytes) -> None:
+    sandbox = create(alice)
+    try:
+        for path in (f"/v1/sandboxes/{sandbox['id']}{route}", f"/v1/sandboxes/unknown{route}"):
+            response = alice.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert (response.status_code, error_of(response)) == (422, "invalid_request"), response.text
+            assert "Error" not in response.text
+            assert "codec" not in response.text
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+    deep_create = alice.post(
+        "/v1/sandboxes", content=b'{"template": ' + DEEP + b"}", headers={"Content-Type": "application/json"}
+    )
+    assert (deep_create.status_code, error_of(deep_create)) == (422, "invalid_request")
+
+
+def test_archive_errors_do_not_show_tar_internals(alice: httpx.Client) -> None:
+    sandbox = create(alice)
+    try:
+        url = f"/v1/sandboxes/{sandbox['id']}/archive"
+        garbage = alice.put(url, params={"path": sandbox["workdir"]}, content=b"\x1f\x8b" + b"junk" * 200)
+        assert (garbage.status_code, error_of(garbage)) == (422, "invalid_request")
+        assert garbage.json()["message"] == "not a readable tar stream (truncated or corrupt)"
+        cut = alice.put(url, params={"path": sandbox["workdir"]}, content=_tar({"f": b"z" * 5000})[:1500])
+        assert (cut.status_code, error_of(cut)) == (422, "invalid_request")
+        assert cut.json()["message"] == "not a readable tar stream (truncated or corrupt)"
+    finally:
+        alice.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 # ---------------------------------------------------------------------- tenancy

@@ -146,5 +146,5 @@ def test_the_service_is_served_with_the_fast_stack_in_one_piece() -> None:
     assert config.loop == "uvloop"
     assert isinstance(config.http, type)
     assert issubclass(config.http, HttpToolsProtocol)
-    assert config.http.__name__ == "OnePieceHttpToolsProtocol"
+    assert config.http.__name__ == "OnePieceBoundedHeadHttpToolsProtocol"
     assert (config.access_log, config.lifespan, config.timeout_graceful_shutdown) == (False, "on", 3)

@@ -1,0 +1,148 @@
+"""Over real HTTP: what one tenant's commands may hold of the service. Its running commands are
+capped (a 429 past the cap), so it cannot take the threads that wait on every tenant's
+commands; background processes' output is held within a byte budget per sandbox."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import Running, create, error_of, execute, running, settings_for
+
+from sandboxes.server.settings import TenantPolicy
+
+CAP = 3
+THREADS = 6
+BUDGET = 1 << 20
+"""The sandbox's budget for its background processes' output here."""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    settings = settings_for(
+        tmp_path_factory.mktemp("quotas"),
+        tenants={"alice": TenantPolicy(max_commands=CAP), "bob": TenantPolicy(max_commands=CAP)},
+        worker_threads=THREADS,
+        command_threads=THREADS,
+        max_output_bytes=512 << 10,
+        max_process_output_bytes=BUDGET,
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+def _wait_for(condition: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_one_tenant_cannot_stall_another(service: Running) -> None:
+    """Alice asks for twice as many long commands as there are threads; Bob's execute must not
+    wait for any of them, and Alice is told 429 for those past her cap."""
+    with service.client("alice") as alice, service.client("bob") as bob:
+        mine, theirs = create(alice), create(bob)
+        url = f"/v1/sandboxes/{mine['id']}/execute"
+        release = f"{mine['workdir']}/release"
+        command = f"while [ ! -e {release} ]; do sleep 0.05; done"  # runs until the test ends it
+        try:
+            with ThreadPoolExecutor(2 * THREADS) as pool:
+                answers = [pool.submit(alice.post, url, json={"command": command}) for _ in range(2 * THREADS)]
+                _wait_for(lambda: sum(a.done() for a in answers) >= 2 * THREADS - CAP)
+                refused = [a.result() for a in answers if a.done()]
+                assert {(r.status_code, error_of(r)) for r in refused} == {(429, "rate_limited")}
+                assert "already runs 3 commands" in refused[0].json()["message"]
+                assert refused[0].headers["retry-after"] == "1"
+                started = time.monotonic()
+                with httpx.Client(base_url=service.url, headers=bob.headers, timeout=5) as quick:
+                    answer = quick.post(f"/v1/sandboxes/{theirs['id']}/execute", json={"command": "echo fine"})
+                assert answer.json()["output"] == "fine\n"
+                assert time.monotonic() - started < 3
+                # background processes count too
+                refused_bg = alice.post(f"/v1/sandboxes/{mine['id']}/processes", json={"command": "true"})
+                assert (refused_bg.status_code, error_of(refused_bg)) == (429, "rate_limited")
+                alice.post(
+                    f"/v1/sandboxes/{mine['id']}/files/write", json={"file_path": release, "content": ""}
+                ).raise_for_status()
+                assert [a.result().json()["exit_code"] for a in answers if a.result().status_code == 200] == [0] * CAP
+            # the slots are back once the commands ended
+            _wait_for(lambda: service.app.state.service.commands.running("alice") == 0)
+            assert execute(alice, mine["id"], "echo again")["output"] == "again\n"
+        finally:
+            alice.post(f"/v1/sandboxes/{mine['id']}/files/write", json={"file_path": release, "content": ""})
+            alice.delete(f"/v1/sandboxes/{mine['id']}")
+            bob.delete(f"/v1/sandboxes/{theirs['id']}")
+
+
+def test_streamed_and_background_commands_release_their_slots(service: Running) -> None:
+    with service.client("alice") as alice:
+        sandbox = create(alice)
+        try:
+            for _ in range(2 * CAP):
+                with alice.stream(
+                    "POST", f"/v1/sandboxes/{sandbox['id']}/execute/stream", json={"command": "echo s"}
+                ) as stream:
+                    assert stream.status_code == 200
+                    assert b'"exit"' in stream.read()
+                started = alice.post(f"/v1/sandboxes/{sandbox['id']}/processes", json={"command": "echo b"})
+                assert started.status_code == 202, started.text
+                poll = f"/v1/sandboxes/{sandbox['id']}/processes/{started.json()['id']}"
+                _wait_for(lambda url=poll: alice.get(url).json()["status"] == "exited")
+            _wait_for(lambda: service.app.state.service.commands.running("alice") == 0)
+        finally:
+            alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_background_output_is_held_within_the_sandbox_budget(service: Running) -> None:
+    """Five finished processes of 400 KB each: only the budget's worth of output is held, the
+    newest in full; the older ones keep their status and say their output was dropped."""
+    size = 400_000
+    with service.client("alice") as alice:
+        sandbox = create(alice)
+        try:
+            ids = []
+            for _ in range(5):
+                started = alice.post(
+                    f"/v1/sandboxes/{sandbox['id']}/processes",
+                    json={"command": f"head -c {size} /dev/zero | tr '\\0' a"},
+                )
+                assert started.status_code == 202, started.text
+                ids.append(started.json()["id"])
+                poll = f"/v1/sandboxes/{sandbox['id']}/processes/{ids[-1]}"
+                _wait_for(lambda url=poll: alice.get(url).json()["status"] == "exited")
+            infos = [alice.get(f"/v1/sandboxes/{sandbox['id']}/processes/{pid}").json() for pid in ids]
+            assert all(info["status"] == "exited" and info["result"]["exit_code"] == 0 for info in infos)
+            held = sum(len(info["output"]) for info in infos)
+            assert held <= BUDGET
+            assert infos[-1]["output"] == "a" * size
+            dropped = [info for info in infos if info["output"] == ""]
+            assert dropped
+            assert all(info["result"]["truncated"] for info in dropped)
+            assert all("budget" in info["result"]["message"] for info in dropped)
+        finally:
+            alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_running_processes_share_the_budget(service: Running) -> None:
+    """Running processes reserve their output limit; past the budget a start is refused."""
+    with service.client("bob") as bob:
+        sandbox = create(bob)
+        release = f"{sandbox['workdir']}/release"
+        try:
+            url = f"/v1/sandboxes/{sandbox['id']}/processes"
+            wait = f"while [ ! -e {release} ]; do sleep 0.05; done"
+            first = bob.post(url, json={"command": wait, "output_limit": 600_000})
+            assert first.status_code == 202, first.text
+            second = bob.post(url, json={"command": wait, "output_limit": 600_000})
+            assert second.status_code == 202, second.text  # granted what is left of the budget
+            third = bob.post(url, json={"command": wait, "output_limit": 600_000})
+            assert (third.status_code, error_of(third)) == (403, "quota_exceeded"), third.text
+            assert "budget" in third.json()["message"]
+        finally:
+            bob.post(f"/v1/sandboxes/{sandbox['id']}/files/write", json={"file_path": release, "content": ""})
+            bob.delete(f"/v1/sandboxes/{sandbox['id']}")

@@ -60,6 +60,9 @@ def parse_size(value: str) -> int:
     return int(float(number) * (1 << (10 * "bkmgt".index(unit.lower() or "b"))))
 
 
+_SMALL_OUTPUT = 4096
+"""Output kept from an internal script (`DockerSandbox._run_small`)."""
+
 _REMOVE_NOT_OWNED = r"""for f; do if [ -f "$f" ] && [ ! -O "$f" ]; then rm -f -- "$f"; fi; done; exit 0"""
 
 _OOM_COUNT = (
@@ -333,12 +336,31 @@ class DockerSandbox(StreamingSandbox):
         )
 
     def _cwd_exists(self, cwd: str) -> bool:
-        probe = ["/bin/sh", "-c", _scripts.command(_scripts.CWD_EXISTS, cwd)]
-        return bool(self.container.exec_run(probe, user=self.config.user).exit_code == 0)
+        return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
 
     def _kill_marked(self, marker: str) -> None:
-        script = _scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker)
-        self.container.exec_run(["/bin/sh", "-c", script], user=self.config.user)
+        self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker))
+
+    def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
+        """(exit code, output) of an internal script in its own ``docker exec``, bounded.
+
+        Not ``exec_run``, which buffers all the output: a command can open the script's stdout
+        through /proc (same uid) and write gigabytes, or hold it open forever. Here the output
+        is capped at `_SMALL_OUTPUT` and nobody waits past ``timeout`` or the script's end."""
+        api = self.client.api
+        exec_id = api.exec_create(self.id, ["/bin/sh", "-c", script], user=self.config.user)["Id"]
+        stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
+        output = OutputBuffer(_SMALL_OUTPUT)
+        reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(0.05)
+            if reader.is_alive() and not api.exec_inspect(exec_id)["Running"]:
+                reader.join(0.2)
+                break
+        stream.close()
+        return api.exec_inspect(exec_id)["ExitCode"], output.text()
 
     def _oom_killed(self) -> bool:
         """Whether the container's memory cgroup killed something since we last looked."""
@@ -353,8 +375,7 @@ class DockerSandbox(StreamingSandbox):
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
-        result = self.container.exec_run(["/bin/sh", "-c", command], user=self.config.user)
-        return bytes(result.output).decode("utf-8", "replace").strip()
+        return self._run_small(command, timeout=10)[1].strip()
 
     # ------------------------------------------------------------------ bulk file transfer
 

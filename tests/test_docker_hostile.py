@@ -9,7 +9,10 @@ machine: every container has ``network_mode=none``.
 from __future__ import annotations
 
 import io
+import json
+import shlex
 import tarfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,3 +108,67 @@ def test_writing_to_the_containers_init_leaves_a_bounded_log(sandbox: DockerSand
     logged = docker_client.api.logs(sandbox.id, stdout=True, stderr=True)
     assert 0 < len(logged) <= 2 << 20, len(logged)
     assert docker_client.ping()
+
+
+# ---------------------------------------------------------------------------- the exec helper's stream
+
+
+def test_a_command_cannot_forge_frames_into_the_helpers_stream(sandbox: DockerSandbox, docker_client: Any) -> None:
+    """The helper runs as the commands' uid and runc hands it its stdio: unprotected, a command
+    writes a header announcing 4 GiB into /proc/<helper>/fd/1 and the client buffers whatever
+    follows (measured: the service grew by 2 GiB). The helper is undumpable, so every way in
+    is refused, and the same helper keeps serving."""
+    from test_mux import _REACH_INTO
+
+    sandbox.execute("true")
+    assert sandbox._mux is not None
+    helper = sandbox._mux.info["pid"]
+    assert sandbox._mux.info["undumpable"] is True
+    result = sandbox.execute("python3 -c " + shlex.quote(_REACH_INTO) + f" {helper}", timeout=20)
+    assert result.exit_code == 0, result
+    outcomes = json.loads(result.output)
+    assert len(outcomes) == 3, outcomes
+    assert "ok" not in outcomes.values(), outcomes
+    assert sandbox.execute("echo alive").output == "alive\n"
+    assert sandbox._mux.info["pid"] == helper
+    assert docker_client.ping()
+
+
+# ---------------------------------------------------------------------------- escaping the kill
+
+_ESCAPE = "env -u SANDBOXES_EXEC_ID setsid sh -c 'while :; do sleep 1; done & sleep 303 &'"
+"""Drops the marker, leaves the group, orphans itself: found by neither marker nor group."""
+
+
+def _escaped(sandbox: DockerSandbox) -> list[str]:
+    listed = sandbox.execute("ps -eo args=", timeout=20)
+    return [line for line in listed.output.splitlines() if line.startswith(("sleep 303", "sh -c while"))]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["helper", "docker-exec"])
+def any_path(request: pytest.FixtureRequest, docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    config = _config(runtime_image, use_exec_helper=request.param)
+    with DockerSandbox.create(config, client=docker_client) as sb:
+        yield sb
+
+
+def test_what_drops_the_marker_dies_with_its_command(any_path: DockerSandbox) -> None:
+    result = any_path.execute(_ESCAPE, timeout=20)
+    assert result.exit_code == 0, result
+    assert _escaped(any_path) == []
+
+
+def test_what_drops_the_marker_dies_at_the_timeout(any_path: DockerSandbox) -> None:
+    started = time.monotonic()
+    result = any_path.execute(_ESCAPE + "; sleep 300", timeout=2)
+    assert result.error == p.TIMEOUT, result
+    assert time.monotonic() - started < 10
+    assert _escaped(any_path) == []
+    assert any_path.execute("echo alive").output == "alive\n"
+
+
+def test_what_drops_the_marker_spares_the_containers_own_command(any_path: DockerSandbox) -> None:
+    any_path.execute(_ESCAPE, timeout=20)
+    any_path.container.reload()
+    assert any_path.container.status == "running"
+    assert "sleep infinity" in any_path.execute("ps -eo args=").output

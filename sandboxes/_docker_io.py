@@ -14,6 +14,11 @@ from typing import Any
 _FRAME = struct.Struct(">BxxxL")
 _SLICE = 4 << 20
 
+MAX_ARCHIVE_MEMBERS = 10_000
+"""Members one archive put into a sandbox may have. Each becomes an inode on the sandbox's
+workspace (and, without a ``disk`` limit, on the engine's disk), and the engine extracts the
+whole archive in one call that nobody can interrupt; callers with more split or refuse."""
+
 
 class ExecSocket:
     """The hijacked connection of a ``docker exec`` without a TTY, as a plain byte stream.
@@ -68,6 +73,10 @@ class ExecSocket:
         return data
 
     def close(self) -> None:
+        """Shut the connection down first: closing a socket does not wake a thread blocked in
+        its ``recv`` (the exec helper client's reader), shutting it down does."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
         close = getattr(self._holder, "close", None)

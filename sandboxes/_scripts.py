@@ -283,12 +283,31 @@ KILL_MARKED = r"""kill_marked() {
       p=${d#/proc/}; [ "$p" = "$$" ] && continue
       if grep -q "SANDBOXES_EXEC_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null; n=1; fi
     done
-    [ "$n" = 0 ] && return 0
+    [ "$n" = 0 ] && break
+  done
+  kill_orphans
+}
+kill_orphans() {
+  [ "$PPID" = 0 ] || return 0
+  r=0
+  while [ "$r" -lt 20 ]; do
+    r=$((r + 1)); v=; o=; t=
+    for d in /proc/[0-9]*; do
+      { read -r l < "$d/stat"; } 2>/dev/null || continue
+      set -- ${l##*') '}
+      [ "$2" = 1 ] && [ "$1" != Z ] || continue
+      if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
+    done
+    [ -z "${v# }" ] && return 0
+    kill -9 $v 2>/dev/null; sleep 0.05
   done
 }
 """
 """Kill every process carrying marker ``$1``, rescanning until none is left (a process may
-fork while /proc is being read). The caller must not carry the marker itself."""
+fork while /proc is being read); then, in a container (the shell's parent is outside its pid
+namespace: ``docker exec``), every orphan the container's init adopted but its own command (its
+oldest child), in rounds: what dropped the marker and left its tree too (see the exec helper's
+"Orphans"). The caller must not carry the marker itself."""
 
 RUN_IN = (
     KILL_MARKED

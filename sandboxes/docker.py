@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._docker_io import ExecSocket, read_single_file, tar_stream
+from sandboxes._docker_io import MAX_ARCHIVE_MEMBERS, ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import StreamingSandbox
@@ -48,6 +49,23 @@ LABEL_SANDBOX = "io.sandboxes.sandbox-id"
 BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: str) -> int:
+    """Bytes in a Docker-style size (``512m``, ``1g``, ``1048576``); ValueError otherwise."""
+    match = _SIZE.match(value)
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"not a size: {value!r} (e.g. 512m, 1g)")
+    number, unit = match.groups()
+    return int(float(number) * (1 << (10 * "bkmgt".index(unit.lower() or "b"))))
+
+
+_SMALL_OUTPUT = 4096
+"""Output kept from an internal script (`DockerSandbox._run_small`)."""
+
+_REMOVE_NOT_OWNED = r"""for f; do if [ -f "$f" ] && [ ! -O "$f" ]; then rm -f -- "$f"; fi; done; exit 0"""
+
 _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
     " | awk '$1==\"oom_kill\"{print $2; exit}'"
@@ -64,6 +82,16 @@ class DockerSandboxConfig(BaseModel):
     memory: str = "512m"
     pids: int = Field(default=256, gt=0)
     tmp_size: str = "256m"
+    disk: str | None = "1g"
+    """Size of the workspace (``workdir``): a tmpfs volume, so writes past it fail with
+    ``no_space`` and never reach the engine's disk. Its files live in RAM: the container's memory
+    cgroup is ``memory + disk``, and the workspace does not survive the container stopping (see
+    `sandboxes.providers.docker`). ``None``: a volume on the engine's disk, persistent, unbounded."""
+    disk_files: int = Field(default=100_000, gt=0)
+    """Files and directories the workspace may hold (the tmpfs's inodes) when ``disk`` is set."""
+    log_size: str = "1m"
+    """The container's log (what its init writes, which a command can reach through
+    ``/proc/1/fd/1``) is capped at this size, one file, on the engine's disk."""
     workdir: str = "/workspace"
     user: str = "1000:1000"
     env: dict[str, str] = Field(default_factory=dict)
@@ -77,6 +105,13 @@ class DockerSandboxConfig(BaseModel):
     default_timeout: float = Field(default=120.0, ge=0)
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
     use_exec_helper: bool = True
+
+    @field_validator("memory", "tmp_size", "disk", "log_size")
+    @classmethod
+    def _size_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -293,12 +328,31 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         )
 
     def _cwd_exists(self, cwd: str) -> bool:
-        probe = ["/bin/sh", "-c", _scripts.command(_scripts.CWD_EXISTS, cwd)]
-        return bool(self.container.exec_run(probe, user=self.config.user).exit_code == 0)
+        return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
 
     def _kill_marked(self, marker: str) -> None:
-        script = _scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker)
-        self.container.exec_run(["/bin/sh", "-c", script], user=self.config.user)
+        self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker))
+
+    def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
+        """(exit code, output) of an internal script in its own ``docker exec``, bounded.
+
+        Not ``exec_run``, which buffers all the output: a command can open the script's stdout
+        through /proc (same uid) and write gigabytes, or hold it open forever. Here the output
+        is capped at `_SMALL_OUTPUT` and nobody waits past ``timeout`` or the script's end."""
+        api = self.client.api
+        exec_id = api.exec_create(self.id, ["/bin/sh", "-c", script], user=self.config.user)["Id"]
+        stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
+        output = OutputBuffer(_SMALL_OUTPUT)
+        reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(0.05)
+            if reader.is_alive() and not api.exec_inspect(exec_id)["Running"]:
+                reader.join(0.2)
+                break
+        stream.close()
+        return api.exec_inspect(exec_id)["ExitCode"], output.text()
 
     def _oom_killed(self) -> bool:
         """Whether the container's memory cgroup killed something since we last looked."""
@@ -313,8 +367,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
-        result = self.container.exec_run(["/bin/sh", "-c", command], user=self.config.user)
-        return bytes(result.output).decode("utf-8", "replace").strip()
+        return self._run_small(command, timeout=10)[1].strip()
 
     # ------------------------------------------------------------------ bulk file transfer
 
@@ -325,6 +378,13 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         return super()._bulk_eligible(path, size) and self._in_volume(path)
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        """Big files as tar archives of at most `MAX_ARCHIVE_MEMBERS` members each."""
+        outcomes: list[p.ErrorCode | None] = []
+        for start in range(0, len(files), MAX_ARCHIVE_MEMBERS):
+            outcomes += self._put_archive(files[start : start + MAX_ARCHIVE_MEMBERS])
+        return outcomes
+
+    def _put_archive(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
         uid, gid = self.config.uid_gid
         workdir = normalize_path(self.config.workdir)
         archive = tar_stream([(relative_to(path, workdir), data) for path, data in files], uid=uid, gid=gid)
@@ -332,8 +392,15 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             self.container.put_archive(workdir, archive)
         except Exception as exc:  # the daemon refused the whole archive
             logger.warning("put_archive into %s failed: %s", self.id[:12], exc)
-            return [p.PERMISSION_DENIED] * len(files)
+            code: p.ErrorCode = p.NO_SPACE if "no space left on device" in str(exc).lower() else p.PERMISSION_DENIED
+            self._remove_partial([path for path, _ in files])
+            return [code] * len(files)
         return [None] * len(files)
+
+    def _remove_partial(self, paths: list[str]) -> None:
+        """The engine extracts as root and hands files to the sandbox's user only once written:
+        what a failed archive left is root's, and would refuse the sandbox's next upload."""
+        self.execute(_scripts.command(_REMOVE_NOT_OWNED, *paths), timeout=30)
 
     def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
         import docker.errors

@@ -34,13 +34,14 @@ CPUS = 0.5
 MEMORY = "128m"
 PIDS = 64
 TMP_SIZE = "8m"
+DISK = "32m"
 UID = 1000
 BIG = 2 << 20
 """Above `sandboxes.docker.BULK_THRESHOLD`: big uploads take the tar-stream path when they can."""
 
 
 def _config(image: str, **overrides: Any) -> DockerSandboxConfig:
-    limits: dict[str, Any] = {"cpus": CPUS, "memory": MEMORY, "pids": PIDS, "tmp_size": TMP_SIZE}
+    limits: dict[str, Any] = {"cpus": CPUS, "memory": MEMORY, "pids": PIDS, "tmp_size": TMP_SIZE, "disk": DISK}
     return DockerSandboxConfig(image=image, owner=SESSION_OWNER, **{**limits, **overrides})
 
 
@@ -507,7 +508,10 @@ def test_no_docker_socket_and_no_host_paths(sandbox: DockerSandbox, docker_clien
     assert found.output == ""  # no unix socket anywhere on the filesystem
     mounts = [line.split() for line in _run(sandbox, "cat /proc/mounts").output.splitlines()]
     from_disk = {target for source, target, *_ in mounts if source.startswith("/dev/")} - _DOCKER_ADDED
-    assert from_disk == {"/workspace"}
+    assert from_disk == set()  # the workspace is a size-limited tmpfs, not the engine's disk
+    workspace = next(fields for fields in mounts if fields[1] == "/workspace")
+    assert workspace[2] == "tmpfs", workspace
+    assert {"size=32768k", "nosuid", "nodev"} <= set(workspace[3].split(",")), workspace
     for target in _DOCKER_ADDED & {target for _, target, *_ in mounts}:
         options = next(fields[3] for fields in mounts if fields[1] == target)
         assert options.startswith("ro"), (target, options)
@@ -527,6 +531,7 @@ def test_no_docker_socket_and_no_host_paths(sandbox: DockerSandbox, docker_clien
     assert host["NetworkMode"] == "none"
     assert host["PidMode"] != "host"
     assert host["IpcMode"] != "host"
-    assert host["Memory"] == host["MemorySwap"] == 128 << 20  # no swap beyond the limit
+    assert host["Memory"] == host["MemorySwap"] == (128 + 32) << 20  # memory + the workspace; no swap
+    assert host["LogConfig"] == {"Type": "json-file", "Config": {"max-file": "1", "max-size": "1m"}}
     assert host["PidsLimit"] == PIDS
     _assert_healthy(sandbox, docker_client)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -153,20 +157,44 @@ def test_everything_a_command_started_ends_with_it(stream: _PipeStream) -> None:
         assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
 
 
-def test_a_stray_the_helper_cannot_kill_does_not_hide_later_leftovers(stream: _PipeStream) -> None:
-    """A process that dropped the marker and left the group survives its command (it escaped
-    both ways of finding it); the helper then has a child that is no command's, so it must go
-    back to sweeping /proc for every later command instead of trusting its children."""
+_UNMARKED = "env -u SANDBOXES_EXEC_ID setsid sh -c 'sleep 301 & echo $!'"
+"""A process that dropped the marker AND left the group, orphaned at once: found by neither."""
+
+
+def test_a_process_that_dropped_the_marker_and_left_the_group_ends_with_its_command(stream: _PipeStream) -> None:
+    """The helper, a subreaper, adopts the orphan and kills it when the command ends; later
+    commands' leftovers are still found. On a host without a subreaper (no ctypes) the orphan
+    goes to the host's init, where the helper must not touch anything: it survives there."""
     client = MuxClient(stream)
-    escaped = _run(client, "env -u SANDBOXES_EXEC_ID setsid sleep 300 & echo $!; sleep 0.5")  # setsid before the end
+    escaped = _run(client, _UNMARKED)
     stray = int(escaped.output)
     try:
-        assert not _gone(stray, zombie_ok=True, wait=0.5)
+        if client.info["subreaper"]:
+            assert _gone(stray, zombie_ok=True), stray
+        else:
+            assert not _gone(stray, zombie_ok=True, wait=0.5)
         result = _run(client, _ESCAPES)
         pids = [int(pid) for pid in result.output.split()]
         assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
     finally:
-        os.kill(stray, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stray, signal.SIGKILL)
+
+
+def test_a_timeout_kills_what_dropped_the_marker(stream: _PipeStream) -> None:
+    """Timed out while an unmarked, escaped loop holds the output open: the command is answered
+    promptly and the loop is dead (where the helper is a subreaper)."""
+    client = MuxClient(stream)
+    started = time.monotonic()
+    result = _run(client, _UNMARKED + "; echo waiting; sleep 300", timeout=1)
+    assert result.error == p.TIMEOUT, result
+    assert time.monotonic() - started < 5
+    stray = int(result.output.split()[0])
+    try:
+        assert _gone(stray, zombie_ok=True, wait=10 if client.info["subreaper"] else 0.5) is client.info["subreaper"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stray, signal.SIGKILL)
 
 
 def test_a_timeout_kills_the_whole_tree_and_keeps_the_output(stream: _PipeStream) -> None:
@@ -210,3 +238,136 @@ def test_a_command_that_cannot_start_is_reported_and_the_helper_keeps_serving(st
     assert _run(client, "pwd", cwd="/").output == "/\n"
     assert _run(client, "pwd", cwd=".").output == f"{here}\n"
     assert _run(client, "echo $X", env={"X": "y"}).output == "y\n"
+
+
+# ---------------------------------------------------------------------------- a hostile stream
+
+_UNPRIVILEGED = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "/usr/bin/python3"]
+"""How the helper runs in a sandbox: not root (as root, with CAP_SYS_PTRACE, nothing stops a
+command reaching into any process). When the tests run as root, the helper is started as uid
+1000 through setpriv, with the system's python3 (the tests' own may sit in root's home)."""
+
+_REACH_INTO = r"""
+import ctypes, json, os, struct, sys
+helper = int(sys.argv[1])
+forged = struct.pack(">cII", b"O", 1, (4 << 30) - 1) + b"\0" * (1 << 20)  # 'here come 4 GiB'
+outcomes = {}
+def attempt(name, action):
+    try:
+        action()
+        outcomes[name] = "ok"
+    except OSError as exc:
+        outcomes[name] = os.strerror(exc.errno)
+def write_fd():
+    with open("/proc/%d/fd/1" % helper, "wb", buffering=0) as fh:
+        for _ in range(8):
+            fh.write(forged)
+def open_mem():
+    os.close(os.open("/proc/%d/mem" % helper, os.O_RDWR))
+def getfd():
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(helper)
+    try:
+        if libc.syscall(438, pidfd, 1, 0) < 0:  # pidfd_getfd(pidfd, 1, 0)
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+    finally:
+        os.close(pidfd)
+attempt("fd", write_fd)
+attempt("mem", open_mem)
+attempt("pidfd_getfd", getfd)
+print(json.dumps(outcomes))
+"""
+
+
+def _unprivileged_stream(prelude: str = "") -> _PipeStream:
+    stream = _PipeStream.__new__(_PipeStream)
+    argv = _UNPRIVILEGED if os.getuid() == 0 else [sys.executable]
+    stream.process = subprocess.Popen(
+        [*argv, "-c", prelude + SERVER_SOURCE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/tmp"
+    )
+    if os.getuid() == 0:  # as runc does for a `docker exec`: the helper's stdio belongs to its user
+        for pipe in (stream.process.stdin, stream.process.stdout):
+            assert pipe is not None
+            os.fchown(pipe.fileno(), 1000, 1000)
+    return stream
+
+
+@pytest.mark.parametrize("variant", ["posix_spawn+subreaper", "no-subreaper"])
+def test_a_command_cannot_write_into_the_helpers_stream(variant: str) -> None:
+    """A command opens the helper's stdout (or its memory, or takes the fd with pidfd_getfd) to
+    forge a frame announcing 4 GiB. The helper makes itself undumpable, so all three are refused
+    and it keeps serving; where it cannot (no ctypes), the client drops the forged stream at the
+    header instead of buffering it."""
+    stream = _unprivileged_stream(_VARIANTS[variant])
+    try:
+        client = MuxClient(stream)
+        helper = client.info["pid"]
+        script = "python3 -c " + shlex.quote(_REACH_INTO) + f" {helper}"
+        if client.info["undumpable"]:
+            result = _run(client, script)
+            assert result.exit_code == 0, result
+            outcomes = json.loads(result.output)
+            assert len(outcomes) == 3, outcomes
+            assert "ok" not in outcomes.values(), outcomes
+            assert _run(client, "echo alive").output == "alive\n"
+        else:
+            assert variant == "no-subreaper"  # no ctypes: no prctl either
+            started = time.monotonic()
+            with pytest.raises(MuxBroken, match="corrupt"):
+                _run(client, script)
+            assert time.monotonic() - started < 10
+    finally:
+        stream.close()
+
+
+_HOSTILE_HELPER = r"""
+import json, os, struct, sys
+os.read(0, 9)  # the client's ping
+hello = json.dumps({"pid": os.getpid()}).encode()
+os.write(1, struct.pack(">cII", b"H", 0, len(hello)) + hello)
+os.read(0, 9)  # the header of the client's first command: answer it with a forged frame
+written = 0
+try:
+    os.write(1, struct.pack(">cII", b"O", 1, (4 << 30) - 1))
+    chunk = b"\0" * 65536
+    while written < 256 << 20:
+        written += os.write(1, chunk)
+except OSError:
+    pass
+with open(sys.argv[1], "w") as fh:
+    fh.write(str(written))
+"""
+
+
+class _ClosingStream(_PipeStream):
+    """Closing it closes the pipes (a socket's close), without killing the process behind."""
+
+    def close(self) -> None:
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                assert pipe is not None
+                pipe.close()
+
+
+def test_a_frame_announcing_gigabytes_drops_the_stream_unbuffered(tmp_path: Path) -> None:
+    """Whatever reaches the client's stream (a helper that lost the race to become undumpable, a
+    compromised one), a header announcing 4 GiB ends the stream at once: the client stops
+    reading, so the sender is cut off long before it could fill the client's memory."""
+    report = tmp_path / "written"
+    stream = _ClosingStream.__new__(_ClosingStream)
+    stream.process = subprocess.Popen(
+        [sys.executable, "-c", _HOSTILE_HELPER, str(report)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        client = MuxClient(stream, ack_timeout=30)
+        started = time.monotonic()
+        with pytest.raises(MuxBroken, match="corrupt"):
+            _run(client, "true", timeout=None)
+        assert time.monotonic() - started < 10, "the client kept reading a 4 GiB frame"
+        assert not client.alive
+        assert stream.process.wait(timeout=10) == 0
+        assert int(report.read_text()) < 8 << 20  # cut off: the client closed its end
+    finally:
+        stream.close()
+        stream.process.kill()
+        stream.process.wait()

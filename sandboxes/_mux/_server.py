@@ -15,6 +15,20 @@ Every command runs in its own session with a marker in its environment; a timeou
 takes down its process group and every process still carrying the marker, which catches
 descendants that called setsid or double-forked.
 
+Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid ...``), and a
+process that did both is no longer anyone's by group or environment. Once its parent dies it is
+re-parented to the nearest subreaper (this helper, when it is one) or to the pid namespace's init
+(in a container: the container's, since ``docker exec`` enters the container's namespace, which
+the helper sees as its parent pid being 0). Those two adopters' children are therefore the
+escaped processes of some command, and every time a command ends, times out or is killed, the
+helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
+command's leader, the container's own command (the oldest child of init), and a process still
+carrying a running command's marker (it is that command's, and dies with it). Which command an
+unmarked orphan came from cannot be known (another command may have made it), so it does not
+outlive the next end of ANY command: a command relying on a daemon that dropped the marker and
+left its tree loses it early; nothing else is lost. Outside a container without a subreaper
+(no ctypes), orphans go to the host's init, among the host's processes, and are not touched.
+
 The helper never speaks first (it answers P with H): a transport that reads the stream through
 a buffered HTTP response (docker's attach) cannot lose bytes sent before it took the socket.
 
@@ -56,6 +70,8 @@ _inbox = bytearray()
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) costs ~15 us of mmap
 _serving = [True]
 _subreaper = [False]
+_undumpable = [False]
+_main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
 _POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
 _DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 
@@ -115,6 +131,23 @@ def _pids_limit():
             continue
         return int(value) if value.isdigit() else None
     return None
+
+
+def _become_undumpable():
+    """Whether commands can no longer reach into the helper (PR_SET_DUMPABLE 0).
+
+    They run as the helper's uid, so otherwise any of them could open /proc/<helper>/fd/1 (or
+    use pidfd_getfd, /proc/<helper>/mem, ptrace) and write forged frames into the client's
+    stream: a header announcing gigabytes, another command's exit. A non-dumpable process's
+    /proc entries belong to root and ptrace access needs CAP_SYS_PTRACE, which sandboxes lack.
+    execve resets the flag, so commands started from here are ordinary again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except Exception:  # no ctypes: the client's frame checks are the only defence
+        return False
 
 
 def _become_subreaper():
@@ -257,6 +290,109 @@ def _reap_orphans():
             pass
 
 
+def _children(pid):
+    """Pids of ``pid``'s children (``/proc/<pid>/task/*/children``); None when unreadable."""
+    found = []
+    try:
+        for task in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, task), "rb") as fh:
+                found += [int(child) for child in fh.read().split()]
+    except (OSError, ValueError):
+        return None
+    return found
+
+
+def _stat(pid):
+    """(state, starttime) of ``pid`` from /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def _container_main():
+    """The container's own command (the oldest child of its init), when the helper runs in a
+    container's pid namespace (its parent is outside it: ``docker exec``); else None."""
+    if os.getppid() != 0 or os.getpid() == 1:
+        return None
+    oldest = None
+    for pid in _children(1) or []:
+        stat = _stat(pid)
+        if stat is not None and (oldest is None or stat[1] < oldest[1]):
+            oldest = (pid, stat[1])
+    return oldest
+
+
+def _carries_running_marker(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            environ = b"\0" + fh.read() + b"\0"
+    except OSError:
+        return False
+    for command in _commands.values():
+        if not command.finished and command.needle in environ:
+            return True
+    return False
+
+
+def kill_orphans():
+    """Kill what escaped every running command: see "Orphans" in the module docstring.
+
+    In rounds: killing an orphan hands its own children to the same adopter, where the next
+    round finds them. Each victim is signalled through a pidfd opened before it was looked at,
+    so a pid reused meanwhile is never hit."""
+    adopters = ([os.getpid()] if _subreaper[0] else []) + ([1] if _main[0] is not None else [])
+    for _ in range(SWEEP_ROUNDS):
+        victims = []
+        for adopter in adopters:
+            for pid in _children(adopter) or []:
+                if pid in _leaders or (adopter == 1 and _main[0] is not None and pid == _main[0][0]):
+                    continue
+                handle = _pidfd(pid)
+                stat = _stat(pid)
+                if stat is None or stat[0] in "ZX" or _carries_running_marker(pid):
+                    _close(handle)
+                    continue
+                victims.append((pid, handle))
+        if not victims:
+            return
+        for pid, handle in victims:
+            _signal(pid, handle)
+        deadline = time.monotonic() + 1.0
+        for pid, handle in victims:  # until they are dead, so their children are re-parented
+            if handle is not None:
+                try:
+                    select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+                except OSError:
+                    pass
+            _close(handle)
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9 or an old kernel: plain kill(2)
+        return None
+
+
+def _signal(pid, handle):
+    try:
+        if handle is not None:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _close(handle):
+    if handle is not None:
+        os.close(handle)
+
+
 def _strays():
     """Whether the helper has a child that is not a running command's leader: an orphan it
     adopted, so some command's descendant may be alive. True when unsure."""
@@ -290,6 +426,8 @@ class Command(object):
     def __init__(self, ident, spec):
         self.ident = ident
         self.marker = "%s-%d" % (_session, ident)
+        self.needle = ("\0SANDBOXES_EXEC_ID=%s\0" % self.marker).encode()
+        self.killed = False
         self.timed_out = False
         self.finished = False
         self.reaped = False
@@ -389,6 +527,11 @@ class Command(object):
         self.deadline = None
         self.kill()
 
+    def stop(self):
+        """The client's kill (K)."""
+        self.killed = True
+        self.kill()
+
     def exited(self):
         """The leader exited and is not reaped yet: its pid (and group id) are still ours, so the
         group's leftovers are killed now; only then is it reaped."""
@@ -402,6 +545,10 @@ class Command(object):
         self.deadline = None
         self.code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         self.close_stdin()
+        if self.timed_out or self.killed:  # what escaped holds the output open: end it now
+            self.finished = True  # (so that its own marker does not protect what escaped)
+            kill_orphans()
+            self.finished = False
         if self.finished:  # it failed to start properly and was answered with E
             return
         if self.out_fd is None:
@@ -420,6 +567,7 @@ class Command(object):
         # that scanning /proc does not delay it.
         if _strays():
             kill_marked(self.marker)
+        kill_orphans()
 
     def next_deadline(self):
         return self.drain_deadline if self.drain_deadline is not None else self.deadline
@@ -474,6 +622,7 @@ def _on_input(_mask):
 def _handle(kind, ident, payload):
     if kind == b"P":
         hello = {"pid": os.getpid(), "python": sys.version.split()[0], "subreaper": _subreaper[0],
+                 "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
                  "spawn": "posix_spawn" if _POSIX_SPAWN else "popen"}  # fmt: skip
         send(b"H", 0, json.dumps(hello).encode())
@@ -501,7 +650,7 @@ def _handle(kind, ident, payload):
     elif kind == b"C":
         command.feed(None)
     elif kind == b"K":
-        command.kill()
+        command.stop()
 
 
 def _wait_time():
@@ -513,7 +662,9 @@ def _wait_time():
 
 def main():
     global _wakeup
+    _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()
+    _main[0] = _container_main()
     _wakeup = os.pipe()
     for fd in _wakeup:
         os.set_blocking(fd, False)
@@ -532,7 +683,9 @@ def main():
             if deadline is not None and now >= deadline and not command.finished:
                 command.on_deadline(now)
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
+        command.finished = True
         command.kill()
+    kill_orphans()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ from sandboxes import protocol as p
 from sandboxes._output import OutputBuffer, execute_response
 
 HEADER = struct.Struct(">cII")
+MAX_FRAME = 1 << 20
+"""The largest frame the client accepts from a helper. The helper's own frames are far smaller
+(output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
+stream (a command writing into the helper's stdout), which is dropped before a byte of it is
+buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
+_KINDS = frozenset(b"HAOXE")
 SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf-8")
 """Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
 
@@ -44,7 +50,13 @@ class ByteStream(Protocol):
         """Up to ``size`` bytes; ``b""`` at end of stream."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the stream; a thread blocked in `recv` must wake (with ``b""`` or OSError)."""
+        ...
+
+
+class _Corrupt(Exception):
+    """The helper's stream broke the framing: it is dropped."""
 
 
 class MuxBroken(Exception):
@@ -93,7 +105,8 @@ class MuxClient:
         return self.broken is None
 
     def close(self) -> None:
-        self._fail_all("exec helper closed")
+        """Fail the commands in flight and close the stream, which wakes the reader thread."""
+        self._break("exec helper closed")
         with contextlib.suppress(Exception):
             self._stream.close()
 
@@ -118,6 +131,10 @@ class MuxClient:
         pending = _Pending(OutputBuffer(output_limit), on_output=on_output)
         with self._pending_lock:
             self._pending[ident] = pending
+        if self.broken:  # broken since the check above: `_fail_all` may have missed this one
+            with self._pending_lock:
+                self._pending.pop(ident, None)
+            raise MuxBroken(self.broken, started=False)
         started = time.monotonic()
         spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
         spec["stdin"] = stdin is not None
@@ -187,7 +204,11 @@ class MuxClient:
 
     def _read_loop(self) -> None:
         """Read whatever the stream has and dispatch every whole frame in it: one ``recv`` per
-        burst rather than two per frame (output chunks and the exit often arrive together)."""
+        burst rather than two per frame (output chunks and the exit often arrive together).
+
+        Every byte is the sandbox's, so hostile: a frame of an unknown kind, longer than
+        `MAX_FRAME` or whose payload does not parse drops the stream at once (the helper, seeing
+        it closed, kills its commands), and the buffer never outgrows one frame and one read."""
         buffer = bytearray()
         try:
             while True:
@@ -197,18 +218,31 @@ class MuxClient:
                 buffer += chunk
                 while len(buffer) >= HEADER.size:
                     kind, ident, length = HEADER.unpack_from(buffer)
+                    if length > MAX_FRAME or kind[0] not in _KINDS:
+                        raise _Corrupt(f"frame {kind!r} of {length} bytes")
                     end = HEADER.size + length
                     if len(buffer) < end:
                         break
                     payload = bytes(buffer[HEADER.size : end])
                     del buffer[:end]
-                    self._dispatch(kind, ident, payload)
+                    try:
+                        self._dispatch(kind, ident, payload)
+                    except (ValueError, KeyError, TypeError) as exc:
+                        raise _Corrupt(f"frame {kind!r}: {exc}") from exc
+        except _Corrupt as exc:
+            self._break(f"exec helper stream corrupt ({exc}); dropped")
         except (EOFError, OSError, struct.error, ValueError) as exc:
             self._break(f"exec helper stream ended ({type(exc).__name__})")
+        finally:
+            with contextlib.suppress(Exception):  # nobody reads it any more: release it
+                self._stream.close()
 
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
         if kind == b"H":
-            self.info = json.loads(payload)
+            info = json.loads(payload)
+            if not isinstance(info, dict):
+                raise ValueError(f"hello {info!r}")
+            self.info = info
             self._hello.set()
             return
         with self._pending_lock:
@@ -223,7 +257,10 @@ class MuxClient:
                 pending.on_output(payload)
         elif kind == b"X":
             status = json.loads(payload)
-            pending.exit_code, pending.timed_out = status["code"], status["timed_out"]
+            code, timed_out = status["code"], status["timed_out"]
+            if not (code is None or type(code) is int) or type(timed_out) is not bool:
+                raise ValueError(f"exit status {status!r}")
+            pending.exit_code, pending.timed_out = code, timed_out
             pending.done.set()
         elif kind == b"E":
             pending.start_error = payload.decode("utf-8", "replace")

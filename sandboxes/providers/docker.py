@@ -36,6 +36,7 @@ from sandboxes.docker import (
     LABEL_SANDBOX,
     DockerSandbox,
     DockerSandboxConfig,
+    parse_size,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,10 +56,15 @@ def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, st
 
 def create_container(client: Any, config: DockerSandboxConfig) -> Any:
     """Start a container with the secure defaults: no network, non-root, no capabilities,
-    no-new-privileges, read-only root with a workspace volume and a tmpfs ``/tmp``, limits."""
+    no-new-privileges, read-only root with a size-limited workspace volume and a tmpfs ``/tmp``,
+    a bounded log, limits."""
+    from docker.types import LogConfig
+
     sandbox_id = uuid.uuid4().hex[:16]
     labels = sandbox_labels(config, sandbox_id)
-    volume = client.volumes.create(name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels)
+    volume = client.volumes.create(
+        name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels, driver="local", driver_opts=workspace_options(config)
+    )
     try:
         return client.containers.run(
             config.image,
@@ -76,15 +82,43 @@ def create_container(client: Any, config: DockerSandboxConfig) -> Any:
             read_only=config.read_only_root,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={config.tmp_size},mode=1777"},
             volumes={volume.name: {"bind": config.workdir, "mode": "rw"}},
-            mem_limit=config.memory,
-            memswap_limit=config.memory,
+            mem_limit=memory_limit(config),
+            memswap_limit=memory_limit(config),
             nano_cpus=int(config.cpus * 1e9),
             pids_limit=config.pids,
+            log_config=LogConfig(type="json-file", config={"max-size": config.log_size, "max-file": "1"}),
         )
     except Exception:
         with contextlib.suppress(Exception):
             volume.remove(force=True)
         raise
+
+
+def workspace_options(config: DockerSandboxConfig) -> dict[str, str]:
+    """The workspace volume's ``local`` driver options: with ``disk``, a tmpfs of that size and
+    ``disk_files`` inodes, owned by the sandbox's user; without, a plain directory on the
+    engine's disk (no options).
+
+    Why tmpfs: the engine's storage (overlay2 on ext4 here, the common case) cannot limit a
+    volume's or a container's size (``--storage-opt size`` needs xfs project quotas), and a loop
+    image needs root on the host. A tmpfs volume is mounted by the engine itself, so its limit
+    holds for the archive API's writes too. The price: the files live in RAM, charged to the
+    memory cgroup of whoever writes them (the container, hence `memory_limit`), and they are gone
+    when the container stops; a service restart does not stop containers, so adopted sandboxes
+    keep their files, but an engine restart or a host reboot empties their workspaces."""
+    if config.disk is None:
+        return {}
+    uid, gid = config.uid_gid
+    size = parse_size(config.disk)
+    options = f"size={size},nr_inodes={config.disk_files},uid={uid},gid={gid},mode=0755,nosuid,nodev"
+    return {"type": "tmpfs", "device": "tmpfs", "o": options}
+
+
+def memory_limit(config: DockerSandboxConfig) -> int:
+    """The container's memory cgroup: ``memory`` for its processes plus ``disk`` for a tmpfs
+    workspace's files, which are charged to it (so a full workspace answers ``no_space``
+    instead of the out-of-memory killer)."""
+    return parse_size(config.memory) + (parse_size(config.disk) if config.disk is not None else 0)
 
 
 def remove_sandbox(client: Any, container_id: str) -> None:

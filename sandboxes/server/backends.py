@@ -299,6 +299,7 @@ class DockerBackend(Backend):
             image=template.image,
             cpus=template.cpus,
             memory=template.memory,
+            disk=template.disk,
             env={**template.env, **env},
             labels=labels,
             ttl=ttl,

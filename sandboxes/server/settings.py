@@ -47,6 +47,9 @@ class Template(_Frozen):
     cpus: float = Field(default=1.0, gt=0)
     """Enforced by Docker; for the local backend it only counts against the tenant's quota."""
     memory: str = "512m"
+    disk: str | None = "1g"
+    """Docker only: the workspace's size (a tmpfs volume; see `DockerSandboxConfig.disk`);
+    ``None``: a persistent volume on the engine's disk, unbounded."""
     ttl: float = Field(default=3600.0, gt=0)
     """Default lifetime in seconds when the client asks for none."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -57,10 +60,11 @@ class Template(_Frozen):
     """Local only. ``none`` runs commands as the service's own user with access to everything
     it can read (its keys included), so it is refused unless the service is ``insecure``."""
 
-    @field_validator("memory")
+    @field_validator("memory", "disk")
     @classmethod
-    def _memory_parses(cls, value: str) -> str:
-        parse_memory(value)
+    def _memory_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_memory(value)
         return value
 
     @property

@@ -150,7 +150,7 @@ def test_close_destroys_the_idle_pool_and_leaves_acquired_sandboxes(
 def test_refill_failures_are_retried_and_do_not_kill_the_thread(
     docker_client: Any, runtime_image: str, owner: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    broken = _template(runtime_image, owner, memory="1k")  # the daemon refuses such a container
+    broken = _template(runtime_image, owner, memory="1k", disk=None)  # the daemon refuses such a container
     caplog.set_level(logging.WARNING, logger="sandboxes.providers.docker")
     pool = DockerProvider(broken, client=docker_client, pool_size=1, retry_max_backoff=0.1, sweep_interval=None)
     with pool:

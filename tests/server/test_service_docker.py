@@ -147,6 +147,25 @@ def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict
     assert execute(client, sandbox["id"], "cat /workspace/beat")["output"] == first
 
 
+def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    """``DELETE /processes/{id}`` of a command whose loop dropped both markers (the service's and
+    the exec helper's) and left its session: the loop must stop too (it used to fill the pids
+    limit, since nothing could find it)."""
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    loop = "while :; do date +%s%N > /workspace/unmarked-beat; sleep 0.1; done"
+    escape = f"env -u SANDBOXES_PROCESS_ID -u SANDBOXES_EXEC_ID setsid sh -c {shlex.quote(loop)} &"
+    process = client.post(base, json={"command": f"{escape} sleep 100"}).json()
+    deadline = time.monotonic() + 10
+    while not execute(client, sandbox["id"], "cat /workspace/unmarked-beat 2>/dev/null")["output"]:
+        assert time.monotonic() < deadline, "the loop never started"
+    killed = client.delete(f"{base}/{process['id']}").json()
+    assert killed["status"] == "killed"
+    first = execute(client, sandbox["id"], "cat /workspace/unmarked-beat")["output"]
+    time.sleep(0.5)  # five beats, had it survived
+    assert execute(client, sandbox["id"], "cat /workspace/unmarked-beat")["output"] == first
+    assert "sh -c while" not in execute(client, sandbox["id"], "ps -eo args=")["output"]
+
+
 # ---------------------------------------------------------------------- kill -9 and reconcile
 
 

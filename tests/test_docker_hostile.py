@@ -1,0 +1,174 @@
+"""Attacks from inside a Docker sandbox on what lies outside it: the host's disk, the engine's
+logs, the service's memory, and the timeout that must end a command's whole tree.
+
+Each test runs the attack in a real container with small limits, asserts it was stopped with the
+protocol's error, then that the engine and a neighbour sandbox did not notice. Nothing leaves the
+machine: every container has ``network_mode=none``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import SESSION_OWNER
+
+from sandboxes import protocol as p
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+
+DISK = "16m"
+FILES = 2_000
+
+
+def _config(image: str, **overrides: Any) -> DockerSandboxConfig:
+    limits: dict[str, Any] = {"cpus": 1.0, "memory": "128m", "pids": 128, "disk": DISK, "disk_files": FILES}
+    return DockerSandboxConfig(image=image, owner=SESSION_OWNER, **{**limits, **overrides})
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb:
+        yield sb
+
+
+@pytest.fixture(scope="module")
+def neighbour(docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb:
+        yield sb
+
+
+def _assert_unharmed(neighbour: DockerSandbox, client: Any) -> None:
+    assert client.ping()
+    assert neighbour.write("/workspace/neighbour.txt", "fine").error is None
+    assert neighbour.read("/workspace/neighbour.txt").file_data == p.FileData("fine")
+    assert neighbour.execute("rm /workspace/neighbour.txt").exit_code == 0
+
+
+# ---------------------------------------------------------------------------- disk
+
+
+def test_workspace_writes_past_the_disk_limit_answer_no_space(
+    sandbox: DockerSandbox, neighbour: DockerSandbox, docker_client: Any
+) -> None:
+    """A command filling the workspace stops at ``disk``; so do a write and a big upload (the
+    engine's archive API writes into the same limited volume). Deleting frees the space."""
+    filled = sandbox.execute("head -c 64m /dev/zero > /workspace/fill; echo $?; du -k /workspace/fill")
+    status, size = filled.output.split()[-3], int(filled.output.split()[-2])
+    assert status != "0", filled
+    assert "No space left" in filled.output, filled
+    assert size <= 16 * 1024, filled
+    assert sandbox.write("/workspace/more.txt", "x" * 100_000).error == p.NO_SPACE
+    upload = sandbox.upload_files([("/workspace/big.bin", b"\x01" * (4 << 20))])
+    assert upload[0].error == p.NO_SPACE, upload
+    assert sandbox.execute("rm /workspace/fill").exit_code == 0
+    assert sandbox.upload_files([("/workspace/big.bin", b"\x01" * (4 << 20))])[0].error is None
+    assert sandbox.download_files(["/workspace/big.bin"])[0].content == b"\x01" * (4 << 20)
+    assert sandbox.execute("rm /workspace/big.bin").exit_code == 0
+    _assert_unharmed(neighbour, docker_client)
+
+
+def test_workspace_holds_a_bounded_number_of_files(
+    sandbox: DockerSandbox, neighbour: DockerSandbox, docker_client: Any
+) -> None:
+    """Inodes are a disk resource too: a command creating many empty files, and an archive
+    of many members put through the engine, stop at ``disk_files``."""
+    made = sandbox.execute(f"mkdir /workspace/many && cd /workspace/many && seq 1 {2 * FILES} | xargs touch; echo $?")
+    assert made.output.split()[-1] != "0", made
+    assert "No space left" in made.output, made
+    count = int(sandbox.execute("ls /workspace/many | wc -l").output)
+    assert count < FILES, count
+    assert sandbox.execute("rm -rf /workspace/many").exit_code == 0
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for index in range(-1, 2 * FILES):
+            member = tarfile.TarInfo("members" if index < 0 else f"members/{index}")
+            member.uid = member.gid = 1000
+            member.type, member.mode = (tarfile.DIRTYPE, 0o755) if index < 0 else (tarfile.REGTYPE, 0o644)
+            archive.addfile(member, io.BytesIO(b""))
+    with pytest.raises(Exception, match=r"(?i)no space left"):
+        sandbox.container.put_archive("/workspace", buffer.getvalue())
+    assert sandbox.execute("rm -rf /workspace/members").exit_code == 0
+    _assert_unharmed(neighbour, docker_client)
+
+
+# ---------------------------------------------------------------------------- logs
+
+
+def test_writing_to_the_containers_init_leaves_a_bounded_log(sandbox: DockerSandbox, docker_client: Any) -> None:
+    """The container's init runs as the sandbox's user, so a command can write to its stdout,
+    which is the engine's log on the host's disk: it must be capped."""
+    flood = sandbox.execute("head -c 8m /dev/zero | tr '\\0' 'x' | fold -w 1000 > /proc/1/fd/1; echo $?")
+    assert flood.output.split()[-1] == "0", flood  # the attack itself works: the log is reachable
+    logged = docker_client.api.logs(sandbox.id, stdout=True, stderr=True)
+    assert 0 < len(logged) <= 2 << 20, len(logged)
+    assert docker_client.ping()
+
+
+# ---------------------------------------------------------------------------- the exec helper's stream
+
+
+def test_a_command_cannot_forge_frames_into_the_helpers_stream(sandbox: DockerSandbox, docker_client: Any) -> None:
+    """The helper runs as the commands' uid and runc hands it its stdio: unprotected, a command
+    writes a header announcing 4 GiB into /proc/<helper>/fd/1 and the client buffers whatever
+    follows (measured: the service grew by 2 GiB). The helper is undumpable, so every way in
+    is refused, and the same helper keeps serving."""
+    from test_mux import _REACH_INTO
+
+    sandbox.execute("true")
+    assert sandbox._mux is not None
+    helper = sandbox._mux.info["pid"]
+    assert sandbox._mux.info["undumpable"] is True
+    result = sandbox.execute("python3 -c " + shlex.quote(_REACH_INTO) + f" {helper}", timeout=20)
+    assert result.exit_code == 0, result
+    outcomes = json.loads(result.output)
+    assert len(outcomes) == 3, outcomes
+    assert "ok" not in outcomes.values(), outcomes
+    assert sandbox.execute("echo alive").output == "alive\n"
+    assert sandbox._mux.info["pid"] == helper
+    assert docker_client.ping()
+
+
+# ---------------------------------------------------------------------------- escaping the kill
+
+_ESCAPE = "env -u SANDBOXES_EXEC_ID setsid sh -c 'while :; do sleep 1; done & sleep 303 &'"
+"""Drops the marker, leaves the group, orphans itself: found by neither marker nor group."""
+
+
+def _escaped(sandbox: DockerSandbox) -> list[str]:
+    listed = sandbox.execute("ps -eo args=", timeout=20)
+    return [line for line in listed.output.splitlines() if line.startswith(("sleep 303", "sh -c while"))]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["helper", "docker-exec"])
+def any_path(request: pytest.FixtureRequest, docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    config = _config(runtime_image, use_exec_helper=request.param)
+    with DockerSandbox.create(config, client=docker_client) as sb:
+        yield sb
+
+
+def test_what_drops_the_marker_dies_with_its_command(any_path: DockerSandbox) -> None:
+    result = any_path.execute(_ESCAPE, timeout=20)
+    assert result.exit_code == 0, result
+    assert _escaped(any_path) == []
+
+
+def test_what_drops_the_marker_dies_at_the_timeout(any_path: DockerSandbox) -> None:
+    started = time.monotonic()
+    result = any_path.execute(_ESCAPE + "; sleep 300", timeout=2)
+    assert result.error == p.TIMEOUT, result
+    assert time.monotonic() - started < 10
+    assert _escaped(any_path) == []
+    assert any_path.execute("echo alive").output == "alive\n"
+
+
+def test_what_drops_the_marker_spares_the_containers_own_command(any_path: DockerSandbox) -> None:
+    any_path.execute(_ESCAPE, timeout=20)
+    any_path.container.reload()
+    assert any_path.container.status == "running"
+    assert "sleep infinity" in any_path.execute("ps -eo args=").output

@@ -183,6 +183,9 @@ class LocalSandbox(StreamingSandbox):
             argv += ["--ro-bind", str(extra), str(extra)]
         argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self._tmp), "/tmp"]
         argv += ["--bind", str(self.root), str(self.root)]
+        # bwrap's / is a tmpfs that vanishes with the jail: a write there would answer success
+        # and be lost. Read-only, it answers permission_denied like any read-only system dir.
+        argv += ["--remount-ro", "/"]
         argv += ["--uid", str(self.config.uid), "--gid", str(self.config.gid), "--chdir", workdir]
         argv.append("--clearenv")
         for name, value in environment.items():

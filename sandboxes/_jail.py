@@ -112,7 +112,9 @@ class Jail:
         else:
             self.host_ids = (os.getuid(), os.getgid())
         self._seccomp = _seccomp.filter_program() if seccomp else None
-        self.state = Path(tempfile.mkdtemp(prefix="sandboxes-local-"))
+        # Started by root, bwrap reaches the state as the jail uid: not under $TMPDIR, which may
+        # be a root-only directory; /tmp is always open to every uid.
+        self.state = Path(tempfile.mkdtemp(prefix="sandboxes-local-", dir="/tmp" if self.as_root else None))
         os.chmod(self.state, 0o755)  # noqa: S103 - the jail uid passes through to tmp and etc, nothing secret here
         self.tmp = self.state / "tmp"
         self.tmp.mkdir(mode=0o700)

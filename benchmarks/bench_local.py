@@ -146,13 +146,14 @@ def _build_tree(root: Path) -> Path:
     return tree
 
 
-def _cases(sandbox: CountingSandbox, root: Path, tree: Path, bwrap: list[str] | None) -> list[Case]:
+def _cases(sandbox: CountingSandbox, root: Path, tree: Path, bwrap: Callable[[], object] | None) -> list[Case]:
     sb, direct = root / "sb", root / "direct"
     for side in (sb, direct):
         side.mkdir()
         (side / "edit.txt").write_text("".join(f"line {i}\n" for i in range(100)) + "the alpha word\n")
         (side / "read.txt").write_text("".join(f"line {i} with some text\n" for i in range(200)))
         (side / "blob.bin").write_bytes(os.urandom(BLOB_BYTES))
+    sandbox.claim(sb)  # made here by the caller; started by root, the jail runs as another uid
     blob = os.urandom(BLOB_BYTES)
     text = "x" * 1000 + "\n"
     listed = str(tree / "d00")
@@ -186,11 +187,27 @@ def _cases(sandbox: CountingSandbox, root: Path, tree: Path, bwrap: list[str] | 
              lambda: _read_bytes(str(direct / "blob.bin"))),
     ]  # fmt: skip
     if bwrap is not None:
-        argv = [*bwrap, "/bin/sh", "-c", "true"]
-        env = {"PATH": _DEFAULT_PATH}
-        cases.insert(1, Case("execute", "raw bwrap sh -c true (floor)", cases[0].sandbox,
-                             lambda: subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=True)))  # fmt: skip
+        cases.insert(1, Case("execute", "raw bwrap sh -c true (floor)", cases[0].sandbox, bwrap))  # fmt: skip
     return cases
+
+
+def _raw_jail_spawn(sandbox: LocalSandbox) -> Callable[[], object]:
+    """One ``bwrap ... sh -c true`` with exactly what execute() would start for a command in
+    the root (the same flags, seccomp pipe and, started by root, the same drop to the jail uid)."""
+    jail = sandbox._jail
+    assert jail is not None
+    environment = {"PATH": _DEFAULT_PATH, "HOME": str(sandbox.root), "LANG": "C.UTF-8"}
+
+    def spawn() -> None:
+        spec = jail.spawn(["/bin/sh", "-c", "true"], environment, str(sandbox.root))
+        try:
+            subprocess.run(spec.argv, env={"PATH": _DEFAULT_PATH}, stdin=subprocess.DEVNULL, pass_fds=spec.pass_fds,
+                           check=True)  # fmt: skip
+        finally:
+            for fd in spec.close_after_spawn:
+                os.close(fd)
+
+    return spawn
 
 
 # --------------------------------------------------------------------------- measuring
@@ -221,10 +238,7 @@ def run(iterations: int, warmup: int = 2) -> dict[str, Any]:
         tree = _build_tree(root)
         sandbox = CountingSandbox(root)
         try:
-            bwrap = None
-            if sandbox.isolated:  # the exact flags execute() would use for a command in the root
-                environment = {"PATH": _DEFAULT_PATH, "HOME": str(sandbox.root), "LANG": "C.UTF-8"}
-                bwrap = sandbox._bwrap_argv(environment, str(sandbox.root))
+            bwrap = _raw_jail_spawn(sandbox) if sandbox.isolated else None
             measured = [
                 (case, *_measure(case, sandbox, iterations, warmup)) for case in _cases(sandbox, root, tree, bwrap)
             ]

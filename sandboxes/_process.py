@@ -40,6 +40,7 @@ def run_process(
     output_limit: int,
     marker: tuple[str, str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ProcessResult:
     """Run ``argv`` in a new session. When it ends or times out, kill its process group and
     every process still carrying ``marker`` (an environment variable inherited by all
@@ -47,7 +48,9 @@ def run_process(
     started outlives it.
 
     ``on_output`` sees every chunk as it is read (uncapped, in order), from the reader thread:
-    it must neither block nor raise, or it stalls the command's pipe."""
+    it must neither block nor raise, or it stalls the command's pipe.
+
+    ``pass_fds`` stay open in the child."""
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv),
@@ -57,6 +60,7 @@ def run_process(
         env=dict(env),
         cwd=cwd,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     output = OutputBuffer(output_limit)
     assert proc.stdout is not None

@@ -1,10 +1,12 @@
 """`LocalSandbox`: a sandbox on this machine, for machines without Docker.
 
 Each ``execute`` runs ``sh -c`` under bubblewrap when ``bwrap`` is installed: fresh user, pid,
-network, IPC and UTS namespaces (no network at all), uid 1000, no capabilities, the system
-directories read-only, and only the sandbox's root directory plus a private ``/tmp`` writable.
-The root directory appears at the same absolute path inside and outside, so paths mean the same
-thing to the file operations, to commands, and to the caller.
+network, IPC and UTS namespaces (no network at all), uid 1000, no capabilities, no nested user
+namespaces, a seccomp filter, the system directories and a few files of ``/etc`` read-only, and
+only the sandbox's root directory plus a private ``/tmp`` writable (`sandboxes._jail`). Started
+by root, the jail runs as an unprivileged host uid, never as root. The root directory appears at
+the same absolute path inside and outside, so paths mean the same thing to the file
+operations, to commands, and to the caller.
 
 Without bwrap the command runs as the calling user with no isolation: the sandbox says so with
 a warning at creation and in `isolated`. That mode exists for development on laptops; never
@@ -16,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
+from sandboxes._jail import Jail, claim
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
 from sandboxes.base import StreamingSandbox
@@ -34,7 +36,6 @@ from sandboxes.semantics import message_for
 
 logger = logging.getLogger(__name__)
 
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
@@ -56,8 +57,16 @@ class LocalSandboxConfig(BaseModel):
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
     extra_ro_binds: tuple[Path, ...] = ()
-    """More host paths visible read-only inside (at the same path), e.g. an interpreter."""
+    """More host paths visible read-only inside (at the same path), e.g. an interpreter. Started
+    by root, bwrap reaches them as ``host_uid``: they must be readable by it."""
     sandbox_id: str | None = None
+    host_uid: int | None = Field(default=None, gt=0)
+    """Started by root: the unprivileged host uid the jail runs as (and that owns the root
+    directory's files on the host). ``None``: 65534 (nobody). Ignored when not root: the jail
+    then runs as the caller. Never 0: uid 1000 inside would be root outside."""
+    host_gid: int | None = Field(default=None, gt=0)
+    seccomp: bool = True
+    """Load the deny-list seccomp filter (`sandboxes._seccomp`) into every jail."""
 
 
 class LocalSandbox(StreamingSandbox):
@@ -71,7 +80,7 @@ class LocalSandbox(StreamingSandbox):
         self.root.mkdir(parents=True, exist_ok=True)
         self._id = config.sandbox_id or f"local-{uuid.uuid4().hex[:12]}"
         self._bwrap = self._find_bwrap()
-        self._tmp = Path(tempfile.mkdtemp(prefix="sandboxes-tmp-")) if self._bwrap else None
+        self._jail = self._make_jail(self._bwrap) if self._bwrap else None
         if self._bwrap is None:
             warnings.warn(
                 f"LocalSandbox {self._id} is NOT isolated (bubblewrap not found): commands run as "
@@ -88,9 +97,35 @@ class LocalSandbox(StreamingSandbox):
             raise RuntimeError("isolation='bwrap' but bubblewrap (bwrap) is not installed")
         return found
 
+    def _make_jail(self, bwrap: str) -> Jail:
+        host_ids = None
+        if self.config.host_uid is not None:
+            host_ids = (self.config.host_uid, self.config.host_gid or self.config.host_uid)
+        return Jail(
+            bwrap,
+            self.root,
+            uid=self.config.uid,
+            gid=self.config.gid,
+            host_ids=host_ids,
+            network=self.config.network,
+            seccomp=self.config.seccomp,
+            extra_ro_binds=self.config.extra_ro_binds,
+        )
+
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def host_ids(self) -> tuple[int, int]:
+        """Who the jail's processes and files are on the host (uid, gid)."""
+        return self._jail.host_ids if self._jail is not None else (os.getuid(), os.getgid())
+
+    def claim(self, path: str | Path) -> None:
+        """Give files the caller put in the root as root (an extracted archive) to the jail's
+        host uid, so commands can change them. A no-op unless the sandbox was started by root."""
+        if self._jail is not None and self._jail.as_root and is_within(str(path), str(self.root)):
+            claim(Path(path), self._jail.host_ids)
 
     @property
     def isolated(self) -> bool:
@@ -98,9 +133,8 @@ class LocalSandbox(StreamingSandbox):
 
     def close(self) -> None:
         """Remove the private /tmp; the root directory belongs to the caller and stays."""
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        if self._jail is not None:
+            self._jail.close()
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -134,25 +168,33 @@ class LocalSandbox(StreamingSandbox):
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
         marker = ("SANDBOXES_EXEC_ID", uuid.uuid4().hex)
-        if self._bwrap is None:
+        pass_fds: tuple[int, ...] = ()
+        fresh: tuple[int, ...] = ()
+        if self._jail is None:
             argv = ["/bin/sh", "-c", command]
             environment[marker[0]] = marker[1]
             process_env = environment
             process_cwd: str | None = workdir
         else:
-            argv = [*self._bwrap_argv(environment, workdir), "/bin/sh", "-c", command]
+            spec = self._jail.spawn(["/bin/sh", "-c", command], environment, workdir)
+            argv, pass_fds, fresh = spec.argv, spec.pass_fds, spec.close_after_spawn
             process_env = {"PATH": _DEFAULT_PATH, marker[0]: marker[1]}
             process_cwd = None
-        result = run_process(
-            argv,
-            env=process_env,
-            cwd=process_cwd,
-            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
-            timeout=self.config.default_timeout if timeout is None else timeout,
-            output_limit=self.config.output_limit if output_limit is None else output_limit,
-            marker=marker,
-            on_output=on_output,
-        )
+        try:
+            result = run_process(
+                argv,
+                env=process_env,
+                cwd=process_cwd,
+                stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
+                timeout=self.config.default_timeout if timeout is None else timeout,
+                output_limit=self.config.output_limit if output_limit is None else output_limit,
+                marker=marker,
+                on_output=on_output,
+                pass_fds=pass_fds,
+            )
+        finally:
+            for fd in fresh:
+                os.close(fd)
         return execute_response(
             result.output,
             result.exit_code,
@@ -163,28 +205,7 @@ class LocalSandbox(StreamingSandbox):
 
     def _host_view(self, path: str) -> Path:
         """Where a path inside the sandbox lives on the host (the private /tmp is elsewhere)."""
-        if self._tmp is not None and is_within(path, "/tmp") and not is_within(path, str(self.root)):
-            return self._tmp / relative_to(path, "/tmp") if path != "/tmp" else self._tmp
+        if self._jail is not None and is_within(path, "/tmp") and not is_within(path, str(self.root)):
+            tmp = self._jail.tmp
+            return tmp / relative_to(path, "/tmp") if path != "/tmp" else tmp
         return Path(path)
-
-    def _bwrap_argv(self, environment: Mapping[str, str], workdir: str) -> list[str]:
-        assert self._bwrap is not None
-        assert self._tmp is not None
-        argv = [self._bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
-        if self.config.network:
-            argv.append("--share-net")
-        for directory in _SYSTEM_DIRS:
-            path = Path(directory)
-            if path.is_symlink():
-                argv += ["--symlink", os.readlink(path), directory]
-            elif path.is_dir():
-                argv += ["--ro-bind", directory, directory]
-        for extra in self.config.extra_ro_binds:
-            argv += ["--ro-bind", str(extra), str(extra)]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self._tmp), "/tmp"]
-        argv += ["--bind", str(self.root), str(self.root)]
-        argv += ["--uid", str(self.config.uid), "--gid", str(self.config.gid), "--chdir", workdir]
-        argv.append("--clearenv")
-        for name, value in environment.items():
-            argv += ["--setenv", name, value]
-        return argv

@@ -233,7 +233,15 @@ class LocalBackend(Backend):
         return open_local_archive(self._root(sandbox), path, uid=uid, gid=gid)
 
     def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
-        extract_local(self._root(sandbox), path, archive, **archive_limits(self.settings))
+        root = self._root(sandbox)
+        extract_local(root, path, archive, **archive_limits(self.settings))
+        # Extracted by the service; a root-started jail runs as another uid and must own them.
+        top = checked_path(path)
+        if top != root:
+            top = f"{root}/{top[len(root) :].lstrip('/').split('/', 1)[0]}"
+        claim = getattr(sandbox, "claim", None)
+        if claim is not None:
+            claim(top)
 
 
 def archive_limits(settings: ServiceSettings) -> dict[str, int]:

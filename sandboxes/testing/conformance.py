@@ -531,6 +531,38 @@ class BackendConformance:
 
         asyncio.run(scenario())
 
+    def test_a_write_that_succeeds_reads_back_wherever_it_was_aimed(
+        self, backend: p.BackendProtocol, root: str
+    ) -> None:
+        """Nothing lost, ever: a write answers success only if the bytes are there to read, also
+        outside the writable area (a sandbox whose ``/`` is a throwaway tmpfs must refuse)."""
+        tag = uuid.uuid4().hex[:10]
+        targets = (f"{root}/kept.txt", f"/conf-top-{tag}/kept.txt", f"/opt/conf-{tag}/kept.txt")
+        for path in targets:
+            content = f"kept at {path}\n"
+            written = backend.write(path, content)
+            if written.error is not None:
+                assert written.error == p.PERMISSION_DENIED, (path, written)
+                assert backend.download_files([path])[0].error is not None, path
+                continue
+            try:
+                assert _text(backend, path) == content, path
+                [uploaded] = backend.upload_files([(path, content.encode() * 2)])
+                assert uploaded.error is None, (path, uploaded)
+                assert backend.download_files([path])[0].content == content.encode() * 2, path
+                assert path in [entry.path for entry in _entries(backend, path.rsplit("/", 1)[0])], path
+            finally:
+                if not path.startswith(root):
+                    backend.delete(path)
+                    backend.delete(path.rsplit("/", 1)[0])
+        [upload] = backend.upload_files([(f"/conf-up-{tag}/x.bin", b"\x00x")])
+        if upload.error is None:
+            assert backend.download_files([f"/conf-up-{tag}/x.bin"])[0].content == b"\x00x"
+            backend.delete(f"/conf-up-{tag}/x.bin")
+            backend.delete(f"/conf-up-{tag}")
+        else:
+            assert upload.error == p.PERMISSION_DENIED, upload
+
 
 def _text(backend: p.BackendProtocol, path: str) -> str:
     """The file's whole text via download (read paginates and normalises line endings)."""

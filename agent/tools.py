@@ -289,7 +289,9 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
 
     def _evict(self, request: ToolCallRequest, result: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
         limit = self.large_result_chars
-        if limit is None or not isinstance(result, ToolMessage) or request.tool_call["name"] in self.unevicted:
+        if limit is None or self.layout.large_results is None:
+            return result
+        if not isinstance(result, ToolMessage) or request.tool_call["name"] in self.unevicted:
             return result
         text = result.content if isinstance(result.content, str) else None
         if text is None or len(text) <= limit:
@@ -297,15 +299,15 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         path = f"{self.layout.large_results.rstrip('/')}/{_safe_name(result.tool_call_id)}"
         try:
             ws = self.source(request.state, request.runtime.store)
-            written = ws.backend.write(path, text)
-            error = _failed(written)
+            error = _failed(ws.backend.write(path, text))
         except Exception as exc:
             error = render_error(p.UNAVAILABLE, str(exc))
         if error is not None:
             note = f"[Result of {len(text)} characters cut; it could not be saved: {error}]\n"
             cut = note + text[:PREVIEW_CHARS] + "\n...\n" + text[-PREVIEW_CHARS:]
             return result.model_copy(update={"content": cut})
-        return result.model_copy(update={"content": _preview(text, path)})
+        message = result.model_copy(update={"content": _preview(text, path)})
+        return Command(update={**ws.updates(), "messages": [message]})
 
 
 def _safe_name(tool_call_id: str) -> str:

@@ -5,8 +5,10 @@ The default layout routes through `sandboxes.composite.CompositeBackend`:
 * ``/memories/`` -> `StoreBackend` over the graph's store: outlives threads.
 * ``/scratch/``  -> `GraphStateBackend` over the thread's ``files`` state: checkpointed with the
   thread, gone with it.
+* ``/large_tool_results/`` -> the thread's state too: tool results too long for the context
+  are kept there (the sandbox's disk may be read-only outside its workdir).
 * everything else -> the thread's sandbox, which alone runs commands (a command does not see
-  the two routes: they are not on the sandbox's disk).
+  the routes: they are not on the sandbox's disk).
 
 A workspace is made per tool call (cheap: the routed backends load lazily) because state and
 store belong to the call; `Workspace.updates` is the state update the call must return.
@@ -36,13 +38,13 @@ class Layout:
     memories: str | None = "/memories/"
     scratch: str | None = "/scratch/"
     memories_namespace: tuple[str, ...] = ("sandboxes-agent", "memories")
-    large_results: str = "/large_tool_results/"
+    large_results: str | None = "/large_tool_results/"
 
 
 @dataclass
 class Workspace:
     backend: p.BackendProtocol
-    scratch: GraphStateBackend | None = None
+    in_state: list[GraphStateBackend] = field(default_factory=list)
     sandbox: p.SandboxBackendProtocol | None = None
     workdir: str = "/"
     """The sandbox's working directory: relative paths and omitted search roots mean it."""
@@ -58,7 +60,7 @@ class Workspace:
 
     def updates(self) -> dict[str, Any]:
         """State updates owed by the operations made so far (``/scratch/`` changes)."""
-        changes = self.scratch.changes() if self.scratch is not None else {}
+        changes = {k: v for backend in self.in_state for k, v in backend.changes().items()}
         return {"files": changes} if changes else {}
 
 
@@ -77,15 +79,17 @@ class WorkspaceFactory:
             raise LookupError("this thread has no sandbox: SandboxMiddleware did not run before the tools")
         sandbox = self.sandboxes.sandbox(sandbox_id)
         routes: dict[str, p.BackendProtocol] = {}
-        scratch = None
-        if self.layout.scratch:
-            scratch = GraphStateBackend(state.get("files"), self.layout.scratch)
-            routes[self.layout.scratch] = scratch
+        in_state = []
+        for prefix in (self.layout.scratch, self.layout.large_results):
+            if prefix:
+                backend = GraphStateBackend(state.get("files"), prefix)
+                routes[prefix] = backend
+                in_state.append(backend)
         store = store if store is not None else self.fallback_store
         if self.layout.memories and store is not None:
             routes[self.layout.memories] = StoreBackend(store, self.layout.memories_namespace)
-        backend: p.BackendProtocol = CompositeBackend.create(sandbox, routes) if routes else sandbox
-        return Workspace(backend, scratch, sandbox, self.sandboxes.workdir(sandbox_id))
+        composite: p.BackendProtocol = CompositeBackend.create(sandbox, routes) if routes else sandbox
+        return Workspace(composite, in_state, sandbox, self.sandboxes.workdir(sandbox_id))
 
 
 WorkspaceSource = Callable[[Mapping[str, Any], BaseStore | None], Workspace]

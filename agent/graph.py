@@ -1,0 +1,204 @@
+"""`create_sandbox_agent`: langchain's `create_agent` with a sandbox per thread and the stack below.
+
+The default stack, outermost first (langchain runs ``before_*`` hooks in this order,
+``after_*`` hooks in reverse, and the first ``wrap_*`` hook wraps all the others), with the
+priority that places it (larger is outer, as in seed 002):
+
+===  ==========================  ==========================================================
+100  `SandboxMiddleware`         the thread's sandbox exists before anything else runs
+ 90  `PatchToolCallsMiddleware`  no unanswered tool call reaches a model
+ 80  `TodoListMiddleware`        ``write_todos`` (langchain's)
+ 70  `MemoryMiddleware`          ``AGENTS.md`` files into the system prompt (if ``memory``)
+ 60  `SkillsMiddleware`          skill names and descriptions (if ``skills``)
+ 50  `FilesystemMiddleware`      the file and execute tools; evicts large results
+ 40  `SubAgentMiddleware`        ``task`` (general-purpose plus ``subagents``)
+ 20  the caller's middleware     unless it has a ``priority`` attribute of its own
+ 10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: it sees the final tool calls
+===  ==========================  ==========================================================
+
+Ties keep the order given (defaults before the caller's). Middleware that implements
+``on_sandbox_start``/``on_sandbox_stop`` (`SandboxHook`) gets them called by the lifecycle.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain.agents import create_agent
+from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware, TodoListMiddleware
+from langchain.agents.middleware.human_in_the_loop import InterruptOnConfig
+from langchain.chat_models import init_chat_model
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import SystemMessage
+from langchain_core.tools import BaseTool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.store.base import BaseStore
+from langgraph.store.memory import InMemoryStore
+
+from agent.lifecycle import (
+    FixedSandbox,
+    LocalProvider,
+    ReleasePolicy,
+    RemoteProvider,
+    SandboxHook,
+    SandboxMiddleware,
+    SandboxProvider,
+)
+from agent.memory import MemoryMiddleware, SkillsMiddleware
+from agent.patch import PatchToolCallsMiddleware
+from agent.subagents import GENERAL_PURPOSE, GENERAL_PURPOSE_PROMPT, SubAgent, SubAgentMiddleware, build_subagent_graph
+from agent.tools import DEFAULT_LARGE_RESULT_CHARS, FilesystemMiddleware
+from agent.workspace import Layout, WorkspaceFactory
+from sandboxes import protocol as p
+
+__all__ = ["USER_PRIORITY", "create_sandbox_agent", "lifecycle_of", "order_middleware", "priority_of"]
+
+GENERAL_PURPOSE_DESCRIPTION = "General-purpose agent for multi-step tasks, with your tools."
+BASE_PROMPT = "You are an agent that gets things done with tools in a sandbox. Be concise; check your work."
+
+USER_PRIORITY = 20
+TODO_PRIORITY = 80
+HITL_PRIORITY = 10
+
+SandboxSpec = SandboxProvider | SandboxMiddleware | p.SandboxBackendProtocol | str
+
+_LIFECYCLES: weakref.WeakKeyDictionary[Any, SandboxMiddleware] = weakref.WeakKeyDictionary()
+
+
+def priority_of(middleware: object, default: int = USER_PRIORITY) -> int:
+    value = getattr(middleware, "priority", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def order_middleware(
+    defaults: Sequence[tuple[int, AgentMiddleware[Any, Any]]], user: Sequence[AgentMiddleware[Any, Any]]
+) -> list[AgentMiddleware[Any, Any]]:
+    """Outermost first: by priority, larger first; ties in the order given, defaults first."""
+    ranked = [*defaults, *((priority_of(m), m) for m in user)]
+    order = sorted(range(len(ranked)), key=lambda i: (-ranked[i][0], i))
+    return [ranked[i][1] for i in order]
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "sandboxes-agent"
+
+
+def provider_for(spec: str | SandboxProvider | p.SandboxBackendProtocol) -> SandboxProvider:
+    """``local``, ``docker``, a service URL (key in ``SANDBOXES_API_KEY``), a provider or a sandbox."""
+    if isinstance(spec, SandboxProvider):
+        return spec
+    if isinstance(spec, p.SandboxBackendProtocol):
+        return FixedSandbox(spec)
+    if spec == "local":
+        return LocalProvider(default_state_dir() / "local")
+    if spec == "docker":
+        from agent.lifecycle import DockerProvider
+
+        return DockerProvider()
+    if spec.startswith(("http://", "https://")):
+        key = os.environ.get("SANDBOXES_API_KEY")
+        if not key:
+            raise ValueError("a sandbox service URL needs an API key: set SANDBOXES_API_KEY")
+        return RemoteProvider(spec, key)
+    raise ValueError(f"unknown sandbox {spec!r}: use 'local', 'docker', a service URL or a provider")
+
+
+def lifecycle_of(graph: Any) -> SandboxMiddleware:
+    """The `SandboxMiddleware` of a graph made by `create_sandbox_agent` (to release or close)."""
+    return _LIFECYCLES[graph]
+
+
+def create_sandbox_agent(
+    model: BaseChatModel | str,
+    *,
+    sandbox: SandboxSpec,
+    tools: Sequence[BaseTool | Callable[..., Any]] = (),
+    system_prompt: str | SystemMessage | None = None,
+    middleware: Sequence[AgentMiddleware[Any, Any]] = (),
+    subagents: Sequence[SubAgent | Mapping[str, Any]] = (),
+    memory: Sequence[str] = (),
+    skills: Sequence[str] = (),
+    interrupt_on: Mapping[str, bool | InterruptOnConfig] | None = None,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    store: BaseStore | None = None,
+    release: ReleasePolicy = "ttl",
+    layout: Layout | None = None,
+    large_result_chars: int | None = DEFAULT_LARGE_RESULT_CHARS,
+    todos: bool = True,
+    name: str | None = None,
+) -> Any:
+    """A compiled LangGraph agent whose every tool runs in the thread's sandbox.
+
+    ``sandbox``: ``"local"``, ``"docker"``, a service URL, a `SandboxProvider`, a sandbox the
+    caller owns (every thread shares it), or a ready `SandboxMiddleware`. ``memory``: paths of
+    ``AGENTS.md`` files; ``skills``: directories holding ``<skill>/SKILL.md``; both read from
+    the workspace. ``store`` backs ``/memories/`` (an in-memory store when ``None``: lost with
+    the process). ``release``: ``"end"`` ends the sandbox when a run finishes, ``"ttl"`` leaves
+    it to `SandboxMiddleware.release` or the provider's TTL.
+    """
+    chat = init_chat_model(model) if isinstance(model, str) else model
+    layout = layout or Layout()
+    if isinstance(sandbox, SandboxMiddleware):
+        lifecycle = sandbox
+    else:
+        lifecycle = SandboxMiddleware(provider_for(sandbox), release=release)
+    fallback_store = InMemoryStore() if store is None else None
+    source = WorkspaceFactory(lifecycle, layout, fallback_store)
+
+    def shared_stack() -> list[AgentMiddleware[Any, Any]]:
+        """What every subagent gets: fresh instances, sharing the sandbox through ``source``."""
+        return [
+            PatchToolCallsMiddleware(),
+            TodoListMiddleware(),
+            FilesystemMiddleware(source, layout=layout, large_result_chars=large_result_chars),
+        ]
+
+    specs = [
+        SubAgent(GENERAL_PURPOSE, GENERAL_PURPOSE_DESCRIPTION, GENERAL_PURPOSE_PROMPT),
+        *(SubAgent.of(s) for s in subagents),
+    ]
+    task = SubAgentMiddleware(
+        specs, lambda spec: build_subagent_graph(spec, model=chat, default_tools=tools, stack=shared_stack)
+    )
+    defaults: list[tuple[int, AgentMiddleware[Any, Any]]] = [
+        (lifecycle.priority, lifecycle),
+        (PatchToolCallsMiddleware.priority, PatchToolCallsMiddleware()),
+    ]
+    if todos:
+        defaults.append((TODO_PRIORITY, TodoListMiddleware()))
+    if memory:
+        defaults.append((MemoryMiddleware.priority, MemoryMiddleware(source, memory)))
+    if skills:
+        defaults.append((SkillsMiddleware.priority, SkillsMiddleware(source, skills)))
+    files = FilesystemMiddleware(source, layout=layout, large_result_chars=large_result_chars)
+    defaults.append((files.priority, files))
+    defaults.append((task.priority, task))
+    if interrupt_on:
+        defaults.append((HITL_PRIORITY, HumanInTheLoopMiddleware(dict(interrupt_on))))
+    stack = order_middleware(defaults, middleware)
+    lifecycle.add_hooks(m for m in stack if m is not lifecycle and isinstance(m, SandboxHook))
+    prompt = _system_prompt(system_prompt)
+    graph = create_agent(
+        chat,
+        list(tools),
+        system_prompt=prompt,
+        middleware=stack,
+        checkpointer=checkpointer,
+        store=store,
+        name=name,
+    )
+    _LIFECYCLES[graph] = lifecycle
+    return graph
+
+
+def _system_prompt(system_prompt: str | SystemMessage | None) -> SystemMessage:
+    if system_prompt is None:
+        return SystemMessage(content=BASE_PROMPT)
+    if isinstance(system_prompt, SystemMessage):
+        return system_prompt
+    return SystemMessage(content=system_prompt)

@@ -1,0 +1,305 @@
+"""One sandbox per thread: where it comes from, how a resumed thread finds it again, when it ends.
+
+A `SandboxProvider` makes sandboxes (`create`), reaches an existing one by id (`attach`) and
+ends one (`release`). `SandboxMiddleware` asks it for a sandbox when a thread's first run
+starts and keeps the sandbox's id in the graph state (``sandbox_id``), so the checkpointer saves
+it with the conversation: a thread resumed later, in another process, reattaches to the same
+sandbox and finds its files. Sandboxes reached in this process are kept in a registry by id,
+which is how the tools (and subagents, which share the sandbox) find the live object.
+
+The end of a thread is the caller's to declare: ``release="end"`` releases the sandbox when a
+run finishes (a run stopped by an interrupt has not finished, so it keeps its sandbox), and
+``release="ttl"`` never releases it: `release` ends it explicitly, and otherwise the provider's
+TTL does (the service's sandbox TTL, a Docker provider's sweep).
+
+Start/stop hooks follow seed 002's stack: hooks are ordered by ``priority`` (larger is outer);
+``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in reverse.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal, NotRequired, Protocol, runtime_checkable
+
+from langchain.agents.middleware import AgentMiddleware, AgentState
+from langgraph.runtime import Runtime
+
+from agent.backends import FileRecord, merge_files
+from sandboxes import protocol as p
+
+__all__ = [
+    "DockerProvider",
+    "FixedSandbox",
+    "LocalProvider",
+    "ReleasePolicy",
+    "RemoteProvider",
+    "SandboxAgentState",
+    "SandboxHook",
+    "SandboxMiddleware",
+    "SandboxProvider",
+]
+
+logger = logging.getLogger(__name__)
+
+ReleasePolicy = Literal["end", "ttl"]
+
+
+class SandboxAgentState(AgentState[Any]):
+    """The agent state with the thread's sandbox id and its ``/scratch/`` files, both checkpointed."""
+
+    sandbox_id: NotRequired[str | None]
+    files: Annotated[NotRequired[dict[str, FileRecord]], merge_files]
+
+
+@runtime_checkable
+class SandboxHook(Protocol):
+    """Something to do when a thread's sandbox starts being used here, and when it stops."""
+
+    def on_sandbox_start(self, sandbox: p.SandboxBackendProtocol) -> None: ...
+
+    def on_sandbox_stop(self, sandbox: p.SandboxBackendProtocol) -> None: ...
+
+
+class SandboxProvider(abc.ABC):
+    """Where a thread's sandboxes come from."""
+
+    @abc.abstractmethod
+    def create(self) -> p.SandboxBackendProtocol: ...
+
+    @abc.abstractmethod
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        """The live sandbox ``sandbox_id``, made by this provider, possibly in another process."""
+
+    @abc.abstractmethod
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        """End the sandbox: it and its files are gone."""
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:  # noqa: B027 - optional hook
+        """Drop this process's handle (connections, helpers); the sandbox lives on."""
+
+
+class LocalProvider(SandboxProvider):
+    """`LocalSandbox`es, each in its own directory under ``root`` named by its id."""
+
+    def __init__(self, root: str | Path, **config: Any) -> None:
+        self.root = Path(root)
+        self.config = config
+
+    def _open(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        from sandboxes.local import LocalSandbox, LocalSandboxConfig
+
+        directory = self.root / sandbox_id
+        directory.mkdir(parents=True, exist_ok=True)
+        return LocalSandbox(config=LocalSandboxConfig(root_dir=directory, sandbox_id=sandbox_id, **self.config))
+
+    def create(self) -> p.SandboxBackendProtocol:
+        return self._open(f"local-{uuid.uuid4().hex[:12]}")
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        if "/" in sandbox_id or not (self.root / sandbox_id).is_dir():
+            raise LookupError(f"no local sandbox {sandbox_id!r} under {self.root}")
+        return self._open(sandbox_id)
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        self.detach(sandbox)
+        shutil.rmtree(self.root / sandbox.id, ignore_errors=True)
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
+        close = getattr(sandbox, "close", None)
+        if callable(close):
+            close()
+
+
+class DockerProvider(SandboxProvider):
+    """`DockerSandbox`es from `sandboxes.providers.docker.DockerProvider` (its template, pool, sweep)."""
+
+    def __init__(self, provider: Any = None, **options: Any) -> None:
+        if provider is None:
+            from sandboxes.providers.docker import DockerProvider as _Docker
+
+            provider = _Docker(**options)
+        self.provider = provider
+
+    def create(self) -> p.SandboxBackendProtocol:
+        sandbox: p.SandboxBackendProtocol = self.provider.acquire()
+        return sandbox
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        sandbox: p.SandboxBackendProtocol = self.provider.attach(sandbox_id)
+        return sandbox
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.destroy()  # type: ignore[attr-defined]
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.close()  # type: ignore[attr-defined]
+
+
+class RemoteProvider(SandboxProvider):
+    """Sandboxes of the sandbox service, through `sandboxes.client` (``ttl`` in seconds)."""
+
+    def __init__(
+        self, url: str, api_key: str, *, template: str = "default", ttl: float | None = None, client: Any = None
+    ) -> None:
+        from sandboxes.client import SandboxClient
+
+        self.client = client or SandboxClient(url, api_key)
+        self.template = template
+        self.ttl = ttl
+
+    def create(self) -> p.SandboxBackendProtocol:
+        sandbox: p.SandboxBackendProtocol = self.client.create(self.template, ttl=self.ttl)
+        return sandbox
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        self.client.get(sandbox_id)  # NotFound now rather than at the first tool call
+        sandbox: p.SandboxBackendProtocol = self.client.attach(sandbox_id)
+        return sandbox
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.destroy()  # type: ignore[attr-defined]
+
+
+class FixedSandbox(SandboxProvider):
+    """One sandbox the caller made and owns: every thread uses it and nothing here ends it."""
+
+    def __init__(self, sandbox: p.SandboxBackendProtocol) -> None:
+        self.sandbox = sandbox
+
+    def create(self) -> p.SandboxBackendProtocol:
+        return self.sandbox
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        if sandbox_id != self.sandbox.id:
+            raise LookupError(f"this agent's sandbox is {self.sandbox.id!r}, not {sandbox_id!r}")
+        return self.sandbox
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        """The caller owns the sandbox."""
+
+
+def workdir_of(sandbox: p.SandboxBackendProtocol) -> str:
+    """Where a sandbox's files live: a local sandbox's root, a container's workdir, the service's answer."""
+    root = getattr(sandbox, "root", None)
+    if isinstance(root, Path):
+        return str(root)
+    config = getattr(sandbox, "config", None)
+    workdir = getattr(config, "workdir", None)
+    if not isinstance(workdir, str):
+        workdir = getattr(sandbox, "workdir", None)
+    return workdir if isinstance(workdir, str) and workdir.startswith("/") else "/"
+
+
+def hook_priority(hook: object) -> int:
+    priority = getattr(hook, "priority", 0)
+    return priority if isinstance(priority, int) else 0
+
+
+class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
+    """Gives each thread its sandbox (``before_agent``) and ends it as configured (``after_agent``)."""
+
+    state_schema = SandboxAgentState
+    priority = 100
+
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        *,
+        release: ReleasePolicy = "ttl",
+        hooks: Iterable[SandboxHook] = (),
+    ) -> None:
+        super().__init__()
+        self.provider = provider
+        self.release_policy: ReleasePolicy = release
+        self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority)
+        self._live: dict[str, p.SandboxBackendProtocol] = {}
+        self._workdirs: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.tools = []
+
+    def add_hooks(self, hooks: Iterable[SandboxHook]) -> None:
+        self.hooks = sorted([*self.hooks, *hooks], key=hook_priority)
+
+    # ------------------------------------------------------------------ the registry
+
+    def sandbox(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        """The live sandbox of that id, attached on first use in this process."""
+        with self._lock:
+            found = self._live.get(sandbox_id)
+        if found is not None:
+            return found
+        return self._adopt(self.provider.attach(sandbox_id))
+
+    def _adopt(self, sandbox: p.SandboxBackendProtocol) -> p.SandboxBackendProtocol:
+        with self._lock:
+            existing = self._live.get(sandbox.id)
+            if existing is not None:
+                return existing
+            self._live[sandbox.id] = sandbox
+            self._workdirs[sandbox.id] = workdir_of(sandbox)
+        self._run_hooks("on_sandbox_start", sandbox, self.hooks)
+        return sandbox
+
+    def _forget(self, sandbox_id: str) -> p.SandboxBackendProtocol | None:
+        with self._lock:
+            sandbox = self._live.pop(sandbox_id, None)
+            self._workdirs.pop(sandbox_id, None)
+        if sandbox is not None:
+            self._run_hooks("on_sandbox_stop", sandbox, reversed(self.hooks))
+        return sandbox
+
+    def workdir(self, sandbox_id: str) -> str:
+        """The working directory of a live sandbox (looked up once, when it was adopted)."""
+        with self._lock:
+            found = self._workdirs.get(sandbox_id)
+        return found if found is not None else workdir_of(self.sandbox(sandbox_id))
+
+    @staticmethod
+    def _run_hooks(name: str, sandbox: p.SandboxBackendProtocol, hooks: Iterable[SandboxHook]) -> None:
+        for hook in hooks:
+            method: Callable[[p.SandboxBackendProtocol], None] = getattr(hook, name)
+            method(sandbox)
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """Ids of the sandboxes this process holds."""
+        with self._lock:
+            return tuple(self._live)
+
+    def release(self, sandbox_id: str) -> None:
+        """End a thread's sandbox now (the thread is over)."""
+        sandbox = self._forget(sandbox_id)
+        self.provider.release(sandbox if sandbox is not None else self.provider.attach(sandbox_id))
+
+    def close(self) -> None:
+        """Stop using every sandbox held here without ending them (they wait for their thread)."""
+        for sandbox_id in self.live:
+            sandbox = self._forget(sandbox_id)
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    self.provider.detach(sandbox)
+
+    # ------------------------------------------------------------------ hooks
+
+    def before_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        sandbox_id = state.get("sandbox_id")
+        if sandbox_id:
+            self.sandbox(sandbox_id)
+            return None
+        sandbox = self._adopt(self.provider.create())
+        logger.info("thread got sandbox %s", sandbox.id)
+        return {"sandbox_id": sandbox.id}
+
+    def after_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
+        sandbox_id = state.get("sandbox_id")
+        if self.release_policy != "end" or not sandbox_id:
+            return None
+        self.release(sandbox_id)
+        return {"sandbox_id": None}

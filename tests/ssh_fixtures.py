@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from testcontainers.core.container import DockerContainer
 
 from sandboxes.ssh import SSHHostConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 from sandboxes import _scripts
 from sandboxes import protocol as p

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from testcontainers.core.image import DockerImage
 
 from sandboxes import protocol as p

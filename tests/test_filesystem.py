@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import needs
 from pydantic import ValidationError
+from support import needs
 
 from sandboxes import protocol as p
 from sandboxes.filesystem import FilesystemBackend, FilesystemBackendConfig

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 from sandboxes import _scripts
 from sandboxes import protocol as p

@@ -9,9 +9,9 @@ from typing import Any
 
 import docker.errors
 import pytest
-from conftest import SESSION_OWNER
 from server.service_harness import KEYS, running, settings_for
 from ssh_fixtures import SSHVM, start_vm
+from support import SESSION_OWNER
 
 from sandboxes.client import NotFound, RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig

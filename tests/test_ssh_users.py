@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
 from ssh_fixtures import SSH_VM_IMAGE, SSHVM, start_vm
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.local import NotIsolatedWarning

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
 from deepagents.backends import protocol as da
 from deepagents.backends.composite import CompositeBackend
 from langchain_tests.integration_tests import SandboxIntegrationTests
 from server.service_harness import KEYS, running, settings_for
 from ssh_fixtures import start_vm
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import SandboxClient

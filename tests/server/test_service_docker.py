@@ -19,8 +19,8 @@ from typing import Any
 import docker.errors
 import httpx
 import pytest
-from conftest import SESSION_OWNER
 from service_harness import KEYS, Running, ServiceProcess, create, execute, running, settings_for, subprocess_config
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import RemoteSandbox, SandboxClient

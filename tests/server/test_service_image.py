@@ -19,7 +19,7 @@ from typing import Any
 import docker.errors
 import httpx
 import pytest
-from conftest import SESSION_OWNER, needs
+from support import SESSION_OWNER, needs
 from testcontainers.core.container import DockerContainer
 
 from sandboxes.cli import main

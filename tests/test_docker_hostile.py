@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig

@@ -28,8 +28,10 @@ MAX_FRAME = 1 << 20
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
 _KINDS = frozenset(b"HAOXE")
-SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf-8")
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
+_HERE = Path(__file__).parent
+SERVER_SOURCE = "\n".join((_HERE / name).read_text(encoding="utf-8") for name in ("_reap.py", "_server.py"))
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Two files, one
+script: the helper (`_server`) and how it finds and kills processes (`_reap`)."""
 
 _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16

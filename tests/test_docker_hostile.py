@@ -172,3 +172,32 @@ def test_what_drops_the_marker_spares_the_containers_own_command(any_path: Docke
     any_path.container.reload()
     assert any_path.container.status == "running"
     assert "sleep infinity" in any_path.execute("ps -eo args=").output
+
+
+def _processes(sandbox: DockerSandbox) -> list[str]:
+    return sandbox.execute("ps -eo args=").output.splitlines()
+
+
+def test_a_foreign_containers_init_keeps_its_children(docker_client: Any, runtime_image: str) -> None:
+    """A container we did not make (``attach``) may run services as children of its init: the
+    orphan sweep must leave them alone there, since it cannot tell them from orphans."""
+    container = docker_client.containers.run(
+        runtime_image,
+        command=["sh", "-c", "sleep 0.5; (sleep 404 &); exec sleep infinity"],  # a 'service' adopted by init
+        detach=True,
+        init=True,
+        user="1000:1000",
+        network_mode="none",
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
+    )
+    try:
+        for use_exec_helper in (True, False):
+            config = _config(runtime_image, use_exec_helper=use_exec_helper)
+            with DockerSandbox.attach(container.id, client=docker_client, config=config) as sb:
+                deadline = time.monotonic() + 10
+                while "sleep 404" not in _processes(sb):
+                    assert time.monotonic() < deadline, "the service never started"
+                assert sb.execute(_ESCAPE + "; sleep 5", timeout=1).error == p.TIMEOUT
+                assert "sleep 404" in _processes(sb), use_exec_helper
+    finally:
+        container.remove(force=True, v=True)

@@ -59,38 +59,47 @@ def kill_marked(marker):
 
 
 def _children(pid):
-    """Pids of ``pid``'s children (``/proc/<pid>/task/*/children``); None when unreadable."""
+    """Pids of ``pid``'s children: ``/proc/<pid>/task/*/children`` where the kernel has it, else
+    every process whose parent it is."""
     found = []
     try:
         for task in os.listdir("/proc/%d/task" % pid):
             with open("/proc/%d/task/%s/children" % (pid, task), "rb") as fh:
                 found += [int(child) for child in fh.read().split()]
+        return found
     except (OSError, ValueError):
-        return None
+        pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pid:
+                found.append(int(entry))
     return found
 
 
 def _stat(pid):
-    """(state, starttime) of ``pid`` from /proc/<pid>/stat, or None if it is gone."""
+    """(state, parent pid, start time) of ``pid`` from /proc/<pid>/stat, or None if it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as fh:
             data = fh.read()
     except OSError:
         return None
     fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[19])
+    return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
-def _container_main():
-    """The container's own command (the oldest child of its init), when the helper runs in a
-    container's pid namespace (its parent is outside it: ``docker exec``); else None."""
-    if os.getppid() != 0 or os.getpid() == 1:
+def _container_main(reap_init):
+    """(pid, start time) of the container's own command (the oldest child of its init), when
+    the helper was asked to reap init's orphans (``reap_init``: the container is a sandbox's,
+    made by us, whose init has no other children) and runs in its pid namespace (its parent is
+    outside: ``docker exec``); else None: init's children are left alone."""
+    if not reap_init or os.getppid() != 0 or os.getpid() == 1:
         return None
     oldest = None
-    for pid in _children(1) or []:
+    for pid in _children(1):
         stat = _stat(pid)
-        if stat is not None and (oldest is None or stat[1] < oldest[1]):
-            oldest = (pid, stat[1])
+        if stat is not None and (oldest is None or stat[2] < oldest[1]):
+            oldest = (pid, stat[2])
     return oldest
 
 
@@ -116,7 +125,7 @@ def kill_orphans(subreaper, main, leaders, commands):
     for _ in range(SWEEP_ROUNDS):
         victims = []
         for adopter in adopters:
-            for pid in _children(adopter) or []:
+            for pid in _children(adopter):
                 if pid in leaders or (adopter == 1 and pid == main[0]):
                     continue
                 handle = _pidfd(pid)

@@ -21,7 +21,9 @@ Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid .
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
 re-parented to the nearest subreaper (this helper, when it is one) or to the pid namespace's init
 (in a container: the container's, since ``docker exec`` enters the container's namespace, which
-the helper sees as its parent pid being 0). Those two adopters' children are therefore the
+the helper sees as its parent pid being 0; only when started with ``--reap-init``, which
+DockerSandbox passes for the containers it made, whose init has one child of its own: a foreign
+container's init may run services). Those two adopters' children are therefore the
 escaped processes of some command, and every time a command ends, times out or is killed, the
 helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
 command's leader, the container's own command (the oldest child of init), and a process still
@@ -525,7 +527,7 @@ def main():
     global _wakeup
     _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()
-    _main[0] = _container_main()
+    _main[0] = _container_main("--reap-init" in sys.argv[1:])
     _wakeup = os.pipe()
     for fd in _wakeup:
         os.set_blocking(fd, False)

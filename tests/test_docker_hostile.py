@@ -14,6 +14,7 @@ import shlex
 import tarfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -201,3 +202,37 @@ def test_a_foreign_containers_init_keeps_its_children(docker_client: Any, runtim
                 assert "sleep 404" in _processes(sb), use_exec_helper
     finally:
         container.remove(force=True, v=True)
+
+
+def test_closing_a_helper_wakes_its_reader_and_ends_its_commands(docker_client: Any, runtime_image: str) -> None:
+    """Dropping a helper (a violation, a restart, close) must release its reader thread, which
+    would otherwise sit in recv holding the socket, and end the helper, whose commands die."""
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb:
+        sb.execute("true")
+        mux = sb._mux
+        assert mux is not None
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(sb.execute, "echo started > /workspace/started; sleep 300", timeout=600)
+            deadline = time.monotonic() + 10
+            while sb.execute("cat /workspace/started 2>/dev/null").output != "started\n":
+                assert time.monotonic() < deadline
+            sb.close()
+            mux._reader.join(5)
+            assert not mux._reader.is_alive()
+            assert running.result(timeout=10).error == p.CONNECTION_LOST
+        deadline = time.monotonic() + 10
+        while "sleep 300" in _processes(sb):  # a new helper answers; the old one took its command along
+            assert time.monotonic() < deadline, _processes(sb)
+
+
+def test_internal_scripts_of_the_fallback_path_buffer_little(docker_client: Any, runtime_image: str) -> None:
+    """Without the helper, the sandbox's internal scripts (cwd probe, kill, OOM probe) run as
+    their own ``docker exec``, whose stdout a command can open through /proc and flood, or hold
+    open: what is read of them is capped, and nobody waits past their end."""
+    with DockerSandbox.create(_config(runtime_image, use_exec_helper=False), client=docker_client) as sb:
+        flood = sb._probe("head -c 64m /dev/zero | tr '\\0' x")
+        assert 0 < len(flood) < 8192, len(flood)
+        started = time.monotonic()
+        held = sb._run_small("sleep 300 & echo held", timeout=30)  # a background job keeps stdout open
+        assert held == (0, "held\n"), held
+        assert time.monotonic() - started < 5

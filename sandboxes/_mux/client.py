@@ -96,7 +96,8 @@ class MuxClient:
         self._hello = threading.Event()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
-        threading.Thread(target=self._read_loop, name="mux-reader", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
+        self._reader.start()
         self._send(b"P", 0)
         if not self._hello.wait(hello_timeout) or self.broken:
             self.close()

@@ -255,6 +255,14 @@ class DockerSandbox(StreamingSandbox):
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
+    def kill_tagged(self, name: str, value: str) -> int:
+        """Kill the whole tree of every running command given ``name=value`` in its ``env``
+        (`MuxClient.kill_tagged`), however it changed its environment since; how many. Only
+        commands on the exec helper: the fallback path's are found by their marker alone."""
+        with self._mux_lock:
+            mux = self._mux
+        return mux.kill_tagged(name, value) if mux is not None and mux.alive else 0
+
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:
             return None

@@ -83,6 +83,8 @@ class _Pending:
     accepted_at: float | None = None
     """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
     on_output: Callable[[bytes], None] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 
 
 class MuxClient:
@@ -131,7 +133,7 @@ class MuxClient:
         if self.broken:
             raise MuxBroken(self.broken, started=False)
         ident = next(self._ids)
-        pending = _Pending(OutputBuffer(output_limit), on_output=on_output)
+        pending = _Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {}))
         with self._pending_lock:
             self._pending[ident] = pending
         if self.broken:  # broken since the check above: `_fail_all` may have missed this one
@@ -166,6 +168,20 @@ class MuxClient:
             timeout=timeout,
             duration_ms=(time.monotonic() - started) * 1000,
         )
+
+    def kill_tagged(self, name: str, value: str) -> int:
+        """Kill (as its timeout would: the whole tree) every running command that was given
+        ``name=value`` in its environment; how many there were.
+
+        Found by what the caller asked for, not by what the command's processes now hold: a
+        command can drop the variable or overwrite its environment in memory, so a search of
+        /proc for it may find nothing."""
+        with self._pending_lock:
+            idents = [ident for ident, item in self._pending.items() if item.env.get(name) == value]
+        for ident in idents:
+            with contextlib.suppress(MuxBroken):
+                self._send(b"K", ident)
+        return len(idents)
 
     # ------------------------------------------------------------------ internals
 

@@ -236,3 +236,23 @@ def test_internal_scripts_of_the_fallback_path_buffer_little(docker_client: Any,
         held = sb._run_small("sleep 300 & echo held", timeout=30)  # a background job keeps stdout open
         assert held == (0, "held\n"), held
         assert time.monotonic() - started < 5
+
+
+def test_big_uploads_go_in_archives_of_bounded_size(sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More big files than one archive may hold: split, not refused, and all written."""
+    import sandboxes.docker
+
+    monkeypatch.setattr(sandboxes.docker, "MAX_ARCHIVE_MEMBERS", 2)
+    archives: list[int] = []
+    put = sandbox.container.put_archive
+
+    def counting(path: str, data: Any) -> Any:
+        archives.append(1)
+        return put(path, data)
+
+    monkeypatch.setattr(sandbox.container, "put_archive", counting)
+    files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((1 << 20) + 1)) for index in range(5)]
+    assert [r.error for r in sandbox.upload_files(files)] == [None] * 5
+    assert len(archives) == 3
+    assert [r.content for r in sandbox.download_files([path for path, _ in files])] == [data for _, data in files]
+    assert sandbox.execute("rm -rf /workspace/split").exit_code == 0

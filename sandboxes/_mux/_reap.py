@@ -120,7 +120,10 @@ def kill_orphans(subreaper, main, leaders, commands):
 
     In rounds: killing an orphan hands its own children to the same adopter, where the next
     round finds them. Each victim is signalled through a pidfd opened before it was looked at,
-    so a pid reused meanwhile is never hit."""
+    so a pid reused meanwhile is never hit: the helper's own children cannot be reaped during
+    the sweep (it reaps them itself, later), but init's are reaped by init at any moment.
+    Without pidfds (Python < 3.9, Linux < 5.3) init's children get a plain kill(2), which can
+    hit a pid reused in the microseconds between the look and the kill."""
     adopters = ([os.getpid()] if subreaper else []) + ([1] if main is not None else [])
     for _ in range(SWEEP_ROUNDS):
         victims = []

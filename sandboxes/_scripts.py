@@ -288,7 +288,7 @@ KILL_MARKED = r"""kill_marked() {
   kill_orphans
 }
 kill_orphans() {
-  [ "$PPID" = 0 ] || return 0
+  [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
   r=0
   while [ "$r" -lt 20 ]; do
     r=$((r + 1)); v=; o=; t=
@@ -305,9 +305,10 @@ kill_orphans() {
 """
 """Kill every process carrying marker ``$1``, rescanning until none is left (a process may
 fork while /proc is being read); then, in a container (the shell's parent is outside its pid
-namespace: ``docker exec``), every orphan the container's init adopted but its own command (its
-oldest child), in rounds: what dropped the marker and left its tree too (see the exec helper's
-"Orphans"). The caller must not carry the marker itself."""
+namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
+other children), every orphan the init adopted but its own command (its oldest child), in
+rounds: what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
+caller must not carry the marker itself."""
 
 RUN_IN = (
     KILL_MARKED

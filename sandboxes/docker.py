@@ -133,6 +133,9 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         self._mux_lock = threading.Lock()
         self._helper_unavailable = not config.use_exec_helper
         self._oom_baseline: int | None = None
+        self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
+        """Whether every orphan its init adopts is a command's (see `sandboxes._mux._server`):
+        only in the containers `create_container` made, whose init runs nothing else."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -240,6 +243,18 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             )
         return response
 
+    @property
+    def _reap_env(self) -> dict[str, str]:
+        return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
+
+    def kill_tagged(self, name: str, value: str) -> int:
+        """Kill the whole tree of every running command given ``name=value`` in its ``env``
+        (`MuxClient.kill_tagged`), however it changed its environment since; how many. Only
+        commands on the exec helper: the fallback path's are found by their marker alone."""
+        with self._mux_lock:
+            mux = self._mux
+        return mux.kill_tagged(name, value) if mux is not None and mux.alive else 0
+
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:
             return None
@@ -258,7 +273,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         api = self.client.api
         exec_id = api.exec_create(
             self.id,
-            ["python3", "-u", "-c", SERVER_SOURCE],
+            ["python3", "-u", "-c", SERVER_SOURCE, *(["--reap-init"] if self._reap_init else [])],
             stdin=True,
             stdout=True,
             stderr=True,
@@ -297,7 +312,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             self.id,
             ["/bin/sh", "-c", _scripts.command(_scripts.RUN_IN, cwd, command)],
             stdin=stdin is not None,
-            environment={**env, "SANDBOXES_EXEC_ID": marker},
+            environment={**env, **self._reap_env, "SANDBOXES_EXEC_ID": marker},
             user=self.config.user,
         )["Id"]
         stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
@@ -340,7 +355,8 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         through /proc (same uid) and write gigabytes, or hold it open forever. Here the output
         is capped at `_SMALL_OUTPUT` and nobody waits past ``timeout`` or the script's end."""
         api = self.client.api
-        exec_id = api.exec_create(self.id, ["/bin/sh", "-c", script], user=self.config.user)["Id"]
+        argv = ["/bin/sh", "-c", script]
+        exec_id = api.exec_create(self.id, argv, user=self.config.user, environment=self._reap_env)["Id"]
         stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
         output = OutputBuffer(_SMALL_OUTPUT)
         reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)

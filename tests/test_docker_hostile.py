@@ -14,6 +14,7 @@ import shlex
 import tarfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -172,3 +173,86 @@ def test_what_drops_the_marker_spares_the_containers_own_command(any_path: Docke
     any_path.container.reload()
     assert any_path.container.status == "running"
     assert "sleep infinity" in any_path.execute("ps -eo args=").output
+
+
+def _processes(sandbox: DockerSandbox) -> list[str]:
+    return sandbox.execute("ps -eo args=").output.splitlines()
+
+
+def test_a_foreign_containers_init_keeps_its_children(docker_client: Any, runtime_image: str) -> None:
+    """A container we did not make (``attach``) may run services as children of its init: the
+    orphan sweep must leave them alone there, since it cannot tell them from orphans."""
+    container = docker_client.containers.run(
+        runtime_image,
+        command=["sh", "-c", "sleep 0.5; (sleep 404 &); exec sleep infinity"],  # a 'service' adopted by init
+        detach=True,
+        init=True,
+        user="1000:1000",
+        network_mode="none",
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
+    )
+    try:
+        for use_exec_helper in (True, False):
+            config = _config(runtime_image, use_exec_helper=use_exec_helper)
+            with DockerSandbox.attach(container.id, client=docker_client, config=config) as sb:
+                deadline = time.monotonic() + 10
+                while "sleep 404" not in _processes(sb):
+                    assert time.monotonic() < deadline, "the service never started"
+                assert sb.execute(_ESCAPE + "; sleep 5", timeout=1).error == p.TIMEOUT
+                assert "sleep 404" in _processes(sb), use_exec_helper
+    finally:
+        container.remove(force=True, v=True)
+
+
+def test_closing_a_helper_wakes_its_reader_and_ends_its_commands(docker_client: Any, runtime_image: str) -> None:
+    """Dropping a helper (a violation, a restart, close) must release its reader thread, which
+    would otherwise sit in recv holding the socket, and end the helper, whose commands die."""
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb:
+        sb.execute("true")
+        mux = sb._mux
+        assert mux is not None
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(sb.execute, "echo started > /workspace/started; sleep 300", timeout=600)
+            deadline = time.monotonic() + 10
+            while sb.execute("cat /workspace/started 2>/dev/null").output != "started\n":
+                assert time.monotonic() < deadline
+            sb.close()
+            mux._reader.join(5)
+            assert not mux._reader.is_alive()
+            assert running.result(timeout=10).error == p.CONNECTION_LOST
+        deadline = time.monotonic() + 10
+        while "sleep 300" in _processes(sb):  # a new helper answers; the old one took its command along
+            assert time.monotonic() < deadline, _processes(sb)
+
+
+def test_internal_scripts_of_the_fallback_path_buffer_little(docker_client: Any, runtime_image: str) -> None:
+    """Without the helper, the sandbox's internal scripts (cwd probe, kill, OOM probe) run as
+    their own ``docker exec``, whose stdout a command can open through /proc and flood, or hold
+    open: what is read of them is capped, and nobody waits past their end."""
+    with DockerSandbox.create(_config(runtime_image, use_exec_helper=False), client=docker_client) as sb:
+        flood = sb._probe("head -c 64m /dev/zero | tr '\\0' x")
+        assert 0 < len(flood) < 8192, len(flood)
+        started = time.monotonic()
+        held = sb._run_small("sleep 300 & echo held", timeout=30)  # a background job keeps stdout open
+        assert held == (0, "held\n"), held
+        assert time.monotonic() - started < 5
+
+
+def test_big_uploads_go_in_archives_of_bounded_size(sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More big files than one archive may hold: split, not refused, and all written."""
+    import sandboxes.docker
+
+    monkeypatch.setattr(sandboxes.docker, "MAX_ARCHIVE_MEMBERS", 2)
+    archives: list[int] = []
+    put = sandbox.container.put_archive
+
+    def counting(path: str, data: Any) -> Any:
+        archives.append(1)
+        return put(path, data)
+
+    monkeypatch.setattr(sandbox.container, "put_archive", counting)
+    files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((1 << 20) + 1)) for index in range(5)]
+    assert [r.error for r in sandbox.upload_files(files)] == [None] * 5
+    assert len(archives) == 3
+    assert [r.content for r in sandbox.download_files([path for path, _ in files])] == [data for _, data in files]
+    assert sandbox.execute("rm -rf /workspace/split").exit_code == 0

@@ -4,7 +4,9 @@
 
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
 command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
-and Python 3.6-compatible: it runs on whatever python3 the image has.
+and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped after `_reap`
+(``SERVER_SOURCE`` is both files, one script), whose ``kill_marked``, ``kill_orphans`` and
+``_container_main`` it calls.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill
@@ -19,7 +21,9 @@ Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid .
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
 re-parented to the nearest subreaper (this helper, when it is one) or to the pid namespace's init
 (in a container: the container's, since ``docker exec`` enters the container's namespace, which
-the helper sees as its parent pid being 0). Those two adopters' children are therefore the
+the helper sees as its parent pid being 0; only when started with ``--reap-init``, which
+DockerSandbox passes for the containers it made, whose init has one child of its own: a foreign
+container's init may run services). Those two adopters' children are therefore the
 escaped processes of some command, and every time a command ends, times out or is killed, the
 helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
 command's leader, the container's own command (the oldest child of init), and a process still
@@ -56,7 +60,6 @@ HEADER = struct.Struct(">cII")
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0
-SWEEP_ROUNDS = 20
 SMALL_PIDS_LIMIT = 4096
 _session = os.urandom(8).hex()
 _base_env = dict(os.environ)
@@ -229,47 +232,6 @@ def _spawn(command, env, cwd, with_stdin):
     return pid, out_r, in_w
 
 
-def _marked_pids(needle):
-    """Pids whose environment holds the entry ``needle`` (NUL-delimited)."""
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            fd = os.open("/proc/%s/environ" % entry, os.O_RDONLY)
-        except OSError:
-            continue
-        chunks = [b"\0"]
-        try:
-            while True:
-                chunk = os.read(fd, 32768)  # below malloc's mmap threshold: ~1 us, not ~15
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        chunks.append(b"\0")
-        if needle in b"".join(chunks):
-            found.append(int(entry))
-    return found
-
-
-def kill_marked(marker):
-    needle = b"\0SANDBOXES_EXEC_ID=" + marker.encode() + b"\0"
-    for _ in range(SWEEP_ROUNDS):  # repeat: a process may fork while /proc is being scanned
-        pids = _marked_pids(needle)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
 def _reap_orphans():
     """Reap exited children: leaders go through `Command.exited` (group killed first), adopted
     orphans are simply reaped. WNOWAIT first, so that no leader is ever reaped unseen."""
@@ -290,107 +252,8 @@ def _reap_orphans():
             pass
 
 
-def _children(pid):
-    """Pids of ``pid``'s children (``/proc/<pid>/task/*/children``); None when unreadable."""
-    found = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task), "rb") as fh:
-                found += [int(child) for child in fh.read().split()]
-    except (OSError, ValueError):
-        return None
-    return found
-
-
-def _stat(pid):
-    """(state, starttime) of ``pid`` from /proc/<pid>/stat, or None if it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[19])
-
-
-def _container_main():
-    """The container's own command (the oldest child of its init), when the helper runs in a
-    container's pid namespace (its parent is outside it: ``docker exec``); else None."""
-    if os.getppid() != 0 or os.getpid() == 1:
-        return None
-    oldest = None
-    for pid in _children(1) or []:
-        stat = _stat(pid)
-        if stat is not None and (oldest is None or stat[1] < oldest[1]):
-            oldest = (pid, stat[1])
-    return oldest
-
-
-def _carries_running_marker(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as fh:
-            environ = b"\0" + fh.read() + b"\0"
-    except OSError:
-        return False
-    for command in _commands.values():
-        if not command.finished and command.needle in environ:
-            return True
-    return False
-
-
-def kill_orphans():
-    """Kill what escaped every running command: see "Orphans" in the module docstring.
-
-    In rounds: killing an orphan hands its own children to the same adopter, where the next
-    round finds them. Each victim is signalled through a pidfd opened before it was looked at,
-    so a pid reused meanwhile is never hit."""
-    adopters = ([os.getpid()] if _subreaper[0] else []) + ([1] if _main[0] is not None else [])
-    for _ in range(SWEEP_ROUNDS):
-        victims = []
-        for adopter in adopters:
-            for pid in _children(adopter) or []:
-                if pid in _leaders or (adopter == 1 and _main[0] is not None and pid == _main[0][0]):
-                    continue
-                handle = _pidfd(pid)
-                stat = _stat(pid)
-                if stat is None or stat[0] in "ZX" or _carries_running_marker(pid):
-                    _close(handle)
-                    continue
-                victims.append((pid, handle))
-        if not victims:
-            return
-        for pid, handle in victims:
-            _signal(pid, handle)
-        deadline = time.monotonic() + 1.0
-        for pid, handle in victims:  # until they are dead, so their children are re-parented
-            if handle is not None:
-                try:
-                    select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
-                except OSError:
-                    pass
-            _close(handle)
-
-
-def _pidfd(pid):
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):  # Python < 3.9 or an old kernel: plain kill(2)
-        return None
-
-
-def _signal(pid, handle):
-    try:
-        if handle is not None:
-            signal.pidfd_send_signal(handle, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _close(handle):
-    if handle is not None:
-        os.close(handle)
+def _kill_orphans():
+    kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
 
 
 def _strays():
@@ -547,7 +410,7 @@ class Command(object):
         self.close_stdin()
         if self.timed_out or self.killed:  # what escaped holds the output open: end it now
             self.finished = True  # (so that its own marker does not protect what escaped)
-            kill_orphans()
+            _kill_orphans()
             self.finished = False
         if self.finished:  # it failed to start properly and was answered with E
             return
@@ -567,7 +430,7 @@ class Command(object):
         # that scanning /proc does not delay it.
         if _strays():
             kill_marked(self.marker)
-        kill_orphans()
+        _kill_orphans()
 
     def next_deadline(self):
         return self.drain_deadline if self.drain_deadline is not None else self.deadline
@@ -664,7 +527,7 @@ def main():
     global _wakeup
     _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()
-    _main[0] = _container_main()
+    _main[0] = _container_main("--reap-init" in sys.argv[1:])
     _wakeup = os.pipe()
     for fd in _wakeup:
         os.set_blocking(fd, False)
@@ -685,7 +548,7 @@ def main():
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True
         command.kill()
-    kill_orphans()
+    _kill_orphans()
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ MAX_FRAME = 1 << 20
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
 _KINDS = frozenset(b"HAOXE")
-SERVER_SOURCE = (Path(__file__).with_name("_server.py")).read_text(encoding="utf-8")
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox."""
+_HERE = Path(__file__).parent
+SERVER_SOURCE = "\n".join((_HERE / name).read_text(encoding="utf-8") for name in ("_reap.py", "_server.py"))
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Two files, one
+script: the helper (`_server`) and how it finds and kills processes (`_reap`)."""
 
 _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16
@@ -81,6 +83,8 @@ class _Pending:
     accepted_at: float | None = None
     """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
     on_output: Callable[[bytes], None] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 
 
 class MuxClient:
@@ -94,7 +98,8 @@ class MuxClient:
         self._hello = threading.Event()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
-        threading.Thread(target=self._read_loop, name="mux-reader", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
+        self._reader.start()
         self._send(b"P", 0)
         if not self._hello.wait(hello_timeout) or self.broken:
             self.close()
@@ -128,7 +133,7 @@ class MuxClient:
         if self.broken:
             raise MuxBroken(self.broken, started=False)
         ident = next(self._ids)
-        pending = _Pending(OutputBuffer(output_limit), on_output=on_output)
+        pending = _Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {}))
         with self._pending_lock:
             self._pending[ident] = pending
         if self.broken:  # broken since the check above: `_fail_all` may have missed this one
@@ -163,6 +168,20 @@ class MuxClient:
             timeout=timeout,
             duration_ms=(time.monotonic() - started) * 1000,
         )
+
+    def kill_tagged(self, name: str, value: str) -> int:
+        """Kill (as its timeout would: the whole tree) every running command that was given
+        ``name=value`` in its environment; how many there were.
+
+        Found by what the caller asked for, not by what the command's processes now hold: a
+        command can drop the variable or overwrite its environment in memory, so a search of
+        /proc for it may find nothing."""
+        with self._pending_lock:
+            idents = [ident for ident, item in self._pending.items() if item.env.get(name) == value]
+        for ident in idents:
+            with contextlib.suppress(MuxBroken):
+                self._send(b"K", ident)
+        return len(idents)
 
     # ------------------------------------------------------------------ internals
 

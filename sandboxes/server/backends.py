@@ -402,6 +402,9 @@ class DockerBackend(Backend):
                 logger.info("reaped orphaned workspace volume %s", volume.name)
 
     def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
+        kill_tagged = getattr(sandbox, "kill_tagged", None)  # DockerSandbox: by what it was given
+        if kill_tagged is not None:
+            kill_tagged(MARKER_ENV, token)
         sandbox.execute(_scripts.command(_KILL_MARKED, token), timeout=30)
 
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:

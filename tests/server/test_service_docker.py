@@ -166,6 +166,44 @@ def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Clie
     assert "sh -c while" not in execute(client, sandbox["id"], "ps -eo args=")["output"]
 
 
+_WIPE_ENVIRON = r"""
+import time
+fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+with open("/proc/self/mem", "r+b", buffering=0) as mem:
+    mem.seek(start)
+    mem.write(b"\0" * (end - start))
+with open("/workspace/wiped", "wb") as out:
+    out.write(open("/proc/self/environ", "rb").read())
+while True:
+    time.sleep(0.1)
+"""
+"""Overwrites its own environment in memory, which is what /proc/<pid>/environ shows."""
+
+
+def test_background_kill_finds_a_command_that_wiped_its_environment(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """The leader overwrites its environment, so the service's marker is nowhere in /proc; the
+    kill must still find it, by what the command was started with."""
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    process = client.post(base, json={"command": "exec python3 -c " + shlex.quote(_WIPE_ENVIRON)}).json()
+    deadline = time.monotonic() + 10
+    while not execute(client, sandbox["id"], "cat /workspace/wiped 2>/dev/null")["output"]:
+        assert time.monotonic() < deadline, "the command never wiped its environment"
+    wiped = execute(client, sandbox["id"], "tr -d '\\0' < /workspace/wiped | wc -c")["output"]
+    assert wiped.strip() == "0"  # nothing left to find it by
+    started = time.monotonic()
+    killed = client.delete(f"{base}/{process['id']}").json()
+    assert killed["status"] == "killed"
+    assert time.monotonic() - started < 5
+    assert not [
+        line
+        for line in execute(client, sandbox["id"], "ps -eo args=")["output"].splitlines()
+        if line.startswith("python3 -c")
+    ]
+
+
 # ---------------------------------------------------------------------- kill -9 and reconcile
 
 

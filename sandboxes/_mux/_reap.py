@@ -1,0 +1,173 @@
+# ruff: noqa
+# mypy: ignore-errors
+"""Finding and killing what a command left behind, for the exec helper (`_server`), with which
+it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
+
+Two ways to find a command's processes: its marker (an environment entry every descendant
+inherits unless it drops it), and adoption: what escaped its group and dropped its marker is an
+orphan, adopted by the helper (a subreaper) or by the container's init. See "Orphans" in the
+helper's docstring for what is killed and why.
+"""
+
+import os
+import select
+import signal
+import time
+
+SWEEP_ROUNDS = 20
+
+
+def _marked_pids(needle):
+    """Pids whose environment holds the entry ``needle`` (NUL-delimited)."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            fd = os.open("/proc/%s/environ" % entry, os.O_RDONLY)
+        except OSError:
+            continue
+        chunks = [b"\0"]
+        try:
+            while True:
+                chunk = os.read(fd, 32768)  # below malloc's mmap threshold: ~1 us, not ~15
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        chunks.append(b"\0")
+        if needle in b"".join(chunks):
+            found.append(int(entry))
+    return found
+
+
+def kill_marked(marker):
+    needle = b"\0SANDBOXES_EXEC_ID=" + marker.encode() + b"\0"
+    for _ in range(SWEEP_ROUNDS):  # repeat: a process may fork while /proc is being scanned
+        pids = _marked_pids(needle)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _children(pid):
+    """Pids of ``pid``'s children: ``/proc/<pid>/task/*/children`` where the kernel has it, else
+    every process whose parent it is."""
+    found = []
+    try:
+        for task in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, task), "rb") as fh:
+                found += [int(child) for child in fh.read().split()]
+        return found
+    except (OSError, ValueError):
+        pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pid:
+                found.append(int(entry))
+    return found
+
+
+def _stat(pid):
+    """(state, parent pid, start time) of ``pid`` from /proc/<pid>/stat, or None if it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1]), int(fields[19])
+
+
+def _container_main(reap_init):
+    """(pid, start time) of the container's own command (the oldest child of its init), when
+    the helper was asked to reap init's orphans (``reap_init``: the container is a sandbox's,
+    made by us, whose init has no other children) and runs in its pid namespace (its parent is
+    outside: ``docker exec``); else None: init's children are left alone."""
+    if not reap_init or os.getppid() != 0 or os.getpid() == 1:
+        return None
+    oldest = None
+    for pid in _children(1):
+        stat = _stat(pid)
+        if stat is not None and (oldest is None or stat[2] < oldest[1]):
+            oldest = (pid, stat[2])
+    return oldest
+
+
+def _carries_running_marker(pid, commands):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            environ = b"\0" + fh.read() + b"\0"
+    except OSError:
+        return False
+    for command in commands:
+        if not command.finished and command.needle in environ:
+            return True
+    return False
+
+
+def kill_orphans(subreaper, main, leaders, commands):
+    """Kill what escaped every running command: see "Orphans" in the module docstring.
+
+    In rounds: killing an orphan hands its own children to the same adopter, where the next
+    round finds them. Each victim is signalled through a pidfd opened before it was looked at,
+    so a pid reused meanwhile is never hit: the helper's own children cannot be reaped during
+    the sweep (it reaps them itself, later), but init's are reaped by init at any moment.
+    Without pidfds (Python < 3.9, Linux < 5.3) init's children get a plain kill(2), which can
+    hit a pid reused in the microseconds between the look and the kill."""
+    adopters = ([os.getpid()] if subreaper else []) + ([1] if main is not None else [])
+    for _ in range(SWEEP_ROUNDS):
+        victims = []
+        for adopter in adopters:
+            for pid in _children(adopter):
+                if pid in leaders or (adopter == 1 and pid == main[0]):
+                    continue
+                handle = _pidfd(pid)
+                stat = _stat(pid)
+                if stat is None or stat[0] in "ZX" or _carries_running_marker(pid, commands):
+                    _close(handle)
+                    continue
+                victims.append((pid, handle))
+        if not victims:
+            return
+        for pid, handle in victims:
+            _signal(pid, handle)
+        deadline = time.monotonic() + 1.0
+        for pid, handle in victims:  # until they are dead, so their children are re-parented
+            if handle is not None:
+                try:
+                    select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+                except OSError:
+                    pass
+            _close(handle)
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9 or an old kernel: plain kill(2)
+        return None
+
+
+def _signal(pid, handle):
+    try:
+        if handle is not None:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _close(handle):
+    if handle is not None:
+        os.close(handle)

@@ -67,12 +67,14 @@ naming the host's users: ``passwd``, ``group`` and ``hosts`` are written for the
 NOBODY = 65534
 
 _AS_JAIL_USER = r"""mount --bind -- "$1" "$2" || exit 125
-uid=$3 gid=$4
-shift 4
+uid=$3 gid=$4 n=$5
+shift 5
+while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; n=$((n - 1)); shift; done
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
 """Run by root in a private mount namespace: $1 (the root) appears at $2 (reachable by the jail
-uid), then the rest of the arguments (bwrap ...) run as uid $3, gid $4."""
+uid), the shell joins the $5 cgroups (their ``cgroup.procs`` files) that follow, then the rest
+of the arguments (bwrap ...) run as uid $3, gid $4."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +147,11 @@ class Jail:
         for name in os.listdir(etc):
             os.chmod(etc / name, 0o644)
 
-    def spawn(self, command: Sequence[str], environment: Mapping[str, str], workdir: str) -> SpawnSpec:
-        """bwrap running ``command`` in the jail; every fd it needs is open in the result."""
+    def spawn(
+        self, command: Sequence[str], environment: Mapping[str, str], workdir: str, *, cgroups: Sequence[str] = ()
+    ) -> SpawnSpec:
+        """bwrap running ``command`` in the jail; every fd it needs is open in the result.
+        Started by root, the launch joins the ``cgroups`` (``cgroup.procs`` files) itself."""
         assert not self.closed, "jail closed"
         argv = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
         argv += ["--disable-userns", "--assert-userns-disabled", "--hostname", "sandbox"]
@@ -175,7 +180,8 @@ class Jail:
         if self.as_root:
             uid, gid = self.host_ids
             launch = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _AS_JAIL_USER, "sh"]
-            argv = [*launch, str(self.root), str(self.root_source), str(uid), str(gid), *argv]
+            joins = [str(len(cgroups)), *cgroups]
+            argv = [*launch, str(self.root), str(self.root_source), str(uid), str(gid), *joins, *argv]
         return SpawnSpec(argv, tuple(pass_fds), tuple(fresh))
 
     def _system_binds(self) -> list[str]:

@@ -15,6 +15,7 @@ give it untrusted code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -28,10 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._jail import Jail, claim
+from sandboxes._limits import Cgroup, disk_usage, launch_limits
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
-from sandboxes.base import StreamingSandbox
-from sandboxes.paths import is_within, relative_to
+from sandboxes.base import Operation, StreamingSandbox
+from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.semantics import message_for
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,17 @@ class LocalSandboxConfig(BaseModel):
     host_gid: int | None = Field(default=None, gt=0)
     seccomp: bool = True
     """Load the deny-list seccomp filter (`sandboxes._seccomp`) into every jail."""
+    memory: int = Field(default=512 << 20, gt=0)
+    """Bytes of memory (no swap) for everything the sandbox runs at once; past it the kernel
+    kills a process and the command answers ``out_of_memory``."""
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU bandwidth (cgroups only)."""
+    pids: int = Field(default=256, gt=0)
+    """Processes and threads at once; a fork bomb stops here."""
+    disk: int = Field(default=4 << 30, gt=0)
+    """Bytes the root directory and the private /tmp may hold. File operations that would pass
+    it answer ``no_space``; a command cannot write a file larger than it (``RLIMIT_FSIZE``),
+    and once the sandbox holds more, writes answer ``no_space`` until it is cleaned up."""
 
 
 class LocalSandbox(StreamingSandbox):
@@ -81,6 +94,9 @@ class LocalSandbox(StreamingSandbox):
         self._id = config.sandbox_id or f"local-{uuid.uuid4().hex[:12]}"
         self._bwrap = self._find_bwrap()
         self._jail = self._make_jail(self._bwrap) if self._bwrap else None
+        self._cgroup = None
+        if self._jail is not None:
+            self._cgroup = Cgroup.create(self._id, memory=config.memory, cpus=config.cpus, pids=config.pids)
         if self._bwrap is None:
             warnings.warn(
                 f"LocalSandbox {self._id} is NOT isolated (bubblewrap not found): commands run as "
@@ -135,6 +151,9 @@ class LocalSandbox(StreamingSandbox):
         """Remove the private /tmp; the root directory belongs to the caller and stays."""
         if self._jail is not None:
             self._jail.close()
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -176,10 +195,12 @@ class LocalSandbox(StreamingSandbox):
             process_env = environment
             process_cwd: str | None = workdir
         else:
-            spec = self._jail.spawn(["/bin/sh", "-c", command], environment, workdir)
+            cgroups = self._cgroup.procs_files if self._cgroup is not None and self._jail.as_root else []
+            spec = self._jail.spawn(["/bin/sh", "-c", command], environment, workdir, cgroups=cgroups)
             argv, pass_fds, fresh = spec.argv, spec.pass_fds, spec.close_after_spawn
             process_env = {"PATH": _DEFAULT_PATH, marker[0]: marker[1]}
             process_cwd = None
+        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
         try:
             result = run_process(
                 argv,
@@ -191,17 +212,86 @@ class LocalSandbox(StreamingSandbox):
                 marker=marker,
                 on_output=on_output,
                 pass_fds=pass_fds,
+                preexec_fn=self._launch_limits() if self._jail is not None else None,
             )
         finally:
             for fd in fresh:
                 os.close(fd)
-        return execute_response(
+        response = execute_response(
             result.output,
             result.exit_code,
             timed_out=result.timed_out,
             timeout=self.config.default_timeout if timeout is None else timeout,
             duration_ms=result.duration_ms,
         )
+        return self._oom_checked(response, oom_before)
+
+    def _launch_limits(self) -> Callable[[], None]:
+        """rlimits (and, not started by root, joining the cgroup) for a jail's launch process;
+        without a cgroup, rlimits stand in for the memory and process limits."""
+        cgroup = self._cgroup
+        assert self._jail is not None
+        join = cgroup.procs_files if cgroup is not None and not self._jail.as_root else []
+        return launch_limits(
+            file_size=self.config.disk,
+            memory=None if cgroup is not None else self.config.memory,
+            pids=None if cgroup is not None else self.config.pids,
+            join=join,
+        )
+
+    def _oom_checked(self, response: p.ExecuteResponse, oom_before: int) -> p.ExecuteResponse:
+        if response.exit_code != 137 or self._cgroup is None or self._cgroup.oom_kills() <= oom_before:
+            return response
+        return p.ExecuteResponse(
+            response.output,
+            exit_code=137,
+            truncated=response.truncated,
+            error=p.OUT_OF_MEMORY,
+            message=f"Command was killed by the out-of-memory killer (memory limit {self.config.memory} bytes)",
+            duration_ms=response.duration_ms,
+        )
+
+    # ------------------------------------------------------------------ disk bound
+
+    def _write(self, file_path: str, content: str) -> Operation[p.WriteResult]:
+        if self._over_disk_bound([(file_path, len(content.encode("utf-8")))]) == [True]:
+            return p.WriteResult(p.NO_SPACE, message_for(p.NO_SPACE, file_path, self._disk_note()))
+        return (yield from super()._write(file_path, content))
+
+    def _upload(self, files: list[tuple[str, bytes]]) -> Operation[list[p.FileUploadResponse]]:
+        refused = self._over_disk_bound([(path, len(content)) for path, content in files])
+        if not any(refused):
+            return (yield from super()._upload(files))
+        accepted = [item for item, over in zip(files, refused, strict=True) if not over]
+        done = iter((yield from super()._upload(accepted)) if accepted else [])
+        note = self._disk_note()
+        return [
+            p.FileUploadResponse(path, p.NO_SPACE, message_for(p.NO_SPACE, path, note)) if over else next(done)
+            for (path, _), over in zip(files, refused, strict=True)
+        ]
+
+    def _over_disk_bound(self, sizes: list[tuple[str, int]]) -> list[bool]:
+        """For each (path, size) in order, whether writing it would take the sandbox past its
+        disk bound (a file it replaces frees its own size)."""
+        if self._jail is None:
+            return [False] * len(sizes)
+        used = disk_usage(self.root, self._jail.tmp)
+        over = []
+        for raw, size in sizes:
+            try:
+                path = normalize_path(raw)
+            except InvalidPathError:  # refused by the operation itself
+                over.append(False)
+                continue
+            with contextlib.suppress(OSError):
+                size -= self._host_view(path).lstat().st_size
+            fits = used + max(size, 0) <= self.config.disk
+            used += max(size, 0) if fits else 0
+            over.append(not fits)
+        return over
+
+    def _disk_note(self) -> str:
+        return f"the sandbox may hold {self.config.disk} bytes (root directory and /tmp)"
 
     def _host_view(self, path: str) -> Path:
         """Where a path inside the sandbox lives on the host (the private /tmp is elsewhere)."""

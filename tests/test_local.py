@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,86 @@ def test_a_root_below_root_only_directories_works(tmp_path: Path) -> None:
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         assert sandbox.write(f"{sandbox.root}/f", "x").error is None
         assert sandbox.execute("cat f").output == "x"
+
+
+# ---------------------------------------------------------------------- limits
+
+LIMITS = {"memory": 256 << 20, "pids": 64, "cpus": 0.5, "disk": 16 << 20}
+
+
+@pytest.fixture(scope="module")
+def limited_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSandbox]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    config = LocalSandboxConfig(root_dir=tmp_path_factory.mktemp("limited"), isolation="bwrap", **LIMITS)
+    with LocalSandbox(config=config) as sandbox:
+        yield sandbox
+
+
+def test_a_memory_hog_is_killed_and_reported(limited_sandbox: LocalSandbox) -> None:
+    hog = limited_sandbox.execute("python3 -c \"b = b'x' * (1 << 30); print(len(b))\"", timeout=60)
+    assert hog.exit_code != 0
+    assert str(1 << 30) not in hog.output
+    if limited_sandbox._cgroup is not None:  # the kernel says who killed it only with a cgroup
+        assert hog.error == p.OUT_OF_MEMORY, hog
+    assert limited_sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(limited_sandbox: LocalSandbox) -> None:
+    bomb = limited_sandbox.execute("for i in $(seq 300); do sleep 5 & done; echo all-forked", timeout=30)
+    assert "all-forked" not in bomb.output
+    assert "fork" in bomb.output.lower()
+    assert limited_sandbox.execute("echo alive").output == "alive\n"
+    assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
+
+
+def test_cpu_bandwidth_is_bounded(limited_sandbox: LocalSandbox) -> None:
+    if limited_sandbox._cgroup is None:
+        if IN_CI:
+            pytest.fail("CI runs as root: the sandbox must get a cgroup")
+        pytest.skip("no writable cgroup here: no CPU bound")
+    spin = "python3 -c 'import time\nend = time.monotonic() + 1\nwhile time.monotonic() < end: pass'"
+    before = limited_sandbox._cgroup.throttled_periods()
+    assert limited_sandbox.execute(f"{spin} & {spin} & wait", timeout=60).exit_code == 0
+    # two spinners on a budget of half a CPU: the kernel holds them back period after period
+    assert limited_sandbox._cgroup.throttled_periods() - before > 5
+
+
+def test_writes_past_the_disk_bound_answer_no_space(limited_sandbox: LocalSandbox) -> None:
+    root = limited_sandbox.root
+    too_big = limited_sandbox.write(f"{root}/too-big", "x" * (LIMITS["disk"] + 1))
+    assert too_big.error == p.NO_SPACE
+    first, second = limited_sandbox.upload_files([(f"{root}/a", b"a" * (10 << 20)), (f"{root}/b", b"b" * (10 << 20))])
+    assert first.error is None
+    assert second.error == p.NO_SPACE
+    assert limited_sandbox.download_files([f"{root}/a"])[0].content == b"a" * (10 << 20)
+    assert limited_sandbox.download_files([f"{root}/b"])[0].error == p.FILE_NOT_FOUND
+    big = limited_sandbox.execute(f"head -c {LIMITS['disk'] * 2} /dev/zero > {root}/by-command")
+    assert big.exit_code != 0
+    assert (root / "by-command").stat().st_size <= LIMITS["disk"]
+    limited_sandbox.delete(f"{root}/a")
+    limited_sandbox.delete(f"{root}/by-command")
+    assert limited_sandbox.write(f"{root}/fits", "x" * (1 << 20)).error is None
+
+
+def test_the_cgroup_goes_with_the_sandbox(tmp_path: Path) -> None:
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
+        cgroup = sandbox._cgroup
+        if cgroup is None:
+            pytest.skip("no writable cgroup here")
+        sandbox.execute("true")
+        assert all(directory.is_dir() for directory in cgroup.directories)
+    assert not any(directory.exists() for directory in cgroup.directories)
+
+
+def test_without_a_cgroup_rlimits_bound_memory_and_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where cgroups cannot be written (not root, no delegation), rlimits stand in."""
+    monkeypatch.setattr("sandboxes.local.Cgroup.create", classmethod(lambda cls, *args, **kwargs: None))
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
+        assert sandbox._cgroup is None
+        hog = sandbox.execute("python3 -c \"b = b'x' * (1 << 30); print(len(b))\"", timeout=60)
+        assert hog.exit_code != 0
+        assert str(1 << 30) not in hog.output
+        bomb = sandbox.execute("for i in $(seq 300); do sleep 5 & done; echo all-forked", timeout=30)
+        assert "all-forked" not in bomb.output
+        assert sandbox.execute("echo alive").output == "alive\n"

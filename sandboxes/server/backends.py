@@ -123,6 +123,8 @@ class LocalBackend(Backend):
             output_limit=self.settings.max_output_bytes,
             env={**template.env, **env},
             sandbox_id=sandbox_id,
+            memory=template.memory_bytes,
+            cpus=template.cpus,
         )
         return LocalSandbox(config=config)
 

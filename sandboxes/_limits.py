@@ -104,6 +104,14 @@ class Cgroup:
             raise
         return group
 
+    @property
+    def pids_view(self) -> tuple[str, str]:
+        """(host directory, path in the jail) showing the jail its own ``pids.max`` where the
+        exec helper looks for it, so it knows it runs under a small pids limit."""
+        if self.version == 2:
+            return str(self.directories[0]), "/sys/fs/cgroup"
+        return str(self.directories[1]), "/sys/fs/cgroup/pids"
+
     def oom_kills(self) -> int:
         """How many processes the OOM killer took in this cgroup so far."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"

@@ -11,7 +11,7 @@ tree per controller) are written; the caller must be allowed to (root, or a dele
 Without a writable cgroup the limits fall back to rlimits set on the launch process and
 inherited by the jail: ``RLIMIT_AS`` for memory (address space, not memory used: a coarse
 bound that also refuses big reservations), ``RLIMIT_NPROC`` for processes (counted per host
-uid, so shared with the caller's own processes when not root), and no CPU bound (``RLIMIT_CPU``
+uid, so set to what that uid runs at launch plus the sandbox's allowance), and no CPU bound (``RLIMIT_CPU``
 is total CPU time, which would kill the long-lived exec helper).
 
 ``RLIMIT_FSIZE`` always bounds each file a command writes to the disk bound (see
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["Cgroup", "disk_usage", "launch_limits"]
+__all__ = ["Cgroup", "disk_usage", "launch_limits", "tasks_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +193,18 @@ def launch_limits(
                 os.close(fd)
 
     return apply
+
+
+def tasks_of(uid: int) -> int:
+    """How many tasks (threads) the host uid runs now: what ``RLIMIT_NPROC`` counts."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{entry}/task"))
+    return count
 
 
 def disk_usage(*tops: Path) -> int:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._jail import Jail, claim
-from sandboxes._limits import Cgroup, disk_usage, launch_limits
+from sandboxes._limits import Cgroup, disk_usage, launch_limits, tasks_of
 from sandboxes._local_helper import HELPER_COMMAND, HelperProcess
 from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
@@ -360,7 +360,9 @@ class LocalSandbox(StreamingSandbox):
         return launch_limits(
             file_size=self.config.disk,
             memory=None if cgroup is not None else self.config.memory,
-            pids=None if cgroup is not None else self.config.pids,
+            # RLIMIT_NPROC counts every task of the host uid, the caller's own (not root) or
+            # other jails' (root) included: the sandbox may add `pids` to what runs already.
+            pids=None if cgroup is not None else self.config.pids + tasks_of(self._jail.host_ids[0]),
             join=join,
         )
 

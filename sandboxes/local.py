@@ -192,6 +192,8 @@ class LocalSandbox(StreamingSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        if self._jail is not None and self._jail.closed:
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
         workdir = cwd or str(self.root)
         environment = {
             "PATH": _DEFAULT_PATH,

@@ -361,3 +361,5 @@ def test_close_ends_the_jail(tmp_path: Path) -> None:
     sandbox.close()
     with pytest.raises(ProcessLookupError):
         os.kill(jail, 0)
+    assert sandbox.execute("true").error == p.UNAVAILABLE  # and no new jail starts
+    assert sandbox._helper_process is None

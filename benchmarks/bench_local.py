@@ -1,11 +1,13 @@
 """Latency of every LocalSandbox operation beside the same work done directly in Python.
 
 The point is to see where the time goes: each sandbox operation is one (edit: two) ``execute``
-round trips, and each round trip spawns an isolated shell. So besides the plain-Python baseline
-every row shows the measured round-trip count and the *isolation floor*: that many raw
-``bwrap ... sh -c true`` spawns with exactly the flags LocalSandbox uses. Sandbox time close to
-the floor means the operation costs what isolation costs; far above it means the scripts or the
-parsing are worth optimising.
+round trips. By default a round trip goes to the exec helper in the sandbox's long-lived jail
+(a ``posix_spawn`` inside it); the fallback spawns one isolated shell per round trip. So besides
+the plain-Python baseline every row shows the measured round-trip count and the *isolation
+floor*: that many raw ``bwrap ... sh -c true`` spawns with exactly the flags LocalSandbox uses,
+i.e. what the operation would cost with one jail per round trip. The ``(one jail per command)``
+rows measure that fallback itself. The target for the exec helper: ``execute`` within 2x of a
+plain ``sh -c true`` spawn (its row's ratio), and every operation well under its floor.
 
 Sandbox and direct calls alternate within one loop so machine noise hits both alike. Nothing is
 cached between iterations: files that an operation consumes (delete) are recreated, untimed.
@@ -61,6 +63,8 @@ class Case:
     direct: Callable[[], object]
     setup: Callable[[], None] | None = None
     """Run untimed before every call of either side (e.g. recreate the file delete removes)."""
+    counted: CountingSandbox | None = None
+    """The sandbox whose round trips this row counts, when not the main one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,13 @@ def _build_tree(root: Path) -> Path:
     return tree
 
 
-def _cases(sandbox: CountingSandbox, root: Path, tree: Path, bwrap: Callable[[], object] | None) -> list[Case]:
+def _cases(
+    sandbox: CountingSandbox,
+    root: Path,
+    tree: Path,
+    bwrap: Callable[[], object] | None,
+    spawning: CountingSandbox | None,
+) -> list[Case]:
     sb, direct = root / "sb", root / "direct"
     for side in (sb, direct):
         side.mkdir()
@@ -188,6 +198,14 @@ def _cases(sandbox: CountingSandbox, root: Path, tree: Path, bwrap: Callable[[],
     ]  # fmt: skip
     if bwrap is not None:
         cases.insert(1, Case("execute", "raw bwrap sh -c true (floor)", cases[0].sandbox, bwrap))  # fmt: skip
+    if spawning is not None:
+        cases += [
+            Case("execute (one jail per command)", "subprocess sh -c true", lambda: _ok(spawning.execute("true")),
+                 lambda: subprocess.run(["sh", "-c", "true"], check=True), counted=spawning),
+            Case("write (one jail per command)", "open().write()",
+                 lambda: _ok(spawning.write(str(sb / "written-spawned.txt"), text)),
+                 lambda: _write_bytes(str(direct / "written-spawned.txt"), text.encode()), counted=spawning),
+        ]  # fmt: skip
     return cases
 
 
@@ -219,6 +237,7 @@ def _measure(
     sandbox_ms: list[float] = []
     direct_ms: list[float] = []
     calls_before = 0
+    sandbox = case.counted or sandbox
     for i in range(warmup + iterations):
         if case.setup:
             case.setup()
@@ -237,13 +256,19 @@ def run(iterations: int, warmup: int = 2) -> dict[str, Any]:
         root = Path(tmp).resolve()
         tree = _build_tree(root)
         sandbox = CountingSandbox(root)
+        spawning = None
         try:
-            bwrap = _raw_jail_spawn(sandbox) if sandbox.isolated else None
-            measured = [
-                (case, *_measure(case, sandbox, iterations, warmup)) for case in _cases(sandbox, root, tree, bwrap)
-            ]
+            bwrap = None
+            if sandbox.isolated:
+                bwrap = _raw_jail_spawn(sandbox)
+                spawning = CountingSandbox(config=sandbox.config.model_copy(update={"use_exec_helper": False}))
+            cases = _cases(sandbox, root, tree, bwrap, spawning)
+            measured = [(case, *_measure(case, sandbox, iterations, warmup)) for case in cases]
+            helper = sandbox.helper_alive
         finally:
             sandbox.close()
+            if spawning is not None:
+                spawning.close()
     floor = next((statistics.median(d) for case, _, d, _ in measured if case.baseline.startswith("raw bwrap")), None)
     rows = []
     for case, sandbox_ms, direct_ms, trips in measured:
@@ -254,6 +279,7 @@ def run(iterations: int, warmup: int = 2) -> dict[str, Any]:
     return {
         "iterations": iterations,
         "isolated": bwrap is not None,
+        "exec_helper": helper,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "tree_files": TREE_DIRS * TREE_FILES_PER_DIR,
@@ -275,6 +301,8 @@ def format_table(report: Mapping[str, Any]) -> str:
             for line in lines]  # fmt: skip
     text.insert(1, "-" * len(text[0]))
     isolation = "bwrap" if report["isolated"] else "NONE (bwrap not installed; no floor)"
+    if report["isolated"]:
+        isolation += ", exec helper" if report["exec_helper"] else ", NO exec helper (fell back)"
     summary = (f"LocalSandbox, {report['iterations']} iterations per op, isolation: {isolation}, "
                f"{report['tree_files']}-file tree, Python {report['python']}")  # fmt: skip
     return "\n".join([summary, *text, "floor = round trips x raw bwrap spawn p50: the least an isolated op can cost"])

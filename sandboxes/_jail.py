@@ -7,8 +7,8 @@ Who the jail's processes are on the host matters as much as who they are inside.
 the uid inside (1000) to the uid that ran bwrap; run by root, that is uid 0, and every
 root-only file a bind exposes is readable. So a root caller runs bwrap as an unprivileged host
 uid (`Jail.host_ids`, ``nobody`` unless configured), through util-linux: ``unshare --mount``
-gives the launch a private mount namespace in which the root directory is bind-mounted on a
-path that uid can reach (bwrap resolves bind sources by path as the uid it runs as, and the
+gives the launch a private mount namespace in which the root directory (and every extra bind)
+is bind-mounted on a path that uid can reach (bwrap resolves bind sources by path as the uid it runs as, and the
 caller's root may sit below directories only root may enter, e.g. ``/root``), then ``setpriv``
 drops to the uid with no groups and no capabilities, and bwrap starts. The mount vanishes with
 the namespace. The root directory is chowned to that uid, so the jail can write there, and the
@@ -66,13 +66,17 @@ naming the host's users: ``passwd``, ``group`` and ``hosts`` are written for the
 
 NOBODY = 65534
 
-_AS_JAIL_USER = r"""mount --bind -- "$1" "$2" || exit 125
-uid=$3 gid=$4
-shift 4
+_AS_JAIL_USER = r"""uid=$1 gid=$2 n=$3
+shift 3
+while [ "$n" -gt 0 ]; do mount --bind -- "$1" "$2" || exit 125; n=$((n - 1)); shift 2; done
+n=$1
+shift
+while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; n=$((n - 1)); shift; done
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
-"""Run by root in a private mount namespace: $1 (the root) appears at $2 (reachable by the jail
-uid), then the rest of the arguments (bwrap ...) run as uid $3, gid $4."""
+"""Run by root in a private mount namespace: ``uid gid N (source alias)*N M (cgroup.procs)*M
+command...``. Each source (the root, the extra binds) appears at its alias, a path the jail uid
+reaches; the shell joins the cgroups; the command (bwrap ...) runs as uid, gid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +123,10 @@ class Jail:
         self.tmp = self.state / "tmp"
         self.tmp.mkdir(mode=0o700)
         self._write_etc()
-        self.root_source = self.root
+        self._sources = {path: path for path in (self.root, *self.extra_ro_binds)}
+        """host path -> where bwrap finds it (started by root: an alias in the state dir)."""
         if self.as_root:
-            self.root_source = self.state / "root"
-            self.root_source.mkdir()
+            self._sources = {path: self._alias(index, path) for index, path in enumerate(self._sources)}
             os.chown(self.tmp, *self.host_ids)
             claim(self.root, self.host_ids)
         self.closed = False
@@ -130,6 +134,15 @@ class Jail:
     def close(self) -> None:
         self.closed = True
         shutil.rmtree(self.state, ignore_errors=True)
+
+    def _alias(self, index: int, source: Path) -> Path:
+        """An empty directory or file in the state dir that ``source`` is mounted on at launch."""
+        alias = self.state / f"bind-{index}"
+        if source.is_dir():
+            alias.mkdir()
+        else:
+            alias.touch()
+        return alias
 
     def _write_etc(self) -> None:
         etc = self.state / "etc"
@@ -145,8 +158,17 @@ class Jail:
         for name in os.listdir(etc):
             os.chmod(etc / name, 0o644)
 
-    def spawn(self, command: Sequence[str], environment: Mapping[str, str], workdir: str) -> SpawnSpec:
-        """bwrap running ``command`` in the jail; every fd it needs is open in the result."""
+    def spawn(
+        self,
+        command: Sequence[str],
+        environment: Mapping[str, str],
+        workdir: str,
+        *,
+        cgroups: Sequence[str] = (),
+        ro_binds: Sequence[tuple[str, str]] = (),
+    ) -> SpawnSpec:
+        """bwrap running ``command`` in the jail; every fd it needs is open in the result.
+        Started by root, the launch joins the ``cgroups`` (``cgroup.procs`` files) itself."""
         assert not self.closed, "jail closed"
         argv = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user"]
         argv += ["--disable-userns", "--assert-userns-disabled", "--hostname", "sandbox"]
@@ -154,9 +176,11 @@ class Jail:
             argv.append("--share-net")
         argv += self._system_binds()
         argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.tmp), "/tmp"]
-        argv += ["--bind", str(self.root_source), str(self.root)]
+        argv += ["--bind", str(self._sources[self.root]), str(self.root)]
         for extra in self.extra_ro_binds:  # after /tmp, so an extra under /tmp is not hidden by it
-            argv += ["--ro-bind", str(extra), str(extra)]
+            argv += ["--ro-bind", str(self._sources[extra]), str(extra)]
+        for source, target in ro_binds:
+            argv += ["--ro-bind", source, target]
         # bwrap's / is a tmpfs that vanishes with the jail: a write there would answer success
         # and be lost. Read-only, it answers permission_denied like any read-only system dir.
         argv += ["--remount-ro", "/"]
@@ -175,7 +199,9 @@ class Jail:
         if self.as_root:
             uid, gid = self.host_ids
             launch = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _AS_JAIL_USER, "sh"]
-            argv = [*launch, str(self.root), str(self.root_source), str(uid), str(gid), *argv]
+            binds = [str(path) for pair in self._sources.items() for path in pair]
+            joins = [str(len(cgroups)), *cgroups]
+            argv = [*launch, str(uid), str(gid), str(len(self._sources)), *binds, *joins, *argv]
         return SpawnSpec(argv, tuple(pass_fds), tuple(fresh))
 
     def _system_binds(self) -> list[str]:

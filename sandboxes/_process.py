@@ -41,6 +41,7 @@ def run_process(
     marker: tuple[str, str] | None = None,
     on_output: Callable[[bytes], None] | None = None,
     pass_fds: Sequence[int] = (),
+    preexec_fn: Callable[[], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` in a new session. When it ends or times out, kill its process group and
     every process still carrying ``marker`` (an environment variable inherited by all
@@ -50,7 +51,7 @@ def run_process(
     ``on_output`` sees every chunk as it is read (uncapped, in order), from the reader thread:
     it must neither block nor raise, or it stalls the command's pipe.
 
-    ``pass_fds`` stay open in the child."""
+    ``pass_fds`` stay open in the child; ``preexec_fn`` runs in it before exec (limits)."""
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv),
@@ -61,6 +62,7 @@ def run_process(
         cwd=cwd,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
+        preexec_fn=preexec_fn,  # a few plain system calls (sandboxes._limits)
     )
     output = OutputBuffer(output_limit)
     assert proc.stdout is not None

@@ -1,12 +1,14 @@
 """`LocalSandbox`: a sandbox on this machine, for machines without Docker.
 
-Each ``execute`` runs ``sh -c`` under bubblewrap when ``bwrap`` is installed: fresh user, pid,
-network, IPC and UTS namespaces (no network at all), uid 1000, no capabilities, no nested user
-namespaces, a seccomp filter, the system directories and a few files of ``/etc`` read-only, and
-only the sandbox's root directory plus a private ``/tmp`` writable (`sandboxes._jail`). Started
-by root, the jail runs as an unprivileged host uid, never as root. The root directory appears at
-the same absolute path inside and outside, so paths mean the same thing to the file
-operations, to commands, and to the caller.
+Commands run ``sh -c`` under bubblewrap when ``bwrap`` is installed, started by the exec helper
+in one long-lived jail per sandbox (`sandboxes._local_helper`; one jail per command when the
+helper cannot run). The jail has fresh user, pid, network, IPC and UTS namespaces (no network
+at all), uid 1000, no capabilities, no nested user namespaces, a seccomp filter, the system
+directories and a few files of ``/etc`` read-only, and only the sandbox's root directory plus a
+private ``/tmp`` writable (`sandboxes._jail`), under memory, CPU, process and disk limits
+(`sandboxes._limits`). Started by root, the jail runs as an unprivileged host uid, never as
+root. The root directory appears at the same absolute path inside and outside, so paths mean
+the same thing to the file operations, to commands, and to the caller.
 
 Without bwrap the command runs as the calling user with no isolation: the sandbox says so with
 a warning at creation and in `isolated`. That mode exists for development on laptops; never
@@ -15,9 +17,11 @@ give it untrusted code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -28,10 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._jail import Jail, claim
+from sandboxes._limits import Cgroup, disk_usage, launch_limits, tasks_of
+from sandboxes._local_helper import HELPER_COMMAND, HelperProcess
+from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
-from sandboxes.base import StreamingSandbox
-from sandboxes.paths import is_within, relative_to
+from sandboxes.base import Operation, StreamingSandbox
+from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.semantics import message_for
 
 logger = logging.getLogger(__name__)
@@ -58,7 +65,7 @@ class LocalSandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     extra_ro_binds: tuple[Path, ...] = ()
     """More host paths visible read-only inside (at the same path), e.g. an interpreter. Started
-    by root, bwrap reaches them as ``host_uid``: they must be readable by it."""
+    by root, what is in them is read as ``host_uid``: a root-only file there stays closed."""
     sandbox_id: str | None = None
     host_uid: int | None = Field(default=None, gt=0)
     """Started by root: the unprivileged host uid the jail runs as (and that owns the root
@@ -67,6 +74,22 @@ class LocalSandboxConfig(BaseModel):
     host_gid: int | None = Field(default=None, gt=0)
     seccomp: bool = True
     """Load the deny-list seccomp filter (`sandboxes._seccomp`) into every jail."""
+    memory: int = Field(default=512 << 20, gt=0)
+    """Bytes of memory (no swap) for everything the sandbox runs at once; past it the kernel
+    kills a process and the command answers ``out_of_memory``."""
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU bandwidth (cgroups only)."""
+    pids: int = Field(default=256, gt=0)
+    """Processes and threads at once; a fork bomb stops here."""
+    use_exec_helper: bool = True
+    """Run commands through one long-lived jail with the exec helper in it (`sandboxes._local_helper`)
+    rather than one bwrap per command. Falls back to the latter when the helper cannot start."""
+    helper_python: str = "python3"
+    """The interpreter that runs the helper inside the jail (the host's own, seen read-only)."""
+    disk: int = Field(default=4 << 30, gt=0)
+    """Bytes the root directory and the private /tmp may hold. File operations that would pass
+    it answer ``no_space``; a command cannot write a file larger than it (``RLIMIT_FSIZE``),
+    and once the sandbox holds more, writes answer ``no_space`` until it is cleaned up."""
 
 
 class LocalSandbox(StreamingSandbox):
@@ -81,6 +104,12 @@ class LocalSandbox(StreamingSandbox):
         self._id = config.sandbox_id or f"local-{uuid.uuid4().hex[:12]}"
         self._bwrap = self._find_bwrap()
         self._jail = self._make_jail(self._bwrap) if self._bwrap else None
+        self._cgroup = None
+        if self._jail is not None:
+            self._cgroup = Cgroup.create(self._id, memory=config.memory, cpus=config.cpus, pids=config.pids)
+        self._helper_process: HelperProcess | None = None
+        self._helper_lock = threading.Lock()
+        self._helper_unavailable = self._jail is None or not config.use_exec_helper
         if self._bwrap is None:
             warnings.warn(
                 f"LocalSandbox {self._id} is NOT isolated (bubblewrap not found): commands run as "
@@ -132,9 +161,17 @@ class LocalSandbox(StreamingSandbox):
         return self._bwrap is not None
 
     def close(self) -> None:
-        """Remove the private /tmp; the root directory belongs to the caller and stays."""
+        """Stop the jail and remove the private /tmp; the root directory belongs to the caller
+        and stays."""
+        with self._helper_lock:
+            if self._helper_process is not None:
+                self._helper_process.close()
+                self._helper_process = None
         if self._jail is not None:
             self._jail.close()
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -155,6 +192,8 @@ class LocalSandbox(StreamingSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        if self._jail is not None and self._jail.closed:
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
         workdir = cwd or str(self.root)
         environment = {
             "PATH": _DEFAULT_PATH,
@@ -167,6 +206,26 @@ class LocalSandbox(StreamingSandbox):
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        timeout = self.config.default_timeout if timeout is None else timeout
+        limit = self.config.output_limit if output_limit is None else output_limit
+        if not self._helper_unavailable:
+            response = self._execute_in_helper(command, timeout, data, environment, workdir, limit, on_output)
+            if response is not None:
+                return response
+        return self._execute_spawned(command, timeout, data, environment, workdir, limit, on_output)
+
+    def _execute_spawned(
+        self,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        environment: dict[str, str],
+        workdir: str,
+        output_limit: int,
+        on_output: Callable[[bytes], None] | None,
+    ) -> p.ExecuteResponse:
+        """One process (one bwrap, when isolated) for this command alone: the fallback."""
         marker = ("SANDBOXES_EXEC_ID", uuid.uuid4().hex)
         pass_fds: tuple[int, ...] = ()
         fresh: tuple[int, ...] = ()
@@ -176,32 +235,192 @@ class LocalSandbox(StreamingSandbox):
             process_env = environment
             process_cwd: str | None = workdir
         else:
-            spec = self._jail.spawn(["/bin/sh", "-c", command], environment, workdir)
+            cgroups = self._cgroup.procs_files if self._cgroup is not None and self._jail.as_root else []
+            spec = self._jail.spawn(["/bin/sh", "-c", command], environment, workdir, cgroups=cgroups)
             argv, pass_fds, fresh = spec.argv, spec.pass_fds, spec.close_after_spawn
             process_env = {"PATH": _DEFAULT_PATH, marker[0]: marker[1]}
             process_cwd = None
+        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
         try:
             result = run_process(
                 argv,
                 env=process_env,
                 cwd=process_cwd,
-                stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
-                timeout=self.config.default_timeout if timeout is None else timeout,
-                output_limit=self.config.output_limit if output_limit is None else output_limit,
+                stdin=stdin,
+                timeout=timeout,
+                output_limit=output_limit,
                 marker=marker,
                 on_output=on_output,
                 pass_fds=pass_fds,
+                preexec_fn=self._launch_limits() if self._jail is not None else None,
             )
         finally:
             for fd in fresh:
                 os.close(fd)
-        return execute_response(
+        response = execute_response(
             result.output,
             result.exit_code,
             timed_out=result.timed_out,
-            timeout=self.config.default_timeout if timeout is None else timeout,
+            timeout=timeout,
             duration_ms=result.duration_ms,
         )
+        return self._oom_checked(response, oom_before)
+
+    # ------------------------------------------------------------------ the exec helper
+
+    @property
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live long-lived jail (the fast path)."""
+        helper = self._helper_process
+        return helper is not None and helper.client.alive
+
+    def _execute_in_helper(
+        self,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        environment: dict[str, str],
+        workdir: str,
+        output_limit: int,
+        on_output: Callable[[bytes], None] | None,
+    ) -> p.ExecuteResponse | None:
+        """The command through the long-lived jail; ``None`` when there is none (fall back).
+
+        A jail found dead before it took the command is replaced and the command sent again;
+        one that dies after may have run it, so that answers ``connection_lost``."""
+        for _attempt in range(2):
+            helper = self._helper()
+            if helper is None:
+                return None
+            oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
+            try:
+                response = helper.client.run(
+                    command,
+                    timeout=timeout,
+                    stdin=stdin,
+                    env=environment,
+                    cwd=workdir,
+                    output_limit=output_limit,
+                    on_output=on_output,
+                )
+            except MuxBroken as broken:
+                logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
+                self._drop_helper(helper)
+                if broken.started:
+                    return p.ExecuteResponse(
+                        "", error=p.CONNECTION_LOST, message=f"the sandbox's jail died during the command: {broken}"
+                    )
+                continue
+            return self._oom_checked(response, oom_before)
+        return None
+
+    def _helper(self) -> HelperProcess | None:
+        with self._helper_lock:
+            if self._helper_unavailable:
+                return None
+            if self._helper_process is not None and self._helper_process.client.alive:
+                return self._helper_process
+            try:
+                self._helper_process = self._start_helper()
+            except (MuxBroken, OSError) as exc:
+                logger.warning("no exec helper in %s (%s): one jail per command", self._id, exc)
+                self._helper_unavailable = True
+                self._helper_process = None
+            return self._helper_process
+
+    def _start_helper(self) -> HelperProcess:
+        assert self._jail is not None
+        environment = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
+        cgroup = self._cgroup
+        spec = self._jail.spawn(
+            [self.config.helper_python, *HELPER_COMMAND[1:]],
+            environment,
+            str(self.root),
+            cgroups=cgroup.procs_files if cgroup is not None and self._jail.as_root else [],
+            ro_binds=[cgroup.pids_view] if cgroup is not None else [],
+        )
+        try:
+            return HelperProcess(
+                spec.argv, env={"PATH": _DEFAULT_PATH}, pass_fds=spec.pass_fds, preexec_fn=self._launch_limits()
+            )
+        finally:
+            for fd in spec.close_after_spawn:
+                os.close(fd)
+
+    def _drop_helper(self, helper: HelperProcess) -> None:
+        with self._helper_lock:
+            helper.close()
+            if self._helper_process is helper:
+                self._helper_process = None
+
+    def _launch_limits(self) -> Callable[[], None]:
+        """rlimits (and, not started by root, joining the cgroup) for a jail's launch process;
+        without a cgroup, rlimits stand in for the memory and process limits."""
+        cgroup = self._cgroup
+        assert self._jail is not None
+        join = cgroup.procs_files if cgroup is not None and not self._jail.as_root else []
+        return launch_limits(
+            file_size=self.config.disk,
+            memory=None if cgroup is not None else self.config.memory,
+            # RLIMIT_NPROC counts every task of the host uid, the caller's own (not root) or
+            # other jails' (root) included: the sandbox may add `pids` to what runs already.
+            pids=None if cgroup is not None else self.config.pids + tasks_of(self._jail.host_ids[0]),
+            join=join,
+        )
+
+    def _oom_checked(self, response: p.ExecuteResponse, oom_before: int) -> p.ExecuteResponse:
+        if response.exit_code != 137 or self._cgroup is None or self._cgroup.oom_kills() <= oom_before:
+            return response
+        return p.ExecuteResponse(
+            response.output,
+            exit_code=137,
+            truncated=response.truncated,
+            error=p.OUT_OF_MEMORY,
+            message=f"Command was killed by the out-of-memory killer (memory limit {self.config.memory} bytes)",
+            duration_ms=response.duration_ms,
+        )
+
+    # ------------------------------------------------------------------ disk bound
+
+    def _write(self, file_path: str, content: str) -> Operation[p.WriteResult]:
+        if self._over_disk_bound([(file_path, len(content.encode("utf-8")))]) == [True]:
+            return p.WriteResult(p.NO_SPACE, message_for(p.NO_SPACE, file_path, self._disk_note()))
+        return (yield from super()._write(file_path, content))
+
+    def _upload(self, files: list[tuple[str, bytes]]) -> Operation[list[p.FileUploadResponse]]:
+        refused = self._over_disk_bound([(path, len(content)) for path, content in files])
+        if not any(refused):
+            return (yield from super()._upload(files))
+        accepted = [item for item, over in zip(files, refused, strict=True) if not over]
+        done = iter((yield from super()._upload(accepted)) if accepted else [])
+        note = self._disk_note()
+        return [
+            p.FileUploadResponse(path, p.NO_SPACE, message_for(p.NO_SPACE, path, note)) if over else next(done)
+            for (path, _), over in zip(files, refused, strict=True)
+        ]
+
+    def _over_disk_bound(self, sizes: list[tuple[str, int]]) -> list[bool]:
+        """For each (path, size) in order, whether writing it would take the sandbox past its
+        disk bound (a file it replaces frees its own size)."""
+        if self._jail is None:
+            return [False] * len(sizes)
+        used = disk_usage(self.root, self._jail.tmp)
+        over = []
+        for raw, size in sizes:
+            try:
+                path = normalize_path(raw)
+            except InvalidPathError:  # refused by the operation itself
+                over.append(False)
+                continue
+            with contextlib.suppress(OSError):
+                size -= self._host_view(path).lstat().st_size
+            fits = used + max(size, 0) <= self.config.disk
+            used += max(size, 0) if fits else 0
+            over.append(not fits)
+        return over
+
+    def _disk_note(self) -> str:
+        return f"the sandbox may hold {self.config.disk} bytes (root directory and /tmp)"
 
     def _host_view(self, path: str) -> Path:
         """Where a path inside the sandbox lives on the host (the private /tmp is elsewhere)."""

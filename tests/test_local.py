@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
-import tempfile
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,25 +23,22 @@ from sandboxes.testing import SandboxConformance
 IN_CI = os.environ.get("CI") == "true"
 
 
-@pytest.fixture(scope="module")
-def isolated_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSandbox]:
+@pytest.fixture(scope="module", params=["exec-helper", "jail-per-command"])
+def isolated_sandbox(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalSandbox]:
+    """Both ways commands run: through the long-lived jail's exec helper, and the fallback of
+    one jail per command. Every test of the isolated sandbox runs on both."""
     if shutil.which("bwrap") is None:
         if IN_CI:
             pytest.fail("CI must test the isolated LocalSandbox: bubblewrap (bwrap) is not installed")
         pytest.skip("bubblewrap not installed: isolated LocalSandbox not testable here")
-    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path_factory.mktemp("isolated"), isolation="bwrap")) as sb:
+    helper = request.param == "exec-helper"
+    root = tmp_path_factory.mktemp("isolated")
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="bwrap", use_exec_helper=helper)) as sb:
+        assert sb.execute("true").exit_code == 0
+        assert sb.helper_alive == helper
         yield sb
-
-
-@contextlib.contextmanager
-def reachable_dir() -> Iterator[Path]:
-    """A directory in /tmp, which the jail's unprivileged uid can reach (an extra bind's source
-    must be: pytest's own temporary directories are root-only)."""
-    path = Path(tempfile.mkdtemp(prefix="sandboxes-test-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -105,18 +104,19 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the attacked case is a s
 
 
 @as_root
-def test_root_only_host_files_stay_unreadable(isolated_sandbox: LocalSandbox) -> None:
-    """uid 1000 inside must not be uid 0 outside: a root-only file a bind exposes stays closed."""
-    with reachable_dir() as secret_dir:
-        os.chmod(secret_dir, 0o755)
-        (secret_dir / "secret").write_text("root only\n")
-        os.chmod(secret_dir / "secret", 0o600)
-        config = isolated_sandbox.config.model_copy(update={"extra_ro_binds": (secret_dir,), "sandbox_id": None})
-        with LocalSandbox(config=config) as sandbox:
-            assert sandbox.execute(f"ls {secret_dir}").output == "secret\n"  # the bind is there
-            result = sandbox.execute(f"cat {secret_dir}/secret")
-            assert result.exit_code != 0
-            assert "root only" not in result.output
+def test_root_only_host_files_stay_unreadable(isolated_sandbox: LocalSandbox, tmp_path: Path) -> None:
+    """uid 1000 inside must not be uid 0 outside: a root-only file a bind exposes stays closed
+    (here below pytest's root-only temporary directory, which the bind reaches all the same)."""
+    secret_dir = tmp_path / "exposed"
+    secret_dir.mkdir()
+    (secret_dir / "secret").write_text("root only\n")
+    os.chmod(secret_dir / "secret", 0o600)
+    config = isolated_sandbox.config.model_copy(update={"extra_ro_binds": (secret_dir,), "sandbox_id": None})
+    with LocalSandbox(config=config) as sandbox:
+        assert sandbox.execute(f"ls {secret_dir}").output == "secret\n"  # the bind is there
+        result = sandbox.execute(f"cat {secret_dir}/secret")
+        assert result.exit_code != 0
+        assert "root only" not in result.output
     in_root = isolated_sandbox.root / "root-only"
     in_root.write_text("root only\n")
     os.chown(in_root, 0, 0)
@@ -187,3 +187,179 @@ def test_a_root_below_root_only_directories_works(tmp_path: Path) -> None:
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         assert sandbox.write(f"{sandbox.root}/f", "x").error is None
         assert sandbox.execute("cat f").output == "x"
+
+
+# ---------------------------------------------------------------------- limits
+
+LIMITS = {"memory": 256 << 20, "pids": 64, "cpus": 0.5, "disk": 16 << 20}
+
+
+@pytest.fixture(scope="module")
+def limited_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSandbox]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    config = LocalSandboxConfig(root_dir=tmp_path_factory.mktemp("limited"), isolation="bwrap", **LIMITS)
+    with LocalSandbox(config=config) as sandbox:
+        yield sandbox
+
+
+def test_a_memory_hog_is_killed_and_reported(limited_sandbox: LocalSandbox) -> None:
+    hog = limited_sandbox.execute("python3 -c \"b = b'x' * (1 << 30); print(len(b))\"", timeout=60)
+    assert hog.exit_code != 0
+    assert str(1 << 30) not in hog.output
+    if limited_sandbox._cgroup is not None:  # the kernel says who killed it only with a cgroup
+        assert hog.error == p.OUT_OF_MEMORY, hog
+    assert limited_sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(limited_sandbox: LocalSandbox) -> None:
+    bomb = limited_sandbox.execute("for i in $(seq 300); do sleep 5 & done; echo all-forked", timeout=30)
+    assert "all-forked" not in bomb.output
+    assert "fork" in bomb.output.lower()
+    cgroup = limited_sandbox._cgroup
+    if cgroup is not None:  # none of the bomb's processes outlives it (the jail's helper remains)
+        current = Path(cgroup.pids_view[0]) / "pids.current"
+        deadline = time.monotonic() + 10
+        while int(current.read_text()) > 3:
+            assert time.monotonic() < deadline, f"{current.read_text()} processes left after the bomb"
+            time.sleep(0.01)
+    assert limited_sandbox.execute("echo alive").output == "alive\n"
+    assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
+
+
+def test_cpu_bandwidth_is_bounded(limited_sandbox: LocalSandbox) -> None:
+    if limited_sandbox._cgroup is None:
+        if IN_CI:
+            pytest.fail("CI runs as root: the sandbox must get a cgroup")
+        pytest.skip("no writable cgroup here: no CPU bound")
+    spin = "python3 -c 'import time\nend = time.monotonic() + 1\nwhile time.monotonic() < end: pass'"
+    before = limited_sandbox._cgroup.throttled_periods()
+    assert limited_sandbox.execute(f"{spin} & {spin} & wait", timeout=60).exit_code == 0
+    # two spinners on a budget of half a CPU: the kernel holds them back period after period
+    assert limited_sandbox._cgroup.throttled_periods() - before > 5
+
+
+def test_writes_past_the_disk_bound_answer_no_space(limited_sandbox: LocalSandbox) -> None:
+    root = limited_sandbox.root
+    too_big = limited_sandbox.write(f"{root}/too-big", "x" * (LIMITS["disk"] + 1))
+    assert too_big.error == p.NO_SPACE
+    first, second = limited_sandbox.upload_files([(f"{root}/a", b"a" * (10 << 20)), (f"{root}/b", b"b" * (10 << 20))])
+    assert first.error is None
+    assert second.error == p.NO_SPACE
+    assert limited_sandbox.download_files([f"{root}/a"])[0].content == b"a" * (10 << 20)
+    assert limited_sandbox.download_files([f"{root}/b"])[0].error == p.FILE_NOT_FOUND
+    big = limited_sandbox.execute(f"head -c {LIMITS['disk'] * 2} /dev/zero > {root}/by-command")
+    assert big.exit_code != 0
+    assert (root / "by-command").stat().st_size <= LIMITS["disk"]
+    limited_sandbox.delete(f"{root}/a")
+    limited_sandbox.delete(f"{root}/by-command")
+    assert limited_sandbox.write(f"{root}/fits", "x" * (1 << 20)).error is None
+
+
+def test_the_cgroup_goes_with_the_sandbox(tmp_path: Path) -> None:
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
+        cgroup = sandbox._cgroup
+        if cgroup is None:
+            pytest.skip("no writable cgroup here")
+        sandbox.execute("true")
+        assert all(directory.is_dir() for directory in cgroup.directories)
+    assert not any(directory.exists() for directory in cgroup.directories)
+
+
+def test_without_a_cgroup_rlimits_bound_memory_and_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where cgroups cannot be written (not root, no delegation), rlimits stand in."""
+    monkeypatch.setattr("sandboxes.local.Cgroup.create", classmethod(lambda cls, *args, **kwargs: None))
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
+        assert sandbox._cgroup is None
+        hog = sandbox.execute("python3 -c \"b = b'x' * (1 << 30); print(len(b))\"", timeout=60)
+        assert hog.exit_code != 0
+        assert str(1 << 30) not in hog.output
+        bomb = sandbox.execute("for i in $(seq 300); do sleep 5 & done; echo all-forked", timeout=30)
+        assert "all-forked" not in bomb.output
+        assert sandbox.execute("echo alive").output == "alive\n"
+
+
+# ---------------------------------------------------------------------- the long-lived jail
+
+
+@pytest.fixture
+def helper_sandbox(tmp_path: Path) -> Iterator[LocalSandbox]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap not installed")
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        assert sandbox.helper_alive
+        yield sandbox
+
+
+def _jail_pid(sandbox: LocalSandbox) -> int:
+    helper = sandbox._helper_process
+    assert helper is not None
+    return helper.pid
+
+
+def test_file_operations_and_commands_share_one_jail(helper_sandbox: LocalSandbox) -> None:
+    jail = _jail_pid(helper_sandbox)
+    root = helper_sandbox.root
+    for i in range(10):
+        assert helper_sandbox.write(f"{root}/f{i}", str(i)).error is None
+        assert helper_sandbox.read(f"{root}/f{i}").error is None
+        assert helper_sandbox.execute(f"cat f{i}").output == str(i)
+    assert helper_sandbox.ls(str(root)).error is None
+    assert _jail_pid(helper_sandbox) == jail
+    assert helper_sandbox.helper_alive
+
+
+def _kill_jail(sandbox: LocalSandbox) -> None:
+    """Kill the jail and wait until the sandbox has seen its stream end."""
+    helper = sandbox._helper_process
+    assert helper is not None
+    os.killpg(helper.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while helper.client.alive:
+        assert time.monotonic() < deadline, "the jail's stream never ended"
+        time.sleep(0.01)
+
+
+def test_a_jail_that_died_is_restarted_transparently(helper_sandbox: LocalSandbox) -> None:
+    jail = _jail_pid(helper_sandbox)
+    _kill_jail(helper_sandbox)
+    assert helper_sandbox.execute("echo back").output == "back\n"
+    assert helper_sandbox.helper_alive
+    assert _jail_pid(helper_sandbox) != jail
+
+
+def test_a_command_whose_jail_dies_answers_connection_lost(helper_sandbox: LocalSandbox) -> None:
+    root = helper_sandbox.root
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(helper_sandbox.execute, f"touch {root}/started; sleep 60", timeout=120)
+        deadline = time.monotonic() + 30
+        while not (root / "started").exists():
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.01)
+        _kill_jail(helper_sandbox)
+        lost = running.result(timeout=30)
+    assert lost.error == p.CONNECTION_LOST
+    assert lost.exit_code is None
+    assert helper_sandbox.execute("echo next").output == "next\n"
+
+
+def test_without_python_in_the_jail_it_falls_back_to_one_jail_per_command(tmp_path: Path) -> None:
+    config = LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap", helper_python="/nonexistent/python3")
+    with LocalSandbox(config=config) as sandbox:
+        assert sandbox.execute("echo fallback").output == "fallback\n"
+        assert not sandbox.helper_alive
+        assert sandbox.write(f"{sandbox.root}/f", "x").error is None
+        assert sandbox.execute("cat f; id -u").output == "x1000\n"
+        assert sandbox.execute("sleep 5", timeout=1).error == p.TIMEOUT
+
+
+def test_close_ends_the_jail(tmp_path: Path) -> None:
+    sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap"))
+    sandbox.execute("true")
+    jail = _jail_pid(sandbox)
+    sandbox.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(jail, 0)
+    assert sandbox.execute("true").error == p.UNAVAILABLE  # and no new jail starts
+    assert sandbox._helper_process is None

@@ -150,6 +150,8 @@ class LocalBackend(Backend):
             output_limit=self.settings.max_output_bytes,
             env={**template.env, **env},
             sandbox_id=sandbox_id,
+            memory=template.memory_bytes,
+            cpus=template.cpus,
         )
         return LocalSandbox(config=config)
 
@@ -210,8 +212,8 @@ class LocalBackend(Backend):
         return adopted
 
     def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
-        # bwrap gives every command its own pid namespace, so no command inside could see
-        # another's processes; the host sees them all.
+        # Commands share their sandbox's jail, but the host sees every jail's processes and
+        # their environments (the exec helper passes the marker on to each command).
         needle = f"{MARKER_ENV}={token}".encode()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():

@@ -45,7 +45,8 @@ class Template(_Frozen):
     image: str = "sandboxes/runtime:latest"
     """Docker only."""
     cpus: float = Field(default=1.0, gt=0)
-    """Enforced by Docker; for the local backend it only counts against the tenant's quota."""
+    """Enforced by Docker, and for the local backend by its cgroup (where cgroups can be written);
+    also counted against the tenant's quota. ``memory`` likewise."""
     memory: str = "512m"
     disk: str | None = "1g"
     """Docker only: the workspace's size (a tmpfs volume; see `DockerSandboxConfig.disk`);

@@ -1,0 +1,110 @@
+"""The exec helper of a `LocalSandbox`: one long-lived jail running `sandboxes._mux`'s helper,
+spoken to over its stdin and stdout.
+
+Why: one bwrap spawn per command costs ~10 ms (namespaces, mounts, seccomp, and started by root
+the drop to the jail uid), which every file operation paid. The helper inside one jail starts
+each command with a ``posix_spawn`` instead, under the same isolation (the jail is the same
+bwrap, with the same flags, seccomp filter, cgroup and rlimits) and with the same guarantees:
+a command's whole tree dies with it, timeouts included (the helper's job, as in Docker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+
+__all__ = ["HelperProcess", "PipeStream"]
+
+_STDERR_KEPT = 4096
+
+
+class PipeStream:
+    """`sandboxes._mux.client.ByteStream` over a child's stdin and stdout."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        self._process = process
+        self._in = process.stdin.fileno()
+        self._out = process.stdout.fileno()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._in, view) :]
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self._out, size)
+
+    def close(self) -> None:
+        """Kill the jail (the helper is bwrap's command; the whole pid namespace goes with it)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=10)
+        for stream in (self._process.stdin, self._process.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+
+
+class HelperProcess:
+    """A started jail with the helper in it, and the client talking to it."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        pass_fds: Sequence[int],
+        preexec_fn: Callable[[], None] | None,
+        hello_timeout: float = 20.0,
+    ) -> None:
+        self.process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=preexec_fn,  # a few plain system calls (sandboxes._limits)
+        )
+        self.stderr = bytearray()
+        threading.Thread(target=self._drain_stderr, name="local-helper-stderr", daemon=True).start()
+        stream = PipeStream(self.process)
+        try:
+            self.client = MuxClient(stream, hello_timeout=hello_timeout)
+        except MuxBroken as broken:
+            stream.close()
+            raise MuxBroken(f"{broken}; helper stderr: {bytes(self.stderr[-500:])!r}") from broken
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def close(self) -> None:
+        self.client.close()  # closes the stream: kills the jail
+
+    def _drain_stderr(self) -> None:
+        """Keep the tail of what the jail says on stderr (bwrap's or python's complaint when the
+        helper cannot start); never let it fill the pipe and stall the jail."""
+        assert self.process.stderr is not None
+        fd = self.process.stderr.fileno()
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                while chunk := os.read(fd, 65536):
+                    self.stderr += chunk
+                    del self.stderr[:-_STDERR_KEPT]
+        finally:
+            self.process.stderr.close()
+
+
+HELPER_COMMAND = ("python3", "-u", "-c", SERVER_SOURCE)
+"""What runs in the jail; python3 is the host's own (the jail sees /usr read-only)."""

@@ -8,7 +8,7 @@ middleware stack in one documented order (`agent.graph`).
 
 from agent._system import append_to_system_message
 from agent.backends import FileRecord, GraphStateBackend, StoreBackend, merge_files
-from agent.graph import create_sandbox_agent, lifecycle_of, order_middleware
+from agent.graph import create_sandbox_agent, lifecycle_of, middleware_of, order_middleware
 from agent.lifecycle import (
     DockerProvider,
     FixedSandbox,
@@ -51,5 +51,6 @@ __all__ = [
     "filesystem_tools",
     "lifecycle_of",
     "merge_files",
+    "middleware_of",
     "order_middleware",
 ]

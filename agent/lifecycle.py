@@ -12,8 +12,9 @@ run finishes (a run stopped by an interrupt has not finished, so it keeps its sa
 ``release="ttl"`` never releases it: `release` ends it explicitly, and otherwise the provider's
 TTL does (the service's sandbox TTL, a Docker provider's sweep).
 
-Start/stop hooks follow seed 002's stack: hooks are ordered by ``priority`` (larger is outer);
-``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in reverse.
+Start/stop hooks follow seed 002's stack: hooks are in stack order (larger ``priority`` is
+outer); ``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in
+reverse, so what started last stops first.
 """
 
 from __future__ import annotations
@@ -218,14 +219,16 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         super().__init__()
         self.provider = provider
         self.release_policy: ReleasePolicy = release
-        self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority)
+        self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority, reverse=True)
+        """Outermost first, like a middleware stack."""
         self._live: dict[str, p.SandboxBackendProtocol] = {}
         self._workdirs: dict[str, str] = {}
         self._lock = threading.Lock()
         self.tools = []
 
     def add_hooks(self, hooks: Iterable[SandboxHook]) -> None:
-        self.hooks = sorted([*self.hooks, *hooks], key=hook_priority)
+        """Hooks of an ordered stack, outermost first (`create_sandbox_agent` passes its stack's)."""
+        self.hooks = [*self.hooks, *hooks]
 
     # ------------------------------------------------------------------ the registry
 
@@ -244,7 +247,7 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
                 return existing
             self._live[sandbox.id] = sandbox
             self._workdirs[sandbox.id] = workdir_of(sandbox)
-        self._run_hooks("on_sandbox_start", sandbox, self.hooks)
+        self._run_hooks("on_sandbox_start", sandbox, reversed(self.hooks))
         return sandbox
 
     def _forget(self, sandbox_id: str) -> p.SandboxBackendProtocol | None:
@@ -252,7 +255,7 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
             sandbox = self._live.pop(sandbox_id, None)
             self._workdirs.pop(sandbox_id, None)
         if sandbox is not None:
-            self._run_hooks("on_sandbox_stop", sandbox, reversed(self.hooks))
+            self._run_hooks("on_sandbox_stop", sandbox, self.hooks)
         return sandbox
 
     def workdir(self, sandbox_id: str) -> str:

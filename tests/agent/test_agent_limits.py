@@ -1,0 +1,64 @@
+"""langchain's limit and fallback middleware in our stack trip as configured."""
+
+from __future__ import annotations
+
+import pytest
+from agent_helpers import ask, thread, tool_results
+from langchain.agents.middleware import ModelCallLimitMiddleware, ModelFallbackMiddleware, ToolCallLimitMiddleware
+from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
+from langgraph.checkpoint.memory import InMemorySaver
+
+from agent import LocalProvider, create_sandbox_agent
+from agent.testing import ScriptedChatModel, call, say
+
+
+def looping_model() -> ScriptedChatModel:
+    return ScriptedChatModel(steps=[say("", call("ls"))], repeat_last=True)
+
+
+def test_model_call_limit_ends_the_run(local_provider: LocalProvider) -> None:
+    model = looping_model()
+    graph = create_sandbox_agent(
+        model, sandbox=local_provider, middleware=[ModelCallLimitMiddleware(run_limit=3, exit_behavior="end")]
+    )
+    state = graph.invoke(ask("loop"))
+    assert model.calls == 3
+    assert "limit" in str(state["messages"][-1].content).lower()
+
+
+def test_model_call_limit_can_raise(local_provider: LocalProvider) -> None:
+    graph = create_sandbox_agent(
+        looping_model(),
+        sandbox=local_provider,
+        middleware=[ModelCallLimitMiddleware(run_limit=2, exit_behavior="error")],
+    )
+    with pytest.raises(ModelCallLimitExceededError):
+        graph.invoke(ask("loop"))
+
+
+def test_tool_call_limit_stops_calls_past_the_limit(local_provider: LocalProvider) -> None:
+    calls = [call("execute", command=f"echo {i} >> log.txt") for i in range(4)]
+    model = ScriptedChatModel(steps=[say("", *calls), say("ok")])
+    graph = create_sandbox_agent(
+        model,
+        sandbox=local_provider,
+        checkpointer=InMemorySaver(),
+        middleware=[ToolCallLimitMiddleware(tool_name="execute", run_limit=2, exit_behavior="continue")],
+    )
+    state = graph.invoke(ask("log"), thread())
+    results = tool_results(state)
+    assert [results[c["id"]] for c in calls[:2]] == ["[exit code 0]", "[exit code 0]"]
+    assert all("limit" in results[c["id"]].lower() for c in calls[2:])
+    # The two allowed calls ran (in parallel: any order), the others did not.
+    assert sorted((local_provider.root / state["sandbox_id"] / "log.txt").read_text().split()) == ["0", "1"]
+
+
+def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: LocalProvider) -> None:
+    broken = ScriptedChatModel(steps=[RuntimeError("provider down")] * 3)
+    backup = ScriptedChatModel(steps=[say("", call("write_file", file_path="f.txt", content="x")), say("via backup")])
+    graph = create_sandbox_agent(broken, sandbox=local_provider, middleware=[ModelFallbackMiddleware(backup)])
+    state = graph.invoke(ask("go"))
+    assert state["messages"][-1].content == "via backup"
+    assert broken.calls == 2
+    assert backup.calls == 2
+    assert (local_provider.root / state["sandbox_id"] / "f.txt").read_text() == "x"

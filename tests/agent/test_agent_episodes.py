@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import FileEpisode, ask, thread, tool_results
+from agent_helpers import FileEpisode, ask, local_provider, thread, tool_results
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
@@ -147,3 +147,6 @@ def test_an_unreachable_sandbox_is_an_error_message_not_a_crash(tmp_path: Path) 
     assert results[ls["id"]] == "Error (unavailable): ConnectionError: sandbox host went away"
     assert results[run["id"]] == "Error (unavailable): ConnectionError: sandbox host went away"
     assert state["messages"][-1].content == "ok"
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_helpers import ask, thread, tool_results
+from agent_helpers import ask, local_provider, thread, tool_results
 from langgraph.types import Command
 
 from agent import LocalProvider, create_sandbox_agent
@@ -44,3 +44,6 @@ def test_hitl_approve_edit_and_reject(tmp_path: Path, local_provider: LocalProvi
     assert (workdir / "e.txt").read_text() == "edited\n"
     assert not (workdir / "r.txt").exists()
     assert state["messages"][-1].content == "finished"
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_helpers import ask, thread, tool_results
+from agent_helpers import ask, local_provider, thread, tool_results
 from langchain.agents.middleware import ModelCallLimitMiddleware, ModelFallbackMiddleware, ToolCallLimitMiddleware
 from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 from langgraph.checkpoint.memory import InMemorySaver
@@ -62,3 +62,6 @@ def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: Lo
     assert broken.calls == 2
     assert backup.calls == 2
     assert (local_provider.root / state["sandbox_id"] / "f.txt").read_text() == "x"
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

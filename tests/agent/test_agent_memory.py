@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_helpers import ask, thread, tool_results
+from agent_helpers import ask, local_provider, thread, tool_results
 from langchain_core.messages import SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
@@ -87,3 +87,6 @@ def test_parse_skill_front_matter() -> None:
     assert parse_skill("---\nname: [unclosed\n---\n", "/x") is None
     assert parse_skill("---\ndescription: no name\n---\n", "/x") is None
     assert parse_skill("plain", "/x") is None
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

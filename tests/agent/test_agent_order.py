@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent_helpers import ask
+from agent_helpers import ask, local_provider
 from langchain.agents.middleware import (
     AgentMiddleware,
     HumanInTheLoopMiddleware,
@@ -161,3 +161,6 @@ def test_user_priority_can_go_outside_every_default(local_provider: LocalProvide
     stack = middleware_of(graph)
     assert stack[0] is outer
     assert stack[-1] is inner
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

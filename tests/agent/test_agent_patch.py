@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_helpers import ask, thread
+from agent_helpers import ask, local_provider, thread
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -49,3 +49,6 @@ def test_an_interrupted_run_followed_by_a_new_message_gets_its_calls_patched(loc
     assert patched.tool_call_id == risky["id"]
     assert isinstance(second_request[ai_index + 2], HumanMessage)
     assert "cancelled" in str(patched.content)
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

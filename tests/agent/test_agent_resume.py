@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import ask, thread
+from agent_helpers import ask, local_provider, thread
 
 from agent import LocalProvider, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
@@ -62,3 +62,6 @@ def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_prov
         assert (local_provider.root / sandbox_id).is_dir()
         lifecycle_of(graph).release(sandbox_id)
         assert not (local_provider.root / sandbox_id).exists()
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent_helpers import ask, tool_results
+from agent_helpers import ask, local_provider, tool_results
 from langchain_core.messages import HumanMessage
 
 from agent import LocalProvider, SubAgent, create_sandbox_agent, lifecycle_of
@@ -66,3 +66,6 @@ def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(local_
     assert results[task["id"]] == "wrote it"
     assert results[wrong["id"]].startswith("Error (invalid_argument): no subagent 'nobody'")
     assert results[read["id"]] == "     1\t42"
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -84,3 +87,16 @@ def local_provider(tmp_path: Path) -> LocalProvider:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NotIsolatedWarning where bwrap is missing
         return LocalProvider(tmp_path / "sandboxes")
+
+
+WORKER = Path(__file__).with_name("resume_worker.py")
+"""Runs one phase of a resumed thread in a fresh process."""
+
+
+def run_phase(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

@@ -1,7 +1,8 @@
 """Run by test_agent_resume in a fresh process: one phase of an interrupted, resumed thread.
 
 ``first``: write a file, then ask to execute (interrupted for approval), and exit.
-``second``: a new process, same SQLite file and sandbox root: approve and finish.
+``second``: a new process, same database (a SQLite file or a PostgreSQL URL) and sandbox
+root: approve and finish.
 Prints the outcome as JSON on its last line.
 """
 
@@ -16,7 +17,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
 from agent import LocalProvider, create_sandbox_agent
-from agent.persistence import open_sqlite
+from agent.persistence import open_persistence
 from agent.testing import ScriptedChatModel, call, say
 
 
@@ -33,7 +34,7 @@ def main() -> None:
     else:
         steps = [say("resumed")]
         payload = Command(resume={"decisions": [{"type": "approve"}]})
-    with open_sqlite(db) as persistence:
+    with open_persistence(db) as persistence:
         graph = create_sandbox_agent(
             ScriptedChatModel(steps=steps),
             sandbox=LocalProvider(Path(root)),

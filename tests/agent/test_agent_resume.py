@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-from agent_helpers import ask, local_provider, thread
+from agent_helpers import ask, local_provider, run_phase, thread
 
 from agent import LocalProvider, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
-
-WORKER = Path(__file__).with_name("resume_worker.py")
-
-
-def run_phase(*args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_path: Path) -> None:

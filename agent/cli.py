@@ -1,0 +1,121 @@
+"""``python -m agent "TASK" --model provider:model``: run an agent in a sandbox, showing its steps.
+
+Each step is printed as it happens: what the model says, the tool calls it makes, their results
+(first lines), and the todo list when it changes. Threads are kept in SQLite (``--db``, by
+default under ``$XDG_STATE_HOME/sandboxes-agent/``), so ``--thread ID`` continues one later,
+in the same sandbox, from a new process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+__all__ = ["KEY_VARIABLES", "main", "missing_key"]
+
+KEY_VARIABLES = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "google_genai": "GOOGLE_API_KEY",
+    "google_vertexai": "GOOGLE_APPLICATION_CREDENTIALS",
+    "mistralai": "MISTRAL_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "xai": "XAI_API_KEY",
+    "fireworks": "FIREWORKS_API_KEY",
+    "together": "TOGETHER_API_KEY",
+    "cohere": "COHERE_API_KEY",
+}
+"""The environment variable holding each provider's key (``ollama`` needs none)."""
+
+RESULT_LINES = 8
+
+
+def missing_key(model: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The variable to set for ``provider:model``, when it is not set."""
+    provider = model.split(":", 1)[0] if ":" in model else ""
+    variable = KEY_VARIABLES.get(provider)
+    return variable if variable is not None and not environ.get(variable) else None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__.split("\n")[0])
+    parser.add_argument("task", help="what the agent should do")
+    parser.add_argument("--model", required=True, help="provider:model, e.g. openai:gpt-4.1 or anthropic:claude-...")
+    parser.add_argument("--sandbox", default="local", help="local, docker, or the sandbox service's URL")
+    parser.add_argument("--thread", help="continue this thread (printed by an earlier run)")
+    parser.add_argument("--db", help="SQLite file or postgresql:// URL for threads and memories")
+    parser.add_argument("--release", choices=["end", "ttl"], default="ttl", help="end the sandbox when the run ends")
+    return parser
+
+
+def _short(text: str, lines: int = RESULT_LINES) -> str:
+    kept = text.splitlines()
+    more = len(kept) - lines
+    return "\n".join(kept[:lines] + ([f"... ({more} more lines)"] if more > 0 else []))
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def show_update(update: Mapping[str, Any], out: TextIO) -> None:
+    """Print what one node added: messages (text, tool calls, results) and todos."""
+    messages: Sequence[BaseMessage] = update.get("messages") or []
+    for message in messages:
+        if isinstance(message, AIMessage):
+            if message.text.strip():
+                print(f"agent: {message.text.strip()}", file=out)
+            for tool_call in message.tool_calls:
+                args = ", ".join(f"{k}={v!r}" for k, v in tool_call["args"].items())
+                print(f"-> {tool_call['name']}({_short(args, 3)})", file=out)
+        elif isinstance(message, ToolMessage):
+            print(f"<- {message.name}:\n{_indent(_short(str(message.content)))}", file=out)
+    todos = update.get("todos")
+    if todos:
+        print("todos:", file=out)
+        for todo in todos:
+            mark = {"completed": "x", "in_progress": ">"}.get(todo.get("status", ""), " ")
+            print(f"  [{mark}] {todo.get('content', '')}", file=out)
+    out.flush()
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    args = _parser().parse_args(argv)
+    variable = missing_key(args.model)
+    if variable is not None:
+        print(f"No key for {args.model}: set {variable} (export {variable}=...)", file=sys.stderr)
+        return 2
+    from agent.graph import create_sandbox_agent, default_state_dir, lifecycle_of
+    from agent.persistence import open_persistence
+
+    thread_id = args.thread or uuid.uuid4().hex[:12]
+    database = args.db or str(default_state_dir() / "agent.sqlite")
+    print(f"thread {thread_id} (continue it with --thread {thread_id})", file=out)
+    with open_persistence(database) as persistence:
+        graph = create_sandbox_agent(
+            args.model,
+            sandbox=args.sandbox,
+            checkpointer=persistence.checkpointer,
+            store=persistence.store,
+            release=args.release,
+        )
+        config = {"configurable": {"thread_id": thread_id}}
+        try:
+            for chunk in graph.stream(
+                {"messages": [{"role": "user", "content": args.task}]}, config, stream_mode="updates"
+            ):
+                for update in chunk.values():
+                    if isinstance(update, Mapping):
+                        show_update(update, out)
+        finally:
+            lifecycle_of(graph).close()
+        state = graph.get_state(config).values
+    print(f"sandbox {state.get('sandbox_id') or '(released)'}", file=out)
+    return 0

@@ -1,0 +1,163 @@
+"""The agent framework's own cost per step, beside the same tool calls made directly on the backend.
+
+An episode is a scripted model (no think time) making one tool call per step (write, read,
+edit, grep, glob, ls, execute, in turn) and then answering. The same calls are then made
+directly on the sandbox, with the same arguments, in the same round, so machine noise hits
+both. What the agent adds per step (model plumbing, middleware, tool node, state reducers,
+the checkpointer if any) is
+
+    overhead per step = (episode time - direct time) / steps
+
+Rows: each backend (LocalSandbox, DockerSandbox) with no checkpointer and with SQLite.
+
+    python benchmarks/bench_agent.py [--rounds N] [--cycles N] [--backends local,docker] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import ok as _ok
+from _common import percentile as _percentile
+from _common import timed as _timed
+
+from agent import FixedSandbox, create_sandbox_agent
+from agent.lifecycle import workdir_of
+from agent.persistence import open_sqlite
+from agent.testing import ScriptedChatModel, call, say
+from sandboxes import protocol as p
+
+TARGET_MS = 5.0
+CONTENT = "alpha\n" + "needle in a haystack\n" * 20
+
+
+def step_calls(workdir: str) -> list[tuple[str, dict[str, Any], Callable[[p.SandboxBackendProtocol], object]]]:
+    """One cycle: (tool name, tool args, the same call made directly)."""
+    path = f"{workdir}/bench.txt"
+    return [
+        ("write_file", {"file_path": "bench.txt", "content": CONTENT}, lambda s: s.write(path, CONTENT)),
+        ("read_file", {"file_path": "bench.txt"}, lambda s: s.read(path, 0, 2000)),
+        (
+            "edit_file",
+            {"file_path": "bench.txt", "old_string": "alpha", "new_string": "omega"},
+            lambda s: s.edit(path, "alpha", "omega"),
+        ),
+        ("grep", {"pattern": "needle"}, lambda s: s.grep("needle", workdir)),
+        ("glob", {"pattern": "*.txt"}, lambda s: s.glob("*.txt", workdir)),
+        ("ls", {}, lambda s: s.ls(workdir)),
+        ("execute", {"command": "true"}, lambda s: s.execute("true", cwd=workdir)),
+    ]
+
+
+@dataclass(frozen=True)
+class Row:
+    backend: str
+    persistence: str
+    steps: int
+    agent_ms_per_step: float
+    direct_ms_per_step: float
+    overhead_ms_per_step: float
+    overhead_p90_ms: float
+
+
+@contextlib.contextmanager
+def sandbox_for(backend: str) -> Iterator[p.SandboxBackendProtocol]:
+    if backend == "local":
+        from sandboxes.local import LocalSandbox
+
+        with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with LocalSandbox(root) as sandbox:
+                yield sandbox
+    elif backend == "docker":
+        from sandboxes.docker import DockerSandbox
+
+        with DockerSandbox.create() as sandbox:
+            yield sandbox
+    else:
+        raise SystemExit(f"unknown backend {backend!r}")
+
+
+@contextlib.contextmanager
+def checkpointer_for(persistence: str) -> Iterator[Any]:
+    if persistence == "none":
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as directory, open_sqlite(Path(directory) / "bench.sqlite") as stored:
+        yield stored.checkpointer
+
+
+def one_round(sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int, round_no: int) -> tuple[float, float]:
+    """Milliseconds of one episode and of the same calls made directly."""
+    calls = step_calls(workdir_of(sandbox)) * cycles
+    script = [say("", call(name, **args)) for name, args, _ in calls] + [say("done")]
+    graph = create_sandbox_agent(
+        ScriptedChatModel(steps=script), sandbox=FixedSandbox(sandbox), checkpointer=checkpointer
+    )
+    config = {"configurable": {"thread_id": f"bench-{round_no}"}}
+    _ok(sandbox.write(f"{workdir_of(sandbox)}/bench.txt", CONTENT))
+    agent_ms = _timed(lambda: graph.invoke({"messages": [{"role": "user", "content": "bench"}]}, config))
+    _ok(sandbox.write(f"{workdir_of(sandbox)}/bench.txt", CONTENT))
+    direct_ms = _timed(lambda: [_ok(direct(sandbox)) for _, _, direct in calls])
+    return agent_ms, direct_ms
+
+
+def measure(backend: str, persistence: str, rounds: int, cycles: int) -> Row:
+    steps = len(step_calls("/")) * cycles + 1
+    with sandbox_for(backend) as sandbox, checkpointer_for(persistence) as checkpointer:
+        one_round(sandbox, checkpointer, 1, -1)  # warm up: imports, exec helper, tables
+        samples = [one_round(sandbox, checkpointer, cycles, n) for n in range(rounds)]
+    overheads = [(agent - direct) / steps for agent, direct in samples]
+    return Row(
+        backend=backend,
+        persistence=persistence,
+        steps=steps,
+        agent_ms_per_step=statistics.median(a for a, _ in samples) / steps,
+        direct_ms_per_step=statistics.median(d for _, d in samples) / steps,
+        overhead_ms_per_step=statistics.median(overheads),
+        overhead_p90_ms=_percentile(overheads, 0.9),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cycles", type=int, default=3, help="times the 7 tool calls repeat per episode")
+    parser.add_argument("--backends", default="local,docker")
+    parser.add_argument("--persistence", default="none,sqlite")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [
+        measure(backend, persistence, args.rounds, args.cycles)
+        for backend in args.backends.split(",")
+        for persistence in args.persistence.split(",")
+    ]
+    if args.json:
+        json.dump([asdict(r) for r in rows], sys.stdout, indent=2)
+        print()
+        return
+    print(f"agent overhead per step (median of {args.rounds} rounds; target < {TARGET_MS} ms)")
+    header = (
+        f"{'backend':8} {'persistence':11} {'steps':>5} {'agent ms':>9} {'direct ms':>9} {'overhead':>9} {'p90':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r.backend:8} {r.persistence:11} {r.steps:5} {r.agent_ms_per_step:9.2f} {r.direct_ms_per_step:9.2f} "
+            f"{r.overhead_ms_per_step:9.2f} {r.overhead_p90_ms:7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

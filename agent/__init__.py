@@ -18,6 +18,7 @@ from agent.lifecycle import (
     SandboxHook,
     SandboxMiddleware,
     SandboxProvider,
+    SSHProvider,
 )
 from agent.memory import MemoryMiddleware, SkillsMiddleware
 from agent.patch import PatchToolCallsMiddleware
@@ -36,6 +37,7 @@ __all__ = [
     "MemoryMiddleware",
     "PatchToolCallsMiddleware",
     "RemoteProvider",
+    "SSHProvider",
     "SandboxAgentState",
     "SandboxHook",
     "SandboxMiddleware",

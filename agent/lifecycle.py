@@ -41,6 +41,7 @@ __all__ = [
     "LocalProvider",
     "ReleasePolicy",
     "RemoteProvider",
+    "SSHProvider",
     "SandboxAgentState",
     "SandboxHook",
     "SandboxMiddleware",
@@ -143,6 +144,33 @@ class DockerProvider(SandboxProvider):
         sandbox.close()  # type: ignore[attr-defined]
 
 
+class SSHProvider(SandboxProvider):
+    """`SSHSandbox`es from `sandboxes.providers.ssh.SSHProvider` (placement over its hosts).
+
+    An SSH sandbox's id (``ssh:<host>:<port>:<workspace>``) names its host and workspace, which
+    is all `attach` needs in another process."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+
+    def create(self) -> p.SandboxBackendProtocol:
+        sandbox: p.SandboxBackendProtocol = self.provider.create()
+        return sandbox
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        kind, host, port, workspace = [*sandbox_id.split(":", 3), "", "", ""][:4]
+        if kind != "ssh" or not workspace.startswith("/"):
+            raise LookupError(f"not an SSH sandbox id: {sandbox_id!r}")
+        sandbox: p.SandboxBackendProtocol = self.provider.attach(f"{host}:{port}", workspace)
+        return sandbox
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.destroy()  # type: ignore[attr-defined]
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.close()  # type: ignore[attr-defined]
+
+
 class RemoteProvider(SandboxProvider):
     """Sandboxes of the sandbox service, through `sandboxes.client` (``ttl`` in seconds)."""
 
@@ -193,8 +221,9 @@ def workdir_of(sandbox: p.SandboxBackendProtocol) -> str:
         return str(root)
     config = getattr(sandbox, "config", None)
     workdir = getattr(config, "workdir", None)
-    if not isinstance(workdir, str):
-        workdir = getattr(sandbox, "workdir", None)
+    for attribute in ("workspace", "workdir"):  # SSHSandbox, RemoteSandbox
+        if not isinstance(workdir, str):
+            workdir = getattr(sandbox, attribute, None)
     return workdir if isinstance(workdir, str) and workdir.startswith("/") else "/"
 
 

@@ -13,10 +13,13 @@ from agent_helpers import FileEpisode, ask, thread, tool_results
 from conftest import SESSION_OWNER
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agent import DockerProvider, RemoteProvider, create_sandbox_agent, lifecycle_of
+from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_agent, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.docker import DockerSandboxConfig
 from sandboxes.providers.docker import DockerProvider as Docker
+from sandboxes.providers.ssh import SSHProvider as SSH
+from sandboxes.providers.ssh import SSHProviderConfig
+from sandboxes.ssh import UserPoolError
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from service_harness import KEYS, running, settings_for
@@ -36,7 +39,18 @@ def remote_provider(tmp_path: Path) -> Iterator[RemoteProvider]:
         provider.client.close()
 
 
-def episode_then_reattach(provider: DockerProvider | RemoteProvider) -> str:
+@pytest.fixture
+def ssh_provider(docker_client: Any, tmp_path: Path) -> Iterator[SSHProvider]:
+    from ssh_fixtures import start_vm
+
+    vm = start_vm(tmp_path / "ssh")
+    try:
+        yield SSHProvider(SSH(SSHProviderConfig(hosts=[vm.host_config()], workspace_root="/tmp/agent-ws")))
+    finally:
+        vm.stop()
+
+
+def episode_then_reattach(provider: DockerProvider | RemoteProvider | SSHProvider) -> str:
     """The file episode, then the same thread from a fresh agent (an empty registry, as in a new
     process) reattaches to the sandbox by the id in its checkpoint. Returns the sandbox id."""
     checkpointer = InMemorySaver()
@@ -74,6 +88,13 @@ def test_episode_through_the_service_and_reattach(remote_provider: RemoteProvide
     sandbox_id = episode_then_reattach(remote_provider)
     with pytest.raises(NotFound):
         remote_provider.client.get(sandbox_id)
+
+
+def test_episode_on_ssh_and_reattach(ssh_provider: SSHProvider) -> None:
+    sandbox_id = episode_then_reattach(ssh_provider)
+    assert sandbox_id.startswith("ssh:127.0.0.1:")
+    with pytest.raises(UserPoolError, match="no workspace"):  # released: its workspace is gone
+        ssh_provider.attach(sandbox_id)
 
 
 def test_large_results_and_scratch_through_the_service(remote_provider: RemoteProvider) -> None:

@@ -294,7 +294,7 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         if not isinstance(result, ToolMessage) or request.tool_call["name"] in self.unevicted:
             return result
         text = result.content if isinstance(result.content, str) else None
-        if text is None or len(text) <= limit:
+        if text is None or len(text) <= max(limit, 4 * PREVIEW_CHARS):  # a preview would not be shorter
             return result
         path = f"{self.layout.large_results.rstrip('/')}/{_safe_name(result.tool_call_id)}"
         try:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from agent_helpers import ask, local_provider, tool_results
+from pathlib import Path
+
+from agent_helpers import ask, local_provider, thread, tool_results
 from langchain_core.messages import HumanMessage
 
 from agent import LocalProvider, SubAgent, create_sandbox_agent, lifecycle_of
+from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 
 # Each subagent creates its flag, then waits for the other's: both finish only if they run at
@@ -48,7 +51,9 @@ def test_subagents_run_in_parallel_in_the_parents_sandbox(local_provider: LocalP
     assert lifecycle_of(graph).live == (state["sandbox_id"],)
 
 
-def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(local_provider: LocalProvider) -> None:
+def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(
+    local_provider: LocalProvider, tmp_path: Path
+) -> None:
     helper = ScriptedChatModel(
         steps=[say("", call("write_file", file_path="/scratch/found.md", content="42")), say("wrote it")]
     )
@@ -56,16 +61,32 @@ def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(local_
     wrong = call("task", description="x", subagent_type="nobody")
     read = call("read_file", file_path="/scratch/found.md")
     main = ScriptedChatModel(steps=[say("", task, wrong), say("", read), say("ok")])
-    graph = create_sandbox_agent(
-        main,
-        sandbox=local_provider,
-        subagents=[SubAgent("general-purpose", "override", "You help.", model=helper)],
-    )
-    state = graph.invoke(ask("go"))
+    with open_sqlite(tmp_path / "agent.sqlite") as persistence:  # subagents under a checkpointer too
+        graph = create_sandbox_agent(
+            main,
+            sandbox=local_provider,
+            subagents=[SubAgent("general-purpose", "override", "You help.", model=helper)],
+            checkpointer=persistence.checkpointer,
+        )
+        state = graph.invoke(ask("go"), thread())
     results = tool_results(state)
     assert results[task["id"]] == "wrote it"
     assert results[wrong["id"]].startswith("Error (invalid_argument): no subagent 'nobody'")
     assert results[read["id"]] == "     1\t42"
+
+
+async def test_an_async_episode_with_a_subagent(local_provider: LocalProvider) -> None:
+    helper = ScriptedChatModel(steps=[say("", call("execute", command="echo from-sub > sub.txt")), say("sub ok")])
+    task = call("task", description="write sub.txt", subagent_type="helper")
+    show = call("execute", command="cat sub.txt")
+    main = ScriptedChatModel(steps=[say("", task), say("", show), say("done")])
+    graph = create_sandbox_agent(
+        main, sandbox=local_provider, subagents=[SubAgent("helper", "helps", "Help.", model=helper)]
+    )
+    state = await graph.ainvoke(ask("go"))
+    results = tool_results(state)
+    assert results[task["id"]] == "sub ok"
+    assert results[show["id"]] == "from-sub\n[exit code 0]"
 
 
 __all__ = ["local_provider"]  # the fixture, used by name

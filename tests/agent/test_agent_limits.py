@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 from agent_helpers import ask, local_provider, thread, tool_results
-from langchain.agents.middleware import ModelCallLimitMiddleware, ModelFallbackMiddleware, ToolCallLimitMiddleware
+from langchain.agents.middleware import (
+    ModelCallLimitMiddleware,
+    ModelFallbackMiddleware,
+    SummarizationMiddleware,
+    ToolCallLimitMiddleware,
+    ToolRetryMiddleware,
+)
 from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -62,6 +68,45 @@ def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: Lo
     assert broken.calls == 2
     assert backup.calls == 2
     assert (local_provider.root / state["sandbox_id"] / "f.txt").read_text() == "x"
+
+
+def test_tool_retry_retries_a_flaky_user_tool(local_provider: LocalProvider) -> None:
+    attempts: list[int] = []
+
+    def flaky(n: int) -> str:
+        """Fails twice, then answers."""
+        attempts.append(n)
+        if len(attempts) < 3:
+            raise ConnectionError("flaky")
+        return f"got {n}"
+
+    use = call("flaky", n=7)
+    graph = create_sandbox_agent(
+        ScriptedChatModel(steps=[say("", use), say("ok")]),
+        sandbox=local_provider,
+        tools=[flaky],
+        middleware=[ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False, retry_on=(ConnectionError,))],
+    )
+    state = graph.invoke(ask("try"))
+    assert tool_results(state)[use["id"]] == "got 7"
+    assert attempts == [7, 7, 7]
+
+
+def test_summarization_compacts_a_long_history(local_provider: LocalProvider) -> None:
+    steps = [say("", call("execute", command=f"echo {i}")) for i in range(6)] + [say("finished")]
+    summarizer = ScriptedChatModel(steps=[say("SUMMARY: six echoes")], repeat_last=True)
+    model = ScriptedChatModel(steps=steps)
+    graph = create_sandbox_agent(
+        model,
+        sandbox=local_provider,
+        middleware=[SummarizationMiddleware(summarizer, trigger=("messages", 8), keep=("messages", 4))],
+    )
+    state = graph.invoke(ask("echo six times"))
+    assert state["messages"][-1].content == "finished"
+    assert summarizer.calls >= 1
+    last_request = model.requests[-1]
+    assert any("SUMMARY: six echoes" in str(m.content) for m in last_request)
+    assert len(last_request) < 1 + 1 + 2 * 6  # system + history: shorter than the full 6 steps
 
 
 __all__ = ["local_provider"]  # the fixture, used by name

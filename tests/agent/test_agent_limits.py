@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from agent_helpers import ask, local_provider, thread, tool_results
 from langchain.agents.middleware import (
+    ClearToolUsesEdit,
+    ContextEditingMiddleware,
     ModelCallLimitMiddleware,
     ModelFallbackMiddleware,
     SummarizationMiddleware,
@@ -12,6 +14,7 @@ from langchain.agents.middleware import (
     ToolRetryMiddleware,
 )
 from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededError
+from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agent import LocalProvider, create_sandbox_agent
@@ -107,6 +110,22 @@ def test_summarization_compacts_a_long_history(local_provider: LocalProvider) ->
     last_request = model.requests[-1]
     assert any("SUMMARY: six echoes" in str(m.content) for m in last_request)
     assert len(last_request) < 1 + 1 + 2 * 6  # system + history: shorter than the full 6 steps
+
+
+def test_context_editing_clears_old_tool_results_from_the_request(local_provider: LocalProvider) -> None:
+    steps = [say("", call("execute", command=f"echo result-{i}")) for i in range(4)] + [say("finished")]
+    model = ScriptedChatModel(steps=steps)
+    graph = create_sandbox_agent(
+        model,
+        sandbox=local_provider,
+        middleware=[ContextEditingMiddleware(edits=[ClearToolUsesEdit(trigger=1, keep=1)])],
+    )
+    state = graph.invoke(ask("echo"))
+    sent = " ".join(str(m.content) for m in model.requests[-1])
+    assert "result-3" in sent  # the latest result is kept
+    assert "result-0" not in sent  # older ones were cleared from what the model saw
+    kept = [str(m.content) for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert "result-0\n[exit code 0]" in kept  # the thread's own history is untouched
 
 
 __all__ = ["local_provider"]  # the fixture, used by name

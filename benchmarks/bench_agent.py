@@ -8,7 +8,9 @@ the checkpointer if any) is
 
     overhead per step = (episode time - direct time) / steps
 
-Rows: each backend (LocalSandbox, DockerSandbox) with no checkpointer and with SQLite.
+Rows: each backend (LocalSandbox, DockerSandbox) with no checkpointer, with SQLite saving every
+step (langgraph's default durability), and with SQLite saving only when the run stops
+(``durability="exit"``: an interrupt or a crash mid-run loses the steps since the last save).
 
     python benchmarks/bench_agent.py [--rounds N] [--cycles N] [--backends local,docker] [--json]
 """
@@ -93,11 +95,15 @@ def checkpointer_for(persistence: str) -> Iterator[Any]:
     if persistence == "none":
         yield None
         return
+    if persistence not in ("sqlite", "sqlite-exit"):
+        raise SystemExit(f"unknown persistence {persistence!r}")
     with tempfile.TemporaryDirectory() as directory, open_sqlite(Path(directory) / "bench.sqlite") as stored:
         yield stored.checkpointer
 
 
-def one_round(sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int, round_no: int) -> tuple[float, float]:
+def one_round(
+    sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int, round_no: int, durability: str = "async"
+) -> tuple[float, float]:
     """Milliseconds of one episode and of the same calls made directly."""
     calls = step_calls(workdir_of(sandbox)) * cycles
     script = [say("", call(name, **args)) for name, args, _ in calls] + [say("done")]
@@ -106,7 +112,8 @@ def one_round(sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int,
     )
     config = {"configurable": {"thread_id": f"bench-{round_no}"}}
     _ok(sandbox.write(f"{workdir_of(sandbox)}/bench.txt", CONTENT))
-    agent_ms = _timed(lambda: graph.invoke({"messages": [{"role": "user", "content": "bench"}]}, config))
+    task = {"messages": [{"role": "user", "content": "bench"}]}
+    agent_ms = _timed(lambda: graph.invoke(task, config, durability=durability))  # type: ignore[arg-type]
     _ok(sandbox.write(f"{workdir_of(sandbox)}/bench.txt", CONTENT))
     direct_ms = _timed(lambda: [_ok(direct(sandbox)) for _, _, direct in calls])
     return agent_ms, direct_ms
@@ -114,9 +121,10 @@ def one_round(sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int,
 
 def measure(backend: str, persistence: str, rounds: int, cycles: int) -> Row:
     steps = len(step_calls("/")) * cycles + 1
+    durability = "exit" if persistence.endswith("-exit") else "async"
     with sandbox_for(backend) as sandbox, checkpointer_for(persistence) as checkpointer:
-        one_round(sandbox, checkpointer, 1, -1)  # warm up: imports, exec helper, tables
-        samples = [one_round(sandbox, checkpointer, cycles, n) for n in range(rounds)]
+        one_round(sandbox, checkpointer, 1, -1, durability)  # warm up: imports, exec helper, tables
+        samples = [one_round(sandbox, checkpointer, cycles, n, durability) for n in range(rounds)]
     overheads = [(agent - direct) / steps for agent, direct in samples]
     return Row(
         backend=backend,
@@ -134,7 +142,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cycles", type=int, default=3, help="times the 7 tool calls repeat per episode")
     parser.add_argument("--backends", default="local,docker")
-    parser.add_argument("--persistence", default="none,sqlite")
+    parser.add_argument("--persistence", default="none,sqlite,sqlite-exit")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = [

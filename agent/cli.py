@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, RemoveMessage, ToolMessage
 
 __all__ = ["KEY_VARIABLES", "main", "missing_key"]
 
@@ -68,6 +68,9 @@ def _indent(text: str, prefix: str = "    ") -> str:
 def show_update(update: Mapping[str, Any], out: TextIO) -> None:
     """Print what one node added: messages (text, tool calls, results) and todos."""
     messages: Sequence[BaseMessage] = update.get("messages") or []
+    if any(isinstance(m, RemoveMessage) for m in messages):  # the whole history, rewritten
+        print("(history rewritten: unanswered tool calls marked cancelled)", file=out)
+        messages = []
     for message in messages:
         if isinstance(message, AIMessage):
             if message.text.strip():

@@ -3,6 +3,7 @@ OpenAI chat-completions wire format; and the ``python -m agent`` command over th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import ask, local_provider, tool_results
+from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
 from langchain_openai import ChatOpenAI
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from openai_wire import ScriptedOpenAI, reply, tool_call
 
 from agent import LocalProvider, create_sandbox_agent
-from agent.cli import missing_key
+from agent.cli import missing_key, show_update
 
 
 @pytest.fixture(autouse=True)
@@ -111,6 +114,35 @@ def test_the_command_names_the_missing_key(tmp_path: Path) -> None:
     assert "set ANTHROPIC_API_KEY" in done.stderr
     assert missing_key("openai:gpt", {"OPENAI_API_KEY": "k"}) is None
     assert missing_key("ollama:llama3", {}) is None
+
+
+def test_show_update_prints_calls_results_todos_and_not_a_rewritten_history() -> None:
+    out = io.StringIO()
+    show_update(
+        {
+            "messages": [
+                AIMessage(
+                    "looking", tool_calls=[{"name": "ls", "args": {"path": "/w"}, "id": "1", "type": "tool_call"}]
+                ),
+                ToolMessage("\n".join(f"f{i}" for i in range(20)), tool_call_id="1", name="ls"),
+            ],
+            "todos": [{"content": "list", "status": "completed"}, {"content": "read", "status": "pending"}],
+        },
+        out,
+    )
+    assert out.getvalue().splitlines() == [
+        "agent: looking",
+        "-> ls(path='/w')",
+        "<- ls:",
+        *[f"    f{i}" for i in range(8)],
+        "    ... (12 more lines)",
+        "todos:",
+        "  [x] list",
+        "  [ ] read",
+    ]
+    out = io.StringIO()
+    show_update({"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), AIMessage("old")]}, out)
+    assert out.getvalue() == "(history rewritten: unanswered tool calls marked cancelled)\n"
 
 
 __all__ = ["local_provider"]

@@ -13,7 +13,7 @@ priority that places it (larger is outer, as in seed 002):
  50  `FilesystemMiddleware`      the file and execute tools; evicts large results
  40  `SubAgentMiddleware`        ``task`` (general-purpose plus ``subagents``)
  20  the caller's middleware     unless it has a ``priority`` attribute of its own
- 10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: it sees the final tool calls
+ 10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: reviews calls right after the model
 ===  ==========================  ==========================================================
 
 Ties keep the order given (defaults before the caller's). Middleware that implements

@@ -270,12 +270,16 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         return self._adopt(self.provider.attach(sandbox_id))
 
     def _adopt(self, sandbox: p.SandboxBackendProtocol) -> p.SandboxBackendProtocol:
+        workdir = workdir_of(sandbox)  # may ask the service: not under the lock
         with self._lock:
             existing = self._live.get(sandbox.id)
-            if existing is not None:
-                return existing
-            self._live[sandbox.id] = sandbox
-            self._workdirs[sandbox.id] = workdir_of(sandbox)
+            if existing is None:
+                self._live[sandbox.id] = sandbox
+                self._workdirs[sandbox.id] = workdir
+        if existing is not None:  # another call attached it first: keep one handle
+            if existing is not sandbox:
+                self.provider.detach(sandbox)
+            return existing
         self._run_hooks("on_sandbox_start", sandbox, reversed(self.hooks))
         return sandbox
 

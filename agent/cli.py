@@ -65,27 +65,34 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
-def show_update(update: Mapping[str, Any], out: TextIO) -> None:
-    """Print what one node added: messages (text, tool calls, results) and todos."""
+def update_lines(update: Mapping[str, Any]) -> list[str]:
+    """What one node added, as lines: messages (text, tool calls, results) and todos."""
+    lines: list[str] = []
     messages: Sequence[BaseMessage] = update.get("messages") or []
     if any(isinstance(m, RemoveMessage) for m in messages):  # the whole history, rewritten
-        print("(history rewritten: unanswered tool calls marked cancelled)", file=out)
-        messages = []
+        return ["(history rewritten: unanswered tool calls marked cancelled)"]
     for message in messages:
         if isinstance(message, AIMessage):
             if message.text.strip():
-                print(f"agent: {message.text.strip()}", file=out)
+                lines.append(f"agent: {message.text.strip()}")
             for tool_call in message.tool_calls:
                 args = ", ".join(f"{k}={v!r}" for k, v in tool_call["args"].items())
-                print(f"-> {tool_call['name']}({_short(args, 3)})", file=out)
+                lines.append(f"-> {tool_call['name']}({_short(args, 3)})")
         elif isinstance(message, ToolMessage):
-            print(f"<- {message.name}:\n{_indent(_short(str(message.content)))}", file=out)
+            lines.extend(f"<- {message.name}:\n{_indent(_short(str(message.content)))}".splitlines())
     todos = update.get("todos")
     if todos:
-        print("todos:", file=out)
+        lines.append("todos:")
         for todo in todos:
             mark = {"completed": "x", "in_progress": ">"}.get(todo.get("status", ""), " ")
-            print(f"  [{mark}] {todo.get('content', '')}", file=out)
+            lines.append(f"  [{mark}] {todo.get('content', '')}")
+    return lines
+
+
+def show_update(update: Mapping[str, Any], out: TextIO, depth: int = 0) -> None:
+    """Print one node's update; a subagent's (``depth`` > 0) indented under its ``task`` call."""
+    for line in update_lines(update):
+        print("  | " * depth + line, file=out)
     out.flush()
 
 
@@ -111,12 +118,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         )
         config = {"configurable": {"thread_id": thread_id}}
         try:
-            for chunk in graph.stream(
-                {"messages": [{"role": "user", "content": args.task}]}, config, stream_mode="updates"
-            ):
+            task = {"messages": [{"role": "user", "content": args.task}]}
+            for namespace, chunk in graph.stream(task, config, stream_mode="updates", subgraphs=True):
                 for update in chunk.values():
                     if isinstance(update, Mapping):
-                        show_update(update, out)
+                        show_update(update, out, depth=len(namespace))
         finally:
             lifecycle_of(graph).close()
         state = graph.get_state(config).values

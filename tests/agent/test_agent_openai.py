@@ -74,6 +74,9 @@ def test_the_command_shows_steps_and_resumes_a_thread(tmp_path: Path) -> None:
     first_script = [
         reply(None, tool_call("t1", "write_todos", todos=todos)),
         reply(None, tool_call("t2", "write_file", file_path="result.txt", content="forty-two\n")),
+        reply(None, tool_call("t4", "task", description="check result.txt", subagent_type="general-purpose")),
+        reply(None, tool_call("s1", "read_file", file_path="result.txt")),  # the subagent's steps
+        reply("It says forty-two."),
         reply("Done: result.txt holds the answer."),
     ]
     with ScriptedOpenAI(first_script) as server:
@@ -85,6 +88,9 @@ def test_the_command_shows_steps_and_resumes_a_thread(tmp_path: Path) -> None:
     assert "todos:\n  [x] write the file\n  [>] check it" in out
     assert "-> write_file(file_path='result.txt'" in out
     assert "<- write_file:\n    Wrote 10 characters to " in out
+    assert "  | -> read_file(file_path='result.txt')" in out
+    assert "  | <- read_file:\n  |          1\tforty-two" in out
+    assert "<- task:\n    It says forty-two." in out
     assert "agent: Done: result.txt holds the answer." in out
     sandbox_line = out.splitlines()[-1]
     assert sandbox_line.startswith("sandbox local-")
@@ -143,6 +149,9 @@ def test_show_update_prints_calls_results_todos_and_not_a_rewritten_history() ->
     out = io.StringIO()
     show_update({"messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), AIMessage("old")]}, out)
     assert out.getvalue() == "(history rewritten: unanswered tool calls marked cancelled)\n"
+    out = io.StringIO()
+    show_update({"messages": [AIMessage("inside a subagent")]}, out, depth=1)
+    assert out.getvalue() == "  | agent: inside a subagent\n"
 
 
 __all__ = ["local_provider"]

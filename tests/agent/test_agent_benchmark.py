@@ -38,3 +38,4 @@ def test_reports_a_row_per_backend_and_persistence() -> None:
         assert row["steps"] == 8
         assert row["agent_ms_per_step"] > 0
         assert row["direct_ms_per_step"] > 0
+        assert row["bare_ms_per_step"] > 0

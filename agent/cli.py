@@ -102,15 +102,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if variable is not None:
         print(f"No key for {args.model}: set {variable} (export {variable}=...)", file=sys.stderr)
         return 2
+    from langchain.chat_models import init_chat_model
+
     from agent.graph import create_sandbox_agent, default_state_dir, lifecycle_of
     from agent.persistence import open_persistence
+
+    try:
+        model = init_chat_model(args.model)
+    except ImportError as exc:  # the provider's integration package is not installed
+        print(f"Cannot use {args.model}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # not a provider:model langchain knows
+        print(f"Cannot use {args.model}: {exc}", file=sys.stderr)
+        return 2
 
     thread_id = args.thread or uuid.uuid4().hex[:12]
     database = args.db or str(default_state_dir() / "agent.sqlite")
     print(f"thread {thread_id} (continue it with --thread {thread_id})", file=out)
     with open_persistence(database) as persistence:
         graph = create_sandbox_agent(
-            args.model,
+            model,
             sandbox=args.sandbox,
             checkpointer=persistence.checkpointer,
             store=persistence.store,

@@ -119,6 +119,16 @@ def test_the_command_names_the_missing_key(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "set ANTHROPIC_API_KEY" in done.stderr
     assert missing_key("openai:gpt", {"OPENAI_API_KEY": "k"}) is None
+    unknown = subprocess.run(
+        [sys.executable, "-m", "agent", "task", "--model", "nosuch:model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("Cannot use nosuch:model: Unable to infer model provider")
+    assert "Traceback" not in unknown.stderr
     assert missing_key("ollama:llama3", {}) is None
 
 

@@ -3,12 +3,14 @@
 Each step is printed as it happens: what the model says, the tool calls it makes, their results
 (first lines), and the todo list when it changes. Threads are kept in SQLite (``--db``, by
 default under ``$XDG_STATE_HOME/sandboxes-agent/``), so ``--thread ID`` continues one later,
-in the same sandbox, from a new process.
+in the same sandbox, from a new process. ``--approve execute`` asks on stdin before each
+command (``y``, ``n reason``, or ``e {"command": "..."}`` to run another one).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import uuid
@@ -52,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--thread", help="continue this thread (printed by an earlier run)")
     parser.add_argument("--db", help="SQLite file or postgresql:// URL for threads and memories")
     parser.add_argument("--release", choices=["end", "ttl"], default="ttl", help="end the sandbox when the run ends")
+    parser.add_argument(
+        "--approve", action="append", default=[], metavar="TOOL", help="ask before each call of TOOL (repeatable)"
+    )
     return parser
 
 
@@ -96,23 +101,51 @@ def show_update(update: Mapping[str, Any], out: TextIO, depth: int = 0) -> None:
     out.flush()
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+def ask_decision(request: Mapping[str, Any], answers: TextIO, out: TextIO) -> dict[str, Any]:
+    """One HITL decision read from ``answers``: ``y``, ``n [why]`` or ``e {json args}``."""
+    args = json.dumps(request.get("args", {}))
+    print(f"approve {request.get('name')} {args}? [y / n reason / e {{json args}}] ", end="", file=out)
+    out.flush()
+    line = answers.readline()
+    answer = line.strip()
+    print(answer, file=out)
+    if answer.lower() in ("y", "yes"):
+        return {"type": "approve"}
+    if answer.startswith("e ") or answer.startswith("e{"):
+        try:
+            edited = json.loads(answer[1:].strip())
+        except json.JSONDecodeError as exc:
+            print(f"not JSON ({exc}): rejected", file=out)
+        else:
+            return {"type": "edit", "edited_action": {"name": request.get("name"), "args": edited}}
+    reason = answer[1:].strip() if answer.lower().startswith("n") else answer
+    return {"type": "reject", "message": reason or ("no answer" if not line else "rejected")}
+
+
+def _resume_value(interrupts: Sequence[Any], answers: TextIO, out: TextIO) -> Any:
+    """The resume payload: the decisions of one interrupt, or of each by its id."""
+    values = {
+        interrupt.id: {"decisions": [ask_decision(r, answers, out) for r in interrupt.value["action_requests"]]}
+        for interrupt in interrupts
+    }
+    return next(iter(values.values())) if len(values) == 1 else values
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: TextIO = sys.stdin) -> int:
     args = _parser().parse_args(argv)
     variable = missing_key(args.model)
     if variable is not None:
         print(f"No key for {args.model}: set {variable} (export {variable}=...)", file=sys.stderr)
         return 2
     from langchain.chat_models import init_chat_model
+    from langgraph.types import Command
 
     from agent.graph import create_sandbox_agent, default_state_dir, lifecycle_of
     from agent.persistence import open_persistence
 
     try:
         model = init_chat_model(args.model)
-    except ImportError as exc:  # the provider's integration package is not installed
-        print(f"Cannot use {args.model}: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # not a provider:model langchain knows
+    except (ImportError, ValueError) as exc:  # no integration package; not a provider:model langchain knows
         print(f"Cannot use {args.model}: {exc}", file=sys.stderr)
         return 2
 
@@ -126,14 +159,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             checkpointer=persistence.checkpointer,
             store=persistence.store,
             release=args.release,
+            interrupt_on={name: True for name in args.approve} or None,
         )
         config = {"configurable": {"thread_id": thread_id}}
+        payload: Any = {"messages": [{"role": "user", "content": args.task}]}
         try:
-            task = {"messages": [{"role": "user", "content": args.task}]}
-            for namespace, chunk in graph.stream(task, config, stream_mode="updates", subgraphs=True):
-                for update in chunk.values():
-                    if isinstance(update, Mapping):
-                        show_update(update, out, depth=len(namespace))
+            while True:
+                for namespace, chunk in graph.stream(payload, config, stream_mode="updates", subgraphs=True):
+                    for update in chunk.values():
+                        if isinstance(update, Mapping):
+                            show_update(update, out, depth=len(namespace))
+                interrupts = graph.get_state(config).interrupts
+                if not interrupts:
+                    break
+                payload = Command(resume=_resume_value(interrupts, answers, out))
         finally:
             lifecycle_of(graph).close()
         state = graph.get_state(config).values

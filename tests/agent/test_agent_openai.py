@@ -49,7 +49,7 @@ def test_an_episode_through_chat_openai(local_provider: LocalProvider) -> None:
     assert (local_provider.root / state["sandbox_id"] / "hello.py").read_text() == "print('hi from openai')\n"
 
 
-def run_cli(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(tmp_path: Path, url: str, *args: str, answers: str = "") -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "OPENAI_API_KEY": "test-key",
@@ -63,6 +63,7 @@ def run_cli(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess
         [sys.executable, "-m", "agent", *args, "--model", "openai:gpt-scripted"],
         capture_output=True,
         text=True,
+        input=answers,
         env=env,
         timeout=120,
         check=False,
@@ -162,6 +163,29 @@ def test_show_update_prints_calls_results_todos_and_not_a_rewritten_history() ->
     out = io.StringIO()
     show_update({"messages": [AIMessage("inside a subagent")]}, out, depth=1)
     assert out.getvalue() == "  | agent: inside a subagent\n"
+
+
+def test_the_command_asks_before_approved_tools(tmp_path: Path) -> None:
+    script = [
+        reply(None, tool_call("x1", "execute", command="echo one > a.txt")),
+        reply(None, tool_call("x2", "execute", command="echo two > b.txt")),
+        reply(None, tool_call("x3", "execute", command="echo three > c.txt")),
+        reply("Three asked, two ran."),
+    ]
+    answers = 'y\nn too risky\ne {"command": "echo edited > c.txt"}\n'
+    with ScriptedOpenAI(script) as server:
+        done = run_cli(tmp_path, server.url, "three files", "--approve", "execute", answers=answers)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert 'approve execute {"command": "echo one > a.txt"}? [y / n reason / e {json args}] y' in out
+    assert "n too risky" in out
+    assert "agent: Three asked, two ran." in out
+    workdir = tmp_path / "state" / "sandboxes-agent" / "local" / out.splitlines()[-1].removeprefix("sandbox ")
+    assert (workdir / "a.txt").read_text() == "one\n"
+    assert not (workdir / "b.txt").exists()
+    assert (workdir / "c.txt").read_text() == "edited\n"
+    rejected = [m for m in server.requests[2]["messages"] if m.get("tool_call_id") == "x2"]
+    assert "too risky" in rejected[0]["content"]
 
 
 __all__ = ["local_provider"]

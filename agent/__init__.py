@@ -8,7 +8,7 @@ middleware stack in one documented order (`agent.graph`).
 
 from agent._system import append_to_system_message
 from agent.backends import FileRecord, GraphStateBackend, StoreBackend, merge_files
-from agent.graph import create_sandbox_agent, lifecycle_of, order_middleware
+from agent.graph import create_sandbox_agent, lifecycle_of, middleware_of, order_middleware
 from agent.lifecycle import (
     DockerProvider,
     FixedSandbox,
@@ -18,6 +18,7 @@ from agent.lifecycle import (
     SandboxHook,
     SandboxMiddleware,
     SandboxProvider,
+    SSHProvider,
 )
 from agent.memory import MemoryMiddleware, SkillsMiddleware
 from agent.patch import PatchToolCallsMiddleware
@@ -36,6 +37,7 @@ __all__ = [
     "MemoryMiddleware",
     "PatchToolCallsMiddleware",
     "RemoteProvider",
+    "SSHProvider",
     "SandboxAgentState",
     "SandboxHook",
     "SandboxMiddleware",
@@ -51,5 +53,6 @@ __all__ = [
     "filesystem_tools",
     "lifecycle_of",
     "merge_files",
+    "middleware_of",
     "order_middleware",
 ]

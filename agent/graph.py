@@ -13,7 +13,7 @@ priority that places it (larger is outer, as in seed 002):
  50  `FilesystemMiddleware`      the file and execute tools; evicts large results
  40  `SubAgentMiddleware`        ``task`` (general-purpose plus ``subagents``)
  20  the caller's middleware     unless it has a ``priority`` attribute of its own
- 10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: it sees the final tool calls
+ 10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: reviews calls right after the model
 ===  ==========================  ==========================================================
 
 Ties keep the order given (defaults before the caller's). Middleware that implements
@@ -55,7 +55,14 @@ from agent.tools import DEFAULT_LARGE_RESULT_CHARS, FilesystemMiddleware
 from agent.workspace import Layout, WorkspaceFactory
 from sandboxes import protocol as p
 
-__all__ = ["USER_PRIORITY", "create_sandbox_agent", "lifecycle_of", "order_middleware", "priority_of"]
+__all__ = [
+    "USER_PRIORITY",
+    "create_sandbox_agent",
+    "lifecycle_of",
+    "middleware_of",
+    "order_middleware",
+    "priority_of",
+]
 
 GENERAL_PURPOSE_DESCRIPTION = "General-purpose agent for multi-step tasks, with your tools."
 BASE_PROMPT = "You are an agent that gets things done with tools in a sandbox. Be concise; check your work."
@@ -67,6 +74,7 @@ HITL_PRIORITY = 10
 SandboxSpec = SandboxProvider | SandboxMiddleware | p.SandboxBackendProtocol | str
 
 _LIFECYCLES: weakref.WeakKeyDictionary[Any, SandboxMiddleware] = weakref.WeakKeyDictionary()
+_STACKS: weakref.WeakKeyDictionary[Any, tuple[AgentMiddleware[Any, Any], ...]] = weakref.WeakKeyDictionary()
 
 
 def priority_of(middleware: object, default: int = USER_PRIORITY) -> int:
@@ -111,6 +119,11 @@ def provider_for(spec: str | SandboxProvider | p.SandboxBackendProtocol) -> Sand
 def lifecycle_of(graph: Any) -> SandboxMiddleware:
     """The `SandboxMiddleware` of a graph made by `create_sandbox_agent` (to release or close)."""
     return _LIFECYCLES[graph]
+
+
+def middleware_of(graph: Any) -> tuple[AgentMiddleware[Any, Any], ...]:
+    """The middleware stack of a graph made by `create_sandbox_agent`, outermost first."""
+    return _STACKS[graph]
 
 
 def create_sandbox_agent(
@@ -193,6 +206,7 @@ def create_sandbox_agent(
         name=name,
     )
     _LIFECYCLES[graph] = lifecycle
+    _STACKS[graph] = tuple(stack)
     return graph
 
 

@@ -12,8 +12,9 @@ run finishes (a run stopped by an interrupt has not finished, so it keeps its sa
 ``release="ttl"`` never releases it: `release` ends it explicitly, and otherwise the provider's
 TTL does (the service's sandbox TTL, a Docker provider's sweep).
 
-Start/stop hooks follow seed 002's stack: hooks are ordered by ``priority`` (larger is outer);
-``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in reverse.
+Start/stop hooks follow seed 002's stack: hooks are in stack order (larger ``priority`` is
+outer); ``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in
+reverse, so what started last stops first.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "LocalProvider",
     "ReleasePolicy",
     "RemoteProvider",
+    "SSHProvider",
     "SandboxAgentState",
     "SandboxHook",
     "SandboxMiddleware",
@@ -142,6 +144,33 @@ class DockerProvider(SandboxProvider):
         sandbox.close()  # type: ignore[attr-defined]
 
 
+class SSHProvider(SandboxProvider):
+    """`SSHSandbox`es from `sandboxes.providers.ssh.SSHProvider` (placement over its hosts).
+
+    An SSH sandbox's id (``ssh:<host>:<port>:<workspace>``) names its host and workspace, which
+    is all `attach` needs in another process."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+
+    def create(self) -> p.SandboxBackendProtocol:
+        sandbox: p.SandboxBackendProtocol = self.provider.create()
+        return sandbox
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        kind, host, port, workspace = [*sandbox_id.split(":", 3), "", "", ""][:4]
+        if kind != "ssh" or not workspace.startswith("/"):
+            raise LookupError(f"not an SSH sandbox id: {sandbox_id!r}")
+        sandbox: p.SandboxBackendProtocol = self.provider.attach(f"{host}:{port}", workspace)
+        return sandbox
+
+    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.destroy()  # type: ignore[attr-defined]
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
+        sandbox.close()  # type: ignore[attr-defined]
+
+
 class RemoteProvider(SandboxProvider):
     """Sandboxes of the sandbox service, through `sandboxes.client` (``ttl`` in seconds)."""
 
@@ -192,8 +221,9 @@ def workdir_of(sandbox: p.SandboxBackendProtocol) -> str:
         return str(root)
     config = getattr(sandbox, "config", None)
     workdir = getattr(config, "workdir", None)
-    if not isinstance(workdir, str):
-        workdir = getattr(sandbox, "workdir", None)
+    for attribute in ("workspace", "workdir"):  # SSHSandbox, RemoteSandbox
+        if not isinstance(workdir, str):
+            workdir = getattr(sandbox, attribute, None)
     return workdir if isinstance(workdir, str) and workdir.startswith("/") else "/"
 
 
@@ -218,14 +248,16 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         super().__init__()
         self.provider = provider
         self.release_policy: ReleasePolicy = release
-        self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority)
+        self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority, reverse=True)
+        """Outermost first, like a middleware stack."""
         self._live: dict[str, p.SandboxBackendProtocol] = {}
         self._workdirs: dict[str, str] = {}
         self._lock = threading.Lock()
         self.tools = []
 
     def add_hooks(self, hooks: Iterable[SandboxHook]) -> None:
-        self.hooks = sorted([*self.hooks, *hooks], key=hook_priority)
+        """Hooks of an ordered stack, outermost first (`create_sandbox_agent` passes its stack's)."""
+        self.hooks = [*self.hooks, *hooks]
 
     # ------------------------------------------------------------------ the registry
 
@@ -238,13 +270,17 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         return self._adopt(self.provider.attach(sandbox_id))
 
     def _adopt(self, sandbox: p.SandboxBackendProtocol) -> p.SandboxBackendProtocol:
+        workdir = workdir_of(sandbox)  # may ask the service: not under the lock
         with self._lock:
             existing = self._live.get(sandbox.id)
-            if existing is not None:
-                return existing
-            self._live[sandbox.id] = sandbox
-            self._workdirs[sandbox.id] = workdir_of(sandbox)
-        self._run_hooks("on_sandbox_start", sandbox, self.hooks)
+            if existing is None:
+                self._live[sandbox.id] = sandbox
+                self._workdirs[sandbox.id] = workdir
+        if existing is not None:  # another call attached it first: keep one handle
+            if existing is not sandbox:
+                self.provider.detach(sandbox)
+            return existing
+        self._run_hooks("on_sandbox_start", sandbox, reversed(self.hooks))
         return sandbox
 
     def _forget(self, sandbox_id: str) -> p.SandboxBackendProtocol | None:
@@ -252,7 +288,7 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
             sandbox = self._live.pop(sandbox_id, None)
             self._workdirs.pop(sandbox_id, None)
         if sandbox is not None:
-            self._run_hooks("on_sandbox_stop", sandbox, reversed(self.hooks))
+            self._run_hooks("on_sandbox_stop", sandbox, self.hooks)
         return sandbox
 
     def workdir(self, sandbox_id: str) -> str:

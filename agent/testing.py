@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 __all__ = ["ScriptExhausted", "ScriptedChatModel", "Step", "call", "say"]
 
@@ -47,7 +47,7 @@ class ScriptedChatModel(BaseChatModel):
     ``requests`` records every message list it was called with; ``tools`` the tool names bound.
     """
 
-    steps: list[Any]
+    steps: list[Any] = Field(repr=False)
     repeat_last: bool = False
     """Answer the last step forever (benchmarks) instead of raising `ScriptExhausted`."""
 

@@ -45,6 +45,8 @@ EXECUTE_PROMPT = ", and `execute` to run shell commands in the sandbox"
 
 DEFAULT_LARGE_RESULT_CHARS = 80_000
 PREVIEW_CHARS = 2_000
+MAX_TIMEOUT = 3600.0
+"""The longest timeout the model may ask ``execute`` for, in seconds."""
 LINE_CHARS = 5_000
 """Lines longer than this are cut in ``read_file`` output (the page stays bounded)."""
 
@@ -125,6 +127,9 @@ def _grep(ws: Workspace, pattern: str, path: str | None, glob: str | None) -> st
 def _execute(ws: Workspace, command: str, timeout: float | None) -> str:
     if ws.sandbox is None:
         return render_error(p.INVALID_ARGUMENT, "this workspace cannot run commands")
+    if timeout is not None and not 0 < timeout <= MAX_TIMEOUT:
+        # 0 would mean no timeout at all for the backend: never the model's choice.
+        return render_error(p.INVALID_ARGUMENT, f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
     response = ws.sandbox.execute(command, timeout=timeout, cwd=ws.workdir)
     parts = [response.output.rstrip("\n")] if response.output else []
     if response.truncated:
@@ -294,7 +299,7 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         if not isinstance(result, ToolMessage) or request.tool_call["name"] in self.unevicted:
             return result
         text = result.content if isinstance(result.content, str) else None
-        if text is None or len(text) <= limit:
+        if text is None or len(text) <= max(limit, 4 * PREVIEW_CHARS):  # a preview would not be shorter
             return result
         path = f"{self.layout.large_results.rstrip('/')}/{_safe_name(result.tool_call_id)}"
         try:

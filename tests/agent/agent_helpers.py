@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
+import warnings
+from pathlib import Path
 from typing import Any
 
+import pytest
 from langchain_core.messages import ToolMessage
 
-from agent import lifecycle_of
+from agent import LocalProvider, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes import protocol as p
 
@@ -72,3 +78,25 @@ class FileEpisode:
         assert read_text(sandbox, f"{workdir}/out.txt") == "from-sh\n"
         assert sandbox.execute("cat src/util.py", cwd=workdir).output == "x = 1  # TODO\n"
         assert state["messages"][-1].content == "done"
+
+
+@pytest.fixture
+def local_provider(tmp_path: Path) -> LocalProvider:
+    """Sandboxes in a temporary directory. (A fixture here, not in a conftest.py: a second
+    conftest module would replace the root one that other tests import by name.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NotIsolatedWarning where bwrap is missing
+        return LocalProvider(tmp_path / "sandboxes")
+
+
+WORKER = Path(__file__).with_name("resume_worker.py")
+"""Runs one phase of a resumed thread in a fresh process."""
+
+
+def run_phase(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from agent_helpers import FileEpisode, ask, thread, tool_results
+from agent_helpers import FileEpisode, ask, local_provider, thread, tool_results
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
@@ -113,10 +113,11 @@ def test_backend_failures_reach_the_model_as_messages(local_provider: LocalProvi
     dup_edit = call("edit_file", file_path="x.txt", old_string="a", new_string="b")
     bad_path = call("write_file", file_path="/scratch/../..//\x00", content="z")
     failing = call("execute", command="echo oops >&2; exit 3")
+    endless = call("execute", command="sleep 1000", timeout=0)
     model = ScriptedChatModel(
         steps=[
             say("", call("write_file", file_path="x.txt", content="a a\n")),
-            say("", bad_edit, dup_edit, bad_path, failing),
+            say("", bad_edit, dup_edit, bad_path, failing, endless),
             say("ok"),
         ]
     )
@@ -127,6 +128,7 @@ def test_backend_failures_reach_the_model_as_messages(local_provider: LocalProvi
     assert results[dup_edit["id"]].startswith("Error (multiple_occurrences): ")
     assert results[bad_path["id"]].startswith("Error (invalid_path): ")
     assert results[failing["id"]] == "oops\n[exit code 3]"
+    assert results[endless["id"]] == "Error (invalid_argument): timeout must be more than 0 and at most 3600 seconds"
     assert all("Traceback" not in text for text in results.values())
 
 
@@ -147,3 +149,6 @@ def test_an_unreachable_sandbox_is_an_error_message_not_a_crash(tmp_path: Path) 
     assert results[ls["id"]] == "Error (unavailable): ConnectionError: sandbox host went away"
     assert results[run["id"]] == "Error (unavailable): ConnectionError: sandbox host went away"
     assert state["messages"][-1].content == "ok"
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -1,0 +1,58 @@
+"""SandboxMiddleware's registry: one live handle per sandbox however many calls attach at once."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agent_helpers import local_provider
+
+from agent import LocalProvider, SandboxMiddleware
+from sandboxes import protocol as p
+
+
+class SlowAttach(LocalProvider):
+    """Every attach waits until all the callers are inside it, so they overlap for sure."""
+
+    def __init__(self, inner: LocalProvider, parties: int) -> None:
+        super().__init__(inner.root)
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.detached: list[p.SandboxBackendProtocol] = []
+
+    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
+        sandbox = super().attach(sandbox_id)
+        self.barrier.wait()
+        return sandbox
+
+    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
+        self.detached.append(sandbox)
+        super().detach(sandbox)
+
+
+class Starts:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def on_sandbox_start(self, sandbox: Any) -> None:
+        self.started.append(sandbox.id)
+
+    def on_sandbox_stop(self, sandbox: Any) -> None:
+        pass
+
+
+def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: LocalProvider) -> None:
+    sandbox_id = local_provider.create().id
+    provider = SlowAttach(local_provider, parties=4)
+    starts = Starts()
+    lifecycle = SandboxMiddleware(provider, hooks=[starts])
+    with ThreadPoolExecutor(4) as pool:
+        handles = list(pool.map(lambda _: lifecycle.sandbox(sandbox_id), range(4)))
+    assert len({id(h) for h in handles}) == 1
+    assert starts.started == [sandbox_id]
+    assert len(provider.detached) == 3
+    assert all(d is not handles[0] for d in provider.detached)
+    assert lifecycle.live == (sandbox_id,)
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

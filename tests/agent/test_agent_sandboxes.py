@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import FileEpisode, ask, thread, tool_results
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_agent, lifecycle_of

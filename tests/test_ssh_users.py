@@ -105,7 +105,9 @@ def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
     """Whatever a sandbox leaves (a process that escaped its command's group and marker, files
     in /tmp, /run/lock and its home, a POSIX message queue, SysV shared memory, queues and
     semaphores) is gone before the next sandbox gets the same user."""
-    config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-07")  # a pool of one
+    # A pool of one. One exec_command per command: through the exec helper (a subreaper) an
+    # escaped process dies when the next command ends, so only this path can leave one behind.
+    config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-07", use_exec_helper=False)
     first = SSHSandbox.create(config)
     user = first.user
     assert user == "sbx-07"

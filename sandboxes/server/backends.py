@@ -375,6 +375,13 @@ class DockerBackend(Backend):
                 logger.info("reaping container %s (deleted, expired or not a tenant's)", container.id[:12])
                 remove_sandbox(self.client, container.id)
                 continue
+            if container.status != "running" and _workspace_in_memory(self.client, container):
+                logger.warning(
+                    "reaping stopped container %s: its workspace was in memory (disk limit) and is gone",
+                    container.id[:12],
+                )
+                remove_sandbox(self.client, container.id)
+                continue
             if container.status != "running":
                 try:
                     container.start()
@@ -468,6 +475,24 @@ class DockerBackend(Backend):
         if self._client is not None and self._owns_client:
             with contextlib.suppress(Exception):
                 self._client.close()
+
+
+def _workspace_in_memory(client: Any, container: Any) -> bool:
+    """Whether the container's workspace is a tmpfs volume (a template with ``disk``): stopped,
+    it lost its files, and restarting it would hand its tenant an empty workspace as if nothing
+    happened."""
+    import docker.errors
+
+    for mount in container.attrs.get("Mounts") or []:
+        if mount.get("Type") != "volume" or not mount.get("Name"):
+            continue
+        try:
+            options = client.volumes.get(mount["Name"]).attrs.get("Options") or {}
+        except docker.errors.NotFound:  # a volume gone is no workspace to keep
+            continue
+        if options.get("type") == "tmpfs":
+            return True
+    return False
 
 
 def _state_from_labels(container: Any, backend: str) -> SandboxState | None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from agent_helpers import FileEpisode, ask, thread, tool_results
-from support import SESSION_OWNER
 from langgraph.checkpoint.memory import InMemorySaver
+from support import SESSION_OWNER
 
 from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_agent, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say

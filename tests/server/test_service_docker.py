@@ -207,13 +207,21 @@ def test_background_kill_finds_a_command_that_wiped_its_environment(
 # ---------------------------------------------------------------------- kill -9 and reconcile
 
 
+def service_container(docker_client: Any, owner: str, sandbox_id: str) -> str:
+    [container] = docker_client.containers.list(
+        all=True, filters={"label": [f"io.sandboxes.owner={owner}", f"io.sandboxes.sandbox-id={sandbox_id}"]}
+    )
+    return str(container.id)
+
+
 def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
     tmp_path: Path, docker_client: Any, runtime_image: str
 ) -> None:
     owner = f"{SESSION_OWNER}-k9-{uuid.uuid4().hex[:6]}"
     data_dir = tmp_path / "data"
     template = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
-    service = ServiceProcess(subprocess_config(data_dir, owner=owner, templates={"default": template}), tmp_path)
+    templates = {"default": template, "persistent": {**template, "disk": None}}
+    service = ServiceProcess(subprocess_config(data_dir, owner=owner, templates=templates), tmp_path)
     stranger = DockerSandbox.create(
         DockerSandboxConfig(image=runtime_image, owner=owner, labels=CLEANUP), client=docker_client
     )
@@ -228,24 +236,36 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
             renewed = alice.post(f"/v1/sandboxes/{kept['id']}/renew", json={"ttl": 900}).json()
             stateless = create(alice, ttl=300, labels={"role": "stateless"})
             doomed = create(alice, ttl=2)
+            # Stopped while the service is down (an engine restart): a workspace in memory is
+            # gone with its container, so that sandbox must be reaped, never adopted empty; a
+            # persistent volume survives and its sandbox is restarted.
+            in_memory = create(alice, ttl=300)
+            persistent = create(alice, template="persistent", ttl=300)
+            for stopped in (in_memory, persistent):
+                execute(alice, stopped["id"], "echo kept > /workspace/file.txt")
         (data_dir / "state" / f"{stateless['id']}.json").unlink()  # as if killed before writing it
         service.kill()
+        for stopped in (in_memory, persistent):
+            docker_client.containers.get(service_container(docker_client, owner, stopped["id"])).stop(timeout=1)
         time.sleep(2.2)
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}
-            assert set(listed) == {kept["id"], stateless["id"]}
+            assert set(listed) == {kept["id"], stateless["id"], persistent["id"]}
+            assert execute(alice, persistent["id"], "cat /workspace/file.txt")["output"] == "kept\n"
+            assert alice.get(f"/v1/sandboxes/{in_memory['id']}").status_code == 404
             assert listed[kept["id"]]["expires_at"] == pytest.approx(renewed["expires_at"])  # not the label's
             assert listed[stateless["id"]]["labels"] == {"role": "stateless"}  # from the container's labels
             assert execute(alice, kept["id"], "cat /workspace/file.txt")["output"] == "persisted\n"
             assert alice.get(f"/v1/sandboxes/{doomed['id']}").status_code == 404
         remaining = docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
-        assert sorted(c.labels["io.sandboxes.sandbox-id"] for c in remaining) == sorted([kept["id"], stateless["id"]])
+        expected = sorted([kept["id"], stateless["id"], persistent["id"]])
+        assert sorted(c.labels["io.sandboxes.sandbox-id"] for c in remaining) == expected
         with pytest.raises(docker.errors.NotFound):
             docker_client.containers.get(stranger.id)  # our owner, no tenant: orphaned, reaped
         docker_client.containers.get(neighbour.id)  # another owner's: untouched
         with service.client("alice") as alice:
-            for sandbox_id in (kept["id"], stateless["id"]):
+            for sandbox_id in (kept["id"], stateless["id"], persistent["id"]):
                 assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
         assert not docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
     finally:

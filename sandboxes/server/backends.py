@@ -433,12 +433,49 @@ class DockerBackend(Backend):
         safe = rewrite_for_container(archive, uid=uid, gid=gid, **archive_limits(self.settings))
         try:
             _make_dir(sandbox, checked)
-            getattr(sandbox, "container").put_archive(checked, safe)  # noqa: B009
+            self._untar_as_user(sandbox, checked, safe)
         except docker.errors.APIError as exc:
             logger.warning("put_archive into %s refused: %s", checked, exc.explanation)
             raise ServiceError("permission_denied", f"cannot extract into {checked}") from exc
         finally:
             safe.close()
+
+    def _untar_as_user(self, sandbox: BaseSandbox, dest: str, tar: IO[bytes]) -> None:
+        """Extract ``tar`` into ``dest`` with ``tar -x`` running as the sandbox user, not
+        through the daemon's ``put_archive``, which extracts as root and follows the
+        symlinks the sandbox made (``/workspace/sub -> /etc`` then a member ``sub/x`` wrote
+        ``/etc/x`` into the read-only root): the kernel checks every write as the sandbox's
+        own. It also writes where the sandbox may write on a tmpfs (``/tmp``), which
+        ``put_archive`` refuses under a read-only root."""
+        from sandboxes._docker_io import ExecSocket
+
+        container = getattr(sandbox, "container")  # noqa: B009
+        user = getattr(sandbox, "config").user  # noqa: B009 - DockerSandboxConfig
+        api = self.client.api
+        command = ["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner", "--no-overwrite-dir"]
+        exec_id = api.exec_create(container.id, command, user=user, stdin=True, stdout=True, stderr=True)["Id"]
+        stream = ExecSocket(api.exec_start(exec_id, socket=True))
+        try:
+            with contextlib.suppress(OSError):  # tar gave up early: its status says why
+                while chunk := tar.read(CHUNK):
+                    stream.send(chunk)
+            stream.shutdown_write()
+            while stream.recv(CHUNK):
+                pass
+        finally:
+            stream.close()
+        status = api.exec_inspect(exec_id).get("ExitCode")
+        if status == 0:
+            return
+        errors = bytes(stream.stderr[:4000]).decode("utf-8", "replace")
+        logger.warning("tar -x into %s exited %s: %s", dest, status, errors)
+        if "Permission denied" in errors or "Read-only file system" in errors:
+            raise ServiceError("permission_denied", f"{dest}: the sandbox may not write part of the archive there")
+        if "No space left" in errors:
+            raise ServiceError("invalid_request", f"{dest}: no space left")
+        if "Not a directory" in errors or "Cannot mkdir" in errors:
+            raise ServiceError("not_a_directory", f"{dest}: a member's directory is a file in the sandbox")
+        raise ServiceError("invalid_request", f"the archive could not be extracted into {dest}")
 
     def check_ready(self) -> None:
         self.client.ping()

@@ -121,7 +121,12 @@ def _submitted(
             if on_end is not None:
                 on_end()
 
-    return asyncio.get_running_loop().run_in_executor(executor, run)
+    try:
+        return asyncio.get_running_loop().run_in_executor(executor, run)
+    except BaseException:  # never submitted (the pool is shut down): nothing will call on_end
+        if on_end is not None:
+            on_end()
+        raise
 
 
 async def _client_gone(receive: Receive) -> None:

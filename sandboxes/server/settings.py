@@ -76,11 +76,14 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
+    max_process_output: str = "256m"
+    """Output the tenant's background processes may hold in the service's memory, across its
+    sandboxes (each sandbox also has the service's ``max_process_output_bytes``)."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more is refused with ``rate_limited`` (429) until one ends."""
 
-    @field_validator("max_memory")
+    @field_validator("max_memory", "max_process_output")
     @classmethod
     def _memory_parses(cls, value: str) -> str:
         parse_memory(value)
@@ -89,6 +92,10 @@ class TenantPolicy(_Frozen):
     @property
     def max_memory_bytes(self) -> int:
         return parse_memory(self.max_memory)
+
+    @property
+    def max_process_output_bytes(self) -> int:
+        return parse_memory(self.max_process_output)
 
 
 class ServiceSettings(BaseSettings):

@@ -25,7 +25,11 @@ BUDGET = 1 << 20
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     settings = settings_for(
         tmp_path_factory.mktemp("quotas"),
-        tenants={"alice": TenantPolicy(max_commands=CAP), "bob": TenantPolicy(max_commands=CAP)},
+        tenants={
+            "alice": TenantPolicy(max_commands=CAP),
+            "bob": TenantPolicy(max_commands=CAP),
+            "tiny": TenantPolicy(max_process_output=str(BUDGET)),
+        },
         worker_threads=THREADS,
         command_threads=THREADS,
         max_output_bytes=512 << 10,
@@ -126,6 +130,36 @@ def test_background_output_is_held_within_the_sandbox_budget(service: Running) -
             assert all("budget" in info["result"]["message"] for info in dropped)
         finally:
             alice.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def _run_to_end(client: httpx.Client, sandbox_id: str, command: str) -> str:
+    started = client.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": command})
+    assert started.status_code == 202, started.text
+    poll = f"/v1/sandboxes/{sandbox_id}/processes/{started.json()['id']}"
+    _wait_for(lambda: client.get(poll).json()["status"] == "exited")
+    return poll
+
+
+def test_background_output_is_held_within_the_tenant_budget(service: Running) -> None:
+    """Two sandboxes of one tenant, each within its own budget, together past the tenant's:
+    the tenant's oldest finished output is dropped, in the other sandbox."""
+    command = "head -c 400000 /dev/zero | tr '\\0' a"
+    with service.client("tiny") as tiny:
+        first, second = create(tiny), create(tiny)
+        try:
+            oldest = _run_to_end(tiny, first["id"], command)
+            middle = _run_to_end(tiny, second["id"], command)
+            newest = _run_to_end(tiny, second["id"], command)
+            assert tiny.get(middle).json()["output"] == "a" * 400_000
+            assert tiny.get(newest).json()["output"] == "a" * 400_000
+            dropped = tiny.get(oldest).json()
+            assert (dropped["output"], dropped["status"], dropped["result"]["exit_code"]) == ("", "exited", 0)
+            assert "the tenant's budget" in dropped["result"]["message"]
+        finally:
+            tiny.delete(f"/v1/sandboxes/{first['id']}")
+            tiny.delete(f"/v1/sandboxes/{second['id']}")
+        # a deleted sandbox's processes no longer count
+        assert service.app.state.service.registry._ledgers["tiny"].held() == 0
 
 
 def test_running_processes_share_the_budget(service: Running) -> None:

@@ -145,9 +145,10 @@ class ServiceSettings(BaseSettings):
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls (file operations, archives, lifecycle)."""
     command_threads: int = Field(default=256, gt=0)
-    """Threads for commands (execute and streamed): each running command holds one for its
-    duration, so tenants' ``max_commands`` together should stay under it. Apart from
-    `worker_threads`, so file operations never wait behind commands."""
+    """Threads for commands that are waited on by a thread (local sandboxes; Docker ones whose
+    exec helper is not up yet: on Docker commands are otherwise awaited and hold none). Each
+    holds one for its duration, so tenants' ``max_commands`` together should stay under it.
+    Apart from `worker_threads`, so file operations never wait behind commands."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

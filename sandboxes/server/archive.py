@@ -66,7 +66,7 @@ def _os_error(exc: OSError, path: str) -> ServiceError:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return ServiceError("permission_denied", f"{path}: permission denied")
     if exc.errno == errno.ENOSPC:
-        return ServiceError("invalid_request", f"{path}: no space left")
+        return ServiceError("no_space", f"{path}: no space left")
     return ServiceError("invalid_request", f"{path}: {exc.strerror or 'cannot be written'}")
 
 

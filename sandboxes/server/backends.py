@@ -472,7 +472,7 @@ class DockerBackend(Backend):
         if "Permission denied" in errors or "Read-only file system" in errors:
             raise ServiceError("permission_denied", f"{dest}: the sandbox may not write part of the archive there")
         if "No space left" in errors:
-            raise ServiceError("invalid_request", f"{dest}: no space left")
+            raise ServiceError("no_space", f"{dest}: no space left")
         if "Not a directory" in errors or "Cannot mkdir" in errors:
             raise ServiceError("not_a_directory", f"{dest}: a member's directory is a file in the sandbox")
         raise ServiceError("invalid_request", f"the archive could not be extracted into {dest}")

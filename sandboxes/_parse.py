@@ -20,6 +20,7 @@ _STATUS_CODES: dict[int, p.ErrorCode] = {
     s.EXIT_NO_SPACE: p.NO_SPACE,
     s.EXIT_NOT_REGULAR: p.INVALID_ARGUMENT,
     s.EXIT_TOO_LARGE: p.FILE_TOO_LARGE,
+    s.EXIT_SHORT: p.CONNECTION_LOST,
 }
 
 
@@ -113,7 +114,32 @@ _LINE_NUMBER = re.compile(r"(\d+):")
 
 
 def grep_matches(output: str) -> list[p.GrepMatch]:
-    """Matches from `_scripts.GREP`: candidate names, a newline, then ``path:line:text`` lines.
+    """Matches from `_scripts.GREP`, in either of its two forms."""
+    if output.startswith("=Z\n"):
+        return _nul_named_matches(output[3:])
+    return _candidate_anchored_matches(output)
+
+
+def _nul_named_matches(output: str) -> list[p.GrepMatch]:
+    """``path NUL line:text`` lines (ripgrep's ``--null``): a name ends at its NUL, a text at
+    its newline, and neither can hold the other's terminator."""
+    matches = []
+    pos, end = 0, len(output)
+    while pos < end:
+        nul = output.find("\x00", pos)
+        if nul == -1:
+            break
+        m = _LINE_NUMBER.match(output, nul + 1)
+        newline = output.find("\n", nul + 1)
+        text_end = end if newline == -1 else newline
+        if m is not None:
+            matches.append(p.GrepMatch(output[pos:nul], int(m.group(1)), output[m.end() : text_end]))
+        pos = text_end + 1
+    return matches
+
+
+def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
+    """Candidate names, a newline, then ``path:line:text`` lines.
 
     A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
     followed by ``:<digits>:`` rather than split on the first colon.

@@ -25,6 +25,8 @@ EXIT_CHANGED = 14
 EXIT_NO_SPACE = 15
 EXIT_NOT_REGULAR = 16
 EXIT_TOO_LARGE = 17
+EXIT_SHORT = 18
+"""Fewer bytes arrived than were sent: the stream was cut, so the target was left as it was."""
 EXIT_NO_CWD = 200
 """From `RUN_IN` when the working directory is missing; a user's command may exit 200 too, so
 callers confirm with `CWD_EXISTS` before reporting ``file_not_found``."""
@@ -98,23 +100,57 @@ done
 """Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. Files
 over ``$1`` bytes (``-``: no limit) get status 17 and no content, for a bulk transport."""
 
-_WRITE_ONE = r"""put() {
+_WRITE_ONE = r"""inplace() {
+  [ -e "$1" ] && { [ -L "$1" ] || [ ! -f "$1" ] || [ ! -O "$1" ] || [ ! -w "${1%/*}/." ]; }
+}
+failed() {
+  case $1 in *[Nn]o\ space*) c=15 ;; *) why "$2"; [ "$c" = 10 ] && c=12 ;; esac
+}
+place() {
+  wst=$(stat -c '%s %a %g' -- "$1" "$2" 2>/dev/null)
+  wn=; wm=; wg=; ts=; tm=; tg=
+  { read -r wn wm wg; read -r ts tm tg; } <<EOF
+$wst
+EOF
+  if [ "$wn" != "$3" ]; then rm -f -- "$1"; c=18; return 1; fi
+  if [ -z "$ts" ]; then tm=$(umask); tm=$(printf %o $((0666 & ~0$tm))); fi
+  if [ -n "$tg" ] && [ "$wg" != "$tg" ]; then chgrp "$tg" "$1" 2>/dev/null && wm=; fi
+  [ "$wm" = "$tm" ] || chmod "$tm" "$1" 2>/dev/null || { rm -f -- "$1"; c=12; return 1; }
+  if mv -f -- "$1" "$2" 2>/dev/null; then c=0; return 0; fi
+  rm -f -- "$1"; why "$2"; [ "$c" = 10 ] && c=12; return 1
+}
+put() {
   if [ -d "$1" ]; then c=11; return 1; fi
   prep "$1" || return 1
-  if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
-  case $err in *[Nn]o\ space*) c=15 ;; *) why "$1"; [ "$c" = 10 ] && c=12 ;; esac
-  return 1
+  if inplace "$1"; then
+    if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
+    failed "$err" "$1"; return 1
+  fi
+  if [ -e "$1" ] && [ ! -w "$1" ]; then c=12; return 1; fi
+  wt=${1%/*}/.sandboxes-write.$4
+  if ! err=$(set -C; "$2" 2>&1 >"$wt"); then rm -f -- "$wt"; failed "$err" "$1"; return 1; fi
+  place "$wt" "$1" "$3"
 }
 """
-# `put PATH PRODUCER` writes what the function PRODUCER prints to PATH, leaving in $c why not.
+# `put PATH PRODUCER SIZE TOKEN` writes what the function PRODUCER prints to PATH, leaving in $c
+# why not (its own variables are named w* and t*, so its callers' survive). It is atomic: the
+# bytes go to a new file beside PATH named after TOKEN (random, from the caller: shells in
+# separate pid namespaces share $$), and `place TEMP PATH SIZE` renames it over PATH only once
+# all SIZE bytes are there, with PATH's mode (and group, where we may set it), so a writer
+# killed halfway or a stream cut short leaves the old file whole and never a part of the new
+# one. One `stat` and one `mv` are all it adds to a write: chmod and chgrp run only when needed. Where a rename
+# could not keep what PATH is (`inplace`), the write happens in place as before: a symlink
+# (written through), a device or FIFO, another user's file, or a directory we may not create
+# entries in. New files get the mode the umask gives, not mktemp's 0600.
 
 WRITE = (
     _WRITE_ONE
     + r"""_cat() { cat; }
-put "$1" _cat; exit "$c"
+put "$1" _cat "$2" "$3"; exit "$c"
 """
 )
-"""Write stdin to ``$1`` (creating parents), in place so the file keeps its mode and owner."""
+"""Write stdin (``$2`` bytes) to ``$1``, creating parents; atomically (``$3``: a random token),
+keeping mode and owner."""
 
 CAS_WRITE = (
     _WRITE_ONE
@@ -122,28 +158,30 @@ CAS_WRITE = (
 [ -f "$1" ] || { why "$1"; exit "$c"; }
 cur=$(md5sum < "$1" 2>/dev/null) || exit 12
 case $cur in "$2"*) ;; *) exit 14 ;; esac
-put "$1" _cat; exit "$c"
+put "$1" _cat "$3" "$4"; exit "$c"
 """
 )
-"""Compare-and-swap: write stdin to ``$1`` only if its md5 is still ``$2``."""
+"""Compare-and-swap: write stdin (``$3`` bytes) to ``$1`` only if its md5 is still ``$2`` (``$4``:
+a random token)."""
 
 UPLOAD = (
     _WRITE_ONE
-    + r"""t=$(mktemp 2>/dev/null) || t=$(mktemp -p "${1%/*}" 2>/dev/null) || exit 12
+    + r"""tok=$1; shift
+t=$(mktemp 2>/dev/null) || t=$(mktemp -p "${1%/*}" 2>/dev/null) || exit 12
 trap 'rm -f "$t"' EXIT HUP INT TERM
 cat > "$t" || exit 15
-off=1
+off=1; k=0
 _part() { tail -c "+$off" "$t" 2>/dev/null | head -c "$n"; }
 while [ $# -gt 0 ]; do
-  n=$2
-  put "$1" _part
+  n=$2; k=$((k + 1))
+  put "$1" _part "$n" "$tok.$k"
   printf '%s\n' "$c"
   off=$((off + n)); shift 2
 done
 exit 0
 """
 )
-"""Several files in one stream: ``$1 $2`` = path and byte count, repeated. The stream is spooled
+"""Several files in one stream: a random token, then ``$2 $3`` = path and byte count, repeated. The stream is spooled
 to a temporary file removed on exit, because ``head -c`` on a pipe may read past its count
 (busybox) and would swallow the next file's bytes."""
 
@@ -161,6 +199,38 @@ done
 )
 """Per destination, whether a bulk transport may write it: parents created, status printed."""
 
+COMMIT_STAGED = (
+    _WRITE_ONE
+    + r"""while [ $# -gt 0 ]; do
+  s=$1 f=$2 n=$3; shift 3
+  if [ "$n" = - ]; then rm -f -- "$s"; continue; fi
+  if [ -d "$f" ]; then rm -f -- "$s"; c=11
+  elif [ ! -f "$s" ]; then c=18
+  elif inplace "$f"; then
+    if [ "$(wc -c < "$s")" -ne "$n" ]; then c=18
+    elif err=$(cat -- "$s" 2>&1 >"$f"); then c=0
+    else failed "$err" "$f"; fi
+    rm -f -- "$s"
+  else place "$s" "$f" "$n"; fi
+  printf '%s\n' "$c"
+done
+exit 0
+"""
+)
+"""Put files a bulk transport (tar, SFTP) staged beside their targets in place, atomically:
+``$1 $2 $3`` = staged file, target, expected size, repeated; size ``-`` only removes the staged
+file (its transfer failed) and prints nothing. One status line per committed file."""
+
+STAGE_CHUNK = r"""if [ "$2" = new ]; then
+  : > "$1" 2>/dev/null || { why "$1"; [ "$c" = 10 ] && c=12; exit "$c"; }
+else
+  [ -f "$1" ] || exit 10
+fi
+cat >> "$1" || exit 15
+"""
+"""Append stdin to the staged file ``$1``, created empty first when ``$2`` is ``new``: a big file
+crosses the sandbox's command stream in bounded pieces, then `COMMIT_STAGED` renames it."""
+
 DELETE = r"""f=$1
 if [ ! -e "$f" ] && [ ! -L "$f" ]; then why "$f"; exit "$c"; fi
 rm -rf -- "$f" 2>/dev/null
@@ -176,15 +246,33 @@ exit 0
 """Regular files under ``$1`` (or ``$1`` itself), NUL-terminated; ``$2...`` are extra ``find``
 predicates such as ``( -name *.py )`` that narrow the walk."""
 
-GREP = r"""root=$1; pat=$2; shift 2
+GREP = r"""root=$1; pat=$2; tool=$3; shift 3
 if [ ! -e "$root" ]; then why "$root"; exit "$c"; fi
+for n do case $n in "!"*) tool=find ;; esac; done
+if [ "$tool" = rg ] && [ -d "$root" ] && [ ! -L "$root" ] && command -v rg >/dev/null 2>&1; then
+  for n do set -- "$@" -g "$n"; shift; done
+  printf '=Z\n'
+  rg --no-config -F -n -H --null --no-heading --color never --hidden --no-ignore --no-messages \
+    "$@" -e "$pat" -- "$root"
+  exit 0
+fi
+if [ $# -gt 0 ]; then
+  o="("
+  for n do set -- "$@" "$o" -name "$n"; o=-o; shift; done
+  set -- "$@" ")"
+fi
 find -P "$root" "$@" -type f -print0 2>/dev/null
 printf '\n'
 find -P "$root" "$@" -type f -exec grep -F -n -H -e "$pat" -- {} + 2>/dev/null
 exit 0
 """
-"""The candidate files NUL-terminated (so the parser can tell where a name ends even when it
-holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
+"""Literal matches of ``$2`` under ``$1``; ``$4...`` are basename patterns that narrow the walk.
+
+With ripgrep in the sandbox (``$3`` = ``rg``, a directory root): one process walks and searches,
+its output ``=Z``, then ``path NUL line:text`` lines (no config file, ignore files or hidden-file
+rules apply: it must find what ``find`` finds; binary files are skipped as ``grep`` does).
+Otherwise POSIX tools: the candidate files NUL-terminated (so the parser can tell where a name
+ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
 
 KILL_MARKED = r"""kill_marked() {
   [ -n "$1" ] || return 1  # an empty marker would match every command's processes

@@ -17,8 +17,9 @@ sudoers rule (``images/ssh-vm``); any VM prepared the same way works.
   commands run with ``umask 077``, so what they leave in the shared ``/tmp`` is not readable
   by the others either.
 * Releasing kills every process of the user, removes the workspace, its tmp directory, the
-  user's files in ``/tmp``, ``/var/tmp`` and ``/dev/shm`` and the contents of its home, and
-  only then frees the lease: the next sandbox to get that user inherits nothing. A cleanup that
+  user's files in the shared temporary and lock directories, its POSIX message queues, SysV
+  IPC objects, cron and at jobs and the contents of its home (`_CLEAN_USER`), and only then
+  frees the lease: the next sandbox to get that user inherits nothing. A cleanup that
   fails keeps the lease (the user stays out of the pool) and says why.
 """
 
@@ -54,21 +55,41 @@ exit 13
 """
 """Lease a free member of group ``$1`` and make workspace ``$2`` as that user; prints the user."""
 
+_CLEAN_USER = r"""r=0; while kill -9 -1 2>/dev/null && [ "$r" -lt 50 ]; do r=$((r + 1)); sleep 0.02; done
+rm -rf -- "$1" "$2" || exit 1
+me=$(id -u)
+for d in /tmp /var/tmp /dev/shm /run/lock /var/lock /dev/mqueue; do
+  [ -d "$d" ] && find "$d/" -xdev -mindepth 1 -user "$me" -delete 2>/dev/null
+done
+for kind in shm:m:8:10 msg:q:8:10 sem:s:5:7; do
+  t=${kind%%:*}; rest=${kind#*:}; flag=${rest%%:*}; cols=${rest#*:}
+  [ -r "/proc/sysvipc/$t" ] || continue
+  ids=$(awk -v me="$me" -v u="${cols%:*}" -v c="${cols#*:}" \
+    'NR > 1 && ($u == me || $c == me) { print $2 }' "/proc/sysvipc/$t")
+  for id in $ids; do ipcrm "-$flag" "$id" 2>/dev/null; done
+done
+if command -v crontab >/dev/null 2>&1; then crontab -r 2>/dev/null; fi
+if command -v atq >/dev/null 2>&1; then
+  for j in $(atq 2>/dev/null | awk '{ print $1 }'); do atrm "$j" 2>/dev/null; done
+fi
+case $HOME in /* ) [ "$HOME" != / ] && [ -O "$HOME" ] && find "$HOME" -mindepth 1 -delete ;; esac
+exit 0
+"""
+"""Run as the leased user: kill all its processes, then remove everything it may have left for
+the next holder of the user: workspace ``$1`` and TMPDIR ``$2``; its files in the shared
+temporary and lock directories and POSIX message queues; its SysV shared memory, queues and
+semaphores; its cron and at jobs (where the host has them); the contents of its home."""
+
 _RELEASE = rf"""u=$1; ws=$2; tmp=$3; leases={_LEASES}
 [ -d "$leases/$u" ] || exit 0
 [ "$(cat -- "$leases/$u/workspace" 2>/dev/null)" = "$ws" ] || exit 14
-sudo -n -u "$u" -- /bin/sh -c '
-  r=0; while kill -9 -1 2>/dev/null && [ "$r" -lt 50 ]; do r=$((r + 1)); sleep 0.02; done
-  rm -rf -- "$1" "$2" || exit 1
-  find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
-  case $HOME in /* ) [ "$HOME" != / ] && [ -O "$HOME" ] && find "$HOME" -mindepth 1 -delete ;; esac
-  exit 0' sh "$ws" "$tmp" 2>&1 || exit 15
+sudo -n -u "$u" -- /bin/sh -c "$4" sh "$ws" "$tmp" 2>&1 || exit 15
 rm -rf -- "$leases/$u"
 """
-"""Empty and free the lease of user ``$1`` on workspace ``$2``; a lease already gone is fine
-(idempotent); a lease now held for another workspace is left alone (14). ``kill -1`` from the
-user's own shell reaches every process of the user but that shell (and never sudo, which
-runs as root)."""
+"""Empty and free the lease of user ``$1`` on workspace ``$2`` (``$4`` is `_CLEAN_USER`); a lease
+already gone is fine (idempotent); a lease now held for another workspace is left alone (14).
+``kill -1`` from the user's own shell reaches every process of the user but that shell (and
+never sudo, which runs as root)."""
 
 _OWNER = rf"""ws=$1; leases={_LEASES}
 u=$(stat -c %U -- "$ws") || exit 16
@@ -114,7 +135,7 @@ def lease(run: Run, *, host: str, group: str, workspace: str) -> str:
 
 def release(run: Run, *, host: str, user: str, workspace: str) -> None:
     """Empty ``user`` of everything the sandbox left and free its lease (idempotent)."""
-    status, output = run(_scripts.command(_RELEASE, user, workspace, tmpdir_of(workspace)))
+    status, output = run(_scripts.command(_RELEASE, user, workspace, tmpdir_of(workspace), _CLEAN_USER))
     if status != 0:
         raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
 

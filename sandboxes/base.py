@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,6 +69,10 @@ class BaseSandbox(p.SandboxBackendProtocol):
 
     operation_timeout: float = 300.0
     """Seconds a single file operation may take inside the sandbox before it is killed."""
+
+    search_tools: bool = True
+    """Whether ``grep`` may use ripgrep where the sandbox has it (one process instead of a walk
+    and a search); ``False`` keeps to POSIX ``find`` and ``grep``, which every sandbox has."""
 
     def execute_streaming(
         self,
@@ -162,7 +167,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.WriteResult(*refused_input(exc, file_path))
-        call = _Call(_scripts.command(_scripts.WRITE, path), stdin=content.encode("utf-8"), idempotent=False)
+        data = content.encode("utf-8")
+        command = _scripts.command(_scripts.WRITE, path, str(len(data)), _token())
+        call = _Call(command, stdin=data, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -183,8 +190,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if not isinstance(outcome, Replacement):
             return p.EditResult(*outcome)
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        command = _scripts.command(_scripts.CAS_WRITE, path, digest)
-        call = _Call(command, stdin=outcome.content.encode("utf-8"), idempotent=False)
+        replacement = outcome.content.encode("utf-8")
+        command = _scripts.command(_scripts.CAS_WRITE, path, digest, str(len(replacement)), _token())
+        call = _Call(command, stdin=replacement, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
         return p.EditResult(path=path, occurrences=outcome.occurrences)
@@ -232,9 +240,10 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if "\n" in pattern:  # no line can contain it (grep -F would split it); only check the root
             found = yield from self._find(root, None)
             return p.GrepResult(*found) if isinstance(found, tuple) else p.GrepResult(matches=[])
-        names = basename_prefilter(glob) if glob else None
-        predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
-        call = _Call(_scripts.command(_scripts.GREP, root, pattern, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        names = (basename_prefilter(glob) if glob else None) or []
+        tool = "rg" if self.search_tools else "find"
+        command = _scripts.command(_scripts.GREP, root, pattern, tool, *names)
+        call = _Call(command, output_limit=SEARCH_OUTPUT_LIMIT)
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return p.GrepResult(code, message_for(code, root))
@@ -258,13 +267,15 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if len(valid) == 1:
             index, path, content = valid[0]
-            response = yield _Call(_scripts.command(_scripts.WRITE, path), stdin=content, idempotent=False)
+            command = _scripts.command(_scripts.WRITE, path, str(len(content)), _token())
+            response = yield _Call(command, stdin=content, idempotent=False)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
             args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
             stream = b"".join(content for _, _, content in valid)
-            response = yield _Call(_scripts.command(_scripts.UPLOAD, *args), stdin=stream, idempotent=False)
+            command = _scripts.command(_scripts.UPLOAD, _token(), *args)
+            response = yield _Call(command, stdin=stream, idempotent=False)
             failure = _parse.check(response, valid[0][1])
             if failure is not None:  # the batch could not start (no temp space)
                 statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)
@@ -338,12 +349,33 @@ class BaseSandbox(p.SandboxBackendProtocol):
             for i, r in zip(bulk, prepared, strict=True)
             if r.error is None
         ]
-        outcomes = self._bulk_put([(path, data) for _, path, data in ready]) if ready else []
+        outcomes = self._put_staged([(path, data) for _, path, data in ready]) if ready else []
         for i, response in zip(bulk, prepared, strict=True):
             results[i] = response
         for (i, path, _), code in zip(ready, outcomes, strict=True):
             results[i] = _upload_response(files[i][0], code, path)
         return [results[i] for i in range(len(files))]
+
+    def _put_staged(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        """`_bulk_put` each file under a temporary name beside its target, then rename them all
+        into place in one round trip: a bulk transfer cut halfway (a killed client, a dropped
+        connection) leaves every target as it was, as the inline path does."""
+        staged = [(staging_name(path), data) for path, data in files]
+        outcomes = self._bulk_put(staged)
+        args: list[str] = []
+        for (target, data), (temp, _), code in zip(files, staged, outcomes, strict=True):
+            args += [temp, target, "-" if code is not None else str(len(data))]
+        committed = [i for i, code in enumerate(outcomes) if code is None]
+        try:
+            response = self._run_call(_Call(_scripts.command(_scripts.COMMIT_STAGED, *args), idempotent=False))
+            failure = _parse.check(response, files[0][0])
+            statuses = None if failure is not None else _parse.upload_statuses(response.output, len(committed))
+        except _parse.ScriptFailed as exc:
+            failure, statuses = exc.code, None
+        result = list(outcomes)
+        for position, i in enumerate(committed):
+            result[i] = failure if statuses is None else _parse.code_for_status(statuses[position])
+        return result
 
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         bulk = [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
@@ -450,6 +482,18 @@ def _join_or(groups: list[list[str]]) -> list[str]:
             joined.append("-o")
         joined.extend(group)
     return joined
+
+
+def _token() -> str:
+    """Random enough that two writers never pick the same staging name beside one file."""
+    return uuid.uuid4().hex[:16]
+
+
+def staging_name(path: str) -> str:
+    """A fresh hidden name beside ``path`` for a bulk transfer to fill before it is renamed over
+    ``path`` (beside it, so the rename never crosses a filesystem)."""
+    directory = path.rpartition("/")[0]
+    return f"{directory}/.sandboxes-write.{_token()}"
 
 
 def _upload_response(raw: str, code: p.ErrorCode | None, path: str) -> p.FileUploadResponse:

@@ -31,6 +31,7 @@ from sandboxes._docker_io import ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import StreamingSandbox
+from sandboxes.lifecycle import Lifecycle
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class DockerSandboxConfig(BaseModel):
         return int(uid), int(gid or uid)
 
 
-class DockerSandbox(StreamingSandbox):
+class DockerSandbox(StreamingSandbox, Lifecycle):
     """One container. Thread-safe: many commands and file operations may run at once."""
 
     def __init__(
@@ -149,15 +150,6 @@ class DockerSandbox(StreamingSandbox):
 
         self.close()
         remove_sandbox(self.client, self.container.id)
-
-    def __enter__(self) -> DockerSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.owned:
-            self.destroy()
-        else:
-            self.close()
 
     # ------------------------------------------------------------------ execute
 

@@ -47,6 +47,7 @@ from sandboxes._ssh_connection import (
 )
 from sandboxes._ssh_users import UserPoolError
 from sandboxes.base import BaseSandbox, _Call
+from sandboxes.lifecycle import Lifecycle
 from sandboxes.local import NotIsolatedWarning
 from sandboxes.paths import InvalidPathError, normalize_path
 
@@ -139,7 +140,7 @@ class SSHSandboxConfig(BaseModel):
         return self
 
 
-class SSHSandbox(BaseSandbox):
+class SSHSandbox(BaseSandbox, Lifecycle):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -155,6 +156,7 @@ class SSHSandbox(BaseSandbox):
         self._mux_lock = threading.Lock()
         self._helper_unavailable = not config.use_exec_helper
         self._closed = False
+        self._destroyed = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -182,14 +184,17 @@ class SSHSandbox(BaseSandbox):
 
     @classmethod
     def attach(cls, config: SSHSandboxConfig, workspace: str) -> SSHSandbox:
-        """A sandbox on an existing workspace (of an isolated sandbox: as the user it leased)."""
+        """A sandbox on an existing workspace (of an isolated sandbox: as the user it leased);
+        ``with`` only closes it, `destroy` removes it."""
         workspace = normalize_path(workspace)
         connection = connections.acquire(config.host)
         try:
             user = config.run_as
             if config.isolation == "user":
                 user = _ssh_users.owner(_runner(connection), host=config.host.host, workspace=workspace)
-            return cls(config, workspace, connection, user)
+            attached = cls(config, workspace, connection, user)
+            attached.owned = False
+            return attached
         except Exception:
             connections.release(connection)
             raise
@@ -208,24 +213,31 @@ class SSHSandbox(BaseSandbox):
 
     def destroy(self) -> None:
         """Remove the workspace (idempotent), then close. An isolated sandbox's user is emptied
-        of everything it left (processes, files) and returned to the pool."""
-        if not self._closed:
+        of everything it left (processes, files) and returned to the pool. Works on a closed
+        handle too: it connects again for the cleanup."""
+        if self._destroyed:
+            return
+        self._drop_helper()  # an isolated helper runs as the user, whose processes are about to die
+        connection = connections.acquire(self.config.host) if self._closed else self._connection
+        try:
             if self.config.isolation == "user" and self.user is not None:
-                self._drop_helper()  # it runs as the user, whose processes are all about to die
-                run = _runner(self._connection)
+                run = _runner(connection)
                 _ssh_users.release(run, host=self.config.host.host, user=self.user, workspace=self.workspace)
             else:
-                response = self.execute(_scripts.command('rm -rf -- "$1"', self.workspace), cwd="/")
-                if response.exit_code != 0:
-                    message = response.message or response.output
-                    raise SSHError(f"could not remove workspace {self.workspace}: {message}")
+                remove = _scripts.command('rm -rf -- "$1"', self.workspace)
+                if self.user is not None:
+                    remove = _ssh_users.as_user(remove, self.user, None)
+                try:
+                    _run_simple(connection, remove, timeout=self.operation_timeout)
+                except SSHUnreachableError:
+                    raise
+                except SSHError as exc:
+                    raise SSHError(f"could not remove workspace {self.workspace}: {exc}") from exc
+            self._destroyed = True
+        finally:
+            if self._closed:
+                connections.release(connection)
         self.close()
-
-    def __enter__(self) -> SSHSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
     # ------------------------------------------------------------------ execute
 

@@ -4,7 +4,6 @@ a test session creates, since testcontainers' Ryuk reaper cannot be pulled here.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,9 +13,7 @@ import pytest
 # module imports testcontainers, which reads it once.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-IN_CI = os.environ.get("CI") == "true"
-SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
-"""Owner label of every sandbox this session creates; the session sweeps exactly these."""
+from support import IN_CI, SESSION_OWNER
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ same host keys (they are generated once, on the container's first start).
 from __future__ import annotations
 
 import io
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -15,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from testcontainers.core.container import DockerContainer
 
 from sandboxes.ssh import SSHHostConfig
 
-SSH_VM_IMAGE = "sandboxes/ssh-vm:latest"
+SSH_VM_IMAGE = os.environ.get("SANDBOXES_SSH_VM_IMAGE", "sandboxes/ssh-vm:latest")
+"""The image the test VMs run; override to test a candidate build before retagging it."""
 LOOPBACK = "127.0.0.1"
 
 
@@ -116,7 +118,8 @@ def start_vm(workdir: Path) -> SSHVM:
     container = (
         DockerContainer(SSH_VM_IMAGE)
         .with_env("SSH_AUTHORIZED_KEYS", public)
-        .with_kwargs(labels={"io.sandboxes.test-session": SESSION_OWNER})
+        # NET_ADMIN: the image firewalls its sandbox users at start, and refuses to start without.
+        .with_kwargs(labels={"io.sandboxes.test-session": SESSION_OWNER}, cap_add=["NET_ADMIN"])
     )
     # Loopback only. `with_bind_ports` cannot name a host address in this testcontainers
     # version, but its port map goes to docker-py as is, which takes (address, port).

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_docker.py"
 ROWS = {

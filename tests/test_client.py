@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from sandboxes import protocol as p
 from sandboxes.client import (
@@ -41,12 +42,10 @@ from sandboxes.client import (
 )
 from sandboxes.client.errors import OperationFailed, error_from_response, parse_retry_after
 from sandboxes.semantics import message_for
+from sandboxes.server import app as server_app
+from sandboxes.server.auth import hash_key
+from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy
 from sandboxes.testing import SandboxConformance
-
-uvicorn = pytest.importorskip("uvicorn")
-server_app = pytest.importorskip("sandboxes.server.app")
-from sandboxes.server.auth import hash_key  # noqa: E402
-from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy  # noqa: E402
 
 KEY = "sbx_main_" + uuid.uuid4().hex
 OTHER_KEY = "sbx_other_" + uuid.uuid4().hex

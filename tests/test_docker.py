@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from testcontainers.core.image import DockerImage
 
 from sandboxes import protocol as p
@@ -87,6 +87,9 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
         helper = sandbox._mux
         docker_client.containers.get(sandbox.id).exec_run(["kill", "-9", str(helper.info["pid"])])
         assert sandbox.execute("echo again").output == "again\n"
+        assert sandbox._mux is not None, "answered by the fallback, not a new helper"
+        assert sandbox._mux is not helper
+        assert sandbox._mux.info["pid"] != helper.info["pid"]
 
 
 def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import docker.errors
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.base import BaseSandbox

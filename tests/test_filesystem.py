@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from support import needs
 
 from sandboxes import protocol as p
 from sandboxes.filesystem import FilesystemBackend, FilesystemBackendConfig
@@ -265,8 +266,7 @@ def _as_unprivileged(root: Path, body: str) -> dict[str, object]:
         os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
     script = _UNPRIVILEGED.format(uid=NOBODY, body=body)
     done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=60)
-    if done.returncode == 77:
-        pytest.skip("running as root without CAP_SETUID: cannot drop to an unprivileged user")
+    needs(done.returncode != 77, "running as root without CAP_SETUID: cannot drop to an unprivileged user")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
@@ -363,8 +363,7 @@ result["delete_tree"] = backend.delete("/locked").error
 
 def test_full_disk_is_no_space_and_leaves_nothing_behind(tmp_path: Path) -> None:
     """ENOSPC on a 256 KiB tmpfs mounted in a private mount namespace (needs root)."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare(1) to mount a tiny private tmpfs")
+    needs(shutil.which("unshare") is not None and os.geteuid() == 0, "needs root and unshare(1) to mount a tmpfs")
     mountpoint = tmp_path / "tiny"
     mountpoint.mkdir()
     script = """
@@ -386,8 +385,7 @@ print(json.dumps([small, big, over, upload, kept, sorted(os.listdir(sys.argv[1])
         text=True,
         timeout=60,
     )
-    if done.returncode == 77 or done.stderr.startswith("unshare:"):
-        pytest.skip(f"cannot mount a private tmpfs here: {done.stderr.strip()}")
+    needs(done.returncode != 77 and not done.stderr.startswith("unshare:"), f"cannot mount a tmpfs: {done.stderr}")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [None, p.NO_SPACE, p.NO_SPACE, p.NO_SPACE, "fits\n", ["small.txt"]]
 
@@ -479,7 +477,7 @@ def test_device_nodes_are_never_opened(backend: FilesystemBackend, root: Path) -
     try:
         os.mknod(root / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     except PermissionError:
-        pytest.skip("creating a device node needs CAP_MKNOD")
+        needs(False, "creating a device node needs CAP_MKNOD")
     assert backend.read("/null").error == p.INVALID_ARGUMENT
     assert backend.write("/null", "x").error == p.INVALID_ARGUMENT
     assert stat.S_ISCHR(os.stat(root / "null", follow_symlinks=False).st_mode)  # not replaced

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ssh_fixtures import SSHVM, start_vm
+from ssh_fixtures import SSH_VM_IMAGE, SSHVM, start_vm
+from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.local import NotIsolatedWarning
@@ -102,7 +103,8 @@ def test_a_sandbox_cannot_signal_anothers_processes(pair: tuple[SSHSandbox, SSHS
 
 def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
     """Whatever a sandbox leaves (a process that escaped its command's group and marker, files
-    in /tmp and its home) is gone before the next sandbox gets the same user."""
+    in /tmp, /run/lock and its home, a POSIX message queue, SysV shared memory, queues and
+    semaphores) is gone before the next sandbox gets the same user."""
     config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-07")  # a pool of one
     first = SSHSandbox.create(config)
     user = first.user
@@ -113,7 +115,9 @@ def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
         "setsid -f env -i /bin/sleep 600 </dev/null >/dev/null 2>&1; "
         "for i in $(seq 100); do pid=$(pgrep -x sleep) && "
         '[ "$(ps -o sid= -p "$pid")" != "$(ps -o sid= -p $$)" ] && break; sleep 0.05; done; '
-        "echo left > /tmp/left-by-first; echo left > $HOME/.left-by-first; echo ok"
+        "echo left > /tmp/left-by-first; echo left > $HOME/.left-by-first; "
+        "echo left > /run/lock/left-by-first; touch /dev/mqueue/left-by-first; "
+        "ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null && echo ok"
     )
     assert leftover.output == "ok\n"
     assert first.execute("pgrep -x sleep").exit_code == 0, "the escaped process should outlive its command"
@@ -123,6 +127,12 @@ def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
         assert second.user == user
         assert second.execute("pgrep -x sleep").exit_code == 1
         assert second.execute("ls -A /tmp/left-by-first $HOME/.left-by-first").exit_code != 0
+        owned = second.execute(
+            "me=$(id -u); find /run/lock /dev/mqueue -user $me; "
+            "awk -v me=$me 'NR > 1 && $8 == me' /proc/sysvipc/shm /proc/sysvipc/msg; "
+            "awk -v me=$me 'NR > 1 && $5 == me' /proc/sysvipc/sem"
+        )
+        assert owned.output == "", "the previous holder of the user left IPC objects or lock files"
         assert second.execute(f"test -e {first.workspace}").exit_code == 1
 
 
@@ -224,3 +234,32 @@ class TestSharedUserConformance(SandboxConformance):
     @pytest.fixture
     def base_dir(self, shared_sandbox: SSHSandbox) -> str:
         return shared_sandbox.workspace
+
+
+def test_sandboxes_have_no_network_not_even_the_vms_loopback(pair: tuple[SSHSandbox, SSHSandbox], vm: SSHVM) -> None:
+    """Sandboxes on one VM share its network stack: the image firewalls the pool users, so no
+    sandbox reaches a server on the VM (its sshd here, or one another sandbox would start)."""
+    first, second = pair
+    connect = (
+        "python3 -c 'import socket, sys; s = socket.socket(); s.settimeout(5); "
+        'sys.exit(s.connect_ex(("127.0.0.1", int(sys.argv[1]))))\' '
+    )
+    assert second.execute(connect + "22").exit_code != 0
+    assert first.execute(connect + "22").exit_code != 0
+    login = vm.docker.exec_run(["su", "-s", "/bin/sh", "sandbox", "-c", connect + "22"])
+    assert login.exit_code == 0, "the login user (not a sandbox) still reaches the VM's sshd"
+
+
+def test_a_vm_that_cannot_firewall_its_sandbox_users_refuses_to_start(docker_client: Any) -> None:
+    container = docker_client.containers.run(
+        SSH_VM_IMAGE,
+        detach=True,
+        network_mode="none",
+        environment={"SSH_AUTHORIZED_KEYS": "ssh-ed25519 AAAA test"},
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
+    )
+    try:
+        assert container.wait(timeout=60)["StatusCode"] == 1
+        assert b"cannot firewall the sandbox users" in container.logs()
+    finally:
+        container.remove(force=True)

@@ -16,6 +16,23 @@ if ! grep -q '[^[:space:]]' "$keys"; then
 fi
 unset SSH_AUTHORIZED_KEYS
 
+# The pool users (group `sandboxes`) get no network at all, loopback included: sandboxes sharing
+# this VM must not reach each other's servers, the VM's own services, or the outside. An
+# owner-match rule rejects every socket they send from; it needs CAP_NET_ADMIN (for a container:
+# --cap-add NET_ADMIN). Without it the VM refuses to start, unless SANDBOXES_POOL_NETWORK=allow
+# says the operator accepts that sandboxes here share one network.
+if [ "${SANDBOXES_POOL_NETWORK:-deny}" != allow ]; then
+    for table in iptables ip6tables; do
+        rule="OUTPUT -m owner --gid-owner sandboxes --suppl-groups -j REJECT"
+        # shellcheck disable=SC2086  # the rule is a list of words on purpose
+        $table -C $rule 2>/dev/null || $table -I $rule || {
+            echo "sandboxes-sshd: cannot firewall the sandbox users ($table): run with CAP_NET_ADMIN," \
+                "or set SANDBOXES_POOL_NETWORK=allow to let sandboxes on this VM share its network" >&2
+            exit 1
+        }
+    done
+fi
+
 # Per-container host keys (ssh-keygen -A only creates the missing ones).
 ssh-keygen -A
 

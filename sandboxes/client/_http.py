@@ -87,7 +87,9 @@ class SandboxClient:
         """A new sandbox. Not retried once the request may have been sent: a lost answer would
         otherwise leave an orphan (which the service's TTL sweep then removes)."""
         info = self.call(_ops.create(template, env, ttl, labels))
-        return self.attach(info.id, info=info)
+        from sandboxes.client.remote import RemoteSandbox
+
+        return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
         """A handle on an existing sandbox, without a round trip."""
@@ -221,7 +223,9 @@ class AsyncSandboxClient:
         labels: Mapping[str, str] | None = None,
     ) -> RemoteSandbox:
         info = await self.call(_ops.create(template, env, ttl, labels))
-        return self.attach(info.id, info=info)
+        from sandboxes.client.remote import RemoteSandbox
+
+        return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
         from sandboxes.client.remote import RemoteSandbox

@@ -32,6 +32,7 @@ from sandboxes.client import _wire as w
 from sandboxes.client._bulk import Inline, Outcome, Step, Tarred, plan_uploads, tar_of_one
 from sandboxes.client._http import AsyncSandboxClient, SandboxClient, achunks_of, chunks_of
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
+from sandboxes.lifecycle import Lifecycle
 from sandboxes.semantics import message_for
 from sandboxes.server import api
 
@@ -41,8 +42,9 @@ ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
 _CHUNK = 1 << 16
 
 
-class RemoteSandbox(p.SandboxBackendProtocol):
-    """A sandbox living in the service; ``with`` destroys it on exit."""
+class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
+    """A sandbox living in the service. ``with`` destroys it if this handle created it
+    (`SandboxClient.create`) and only closes it if attached (`SandboxClient.attach`)."""
 
     def __init__(
         self,
@@ -50,8 +52,10 @@ class RemoteSandbox(p.SandboxBackendProtocol):
         client: SandboxClient | AsyncSandboxClient,
         *,
         info: api.SandboxInfo | None = None,
+        owned: bool = False,
     ) -> None:
         self._id = sandbox_id
+        self.owned = owned
         self.info = info
         """The last known lifecycle record (from create, `refresh` or `renew`)."""
         self.config = client.config
@@ -137,18 +141,6 @@ class RemoteSandbox(p.SandboxBackendProtocol):
                 await self._async().delete(self._id)
         finally:
             self.close()
-
-    def __enter__(self) -> RemoteSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
-
-    async def __aenter__(self) -> RemoteSandbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.adestroy()
 
     # ------------------------------------------------------------------ commands
 

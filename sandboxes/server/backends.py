@@ -23,8 +23,10 @@ from typing import IO, Any
 
 from sandboxes import _scripts
 from sandboxes.base import BaseSandbox
+from sandboxes.paths import is_within, normalize_path
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
+from sandboxes.server.extract import extract_through_sandbox
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.store import SandboxState
 from sandboxes.server.streams import CHUNK, ChunkSink, Emit
@@ -432,6 +434,11 @@ class DockerBackend(Backend):
         uid, gid = config.uid_gid
         safe = rewrite_for_container(archive, uid=uid, gid=gid, **archive_limits(self.settings))
         try:
+            if not is_within(checked, normalize_path(config.workdir)):
+                # The engine's archive API cannot write the read-only root or see tmpfs mounts
+                # (/tmp): outside the workspace volume, the sandbox's own user extracts it.
+                extract_through_sandbox(sandbox, checked, safe)
+                return
             _make_dir(sandbox, checked)
             self._untar_as_user(sandbox, checked, safe)
         except docker.errors.APIError as exc:

@@ -3,6 +3,7 @@
 Importing this module needs pytest and hypothesis (extra ``testing``)."""
 
 from sandboxes.testing.conformance import BackendConformance
+from sandboxes.testing.lifecycle_conformance import LifecycleConformance
 from sandboxes.testing.sandbox_conformance import SandboxConformance
 
-__all__ = ["BackendConformance", "SandboxConformance"]
+__all__ = ["BackendConformance", "LifecycleConformance", "SandboxConformance"]

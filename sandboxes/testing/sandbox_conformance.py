@@ -23,9 +23,11 @@ class SandboxConformance(BackendConformance):
         return backend
 
     def test_id_is_stable(self, sandbox: p.SandboxBackendProtocol) -> None:
-        assert isinstance(sandbox.id, str)
-        assert sandbox.id
-        assert sandbox.id == sandbox.id
+        first = sandbox.id
+        assert isinstance(first, str)
+        assert first.strip() == first != ""
+        assert sandbox.execute("true").exit_code == 0  # starting a transport must not change it
+        assert sandbox.id == first
 
     def test_execute_output_and_exit_code(self, sandbox: p.SandboxBackendProtocol) -> None:
         result = sandbox.execute("echo out; echo err >&2; exit 3")
@@ -100,16 +102,24 @@ class SandboxConformance(BackendConformance):
     def test_background_processes_end_with_their_command(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
         """Nothing a command starts outlives it: long-lived processes are the service's background API."""
         sandbox.write(f"{root}/.keep", "")
-        beat = f"i=0; while :; do i=$((i+1)); echo $i > {shlex.quote(root)}/bg; sleep 0.1; done"
+        beats = [f"{shlex.quote(root)}/bg{n}" for n in (1, 2)]
+        loops = [f"i=0; while :; do i=$((i+1)); echo $i > {beat}; sleep 0.1; done" for beat in beats]
         started = time.monotonic()
-        result = sandbox.execute(f"({beat}) & nohup sh -c {shlex.quote(beat)} >/dev/null 2>&1 & echo started")
+        # Both loops must have beaten before the command ends, so a loop that never started
+        # cannot pass for one that was stopped.
+        wait = f"until [ -s {beats[0]} ] && [ -s {beats[1]} ]; do sleep 0.01; done"
+        immune = f"(trap '' HUP; exec sh -c {shlex.quote(loops[1])})"  # nohup's effect; busybox may lack nohup
+        command = f"({loops[0]}) & {immune} >/dev/null 2>&1 & {wait}; echo started"
+        result = sandbox.execute(command, timeout=30)
         assert result.exit_code == 0
         assert result.output == "started\n"
         assert time.monotonic() - started < 10
-        time.sleep(0.5)
-        before = sandbox.download_files([f"{root}/bg"])[0].content  # None: killed before its first beat
-        time.sleep(1.0)
-        after = sandbox.download_files([f"{root}/bg"])[0].content
+        paths = [f"{root}/bg{n}" for n in (1, 2)]
+        time.sleep(0.5)  # the tree is killed as the command ends; let a kill in flight land
+        before = [r.content for r in sandbox.download_files(paths)]
+        assert all(content is not None for content in before)
+        time.sleep(1.0)  # ten beats' time: a survivor would have written by now
+        after = [r.content for r in sandbox.download_files(paths)]
         assert after == before, "a background process outlived its command"
 
     def test_concurrent_commands(self, sandbox: p.SandboxBackendProtocol) -> None:
@@ -138,3 +148,22 @@ class SandboxConformance(BackendConformance):
             sandbox.delete(f"{root}/{name}")
         found = sandbox.execute(f"ls -a . {shlex.quote(root)} /tmp 2>/dev/null | grep -c {CANARY}")
         assert found.output.strip() == "0"
+
+    def test_replacing_a_file_keeps_its_mode_and_leaves_nothing_beside_it(
+        self, sandbox: p.SandboxBackendProtocol, root: str
+    ) -> None:
+        """Writes go to a temporary file renamed over the target: the target keeps its mode,
+        new files get the umask's, and no temporary file is left behind, on every write path."""
+        big = bytes(range(256)) * 8192  # 2 MiB: over any backend's bulk-transfer threshold
+        target = f"{root}/kept/mode.txt"
+        assert sandbox.write(target, "one\n").error is None
+        assert sandbox.execute(f"chmod 751 {shlex.quote(target)}").exit_code == 0
+        assert sandbox.write(target, "two\n").error is None
+        assert sandbox.edit(target, "two", "three").error is None
+        assert sandbox.upload_files([(target, b"four\n")])[0].error is None
+        assert sandbox.upload_files([(target, big), (f"{root}/kept/other.bin", big)])[0].error is None
+        assert sandbox.download_files([target])[0].content == big
+        stat = sandbox.execute(f"cd {shlex.quote(root)}/kept && stat -c '%a %n' * .[!.]* 2>/dev/null; umask")
+        lines = stat.output.split("\n")
+        umask = int(lines[-2], 8)
+        assert lines[:-2] == ["751 mode.txt", f"{0o666 & ~umask:o} other.bin"]

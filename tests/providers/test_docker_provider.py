@@ -13,8 +13,8 @@ from typing import Any
 
 import docker.errors
 import pytest
-from conftest import SESSION_OWNER
 from pydantic import ValidationError
+from support import SESSION_OWNER
 
 from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX, DockerSandbox, DockerSandboxConfig
 from sandboxes.providers.docker import LABEL_POOL, DockerProvider, DockerProviderConfig

@@ -38,8 +38,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SESSION_OWNER
 from service_harness import KEYS, ServiceProcess, subprocess_config
+from support import SESSION_OWNER
 
 LOAD_SECONDS = float(os.environ.get("SANDBOXES_LOAD_SECONDS", "60"))
 CLIENTS = 20

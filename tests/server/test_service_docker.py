@@ -4,8 +4,10 @@ adopts its containers from their labels and reaps the expired and the orphaned."
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
 import shlex
 import tarfile
 import time
@@ -17,11 +19,14 @@ from typing import Any
 import docker.errors
 import httpx
 import pytest
-from conftest import SESSION_OWNER
 from service_harness import KEYS, Running, ServiceProcess, create, execute, running, settings_for, subprocess_config
+from support import SESSION_OWNER
 
+from sandboxes import protocol as p
+from sandboxes.client import RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.server.settings import Template
+from sandboxes.testing import SandboxConformance
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 """On every container and volume the service makes, so the session sweep removes leftovers."""
@@ -190,3 +195,56 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
         service.stop()
         neighbour.destroy()
         stranger.destroy()
+
+
+# ---------------------------------------------------------------------- RemoteSandbox over Docker
+
+
+@pytest.fixture(scope="module")
+def remote(service: Running) -> Iterator[RemoteSandbox]:
+    with SandboxClient(service.url, KEYS["alice"]) as sandbox_client, sandbox_client.create("default") as sb:
+        yield sb
+
+
+class TestRemoteSandboxOverDocker(SandboxConformance):
+    """The client's protocol over a Docker-backed service: the paths a direct `DockerSandbox`
+    takes (exec helper, workspace volume, tmpfs ``/tmp``) must all answer the same over HTTP."""
+
+    @pytest.fixture
+    def backend(self, remote: RemoteSandbox) -> RemoteSandbox:
+        return remote
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/workspace"])
+def test_big_uploads_work_wherever_small_ones_do(service: Running, remote: RemoteSandbox, where: str) -> None:
+    """Over 8 MiB the client sends a tar to ``PUT /archive``; the engine's archive API cannot
+    write ``/tmp`` (a tmpfs on a read-only root), so the service extracts it inside the sandbox."""
+    blob = os.urandom(9 << 20) + bytes(range(256))
+    path = f"{where}/big-{uuid.uuid4().hex[:6]}/data.bin"
+    assert remote.upload_files([(path, blob)]) == [p.FileUploadResponse(path)]
+    assert remote.download_files([path])[0].content == blob
+    assert remote.execute(f"stat -c '%s %U %a' {shlex.quote(path)}").output.split() == [
+        str(len(blob)),
+        "sandbox",
+        "644",
+    ]
+
+    async def round_trip() -> bytes | None:
+        again = blob[::-1]
+        assert await remote.aupload_files([(path, again)]) == [p.FileUploadResponse(path)]
+        return (await remote.adownload_files([path]))[0].content
+
+    assert asyncio.run(round_trip()) == blob[::-1]
+    leftovers = remote.execute(f"ls -A {shlex.quote(path.rpartition('/')[0])}").output.split()
+    assert leftovers == ["data.bin"]  # no staged chunks left behind
+
+
+def test_big_upload_into_the_read_only_root_names_its_cause(remote: RemoteSandbox) -> None:
+    blob = os.urandom(9 << 20)
+    [response] = remote.upload_files([("/opt/big.bin", blob)])
+    assert response.error == p.PERMISSION_DENIED
+    assert remote.download_files(["/opt/big.bin"])[0].error == p.FILE_NOT_FOUND

@@ -1,0 +1,98 @@
+"""Extract an archive inside a sandbox through its command stream, for destinations the
+container engine's archive API cannot write.
+
+Docker's ``put_archive`` writes into the container's filesystem from outside: it refuses a
+read-only root, and it cannot see tmpfs mounts such as ``/tmp`` at all. The small upload path
+(the exec helper) works there, so the bulk path must too: each member is recreated by the
+sandbox's own user, through `BaseSandbox`'s scripts, where that user may write and nowhere else.
+A regular file travels in bounded chunks into a staged name beside its target and is renamed
+over it once complete (`_scripts.COMMIT_STAGED`), so memory stays bounded whatever the archive's
+size, and a transfer cut halfway leaves the target as it was.
+
+The archive reaching here was already made safe by `archive.rewrite_for_container` (no absolute
+or escaping names, no devices or hard links, sizes bounded).
+"""
+
+from __future__ import annotations
+
+import tarfile
+from typing import IO
+
+from sandboxes import _parse, _scripts
+from sandboxes import protocol as p
+from sandboxes.base import BaseSandbox, staging_name
+from sandboxes.semantics import message_for
+from sandboxes.server.errors import ServiceError
+
+__all__ = ["extract_through_sandbox"]
+
+CHUNK_BYTES = 4 << 20
+"""Bytes of a file per command: bounded memory in the service, few round trips per file."""
+
+_TIMEOUT = 300.0
+
+
+def extract_through_sandbox(sandbox: BaseSandbox, dest: str, archive: IO[bytes]) -> None:
+    """Recreate every member of the tar ``archive`` under ``dest`` as the sandbox's user."""
+    try:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
+            for member in tar:
+                target = dest.rstrip("/") + "/" + member.name
+                if member.isdir():
+                    _run(
+                        sandbox,
+                        _scripts.command('mkdir -p -- "$1" 2>/dev/null || { why "$1"; exit "$c"; }', target),
+                        target,
+                    )
+                elif member.issym():
+                    _run(
+                        sandbox,
+                        _scripts.command(
+                            'ln -s -- "$1" "$2" 2>/dev/null || { why "$2"; exit "$c"; }', member.linkname, target
+                        ),
+                        target,
+                    )
+                elif member.isreg():
+                    content = tar.extractfile(member)
+                    assert content is not None
+                    _put_file(sandbox, target, content, member.size)
+    except tarfile.TarError as exc:
+        raise ServiceError("invalid_request", "not a readable tar stream") from exc
+
+
+def _put_file(sandbox: BaseSandbox, target: str, content: IO[bytes], size: int) -> None:
+    prepared = sandbox.execute(_scripts.command(_scripts.PREPARE_UPLOAD, target), timeout=_TIMEOUT)
+    _raise_for(prepared, target, statuses=True)
+    staged = staging_name(target)
+    first = True
+    sent = 0
+    try:
+        while first or sent < size:
+            chunk = content.read(min(CHUNK_BYTES, size - sent))
+            if sent + len(chunk) < size and not chunk:
+                raise ServiceError("invalid_request", "not a readable tar stream")
+            command = _scripts.command(_scripts.STAGE_CHUNK, staged, "new" if first else "more")
+            _run(sandbox, command, target, stdin=chunk)
+            sent += len(chunk)
+            first = False
+    except BaseException:
+        sandbox.execute(_scripts.command('rm -f -- "$1"', staged), timeout=_TIMEOUT)
+        raise
+    committed = sandbox.execute(_scripts.command(_scripts.COMMIT_STAGED, staged, target, str(size)), timeout=_TIMEOUT)
+    _raise_for(committed, target, statuses=True)
+
+
+def _run(sandbox: BaseSandbox, command: str, path: str, *, stdin: bytes | None = None) -> None:
+    _raise_for(sandbox.execute(command, stdin=stdin, timeout=_TIMEOUT), path, statuses=False)
+
+
+def _raise_for(response: p.ExecuteResponse, path: str, *, statuses: bool) -> None:
+    """A failed step as the protocol would say it; the scripts' status lines when they print them."""
+    try:
+        code = _parse.check(response, path)
+        if code is None and statuses:
+            code = _parse.code_for_status(_parse.upload_statuses(response.output, 1)[0])
+    except _parse.ScriptFailed as exc:
+        raise ServiceError(exc.code if exc.code != p.BACKEND_ERROR else "internal", exc.message) from exc
+    if code is not None:
+        raise ServiceError(code, message_for(code, path))

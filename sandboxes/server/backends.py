@@ -23,7 +23,6 @@ from typing import IO, Any
 
 from sandboxes import _scripts
 from sandboxes.base import BaseSandbox
-from sandboxes.paths import is_within, normalize_path
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -427,62 +426,21 @@ class DockerBackend(Backend):
         return produce
 
     def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
-        import docker.errors
-
+        """Every member is recreated by the sandbox's own user (`extract_through_sandbox`), in
+        the workspace too. The engine's ``put_archive`` writes as root from outside: it cannot
+        write the read-only root or see tmpfs mounts (``/tmp``), and it followed symlinks the
+        sandbox had made (``/workspace/sub -> /etc``, then a clean member ``sub/evil`` wrote
+        ``/etc/evil`` into the read-only root), which no check of the archive can see. As the
+        sandbox's user the kernel checks every write."""
         checked = checked_path(path)
         config = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
         uid, gid = config.uid_gid
         safe = rewrite_for_container(archive, uid=uid, gid=gid, **archive_limits(self.settings))
         try:
-            if not is_within(checked, normalize_path(config.workdir)):
-                # The engine's archive API cannot write the read-only root or see tmpfs mounts
-                # (/tmp): outside the workspace volume, the sandbox's own user extracts it.
-                extract_through_sandbox(sandbox, checked, safe)
-                return
             _make_dir(sandbox, checked)
-            self._untar_as_user(sandbox, checked, safe)
-        except docker.errors.APIError as exc:
-            logger.warning("put_archive into %s refused: %s", checked, exc.explanation)
-            raise ServiceError("permission_denied", f"cannot extract into {checked}") from exc
+            extract_through_sandbox(sandbox, checked, safe)
         finally:
             safe.close()
-
-    def _untar_as_user(self, sandbox: BaseSandbox, dest: str, tar: IO[bytes]) -> None:
-        """Extract ``tar`` into ``dest`` with ``tar -x`` running as the sandbox user, not
-        through the daemon's ``put_archive``, which extracts as root and follows the
-        symlinks the sandbox made (``/workspace/sub -> /etc`` then a member ``sub/x`` wrote
-        ``/etc/x`` into the read-only root): the kernel checks every write as the sandbox's
-        own. It also writes where the sandbox may write on a tmpfs (``/tmp``), which
-        ``put_archive`` refuses under a read-only root."""
-        from sandboxes._docker_io import ExecSocket
-
-        container = getattr(sandbox, "container")  # noqa: B009
-        user = getattr(sandbox, "config").user  # noqa: B009 - DockerSandboxConfig
-        api = self.client.api
-        command = ["tar", "-x", "-f", "-", "-C", dest, "--no-same-owner", "--no-overwrite-dir"]
-        exec_id = api.exec_create(container.id, command, user=user, stdin=True, stdout=True, stderr=True)["Id"]
-        stream = ExecSocket(api.exec_start(exec_id, socket=True))
-        try:
-            with contextlib.suppress(OSError):  # tar gave up early: its status says why
-                while chunk := tar.read(CHUNK):
-                    stream.send(chunk)
-            stream.shutdown_write()
-            while stream.recv(CHUNK):
-                pass
-        finally:
-            stream.close()
-        status = api.exec_inspect(exec_id).get("ExitCode")
-        if status == 0:
-            return
-        errors = bytes(stream.stderr[:4000]).decode("utf-8", "replace")
-        logger.warning("tar -x into %s exited %s: %s", dest, status, errors)
-        if "Permission denied" in errors or "Read-only file system" in errors:
-            raise ServiceError("permission_denied", f"{dest}: the sandbox may not write part of the archive there")
-        if "No space left" in errors:
-            raise ServiceError("no_space", f"{dest}: no space left")
-        if "Not a directory" in errors or "Cannot mkdir" in errors:
-            raise ServiceError("not_a_directory", f"{dest}: a member's directory is a file in the sandbox")
-        raise ServiceError("invalid_request", f"the archive could not be extracted into {dest}")
 
     def check_ready(self) -> None:
         self.client.ping()

@@ -120,15 +120,24 @@ def _make_dir(sandbox: BaseSandbox, path: str) -> None:
     the sandbox user may write: what it may not write to, an archive may not either (Docker
     extracts as root, through the read-only root's own checks)."""
     made = sandbox.execute(_scripts.command(_WRITABLE_DIR, path), timeout=30)
+    _check_answered(made)
     if made.exit_code == 3:
         raise ServiceError("not_a_directory", f"cannot create directory {path}")
     if made.exit_code != 0:
         raise ServiceError("permission_denied", f"{path}: the sandbox may not write there")
 
 
+def _check_answered(response: Any) -> None:
+    """A check that never ran (the sandbox's backend failed) says nothing about the path."""
+    if response.exit_code is None:
+        logger.warning("a path check did not run: %s %s", response.error, response.message)
+        raise ServiceError("backend_unavailable", "the sandbox did not answer; the service log has the request id")
+
+
 def _check_readable(sandbox: BaseSandbox, path: str) -> None:
     """``path`` exists and the sandbox user may read it."""
     checked = sandbox.execute(_scripts.command(_READABLE, path), timeout=30)
+    _check_answered(checked)
     if checked.exit_code == 3:
         raise ServiceError("file_not_found", f"{path}: no such file or directory")
     if checked.exit_code != 0:

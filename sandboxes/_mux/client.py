@@ -7,6 +7,7 @@ turns a dead stream into a clear error for every command in flight.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -298,3 +299,121 @@ class MuxClient:
             if not item.done.is_set():
                 item.failure = reason
                 item.done.set()  # also releases a caller still waiting for the acknowledgement
+
+
+# ---------------------------------------------------------------------- awaiting on an event loop
+
+_SEND_INLINE = 64 << 10
+"""Stdin up to this size is sent from the event loop; more from a worker thread."""
+
+
+class _WakingEvent(threading.Event):
+    """A command's ``done``, that also wakes an event loop when set (from the reader thread)."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake()
+
+
+async def arun(
+    client: MuxClient,
+    command: str,
+    *,
+    timeout: float | None,  # noqa: ASYNC109 - the command's own, enforced by the helper
+    stdin: bytes | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    output_limit: int,
+    on_output: Callable[[bytes], None] | None = None,
+) -> p.ExecuteResponse:
+    """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
+    service would otherwise hold one thread per running command). Same frames, same timeouts,
+    same `MuxBroken`."""
+    if client.broken:
+        raise MuxBroken(client.broken, started=False)
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def settle() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle)
+
+    ident = next(client._ids)
+    pending = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output)
+    with client._pending_lock:
+        client._pending[ident] = pending
+    started = time.monotonic()
+    spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
+    spec["stdin"] = stdin is not None
+    try:
+        try:
+            client._send(b"R", ident, json.dumps(spec).encode("utf-8"))
+        except MuxBroken as broken:
+            raise MuxBroken(str(broken), started=False) from broken
+        if stdin is not None:
+            if len(stdin) <= _SEND_INLINE:
+                _send_stdin(client, ident, stdin)
+            else:
+                await asyncio.to_thread(_send_stdin, client, ident, stdin)
+        await _await_async(client, ident, pending, ended, time.monotonic(), timeout)
+    finally:
+        with client._pending_lock:
+            client._pending.pop(ident, None)
+    if pending.failure is not None:
+        raise MuxBroken(pending.failure, started=pending.accepted_at is not None)
+    if pending.start_error is not None:
+        code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
+        return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
+    return execute_response(
+        pending.output,
+        pending.exit_code,
+        timed_out=pending.timed_out,
+        timeout=timeout,
+        duration_ms=(time.monotonic() - started) * 1000,
+    )
+
+
+def _send_stdin(client: MuxClient, ident: int, stdin: bytes) -> None:
+    for offset in range(0, len(stdin), _STDIN_CHUNK):
+        client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+    client._send(b"C", ident)
+
+
+async def _await_async(
+    client: MuxClient,
+    ident: int,
+    pending: _Pending,
+    ended: asyncio.Future[None],
+    sent: float,
+    timeout: float | None,  # noqa: ASYNC109 - the command's own, enforced by the helper
+) -> None:
+    """`MuxClient._await`, awaiting ``ended`` instead of blocking on ``pending.done``."""
+    while not pending.done.is_set():
+        now = time.monotonic()
+        if pending.accepted_at is None:
+            if now >= sent + client._ack_timeout:
+                client._break(f"exec helper did not acknowledge command {ident} within {client._ack_timeout}s")
+                raise MuxBroken(client.broken or "no acknowledgement", started=False)
+            until: float | None = sent + client._ack_timeout
+            if timeout and now < sent + timeout + _KILL_GRACE:
+                until = min(sent + client._ack_timeout, sent + timeout + _KILL_GRACE)
+        elif timeout:
+            until = pending.accepted_at + timeout + _KILL_GRACE
+            if now >= until:
+                client._send(b"K", ident)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(ended), _KILL_GRACE)
+                if not pending.done.is_set():
+                    client._break(f"exec helper did not report command {ident} after its timeout")
+                return
+        else:
+            until = None
+        await asyncio.wait({ended}, timeout=None if until is None else max(0.0, until - now))

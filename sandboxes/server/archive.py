@@ -66,7 +66,7 @@ def _os_error(exc: OSError, path: str) -> ServiceError:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return ServiceError("permission_denied", f"{path}: permission denied")
     if exc.errno == errno.ENOSPC:
-        return ServiceError("invalid_request", f"{path}: no space left")
+        return ServiceError("no_space", f"{path}: no space left")
     return ServiceError("invalid_request", f"{path}: {exc.strerror or 'cannot be written'}")
 
 
@@ -412,6 +412,8 @@ def rewrite_for_container(
                 member.name = "/".join(names)
                 member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
                 member.mode = (member.mode & 0o777) or (0o755 if member.isdir() else 0o644)
+                if member.isdir():  # as extract_local: the sandbox user may always enter its own
+                    member.mode |= 0o700
                 member.pax_headers = {}
                 out.addfile(member, content)
     except _UNREADABLE as exc:

@@ -23,7 +23,6 @@ from typing import IO, Any
 
 from sandboxes import _scripts
 from sandboxes.base import BaseSandbox
-from sandboxes.paths import is_within, normalize_path
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -106,20 +105,39 @@ exit 0
 """
 
 
+_TAR_AS_USER = r"""if tar --version 2>/dev/null | grep -q GNU; then
+  tar -C "$1" -cf - --ignore-failed-read -- "$2"; s=$?
+  if [ "$s" -eq 1 ]; then s=0; fi  # GNU: a file changed while it was read
+  exit "$s"
+fi
+exec tar -C "$1" -cf - -- "$2"
+"""
+"""``tar`` of ``$1/$2`` to stdout; GNU tar leaves out what the user may not read, busybox's fails."""
+
+
 def _make_dir(sandbox: BaseSandbox, path: str) -> None:
     """``mkdir -p`` as the sandbox user, inside the sandbox, and the directory must then be one
     the sandbox user may write: what it may not write to, an archive may not either (Docker
     extracts as root, through the read-only root's own checks)."""
     made = sandbox.execute(_scripts.command(_WRITABLE_DIR, path), timeout=30)
+    _check_answered(made)
     if made.exit_code == 3:
         raise ServiceError("not_a_directory", f"cannot create directory {path}")
     if made.exit_code != 0:
         raise ServiceError("permission_denied", f"{path}: the sandbox may not write there")
 
 
+def _check_answered(response: Any) -> None:
+    """A check that never ran (the sandbox's backend failed) says nothing about the path."""
+    if response.exit_code is None:
+        logger.warning("a path check did not run: %s %s", response.error, response.message)
+        raise ServiceError("backend_unavailable", "the sandbox did not answer; the service log has the request id")
+
+
 def _check_readable(sandbox: BaseSandbox, path: str) -> None:
     """``path`` exists and the sandbox user may read it."""
     checked = sandbox.execute(_scripts.command(_READABLE, path), timeout=30)
+    _check_answered(checked)
     if checked.exit_code == 3:
         raise ServiceError("file_not_found", f"{path}: no such file or directory")
     if checked.exit_code != 0:
@@ -423,7 +441,7 @@ class DockerBackend(Backend):
         checked = checked_path(path)
         _check_readable(sandbox, checked)
         parent, name = os.path.split(checked)
-        command = ["tar", "-C", parent or "/", "-cf", "-", "--ignore-failed-read", "--", name or "."]
+        command = ["/bin/sh", "-c", _TAR_AS_USER, "sh", parent or "/", name or "."]
         container = getattr(sandbox, "container")  # noqa: B009
         user = getattr(sandbox, "config").user  # noqa: B009 - DockerSandboxConfig
         api = self.client.api
@@ -441,30 +459,26 @@ class DockerBackend(Backend):
             finally:
                 stream.close()
             status = api.exec_inspect(exec_id).get("ExitCode")
-            if status not in (0, 1):  # 1: a file changed while it was read
+            if status != 0:
                 logger.warning("tar of %s exited %s: %s", checked, status, bytes(stream.stderr[:2000]))
                 raise ServiceError("backend_unavailable", f"the archive of {checked} could not be completed")
 
         return produce
 
     def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
-        import docker.errors
-
+        """Every member is recreated by the sandbox's own user (`extract_through_sandbox`), in
+        the workspace too. The engine's ``put_archive`` writes as root from outside: it cannot
+        write the read-only root or see tmpfs mounts (``/tmp``), and it followed symlinks the
+        sandbox had made (``/workspace/sub -> /etc``, then a clean member ``sub/evil`` wrote
+        ``/etc/evil`` into the read-only root), which no check of the archive can see. As the
+        sandbox's user the kernel checks every write."""
         checked = checked_path(path)
         config = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
         uid, gid = config.uid_gid
         safe = rewrite_for_container(archive, uid=uid, gid=gid, **archive_limits(self.settings))
         try:
-            if not is_within(checked, normalize_path(config.workdir)):
-                # The engine's archive API cannot write the read-only root or see tmpfs mounts
-                # (/tmp): outside the workspace volume, the sandbox's own user extracts it.
-                extract_through_sandbox(sandbox, checked, safe)
-                return
             _make_dir(sandbox, checked)
-            getattr(sandbox, "container").put_archive(checked, safe)  # noqa: B009
-        except docker.errors.APIError as exc:
-            logger.warning("put_archive into %s refused: %s", checked, exc.explanation)
-            raise ServiceError("permission_denied", f"cannot extract into {checked}") from exc
+            extract_through_sandbox(sandbox, checked, safe)
         finally:
             safe.close()
 

@@ -23,6 +23,7 @@ _STATUS: dict[str, int] = {
     "permission_denied": 403,
     "not_a_directory": 422,
     "is_directory": 422,
+    "no_space": 507,
 }
 
 

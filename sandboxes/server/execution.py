@@ -33,6 +33,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command, result_of, run_marked
 from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.waiting import awaitable_helper, run_awaited
 
 logger = logging.getLogger(__name__)
 
@@ -86,11 +87,7 @@ async def run_once(
     tree is killed at once rather than left to its timeout; the result then goes nowhere.
     ``on_end`` is called when the command has ended, answered or not."""
     token = unique_id()
-    # The executor's future itself, not a task around `asyncio.to_thread`: one scheduling step
-    # less per command on the event loop. The context goes along, as to_thread would take it,
-    # so the worker's log lines carry the request id.
-    call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, None)
-    work = _submitted(call, executor, on_end)
+    work = _started(sandbox, command, token, None, executor, on_end)
     watch = None if receive is None else asyncio.ensure_future(_client_gone(receive))
     try:
         if watch is not None:
@@ -108,11 +105,43 @@ async def run_once(
             watch.cancel()
 
 
+def _started(
+    sandbox: BaseSandbox,
+    command: Command,
+    token: str,
+    on_output: Callable[[bytes], None] | None,
+    executor: Executor | None,
+    on_end: Callable[[], None] | None,
+) -> asyncio.Future[p.ExecuteResponse]:
+    """The command, running: awaited on the loop where the backend allows it
+    (`sandboxes.server.waiting`), else waited on by a thread of ``executor``. ``on_end`` runs
+    once it has ended."""
+    from sandboxes.server.backends import MARKER_ENV
+
+    # The context goes along, as to_thread would take it, so log lines carry the request id.
+    call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, on_output)
+    mux = awaitable_helper(sandbox)
+    if mux is None:
+        return _submitted(call, executor, on_end)
+    loop = asyncio.get_running_loop()
+
+    async def in_a_thread() -> p.ExecuteResponse:
+        return await loop.run_in_executor(executor, call)
+
+    env = {**command.env, MARKER_ENV: token}
+    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread))
+    if on_end is not None:
+        work.add_done_callback(lambda _: on_end())
+    return work
+
+
 def _submitted(
     call: Callable[[], p.ExecuteResponse], executor: Executor | None, on_end: Callable[[], None] | None
 ) -> asyncio.Future[p.ExecuteResponse]:
     """``call`` running in ``executor``; ``on_end`` runs when it has returned, on the thread
-    that ran it (never before: a slot is freed only once its thread is)."""
+    that ran it (never before: a slot is freed only once its thread is). The executor's
+    future itself, not a task around `asyncio.to_thread`: one scheduling step less per
+    command on the event loop."""
 
     def run() -> p.ExecuteResponse:
         try:
@@ -121,7 +150,12 @@ def _submitted(
             if on_end is not None:
                 on_end()
 
-    return asyncio.get_running_loop().run_in_executor(executor, run)
+    try:
+        return asyncio.get_running_loop().run_in_executor(executor, run)
+    except BaseException:  # never submitted (the pool is shut down): nothing will call on_end
+        if on_end is not None:
+            on_end()
+        raise
 
 
 async def _client_gone(receive: Receive) -> None:
@@ -166,8 +200,7 @@ async def run_streamed(
             loop.call_soon_threadsafe(chunks.put_nowait, chunk)
 
     started = time.perf_counter()
-    call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, on_output)
-    work = _submitted(call, executor, None if slot is None else slot.release)
+    work = _started(sandbox, command, token, on_output, executor, None if slot is None else slot.release)
     if slot is not None:
         slot.submitted = True
     decoder = codecs.getincrementaldecoder("utf-8")("replace")

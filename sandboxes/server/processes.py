@@ -7,10 +7,12 @@ tree, including what left its process group; a timeout still bounds every comman
 not. Processes live in the service's memory only: a restart forgets them (their commands die
 with the service on the local backend, and with the exec helper's stream on Docker).
 
-Their output is bounded per sandbox (``output_budget``): a process reserves its output limit
-while it runs (granted less when less is left, refused when almost nothing is) and holds its
-output's size once finished; room for a new process is made by dropping the oldest finished
-outputs (their status and exit code stay, with a message saying the output was dropped).
+Their output is bounded per sandbox (``output_budget``) and per tenant (an `OutputLedger`
+shared by its sandboxes' tables): a process reserves its output limit while it runs (granted
+less when less is left, refused when almost nothing is) and holds its output's size once
+finished; room for a new process is made by dropping the oldest finished outputs, the
+sandbox's own first, then the tenant's (their status and exit code stay, with a message
+saying the output was dropped).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class _Process:
             self.output = OutputBuffer(0)  # the response has the output now: no second copy
             self.held = len(response.output)
 
-    def drop_output(self, budget: int) -> int:
+    def drop_output(self, budget: int, whose: str = "the sandbox's") -> int:
         """Forget a finished process's output; the bytes freed."""
         with self.lock:
             if self.response is None or not self.response.output:
@@ -120,7 +122,7 @@ class _Process:
                 self.response,
                 output="",
                 truncated=True,
-                message=f"output dropped to make room for newer processes (the sandbox's budget is {budget} bytes)",
+                message=f"output dropped to make room for newer processes ({whose} budget is {budget} bytes)",
             )
             return freed
 
@@ -141,10 +143,44 @@ class _Process:
         )
 
 
+class OutputLedger:
+    """One tenant's background-process output, across its sandboxes, against its budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._processes: dict[int, _Process] = {}  # oldest first
+        self._lock = threading.Lock()
+
+    def admit(self, proc: _Process, wanted: int) -> int:
+        """Room for ``proc``'s output, up to ``wanted``, made by dropping the tenant's oldest
+        finished outputs; ``proc`` then holds what it was granted (maybe 0)."""
+        with self._lock:
+            held = sum(other.held for other in self._processes.values())
+            for other in list(self._processes.values()):
+                if self.budget - held >= wanted:
+                    break
+                if other.done.is_set():
+                    held -= other.drop_output(self.budget, "the tenant's")
+            granted = max(0, min(wanted, self.budget - held))
+            proc.held = granted
+            self._processes[id(proc)] = proc
+            return granted
+
+    def discard(self, processes: list[_Process]) -> None:
+        with self._lock:
+            for proc in processes:
+                self._processes.pop(id(proc), None)
+
+    def held(self) -> int:
+        with self._lock:
+            return sum(proc.held for proc in self._processes.values())
+
+
 class ProcessTable:
-    def __init__(self, max_running: int, output_budget: int = 64 << 20) -> None:
+    def __init__(self, max_running: int, output_budget: int = 64 << 20, ledger: OutputLedger | None = None) -> None:
         self._max_running = max_running
         self._budget = output_budget
+        self._ledger = ledger
         self._processes: OrderedDict[str, _Process] = OrderedDict()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -157,8 +193,9 @@ class ProcessTable:
                 raise ServiceError(
                     "quota_exceeded", f"{running} background processes already run in this sandbox (the maximum)"
                 )
-            limit = self._grant(command.output_limit)
-            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(limit), held=limit)
+            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(0))
+            limit = self._grant(proc, command.output_limit)
+            proc.output = OutputBuffer(limit)
             self._processes[proc.id] = proc
             command = dataclasses.replace(command, output_limit=limit)
             self._forget_old()
@@ -211,24 +248,36 @@ class ProcessTable:
             raise ServiceError("not_found", f"no process {process_id!r} in this sandbox")
         return proc
 
-    def _grant(self, wanted: int) -> int:
-        """Output room for a new process (under ``self._lock``), dropping the oldest finished
-        outputs until ``wanted`` fits or none is left."""
-        held = sum(proc.held for proc in self._processes.values())
-        for proc in list(self._processes.values()):
+    def _grant(self, proc: _Process, wanted: int) -> int:
+        """Output room for ``proc`` (under ``self._lock``), dropping the oldest finished
+        outputs, the sandbox's then the tenant's, until ``wanted`` fits or none is left."""
+        held = sum(other.held for other in self._processes.values())
+        for other in list(self._processes.values()):
             if self._budget - held >= wanted:
                 break
-            if proc.done.is_set():
-                held -= proc.drop_output(self._budget)
-        room = self._budget - held
-        if room < min(wanted, _MIN_GRANT):
-            raise ServiceError(
-                "quota_exceeded",
-                f"the sandbox's running processes hold its whole output budget ({self._budget} bytes)",
-            )
-        return min(wanted, room)
+            if other.done.is_set():
+                held -= other.drop_output(self._budget)
+        granted = min(wanted, self._budget - held)
+        refusal = f"the sandbox's running processes hold its whole output budget ({self._budget} bytes)"
+        if granted >= min(wanted, _MIN_GRANT) and self._ledger is not None:
+            granted = self._ledger.admit(proc, granted)
+            refusal = f"the tenant's running processes hold its whole output budget ({self._ledger.budget} bytes)"
+        if granted < min(wanted, _MIN_GRANT):
+            if self._ledger is not None:
+                self._ledger.discard([proc])
+            raise ServiceError("quota_exceeded", refusal)
+        proc.held = granted
+        return granted
+
+    def close(self) -> None:
+        """The sandbox is gone: its processes no longer count against the tenant."""
+        if self._ledger is not None:
+            with self._lock:
+                processes = list(self._processes.values())
+            self._ledger.discard(processes)
 
     def _forget_old(self) -> None:
         finished = [key for key, proc in self._processes.items() if proc.response is not None]
-        for key in finished[: max(0, len(finished) - _KEEP_FINISHED)]:
-            del self._processes[key]
+        forgotten = [self._processes.pop(key) for key in finished[: max(0, len(finished) - _KEEP_FINISHED)]]
+        if self._ledger is not None and forgotten:
+            self._ledger.discard(forgotten)

@@ -25,7 +25,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import Backend
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
-from sandboxes.server.processes import ProcessTable
+from sandboxes.server.processes import OutputLedger, ProcessTable
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
 
@@ -72,6 +72,8 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._reserved: dict[str, _Reservation] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._ledgers: dict[str, OutputLedger] = {}
+        """Each tenant's background-process output, across its sandboxes."""
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -88,12 +90,7 @@ class Registry:
             adopted = await asyncio.to_thread(backend.reconcile, mine, now)
             kept = set()
             for state, sandbox in adopted:
-                self._entries[state.id] = Entry(
-                    state,
-                    sandbox,
-                    backend,
-                    self._process_table(),
-                )
+                self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(state.tenant))
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
                 self._schedule(state.id)
@@ -174,11 +171,15 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
-    def _process_table(self) -> ProcessTable:
-        return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes)
+    def _process_table(self, tenant: str) -> ProcessTable:
+        ledger = self._ledgers.get(tenant)
+        if ledger is None:
+            budget = self.settings.policy_for(tenant).max_process_output_bytes
+            ledger = self._ledgers[tenant] = OutputLedger(budget)
+        return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes, ledger)
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: Backend) -> Entry:
-        entry = Entry(state, sandbox, backend, self._process_table())
+        entry = Entry(state, sandbox, backend, self._process_table(state.tenant))
         self._entries[state.id] = entry
         self._schedule(state.id)
         self._update_gauge()
@@ -291,6 +292,7 @@ class Registry:
         entry.state.deleting = True
         await asyncio.to_thread(self.store.save, entry.state)
         await asyncio.to_thread(entry.processes.kill_all, entry.kill_marked)
+        entry.processes.close()
         if not await self._destroy(entry):
             self._doomed[entry.state.id] = entry
 

@@ -108,10 +108,11 @@ def _bounded_head(protocol: type[asyncio.Protocol], limit: int) -> type[asyncio.
     class BoundedHead(protocol):  # type: ignore[valid-type, misc]
         _head_bytes = 0
         _in_head = True  # a connection starts with a head
+        _began = False
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._in_head = True
+            self._in_head = self._began = True
             self._head_bytes = 0
 
         def on_headers_complete(self) -> None:
@@ -119,10 +120,12 @@ def _bounded_head(protocol: type[asyncio.Protocol], limit: int) -> type[asyncio.
             super().on_headers_complete()
 
         def data_received(self, data: bytes) -> None:
+            self._began = False
             super().data_received(data)
-            if self._in_head and not self.transport.is_closing():
-                # Still inside a head after all of ``data``: it was head, bar the end of a
-                # previous pipelined request.
+            if self._in_head and not self._began and not self.transport.is_closing():
+                # A whole read inside one head. The read that began it is not counted (it may
+                # also hold the end of a pipelined request), so a head may exceed the limit by
+                # at most one read before it is refused.
                 self._head_bytes += len(data)
                 if self._head_bytes > limit:
                     self.transport.write(_too_large_head(limit))

@@ -81,11 +81,14 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
+    max_process_output: str = "256m"
+    """Output the tenant's background processes may hold in the service's memory, across its
+    sandboxes (each sandbox also has the service's ``max_process_output_bytes``)."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more is refused with ``rate_limited`` (429) until one ends."""
 
-    @field_validator("max_memory")
+    @field_validator("max_memory", "max_process_output")
     @classmethod
     def _memory_parses(cls, value: str) -> str:
         parse_memory(value)
@@ -94,6 +97,10 @@ class TenantPolicy(_Frozen):
     @property
     def max_memory_bytes(self) -> int:
         return parse_memory(self.max_memory)
+
+    @property
+    def max_process_output_bytes(self) -> int:
+        return parse_memory(self.max_process_output)
 
 
 class ServiceSettings(BaseSettings):
@@ -143,9 +150,10 @@ class ServiceSettings(BaseSettings):
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls (file operations, archives, lifecycle)."""
     command_threads: int = Field(default=256, gt=0)
-    """Threads for commands (execute and streamed): each running command holds one for its
-    duration, so tenants' ``max_commands`` together should stay under it. Apart from
-    `worker_threads`, so file operations never wait behind commands."""
+    """Threads for commands that are waited on by a thread (local sandboxes; Docker ones whose
+    exec helper is not up yet: on Docker commands are otherwise awaited and hold none). Each
+    holds one for its duration, so tenants' ``max_commands`` together should stay under it.
+    Apart from `worker_threads`, so file operations never wait behind commands."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

@@ -445,7 +445,8 @@ def test_load(target: _Target, capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(c.extras_made for c in clients) > 0  # ...and the quota let some extras through
 
     # The service saw what the clients saw: no error but the refusals, each counted once.
-    metrics = httpx.get(f"{target.service.url}/metrics", timeout=30).text
+    key = {"Authorization": f"Bearer {KEYS[TENANT]}"}
+    metrics = httpx.get(f"{target.service.url}/metrics", headers=key, timeout=30).text
     assert _error_counts(metrics) == {"quota_exceeded": refusals}
     assert not re.search(r'^sandboxes_requests_total\{status="5xx"\} [1-9]', metrics, re.MULTILINE)
     assert [line for line in target.service.log_lines() if line.get("level") in ("error", "critical")] == []

@@ -5,6 +5,7 @@ sparse one arrives intact); ``GET /archive`` gives only what the sandbox user ma
 
 from __future__ import annotations
 
+import hashlib
 import io
 import subprocess
 import tarfile
@@ -256,3 +257,37 @@ def test_docker_sparse_archive_arrives_intact_and_a_bomb_is_refused(
     assert check["output"].split() == [str((1 << 20) + 4), "end"]
     bomb = _put(client, sandbox, "/workspace/bomb", _sparse_tar(tmp_path, 4 * EXPANSION))
     assert (bomb.status_code, error_of(bomb)) == (413, "too_large"), bomb.text
+
+
+def test_docker_archive_does_not_follow_the_sandboxs_own_symlinks(
+    docker_client_http: httpx.Client, container: dict[str, Any]
+) -> None:
+    """The archive is clean; the sandbox made ``sub -> /etc`` beforehand. Extracting as root
+    (the daemon's ``put_archive``) wrote ``/etc/evil`` into the read-only root."""
+    client, sandbox = docker_client_http, container
+    execute(client, sandbox["id"], "ln -sfn /etc /workspace/sub && ln -sfn /usr/bin /workspace/bin")
+    for member in ("sub/evil", "bin/evil"):
+        response = _put(client, sandbox, "/workspace", _tar((member, b"pwned")))
+        assert (response.status_code, error_of(response)) == (403, "permission_denied"), response.text
+    assert execute(client, sandbox["id"], "ls /etc/evil /usr/bin/evil 2>&1; true")["output"].count("No such file") == 2
+
+
+def test_docker_archive_extracts_where_the_sandbox_user_may_write(
+    docker_client_http: httpx.Client, container: dict[str, Any]
+) -> None:
+    """A tmpfs under the read-only root (``/tmp``) takes an archive, big members included, owned
+    by the sandbox user; a symlink the sandbox made to a root-owned file is no way in."""
+    client, sandbox = docker_client_http, container
+    big = bytes(range(256)) * (40 << 10)  # 10 MiB
+    execute(client, sandbox["id"], "ln -sfn /etc/passwd /tmp/victim")
+    response = _put(client, sandbox, "/tmp/in", _tar(("d", None), ("d/big.bin", big), ("d/l", "big.bin")))
+    assert response.status_code == 204, response.text
+    response = _put(client, sandbox, "/tmp", _tar(("victim", b"mine")))  # written as the sandbox user
+    assert (response.status_code, error_of(response)) == (403, "permission_denied"), response.text
+    check = execute(
+        client, sandbox["id"], "stat -c '%U %s' /tmp/in/d/big.bin; readlink /tmp/in/d/l; md5sum < /tmp/in/d/big.bin"
+    )
+    lines = check["output"].splitlines()
+    assert lines[:2] == [f"sandbox {len(big)}", "big.bin"]
+    assert lines[2].split()[0] == hashlib.md5(big).hexdigest()
+    assert "root:" in execute(client, sandbox["id"], "head -1 /etc/passwd")["output"]

@@ -4,6 +4,8 @@ commands; background processes' output is held within a byte budget per sandbox.
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -11,9 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import SESSION_OWNER
 from service_harness import Running, create, error_of, execute, running, settings_for
 
-from sandboxes.server.settings import TenantPolicy
+from sandboxes.server.settings import Template, TenantPolicy
 
 CAP = 3
 THREADS = 6
@@ -25,7 +28,11 @@ BUDGET = 1 << 20
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     settings = settings_for(
         tmp_path_factory.mktemp("quotas"),
-        tenants={"alice": TenantPolicy(max_commands=CAP), "bob": TenantPolicy(max_commands=CAP)},
+        tenants={
+            "alice": TenantPolicy(max_commands=CAP),
+            "bob": TenantPolicy(max_commands=CAP),
+            "tiny": TenantPolicy(max_process_output=str(BUDGET)),
+        },
         worker_threads=THREADS,
         command_threads=THREADS,
         max_output_bytes=512 << 10,
@@ -128,6 +135,36 @@ def test_background_output_is_held_within_the_sandbox_budget(service: Running) -
             alice.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
+def _run_to_end(client: httpx.Client, sandbox_id: str, command: str) -> str:
+    started = client.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": command})
+    assert started.status_code == 202, started.text
+    poll = f"/v1/sandboxes/{sandbox_id}/processes/{started.json()['id']}"
+    _wait_for(lambda: client.get(poll).json()["status"] == "exited")
+    return poll
+
+
+def test_background_output_is_held_within_the_tenant_budget(service: Running) -> None:
+    """Two sandboxes of one tenant, each within its own budget, together past the tenant's:
+    the tenant's oldest finished output is dropped, in the other sandbox."""
+    command = "head -c 400000 /dev/zero | tr '\\0' a"
+    with service.client("tiny") as tiny:
+        first, second = create(tiny), create(tiny)
+        try:
+            oldest = _run_to_end(tiny, first["id"], command)
+            middle = _run_to_end(tiny, second["id"], command)
+            newest = _run_to_end(tiny, second["id"], command)
+            assert tiny.get(middle).json()["output"] == "a" * 400_000
+            assert tiny.get(newest).json()["output"] == "a" * 400_000
+            dropped = tiny.get(oldest).json()
+            assert (dropped["output"], dropped["status"], dropped["result"]["exit_code"]) == ("", "exited", 0)
+            assert "the tenant's budget" in dropped["result"]["message"]
+        finally:
+            tiny.delete(f"/v1/sandboxes/{first['id']}")
+            tiny.delete(f"/v1/sandboxes/{second['id']}")
+        # a deleted sandbox's processes no longer count
+        assert service.app.state.service.registry._ledgers["tiny"].held() == 0
+
+
 def test_running_processes_share_the_budget(service: Running) -> None:
     """Running processes reserve their output limit; past the budget a start is refused."""
     with service.client("bob") as bob:
@@ -146,3 +183,100 @@ def test_running_processes_share_the_budget(service: Running) -> None:
         finally:
             bob.post(f"/v1/sandboxes/{sandbox['id']}/files/write", json={"file_path": release, "content": ""})
             bob.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+@pytest.fixture(scope="module")
+def docker_service(
+    docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    template = Template(
+        backend="docker",
+        image=runtime_image,
+        cpus=0.5,
+        memory="256m",
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
+    )
+    settings = settings_for(
+        tmp_path_factory.mktemp("quotas-docker"),
+        owner=SESSION_OWNER,
+        templates={"default": template},
+        tenants={"alice": TenantPolicy(max_commands=4 * THREADS)},
+        command_threads=2,
+    )
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+def test_running_docker_commands_hold_no_thread(docker_service: Running) -> None:
+    """Three times as many long commands as command threads, within the tenant's cap: they are
+    awaited, not waited on by threads, so another tenant's command still runs at once."""
+    with docker_service.client("alice") as alice, docker_service.client("bob") as bob:
+        mine, theirs = create(alice), create(bob)
+        release = "/workspace/release"
+        try:
+            execute(alice, mine["id"], "true")  # the exec helpers are up
+            execute(bob, theirs["id"], "true")
+            url = f"/v1/sandboxes/{mine['id']}/execute"
+            command = f"echo started >> /workspace/log; while [ ! -e {release} ]; do sleep 0.05; done; echo done"
+            with ThreadPoolExecutor(3 * 2) as pool:
+                answers = [pool.submit(alice.post, url, json={"command": command}) for _ in range(3 * 2)]
+                _wait_for(lambda: execute(bob, theirs["id"], "true")["exit_code"] == 0)
+                _wait_for(lambda: execute(alice, mine["id"], "cat log 2>/dev/null | wc -l")["output"].strip() == "6")
+                started = time.monotonic()
+                with httpx.Client(base_url=docker_service.url, headers=bob.headers, timeout=5) as quick:
+                    answer = quick.post(f"/v1/sandboxes/{theirs['id']}/execute", json={"command": "echo fine"})
+                assert answer.json()["output"] == "fine\n"
+                assert time.monotonic() - started < 3
+                assert not any(a.done() for a in answers)
+                execute(alice, mine["id"], f"touch {release}")
+                assert [a.result().json()["output"] for a in answers] == ["done\n"] * 6
+            _wait_for(lambda: docker_service.app.state.service.commands.running("alice") == 0)
+        finally:
+            execute(alice, mine["id"], f"touch {release}")
+            alice.delete(f"/v1/sandboxes/{mine['id']}")
+            bob.delete(f"/v1/sandboxes/{theirs['id']}")
+
+
+def test_awaited_docker_commands_keep_their_semantics(docker_service: Running) -> None:
+    """Timeouts kill, big stdin arrives whole, the tree carries its marker, streams stream, and
+    a client that leaves has its command killed: on the awaited path as on the thread path."""
+    with docker_service.client("alice") as alice:
+        sandbox = create(alice)
+        sandbox_id = sandbox["id"]
+        try:
+            execute(alice, sandbox_id, "true")  # the helper is up: what follows is awaited
+            timed = execute(alice, sandbox_id, "echo before; sleep 30", timeout=1)
+            assert (timed["error"], timed["output"]) == ("timeout", "before\n")
+            assert timed["duration_ms"] < 10_000
+            survivors = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -cx 'sleep 30 '"
+            assert execute(alice, sandbox_id, survivors)["output"] == "0\n"
+            stdin = bytes(range(256)) * 4096  # 1 MiB, sent from a thread
+            counted = execute(
+                alice,
+                sandbox_id,
+                'wc -c; echo "${SANDBOXES_PROCESS_ID:+marked}"',
+                stdin_b64=base64.b64encode(stdin).decode(),
+            )
+            assert counted["output"].split() == [str(len(stdin)), "marked"]
+            with alice.stream(
+                "POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": "echo one; sleep 0.3; echo two"}
+            ) as stream:
+                lines = [json.loads(line) for line in stream.iter_lines() if line]
+            assert "".join(e["data"] for e in lines if e["type"] == "output") == "one\ntwo\n"
+            assert lines[-1]["type"] == "exit"
+            beat = "while true; do date +%s%N > /workspace/beat; sleep 0.1; done"
+            impatient = httpx.Client(
+                base_url=docker_service.url, headers=alice.headers, timeout=httpx.Timeout(30, read=1.5)
+            )
+            with impatient, pytest.raises(httpx.ReadTimeout):
+                impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", json={"command": beat, "timeout": 120})
+
+            def stopped() -> bool:
+                first = execute(alice, sandbox_id, "cat /workspace/beat")["output"]
+                time.sleep(0.5)
+                return bool(first) and execute(alice, sandbox_id, "cat /workspace/beat")["output"] == first
+
+            _wait_for(stopped)
+            _wait_for(lambda: docker_service.app.state.service.commands.running("alice") == 0)
+        finally:
+            alice.delete(f"/v1/sandboxes/{sandbox_id}")

@@ -1,0 +1,86 @@
+"""Commands awaited on the event loop instead of waited on by a thread.
+
+A command waited on by a worker thread holds that thread for as long as it runs: a few long
+commands of one tenant can take every thread, and everyone else's commands queue behind them.
+A `DockerSandbox` runs its commands through its exec helper, whose reader thread learns when
+each one ends; `sandboxes._mux.client.arun` completes an asyncio future from there, so a
+running command costs the service no thread at all.
+
+Only the common case is awaited: a helper already running. Anything else (no helper yet, a
+helper that died before taking the command, another backend) goes to the thread path, which
+starts or restarts the helper, falls back to one ``docker exec`` per command, and is what
+`BaseSandbox.execute_streaming` does everywhere. A helper that dies after taking the command
+answers ``connection_lost`` (the command may have run: it is never sent twice), as the thread
+path does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandboxes import protocol as p
+from sandboxes._mux import MuxBroken, MuxClient
+from sandboxes._mux.client import arun
+from sandboxes.base import BaseSandbox
+from sandboxes.server.processes import Command
+
+logger = logging.getLogger(__name__)
+
+Fallback = Callable[[], Awaitable[p.ExecuteResponse]]
+
+
+def awaitable_helper(sandbox: BaseSandbox) -> MuxClient | None:
+    """The sandbox's running exec helper, if it has one that a command can be awaited on."""
+    from sandboxes.docker import DockerSandbox
+
+    if not isinstance(sandbox, DockerSandbox):
+        return None
+    mux = getattr(sandbox, "_mux", None)
+    return mux if isinstance(mux, MuxClient) and mux.alive else None
+
+
+async def run_awaited(
+    sandbox: BaseSandbox,
+    mux: MuxClient,
+    command: Command,
+    env: dict[str, str],
+    on_output: Callable[[bytes], None] | None,
+    fallback: Fallback,
+) -> p.ExecuteResponse:
+    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""
+    config: Any = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
+    try:
+        response = await arun(
+            mux,
+            command.command,
+            timeout=config.default_timeout if command.timeout is None else command.timeout,
+            stdin=command.stdin,
+            env={**config.env, **env},
+            cwd=command.cwd or config.workdir,
+            output_limit=command.output_limit,
+            on_output=on_output,
+        )
+    except MuxBroken as broken:
+        logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
+        await asyncio.to_thread(getattr(sandbox, "_drop_helper"), mux)  # noqa: B009
+        if broken.started:  # it may have run: running it again could do it twice
+            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
+        return await fallback()
+    except Exception:
+        logger.exception("execute failed in %s", sandbox.id)
+        return p.ExecuteResponse(
+            "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
+        )
+    if response.exit_code == 137 and await asyncio.to_thread(getattr(sandbox, "_oom_killed")):  # noqa: B009
+        return p.ExecuteResponse(
+            response.output,
+            exit_code=137,
+            truncated=response.truncated,
+            error=p.OUT_OF_MEMORY,
+            message=f"Command was killed by the out-of-memory killer (memory limit {config.memory})",
+            duration_ms=response.duration_ms,
+        )
+    return response

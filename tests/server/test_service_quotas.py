@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SESSION_OWNER
+from support import SESSION_OWNER
 from service_harness import Running, create, error_of, execute, running, settings_for
 
 from sandboxes.server.settings import Template, TenantPolicy

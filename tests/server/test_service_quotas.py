@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from support import SESSION_OWNER
 from service_harness import Running, create, error_of, execute, running, settings_for
+from support import SESSION_OWNER
 
 from sandboxes.server.settings import Template, TenantPolicy
 

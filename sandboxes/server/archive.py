@@ -29,6 +29,7 @@ import errno
 import io
 import lzma
 import os
+import secrets
 import stat
 import tarfile
 import tempfile
@@ -363,31 +364,39 @@ def _extract_member(dest_fd: int, names: list[str], member: tarfile.TarInfo, con
                 os.mkdir(name, mode | 0o700, dir_fd=parent_fd)
             os.close(_open_dir(name, parent_fd, create=False))  # exists, and is a real directory
             return
-        _unlink_non_dir(parent_fd, name)
-        if member.issym():
-            os.symlink(member.linkname, name, dir_fd=parent_fd)
-            return
-        assert content is not None
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o600, dir_fd=parent_fd)
-        with os.fdopen(fd, "wb") as target:
-            while chunk := content.read(_COPY):
-                target.write(chunk)
-            target.flush()
-            os.fchmod(target.fileno(), mode)
-            os.utime(target.fileno(), (member.mtime, member.mtime))
+        _refuse_directory(parent_fd, name)
+        # Made under a temporary name and renamed over ``name`` once whole: a body cut halfway
+        # (a client killed mid-upload) leaves the file it would replace as it was.
+        temp = f".sandboxes-write.{secrets.token_hex(8)}"
+        try:
+            if member.issym():
+                os.symlink(member.linkname, temp, dir_fd=parent_fd)
+            else:
+                assert content is not None
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(temp, flags, 0o600, dir_fd=parent_fd)
+                with os.fdopen(fd, "wb") as target:
+                    while chunk := content.read(_COPY):
+                        target.write(chunk)
+                    target.flush()
+                    os.fchmod(target.fileno(), mode)
+                    os.utime(target.fileno(), (member.mtime, member.mtime))
+            os.replace(temp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=parent_fd)
+            raise
     finally:
         os.close(parent_fd)
 
 
-def _unlink_non_dir(dir_fd: int, name: str) -> None:
+def _refuse_directory(dir_fd: int, name: str) -> None:
     try:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(info.st_mode):
         raise ServiceError("is_directory", f"archive member {name!r} would replace a directory")
-    os.unlink(name, dir_fd=dir_fd)
 
 
 # ---------------------------------------------------------------------- docker: rewrite, spool

@@ -165,6 +165,21 @@ def test_a_legitimate_sparse_archive_arrives_intact(
     assert check["output"].split() == [str((1 << 20) + 4), "end", "0"]
 
 
+def test_an_archive_cut_short_leaves_the_file_it_would_replace(
+    local_client: httpx.Client, local_sandbox: dict[str, Any]
+) -> None:
+    """A client killed halfway through an upload: the body ends inside a member. The file that
+    member would replace must stay whole, not be unlinked and half rewritten."""
+    workdir = local_sandbox["workdir"]
+    assert execute(local_client, local_sandbox["id"], "printf original > kept.txt")["exit_code"] == 0
+    whole = _tar(("kept.txt", b"n" * (1 << 20)))
+    cut = whole[: 512 + (1 << 19)]  # the header and half the content
+    response = _put(local_client, local_sandbox, workdir, cut)
+    assert response.status_code == 422, response.text
+    assert execute(local_client, local_sandbox["id"], "cat kept.txt")["output"] == "original"
+    assert execute(local_client, local_sandbox["id"], "ls -A | grep -c sandboxes-write")["output"] == "0\n"
+
+
 # ---------------------------------------------------------------------- docker
 
 

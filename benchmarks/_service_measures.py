@@ -42,14 +42,7 @@ def stat(pid: int | str) -> tuple[str, int, float, float]:
     return head.partition("(")[2], int(fields[1]), own, (int(fields[13]) + int(fields[14])) / CLK_TCK
 
 
-def docker_side_cpu(containers: Sequence[int]) -> float:
-    """CPU seconds of dockerd and containerd (shared: every exec stream passes through them),
-    plus, for each container of this run (given by its init pid), its shim and everything
-    under it, with reaped children: the container's processes and its exec helper (started by
-    ``docker exec``, so a child of the shim, not of the init). Other people's containers on the
-    same engine are left out."""
-    if not containers:
-        return 0.0
+def _process_table() -> tuple[dict[int, tuple[str, int, float, float]], dict[int, list[int]]]:
     table: dict[int, tuple[str, int, float, float]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -58,22 +51,52 @@ def docker_side_cpu(containers: Sequence[int]) -> float:
     children: dict[int, list[int]] = {}
     for pid, (_name, ppid, _own, _reaped) in table.items():
         children.setdefault(ppid, []).append(pid)
-    daemons = sum(own for name, _ppid, own, _reaped in table.values() if name in ("dockerd", "containerd"))
+    return table, children
+
+
+def _tree_cpu(
+    table: dict[int, tuple[str, int, float, float]], children: dict[int, list[int]], roots: Sequence[int]
+) -> float:
+    """Own plus reaped-children CPU seconds of every live process under ``roots`` (inclusive)."""
     seen: set[int] = set()
-    todo = [table[pid][1] for pid in containers if pid in table]  # their shims
+    todo = [pid for pid in roots if pid in table]
     while todo:
         pid = todo.pop()
         if pid not in seen and pid in table:
             seen.add(pid)
             todo += children.get(pid, [])
-    return daemons + sum(table[pid][2] + table[pid][3] for pid in seen)
+    return sum(table[pid][2] + table[pid][3] for pid in seen)
+
+
+def docker_side_cpu(containers: Sequence[int]) -> float:
+    """CPU seconds of dockerd and containerd (shared: every exec stream passes through them),
+    plus, for each container of this run (given by its init pid), its shim and everything
+    under it, with reaped children: the container's processes and its exec helper (started by
+    ``docker exec``, so a child of the shim, not of the init). Other people's containers on the
+    same engine are left out."""
+    if not containers:
+        return 0.0
+    table, children = _process_table()
+    daemons = sum(own for name, _ppid, own, _reaped in table.values() if name in ("dockerd", "containerd"))
+    shims = [table[pid][1] for pid in containers if pid in table]
+    return daemons + _tree_cpu(table, children, shims)
+
+
+def live_children_cpu(parents: Sequence[int]) -> float:
+    """CPU seconds of the live processes under ``parents`` (not the parents themselves): a
+    LocalSandbox's long-lived jail and exec helper, which no reaped-children count sees until
+    the sandbox closes."""
+    table, children = _process_table()
+    return _tree_cpu(table, children, [child for parent in parents for child in children.get(parent, [])])
 
 
 def cpu_snapshot(server_pid: int | None, containers: Sequence[int]) -> tuple[float, float, float, float]:
     """(service process, this process, sandbox side, whole machine busy) CPU seconds so far."""
     server, server_children = stat(server_pid)[2:] if server_pid else (0.0, 0.0)
     times = os.times()
-    backend = server_children + times.children_user + times.children_system + docker_side_cpu(containers)
+    parents = [os.getpid(), *([server_pid] if server_pid else [])]
+    live = live_children_cpu(parents)
+    backend = server_children + times.children_user + times.children_system + live + docker_side_cpu(containers)
     return server, times.user + times.system, backend, machine_busy()
 
 

@@ -168,6 +168,7 @@ def _ssh_vm(labels: Mapping[str, str], workdir: Path) -> Iterator[SSHHostConfig]
         environment={"SSH_AUTHORIZED_KEYS": f"{key.get_name()} {key.get_base64()}"},
         ports={"22/tcp": (LOOPBACK, port)},
         labels={"io.sandboxes.bench": "ssh", **labels},
+        cap_add=["NET_ADMIN"],  # the image firewalls its sandbox users at start
     )
     try:
         host_key = _host_key(port)

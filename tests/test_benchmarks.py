@@ -20,6 +20,8 @@ OPS = [
     "glob",
     "upload_files 1MiB",
     "download_files 1MiB",
+    "execute (one jail per command)",
+    "write (one jail per command)",
 ]
 
 

@@ -13,7 +13,7 @@ import pytest
 from deepagents.backends import protocol as da
 from deepagents.backends.composite import CompositeBackend
 from langchain_tests.integration_tests import SandboxIntegrationTests
-from server.service_harness import KEYS, running, settings_for
+from server.service_harness import KEYS, UNTHROTTLED, running, settings_for
 from ssh_fixtures import start_vm
 from support import SESSION_OWNER
 
@@ -134,6 +134,7 @@ class TestRemoteSandboxStandard(StandardSuite):
             tmp_path_factory.mktemp("deepagents-remote"),
             owner=f"{SESSION_OWNER}-deepagents",
             templates={"default": template},
+            tenants=UNTHROTTLED,
         )
         with (
             running(settings, docker_client=docker_client) as service,

@@ -31,6 +31,9 @@ POLICIES = {
     "tiny": TenantPolicy(max_sandboxes=1, max_cpus=1.5, max_memory="1g"),
     "slow": TenantPolicy(rate=2.0, burst=3),
 }
+UNTHROTTLED = {**POLICIES, "alice": TenantPolicy(rate=10_000, burst=10_000)}
+"""For suites that drive a whole backend through the service (conformance, langchain-tests):
+on a fast machine they exceed the default 100 requests/s, and a refused write is not retried."""
 
 
 def free_port() -> int:

@@ -19,7 +19,17 @@ from typing import Any
 import docker.errors
 import httpx
 import pytest
-from service_harness import KEYS, Running, ServiceProcess, create, execute, running, settings_for, subprocess_config
+from service_harness import (
+    KEYS,
+    UNTHROTTLED,
+    Running,
+    ServiceProcess,
+    create,
+    execute,
+    running,
+    settings_for,
+    subprocess_config,
+)
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
@@ -40,7 +50,10 @@ def _template(image: str) -> Template:
 def service(docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     owner = f"{SESSION_OWNER}-svc-{uuid.uuid4().hex[:6]}"
     settings = settings_for(
-        tmp_path_factory.mktemp("docker"), owner=owner, templates={"default": _template(runtime_image)}
+        tmp_path_factory.mktemp("docker"),
+        owner=owner,
+        templates={"default": _template(runtime_image)},
+        tenants=UNTHROTTLED,  # the conformance suite below runs through this service
     )
     with running(settings, docker_client=docker_client) as svc:
         yield svc

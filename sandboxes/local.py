@@ -39,15 +39,12 @@ from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
 from sandboxes._process import run_process
 from sandboxes.base import Operation, StreamingSandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
+from sandboxes.protocol import NotIsolatedWarning as NotIsolatedWarning  # re-exported: its old home
 from sandboxes.semantics import message_for
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-
-
-class NotIsolatedWarning(UserWarning):
-    """Commands of this sandbox run with the caller's full privileges."""
 
 
 class LocalSandboxConfig(BaseModel):

@@ -21,6 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+
+class NotIsolatedWarning(UserWarning):
+    """Commands of this sandbox run with the caller's full privileges.
+
+    Shared by every backend that can run without isolation (local, SSH), so it lives here
+    rather than in one backend that the others would then have to import.
+    """
+
+
 ErrorCode = Literal[
     "file_not_found",
     "permission_denied",

@@ -48,8 +48,8 @@ from sandboxes._ssh_connection import (
 from sandboxes._ssh_users import UserPoolError
 from sandboxes.base import BaseSandbox, _Call
 from sandboxes.lifecycle import Lifecycle
-from sandboxes.local import NotIsolatedWarning
 from sandboxes.paths import InvalidPathError, normalize_path
+from sandboxes.protocol import NotIsolatedWarning
 
 __all__ = [
     "SSHAuthenticationError",

@@ -13,6 +13,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 (httpx).
 """
 
+from sandboxes.api import SandboxInfo
 from sandboxes.client._http import AsyncSandboxClient, SandboxClient
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
@@ -29,7 +30,6 @@ from sandboxes.client.errors import (
     Unauthorized,
 )
 from sandboxes.client.remote import RemoteSandbox
-from sandboxes.server.api import SandboxInfo
 
 __all__ = [
     "AsyncSandboxClient",

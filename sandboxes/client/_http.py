@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 from tenacity import AsyncRetrying, Retrying
 
+from sandboxes import api
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
 from sandboxes.client.errors import (
@@ -25,7 +26,6 @@ from sandboxes.client.errors import (
     error_from_response,
     error_from_transport,
 )
-from sandboxes.server import api
 
 if TYPE_CHECKING:
     from sandboxes.client.remote import RemoteSandbox

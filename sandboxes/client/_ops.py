@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client import _wire as w
-from sandboxes.server import api
 
 _SANDBOXES = f"{api.API_PREFIX}/sandboxes"
 

@@ -19,6 +19,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tenacity import RetryCallState
 
+from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client.errors import (
     BackendUnavailable,
@@ -29,7 +30,6 @@ from sandboxes.client.errors import (
     SandboxServiceError,
     ServiceUnreachable,
 )
-from sandboxes.server import api
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

@@ -26,6 +26,7 @@ from typing import IO, cast
 
 import httpx
 
+from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
@@ -34,7 +35,6 @@ from sandboxes.client._http import AsyncSandboxClient, SandboxClient, achunks_of
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.semantics import message_for
-from sandboxes.server import api
 
 ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
 """A tar stream to upload: bytes, a binary file (read in chunks), or an iterable of chunks."""

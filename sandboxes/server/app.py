@@ -30,7 +30,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxes.server import api, responses
+from sandboxes import api
+from sandboxes.server import responses
 from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
 from sandboxes.server.errors import ServiceError

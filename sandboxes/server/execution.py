@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxes import protocol as p
+from sandboxes.api import ExecuteRequest, ExecuteResult, StreamEvent
 from sandboxes.base import BaseSandbox
-from sandboxes.server.api import ExecuteRequest, ExecuteResult, StreamEvent
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command, result_of, run_marked

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxes.server import api, responses
+from sandboxes import api
+from sandboxes.server import responses
 from sandboxes.server.auth import Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry

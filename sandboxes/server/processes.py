@@ -30,8 +30,8 @@ from typing import Literal
 
 from sandboxes import protocol as p
 from sandboxes._output import OutputBuffer
+from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.server.api import ExecuteResult, ProcessInfo
 from sandboxes.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.server.api import CreateSandbox, SandboxInfo
 from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import Backend
 from sandboxes.server.errors import ServiceError, not_found

@@ -16,7 +16,7 @@ import pydantic_core
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from sandboxes.server import api
+from sandboxes import api
 from sandboxes.server.errors import ServiceError, code_for_status
 from sandboxes.server.logs import REQUEST_ID
 from sandboxes.server.metrics import Metrics

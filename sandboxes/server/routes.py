@@ -1,4 +1,4 @@
-"""The HTTP routes of `sandboxes.server.api`, version 1.
+"""The HTTP routes of `sandboxes.api`, version 1.
 
 Every route under ``/v1`` authenticates first, then takes a token from the tenant's rate
 bucket, then looks the sandbox up among the tenant's own (another tenant's id is simply not
@@ -25,7 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from sandboxes.server import api
+from sandboxes import api
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed

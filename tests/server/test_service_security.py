@@ -18,7 +18,7 @@ import httpx
 import pytest
 from service_harness import KEYS, Running, create, error_of, execute, running, settings_for
 
-from sandboxes.server.api import FILE_OPERATIONS
+from sandboxes.api import FILE_OPERATIONS
 
 
 @pytest.fixture(scope="module")

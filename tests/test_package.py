@@ -1,0 +1,58 @@
+"""The top-level package: its version, its public API, and that importing it stays cheap."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import pytest
+
+import sandboxes
+
+HEAVY = ("docker", "paramiko", "fastapi", "uvicorn", "httpx")
+
+
+def _modules_after(statement: str) -> set[str]:
+    """The modules loaded by ``statement`` in a fresh interpreter (this one has imported them all)."""
+    probe = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out))
+
+
+def test_importing_the_package_loads_no_driver_nor_web_framework() -> None:
+    loaded = _modules_after("import sandboxes")
+    assert "sandboxes" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
+    # Not a single backend either: each is imported when its name is first used.
+    assert not {m for m in loaded if m.startswith("sandboxes.")}
+
+
+def test_a_public_name_imports_only_its_own_module() -> None:
+    loaded = _modules_after("from sandboxes import LocalSandbox")
+    assert "sandboxes.local" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
+
+
+@pytest.mark.parametrize("name", [n for n in sandboxes.__all__ if n != "__version__"])
+def test_every_public_name_resolves_to_its_module(name: str) -> None:
+    value = getattr(sandboxes, name)
+    home = importlib.import_module(sandboxes._HOME[name])
+    assert value is getattr(home, name)
+    assert name in dir(sandboxes)
+
+
+def test_every_home_is_public() -> None:
+    assert set(sandboxes._HOME) == set(sandboxes.__all__) - {"__version__"}
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    assert not hasattr(sandboxes, "NoSuchSandbox")
+    with pytest.raises(AttributeError, match="NoSuchSandbox"):
+        sandboxes.NoSuchSandbox  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    assert sandboxes.__version__ == importlib.metadata.version("sandboxes")

@@ -25,6 +25,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +46,12 @@ from sandboxes.semantics import message_for
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxes-jail-spawner")
+"""The one thread that starts long-lived jails. bwrap's ``--die-with-parent`` is
+PR_SET_PDEATHSIG, which the kernel fires when the THREAD that forked the jail exits, not the
+process: a jail started by whichever pool worker needed it first (an agent's tool call) died
+with that worker, and the next command with it. This thread lives as long as the interpreter."""
 
 
 class LocalSandboxConfig(BaseModel):
@@ -318,7 +325,8 @@ class LocalSandbox(StreamingSandbox):
             if self._helper_process is not None and self._helper_process.client.alive:
                 return self._helper_process
             try:
-                self._helper_process = self._start_helper()
+                # On the spawner thread: see `_SPAWNER`.
+                self._helper_process = _SPAWNER.submit(self._start_helper).result()
             except (MuxBroken, OSError) as exc:
                 logger.warning("no exec helper in %s (%s): one jail per command", self._id, exc)
                 self._helper_unavailable = True

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -363,3 +365,46 @@ def test_close_ends_the_jail(tmp_path: Path) -> None:
         os.kill(jail, 0)
     assert sandbox.execute("true").error == p.UNAVAILABLE  # and no new jail starts
     assert sandbox._helper_process is None
+
+
+def test_a_jail_started_by_a_passing_thread_outlives_that_thread(tmp_path: Path) -> None:
+    """bwrap's --die-with-parent fires when the THREAD that spawned it exits: the long-lived jail,
+    started by whichever worker thread needed it first (a tool call in an agent's pool), must not
+    die with that thread and take the next command with it."""
+    sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap"))
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:  # both workers exit when the block ends
+            writes = list(pool.map(lambda n: sandbox.write(f"{sandbox.root}/{n}.txt", n), ["a", "b"]))
+        assert [w.error for w in writes] == [None, None]
+        jail = _jail_pid(sandbox)
+        assert sandbox.execute("cat a.txt b.txt").output == "ab"
+        assert _jail_pid(sandbox) == jail, "the jail was restarted"
+    finally:
+        sandbox.close()
+
+
+def test_the_jail_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """The jail still dies with the process that started it (kill -9, no cleanup at all)."""
+    script = (
+        "import sys; from sandboxes.local import LocalSandbox, LocalSandboxConfig\n"
+        "s = LocalSandbox(config=LocalSandboxConfig(root_dir=sys.argv[1], isolation='bwrap'))\n"
+        "s.execute('true'); print(s._helper_process.process.pid, flush=True); sys.stdin.read()\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "root")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert owner.stdout is not None
+    jail = int(owner.stdout.readline())
+    os.kill(jail, 0)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(jail, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(jail, os.WNOHANG)
+        time.sleep(0.05)
+    pytest.fail("the jail outlived the process that started it")

@@ -142,6 +142,7 @@ class _Service:
                     "max_memory": "64g",
                     "rate": 1e9,
                     "burst": 10**9,
+                    "max_commands": 10_000,  # the load is the point here, not the per-tenant cap (16)
                 }
             },
             "templates": {"default": template},

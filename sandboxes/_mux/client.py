@@ -131,44 +131,48 @@ class MuxClient:
 
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on the
         stream's reader thread, which serves every command: it must neither block nor raise."""
-        if self.broken:
-            raise MuxBroken(self.broken, started=False)
-        ident = next(self._ids)
-        pending = _Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {}))
-        with self._pending_lock:
-            self._pending[ident] = pending
-        if self.broken:  # broken since the check above: `_fail_all` may have missed this one
-            with self._pending_lock:
-                self._pending.pop(ident, None)
-            raise MuxBroken(self.broken, started=False)
+        ident, pending = self._register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
         started = time.monotonic()
-        spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
-        spec["stdin"] = stdin is not None
         try:
-            try:
-                self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
-            except MuxBroken as broken:
-                raise MuxBroken(str(broken), started=False) from broken
+            self._request(ident, command, env, cwd, timeout, stdin)
             if stdin is not None:
-                for offset in range(0, len(stdin), _STDIN_CHUNK):
-                    self._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
-                self._send(b"C", ident)
+                _send_stdin(self, ident, stdin)
             self._await(ident, pending, time.monotonic(), timeout)
         finally:
             with self._pending_lock:
                 self._pending.pop(ident, None)
-        if pending.failure is not None:
-            raise MuxBroken(pending.failure, started=pending.accepted_at is not None)
-        if pending.start_error is not None:
-            code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
-            return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
-        return execute_response(
-            pending.output,
-            pending.exit_code,
-            timed_out=pending.timed_out,
-            timeout=timeout,
-            duration_ms=(time.monotonic() - started) * 1000,
-        )
+        return _response(pending, timeout, started)
+
+    def _register(self, pending: _Pending) -> tuple[int, _Pending]:
+        """A new command id with ``pending`` waiting on it; `MuxBroken` (not started) if the
+        stream is broken, before or while registering (`_fail_all` may have missed it)."""
+        if self.broken:
+            raise MuxBroken(self.broken, started=False)
+        ident = next(self._ids)
+        with self._pending_lock:
+            self._pending[ident] = pending
+        if self.broken:
+            with self._pending_lock:
+                self._pending.pop(ident, None)
+            raise MuxBroken(self.broken, started=False)
+        return ident, pending
+
+    def _request(
+        self,
+        ident: int,
+        command: str,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+        stdin: bytes | None,
+    ) -> None:
+        """The R frame; a failure to send it means the command never reached the helper."""
+        spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
+        spec["stdin"] = stdin is not None
+        try:
+            self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
+        except MuxBroken as broken:
+            raise MuxBroken(str(broken), started=False) from broken
 
     def kill_tagged(self, name: str, value: str) -> int:
         """Kill (as its timeout would: the whole tree) every running command that was given
@@ -333,8 +337,6 @@ async def arun(
     """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
     service would otherwise hold one thread per running command). Same frames, same timeouts,
     same `MuxBroken`."""
-    if client.broken:
-        raise MuxBroken(client.broken, started=False)
     loop = asyncio.get_running_loop()
     ended: asyncio.Future[None] = loop.create_future()
 
@@ -346,18 +348,11 @@ async def arun(
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle)
 
-    ident = next(client._ids)
-    pending = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output)
-    with client._pending_lock:
-        client._pending[ident] = pending
+    waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
+    ident, pending = client._register(waiting)
     started = time.monotonic()
-    spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
-    spec["stdin"] = stdin is not None
     try:
-        try:
-            client._send(b"R", ident, json.dumps(spec).encode("utf-8"))
-        except MuxBroken as broken:
-            raise MuxBroken(str(broken), started=False) from broken
+        client._request(ident, command, env, cwd, timeout, stdin)
         if stdin is not None:
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
@@ -367,6 +362,11 @@ async def arun(
     finally:
         with client._pending_lock:
             client._pending.pop(ident, None)
+    return _response(pending, timeout, started)
+
+
+def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:
+    """What a finished command answers; `MuxBroken` if the stream failed under it."""
     if pending.failure is not None:
         raise MuxBroken(pending.failure, started=pending.accepted_at is not None)
     if pending.start_error is not None:

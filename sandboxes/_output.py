@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxes.protocol import TIMEOUT, ExecuteResponse
+from sandboxes.protocol import OUT_OF_MEMORY, TIMEOUT, ExecuteResponse
 
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 """Bytes of output ``execute`` keeps by default (1 MiB): enough for any tool result an agent can
@@ -70,3 +70,16 @@ def execute_response(
             duration_ms=duration_ms,
         )
     return ExecuteResponse(output.text(), exit_code=exit_code, truncated=output.truncated, duration_ms=duration_ms)
+
+
+def out_of_memory(response: ExecuteResponse, limit: str) -> ExecuteResponse:
+    """``response`` (a command that died with 137) as what it was: the out-of-memory killer's
+    work under a memory limit of ``limit``."""
+    return ExecuteResponse(
+        response.output,
+        exit_code=137,
+        truncated=response.truncated,
+        error=OUT_OF_MEMORY,
+        message=f"Command was killed by the out-of-memory killer (memory limit {limit})",
+        duration_ms=response.duration_ms,
+    )

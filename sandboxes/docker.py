@@ -30,7 +30,7 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._docker_io import MAX_ARCHIVE_MEMBERS, ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
@@ -233,14 +233,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         if response is None:
             response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
         if response.exit_code == 137 and self._oom_killed():
-            return p.ExecuteResponse(
-                response.output,
-                exit_code=137,
-                truncated=response.truncated,
-                error=p.OUT_OF_MEMORY,
-                message=f"Command was killed by the out-of-memory killer (memory limit {self.config.memory})",
-                duration_ms=response.duration_ms,
-            )
+            return out_of_memory(response, self.config.memory)
         return response
 
     @property

@@ -36,7 +36,7 @@ from sandboxes._jail import Jail, claim
 from sandboxes._limits import Cgroup, disk_usage, launch_limits, tasks_of
 from sandboxes._local_helper import HELPER_COMMAND, HelperProcess
 from sandboxes._mux import MuxBroken
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes._process import run_process
 from sandboxes.base import Operation, StreamingSandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
@@ -376,14 +376,7 @@ class LocalSandbox(StreamingSandbox):
     def _oom_checked(self, response: p.ExecuteResponse, oom_before: int) -> p.ExecuteResponse:
         if response.exit_code != 137 or self._cgroup is None or self._cgroup.oom_kills() <= oom_before:
             return response
-        return p.ExecuteResponse(
-            response.output,
-            exit_code=137,
-            truncated=response.truncated,
-            error=p.OUT_OF_MEMORY,
-            message=f"Command was killed by the out-of-memory killer (memory limit {self.config.memory} bytes)",
-            duration_ms=response.duration_ms,
-        )
+        return out_of_memory(response, f"{self.config.memory} bytes")
 
     # ------------------------------------------------------------------ disk bound
 

@@ -24,6 +24,7 @@ from typing import Any
 from sandboxes import protocol as p
 from sandboxes._mux import MuxBroken, MuxClient
 from sandboxes._mux.client import arun
+from sandboxes._output import out_of_memory
 from sandboxes.base import BaseSandbox
 from sandboxes.server.processes import Command
 
@@ -75,12 +76,5 @@ async def run_awaited(
             "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
         )
     if response.exit_code == 137 and await asyncio.to_thread(getattr(sandbox, "_oom_killed")):  # noqa: B009
-        return p.ExecuteResponse(
-            response.output,
-            exit_code=137,
-            truncated=response.truncated,
-            error=p.OUT_OF_MEMORY,
-            message=f"Command was killed by the out-of-memory killer (memory limit {config.memory})",
-            duration_ms=response.duration_ms,
-        )
+        return out_of_memory(response, config.memory)
     return response

@@ -120,11 +120,11 @@ class LocalProvider(SandboxProvider):
 
 
 class DockerProvider(SandboxProvider):
-    """`DockerSandbox`es from `sandboxes.providers.docker.DockerProvider` (its template, pool, sweep)."""
+    """`DockerSandbox`es from `sandboxes.docker.provider.DockerProvider` (its template, pool, sweep)."""
 
     def __init__(self, provider: Any = None, **options: Any) -> None:
         if provider is None:
-            from sandboxes.providers.docker import DockerProvider as _Docker
+            from sandboxes.docker.provider import DockerProvider as _Docker
 
             provider = _Docker(**options)
         self.provider = provider
@@ -145,7 +145,7 @@ class DockerProvider(SandboxProvider):
 
 
 class SSHProvider(SandboxProvider):
-    """`SSHSandbox`es from `sandboxes.providers.ssh.SSHProvider` (placement over its hosts).
+    """`SSHSandbox`es from `sandboxes.ssh.provider.SSHProvider` (placement over its hosts).
 
     An SSH sandbox's id (``ssh:<host>:<port>:<workspace>``) names its host and workspace, which
     is all `attach` needs in another process."""

@@ -48,7 +48,7 @@ from deepagents.backends.sandbox import BaseSandbox as DeepagentsBaseSandbox
 
 from sandboxes import protocol as p
 from sandboxes.docker import LABEL_OWNER, DockerSandbox, DockerSandboxConfig
-from sandboxes.providers.docker import DockerProvider
+from sandboxes.docker.provider import DockerProvider
 
 IMAGE = "sandboxes/runtime:latest"
 TREE = "/workspace/tree"

@@ -56,8 +56,8 @@ from _common import timed as _timed
 from pydantic import SecretStr
 
 from sandboxes import protocol as p
-from sandboxes._ssh_connection import connections
 from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig
+from sandboxes.ssh._connection import connections
 
 IMAGE = "sandboxes/ssh-vm:latest"
 LOOPBACK = "127.0.0.1"

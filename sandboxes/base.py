@@ -48,7 +48,7 @@ SEARCH_OUTPUT_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class Call:
     """One round trip: what to run, what to feed it, and how much output to accept."""
 
     command: str
@@ -59,9 +59,9 @@ class _Call:
     these (reads, listings, searches), and must not retry the others (writes, deletes)."""
 
 
-# An operation is a generator that yields the `_Call`s it needs, receives each response, and
+# An operation is a generator that yields the `Call`s it needs, receives each response, and
 # returns its result. `_drive` runs it over `execute`, `_adrive` over `aexecute`.
-Operation = Generator[_Call, p.ExecuteResponse, R]
+Operation = Generator[Call, p.ExecuteResponse, R]
 
 
 class BaseSandbox(p.SandboxBackendProtocol):
@@ -96,13 +96,13 @@ class BaseSandbox(p.SandboxBackendProtocol):
 
     # ----------------------------------------------------------------- driving operations
 
-    def _run_call(self, call: _Call) -> p.ExecuteResponse:
+    def _run_call(self, call: Call) -> p.ExecuteResponse:
         """One round trip; transports with retry policies (reconnecting SSH) override this."""
         return self.execute(
             call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
         )
 
-    async def _arun_call(self, call: _Call) -> p.ExecuteResponse:
+    async def _arun_call(self, call: Call) -> p.ExecuteResponse:
         return await self.aexecute(
             call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
         )
@@ -134,14 +134,14 @@ class BaseSandbox(p.SandboxBackendProtocol):
             directory = normalize_path(path)
         except InvalidPathError as exc:
             return p.LsResult(*refused_input(exc, path))
-        response = yield _Call(_scripts.command(_scripts.LS, directory), output_limit=SEARCH_OUTPUT_LIMIT)
+        response = yield Call(_scripts.command(_scripts.LS, directory), output_limit=SEARCH_OUTPUT_LIMIT)
         if (code := _parse.check(response, directory)) is not None:
             return p.LsResult(code, message_for(code, directory))
         return p.LsResult(entries=_parse.ls_entries(response.output, directory))
 
     def _fetch(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
         """The whole file (up to `MAX_READ_BYTES`), or why not."""
-        response = yield _Call(_scripts.command(_scripts.READ_FILE, path, str(MAX_READ_BYTES + 1)))
+        response = yield Call(_scripts.command(_scripts.READ_FILE, path, str(MAX_READ_BYTES + 1)))
         if (code := _parse.check(response, path)) is not None:
             detail = "not a regular file" if code == p.INVALID_ARGUMENT else None
             return code, message_for(code, path, detail)
@@ -169,7 +169,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.WriteResult(*refused_input(exc, file_path))
         data = content.encode("utf-8")
         command = _scripts.command(_scripts.WRITE, path, str(len(data)), _token())
-        call = _Call(command, stdin=data, idempotent=False)
+        call = Call(command, stdin=data, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -192,7 +192,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
         replacement = outcome.content.encode("utf-8")
         command = _scripts.command(_scripts.CAS_WRITE, path, digest, str(len(replacement)), _token())
-        call = _Call(command, stdin=replacement, idempotent=False)
+        call = Call(command, stdin=replacement, idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
         return p.EditResult(path=path, occurrences=outcome.occurrences)
@@ -204,7 +204,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.DeleteResult(*refused_input(exc, file_path))
         if path == "/":
             return p.DeleteResult(p.INVALID_PATH, "refusing to delete the root directory")
-        call = _Call(_scripts.command(_scripts.DELETE, path), idempotent=False)
+        call = Call(_scripts.command(_scripts.DELETE, path), idempotent=False)
         if (code := _parse.check((yield call), path)) is not None:
             return p.DeleteResult(code, message_for(code, path))
         return p.DeleteResult(path=path)
@@ -213,7 +213,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         """Regular files under ``root``, narrowed by ``pattern``'s basename where possible."""
         names = basename_prefilter(pattern) if pattern else None
         predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
-        call = _Call(_scripts.command(_scripts.FIND_FILES, root, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        call = Call(_scripts.command(_scripts.FIND_FILES, root, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return code, message_for(code, root)
@@ -243,7 +243,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         names = (basename_prefilter(glob) if glob else None) or []
         tool = "rg" if self.search_tools else "find"
         command = _scripts.command(_scripts.GREP, root, pattern, tool, *names)
-        call = _Call(command, output_limit=SEARCH_OUTPUT_LIMIT)
+        call = Call(command, output_limit=SEARCH_OUTPUT_LIMIT)
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return p.GrepResult(code, message_for(code, root))
@@ -268,14 +268,14 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if len(valid) == 1:
             index, path, content = valid[0]
             command = _scripts.command(_scripts.WRITE, path, str(len(content)), _token())
-            response = yield _Call(command, stdin=content, idempotent=False)
+            response = yield Call(command, stdin=content, idempotent=False)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
             args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
             stream = b"".join(content for _, _, content in valid)
             command = _scripts.command(_scripts.UPLOAD, _token(), *args)
-            response = yield _Call(command, stdin=stream, idempotent=False)
+            response = yield Call(command, stdin=stream, idempotent=False)
             failure = _parse.check(response, valid[0][1])
             if failure is not None:  # the batch could not start (no temp space)
                 statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)
@@ -299,7 +299,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if valid:
             limit = "-" if inline_limit is None else str(inline_limit)
             command = _scripts.command(_scripts.DOWNLOAD, limit, *(path for _, path in valid))
-            response = yield _Call(command)
+            response = yield Call(command)
             _parse.check(response, valid[0][1])
             for (index, path), (status, content) in zip(
                 valid, _parse.downloads(response.output, len(valid)), strict=True
@@ -367,7 +367,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             args += [temp, target, "-" if code is not None else str(len(data))]
         committed = [i for i, code in enumerate(outcomes) if code is None]
         try:
-            response = self._run_call(_Call(_scripts.command(_scripts.COMMIT_STAGED, *args), idempotent=False))
+            response = self._run_call(Call(_scripts.command(_scripts.COMMIT_STAGED, *args), idempotent=False))
             failure = _parse.check(response, files[0][0])
             statuses = None if failure is not None else _parse.upload_statuses(response.output, len(committed))
         except _parse.ScriptFailed as exc:
@@ -420,7 +420,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             except InvalidPathError as exc:
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if valid:
-            call = _Call(_scripts.command(_scripts.PREPARE_UPLOAD, *(path for _, path in valid)), idempotent=False)
+            call = Call(_scripts.command(_scripts.PREPARE_UPLOAD, *(path for _, path in valid)), idempotent=False)
             response = yield call
             _parse.check(response, valid[0][1])
             for (index, path), status in zip(valid, _parse.upload_statuses(response.output, len(valid)), strict=True):

@@ -10,15 +10,26 @@
 
 Every backend's sandbox follows it by inheriting `Lifecycle`; ``tests/test_lifecycle.py`` checks
 each one against a real backend.
+
+A `Provider` makes and finds the sandboxes of one backend from one template: ``create``,
+``attach`` by reference, ``list`` what exists, ``destroy`` by reference, ``sweep`` the expired,
+and (`PooledProvider`) ``acquire`` from a warm pool. What a provider knows of its sandboxes is
+recorded on the sandboxes themselves (labels, annotations, marker files), never only in the
+provider's memory, so a new process with the same template finds, adopts and reaps them: that
+is what lets the service restart, and run several replicas, without losing a sandbox.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from typing import Self
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, Self, TypeVar, runtime_checkable
 
-__all__ = ["Lifecycle"]
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["CreateOptions", "Lifecycle", "PooledProvider", "Provider", "SandboxRecord", "Sweep"]
 
 
 class Lifecycle(abc.ABC):
@@ -59,3 +70,95 @@ class Lifecycle(abc.ABC):
             await self.adestroy()
         else:
             await self.aclose()
+
+
+class CreateOptions(BaseModel):
+    """What one sandbox adds to its provider's template: the service's tenant labels, a
+    lifetime, the client's environment. Everything else is the template's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Recorded on the sandbox (container/pod labels, a marker file), so `Provider.list` returns
+    them after a restart. Keys are the caller's; a provider keeps its own beside them."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Added to the template's environment for every command."""
+    ttl: float | None = Field(default=None, gt=0)
+    """Seconds until a sweep may reap it; ``None``: the template's."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRecord:
+    """What exists, as the backend itself records it (not what a process remembers)."""
+
+    id: str
+    """The sandbox's id (`Sandbox.id` of a handle on it)."""
+    ref: str
+    """What `Provider.attach` and `Provider.destroy` take: a container id, a pod name, a
+    ``host:workspace``, a directory."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The `CreateOptions.labels` it was created with."""
+    created_at: float = 0.0
+    expires_at: float | None = None
+    running: bool = True
+    """Whether commands can run in it now (a stopped container, a pending or failed pod: not)."""
+
+
+@dataclass
+class Sweep:
+    """What one `Provider.sweep` did."""
+
+    removed: list[str] = field(default_factory=list)
+    """Refs of the expired or orphaned sandboxes removed."""
+    errors: list[str] = field(default_factory=list)
+    """What could not be removed; the next sweep tries again."""
+
+
+S = TypeVar("S", bound=Lifecycle, covariant=True)
+
+
+@runtime_checkable
+class Provider(Protocol[S]):
+    """Creates, finds and removes the sandboxes of one backend from one template.
+
+    ``with provider:`` closes the provider (its connections, its pool's idle sandboxes); the
+    sandboxes it handed out live on under the lifecycle contract above."""
+
+    def create(self, options: CreateOptions | None = None) -> S:
+        """A new sandbox, owned by the caller (``with`` destroys it)."""
+        ...
+
+    def attach(self, ref: str) -> S:
+        """A handle on an existing sandbox (``with`` only closes it). Raises `LookupError` if
+        there is none by that ref."""
+        ...
+
+    def list(self) -> list[SandboxRecord]:
+        """Every sandbox of this provider's owner that exists, running or not."""
+        ...
+
+    def destroy(self, ref: str) -> None:
+        """Remove the sandbox and everything it stored; gone already is fine."""
+        ...
+
+    def sweep(self, now: float | None = None) -> Sweep:
+        """Remove this owner's sandboxes whose expiry passed (``now``: a clock of the caller's,
+        for tests), and the leftovers of sandboxes half made or half removed."""
+        ...
+
+    def close(self) -> None:
+        """Release the provider's connections and idle pool; handed-out sandboxes stay."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class PooledProvider(Provider[S], Protocol[S]):
+    """A provider with a warm pool of started sandboxes."""
+
+    def acquire(self) -> S:
+        """A started sandbox from the pool (a cold `create` when it is empty), owned by the caller."""
+        ...

@@ -240,9 +240,9 @@ def test_internal_scripts_of_the_fallback_path_buffer_little(docker_client: Any,
 
 def test_big_uploads_go_in_archives_of_bounded_size(sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     """More big files than one archive may hold: split, not refused, and all written."""
-    import sandboxes.docker
+    import sandboxes.docker.sandbox
 
-    monkeypatch.setattr(sandboxes.docker, "MAX_ARCHIVE_MEMBERS", 2)
+    monkeypatch.setattr(sandboxes.docker.sandbox, "MAX_ARCHIVE_MEMBERS", 2)
     archives: list[int] = []
     put = sandbox.container.put_archive
 

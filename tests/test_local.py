@@ -270,7 +270,7 @@ def test_the_cgroup_goes_with_the_sandbox(tmp_path: Path) -> None:
 
 def test_without_a_cgroup_rlimits_bound_memory_and_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where cgroups cannot be written (not root, no delegation), rlimits stand in."""
-    monkeypatch.setattr("sandboxes.local.Cgroup.create", classmethod(lambda cls, *args, **kwargs: None))
+    monkeypatch.setattr("sandboxes.local.sandbox.Cgroup.create", classmethod(lambda cls, *args, **kwargs: None))
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
         assert sandbox._cgroup is None
         hog = sandbox.execute("python3 -c \"b = b'x' * (1 << 30); print(len(b))\"", timeout=60)

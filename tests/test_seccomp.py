@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import _seccomp
+from sandboxes.local import _seccomp
 
 HEADERS = {
     "x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),

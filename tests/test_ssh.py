@@ -291,7 +291,7 @@ def test_insecure_mode_connects_and_says_so(ssh_vm: SSHVM, tmp_path: Path, caplo
     known_hosts = write_known_hosts(tmp_path / "known_hosts", ssh_vm.port, paramiko.RSAKey.generate(2048))
     host = ssh_vm.host_config(known_hosts=known_hosts, insecure_accept_any_host_key=True)
     with (
-        caplog.at_level(logging.WARNING, logger="sandboxes._ssh_connection"),
+        caplog.at_level(logging.WARNING, logger="sandboxes.ssh._connection"),
         SSHSandbox.create(SSHSandboxConfig(host=host)) as sandbox,
     ):
         assert sandbox.execute("echo in").output == "in\n"

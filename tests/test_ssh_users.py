@@ -1,4 +1,4 @@
-"""Per-sandbox users on one SSH host (`sandboxes._ssh_users`): sandboxes sharing a VM cannot
+"""Per-sandbox users on one SSH host (`sandboxes.ssh._users`): sandboxes sharing a VM cannot
 read, write, list or signal each other, and a user goes back to the pool emptied of everything
 the last sandbox left. Against a real sshd container from the ssh-vm image (32 pool users)."""
 

@@ -1,3 +1,2 @@
-"""Sandbox lifecycles: creating, attaching, pooling and sweeping sandboxes of one backend.
-
-Kept apart from the backends themselves, which only know how to reach a sandbox that exists."""
+"""Deprecated home of the providers, kept as a thin re-export for one release: import
+`DockerProvider` from `sandboxes.docker` and `SSHProvider` from `sandboxes.ssh`."""

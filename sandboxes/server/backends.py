@@ -346,7 +346,7 @@ class DockerBackend(Backend):
         env: dict[str, str],
     ) -> Adopted:
         from sandboxes.docker import LABEL_SANDBOX, DockerSandbox
-        from sandboxes.providers.docker import create_container
+        from sandboxes.docker._containers import create_container
 
         docker_labels = {**template.labels, LABEL_TENANT: tenant, LABEL_TEMPLATE: template_name}
         docker_labels.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
@@ -370,7 +370,7 @@ class DockerBackend(Backend):
         return state, sandbox
 
     def destroy(self, state: SandboxState, sandbox: BaseSandbox | None) -> None:
-        from sandboxes.providers.docker import remove_sandbox
+        from sandboxes.docker._containers import remove_sandbox
 
         close = getattr(sandbox, "close", None)
         if close is not None:
@@ -379,7 +379,7 @@ class DockerBackend(Backend):
 
     def reconcile(self, states: list[SandboxState], now: float) -> list[Adopted]:
         from sandboxes.docker import LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, DockerSandbox
-        from sandboxes.providers.docker import remove_sandbox
+        from sandboxes.docker._containers import remove_sandbox
 
         remembered = {state.id: state for state in states}
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={self.settings.owner}"]
@@ -447,7 +447,7 @@ class DockerBackend(Backend):
         api = self.client.api
 
         def produce(emit: Emit) -> None:
-            from sandboxes._docker_io import ExecSocket
+            from sandboxes.docker._io import ExecSocket
 
             exec_id = api.exec_create(container.id, command, user=user, stdout=True, stderr=True)["Id"]
             stream = ExecSocket(api.exec_start(exec_id, socket=True))

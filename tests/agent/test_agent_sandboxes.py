@@ -16,10 +16,10 @@ from support import SESSION_OWNER
 from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_agent, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.docker import DockerSandboxConfig
-from sandboxes.providers.docker import DockerProvider as Docker
-from sandboxes.providers.ssh import SSHProvider as SSH
-from sandboxes.providers.ssh import SSHProviderConfig
+from sandboxes.docker.provider import DockerProvider as Docker
 from sandboxes.ssh import UserPoolError
+from sandboxes.ssh.provider import SSHProvider as SSH
+from sandboxes.ssh.provider import SSHProviderConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from service_harness import KEYS, running, settings_for

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from support import SESSION_OWNER
 
 from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX, DockerSandbox, DockerSandboxConfig
-from sandboxes.providers.docker import LABEL_POOL, DockerProvider, DockerProviderConfig
+from sandboxes.docker.provider import LABEL_POOL, DockerProvider, DockerProviderConfig
 
 SESSION_LABEL = "io.sandboxes.test-session"
 
@@ -151,7 +151,7 @@ def test_refill_failures_are_retried_and_do_not_kill_the_thread(
     docker_client: Any, runtime_image: str, owner: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = _template(runtime_image, owner, memory="1k", disk=None)  # the daemon refuses such a container
-    caplog.set_level(logging.WARNING, logger="sandboxes.providers.docker")
+    caplog.set_level(logging.WARNING, logger="sandboxes.docker.provider")
     pool = DockerProvider(broken, client=docker_client, pool_size=1, retry_max_backoff=0.1, sweep_interval=None)
     with pool:
         assert _eventually(lambda: sum("Retrying" in r.getMessage() for r in caplog.records) >= 3)

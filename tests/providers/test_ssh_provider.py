@@ -18,10 +18,10 @@ import pytest
 from pydantic import ValidationError
 from ssh_fixtures import SSHVM, free_port, start_vm
 
-from sandboxes.providers.ssh import SSHProvider, SSHProviderConfig
 from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig, SSHUnreachableError, UserPoolError
+from sandboxes.ssh.provider import SSHProvider, SSHProviderConfig
 
-PROVIDER_LOG = "sandboxes.providers.ssh"
+PROVIDER_LOG = "sandboxes.ssh.provider"
 
 
 @pytest.fixture(scope="module")

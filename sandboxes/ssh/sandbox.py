@@ -2,7 +2,7 @@
 
 Each sandbox is a workspace directory on the host, created at `create` and removed at
 `destroy`; commands run with it as their working directory. By default (``isolation="user"``)
-each sandbox also runs as its own OS user leased from a pool on the host (`sandboxes._ssh_users`),
+each sandbox also runs as its own OS user leased from a pool on the host (`sandboxes.ssh._users`),
 so sandboxes sharing a VM cannot read each other's files; ``isolation="none"`` runs them all as
 the login user (or one ``run_as`` user). Many sandboxes share one SSH transport per host.
 
@@ -32,11 +32,16 @@ from typing import Literal
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sandboxes import _scripts, _ssh_users
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
-from sandboxes._ssh_connection import (
+from sandboxes.base import BaseSandbox, Call
+from sandboxes.lifecycle import Lifecycle
+from sandboxes.paths import InvalidPathError, normalize_path
+from sandboxes.protocol import NotIsolatedWarning
+from sandboxes.ssh import _users as _ssh_users
+from sandboxes.ssh._connection import (
     SSHAuthenticationError,
     SSHConnection,
     SSHError,
@@ -44,12 +49,11 @@ from sandboxes._ssh_connection import (
     SSHHostKeyError,
     SSHUnreachableError,
     connections,
+    exit_status,
+    run_simple,
+    run_status,
 )
-from sandboxes._ssh_users import UserPoolError
-from sandboxes.base import BaseSandbox, _Call
-from sandboxes.lifecycle import Lifecycle
-from sandboxes.paths import InvalidPathError, normalize_path
-from sandboxes.protocol import NotIsolatedWarning
+from sandboxes.ssh._users import UserPoolError
 
 __all__ = [
     "SSHAuthenticationError",
@@ -176,7 +180,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             make = _scripts.command('mkdir -p -- "$1" && chmod 700 -- "$1"', workspace)
             if config.run_as is not None:
                 make = _ssh_users.as_user(make, config.run_as, None)
-            _run_simple(connection, make)
+            run_simple(connection, make)
             return cls(config, workspace, connection, config.run_as)
         except Exception:
             connections.release(connection)
@@ -228,7 +232,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 if self.user is not None:
                     remove = _ssh_users.as_user(remove, self.user, None)
                 try:
-                    _run_simple(connection, remove, timeout=self.operation_timeout)
+                    run_simple(connection, remove, timeout=self.operation_timeout)
                 except SSHUnreachableError:
                     raise
                 except SSHError as exc:
@@ -278,7 +282,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
 
-    def _run_call(self, call: _Call) -> p.ExecuteResponse:
+    def _run_call(self, call: Call) -> p.ExecuteResponse:
         """Reads and listings survive a dropped connection: retried once on a fresh one."""
         response = super()._run_call(call)
         if response.error == p.CONNECTION_LOST and call.idempotent:
@@ -304,7 +308,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 channel.exec_command(self._as_user(f"exec python3 -u -c {shlex.quote(SERVER_SOURCE)}"))
                 self._mux = MuxClient(stream, hello_timeout=20)
             except MuxBroken as broken:
-                if _exit_status(channel, wait=2.0) == 127:
+                if exit_status(channel, wait=2.0) == 127:
                     logger.warning("no python3 on %s: one exec_command per command", self.config.host.host)
                     self._helper_unavailable = True
                     return None
@@ -430,7 +434,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
     ) -> p.ExecuteResponse:
         try:
             kill = self._as_user(_scripts.command(_KILL_MARKED, marker))
-            _run_simple(self._connection, kill, timeout=self.config.host.connect_timeout)
+            run_simple(self._connection, kill, timeout=self.config.host.connect_timeout)
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             return _lost(f"the command timed out after {timeout}s and could not be killed ({exc}): it may still run")
         return execute_response(
@@ -513,14 +517,6 @@ def _feed(channel: paramiko.Channel, data: bytes) -> None:
         channel.shutdown_write()
 
 
-def _exit_status(channel: paramiko.Channel, wait: float) -> int:
-    """The channel's exit status, waiting a little for it: it may trail the end of output."""
-    deadline = time.monotonic() + wait
-    while channel.exit_status == -1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return int(channel.exit_status)
-
-
 def _channel_dead(sftp: paramiko.SFTPClient) -> bool:
     """Whether an SFTP ``OSError`` is the connection failing rather than a status from the server."""
     channel = sftp.get_channel()
@@ -546,38 +542,8 @@ def _sftp_error(exc: OSError) -> p.ErrorCode:
     return codes.get(exc.errno or 0, p.BACKEND_ERROR)
 
 
-def _run_simple(connection: SSHConnection, command: str, timeout: float = 30.0) -> str:
-    """A short housekeeping command on its own channel; raises `SSHError` if it fails, or if
-    the connection does (`SSHUnreachableError`)."""
-    status, output = _run_status(connection, command, timeout)
-    if status != 0:
-        raise SSHError(f"command on {connection.config.host} failed ({status}): {output.strip()[:500]}")
-    return output
-
-
 def _runner(connection: SSHConnection, timeout: float = 60.0) -> _ssh_users.Run:
-    return lambda command: _run_status(connection, command, timeout)
-
-
-def _run_status(connection: SSHConnection, command: str, timeout: float) -> tuple[int, str]:
-    """A short housekeeping command's exit status and output; raises `SSHUnreachableError` if
-    the connection fails."""
-    try:
-        channel = connection.open_session(timeout)
-        assert channel is not None
-        try:
-            channel.settimeout(timeout)
-            channel.set_combine_stderr(True)
-            channel.exec_command(command)
-            chunks = []
-            while chunk := channel.recv(65536):
-                chunks.append(chunk)
-            status = _exit_status(channel, wait=timeout)
-        finally:
-            connection.close_session(channel)
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise SSHUnreachableError(f"{connection.config.host}: {type(exc).__name__}: {exc}") from exc
-    return status, b"".join(chunks).decode("utf-8", "replace")
+    return lambda command: run_status(connection, command, timeout)
 
 
 def _warn_not_isolated(config: SSHSandboxConfig) -> None:
@@ -590,7 +556,7 @@ def _warn_not_isolated(config: SSHSandboxConfig) -> None:
 
 
 def _remote_home(connection: SSHConnection) -> str:
-    home = _run_simple(connection, 'printf %s "$HOME"').strip()
+    home = run_simple(connection, 'printf %s "$HOME"').strip()
     try:
         return normalize_path(home)
     except InvalidPathError as exc:

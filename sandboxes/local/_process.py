@@ -62,7 +62,7 @@ def run_process(
         cwd=cwd,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
-        preexec_fn=preexec_fn,  # a few plain system calls (sandboxes._limits)
+        preexec_fn=preexec_fn,  # a few plain system calls (sandboxes.local._limits)
     )
     output = OutputBuffer(output_limit)
     assert proc.stdout is not None

@@ -318,3 +318,41 @@ class _Registry:
 
 
 connections = _Registry()
+
+
+def run_simple(connection: SSHConnection, command: str, timeout: float = 30.0) -> str:
+    """A short housekeeping command on its own channel; raises `SSHError` if it fails, or if
+    the connection does (`SSHUnreachableError`)."""
+    status, output = run_status(connection, command, timeout)
+    if status != 0:
+        raise SSHError(f"command on {connection.config.host} failed ({status}): {output.strip()[:500]}")
+    return output
+
+
+def run_status(connection: SSHConnection, command: str, timeout: float) -> tuple[int, str]:
+    """A short housekeeping command's exit status and output; raises `SSHUnreachableError` if
+    the connection fails."""
+    try:
+        channel = connection.open_session(timeout)
+        assert channel is not None
+        try:
+            channel.settimeout(timeout)
+            channel.set_combine_stderr(True)
+            channel.exec_command(command)
+            chunks = []
+            while chunk := channel.recv(65536):
+                chunks.append(chunk)
+            status = exit_status(channel, wait=timeout)
+        finally:
+            connection.close_session(channel)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise SSHUnreachableError(f"{connection.config.host}: {type(exc).__name__}: {exc}") from exc
+    return status, b"".join(chunks).decode("utf-8", "replace")
+
+
+def exit_status(channel: paramiko.Channel, wait: float) -> int:
+    """The channel's exit status, waiting up to ``wait`` seconds for it: it may trail the end of
+    output. -1 if it never came."""
+    if channel.exit_status == -1:
+        channel.status_event.wait(wait)
+    return int(channel.exit_status)

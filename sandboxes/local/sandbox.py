@@ -1,12 +1,12 @@
 """`LocalSandbox`: a sandbox on this machine, for machines without Docker.
 
 Commands run ``sh -c`` under bubblewrap when ``bwrap`` is installed, started by the exec helper
-in one long-lived jail per sandbox (`sandboxes._local_helper`; one jail per command when the
+in one long-lived jail per sandbox (`sandboxes.local._helper`; one jail per command when the
 helper cannot run). The jail has fresh user, pid, network, IPC and UTS namespaces (no network
 at all), uid 1000, no capabilities, no nested user namespaces, a seccomp filter, the system
 directories and a few files of ``/etc`` read-only, and only the sandbox's root directory plus a
-private ``/tmp`` writable (`sandboxes._jail`), under memory, CPU, process and disk limits
-(`sandboxes._limits`). Started by root, the jail runs as an unprivileged host uid, never as
+private ``/tmp`` writable (`sandboxes.local._jail`), under memory, CPU, process and disk limits
+(`sandboxes.local._limits`). Started by root, the jail runs as an unprivileged host uid, never as
 root. The root directory appears at the same absolute path inside and outside, so paths mean
 the same thing to the file operations, to commands, and to the caller.
 
@@ -32,13 +32,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
-from sandboxes._jail import Jail, claim
-from sandboxes._limits import Cgroup, disk_usage, launch_limits, tasks_of
-from sandboxes._local_helper import HELPER_COMMAND, HelperProcess
 from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
-from sandboxes._process import run_process
 from sandboxes.base import Operation, StreamingSandbox
+from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
+from sandboxes.local._jail import Jail, claim
+from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
+from sandboxes.local._process import run_process
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.protocol import NotIsolatedWarning as NotIsolatedWarning  # re-exported: its old home
 from sandboxes.semantics import message_for
@@ -77,7 +77,7 @@ class LocalSandboxConfig(BaseModel):
     then runs as the caller. Never 0: uid 1000 inside would be root outside."""
     host_gid: int | None = Field(default=None, gt=0)
     seccomp: bool = True
-    """Load the deny-list seccomp filter (`sandboxes._seccomp`) into every jail."""
+    """Load the deny-list seccomp filter (`sandboxes.local._seccomp`) into every jail."""
     memory: int = Field(default=512 << 20, gt=0)
     """Bytes of memory (no swap) for everything the sandbox runs at once; past it the kernel
     kills a process and the command answers ``out_of_memory``."""
@@ -86,7 +86,7 @@ class LocalSandboxConfig(BaseModel):
     pids: int = Field(default=256, gt=0)
     """Processes and threads at once; a fork bomb stops here."""
     use_exec_helper: bool = True
-    """Run commands through one long-lived jail with the exec helper in it (`sandboxes._local_helper`)
+    """Run commands through one long-lived jail with the exec helper in it (`sandboxes.local._helper`)
     rather than one bwrap per command. Falls back to the latter when the helper cannot start."""
     helper_python: str = "python3"
     """The interpreter that runs the helper inside the jail (the host's own, seen read-only)."""

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes import _seccomp
+from sandboxes.local import _seccomp
 
 __all__ = ["ETC_ALLOWED", "Jail", "SpawnSpec", "claim"]
 

@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Callable
 
 from sandboxes import _scripts
-from sandboxes._ssh_connection import SSHError
+from sandboxes.ssh._connection import SSHError
 
 __all__ = ["SFTP_SERVER", "UserPoolError", "as_user", "lease", "owner", "release", "tmpdir_of"]
 

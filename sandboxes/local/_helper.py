@@ -74,7 +74,7 @@ class HelperProcess:
             env=dict(env),
             start_new_session=True,
             pass_fds=tuple(pass_fds),
-            preexec_fn=preexec_fn,  # a few plain system calls (sandboxes._limits)
+            preexec_fn=preexec_fn,  # a few plain system calls (sandboxes.local._limits)
         )
         self.stderr = bytearray()
         threading.Thread(target=self._drain_stderr, name="local-helper-stderr", daemon=True).start()

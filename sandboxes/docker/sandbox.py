@@ -10,28 +10,27 @@ How files move: small files inline through ``execute`` (one round trip for a who
 ones as tar streams through ``put_archive``/``get_archive`` when they live in the workspace
 volume (the Docker archive API cannot write into tmpfs mounts or a read-only root).
 
-Creating, pooling and sweeping containers is `sandboxes.providers.docker`'s business.
+Creating, pooling and sweeping containers is `sandboxes.docker.provider`'s business.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._docker_io import MAX_ARCHIVE_MEMBERS, ExecSocket, read_single_file, tar_stream
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response, out_of_memory
+from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import StreamingSandbox
+from sandboxes.docker._containers import create_container, remove_sandbox
+from sandboxes.docker._io import MAX_ARCHIVE_MEMBERS, ExecSocket, read_single_file, tar_stream
+from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 
@@ -41,24 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LABEL_MANAGED = "io.sandboxes.managed"
-LABEL_OWNER = "io.sandboxes.owner"
-LABEL_EXPIRES = "io.sandboxes.expires-at"
-LABEL_SANDBOX = "io.sandboxes.sandbox-id"
 
 BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)\s*$", re.IGNORECASE)
-
-
-def parse_size(value: str) -> int:
-    """Bytes in a Docker-style size (``512m``, ``1g``, ``1048576``); ValueError otherwise."""
-    match = _SIZE.match(value)
-    if match is None or float(match.group(1)) <= 0:
-        raise ValueError(f"not a size: {value!r} (e.g. 512m, 1g)")
-    number, unit = match.groups()
-    return int(float(number) * (1 << (10 * "bkmgt".index(unit.lower() or "b"))))
 
 
 _SMALL_OUTPUT = 4096
@@ -70,53 +54,6 @@ _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
     " | awk '$1==\"oom_kill\"{print $2; exit}'"
 )
-
-
-class DockerSandboxConfig(BaseModel):
-    """A sandbox template. The defaults are the secure ones; loosen them deliberately."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    image: str = "sandboxes/runtime:latest"
-    cpus: float = Field(default=1.0, gt=0)
-    memory: str = "512m"
-    pids: int = Field(default=256, gt=0)
-    tmp_size: str = "256m"
-    disk: str | None = "1g"
-    """Size of the workspace (``workdir``): a tmpfs volume, so writes past it fail with
-    ``no_space`` and never reach the engine's disk. Its files live in RAM: the container's memory
-    cgroup is ``memory + disk``, and the workspace does not survive the container stopping (see
-    `sandboxes.providers.docker`). ``None``: a volume on the engine's disk, persistent, unbounded."""
-    disk_files: int = Field(default=100_000, gt=0)
-    """Files and directories the workspace may hold (the tmpfs's inodes) when ``disk`` is set."""
-    log_size: str = "1m"
-    """The container's log (what its init writes, which a command can reach through
-    ``/proc/1/fd/1``) is capped at this size, one file, on the engine's disk."""
-    workdir: str = "/workspace"
-    user: str = "1000:1000"
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    ttl: float | None = Field(default=3600.0, gt=0)
-    """Seconds until the sandbox may be reaped by a sweep; ``None``: never."""
-    owner: str = "sandboxes"
-    """Label value identifying who created the sandbox, so sweeps only reap their own."""
-    network: bool = False
-    read_only_root: bool = True
-    default_timeout: float = Field(default=120.0, ge=0)
-    output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
-    use_exec_helper: bool = True
-
-    @field_validator("memory", "tmp_size", "disk", "log_size")
-    @classmethod
-    def _size_parses(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_size(value)
-        return value
-
-    @property
-    def uid_gid(self) -> tuple[int, int]:
-        uid, _, gid = self.user.partition(":")
-        return int(uid), int(gid or uid)
 
 
 class DockerSandbox(StreamingSandbox, Lifecycle):
@@ -143,9 +80,11 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def create(
         cls, config: DockerSandboxConfig | None = None, *, client: docker.DockerClient | None = None
     ) -> DockerSandbox:
-        from sandboxes.providers.docker import DockerProvider
+        import docker as docker_sdk
 
-        return DockerProvider(config or DockerSandboxConfig(), client=client).create()
+        config = config or DockerSandboxConfig()
+        client = client or docker_sdk.from_env()
+        return cls(create_container(client, config), client, config)
 
     @classmethod
     def attach(
@@ -184,8 +123,6 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         """Remove the container and its workspace volume. Idempotent; other errors surface.
 
         (``delete(path)`` is the protocol's file operation; this is the sandbox's lifecycle.)"""
-        from sandboxes.providers.docker import remove_sandbox
-
         self.close()
         remove_sandbox(self.client, self.container.id)
 

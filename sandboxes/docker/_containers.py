@@ -1,0 +1,142 @@
+"""Docker containers and volumes for sandboxes: creating one with the secure defaults,
+removing one with its workspace, and reading the labels that record ownership and expiry.
+
+The one place both `DockerSandbox` (``create``/``destroy``) and `DockerProvider` (pools and
+sweeps) and the service go through, so the import graph runs one way: config < containers <
+sandbox < provider."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sandboxes.docker.config import (
+    LABEL_EXPIRES,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_SANDBOX,
+    DockerSandboxConfig,
+    parse_size,
+)
+
+logger = logging.getLogger(__name__)
+
+LABEL_POOL = "io.sandboxes.pool"
+"""Id of the provider whose pool created the container (acquired ones keep it: labels are fixed)."""
+
+VOLUME_PREFIX = "sandboxes-ws-"
+
+
+def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, str]:
+    labels = {**config.labels, LABEL_MANAGED: "true", LABEL_OWNER: config.owner, LABEL_SANDBOX: sandbox_id}
+    if config.ttl is not None:
+        labels[LABEL_EXPIRES] = str(int(time.time() + config.ttl))
+    return labels
+
+
+def create_container(client: Any, config: DockerSandboxConfig) -> Any:
+    """Start a container with the secure defaults: no network, non-root, no capabilities,
+    no-new-privileges, read-only root with a size-limited workspace volume and a tmpfs ``/tmp``,
+    a bounded log, limits."""
+    from docker.types import LogConfig
+
+    sandbox_id = uuid.uuid4().hex[:16]
+    labels = sandbox_labels(config, sandbox_id)
+    volume = client.volumes.create(
+        name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels, driver="local", driver_opts=workspace_options(config)
+    )
+    try:
+        return client.containers.run(
+            config.image,
+            command=["sleep", "infinity"],
+            name=f"sandboxes-{sandbox_id}",
+            detach=True,
+            init=True,
+            user=config.user,
+            working_dir=config.workdir,
+            environment=config.env,
+            labels=labels,
+            network_mode="bridge" if config.network else "none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=config.read_only_root,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={config.tmp_size},mode=1777"},
+            volumes={volume.name: {"bind": config.workdir, "mode": "rw"}},
+            mem_limit=memory_limit(config),
+            memswap_limit=memory_limit(config),
+            nano_cpus=int(config.cpus * 1e9),
+            pids_limit=config.pids,
+            log_config=LogConfig(type="json-file", config={"max-size": config.log_size, "max-file": "1"}),
+        )
+    except Exception:
+        with contextlib.suppress(Exception):
+            volume.remove(force=True)
+        raise
+
+
+def workspace_options(config: DockerSandboxConfig) -> dict[str, str]:
+    """The workspace volume's ``local`` driver options: with ``disk``, a tmpfs of that size and
+    ``disk_files`` inodes, owned by the sandbox's user; without, a plain directory on the
+    engine's disk (no options).
+
+    Why tmpfs: the engine's storage (overlay2 on ext4 here, the common case) cannot limit a
+    volume's or a container's size (``--storage-opt size`` needs xfs project quotas), and a loop
+    image needs root on the host. A tmpfs volume is mounted by the engine itself, so its limit
+    holds for the archive API's writes too. The price: the files live in RAM, charged to the
+    memory cgroup of whoever writes them (the container, hence `memory_limit`), and they are gone
+    when the container stops; a service restart does not stop containers, so adopted sandboxes
+    keep their files, but an engine restart or a host reboot empties their workspaces."""
+    if config.disk is None:
+        return {}
+    uid, gid = config.uid_gid
+    size = parse_size(config.disk)
+    options = f"size={size},nr_inodes={config.disk_files},uid={uid},gid={gid},mode=0755,nosuid,nodev"
+    return {"type": "tmpfs", "device": "tmpfs", "o": options}
+
+
+def memory_limit(config: DockerSandboxConfig) -> int:
+    """The container's memory cgroup: ``memory`` for its processes plus ``disk`` for a tmpfs
+    workspace's files, which are charged to it (so a full workspace answers ``no_space``
+    instead of the out-of-memory killer)."""
+    return parse_size(config.memory) + (parse_size(config.disk) if config.disk is not None else 0)
+
+
+def remove_sandbox(client: Any, container_id: str) -> None:
+    """Remove a container and its workspace volume. Missing is fine; other errors surface."""
+    import docker.errors
+
+    volume_name = None
+    try:
+        container = client.containers.get(container_id)
+        sandbox_id = (container.labels or {}).get(LABEL_SANDBOX)
+        volume_name = f"{VOLUME_PREFIX}{sandbox_id}" if sandbox_id else None
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    if volume_name is not None:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.volumes.get(volume_name).remove(force=True)
+
+
+def expired(labels: dict[str, str], now: float) -> bool:
+    value = labels.get(LABEL_EXPIRES)
+    if value is None:
+        return False
+    try:
+        return float(value) < now
+    except ValueError:
+        logger.warning("ignoring unreadable %s label %r", LABEL_EXPIRES, value)
+        return False
+
+
+def created_at(attrs: dict[str, Any]) -> float:
+    """A volume's creation time; unreadable counts as long ago (Docker refuses to remove a
+    volume still mounted, so the grace is only a courtesy to a creation in progress)."""
+    try:
+        return datetime.fromisoformat(str(attrs["CreatedAt"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return 0.0

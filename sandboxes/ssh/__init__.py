@@ -1,0 +1,29 @@
+"""The SSH backend: `SSHSandbox` (a workspace on a host reached over SSH, run as a user leased
+for it), `SSHProvider` (placement over several hosts) and their config.
+
+Private plumbing beside it: pooled connections and housekeeping commands (`_connection`) and
+the per-sandbox user pool (`_users`)."""
+
+from sandboxes.ssh._connection import (
+    SSHAuthenticationError,
+    SSHError,
+    SSHHostConfig,
+    SSHHostKeyError,
+    SSHUnreachableError,
+)
+from sandboxes.ssh._users import UserPoolError
+from sandboxes.ssh.provider import SSHProvider, SSHProviderConfig
+from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig
+
+__all__ = [
+    "SSHAuthenticationError",
+    "SSHError",
+    "SSHHostConfig",
+    "SSHHostKeyError",
+    "SSHProvider",
+    "SSHProviderConfig",
+    "SSHSandbox",
+    "SSHSandboxConfig",
+    "SSHUnreachableError",
+    "UserPoolError",
+]

@@ -42,6 +42,7 @@ from langgraph.store.memory import InMemoryStore
 from agent.lifecycle import (
     FixedSandbox,
     LocalProvider,
+    MissingPolicy,
     ReleasePolicy,
     RemoteProvider,
     SandboxHook,
@@ -140,6 +141,7 @@ def create_sandbox_agent(
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     store: BaseStore | None = None,
     release: ReleasePolicy = "ttl",
+    on_missing: MissingPolicy = "replace",
     layout: Layout | None = None,
     large_result_chars: int | None = DEFAULT_LARGE_RESULT_CHARS,
     todos: bool = True,
@@ -152,14 +154,16 @@ def create_sandbox_agent(
     ``AGENTS.md`` files; ``skills``: directories holding ``<skill>/SKILL.md``; both read from
     the workspace. ``store`` backs ``/memories/`` (an in-memory store when ``None``: lost with
     the process). ``release``: ``"end"`` ends the sandbox when a run finishes, ``"ttl"`` leaves
-    it to `SandboxMiddleware.release` or the provider's TTL.
+    it to `SandboxMiddleware.release` or the provider's TTL. ``on_missing``: what a resumed
+    thread whose sandbox is gone gets: ``"replace"`` a new one (and the model is told),
+    ``"raise"`` `SandboxGone`.
     """
     chat = init_chat_model(model) if isinstance(model, str) else model
     layout = layout or Layout()
     if isinstance(sandbox, SandboxMiddleware):
         lifecycle = sandbox
     else:
-        lifecycle = SandboxMiddleware(provider_for(sandbox), release=release)
+        lifecycle = SandboxMiddleware(provider_for(sandbox), release=release, on_missing=on_missing)
     fallback_store = InMemoryStore() if store is None else None
     source = WorkspaceFactory(lifecycle, layout, fallback_store)
 

@@ -12,6 +12,12 @@ run finishes (a run stopped by an interrupt has not finished, so it keeps its sa
 ``release="ttl"`` never releases it: `release` ends it explicitly, and otherwise the provider's
 TTL does (the service's sandbox TTL, a Docker provider's sweep).
 
+A resumed thread whose sandbox no longer exists (its TTL passed, someone deleted it) gets a
+new, empty one by default (``on_missing="replace"``), and the model is told in the conversation
+that the files it made there are gone, so it does not act on files it only remembers; the
+``/scratch/`` files live in the checkpointed state and survive. ``on_missing="raise"`` raises
+`SandboxGone` instead, for callers who would rather stop.
+
 Start/stop hooks follow seed 002's stack: hooks are in stack order (larger ``priority`` is
 outer); ``on_sandbox_start`` runs from the innermost to the outermost, ``on_sandbox_stop`` in
 reverse, so what started last stops first.
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Protocol, runtime_checkable
 
 from langchain.agents.middleware import AgentMiddleware, AgentState
+from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
 from agent.backends import FileRecord, merge_files
@@ -39,10 +46,12 @@ __all__ = [
     "DockerProvider",
     "FixedSandbox",
     "LocalProvider",
+    "MissingPolicy",
     "ReleasePolicy",
     "RemoteProvider",
     "SSHProvider",
     "SandboxAgentState",
+    "SandboxGone",
     "SandboxHook",
     "SandboxMiddleware",
     "SandboxProvider",
@@ -51,6 +60,25 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ReleasePolicy = Literal["end", "ttl"]
+MissingPolicy = Literal["replace", "raise"]
+
+
+class SandboxGone(LookupError):
+    """A resumed thread's sandbox no longer exists (expired or deleted), and the middleware was
+    told not to replace it."""
+
+    def __init__(self, sandbox_id: str, reason: str) -> None:
+        super().__init__(f"the thread's sandbox {sandbox_id!r} no longer exists ({reason})")
+        self.sandbox_id = sandbox_id
+
+
+def gone_notice(sandbox_id: str) -> str:
+    """What the model is told when its thread's sandbox was replaced."""
+    return (
+        f"[sandbox notice] The sandbox this conversation used before ({sandbox_id}) no longer exists: "
+        "it expired or was deleted, and every file written there is gone. You are now in a new, empty "
+        "sandbox; files under /scratch/ and /memories/ are kept. Check before relying on earlier files."
+    )
 
 
 class SandboxAgentState(AgentState[Any]):
@@ -77,7 +105,8 @@ class SandboxProvider(abc.ABC):
 
     @abc.abstractmethod
     def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        """The live sandbox ``sandbox_id``, made by this provider, possibly in another process."""
+        """The live sandbox ``sandbox_id``, made by this provider, possibly in another process.
+        Raises `LookupError` when it no longer exists."""
 
     @abc.abstractmethod
     def release(self, sandbox: p.SandboxBackendProtocol) -> None:
@@ -134,7 +163,12 @@ class DockerProvider(SandboxProvider):
         return sandbox
 
     def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        sandbox: p.SandboxBackendProtocol = self.provider.attach(sandbox_id)
+        import docker.errors
+
+        try:
+            sandbox: p.SandboxBackendProtocol = self.provider.attach(sandbox_id)
+        except docker.errors.NotFound as exc:
+            raise LookupError(f"no Docker sandbox {sandbox_id!r}: {exc}") from exc
         return sandbox
 
     def release(self, sandbox: p.SandboxBackendProtocol) -> None:
@@ -243,11 +277,13 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         provider: SandboxProvider,
         *,
         release: ReleasePolicy = "ttl",
+        on_missing: MissingPolicy = "replace",
         hooks: Iterable[SandboxHook] = (),
     ) -> None:
         super().__init__()
         self.provider = provider
         self.release_policy: ReleasePolicy = release
+        self.on_missing: MissingPolicy = on_missing
         self.hooks: list[SandboxHook] = sorted(hooks, key=hook_priority, reverse=True)
         """Outermost first, like a middleware stack."""
         self._live: dict[str, p.SandboxBackendProtocol] = {}
@@ -326,12 +362,19 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
 
     def before_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         sandbox_id = state.get("sandbox_id")
-        if sandbox_id:
+        if not sandbox_id:
+            sandbox = self._adopt(self.provider.create())
+            logger.info("thread got sandbox %s", sandbox.id)
+            return {"sandbox_id": sandbox.id}
+        try:
             self.sandbox(sandbox_id)
-            return None
-        sandbox = self._adopt(self.provider.create())
-        logger.info("thread got sandbox %s", sandbox.id)
-        return {"sandbox_id": sandbox.id}
+        except LookupError as exc:
+            if self.on_missing == "raise":
+                raise SandboxGone(sandbox_id, str(exc)) from exc
+            sandbox = self._adopt(self.provider.create())
+            logger.warning("thread's sandbox %s is gone (%s); replaced by %s", sandbox_id, exc, sandbox.id)
+            return {"sandbox_id": sandbox.id, "messages": [HumanMessage(content=gone_notice(sandbox_id))]}
+        return None
 
     def after_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         sandbox_id = state.get("sandbox_id")

@@ -69,8 +69,9 @@ class Unauthorized(SandboxServiceError):
     default_code = "unauthorized"
 
 
-class NotFound(SandboxServiceError):
-    """No such sandbox for this tenant (the service answers the same for another tenant's id)."""
+class NotFound(SandboxServiceError, LookupError):
+    """No such sandbox for this tenant (the service answers the same for another tenant's id).
+    A `LookupError` too, as `Provider.attach` raises for a sandbox that does not exist."""
 
     default_code = "not_found"
 

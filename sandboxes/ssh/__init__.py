@@ -11,7 +11,7 @@ from sandboxes.ssh._connection import (
     SSHHostKeyError,
     SSHUnreachableError,
 )
-from sandboxes.ssh._users import UserPoolError
+from sandboxes.ssh._users import UserPoolError, WorkspaceNotFound
 from sandboxes.ssh.provider import SSHProvider, SSHProviderConfig
 from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig
 
@@ -26,4 +26,5 @@ __all__ = [
     "SSHSandboxConfig",
     "SSHUnreachableError",
     "UserPoolError",
+    "WorkspaceNotFound",
 ]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from sandboxes import _scripts
 from sandboxes.ssh._connection import SSHError
 
-__all__ = ["SFTP_SERVER", "UserPoolError", "as_user", "lease", "owner", "release", "tmpdir_of"]
+__all__ = ["SFTP_SERVER", "UserPoolError", "WorkspaceNotFound", "as_user", "lease", "owner", "release", "tmpdir_of"]
 
 Run = Callable[[str], tuple[int, str]]
 """Runs a command as the login user on the host: its exit status and output."""
@@ -113,6 +113,10 @@ class UserPoolError(SSHError):
     """The host's pool of sandbox users cannot give or take back a user."""
 
 
+class WorkspaceNotFound(UserPoolError, LookupError):
+    """No leased workspace by that path on the host: never made, or destroyed already."""
+
+
 def tmpdir_of(workspace: str) -> str:
     """The private TMPDIR of an isolated sandbox: hidden beside its workspace."""
     parent, _, name = workspace.rpartition("/")
@@ -129,7 +133,7 @@ def lease(run: Run, *, host: str, group: str, workspace: str) -> str:
     """Lease a free user of ``group`` and make ``workspace`` as it; the user's name."""
     status, output = run(_scripts.command(_LEASE, group, workspace, tmpdir_of(workspace)))
     if status != 0:
-        raise UserPoolError(_message(status, output, host=host, group=group, workspace=workspace))
+        raise _error(status, _message(status, output, host=host, group=group, workspace=workspace))
     return output
 
 
@@ -137,15 +141,19 @@ def release(run: Run, *, host: str, user: str, workspace: str) -> None:
     """Empty ``user`` of everything the sandbox left and free its lease (idempotent)."""
     status, output = run(_scripts.command(_RELEASE, user, workspace, tmpdir_of(workspace), _CLEAN_USER))
     if status != 0:
-        raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
+        raise _error(status, _message(status, output, host=host, group="", workspace=workspace))
 
 
 def owner(run: Run, *, host: str, workspace: str) -> str:
     """The user leased for an existing ``workspace``."""
     status, output = run(_scripts.command(_OWNER, workspace))
     if status != 0:
-        raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
+        raise _error(status, _message(status, output, host=host, group="", workspace=workspace))
     return output
+
+
+def _error(status: int, message: str) -> UserPoolError:
+    return WorkspaceNotFound(message) if status == 16 else UserPoolError(message)
 
 
 def _message(status: int, output: str, *, host: str, group: str, workspace: str) -> str:

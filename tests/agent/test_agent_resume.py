@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from agent_helpers import ask, local_provider, run_phase, thread
+import pytest
+from agent_helpers import ask, local_provider, run_phase, thread, tool_results
 
-from agent import LocalProvider, create_sandbox_agent, lifecycle_of
+from agent import LocalProvider, SandboxGone, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 
@@ -50,3 +52,53 @@ def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_prov
 
 
 __all__ = ["local_provider"]  # the fixture, used by name
+
+
+def _first_run(graph: Any, config: dict[str, Any]) -> str:
+    state = graph.invoke(ask("write it"), config)
+    return str(state["sandbox_id"])
+
+
+def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
+    tmp_path: Path, local_provider: LocalProvider
+) -> None:
+    """The sandbox expired between two runs of a thread: the second run does not fail, it runs
+    in a new, empty sandbox, and the model reads that its earlier files are gone."""
+    config = thread()
+    with open_sqlite(tmp_path / "agent.sqlite") as persistence:
+        first = ScriptedChatModel(steps=[say("", call("write_file", file_path="a.txt", content="x")), say("written")])
+        graph = create_sandbox_agent(first, sandbox=local_provider, checkpointer=persistence.checkpointer)
+        old_id = _first_run(graph, config)
+        lifecycle_of(graph).release(old_id)  # what the provider's TTL does while nobody runs the thread
+
+        second = ScriptedChatModel(steps=[say("", call("ls", path=".")), say("starting over")])
+        resumed = create_sandbox_agent(second, sandbox=local_provider, checkpointer=persistence.checkpointer)
+        state = resumed.invoke(ask("go on"), config)
+
+    assert state["sandbox_id"] not in (None, old_id)
+    assert [d.name for d in local_provider.root.iterdir()] == [state["sandbox_id"]]
+    seen = [str(m.content) for m in second.requests[0]]
+    assert any(old_id in text and "no longer exists" in text for text in seen), seen
+    listing = list(tool_results(state).values())[-1]  # the resumed run's ls, in the new sandbox
+    assert "a.txt" not in listing
+    assert state["sandbox_id"] in listing
+    assert state["messages"][-1].content == "starting over"
+
+
+def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_provider: LocalProvider) -> None:
+    config = thread()
+    with open_sqlite(tmp_path / "agent.sqlite") as persistence:
+        graph = create_sandbox_agent(
+            ScriptedChatModel(steps=[say("ok")]), sandbox=local_provider, checkpointer=persistence.checkpointer
+        )
+        old_id = _first_run(graph, config)
+        lifecycle_of(graph).release(old_id)
+        strict = create_sandbox_agent(
+            ScriptedChatModel(steps=[say("never")]),
+            sandbox=local_provider,
+            checkpointer=persistence.checkpointer,
+            on_missing="raise",
+        )
+        with pytest.raises(SandboxGone, match=old_id):
+            strict.invoke(ask("go on"), config)
+    assert list(local_provider.root.iterdir()) == []

@@ -17,7 +17,7 @@ from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_ag
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.docker import DockerSandboxConfig
 from sandboxes.docker.provider import DockerProvider as Docker
-from sandboxes.ssh import UserPoolError
+from sandboxes.ssh import WorkspaceNotFound
 from sandboxes.ssh.provider import SSHProvider as SSH
 from sandboxes.ssh.provider import SSHProviderConfig
 
@@ -71,6 +71,8 @@ def episode_then_reattach(provider: DockerProvider | RemoteProvider | SSHProvide
         assert lifecycle_of(fresh).live == (sandbox_id,)
     finally:
         provider.release(provider.attach(sandbox_id))
+    with pytest.raises(LookupError):  # what SandboxMiddleware replaces a gone sandbox on
+        provider.attach(sandbox_id)
     return sandbox_id
 
 
@@ -93,7 +95,7 @@ def test_episode_through_the_service_and_reattach(remote_provider: RemoteProvide
 def test_episode_on_ssh_and_reattach(ssh_provider: SSHProvider) -> None:
     sandbox_id = episode_then_reattach(ssh_provider)
     assert sandbox_id.startswith("ssh:127.0.0.1:")
-    with pytest.raises(UserPoolError, match="no workspace"):  # released: its workspace is gone
+    with pytest.raises(WorkspaceNotFound, match="no workspace"):  # released: its workspace is gone
         ssh_provider.attach(sandbox_id)
 
 

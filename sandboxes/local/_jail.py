@@ -118,8 +118,9 @@ class Jail:
         self._seccomp = _seccomp.filter_program() if seccomp else None
         # Started by root, bwrap reaches the state as the jail uid: not under $TMPDIR, which may
         # be a root-only directory; /tmp is always open to every uid.
-        self.state = Path(tempfile.mkdtemp(prefix="sandboxes-local-", dir="/tmp" if self.as_root else None))
+        self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=state_parent(self.as_root)))
         os.chmod(self.state, 0o755)  # noqa: S103 - the jail uid passes through to tmp and etc, nothing secret here
+        (self.state / OWNER_FILE).write_text(process_identity(os.getpid()) or "")
         self.tmp = self.state / "tmp"
         self.tmp.mkdir(mode=0o700)
         self._write_etc()
@@ -247,3 +248,44 @@ def _pipe_with(data: bytes) -> int:
     finally:
         os.close(write)
     return read
+
+
+STATE_PREFIX = "sandboxes-local-"
+OWNER_FILE = "owner"
+"""In a state dir: which process made it (pid and start time), so another can tell it was left
+behind by one killed without closing its sandboxes (kill -9, a crash) and remove it."""
+
+
+def state_parent(as_root: bool) -> str | None:
+    return "/tmp" if as_root else None
+
+
+def process_identity(pid: int) -> str | None:
+    """``pid:start-time``: a pid alone may be reused by an unrelated process after the owner died."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return f"{pid}:{fields[19].decode()}" if len(fields) > 19 else None
+
+
+def stale_states(as_root: bool) -> list[Path]:
+    """The state dirs of this host's jails whose owning process is gone (this user's, in the
+    directory this process's jails use)."""
+    parent = Path(state_parent(as_root) or tempfile.gettempdir())
+    stale = []
+    with contextlib.suppress(OSError):
+        for entry in parent.iterdir():
+            if not entry.name.startswith(STATE_PREFIX) or entry.is_symlink() or not entry.is_dir():
+                continue
+            try:
+                if entry.stat().st_uid != os.geteuid():
+                    continue
+                owner = (entry / OWNER_FILE).read_text().strip()
+            except OSError:
+                continue  # being made right now, or not one of ours
+            pid, _, _ = owner.partition(":")
+            if owner and pid.isdigit() and process_identity(int(pid)) != owner:
+                stale.append(entry)
+    return stale

@@ -104,6 +104,21 @@ class Cgroup:
             raise
         return group
 
+    @classmethod
+    def existing(cls, name: str) -> Cgroup | None:
+        """The cgroup a sandbox of that name made, if it is still there (to remove one whose
+        owner was killed before it could)."""
+        try:
+            v2 = _filesystem_type(CGROUP_ROOT) == "cgroup2fs"
+        except OSError:
+            return None
+        if v2:
+            directories = [CGROUP_ROOT / PARENT / name]
+        else:
+            directories = [CGROUP_ROOT / controller / PARENT / name for controller in ("memory", "pids", "cpu")]
+        found = [directory for directory in directories if directory.is_dir()]
+        return cls(found, 2 if v2 else 1) if found else None
+
     @property
     def pids_view(self) -> tuple[str, str]:
         """(host directory, path in the jail) showing the jail its own ``pids.max`` where the

@@ -36,7 +36,7 @@ from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation, StreamingSandbox
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
-from sandboxes.local._jail import Jail, claim
+from sandboxes.local._jail import Jail, claim, stale_states
 from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
 from sandboxes.local._process import run_process
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
@@ -111,6 +111,8 @@ class LocalSandbox(StreamingSandbox):
         self._cgroup = None
         if self._jail is not None:
             self._cgroup = Cgroup.create(self._id, memory=config.memory, cpus=config.cpus, pids=config.pids)
+            if self._cgroup is not None:
+                (self._jail.state / CGROUP_FILE).write_text(self._id)
         self._helper_process: HelperProcess | None = None
         self._helper_lock = threading.Lock()
         self._helper_unavailable = self._jail is None or not config.use_exec_helper
@@ -131,6 +133,7 @@ class LocalSandbox(StreamingSandbox):
         return found
 
     def _make_jail(self, bwrap: str) -> Jail:
+        reap_leftovers()
         host_ids = None
         if self.config.host_uid is not None:
             host_ids = (self.config.host_uid, self.config.host_gid or self.config.host_uid)
@@ -426,3 +429,26 @@ class LocalSandbox(StreamingSandbox):
             tmp = self._jail.tmp
             return tmp / relative_to(path, "/tmp") if path != "/tmp" else tmp
         return Path(path)
+
+
+CGROUP_FILE = "cgroup"
+"""In a jail's state dir: the name of the sandbox's cgroup, removed with it if its owner died."""
+
+_reaped = threading.Event()
+
+
+def reap_leftovers() -> None:
+    """Remove what sandboxes of processes killed without closing them left behind: their state
+    dirs (private ``/tmp``, ``/etc`` files) and their cgroups. Once per process, at its first jail.
+    A sandbox's root directory is its caller's and is never touched here."""
+    if _reaped.is_set():
+        return
+    _reaped.set()
+    for state in stale_states(os.geteuid() == 0):
+        with contextlib.suppress(OSError):
+            name = (state / CGROUP_FILE).read_text().strip()
+            cgroup = Cgroup.existing(name) if name and "/" not in name and name not in (".", "..") else None
+            if cgroup is not None:
+                cgroup.remove()
+        shutil.rmtree(state, ignore_errors=True)
+        logger.info("removed %s, left by a process that did not close its sandbox", state)

@@ -25,7 +25,7 @@ STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
 V5 = "v5.channel.k8s.io"
 _KEPT = 64 << 10
 """Bytes of stderr and of the error channel kept for diagnostics; the rest is dropped."""
-_SEND_CHUNK = 1 << 20
+_SEND_CHUNK = 256 << 10
 
 _STREAM_LOCK = threading.Lock()
 """`kubernetes.stream.stream` swaps the API client's ``call_api`` for the duration of the call:

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
@@ -55,6 +56,8 @@ BOOTSTRAP = (
 follows is the helper's first frame, which it reads from fd 0 itself), then runs it."""
 
 _SMALL_OUTPUT = 4096
+_URL_BUDGET = 6000
+"""Bytes of URL-quoted script sent as an exec's ``command`` parameter; a longer one goes over stdin."""
 
 _RUN = (
     _scripts.KILL_MARKED
@@ -265,9 +268,10 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         pairs = [f"{name}={value}" for name, value in env.items()]
         size = "-" if stdin is None else str(len(stdin))
         script = _scripts.command(_RUN, cwd, marker, size, command, *pairs)
-        stream = open_exec(
-            self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", script], stdin=stdin is not None
-        )
+        argv = self._argv_for(script, marker)
+        if isinstance(argv, p.ExecuteResponse):
+            return argv
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, argv, stdin=stdin is not None)
         output = OutputBuffer(limit)
         reader = threading.Thread(target=_pump, args=(stream, output, on_output), name="k8s-exec", daemon=True)
         reader.start()
@@ -292,6 +296,31 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         if code == _scripts.EXIT_NO_CWD and not self._cwd_exists(cwd):
             return p.ExecuteResponse("", error=p.FILE_NOT_FOUND, message=f"working directory {cwd!r} not found")
         return execute_response(output, code, timed_out=False, timeout=timeout, duration_ms=duration)
+
+    def _argv_for(self, script: str, marker: str) -> list[str] | p.ExecuteResponse:
+        """``sh -c script`` when it fits an exec URL; else the script is first written to a file
+        in ``/tmp`` by an exec of its own (stdin has room, a URL does not: proxies in front of
+        API servers commonly refuse request lines over 8 KiB) and run from there, deleting
+        itself as it starts."""
+        if len(quote(script)) <= _URL_BUDGET:
+            return ["/bin/sh", "-c", script]
+        path = f"/tmp/.sandboxes-run-{marker}"
+        body = f"rm -f -- {path}\n{script}".encode()
+        write = _scripts.command('umask 077; head -c "$1" > "$2"', str(len(body)), path)
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", write])
+        try:
+            stream.send(body)
+            stream.close_stdin()
+            while stream.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            stream.close()
+        if stream.exit_code() != 0:
+            why = bytes(stream.stderr[-500:]).decode("utf-8", "replace") or status_message(bytes(stream.status))
+            return p.ExecuteResponse("", error=p.BACKEND_ERROR, message=f"could not stage the command in /tmp: {why}")
+        return ["/bin/sh", path]
 
     def _cwd_exists(self, cwd: str) -> bool:
         return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0

@@ -1,0 +1,173 @@
+"""KubernetesSandbox's lifecycle and KubernetesProvider (create, attach, list, destroy, sweep,
+warm pool, start failures) against `pod_api_double.FakeCluster`, a fake API server whose pods
+are Docker containers: pods created, watched until Ready, deleted and watched until gone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pod_api_double import FakeCluster
+from support import SESSION_OWNER
+
+from sandboxes.kubernetes import (
+    LABEL_EXPIRES,
+    LABEL_POOL,
+    KubernetesProvider,
+    KubernetesSandbox,
+    KubernetesSandboxConfig,
+    PodStartError,
+)
+from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
+from sandboxes.testing import LifecycleConformance
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER})
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def api_client(cluster: FakeCluster) -> Any:
+    from kubernetes import client
+
+    return client.ApiClient(client.Configuration(host=cluster.host))
+
+
+@pytest.fixture(scope="module")
+def template(runtime_image: str) -> KubernetesSandboxConfig:
+    return KubernetesSandboxConfig(namespace="sandboxes", image=runtime_image, owner=SESSION_OWNER, startup_timeout=60)
+
+
+def _exists(cluster: FakeCluster, name: str) -> bool:
+    return name in cluster.pods
+
+
+class TestKubernetesLifecycle(LifecycleConformance):
+    @pytest.fixture
+    def create(self, template: KubernetesSandboxConfig, api_client: Any) -> Callable[[], KubernetesSandbox]:
+        return lambda: KubernetesSandbox.create(template, api_client=api_client)
+
+    @pytest.fixture
+    def attach(self, api_client: Any) -> Callable[[KubernetesSandbox], KubernetesSandbox]:
+        return lambda sandbox: KubernetesSandbox.attach(sandbox.id, config=sandbox.config, api_client=api_client)
+
+    @pytest.fixture
+    def exists(self, cluster: FakeCluster) -> Callable[[KubernetesSandbox], bool]:
+        return lambda sandbox: _exists(cluster, sandbox.id)
+
+
+@pytest.fixture
+def provider(template: KubernetesSandboxConfig, api_client: Any) -> Iterator[KubernetesProvider]:
+    made = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    yield made
+    made.close()
+
+
+def test_is_a_pooled_provider(provider: KubernetesProvider) -> None:
+    assert isinstance(provider, Provider)
+    assert isinstance(provider, PooledProvider)
+
+
+def test_create_list_attach_destroy(provider: KubernetesProvider, cluster: FakeCluster) -> None:
+    options = CreateOptions(labels={"tenant": "t1"}, env={"GREETING": "hello"}, ttl=600)
+    with provider.create(options) as sandbox:
+        assert sandbox.owned
+        assert sandbox.execute('printf %s "$GREETING"').output == "hello"
+        records = {record.ref: record for record in provider.list()}
+        record = records[sandbox.id]
+        assert record.id == sandbox.id
+        assert dict(record.labels) == {"tenant": "t1"}
+        assert record.running
+        assert record.expires_at is not None
+        assert 500 < record.expires_at - record.created_at <= 660
+        attached = provider.attach(sandbox.id)
+        assert not attached.owned
+        assert attached.execute('printf %s "$GREETING"').output == "hello"
+        attached.close()
+        assert _exists(cluster, sandbox.id)
+    assert not _exists(cluster, sandbox.id)  # `with` on what it created waited for it to be gone
+    assert sandbox.id not in {record.ref for record in provider.list()}
+    provider.destroy(sandbox.id)  # gone already is fine
+
+
+def test_attach_to_nothing_raises_lookup_error(provider: KubernetesProvider) -> None:
+    with pytest.raises(LookupError):
+        provider.attach("sandbox-does-not-exist")
+
+
+def test_sweep_reaps_only_this_owners_expired_pods(
+    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    other = KubernetesProvider(
+        template.model_copy(update={"owner": f"{SESSION_OWNER}-other"}),
+        api_client=api_client,
+        sweep_interval=None,
+        sweep_on_start=False,
+    )
+    short = provider.create(CreateOptions(ttl=60))
+    long = provider.create(CreateOptions(ttl=3600))
+    foreign = other.create(CreateOptions(ttl=60))
+    try:
+        assert provider.sweep().removed == []
+        report = provider.sweep(now=short_expiry(provider, short.id) + 1)
+        assert report.removed == [short.id]
+        assert report.errors == []
+        assert _exists(cluster, long.id)
+        assert _exists(cluster, foreign.id)
+    finally:
+        for sandbox in (short, long, foreign):
+            sandbox.destroy()
+        other.close()
+
+
+def short_expiry(provider: KubernetesProvider, ref: str) -> float:
+    expiry = {record.ref: record.expires_at for record in provider.list()}[ref]
+    assert expiry is not None
+    return expiry
+
+
+def test_a_pod_that_cannot_start_is_deleted_and_says_why(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    config = template.model_copy(update={"image": "sandboxes-test/no-such-image:never", "image_pull_policy": "Never"})
+    before = set(cluster.pods)
+    with pytest.raises(PodStartError) as raised:
+        KubernetesSandbox.create(config, api_client=api_client)
+    assert raised.value.reason == "ErrImageNeverPull"
+    assert "no-such-image" in raised.value.message
+    assert set(cluster.pods) - before == set() or all(
+        cluster.pods[name]["metadata"].get("deletionTimestamp") for name in set(cluster.pods) - before
+    )
+
+
+def test_warm_pool_hands_out_ready_pods(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    with KubernetesProvider(template, api_client=api_client, pool_size=1, sweep_interval=None) as pooled:
+        assert pooled.wait_filled(120)
+        (waiting,) = pooled.idle
+        assert cluster.pods[waiting]["metadata"]["labels"][LABEL_POOL] == pooled.id
+        assert waiting not in {record.ref for record in pooled.list()}  # nobody holds it yet
+        execs = cluster.execs
+        sandbox = pooled.acquire()
+        try:
+            assert sandbox.id == waiting
+            assert sandbox.owned
+            assert sandbox.execute("echo warm").output == "warm\n"
+            assert cluster.execs == execs  # its exec helper was already up
+            labels = cluster.pods[waiting]["metadata"]["labels"]
+            assert LABEL_POOL not in labels
+            assert template.ttl is not None
+            assert int(labels[LABEL_EXPIRES]) <= int(__import__("time").time() + template.ttl) + 1
+            assert waiting in {record.ref for record in pooled.list()}
+            assert pooled.wait_filled(120)  # refilled by the thread
+            assert pooled.idle != (waiting,)
+        finally:
+            sandbox.destroy()
+        refill = pooled.idle
+    for name in refill:  # close deleted the idle pod
+        assert name not in cluster.pods or cluster.pods[name]["metadata"].get("deletionTimestamp")

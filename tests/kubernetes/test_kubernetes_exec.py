@@ -3,19 +3,18 @@ WebSocket ``v5``/``v4`` channels): the full conformance suite through the exec h
 persistent stream, and through the one-exec-per-command fallback on an image without python3;
 the stream reopened when it drops, a command whose fate is unknown never run twice.
 
-The API server here is `exec_double.ExecDouble`, a fake of the exec subresource alone, with a
-Docker container standing in for each pod (same user, read-only root, no capabilities, tmpfs
-workspace and /tmp, no network); pods themselves are the provider tests' business."""
+The API server here is `pod_api_double.FakeCluster`, a fake whose pods are Docker containers
+with the pod's security mapped (user, read-only root, no capabilities, tmpfs workspace and
+/tmp, no network)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from exec_double import V4, V5, ExecDouble
+from pod_api_double import V4, V5, FakeCluster
 from support import SESSION_OWNER
 from testcontainers.core.image import DockerImage
 
@@ -28,17 +27,17 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
-def double() -> Iterator[ExecDouble]:
-    server = ExecDouble(protocols=(V5, V4))
-    yield server
-    server.close()
+def double(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V5, V4))
+    yield fake
+    fake.close()
 
 
 @pytest.fixture(scope="module")
-def double_v4() -> Iterator[ExecDouble]:
-    server = ExecDouble(protocols=(V4,))
-    yield server
-    server.close()
+def double_v4(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V4,))
+    yield fake
+    fake.close()
 
 
 @pytest.fixture(scope="module")
@@ -47,65 +46,24 @@ def no_python_image(docker_client: Any) -> Iterator[str]:
         yield str(image)
 
 
-PodFactory = Callable[[str], str]
-
-
-@pytest.fixture(scope="module")
-def pods(docker_client: Any) -> Iterator[PodFactory]:
-    """Containers standing in for pods, secured as `pod_manifest` secures a pod."""
-    made: list[Any] = []
-
-    def start(image: str) -> str:
-        name = f"sandbox-{uuid.uuid4().hex[:16]}"
-        made.append(
-            docker_client.containers.run(
-                image,
-                ["sleep", "infinity"],
-                name=name,
-                detach=True,
-                init=True,
-                user="1000:1000",
-                working_dir="/workspace",
-                labels={"io.sandboxes.owner": SESSION_OWNER},
-                network_mode="none",
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                read_only=True,
-                tmpfs={
-                    "/tmp": "rw,nosuid,nodev,size=256m,mode=1777",
-                    "/workspace": "rw,nosuid,nodev,size=1g,uid=1000,gid=1000,mode=0755",
-                },
-                mem_limit="2g",
-                pids_limit=256,
-            )
-        )
-        return name
-
-    yield start
-    for container in made:
-        container.remove(force=True)
-
-
-def _sandbox(server: ExecDouble, name: str, **config: Any) -> KubernetesSandbox:
+def _sandbox(server: FakeCluster, image: str, **config: Any) -> KubernetesSandbox:
     from kubernetes import client
 
-    configuration = client.Configuration(host=server.host)
-    api = client.CoreV1Api(client.ApiClient(configuration))
-    return KubernetesSandbox(name, api, KubernetesSandboxConfig(owner=SESSION_OWNER, **config), owned=False)
+    api_client = client.ApiClient(client.Configuration(host=server.host))
+    template = KubernetesSandboxConfig(image=image, owner=SESSION_OWNER, **config)
+    return KubernetesSandbox.create(template, api_client=api_client)
 
 
 @pytest.fixture(scope="module")
-def helper_sandbox(double: ExecDouble, pods: PodFactory, runtime_image: str) -> Iterator[KubernetesSandbox]:
-    sandbox = _sandbox(double, pods(runtime_image))
-    yield sandbox
-    sandbox.close()
+def helper_sandbox(double: FakeCluster, runtime_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(double, runtime_image) as sandbox:
+        yield sandbox
 
 
 @pytest.fixture(scope="module")
-def fallback_sandbox(double_v4: ExecDouble, pods: PodFactory, no_python_image: str) -> Iterator[KubernetesSandbox]:
-    sandbox = _sandbox(double_v4, pods(no_python_image))
-    yield sandbox
-    sandbox.close()
+def fallback_sandbox(double_v4: FakeCluster, no_python_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(double_v4, no_python_image) as sandbox:
+        yield sandbox
 
 
 class TestKubernetesSandboxConformance(SandboxConformance):
@@ -119,7 +77,7 @@ class TestKubernetesSandboxConformance(SandboxConformance):
     def base_dir(self) -> str:
         return "/workspace"
 
-    def test_commands_share_one_exec_stream(self, helper_sandbox: KubernetesSandbox, double: ExecDouble) -> None:
+    def test_commands_share_one_exec_stream(self, helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
         helper_sandbox.execute("true")
         assert helper_sandbox.helper_alive
         before = double.execs
@@ -141,7 +99,7 @@ class TestKubernetesFallbackConformance(SandboxConformance):
     def base_dir(self) -> str:
         return "/workspace"
 
-    def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, double_v4: ExecDouble) -> None:
+    def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, double_v4: FakeCluster) -> None:
         before = double_v4.execs
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
         assert fallback_sandbox._helper_unavailable
@@ -149,19 +107,19 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         assert double_v4.execs == before + 1
 
 
-def test_helper_over_v4(double_v4: ExecDouble, pods: PodFactory, runtime_image: str) -> None:
-    sandbox = _sandbox(double_v4, pods(runtime_image))
+def test_helper_over_v4(double_v4: FakeCluster, runtime_image: str) -> None:
+    sandbox = _sandbox(double_v4, runtime_image)
     try:
         assert sandbox.execute("cat", stdin=b"\x00\xff" * 1000).output.encode("latin-1", "replace")[:2]
         assert sandbox.execute("wc -c", stdin=bytes(range(256)) * 100).output.strip() == "25600"
         assert sandbox.helper_alive
         assert sandbox._mux is not None
     finally:
-        sandbox.close()
+        sandbox.destroy()
 
 
-def test_dropped_stream_is_reopened(double: ExecDouble, pods: PodFactory, runtime_image: str) -> None:
-    sandbox = _sandbox(double, pods(runtime_image))
+def test_dropped_stream_is_reopened(double: FakeCluster, runtime_image: str) -> None:
+    sandbox = _sandbox(double, runtime_image)
     try:
         sandbox.execute("true")
         assert sandbox._mux is not None
@@ -171,15 +129,13 @@ def test_dropped_stream_is_reopened(double: ExecDouble, pods: PodFactory, runtim
         assert sandbox._mux is not None
         assert sandbox._mux.info["pid"] != first
     finally:
-        sandbox.close()
+        sandbox.destroy()
 
 
-def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(
-    double: ExecDouble, pods: PodFactory, runtime_image: str
-) -> None:
+def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(double: FakeCluster, runtime_image: str) -> None:
     import threading
 
-    sandbox = _sandbox(double, pods(runtime_image))
+    sandbox = _sandbox(double, runtime_image)
     try:
         sandbox.execute("true")
         mux = sandbox._mux
@@ -203,7 +159,7 @@ def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(
         assert result[0].error == p.CONNECTION_LOST
         assert sandbox.execute("cat /workspace/count").output == "ran\n"
     finally:
-        sandbox.close()
+        sandbox.destroy()
 
 
 def test_timeout_kills_the_tree_in_the_fallback(fallback_sandbox: KubernetesSandbox) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tarfile
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.kubernetes._pods import CONTAINER
@@ -61,7 +63,7 @@ class ExecStream:
         self.status = bytearray()
         self.ended = False
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | memoryview) -> None:
         """Stdin bytes; `OSError` once the stream is gone."""
         from websocket import ABNF, WebSocketException
 
@@ -185,3 +187,26 @@ def open_exec(
     except ApiException as exc:
         raise ExecError(f"exec in pod {pod} refused: {exc.reason or exc}") from exc
     return ExecStream(client, merge_stderr=merge_stderr)
+
+
+MAX_ARCHIVE_MEMBERS = 10_000
+"""Members of one archive put into a pod; a bigger batch is split."""
+_SLICE = 1 << 20
+
+
+def tar_pieces(files: list[tuple[str, bytes]]) -> tuple[list[bytes | memoryview], int]:
+    """A tar of regular files named by their absolute paths (extracted under ``/``), as pieces
+    (headers, then slices of the callers' own bytes: nothing is copied whole) and its total
+    size, known before a byte is sent, so the pod's side can read exactly that much."""
+    now = time.time()
+    pieces: list[bytes | memoryview] = []
+    for path, content in files:
+        info = tarfile.TarInfo(path.lstrip("/"))
+        info.size, info.mode, info.mtime = len(content), 0o644, now
+        pieces.append(info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        view = memoryview(content)
+        pieces.extend(view[offset : offset + _SLICE] for offset in range(0, len(view), _SLICE))
+        if len(content) % tarfile.BLOCKSIZE:
+            pieces.append(tarfile.NUL * (tarfile.BLOCKSIZE - len(content) % tarfile.BLOCKSIZE))
+    pieces.append(tarfile.NUL * (tarfile.BLOCKSIZE * 2))
+    return pieces, sum(len(piece) for piece in pieces)

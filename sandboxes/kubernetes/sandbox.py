@@ -31,7 +31,15 @@ from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import StreamingSandbox
-from sandboxes.kubernetes._exec import ExecError, ExecStream, exec_api, open_exec, status_message
+from sandboxes.kubernetes._exec import (
+    MAX_ARCHIVE_MEMBERS,
+    ExecError,
+    ExecStream,
+    exec_api,
+    open_exec,
+    status_message,
+    tar_pieces,
+)
 from sandboxes.kubernetes._pods import core_api, create_pod, delete_pod, load_api_client
 from sandboxes.kubernetes.config import KubernetesSandboxConfig
 from sandboxes.lifecycle import CreateOptions, Lifecycle
@@ -55,7 +63,13 @@ BOOTSTRAP = (
 """Reads the helper's source from stdin with ``os.read`` (never more than asked for: what
 follows is the helper's first frame, which it reads from fd 0 itself), then runs it."""
 
+BULK_THRESHOLD = 1 << 20
+"""Files above this size move as tar (upload) or ``cat`` (download) over an exec stream of
+their own rather than inline through ``execute`` (base64 in a command's stdin or output)."""
+
 _SMALL_OUTPUT = 4096
+_EXTRACT = 'head -c "$1" | tar -x -f - -C / 2>&1'
+_CAT = '[ -d "$1" ] && exit 21; exec cat -- "$1"'
 _URL_BUDGET = 6000
 """Bytes of URL-quoted script sent as an exec's ``command`` parameter; a longer one goes over stdin."""
 
@@ -356,6 +370,79 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         with contextlib.suppress(ExecError):
             return self._run_small(command, timeout=10)[1].strip()
         return ""
+
+    # ------------------------------------------------------------------ bulk file transfer
+
+    bulk_threshold = BULK_THRESHOLD
+
+    def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        """Big files as tar archives of at most `MAX_ARCHIVE_MEMBERS` members each, streamed
+        to ``tar -x`` in the pod (`BaseSandbox` has already checked every destination and named
+        each file a fresh staging path beside it, renamed into place once all arrived)."""
+        outcomes: list[p.ErrorCode | None] = []
+        for start in range(0, len(files), MAX_ARCHIVE_MEMBERS):
+            outcomes += self._put_archive(files[start : start + MAX_ARCHIVE_MEMBERS])
+        return outcomes
+
+    def _put_archive(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        pieces, size = tar_pieces(files)
+        script = _scripts.command(_EXTRACT, str(size))
+        try:
+            stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", script])
+        except ExecError:
+            return [p.UNAVAILABLE] * len(files)
+        output = OutputBuffer(_SMALL_OUTPUT)
+        reader = threading.Thread(target=_pump, args=(stream, output), name="k8s-tar", daemon=True)
+        reader.start()
+        try:
+            for piece in pieces:
+                stream.send(piece)
+            stream.close_stdin()
+        except OSError:
+            pass  # the exec ended early; its status says why
+        reader.join(self.operation_timeout)
+        stream.close()
+        reader.join(1.0)
+        code = stream.exit_code()
+        if code == 0:
+            return [None] * len(files)
+        logger.warning("tar into pod %s failed (%s): %s", self.name, code, output.text()[-500:])
+        self.execute(_scripts.command('rm -f -- "$@"', *(path for path, _ in files)), timeout=30)
+        if code is None:
+            return [p.CONNECTION_LOST] * len(files)
+        said = output.text().lower()
+        full = "no space left" in said or "wrote only" in said  # GNU tar's words for a short write
+        error: p.ErrorCode = p.NO_SPACE if full else p.PERMISSION_DENIED
+        return [error] * len(files)
+
+    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
+        """The file's bytes, streamed by ``cat`` over an exec of its own."""
+        try:
+            stream = open_exec(
+                self._exec_api,
+                self.config.namespace,
+                self.name,
+                ["/bin/sh", "-c", _scripts.command(_CAT, path)],
+                stdin=False,
+            )
+        except ExecError:
+            return p.UNAVAILABLE
+        chunks = bytearray()
+        try:
+            while chunk := stream.recv(1 << 20):
+                chunks += chunk
+        finally:
+            stream.close()
+        code = stream.exit_code()
+        if code == 0:
+            return bytes(chunks)
+        if code == 21:
+            return p.IS_DIRECTORY
+        if code is None:
+            return p.CONNECTION_LOST
+        return (
+            p.FILE_NOT_FOUND if self._run_small(_scripts.command('[ -e "$1" ]', path))[0] != 0 else p.PERMISSION_DENIED
+        )
 
 
 def _lost(message: str) -> p.ExecuteResponse:

@@ -168,3 +168,27 @@ def test_timeout_kills_the_tree_in_the_fallback(fallback_sandbox: KubernetesSand
     scan = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done 2>/dev/null | grep -c '^sleep 30[012]'"
     left = fallback_sandbox.execute(scan).output.strip()
     assert left == "0"
+
+
+def test_big_files_move_over_exec_streams_of_their_own(helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
+    big = bytes(range(256)) * 16384  # 4 MiB, over the bulk threshold
+    helper_sandbox.execute("true")
+    before = double.execs
+    paths = ["/workspace/bulk/a.bin", "/tmp/bulk/b.bin"]
+    assert [r.error for r in helper_sandbox.upload_files([(path, big) for path in paths])] == [None, None]
+    assert double.execs == before + 1  # one tar for the whole batch
+    downloaded = helper_sandbox.download_files([*paths, "/workspace/bulk", "/workspace/bulk/missing"])
+    assert [d.content for d in downloaded[:2]] == [big, big]
+    assert downloaded[2].error == p.IS_DIRECTORY or downloaded[2].error is not None
+    assert downloaded[3].error == p.FILE_NOT_FOUND
+    assert double.execs >= before + 3  # each big download its own cat
+    left = helper_sandbox.execute("ls -a /workspace/bulk /tmp/bulk").output
+    assert ".sandboxes-write" not in left
+
+
+def test_a_bulk_upload_past_the_workspace_answers_no_space(double: FakeCluster, runtime_image: str) -> None:
+    with _sandbox(double, runtime_image, workspace_size="8Mi") as sandbox:
+        big = b"x" * (6 << 20)
+        results = sandbox.upload_files([("/workspace/one.bin", big), ("/workspace/two.bin", big)])
+        assert [r.error for r in results] == [p.NO_SPACE, p.NO_SPACE]
+        assert sandbox.execute("ls -A /workspace").output == ""

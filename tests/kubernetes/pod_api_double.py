@@ -21,6 +21,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -41,6 +42,8 @@ class FakeCluster:
         self.pods: dict[str, dict[str, Any]] = {}
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.execs = 0
+        self.requests: Counter[str] = Counter()
+        """Requests served, by kind: ``list``, ``watch``, ``get``, ``create``, ``delete``, ``patch``."""
         self._versions = itertools.count(1)
         self._changed = threading.Condition()
         cluster = self
@@ -304,6 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(length) or b"{}")
 
     def do_POST(self) -> None:
+        self.fake.requests["create"] += 1
         pod = self._body()
         if pod["metadata"]["name"] in self.fake.pods:
             self._reply(409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409})
@@ -311,12 +315,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(201, self.fake.create(pod))
 
     def do_DELETE(self) -> None:
+        self.fake.requests["delete"] += 1
         parts, _ = self._route()
         self._body()
         pod = self.fake.delete(parts[5])
         self._reply(200, pod) if pod is not None else self._not_found(parts[5])
 
     def do_PATCH(self) -> None:
+        self.fake.requests["patch"] += 1
         parts, _ = self._route()
         pod = self.fake.patch(parts[5], self._body())
         self._reply(200, pod) if pod is not None else self._not_found(parts[5])
@@ -327,11 +333,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._exec(parts[5], query)
             return
         if len(parts) == 6:
+            self.fake.requests["get"] += 1
             pods = [pod for pod in self.fake.matching("") if pod["metadata"]["name"] == parts[5]]
             self._reply(200, pods[0]) if pods else self._not_found(parts[5])
             return
         selector = query.get("labelSelector", [""])[0]
         if query.get("watch", ["false"])[0] in ("true", "1"):
+            self.fake.requests["watch"] += 1
             since = query.get("resourceVersion", [None])[0]
             timeout = float(query.get("timeoutSeconds", ["30"])[0])
             events = self.fake.watch(selector, int(since) if since else None, timeout)
@@ -342,6 +350,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
+        self.fake.requests["list"] += 1
         items = self.fake.matching(selector)
         self._reply(
             200,

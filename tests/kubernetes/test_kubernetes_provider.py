@@ -171,3 +171,22 @@ def test_warm_pool_hands_out_ready_pods(
         refill = pooled.idle
     for name in refill:  # close deleted the idle pod
         assert name not in cluster.pods or cluster.pods[name]["metadata"].get("deletionTimestamp")
+
+
+def test_creation_and_deletion_wait_by_watch_not_polling(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    before = cluster.requests.copy()
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    made = cluster.requests - before
+    assert made["create"] == 1
+    assert made["list"] == 1  # the state and a resourceVersion, then only watches
+    assert made["get"] == 0
+    assert 1 <= made["watch"] <= 3
+    before = cluster.requests.copy()
+    sandbox.destroy()
+    assert sandbox.id not in cluster.pods  # returned only once the pod was gone
+    gone = cluster.requests - before
+    assert gone["delete"] == 1
+    assert gone["list"] == 1
+    assert 1 <= gone["watch"] <= 3

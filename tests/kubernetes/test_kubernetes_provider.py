@@ -190,3 +190,58 @@ def test_creation_and_deletion_wait_by_watch_not_polling(
     assert gone["delete"] == 1
     assert gone["list"] == 1
     assert 1 <= gone["watch"] <= 3
+
+
+def test_a_kubeconfig_names_the_cluster(template: KubernetesSandboxConfig, cluster: FakeCluster, tmp_path: Any) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: other\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {cluster.host}\n"
+        "- name: nowhere\n  cluster:\n    server: http://127.0.0.1:9\n"
+        "users:\n- name: tester\n  user:\n    token: not-checked-by-the-fake\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
+        "- name: other\n  context:\n    cluster: nowhere\n    user: tester\n"
+    )
+    config = template.model_copy(update={"kubeconfig": str(kubeconfig), "context": "fake"})
+    with (
+        KubernetesProvider(config, sweep_interval=None, sweep_on_start=False) as provider,
+        provider.create() as sandbox,
+    ):
+        assert sandbox.execute("echo via-kubeconfig").output == "via-kubeconfig\n"
+
+
+def test_in_cluster_without_a_service_account_says_so(template: KubernetesSandboxConfig) -> None:
+    from kubernetes.config import ConfigException
+
+    with pytest.raises(ConfigException):
+        KubernetesProvider(template.model_copy(update={"in_cluster": True}))
+
+
+def test_commands_in_a_deleted_pod_answer_unavailable(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    from sandboxes import protocol as p
+
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    attached = KubernetesSandbox.attach(sandbox.id, config=template, api_client=api_client)
+    assert attached.execute("true").exit_code == 0
+    sandbox.destroy()
+    sandbox.destroy()  # idempotent
+    gone = attached.execute("echo hello")
+    assert gone.error in (p.UNAVAILABLE, p.CONNECTION_LOST)
+    assert gone.exit_code is None
+    attached.close()
+
+
+def test_the_pod_runs_as_its_spec_says(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    """End to end through the fake's mapping of the pod spec: uid/gid 1000, no capabilities,
+    no new privileges, a read-only root, writable workspace and /tmp."""
+    with KubernetesSandbox.create(template, api_client=api_client) as sandbox:
+        assert sandbox.execute("id -u; id -g").output == "1000\n1000\n"
+        status = sandbox.execute("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status").output.split()
+        assert status == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+        assert sandbox.write("/usr/evil", "x").error is not None
+        assert sandbox.write("/workspace/ok", "x").error is None
+        assert sandbox.write("/tmp/ok", "x").error is None

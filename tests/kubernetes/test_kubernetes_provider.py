@@ -245,3 +245,32 @@ def test_the_pod_runs_as_its_spec_says(
         assert sandbox.write("/usr/evil", "x").error is not None
         assert sandbox.write("/workspace/ok", "x").error is None
         assert sandbox.write("/tmp/ok", "x").error is None
+
+
+def test_sweep_reaps_dead_never_ready_and_abandoned_pool_pods(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    import time
+
+    forever = template.model_copy(update={"ttl": None})
+    provider = KubernetesProvider(forever, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    abandoned = KubernetesProvider(
+        forever.model_copy(update={"labels": {LABEL_POOL: "dead-provider"}}),
+        api_client=api_client,
+        sweep_interval=None,
+        sweep_on_start=False,
+    )
+    evicted, stuck, kept = provider.create(), provider.create(), provider.create()
+    pooled = abandoned.create()
+    try:
+        cluster.set_status(evicted.id, {"phase": "Failed", "reason": "Evicted", "message": "low on memory"})
+        cluster.set_status(stuck.id, {"phase": "Pending"})
+        assert provider.sweep().removed == [evicted.id]  # the others are young
+        later = time.time() + provider.config.pool_max_idle + provider.config.orphan_grace + 5
+        assert sorted(provider.sweep(now=later).removed) == sorted([stuck.id, pooled.id])
+        assert _exists(cluster, kept.id)
+    finally:
+        for sandbox in (evicted, stuck, kept, pooled):
+            sandbox.destroy()
+        provider.close()
+        abandoned.close()

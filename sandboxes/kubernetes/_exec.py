@@ -16,6 +16,7 @@ import json
 import tarfile
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.kubernetes._pods import CONTAINER
@@ -29,10 +30,20 @@ _KEPT = 64 << 10
 """Bytes of stderr and of the error channel kept for diagnostics; the rest is dropped."""
 _SEND_CHUNK = 256 << 10
 
-_STREAM_LOCK = threading.Lock()
-"""`kubernetes.stream.stream` swaps the API client's ``call_api`` for the duration of the call:
-two at once on one client can leave it swapped for good, so every call takes this lock, and
-exec goes through an API client of its own (see `exec_api`) that nothing else uses."""
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _stream_lock(api: Any) -> threading.Lock:
+    """`kubernetes.stream.stream` swaps the API client's ``call_api`` for the duration of the
+    call: two at once on one client can leave it swapped for good, so calls on one client take
+    its lock (sandboxes on different clients open streams in parallel), and exec goes through
+    an API client of its own (see `exec_api`) that no REST call uses."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(api.api_client)
+        if lock is None:
+            lock = _LOCKS[api.api_client] = threading.Lock()
+        return lock
 
 
 class ExecError(RuntimeError):
@@ -170,7 +181,7 @@ def open_exec(
     from kubernetes.stream import stream
 
     try:
-        with _STREAM_LOCK:
+        with _stream_lock(api):
             client = stream(
                 api.connect_get_namespaced_pod_exec,
                 pod,

@@ -85,6 +85,8 @@ class TestKubernetesSandboxConformance(SandboxConformance):
             assert helper_sandbox.execute("echo hi").output == "hi\n"
         assert double.execs == before
         assert isinstance(helper_sandbox, Lifecycle)
+        assert helper_sandbox._mux is not None
+        assert helper_sandbox._mux._stream.protocol == V5  # type: ignore[attr-defined]
 
 
 class TestKubernetesFallbackConformance(SandboxConformance):
@@ -110,10 +112,12 @@ class TestKubernetesFallbackConformance(SandboxConformance):
 def test_helper_over_v4(double_v4: FakeCluster, runtime_image: str) -> None:
     sandbox = _sandbox(double_v4, runtime_image)
     try:
-        assert sandbox.execute("cat", stdin=b"\x00\xff" * 1000).output.encode("latin-1", "replace")[:2]
+        dumped = sandbox.execute("od -An -tx1 | head -n 1", stdin=b"\x00\xff\n" * 1000).output.split()
+        assert dumped[:6] == ["00", "ff", "0a", "00", "ff", "0a"]
         assert sandbox.execute("wc -c", stdin=bytes(range(256)) * 100).output.strip() == "25600"
         assert sandbox.helper_alive
         assert sandbox._mux is not None
+        assert sandbox._mux._stream.protocol == V4  # type: ignore[attr-defined]
     finally:
         sandbox.destroy()
 

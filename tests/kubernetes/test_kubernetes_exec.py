@@ -196,3 +196,13 @@ def test_a_bulk_upload_past_the_workspace_answers_no_space(double: FakeCluster, 
         results = sandbox.upload_files([("/workspace/one.bin", big), ("/workspace/two.bin", big)])
         assert [r.error for r in results] == [p.NO_SPACE, p.NO_SPACE]
         assert sandbox.execute("ls -A /workspace").output == ""
+
+
+def test_a_memory_hog_answers_out_of_memory(double: FakeCluster, runtime_image: str) -> None:
+    limits = {"memory_limit": "64Mi", "memory_request": "64Mi", "workspace_size": "16Mi", "tmp_size": "16Mi"}
+    with _sandbox(double, runtime_image, **limits) as sandbox:
+        hog = sandbox.execute("python3 -c 'a = bytearray(1 << 30)'", timeout=60)
+        assert hog.exit_code == 137
+        assert hog.error == p.OUT_OF_MEMORY
+        assert "64Mi" in (hog.message or "")
+        assert sandbox.execute("kill -9 $$").error is None  # a plain 137 is not taken for one

@@ -388,14 +388,15 @@ def _grace_of(pod: Any) -> int:
 def _watch_pod(api: CoreV1Api, namespace: str, name: str, deadline: float) -> Iterator[Any | None]:
     """The pod's successive states until ``deadline``; ``None`` once it is gone (then stops).
 
-    Selected by the sandbox-id label, which every sandbox pod carries with its own name as the
-    value: label selectors are what every API server (and the test fake) filters watches by."""
+    Selected by name (``metadata.name`` field selector, which every API server supports for
+    pods, so a pod attached by name without our labels is watched too); the name is checked
+    here as well, for a server that ignores field selectors."""
     from kubernetes import watch
     from kubernetes.client.exceptions import ApiException
 
-    selector = f"{LABEL_SANDBOX}={name}"
+    selector = f"metadata.name={name}"
     while True:
-        listed: Any = api.list_namespaced_pod(namespace, label_selector=selector)
+        listed: Any = api.list_namespaced_pod(namespace, field_selector=selector)
         pods = [pod for pod in listed.items if pod.metadata.name == name]
         if not pods:
             yield None
@@ -408,7 +409,7 @@ def _watch_pod(api: CoreV1Api, namespace: str, name: str, deadline: float) -> It
                 for event in watcher.stream(
                     api.list_namespaced_pod,
                     namespace,
-                    label_selector=selector,
+                    field_selector=selector,
                     resource_version=version,
                     timeout_seconds=max(1, int(remaining)),
                     _request_timeout=remaining + 5,

@@ -212,8 +212,12 @@ def _waiting(container: dict[str, Any], reason: str, message: str) -> dict[str, 
     }
 
 
+_NAME = "\0name"
+"""A pseudo label standing for ``metadata.name`` in a selector."""
+
+
 def _selects(selector: str, pod: dict[str, Any]) -> bool:
-    labels = pod["metadata"].get("labels") or {}
+    labels = {**(pod["metadata"].get("labels") or {}), _NAME: pod["metadata"]["name"]}
     for term in filter(None, selector.split(",")):
         if "!=" in term:
             key, value = term.split("!=", 1)
@@ -339,6 +343,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, pods[0]) if pods else self._not_found(parts[5])
             return
         selector = query.get("labelSelector", [""])[0]
+        named = query.get("fieldSelector", [""])[0]
+        if named:  # only metadata.name=<name>, the one field selector the backend uses
+            assert named.startswith("metadata.name="), named
+            selector = ",".join(filter(None, [selector, f"{_NAME}={named.split('=', 1)[1]}"]))
         if query.get("watch", ["false"])[0] in ("true", "1"):
             self.fake.requests["watch"] += 1
             since = query.get("resourceVersion", [None])[0]

@@ -148,7 +148,8 @@ class FakeCluster:
     def _remove(self, pod: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
             self.docker.containers.get(pod["metadata"]["name"]).remove(force=True)
-        self.record("DELETED", pod)
+        if not pod["metadata"].get("finalizers"):  # a finalizer holds the object, as a real server does
+            self.record("DELETED", pod)
 
     def patch(self, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         with self._changed:
@@ -156,6 +157,8 @@ class FakeCluster:
             if pod is None:
                 return None
             pod = json.loads(json.dumps(pod))
+        if "finalizers" in patch.get("metadata", {}):
+            pod["metadata"]["finalizers"] = patch["metadata"]["finalizers"]
         for field in ("labels", "annotations"):
             for key, value in (patch.get("metadata", {}).get(field) or {}).items():
                 target = pod["metadata"].setdefault(field, {})

@@ -274,3 +274,20 @@ def test_sweep_reaps_dead_never_ready_and_abandoned_pool_pods(
             sandbox.destroy()
         provider.close()
         abandoned.close()
+
+
+def test_destroy_says_what_holds_a_pod_that_does_not_go(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxes.kubernetes import _pods
+
+    monkeypatch.setattr(_pods, "_GONE_GRACE", 1.0)
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    sandbox.api.patch_namespaced_pod(sandbox.id, template.namespace, {"metadata": {"finalizers": ["example.com/hold"]}})
+    with pytest.raises(TimeoutError, match=r"finalizers \['example.com/hold'\]"):
+        sandbox.destroy()
+    held = cluster.pods[sandbox.id]
+    assert held["metadata"]["deletionTimestamp"]
+    cluster.record("DELETED", held)  # the finalizer's controller lets go
+    sandbox.destroy()
+    assert sandbox.id not in cluster.pods

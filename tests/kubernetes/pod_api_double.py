@@ -30,6 +30,8 @@ from urllib.parse import parse_qs, urlparse
 
 V4 = "v4.channel.k8s.io"
 V5 = "v5.channel.k8s.io"
+NODE_LABELS = {"kubernetes.io/os": "linux", "kubernetes.io/hostname": "fake-node"}
+"""The one node's labels, which a pod's ``nodeSelector`` must match to be scheduled."""
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
@@ -101,6 +103,12 @@ class FakeCluster:
 
         name, spec = pod["metadata"]["name"], pod["spec"]
         container = spec["containers"][0]
+        wanted = spec.get("nodeSelector") or {}
+        if any(NODE_LABELS.get(key) != value for key, value in wanted.items()):
+            message = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            self.set_status(name, {"phase": "Pending", "conditions": [condition]})
+            return
         try:
             self.docker.images.get(container["image"])  # nothing is pulled here: no registry
         except docker.errors.ImageNotFound as exc:

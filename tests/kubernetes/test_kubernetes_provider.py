@@ -291,3 +291,20 @@ def test_destroy_says_what_holds_a_pod_that_does_not_go(
     cluster.record("DELETED", held)  # the finalizer's controller lets go
     sandbox.destroy()
     assert sandbox.id not in cluster.pods
+
+
+def test_an_unschedulable_pod_says_what_the_scheduler_said(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    config = template.model_copy(update={"node_selector": {"pool": "gpu"}, "startup_timeout": 3.0})
+    with pytest.raises(PodStartError) as raised:
+        KubernetesSandbox.create(config, api_client=api_client)
+    assert raised.value.reason == "Unschedulable"
+    assert "didn't match Pod's node affinity/selector" in raised.value.message
+    assert raised.value.pod not in cluster.pods or cluster.pods[raised.value.pod]["metadata"].get("deletionTimestamp")
+    patient = KubernetesProvider(config, api_client=api_client, fail_unschedulable=False, sweep_on_start=False)
+    with pytest.raises(TimeoutError, match="Unschedulable"):
+        patient.create()
+    schedulable = template.model_copy(update={"node_selector": {"kubernetes.io/os": "linux"}})
+    with KubernetesSandbox.create(schedulable, api_client=api_client) as sandbox:
+        assert sandbox.execute("echo placed").output == "placed\n"

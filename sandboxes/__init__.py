@@ -1,8 +1,8 @@
-"""Self-hosted sandboxes for LLM agents: one backend protocol over local, Docker and SSH sandboxes.
+"""Self-hosted sandboxes for LLM agents: one backend protocol over local, Docker, SSH and Kubernetes sandboxes.
 
 The public API is importable from here (``from sandboxes import DockerSandbox``), but each name
 is imported on first use (PEP 562 ``__getattr__``): ``import sandboxes`` stays cheap and pulls in
-neither docker, paramiko nor fastapi, so a client or a tool that needs one backend does not pay
+neither docker, paramiko, kubernetes nor fastapi, so a client or a tool that needs one backend does not pay
 for, or need installed, the drivers of the others.
 """
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sandboxes.composite import CompositeBackend, CompositeSandbox
     from sandboxes.docker import DockerSandbox, DockerSandboxConfig
     from sandboxes.filesystem import FilesystemBackend, FilesystemBackendConfig
+    from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
     from sandboxes.lifecycle import Lifecycle
     from sandboxes.local import LocalSandbox, LocalSandboxConfig
     from sandboxes.protocol import (
@@ -77,6 +78,8 @@ _HOME: dict[str, str] = {
     "DockerSandboxConfig": "sandboxes.docker",
     "SSHSandbox": "sandboxes.ssh",
     "SSHSandboxConfig": "sandboxes.ssh",
+    "KubernetesSandbox": "sandboxes.kubernetes",
+    "KubernetesSandboxConfig": "sandboxes.kubernetes",
     "FilesystemBackend": "sandboxes.filesystem",
     "FilesystemBackendConfig": "sandboxes.filesystem",
     "StateBackend": "sandboxes.state",
@@ -105,6 +108,8 @@ __all__ = [
     "GlobResult",
     "GrepMatch",
     "GrepResult",
+    "KubernetesSandbox",
+    "KubernetesSandboxConfig",
     "Lifecycle",
     "LocalSandbox",
     "LocalSandboxConfig",

@@ -12,7 +12,7 @@ import pytest
 
 import sandboxes
 
-HEAVY = ("docker", "paramiko", "fastapi", "uvicorn", "httpx")
+HEAVY = ("docker", "paramiko", "kubernetes", "fastapi", "uvicorn", "httpx")
 
 
 def _modules_after(statement: str) -> set[str]:
@@ -46,6 +46,12 @@ def test_every_public_name_resolves_to_its_module(name: str) -> None:
 
 def test_every_home_is_public() -> None:
     assert set(sandboxes._HOME) == set(sandboxes.__all__) - {"__version__"}
+
+
+def test_the_kubernetes_backend_imports_its_client_only_when_used() -> None:
+    loaded = _modules_after("from sandboxes import KubernetesSandbox")
+    assert "sandboxes.kubernetes" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

@@ -1,0 +1,462 @@
+"""`KubernetesSandbox`: a sandbox in a pod, driven through the pod exec subresource.
+
+How commands reach the pod: one long-lived exec helper (`sandboxes._mux`) per sandbox, over a
+single exec websocket, answers each command with a fork (a few ms instead of a fresh exec's
+~65 ms on a real cluster). The helper's source is too big for an exec URL's ``command``
+parameters (some proxies cap a request line at 8 KiB), so a one-line bootstrap reads exactly
+its length from stdin, then the same stdin carries the helper's frames. If the stream drops, the
+next command opens a new one; a command the old one had acknowledged answers
+``connection_lost`` (it may have run, so it is never run twice), one it had not is sent to the
+new helper. If the image has no python3, each command gets its own exec with the same timeout
+semantics: its process tree is found by an environment marker and killed, and its exit status
+comes from the exec's error channel.
+
+Creating, pooling and sweeping pods is `sandboxes.kubernetes.provider`'s business; the pod
+manifest and the waits are `sandboxes.kubernetes._pods`'.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from sandboxes import _scripts
+from sandboxes import protocol as p
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._output import OutputBuffer, execute_response, out_of_memory
+from sandboxes.base import StreamingSandbox
+from sandboxes.kubernetes._exec import (
+    MAX_ARCHIVE_MEMBERS,
+    ExecError,
+    ExecStream,
+    exec_api,
+    open_exec,
+    status_message,
+    tar_pieces,
+)
+from sandboxes.kubernetes._pods import core_api, create_pod, delete_pod, load_api_client
+from sandboxes.kubernetes.config import KubernetesSandboxConfig
+from sandboxes.lifecycle import CreateOptions, Lifecycle
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient, CoreV1Api
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = SERVER_SOURCE.encode("utf-8")
+BOOTSTRAP = (
+    "import os\n"
+    f"n={len(_SOURCE)}\n"
+    "b=b''\n"
+    "while len(b)<n:\n"
+    " c=os.read(0,n-len(b))\n"
+    " if not c:raise SystemExit(3)\n"
+    " b+=c\n"
+    "exec(compile(b,'sandboxes-exec-helper','exec'))\n"
+)
+"""Reads the helper's source from stdin with ``os.read`` (never more than asked for: what
+follows is the helper's first frame, which it reads from fd 0 itself), then runs it."""
+
+BULK_THRESHOLD = 1 << 20
+"""Files above this size move as tar (upload) or ``cat`` (download) over an exec stream of
+their own rather than inline through ``execute`` (base64 in a command's stdin or output)."""
+
+_SMALL_OUTPUT = 4096
+_EXTRACT = 'head -c "$1" | tar -x -f - -C / 2>&1'
+_CAT = '[ -d "$1" ] && exit 21; exec cat -- "$1"'
+_URL_BUDGET = 6000
+"""Bytes of URL-quoted script sent as an exec's ``command`` parameter; a longer one goes over stdin."""
+
+_RUN = (
+    _scripts.KILL_MARKED
+    + r"""cwd=$1; marker=$2; size=$3; cmd=$4; shift 4
+for pair do export "$pair"; done
+export SANDBOXES_EXEC_ID="$marker"
+cd -- "$cwd" 2>/dev/null || exit 200
+if [ "$size" = - ]; then
+  /bin/sh -c "$cmd" </dev/null 2>&1
+else
+  head -c "$size" | /bin/sh -c "$cmd" 2>&1
+fi
+s=$?
+unset SANDBOXES_EXEC_ID
+kill_marked "$marker"
+exit "$s"
+"""
+)
+"""One command in its own exec, without the helper: cwd, marker, stdin size and command, then
+the environment as ``NAME=value`` pairs, all quoted positional parameters. The exec API has no
+way to pass an environment, and ``v4`` none to end stdin, so the command's stdin is exactly
+``size`` bytes of the exec's through ``head -c`` (``-``: none). stderr joins stdout at the source
+so their order is kept. Whatever the command left running with its marker dies when it ends."""
+
+_OOM_COUNT = (
+    "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
+    " | awk '$1==\"oom_kill\"{print $2; exit}'"
+)
+
+
+class KubernetesSandbox(StreamingSandbox, Lifecycle):
+    """One pod. Thread-safe: many commands and file operations may run at once."""
+
+    def __init__(self, name: str, api: CoreV1Api, config: KubernetesSandboxConfig, *, owned: bool = True) -> None:
+        self.name = name
+        self.api = api
+        self.config = config
+        self.owned = owned
+        self._exec_api = exec_api(api)
+        self._mux: MuxClient | None = None
+        self._mux_lock = threading.Lock()
+        self._helper_unavailable = not config.use_exec_helper
+        self._oom_baseline: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def create(
+        cls,
+        config: KubernetesSandboxConfig | None = None,
+        options: CreateOptions | None = None,
+        *,
+        api_client: ApiClient | None = None,
+    ) -> KubernetesSandbox:
+        """A new pod, Running and Ready (`sandboxes.kubernetes._pods.PodStartError` says why
+        not); owned by the caller, so ``with`` deletes it."""
+        config = config or KubernetesSandboxConfig()
+        options = options or CreateOptions()
+        api = core_api(api_client or load_api_client(config))
+        pod: Any = create_pod(api, config, labels=options.labels, env=options.env, ttl=options.ttl)
+        sandbox = cls(pod.metadata.name, api, config.model_copy(update={"env": {**config.env, **options.env}}))
+        return sandbox
+
+    @classmethod
+    def attach(
+        cls, name: str, *, config: KubernetesSandboxConfig | None = None, api_client: ApiClient | None = None
+    ) -> KubernetesSandbox:
+        """Drive an existing pod by name; ``with`` only closes it. `LookupError` if none."""
+        from kubernetes.client.exceptions import ApiException
+
+        config = config or KubernetesSandboxConfig()
+        api = core_api(api_client or load_api_client(config))
+        try:
+            api.read_namespaced_pod(name, config.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise LookupError(f"no pod {name!r} in namespace {config.namespace!r}") from exc
+            raise
+        return cls(name, api, config, owned=False)
+
+    @property
+    def id(self) -> str:
+        return self.name
+
+    @property
+    def workdir(self) -> str:
+        return self.config.workdir
+
+    @property
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live exec helper (the fast path)."""
+        return self._mux is not None and self._mux.alive
+
+    def close(self) -> None:
+        """Drop the exec helper's stream; the pod keeps running."""
+        with self._mux_lock:
+            if self._mux is not None:
+                self._mux.close()
+                self._mux = None
+
+    def destroy(self) -> None:
+        """Delete the pod and wait until it is gone. Idempotent; `TimeoutError` says what holds it."""
+        self.close()
+        delete_pod(self.api, self.config.namespace, self.name, grace_seconds=self.config.termination_grace_seconds)
+
+    # ------------------------------------------------------------------ execute
+
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        timeout = self.config.default_timeout if timeout is None else timeout
+        limit = self.config.output_limit if output_limit is None else output_limit
+        environment = {**self.config.env, **(env or {})}
+        workdir = cwd or self.config.workdir
+        response = None
+        for _attempt in range(2):  # a helper found dead before it took the command is replaced
+            mux = self._helper()
+            if mux is None:
+                break
+            try:
+                response = mux.run(
+                    command,
+                    timeout=timeout,
+                    stdin=data,
+                    env=environment,
+                    cwd=workdir,
+                    output_limit=limit,
+                    on_output=on_output,
+                )
+                break
+            except MuxBroken as broken:
+                logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
+                self._drop_helper(mux)
+                if broken.started:  # it may have run: running it again could do it twice
+                    return _lost(f"the exec stream dropped during the command: {broken}")
+        if response is None:
+            try:
+                response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
+            except ExecError as exc:
+                return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
+        if response.exit_code == 137 and self._oom_killed():
+            return out_of_memory(response, self.config.memory_limit or "none")
+        return response
+
+    def _helper(self) -> MuxClient | None:
+        if self._helper_unavailable:
+            return None
+        with self._mux_lock:
+            if self._mux is not None and self._mux.alive:
+                return self._mux
+            try:
+                self._mux = self._start_helper()
+            except (MuxBroken, ExecError) as broken:
+                self._mux = None
+                if self._has_python():
+                    logger.warning(
+                        "exec helper of pod %s did not start (%s); this command execs alone", self.name, broken
+                    )
+                else:
+                    logger.warning("no python3 in pod %s: one exec per command", self.name)
+                    self._helper_unavailable = True
+            return self._mux
+
+    def _start_helper(self) -> MuxClient:
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["python3", "-u", "-c", BOOTSTRAP])
+        try:
+            stream.send(_SOURCE)
+            return MuxClient(stream, hello_timeout=20)
+        except (MuxBroken, OSError) as broken:
+            stream.close()
+            detail = status_message(bytes(stream.status)) if stream.status else bytes(stream.stderr[-500:])
+            raise MuxBroken(f"{broken}; helper said: {detail!r}") from broken
+
+    def _has_python(self) -> bool:
+        try:
+            return self._run_small("command -v python3 >/dev/null 2>&1")[0] == 0
+        except ExecError:
+            return True  # cannot tell: keep trying the helper
+
+    def _drop_helper(self, mux: MuxClient) -> None:
+        with self._mux_lock:
+            mux.close()
+            if self._mux is mux:
+                self._mux = None
+
+    def _exec_once(
+        self,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        env: dict[str, str],
+        cwd: str,
+        limit: int,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> p.ExecuteResponse:
+        """One exec for one command: the slow path, for images without python3."""
+        marker = uuid.uuid4().hex
+        started = time.monotonic()
+        pairs = [f"{name}={value}" for name, value in env.items()]
+        size = "-" if stdin is None else str(len(stdin))
+        script = _scripts.command(_RUN, cwd, marker, size, command, *pairs)
+        argv = self._argv_for(script, marker)
+        if isinstance(argv, p.ExecuteResponse):
+            return argv
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, argv, stdin=stdin is not None)
+        output = OutputBuffer(limit)
+        reader = threading.Thread(target=_pump, args=(stream, output, on_output), name="k8s-exec", daemon=True)
+        reader.start()
+        if stdin is not None:
+            # From its own thread: a command that prints before reading its input must not
+            # block us while we block sending to it.
+            threading.Thread(target=_feed, args=(stream, stdin), name="k8s-stdin", daemon=True).start()
+        reader.join(timeout or None)
+        timed_out = reader.is_alive()
+        if timed_out:
+            self._kill_marked(marker)
+            reader.join(5.0)
+        stream.close()
+        reader.join(1.0)
+        duration = (time.monotonic() - started) * 1000
+        code = stream.exit_code()
+        if timed_out:
+            return execute_response(output, None, timed_out=True, timeout=timeout, duration_ms=duration)
+        if code is None:
+            why = status_message(bytes(stream.status)) if stream.status else "no exit status"
+            return _lost(f"the exec stream ended without the command's exit status ({why})")
+        if code == _scripts.EXIT_NO_CWD and not self._cwd_exists(cwd):
+            return p.ExecuteResponse("", error=p.FILE_NOT_FOUND, message=f"working directory {cwd!r} not found")
+        return execute_response(output, code, timed_out=False, timeout=timeout, duration_ms=duration)
+
+    def _argv_for(self, script: str, marker: str) -> list[str] | p.ExecuteResponse:
+        """``sh -c script`` when it fits an exec URL; else the script is first written to a file
+        in ``/tmp`` by an exec of its own (stdin has room, a URL does not: proxies in front of
+        API servers commonly refuse request lines over 8 KiB) and run from there, deleting
+        itself as it starts."""
+        if len(quote(script)) <= _URL_BUDGET:
+            return ["/bin/sh", "-c", script]
+        path = f"/tmp/.sandboxes-run-{marker}"
+        body = f"rm -f -- {path}\n{script}".encode()
+        write = _scripts.command('umask 077; head -c "$1" > "$2"', str(len(body)), path)
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", write])
+        try:
+            stream.send(body)
+            stream.close_stdin()
+            while stream.recv(65536):
+                pass
+        except OSError:
+            pass
+        finally:
+            stream.close()
+        if stream.exit_code() != 0:
+            why = bytes(stream.stderr[-500:]).decode("utf-8", "replace") or status_message(bytes(stream.status))
+            return p.ExecuteResponse("", error=p.BACKEND_ERROR, message=f"could not stage the command in /tmp: {why}")
+        return ["/bin/sh", path]
+
+    def _cwd_exists(self, cwd: str) -> bool:
+        return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
+
+    def _kill_marked(self, marker: str) -> None:
+        with contextlib.suppress(ExecError):
+            self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker))
+
+    def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
+        """(exit code, output) of an internal script in its own exec, bounded in output and time."""
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", script], stdin=False)
+        output = OutputBuffer(_SMALL_OUTPUT)
+        reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        stream.close()
+        reader.join(1.0)
+        return stream.exit_code(), output.text()
+
+    def _oom_killed(self) -> bool:
+        """Whether the container's memory cgroup killed something since we last looked."""
+        text = self._probe(_OOM_COUNT)
+        count = int(text) if text.isdigit() else None
+        previous, self._oom_baseline = self._oom_baseline, count
+        return count is not None and count > (previous or 0)
+
+    def _probe(self, command: str) -> str:
+        """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
+        mux = self._helper()
+        if mux is not None:
+            with contextlib.suppress(MuxBroken):
+                return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
+        with contextlib.suppress(ExecError):
+            return self._run_small(command, timeout=10)[1].strip()
+        return ""
+
+    # ------------------------------------------------------------------ bulk file transfer
+
+    bulk_threshold = BULK_THRESHOLD
+
+    def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        """Big files as tar archives of at most `MAX_ARCHIVE_MEMBERS` members each, streamed
+        to ``tar -x`` in the pod (`BaseSandbox` has already checked every destination and named
+        each file a fresh staging path beside it, renamed into place once all arrived)."""
+        outcomes: list[p.ErrorCode | None] = []
+        for start in range(0, len(files), MAX_ARCHIVE_MEMBERS):
+            outcomes += self._put_archive(files[start : start + MAX_ARCHIVE_MEMBERS])
+        return outcomes
+
+    def _put_archive(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
+        pieces, size = tar_pieces(files)
+        script = _scripts.command(_EXTRACT, str(size))
+        try:
+            stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", script])
+        except ExecError:
+            return [p.UNAVAILABLE] * len(files)
+        output = OutputBuffer(_SMALL_OUTPUT)
+        reader = threading.Thread(target=_pump, args=(stream, output), name="k8s-tar", daemon=True)
+        reader.start()
+        try:
+            for piece in pieces:
+                stream.send(piece)
+            stream.close_stdin()
+        except OSError:
+            pass  # the exec ended early; its status says why
+        reader.join(self.operation_timeout)
+        stream.close()
+        reader.join(1.0)
+        code = stream.exit_code()
+        if code == 0:
+            return [None] * len(files)
+        logger.warning("tar into pod %s failed (%s): %s", self.name, code, output.text()[-500:])
+        self.execute(_scripts.command('rm -f -- "$@"', *(path for path, _ in files)), timeout=30)
+        if code is None:
+            return [p.CONNECTION_LOST] * len(files)
+        said = output.text().lower()
+        full = "no space left" in said or "wrote only" in said  # GNU tar's words for a short write
+        error: p.ErrorCode = p.NO_SPACE if full else p.PERMISSION_DENIED
+        return [error] * len(files)
+
+    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
+        """The file's bytes, streamed by ``cat`` over an exec of its own."""
+        try:
+            stream = open_exec(
+                self._exec_api,
+                self.config.namespace,
+                self.name,
+                ["/bin/sh", "-c", _scripts.command(_CAT, path)],
+                stdin=False,
+            )
+        except ExecError:
+            return p.UNAVAILABLE
+        chunks = bytearray()
+        try:
+            while chunk := stream.recv(1 << 20):
+                chunks += chunk
+        finally:
+            stream.close()
+        code = stream.exit_code()
+        if code == 0:
+            return bytes(chunks)
+        if code == 21:
+            return p.IS_DIRECTORY
+        if code is None:
+            return p.CONNECTION_LOST
+        return (
+            p.FILE_NOT_FOUND if self._run_small(_scripts.command('[ -e "$1" ]', path))[0] != 0 else p.PERMISSION_DENIED
+        )
+
+
+def _lost(message: str) -> p.ExecuteResponse:
+    return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=message)
+
+
+def _pump(stream: ExecStream, output: OutputBuffer, on_output: Callable[[bytes], None] | None = None) -> None:
+    while chunk := stream.recv(65536):
+        output.write(chunk)
+        if on_output is not None:
+            on_output(chunk)
+
+
+def _feed(stream: ExecStream, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        stream.send(data)
+        stream.close_stdin()

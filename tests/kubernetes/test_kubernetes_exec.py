@@ -1,0 +1,208 @@
+"""KubernetesSandbox's exec path over the real wire protocol (the official client's ``stream()``,
+WebSocket ``v5``/``v4`` channels): the full conformance suite through the exec helper on one
+persistent stream, and through the one-exec-per-command fallback on an image without python3;
+the stream reopened when it drops, a command whose fate is unknown never run twice.
+
+The API server here is `pod_api_double.FakeCluster`, a fake whose pods are Docker containers
+with the pod's security mapped (user, read-only root, no capabilities, tmpfs workspace and
+/tmp, no network)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pod_api_double import V4, V5, FakeCluster
+from support import SESSION_OWNER
+from testcontainers.core.image import DockerImage
+
+from sandboxes import protocol as p
+from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
+from sandboxes.lifecycle import Lifecycle
+from sandboxes.testing import SandboxConformance
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def double(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V5, V4))
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def double_v4(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V4,))
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def no_python_image(docker_client: Any) -> Iterator[str]:
+    with DockerImage(path=FIXTURES / "no-python", tag="sandboxes-test/no-python:latest", clean_up=False) as image:
+        yield str(image)
+
+
+def _sandbox(server: FakeCluster, image: str, **config: Any) -> KubernetesSandbox:
+    from kubernetes import client
+
+    api_client = client.ApiClient(client.Configuration(host=server.host))
+    template = KubernetesSandboxConfig(image=image, owner=SESSION_OWNER, **config)
+    return KubernetesSandbox.create(template, api_client=api_client)
+
+
+@pytest.fixture(scope="module")
+def helper_sandbox(double: FakeCluster, runtime_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(double, runtime_image) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def fallback_sandbox(double_v4: FakeCluster, no_python_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(double_v4, no_python_image) as sandbox:
+        yield sandbox
+
+
+class TestKubernetesSandboxConformance(SandboxConformance):
+    """Through the exec helper, on one exec stream (``v5``)."""
+
+    @pytest.fixture
+    def backend(self, helper_sandbox: KubernetesSandbox) -> KubernetesSandbox:
+        return helper_sandbox
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+    def test_commands_share_one_exec_stream(self, helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
+        helper_sandbox.execute("true")
+        assert helper_sandbox.helper_alive
+        before = double.execs
+        for _ in range(20):
+            assert helper_sandbox.execute("echo hi").output == "hi\n"
+        assert double.execs == before
+        assert isinstance(helper_sandbox, Lifecycle)
+        assert helper_sandbox._mux is not None
+        assert helper_sandbox._mux._stream.protocol == V5  # type: ignore[attr-defined]
+
+
+class TestKubernetesFallbackConformance(SandboxConformance):
+    """An image without python3 over ``v4`` (which cannot end stdin): one exec per command, the
+    exit status from the error channel."""
+
+    @pytest.fixture
+    def backend(self, fallback_sandbox: KubernetesSandbox) -> KubernetesSandbox:
+        return fallback_sandbox
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+    def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, double_v4: FakeCluster) -> None:
+        before = double_v4.execs
+        assert fallback_sandbox.execute("echo ok").output == "ok\n"
+        assert fallback_sandbox._helper_unavailable
+        assert fallback_sandbox._mux is None
+        assert double_v4.execs == before + 1
+
+
+def test_helper_over_v4(double_v4: FakeCluster, runtime_image: str) -> None:
+    sandbox = _sandbox(double_v4, runtime_image)
+    try:
+        dumped = sandbox.execute("od -An -tx1 | head -n 1", stdin=b"\x00\xff\n" * 1000).output.split()
+        assert dumped[:6] == ["00", "ff", "0a", "00", "ff", "0a"]
+        assert sandbox.execute("wc -c", stdin=bytes(range(256)) * 100).output.strip() == "25600"
+        assert sandbox.helper_alive
+        assert sandbox._mux is not None
+        assert sandbox._mux._stream.protocol == V4  # type: ignore[attr-defined]
+    finally:
+        sandbox.destroy()
+
+
+def test_dropped_stream_is_reopened(double: FakeCluster, runtime_image: str) -> None:
+    sandbox = _sandbox(double, runtime_image)
+    try:
+        sandbox.execute("true")
+        assert sandbox._mux is not None
+        first = sandbox._mux.info["pid"]
+        sandbox._mux._stream.close()  # the websocket drops under it
+        assert sandbox.execute("echo again").output == "again\n"
+        assert sandbox._mux is not None
+        assert sandbox._mux.info["pid"] != first
+    finally:
+        sandbox.destroy()
+
+
+def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(double: FakeCluster, runtime_image: str) -> None:
+    import threading
+
+    sandbox = _sandbox(double, runtime_image)
+    try:
+        sandbox.execute("true")
+        mux = sandbox._mux
+        assert mux is not None
+        started = threading.Event()
+        result: list[p.ExecuteResponse] = []
+
+        def run() -> None:
+            result.append(sandbox.execute("echo ran >> /workspace/count; sleep 30", timeout=60))
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        for _ in range(200):
+            if sandbox.execute("cat /workspace/count 2>/dev/null").output:
+                started.set()
+                break
+        assert started.is_set()
+        mux._stream.close()
+        worker.join(30)
+        assert result
+        assert result[0].error == p.CONNECTION_LOST
+        assert sandbox.execute("cat /workspace/count").output == "ran\n"
+    finally:
+        sandbox.destroy()
+
+
+def test_timeout_kills_the_tree_in_the_fallback(fallback_sandbox: KubernetesSandbox) -> None:
+    result = fallback_sandbox.execute("(sleep 300 &) ; setsid sleep 301 & sleep 302", timeout=2)
+    assert result.error == p.TIMEOUT
+    scan = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline; echo; done 2>/dev/null | grep -c '^sleep 30[012]'"
+    left = fallback_sandbox.execute(scan).output.strip()
+    assert left == "0"
+
+
+def test_big_files_move_over_exec_streams_of_their_own(helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
+    big = bytes(range(256)) * 16384  # 4 MiB, over the bulk threshold
+    helper_sandbox.execute("true")
+    before = double.execs
+    paths = ["/workspace/bulk/a.bin", "/tmp/bulk/b.bin"]
+    assert [r.error for r in helper_sandbox.upload_files([(path, big) for path in paths])] == [None, None]
+    assert double.execs == before + 1  # one tar for the whole batch
+    downloaded = helper_sandbox.download_files([*paths, "/workspace/bulk", "/workspace/bulk/missing"])
+    assert [d.content for d in downloaded[:2]] == [big, big]
+    assert downloaded[2].error == p.IS_DIRECTORY or downloaded[2].error is not None
+    assert downloaded[3].error == p.FILE_NOT_FOUND
+    assert double.execs >= before + 3  # each big download its own cat
+    left = helper_sandbox.execute("ls -a /workspace/bulk /tmp/bulk").output
+    assert ".sandboxes-write" not in left
+
+
+def test_a_bulk_upload_past_the_workspace_answers_no_space(double: FakeCluster, runtime_image: str) -> None:
+    with _sandbox(double, runtime_image, workspace_size="8Mi") as sandbox:
+        big = b"x" * (6 << 20)
+        results = sandbox.upload_files([("/workspace/one.bin", big), ("/workspace/two.bin", big)])
+        assert [r.error for r in results] == [p.NO_SPACE, p.NO_SPACE]
+        assert sandbox.execute("ls -A /workspace").output == ""
+
+
+def test_a_memory_hog_answers_out_of_memory(double: FakeCluster, runtime_image: str) -> None:
+    limits = {"memory_limit": "64Mi", "memory_request": "64Mi", "workspace_size": "16Mi", "tmp_size": "16Mi"}
+    with _sandbox(double, runtime_image, **limits) as sandbox:
+        hog = sandbox.execute("python3 -c 'a = bytearray(1 << 30)'", timeout=60)
+        assert hog.exit_code == 137
+        assert hog.error == p.OUT_OF_MEMORY
+        assert "64Mi" in (hog.message or "")
+        assert sandbox.execute("kill -9 $$").error is None  # a plain 137 is not taken for one

@@ -1,0 +1,310 @@
+"""KubernetesSandbox's lifecycle and KubernetesProvider (create, attach, list, destroy, sweep,
+warm pool, start failures) against `pod_api_double.FakeCluster`, a fake API server whose pods
+are Docker containers: pods created, watched until Ready, deleted and watched until gone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pod_api_double import FakeCluster
+from support import SESSION_OWNER
+
+from sandboxes.kubernetes import (
+    LABEL_EXPIRES,
+    LABEL_POOL,
+    KubernetesProvider,
+    KubernetesSandbox,
+    KubernetesSandboxConfig,
+    PodStartError,
+)
+from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
+from sandboxes.testing import LifecycleConformance
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: Any) -> Iterator[FakeCluster]:
+    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER})
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def api_client(cluster: FakeCluster) -> Any:
+    from kubernetes import client
+
+    return client.ApiClient(client.Configuration(host=cluster.host))
+
+
+@pytest.fixture(scope="module")
+def template(runtime_image: str) -> KubernetesSandboxConfig:
+    return KubernetesSandboxConfig(namespace="sandboxes", image=runtime_image, owner=SESSION_OWNER, startup_timeout=60)
+
+
+def _exists(cluster: FakeCluster, name: str) -> bool:
+    return name in cluster.pods
+
+
+class TestKubernetesLifecycle(LifecycleConformance):
+    @pytest.fixture
+    def create(self, template: KubernetesSandboxConfig, api_client: Any) -> Callable[[], KubernetesSandbox]:
+        return lambda: KubernetesSandbox.create(template, api_client=api_client)
+
+    @pytest.fixture
+    def attach(self, api_client: Any) -> Callable[[KubernetesSandbox], KubernetesSandbox]:
+        return lambda sandbox: KubernetesSandbox.attach(sandbox.id, config=sandbox.config, api_client=api_client)
+
+    @pytest.fixture
+    def exists(self, cluster: FakeCluster) -> Callable[[KubernetesSandbox], bool]:
+        return lambda sandbox: _exists(cluster, sandbox.id)
+
+
+@pytest.fixture
+def provider(template: KubernetesSandboxConfig, api_client: Any) -> Iterator[KubernetesProvider]:
+    made = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    yield made
+    made.close()
+
+
+def test_is_a_pooled_provider(provider: KubernetesProvider) -> None:
+    assert isinstance(provider, Provider)
+    assert isinstance(provider, PooledProvider)
+
+
+def test_create_list_attach_destroy(provider: KubernetesProvider, cluster: FakeCluster) -> None:
+    options = CreateOptions(labels={"tenant": "t1"}, env={"GREETING": "hello"}, ttl=600)
+    with provider.create(options) as sandbox:
+        assert sandbox.owned
+        assert sandbox.execute('printf %s "$GREETING"').output == "hello"
+        records = {record.ref: record for record in provider.list()}
+        record = records[sandbox.id]
+        assert record.id == sandbox.id
+        assert dict(record.labels) == {"tenant": "t1"}
+        assert record.running
+        assert record.expires_at is not None
+        assert 500 < record.expires_at - record.created_at <= 660
+        attached = provider.attach(sandbox.id)
+        assert not attached.owned
+        assert attached.execute('printf %s "$GREETING"').output == "hello"
+        attached.close()
+        assert _exists(cluster, sandbox.id)
+    assert not _exists(cluster, sandbox.id)  # `with` on what it created waited for it to be gone
+    assert sandbox.id not in {record.ref for record in provider.list()}
+    provider.destroy(sandbox.id)  # gone already is fine
+
+
+def test_attach_to_nothing_raises_lookup_error(provider: KubernetesProvider) -> None:
+    with pytest.raises(LookupError):
+        provider.attach("sandbox-does-not-exist")
+
+
+def test_sweep_reaps_only_this_owners_expired_pods(
+    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    other = KubernetesProvider(
+        template.model_copy(update={"owner": f"{SESSION_OWNER}-other"}),
+        api_client=api_client,
+        sweep_interval=None,
+        sweep_on_start=False,
+    )
+    short = provider.create(CreateOptions(ttl=60))
+    long = provider.create(CreateOptions(ttl=3600))
+    foreign = other.create(CreateOptions(ttl=60))
+    try:
+        assert provider.sweep().removed == []
+        report = provider.sweep(now=short_expiry(provider, short.id) + 1)
+        assert report.removed == [short.id]
+        assert report.errors == []
+        assert _exists(cluster, long.id)
+        assert _exists(cluster, foreign.id)
+    finally:
+        for sandbox in (short, long, foreign):
+            sandbox.destroy()
+        other.close()
+
+
+def short_expiry(provider: KubernetesProvider, ref: str) -> float:
+    expiry = {record.ref: record.expires_at for record in provider.list()}[ref]
+    assert expiry is not None
+    return expiry
+
+
+def test_a_pod_that_cannot_start_is_deleted_and_says_why(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    config = template.model_copy(update={"image": "sandboxes-test/no-such-image:never", "image_pull_policy": "Never"})
+    before = set(cluster.pods)
+    with pytest.raises(PodStartError) as raised:
+        KubernetesSandbox.create(config, api_client=api_client)
+    assert raised.value.reason == "ErrImageNeverPull"
+    assert "no-such-image" in raised.value.message
+    assert set(cluster.pods) - before == set() or all(
+        cluster.pods[name]["metadata"].get("deletionTimestamp") for name in set(cluster.pods) - before
+    )
+
+
+def test_warm_pool_hands_out_ready_pods(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    with KubernetesProvider(template, api_client=api_client, pool_size=1, sweep_interval=None) as pooled:
+        assert pooled.wait_filled(120)
+        (waiting,) = pooled.idle
+        assert cluster.pods[waiting]["metadata"]["labels"][LABEL_POOL] == pooled.id
+        assert waiting not in {record.ref for record in pooled.list()}  # nobody holds it yet
+        execs = cluster.execs
+        sandbox = pooled.acquire()
+        try:
+            assert sandbox.id == waiting
+            assert sandbox.owned
+            assert sandbox.execute("echo warm").output == "warm\n"
+            assert cluster.execs == execs  # its exec helper was already up
+            labels = cluster.pods[waiting]["metadata"]["labels"]
+            assert LABEL_POOL not in labels
+            assert template.ttl is not None
+            assert int(labels[LABEL_EXPIRES]) <= int(__import__("time").time() + template.ttl) + 1
+            assert waiting in {record.ref for record in pooled.list()}
+            assert pooled.wait_filled(120)  # refilled by the thread
+            assert pooled.idle != (waiting,)
+        finally:
+            sandbox.destroy()
+        refill = pooled.idle
+    for name in refill:  # close deleted the idle pod
+        assert name not in cluster.pods or cluster.pods[name]["metadata"].get("deletionTimestamp")
+
+
+def test_creation_and_deletion_wait_by_watch_not_polling(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    before = cluster.requests.copy()
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    made = cluster.requests - before
+    assert made["create"] == 1
+    assert made["list"] == 1  # the state and a resourceVersion, then only watches
+    assert made["get"] == 0
+    assert 1 <= made["watch"] <= 3
+    before = cluster.requests.copy()
+    sandbox.destroy()
+    assert sandbox.id not in cluster.pods  # returned only once the pod was gone
+    gone = cluster.requests - before
+    assert gone["delete"] == 1
+    assert gone["list"] == 1
+    assert 1 <= gone["watch"] <= 3
+
+
+def test_a_kubeconfig_names_the_cluster(template: KubernetesSandboxConfig, cluster: FakeCluster, tmp_path: Any) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: other\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {cluster.host}\n"
+        "- name: nowhere\n  cluster:\n    server: http://127.0.0.1:9\n"
+        "users:\n- name: tester\n  user:\n    token: not-checked-by-the-fake\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
+        "- name: other\n  context:\n    cluster: nowhere\n    user: tester\n"
+    )
+    config = template.model_copy(update={"kubeconfig": str(kubeconfig), "context": "fake"})
+    with (
+        KubernetesProvider(config, sweep_interval=None, sweep_on_start=False) as provider,
+        provider.create() as sandbox,
+    ):
+        assert sandbox.execute("echo via-kubeconfig").output == "via-kubeconfig\n"
+
+
+def test_in_cluster_without_a_service_account_says_so(template: KubernetesSandboxConfig) -> None:
+    from kubernetes.config import ConfigException
+
+    with pytest.raises(ConfigException):
+        KubernetesProvider(template.model_copy(update={"in_cluster": True}))
+
+
+def test_commands_in_a_deleted_pod_answer_unavailable(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    from sandboxes import protocol as p
+
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    attached = KubernetesSandbox.attach(sandbox.id, config=template, api_client=api_client)
+    assert attached.execute("true").exit_code == 0
+    sandbox.destroy()
+    sandbox.destroy()  # idempotent
+    gone = attached.execute("echo hello")
+    assert gone.error in (p.UNAVAILABLE, p.CONNECTION_LOST)
+    assert gone.exit_code is None
+    attached.close()
+
+
+def test_the_pod_runs_as_its_spec_says(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    """End to end through the fake's mapping of the pod spec: uid/gid 1000, no capabilities,
+    no new privileges, a read-only root, writable workspace and /tmp."""
+    with KubernetesSandbox.create(template, api_client=api_client) as sandbox:
+        assert sandbox.execute("id -u; id -g").output == "1000\n1000\n"
+        status = sandbox.execute("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status").output.split()
+        assert status == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+        assert sandbox.write("/usr/evil", "x").error is not None
+        assert sandbox.write("/workspace/ok", "x").error is None
+        assert sandbox.write("/tmp/ok", "x").error is None
+
+
+def test_sweep_reaps_dead_never_ready_and_abandoned_pool_pods(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    import time
+
+    forever = template.model_copy(update={"ttl": None})
+    provider = KubernetesProvider(forever, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    abandoned = KubernetesProvider(
+        forever.model_copy(update={"labels": {LABEL_POOL: "dead-provider"}}),
+        api_client=api_client,
+        sweep_interval=None,
+        sweep_on_start=False,
+    )
+    evicted, stuck, kept = provider.create(), provider.create(), provider.create()
+    pooled = abandoned.create()
+    try:
+        cluster.set_status(evicted.id, {"phase": "Failed", "reason": "Evicted", "message": "low on memory"})
+        cluster.set_status(stuck.id, {"phase": "Pending"})
+        assert provider.sweep().removed == [evicted.id]  # the others are young
+        later = time.time() + provider.config.pool_max_idle + provider.config.orphan_grace + 5
+        assert sorted(provider.sweep(now=later).removed) == sorted([stuck.id, pooled.id])
+        assert _exists(cluster, kept.id)
+    finally:
+        for sandbox in (evicted, stuck, kept, pooled):
+            sandbox.destroy()
+        provider.close()
+        abandoned.close()
+
+
+def test_destroy_says_what_holds_a_pod_that_does_not_go(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxes.kubernetes import _pods
+
+    monkeypatch.setattr(_pods, "_GONE_GRACE", 1.0)
+    sandbox = KubernetesSandbox.create(template, api_client=api_client)
+    sandbox.api.patch_namespaced_pod(sandbox.id, template.namespace, {"metadata": {"finalizers": ["example.com/hold"]}})
+    with pytest.raises(TimeoutError, match=r"finalizers \['example.com/hold'\]"):
+        sandbox.destroy()
+    held = cluster.pods[sandbox.id]
+    assert held["metadata"]["deletionTimestamp"]
+    cluster.record("DELETED", held)  # the finalizer's controller lets go
+    sandbox.destroy()
+    assert sandbox.id not in cluster.pods
+
+
+def test_an_unschedulable_pod_says_what_the_scheduler_said(
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+) -> None:
+    config = template.model_copy(update={"node_selector": {"pool": "gpu"}, "startup_timeout": 3.0})
+    with pytest.raises(PodStartError) as raised:
+        KubernetesSandbox.create(config, api_client=api_client)
+    assert raised.value.reason == "Unschedulable"
+    assert "didn't match Pod's node affinity/selector" in raised.value.message
+    assert raised.value.pod not in cluster.pods or cluster.pods[raised.value.pod]["metadata"].get("deletionTimestamp")
+    patient = KubernetesProvider(config, api_client=api_client, fail_unschedulable=False, sweep_on_start=False)
+    with pytest.raises(TimeoutError, match="Unschedulable"):
+        patient.create()
+    schedulable = template.model_copy(update={"node_selector": {"kubernetes.io/os": "linux"}})
+    with KubernetesSandbox.create(schedulable, api_client=api_client) as sandbox:
+        assert sandbox.execute("echo placed").output == "placed\n"

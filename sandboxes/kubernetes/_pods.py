@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxes.kubernetes.config import (
     ANNOTATION_EXPIRES,
+    COMPONENT,
+    LABEL_COMPONENT,
     LABEL_EXPIRES,
     LABEL_MANAGED,
     LABEL_OWNER,
@@ -112,7 +114,8 @@ def pod_labels(
 ) -> dict[str, str]:
     """The caller's labels, then ours, which win: a template or a tenant cannot pose as another
     owner or move its own expiry."""
-    labels = {**config.labels, **extra, LABEL_MANAGED: MANAGED_BY, LABEL_OWNER: config.owner, LABEL_SANDBOX: name}
+    labels = {**config.labels, **extra, LABEL_MANAGED: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
+    labels.update({LABEL_OWNER: config.owner, LABEL_SANDBOX: name})
     if expires_at is not None:
         labels[LABEL_EXPIRES] = str(int(expires_at))
     return labels

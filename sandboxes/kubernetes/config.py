@@ -14,6 +14,8 @@ from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 
 __all__ = [
     "ANNOTATION_EXPIRES",
+    "COMPONENT",
+    "LABEL_COMPONENT",
     "LABEL_EXPIRES",
     "LABEL_MANAGED",
     "LABEL_OWNER",
@@ -27,6 +29,10 @@ __all__ = [
 
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGED_BY = "sandboxes"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+COMPONENT = "sandbox"
+"""With `LABEL_MANAGED`, what the Helm chart's NetworkPolicy selects sandbox pods by (no ingress,
+no egress): every pod carries both, whatever the template's labels say."""
 LABEL_OWNER = "io.sandboxes.owner"
 LABEL_SANDBOX = "io.sandboxes.sandbox-id"
 LABEL_EXPIRES = "io.sandboxes.expires-at"

@@ -101,6 +101,7 @@ def test_labels_record_manager_owner_id_expiry_and_the_callers_labels() -> None:
     pod = pod_manifest(config, "sandbox-abc", labels={"tenant": "t1"}, ttl=120, now=NOW)
     labels = pod["metadata"]["labels"]
     assert labels[LABEL_MANAGED] == "sandboxes"
+    assert labels["app.kubernetes.io/component"] == "sandbox"  # what the chart's NetworkPolicy selects
     assert labels[LABEL_OWNER] == "tenant-a"
     assert labels[LABEL_SANDBOX] == "sandbox-abc"
     assert labels[LABEL_EXPIRES] == str(int(NOW + 120))  # the options' ttl beats the template's

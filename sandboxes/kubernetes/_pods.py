@@ -484,5 +484,5 @@ def expires_at(labels: Mapping[str, str]) -> float | None:
 
 def caller_labels(labels: Mapping[str, str]) -> dict[str, str]:
     """The labels a caller gave (`CreateOptions.labels`), without the ones we keep."""
-    ours = {LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, LABEL_EXPIRES}
+    ours = {LABEL_MANAGED, LABEL_COMPONENT, LABEL_OWNER, LABEL_SANDBOX, LABEL_EXPIRES}
     return {key: value for key, value in labels.items() if key not in ours and not key.startswith("io.sandboxes.pool")}

@@ -11,67 +11,22 @@ import base64
 import hashlib
 import ipaddress
 import json
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from support import needs
+from chart_support import CHART, FULLNAME, HARDENED, KUBERNETES, NAMESPACE, RELEASE, VERSION, Render, one, run_helm
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "sandboxes"
-HARDENED = Path(__file__).with_name("values-hardened.yaml")
-VERSION = (REPO / "images" / "VERSION").read_text().strip()
-KUBERNETES = "1.31.0"
-"""The API schemas rendered objects must satisfy: the kubectl the tools come with is 1.31."""
-RELEASE, NAMESPACE = "rel", "svc"
-FULLNAME = "rel-sandboxes"
 CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 """Kinds kubernetes-validate has no schema for (CRDs): checked by the assertions below instead."""
-
-Render = Callable[..., list[dict[str, Any]]]
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    """The real helm binary; `.ci/helm.sh` fetches it once into a cache outside git. A machine
-    that cannot get it skips, CI fails (`needs`)."""
-    fetched = subprocess.run(["bash", str(REPO / ".ci" / "helm.sh")], capture_output=True, text=True, timeout=600)
-    binary = Path(fetched.stdout.strip() or "/nonexistent") / "helm"
-    needs(fetched.returncode == 0 and binary.is_file(), f".ci/helm.sh could not provide helm: {fetched.stderr[-2000:]}")
-    return binary
-
-
-def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture(scope="session")
-def render(helm: Path) -> Render:
-    def render(*args: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        extra: list[str] = []
-        for key, value in (values or {}).items():
-            extra += ["--set-json", f"{key}={json.dumps(value)}"]
-        done = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, *args, *extra)
-        assert done.returncode == 0, done.stderr
-        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-    return render
 
 
 def fail_message(helm: Path, *args: str) -> str:
     done = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, *args)
     assert done.returncode != 0, f"helm template {' '.join(args)} rendered:\n{done.stdout[:2000]}"
     return done.stderr
-
-
-def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
-    assert len(found) == 1, f"{len(found)} {kind} {name or ''}: {[o['metadata']['name'] for o in found]}"
-    return found[0]
 
 
 def pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

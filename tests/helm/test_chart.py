@@ -11,6 +11,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +413,37 @@ def test_service_monitor_scrapes_metrics_with_a_key(render: Render) -> None:
 )
 def test_bad_values_fail_with_a_clear_message(helm: Path, args: tuple[str, ...], message: str) -> None:
     assert message in fail_message(helm, *args)
+
+
+# ---------------------------------------------------------------------- NOTES.txt
+
+
+def _notes(helm: Path, tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` never renders it and an install
+    needs a cluster, so a copy of the chart renders it through `tpl` into a ConfigMap."""
+    chart = tmp_path / "sandboxes"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "NOTES.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ tpl (.Files.Get "files/NOTES.txt") . | quote }}}\n'
+    )
+    done = run_helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-s", "templates/zz-notes.yaml", *args)
+    assert done.returncode == 0, done.stderr
+    return str(yaml.safe_load(done.stdout)["data"]["notes"])
+
+
+def test_notes_say_how_to_reach_and_test_the_service(helm: Path, tmp_path: Path) -> None:
+    notes = _notes(helm, tmp_path)
+    assert f"port-forward svc/{FULLNAME} 8080:8080" in notes
+    assert f"helm test {RELEASE} -n {NAMESPACE} --logs" in notes
+    assert "WARNING: no API keys are configured" in notes
+    assert "egress none" in notes
+    hardened = _notes(helm, tmp_path / "hardened", "-f", str(HARDENED))
+    assert "no API keys" not in hardened
+    assert "Sandbox pods live in namespace sandbox-pods" in hardened
+    opened = _notes(helm, tmp_path / "open", "--set", "networkPolicy.sandboxes.egress.internet=true")
+    assert "egress public internet only" in opened
+    assert "WARNING: networkPolicy.enabled is false" in _notes(
+        helm, tmp_path / "off", "--set", "networkPolicy.enabled=false"
+    )

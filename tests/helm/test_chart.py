@@ -411,6 +411,10 @@ def test_service_monitor_scrapes_metrics_with_a_key(render: Render) -> None:
         (("--set", "podDisruptionBudget.enabled=true", "--set", "podDisruptionBudget.maxUnavailable=1"), "only one of"),
         (("--set", "serviceMonitor.enabled=true"), "serviceMonitor.enabled needs serviceMonitor.bearerTokenSecret"),
         (("--set", "config.drain_timeout=60"), "terminationGracePeriodSeconds (45) must exceed"),
+        (
+            ("--set-json", """templates.x={"backend": "docker", "image": "{{ printf \\"%c\\" 39 }}"}"""),
+            "templates.x does not render to YAML after tpl",
+        ),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(helm: Path, args: tuple[str, ...], message: str) -> None:

@@ -99,7 +99,11 @@ own (where it listens, its data directory) is set last and wins.
 {{- $templates := dict -}}
 {{- range $name, $template := .Values.templates -}}
 {{- if $template -}}
-{{- $_ := set $templates $name (tpl (toYaml $template) $ | fromYaml) -}}
+{{- $rendered := tpl (toYaml $template) $ | fromYaml -}}
+{{- if hasKey $rendered "Error" -}}
+{{- fail (printf "sandboxes: templates.%s does not render to YAML after tpl: %s" $name $rendered.Error) -}}
+{{- end -}}
+{{- $_ := set $templates $name $rendered -}}
 {{- end -}}
 {{- end -}}
 {{- $config := deepCopy .Values.config -}}

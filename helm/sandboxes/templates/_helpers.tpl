@@ -1,0 +1,173 @@
+{{/* Names, labels and the derived values every template shares. */}}
+
+{{- define "sandboxes.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sandboxes.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandboxes.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sandboxes.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandboxes.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sandboxes.labels" -}}
+helm.sh/chart: {{ include "sandboxes.chart" . }}
+{{ include "sandboxes.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The service's pods: what the Service, the PDB and the service NetworkPolicy select. */}}
+{{- define "sandboxes.serviceSelectorLabels" -}}
+{{ include "sandboxes.selectorLabels" . }}
+app.kubernetes.io/component: service
+{{- end -}}
+
+{{- define "sandboxes.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sandboxes.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where sandbox pods live: sandboxes.namespace, else the release namespace. */}}
+{{- define "sandboxes.sandboxNamespace" -}}
+{{- default .Release.Namespace .Values.sandboxes.namespace -}}
+{{- end -}}
+
+{{- define "sandboxes.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "sandboxes.sandboxImage" -}}
+{{- printf "%s:%s" .Values.sandboxes.image.repository (default .Chart.AppVersion .Values.sandboxes.image.tag) -}}
+{{- end -}}
+
+{{- define "sandboxes.apiKeysSecret" -}}
+{{- default (printf "%s-api-keys" (include "sandboxes.fullname" .)) .Values.apiKeys.existingSecret -}}
+{{- end -}}
+
+{{- define "sandboxes.apiKeysSecretKey" -}}
+{{- if .Values.apiKeys.existingSecret -}}{{ .Values.apiKeys.existingSecretKey }}{{- else -}}api-keys.json{{- end -}}
+{{- end -}}
+
+{{- define "sandboxes.testKeySecret" -}}
+{{- printf "%s-test-key" (include "sandboxes.fullname" .) -}}
+{{- end -}}
+
+{{/*
+The helm test's API key: the one already in the cluster (so an upgrade neither changes it nor
+restarts the service), else a new random one. Rendered by two templates (its Secret, and the
+config holding its hash), so it is made once per render and remembered in a key of .Values
+that no user value can have (the schema forbids unknown top-level keys).
+*/}}
+{{- define "sandboxes.testKey" -}}
+{{- if not (hasKey .Values "_testKey") -}}
+{{- $key := printf "sbx_%s" (randAlphaNum 43) -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "sandboxes.testKeySecret" .) -}}
+{{- if and $existing $existing.data (hasKey $existing.data "api-key") -}}
+{{- $key = index $existing.data "api-key" | b64dec -}}
+{{- end -}}
+{{- $_ := set .Values "_testKey" $key -}}
+{{- end -}}
+{{- index .Values "_testKey" -}}
+{{- end -}}
+
+{{/*
+The service's config file (JSON). templates and config come from values as they are (strings
+through tpl), so the chart does not depend on any backend's field names; what the chart must
+own (where it listens, its data directory) is set last and wins.
+*/}}
+{{- define "sandboxes.config" -}}
+{{- $templates := dict -}}
+{{- range $name, $template := .Values.templates -}}
+{{- if $template -}}
+{{- $rendered := tpl (toYaml $template) $ | fromYaml -}}
+{{- if hasKey $rendered "Error" -}}
+{{- fail (printf "sandboxes: templates.%s does not render to YAML after tpl: %s" $name $rendered.Error) -}}
+{{- end -}}
+{{- $_ := set $templates $name $rendered -}}
+{{- end -}}
+{{- end -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $_ := set $config "templates" $templates -}}
+{{- $_ := set $config "host" "0.0.0.0" -}}
+{{- $_ := set $config "port" (int .Values.containerPort) -}}
+{{- $_ := set $config "data_dir" "/var/lib/sandboxes" -}}
+{{- if not (hasKey $config "owner") -}}
+{{- $_ := set $config "owner" (printf "%s.%s" .Release.Namespace (include "sandboxes.fullname" .) | trunc 63 | trimSuffix "-" | trimSuffix ".") -}}
+{{- end -}}
+{{- if .Values.tests.enabled -}}
+{{- $keys := dict (include "sandboxes.testKey" . | sha256sum) "helm-test" -}}
+{{- $_ := set $config "api_keys" $keys -}}
+{{- $tenants := default (dict) $config.tenants -}}
+{{- $_ := set $tenants "helm-test" (dict "max_sandboxes" 1 "max_cpus" 2 "max_memory" "2g" "max_commands" 2 "rate" 10 "burst" 20) -}}
+{{- $_ := set $config "tenants" $tenants -}}
+{{- end -}}
+{{- toPrettyJson $config -}}
+{{- end -}}
+
+{{/* The fixed hardening of every container the chart runs. */}}
+{{- define "sandboxes.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "sandboxes.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Checks across values that the schema cannot express, with messages that say what to do. */}}
+{{- define "sandboxes.validate" -}}
+{{- range $key := list "host" "port" "data_dir" "templates" "api_keys" "insecure" "config_file" -}}
+{{- if hasKey $.Values.config $key -}}
+{{- fail (printf "sandboxes: config.%s is the chart's to set, not config's (templates: use the templates value; api_keys: apiKeys; insecure: never in a cluster)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not .Values.apiKeys.existingSecret) (not .Values.apiKeys.hashes) (not .Values.tests.enabled) -}}
+{{- fail "sandboxes: no API keys: set apiKeys.hashes ({\"<sha256 hex of a key>\": \"<tenant>\"}; `python -m sandboxes.server --new-key TENANT` makes both) or apiKeys.existingSecret. The service refuses to start without keys." -}}
+{{- end -}}
+{{- if and .Values.podDisruptionBudget.enabled (lt (int .Values.replicaCount) 2) -}}
+{{- fail "sandboxes: podDisruptionBudget.enabled needs replicaCount >= 2: with one replica the budget blocks every node drain" -}}
+{{- end -}}
+{{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) -}}
+{{- fail "sandboxes: set only one of podDisruptionBudget.minAvailable and podDisruptionBudget.maxUnavailable (null the other)" -}}
+{{- end -}}
+{{- if and .Values.serviceMonitor.enabled (ne (toString (dig "metrics_access" "key" .Values.config)) "open") (not .Values.serviceMonitor.bearerTokenSecret) -}}
+{{- fail "sandboxes: serviceMonitor.enabled needs serviceMonitor.bearerTokenSecret ({name, key} of a Secret holding an API key), or config.metrics_access: open" -}}
+{{- end -}}
+{{- $drain := int (dig "drain_timeout" 30 .Values.config) -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (add $drain (int .Values.preStopSleepSeconds)) -}}
+{{- fail (printf "sandboxes: terminationGracePeriodSeconds (%d) must exceed preStopSleepSeconds (%d) + config.drain_timeout (%d), or pods are killed mid-drain" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSleepSeconds) $drain) -}}
+{{- end -}}
+{{- end -}}

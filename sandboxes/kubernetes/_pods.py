@@ -152,6 +152,9 @@ def pod_manifest(
         "hostNetwork": False,
         "hostPID": False,
         "hostIPC": False,
+        # The pause container becomes PID 1 and reaps orphans: without it ``sleep infinity``
+        # is PID 1 and never waits, so what a per-command exec leaves behind stays a zombie.
+        "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": config.termination_grace_seconds,
         "securityContext": {
             "runAsNonRoot": True,

@@ -267,7 +267,7 @@ def _docker_options(pod: dict[str, Any], label: dict[str, str]) -> dict[str, Any
     limits = container.get("resources", {}).get("limits", {})
     options: dict[str, Any] = {
         "detach": True,
-        "init": True,
+        "init": bool(spec.get("shareProcessNamespace")),  # a PID 1 that reaps, like the pause container
         "user": f"{uid}:{gid}",
         "working_dir": container.get("workingDir"),
         "environment": {item["name"]: item.get("value", "") for item in container.get("env", [])},

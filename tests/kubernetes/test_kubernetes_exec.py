@@ -174,6 +174,17 @@ def test_timeout_kills_the_tree_in_the_fallback(fallback_sandbox: KubernetesSand
     assert left == "0"
 
 
+def test_what_the_fallback_kills_does_not_stay_a_zombie(fallback_sandbox: KubernetesSandbox) -> None:
+    """Processes killed after their exec ended are orphans of the pod's PID 1: it must reap them
+    (the pod shares its process namespace, so PID 1 is the pause container, not ``sleep``)."""
+    fallback_sandbox.execute("(sleep 300 &) ; setsid sleep 301 & sleep 302", timeout=1)
+    zombies = "grep -l '^[0-9]* ([^)]*) Z' /proc/[0-9]*/stat 2>/dev/null | wc -l"
+    for _ in range(50):  # the kill and the reaping land within a few commands' time
+        if fallback_sandbox.execute(zombies).output.strip() == "0":
+            return
+    pytest.fail("killed processes stay zombies: nothing in the pod reaps them")
+
+
 def test_big_files_move_over_exec_streams_of_their_own(helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
     big = bytes(range(256)) * 16384  # 4 MiB, over the bulk threshold
     helper_sandbox.execute("true")

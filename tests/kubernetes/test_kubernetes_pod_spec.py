@@ -85,6 +85,7 @@ def test_no_service_account_token_no_service_links_no_host_namespaces() -> None:
     assert spec["hostNetwork"] is False
     assert spec["hostPID"] is False
     assert spec["hostIPC"] is False
+    assert spec["shareProcessNamespace"] is True  # a PID 1 (pause) that reaps orphans
     assert "serviceAccountName" not in spec
 
 

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from chart_support import CHART, FULLNAME, HARDENED, KUBERNETES, NAMESPACE, RELEASE, VERSION, Render, one, run_helm
 
+OLDEST = "1.25.0"
+"""Chart.yaml's kubeVersion floor (>=1.25.0-0)."""
 CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 """Kinds kubernetes-validate has no schema for (CRDs): checked by the assertions below instead."""
 
@@ -72,6 +74,8 @@ def test_every_rendered_object_validates_against_the_kubernetes_api(rendered: li
             continue
         # strict: an unknown or misplaced field is an error, not silently dropped by the API server
         assert kubernetes_validate.validate(obj, KUBERNETES, strict=True) == "1.31", obj["kind"]
+        # and the oldest Kubernetes Chart.yaml's kubeVersion admits
+        assert kubernetes_validate.validate(obj, OLDEST, strict=True) == "1.25", obj["kind"]
     assert {
         "Deployment",
         "Service",
@@ -109,6 +113,7 @@ def test_the_schema_validation_is_not_vacuous() -> None:
 def test_app_version_is_the_images_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION, "bump Chart.yaml's appVersion with images/VERSION"
+    assert chart["kubeVersion"] == f">={OLDEST}-0"
 
 
 # ---------------------------------------------------------------------- the service's pods

@@ -196,6 +196,23 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             mux = self._mux
         return mux.kill_tagged(name, value) if mux is not None and mux.alive else 0
 
+    def running_helper(self) -> MuxClient | None:
+        """The exec helper if one is running now (none is started), for a caller that awaits a
+        command on it (`sandboxes._mux.client.arun`) instead of a thread; such a caller reports
+        a helper that broke with `drop_helper` and checks exit 137 with `oom_killed`, as
+        `execute_streaming` does."""
+        with self._mux_lock:
+            mux = self._mux
+        return mux if mux is not None and mux.alive else None
+
+    def drop_helper(self, mux: MuxClient) -> None:
+        """Let go of ``mux``, found broken: the next command starts a new helper."""
+        self._drop_helper(mux)
+
+    def oom_killed(self) -> bool:
+        """Whether the container's memory cgroup killed something since the last look."""
+        return self._oom_killed()
+
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:
             return None

@@ -222,14 +222,16 @@ exit 0
 file (its transfer failed) and prints nothing. One status line per committed file."""
 
 STAGE_CHUNK = r"""if [ "$2" = new ]; then
-  : > "$1" 2>/dev/null || { why "$1"; [ "$c" = 10 ] && c=12; exit "$c"; }
+  true 2>/dev/null > "$1" || { why "$1"; [ "$c" = 10 ] && c=12; exit "$c"; }
 else
   [ -f "$1" ] || exit 10
 fi
 cat >> "$1" || exit 15
 """
 """Append stdin to the staged file ``$1``, created empty first when ``$2`` is ``new``: a big file
-crosses the sandbox's command stream in bounded pieces, then `COMMIT_STAGED` renames it."""
+crosses the sandbox's command stream in bounded pieces, then `COMMIT_STAGED` renames it. (Created
+by ``true``, not ``:``: a failed redirection of a special builtin ends the whole shell with
+status 2 in dash, instead of answering why.)"""
 
 DELETE = r"""f=$1
 if [ ! -e "$f" ] && [ ! -L "$f" ]; then why "$f"; exit "$c"; fi

@@ -1,4 +1,4 @@
-"""Byte-level plumbing for the Docker backend: the exec attach stream and tar archives."""
+"""Byte-level plumbing for the Docker backend: the exec attach stream."""
 
 from __future__ import annotations
 
@@ -6,18 +6,11 @@ import contextlib
 import io
 import socket
 import struct
-import tarfile
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 _FRAME = struct.Struct(">BxxxL")
-_SLICE = 4 << 20
-
-MAX_ARCHIVE_MEMBERS = 10_000
-"""Members one archive put into a sandbox may have. Each becomes an inode on the sandbox's
-workspace (and, without a ``disk`` limit, on the engine's disk), and the engine extracts the
-whole archive in one call that nobody can interrupt; callers with more split or refuse."""
+_READ = 1 << 20
 
 
 class ExecSocket:
@@ -36,6 +29,9 @@ class ExecSocket:
         self._frame_left = 0
         self._frame_kind = 1
         self.stderr = bytearray()
+
+    def settimeout(self, seconds: float | None) -> None:
+        self._sock.settimeout(seconds)
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
@@ -85,52 +81,26 @@ class ExecSocket:
                 close()
 
 
-def tar_stream(files: Iterable[tuple[str, bytes]], *, uid: int, gid: int) -> Iterator[bytes | memoryview]:
-    """A tar of regular files, named relative to where it will be extracted, owned by uid:gid,
-    produced piece by piece: headers, then slices of the callers' own bytes (no copy, no spool
-    to disk), so a big upload is never held whole in memory a second time."""
-    now = time.time()
-    for path, content in files:
-        info = tarfile.TarInfo(path.lstrip("/"))
-        info.size, info.mode, info.mtime, info.uid, info.gid = len(content), 0o644, now, uid, gid
-        yield info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-        view = memoryview(content)
-        for offset in range(0, len(view), _SLICE):
-            yield view[offset : offset + _SLICE]
-        if len(content) % tarfile.BLOCKSIZE:
-            yield tarfile.NUL * (tarfile.BLOCKSIZE - len(content) % tarfile.BLOCKSIZE)
-    yield tarfile.NUL * (tarfile.BLOCKSIZE * 2)
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file object over an iterator of byte chunks, for `tarfile` in stream mode."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, target: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(target), len(self._buffer))
-        target[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size
-
-
-def read_single_file(chunks: Iterator[bytes]) -> bytes | None:
-    """The content of the first member of a tar stream (``get_archive`` of one path), or
-    ``None`` when that member is not a regular file."""
-    with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), 1 << 20), mode="r|") as archive:
-        for member in archive:
-            if not member.isfile():
-                return None
-            extracted = archive.extractfile(member)
-            return extracted.read() if extracted is not None else None
-    return None
+def read_exec_stdout(
+    api: Any, container: str, argv: list[str], *, user: str, timeout: float
+) -> tuple[int | None, bytes]:
+    """(exit code, stdout) of ``argv`` run in its own ``docker exec``, stdout read raw as it
+    comes into one buffer (no second copy of a big file), stderr kept apart. ``None`` as the
+    code when the stream broke or stayed silent for ``timeout`` seconds."""
+    exec_id = api.exec_create(container, argv, user=user, stdout=True, stderr=True)["Id"]
+    stream = ExecSocket(api.exec_start(exec_id, socket=True))
+    stream.settimeout(timeout)
+    content = io.BytesIO()
+    try:
+        while chunk := stream.recv(_READ):
+            content.write(chunk)
+    except OSError:  # silent past the timeout (TimeoutError), or the engine dropped it
+        return None, b""
+    finally:
+        stream.close()
+    for _ in range(100):  # the stream ends as the process exits; its status may trail a little
+        state = api.exec_inspect(exec_id)
+        if not state["Running"]:
+            return state["ExitCode"], content.getvalue()  # getvalue hands over the buffer itself
+        time.sleep(0.01)
+    return None, b""

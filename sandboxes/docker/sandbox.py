@@ -7,8 +7,9 @@ if the image has no python3 to run it, each command falls back to its own ``dock
 the same timeout semantics (the process tree is found by an environment marker and killed).
 
 How files move: small files inline through ``execute`` (one round trip for a whole batch); big
-ones as tar streams through ``put_archive``/``get_archive`` when they live in the workspace
-volume (the Docker archive API cannot write into tmpfs mounts or a read-only root).
+ones in the workspace volume in bounded chunks through ``execute`` in, and raw through a
+``cat`` of their own ``docker exec`` out: always as the sandbox's user, never through the
+engine's archive API, which works as root and follows the links the sandbox made.
 
 Creating, pooling and sweeping containers is `sandboxes.docker.provider`'s business.
 """
@@ -16,6 +17,7 @@ Creating, pooling and sweeping containers is `sandboxes.docker.provider`'s busin
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import threading
 import time
@@ -23,16 +25,18 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from sandboxes import _scripts
+from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
+from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
+from sandboxes._staged import stage_file
 from sandboxes.base import StreamingSandbox
 from sandboxes.docker._containers import create_container, remove_sandbox
-from sandboxes.docker._io import MAX_ARCHIVE_MEMBERS, ExecSocket, read_single_file, tar_stream
+from sandboxes.docker._io import ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Lifecycle
-from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
+from sandboxes.paths import InvalidPathError, is_within, normalize_path
 
 if TYPE_CHECKING:
     import docker
@@ -48,7 +52,14 @@ BULK_THRESHOLD = 1 << 20
 _SMALL_OUTPUT = 4096
 """Output kept from an internal script (`DockerSandbox._run_small`)."""
 
-_REMOVE_NOT_OWNED = r"""for f; do if [ -f "$f" ] && [ ! -O "$f" ]; then rm -f -- "$f"; fi; done; exit 0"""
+_READ_AS_USER = r"""f=$1
+if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
+{ [ -f /proc/self/fd/3 ] || exit 16; exec cat <&3; } 3< "$f" 2>/dev/null
+why "$f"; exit "$c"
+"""
+"""Copy ``$1`` to stdout as the sandbox's user: checked, then opened once, and what was opened
+checked again (through ``/proc/self/fd``) to be a regular file, so a path swapped meanwhile for a
+FIFO or a device does not stream forever; a link followed only where the user may follow it."""
 
 _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
@@ -185,6 +196,23 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             mux = self._mux
         return mux.kill_tagged(name, value) if mux is not None and mux.alive else 0
 
+    def running_helper(self) -> MuxClient | None:
+        """The exec helper if one is running now (none is started), for a caller that awaits a
+        command on it (`sandboxes._mux.client.arun`) instead of a thread; such a caller reports
+        a helper that broke with `drop_helper` and checks exit 137 with `oom_killed`, as
+        `execute_streaming` does."""
+        with self._mux_lock:
+            mux = self._mux
+        return mux if mux is not None and mux.alive else None
+
+    def drop_helper(self, mux: MuxClient) -> None:
+        """Let go of ``mux``, found broken: the next command starts a new helper."""
+        self._drop_helper(mux)
+
+    def oom_killed(self) -> bool:
+        """Whether the container's memory cgroup killed something since the last look."""
+        return self._oom_killed()
+
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:
             return None
@@ -250,7 +278,8 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         reader = threading.Thread(target=_pump, args=(stream, output, on_output), daemon=True)
         reader.start()
         if stdin is not None:
-            stream.send(stdin)
+            with contextlib.suppress(OSError):  # the command ended without reading it all, as a pipe allows
+                stream.send(stdin)
             stream.shutdown_write()
         deadline = started + timeout if timeout else None
         timed_out = False
@@ -320,43 +349,35 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     bulk_threshold = BULK_THRESHOLD
 
     def _bulk_eligible(self, path: str, size: int | None) -> bool:
-        """Only the workspace volume: the archive API cannot reach tmpfs mounts or write a read-only root."""
+        """Only the workspace volume, where big files were always allowed (the engine's archive
+        API, used before, could reach nothing else); elsewhere they go inline."""
         return super()._bulk_eligible(path, size) and self._in_volume(path)
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
-        """Big files as tar archives of at most `MAX_ARCHIVE_MEMBERS` members each."""
-        outcomes: list[p.ErrorCode | None] = []
-        for start in range(0, len(files), MAX_ARCHIVE_MEMBERS):
-            outcomes += self._put_archive(files[start : start + MAX_ARCHIVE_MEMBERS])
-        return outcomes
+        """Each file written by the sandbox's user into its staged name (`sandboxes._staged`),
+        never by the engine's ``put_archive``: that writes as root from outside and follows the
+        links the sandbox made, so a directory swapped for a link to ``/etc`` after
+        `_prepare_bulk` checked it led it into the read-only root."""
+        return [self._stage(staged, data) for staged, data in files]
 
-    def _put_archive(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
-        uid, gid = self.config.uid_gid
-        workdir = normalize_path(self.config.workdir)
-        archive = tar_stream([(relative_to(path, workdir), data) for path, data in files], uid=uid, gid=gid)
+    def _stage(self, staged: str, data: bytes) -> p.ErrorCode | None:
         try:
-            self.container.put_archive(workdir, archive)
-        except Exception as exc:  # the daemon refused the whole archive
-            logger.warning("put_archive into %s failed: %s", self.id[:12], exc)
-            code: p.ErrorCode = p.NO_SPACE if "no space left on device" in str(exc).lower() else p.PERMISSION_DENIED
-            self._remove_partial([path for path, _ in files])
-            return [code] * len(files)
-        return [None] * len(files)
-
-    def _remove_partial(self, paths: list[str]) -> None:
-        """The engine extracts as root and hands files to the sandbox's user only once written:
-        what a failed archive left is root's, and would refuse the sandbox's next upload."""
-        self.execute(_scripts.command(_REMOVE_NOT_OWNED, *paths), timeout=30)
+            return stage_file(self, staged, io.BytesIO(data), len(data))  # BytesIO shares, not copies, data
+        except _parse.ScriptFailed as exc:
+            logger.warning("bulk upload into %s failed: %s", self.id[:12], exc.message)
+            return exc.code
 
     def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
-        import docker.errors
-
-        try:
-            chunks, _ = self.container.get_archive(path, chunk_size=1 << 20)
-            content = read_single_file(iter(chunks))
-        except docker.errors.NotFound:
-            return p.FILE_NOT_FOUND
-        return p.IS_DIRECTORY if content is None else content
+        """``cat`` run by the sandbox's user in its own ``docker exec``, streamed raw (no
+        base64, unlike the inline path), never the engine's ``get_archive``, which reads as
+        root and followed a directory the sandbox swapped for a link to ``/etc`` after the
+        size check, handing out ``/etc/shadow``. What the user may not read answers
+        ``permission_denied``, as the inline path does."""
+        argv = ["/bin/sh", "-c", _scripts.command(_READ_AS_USER, path)]
+        code, content = read_exec_stdout(self.client.api, self.id, argv, user=self.config.user, timeout=_STAGE_TIMEOUT)
+        if code == 0:
+            return content
+        return _parse.code_for_status(code or -1) or p.BACKEND_ERROR
 
     def _in_volume(self, path: str) -> bool:
         try:

@@ -7,7 +7,8 @@ read-only root, and it cannot see tmpfs mounts such as ``/tmp`` at all. The smal
 sandbox's own user, through `BaseSandbox`'s scripts, where that user may write and nowhere else.
 A regular file travels in bounded chunks into a staged name beside its target and is renamed
 over it once complete (`_scripts.COMMIT_STAGED`), so memory stays bounded whatever the archive's
-size, and a transfer cut halfway leaves the target as it was.
+size, and a transfer cut halfway leaves the target as it was: `sandboxes._staged`, which
+`DockerSandbox`'s own big uploads use too.
 
 The archive reaching here was already made safe by `archive.rewrite_for_container` (no absolute
 or escaping names, no devices or hard links, sizes bounded).
@@ -20,16 +21,12 @@ from typing import IO
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
+from sandboxes._staged import TIMEOUT, stage_file
 from sandboxes.base import BaseSandbox, staging_name
 from sandboxes.semantics import message_for
 from sandboxes.server.errors import ServiceError
 
 __all__ = ["extract_through_sandbox"]
-
-CHUNK_BYTES = 4 << 20
-"""Bytes of a file per command: bounded memory in the service, few round trips per file."""
-
-_TIMEOUT = 300.0
 
 
 def extract_through_sandbox(sandbox: BaseSandbox, dest: str, archive: IO[bytes]) -> None:
@@ -61,29 +58,25 @@ def extract_through_sandbox(sandbox: BaseSandbox, dest: str, archive: IO[bytes])
 
 
 def _put_file(sandbox: BaseSandbox, target: str, content: IO[bytes], size: int) -> None:
-    prepared = sandbox.execute(_scripts.command(_scripts.PREPARE_UPLOAD, target), timeout=_TIMEOUT)
+    """Checked and its parents made (`_scripts.PREPARE_UPLOAD`), staged in bounded chunks by the
+    sandbox's user (`sandboxes._staged`, as `DockerSandbox`'s own bulk uploads), renamed."""
+    prepared = sandbox.execute(_scripts.command(_scripts.PREPARE_UPLOAD, target), timeout=TIMEOUT)
     _raise_for(prepared, target, statuses=True)
     staged = staging_name(target)
-    first = True
-    sent = 0
     try:
-        while first or sent < size:
-            chunk = content.read(min(CHUNK_BYTES, size - sent))
-            if sent + len(chunk) < size and not chunk:
-                raise ServiceError("invalid_request", "not a readable tar stream")
-            command = _scripts.command(_scripts.STAGE_CHUNK, staged, "new" if first else "more")
-            _run(sandbox, command, target, stdin=chunk)
-            sent += len(chunk)
-            first = False
-    except BaseException:
-        sandbox.execute(_scripts.command('rm -f -- "$1"', staged), timeout=_TIMEOUT)
-        raise
-    committed = sandbox.execute(_scripts.command(_scripts.COMMIT_STAGED, staged, target, str(size)), timeout=_TIMEOUT)
+        code = stage_file(sandbox, staged, content, size)
+    except EOFError as exc:
+        raise ServiceError("invalid_request", "not a readable tar stream") from exc
+    except _parse.ScriptFailed as exc:
+        raise ServiceError(exc.code if exc.code != p.BACKEND_ERROR else "internal", exc.message) from exc
+    if code is not None:
+        raise ServiceError(code, message_for(code, target))
+    committed = sandbox.execute(_scripts.command(_scripts.COMMIT_STAGED, staged, target, str(size)), timeout=TIMEOUT)
     _raise_for(committed, target, statuses=True)
 
 
 def _run(sandbox: BaseSandbox, command: str, path: str, *, stdin: bytes | None = None) -> None:
-    _raise_for(sandbox.execute(command, stdin=stdin, timeout=_TIMEOUT), path, statuses=False)
+    _raise_for(sandbox.execute(command, stdin=stdin, timeout=TIMEOUT), path, statuses=False)
 
 
 def _raise_for(response: p.ExecuteResponse, path: str, *, statuses: bool) -> None:

@@ -37,10 +37,7 @@ def awaitable_helper(sandbox: BaseSandbox) -> MuxClient | None:
     """The sandbox's running exec helper, if it has one that a command can be awaited on."""
     from sandboxes.docker import DockerSandbox
 
-    if not isinstance(sandbox, DockerSandbox):
-        return None
-    mux = getattr(sandbox, "_mux", None)
-    return mux if isinstance(mux, MuxClient) and mux.alive else None
+    return sandbox.running_helper() if isinstance(sandbox, DockerSandbox) else None
 
 
 async def run_awaited(
@@ -66,7 +63,7 @@ async def run_awaited(
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
-        await asyncio.to_thread(getattr(sandbox, "_drop_helper"), mux)  # noqa: B009
+        await asyncio.to_thread(getattr(sandbox, "drop_helper"), mux)  # noqa: B009 - DockerSandbox
         if broken.started:  # it may have run: running it again could do it twice
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
         return await fallback()
@@ -75,6 +72,6 @@ async def run_awaited(
         return p.ExecuteResponse(
             "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
         )
-    if response.exit_code == 137 and await asyncio.to_thread(getattr(sandbox, "_oom_killed")):  # noqa: B009
+    if response.exit_code == 137 and await asyncio.to_thread(getattr(sandbox, "oom_killed")):  # noqa: B009
         return out_of_memory(response, config.memory)
     return response

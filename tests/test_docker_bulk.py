@@ -1,0 +1,202 @@
+"""DockerSandbox's bulk path (files over `BULK_THRESHOLD`) against a sandbox that fights back.
+
+The Docker engine's archive API (``put_archive``/``get_archive``) works as root from outside
+the container and resolves the container's symlinks itself: a directory the sandbox swapped
+for a link to ``/etc`` between the shell's check and the transfer made an upload write into
+the read-only root (and onto the engine's disk, past the workspace's size limit), and a
+download return ``/etc/shadow``. Big files must move as the sandbox's user, where the kernel
+checks every access: these tests make the sandbox win each race on purpose (it runs its swap
+right after the check, or watches the transfer and swaps mid-way), then look at the root as
+root, from outside the sandbox, to see that nothing was written there.
+
+Every test runs through the exec helper and through the one-``docker exec``-per-command path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support import SESSION_OWNER
+
+from sandboxes import protocol as p
+from sandboxes.docker import BULK_THRESHOLD, DockerSandbox, DockerSandboxConfig
+
+BIG = BULK_THRESHOLD + 4096
+REFUSED = (p.PERMISSION_DENIED, p.INVALID_PATH)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["helper", "docker-exec"])
+def sandbox(request: pytest.FixtureRequest, docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
+    config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER, use_exec_helper=request.param)
+    with DockerSandbox.create(config, client=docker_client) as sb:
+        yield sb
+
+
+@pytest.fixture
+def clean(sandbox: DockerSandbox) -> Iterator[DockerSandbox]:
+    """The sandbox with an empty workspace after the test, and its root as it found it."""
+    before = _root_listing(sandbox)
+    yield sandbox
+    assert sandbox.execute("rm -rf /workspace/* /workspace/.[!.]*", timeout=60).exit_code == 0
+    assert _root_listing(sandbox) == before
+
+
+def _as_root(sandbox: DockerSandbox, script: str) -> str:
+    """Run ``script`` as root through the engine, outside every path the sandbox controls."""
+    result = sandbox.container.exec_run(["sh", "-c", script], user="root")
+    assert result.exit_code == 0, result.output
+    return bytes(result.output).decode()
+
+
+def _root_listing(sandbox: DockerSandbox) -> str:
+    """Every entry of the directories a link could lead an upload to, as root sees them."""
+    return _as_root(sandbox, "ls -A /etc /etc/ssl /usr/local /")
+
+
+def _assert_nothing_written_outside(sandbox: DockerSandbox, before: str) -> None:
+    after = _root_listing(sandbox)
+    assert after == before, f"the read-only root changed: {set(after.split()) ^ set(before.split())}"
+    found = "find / -xdev \\( -name 'evil*' -o -name '.sandboxes-write.*' \\) -print 2>/dev/null; true"
+    assert _as_root(sandbox, found) == ""
+
+
+def _swap_first(sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch, hook: str, swap: str) -> list[int]:
+    """Make the sandbox win the race: its ``swap`` command runs after the shell checked the
+    path and before the bulk transfer (``hook``: ``_bulk_put`` or ``_bulk_get``) starts."""
+    swapped: list[int] = []
+    original = getattr(sandbox, hook)
+
+    def raced(*args: Any) -> Any:
+        result = sandbox.execute(swap, timeout=30)
+        swapped.append(result.exit_code or 0)
+        return original(*args)
+
+    monkeypatch.setattr(sandbox, hook, raced)
+    return swapped
+
+
+# ---------------------------------------------------------------------------- uploads
+
+
+def test_a_big_upload_through_a_link_the_sandbox_made_writes_nothing_outside(clean: DockerSandbox) -> None:
+    before = _root_listing(clean)
+    assert clean.execute("ln -s /etc /workspace/sub").exit_code == 0
+    response = clean.upload_files([("/workspace/sub/evil", b"E" * BIG)])[0]
+    assert response.error in REFUSED, response
+    _assert_nothing_written_outside(clean, before)
+
+
+def test_a_link_swapped_in_after_the_check_cannot_redirect_a_big_upload(
+    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check sees a real directory; the transfer meets a link to ``/etc``."""
+    before = _root_listing(clean)
+    assert clean.execute("mkdir /workspace/sub").exit_code == 0
+    swapped = _swap_first(clean, monkeypatch, "_bulk_put", "rmdir /workspace/sub && ln -s /etc /workspace/sub")
+    responses = clean.upload_files([("/workspace/sub/evil", b"E" * BIG), ("/workspace/fine.bin", b"F" * BIG)])
+    assert swapped == [0]
+    assert responses[0].error in REFUSED, responses[0]
+    assert responses[1].error is None, responses[1]  # the batch's other file is not refused with it
+    assert clean.download_files(["/workspace/fine.bin"])[0].content == b"F" * BIG
+    _assert_nothing_written_outside(clean, before)
+
+
+def test_a_link_swapped_in_during_a_big_upload_cannot_redirect_it(clean: DockerSandbox) -> None:
+    """A command in the sandbox waits for the staged file to appear, then swaps its directory
+    for a link to ``/etc`` while the rest of the bytes are still on their way."""
+    before = _root_listing(clean)
+    assert clean.execute("mkdir /workspace/sub").exit_code == 0
+    watcher_script = (
+        "i=0; while [ $i -lt 3000 ]; do"
+        " for f in /workspace/sub/.sandboxes-write.*; do"
+        '  if [ -s "$f" ]; then mv /workspace/sub /workspace/moved && ln -s /etc /workspace/sub && echo swapped;'
+        "  exit 0; fi; done; i=$((i + 1)); sleep 0.01; done; echo never"
+    )
+    watched: list[p.ExecuteResponse] = []
+    watcher = threading.Thread(target=lambda: watched.append(clean.execute(watcher_script, timeout=60)))
+    watcher.start()
+    try:
+        response = clean.upload_files([("/workspace/sub/evil", b"E" * (64 << 20))])[0]
+    finally:
+        watcher.join(90)
+    assert [w.output.strip() for w in watched] == ["swapped"], watched
+    assert response.error is not None, "the upload succeeded although its directory became a link to /etc"
+    assert clean.execute("test -e /workspace/moved/evil").exit_code == 1
+    _assert_nothing_written_outside(clean, before)
+
+
+def test_big_uploads_never_go_through_the_engines_archive_api(
+    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several big files in one call are all written as the sandbox's user, in pieces no
+    bigger than the service's extraction moves, never through ``put_archive``."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the engine's archive API was used")
+
+    monkeypatch.setattr(clean.container, "put_archive", refused)
+    monkeypatch.setattr(clean.container, "get_archive", refused)
+    sizes: list[int] = []
+    execute = clean.execute
+
+    def measured(command: str, **kwargs: Any) -> p.ExecuteResponse:
+        stdin = kwargs.get("stdin")
+        sizes.append(len(stdin) if stdin is not None else 0)
+        return execute(command, **kwargs)
+
+    monkeypatch.setattr(clean, "execute", measured)
+    files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((9 << 20) + index)) for index in range(3)]
+    assert [r.error for r in clean.upload_files(files)] == [None] * 3
+    assert 0 < max(sizes) <= 4 << 20
+    assert [r.content for r in clean.download_files([path for path, _ in files])] == [data for _, data in files]
+    owners = clean.execute("stat -c '%u:%g %a' /workspace/split/*.bin").output.split("\n")
+    assert owners[:3] == ["1000:1000 644"] * 3
+
+
+# ---------------------------------------------------------------------------- downloads
+
+
+_BIG_FILE = "head -c 2000000 /dev/zero > /workspace/big"
+
+
+@pytest.mark.parametrize(
+    ("setup", "swap", "path", "code"),
+    [
+        (
+            "mkdir /workspace/d && head -c 2000000 /dev/zero > /workspace/d/shadow",
+            "rm -r /workspace/d && ln -s /etc /workspace/d",
+            "/workspace/d/shadow",
+            p.PERMISSION_DENIED,
+        ),
+        (_BIG_FILE, "ln -sf /etc/shadow /workspace/big", "/workspace/big", p.PERMISSION_DENIED),
+        (_BIG_FILE, "rm /workspace/big && mkdir /workspace/big", "/workspace/big", p.IS_DIRECTORY),
+        (_BIG_FILE, "rm /workspace/big", "/workspace/big", p.FILE_NOT_FOUND),
+        (_BIG_FILE, "rm /workspace/big && mkfifo /workspace/big", "/workspace/big", p.INVALID_ARGUMENT),
+    ],
+    ids=["directory-swapped-for-a-link", "file-swapped-for-a-link", "file-swapped-for-a-dir", "removed", "fifo"],
+)
+def test_a_big_download_answers_only_what_the_sandbox_may_read(
+    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch, setup: str, swap: str, path: str, code: str
+) -> None:
+    """The size check sees a big file of the sandbox's; the transfer meets something else: a
+    link to a file only root may read must answer ``permission_denied``, as ``cat`` would, and
+    the rest what the inline path answers for them."""
+    assert clean.execute(setup).exit_code == 0
+    swapped = _swap_first(clean, monkeypatch, "_bulk_get", swap)
+    response = clean.download_files([path])[0]
+    assert swapped == [0]
+    assert response.content is None, f"{path} returned {response.content[:40]!r}"
+    assert response.error == code, response
+
+
+def test_a_big_download_follows_links_as_the_sandbox_user_would(clean: DockerSandbox) -> None:
+    """What the sandbox may read through a link comes back, as the inline path answers it."""
+    assert clean.execute("head -c 2000000 /dev/urandom > /workspace/real && ln -s real /workspace/link").exit_code == 0
+    real, linked = clean.download_files(["/workspace/real", "/workspace/link"])
+    assert real.error is None
+    assert linked.error is None
+    assert real.content == linked.content
+    assert len(real.content or b"") == 2000000

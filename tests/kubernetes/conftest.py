@@ -17,8 +17,11 @@ kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes extra is n
 def fake_kubernetes(docker_client: Any) -> Iterator[FakeKubernetes]:
     """A running FAKE API server on 127.0.0.1 with namespaces ``default`` and ``sandboxes``; its
     pods' containers are removed when it stops, and swept by label after."""
-    fake = FakeKubernetes(docker_client, namespaces=("default", "sandboxes"),
-                          container_labels={"io.sandboxes.test-session": SESSION_OWNER}).start()  # fmt: skip
+    fake = FakeKubernetes(
+        docker_client,
+        namespaces=("default", "sandboxes"),
+        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
+    ).start()
     yield fake
     fake.stop()
     for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ def pod_body(name: str, image: str = "sandboxes/runtime:latest", **spec: Any) ->
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
-        },  # fmt: skip
+        },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "resources": {"limits": {"memory": "256Mi", "cpu": "500m"}},
         **spec.pop("container", {}),
@@ -39,7 +40,7 @@ def pod_body(name: str, image: str = "sandboxes/runtime:latest", **spec: Any) ->
             "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
             "terminationGracePeriodSeconds": 1,
             **spec,
-        },  # fmt: skip
+        },
     }
 
 
@@ -50,8 +51,13 @@ def wait_for(core_v1: Any, name: str, done: Any, timeout: int = 60) -> Any:
         if done(pod):
             return pod
     w = watch.Watch()
-    for event in w.stream(core_v1.list_namespaced_pod, NS, field_selector=f"metadata.name={name}",
-                          resource_version=pods.metadata.resource_version, timeout_seconds=timeout):  # fmt: skip
+    for event in w.stream(
+        core_v1.list_namespaced_pod,
+        NS,
+        field_selector=f"metadata.name={name}",
+        resource_version=pods.metadata.resource_version,
+        timeout_seconds=timeout,
+    ):
         if done(event["object"]):
             w.stop()
             return event["object"]
@@ -75,10 +81,8 @@ def pod(core_v1: Any, fake_kubernetes: FakeKubernetes) -> Iterator[str]:
     core_v1.create_namespaced_pod(NS, pod_body(name))
     wait_for(core_v1, name, running)
     yield name
-    try:
+    with contextlib.suppress(ApiException):  # a test may have deleted it
         core_v1.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-    except ApiException as exc:
-        assert exc.status == 404
 
 
 def test_discovery_and_kubeconfig(core_v1: Any, kube_api_client: Any) -> None:
@@ -87,7 +91,8 @@ def test_discovery_and_kubeconfig(core_v1: Any, kube_api_client: Any) -> None:
 
 def test_create_get_list_delete_with_labels(core_v1: Any, pod: str) -> None:
     got = core_v1.read_namespaced_pod(pod, NS)
-    assert got.spec.node_name == "fake-node" and int(got.metadata.resource_version) > 0
+    assert got.spec.node_name == "fake-node"
+    assert int(got.metadata.resource_version) > 0
     assert [p.metadata.name for p in core_v1.list_namespaced_pod(NS, label_selector=f"run={pod}").items] == [pod]
     assert pod in [
         p.metadata.name for p in core_v1.list_namespaced_pod(NS, label_selector="app in (fake-test,x)").items
@@ -99,12 +104,18 @@ def test_create_get_list_delete_with_labels(core_v1: Any, pod: str) -> None:
     ]
     with pytest.raises(ApiException) as exc:
         core_v1.create_namespaced_pod(NS, pod_body(pod))
-    assert exc.value.status == 409 and json.loads(exc.value.body)["reason"] == "AlreadyExists"
+    assert exc.value.status == 409
+    assert json.loads(exc.value.body)["reason"] == "AlreadyExists"
     deleted = core_v1.delete_namespaced_pod(pod, NS)
     assert deleted.metadata.deletion_timestamp is not None
     w = watch.Watch()
-    for event in w.stream(core_v1.list_namespaced_pod, NS, label_selector=f"run={pod}",
-                          resource_version=deleted.metadata.resource_version, timeout_seconds=30):  # fmt: skip
+    for event in w.stream(
+        core_v1.list_namespaced_pod,
+        NS,
+        label_selector=f"run={pod}",
+        resource_version=deleted.metadata.resource_version,
+        timeout_seconds=30,
+    ):
         if event["type"] == "DELETED":
             w.stop()
             break
@@ -112,15 +123,20 @@ def test_create_get_list_delete_with_labels(core_v1: Any, pod: str) -> None:
         raise AssertionError("no DELETED event")
     with pytest.raises(ApiException) as exc:
         core_v1.read_namespaced_pod(pod, NS)
-    assert exc.value.status == 404 and json.loads(exc.value.body)["reason"] == "NotFound"
+    assert exc.value.status == 404
+    assert json.loads(exc.value.body)["reason"] == "NotFound"
 
 
 def test_security_settings_reach_docker(core_v1: Any, pod: str, docker_client: Any) -> None:
     (container,) = docker_client.containers.list(filters={"label": f"io.sandboxes.fake-k8s.pod={NS}.{pod}"})
     host = container.attrs["HostConfig"]
     assert container.attrs["Config"]["User"] == "1000:1000"
-    assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
-    assert host["NetworkMode"] == "none" and host["Memory"] == 256 << 20 and host["NanoCpus"] == 500_000_000
+    assert host["ReadonlyRootfs"]
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["NetworkMode"] == "none"
+    assert host["Memory"] == 256 << 20
+    assert host["NanoCpus"] == 500_000_000
     assert host["Tmpfs"]["/tmp"] == f"mode=1777,size={16 << 20}"
 
 
@@ -138,7 +154,8 @@ def test_invalid_spec_is_422(core_v1: Any) -> None:
     with pytest.raises(ApiException) as exc:
         core_v1.create_namespaced_pod(NS, body)
     status = json.loads(exc.value.body)
-    assert exc.value.status == 422 and status["reason"] == "Invalid"
+    assert exc.value.status == 422
+    assert status["reason"] == "Invalid"
     assert status["details"]["causes"][0]["field"] == "spec.containers[0].image"
 
 
@@ -155,7 +172,8 @@ def test_unschedulable_node_selector(core_v1: Any) -> None:
     core_v1.create_namespaced_pod(NS, pod_body(name, nodeSelector={"disk": "ssd"}))
     pod = wait_for(core_v1, name, lambda p: any(c.reason == "Unschedulable" for c in p.status.conditions or []))
     (cond,) = pod.status.conditions
-    assert cond.status == "False" and cond.message.startswith("0/1 nodes are available: 1 node(s) didn't match")
+    assert cond.status == "False"
+    assert cond.message.startswith("0/1 nodes are available: 1 node(s) didn't match")
     core_v1.delete_namespaced_pod(name, NS)
 
 
@@ -164,7 +182,8 @@ def test_crash_loop(core_v1: Any) -> None:
     core_v1.create_namespaced_pod(NS, pod_body(name, container={"command": ["sh", "-c", "exit 3"]}))
     pod = wait_for(core_v1, name, lambda p: waiting_reason(p) == "CrashLoopBackOff")
     status = pod.status.container_statuses[0]
-    assert status.restart_count >= 1 and status.last_state.terminated.exit_code == 3
+    assert status.restart_count >= 1
+    assert status.last_state.terminated.exit_code == 3
     core_v1.delete_namespaced_pod(name, NS, grace_period_seconds=0)
 
 
@@ -181,7 +200,8 @@ def test_exit_never_restart_is_failed(core_v1: Any) -> None:
 def test_eviction(core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str) -> None:
     fake_kubernetes.evict(NS, pod)
     evicted = core_v1.read_namespaced_pod(pod, NS)
-    assert evicted.status.phase == "Failed" and evicted.status.reason == "Evicted"
+    assert evicted.status.phase == "Failed"
+    assert evicted.status.reason == "Evicted"
 
 
 def test_active_deadline(core_v1: Any) -> None:
@@ -195,16 +215,34 @@ def test_active_deadline(core_v1: Any) -> None:
 @pytest.mark.parametrize("protocol", [None, "v4.channel.k8s.io"])
 def test_exec_preloaded(core_v1: Any, pod: str, protocol: str | None) -> None:
     headers = {"sec-websocket-protocol": protocol} if protocol else None
-    out = stream(core_v1.connect_get_namespaced_pod_exec, pod, NS, command=["sh", "-c", "echo hi; id -u"],
-                 stdout=True, stderr=True, stdin=False, tty=False, _headers=headers)  # fmt: skip
+    out = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sh", "-c", "echo hi; id -u"],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        _headers=headers,
+    )
     assert out == "hi\n1000\n"
 
 
 @pytest.mark.parametrize("protocol", ["v5.channel.k8s.io", "v4.channel.k8s.io"])
 def test_exec_interactive_exit_code_and_stdin(core_v1: Any, pod: str, protocol: str) -> None:
-    ws = stream(core_v1.connect_get_namespaced_pod_exec, pod, NS, command=["sh", "-c", "cat; exit 7"],
-                stdout=True, stderr=True, stdin=True, tty=False, _preload_content=False,
-                _headers={"sec-websocket-protocol": protocol})  # fmt: skip
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sh", "-c", "cat; exit 7"],
+        stdout=True,
+        stderr=True,
+        stdin=True,
+        tty=False,
+        _preload_content=False,
+        _headers={"sec-websocket-protocol": protocol},
+    )
     assert ws.subprotocol == protocol
     ws.write_stdin("ping\n")
     assert ws.readline_stdout(timeout=10) == "ping"
@@ -218,8 +256,18 @@ def test_exec_interactive_exit_code_and_stdin(core_v1: Any, pod: str, protocol: 
 
 def test_exec_binary_stdout(core_v1: Any, pod: str) -> None:
     script = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 16384)"
-    ws = stream(core_v1.connect_get_namespaced_pod_exec, pod, NS, command=["python3", "-c", script],
-                stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False, binary=True)  # fmt: skip
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["python3", "-c", script],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        _preload_content=False,
+        binary=True,
+    )
     ws.run_forever(timeout=60)
     assert ws.read_stdout() == bytes(range(256)) * 16384
     assert ws.returncode == 0

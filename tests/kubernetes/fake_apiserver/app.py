@@ -31,8 +31,7 @@ _RESTART = ("Always", "OnFailure", "Never")
 
 def _invalid(name: str, causes: list[tuple[str, str, str]]) -> ApiError:
     text = ", ".join(f"{field}: {message}" for _, field, message in causes)
-    details = {"name": name, "kind": "Pod",
-               "causes": [{"reason": r, "message": m, "field": f} for r, f, m in causes]}  # fmt: skip
+    details = {"name": name, "kind": "Pod", "causes": [{"reason": r, "message": m, "field": f} for r, f, m in causes]}
     return ApiError(422, "Invalid", f'Pod "{name}" is invalid: {text}', details)
 
 
@@ -41,8 +40,14 @@ def _validate(pod: dict[str, Any]) -> None:
     refusals of what this fake does not run (more than one container, non-emptyDir volumes)."""
     name, spec, causes = pod["metadata"]["name"], pod.get("spec") or {}, []
     if len(name) > 253 or not _NAME.match(name):
-        causes.append(("FieldValueInvalid", "metadata.name", f'Invalid value: "{name}": a lowercase RFC 1123 '
-                       "subdomain must consist of lower case alphanumeric characters, '-' or '.'"))  # fmt: skip
+        causes.append(
+            (
+                "FieldValueInvalid",
+                "metadata.name",
+                f'Invalid value: "{name}": a lowercase RFC 1123 '
+                "subdomain must consist of lower case alphanumeric characters, '-' or '.'",
+            )
+        )
     containers = spec.get("containers") or []
     if not containers:
         causes.append(("FieldValueRequired", "spec.containers", "Required value"))
@@ -58,8 +63,13 @@ def _validate(pod: dict[str, Any]) -> None:
                 try:
                     quantity(value)
                 except ValueError:
-                    causes.append(("FieldValueInvalid", f"spec.containers[{i}].resources.{kind}[{res}]",
-                                   f'Invalid value: "{value}": quantities must match the regular expression'))  # fmt: skip
+                    causes.append(
+                        (
+                            "FieldValueInvalid",
+                            f"spec.containers[{i}].resources.{kind}[{res}]",
+                            f'Invalid value: "{value}": quantities must match the regular expression',
+                        )
+                    )
     if spec.get("restartPolicy", "Always") not in _RESTART:
         causes.append(("FieldValueNotSupported", "spec.restartPolicy", f'Unsupported value: "{spec["restartPolicy"]}"'))
     for i, v in enumerate(spec.get("volumes") or []):
@@ -76,7 +86,7 @@ class Api:
         self.store, self.kubelet, self.namespaces = store, kubelet, namespaces
 
     def _namespace(self, request: Request) -> str:
-        ns = request.path_params["namespace"]
+        ns: str = request.path_params["namespace"]
         if ns not in self.namespaces:
             raise ApiError.not_found(ns, "namespaces")
         return ns
@@ -111,8 +121,9 @@ class Api:
             return (ns is None or obj["metadata"]["namespace"] == ns) and labels(obj) and fields(obj)
 
         if q.get("watch") in ("true", "1", "True"):
-            return StreamingResponse(self._watch(matches, q.get("resourceVersion"), q.get("timeoutSeconds")),
-                                     media_type="application/json")  # fmt: skip
+            return StreamingResponse(
+                self._watch(matches, q.get("resourceVersion"), q.get("timeoutSeconds")), media_type="application/json"
+            )
         items = []
         for item in self.store.items(ns):
             if matches(item):
@@ -122,8 +133,9 @@ class Api:
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.store.rv)}}
         return JSONResponse({**body, "items": items})
 
-    async def _watch(self, matches: Callable[[dict[str, Any]], bool], rv: str | None,
-                     timeout: str | None) -> AsyncIterator[bytes]:  # fmt: skip
+    async def _watch(
+        self, matches: Callable[[dict[str, Any]], bool], rv: str | None, seconds: str | None
+    ) -> AsyncIterator[bytes]:
         queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
         self.store.watchers.add(queue)
         try:
@@ -136,7 +148,7 @@ class Api:
                     yield json.dumps({"type": "ERROR", "object": error.status()}).encode() + b"\n"
                     return
             last = 0 if rv in (None, "", "0") else int(rv)
-            deadline = asyncio.get_running_loop().time() + float(timeout or 1800)
+            deadline = asyncio.get_running_loop().time() + float(seconds or 1800)
             for event in backlog:
                 if line := _event_line(event, matches):
                     yield line
@@ -162,14 +174,14 @@ class Api:
         grace = int(grace) if grace is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
         if not pod["spec"].get("nodeName") or grace == 0:
             pod = self.store.delete(ns, name)  # never bound, or forced: gone at once
-            asyncio.ensure_future(self.kubelet.terminate(ns, name, 0))
+            self.kubelet.background(self.kubelet.terminate(ns, name, 0))
             return JSONResponse(pod)
         if not pod["metadata"].get("deletionTimestamp"):
             from .store import now
 
             pod["metadata"].update(deletionTimestamp=now(), deletionGracePeriodSeconds=grace)
             pod = self.store.update(ns, name, pod)
-            asyncio.ensure_future(self.kubelet.terminate(ns, name, grace))
+            self.kubelet.background(self.kubelet.terminate(ns, name, grace))
         return JSONResponse(pod)
 
     async def patch(self, request: Request) -> Response:
@@ -181,13 +193,26 @@ class Api:
         elif kind in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             new = _merge(pod, patch)
         else:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
-                           f"accepted media types include: application/json-patch+json, application/merge-patch+json")  # fmt: skip
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                "accepted media types include: application/json-patch+json, application/merge-patch+json",
+            )
         if {k: v for k, v in new["spec"].items() if k != "activeDeadlineSeconds"} != {
             k: v for k, v in pod["spec"].items() if k != "activeDeadlineSeconds"
         }:
-            raise _invalid(name, [("FieldValueForbidden", "spec", "Forbidden: pod updates may not change fields "
-                           "other than `spec.containers[*].image`, `spec.activeDeadlineSeconds`, ...")])  # fmt: skip
+            raise _invalid(
+                name,
+                [
+                    (
+                        "FieldValueForbidden",
+                        "spec",
+                        "Forbidden: pod updates may not change fields "
+                        "other than `spec.containers[*].image`, `spec.activeDeadlineSeconds`, ...",
+                    )
+                ],
+            )
         new["status"] = pod["status"]
         return JSONResponse(self.store.update(ns, name, new))
 
@@ -248,9 +273,19 @@ def build_app(store: Store, kubelet: Kubelet, namespaces: set[str]) -> Starlette
         return endpoint
 
     async def version(_: Request) -> Response:
-        return JSONResponse({"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake", "gitCommit": "fake",
-                             "gitTreeState": "clean", "buildDate": "2024-08-13T07:28:49Z", "goVersion": "go1.22.5",
-                             "compiler": "gc", "platform": "linux/amd64"})  # fmt: skip
+        return JSONResponse(
+            {
+                "major": "1",
+                "minor": "31",
+                "gitVersion": "v1.31.0-fake",
+                "gitCommit": "fake",
+                "gitTreeState": "clean",
+                "buildDate": "2024-08-13T07:28:49Z",
+                "goVersion": "go1.22.5",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        )
 
     async def api_versions(_: Request) -> Response:
         return JSONResponse({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})

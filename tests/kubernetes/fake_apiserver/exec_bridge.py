@@ -37,8 +37,12 @@ async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
     try:
         protocol = next((p for p in offered if p in SUPPORTED_PROTOCOLS), None)
         if protocol is None:
-            raise ApiError(400, "BadRequest", f"unable to upgrade connection: requested protocol(s) are not "
-                           f"supported: {offered}; supports {list(SUPPORTED_PROTOCOLS)}")  # fmt: skip
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"unable to upgrade connection: requested protocol(s) are not "
+                f"supported: {offered}; supports {list(SUPPORTED_PROTOCOLS)}",
+            )
         command = query.getlist("command")
         flags = {k: query.get(k, "false") in _TRUE for k in ("stdin", "stdout", "stderr", "tty")}
         if not command:
@@ -47,8 +51,17 @@ async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
             raise ApiError(400, "BadRequest", "you must specify at least one of stdin, stdout, stderr")
         cid = _running_container(kubelet, ns, name, query.get("container"))
         api = kubelet.docker.api
-        exec_id = (await kubelet.blocking(api.exec_create, cid, command, stdin=flags["stdin"],
-                   stdout=flags["stdout"], stderr=flags["stderr"], tty=flags["tty"]))["Id"]  # fmt: skip
+        exec_id = (
+            await kubelet.blocking(
+                api.exec_create,
+                cid,
+                command,
+                stdin=flags["stdin"],
+                stdout=flags["stdout"],
+                stderr=flags["stderr"],
+                tty=flags["tty"],
+            )
+        )["Id"]
         holder = await kubelet.blocking(api.exec_start, exec_id, socket=True, tty=flags["tty"])
     except ApiError as error:
         await websocket.send_denial_response(JSONResponse(error.status(), status_code=error.code))

@@ -41,8 +41,17 @@ class NodeConfig(BaseModel):
 
 
 def _container_status(c: dict[str, Any], state: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"name": c["name"], "image": c["image"], "imageID": "", "state": state, "lastState": {},
-            "ready": False, "restartCount": 0, "started": False, **extra}  # fmt: skip
+    return {
+        "name": c["name"],
+        "image": c["image"],
+        "imageID": "",
+        "state": state,
+        "lastState": {},
+        "ready": False,
+        "restartCount": 0,
+        "started": False,
+        **extra,
+    }
 
 
 def _condition(kind: str, ok: bool, reason: str | None = None, message: str | None = None) -> dict[str, Any]:
@@ -60,6 +69,7 @@ class Kubelet:
         self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fake-kubelet")
         self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.containers: dict[tuple[str, str], str] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
@@ -68,6 +78,12 @@ class Kubelet:
         pod = self.store.get(ns, name)
         change(pod)
         return self.store.update(ns, name, pod)
+
+    def background(self, coroutine: Any) -> None:
+        """Run ``coroutine`` on the loop, keeping a reference so it is not collected mid-way."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def start(self, pod: dict[str, Any]) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -85,8 +101,11 @@ class Kubelet:
                 reasons.append(f"1 Insufficient {resource}")
         if not reasons:
             return None
-        why = "Preemption is not helpful for scheduling" if len(reasons) == 1 and "selector" in reasons[0] else (
-            "No preemption victims found for incoming pod")  # fmt: skip
+        why = (
+            "Preemption is not helpful for scheduling"
+            if len(reasons) == 1 and "selector" in reasons[0]
+            else ("No preemption victims found for incoming pod")
+        )
         return f"0/1 nodes are available: {', '.join(sorted(reasons))}. preemption: 0/1 nodes are available: 1 {why}."
 
     @staticmethod
@@ -100,17 +119,18 @@ class Kubelet:
 
     # -- the pod's life -------------------------------------------------------------------------
     async def _run(self, ns: str, name: str) -> None:
-        try:
+        with contextlib.suppress(ApiError):  # the pod was deleted under us
             await self._live(ns, name)
-        except ApiError:
-            pass  # the pod was deleted under us
 
     async def _live(self, ns: str, name: str) -> None:
         pod = self.store.get(ns, name)
         message = self._unschedulable(pod)
         if message:
-            self._patch_status(ns, name, lambda p: p["status"].update(
-                conditions=[_condition("PodScheduled", False, "Unschedulable", message)]))  # fmt: skip
+            self._patch_status(
+                ns,
+                name,
+                lambda p: p["status"].update(conditions=[_condition("PodScheduled", False, "Unschedulable", message)]),
+            )
             return
 
         def bind(p: dict[str, Any]) -> None:
@@ -127,8 +147,13 @@ class Kubelet:
         deadline = pod["spec"].get("activeDeadlineSeconds")
         if deadline:
             asyncio.get_running_loop().call_later(
-                float(deadline), lambda: asyncio.ensure_future(self.fail(ns, name, "DeadlineExceeded",
-                "Pod was active on the node longer than the specified deadline")))  # fmt: skip
+                float(deadline),
+                lambda: self.background(
+                    self.fail(
+                        ns, name, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+                    )
+                ),
+            )
         backoff = self.node.crash_backoff
         restarts = 0
         while True:
@@ -141,16 +166,28 @@ class Kubelet:
             state = container.attrs["State"]
             code = state["ExitCode"]
             reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
-            terminated = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started,
-                          "finishedAt": state["FinishedAt"], "containerID": f"docker://{container.id}"}}  # fmt: skip
+            terminated = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": reason,
+                    "startedAt": started,
+                    "finishedAt": state["FinishedAt"],
+                    "containerID": f"docker://{container.id}",
+                }
+            }
             policy = pod["spec"].get("restartPolicy", "Always")
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 phase = "Succeeded" if code == 0 else "Failed"
                 self._set_container(ns, name, terminated, ready=False, restarts=restarts, phase=phase)
                 return
             restarts += 1
-            waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {backoff:g}s restarting "
-                       f"failed container={spec['name']} pod={name}_{ns}({pod['metadata']['uid']})"}}  # fmt: skip
+            waiting = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {backoff:g}s restarting "
+                    f"failed container={spec['name']} pod={name}_{ns}({pod['metadata']['uid']})",
+                }
+            }
             self._set_container(ns, name, waiting, ready=False, restarts=restarts, last=terminated)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
@@ -172,8 +209,17 @@ class Kubelet:
         self._set_container(ns, name, {"waiting": {"reason": "ImagePullBackOff", "message": message}})
         return False
 
-    def _set_container(self, ns: str, name: str, state: dict[str, Any], *, ready: bool = False, restarts: int = 0,
-                       last: dict[str, Any] | None = None, phase: str | None = None) -> None:  # fmt: skip
+    def _set_container(
+        self,
+        ns: str,
+        name: str,
+        state: dict[str, Any],
+        *,
+        ready: bool = False,
+        restarts: int = 0,
+        last: dict[str, Any] | None = None,
+        phase: str | None = None,
+    ) -> None:
         def change(pod: dict[str, Any]) -> None:
             c = pod["spec"]["containers"][0]
             cs = _container_status(c, state, ready=ready, restartCount=restarts, started="running" in state)
@@ -261,8 +307,9 @@ class Kubelet:
         with contextlib.suppress(ApiError):
             self.store.delete(ns, name)
 
-    async def _remove_container(self, ns: str, name: str, *, grace: int = 0, kill: bool = False,
-                                keep: bool = False) -> None:  # fmt: skip
+    async def _remove_container(
+        self, ns: str, name: str, *, grace: int = 0, kill: bool = False, keep: bool = False
+    ) -> None:
         cid = self.containers.get((ns, name)) if keep else self.containers.pop((ns, name), None)
         if not cid:
             return

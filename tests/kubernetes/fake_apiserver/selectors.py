@@ -68,6 +68,9 @@ def field_selector(selector: str | None) -> Predicate:
         field, op, value = m.groups()
         if field not in _FIELDS:
             raise ApiError(400, "BadRequest", f'field label not supported: "{field}"')
-        get = _FIELDS[field]
-        checks.append((lambda o, g=get, v=value: g(o) != v) if op == "!=" else (lambda o, g=get, v=value: g(o) == v))
+        checks.append(_field_check(_FIELDS[field], op == "!=", value))
     return lambda obj: all(c(obj) for c in checks)
+
+
+def _field_check(get: Callable[[dict[str, Any]], str], negate: bool, value: str) -> Predicate:
+    return lambda obj: (get(obj) == value) != negate

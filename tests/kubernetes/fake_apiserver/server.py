@@ -24,8 +24,14 @@ class FakeKubernetes:
     """A FAKE Kubernetes API server for tests; pods are Docker containers labelled
     ``io.sandboxes.fake-k8s=<instance>`` (plus ``container_labels``) so a sweep finds them."""
 
-    def __init__(self, docker: Any, *, namespaces: tuple[str, ...] = ("default",), node: NodeConfig | None = None,
-                 container_labels: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        docker: Any,
+        *,
+        namespaces: tuple[str, ...] = ("default",),
+        node: NodeConfig | None = None,
+        container_labels: dict[str, str] | None = None,
+    ) -> None:
         self.instance = uuid.uuid4().hex[:12]
         self.labels = {LABEL: self.instance, **(container_labels or {})}
         self.store = Store()
@@ -41,8 +47,15 @@ class FakeKubernetes:
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         app = build_app(self.store, self.kubelet, self.namespaces)
-        config = uvicorn.Config(app, log_level="warning", ws="websockets-sansio", ws_per_message_deflate=False,
-                                http="httptools", lifespan="off", ws_ping_interval=None)  # fmt: skip
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            ws="websockets-sansio",
+            ws_per_message_deflate=False,
+            http="httptools",
+            lifespan="off",
+            ws_ping_interval=None,
+        )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
 

@@ -271,3 +271,79 @@ def test_exec_binary_stdout(core_v1: Any, pod: str) -> None:
     ws.run_forever(timeout=60)
     assert ws.read_stdout() == bytes(range(256)) * 16384
     assert ws.returncode == 0
+
+
+def test_unschedulable_requests_above_allocatable(core_v1: Any) -> None:
+    name = f"big-{uuid.uuid4().hex[:6]}"
+    body = pod_body(name, container={"resources": {"requests": {"memory": "100Gi"}}})
+    core_v1.create_namespaced_pod(NS, body)
+    pod = wait_for(core_v1, name, lambda p: any(c.reason == "Unschedulable" for c in p.status.conditions or []))
+    assert "1 Insufficient memory" in pod.status.conditions[0].message
+    core_v1.delete_namespaced_pod(name, NS)
+
+
+def test_oom_killed(core_v1: Any) -> None:
+    name = f"oom-{uuid.uuid4().hex[:6]}"
+    command = ["python3", "-c", "b = bytearray(1 << 30)"]
+    core_v1.create_namespaced_pod(NS, pod_body(name, restartPolicy="Never", container={"command": command}))
+    pod = wait_for(core_v1, name, lambda p: p.status.phase == "Failed")
+    assert pod.status.container_statuses[0].state.terminated.reason == "OOMKilled"
+    core_v1.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_relabelled_pod_leaves_a_selective_watch(core_v1: Any, pod: str) -> None:
+    pods = core_v1.list_namespaced_pod(NS, label_selector=f"run={pod}")
+    core_v1.patch_namespaced_pod(pod, NS, {"metadata": {"labels": {"run": "elsewhere"}}})
+    w = watch.Watch()
+    events = w.stream(
+        core_v1.list_namespaced_pod,
+        NS,
+        label_selector=f"run={pod}",
+        resource_version=pods.metadata.resource_version,
+        timeout_seconds=10,
+    )
+    first = next(iter(events))
+    w.stop()
+    assert first["type"] == "DELETED"
+    assert first["object"].metadata.labels["run"] == "elsewhere"
+
+
+def test_unsupported_subprotocol_is_refused(fake_kubernetes: FakeKubernetes, pod: str) -> None:
+    import websocket
+
+    url = (
+        fake_kubernetes.url.replace("http", "ws") + f"/api/v1/namespaces/{NS}/pods/{pod}/exec?command=true&stdout=true"
+    )
+    with pytest.raises(websocket.WebSocketBadStatusException) as exc:
+        websocket.create_connection(url, subprotocols=["base64.channel.k8s.io"])
+    assert exc.value.status_code == 400
+
+
+def test_closing_the_stream_kills_the_command(core_v1: Any, pod: str) -> None:
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sleep", "4321"],
+        stdout=True,
+        stderr=True,
+        stdin=True,
+        tty=False,
+        _preload_content=False,
+    )
+    ws.close()
+    # The pattern is built at run time so that the probe's own command line does not match it.
+    probe = 'for i in $(seq 100); do n=43; pgrep -f "^sleep ${n}21" >/dev/null || exit 0; sleep 0.1; done; exit 1'
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sh", "-c", probe],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+        _preload_content=False,
+    )
+    ws.run_forever(timeout=30)
+    assert ws.returncode == 0

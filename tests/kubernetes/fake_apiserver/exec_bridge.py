@@ -76,8 +76,12 @@ async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
     pump_in.cancel()
     pump_out.cancel()
     inspect = await kubelet.blocking(api.exec_inspect, exec_id)
-    for _ in range(1000):  # the engine reports the exit a moment after the stream's end
-        if not inspect["Running"] or client_gone:
+    # The engine reports an exit a moment after the stream's end, and a start (and its pid) a
+    # moment after the attach: wait until the process has ended, or (client gone) has a pid to kill.
+    for _ in range(1000):
+        if (inspect["Running"] and inspect["Pid"] and client_gone) or (
+            not inspect["Running"] and inspect["ExitCode"] is not None
+        ):
             break
         await asyncio.sleep(0.01)
         inspect = await kubelet.blocking(api.exec_inspect, exec_id)

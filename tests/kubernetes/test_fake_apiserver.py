@@ -347,3 +347,18 @@ def test_closing_the_stream_kills_the_command(core_v1: Any, pod: str) -> None:
     )
     ws.run_forever(timeout=30)
     assert ws.returncode == 0
+
+
+def test_exec_with_a_long_command_line(core_v1: Any, pod: str) -> None:
+    """The exec helper travels as ``python3 -c <script>``: tens of KiB in the query string."""
+    out = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sh", "-c", "printf %s " + "x" * 40000 + " | wc -c"],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+    )
+    assert out.strip() == "40000"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+import websockets.http11
 
 from .app import build_app
 from .kubelet import LABEL, Kubelet, NodeConfig
@@ -43,6 +44,9 @@ class FakeKubernetes:
         self.url = ""
 
     def start(self) -> FakeKubernetes:
+        # The exec helper travels in the query string (``command=python3&command=-c&command=...``):
+        # the real API server reads request lines of up to 1 MiB, the websockets library 8 KiB.
+        websockets.http11.MAX_LINE_LENGTH = max(websockets.http11.MAX_LINE_LENGTH, 1 << 20)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -1,0 +1,327 @@
+"""The FAKE node of the FAKE API server: a one-node "scheduler" and "kubelet" that run each pod
+as one Docker container with the pod's security settings mapped to Docker's, and report the pod
+status a real kubelet would (Pending -> Running/Ready -> Succeeded/Failed, ErrImagePull,
+Unschedulable, CrashLoopBackOff, OOMKilled). A test double only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .store import ApiError, Store, now
+
+__all__ = ["Kubelet", "NodeConfig", "quantity"]
+
+LABEL = "io.sandboxes.fake-k8s"
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "m": 1e-3}
+
+
+def quantity(text: str | int | float) -> float:
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
+    if not m or (m.group(2) and m.group(2) not in _UNITS):
+        raise ValueError(f"quantities must match the regular expression: {text!r}")
+    return float(m.group(1)) * _UNITS.get(m.group(2), 1)
+
+
+class NodeConfig(BaseModel):
+    name: str = "fake-node"
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"kubernetes.io/hostname": "fake-node", "kubernetes.io/os": "linux"}
+    )
+    allocatable_cpu: str = "2"
+    allocatable_memory: str = "4Gi"
+    crash_backoff: float = 0.2
+    """First back-off before restarting a crashed container (a real kubelet: 10 s, doubling)."""
+
+
+def _container_status(c: dict[str, Any], state: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": c["name"],
+        "image": c["image"],
+        "imageID": "",
+        "state": state,
+        "lastState": {},
+        "ready": False,
+        "restartCount": 0,
+        "started": False,
+        **extra,
+    }
+
+
+def _condition(kind: str, ok: bool, reason: str | None = None, message: str | None = None) -> dict[str, Any]:
+    cond = {"type": kind, "status": "True" if ok else "False", "lastProbeTime": None, "lastTransitionTime": now()}
+    if reason:
+        cond["reason"] = reason
+    if message:
+        cond["message"] = message
+    return cond
+
+
+class Kubelet:
+    def __init__(self, store: Store, docker: Any, node: NodeConfig, labels: dict[str, str]) -> None:
+        self.store, self.docker, self.node, self.labels = store, docker, node, labels
+        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fake-kubelet")
+        self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.containers: dict[tuple[str, str], str] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
+
+    def _patch_status(self, ns: str, name: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        pod = self.store.get(ns, name)
+        change(pod)
+        return self.store.update(ns, name, pod)
+
+    def background(self, coroutine: Any) -> None:
+        """Run ``coroutine`` on the loop, keeping a reference so it is not collected mid-way."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def start(self, pod: dict[str, Any]) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        self.tasks[key] = asyncio.get_running_loop().create_task(self._run(*key))
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def _unschedulable(self, pod: dict[str, Any]) -> str | None:
+        reasons = []
+        selector = pod["spec"].get("nodeSelector") or {}
+        if any(self.node.labels.get(k) != v for k, v in selector.items()):
+            reasons.append("1 node(s) didn't match Pod's node affinity/selector")
+        for resource, allocatable in (("cpu", self.node.allocatable_cpu), ("memory", self.node.allocatable_memory)):
+            used = sum(self._requests(p, resource) for p in self.store.items(None) if p["spec"].get("nodeName"))
+            if used + self._requests(pod, resource) > quantity(allocatable):
+                reasons.append(f"1 Insufficient {resource}")
+        if not reasons:
+            return None
+        why = (
+            "Preemption is not helpful for scheduling"
+            if len(reasons) == 1 and "selector" in reasons[0]
+            else ("No preemption victims found for incoming pod")
+        )
+        return f"0/1 nodes are available: {', '.join(sorted(reasons))}. preemption: 0/1 nodes are available: 1 {why}."
+
+    @staticmethod
+    def _requests(pod: dict[str, Any], resource: str) -> float:
+        total = 0.0
+        for c in pod["spec"]["containers"]:
+            res = c.get("resources") or {}
+            value = (res.get("requests") or {}).get(resource) or (res.get("limits") or {}).get(resource)
+            total += quantity(value) if value else 0.0
+        return total
+
+    # -- the pod's life -------------------------------------------------------------------------
+    async def _run(self, ns: str, name: str) -> None:
+        with contextlib.suppress(ApiError):  # the pod was deleted under us
+            await self._live(ns, name)
+
+    async def _live(self, ns: str, name: str) -> None:
+        pod = self.store.get(ns, name)
+        message = self._unschedulable(pod)
+        if message:
+            self._patch_status(
+                ns,
+                name,
+                lambda p: p["status"].update(conditions=[_condition("PodScheduled", False, "Unschedulable", message)]),
+            )
+            return
+
+        def bind(p: dict[str, Any]) -> None:
+            p["spec"]["nodeName"] = self.node.name
+            p["status"].update(conditions=[_condition("PodScheduled", True)], startTime=now(), hostIP="127.0.0.1")
+
+        pod = self._patch_status(ns, name, bind)
+        spec = pod["spec"]["containers"][0]
+        self._set_container(ns, name, {"waiting": {"reason": "ContainerCreating"}}, ready=False)
+        if not await self._image_present(ns, name, spec):
+            return
+        container = await self.blocking(self._create, pod)
+        self.containers[ns, name] = container.id
+        deadline = pod["spec"].get("activeDeadlineSeconds")
+        if deadline:
+            asyncio.get_running_loop().call_later(
+                float(deadline),
+                lambda: self.background(
+                    self.fail(
+                        ns, name, "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+                    )
+                ),
+            )
+        backoff = self.node.crash_backoff
+        restarts = 0
+        while True:
+            await self.blocking(container.start)
+            await self.blocking(container.reload)
+            started = container.attrs["State"]["StartedAt"]
+            self._set_container(ns, name, {"running": {"startedAt": started}}, ready=True, restarts=restarts)
+            await self.blocking(container.wait)
+            await self.blocking(container.reload)
+            state = container.attrs["State"]
+            code = state["ExitCode"]
+            reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
+            terminated = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": reason,
+                    "startedAt": started,
+                    "finishedAt": state["FinishedAt"],
+                    "containerID": f"docker://{container.id}",
+                }
+            }
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                phase = "Succeeded" if code == 0 else "Failed"
+                self._set_container(ns, name, terminated, ready=False, restarts=restarts, phase=phase)
+                return
+            restarts += 1
+            waiting = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {backoff:g}s restarting "
+                    f"failed container={spec['name']} pod={name}_{ns}({pod['metadata']['uid']})",
+                }
+            }
+            self._set_container(ns, name, waiting, ready=False, restarts=restarts, last=terminated)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _image_present(self, ns: str, name: str, spec: dict[str, Any]) -> bool:
+        image = spec["image"]
+        try:
+            await self.blocking(self.docker.images.get, image)
+            return True
+        except Exception as exc:
+            error = f'Failed to pull image "{image}": rpc error: code = NotFound desc = {exc}'
+        if spec.get("imagePullPolicy") == "Never":
+            message = f'Container image "{image}" is not present with pull policy of Never'
+            self._set_container(ns, name, {"waiting": {"reason": "ErrImageNeverPull", "message": message}})
+            return False
+        self._set_container(ns, name, {"waiting": {"reason": "ErrImagePull", "message": error}})
+        await asyncio.sleep(self.node.crash_backoff)
+        message = f'Back-off pulling image "{image}"'
+        self._set_container(ns, name, {"waiting": {"reason": "ImagePullBackOff", "message": message}})
+        return False
+
+    def _set_container(
+        self,
+        ns: str,
+        name: str,
+        state: dict[str, Any],
+        *,
+        ready: bool = False,
+        restarts: int = 0,
+        last: dict[str, Any] | None = None,
+        phase: str | None = None,
+    ) -> None:
+        def change(pod: dict[str, Any]) -> None:
+            c = pod["spec"]["containers"][0]
+            cs = _container_status(c, state, ready=ready, restartCount=restarts, started="running" in state)
+            if last:
+                cs["lastState"] = last
+            if cid := self.containers.get((ns, name)):
+                cs["containerID"] = f"docker://{cid}"
+            status = pod["status"]
+            status["containerStatuses"] = [cs]
+            status["phase"] = phase or ("Running" if "running" in state or restarts else "Pending")
+            status["conditions"] = [
+                _condition("Initialized", True),
+                _condition("Ready", ready, None if ready else "ContainersNotReady"),
+                _condition("ContainersReady", ready, None if ready else "ContainersNotReady"),
+                _condition("PodScheduled", True),
+            ]
+
+        self._patch_status(ns, name, change)
+
+    def _create(self, pod: dict[str, Any]) -> Any:
+        meta, spec = pod["metadata"], pod["spec"]
+        c = spec["containers"][0]
+        psc, csc = spec.get("securityContext") or {}, c.get("securityContext") or {}
+        uid = csc.get("runAsUser", psc.get("runAsUser"))
+        gid = csc.get("runAsGroup", psc.get("runAsGroup"))
+        user = None if uid is None else (f"{uid}:{gid}" if gid is not None else str(uid))
+        caps = csc.get("capabilities") or {}
+        security_opt = ["no-new-privileges"] if csc.get("allowPrivilegeEscalation") is False else []
+        tmpfs = {}
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        for mount in c.get("volumeMounts") or []:
+            empty_dir = volumes[mount["name"]].get("emptyDir") or {}
+            size = f",size={int(quantity(empty_dir['sizeLimit']))}" if empty_dir.get("sizeLimit") else ""
+            tmpfs[mount["mountPath"]] = f"mode=1777{size}"
+        limits = (c.get("resources") or {}).get("limits") or {}
+        memory = int(quantity(limits["memory"])) if "memory" in limits else None
+        return self.docker.containers.create(
+            c["image"],
+            entrypoint=c.get("command"),
+            command=c.get("args"),
+            environment={e["name"]: e.get("value", "") for e in c.get("env") or []},
+            working_dir=c.get("workingDir"),
+            user=user,
+            group_add=[str(g) for g in psc.get("supplementalGroups") or []] or None,
+            read_only=bool(csc.get("readOnlyRootFilesystem")),
+            cap_drop=caps.get("drop"),
+            cap_add=caps.get("add"),
+            security_opt=security_opt or None,
+            tmpfs=tmpfs or None,
+            mem_limit=memory,
+            memswap_limit=memory,
+            nano_cpus=int(quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
+            network_mode="none",
+            hostname=meta["name"][:63],
+            labels={**self.labels, f"{LABEL}.pod": f"{meta['namespace']}.{meta['name']}"},
+            stdin_open=bool(c.get("stdin")),
+            tty=bool(c.get("tty")),
+        )
+
+    # -- endings --------------------------------------------------------------------------------
+    async def fail(self, ns: str, name: str, reason: str, message: str) -> None:
+        """End a pod as the node does for a deadline or an eviction: Failed with this reason."""
+        task = self.tasks.pop((ns, name), None)
+        if task:
+            task.cancel()
+        await self._remove_container(ns, name, kill=True, keep=True)
+
+        def change(pod: dict[str, Any]) -> None:
+            pod["status"].update(phase="Failed", reason=reason, message=message)
+            for cs in pod["status"].get("containerStatuses") or []:
+                cs.update(ready=False, started=False, state={"terminated": {"exitCode": 137, "reason": "Error"}})
+            for cond in pod["status"].get("conditions") or []:
+                if cond["type"] in ("Ready", "ContainersReady"):
+                    cond["status"] = "False"
+
+        with contextlib.suppress(ApiError):
+            self._patch_status(ns, name, change)
+
+    async def terminate(self, ns: str, name: str, grace: int) -> None:
+        """Stop the pod's container (SIGTERM, SIGKILL after ``grace``) and remove the pod."""
+        task = self.tasks.pop((ns, name), None)
+        if task:
+            task.cancel()
+        await self._remove_container(ns, name, grace=grace)
+        with contextlib.suppress(ApiError):
+            self.store.delete(ns, name)
+
+    async def _remove_container(
+        self, ns: str, name: str, *, grace: int = 0, kill: bool = False, keep: bool = False
+    ) -> None:
+        cid = self.containers.get((ns, name)) if keep else self.containers.pop((ns, name), None)
+        if not cid:
+            return
+        with contextlib.suppress(Exception):
+            container = await self.blocking(self.docker.containers.get, cid)
+            await self.blocking(container.kill if kill else container.stop, **({} if kill else {"timeout": grace}))
+            if not keep:
+                await self.blocking(container.remove, force=True, v=True)
+
+    async def shutdown(self) -> None:
+        for ns, name in list(self.tasks):
+            await self.terminate(ns, name, 0)
+        for key in list(self.containers):
+            await self._remove_container(*key)
+        self.pool.shutdown(wait=False)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import shlex
 
+from sandboxes._kill import KILL_MARKED_SH
+
 EXIT_NOT_FOUND = 10
 EXIT_IS_DIRECTORY = 11
 EXIT_PERMISSION = 12
@@ -276,20 +278,9 @@ rules apply: it must find what ``find`` finds; binary files are skipped as ``gre
 Otherwise POSIX tools: the candidate files NUL-terminated (so the parser can tell where a name
 ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
 
-KILL_MARKED = r"""kill_marked() {
-  [ -n "$1" ] || return 1  # an empty marker would match every command's processes
-  r=0
-  while [ "$r" -lt 20 ]; do
-    r=$((r + 1)); n=0
-    for d in /proc/[0-9]*; do
-      p=${d#/proc/}; [ "$p" = "$$" ] && continue
-      if grep -q "SANDBOXES_EXEC_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null; n=1; fi
-    done
-    [ "$n" = 0 ] && break
-  done
-  kill_orphans
-}
-kill_orphans() {
+KILL_MARKED = (
+    KILL_MARKED_SH
+    + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
   r=0
   while [ "$r" -lt 20 ]; do
@@ -305,9 +296,10 @@ kill_orphans() {
   done
 }
 """
-"""Kill every process carrying marker ``$1``, rescanning until none is left (a process may
-fork while /proc is being read); then, in a container (the shell's parent is outside its pid
-namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
+)
+"""``kill_marked MARKER`` (`sandboxes._kill`: every process carrying the marker, stopped then
+killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
+is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
 other children), every orphan the init adopted but its own command (its oldest child), in
 rounds: what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
 caller must not carry the marker itself."""
@@ -318,7 +310,7 @@ RUN_IN = (
 /bin/sh -c "$2"
 s=$?
 m=$SANDBOXES_EXEC_ID; unset SANDBOXES_EXEC_ID
-[ -n "$m" ] && kill_marked "$m"
+[ -n "$m" ] && { kill_marked "$m"; kill_orphans; }
 exit "$s"
 """
 )

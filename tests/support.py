@@ -5,11 +5,15 @@ import ...`` finds whichever was loaded last)."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-__all__ = ["IN_CI", "SESSION_OWNER", "needs"]
+__all__ = ["FORKING_TREES", "IN_CI", "SESSION_OWNER", "assert_one_kill_ends_forking_trees", "needs"]
 
 IN_CI = os.environ.get("CI") == "true"
 SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
@@ -23,3 +27,34 @@ def needs(ready: bool, reason: str) -> None:
         if IN_CI:
             pytest.fail(f"CI must run this test: {reason}")
         pytest.skip(reason)
+
+
+FORKING_TREES = (
+    'f=\'i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait\'; sh -c "$f" & setsid sh -c "$f" & wait'
+)
+"""Two trees that keep forking for seconds, one of them out of the session (``setsid``);
+bounded, so that a failed kill cannot take a shared machine's pids for long."""
+
+
+def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], object]) -> None:
+    """Start `FORKING_TREES` in ``sandbox`` under a marker of the caller's (as the service does),
+    wait until they have forked, ``kill(marker)`` once: no process may carry the marker after."""
+    from sandboxes._kill import MARKER_ENV
+
+    token = uuid.uuid4().hex
+    count = f"grep -lsxzF -e '{MARKER_ENV}={token}' /proc/[0-9]*/environ | wc -l"
+    runner = threading.Thread(
+        target=sandbox.execute, args=(FORKING_TREES,), kwargs={"env": {MARKER_ENV: token}, "timeout": 120}
+    )
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while int(sandbox.execute(count).output.strip() or 0) < 50:
+            assert time.monotonic() < deadline, "the trees did not start forking"
+            time.sleep(0.05)
+        kill(token)
+        assert sandbox.execute(count).output.strip() == "0"
+    finally:
+        kill(token)
+        runner.join(60)
+    assert not runner.is_alive(), "the command outlived the kill of its tree"

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SESSION_OWNER
+from support import SESSION_OWNER, assert_one_kill_ends_forking_trees
 from testcontainers.core.image import DockerImage
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
+from sandboxes._kill import KILL_MARKED_SH
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.testing import SandboxConformance
 
@@ -101,3 +103,11 @@ def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) ->
     sandbox.destroy()
     sandbox.destroy()
     assert docker_client.containers.list(all=True, filters={"id": sandbox.id}) == []
+
+
+@pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
+def test_one_kill_ends_a_tree_that_keeps_forking(which: str, request: pytest.FixtureRequest) -> None:
+    """The service's kill of a Docker command: the shared script, run once in the container."""
+    sandbox: DockerSandbox = request.getfixturevalue(which)
+    kill = KILL_MARKED_SH + 'kill_marked "$1"'
+    assert_one_kill_ends_forking_trees(sandbox, lambda token: sandbox.execute(_scripts.command(kill, token)))

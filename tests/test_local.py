@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support import assert_one_kill_ends_forking_trees
 
 from sandboxes import protocol as p
+from sandboxes._kill import kill_marked
 from sandboxes.composite import CompositeBackend
 from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning
 from sandboxes.state import StateBackend
@@ -445,3 +447,9 @@ def test_what_a_killed_owner_left_is_removed_by_the_next_process(tmp_path: Path)
         assert live._jail.state.is_dir()
     finally:
         live.close()
+
+
+def test_one_kill_ends_a_tree_that_keeps_forking_in_the_jail(helper_sandbox: LocalSandbox) -> None:
+    """The service's kill of a local command: one `kill_marked` from the host, which sees the
+    jail's processes (the helper takes the caller's marker as the command's own)."""
+    assert_one_kill_ends_forking_trees(helper_sandbox, kill_marked)

@@ -15,8 +15,11 @@ from typing import Any
 import paramiko
 import pytest
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
+from support import assert_one_kill_ends_forking_trees
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
+from sandboxes._kill import KILL_MARKED_SH
 from sandboxes.local import NotIsolatedWarning
 from sandboxes.ssh import (
     SSHAuthenticationError,
@@ -412,3 +415,11 @@ def test_destroy_of_a_shared_user_workspace_already_gone_is_fine(ssh_vm: SSHVM) 
     attached = SSHSandbox.attach(config, sandbox.workspace)
     attached.destroy()  # a workspace already gone: still fine
     attached.destroy()
+
+
+@pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
+def test_one_kill_ends_a_tree_that_keeps_forking(which: str, request: pytest.FixtureRequest) -> None:
+    """A kill of an SSH command: the shared script, run once as the sandbox's user."""
+    sandbox: SSHSandbox = request.getfixturevalue(which)
+    kill = KILL_MARKED_SH + 'kill_marked "$1"'
+    assert_one_kill_ends_forking_trees(sandbox, lambda token: sandbox.execute(_scripts.command(kill, token)))

@@ -4,7 +4,8 @@
 it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
 
 Two ways to find a command's processes: its marker (an environment entry every descendant
-inherits unless it drops it), and adoption: what escaped its group and dropped its marker is an
+inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped before this file),
+and adoption: what escaped its group and dropped its marker is an
 orphan, adopted by the helper (a subreaper) or by the container's init. See "Orphans" in the
 helper's docstring for what is killed and why.
 """
@@ -15,47 +16,6 @@ import signal
 import time
 
 SWEEP_ROUNDS = 20
-
-
-def _marked_pids(needle):
-    """Pids whose environment holds the entry ``needle`` (NUL-delimited)."""
-    me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            fd = os.open("/proc/%s/environ" % entry, os.O_RDONLY)
-        except OSError:
-            continue
-        chunks = [b"\0"]
-        try:
-            while True:
-                chunk = os.read(fd, 32768)  # below malloc's mmap threshold: ~1 us, not ~15
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        chunks.append(b"\0")
-        if needle in b"".join(chunks):
-            found.append(int(entry))
-    return found
-
-
-def kill_marked(marker):
-    needle = b"\0SANDBOXES_EXEC_ID=" + marker.encode() + b"\0"
-    for _ in range(SWEEP_ROUNDS):  # repeat: a process may fork while /proc is being scanned
-        pids = _marked_pids(needle)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def _children(pid):

@@ -5,17 +5,18 @@
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
 command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
 and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped after `_reap`
-(``SERVER_SOURCE`` is both files, one script), whose ``kill_marked``, ``kill_orphans`` and
-``_container_main`` it calls.
+(``SERVER_SOURCE`` is those files and `sandboxes._kill`, one script), whose ``kill_marked``,
+``kill_orphans`` and ``_container_main`` it calls.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill
   helper -> client: H hello (JSON), A accepted (sent BEFORE the command is started, so a client
                     that never saw it knows the command never ran), O output bytes,
                     X exit (JSON {code, timed_out}), E error text
-Every command runs in its own session with a marker in its environment; a timeout or a kill
-takes down its process group and every process still carrying the marker, which catches
-descendants that called setsid or double-forked.
+Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
+the caller's value when its env has one, as the service's does); a timeout or a kill takes down
+its process group and every process still carrying the marker, which catches descendants that
+called setsid or double-forked.
 
 Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid ...``), and a
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
@@ -288,8 +289,9 @@ def _strays():
 class Command(object):
     def __init__(self, ident, spec):
         self.ident = ident
-        self.marker = "%s-%d" % (_session, ident)
-        self.needle = ("\0SANDBOXES_EXEC_ID=%s\0" % self.marker).encode()
+        given = (spec.get("env") or {}).get(MARKER_ENV)
+        self.marker = given or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
+        self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         self.killed = False
         self.timed_out = False
         self.finished = False
@@ -303,7 +305,7 @@ class Command(object):
         self.deadline = time.monotonic() + timeout if timeout else None
         env = dict(_base_env)
         env.update(spec.get("env") or {})
-        env["SANDBOXES_EXEC_ID"] = self.marker
+        env[MARKER_ENV] = self.marker
         self.pid, self.out_fd, self.in_fd = _spawn(spec["command"], env, spec.get("cwd"), bool(spec.get("stdin")))
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 

@@ -30,9 +30,12 @@ stream (a command writing into the helper's stdout), which is dropped before a b
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
 _KINDS = frozenset(b"HAOXE")
 _HERE = Path(__file__).parent
-SERVER_SOURCE = "\n".join((_HERE / name).read_text(encoding="utf-8") for name in ("_reap.py", "_server.py"))
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Two files, one
-script: the helper (`_server`) and how it finds and kills processes (`_reap`)."""
+SERVER_SOURCE = "\n".join(
+    path.read_text(encoding="utf-8") for path in (_HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_server.py")
+)
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Three files, one
+script: the helper (`_server`), how it finds what commands left behind (`_reap`), and the one
+process-tree kill every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
+from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
@@ -264,13 +265,13 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     ) -> p.ExecuteResponse:
         """One ``docker exec`` for one command: the slow path, for images without python3."""
         api = self.client.api
-        marker = uuid.uuid4().hex
+        marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
         started = time.monotonic()
         exec_id = api.exec_create(
             self.id,
             ["/bin/sh", "-c", _scripts.command(_scripts.RUN_IN, cwd, command)],
             stdin=stdin is not None,
-            environment={**env, **self._reap_env, "SANDBOXES_EXEC_ID": marker},
+            environment={**env, **self._reap_env, MARKER_ENV: marker},
             user=self.config.user,
         )["Id"]
         stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
@@ -305,7 +306,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
 
     def _kill_marked(self, marker: str) -> None:
-        self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker))
+        self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"; kill_orphans', marker))
 
     def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
         """(exit code, output) of an internal script in its own ``docker exec``, bounded.

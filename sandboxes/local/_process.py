@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sandboxes import _kill
 from sandboxes._output import OutputBuffer
 
 _DRAIN_GRACE = 0.2
@@ -116,30 +117,8 @@ def kill_tree(pid: int, marker: tuple[str, str] | None) -> None:
 
 
 def kill_marked(marker: tuple[str, str] | None) -> None:
-    if marker is None:
-        return
-    for _ in range(20):  # repeat: a process may fork while /proc is being scanned
-        survivors = _processes_with_env(*marker)
-        if not survivors:
-            return
-        for other in survivors:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(other, signal.SIGKILL)
-
-
-def _processes_with_env(name: str, value: str) -> list[int]:
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\x00"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    if marker is not None:
+        _kill.kill_marked(marker[1], marker[0])
 
 
 def _pump(stream: object, output: OutputBuffer, on_output: Callable[[bytes], None] | None = None) -> None:

@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
+from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation, StreamingSandbox
@@ -233,7 +234,7 @@ class LocalSandbox(StreamingSandbox):
         on_output: Callable[[bytes], None] | None,
     ) -> p.ExecuteResponse:
         """One process (one bwrap, when isolated) for this command alone: the fallback."""
-        marker = ("SANDBOXES_EXEC_ID", uuid.uuid4().hex)
+        marker = (MARKER_ENV, environment.get(MARKER_ENV) or uuid.uuid4().hex)  # the caller's own, if given
         pass_fds: tuple[int, ...] = ()
         fresh: tuple[int, ...] = ()
         if self._jail is None:

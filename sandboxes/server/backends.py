@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import stat
 import time
 import uuid
@@ -21,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from sandboxes import _scripts
+from sandboxes import _kill, _scripts
 from sandboxes.base import BaseSandbox
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
@@ -36,15 +35,13 @@ LABEL_TENANT = "io.sandboxes.tenant"
 LABEL_TEMPLATE = "io.sandboxes.template"
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the container so a restart without state recovers them."""
-MARKER_ENV = "SANDBOXES_PROCESS_ID"
-"""Set on every background or streamed command: all its descendants inherit it, which is how
-its whole tree is found and killed, even the parts that left its process group."""
+MARKER_ENV = _kill.MARKER_ENV
+"""Set on every command the service runs, with a token of its own: all its descendants inherit
+it, which is how its whole tree is found and killed, even the parts that left its process group
+(the backends take the caller's marker as the command's own)."""
 ORPHAN_VOLUME_GRACE = 60.0
 
-_KILL_MARKED = r"""for d in /proc/[0-9]*; do
-  if grep -q "SANDBOXES_PROCESS_ID=$1" "$d/environ" 2>/dev/null; then kill -9 "${d#/proc/}" 2>/dev/null; fi
-done; exit 0
-"""
+_KILL_MARKED = _kill.KILL_MARKED_SH + 'kill_marked "$1"\n'
 
 Adopted = tuple[SandboxState, BaseSandbox]
 
@@ -231,19 +228,8 @@ class LocalBackend(Backend):
 
     def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
         # Commands share their sandbox's jail, but the host sees every jail's processes and
-        # their environments (the exec helper passes the marker on to each command).
-        needle = f"{MARKER_ENV}={token}".encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    marked = needle in fh.read().split(b"\x00")
-            except OSError:
-                continue
-            if marked:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(entry), signal.SIGKILL)
+        # their environments (the exec helper takes the token as the command's marker).
+        _kill.kill_marked(token, MARKER_ENV)
 
     def _root(self, sandbox: BaseSandbox) -> str:
         return str(getattr(sandbox, "root"))  # noqa: B009 - LocalSandbox's root

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
+from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
@@ -68,7 +69,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_RUN = r"""cwd=$1; marker=$2; cmd=$3; shift 3
+_RUN = (
+    KILL_MARKED_SH
+    + r"""cwd=$1; marker=$2; cmd=$3; shift 3
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
 cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
@@ -76,22 +79,18 @@ exec 3>&2 2>/dev/null
 /bin/sh -c "$cmd" 2>&3 3>&-
 status=$?
 unset SANDBOXES_EXEC_ID
-r=0
-while [ "$r" -lt 20 ]; do
-  r=$((r + 1))
-  pids=$(grep -ls "SANDBOXES_EXEC_ID=$marker" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
-  [ -n "$pids" ] || break
-  kill -9 $pids 2>/dev/null
-done
+kill_marked "$marker"
 cat >/dev/null
 exit "$status"
 """
+)
 """One command without the helper: environment pairs and cwd as quoted arguments.
 
 The command runs as a child, not by ``exec``: sshd reports a death by signal as ``exit-signal``,
 which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
 is muted so that it does not add a "Killed" line to the output. Whatever the command left
-running (marked by the environment variable) is killed when it exits, as the exec helper does.
+running (marked by the environment variable) is killed when it exits (`sandboxes._kill`), as the
+exec helper does.
 
 The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
 stdin (or its EOF) is still on the way: sshd reuses the number of a closed channel at once, and
@@ -101,18 +100,8 @@ command's stdin (or end the whole connection).
 A missing working directory prints the marker too, so that a command that itself exits 200 is
 not mistaken for it."""
 
-_KILL_MARKED = r"""[ -n "$1" ] || exit 1
-r=0
-while [ "$r" -lt 20 ]; do
-  r=$((r + 1))
-  pids=$(grep -ls "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
-  [ -n "$pids" ] || exit 0
-  kill -9 $pids 2>/dev/null
-done; exit 0
-"""
-"""Kill a timed-out command's processes: one ``grep`` over every process's environment per
-round (a grep per process costs ~1 ms each), repeated until none is left, since a process may
-fork while /proc is being read (a single pass lost races under load in CI)."""
+_KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
+"""Kill a timed-out command's processes (`sandboxes._kill`)."""
 
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
@@ -339,7 +328,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         self, command: str, timeout: float, stdin: bytes | None, env: dict[str, str], cwd: str, limit: int
     ) -> p.ExecuteResponse:
         """One command on its own channel. Raises only before the command was sent."""
-        marker = uuid.uuid4().hex
+        marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
         pairs = [f"{name}={value}" for name, value in env.items()]
         started = time.monotonic()
         # Waiting for a free channel slot counts against the command's own timeout.

@@ -166,7 +166,7 @@ def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Clie
     limit, since nothing could find it)."""
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
     loop = "while :; do date +%s%N > /workspace/unmarked-beat; sleep 0.1; done"
-    escape = f"env -u SANDBOXES_PROCESS_ID -u SANDBOXES_EXEC_ID setsid sh -c {shlex.quote(loop)} &"
+    escape = f"env -u SANDBOXES_EXEC_ID setsid sh -c {shlex.quote(loop)} &"
     process = client.post(base, json={"command": f"{escape} sleep 100"}).json()
     deadline = time.monotonic() + 10
     while not execute(client, sandbox["id"], "cat /workspace/unmarked-beat 2>/dev/null")["output"]:

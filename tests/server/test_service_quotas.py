@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -254,10 +255,12 @@ def test_awaited_docker_commands_keep_their_semantics(docker_service: Running) -
             counted = execute(
                 alice,
                 sandbox_id,
-                'wc -c; echo "${SANDBOXES_PROCESS_ID:+marked}"',
+                'wc -c; echo "$SANDBOXES_EXEC_ID"',
                 stdin_b64=base64.b64encode(stdin).decode(),
             )
-            assert counted["output"].split() == [str(len(stdin)), "marked"]
+            size, marker = counted["output"].split()
+            assert size == str(len(stdin))
+            assert re.fullmatch("[0-9a-f]{32}", marker)  # the service's token, not the helper's own marker
             with alice.stream(
                 "POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": "echo one; sleep 0.3; echo two"}
             ) as stream:

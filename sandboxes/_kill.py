@@ -1,0 +1,154 @@
+"""The one process-tree kill: every process carrying a command's environment marker.
+
+Every command a sandbox runs gets ``SANDBOXES_EXEC_ID=<marker>`` in its environment, and every
+descendant inherits it, including the ones that left the command's process group with ``setsid``
+or a double fork. Killing "the command" therefore means killing every process whose environment
+holds that entry. This module is the only place that does it, in two forms:
+
+- `kill_marked`, in Python, for the host (`LocalSandbox`, the service's local backend) and for
+  the exec helper inside a sandbox, which is shipped with this file as one script
+  (``SERVER_SOURCE``): hence stdlib only, Python 3.6-compatible, no ``__future__`` import, and
+  annotations that evaluate on 3.6 (local variable annotations are never evaluated).
+- `KILL_MARKED_SH`, a POSIX ``sh`` function for sandboxes reached without the helper (one
+  ``docker exec`` or SSH channel per command, busybox images included).
+
+Why it is not one scan of /proc and a kill: a process may fork while /proc is being read, and its
+child, born after the directory listing, is missed (a single pass lost such races under load in
+CI). Rescanning until a scan finds nothing is not enough against a tree that keeps forking (a
+fork bomb, ``while :; do sleep 1000 & done``): each kill frees the pid its victim held, which the
+survivors fork into, and a scan that takes milliseconds can leave as many children behind as it
+kills. So the kill has two phases. First every marked process is stopped (SIGSTOP) as soon as it
+is found, and scanning repeats until a scan finds no marked process it had not stopped already:
+a stopped process cannot fork, and it keeps its pid, so the tree can only shrink toward zero
+runnable members. Then every marked process is killed (SIGKILL), rescanning until a scan finds
+none left. Both phases are bounded in time; `kill_marked` says whether the last scan was empty.
+
+The caller must not carry the marker itself (the calling process is skipped, not its children).
+A pid is signalled right after its environment was read, not through a pidfd: reusing it in
+between needs the pid space to wrap around within microseconds.
+"""
+
+import os
+import signal
+import time
+
+MARKER_ENV = "SANDBOXES_EXEC_ID"
+"""The one marker name, set by every transport on every command (the exec helper, the
+per-command fallbacks of Docker, SSH and Local) and by the service on the commands it tracks.
+A caller that sets it itself (the service does, with its own unique token) chooses the marker:
+the command's tree is then killed by that value."""
+
+KILL_DEADLINE = 10.0
+"""Seconds each phase of `kill_marked` may take at most."""
+
+_READ_CHUNK = 32768  # below malloc's mmap threshold: a read costs ~1 us, not ~15
+
+
+def kill_marked(value: str, name: str = MARKER_ENV, deadline: float = KILL_DEADLINE) -> bool:
+    """Stop, then kill every process whose environment holds ``name=value`` (see the module
+    docstring); whether none was left at the end. An empty ``value`` is refused: it would match
+    every command's processes."""
+    if not value:
+        raise ValueError("an empty marker would match every command's processes")
+    needle = f"\0{name}={value}\0".encode()
+    found, _ = _sweep(needle, signal.SIGSTOP, set())
+    if not found:  # the common case, after every command: one scan
+        return True
+    stopped: set[int] = set()
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        _, new = _sweep(needle, signal.SIGSTOP, stopped)
+        if not new:
+            break
+    end = time.monotonic() + deadline
+    while True:
+        found, _ = _sweep(needle, signal.SIGKILL, set())
+        if not found:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.001)  # the killed are exiting: let them have the CPU
+
+
+def _sweep(needle: bytes, signum: int, seen: "set[int]") -> "tuple[int, int]":
+    """Signal every process whose environment holds ``needle``, each right after it was read;
+    (how many there were, how many of them were not in ``seen``), adding them to ``seen``."""
+    me = os.getpid()
+    found = new = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid == me or needle not in _environ(pid):
+            continue
+        try:
+            os.kill(pid, signum)
+        except OSError:  # gone meanwhile, or not ours to signal
+            continue
+        found += 1
+        if pid not in seen:
+            seen.add(pid)
+            new += 1
+    return found, new
+
+
+def _environ(pid: int) -> bytes:
+    """The environment of ``pid``, NUL-framed on both sides so an entry matches only whole;
+    empty if it is gone, a zombie or not ours to read."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return b""
+    chunks = [b"\0"]
+    try:
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    chunks.append(b"\0")
+    return b"".join(chunks)
+
+
+KILL_MARKED_SH = r"""kill_marked() {
+  [ -n "$1" ] || return 1  # an empty marker would match every command's processes
+  _km_was= _km_r=0
+  while [ "$_km_r" -lt 200 ]; do
+    _km_r=$((_km_r + 1))
+    _km_p=$(marked_pids "$1")
+    [ -n "$_km_p" ] || break
+    kill -STOP $_km_p 2>/dev/null
+    [ "$_km_p" = "$_km_was" ] && break
+    _km_was=$_km_p
+  done
+  [ -n "$_km_was$_km_p" ] || return 0
+  _km_r=0
+  while [ "$_km_r" -lt 1000 ]; do
+    _km_r=$((_km_r + 1))
+    _km_p=$(marked_pids "$1")
+    [ -n "$_km_p" ] || return 0
+    kill -9 $_km_p 2>/dev/null
+  done
+  return 1
+}
+marked_pids() {
+  grep -lsxzF -e "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ 2>/dev/null | {
+    read -r _km_me _ _ _km_up _ </proc/self/stat
+    while IFS=/ read -r _ _ p _; do
+      case " $$ $_km_me $_km_up " in *" $p "*) ;; *) printf '%s ' "$p" ;; esac
+    done
+  }
+}
+"""
+"""``kill_marked MARKER``: `kill_marked`'s two phases in POSIX ``sh`` plus ``grep`` (GNU or
+busybox: ``-z`` reads NUL-separated entries, ``-x`` matches one whole), for sandboxes reached
+without the exec helper. One ``grep`` reads every process's environment per scan (one ``grep``
+per process costs ~1 ms each); phase one ends when a scan finds the same processes as the one
+before (all of them stopped already). Bounded by rounds rather than time (``sh`` has no clock).
+It skips the shell running it (``$$``) and the subshells it forks to read the scan (a forked
+subshell shows the environment the shell started with, which may hold the marker even after an
+``unset``); whatever else runs it must not carry the marker."""

@@ -1,0 +1,98 @@
+"""The one process-tree kill (`sandboxes._kill`), both forms, on this host: a tree that keeps
+forking under its marker, and one that also left the session (``setsid``), are wholly dead after
+ONE call. A single scan of /proc (what the service's local backend did) leaves the children born
+while it read; these tests fail with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, kill_marked
+
+FORKER = "i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait"
+"""Forks as fast as a shell can, for seconds; bounded (4000 children, each gone within a minute)
+so that a kill that fails cannot take this shared machine's pids."""
+
+
+def marked(token: str) -> list[int]:
+    """Live (not zombie) processes carrying ``MARKER_ENV=token``."""
+    needle = f"\0{MARKER_ENV}={token}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in b"\0" + fh.read() + b"\0":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def forking_trees() -> Iterator[str]:
+    """Two trees under one fresh marker, both still forking: one in its own session, one that
+    left it with ``setsid``. Whatever is left is killed afterwards, whatever the test said."""
+    token = uuid.uuid4().hex
+    env = {**os.environ, MARKER_ENV: token}
+    leaders = [
+        subprocess.Popen(["/bin/sh", "-c", FORKER], env=env, start_new_session=True),
+        subprocess.Popen(["/bin/sh", "-c", f"setsid /bin/sh -c '{FORKER}' & wait"], env=env, start_new_session=True),
+    ]
+    try:
+        wait_for(lambda: len(marked(token)) > 200, "the trees did not start forking")
+        yield token
+    finally:
+        kill_marked(token)
+        for leader in leaders:
+            leader.wait(timeout=30)
+
+
+def kill_in_python(token: str) -> None:
+    assert kill_marked(token) is True
+
+
+def kill_in_sh(token: str) -> None:
+    subprocess.run(["/bin/sh", "-c", KILL_MARKED_SH + 'kill_marked "$1"', "sh", token], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("kill", [kill_in_python, kill_in_sh], ids=["python", "sh"])
+def test_one_kill_leaves_no_marked_process_of_a_tree_that_keeps_forking(
+    forking_trees: str, kill: Callable[[str], None]
+) -> None:
+    kill(forking_trees)
+    assert marked(forking_trees) == []
+
+
+def test_the_sh_form_skips_its_own_shell_even_when_the_shell_carries_the_marker() -> None:
+    """A ``docker exec`` shell started with the marker keeps it in /proc/<pid>/environ after an
+    ``unset`` (and so do the subshells it forks): the kill must end, and not kill itself."""
+    token = uuid.uuid4().hex
+    script = KILL_MARKED_SH + f'unset {MARKER_ENV}; kill_marked "$1"; echo survived'
+    done = subprocess.run(
+        ["/bin/sh", "-c", script, "sh", token],
+        env={**os.environ, MARKER_ENV: token},
+        capture_output=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, b"survived\n")
+
+
+def test_an_empty_marker_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty marker"):
+        kill_marked("")
+    assert subprocess.run(["/bin/sh", "-c", KILL_MARKED_SH + 'kill_marked ""'], timeout=10).returncode == 1

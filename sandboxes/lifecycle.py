@@ -29,7 +29,15 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CreateOptions", "Lifecycle", "PooledProvider", "Provider", "SandboxRecord", "Sweep"]
+__all__ = [
+    "CreateOptions",
+    "Lifecycle",
+    "PooledProvider",
+    "Provider",
+    "ResumableProvider",
+    "SandboxRecord",
+    "Sweep",
+]
 
 
 class Lifecycle(abc.ABC):
@@ -161,4 +169,16 @@ class PooledProvider(Provider[S], Protocol[S]):
 
     def acquire(self) -> S:
         """A started sandbox from the pool (a cold `create` when it is empty), owned by the caller."""
+        ...
+
+
+@runtime_checkable
+class ResumableProvider(Provider[S], Protocol[S]):
+    """A provider whose sandboxes can stop without being removed (a container stopped by an
+    engine restart), and be started again with their files."""
+
+    def resume(self, ref: str) -> bool:
+        """Start the sandbox ``ref`` again if it is not running. ``False`` when it cannot come
+        back whole (its files were in memory, or it will not start): the caller should
+        `Provider.destroy` it rather than hand out an empty sandbox."""
         ...

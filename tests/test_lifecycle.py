@@ -15,6 +15,7 @@ from support import SESSION_OWNER
 
 from sandboxes.client import NotFound, RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.server.settings import Template
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 from sandboxes.testing import LifecycleConformance
@@ -40,6 +41,29 @@ class TestDockerLifecycle(LifecycleConformance):
             return True
 
         return exists
+
+
+class TestLocalLifecycle(LifecycleConformance):
+    @pytest.fixture
+    def create(self, tmp_path: Path) -> Callable[[], LocalSandbox]:
+        counter = iter(range(1000))
+        return lambda: LocalSandbox.create(LocalSandboxConfig(root_dir=tmp_path / f"root-{next(counter)}"))
+
+    @pytest.fixture
+    def attach(self) -> Callable[[LocalSandbox], LocalSandbox]:
+        return lambda sandbox: LocalSandbox(sandbox.root)
+
+    @pytest.fixture
+    def exists(self) -> Callable[[LocalSandbox], bool]:
+        return lambda sandbox: sandbox.root.is_dir()
+
+
+def test_local_sandbox_on_a_directory_only_closes(tmp_path: Path) -> None:
+    """``LocalSandbox(root)`` attaches to the caller's own directory: leaving ``with`` keeps it."""
+    with LocalSandbox(tmp_path / "mine") as sandbox:
+        assert not sandbox.owned
+        sandbox.write(f"{tmp_path}/mine/kept.txt", "kept")
+    assert (tmp_path / "mine" / "kept.txt").read_text() == "kept"
 
 
 @pytest.fixture(scope="module")

@@ -140,3 +140,20 @@ def created_at(attrs: dict[str, Any]) -> float:
         return datetime.fromisoformat(str(attrs["CreatedAt"]).replace("Z", "+00:00")).timestamp()
     except (KeyError, ValueError):
         return 0.0
+
+
+def workspace_in_memory(client: Any, container: Any) -> bool:
+    """Whether the container's workspace is a tmpfs volume (a template with ``disk``), whose
+    files are gone once the container stopped."""
+    import docker.errors
+
+    for mount in container.attrs.get("Mounts") or []:
+        if mount.get("Type") != "volume" or not mount.get("Name"):
+            continue
+        try:
+            options = client.volumes.get(mount["Name"]).attrs.get("Options") or {}
+        except docker.errors.NotFound:  # a volume gone is no workspace to keep
+            continue
+        if options.get("type") == "tmpfs":
+            return True
+    return False

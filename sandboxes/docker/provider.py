@@ -16,6 +16,7 @@ provider made a container, so its leftovers can be listed.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -33,9 +34,25 @@ from sandboxes.docker._containers import (
     created_at,
     expired,
     remove_sandbox,
+    workspace_in_memory,
 )
-from sandboxes.docker.config import LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, DockerSandboxConfig
+from sandboxes.docker.config import (
+    LABEL_EXPIRES,
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    LABEL_SANDBOX,
+    DockerSandboxConfig,
+)
 from sandboxes.docker.sandbox import DockerSandbox
+from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+
+__all__ = ["DockerProvider", "DockerProviderConfig", "SweepReport"]
+
+LABEL_CALLER_KEYS = "io.sandboxes.caller-labels"
+"""JSON list of the label keys a sandbox was created with (`CreateOptions.labels`): a
+container's labels also hold its image's and its template's, which are not the caller's."""
+
+_OWN_LABELS = frozenset({LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, LABEL_EXPIRES, LABEL_POOL, LABEL_CALLER_KEYS})
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +82,9 @@ class DockerProviderConfig(BaseModel):
 
 
 @dataclass
-class SweepReport:
+class SweepReport(Sweep):
+    """`Sweep`, with what was removed told apart: ``removed`` lists both."""
+
     containers: list[str] = field(default_factory=list)
     """Ids of the expired containers removed (each with its workspace volume)."""
     orphan_volumes: list[str] = field(default_factory=list)
@@ -83,6 +102,7 @@ class _Idle:
 
 class DockerProvider:
     """Creates `DockerSandbox` instances from one template; optionally pools and sweeps them.
+    A `sandboxes.lifecycle.PooledProvider` and `ResumableProvider`: refs are container ids.
 
     ``DockerProvider(template, client=client, pool_size=2)`` takes any `DockerProviderConfig`
     field as a keyword (or a whole ``config=``). The pool and the periodic sweep run in one
@@ -115,13 +135,76 @@ class DockerProvider:
 
     # ------------------------------------------------------------------ creating
 
-    def create(self) -> DockerSandbox:
-        """A new sandbox, cold: its exec helper starts with its first command."""
-        container = create_container(self.client, self.template)
-        return DockerSandbox(container, self.client, self.template)
+    def create(self, options: CreateOptions | None = None) -> DockerSandbox:
+        """A new sandbox, cold: its exec helper starts with its first command. ``options``'
+        labels become container labels beside the provider's own, its env and ttl override the
+        template's."""
+        config = _with_options(self.template, options)
+        return DockerSandbox(create_container(self.client, config), self.client, config)
 
-    def attach(self, container_id: str) -> DockerSandbox:
-        return DockerSandbox(self.client.containers.get(container_id), self.client, self.template, owned=False)
+    def attach(self, ref: str) -> DockerSandbox:
+        """A handle on this owner's container ``ref`` (its id or name); `LookupError` if there
+        is none. ``with`` only closes it."""
+        import docker.errors
+
+        try:
+            container = self.client.containers.get(ref)
+        except docker.errors.NotFound as exc:
+            raise LookupError(f"no container {ref!r}") from exc
+        if not self._mine(container.labels or {}):
+            raise LookupError(f"container {ref!r} is not a sandbox of owner {self.template.owner!r}")
+        # Its environment, the template's and its `CreateOptions.env`, is the container's own,
+        # which every ``docker exec`` inherits: the template's config is enough to run in it.
+        return DockerSandbox(container, self.client, self.template, owned=False)
+
+    def list(self) -> list[SandboxRecord]:
+        """This owner's containers, running or stopped, from their labels alone."""
+        selector = [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={self.template.owner}"]
+        containers = self.client.containers.list(all=True, sparse=True, filters={"label": selector})
+        return [self._record(container.attrs) for container in containers]
+
+    def destroy(self, ref: str) -> None:
+        """Remove container ``ref`` and its workspace volume; gone already is fine."""
+        remove_sandbox(self.client, ref)
+
+    def resume(self, ref: str) -> bool:
+        """Start a stopped container again, unless its workspace was in memory (a tmpfs
+        volume, the default ``disk``): stopped, it lost its files, and restarting it would hand
+        out an empty workspace as if nothing happened."""
+        import docker.errors
+
+        try:
+            container = self.client.containers.get(ref)
+            if container.status == "running":
+                return True
+            if workspace_in_memory(self.client, container):
+                logger.warning("container %s stopped with its workspace in memory: not resumed", ref[:12])
+                return False
+            container.start()
+        except docker.errors.DockerException as exc:
+            logger.warning("cannot resume container %s: %s", ref[:12], exc)
+            return False
+        return True
+
+    def _mine(self, labels: dict[str, str]) -> bool:
+        return labels.get(LABEL_MANAGED) == "true" and labels.get(LABEL_OWNER) == self.template.owner
+
+    def _record(self, attrs: dict[str, Any]) -> SandboxRecord:
+        labels: dict[str, str] = attrs.get("Labels") or {}
+        caller = {key: labels[key] for key in _caller_keys(labels) if key in labels}
+        try:
+            expires_at: float | None = float(labels[LABEL_EXPIRES])
+        except (KeyError, ValueError):
+            expires_at = None
+        created = attrs.get("Created")
+        return SandboxRecord(
+            id=str(attrs.get("Id")),
+            ref=str(attrs.get("Id")),
+            labels=caller,
+            created_at=float(created) if isinstance(created, int | float) else 0.0,
+            expires_at=expires_at,
+            running=attrs.get("State") == "running",
+        )
 
     def acquire(self) -> DockerSandbox:
         """A started sandbox with its exec helper up, from the pool; a cold `create` if the pool
@@ -223,6 +306,7 @@ class DockerProvider:
             else:
                 removed.add(sandbox_id)
                 report.containers.append(container.id)
+                report.removed.append(container.id)
         for volume in volumes:
             volume_sandbox = (volume.attrs.get("Labels") or {}).get(LABEL_SANDBOX, "")
             if not volume_sandbox or volume_sandbox in live or volume_sandbox in removed:
@@ -236,6 +320,7 @@ class DockerProvider:
                     report.errors.append(f"volume {volume.name}: {exc}")
             else:
                 report.orphan_volumes.append(volume.name)
+                report.removed.append(volume.name)
         return report
 
     # ------------------------------------------------------------------ background thread
@@ -303,6 +388,29 @@ class DockerProvider:
             _discard(entry.sandbox)
 
 
+def _with_options(template: DockerSandboxConfig, options: CreateOptions | None) -> DockerSandboxConfig:
+    """The template with one sandbox's labels, env and ttl (``None``: the template's)."""
+    options = options or CreateOptions()
+    keys = json.dumps(sorted(options.labels))
+    update: dict[str, Any] = {
+        "labels": {**template.labels, **options.labels, LABEL_CALLER_KEYS: keys},
+        "env": {**template.env, **options.env},
+    }
+    if options.ttl is not None:
+        update["ttl"] = options.ttl
+    return template.model_copy(update=update)
+
+
+def _caller_keys(labels: dict[str, str]) -> list[str]:
+    """The keys of `CreateOptions.labels`, as recorded; a container made before they were
+    recorded (a service's, by an earlier version) counts its ``io.sandboxes.*`` labels."""
+    try:
+        keys = json.loads(labels[LABEL_CALLER_KEYS])
+    except (KeyError, ValueError):
+        return [key for key in labels if key.startswith("io.sandboxes.") and key not in _OWN_LABELS]
+    return [key for key in keys if isinstance(key, str) and key not in _OWN_LABELS] if isinstance(keys, list) else []
+
+
 def _merge_config(config: DockerProviderConfig | None, options: dict[str, Any]) -> DockerProviderConfig:
     if not options:
         return config or DockerProviderConfig()
@@ -314,7 +422,8 @@ def _pooled_template(template: DockerSandboxConfig, provider_id: str, max_idle: 
     """The template pooled containers are created from: the pool label, and an expiry pushed
     back by ``max_idle`` so the ttl still counts from acquisition (see the module docstring)."""
     ttl = None if template.ttl is None else template.ttl + max_idle
-    return template.model_copy(update={"labels": {**template.labels, LABEL_POOL: provider_id}, "ttl": ttl})
+    labels = {**template.labels, LABEL_POOL: provider_id, LABEL_CALLER_KEYS: "[]"}
+    return template.model_copy(update={"labels": labels, "ttl": ttl})
 
 
 def _usable(sandbox: DockerSandbox) -> bool:

@@ -21,13 +21,14 @@ import contextlib
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,10 +37,12 @@ from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import MuxBroken
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation, StreamingSandbox
+from sandboxes.lifecycle import Lifecycle
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
 from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
 from sandboxes.local._process import run_process
+from sandboxes.local._tree import remove_tree
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.protocol import NotIsolatedWarning as NotIsolatedWarning  # re-exported: its old home
 from sandboxes.semantics import message_for
@@ -55,10 +58,12 @@ process: a jail started by whichever pool worker needed it first (an agent's too
 with that worker, and the next command with it. This thread lives as long as the interpreter."""
 
 
-class LocalSandboxConfig(BaseModel):
+class LocalSandboxTemplate(BaseModel):
+    """Everything a local sandbox is made from except its directory and id: what
+    `LocalProviderConfig` applies to every sandbox it makes (it extends this class)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    root_dir: Path
     isolation: Literal["auto", "bwrap", "none"] = "auto"
     """``auto``: bwrap when installed, else none (with a warning). ``bwrap``: fail without it."""
     network: bool = False
@@ -71,7 +76,6 @@ class LocalSandboxConfig(BaseModel):
     extra_ro_binds: tuple[Path, ...] = ()
     """More host paths visible read-only inside (at the same path), e.g. an interpreter. Started
     by root, what is in them is read as ``host_uid``: a root-only file there stays closed."""
-    sandbox_id: str | None = None
     host_uid: int | None = Field(default=None, gt=0)
     """Started by root: the unprivileged host uid the jail runs as (and that owns the root
     directory's files on the host). ``None``: 65534 (nobody). Ignored when not root: the jail
@@ -97,12 +101,26 @@ class LocalSandboxConfig(BaseModel):
     and once the sandbox holds more, writes answer ``no_space`` until it is cleaned up."""
 
 
-class LocalSandbox(StreamingSandbox):
-    def __init__(self, root_dir: str | Path | None = None, config: LocalSandboxConfig | None = None) -> None:
+class LocalSandboxConfig(LocalSandboxTemplate):
+    root_dir: Path
+    sandbox_id: str | None = None
+
+
+class LocalSandbox(StreamingSandbox, Lifecycle):
+    """A sandbox whose files are ``root_dir`` on this host.
+
+    ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
+    (stops the jail); `destroy` removes the directory. `LocalSandbox.create` (and
+    `sandboxes.local.provider.LocalProvider`) make one the caller owns: ``with`` destroys it."""
+
+    def __init__(
+        self, root_dir: str | Path | None = None, config: LocalSandboxConfig | None = None, *, owned: bool = False
+    ) -> None:
         if config is None:
             if root_dir is None:
                 raise ValueError("LocalSandbox needs a root_dir or a config")
             config = LocalSandboxConfig(root_dir=Path(root_dir))
+        self.owned = owned
         self.config = config
         self.root = config.root_dir.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -158,6 +176,11 @@ class LocalSandbox(StreamingSandbox):
         """Who the jail's processes and files are on the host (uid, gid)."""
         return self._jail.host_ids if self._jail is not None else (os.getuid(), os.getgid())
 
+    @property
+    def user_ids(self) -> tuple[int, int]:
+        """Who the sandbox's files belong to inside it (uid, gid)."""
+        return self.config.uid, self.config.gid
+
     def claim(self, path: str | Path) -> None:
         """Give files the caller put in the root as root (an extracted archive) to the jail's
         host uid, so commands can change them. A no-op unless the sandbox was started by root."""
@@ -181,11 +204,20 @@ class LocalSandbox(StreamingSandbox):
             self._cgroup.remove()
             self._cgroup = None
 
-    def __enter__(self) -> LocalSandbox:
-        return self
+    @classmethod
+    def create(cls, config: LocalSandboxConfig | None = None) -> Self:
+        """A new sandbox the caller owns (``with`` destroys it): in ``config.root_dir``, which
+        must not exist yet, or in a fresh temporary directory."""
+        if config is None:
+            config = LocalSandboxConfig(root_dir=Path(tempfile.mkdtemp(prefix="sandbox-")))
+        else:
+            config.root_dir.mkdir(mode=0o755, parents=True)
+        return cls(config=config, owned=True)
 
-    def __exit__(self, *exc: object) -> None:
+    def destroy(self) -> None:
+        """Close, then remove the root directory and everything in it (idempotent)."""
         self.close()
+        remove_tree(self.root)
 
     # ------------------------------------------------------------------ execute
 

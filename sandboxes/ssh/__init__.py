@@ -13,7 +13,7 @@ from sandboxes.ssh._connection import (
 )
 from sandboxes.ssh._users import UserPoolError, WorkspaceNotFound
 from sandboxes.ssh.provider import SSHProvider, SSHProviderConfig
-from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig
+from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig, SSHSandboxTemplate
 
 __all__ = [
     "SSHAuthenticationError",
@@ -24,6 +24,7 @@ __all__ = [
     "SSHProviderConfig",
     "SSHSandbox",
     "SSHSandboxConfig",
+    "SSHSandboxTemplate",
     "SSHUnreachableError",
     "UserPoolError",
     "WorkspaceNotFound",

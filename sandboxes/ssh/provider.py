@@ -20,23 +20,43 @@ seen at the next `refresh_load`. Only directories named like a workspace (16 hex
 A host that cannot be reached is skipped and the next least-loaded is tried; it is then tried
 only after the healthy hosts until ``retry_after`` has passed or a `refresh_load` reaches it, so
 a dead host does not cost every create a connect timeout.
+
+What a provider records (`sandboxes.lifecycle`): each workspace it creates gets a record, a
+small JSON file named after the workspace in the login user's private state directory
+(``$XDG_STATE_HOME/sandboxes/workspaces``, mode 700), holding its `CreateOptions` labels,
+environment and expiry. Not in the workspace root: that root is ``1733`` (every sandbox user
+may create entries in it), and a sandbox must not forge the record of another. `list` reads the
+records and the workspace directories in one command per host; a workspace without a record
+(made by `SSHSandbox.create` directly, or a crash before the record) is listed with no labels.
+Refs are ``user@host:port:/workspace``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import paramiko
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from sandboxes import _scripts
+from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
 from sandboxes.paths import InvalidPathError, normalize_path
-from sandboxes.ssh._connection import SSHError, SSHHostConfig, SSHUnreachableError, connections, run_simple
-from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig
+from sandboxes.ssh._connection import (
+    SSHConnection,
+    SSHError,
+    SSHHostConfig,
+    SSHUnreachableError,
+    connections,
+    run_simple,
+    run_status,
+)
+from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig, SSHSandboxTemplate
 
 __all__ = ["SSHProvider", "SSHProviderConfig"]
 
@@ -45,36 +65,42 @@ logger = logging.getLogger(__name__)
 _WORKSPACE_GLOB = "[0-9a-f]" * 16
 """The shape of the names `SSHSandbox.create` gives workspaces (``uuid4().hex[:16]``)."""
 
+_RECORDS = "${XDG_STATE_HOME:-$HOME/.local/state}/sandboxes/workspaces"
+
 _LIST_WORKSPACES = rf"""root=${{1:-$HOME/sandboxes}}
 printf '%s\n' "${{1:-$HOME}}"
 for d in "$root"/{_WORKSPACE_GLOB}; do
-  if [ -d "$d" ] && [ ! -L "$d" ]; then printf '%s\n' "${{d##*/}}"; fi
+  if [ -d "$d" ] && [ ! -L "$d" ]; then printf 'W %s\n' "${{d##*/}}"; fi
+done
+for f in {_RECORDS}/{_WORKSPACE_GLOB}.json; do
+  if [ -f "$f" ]; then n=${{f##*/}}; printf 'R %s %s\n' "${{n%.json}}" "$(head -c 262144 "$f" | tr -d '\n')"; fi
 done
 exit 0
 """
 """First line: the configured root, or $HOME when none is (the root is then $HOME/sandboxes,
-like `SSHSandbox.create`); then one workspace name a line."""
+like `SSHSandbox.create`); then ``W name`` per workspace directory and ``R name json`` per
+record (of any root: the record names its workspace)."""
+
+_WRITE_RECORD = rf"""d={_RECORDS}
+mkdir -p -- "$d" && chmod 700 -- "$d" && printf '%s\n' "$2" > "$d/.$1.tmp" && mv -f -- "$d/.$1.tmp" "$d/$1.json"
+"""
+
+_READ_RECORD = rf"""[ -d "$1" ] || exit 3
+cat -- {_RECORDS}/"$2".json 2>/dev/null; exit 0
+"""
+
+_REMOVE_RECORD = rf"""rm -f -- {_RECORDS}/"$1".json"""
 
 
-class SSHProviderConfig(BaseModel):
-    """The hosts to spread sandboxes over, and the sandbox settings shared by all of them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class SSHProviderConfig(SSHSandboxTemplate):
+    """The hosts to spread sandboxes over; every `SSHSandboxTemplate` field (isolation, user
+    group, timeouts, ...) is the template of the sandboxes made on all of them."""
 
     hosts: list[SSHHostConfig] = Field(min_length=1)
-    workspace_root: str | None = None
-    """Where workspaces live on every host; default ``$HOME/sandboxes`` of the login user."""
-    isolation: Literal["user", "none"] = "user"
-    """As `SSHSandboxConfig.isolation`: by default each sandbox leases its own user on its host,
-    and a host whose pool is exhausted is skipped like an unreachable one."""
-    user_group: str = "sandboxes"
-    run_as: str | None = None
-    default_timeout: float = Field(default=120.0, ge=0)
-    output_limit: int | None = Field(default=None, gt=0)
-    """Per-command output cap; ``None`` keeps `SSHSandboxConfig`'s default."""
-    use_exec_helper: bool = True
     retry_after: float = Field(default=30.0, ge=0)
     """Seconds a host that failed stays behind the healthy ones in the placement order."""
+    ttl: float | None = Field(default=None, gt=0)
+    """Seconds until a `SSHProvider.sweep` may remove a sandbox; ``None``: never."""
 
     @field_validator("hosts")
     @classmethod
@@ -154,33 +180,52 @@ class SSHProvider:
         return measured
 
     def _list_workspaces(self, config: SSHHostConfig) -> set[str]:
-        connection = connections.acquire(config)
-        try:
-            output = run_simple(connection, _scripts.command(_LIST_WORKSPACES, self.config.workspace_root or ""))
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise SSHUnreachableError(f"listing workspaces on {_label(config)} failed: {exc}") from exc
-        finally:
-            connections.release(connection)
-        first, *names = output.splitlines()
+        return self._scan(config).workspaces
+
+    def _scan(self, config: SSHHostConfig) -> _Scan:
+        """The workspace directories under the root on one host, and the records of this root."""
+        with _connection(config) as connection:
+            try:
+                output = run_simple(connection, _scripts.command(_LIST_WORKSPACES, self.config.workspace_root or ""))
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise SSHUnreachableError(f"listing workspaces on {_label(config)} failed: {exc}") from exc
+        first, *lines = output.splitlines()
         try:
             root = self.config.workspace_root or f"{normalize_path(first)}/sandboxes"
         except InvalidPathError as exc:
             raise SSHError(f"unusable $HOME on {_label(config)}: {first!r}") from exc
-        return {f"{root}/{name}" for name in names if name}
+        scan = _Scan(root)
+        for line in lines:
+            kind, _, rest = line.partition(" ")
+            name, _, text = rest.partition(" ")
+            if kind == "W" and name:
+                scan.workspaces.add(f"{root}/{name}")
+            elif kind == "R" and name:
+                record = _parse_record(text)
+                if record is not None and record.get("workspace") == f"{root}/{name}":
+                    scan.records[f"{root}/{name}"] = record
+        return scan
 
     # ------------------------------------------------------------------ creating
 
-    def create(self) -> SSHSandbox:
-        """A new sandbox on the least-loaded reachable host (ties: the first listed).
+    def create(self, options: CreateOptions | None = None) -> SSHSandbox:
+        """A new sandbox on the least-loaded reachable host (ties: the first listed), recorded
+        with ``options``' labels, environment and expiry.
 
         Raises the last host's `SSHError` when no host could make one."""
+        options = options or CreateOptions()
         tried: set[int] = set()
         last_error: SSHError | None = None
         while (index := self._reserve(tried)) is not None:
             tried.add(index)
             host = self._hosts[index]
             try:
-                sandbox = _TrackedSSHSandbox.create(self._sandbox_config(host.config))
+                sandbox = _TrackedSSHSandbox.create(self._sandbox_config(host.config, options.env))
+                try:
+                    self._write_record(sandbox, options)
+                except BaseException:
+                    sandbox.destroy()
+                    raise
             except SSHError as exc:
                 last_error = exc
             except (paramiko.SSHException, OSError, EOFError) as exc:  # dropped mid-create
@@ -197,14 +242,103 @@ class SSHProvider:
             raise SSHError("no hosts configured")
         raise last_error
 
-    def attach(self, host: SSHHostConfig | str, workspace: str) -> SSHSandbox:
-        """A sandbox on an existing workspace of one of the configured hosts, named by its
-        config or its ``[user@]host[:port]``; the workspace joins that host's load."""
-        chosen = self._find_host(host)
-        sandbox = _TrackedSSHSandbox.attach(self._sandbox_config(chosen.config), workspace)
+    def attach(self, ref: SSHHostConfig | str, workspace: str | None = None) -> SSHSandbox:
+        """A sandbox on an existing workspace of one of the configured hosts: ``attach(ref)``
+        with a ref (``user@host:port:/workspace``, as `list` gives), or ``attach(host,
+        workspace)`` with the host named by its config or its ``[user@]host[:port]``. The
+        workspace joins that host's load; ``with`` only closes it. `LookupError` if the
+        workspace does not exist."""
+        if workspace is None:
+            if not isinstance(ref, str):
+                raise TypeError("attach(host, workspace) needs the workspace")
+            ref, workspace = _split_ref(ref)
+        chosen = self._find_host(ref)
+        workspace = normalize_path(workspace)
+        record = self._read_record(chosen.config, workspace)
+        env = record.get("env") if isinstance(record.get("env"), dict) else {}
+        sandbox = _TrackedSSHSandbox.attach(self._sandbox_config(chosen.config, env or {}), workspace)
         assert isinstance(sandbox, _TrackedSSHSandbox)
         self._adopt(chosen, sandbox, reserved=False)
         return sandbox
+
+    def list(self) -> list[SandboxRecord]:
+        """Every workspace under the root on every host, with what its record says. Raises
+        `SSHError` when a host cannot be reached: what it holds is then unknown, and a caller
+        reconciling against the list must not take its sandboxes for gone."""
+        found: list[SandboxRecord] = []
+        for host in self._hosts:
+            scan = self._scan(host.config)
+            for workspace in sorted(scan.workspaces | set(scan.records)):
+                found.append(
+                    _record_of(host.config, workspace, scan.records.get(workspace), workspace in scan.workspaces)
+                )
+        return found
+
+    def destroy(self, ref: str) -> None:
+        """Remove the workspace ``ref`` (with its user's leftovers) and its record; gone already
+        is fine."""
+        host, workspace = _split_ref(ref)
+        chosen = self._find_host(host)
+        try:
+            sandbox = self.attach(ref)
+        except LookupError:
+            self._remove_record(chosen.config, workspace)
+            return
+        sandbox.destroy()
+
+    def sweep(self, now: float | None = None) -> Sweep:
+        """Remove the sandboxes whose recorded expiry passed, and the records of workspaces
+        already gone (a destroy interrupted between the two). Unreachable hosts are an error
+        for this sweep; the next one tries again."""
+        now = time.time() if now is None else now
+        report = Sweep()
+        for host in self._hosts:
+            try:
+                scan = self._scan(host.config)
+            except SSHError as exc:
+                report.errors.append(f"{host.label}: {exc}")
+                continue
+            for workspace, record in scan.records.items():
+                ref = _ref(host.config, workspace)
+                expires_at = record.get("expires_at")
+                gone = workspace not in scan.workspaces
+                if not gone and not (isinstance(expires_at, int | float) and expires_at < now):
+                    continue
+                try:
+                    self.destroy(ref)
+                except (SSHError, LookupError, ValueError) as exc:
+                    report.errors.append(f"{ref}: {exc}")
+                else:
+                    report.removed.append(ref)
+        return report
+
+    # ------------------------------------------------------------------ records
+
+    def _write_record(self, sandbox: SSHSandbox, options: CreateOptions) -> None:
+        now = time.time()
+        ttl = options.ttl if options.ttl is not None else self.config.ttl
+        record = {
+            "workspace": sandbox.workspace,
+            "labels": options.labels,
+            "env": options.env,
+            "created_at": now,
+            "expires_at": None if ttl is None else now + ttl,
+        }
+        with _connection(sandbox.config.host) as connection:
+            run_simple(connection, _scripts.command(_WRITE_RECORD, _name(sandbox.workspace), json.dumps(record)))
+
+    def _read_record(self, config: SSHHostConfig, workspace: str) -> dict[str, Any]:
+        with _connection(config) as connection:
+            status, output = run_status(connection, _scripts.command(_READ_RECORD, workspace, _name(workspace)), 30)
+        if status == 3:
+            raise LookupError(f"no workspace {workspace} on {_label(config)}")
+        if status != 0:
+            raise SSHError(f"reading the record of {workspace} on {_label(config)} failed: {output.strip()[:200]}")
+        return _parse_record(output.strip()) or {}
+
+    def _remove_record(self, config: SSHHostConfig, workspace: str) -> None:
+        with _connection(config) as connection:
+            run_simple(connection, _scripts.command(_REMOVE_RECORD, _name(workspace)))
 
     def _reserve(self, tried: set[int]) -> int | None:
         """Pick the next host to try and count the create against it at once."""
@@ -240,6 +374,10 @@ class SSHProvider:
     def _destroyed(self, host: _Host, workspace: str) -> None:
         with self._lock:
             host.workspaces.discard(workspace)
+        try:
+            self._remove_record(host.config, workspace)
+        except SSHError as exc:  # the workspace is gone; a sweep removes the record
+            logger.warning("could not remove the record of %s on %s: %s", workspace, host.label, exc)
 
     def _find_host(self, wanted: SSHHostConfig | str) -> _Host:
         if isinstance(wanted, SSHHostConfig):
@@ -252,19 +390,11 @@ class SSHProvider:
             raise ValueError(f"host {wanted if isinstance(wanted, str) else _label(wanted)!r} {problem} ({known})")
         return matches[0]
 
-    def _sandbox_config(self, host: SSHHostConfig) -> SSHSandboxConfig:
-        settings = {
-            "host": host,
-            "workspace_root": self.config.workspace_root,
-            "isolation": self.config.isolation,
-            "user_group": self.config.user_group,
-            "run_as": self.config.run_as,
-            "default_timeout": self.config.default_timeout,
-            "use_exec_helper": self.config.use_exec_helper,
-        }
-        if self.config.output_limit is not None:
-            settings["output_limit"] = self.config.output_limit
-        return SSHSandboxConfig.model_validate(settings)
+    def _sandbox_config(self, host: SSHHostConfig, env: dict[str, str] | None = None) -> SSHSandboxConfig:
+        config = self.config.on(host)
+        if env:
+            config = config.model_copy(update={"env": {**config.env, **env}})
+        return config
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -318,6 +448,60 @@ class _TrackedSSHSandbox(SSHSandbox):
         notify, self._on_destroy = self._on_destroy, None
         if removes and notify is not None:
             notify()
+
+
+class _Scan:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.workspaces: set[str] = set()
+        self.records: dict[str, dict[str, Any]] = {}
+
+
+@contextlib.contextmanager
+def _connection(config: SSHHostConfig) -> Iterator[SSHConnection]:
+    connection = connections.acquire(config)
+    try:
+        yield connection
+    finally:
+        connections.release(connection)
+
+
+def _parse_record(text: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _record_of(config: SSHHostConfig, workspace: str, record: dict[str, Any] | None, exists: bool) -> SandboxRecord:
+    record = record or {}
+    labels = record.get("labels")
+    created_at, expires_at = record.get("created_at"), record.get("expires_at")
+    return SandboxRecord(
+        id=f"ssh:{config.host}:{config.port}:{workspace}",
+        ref=_ref(config, workspace),
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        created_at=float(created_at) if isinstance(created_at, int | float) else 0.0,
+        expires_at=float(expires_at) if isinstance(expires_at, int | float) else None,
+        running=exists,
+    )
+
+
+def _name(workspace: str) -> str:
+    return workspace.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _ref(config: SSHHostConfig, workspace: str) -> str:
+    return f"{_label(config)}:{workspace}"
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    """``user@host:port:/workspace`` -> (``user@host:port``, ``/workspace``)."""
+    host, sep, path = ref.partition(":/")
+    if not sep or not host:
+        raise ValueError(f"not an SSH sandbox ref (user@host:port:/workspace): {ref!r}")
+    return host, "/" + path
 
 
 def _label(config: SSHHostConfig) -> str:

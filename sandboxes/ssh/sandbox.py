@@ -27,7 +27,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Literal
+from typing import Literal, Self
 
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -63,6 +63,7 @@ __all__ = [
     "SSHHostKeyError",
     "SSHSandbox",
     "SSHSandboxConfig",
+    "SSHSandboxTemplate",
     "SSHUnreachableError",
     "UserPoolError",
 ]
@@ -107,10 +108,12 @@ _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
-class SSHSandboxConfig(BaseModel):
+class SSHSandboxTemplate(BaseModel):
+    """Everything an SSH sandbox is made from except its host: what `SSHProviderConfig` shares
+    across all its hosts (it extends this class, so the fields are declared once)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: SSHHostConfig
     workspace_root: str | None = None
     """Where workspaces are created on the host; default ``$HOME/sandboxes`` of the login user."""
     isolation: Literal["user", "none"] = "user"
@@ -125,12 +128,23 @@ class SSHSandboxConfig(BaseModel):
     default_timeout: float = Field(default=120.0, ge=0)
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
     use_exec_helper: bool = True
+    env: dict[str, str] = Field(default_factory=dict)
+    """Added to every command's environment (a command's own ``env`` wins)."""
 
     @model_validator(mode="after")
-    def _run_as_only_when_shared(self) -> SSHSandboxConfig:
+    def _run_as_only_when_shared(self) -> Self:
         if self.run_as is not None and self.isolation == "user":
             raise ValueError("run_as is the one user of isolation='none'; isolation='user' leases one per sandbox")
         return self
+
+    def on(self, host: SSHHostConfig) -> SSHSandboxConfig:
+        """This template, on ``host``."""
+        fields = {name: getattr(self, name) for name in SSHSandboxTemplate.model_fields}
+        return SSHSandboxConfig(host=host, **fields)
+
+
+class SSHSandboxConfig(SSHSandboxTemplate):
+    host: SSHHostConfig
 
 
 class SSHSandbox(BaseSandbox, Lifecycle):
@@ -245,6 +259,8 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        if self.config.env:
+            env = {**self.config.env, **(env or {})}
         timeout = self.config.default_timeout if timeout is None else timeout
         limit = self.config.output_limit if output_limit is None else output_limit
         workdir = cwd or self.workspace

@@ -4,6 +4,7 @@ Importing this module needs pytest and hypothesis (extra ``testing``)."""
 
 from sandboxes.testing.conformance import BackendConformance
 from sandboxes.testing.lifecycle_conformance import LifecycleConformance
+from sandboxes.testing.provider_conformance import ProviderConformance
 from sandboxes.testing.sandbox_conformance import SandboxConformance
 
-__all__ = ["BackendConformance", "LifecycleConformance", "SandboxConformance"]
+__all__ = ["BackendConformance", "LifecycleConformance", "ProviderConformance", "SandboxConformance"]

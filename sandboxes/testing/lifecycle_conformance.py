@@ -9,6 +9,7 @@ the backend itself, not of a handle).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 import pytest
@@ -71,9 +72,10 @@ class LifecycleConformance:
 
 
 def _home(sandbox: Any) -> str:
-    """A directory the sandbox may write: its workspace where it has one, else /tmp."""
-    for name in ("workspace", "workdir"):
+    """A directory the sandbox may write and that outlives a handle: its workspace or root
+    directory where it has one, else /tmp (which is private to a handle on a local sandbox)."""
+    for name in ("workspace", "workdir", "root"):
         value = getattr(sandbox, name, None)
-        if isinstance(value, str):
-            return value
+        if isinstance(value, str | PurePath):
+            return str(value)
     return "/tmp"

@@ -1,0 +1,94 @@
+"""What a `sandboxes.lifecycle.Provider` promises, checked against a real backend.
+
+Subclass `ProviderConformance` and provide a ``provider`` fixture: a provider of your backend
+whose sweeps reach only the sandboxes these tests make (its own owner, root or base
+directory). The tests create, attach, list, destroy and sweep through it, and check what the
+backend itself records (`Provider.list`), never only what a handle remembers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from sandboxes.lifecycle import CreateOptions, Lifecycle, Provider, SandboxRecord
+
+__all__ = ["ProviderConformance"]
+
+LABELS = {"conformance": "yes", "tenant": "t-1"}
+
+
+class ProviderConformance:
+    @pytest.fixture
+    def provider(self) -> Any:
+        raise NotImplementedError("subclasses provide a `provider` fixture")
+
+    def test_is_a_provider(self, provider: Any) -> None:
+        assert isinstance(provider, Provider)
+
+    def test_create_records_labels_env_and_expiry(self, provider: Any) -> None:
+        before = time.time()
+        with provider.create(CreateOptions(labels=LABELS, env={"CONFORMANCE_VAR": "seen"}, ttl=600)) as sandbox:
+            assert issubclass(type(sandbox), Lifecycle)
+            assert sandbox.owned
+            assert sandbox.execute('echo "$CONFORMANCE_VAR"').output == "seen\n"
+            record = _record(provider, sandbox)
+            assert record is not None, "list() does not show a sandbox just created"
+            assert dict(record.labels) == LABELS
+            assert record.running
+            assert record.expires_at is not None
+            assert before + 600 - 5 <= record.expires_at <= time.time() + 600 + 5
+        assert _record(provider, sandbox) is None, "leaving a created sandbox's block left it listed"
+
+    def test_attach_by_ref_only_closes(self, provider: Any) -> None:
+        created = provider.create(CreateOptions(labels=LABELS, env={"CONFORMANCE_VAR": "again"}))
+        try:
+            record = _record(provider, created)
+            assert record is not None
+            with provider.attach(record.ref) as attached:
+                assert not attached.owned
+                assert attached.id == created.id
+                assert attached.execute('echo "$CONFORMANCE_VAR"').output == "again\n"
+            again = _record(provider, created)
+            assert again is not None, "leaving an attached handle's block destroyed the sandbox"
+            assert dict(again.labels) == LABELS
+        finally:
+            created.destroy()
+        assert _record(provider, created) is None
+
+    def test_destroy_by_ref_is_idempotent_and_attach_then_fails(self, provider: Any) -> None:
+        sandbox = provider.create()
+        record = _record(provider, sandbox)
+        assert record is not None
+        sandbox.close()
+        provider.destroy(record.ref)
+        assert _record(provider, sandbox) is None
+        provider.destroy(record.ref)
+        with pytest.raises(LookupError):
+            provider.attach(record.ref)
+
+    def test_sweep_removes_only_the_expired(self, provider: Any) -> None:
+        short = provider.create(CreateOptions(ttl=1))
+        long = provider.create(CreateOptions(ttl=3600))
+        try:
+            short_record, long_record = _record(provider, short), _record(provider, long)
+            assert short_record is not None
+            assert long_record is not None
+            assert short_record.ref not in provider.sweep().removed  # not yet: the clock is the caller's
+            swept = provider.sweep(now=time.time() + 60)
+            assert short_record.ref in swept.removed
+            assert long_record.ref not in swept.removed
+            assert _record(provider, short) is None
+            assert _record(provider, long) is not None
+            assert long.execute("echo alive").output == "alive\n"
+        finally:
+            short.close()
+            long.destroy()
+
+
+def _record(provider: Any, sandbox: Any) -> SandboxRecord | None:
+    found = [record for record in provider.list() if record.id == sandbox.id]
+    assert len(found) <= 1, found
+    return found[0] if found else None

@@ -105,6 +105,20 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         """Whether commands currently go through a live exec helper (the fast path)."""
         return self._mux is not None and self._mux.alive
 
+    @property
+    def running_helper(self) -> MuxClient | None:
+        """The live exec helper, if one runs (for callers that await commands on it)."""
+        mux = self._mux
+        return mux if mux is not None and mux.alive else None
+
+    def drop_helper(self, mux: MuxClient) -> None:
+        """Drop ``mux`` if it is still this sandbox's helper (it broke under a caller)."""
+        self._drop_helper(mux)
+
+    def oom_killed(self) -> bool:
+        """Whether the container's memory cgroup killed a process since the last look."""
+        return self._oom_killed()
+
     def close(self) -> None:
         """Drop the exec helper; the container keeps running."""
         with self._mux_lock:

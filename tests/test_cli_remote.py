@@ -26,7 +26,7 @@ import uvicorn
 from sandboxes.cli import main
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
-from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.settings import LocalTemplate, ServiceSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local backend needs bubblewrap")
 
@@ -51,7 +51,7 @@ def _settings(data_dir: Path) -> ServiceSettings:
     return ServiceSettings(
         data_dir=data_dir,
         api_keys={hash_key(key): tenant for tenant, key in KEYS.items()},
-        templates={"default": Template(default_timeout=30), "short": Template(ttl=600)},
+        templates={"default": LocalTemplate(default_timeout=30), "short": LocalTemplate(ttl=600)},
     )
 
 

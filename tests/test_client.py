@@ -44,7 +44,7 @@ from sandboxes.client.errors import OperationFailed, error_from_response, parse_
 from sandboxes.semantics import message_for
 from sandboxes.server import app as server_app
 from sandboxes.server.auth import hash_key
-from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy
+from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
 from sandboxes.testing import SandboxConformance
 
 KEY = "sbx_main_" + uuid.uuid4().hex
@@ -57,7 +57,7 @@ MAX_BODY = 32 << 20
 def _settings(data_dir: Path) -> ServiceSettings:
     return ServiceSettings(
         data_dir=data_dir,
-        templates={"default": Template(backend="local", isolation="bwrap", default_timeout=60)},
+        templates={"default": LocalTemplate(isolation="bwrap", default_timeout=60)},
         api_keys={
             hash_key(KEY): "main",
             hash_key(OTHER_KEY): "other",

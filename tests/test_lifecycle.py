@@ -16,7 +16,7 @@ from support import SESSION_OWNER
 from sandboxes.client import NotFound, RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
-from sandboxes.server.settings import Template
+from sandboxes.server.settings import LocalTemplate
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 from sandboxes.testing import LifecycleConformance
 
@@ -90,7 +90,7 @@ class TestSSHLifecycle(LifecycleConformance):
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxClient]:
     data = tmp_path_factory.mktemp("lifecycle-service")
-    settings = settings_for(data, templates={"default": Template(backend="local")})
+    settings = settings_for(data, templates={"default": LocalTemplate()})
     with running(settings) as service, SandboxClient(service.url, KEYS["alice"]) as sandbox_client:
         yield sandbox_client
 

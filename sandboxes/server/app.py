@@ -41,7 +41,7 @@ from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import AUTHENTICATED, Service, health, router
-from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.settings import LocalTemplate, ServiceSettings
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
@@ -98,7 +98,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastA
 
 def check_settings(settings: ServiceSettings) -> None:
     """Refuse at start what would only fail later, one sandbox at a time."""
-    needs_bwrap = [name for name, t in settings.templates.items() if t.backend == "local" and t.isolation == "bwrap"]
+    needs_bwrap = [
+        name for name, t in settings.templates.items() if isinstance(t, LocalTemplate) and t.isolation == "bwrap"
+    ]
     if needs_bwrap and shutil.which("bwrap") is None:
         raise RuntimeError(
             f"templates {needs_bwrap} isolate with bubblewrap, which is not installed (apt install bubblewrap)"

@@ -21,8 +21,9 @@ from typing import Any
 
 from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
+from sandboxes.lifecycle import Lifecycle
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import Backend
+from sandboxes.server.backends import ProviderBackend, reconcile
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import OutputLedger, ProcessTable
@@ -36,14 +37,14 @@ logger = logging.getLogger(__name__)
 class Entry:
     state: SandboxState
     sandbox: BaseSandbox
-    backend: Backend
+    backend: ProviderBackend
     processes: ProcessTable
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(
             id=self.state.id,
             template=self.state.template,
-            backend=self.backend.name,  # type: ignore[arg-type]
+            backend=self.backend.template.backend,
             created_at=self.state.created_at,
             expires_at=self.state.expires_at,
             labels=self.state.labels,
@@ -63,7 +64,7 @@ class _Reservation:
 
 
 class Registry:
-    def __init__(self, settings: ServiceSettings, backends: dict[str, Backend], metrics: Metrics) -> None:
+    def __init__(self, settings: ServiceSettings, backends: dict[str, ProviderBackend], metrics: Metrics) -> None:
         self.settings = settings
         self.backends = backends
         self.metrics = metrics
@@ -85,21 +86,22 @@ class Registry:
         """Adopt what the backends really have, reap the rest, then start enforcing TTLs."""
         now = time.time()
         states = await asyncio.to_thread(self.store.load_all)
-        for name, backend in self.backends.items():
-            mine = [state for state in states if state.backend == name]
-            adopted = await asyncio.to_thread(backend.reconcile, mine, now)
-            kept = set()
-            for state, sandbox in adopted:
-                self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(state.tenant))
-                kept.add(state.id)
-                await asyncio.to_thread(self.store.save, state)
-                self._schedule(state.id)
-            for state in mine:
-                if state.id not in kept:
-                    await asyncio.to_thread(self.store.remove, state.id)
-            logger.info("reconciled %s backend: adopted %d sandboxes", name, len(adopted))
+        kinds = {backend.name for backend in self.backends.values()}
+        mine = [state for state in states if state.backend in kinds]
+        adopted = await asyncio.to_thread(reconcile, self.backends, mine, now)
+        kept = set()
+        for state, sandbox in adopted:
+            backend = self._backend_of(state)
+            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(state.tenant))
+            kept.add(state.id)
+            await asyncio.to_thread(self.store.save, state)
+            self._schedule(state.id)
+        for state in mine:
+            if state.id not in kept:
+                await asyncio.to_thread(self.store.remove, state.id)
+        logger.info("reconciled: adopted %d sandboxes", len(adopted))
         for state in states:
-            if state.backend not in self.backends:
+            if state.backend not in kinds:
                 logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
         self._update_gauge()
         self._sweeper = asyncio.create_task(self._sweep_forever())
@@ -119,10 +121,9 @@ class Registry:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
         for entry in self._entries.values():
-            close = getattr(entry.sandbox, "close", None)
-            if close is not None:
+            if isinstance(entry.sandbox, Lifecycle):
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(close)
+                    await asyncio.to_thread(entry.sandbox.close)
         for backend in self.backends.values():
             backend.close()
 
@@ -135,20 +136,12 @@ class Registry:
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         _check_env(request.env)
         _check_labels(request.labels)
-        backend = self.backends[template.backend]
+        backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         reservation = self._reserve(tenant, template)
         started = time.perf_counter()
         work = asyncio.ensure_future(
-            asyncio.to_thread(
-                backend.create,
-                request.template,
-                template,
-                tenant.id,
-                time.time() + ttl,
-                dict(request.labels),
-                dict(request.env),
-            )
+            asyncio.to_thread(backend.create, tenant.id, time.time() + ttl, dict(request.labels), dict(request.env))
         )
         try:
             state, sandbox = await asyncio.shield(work)
@@ -178,7 +171,7 @@ class Registry:
             ledger = self._ledgers[tenant] = OutputLedger(budget)
         return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes, ledger)
 
-    async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: Backend) -> Entry:
+    async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
         entry = Entry(state, sandbox, backend, self._process_table(state.tenant))
         self._entries[state.id] = entry
         self._schedule(state.id)
@@ -186,12 +179,12 @@ class Registry:
         await asyncio.to_thread(self.store.save, state)
         return entry
 
-    def _adopt_late(self, done: asyncio.Future[tuple[SandboxState, BaseSandbox]], backend: Backend) -> None:
+    def _adopt_late(self, done: asyncio.Future[tuple[SandboxState, BaseSandbox]], backend: ProviderBackend) -> None:
         if not done.cancelled() and done.exception() is None:
             state, sandbox = done.result()
             self._spawn(lambda: self._register_quietly(state, sandbox, backend))
 
-    async def _register_quietly(self, state: SandboxState, sandbox: BaseSandbox, backend: Backend) -> None:
+    async def _register_quietly(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> None:
         try:
             await self._register(state, sandbox, backend)
         except Exception:
@@ -305,8 +298,15 @@ class Registry:
         await asyncio.to_thread(self.store.remove, entry.state.id)
         return True
 
+    def _backend_of(self, state: SandboxState) -> ProviderBackend:
+        """The backend of the sandbox's template; one of the same kind if the template is gone."""
+        backend = self.backends.get(state.template)
+        if backend is not None and backend.name == state.backend:
+            return backend
+        return next(b for b in self.backends.values() if b.name == state.backend)
+
     def _update_gauge(self) -> None:
-        for name in self.backends:
+        for name in {backend.name for backend in self.backends.values()}:
             self.metrics.sandboxes_live.labels(name).set(
                 sum(1 for entry in self._entries.values() if entry.backend.name == name)
             )

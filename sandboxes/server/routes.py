@@ -118,7 +118,7 @@ def _entry(request: Request, tenant: Tenant, sandbox_id: str) -> tuple[Service, 
 
 
 def _template(svc: Service, entry: Entry) -> Template:
-    return svc.settings.templates.get(entry.state.template) or Template(backend=entry.backend.name)  # type: ignore[arg-type]
+    return entry.backend.template
 
 
 async def _backend(function: Callable[..., T], *args: Any) -> T:

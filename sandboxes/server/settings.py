@@ -14,11 +14,16 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+
+if TYPE_CHECKING:
+    from sandboxes.ssh.provider import SSHProviderConfig
 
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -38,39 +43,102 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Template(_Frozen):
-    """What a sandbox is made from; clients choose a template by name and nothing else."""
+class _Template(_Frozen):
+    """What every template has: clients choose a template by name and nothing else."""
 
-    backend: Literal["local", "docker"] = "local"
-    image: str = "sandboxes/runtime:latest"
-    """Docker only."""
     cpus: float = Field(default=1.0, gt=0)
-    """Enforced by Docker, and for the local backend by its cgroup (where cgroups can be written);
-    also counted against the tenant's quota. ``memory`` likewise."""
+    """Enforced by the backend (Docker, the local backend's cgroup where cgroups can be
+    written); always counted against the tenant's quota. ``memory`` likewise."""
     memory: str = "512m"
-    disk: str | None = "1g"
-    """Docker only: the workspace's size (a tmpfs volume; see `DockerSandboxConfig.disk`);
-    ``None``: a persistent volume on the engine's disk, unbounded."""
     ttl: float = Field(default=3600.0, gt=0)
     """Default lifetime in seconds when the client asks for none."""
     env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Docker only: the operator's own labels on every container and volume of the template."""
     default_timeout: float = Field(default=120.0, ge=0)
-    isolation: Literal["bwrap", "none"] = "bwrap"
-    """Local only. ``none`` runs commands as the service's own user with access to everything
-    it can read (its keys included), so it is refused unless the service is ``insecure``."""
 
-    @field_validator("memory", "disk")
+    @field_validator("memory")
     @classmethod
-    def _memory_parses(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_memory(value)
+    def _memory_parses(cls, value: str) -> str:
+        parse_memory(value)
         return value
 
     @property
     def memory_bytes(self) -> int:
         return parse_memory(self.memory)
+
+
+class LocalTemplate(_Template):
+    """Sandboxes as directories on the service's host, in a bubblewrap jail."""
+
+    backend: Literal["local"] = "local"
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """``none`` runs commands as the service's own user with access to everything it can read
+    (its keys included), so it is refused unless the service is ``insecure``."""
+
+
+class DockerTemplate(_Template):
+    """Sandboxes as containers of the service's Docker engine."""
+
+    backend: Literal["docker"]
+    image: str = "sandboxes/runtime:latest"
+    disk: str | None = "1g"
+    """The workspace's size (a tmpfs volume; see `DockerSandboxConfig.disk`); ``None``: a
+    persistent volume on the engine's disk, unbounded."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The operator's own labels on every container and volume of the template."""
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_memory(value)
+        return value
+
+
+class SSHTemplate(_Template):
+    """Sandboxes as workspaces on SSH hosts. Its other fields are `SSHProviderConfig`'s
+    (``hosts`` with their keys and known_hosts, ``workspace_root``, ``isolation``, ...), checked
+    by it when the config is loaded; kept apart so that a service without SSH templates does not
+    need paramiko. ``cpus`` and ``memory`` are only counted against quotas: an SSH host enforces
+    neither per sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    backend: Literal["ssh"]
+
+    @model_validator(mode="after")
+    def _provider_config_loads(self) -> SSHTemplate:
+        self.provider_config(DEFAULT_OUTPUT_LIMIT)
+        return self
+
+    def provider_config(self, output_limit: int) -> SSHProviderConfig:
+        """The provider's config: this template's SSH fields, and the service's limits. Its
+        sandboxes get no expiry of the provider's: the service enforces (and renews) TTLs."""
+        from sandboxes.ssh.provider import SSHProviderConfig
+
+        shared = {"default_timeout": self.default_timeout, "env": self.env, "output_limit": output_limit}
+        return SSHProviderConfig.model_validate({**(self.model_extra or {}), **shared})
+
+
+def _backend_of(value: Any) -> str:
+    """Templates without ``backend`` are local ones, as before templates had per-backend types."""
+    if isinstance(value, dict):
+        return str(value.get("backend", "local"))
+    if isinstance(value, LocalTemplate | DockerTemplate | SSHTemplate):
+        return value.backend
+    return "local"
+
+
+Template = Annotated[
+    Annotated[LocalTemplate, Tag("local")]
+    | Annotated[DockerTemplate, Tag("docker")]
+    | Annotated[SSHTemplate, Tag("ssh")],
+    Discriminator(_backend_of),
+]
+"""A template, by its ``backend``."""
+
+
+def _default_templates() -> dict[str, Template]:
+    return {"default": LocalTemplate()}
 
 
 class TenantPolicy(_Frozen):
@@ -115,7 +183,7 @@ class ServiceSettings(BaseSettings):
     owner: str = "sandboxes-service"
     """Value of the ``io.sandboxes.owner`` label on this service's containers: at start-up it
     adopts or reaps exactly these, so two services on one engine need different owners."""
-    templates: dict[str, Template] = Field(default_factory=lambda: {"default": Template()})
+    templates: dict[str, Template] = Field(default_factory=lambda: _default_templates())
     api_keys: dict[str, str] = Field(default_factory=dict)
     """SHA-256 (hex) of each API key -> the tenant it authenticates."""
     tenants: dict[str, TenantPolicy] = Field(default_factory=dict)
@@ -181,7 +249,7 @@ class ServiceSettings(BaseSettings):
         if not self.templates:
             raise ValueError("at least one template is needed")
         for name, template in self.templates.items():
-            if template.backend == "local" and template.isolation == "none" and not self.insecure:
+            if isinstance(template, LocalTemplate) and template.isolation == "none" and not self.insecure:
                 raise ValueError(f"template {name!r} has isolation 'none': allowed only with insecure")
         return self
 

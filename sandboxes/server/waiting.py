@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from sandboxes import protocol as p
 from sandboxes._mux import MuxBroken, MuxClient
@@ -37,7 +36,9 @@ def awaitable_helper(sandbox: BaseSandbox) -> MuxClient | None:
     """The sandbox's running exec helper, if it has one that a command can be awaited on."""
     from sandboxes.docker import DockerSandbox
 
-    return sandbox.running_helper() if isinstance(sandbox, DockerSandbox) else None
+    if not isinstance(sandbox, DockerSandbox):
+        return None
+    return sandbox.running_helper()
 
 
 async def run_awaited(
@@ -49,7 +50,10 @@ async def run_awaited(
     fallback: Fallback,
 ) -> p.ExecuteResponse:
     """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""
-    config: Any = getattr(sandbox, "config")  # noqa: B009 - DockerSandboxConfig
+    from sandboxes.docker import DockerSandbox
+
+    assert isinstance(sandbox, DockerSandbox)  # the only one `awaitable_helper` answers for
+    config = sandbox.config
     try:
         response = await arun(
             mux,
@@ -63,7 +67,7 @@ async def run_awaited(
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
-        await asyncio.to_thread(getattr(sandbox, "drop_helper"), mux)  # noqa: B009 - DockerSandbox
+        await asyncio.to_thread(sandbox.drop_helper, mux)
         if broken.started:  # it may have run: running it again could do it twice
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
         return await fallback()
@@ -72,6 +76,6 @@ async def run_awaited(
         return p.ExecuteResponse(
             "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
         )
-    if response.exit_code == 137 and await asyncio.to_thread(getattr(sandbox, "oom_killed")):  # noqa: B009
+    if response.exit_code == 137 and await asyncio.to_thread(sandbox.oom_killed):
         return out_of_memory(response, config.memory)
     return response

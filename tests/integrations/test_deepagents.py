@@ -28,7 +28,7 @@ from sandboxes.integrations.deepagents import (
 )
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.semantics import message_for
-from sandboxes.server.settings import Template
+from sandboxes.server.settings import DockerTemplate
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 from sandboxes.state import StateBackend
 
@@ -129,7 +129,9 @@ class TestRemoteSandboxStandard(StandardSuite):
     def sandbox(
         self, docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[da.SandboxBackendProtocol]:
-        template = Template(backend="docker", image=runtime_image, labels={"io.sandboxes.test-session": SESSION_OWNER})
+        template = DockerTemplate(
+            backend="docker", image=runtime_image, labels={"io.sandboxes.test-session": SESSION_OWNER}
+        )
         settings = settings_for(
             tmp_path_factory.mktemp("deepagents-remote"),
             owner=f"{SESSION_OWNER}-deepagents",

@@ -22,7 +22,7 @@ import uvicorn
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
 from sandboxes.server.serving import uvicorn_config
-from sandboxes.server.settings import ServiceSettings, Template, TenantPolicy
+from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
 
 KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
 """Tenant -> API key. ``tiny`` has a quota of one small sandbox; ``slow`` 2 requests/s."""
@@ -47,7 +47,7 @@ def settings_for(data_dir: Path, **overrides: Any) -> ServiceSettings:
         "data_dir": data_dir,
         "api_keys": {hash_key(key): tenant for tenant, key in KEYS.items()},
         "tenants": POLICIES,
-        "templates": {"default": Template(default_timeout=30), "big": Template(cpus=4, memory="1g")},
+        "templates": {"default": LocalTemplate(default_timeout=30), "big": LocalTemplate(cpus=4, memory="1g")},
         "sweep_interval": 0.2,
     }
     options.update(overrides)

@@ -11,15 +11,15 @@ from service_harness import settings_for
 
 from sandboxes import protocol as p
 from sandboxes.local import LocalSandbox
-from sandboxes.server.backends import LocalBackend
-from sandboxes.server.settings import Template
+from sandboxes.server.backends import make_backends
+from sandboxes.server.settings import LocalTemplate
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_a_local_templates_memory_and_cpus_bound_its_sandboxes(tmp_path: Path) -> None:
-    template = Template(memory="256m", cpus=0.5)
-    backend = LocalBackend(settings_for(tmp_path, templates={"small": template}))
-    state, sandbox = backend.create("small", template, "alice", time.time() + 60, {}, {})
+    template = LocalTemplate(memory="256m", cpus=0.5)
+    backend = make_backends(settings_for(tmp_path, templates={"small": template}))["small"]
+    state, sandbox = backend.create("alice", time.time() + 60, {}, {})
     try:
         assert isinstance(sandbox, LocalSandbox)
         assert (sandbox.config.memory, sandbox.config.cpus) == (256 << 20, 0.5)

@@ -19,7 +19,7 @@ import pytest
 from service_harness import Running, create, error_of, execute, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import Template
+from sandboxes.server.settings import DockerTemplate
 
 EXPANSION = 16 << 20
 """The services' ``max_archive_expansion`` here."""
@@ -187,7 +187,7 @@ def test_an_archive_cut_short_leaves_the_file_it_would_replace(
 def docker_service(
     docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Running]:
-    template = Template(
+    template = DockerTemplate(
         backend="docker",
         image=runtime_image,
         cpus=0.5,

@@ -35,15 +35,15 @@ from support import SESSION_OWNER
 from sandboxes import protocol as p
 from sandboxes.client import RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.server.settings import Template
+from sandboxes.server.settings import DockerTemplate
 from sandboxes.testing import SandboxConformance
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 """On every container and volume the service makes, so the session sweep removes leftovers."""
 
 
-def _template(image: str) -> Template:
-    return Template(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+def _template(image: str) -> DockerTemplate:
+    return DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_create_execute_delete(service: Running, client: httpx.Client, docker_cl
     assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(container_id)
-    assert not docker_client.volumes.list(filters={"label": f"io.sandboxes.sandbox-id={sandbox['id']}"})
+    assert not docker_client.volumes.list(filters={"label": f"io.sandboxes.service-id={sandbox['id']}"})
     assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
 
 
@@ -96,7 +96,8 @@ def test_container_sees_no_socket_no_credentials_no_network(
     container.reload()
     mounts = container.attrs["Mounts"]
     assert [(m["Type"], m["Destination"]) for m in mounts] == [("volume", "/workspace")]
-    assert container.attrs["HostConfig"]["Binds"] == [f"sandboxes-ws-{sandbox['id']}:/workspace:rw"]  # a volume
+    volume = f"sandboxes-ws-{container.labels['io.sandboxes.sandbox-id']}"
+    assert container.attrs["HostConfig"]["Binds"] == [f"{volume}:/workspace:rw"]  # a volume
     assert container.attrs["HostConfig"]["NetworkMode"] == "none"
     assert container.attrs["HostConfig"]["CapDrop"] == ["ALL"]
     labels = container.labels
@@ -222,7 +223,7 @@ def test_background_kill_finds_a_command_that_wiped_its_environment(
 
 def service_container(docker_client: Any, owner: str, sandbox_id: str) -> str:
     [container] = docker_client.containers.list(
-        all=True, filters={"label": [f"io.sandboxes.owner={owner}", f"io.sandboxes.sandbox-id={sandbox_id}"]}
+        all=True, filters={"label": [f"io.sandboxes.owner={owner}", f"io.sandboxes.service-id={sandbox_id}"]}
     )
     return str(container.id)
 
@@ -273,7 +274,7 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
             assert alice.get(f"/v1/sandboxes/{doomed['id']}").status_code == 404
         remaining = docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
         expected = sorted([kept["id"], stateless["id"], persistent["id"]])
-        assert sorted(c.labels["io.sandboxes.sandbox-id"] for c in remaining) == expected
+        assert sorted(c.labels["io.sandboxes.service-id"] for c in remaining) == expected
         with pytest.raises(docker.errors.NotFound):
             docker_client.containers.get(stranger.id)  # our owner, no tenant: orphaned, reaped
         docker_client.containers.get(neighbour.id)  # another owner's: untouched

@@ -130,7 +130,7 @@ def test_sibling_sandbox_lifecycle(service: tuple[str, str, str], docker_client:
         sandbox = client.create(env={"GREETING": "hello"})
         assert sandbox.info is not None
         assert sandbox.info.backend == "docker"
-        siblings = docker_client.containers.list(filters={"label": f"io.sandboxes.sandbox-id={sandbox.id}"})
+        siblings = docker_client.containers.list(filters={"label": f"io.sandboxes.service-id={sandbox.id}"})
         assert len(siblings) == 1  # on the host's engine, beside the service: not inside it
         sibling = siblings[0]
         assert sibling.labels["io.sandboxes.owner"] == owner
@@ -149,7 +149,7 @@ def test_sibling_sandbox_lifecycle(service: tuple[str, str, str], docker_client:
         sandbox.destroy()
         with pytest.raises(docker.errors.NotFound):
             docker_client.containers.get(sibling.id)
-        assert not docker_client.volumes.list(filters={"label": f"io.sandboxes.sandbox-id={sandbox.id}"})
+        assert not docker_client.volumes.list(filters={"label": f"io.sandboxes.service-id={sandbox.id}"})
 
 
 def test_cli_against_the_image(service: tuple[str, str, str], monkeypatch: pytest.MonkeyPatch) -> None:

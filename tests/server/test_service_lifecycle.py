@@ -183,7 +183,10 @@ def test_kill_9_then_restart_loses_nothing(tmp_path: Path) -> None:
         assert not Path(doomed["workdir"]).exists()
         assert not Path(deleted["workdir"]).exists()
         assert not orphan.exists()
-        assert sorted(p.name for p in (data_dir / "local").iterdir()) == sorted([kept["id"], bobs["id"]])
+        roots = sorted(Path(sandbox["workdir"]).name for sandbox in (kept, bobs))
+        assert sorted(p.name for p in (data_dir / "local").iterdir()) == sorted(
+            [*roots, *(f"{root}.json" for root in roots)]  # each root and its record, nothing else
+        )
         assert sorted(p.stem for p in (data_dir / "state").glob("*.json")) == sorted([kept["id"], bobs["id"]])
     finally:
         service.stop()

@@ -17,7 +17,7 @@ import pytest
 from service_harness import Running, create, error_of, execute, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import Template, TenantPolicy
+from sandboxes.server.settings import DockerTemplate, TenantPolicy
 
 CAP = 3
 THREADS = 6
@@ -190,7 +190,7 @@ def test_running_processes_share_the_budget(service: Running) -> None:
 def docker_service(
     docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Running]:
-    template = Template(
+    template = DockerTemplate(
         backend="docker",
         image=runtime_image,
         cpus=0.5,

@@ -1,0 +1,190 @@
+"""Over real HTTP with an ``ssh`` template: sandboxes as workspaces on a `sandboxes/ssh-vm`
+container reached on loopback (hosts and keys from the service's config), through the same
+provider adapter as the other backends; archives through the sandbox's own commands; and a
+``kill -9`` of the service followed by a restart that adopts the workspaces from their records
+and reaps the expired."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import (
+    KEYS,
+    UNTHROTTLED,
+    Running,
+    ServiceProcess,
+    create,
+    execute,
+    running,
+    settings_for,
+    subprocess_config,
+)
+from ssh_fixtures import SSHVM, start_vm
+
+from sandboxes.client import RemoteSandbox, SandboxClient
+from sandboxes.server.settings import SSHTemplate
+from sandboxes.testing import SandboxConformance
+
+
+@pytest.fixture(scope="module")
+def vm(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHVM]:
+    machine = start_vm(tmp_path_factory.mktemp("service-ssh"))
+    yield machine
+    machine.stop()
+
+
+def _template(vm: SSHVM, ws_root: str) -> dict[str, Any]:
+    """As an operator writes it in the config file: the host, its key file, its known_hosts."""
+    key = vm.known_hosts.parent / f"id-{vm.port}"
+    if not key.exists():
+        key.write_text(vm.private_key)
+        key.chmod(0o600)
+    host = {**vm.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
+    return {
+        "backend": "ssh",
+        "hosts": [host],
+        "workspace_root": ws_root,
+        "cpus": 0.5,
+        "memory": "256m",
+        "default_timeout": 30,
+    }
+
+
+def _on_vm(vm: SSHVM, command: str) -> str:
+    result = vm.docker.exec_run(["sh", "-c", command])
+    return str(result.output.decode())
+
+
+@pytest.fixture(scope="module")
+def ws_root() -> str:
+    return f"/tmp/svc-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def service(vm: SSHVM, ws_root: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    settings = settings_for(
+        tmp_path_factory.mktemp("ssh"),
+        templates={"default": SSHTemplate.model_validate(_template(vm, ws_root))},
+        tenants=UNTHROTTLED,  # the conformance suite below runs through this service
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+def test_the_template_comes_from_the_config_file_format(vm: SSHVM, ws_root: str, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, templates={"vm": _template(vm, ws_root)})
+    template = settings.templates["vm"]
+    assert isinstance(template, SSHTemplate)
+    assert template.provider_config(1 << 20).hosts[0].port == vm.port
+
+
+def test_create_execute_delete(client: httpx.Client, vm: SSHVM, ws_root: str) -> None:
+    sandbox = create(client, env={"GREETING": "hello"})
+    assert sandbox["backend"] == "ssh"
+    assert sandbox["workdir"].startswith(f"{ws_root}/")
+    result = execute(client, sandbox["id"], 'id -un; pwd; echo "$GREETING"')
+    user, cwd, greeting = result["output"].split()
+    assert user.startswith("sbx-")  # a user leased from the VM's pool, not the login user
+    assert (cwd, greeting) == (sandbox["workdir"], "hello")
+    assert _on_vm(vm, f"test -d {sandbox['workdir']} && echo yes") == "yes\n"
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+    assert _on_vm(vm, f"test -d {sandbox['workdir']} && echo yes || echo gone") == "gone\n"
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+
+def test_files_and_archive_round_trip(client: httpx.Client) -> None:
+    sandbox = create(client)
+    base = f"/v1/sandboxes/{sandbox['id']}"
+    try:
+        work = sandbox["workdir"]
+        client.post(f"{base}/files/write", json={"file_path": f"{work}/t/a.txt", "content": "alpha\n"})
+        archive = client.get(f"{base}/archive", params={"path": f"{work}/t"})
+        assert archive.status_code == 200, archive.text
+        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+            assert sorted(tar.getnames()) == ["t", "t/a.txt"]
+        put = client.put(f"{base}/archive", params={"path": f"{work}/copy"}, content=archive.content)
+        assert put.status_code == 204, put.text
+        assert execute(client, sandbox["id"], "cat copy/t/a.txt")["output"] == "alpha\n"
+        assert client.get(f"{base}/archive", params={"path": f"{work}/missing"}).status_code == 404
+    finally:
+        client.delete(base)
+
+
+def test_background_kill_takes_down_the_tree(client: httpx.Client) -> None:
+    sandbox = create(client)
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    try:
+        loop = "while :; do date +%s%N > beat; sleep 0.1; done"
+        process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
+        deadline = time.monotonic() + 10
+        while not execute(client, sandbox["id"], "cat beat 2>/dev/null")["output"]:
+            assert time.monotonic() < deadline, "the loop never started"
+        assert client.delete(f"{base}/{process['id']}").json()["status"] == "killed"
+        first = execute(client, sandbox["id"], "cat beat")["output"]
+        time.sleep(0.5)  # five beats, had it survived
+        assert execute(client, sandbox["id"], "cat beat")["output"] == first
+    finally:
+        client.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_kill_9_then_restart_adopts_workspaces_and_reaps_the_rest(vm: SSHVM, tmp_path: Path) -> None:
+    root = f"/tmp/k9-{uuid.uuid4().hex[:8]}"
+    data_dir = tmp_path / "data"
+    service = ServiceProcess(subprocess_config(data_dir, templates={"default": _template(vm, root)}), tmp_path)
+    service.start()
+    try:
+        with service.client("alice") as alice:
+            kept = create(alice, ttl=300)
+            execute(alice, kept["id"], "echo persisted > file.txt")
+            stateless = create(alice, ttl=300, labels={"role": "stateless"})
+            doomed = create(alice, ttl=2)
+        (data_dir / "state" / f"{stateless['id']}.json").unlink()  # as if killed before writing it
+        service.kill()
+        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
+        service.start()
+        with service.client("alice") as alice:
+            listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}
+            assert set(listed) == {kept["id"], stateless["id"]}
+            assert listed[stateless["id"]]["labels"] == {"role": "stateless"}  # from its record
+            assert execute(alice, kept["id"], "cat file.txt")["output"] == "persisted\n"
+            assert alice.get(f"/v1/sandboxes/{doomed['id']}").status_code == 404
+            assert _on_vm(vm, f"test -d {doomed['workdir']} && echo yes || echo gone") == "gone\n"
+            for sandbox_id in (kept["id"], stateless["id"]):
+                assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+        assert _on_vm(vm, f"ls -A {root}").split() == []
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(service: Running) -> Iterator[RemoteSandbox]:
+    with SandboxClient(service.url, KEYS["alice"]) as sandbox_client, sandbox_client.create("default") as sb:
+        yield sb
+
+
+class TestRemoteSandboxOverSSH(SandboxConformance):
+    """The client's protocol over an SSH-backed service answers as every other backend."""
+
+    @pytest.fixture
+    def backend(self, remote: RemoteSandbox) -> RemoteSandbox:
+        return remote
+
+    @pytest.fixture
+    def base_dir(self, remote: RemoteSandbox) -> str:
+        assert remote.workdir is not None
+        return remote.workdir

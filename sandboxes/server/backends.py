@@ -23,6 +23,7 @@ import base64
 import binascii
 import logging
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -35,7 +36,14 @@ from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, Sand
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
-from sandboxes.server.settings import DockerTemplate, LocalTemplate, ServiceSettings, SSHTemplate, Template
+from sandboxes.server.settings import (
+    DockerTemplate,
+    KubernetesTemplate,
+    LocalTemplate,
+    ServiceSettings,
+    SSHTemplate,
+    Template,
+)
 from sandboxes.server.store import SandboxState
 from sandboxes.server.streams import CHUNK, ChunkSink, Emit
 
@@ -202,10 +210,13 @@ def _workdir_of(sandbox: BaseSandbox) -> str:
 
     if isinstance(sandbox, DockerSandbox):
         return sandbox.config.workdir
-    from sandboxes.ssh import SSHSandbox
-
-    if isinstance(sandbox, SSHSandbox):
-        return sandbox.workspace
+    # Only a loaded backend can have made this sandbox: never import one (and its driver,
+    # paramiko or the kubernetes client) just to ask.
+    ssh, kubernetes = sys.modules.get("sandboxes.ssh.sandbox"), sys.modules.get("sandboxes.kubernetes.sandbox")
+    if ssh is not None and isinstance(sandbox, ssh.SSHSandbox):
+        return str(sandbox.workspace)
+    if kubernetes is not None and isinstance(sandbox, kubernetes.KubernetesSandbox):
+        return str(sandbox.config.workdir)
     return "/"
 
 
@@ -492,6 +503,11 @@ def provider_for(template: Template, settings: ServiceSettings, docker_client: A
             output_limit=settings.max_output_bytes,
         )
         return DockerProvider(config, client=docker_client, sweep_interval=None, sweep_on_start=False)
+    if isinstance(template, KubernetesTemplate):
+        from sandboxes.kubernetes import KubernetesProvider
+
+        pods = template.sandbox_config(owner=settings.owner, output_limit=settings.max_output_bytes)
+        return KubernetesProvider(pods, pool_size=0, sweep_interval=None, sweep_on_start=False)
     assert isinstance(template, SSHTemplate)
     from sandboxes.ssh import SSHProvider
 

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 
 if TYPE_CHECKING:
+    from sandboxes.kubernetes import KubernetesSandboxConfig
     from sandboxes.ssh.provider import SSHProviderConfig
 
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
@@ -119,11 +120,44 @@ class SSHTemplate(_Template):
         return SSHProviderConfig.model_validate({**(self.model_extra or {}), **shared})
 
 
+class KubernetesTemplate(_Template):
+    """Sandboxes as pods of a Kubernetes cluster (the service's own, in-cluster credentials,
+    or a kubeconfig). Its other fields are `KubernetesSandboxConfig`'s (``namespace``,
+    ``image``, ``image_pull_policy``, ``runtime_class_name``, ``node_selector``, ...), checked
+    when the config is loaded; kept apart so that a service without them needs no kubernetes
+    client. ``cpus`` and ``memory`` become the pod's limits and count against quotas."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    backend: Literal["kubernetes"]
+
+    @model_validator(mode="after")
+    def _sandbox_config_loads(self) -> KubernetesTemplate:
+        self.sandbox_config(owner="sandboxes-service", output_limit=DEFAULT_OUTPUT_LIMIT)
+        return self
+
+    def sandbox_config(self, *, owner: str, output_limit: int) -> KubernetesSandboxConfig:
+        """The pods' config: this template's fields, and the service's owner and limits. No
+        expiry of the provider's: the service enforces (and renews) TTLs."""
+        from sandboxes.kubernetes import KubernetesSandboxConfig
+
+        shared = {
+            "cpu_limit": f"{self.cpus:g}",
+            "memory_limit": str(self.memory_bytes),
+            "env": self.env,
+            "default_timeout": self.default_timeout,
+            "output_limit": output_limit,
+            "owner": owner,
+            "ttl": None,
+        }
+        return KubernetesSandboxConfig.model_validate({**(self.model_extra or {}), **shared})
+
+
 def _backend_of(value: Any) -> str:
     """Templates without ``backend`` are local ones, as before templates had per-backend types."""
     if isinstance(value, dict):
         return str(value.get("backend", "local"))
-    if isinstance(value, LocalTemplate | DockerTemplate | SSHTemplate):
+    if isinstance(value, LocalTemplate | DockerTemplate | SSHTemplate | KubernetesTemplate):
         return value.backend
     return "local"
 
@@ -131,7 +165,8 @@ def _backend_of(value: Any) -> str:
 Template = Annotated[
     Annotated[LocalTemplate, Tag("local")]
     | Annotated[DockerTemplate, Tag("docker")]
-    | Annotated[SSHTemplate, Tag("ssh")],
+    | Annotated[SSHTemplate, Tag("ssh")]
+    | Annotated[KubernetesTemplate, Tag("kubernetes")],
     Discriminator(_backend_of),
 ]
 """A template, by its ``backend``."""

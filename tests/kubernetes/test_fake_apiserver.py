@@ -137,7 +137,7 @@ def test_security_settings_reach_docker(core_v1: Any, pod: str, docker_client: A
     assert host["NetworkMode"] == "none"
     assert host["Memory"] == 256 << 20
     assert host["NanoCpus"] == 500_000_000
-    assert host["Tmpfs"]["/tmp"] == f"mode=1777,size={16 << 20}"
+    assert host["Tmpfs"]["/tmp"] == f"rw,exec,nosuid,nodev,uid=1000,gid=1000,mode=1777,size={16 << 20}"
 
 
 def test_watch_from_a_compacted_version_is_gone(core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str) -> None:

@@ -253,7 +253,11 @@ class Kubelet:
         for mount in c.get("volumeMounts") or []:
             empty_dir = volumes[mount["name"]].get("emptyDir") or {}
             size = f",size={int(quantity(empty_dir['sizeLimit']))}" if empty_dir.get("sizeLimit") else ""
-            tmpfs[mount["mountPath"]] = f"mode=1777{size}"
+            # A real emptyDir is a 0777 directory (group fsGroup). Docker copies the image
+            # directory's mode onto a tmpfs over it whatever ``mode`` says, so the fake gives
+            # it to the pod's user and fsGroup instead; and, as an emptyDir, not noexec.
+            owner = f",uid={uid or 0},gid={psc.get('fsGroup', gid) or 0}"
+            tmpfs[mount["mountPath"]] = f"rw,exec,nosuid,nodev{owner},mode=1777{size}"
         limits = (c.get("resources") or {}).get("limits") or {}
         memory = int(quantity(limits["memory"])) if "memory" in limits else None
         return self.docker.containers.create(

@@ -1,0 +1,106 @@
+"""The service with a ``kubernetes`` template (what the Helm chart configures by default):
+sandboxes as pods of the fake API server (a FAKE, `fake_apiserver`), through the same provider
+adapter as the other backends; a restart adopts the pods the cluster still has, and the
+client's protocol answers as every other backend's."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from service_harness import KEYS, UNTHROTTLED, Running, create, execute, running, settings_for
+
+from sandboxes.client import RemoteSandbox, SandboxClient
+from sandboxes.server.settings import KubernetesTemplate
+from sandboxes.testing import SandboxConformance
+
+
+def _template(kubeconfig: Path, image: str) -> dict[str, Any]:
+    """As an operator writes it in the config file (the chart passes its templates as they are)."""
+    return {
+        "backend": "kubernetes",
+        "kubeconfig": str(kubeconfig),
+        "namespace": "sandboxes",
+        "image": image,
+        "image_pull_policy": "Never",
+        "cpus": 0.5,
+        "memory": "256m",
+        "default_timeout": 30,
+    }
+
+
+def _settings(data_dir: Path, kubeconfig: Path, image: str) -> Any:
+    template = KubernetesTemplate.model_validate(_template(kubeconfig, image))
+    return settings_for(data_dir, templates={"default": template}, tenants=UNTHROTTLED)
+
+
+@pytest.fixture(scope="module")
+def service(fake_kubeconfig: Path, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with running(_settings(tmp_path_factory.mktemp("k8s"), fake_kubeconfig, runtime_image)) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as made:
+        yield made
+
+
+def test_the_template_loads_from_the_config_file_format(fake_kubeconfig: Path, tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, templates={"pods": _template(fake_kubeconfig, "img:1")})
+    template = settings.templates["pods"]
+    assert isinstance(template, KubernetesTemplate)
+    config = template.sandbox_config(owner="svc", output_limit=1 << 20)
+    assert (config.namespace, config.image, config.owner, config.ttl) == ("sandboxes", "img:1", "svc", None)
+    assert (config.cpu_limit, config.memory_limit) == ("0.5", str(256 << 20))
+    with pytest.raises(ValueError, match="image_pull_policy"):
+        KubernetesTemplate.model_validate({**_template(fake_kubeconfig, "img:1"), "image_pull_policy": "Sometimes"})
+
+
+def test_create_execute_delete_is_a_pod(client: httpx.Client, core_v1: Any) -> None:
+    sandbox = create(client, env={"GREETING": "hello"})
+    assert sandbox["backend"] == "kubernetes"
+    assert execute(client, sandbox["id"], 'id -u; echo "$GREETING"')["output"] == "1000\nhello\n"
+    pods = core_v1.list_namespaced_pod("sandboxes", label_selector="app.kubernetes.io/component=sandbox").items
+    ours = [pod for pod in pods if pod.metadata.labels.get("io.sandboxes.service-id") == sandbox["id"]]
+    assert len(ours) == 1
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+    names = {pod.metadata.name for pod in core_v1.list_namespaced_pod("sandboxes").items}
+    assert ours[0].metadata.name not in names
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+
+def test_a_restarted_service_adopts_the_pods(fake_kubeconfig: Path, runtime_image: str, tmp_path: Path) -> None:
+    settings = _settings(tmp_path, fake_kubeconfig, runtime_image)
+    with running(settings) as first, first.client("alice") as one:
+        sandbox = create(one)
+        assert sandbox["workdir"] == "/workspace"
+        assert execute(one, sandbox["id"], "echo kept > note")["exit_code"] == 0
+    with running(settings) as second, second.client("alice") as two:
+        assert execute(two, sandbox["id"], "cat note")["output"] == "kept\n"
+        assert two.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+
+@pytest.fixture(scope="module")
+def remote(service: Running) -> Iterator[RemoteSandbox]:
+    with SandboxClient(service.url, KEYS["alice"]) as sandbox_client, sandbox_client.create("default") as sb:
+        yield sb
+
+
+class TestRemoteSandboxOnPods(SandboxConformance):
+    """The client's protocol over a Kubernetes-backed service answers as every other backend."""
+
+    @pytest.fixture
+    def backend(self, remote: RemoteSandbox) -> RemoteSandbox:
+        return remote
+
+    @pytest.fixture
+    def base_dir(self, remote: RemoteSandbox) -> str:
+        assert remote.workdir is not None
+        return remote.workdir

@@ -413,7 +413,13 @@ def test_service_monitor_scrapes_metrics_with_a_key(render: Render) -> None:
         (("--set", "config.port=9000"), "config.port is the chart's to set"),
         (("--set", "tests.enabled=false"), "no API keys: set apiKeys.hashes"),
         (("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=1"), "needs replicaCount >= 2"),
-        (("--set", "podDisruptionBudget.enabled=true", "--set", "podDisruptionBudget.maxUnavailable=1"), "only one of"),
+        (
+            (
+                *("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=2"),
+                *("--set", "podDisruptionBudget.maxUnavailable=1"),
+            ),
+            "only one of",
+        ),
         (("--set", "serviceMonitor.enabled=true"), "serviceMonitor.enabled needs serviceMonitor.bearerTokenSecret"),
         (("--set", "config.drain_timeout=60"), "terminationGracePeriodSeconds (45) must exceed"),
         (

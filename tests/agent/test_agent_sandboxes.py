@@ -17,7 +17,6 @@ from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_ag
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.docker import DockerSandboxConfig
 from sandboxes.docker.provider import DockerProvider as Docker
-from sandboxes.ssh import WorkspaceNotFound
 from sandboxes.ssh.provider import SSHProvider as SSH
 from sandboxes.ssh.provider import SSHProviderConfig
 
@@ -95,7 +94,7 @@ def test_episode_through_the_service_and_reattach(remote_provider: RemoteProvide
 def test_episode_on_ssh_and_reattach(ssh_provider: SSHProvider) -> None:
     sandbox_id = episode_then_reattach(ssh_provider)
     assert sandbox_id.startswith("ssh:127.0.0.1:")
-    with pytest.raises(WorkspaceNotFound, match="no workspace"):  # released: its workspace is gone
+    with pytest.raises(LookupError, match="no workspace"):  # released: its workspace is gone
         ssh_provider.attach(sandbox_id)
 
 

@@ -37,7 +37,7 @@ from _common import percentile as _percentile
 from _common import timed as _timed
 
 from sandboxes import protocol as p
-from sandboxes.local import _DEFAULT_PATH, LocalSandbox
+from sandboxes.local.sandbox import _DEFAULT_PATH, LocalSandbox
 
 TREE_DIRS = 10
 TREE_FILES_PER_DIR = 20  # 200 files in all

@@ -81,6 +81,45 @@ class ExecSocket:
                 close()
 
 
+class ExecOutput:
+    """The stdout of a ``docker exec`` of its own, read raw as it comes (`recv`), then its exit
+    status (`exit_code`). Silence past the socket's timeout, or a dropped stream, ends it with
+    an unknown status."""
+
+    def __init__(self, api: Any, exec_id: str, stream: ExecSocket, *, timeout: float = 300.0) -> None:
+        self._api = api
+        self._exec_id = exec_id
+        self._stream = stream
+        self._broken = False
+        stream.settimeout(timeout)
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._stream.stderr)
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes of stdout; ``b""`` at its end, however it ended."""
+        try:
+            return self._stream.recv(size)
+        except OSError:  # silent past the timeout (TimeoutError), or the engine dropped it
+            self._broken = True
+            return b""
+
+    def exit_code(self) -> int | None:
+        """The exit status once the output ended; ``None`` when the stream broke."""
+        if self._broken:
+            return None
+        for _ in range(100):  # the stream ends as the process exits; its status may trail a little
+            state = self._api.exec_inspect(self._exec_id)
+            if not state["Running"]:
+                return int(state["ExitCode"])
+            time.sleep(0.01)
+        return None
+
+    def close(self) -> None:
+        self._stream.close()
+
+
 def read_exec_stdout(
     api: Any, container: str, argv: list[str], *, user: str, timeout: float
 ) -> tuple[int | None, bytes]:
@@ -88,19 +127,12 @@ def read_exec_stdout(
     comes into one buffer (no second copy of a big file), stderr kept apart. ``None`` as the
     code when the stream broke or stayed silent for ``timeout`` seconds."""
     exec_id = api.exec_create(container, argv, user=user, stdout=True, stderr=True)["Id"]
-    stream = ExecSocket(api.exec_start(exec_id, socket=True))
-    stream.settimeout(timeout)
+    output = ExecOutput(api, exec_id, ExecSocket(api.exec_start(exec_id, socket=True)), timeout=timeout)
     content = io.BytesIO()
     try:
-        while chunk := stream.recv(_READ):
+        while chunk := output.recv(_READ):
             content.write(chunk)
-    except OSError:  # silent past the timeout (TimeoutError), or the engine dropped it
-        return None, b""
     finally:
-        stream.close()
-    for _ in range(100):  # the stream ends as the process exits; its status may trail a little
-        state = api.exec_inspect(exec_id)
-        if not state["Running"]:
-            return state["ExitCode"], content.getvalue()  # getvalue hands over the buffer itself
-        time.sleep(0.01)
-    return None, b""
+        output.close()
+    code = output.exit_code()
+    return (code, content.getvalue()) if code is not None else (None, b"")  # getvalue: the buffer itself

@@ -34,7 +34,7 @@ from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import stage_file
 from sandboxes.base import StreamingSandbox
 from sandboxes.docker._containers import create_container, remove_sandbox
-from sandboxes.docker._io import ExecSocket, read_exec_stdout
+from sandboxes.docker._io import ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.paths import InvalidPathError, is_within, normalize_path
@@ -379,6 +379,14 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         if code == 0:
             return content
         return _parse.code_for_status(code or -1) or p.BACKEND_ERROR
+
+    def open_output_stream(self, command: str) -> ExecOutput:
+        """``command`` (``sh``) run by the sandbox's user in a ``docker exec`` of its own, its
+        stdout streamed raw: for output too big for `execute`'s text answer (the service's
+        archives). The caller reads it to the end, then asks `ExecOutput.exit_code`."""
+        api = self.client.api
+        exec_id = api.exec_create(self.id, ["/bin/sh", "-c", command], user=self.config.user, stdout=True, stderr=True)
+        return ExecOutput(api, exec_id["Id"], ExecSocket(api.exec_start(exec_id["Id"], socket=True)))
 
     def _in_volume(self, path: str) -> bool:
         try:

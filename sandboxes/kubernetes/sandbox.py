@@ -444,6 +444,12 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
             p.FILE_NOT_FOUND if self._run_small(_scripts.command('[ -e "$1" ]', path))[0] != 0 else p.PERMISSION_DENIED
         )
 
+    def open_output_stream(self, command: str) -> ExecStream:
+        """``command`` (``sh``) run in an exec of its own, its stdout streamed raw: for output
+        too big for `execute`'s text answer (the service's archives). `ExecError` if refused."""
+        argv = ["/bin/sh", "-c", command]
+        return open_exec(self._exec_api, self.config.namespace, self.name, argv, stdin=False)
+
 
 def _lost(message: str) -> p.ExecuteResponse:
     return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=message)

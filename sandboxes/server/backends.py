@@ -84,6 +84,21 @@ class HostFiles(Protocol):
         ...
 
 
+class OutputStream(Protocol):
+    def recv(self, size: int) -> bytes: ...
+    def exit_code(self) -> int | None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class StreamsOutput(Protocol):
+    """A sandbox that can run a command on a channel of its own and hand its stdout over raw,
+    as it comes (Docker, SSH, Kubernetes): big output, an archive, need not fit `execute`'s
+    bounded text answer."""
+
+    def open_output_stream(self, command: str) -> OutputStream: ...
+
+
 @runtime_checkable
 class KillsTagged(Protocol):
     """A sandbox that can kill the commands it was given with an environment variable, by what
@@ -155,10 +170,8 @@ class ProviderBackend:
         if isinstance(sandbox, HostFiles):
             uid, gid = sandbox.user_ids
             return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid)
-        from sandboxes.docker import DockerSandbox
-
-        if isinstance(sandbox, DockerSandbox):
-            return _open_container_archive(sandbox, path)
+        if isinstance(sandbox, StreamsOutput):
+            return _open_streamed_archive(sandbox, path)
         return _open_archive_by_command(sandbox, path, self.settings.max_output_bytes)
 
     def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
@@ -378,34 +391,30 @@ def _put_archive_through_sandbox(
         safe.close()
 
 
-def _open_container_archive(sandbox: Any, path: str) -> Callable[[Emit], None]:
-    """The tar is made inside the container by ``tar`` running as the sandbox user, not by
-    the daemon (which reads as root): the archive holds what the sandbox may read, no more
-    (``/etc/shadow`` is refused; unreadable files inside a tree are left out)."""
-    from sandboxes.docker import DockerSandbox
-    from sandboxes.docker._io import ExecSocket
-
-    assert isinstance(sandbox, DockerSandbox)
+def _open_streamed_archive(sandbox: StreamsOutput, path: str) -> Callable[[Emit], None]:
+    """The tar is made inside the sandbox by ``tar`` running as the sandbox user, not by an
+    engine reading as root: the archive holds what the sandbox may read, no more
+    (``/etc/shadow`` is refused; unreadable files inside a tree are left out). It streams raw
+    on a channel of its own, so its size is bounded by nothing but the sandbox's files."""
+    assert isinstance(sandbox, BaseSandbox)
     checked = checked_path(path)
     _check_readable(sandbox, checked)
     parent, name = os.path.split(checked)
-    command = ["/bin/sh", "-c", _TAR_AS_USER, "sh", parent or "/", name or "."]
-    container_id, user, api = sandbox.container.id, sandbox.config.user, sandbox.client.api
+    command = _scripts.command(_TAR_AS_USER, parent or "/", name or ".")
 
     def produce(emit: Emit) -> None:
-        exec_id = api.exec_create(container_id, command, user=user, stdout=True, stderr=True)["Id"]
-        stream = ExecSocket(api.exec_start(exec_id, socket=True))
+        stream = sandbox.open_output_stream(command)
         sink = ChunkSink(emit)
         try:
             while data := stream.recv(CHUNK):
                 sink.write(data)
-            sink.flush_all()
         finally:
             stream.close()
-        status = api.exec_inspect(exec_id).get("ExitCode")
+        status = stream.exit_code()
         if status != 0:
-            logger.warning("tar of %s exited %s: %s", checked, status, bytes(stream.stderr[:2000]))
+            logger.warning("tar of %s exited %s: %s", checked, status, bytes(getattr(stream, "stderr", b""))[:2000])
             raise ServiceError("backend_unavailable", f"the archive of {checked} could not be completed")
+        sink.flush_all()
 
     return produce
 

@@ -356,3 +356,50 @@ def exit_status(channel: paramiko.Channel, wait: float) -> int:
     if channel.exit_status == -1:
         channel.status_event.wait(wait)
     return int(channel.exit_status)
+
+
+class ChannelOutput:
+    """The stdout of a command on a channel of its own, read raw as it comes (`recv`), then its
+    exit status (`exit_code`). Stderr is drained as it comes (an unread stderr would fill the
+    channel's window and stall stdout) and its start kept, bounded. Silence past ``timeout``
+    seconds, or a dropped connection, ends it with an unknown status."""
+
+    _KEPT = 65536
+
+    def __init__(self, connection: SSHConnection, channel: paramiko.Channel, *, timeout: float = 300.0) -> None:
+        self._connection = connection
+        self._channel = channel
+        self._timeout = timeout
+        self._broken = False
+        self.stderr = bytearray()
+        channel.settimeout(0.2)
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes of stdout; ``b""`` at its end, however it ended."""
+        silent_since = time.monotonic()
+        while True:
+            self._drain_stderr()
+            try:
+                return bytes(self._channel.recv(size))
+            except TimeoutError:
+                if time.monotonic() - silent_since > self._timeout:
+                    self._broken = True
+                    return b""
+            except (paramiko.SSHException, OSError, EOFError):
+                self._broken = True
+                return b""
+
+    def _drain_stderr(self) -> None:
+        while self._channel.recv_stderr_ready():
+            data = self._channel.recv_stderr(65536)
+            self.stderr += data[: max(0, self._KEPT - len(self.stderr))]
+
+    def exit_code(self) -> int | None:
+        """The exit status once the output ended; ``None`` when it never came."""
+        if self._broken:
+            return None
+        status = exit_status(self._channel, wait=self._connection.config.connect_timeout)
+        return None if status == -1 else status
+
+    def close(self) -> None:
+        self._connection.close_session(self._channel)

@@ -43,6 +43,7 @@ from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
 from sandboxes.ssh._connection import (
+    ChannelOutput,
     SSHAuthenticationError,
     SSHConnection,
     SSHError,
@@ -499,6 +500,18 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 if attempt:
                     return p.CONNECTION_LOST
         return p.CONNECTION_LOST
+
+    def open_output_stream(self, command: str) -> ChannelOutput:
+        """``command`` (``sh``) run by the sandbox's user on a channel of its own, its stdout
+        streamed raw: for output too big for `execute`'s text answer (the service's archives)."""
+        channel = self._connection.open_session(self.config.host.connect_timeout)
+        assert channel is not None
+        try:
+            channel.exec_command(self._as_user(command))
+        except BaseException:
+            self._connection.close_session(channel)
+            raise
+        return ChannelOutput(self._connection, channel)
 
 
 class _ChannelStream:

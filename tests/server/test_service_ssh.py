@@ -6,6 +6,7 @@ and reaps the expired."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shlex
 import tarfile
@@ -121,6 +122,27 @@ def test_files_and_archive_round_trip(client: httpx.Client) -> None:
         assert put.status_code == 204, put.text
         assert execute(client, sandbox["id"], "cat copy/t/a.txt")["output"] == "alpha\n"
         assert client.get(f"{base}/archive", params={"path": f"{work}/missing"}).status_code == 404
+    finally:
+        client.delete(base)
+
+
+def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.Client, service: Running) -> None:
+    """The archive streams raw on a channel of its own: it is not an `execute` answer, so it is
+    not bounded by the service's output ceiling (nor by base64's inflation of it)."""
+    sandbox = create(client)
+    base = f"/v1/sandboxes/{sandbox['id']}"
+    size = service.registry.settings.max_output_bytes + (1 << 20)
+    try:
+        made = execute(
+            client, sandbox["id"], f"mkdir big && head -c {size} /dev/urandom > big/blob && sha256sum big/blob"
+        )
+        digest = made["output"].split()[0]
+        archive = client.get(f"{base}/archive", params={"path": f"{sandbox['workdir']}/big"}, timeout=120)
+        assert archive.status_code == 200, archive.text[:500]
+        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+            member = tar.extractfile("big/blob")
+            assert member is not None
+            assert hashlib.sha256(member.read()).hexdigest() == digest
     finally:
         client.delete(base)
 

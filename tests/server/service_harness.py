@@ -21,6 +21,7 @@ import uvicorn
 
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
+from sandboxes.server.clock import Clock
 from sandboxes.server.serving import uvicorn_config
 from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
 
@@ -68,10 +69,17 @@ class Running:
     def registry(self) -> Any:
         return self.app.state.service.registry
 
+    def sweep(self) -> None:
+        """One sweep of the registry now, returning when it is done: what expired on the
+        service's clock is destroyed by then."""
+        self.registry.sweep_soon().result(60)
+
 
 @contextlib.contextmanager
-def running(settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10) -> Iterator[Running]:
-    app = create_app(settings, docker_client=docker_client)
+def running(
+    settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10, clock: Clock | None = None
+) -> Iterator[Running]:
+    app = create_app(settings, docker_client=docker_client, clock=clock)
     port = free_port()
     config = uvicorn_config(  # as deployed
         app, host="127.0.0.1", port=port, drain_timeout=drain, max_header_bytes=settings.max_header_bytes

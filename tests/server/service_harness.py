@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -111,6 +112,38 @@ def execute(client: httpx.Client, sandbox_id: str, command: str, **body: Any) ->
     assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
+
+
+def heartbeat(path: str) -> str:
+    """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives."""
+    return f"while :; do date +%s%N > {shlex.quote(path)}; sleep 0.1; done"
+
+
+def last_beat(client: httpx.Client, sandbox_id: str, path: str) -> str:
+    """What the heartbeat loop last wrote to ``path``. Fails if it never wrote there: a loop
+    that never started would otherwise look exactly like one that was stopped."""
+    result = execute(client, sandbox_id, f"cat {shlex.quote(path)}")
+    assert result["exit_code"] == 0, f"the loop never started: {result['output']!r}"
+    return str(result["output"])
+
+
+def wait_beating(client: httpx.Client, sandbox_id: str, path: str, timeout: float = 10) -> None:
+    """Until the heartbeat loop at ``path`` has beaten twice: it runs."""
+    deadline = time.monotonic() + timeout
+    seen: set[str] = set()
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"the loop at {path} never beat twice in {timeout}s"
+        result = execute(client, sandbox_id, f"cat {shlex.quote(path)} 2>/dev/null")
+        if result["exit_code"] == 0 and result["output"].strip():
+            seen.add(result["output"])
+        time.sleep(0.05)
+
+
+def heartbeat_stopped(client: httpx.Client, sandbox_id: str, path: str) -> bool:
+    """Whether the heartbeat loop at ``path`` ran and has stopped: six beats, had it survived."""
+    first = last_beat(client, sandbox_id, path)
+    time.sleep(0.6)
+    return last_beat(client, sandbox_id, path) == first
 
 
 def error_of(response: httpx.Response) -> str:

@@ -59,7 +59,7 @@ class BodyTooLarge(HTTPException):
 
 def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: Clock | None = None) -> FastAPI:
     """The service as an ASGI app; sandboxes are reconciled when its lifespan starts. TTLs run
-    on ``clock`` (the wall clock by default; a test's `ManualClock` moves only when told)."""
+    on ``clock`` (the wall clock by default; a test's moves only when told)."""
     check_settings(settings)
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)

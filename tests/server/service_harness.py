@@ -56,6 +56,30 @@ def settings_for(data_dir: Path, **overrides: Any) -> ServiceSettings:
     return ServiceSettings(**options)
 
 
+class ManualClock:
+    """A FAKE clock (`sandboxes.server.clock.Clock`): it moves only when told to (`advance`),
+    from the wall clock's time at creation, so a test expires a TTL without sleeping through it.
+
+    Expiry decisions follow it; the per-sandbox timers still wait real seconds, so with this clock
+    a sandbox expires when a sweep runs after `advance` has moved past its expiry."""
+
+    def __init__(self) -> None:
+        self._now = time.time()
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` (never back: expiries only pass); the new time."""
+        if seconds < 0:
+            raise ValueError("a clock does not go back")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+
 @dataclass
 class Running:
     url: str

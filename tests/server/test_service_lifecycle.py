@@ -2,7 +2,7 @@
 lose nothing (in-process, and ``kill -9`` of a service subprocess), graceful draining, and the
 operability surface (readiness, metrics, JSON logs).
 
-TTLs are tested on a `ManualClock` the test moves, then a sweep: no sleeping until a TTL
+TTLs are tested on a FAKE clock (`ManualClock`) the test moves, then a sweep: no sleeping until a TTL
 passes. Two tests keep real short TTLs, so the real paths stay proven: the per-sandbox timer
 (`test_ttl_expiry_by_timer`) and expiry while a killed service is down (`kill -9`)."""
 
@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from service_harness import (
+    ManualClock,
     Running,
     ServiceProcess,
     create,
@@ -26,8 +27,6 @@ from service_harness import (
     settings_for,
     subprocess_config,
 )
-
-from sandboxes.server.clock import ManualClock
 
 
 @pytest.fixture(scope="module")

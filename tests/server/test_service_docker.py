@@ -257,7 +257,7 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
         service.kill()
         for stopped in (in_memory, persistent):
             docker_client.containers.get(service_container(docker_client, owner, stopped["id"])).stop(timeout=1)
-        time.sleep(2.2)
+        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}

@@ -191,8 +191,10 @@ def test_background_process_start_poll_exit(client: httpx.Client, sandbox: dict[
     assert started.status_code == 202
     process = started.json()
     assert process["status"] == "running"
-    time.sleep(0.25)
-    partial = client.get(f"{base}/{process['id']}").json()
+    deadline = time.monotonic() + 10
+    while not (partial := client.get(f"{base}/{process['id']}").json())["output"]:  # until "one" is out
+        assert time.monotonic() < deadline, "no output from the running process"
+        time.sleep(0.01)
     assert partial["status"] == "running"
     assert partial["output"] == "one\n"
     assert partial["result"] is None

@@ -258,11 +258,19 @@ def test_shutdown_drains_in_flight_requests(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=slow_request)
         thread.start()
-        time.sleep(0.5)  # the request is in flight
+        deadline = time.monotonic() + 10
+        while svc.app.state.service.commands.running("alice") == 0:  # until the command runs
+            assert time.monotonic() < deadline, "the request never started its command"
+            time.sleep(0.01)
         svc.server.should_exit = True
-        time.sleep(0.3)
-        with pytest.raises(httpx.ConnectError):  # no new connections while draining
-            httpx.get(f"{svc.url}/healthz", timeout=2)
+        while True:  # until the listener is closed: no new connections while draining
+            try:
+                httpx.get(f"{svc.url}/healthz", timeout=2)
+            except httpx.ConnectError:
+                break
+            assert time.monotonic() < deadline, "the service still accepts connections while draining"
+            time.sleep(0.01)
+        assert thread.is_alive(), "the command (1.5 s) ended before the drain was checked"
         thread.join(20)
     response = outcome["response"]
     assert response.status_code == 200

@@ -13,7 +13,16 @@ import pytest
 # module imports testcontainers, which reads it once.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-from support import IN_CI, SESSION_OWNER
+from support import IN_CI, SESSION_OWNER, needs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(ready, reason): a precondition, skipped without it, failed in CI")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        needs(*mark.args, **mark.kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ import ...`` finds whichever was loaded last)."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -13,20 +14,26 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FORKING_TREES", "IN_CI", "SESSION_OWNER", "assert_one_kill_ends_forking_trees", "needs"]
+__all__ = ["FORKING_TREES", "HAS_BWRAP", "IN_CI", "SESSION_OWNER", "assert_one_kill_ends_forking_trees", "needs"]
 
 IN_CI = os.environ.get("CI") == "true"
+"""Set by .ci/run, where every dependency is installed: a missing one fails, never skips."""
+HAS_BWRAP = shutil.which("bwrap") is not None
 SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
 """Owner label of every sandbox this session creates; the session sweeps exactly these."""
 
 
 def needs(ready: bool, reason: str) -> None:
     """A precondition of a test: skipped on a developer's machine that lacks it, a failure in CI,
-    where every test must run (a silent skip there would hide a missing install step)."""
+    where every test must run (a silent skip there would hide a missing install step).
+
+    As a mark, for a test, a class or a module (``pytestmark``), checked when each test sets up
+    (tests/conftest.py): ``@pytest.mark.needs(HAS_BWRAP, "bubblewrap is not installed")``.
+    Never `pytest.skip`, ``skipif`` or ``importorskip`` for a dependency: they skip in CI too."""
     if not ready:
         if IN_CI:
             pytest.fail(f"CI must run this test: {reason}")
-        pytest.skip(reason)
+        pytest.skip(reason, allow_module_level=True)  # from a test, a fixture or a module's import
 
 
 FORKING_TREES = (

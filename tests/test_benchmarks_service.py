@@ -5,7 +5,6 @@ Functional only; no timing is asserted, since timings depend on the machine."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import uuid
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SESSION_OWNER
+from support import HAS_BWRAP, SESSION_OWNER
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_service.py"
 LATENCY_OPS = [
@@ -82,7 +81,7 @@ def _check_run(run: dict[str, Any], backend: str) -> None:
     assert 0 <= throughput["unrelated_cpu_share"] <= 1
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local backend needs bubblewrap")
+@pytest.mark.needs(HAS_BWRAP, "the local backend needs bubblewrap")
 def test_local_run_with_profile(tmp_path: Path) -> None:
     run = _bench(tmp_path, "--backend", "local", "--profile")
     _check_run(run, "local")

@@ -22,13 +22,14 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from support import HAS_BWRAP
 
 from sandboxes.cli import main
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
 from sandboxes.server.settings import LocalTemplate, ServiceSettings
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the local backend needs bubblewrap")
+pytestmark = pytest.mark.needs(HAS_BWRAP, "the local backend needs bubblewrap")
 
 KEYS = {"alice": "cli-key-alice-0123456789", "bob": "cli-key-bob-0123456789"}
 

@@ -51,7 +51,10 @@ class TestLocalLifecycle(LifecycleConformance):
 
     @pytest.fixture
     def attach(self) -> Callable[[LocalSandbox], LocalSandbox]:
-        return lambda sandbox: LocalSandbox(sandbox.root)
+        # A LocalSandbox's id is its caller's to give (a handle without one names itself, as
+        # `LocalSandbox(root)` does); a caller that re-attaches passes the id it kept, as
+        # `LocalProvider.attach` does from its records.
+        return lambda sandbox: LocalSandbox(config=sandbox.config.model_copy(update={"sandbox_id": sandbox.id}))
 
     @pytest.fixture
     def exists(self) -> Callable[[LocalSandbox], bool]:

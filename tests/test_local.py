@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support import assert_one_kill_ends_forking_trees
+from support import HAS_BWRAP, assert_one_kill_ends_forking_trees, needs
 
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
@@ -24,8 +23,6 @@ from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning
 from sandboxes.state import StateBackend
 from sandboxes.testing import SandboxConformance
 
-IN_CI = os.environ.get("CI") == "true"
-
 
 @pytest.fixture(scope="module", params=["exec-helper", "jail-per-command"])
 def isolated_sandbox(
@@ -33,10 +30,7 @@ def isolated_sandbox(
 ) -> Iterator[LocalSandbox]:
     """Both ways commands run: through the long-lived jail's exec helper, and the fallback of
     one jail per command. Every test of the isolated sandbox runs on both."""
-    if shutil.which("bwrap") is None:
-        if IN_CI:
-            pytest.fail("CI must test the isolated LocalSandbox: bubblewrap (bwrap) is not installed")
-        pytest.skip("bubblewrap not installed: isolated LocalSandbox not testable here")
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed: the isolated LocalSandbox is not testable")
     helper = request.param == "exec-helper"
     root = tmp_path_factory.mktemp("isolated")
     with LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="bwrap", use_exec_helper=helper)) as sb:
@@ -104,7 +98,7 @@ def test_the_root_and_private_tmp_stay_writable(isolated_sandbox: LocalSandbox) 
 
 # ---------------------------------------------------------------------- started by root
 
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the attacked case is a sandbox started by root")
+as_root = pytest.mark.needs(os.geteuid() == 0, "the attacked case is a sandbox started by root (CI runs as root)")
 
 
 @as_root
@@ -200,8 +194,7 @@ LIMITS = {"memory": 256 << 20, "pids": 64, "cpus": 0.5, "disk": 16 << 20}
 
 @pytest.fixture(scope="module")
 def limited_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSandbox]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap not installed")
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     config = LocalSandboxConfig(root_dir=tmp_path_factory.mktemp("limited"), isolation="bwrap", **LIMITS)
     with LocalSandbox(config=config) as sandbox:
         yield sandbox
@@ -232,10 +225,8 @@ def test_a_fork_bomb_stops_at_the_process_limit(limited_sandbox: LocalSandbox) -
 
 
 def test_cpu_bandwidth_is_bounded(limited_sandbox: LocalSandbox) -> None:
-    if limited_sandbox._cgroup is None:
-        if IN_CI:
-            pytest.fail("CI runs as root: the sandbox must get a cgroup")
-        pytest.skip("no writable cgroup here: no CPU bound")
+    needs(limited_sandbox._cgroup is not None, "no writable cgroup here (CI runs as root: it has one)")
+    assert limited_sandbox._cgroup is not None
     spin = "python3 -c 'import time\nend = time.monotonic() + 1\nwhile time.monotonic() < end: pass'"
     before = limited_sandbox._cgroup.throttled_periods()
     assert limited_sandbox.execute(f"{spin} & {spin} & wait", timeout=60).exit_code == 0
@@ -263,8 +254,8 @@ def test_writes_past_the_disk_bound_answer_no_space(limited_sandbox: LocalSandbo
 def test_the_cgroup_goes_with_the_sandbox(tmp_path: Path) -> None:
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "r", isolation="bwrap", **LIMITS)) as sandbox:
         cgroup = sandbox._cgroup
-        if cgroup is None:
-            pytest.skip("no writable cgroup here")
+        needs(cgroup is not None, "no writable cgroup here (CI runs as root: it has one)")
+        assert cgroup is not None
         sandbox.execute("true")
         assert all(directory.is_dir() for directory in cgroup.directories)
     assert not any(directory.exists() for directory in cgroup.directories)
@@ -288,8 +279,7 @@ def test_without_a_cgroup_rlimits_bound_memory_and_processes(tmp_path: Path, mon
 
 @pytest.fixture
 def helper_sandbox(tmp_path: Path) -> Iterator[LocalSandbox]:
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap not installed")
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         assert sandbox.execute("true").exit_code == 0
         assert sandbox.helper_alive

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from pathlib import Path
 
 import pytest
+from support import needs
 
 from sandboxes.local import _seccomp
 
@@ -18,10 +18,7 @@ HEADERS = {
 
 
 def _header_numbers(path: Path) -> dict[str, int]:
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} missing: CI installs linux-libc-dev")
-        pytest.skip(f"{path} missing (install linux-libc-dev)")
+    needs(path.exists(), f"{path} missing (install linux-libc-dev; .ci/run does)")
     text = path.read_text()
     return {name: int(number) for name, number in re.findall(r"#define __NR3?2?_(\w+)\s+(\d+)\b", text)}
 

@@ -34,6 +34,7 @@ from sandboxes import api
 from sandboxes.server import responses
 from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
+from sandboxes.server.clock import Clock
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.hot import HotPath
 from sandboxes.server.logs import REQUEST_ID, unique_id
@@ -56,11 +57,12 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body larger than {limit} bytes")
 
 
-def create_app(settings: ServiceSettings, *, docker_client: Any = None) -> FastAPI:
-    """The service as an ASGI app; sandboxes are reconciled when its lifespan starts."""
+def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: Clock | None = None) -> FastAPI:
+    """The service as an ASGI app; sandboxes are reconciled when its lifespan starts. TTLs run
+    on ``clock`` (the wall clock by default; a test's moves only when told)."""
     check_settings(settings)
     metrics = Metrics()
-    registry = Registry(settings, make_backends(settings, docker_client), metrics)
+    registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
 
     @asynccontextmanager

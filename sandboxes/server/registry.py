@@ -4,12 +4,15 @@ reconciliation with the backends that makes a ``kill -9`` of the service lose no
 TTLs are enforced twice: a timer per sandbox fires at its expiry, and a periodic sweep catches
 whatever a timer missed (a clock jump, a failed destroy to retry). All bookkeeping happens on
 the event loop thread, so a quota check and the reservation that follows it cannot interleave
-with another request's; only backend calls run in worker threads.
+with another request's; only backend calls run in worker threads. Expiries are decided on the
+registry's `Clock` (the wall clock unless one is given), and `sweep_soon` runs a sweep now from
+any thread: tests move a `ManualClock` and sweep instead of sleeping until a TTL passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import re
@@ -24,6 +27,7 @@ from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend, reconcile
+from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import OutputLedger, ProcessTable
@@ -64,8 +68,15 @@ class _Reservation:
 
 
 class Registry:
-    def __init__(self, settings: ServiceSettings, backends: dict[str, ProviderBackend], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        backends: dict[str, ProviderBackend],
+        metrics: Metrics,
+        clock: Clock | None = None,
+    ) -> None:
         self.settings = settings
+        self.clock: Clock = clock or WallClock()
         self.backends = backends
         self.metrics = metrics
         self.store = StateStore(settings.data_dir / "state")
@@ -79,12 +90,14 @@ class Registry:
         """Sandboxes whose destroy failed: the sweep tries again."""
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Adopt what the backends really have, reap the rest, then start enforcing TTLs."""
-        now = time.time()
+        self._loop = asyncio.get_running_loop()
+        now = self.clock.now()
         states = await asyncio.to_thread(self.store.load_all)
         kinds = {backend.name for backend in self.backends.values()}
         mine = [state for state in states if state.backend in kinds]
@@ -141,7 +154,9 @@ class Registry:
         reservation = self._reserve(tenant, template)
         started = time.perf_counter()
         work = asyncio.ensure_future(
-            asyncio.to_thread(backend.create, tenant.id, time.time() + ttl, dict(request.labels), dict(request.env))
+            asyncio.to_thread(
+                backend.create, tenant.id, self.clock.now() + ttl, dict(request.labels), dict(request.env)
+            )
         )
         try:
             state, sandbox = await asyncio.shield(work)
@@ -202,7 +217,7 @@ class Registry:
 
     async def renew(self, tenant: Tenant, sandbox_id: str, ttl: float) -> Entry:
         entry = self.get(tenant, sandbox_id)
-        entry.state.expires_at = time.time() + min(ttl, self.settings.max_ttl)
+        entry.state.expires_at = self.clock.now() + min(ttl, self.settings.max_ttl)
         await asyncio.to_thread(self.store.save, entry.state)
         self._schedule(sandbox_id)
         return entry
@@ -240,7 +255,7 @@ class Registry:
             old.cancel()
         if entry is None:
             return
-        delay = max(0.0, entry.state.expires_at - time.time())
+        delay = max(0.0, entry.state.expires_at - self.clock.now())
         loop = asyncio.get_running_loop()
         self._timers[sandbox_id] = loop.call_later(delay, self._spawn, lambda: self._expire(sandbox_id))
 
@@ -251,19 +266,26 @@ class Registry:
 
     async def _expire(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
-        if entry is not None and entry.state.expires_at <= time.time():
+        if entry is not None and entry.state.expires_at <= self.clock.now():
             logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
             self.metrics.expired.inc()
             await self._remove(entry)
 
     async def sweep(self) -> None:
         """Remove what expired; retry the destroys that failed."""
-        now = time.time()
+        now = self.clock.now()
         for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
             await self._expire(entry.state.id)
         for sandbox_id, entry in list(self._doomed.items()):
             if await self._destroy(entry):
                 self._doomed.pop(sandbox_id, None)
+
+    def sweep_soon(self) -> concurrent.futures.Future[None]:
+        """Run `sweep` on the registry's loop now, from any other thread; done when the sweep
+        is (what it expired is then destroyed, not merely scheduled)."""
+        if self._loop is None:
+            raise RuntimeError("the registry has not started")
+        return asyncio.run_coroutine_threadsafe(self.sweep(), self._loop)
 
     async def _sweep_forever(self) -> None:
         while True:

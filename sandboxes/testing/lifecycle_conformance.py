@@ -61,6 +61,22 @@ class LifecycleConformance:
             original.destroy()
         assert not exists(original)
 
+    def test_the_id_names_the_sandbox_not_the_handle(self, create: Create, attach: Attach) -> None:
+        """What ``id`` is for: a second handle on the same sandbox has the same id (a caller
+        holding the id finds its sandbox again), another sandbox has another."""
+        original, other = create(), create()
+        try:
+            attached = attach(original)
+            try:
+                assert attached.id == original.id, "a handle on the same sandbox answers another id"
+                assert attached.execute("echo same").output == "same\n"
+            finally:
+                attached.close()
+            assert other.id != original.id, "two sandboxes answer the same id"
+        finally:
+            original.destroy()
+            other.destroy()
+
     def test_close_keeps_destroy_is_idempotent(self, create: Create, exists: Exists) -> None:
         sandbox = create()
         sandbox.close()

@@ -23,6 +23,9 @@ class SandboxConformance(BackendConformance):
         return backend
 
     def test_id_is_stable(self, sandbox: p.SandboxBackendProtocol) -> None:
+        """One handle's id does not change as its transport starts. What the id means (the
+        sandbox's, the same on every handle, another sandbox's differs) needs a second handle:
+        `LifecycleConformance` and `ProviderConformance` check it."""
         first = sandbox.id
         assert isinstance(first, str)
         assert first.strip() == first != ""

@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-IN_CI = os.environ.get("CI") == "true"
+from support import needs
 
 
 def _bin_dir() -> Path | None:
@@ -44,10 +43,8 @@ def _as_server_user(argv: list[str], user: str | None) -> list[str]:
 @pytest.fixture(scope="module")
 def postgres_dsn() -> Iterator[str]:
     bin_dir = _bin_dir()
-    if bin_dir is None:
-        if IN_CI:
-            pytest.fail("CI needs PostgreSQL (the postgresql package; .ci/run installs it)")
-        pytest.skip("PostgreSQL is not installed here (apt-get install postgresql)")
+    needs(bin_dir is not None, "PostgreSQL is not installed here (apt-get install postgresql; .ci/run does)")
+    assert bin_dir is not None
     user = "postgres" if os.geteuid() == 0 else None
     base = Path(tempfile.mkdtemp(prefix="agent-pg-"))
     data, sockets = base / "data", base / "sockets"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_apiserver import LABEL, FakeKubernetes
-from support import SESSION_OWNER
+from support import SESSION_OWNER, needs
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes extra is not installed")
+needs(
+    importlib.util.find_spec("kubernetes") is not None,
+    "the kubernetes extra is not installed (pip install -e '.[kubernetes]'; .ci/run does)",
+)
 
 
 @pytest.fixture(scope="session")

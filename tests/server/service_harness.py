@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import uvicorn
 
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
+from sandboxes.server.clock import Clock
 from sandboxes.server.serving import uvicorn_config
 from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
 
@@ -54,6 +56,30 @@ def settings_for(data_dir: Path, **overrides: Any) -> ServiceSettings:
     return ServiceSettings(**options)
 
 
+class ManualClock:
+    """A FAKE clock (`sandboxes.server.clock.Clock`): it moves only when told to (`advance`),
+    from the wall clock's time at creation, so a test expires a TTL without sleeping through it.
+
+    Expiry decisions follow it; the per-sandbox timers still wait real seconds, so with this clock
+    a sandbox expires when a sweep runs after `advance` has moved past its expiry."""
+
+    def __init__(self) -> None:
+        self._now = time.time()
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` (never back: expiries only pass); the new time."""
+        if seconds < 0:
+            raise ValueError("a clock does not go back")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+
 @dataclass
 class Running:
     url: str
@@ -68,10 +94,17 @@ class Running:
     def registry(self) -> Any:
         return self.app.state.service.registry
 
+    def sweep(self) -> None:
+        """One sweep of the registry now, returning when it is done: what expired on the
+        service's clock is destroyed by then."""
+        self.registry.sweep_soon().result(60)
+
 
 @contextlib.contextmanager
-def running(settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10) -> Iterator[Running]:
-    app = create_app(settings, docker_client=docker_client)
+def running(
+    settings: ServiceSettings, *, docker_client: Any = None, drain: int = 10, clock: Clock | None = None
+) -> Iterator[Running]:
+    app = create_app(settings, docker_client=docker_client, clock=clock)
     port = free_port()
     config = uvicorn_config(  # as deployed
         app, host="127.0.0.1", port=port, drain_timeout=drain, max_header_bytes=settings.max_header_bytes
@@ -103,6 +136,38 @@ def execute(client: httpx.Client, sandbox_id: str, command: str, **body: Any) ->
     assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
+
+
+def heartbeat(path: str) -> str:
+    """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives."""
+    return f"while :; do date +%s%N > {shlex.quote(path)}; sleep 0.1; done"
+
+
+def last_beat(client: httpx.Client, sandbox_id: str, path: str) -> str:
+    """What the heartbeat loop last wrote to ``path``. Fails if it never wrote there: a loop
+    that never started would otherwise look exactly like one that was stopped."""
+    result = execute(client, sandbox_id, f"cat {shlex.quote(path)}")
+    assert result["exit_code"] == 0, f"the loop never started: {result['output']!r}"
+    return str(result["output"])
+
+
+def wait_beating(client: httpx.Client, sandbox_id: str, path: str, timeout: float = 10) -> None:
+    """Until the heartbeat loop at ``path`` has beaten twice: it runs."""
+    deadline = time.monotonic() + timeout
+    seen: set[str] = set()
+    while len(seen) < 2:
+        assert time.monotonic() < deadline, f"the loop at {path} never beat twice in {timeout}s"
+        result = execute(client, sandbox_id, f"cat {shlex.quote(path)} 2>/dev/null")
+        if result["exit_code"] == 0 and result["output"].strip():
+            seen.add(result["output"])
+        time.sleep(0.05)
+
+
+def heartbeat_stopped(client: httpx.Client, sandbox_id: str, path: str) -> bool:
+    """Whether the heartbeat loop at ``path`` ran and has stopped: six beats, had it survived."""
+    first = last_beat(client, sandbox_id, path)
+    time.sleep(0.6)
+    return last_beat(client, sandbox_id, path) == first
 
 
 def error_of(response: httpx.Response) -> str:

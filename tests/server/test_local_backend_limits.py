@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 from service_harness import settings_for
+from support import HAS_BWRAP
 
 from sandboxes import protocol as p
 from sandboxes.local import LocalSandbox
@@ -15,7 +15,7 @@ from sandboxes.server.backends import make_backends
 from sandboxes.server.settings import LocalTemplate
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
 def test_a_local_templates_memory_and_cpus_bound_its_sandboxes(tmp_path: Path) -> None:
     template = LocalTemplate(memory="256m", cpus=0.5)
     backend = make_backends(settings_for(tmp_path, templates={"small": template}))["small"]

@@ -26,9 +26,12 @@ from service_harness import (
     ServiceProcess,
     create,
     execute,
+    heartbeat,
+    heartbeat_stopped,
     running,
     settings_for,
     subprocess_config,
+    wait_beating,
 )
 from support import SESSION_OWNER
 
@@ -150,15 +153,12 @@ def test_files_and_archive_round_trip(client: httpx.Client, sandbox: dict[str, A
 
 def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
-    loop = "while :; do date +%s%N > /workspace/beat; sleep 0.1; done"
+    loop = heartbeat("/workspace/beat")
     process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
-    time.sleep(0.5)
+    wait_beating(client, sandbox["id"], "/workspace/beat")
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
-    first = execute(client, sandbox["id"], "cat /workspace/beat")["output"]
-    time.sleep(0.5)
-    assert first
-    assert execute(client, sandbox["id"], "cat /workspace/beat")["output"] == first
+    assert heartbeat_stopped(client, sandbox["id"], "/workspace/beat")
 
 
 def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Client, sandbox: dict[str, Any]) -> None:
@@ -166,17 +166,13 @@ def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Clie
     the exec helper's) and left its session: the loop must stop too (it used to fill the pids
     limit, since nothing could find it)."""
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
-    loop = "while :; do date +%s%N > /workspace/unmarked-beat; sleep 0.1; done"
+    loop = heartbeat("/workspace/unmarked-beat")
     escape = f"env -u SANDBOXES_EXEC_ID setsid sh -c {shlex.quote(loop)} &"
     process = client.post(base, json={"command": f"{escape} sleep 100"}).json()
-    deadline = time.monotonic() + 10
-    while not execute(client, sandbox["id"], "cat /workspace/unmarked-beat 2>/dev/null")["output"]:
-        assert time.monotonic() < deadline, "the loop never started"
+    wait_beating(client, sandbox["id"], "/workspace/unmarked-beat")
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
-    first = execute(client, sandbox["id"], "cat /workspace/unmarked-beat")["output"]
-    time.sleep(0.5)  # five beats, had it survived
-    assert execute(client, sandbox["id"], "cat /workspace/unmarked-beat")["output"] == first
+    assert heartbeat_stopped(client, sandbox["id"], "/workspace/unmarked-beat")
     assert "sh -c while" not in execute(client, sandbox["id"], "ps -eo args=")["output"]
 
 
@@ -261,7 +257,7 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
         service.kill()
         for stopped in (in_memory, persistent):
             docker_client.containers.get(service_container(docker_client, owner, stopped["id"])).stop(timeout=1)
-        time.sleep(2.2)
+        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}

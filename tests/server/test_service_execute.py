@@ -12,7 +12,17 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import Running, create, error_of, execute, running, settings_for
+from service_harness import (
+    Running,
+    create,
+    error_of,
+    execute,
+    heartbeat,
+    heartbeat_stopped,
+    running,
+    settings_for,
+    wait_beating,
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +54,6 @@ def _stream(client: httpx.Client, sandbox_id: str, command: str, **body: Any) ->
             if line:
                 events.append((time.monotonic(), json.loads(line)))
     return events
-
-
-def _heartbeat_stopped(client: httpx.Client, sandbox_id: str, path: str) -> bool:
-    """Whether a file that a loop rewrote every 0.1 s has stopped changing."""
-    first = execute(client, sandbox_id, f"cat {shlex.quote(path)}")["output"]
-    time.sleep(0.6)
-    second = execute(client, sandbox_id, f"cat {shlex.quote(path)}")["output"]
-    return bool(first) and first == second
 
 
 # ---------------------------------------------------------------------- sync
@@ -95,14 +97,13 @@ def test_output_is_capped_by_the_request_and_by_the_service(client: httpx.Client
 def test_timeout_kills_the_whole_process_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     beat = f"{workdir}/beat-sync"
-    loop = f"while :; do date +%s%N > {shlex.quote(beat)}; sleep 0.1; done"
-    command = f"(setsid sh -c {shlex.quote(loop)} &) ; sleep 100"
+    command = f"(setsid sh -c {shlex.quote(heartbeat(beat))} &) ; sleep 100"
     started = time.monotonic()
     result = execute(client, sandbox_id, command, timeout=1)
     assert time.monotonic() - started < 10
     assert result["error"] == "timeout"
     assert result["exit_code"] is None
-    assert _heartbeat_stopped(client, sandbox_id, beat)
+    assert heartbeat_stopped(client, sandbox_id, beat)
 
 
 # ---------------------------------------------------------------------- streamed
@@ -146,7 +147,7 @@ def test_a_disconnected_stream_kills_its_command(client: httpx.Client, sandbox: 
             if line:
                 break  # the command runs; walk away
     deadline = time.monotonic() + 10
-    while not _heartbeat_stopped(client, sandbox_id, beat):
+    while not heartbeat_stopped(client, sandbox_id, beat):
         assert time.monotonic() < deadline, "the abandoned command kept running"
 
 
@@ -161,15 +162,14 @@ def test_a_client_leaving_a_plain_execute_kills_its_command(
     """Not left running until its (long) timeout: the service watches the connection."""
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     beat = f"{workdir}/beat-sync-{content_type.count(';')}"
-    loop = f"while :; do date +%s%N > {shlex.quote(beat)}; sleep 0.1; done"
-    body = json.dumps({"command": loop, "timeout": 120})
+    body = json.dumps({"command": heartbeat(beat), "timeout": 120})
     headers = {**client.headers, "content-type": content_type}
     impatient = httpx.Client(base_url=service.url, headers=headers, timeout=httpx.Timeout(60, read=1.5))
     with impatient, pytest.raises(httpx.ReadTimeout):
         impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", content=body)
     assert execute(client, sandbox_id, f"test -s {shlex.quote(beat)}")["exit_code"] == 0, "the command never ran"
     deadline = time.monotonic() + 10
-    while not _heartbeat_stopped(client, sandbox_id, beat):
+    while not heartbeat_stopped(client, sandbox_id, beat):
         assert time.monotonic() < deadline, "the abandoned command kept running"
 
 
@@ -191,8 +191,10 @@ def test_background_process_start_poll_exit(client: httpx.Client, sandbox: dict[
     assert started.status_code == 202
     process = started.json()
     assert process["status"] == "running"
-    time.sleep(0.25)
-    partial = client.get(f"{base}/{process['id']}").json()
+    deadline = time.monotonic() + 10
+    while not (partial := client.get(f"{base}/{process['id']}").json())["output"]:  # until "one" is out
+        assert time.monotonic() < deadline, "no output from the running process"
+        time.sleep(0.01)
     assert partial["status"] == "running"
     assert partial["output"] == "one\n"
     assert partial["result"] is None
@@ -205,18 +207,15 @@ def test_background_process_start_poll_exit(client: httpx.Client, sandbox: dict[
 def test_background_process_kill_takes_down_its_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     beat = f"{workdir}/beat-bg"
-    loop = f"while :; do date +%s%N > {shlex.quote(beat)}; sleep 0.1; done"
     base = f"/v1/sandboxes/{sandbox_id}/processes"
-    process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); echo up; sleep 100"}).json()
-    deadline = time.monotonic() + 10
-    while client.get(f"{base}/{process['id']}").json()["output"] != "up\n":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    command = f"(setsid sh -c {shlex.quote(heartbeat(beat))} &); echo up; sleep 100"
+    process = client.post(base, json={"command": command}).json()
+    wait_beating(client, sandbox_id, beat)
     killed = client.delete(f"{base}/{process['id']}")
     assert killed.status_code == 200
     assert killed.json()["status"] == "killed"
     assert killed.json()["result"] is not None
-    assert _heartbeat_stopped(client, sandbox_id, beat)
+    assert heartbeat_stopped(client, sandbox_id, beat)
     assert client.get(f"{base}/{process['id']}").json()["status"] == "killed"
 
 

@@ -1,6 +1,10 @@
 """Over real HTTP: sandbox lifecycle, TTLs (timers and the sweep), renewals, restarts that
 lose nothing (in-process, and ``kill -9`` of a service subprocess), graceful draining, and the
-operability surface (readiness, metrics, JSON logs)."""
+operability surface (readiness, metrics, JSON logs).
+
+TTLs are tested on a FAKE clock (`ManualClock`) the test moves, then a sweep: no sleeping until a TTL
+passes. Two tests keep real short TTLs, so the real paths stay proven: the per-sandbox timer
+(`test_ttl_expiry_by_timer`) and expiry while a killed service is down (`kill -9`)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from service_harness import (
+    ManualClock,
     Running,
     ServiceProcess,
     create,
@@ -36,6 +41,24 @@ def client(service: Running) -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.fixture(scope="module")
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory: pytest.TempPathFactory, clock: ManualClock) -> Iterator[Running]:
+    """A service whose TTLs run on ``clock``: time passes when a test advances it."""
+    with running(settings_for(tmp_path_factory.mktemp("timed"), max_ttl=3600), clock=clock) as svc:
+        yield svc
+
+
+@pytest.fixture
+def timed_client(timed: Running) -> Iterator[httpx.Client]:
+    with timed.client("alice") as client:
+        yield client
+
+
 def _wait_gone(client: httpx.Client, sandbox_id: str, timeout: float = 10) -> float:
     started = time.monotonic()
     while client.get(f"/v1/sandboxes/{sandbox_id}").status_code != 404:
@@ -51,6 +74,12 @@ def _wait_removed(path: Path, timeout: float = 5) -> None:
     while path.exists():
         assert time.monotonic() < deadline, f"{path} still there {timeout}s after its sandbox expired"
         time.sleep(0.05)
+
+
+def _expired(client: httpx.Client) -> float:
+    """The service's count of expired sandboxes, from its metrics."""
+    (line,) = [line for line in client.get("/metrics").text.splitlines() if line.startswith("sandboxes_expired_total ")]
+    return float(line.split()[1])
 
 
 def test_create_list_get_renew_delete(client: httpx.Client) -> None:
@@ -84,24 +113,47 @@ def test_ttl_expiry_by_timer(client: httpx.Client, service: Running) -> None:
     assert "sandboxes_expired_total" in client.get("/metrics").text
 
 
-def test_ttl_expiry_by_sweep_without_a_timer(client: httpx.Client, service: Running) -> None:
-    sandbox = create(client, ttl=300)
-    registry = service.registry
-    # Move the expiry into the past behind the timer's back, as a clock jump would: only the
-    # periodic sweep (every 0.2 s here) can notice.
-    registry._entries[sandbox["id"]].state.expires_at = time.time() - 1
-    assert registry._timers[sandbox["id"]].when() > time.monotonic() + 100
-    _wait_gone(client, sandbox["id"], timeout=5)
+def test_the_periodic_sweep_runs_and_reaps_what_no_timer_will(
+    timed_client: httpx.Client, timed: Running, clock: ManualClock
+) -> None:
+    """The sweep loop is running: nothing else removes this sandbox (its timer waits 300 real
+    seconds; no test sweeps here), so its removal proves the loop ran."""
+    sandbox = create(timed_client, ttl=300)
+    clock.advance(301)  # a clock jump: expired, but its timer knows nothing of it
+    _wait_gone(timed_client, sandbox["id"], timeout=5)  # sweeps every 0.2 s here
     _wait_removed(Path(sandbox["workdir"]))
 
 
-def test_renew_keeps_a_sandbox_past_its_first_ttl(client: httpx.Client) -> None:
-    sandbox = create(client, ttl=1)
-    client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 60})
-    time.sleep(1.5)
-    assert client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
-    assert execute(client, sandbox["id"], "echo alive")["output"] == "alive\n"
-    client.delete(f"/v1/sandboxes/{sandbox['id']}")
+def test_a_sweep_reaps_exactly_what_expired(timed_client: httpx.Client, timed: Running, clock: ManualClock) -> None:
+    expired_before = _expired(timed_client)
+    short = create(timed_client, ttl=100)
+    long = create(timed_client, ttl=1000)
+    assert short["expires_at"] == pytest.approx(clock.now() + 100)  # expiries are on the service's clock
+    clock.advance(50)
+    timed.sweep()
+    assert timed_client.get(f"/v1/sandboxes/{short['id']}").status_code == 200  # not yet
+    clock.advance(51)
+    timed.sweep()
+    assert timed_client.get(f"/v1/sandboxes/{short['id']}").status_code == 404
+    assert not Path(short["workdir"]).exists()  # destroyed by the time the sweep returned
+    assert execute(timed_client, long["id"], "echo alive")["output"] == "alive\n"
+    assert _expired(timed_client) == expired_before + 1
+    timed_client.delete(f"/v1/sandboxes/{long['id']}")
+
+
+def test_renew_keeps_a_sandbox_past_its_first_ttl(
+    timed_client: httpx.Client, timed: Running, clock: ManualClock
+) -> None:
+    sandbox = create(timed_client, ttl=10)
+    renewed = timed_client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 60}).json()
+    assert renewed["expires_at"] == pytest.approx(clock.now() + 60)
+    clock.advance(11)
+    timed.sweep()
+    assert timed_client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
+    assert execute(timed_client, sandbox["id"], "echo alive")["output"] == "alive\n"
+    clock.advance(50)
+    timed.sweep()
+    assert timed_client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404  # the renewal's TTL, no more
 
 
 def test_readiness_and_metrics(client: httpx.Client) -> None:
@@ -128,18 +180,17 @@ def test_readiness_and_metrics(client: httpx.Client) -> None:
 
 def test_restart_adopts_live_sandboxes_and_reaps_expired_ones(tmp_path: Path) -> None:
     settings = settings_for(tmp_path)
-    with running(settings) as first, first.client() as client:
+    clock = ManualClock()
+    with running(settings, clock=clock) as first, first.client() as client:
         keep = create(client, ttl=300, labels={"k": "v"})
-        short = create(client, ttl=1)
+        short = create(client, ttl=100)
         client.post(
             f"/v1/sandboxes/{keep['id']}/files/write", json={"file_path": f"{keep['workdir']}/f", "content": "x"}
         )
         client.post(f"/v1/sandboxes/{keep['id']}/renew", json={"ttl": 200})
         renewed = client.get(f"/v1/sandboxes/{keep['id']}").json()
-        first.registry._timers[short["id"]].cancel()  # let it outlive its TTL across the restart
-        first.registry._sweeper.cancel()
-    time.sleep(1.2)
-    with running(settings) as second, second.client() as client:
+    clock.advance(101)  # `short` expires while no service runs
+    with running(settings, clock=clock) as second, second.client() as client:
         listed = client.get("/v1/sandboxes").json()["sandboxes"]
         assert listed == [renewed]  # the renewal survived, the expired one did not
         read = client.post(f"/v1/sandboxes/{keep['id']}/files/read", json={"file_path": f"{keep['workdir']}/f"})
@@ -207,11 +258,19 @@ def test_shutdown_drains_in_flight_requests(tmp_path: Path) -> None:
 
         thread = threading.Thread(target=slow_request)
         thread.start()
-        time.sleep(0.5)  # the request is in flight
+        deadline = time.monotonic() + 10
+        while svc.app.state.service.commands.running("alice") == 0:  # until the command runs
+            assert time.monotonic() < deadline, "the request never started its command"
+            time.sleep(0.01)
         svc.server.should_exit = True
-        time.sleep(0.3)
-        with pytest.raises(httpx.ConnectError):  # no new connections while draining
-            httpx.get(f"{svc.url}/healthz", timeout=2)
+        while True:  # until the listener is closed: no new connections while draining
+            try:
+                httpx.get(f"{svc.url}/healthz", timeout=2)
+            except httpx.ConnectError:
+                break
+            assert time.monotonic() < deadline, "the service still accepts connections while draining"
+            time.sleep(0.01)
+        assert thread.is_alive(), "the command (1.5 s) ended before the drain was checked"
         thread.join(20)
     response = outcome["response"]
     assert response.status_code == 200

@@ -14,7 +14,16 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import Running, create, error_of, execute, running, settings_for
+from service_harness import (
+    Running,
+    create,
+    error_of,
+    execute,
+    heartbeat,
+    heartbeat_stopped,
+    running,
+    settings_for,
+)
 from support import SESSION_OWNER
 
 from sandboxes.server.settings import DockerTemplate, TenantPolicy
@@ -267,19 +276,14 @@ def test_awaited_docker_commands_keep_their_semantics(docker_service: Running) -
                 lines = [json.loads(line) for line in stream.iter_lines() if line]
             assert "".join(e["data"] for e in lines if e["type"] == "output") == "one\ntwo\n"
             assert lines[-1]["type"] == "exit"
-            beat = "while true; do date +%s%N > /workspace/beat; sleep 0.1; done"
+            beat = heartbeat("/workspace/beat")
             impatient = httpx.Client(
                 base_url=docker_service.url, headers=alice.headers, timeout=httpx.Timeout(30, read=1.5)
             )
             with impatient, pytest.raises(httpx.ReadTimeout):
                 impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", json={"command": beat, "timeout": 120})
 
-            def stopped() -> bool:
-                first = execute(alice, sandbox_id, "cat /workspace/beat")["output"]
-                time.sleep(0.5)
-                return bool(first) and execute(alice, sandbox_id, "cat /workspace/beat")["output"] == first
-
-            _wait_for(stopped)
+            _wait_for(lambda: heartbeat_stopped(alice, sandbox_id, "/workspace/beat"))
             _wait_for(lambda: docker_service.app.state.service.commands.running("alice") == 0)
         finally:
             alice.delete(f"/v1/sandboxes/{sandbox_id}")

@@ -193,36 +193,79 @@ def test_archive_errors_do_not_show_tar_internals(alice: httpx.Client) -> None:
 # ---------------------------------------------------------------------- tenancy
 
 
-def _every_route(sandbox_id: str, workdir: str, process_id: str) -> list[tuple[str, str, Any]]:
-    base = f"/v1/sandboxes/{sandbox_id}"
-    file_bodies: dict[str, Any] = {
+def _served_routes(routes: Any) -> Iterator[tuple[str, str]]:
+    """(method, path template) of every route the app serves, through included routers
+    (FastAPI's newer ``_IncludedRouter`` exposes its routes as ``effective_candidates()``)."""
+    for route in routes:
+        candidates = getattr(route, "effective_candidates", None)
+        if candidates is not None:
+            yield from _served_routes(candidates())
+            continue
+        path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        assert path, f"a route this test cannot read, so cannot check: {route!r}"
+        assert methods, f"a route this test cannot read, so cannot check: {route!r}"
+        for method in sorted(methods - {"HEAD"}):
+            yield method, path
+
+
+_NO_SANDBOX_IN_PATH = {
+    ("POST", "/v1/sandboxes"): "creates a sandbox of the caller's own: there is no other tenant's to name",
+    ("GET", "/v1/sandboxes"): "lists the caller's own: checked below, bob's list stays empty",
+    ("GET", "/v1/openapi.json"): "the API's schema, the same for every tenant",
+    ("GET", "/healthz"): "liveness, no tenant data",
+    ("GET", "/readyz"): "readiness, no tenant data",
+    ("GET", "/metrics"): "aggregate counters, no sandbox ids (an operator's, see test_health_needs_no_key_metrics_do)",
+}
+"""Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
+
+
+_SANDBOX = "/v1/sandboxes/{sandbox_id}"
+
+
+def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]:
+    """(method, path after the sandbox's) -> query parameters and body of a request a tenant
+    could legitimately send there: a refusal must come from tenancy, not from a malformed request."""
+    secret = f"{workdir}/secret.txt"
+    files: dict[str, Any] = {
         "ls": {"path": workdir},
-        "read": {"file_path": f"{workdir}/secret.txt"},
-        "write": {"file_path": f"{workdir}/secret.txt", "content": "stolen"},
-        "edit": {"file_path": f"{workdir}/secret.txt", "old_string": "alice", "new_string": "bob"},
-        "delete": {"file_path": f"{workdir}/secret.txt"},
+        "read": {"file_path": secret},
+        "write": {"file_path": secret, "content": "stolen"},
+        "edit": {"file_path": secret, "old_string": "alice", "new_string": "bob"},
+        "delete": {"file_path": secret},
         "grep": {"pattern": "alice", "path": workdir},
         "glob": {"pattern": "*", "path": workdir},
         "upload": {"files": [{"path": f"{workdir}/x", "content_b64": "eA=="}]},
-        "download": {"paths": [f"{workdir}/secret.txt"]},
+        "download": {"paths": [secret]},
     }
-    assert set(file_bodies) == set(FILE_OPERATIONS)
-    return [
-        ("GET", base, None),
-        ("POST", f"{base}/renew", {"ttl": 100}),
-        ("POST", f"{base}/execute", {"command": "echo hi"}),
-        ("POST", f"{base}/execute/stream", {"command": "echo hi"}),
-        ("POST", f"{base}/processes", {"command": "echo hi"}),
-        ("GET", f"{base}/processes/{process_id}", None),
-        ("DELETE", f"{base}/processes/{process_id}", None),
-        *[("POST", f"{base}/files/{op}", body) for op, body in file_bodies.items()],
-        ("GET", f"{base}/archive?path={workdir}", None),
-        ("PUT", f"{base}/archive?path={workdir}", _tar({"x": b"x"})),
-        ("DELETE", base, None),
-    ]
+    assert set(files) == set(FILE_OPERATIONS)
+    return {
+        ("GET", ""): ({}, None),
+        ("DELETE", ""): ({}, None),
+        ("POST", "/renew"): ({}, {"ttl": 100}),
+        ("POST", "/execute"): ({}, {"command": "echo hi"}),
+        ("POST", "/execute/stream"): ({}, {"command": "echo hi"}),
+        ("POST", "/processes"): ({}, {"command": "echo hi"}),
+        ("GET", "/processes/{process_id}"): ({}, None),
+        ("DELETE", "/processes/{process_id}"): ({}, None),
+        **{("POST", f"/files/{op}"): ({}, body) for op, body in files.items()},
+        ("GET", "/archive"): ({"path": workdir}, None),
+        ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
+    }
 
 
-def test_another_tenants_sandbox_is_not_found_on_every_route(alice: httpx.Client, bob: httpx.Client) -> None:
+def test_another_tenants_sandbox_is_not_found_on_every_route(
+    service: Running, alice: httpx.Client, bob: httpx.Client
+) -> None:
+    """Every route the app serves, read from the app itself: one that names a sandbox answers
+    404 to another tenant and for an unknown id; any other is exempt only with a reason."""
+    routes = sorted(set(_served_routes(service.app.routes)))
+    unexplained = [route for route in routes if "{sandbox_id}" not in route[1] and route not in _NO_SANDBOX_IN_PATH]
+    assert not unexplained, f"routes neither checked for tenancy nor exempt (with a reason): {unexplained}"
+    served = {(method, path.removeprefix(_SANDBOX)) for method, path in routes if path.startswith(_SANDBOX)}
+    assert not {path for _, path in routes if "{sandbox_id}" in path and not path.startswith(_SANDBOX)}
+    untested = served - set(_requests("/any"))
+    assert not untested, f"routes that name a sandbox but have no request in _requests, so no tenancy check: {untested}"
+    assert not set(_requests("/any")) - served, "_requests names routes the app does not serve"
     sandbox = create(alice)
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     alice.post(
@@ -230,11 +273,15 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(alice: httpx.Client
     )
     process = alice.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": "sleep 30"}).json()
     try:
-        for method, path, body in _every_route(sandbox_id, workdir, process["id"]):
+        # DELETE of the sandbox last: were it to succeed for bob, every later check would be moot
+        requests = _requests(workdir)
+        for method, suffix in sorted(served, key=lambda route: route == ("DELETE", "")):
+            params, body = requests[(method, suffix)]
             kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-            for client, missing in ((bob, path), (alice, path.replace(sandbox_id, "0" * 16))):
-                response = client.request(method, missing, **kwargs)
-                assert response.status_code == 404, (client.headers["authorization"], method, missing, response.text)
+            for client, named in ((bob, sandbox_id), (alice, "0" * 16)):
+                path = (_SANDBOX + suffix).format(sandbox_id=named, process_id=process["id"])
+                response = client.request(method, path, params=params, **kwargs)
+                assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
                 assert error_of(response) == "not_found"
         assert bob.get("/v1/sandboxes").json() == {"sandboxes": []}
         # nothing bob tried had any effect

@@ -25,9 +25,12 @@ from service_harness import (
     ServiceProcess,
     create,
     execute,
+    heartbeat,
+    heartbeat_stopped,
     running,
     settings_for,
     subprocess_config,
+    wait_beating,
 )
 from ssh_fixtures import SSHVM, start_vm
 
@@ -151,15 +154,11 @@ def test_background_kill_takes_down_the_tree(client: httpx.Client) -> None:
     sandbox = create(client)
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
     try:
-        loop = "while :; do date +%s%N > beat; sleep 0.1; done"
+        loop = heartbeat("beat")
         process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
-        deadline = time.monotonic() + 10
-        while not execute(client, sandbox["id"], "cat beat 2>/dev/null")["output"]:
-            assert time.monotonic() < deadline, "the loop never started"
+        wait_beating(client, sandbox["id"], "beat")
         assert client.delete(f"{base}/{process['id']}").json()["status"] == "killed"
-        first = execute(client, sandbox["id"], "cat beat")["output"]
-        time.sleep(0.5)  # five beats, had it survived
-        assert execute(client, sandbox["id"], "cat beat")["output"] == first
+        assert heartbeat_stopped(client, sandbox["id"], "beat")
     finally:
         client.delete(f"/v1/sandboxes/{sandbox['id']}")
 

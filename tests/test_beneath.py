@@ -258,12 +258,14 @@ def test_a_fifo_swapped_in_after_the_check_is_refused_without_hanging(
 
 
 def test_special_files_are_refused_without_being_opened(root: Path, root_fd: int) -> None:
-    """A FIFO would block an open without ``O_NONBLOCK``, and opening a device can act on it:
-    both are refused on ``lstat``. (The device is ``/dev/null``, so no privilege is needed.)"""
+    """A FIFO or a device is refused on ``lstat``, before any open: opening a device can act on
+    it, and opening a FIFO for writing with no reader fails (``ENXIO``) where it is refused
+    here. (The device is ``/dev/null``, so no privilege is needed.)"""
     os.mkfifo(root / "fifo")
-    for directories in (False, True):
-        with _refused("not_regular"):
-            beneath.open_file(root_fd, "fifo", os.O_RDONLY, directories=directories)
+    for flags in (os.O_RDONLY, os.O_WRONLY):
+        for directories in (False, True):
+            with _refused("not_regular"):
+                beneath.open_file(root_fd, "fifo", flags, directories=directories)
     dev = os.open("/dev", beneath.DIR_FLAGS)
     try:
         with _refused("not_regular"):

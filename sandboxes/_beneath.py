@@ -232,7 +232,8 @@ def walk(base_fd: int, *, strict: bool = False) -> Generator[Entry, None, None]:
     very directory we came down from (device and inode; ``ESTALE`` if it was moved), so trees of
     any depth cost neither the recursion limit nor one descriptor per level. Not ``strict``: a
     subdirectory that cannot be opened is reported as ``dir`` but not entered (no ``leave``),
-    one that cannot be listed reads as empty; ``strict``: their error is raised.
+    one that cannot be listed reads as empty, one that vanished is left out; ``strict``: their
+    error is raised.
     """
     files, subdirs = _split(base_fd, strict)
     stack: list[tuple[tuple[int, int], str, Iterator[str]]] = [(_identity(base_fd), "", iter(subdirs))]

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,6 +118,28 @@ def test_creating_parents_never_goes_through_a_symlink(root: Path, root_fd: int,
         os.close(beneath.open_dir(root_fd, ["a", "b", "c"], create=True))
     assert _tree(outside) == before
     assert not (outside / "made-by-walker").exists()
+
+
+def test_a_parent_swapped_for_a_symlink_just_after_it_was_created_is_refused(
+    root: Path, root_fd: int, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mkdir -p a/new``: ``a`` is made, and the sandbox replaces it with a link to a directory
+    outside before it is opened. The open refuses the link; nothing is made outside."""
+    real_mkdir = os.mkdir
+
+    def mkdir_then_swap(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(name, mode, dir_fd=dir_fd)
+        if name == "a":
+            os.rmdir(name, dir_fd=dir_fd)
+            os.symlink(outside, name, dir_fd=dir_fd)
+
+    before = _tree(outside)
+    with monkeypatch.context() as patched:  # os.mkdir is global: patched only around the call
+        patched.setattr(os, "mkdir", mkdir_then_swap)
+        with _refused("symlink"):
+            os.close(beneath.open_dir(root_fd, ["a", "new"], create=True))
+    assert (root / "a").is_symlink()
+    assert _tree(outside) == before
 
 
 def test_open_dir_creates_missing_directories_with_the_mode_given(root: Path, root_fd: int) -> None:
@@ -362,13 +385,24 @@ def test_a_directory_moved_out_mid_walk_stops_the_walk(root: Path, root_fd: int,
     assert "d/f/stolen.txt" not in seen
 
 
-def test_a_deep_tree_costs_neither_recursion_nor_a_descriptor_per_level(root: Path, root_fd: int) -> None:
-    depth = 1500
-    os.close(beneath.open_dir(root_fd, ["d"] * depth, create=True))
-    deepest = beneath.open_dir(root_fd, ["d"] * depth)
+DEPTH = 1500
+
+
+@pytest.fixture
+def deep(root: Path, root_fd: int) -> Iterator[None]:
+    """``root/d/d/.../bottom.txt``, `DEPTH` levels: deeper than the recursion limit. Removed
+    afterwards by ``rm -rf`` whatever the test did (pytest's own clean-up recurses, and fails)."""
+    os.close(beneath.open_dir(root_fd, ["d"] * DEPTH, create=True))
+    deepest = beneath.open_dir(root_fd, ["d"] * DEPTH)
     with os.fdopen(os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=deepest), "w") as bottom:
         bottom.write("x")
     os.close(deepest)
+    yield
+    subprocess.run(["rm", "-rf", "--", str(root / "d")], check=True)
+
+
+@pytest.mark.usefixtures("deep")
+def test_a_deep_tree_costs_neither_recursion_nor_a_descriptor_per_level(root: Path, root_fd: int) -> None:
     before = _open_fds()
     most = 0
     files = []
@@ -376,7 +410,7 @@ def test_a_deep_tree_costs_neither_recursion_nor_a_descriptor_per_level(root: Pa
         most = max(most, _open_fds())
         if kind == "file":
             files.append(relpath)
-    assert files == ["d/" * depth + "bottom.txt"]
+    assert files == ["d/" * DEPTH + "bottom.txt"]
     assert most <= before + 2
     assert _open_fds() == before
     beneath.remove_tree(root_fd, "d")

@@ -168,7 +168,9 @@ def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "
 
 def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, uid: int, gid: int) -> None:
     """Everything below ``top_fd`` as members under ``top_name``; unreadable directories come
-    out empty, as under ``find``, and entries removed or swapped meanwhile are simply absent."""
+    out empty, as under ``find``, and entries removed or swapped meanwhile are simply absent. A
+    directory moved elsewhere mid-walk ends the stream with an error (``ESTALE``) rather than
+    archive whatever its new parent holds."""
     with contextlib.closing(beneath.walk(top_fd)) as entries:
         for dir_fd, name, relpath, kind in entries:
             if kind != "leave":

@@ -212,16 +212,18 @@ def test_archive_of_a_deep_tree(client: httpx.Client, sandbox: dict[str, Any]) -
     descriptor per level (``os.fwalk`` before answered a broken stream here)."""
     root, sandbox_id = sandbox["workdir"], sandbox["id"]
     deep = "d/" * 1200
-    written = _op(client, sandbox, "write", file_path=f"{root}/{deep}bottom.txt", content="bottom")
-    assert written["error"] is None, written
-    response = client.get(f"/v1/sandboxes/{sandbox_id}/archive", params={"path": f"{root}/d"})
-    assert response.status_code == 200
-    members = _members(response.content)
-    assert len(members) == 1201
-    bottom = members[f"{deep}bottom.txt"]
-    assert bottom.isfile()
-    assert bottom.size == len("bottom")
-    execute(client, sandbox_id, "rm -rf d")
+    try:
+        written = _op(client, sandbox, "write", file_path=f"{root}/{deep}bottom.txt", content="bottom")
+        assert written["error"] is None, written
+        response = client.get(f"/v1/sandboxes/{sandbox_id}/archive", params={"path": f"{root}/d"})
+        assert response.status_code == 200
+        members = _members(response.content)
+        assert len(members) == 1201
+        bottom = members[f"{deep}bottom.txt"]
+        assert bottom.isfile()
+        assert bottom.size == len("bottom")
+    finally:  # rm is not recursion-bound; removing the sandbox's root (shutil.rmtree) is
+        execute(client, sandbox_id, "rm -rf d")
 
 
 def _evil_tar(name: str, data: bytes = b"pwned", kind: bytes = tarfile.REGTYPE, link: str = "") -> bytes:

@@ -17,6 +17,9 @@ races defeat) but on how every path is opened:
 * Walks (``grep``, ``glob``, recursive ``delete``) list directories through descriptors and
   descend only into real directories, again opened with ``O_NOFOLLOW``.
 
+The opening and walking are `sandboxes._beneath`'s, shared with the service's archives; this
+module translates its refusals into protocol codes (`_refusal`).
+
 Writes go to a temporary file in the target's directory renamed over the target: readers see
 old or new content, never a torn file, and a hard link planted in the root is replaced, not
 written through. The new file keeps the old one's mode (and owner, where allowed), and the old
@@ -41,10 +44,11 @@ import threading
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxes import _beneath as beneath
 from sandboxes import protocol as p
 from sandboxes.base import MAX_READ_BYTES
 from sandboxes.paths import InvalidPathError, join, normalize_path, relative_to
@@ -64,13 +68,8 @@ from sandboxes.semantics import (
 )
 
 R = TypeVar("R")
-_Kind = Literal["file", "other", "leave"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-# O_NONBLOCK: opening a FIFO must not hang (it is refused after fstat anyway).
-_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | _CLOEXEC
-_SYMLINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})  # EMLINK: O_NOFOLLOW on FreeBSD
 _CHUNK = 1 << 20
 
 _ERRNO_CODES: dict[int, p.ErrorCode] = {
@@ -85,6 +84,15 @@ _ERRNO_CODES: dict[int, p.ErrorCode] = {
 }
 """How OS errors become protocol codes; ELOOP/EMLINK (a symlink met with ``O_NOFOLLOW``) are
 ``permission_denied`` via `_symlink`; anything unlisted is ``backend_error`` with its text."""
+
+_REASON_CODES: dict[beneath.Reason, p.ErrorCode] = {
+    "not_a_directory": p.NOT_A_DIRECTORY,
+    "is_a_directory": p.IS_DIRECTORY,
+    "not_found": p.FILE_NOT_FOUND,
+    "invalid_name": p.INVALID_PATH,
+}
+"""How the walker's refusals become protocol codes; ``symlink`` and ``not_regular`` carry a
+detail (`_symlink`, `_not_regular`)."""
 
 
 class FilesystemBackendConfig(BaseModel):
@@ -105,8 +113,14 @@ class _Refused(Exception):
         super().__init__(self.message)
 
 
-def _refusal(exc: OSError, path: str) -> _Refused:
-    if exc.errno in _SYMLINK_ERRNOS:
+def _refusal(exc: OSError | beneath.Refused, path: str) -> _Refused:
+    if isinstance(exc, beneath.Refused):
+        if exc.reason == "symlink":
+            return _symlink(path)
+        if exc.reason == "not_regular":
+            return _not_regular(path)
+        return _Refused(_REASON_CODES[exc.reason], path)
+    if exc.errno in beneath.SYMLINK_ERRNOS:
         return _symlink(path)
     code = _ERRNO_CODES.get(exc.errno or 0, p.BACKEND_ERROR)
     return _Refused(code, path, exc.strerror if code == p.BACKEND_ERROR else None)
@@ -131,84 +145,13 @@ def _answer(kind: Callable[[p.ErrorCode, str], R], raw: str, action: Callable[[s
         return action(path)
     except _Refused as refused:
         return kind(refused.code, refused.message)
-    except OSError as exc:
+    except (OSError, beneath.Refused) as exc:
         mapped = _refusal(exc, path)
         return kind(mapped.code, mapped.message)
 
 
 def _parts(path: str) -> list[str]:
     return [part for part in path.split("/") if part]
-
-
-def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-def _open_dir(dir_fd: int, name: str, path: str) -> int:
-    """Open directory ``name`` under ``dir_fd`` without following a symlink at it.
-
-    ``O_DIRECTORY|O_NOFOLLOW`` on a symlink fails with ENOTDIR on Linux (ELOOP elsewhere), so
-    the failure is classified with ``lstat`` to tell "a symlink" from "a file".
-    """
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTDIR, *_SYMLINK_ERRNOS):
-            found = _lstat(dir_fd, name)
-            if found is not None and stat.S_ISLNK(found.st_mode):
-                raise _symlink(path) from exc
-            if found is not None and not stat.S_ISDIR(found.st_mode):
-                raise _Refused(p.NOT_A_DIRECTORY, path) from exc
-        raise
-
-
-def _walk(root_fd: int, parts: list[str], path: str, *, create: bool = False) -> int:
-    """A new descriptor for the directory ``parts`` under the root, each component opened
-    relative to the previous one; ``create`` makes missing directories like ``mkdir -p``."""
-    fd = os.dup(root_fd)
-    try:
-        for name in parts:
-            try:
-                child = _open_dir(fd, name, path)
-            except FileNotFoundError:
-                if not create:
-                    raise _Refused(p.FILE_NOT_FOUND, path) from None
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o777, dir_fd=fd)
-                child = _open_dir(fd, name, path)
-            os.close(fd)
-            fd = child
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _open_file(dir_fd: int, name: str, path: str, flags: int) -> tuple[int, os.stat_result]:
-    """Open the regular file ``name`` under ``dir_fd``. It is classified with ``lstat`` before
-    opening so a device node is refused without being opened, then checked again with
-    ``fstat`` in case it was swapped in between."""
-    found = _lstat(dir_fd, name)
-    if found is None:
-        raise _Refused(p.FILE_NOT_FOUND, path)
-    if stat.S_ISLNK(found.st_mode):
-        raise _symlink(path)
-    if stat.S_ISDIR(found.st_mode):
-        raise _Refused(p.IS_DIRECTORY, path)
-    if not stat.S_ISREG(found.st_mode):
-        raise _not_regular(path)
-    try:
-        fd = os.open(name, flags | _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        raise _refusal(exc, path) from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise _not_regular(path)
-    return fd, info
 
 
 def _read_fd(fd: int, limit: int | None) -> bytes:
@@ -248,110 +191,12 @@ def _scan(dir_fd: int) -> list[os.DirEntry[str]]:
         return list(entries)
 
 
-def _split(dir_fd: int, strict: bool) -> tuple[list[tuple[str, _Kind]], list[str]]:
-    """The non-directory entries of ``dir_fd`` (with their kind) and its real subdirectories.
-    Not ``strict``: an unreadable directory reads as empty, as in ``find``."""
-    others: list[tuple[str, _Kind]] = []
-    subdirs: list[str] = []
-    try:
-        for entry in _scan(dir_fd):
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    subdirs.append(entry.name)
-                else:
-                    others.append((entry.name, "file" if entry.is_file(follow_symlinks=False) else "other"))
-            except FileNotFoundError:
-                continue
-    except OSError:
-        if strict:
-            raise
-    return others, subdirs
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    info = os.fstat(fd)
-    return info.st_dev, info.st_ino
-
-
-def _regular_files(walk: Generator[tuple[int, str, str, _Kind], None, None]) -> Iterator[tuple[int, str, str]]:
+def _regular_files(base: str, walk: Generator[beneath.Entry, None, None]) -> Iterator[tuple[int, str, str]]:
+    """``(dir_fd, name, virtual path)`` of each regular file the walk of ``base`` meets."""
     with contextlib.closing(walk):
-        for dir_fd, name, path, kind in walk:
+        for dir_fd, name, relpath, kind in walk:
             if kind == "file":
-                yield dir_fd, name, path
-
-
-def _walk_tree(base_fd: int, base: str, *, strict: bool = False) -> Generator[tuple[int, str, str, _Kind], None, None]:
-    """Every entry below directory ``base_fd`` as ``(dir_fd, name, virtual path, kind)``, where
-    ``dir_fd`` is valid until the next step. Kinds: ``file`` (regular), ``other`` (symlink,
-    FIFO, ...), and ``leave`` once a subdirectory has been fully walked (post-order, so a
-    caller can ``rmdir`` it). Symlinks are reported, never followed.
-
-    Only the current directory is held open: going back up opens ``..`` and checks it is the
-    very directory we came down from (device and inode), so trees of any depth cost neither
-    the recursion limit nor one descriptor per level. Not ``strict``: subdirectories that
-    cannot be opened or listed are skipped; ``strict``: their error is raised.
-    """
-    files, subdirs = _split(base_fd, strict)
-    stack: list[tuple[tuple[int, int], str, Iterator[str]]] = [(_identity(base_fd), base, iter(subdirs))]
-    current = base_fd
-    try:
-        for name, kind in files:
-            yield current, name, join(base, name), kind
-        while True:
-            _, directory, pending = stack[-1]
-            subdir = next(pending, None)
-            if subdir is None:
-                if len(stack) == 1:
-                    return
-                stack.pop()
-                parent = base_fd if len(stack) == 1 else os.open("..", _DIR_FLAGS, dir_fd=current)
-                if parent != base_fd and _identity(parent) != stack[-1][0]:
-                    os.close(parent)
-                    raise OSError(errno.ESTALE, f"directory {stack[-1][1]!r} was moved during the walk")
-                os.close(current)
-                current = parent
-                yield current, directory.rsplit("/", 1)[-1], directory, "leave"
-                continue
-            path = join(directory, subdir)
-            try:
-                child = os.open(subdir, _DIR_FLAGS, dir_fd=current)
-            except OSError as exc:
-                if exc.errno in (errno.ENOTDIR, *_SYMLINK_ERRNOS):  # swapped for a link or a file
-                    yield current, subdir, path, "other"
-                elif strict:
-                    raise
-                continue
-            if current != base_fd:
-                os.close(current)
-            current = child
-            files, subdirs = _split(current, strict)
-            stack.append((_identity(current), path, iter(subdirs)))
-            for name, kind in files:
-                yield current, name, join(path, name), kind
-    finally:
-        if current != base_fd:
-            os.close(current)
-
-
-def _remove_tree(parent_fd: int, name: str) -> None:
-    """``rm -rf`` of directory ``name`` through descriptors: links are unlinked, never followed."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTDIR, *_SYMLINK_ERRNOS):
-            raise
-        os.unlink(name, dir_fd=parent_fd)  # swapped for a link since it was classified
-        return
-    try:
-        for dir_fd, entry, _, kind in _walk_tree(fd, "/", strict=True):
-            if kind == "leave":
-                os.rmdir(entry, dir_fd=dir_fd)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry, dir_fd=dir_fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+                yield dir_fd, name, join(base, relpath)
 
 
 class FilesystemBackend(p.BackendProtocol):
@@ -394,7 +239,7 @@ class FilesystemBackend(p.BackendProtocol):
         """The descriptor of ``path``'s directory and ``path``'s last component (not ``/``)."""
         parts = _parts(path)
         with self._root_fd() as root:
-            fd = _walk(root, parts[:-1], path, create=create)
+            fd = beneath.open_dir(root, parts[:-1], create=create)
             try:
                 yield fd, parts[-1]
             finally:
@@ -408,7 +253,7 @@ class FilesystemBackend(p.BackendProtocol):
         """The whole regular file, refused past ``max_file_bytes`` when ``capped`` (checked on
         the bytes actually read too, since the file may grow after ``fstat``)."""
         limit = self.config.max_file_bytes if capped else None
-        fd, info = _open_file(dir_fd, name, path, os.O_RDONLY)
+        fd, info = beneath.open_file(dir_fd, name, os.O_RDONLY)
         try:
             if limit is not None and info.st_size > limit:
                 raise self._too_large(path)
@@ -435,10 +280,10 @@ class FilesystemBackend(p.BackendProtocol):
         with self._parent(path, create=expected is None) as (dir_fd, name):
             old: os.stat_result | None = None
             try:
-                fd, old = _open_file(dir_fd, name, path, os.O_WRONLY)  # refused where `echo >` would be
+                fd, old = beneath.open_file(dir_fd, name, os.O_WRONLY)  # refused where `echo >` would be
                 os.close(fd)
-            except _Refused as refused:
-                if refused.code != p.FILE_NOT_FOUND or expected is not None:
+            except beneath.Refused as refused:
+                if refused.reason != "not_found" or expected is not None:
                     raise
             temp = f".sandboxes-{secrets.token_hex(8)}.tmp"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
@@ -454,7 +299,7 @@ class FilesystemBackend(p.BackendProtocol):
                 finally:
                     os.close(fd)
                 if expected is not None:
-                    now = _lstat(dir_fd, name)
+                    now = beneath.lstat(dir_fd, name)
                     if now is None or not _same_file(now, expected):
                         raise _Refused(p.FILE_CHANGED, path)
                 os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -470,10 +315,10 @@ class FilesystemBackend(p.BackendProtocol):
         refuses a missing or symlinked ``root`` on the first ``next``."""
         if root == "/":
             with self._root_fd() as root_fd:
-                yield from _regular_files(_walk_tree(root_fd, "/"))
+                yield from _regular_files("/", beneath.walk(root_fd))
             return
         with self._parent(root) as (dir_fd, name):
-            found = _lstat(dir_fd, name)
+            found = beneath.lstat(dir_fd, name)
             if found is None:
                 raise _Refused(p.FILE_NOT_FOUND, root)
             if stat.S_ISLNK(found.st_mode):
@@ -481,9 +326,9 @@ class FilesystemBackend(p.BackendProtocol):
             if stat.S_ISREG(found.st_mode):
                 yield dir_fd, name, root
             elif stat.S_ISDIR(found.st_mode):
-                fd = _open_dir(dir_fd, name, root)
+                fd = beneath.open_dir(dir_fd, [name])
                 try:
-                    yield from _regular_files(_walk_tree(fd, root))
+                    yield from _regular_files(root, beneath.walk(fd))
                 finally:
                     os.close(fd)
 
@@ -492,7 +337,7 @@ class FilesystemBackend(p.BackendProtocol):
         (``grep`` over a tree reports matches, not the files it could not search)."""
         try:
             data, _ = self._fetch_at(dir_fd, name, path)
-        except (_Refused, OSError):
+        except (_Refused, beneath.Refused, OSError):
             return None
         return decode_text("", data)
 
@@ -502,7 +347,7 @@ class FilesystemBackend(p.BackendProtocol):
         def list_dir(directory: str) -> p.LsResult:
             entries = []
             with self._root_fd() as root:
-                fd = _walk(root, _parts(directory), directory)
+                fd = beneath.open_dir(root, _parts(directory))
                 try:
                     for entry in _scan(fd):
                         try:
@@ -557,11 +402,11 @@ class FilesystemBackend(p.BackendProtocol):
             if path == "/":
                 return p.DeleteResult(p.INVALID_PATH, "refusing to delete the root directory")
             with self._lock, self._parent(path) as (dir_fd, name):
-                found = _lstat(dir_fd, name)
+                found = beneath.lstat(dir_fd, name)
                 if found is None:
                     raise _Refused(p.FILE_NOT_FOUND, path)
                 if stat.S_ISDIR(found.st_mode):
-                    _remove_tree(dir_fd, name)
+                    beneath.remove_tree(dir_fd, name)
                 else:  # a file, a special file, or a symlink: the link itself goes, never its target
                     os.unlink(name, dir_fd=dir_fd)
             return p.DeleteResult(path=path)

@@ -7,7 +7,9 @@ whose single top-level member is P's basename (a file, or a directory with its t
 Local sandboxes are read and written by the service itself, on the host, while the sandbox
 may be running commands that swap directories for symlinks. So every path is opened one
 component at a time relative to a directory file descriptor with ``O_NOFOLLOW``, starting from
-the sandbox's root: no symlink, however placed or raced, leads the service outside the root.
+the sandbox's root, and trees are walked through descriptors (both `sandboxes._beneath`, shared
+with `sandboxes.filesystem`): no symlink, however placed or raced, leads the service outside the
+root.
 Docker archives go through the daemon, which confines them to the container; they are rewritten
 on the way in (owner set to the sandbox user, special bits dropped, only regular files,
 directories and symlinks) and spooled to a temporary file, never to memory.
@@ -37,6 +39,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from sandboxes import _beneath as beneath
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.streams import ChunkSink, Emit
@@ -47,7 +50,6 @@ MAX_MEMBERS = 100_000
 MAX_EXPANSION = 256 << 20
 """Default ceiling on the bytes an archive may expand to beyond the bytes it is made of."""
 _COPY = 1 << 20
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def checked_path(raw: str) -> str:
@@ -57,12 +59,26 @@ def checked_path(raw: str) -> str:
         raise ServiceError("invalid_path", str(exc)) from exc
 
 
-def _os_error(exc: OSError, path: str) -> ServiceError:
+_REFUSALS: dict[beneath.Reason, tuple[str, str]] = {
+    "symlink": ("invalid_path", "goes through a symbolic link"),
+    "not_a_directory": ("not_a_directory", "a component is not a directory"),
+    "is_a_directory": ("is_directory", "is a directory"),
+    "not_found": ("file_not_found", "no such file or directory"),
+    "not_regular": ("invalid_path", "neither a file nor a directory"),
+    "invalid_name": ("invalid_path", "a component is not a plain name"),
+}
+"""The walker's refusals in the service's vocabulary."""
+
+
+def _os_error(exc: OSError | beneath.Refused, path: str) -> ServiceError:
+    if isinstance(exc, beneath.Refused):
+        code, text = _REFUSALS[exc.reason]
+        return ServiceError(code, f"{path}: {text}")
     if exc.errno == errno.ENOENT:
         return ServiceError("file_not_found", f"{path}: no such file or directory")
     if exc.errno == errno.ENOTDIR:
         return ServiceError("not_a_directory", f"{path}: a component is not a directory")
-    if exc.errno == errno.ELOOP:
+    if exc.errno in beneath.SYMLINK_ERRNOS:
         return ServiceError("invalid_path", f"{path}: goes through a symbolic link")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return ServiceError("permission_denied", f"{path}: permission denied")
@@ -90,33 +106,14 @@ def _parts_under(root: str, path: str) -> list[str]:
     return [] if path == root else relative_to(path, root).split("/")
 
 
-def _open_dir(name: str, dir_fd: int, *, create: bool) -> int:
-    """``name`` in ``dir_fd`` as a directory fd, refusing a symlink as ``ELOOP`` (``O_NOFOLLOW``
-    with ``O_DIRECTORY`` says only ``ENOTDIR`` for one)."""
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o755, dir_fd=dir_fd)
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except NotADirectoryError:
-        if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            raise OSError(errno.ELOOP, "symbolic link", name) from None
-        raise
-
-
 def _open_beneath(root: str, parts: list[str], *, create: bool = False) -> int:
     """A directory fd for ``root/parts``, never following a symlink; ``create`` makes missing
     directories on the way (``mkdir -p``)."""
-    fd = os.open(root, _DIR_FLAGS)
+    root_fd = os.open(root, beneath.DIR_FLAGS)
     try:
-        for part in parts:
-            child = _open_dir(part, fd, create=create)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return beneath.open_dir(root_fd, parts, create=create, mode=0o755)
+    finally:
+        os.close(root_fd)
 
 
 def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Callable[[Emit], None]:
@@ -125,23 +122,17 @@ def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Calla
     path = checked_path(raw_path)
     parts = _parts_under(root, path)
     try:
-        parent_fd = _open_beneath(root, parts[:-1]) if parts else None
-        name = parts[-1] if parts else None
-        if parent_fd is None:
-            fd = os.open(root, _DIR_FLAGS)
-            name = os.path.basename(root)
-        else:
-            try:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent_fd)
+        if parts:
+            name, parent_fd = parts[-1], _open_beneath(root, parts[:-1])
+            try:  # a file or a directory; anything else is refused unopened
+                fd, info = beneath.open_file(parent_fd, name, os.O_RDONLY, directories=True)
             finally:
                 os.close(parent_fd)
-    except OSError as exc:
+        else:
+            name, fd = os.path.basename(root), os.open(root, beneath.DIR_FLAGS)
+            info = os.fstat(fd)
+    except (OSError, beneath.Refused) as exc:
         raise _os_error(exc, path) from exc
-    assert name is not None
-    info = os.fstat(fd)
-    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        os.close(fd)
-        raise ServiceError("invalid_path", f"{path} is neither a file nor a directory")
 
     def produce(emit: Emit) -> None:
         sink = ChunkSink(emit)
@@ -176,30 +167,33 @@ def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "
 
 
 def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, uid: int, gid: int) -> None:
-    for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top_fd, follow_symlinks=False):
-        prefix = top_name if dirpath == "." else f"{top_name}/{dirpath[2:]}"
-        for name in sorted(dirnames) + sorted(filenames):
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: simply absent
-                _add_entry(tar, dir_fd, name, f"{prefix}/{name}", uid, gid)
+    """Everything below ``top_fd`` as members under ``top_name``; unreadable directories come
+    out empty, as under ``find``, and entries removed or swapped meanwhile are simply absent. A
+    directory moved elsewhere mid-walk ends the stream with an error (``ESTALE``) rather than
+    archive whatever its new parent holds."""
+    with contextlib.closing(beneath.walk(top_fd)) as entries:
+        for dir_fd, name, relpath, kind in entries:
+            if kind != "leave":
+                with contextlib.suppress(FileNotFoundError):
+                    _add_entry(tar, dir_fd, name, f"{top_name}/{relpath}", kind, uid, gid)
 
 
-def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, uid: int, gid: int) -> None:
+def _add_entry(
+    tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, kind: beneath.Kind, uid: int, gid: int
+) -> None:
+    if kind == "file":
+        try:
+            fd, opened = beneath.open_file(dir_fd, name, os.O_RDONLY)
+        except beneath.Refused:  # swapped for a symlink or something else meanwhile: not ours to follow
+            return
+        with os.fdopen(fd, "rb") as content:
+            tar.addfile(_tar_info(arcname, opened, uid, gid), content)
+        return
     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISDIR(info.st_mode):
         tar.addfile(_tar_info(arcname, info, uid, gid))
     elif stat.S_ISLNK(info.st_mode):
         tar.addfile(_tar_info(arcname, info, uid, gid, os.readlink(name, dir_fd=dir_fd)))
-    elif stat.S_ISREG(info.st_mode):
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # swapped for a symlink meanwhile: not ours to follow
-                return
-            raise
-        with os.fdopen(fd, "rb") as content:
-            opened = os.fstat(content.fileno())
-            if stat.S_ISREG(opened.st_mode):
-                tar.addfile(_tar_info(arcname, opened, uid, gid), content)
     # sockets, fifos and devices are skipped: they have no content to archive
 
 
@@ -217,14 +211,14 @@ def extract_local(
     parts = _parts_under(root, dest)
     try:
         dest_fd = _open_beneath(root, parts, create=True)
-    except OSError as exc:
+    except (OSError, beneath.Refused) as exc:
         raise _os_error(exc, dest) from exc
     try:
         members = _members(archive, max_bytes=max_bytes, max_members=max_members, max_expansion=max_expansion)
         for member, names, content in members:
             try:
                 _extract_member(dest_fd, names, member, content)
-            except OSError as exc:
+            except (OSError, beneath.Refused) as exc:
                 raise _os_error(exc, f"{dest}/{'/'.join(names)}") from exc
     except _UNREADABLE as exc:  # a truncated member, met while extracting it
         raise _unreadable() from exc
@@ -352,17 +346,11 @@ def _check_link(name: str, names: list[str], target: str) -> None:
 
 
 def _extract_member(dest_fd: int, names: list[str], member: tarfile.TarInfo, content: IO[bytes] | None) -> None:
-    parent_fd = os.dup(dest_fd)
+    parent_fd = beneath.open_dir(dest_fd, names[:-1], create=True, mode=0o755)
     try:
-        for part in names[:-1]:
-            child = _open_dir(part, parent_fd, create=True)
-            os.close(parent_fd)
-            parent_fd = child
         name, mode = names[-1], (member.mode & 0o777) or 0o644
-        if member.isdir():
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, mode | 0o700, dir_fd=parent_fd)
-            os.close(_open_dir(name, parent_fd, create=False))  # exists, and is a real directory
+        if member.isdir():  # made if missing; either way a real directory, not a link to one
+            os.close(beneath.open_dir(parent_fd, [name], create=True, mode=mode | 0o700))
             return
         _refuse_directory(parent_fd, name)
         # Made under a temporary name and renamed over ``name`` once whole: a body cut halfway
@@ -391,11 +379,8 @@ def _extract_member(dest_fd: int, names: list[str], member: tarfile.TarInfo, con
 
 
 def _refuse_directory(dir_fd: int, name: str) -> None:
-    try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
+    info = beneath.lstat(dir_fd, name)
+    if info is not None and stat.S_ISDIR(info.st_mode):
         raise ServiceError("is_directory", f"archive member {name!r} would replace a directory")
 
 

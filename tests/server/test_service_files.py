@@ -192,6 +192,40 @@ def test_archive_errors(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     assert (garbage.status_code, error_of(garbage)) == (422, "invalid_request")
 
 
+def test_archives_leave_out_what_has_no_content(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    """A FIFO asked for is refused without being opened; inside a tree it is left out."""
+    root, sandbox_id = sandbox["workdir"], sandbox["id"]
+    url = f"/v1/sandboxes/{sandbox_id}/archive"
+    made = execute(client, sandbox_id, "mkdir -p pipes/sub && mkfifo pipes/fifo pipes/sub/fifo && echo x > pipes/sub/f")
+    assert made["exit_code"] == 0, made
+    alone = client.get(url, params={"path": f"{root}/pipes/fifo"})
+    assert (alone.status_code, error_of(alone)) == (422, "invalid_path")
+    assert set(_members(client.get(url, params={"path": f"{root}/pipes"}).content)) == {
+        "pipes",
+        "pipes/sub",
+        "pipes/sub/f",
+    }
+
+
+def test_archive_of_a_deep_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    """Deeper than the recursion limit: the walk holds one directory open, not a frame and a
+    descriptor per level (``os.fwalk`` before answered a broken stream here)."""
+    root, sandbox_id = sandbox["workdir"], sandbox["id"]
+    deep = "d/" * 1200
+    try:
+        written = _op(client, sandbox, "write", file_path=f"{root}/{deep}bottom.txt", content="bottom")
+        assert written["error"] is None, written
+        response = client.get(f"/v1/sandboxes/{sandbox_id}/archive", params={"path": f"{root}/d"})
+        assert response.status_code == 200
+        members = _members(response.content)
+        assert len(members) == 1201
+        bottom = members[f"{deep}bottom.txt"]
+        assert bottom.isfile()
+        assert bottom.size == len("bottom")
+    finally:  # rm is not recursion-bound; removing the sandbox's root (shutil.rmtree) is
+        execute(client, sandbox_id, "rm -rf d")
+
+
 def _evil_tar(name: str, data: bytes = b"pwned", kind: bytes = tarfile.REGTYPE, link: str = "") -> bytes:
     payload = io.BytesIO()
     with tarfile.open(fileobj=payload, mode="w") as archive:

@@ -443,3 +443,30 @@ def test_one_kill_ends_a_tree_that_keeps_forking_in_the_jail(helper_sandbox: Loc
     """The service's kill of a local command: one `kill_marked` from the host, which sees the
     jail's processes (the helper takes the caller's marker as the command's own)."""
     assert_one_kill_ends_forking_trees(helper_sandbox, kill_marked)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_removed(tmp_path: Path) -> None:
+    """A sandbox may nest directories past Python's recursion limit (``shutil.rmtree`` recursed
+    per level before 3.13): its root is still removed, links inside are not followed, and a
+    directory it made unreadable does not stop the removal."""
+    from sandboxes.local._tree import remove_tree
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    root = tmp_path / "root"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1200):  # one level at a time: paths this long exceed what path calls take
+            os.mkdir("d", dir_fd=fd)
+            fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(parent)
+        os.symlink(outside, "link", dir_fd=fd)
+        os.mkdir("locked", dir_fd=fd)
+        os.close(os.open("locked/f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+        os.chmod("locked", 0, dir_fd=fd)
+    finally:
+        os.close(fd)
+    remove_tree(root)
+    assert not root.exists()
+    assert outside.read_text() == "keep"

@@ -66,6 +66,16 @@ def _terminated(reason: str, code: int, *, last: bool = False) -> dict[str, Any]
             "DeadlineExceeded",
             "longer than",
         ),
+        (  # as a kubelet reports an eviction: the killed container's end beside the pod's reason
+            {**_terminated("Error", 137), "reason": "Evicted", "message": "The node was low on resource: memory."},
+            "Evicted",
+            "low on resource",
+        ),
+        (
+            {**_terminated("Error", 137), "reason": "DeadlineExceeded", "message": "Pod was active on the node longer"},
+            "DeadlineExceeded",
+            "longer",
+        ),
         (
             {
                 "phase": "Pending",

@@ -93,6 +93,7 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         return "/workspace"
 
     def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, fake_kubernetes_v4: FakeKubernetes) -> None:
+        fallback_sandbox.execute("true")  # the first command finds out that the image has no python3
         before = fake_kubernetes_v4.requests["exec"]
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
         assert fallback_sandbox._helper_unavailable

@@ -27,6 +27,7 @@ from .store import ApiError, Store
 
 __all__ = ["FakeKubernetes", "StartFault"]
 
+_VERBS = ("create", "get", "list", "watch", "patch", "delete", "exec")
 StartFault = Literal["OOMKilled", "Evicted"]
 """Start failures a node brings about that no pod spec can make happen on cue; the others
 (``ErrImagePull``, ``Unschedulable``, ``StartError``, ``CrashLoopBackOff``) follow from the spec."""
@@ -49,7 +50,9 @@ class FakeKubernetes:
         server older than Kubernetes 1.30, which has no ``v5``."""
         self.instance = uuid.uuid4().hex[:12]
         self.protocols = protocols
-        self.requests: Counter[str] = Counter()
+        # Every key there from the start: a copy taken in a test's thread never sees the dict
+        # grow under it while the server's thread counts.
+        self.requests: Counter[str] = Counter(dict.fromkeys(_VERBS, 0))
         """Requests served: ``create``, ``get``, ``list``, ``watch``, ``patch``, ``delete`` (of
         pods) and ``exec`` (exec streams opened). Compare copies taken before and after."""
         self.labels = {LABEL: self.instance, **(container_labels or {})}

@@ -2,7 +2,7 @@
 
 Runs against the cluster ``$KUBECONFIG`` names (namespace ``--namespace``, image ``--image``,
 which the cluster must be able to run), or, without one, against the test suite's fake API
-server (``tests/kubernetes/pod_api_double.py``: pods are local Docker containers; its figures
+server (``tests/kubernetes/fake_apiserver``: pods are local Docker containers; its figures
 say what our client side costs, not what a cluster does). Rows, each beside a raw baseline
 measured in the same run on the same pod:
 
@@ -54,16 +54,21 @@ def cluster(owner: str) -> Iterator[tuple[Any, str]]:
     import docker
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "kubernetes"))
-    from pod_api_double import FakeCluster
+    from fake_apiserver import FakeKubernetes
 
-    fake = FakeCluster(docker.from_env(), label={"io.sandboxes.owner": owner})
+    engine = docker.from_env()
+    fake = FakeKubernetes(
+        engine, namespaces=("default", "sandboxes"), container_labels={"io.sandboxes.owner": owner}
+    ).start()
     try:
         yield (
-            client.ApiClient(client.Configuration(host=fake.host)),
+            client.ApiClient(client.Configuration(host=fake.url)),
             "the test fake API server (pods are Docker containers)",
         )
     finally:
-        fake.close()
+        fake.stop()
+        for container in engine.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}):
+            container.remove(force=True, v=True)
 
 
 class RawShell:

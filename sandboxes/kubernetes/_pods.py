@@ -268,6 +268,10 @@ def start_failure(pod: Any, *, fail_unschedulable: bool = True) -> tuple[str, st
         return None
     if pod.metadata is not None and pod.metadata.deletion_timestamp is not None:
         return "Deleted", "the pod is being deleted"
+    if status.phase == "Failed" and status.reason:
+        # The node ended the whole pod (Evicted, DeadlineExceeded): its reason says why; the
+        # container's end (exit code 137, Error) only says that it was killed.
+        return status.reason, status.message or "the pod's phase is Failed"
     for container in status.container_statuses or []:
         state = container.state
         if state is not None and state.waiting is not None and state.waiting.reason in _FATAL_WAITING:

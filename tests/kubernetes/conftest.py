@@ -33,6 +33,22 @@ def fake_kubernetes(docker_client: Any) -> Iterator[FakeKubernetes]:
 
 
 @pytest.fixture(scope="session")
+def fake_kubernetes_v4(docker_client: Any) -> Iterator[FakeKubernetes]:
+    """A second FAKE API server that serves exec over ``v4.channel.k8s.io`` only (as before
+    Kubernetes 1.30): a client offering ``v5`` first must fall back."""
+    fake = FakeKubernetes(
+        docker_client,
+        namespaces=("default", "sandboxes"),
+        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
+        protocols=("v4.channel.k8s.io",),
+    ).start()
+    yield fake
+    fake.stop()
+    for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
+        container.remove(force=True, v=True)
+
+
+@pytest.fixture(scope="session")
 def fake_kubeconfig(fake_kubernetes: FakeKubernetes, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig file naming the fake (context ``fake``, namespace ``sandboxes``), for
     ``kubernetes.config.load_kube_config(config_file=...)``."""

@@ -362,3 +362,113 @@ def test_exec_with_a_long_command_line(core_v1: Any, pod: str) -> None:
         tty=False,
     )
     assert out.strip() == "40000"
+
+
+def test_a_v4_only_server_refuses_v5_and_serves_v4(fake_kubernetes_v4: FakeKubernetes) -> None:
+    import websocket
+
+    api = client.CoreV1Api(client.ApiClient(client.Configuration(host=fake_kubernetes_v4.url)))
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    api.create_namespaced_pod(NS, pod_body(name))
+    try:
+        wait_for(api, name, running)
+        url = fake_kubernetes_v4.url.replace("http", "ws") + f"/api/v1/namespaces/{NS}/pods/{name}/exec"
+        url += "?command=true&stdout=true"
+        with pytest.raises(websocket.WebSocketBadStatusException) as exc:
+            websocket.create_connection(url, subprotocols=["v5.channel.k8s.io"])
+        assert exc.value.status_code == 400
+        ws = websocket.create_connection(url, subprotocols=["v5.channel.k8s.io", "v4.channel.k8s.io"])
+        assert ws.getsubprotocol() == "v4.channel.k8s.io"
+        ws.close()
+    finally:
+        api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_requests_are_counted_by_verb(core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str) -> None:
+    before = fake_kubernetes.requests.copy()
+    core_v1.read_namespaced_pod(pod, NS)
+    listed = core_v1.list_namespaced_pod(NS, field_selector=f"metadata.name={pod}")
+    for _ in watch.Watch().stream(
+        core_v1.list_namespaced_pod,
+        NS,
+        field_selector=f"metadata.name={pod}",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=1,
+    ):
+        pass
+    core_v1.patch_namespaced_pod(pod, NS, {"metadata": {"labels": {"counted": "yes"}}})
+    stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["true"],
+        stdout=True,
+        stderr=True,
+        stdin=False,
+        tty=False,
+    )
+    made = fake_kubernetes.requests - before
+    assert made == {"get": 1, "list": 1, "watch": 1, "patch": 1, "exec": 1}
+
+
+def test_a_finalizer_holds_a_deleted_pod_until_patched_away(
+    core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str
+) -> None:
+    core_v1.patch_namespaced_pod(pod, NS, {"metadata": {"finalizers": ["example.com/hold"]}})
+    core_v1.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
+
+    def stopped(p: Any) -> bool:
+        return p.metadata.deletion_timestamp is not None and p.status.container_statuses[0].state.terminated is not None
+
+    held = wait_for(core_v1, pod, stopped)  # the containers ended, the object stays
+    assert held.metadata.finalizers == ["example.com/hold"]
+    assert core_v1.read_namespaced_pod(pod, NS).metadata.deletion_timestamp is not None
+    core_v1.patch_namespaced_pod(pod, NS, {"metadata": {"finalizers": None}})
+    with pytest.raises(ApiException) as gone:
+        core_v1.read_namespaced_pod(pod, NS)
+    assert gone.value.status == 404
+
+
+def test_dropping_exec_streams_cuts_them_off_without_a_status(
+    core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str
+) -> None:
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sh", "-c", "echo started; sleep 30"],
+        stdout=True,
+        stderr=True,
+        stdin=True,
+        tty=False,
+        _preload_content=False,
+    )
+    while "started" not in ws.read_stdout(timeout=10):  # the command runs
+        pass
+    assert fake_kubernetes.drop_exec_streams(NS, pod) == 1
+    ws.run_forever(timeout=30)
+    assert not ws.is_open()
+    assert ws.read_channel(3) == ""  # no exit status: its fate is unknown to the client
+
+
+def test_the_servers_sockets_do_not_delay_small_writes(core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str) -> None:
+    """TCP_NODELAY on every connection the fake holds, an exec stream's included."""
+    import socket
+
+    ws = stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=["sleep", "30"],
+        stdout=True,
+        stderr=True,
+        stdin=True,
+        tty=False,
+        _preload_content=False,
+    )
+    try:
+        flags = fake_kubernetes.connection_options(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert flags
+        assert all(flags), flags
+    finally:
+        ws.close()

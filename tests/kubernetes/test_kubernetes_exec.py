@@ -3,9 +3,10 @@ WebSocket ``v5``/``v4`` channels): the full conformance suite through the exec h
 persistent stream, and through the one-exec-per-command fallback on an image without python3;
 the stream reopened when it drops, a command whose fate is unknown never run twice.
 
-The API server here is `pod_api_double.FakeCluster`, a fake whose pods are Docker containers
-with the pod's security mapped (user, read-only root, no capabilities, tmpfs workspace and
-/tmp, no network)."""
+The API server here is the FAKE one of ``tests/kubernetes/fake_apiserver`` (fixtures
+``fake_kubernetes`` and ``fake_kubernetes_v4``, which serves ``v4`` only), whose pods are Docker
+containers with the pod's security mapped (user, read-only root, no capabilities, tmpfs
+workspace and /tmp, no network)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pod_api_double import V4, V5, FakeCluster
+from fake_apiserver import FakeKubernetes
 from support import SESSION_OWNER
 from testcontainers.core.image import DockerImage
 
@@ -24,20 +25,8 @@ from sandboxes.lifecycle import Lifecycle
 from sandboxes.testing import SandboxConformance
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-
-
-@pytest.fixture(scope="module")
-def double(docker_client: Any) -> Iterator[FakeCluster]:
-    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V5, V4))
-    yield fake
-    fake.close()
-
-
-@pytest.fixture(scope="module")
-def double_v4(docker_client: Any) -> Iterator[FakeCluster]:
-    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER}, protocols=(V4,))
-    yield fake
-    fake.close()
+V4 = "v4.channel.k8s.io"
+V5 = "v5.channel.k8s.io"
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +35,23 @@ def no_python_image(docker_client: Any) -> Iterator[str]:
         yield str(image)
 
 
-def _sandbox(server: FakeCluster, image: str, **config: Any) -> KubernetesSandbox:
+def _sandbox(server: FakeKubernetes, image: str, **config: Any) -> KubernetesSandbox:
     from kubernetes import client
 
-    api_client = client.ApiClient(client.Configuration(host=server.host))
+    api_client = client.ApiClient(client.Configuration(host=server.url))
     template = KubernetesSandboxConfig(image=image, owner=SESSION_OWNER, **config)
     return KubernetesSandbox.create(template, api_client=api_client)
 
 
 @pytest.fixture(scope="module")
-def helper_sandbox(double: FakeCluster, runtime_image: str) -> Iterator[KubernetesSandbox]:
-    with _sandbox(double, runtime_image) as sandbox:
+def helper_sandbox(fake_kubernetes: FakeKubernetes, runtime_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(fake_kubernetes, runtime_image) as sandbox:
         yield sandbox
 
 
 @pytest.fixture(scope="module")
-def fallback_sandbox(double_v4: FakeCluster, no_python_image: str) -> Iterator[KubernetesSandbox]:
-    with _sandbox(double_v4, no_python_image) as sandbox:
+def fallback_sandbox(fake_kubernetes_v4: FakeKubernetes, no_python_image: str) -> Iterator[KubernetesSandbox]:
+    with _sandbox(fake_kubernetes_v4, no_python_image) as sandbox:
         yield sandbox
 
 
@@ -77,13 +66,15 @@ class TestKubernetesSandboxConformance(SandboxConformance):
     def base_dir(self) -> str:
         return "/workspace"
 
-    def test_commands_share_one_exec_stream(self, helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
+    def test_commands_share_one_exec_stream(
+        self, helper_sandbox: KubernetesSandbox, fake_kubernetes: FakeKubernetes
+    ) -> None:
         helper_sandbox.execute("true")
         assert helper_sandbox.helper_alive
-        before = double.execs
+        before = fake_kubernetes.requests["exec"]
         for _ in range(20):
             assert helper_sandbox.execute("echo hi").output == "hi\n"
-        assert double.execs == before
+        assert fake_kubernetes.requests["exec"] == before
         assert isinstance(helper_sandbox, Lifecycle)
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux._stream.protocol == V5  # type: ignore[attr-defined]
@@ -101,16 +92,17 @@ class TestKubernetesFallbackConformance(SandboxConformance):
     def base_dir(self) -> str:
         return "/workspace"
 
-    def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, double_v4: FakeCluster) -> None:
-        before = double_v4.execs
+    def test_no_helper_is_used(self, fallback_sandbox: KubernetesSandbox, fake_kubernetes_v4: FakeKubernetes) -> None:
+        fallback_sandbox.execute("true")  # the first command finds out that the image has no python3
+        before = fake_kubernetes_v4.requests["exec"]
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
         assert fallback_sandbox._helper_unavailable
         assert fallback_sandbox._mux is None
-        assert double_v4.execs == before + 1
+        assert fake_kubernetes_v4.requests["exec"] == before + 1
 
 
-def test_helper_over_v4(double_v4: FakeCluster, runtime_image: str) -> None:
-    sandbox = _sandbox(double_v4, runtime_image)
+def test_helper_over_v4(fake_kubernetes_v4: FakeKubernetes, runtime_image: str) -> None:
+    sandbox = _sandbox(fake_kubernetes_v4, runtime_image)
     try:
         dumped = sandbox.execute("od -An -tx1 | head -n 1", stdin=b"\x00\xff\n" * 1000).output.split()
         assert dumped[:6] == ["00", "ff", "0a", "00", "ff", "0a"]
@@ -122,8 +114,8 @@ def test_helper_over_v4(double_v4: FakeCluster, runtime_image: str) -> None:
         sandbox.destroy()
 
 
-def test_dropped_stream_is_reopened(double: FakeCluster, runtime_image: str) -> None:
-    sandbox = _sandbox(double, runtime_image)
+def test_dropped_stream_is_reopened(fake_kubernetes: FakeKubernetes, runtime_image: str) -> None:
+    sandbox = _sandbox(fake_kubernetes, runtime_image)
     try:
         sandbox.execute("true")
         assert sandbox._mux is not None
@@ -136,10 +128,15 @@ def test_dropped_stream_is_reopened(double: FakeCluster, runtime_image: str) -> 
         sandbox.destroy()
 
 
-def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(double: FakeCluster, runtime_image: str) -> None:
+@pytest.mark.parametrize("side", ["client", "server"])
+def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(
+    fake_kubernetes: FakeKubernetes, runtime_image: str, side: str
+) -> None:
+    """The stream drops mid-command, on our side (the websocket closed under the mux) or on the
+    server's (closed with no exit status, as a restarting API server does)."""
     import threading
 
-    sandbox = _sandbox(double, runtime_image)
+    sandbox = _sandbox(fake_kubernetes, runtime_image)
     try:
         sandbox.execute("true")
         mux = sandbox._mux
@@ -157,7 +154,10 @@ def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(double: Fake
                 started.set()
                 break
         assert started.is_set()
-        mux._stream.close()
+        if side == "client":
+            mux._stream.close()
+        else:
+            assert fake_kubernetes.drop_exec_streams("sandboxes", sandbox.id) == 1
         worker.join(30)
         assert result
         assert result[0].error == p.CONNECTION_LOST
@@ -185,33 +185,35 @@ def test_what_the_fallback_kills_does_not_stay_a_zombie(fallback_sandbox: Kubern
     pytest.fail("killed processes stay zombies: nothing in the pod reaps them")
 
 
-def test_big_files_move_over_exec_streams_of_their_own(helper_sandbox: KubernetesSandbox, double: FakeCluster) -> None:
+def test_big_files_move_over_exec_streams_of_their_own(
+    helper_sandbox: KubernetesSandbox, fake_kubernetes: FakeKubernetes
+) -> None:
     big = bytes(range(256)) * 16384  # 4 MiB, over the bulk threshold
     helper_sandbox.execute("true")
-    before = double.execs
+    before = fake_kubernetes.requests["exec"]
     paths = ["/workspace/bulk/a.bin", "/tmp/bulk/b.bin"]
     assert [r.error for r in helper_sandbox.upload_files([(path, big) for path in paths])] == [None, None]
-    assert double.execs == before + 1  # one tar for the whole batch
+    assert fake_kubernetes.requests["exec"] == before + 1  # one tar for the whole batch
     downloaded = helper_sandbox.download_files([*paths, "/workspace/bulk", "/workspace/bulk/missing"])
     assert [d.content for d in downloaded[:2]] == [big, big]
     assert downloaded[2].error == p.IS_DIRECTORY or downloaded[2].error is not None
     assert downloaded[3].error == p.FILE_NOT_FOUND
-    assert double.execs >= before + 3  # each big download its own cat
+    assert fake_kubernetes.requests["exec"] >= before + 3  # each big download its own cat
     left = helper_sandbox.execute("ls -a /workspace/bulk /tmp/bulk").output
     assert ".sandboxes-write" not in left
 
 
-def test_a_bulk_upload_past_the_workspace_answers_no_space(double: FakeCluster, runtime_image: str) -> None:
-    with _sandbox(double, runtime_image, workspace_size="8Mi") as sandbox:
+def test_a_bulk_upload_past_the_workspace_answers_no_space(fake_kubernetes: FakeKubernetes, runtime_image: str) -> None:
+    with _sandbox(fake_kubernetes, runtime_image, workspace_size="8Mi") as sandbox:
         big = b"x" * (6 << 20)
         results = sandbox.upload_files([("/workspace/one.bin", big), ("/workspace/two.bin", big)])
         assert [r.error for r in results] == [p.NO_SPACE, p.NO_SPACE]
         assert sandbox.execute("ls -A /workspace").output == ""
 
 
-def test_a_memory_hog_answers_out_of_memory(double: FakeCluster, runtime_image: str) -> None:
+def test_a_memory_hog_answers_out_of_memory(fake_kubernetes: FakeKubernetes, runtime_image: str) -> None:
     limits = {"memory_limit": "64Mi", "memory_request": "64Mi", "workspace_size": "16Mi", "tmp_size": "16Mi"}
-    with _sandbox(double, runtime_image, **limits) as sandbox:
+    with _sandbox(fake_kubernetes, runtime_image, **limits) as sandbox:
         hog = sandbox.execute("python3 -c 'a = bytearray(1 << 30)'", timeout=60)
         assert hog.exit_code == 137
         assert hog.error == p.OUT_OF_MEMORY

@@ -1,6 +1,7 @@
 """KubernetesSandbox's lifecycle and KubernetesProvider (create, attach, list, destroy, sweep,
-warm pool, start failures) against `pod_api_double.FakeCluster`, a fake API server whose pods
-are Docker containers: pods created, watched until Ready, deleted and watched until gone."""
+warm pool, start failures) against the FAKE API server of ``tests/kubernetes/fake_apiserver``
+(fixture ``fake_kubernetes``), whose pods are Docker containers: pods created, watched until
+Ready, deleted and watched until gone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from pod_api_double import FakeCluster
+from fake_apiserver import FakeKubernetes
 from support import SESSION_OWNER
 
 from sandboxes.kubernetes import (
@@ -22,19 +23,19 @@ from sandboxes.kubernetes import (
 from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
 from sandboxes.testing import LifecycleConformance
 
-
-@pytest.fixture(scope="module")
-def cluster(docker_client: Any) -> Iterator[FakeCluster]:
-    fake = FakeCluster(docker_client, label={"io.sandboxes.test-session": SESSION_OWNER})
-    yield fake
-    fake.close()
+NS = "sandboxes"
 
 
 @pytest.fixture(scope="module")
-def api_client(cluster: FakeCluster) -> Any:
+def cluster(fake_kubernetes: FakeKubernetes) -> FakeKubernetes:
+    return fake_kubernetes
+
+
+@pytest.fixture(scope="module")
+def api_client(cluster: FakeKubernetes) -> Any:
     from kubernetes import client
 
-    return client.ApiClient(client.Configuration(host=cluster.host))
+    return client.ApiClient(client.Configuration(host=cluster.url))
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,13 @@ def template(runtime_image: str) -> KubernetesSandboxConfig:
     return KubernetesSandboxConfig(namespace="sandboxes", image=runtime_image, owner=SESSION_OWNER, startup_timeout=60)
 
 
-def _exists(cluster: FakeCluster, name: str) -> bool:
-    return name in cluster.pods
+def _exists(cluster: FakeKubernetes, name: str) -> bool:
+    return cluster.pod(NS, name) is not None
+
+
+def _gone_or_going(cluster: FakeKubernetes, name: str) -> bool:
+    pod = cluster.pod(NS, name)
+    return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
 
 class TestKubernetesLifecycle(LifecycleConformance):
@@ -56,7 +62,7 @@ class TestKubernetesLifecycle(LifecycleConformance):
         return lambda sandbox: KubernetesSandbox.attach(sandbox.id, config=sandbox.config, api_client=api_client)
 
     @pytest.fixture
-    def exists(self, cluster: FakeCluster) -> Callable[[KubernetesSandbox], bool]:
+    def exists(self, cluster: FakeKubernetes) -> Callable[[KubernetesSandbox], bool]:
         return lambda sandbox: _exists(cluster, sandbox.id)
 
 
@@ -72,7 +78,7 @@ def test_is_a_pooled_provider(provider: KubernetesProvider) -> None:
     assert isinstance(provider, PooledProvider)
 
 
-def test_create_list_attach_destroy(provider: KubernetesProvider, cluster: FakeCluster) -> None:
+def test_create_list_attach_destroy(provider: KubernetesProvider, cluster: FakeKubernetes) -> None:
     options = CreateOptions(labels={"tenant": "t1"}, env={"GREETING": "hello"}, ttl=600)
     with provider.create(options) as sandbox:
         assert sandbox.owned
@@ -100,7 +106,7 @@ def test_attach_to_nothing_raises_lookup_error(provider: KubernetesProvider) -> 
 
 
 def test_sweep_reaps_only_this_owners_expired_pods(
-    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     other = KubernetesProvider(
         template.model_copy(update={"owner": f"{SESSION_OWNER}-other"}),
@@ -131,35 +137,37 @@ def short_expiry(provider: KubernetesProvider, ref: str) -> float:
 
 
 def test_a_pod_that_cannot_start_is_deleted_and_says_why(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     config = template.model_copy(update={"image": "sandboxes-test/no-such-image:never", "image_pull_policy": "Never"})
-    before = set(cluster.pods)
+    before = cluster.pod_names(NS)
     with pytest.raises(PodStartError) as raised:
         KubernetesSandbox.create(config, api_client=api_client)
     assert raised.value.reason == "ErrImageNeverPull"
     assert "no-such-image" in raised.value.message
-    assert set(cluster.pods) - before == set() or all(
-        cluster.pods[name]["metadata"].get("deletionTimestamp") for name in set(cluster.pods) - before
-    )
+    assert all(_gone_or_going(cluster, name) for name in cluster.pod_names(NS) - before)
 
 
 def test_warm_pool_hands_out_ready_pods(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     with KubernetesProvider(template, api_client=api_client, pool_size=1, sweep_interval=None) as pooled:
         assert pooled.wait_filled(120)
         (waiting,) = pooled.idle
-        assert cluster.pods[waiting]["metadata"]["labels"][LABEL_POOL] == pooled.id
+        pod = cluster.pod(NS, waiting)
+        assert pod is not None
+        assert pod["metadata"]["labels"][LABEL_POOL] == pooled.id
         assert waiting not in {record.ref for record in pooled.list()}  # nobody holds it yet
-        execs = cluster.execs
+        execs = cluster.requests["exec"]
         sandbox = pooled.acquire()
         try:
             assert sandbox.id == waiting
             assert sandbox.owned
             assert sandbox.execute("echo warm").output == "warm\n"
-            assert cluster.execs == execs  # its exec helper was already up
-            labels = cluster.pods[waiting]["metadata"]["labels"]
+            assert cluster.requests["exec"] == execs  # its exec helper was already up
+            pod = cluster.pod(NS, waiting)
+            assert pod is not None
+            labels = pod["metadata"]["labels"]
             assert LABEL_POOL not in labels
             assert template.ttl is not None
             assert int(labels[LABEL_EXPIRES]) <= int(__import__("time").time() + template.ttl) + 1
@@ -170,11 +178,11 @@ def test_warm_pool_hands_out_ready_pods(
             sandbox.destroy()
         refill = pooled.idle
     for name in refill:  # close deleted the idle pod
-        assert name not in cluster.pods or cluster.pods[name]["metadata"].get("deletionTimestamp")
+        assert _gone_or_going(cluster, name)
 
 
 def test_creation_and_deletion_wait_by_watch_not_polling(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     before = cluster.requests.copy()
     sandbox = KubernetesSandbox.create(template, api_client=api_client)
@@ -185,18 +193,20 @@ def test_creation_and_deletion_wait_by_watch_not_polling(
     assert 1 <= made["watch"] <= 3
     before = cluster.requests.copy()
     sandbox.destroy()
-    assert sandbox.id not in cluster.pods  # returned only once the pod was gone
+    assert not _exists(cluster, sandbox.id)  # returned only once the pod was gone
     gone = cluster.requests - before
     assert gone["delete"] == 1
     assert gone["list"] == 1
     assert 1 <= gone["watch"] <= 3
 
 
-def test_a_kubeconfig_names_the_cluster(template: KubernetesSandboxConfig, cluster: FakeCluster, tmp_path: Any) -> None:
+def test_a_kubeconfig_names_the_cluster(
+    template: KubernetesSandboxConfig, cluster: FakeKubernetes, tmp_path: Any
+) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: other\n"
-        f"clusters:\n- name: fake\n  cluster:\n    server: {cluster.host}\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {cluster.url}\n"
         "- name: nowhere\n  cluster:\n    server: http://127.0.0.1:9\n"
         "users:\n- name: tester\n  user:\n    token: not-checked-by-the-fake\n"
         "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
@@ -218,7 +228,7 @@ def test_in_cluster_without_a_service_account_says_so(template: KubernetesSandbo
 
 
 def test_commands_in_a_deleted_pod_answer_unavailable(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     from sandboxes import protocol as p
 
@@ -234,7 +244,7 @@ def test_commands_in_a_deleted_pod_answer_unavailable(
 
 
 def test_the_pod_runs_as_its_spec_says(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     """End to end through the fake's mapping of the pod spec: uid/gid 1000, no capabilities,
     no new privileges, a read-only root, writable workspace and /tmp."""
@@ -248,9 +258,13 @@ def test_the_pod_runs_as_its_spec_says(
 
 
 def test_sweep_reaps_dead_never_ready_and_abandoned_pool_pods(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     import time
+
+    from kubernetes import client
+
+    from sandboxes.kubernetes._pods import new_pod_name, pod_manifest
 
     forever = template.model_copy(update={"ttl": None})
     provider = KubernetesProvider(forever, api_client=api_client, sweep_interval=None, sweep_on_start=False)
@@ -260,24 +274,29 @@ def test_sweep_reaps_dead_never_ready_and_abandoned_pool_pods(
         sweep_interval=None,
         sweep_on_start=False,
     )
-    evicted, stuck, kept = provider.create(), provider.create(), provider.create()
+    evicted, kept = provider.create(), provider.create()
     pooled = abandoned.create()
+    # What a provider that died while its pod waited leaves: this owner's pod, never ready
+    # (no node has the label it asks for).
+    stuck = new_pod_name()
+    nowhere = forever.model_copy(update={"node_selector": {"pool": "gpu"}})
+    client.CoreV1Api(api_client).create_namespaced_pod(NS, pod_manifest(nowhere, stuck))
     try:
-        cluster.set_status(evicted.id, {"phase": "Failed", "reason": "Evicted", "message": "low on memory"})
-        cluster.set_status(stuck.id, {"phase": "Pending"})
+        cluster.evict(NS, evicted.id)  # the node under pressure: phase Failed, reason Evicted
         assert provider.sweep().removed == [evicted.id]  # the others are young
         later = time.time() + provider.config.pool_max_idle + provider.config.orphan_grace + 5
-        assert sorted(provider.sweep(now=later).removed) == sorted([stuck.id, pooled.id])
+        assert sorted(provider.sweep(now=later).removed) == sorted([stuck, pooled.id])
         assert _exists(cluster, kept.id)
     finally:
-        for sandbox in (evicted, stuck, kept, pooled):
+        for sandbox in (evicted, kept, pooled):
             sandbox.destroy()
+        provider.destroy(stuck)
         provider.close()
         abandoned.close()
 
 
 def test_destroy_says_what_holds_a_pod_that_does_not_go(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sandboxes.kubernetes import _pods
 
@@ -286,22 +305,25 @@ def test_destroy_says_what_holds_a_pod_that_does_not_go(
     sandbox.api.patch_namespaced_pod(sandbox.id, template.namespace, {"metadata": {"finalizers": ["example.com/hold"]}})
     with pytest.raises(TimeoutError, match=r"finalizers \['example.com/hold'\]"):
         sandbox.destroy()
-    held = cluster.pods[sandbox.id]
+    held = cluster.pod(NS, sandbox.id)
+    assert held is not None
     assert held["metadata"]["deletionTimestamp"]
-    cluster.record("DELETED", held)  # the finalizer's controller lets go
+    assert held["metadata"]["finalizers"] == ["example.com/hold"]
+    # The finalizer's controller lets go, as one does: it patches its finalizer away.
+    sandbox.api.patch_namespaced_pod(sandbox.id, template.namespace, {"metadata": {"finalizers": None}})
     sandbox.destroy()
-    assert sandbox.id not in cluster.pods
+    assert not _exists(cluster, sandbox.id)
 
 
 def test_an_unschedulable_pod_says_what_the_scheduler_said(
-    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeCluster
+    template: KubernetesSandboxConfig, api_client: Any, cluster: FakeKubernetes
 ) -> None:
     config = template.model_copy(update={"node_selector": {"pool": "gpu"}, "startup_timeout": 3.0})
     with pytest.raises(PodStartError) as raised:
         KubernetesSandbox.create(config, api_client=api_client)
     assert raised.value.reason == "Unschedulable"
     assert "didn't match Pod's node affinity/selector" in raised.value.message
-    assert raised.value.pod not in cluster.pods or cluster.pods[raised.value.pod]["metadata"].get("deletionTimestamp")
+    assert _gone_or_going(cluster, raised.value.pod)
     patient = KubernetesProvider(config, api_client=api_client, fail_unschedulable=False, sweep_on_start=False)
     with pytest.raises(TimeoutError, match="Unschedulable"):
         patient.create()

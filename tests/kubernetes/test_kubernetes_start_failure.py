@@ -1,17 +1,109 @@
-"""Why a pod cannot start, in the cluster's words, from pod status objects as the API server
-sends them (parsed by the official client, as a watch delivers them); and the exit status an
-exec's error channel carries."""
+"""Why a pod cannot start, in the cluster's words: over the wire, from the FAKE API server's
+node reporting each failure in the pod's status as a kubelet and a scheduler do (and the pod
+deleted after); and from pod status objects as the API server sends them (parsed by the
+official client, as a watch delivers them). And the exit status an exec's error channel carries."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
+from fake_apiserver import FakeKubernetes, StartFault
 from kubernetes.client import ApiClient
+from support import SESSION_OWNER
 
+from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig, PodStartError
 from sandboxes.kubernetes._exec import exit_code, status_message
-from sandboxes.kubernetes._pods import is_ready, pending_reason, start_failure
+from sandboxes.kubernetes._pods import is_ready, new_pod_name, pending_reason, start_failure, wait_ready
+
+NS = "sandboxes"
+
+
+@pytest.fixture(scope="module")
+def api_client(fake_kubernetes: FakeKubernetes) -> Any:
+    from kubernetes import client
+
+    return client.ApiClient(client.Configuration(host=fake_kubernetes.url))
+
+
+@pytest.fixture
+def template(runtime_image: str) -> KubernetesSandboxConfig:
+    return KubernetesSandboxConfig(namespace=NS, image=runtime_image, owner=SESSION_OWNER, startup_timeout=60)
+
+
+def _fails_to_start(config: KubernetesSandboxConfig, api_client: Any, fake: FakeKubernetes) -> PodStartError:
+    """The `PodStartError` of creating a sandbox from ``config``, once its pod is deleted."""
+    before = fake.pod_names(NS)
+    with pytest.raises(PodStartError) as raised:
+        KubernetesSandbox.create(config, api_client=api_client)
+    assert raised.value.pod not in before
+    pod = fake.pod(NS, raised.value.pod)
+    assert pod is None or pod["metadata"].get("deletionTimestamp"), "the pod that failed was left behind"
+    return raised.value
+
+
+def test_a_missing_image_is_err_image_pull_over_the_wire(
+    template: KubernetesSandboxConfig, api_client: Any, fake_kubernetes: FakeKubernetes
+) -> None:
+    config = template.model_copy(update={"image": "sandboxes-test/no-such-image:never"})
+    failure = _fails_to_start(config, api_client, fake_kubernetes)
+    # ErrImagePull first, ImagePullBackOff a back-off later: the first one the watch shows.
+    assert failure.reason in ("ErrImagePull", "ImagePullBackOff")
+    assert "sandboxes-test/no-such-image:never" in failure.message
+
+
+def test_too_big_a_request_is_unschedulable_in_the_schedulers_words(
+    template: KubernetesSandboxConfig, api_client: Any, fake_kubernetes: FakeKubernetes
+) -> None:
+    config = template.model_copy(update={"cpu_request": "64", "cpu_limit": "64"})
+    failure = _fails_to_start(config, api_client, fake_kubernetes)
+    assert failure.reason == "Unschedulable"
+    assert failure.message.startswith("0/1 nodes are available: 1 Insufficient cpu.")
+
+
+@pytest.mark.parametrize(
+    ("fault", "words"), [("OOMKilled", "exit code 137"), ("Evicted", "The node was low on resource: memory.")]
+)
+def test_a_node_fault_at_start_in_the_kubelets_words(
+    template: KubernetesSandboxConfig, api_client: Any, fake_kubernetes: FakeKubernetes, fault: StartFault, words: str
+) -> None:
+    mark = uuid.uuid4().hex[:12]
+    fake_kubernetes.inject_start_failure(f"fault-test={mark}", fault)
+    config = template.model_copy(update={"labels": {"fault-test": mark}})
+    failure = _fails_to_start(config, api_client, fake_kubernetes)
+    assert failure.reason == fault
+    assert words in failure.message
+
+
+def test_a_command_that_cannot_run_is_start_error(
+    template: KubernetesSandboxConfig, api_client: Any, fake_kubernetes: FakeKubernetes
+) -> None:
+    config = template.model_copy(update={"command": ("/no/such/command",)})
+    failure = _fails_to_start(config, api_client, fake_kubernetes)
+    assert failure.reason == "StartError"
+    assert failure.message.startswith("exit code 128: ")
+    assert "/no/such/command" in failure.message
+
+
+def test_a_crash_loop_is_a_start_failure(api_client: Any, fake_kubernetes: FakeKubernetes, runtime_image: str) -> None:
+    """Our pods never restart (``restartPolicy: Never``); a pod that does (attached, or made by
+    another controller) and cannot start backs off, and waiting for it says so."""
+    from kubernetes import client
+
+    api = client.CoreV1Api(api_client)
+    name = new_pod_name()
+    container = {"name": "sandbox", "image": runtime_image, "command": ["/no/such/command"]}
+    api.create_namespaced_pod(NS, {"metadata": {"name": name}, "spec": {"containers": [container]}})
+    try:
+        with pytest.raises(PodStartError) as raised:
+            wait_ready(api, NS, name, 60)
+        assert raised.value.reason == "CrashLoopBackOff"
+        assert "back-off" in raised.value.message
+        assert f"pod={name}_{NS}" in raised.value.message
+    finally:
+        api.delete_namespaced_pod(name, NS, grace_period_seconds=0)
 
 
 def _pod(status: dict[str, Any], **metadata: Any) -> Any:
@@ -65,6 +157,16 @@ def _terminated(reason: str, code: int, *, last: bool = False) -> dict[str, Any]
             {"phase": "Failed", "reason": "DeadlineExceeded", "message": "Pod was active on the node longer than"},
             "DeadlineExceeded",
             "longer than",
+        ),
+        (  # as a kubelet reports an eviction: the killed container's end beside the pod's reason
+            {**_terminated("Error", 137), "reason": "Evicted", "message": "The node was low on resource: memory."},
+            "Evicted",
+            "low on resource",
+        ),
+        (
+            {**_terminated("Error", 137), "reason": "DeadlineExceeded", "message": "Pod was active on the node longer"},
+            "DeadlineExceeded",
+            "longer",
         ),
         (
             {

@@ -6,7 +6,7 @@ and the exec subresource over WebSocket (``v5.channel.k8s.io`` / ``v4.channel.k8
 runs each pod as one Docker container with the pod's security settings mapped to Docker's."""
 
 from .kubelet import LABEL, NodeConfig
-from .server import FakeKubernetes
+from .server import FakeKubernetes, StartFault
 from .store import ApiError
 
-__all__ = ["LABEL", "ApiError", "FakeKubernetes", "NodeConfig"]
+__all__ = ["LABEL", "ApiError", "FakeKubernetes", "NodeConfig", "StartFault"]

@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -82,8 +83,8 @@ def _validate(pod: dict[str, Any]) -> None:
 
 
 class Api:
-    def __init__(self, store: Store, kubelet: Kubelet, namespaces: set[str]) -> None:
-        self.store, self.kubelet, self.namespaces = store, kubelet, namespaces
+    def __init__(self, store: Store, kubelet: Kubelet, namespaces: set[str], requests: Counter[str]) -> None:
+        self.store, self.kubelet, self.namespaces, self.requests = store, kubelet, namespaces, requests
 
     def _namespace(self, request: Request) -> str:
         ns: str = request.path_params["namespace"]
@@ -92,6 +93,7 @@ class Api:
         return ns
 
     async def create(self, request: Request) -> Response:
+        self.requests["create"] += 1
         ns = self._namespace(request)
         pod = await request.json()
         meta = pod.setdefault("metadata", {})
@@ -110,6 +112,7 @@ class Api:
         return JSONResponse(created, status_code=201)
 
     async def get(self, request: Request) -> Response:
+        self.requests["get"] += 1
         return JSONResponse(self.store.get(self._namespace(request), request.path_params["name"]))
 
     async def list(self, request: Request) -> Response:
@@ -120,7 +123,9 @@ class Api:
         def matches(obj: dict[str, Any]) -> bool:
             return (ns is None or obj["metadata"]["namespace"] == ns) and labels(obj) and fields(obj)
 
-        if q.get("watch") in ("true", "1", "True"):
+        watching = q.get("watch") in ("true", "1", "True")
+        self.requests["watch" if watching else "list"] += 1
+        if watching:
             return StreamingResponse(
                 self._watch(matches, q.get("resourceVersion"), q.get("timeoutSeconds")), media_type="application/json"
             )
@@ -167,12 +172,15 @@ class Api:
             self.store.watchers.discard(queue)
 
     async def delete(self, request: Request) -> Response:
+        self.requests["delete"] += 1
         ns, name = self._namespace(request), request.path_params["name"]
         pod = self.store.get(ns, name)
         body = json.loads(await request.body() or b"{}")
         grace = request.query_params.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
         grace = int(grace) if grace is not None else pod["spec"].get("terminationGracePeriodSeconds", 30)
-        if not pod["spec"].get("nodeName") or grace == 0:
+        if not pod["spec"].get("nodeName"):
+            grace = 0
+        if grace == 0 and not pod["metadata"].get("finalizers"):
             pod = self.store.delete(ns, name)  # never bound, or forced: gone at once
             self.kubelet.background(self.kubelet.terminate(ns, name, 0))
             return JSONResponse(pod)
@@ -185,6 +193,7 @@ class Api:
         return JSONResponse(pod)
 
     async def patch(self, request: Request) -> Response:
+        self.requests["patch"] += 1
         ns, name = self._namespace(request), request.path_params["name"]
         kind = request.headers.get("content-type", "").split(";")[0]
         pod, patch = self.store.get(ns, name), await request.json()
@@ -214,7 +223,9 @@ class Api:
                 ],
             )
         new["status"] = pod["status"]
-        return JSONResponse(self.store.update(ns, name, new))
+        updated = self.store.update(ns, name, new)
+        self.kubelet.release(ns, name)  # the last finalizer gone: a pod being deleted goes
+        return JSONResponse(updated)
 
 
 def _event_line(event: WatchEvent, matches: Callable[[dict[str, Any]], bool]) -> bytes | None:
@@ -260,8 +271,13 @@ def _json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, 
     return result
 
 
-def build_app(store: Store, kubelet: Kubelet, namespaces: set[str]) -> Starlette:
-    api = Api(store, kubelet, namespaces)
+def build_app(
+    store: Store, kubelet: Kubelet, namespaces: set[str], protocols: tuple[str, ...], requests: Counter[str]
+) -> Starlette:
+    """The routes; ``protocols`` are the exec subprotocols served, ``requests`` counts what
+    each request asked for (``create``, ``get``, ``list``, ``watch``, ``patch``, ``delete`` of
+    pods; ``exec`` for each exec stream opened)."""
+    api = Api(store, kubelet, namespaces, requests)
 
     def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -294,7 +310,7 @@ def build_app(store: Store, kubelet: Kubelet, namespaces: set[str]) -> Starlette
         return JSONResponse(ApiError(400, "BadRequest", "Upgrade request required").status(), status_code=400)
 
     async def exec_ws(websocket: WebSocket) -> None:
-        await serve_exec(websocket, kubelet)
+        await serve_exec(websocket, kubelet, protocols, requests)
 
     pods = "/api/v1/namespaces/{namespace}/pods"
     return Starlette(

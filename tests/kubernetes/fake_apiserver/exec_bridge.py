@@ -4,7 +4,9 @@ resize, v5's 255 close), bridged to ``docker exec`` over its hijacked socket, st
 with backpressure (a frame is read only once the previous one was written). A test double only.
 
 When the client goes away first, the exec'd process is killed with SIGKILL by its host pid (the
-engine has no API to kill an exec). Its children survive, as they can on a real cluster."""
+engine has no API to kill an exec). Its children survive, as they can on a real cluster. So it
+is when the fake drops a stream itself (`Kubelet.exec_drops`, as a restarting API server or a
+broken connection does): the stream closes mid-command with code 1011 and no exit status."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import signal
 import socket
 import struct
+from collections import Counter
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -30,18 +33,22 @@ _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FRAME = struct.Struct(">BxxxL")
 
 
-async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
+async def serve_exec(
+    websocket: WebSocket, kubelet: Kubelet, protocols: tuple[str, ...], requests: Counter[str]
+) -> None:
+    """Serve one exec stream in the first of the client's subprotocols that ``protocols`` has
+    (a server of ``v4`` only refuses a client offering ``v5`` alone, so it falls back)."""
     ns, name = websocket.path_params["namespace"], websocket.path_params["name"]
     query = websocket.query_params
     offered = websocket.scope.get("subprotocols") or []
     try:
-        protocol = next((p for p in offered if p in SUPPORTED_PROTOCOLS), None)
+        protocol = next((p for p in offered if p in protocols), None)
         if protocol is None:
             raise ApiError(
                 400,
                 "BadRequest",
                 f"unable to upgrade connection: requested protocol(s) are not "
-                f"supported: {offered}; supports {list(SUPPORTED_PROTOCOLS)}",
+                f"supported: {offered}; supports {list(protocols)}",
             )
         command = query.getlist("command")
         flags = {k: query.get(k, "false") in _TRUE for k in ("stdin", "stdout", "stderr", "tty")}
@@ -69,12 +76,20 @@ async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
     raw: socket.socket = getattr(holder, "_sock", holder)
     raw.setblocking(False)
     await websocket.accept(subprotocol=protocol)
+    requests["exec"] += 1
+    drop = asyncio.Event()
+    kubelet.exec_drops.add((ns, name, drop))
     pump_out = asyncio.ensure_future(_docker_to_client(websocket, raw, flags["tty"]))
     pump_in = asyncio.ensure_future(_client_to_docker(websocket, raw, protocol == SUPPORTED_PROTOCOLS[0]))
-    done, _ = await asyncio.wait({pump_out, pump_in}, return_when=asyncio.FIRST_COMPLETED)
-    client_gone = pump_in in done or (pump_out in done and pump_out.exception() is not None)
-    pump_in.cancel()
-    pump_out.cancel()
+    dropper = asyncio.ensure_future(drop.wait())
+    try:
+        done, _ = await asyncio.wait({pump_out, pump_in, dropper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        kubelet.exec_drops.discard((ns, name, drop))
+    dropped = dropper in done
+    client_gone = dropped or pump_in in done or (pump_out in done and pump_out.exception() is not None)
+    for task in (pump_in, pump_out, dropper):
+        task.cancel()
     inspect = await kubelet.blocking(api.exec_inspect, exec_id)
     # The engine reports an exit a moment after the stream's end, and a start (and its pid) a
     # moment after the attach: wait until the process has ended, or (client gone) has a pid to kill.
@@ -90,6 +105,9 @@ async def serve_exec(websocket: WebSocket, kubelet: Kubelet) -> None:
             os.kill(inspect["Pid"], signal.SIGKILL)
     with contextlib.suppress(OSError):
         raw.close()
+    if dropped:
+        with contextlib.suppress(Exception):
+            await websocket.close(1011)
     if client_gone:
         return
     with contextlib.suppress(Exception):

@@ -70,6 +70,12 @@ class Kubelet:
         self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.containers: dict[tuple[str, str], str] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.faults: list[tuple[Callable[[dict[str, Any]], bool], str]] = []
+        """Injected start failures: the first whose predicate selects a new pod strikes it."""
+        self.exec_drops: set[tuple[str, str, asyncio.Event]] = set()
+        """(namespace, pod, event) per open exec stream; setting the event drops the stream."""
+        self.stopped: set[tuple[str, str]] = set()
+        """Pods being deleted whose containers are gone, held only by finalizers."""
 
     async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
@@ -156,25 +162,12 @@ class Kubelet:
             )
         backoff = self.node.crash_backoff
         restarts = 0
+        fault = self._fault_for(pod)
         while True:
-            await self.blocking(container.start)
-            await self.blocking(container.reload)
-            started = container.attrs["State"]["StartedAt"]
-            self._set_container(ns, name, {"running": {"startedAt": started}}, ready=True, restarts=restarts)
-            await self.blocking(container.wait)
-            await self.blocking(container.reload)
-            state = container.attrs["State"]
-            code = state["ExitCode"]
-            reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
-            terminated = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": reason,
-                    "startedAt": started,
-                    "finishedAt": state["FinishedAt"],
-                    "containerID": f"docker://{container.id}",
-                }
-            }
+            terminated = await self._start_and_wait(ns, name, container, restarts, fault, spec.get("command"))
+            if terminated is None:
+                return
+            code = terminated["terminated"]["exitCode"]
             policy = pod["spec"].get("restartPolicy", "Always")
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 phase = "Succeeded" if code == 0 else "Failed"
@@ -191,6 +184,69 @@ class Kubelet:
             self._set_container(ns, name, waiting, ready=False, restarts=restarts, last=terminated)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _fault_for(self, pod: dict[str, Any]) -> str | None:
+        return next((fault for selects, fault in self.faults if selects(pod)), None)
+
+    async def _start_and_wait(
+        self, ns: str, name: str, container: Any, restarts: int, fault: str | None, command: list[str] | None
+    ) -> dict[str, Any] | None:
+        """Start the container and wait for its end: its ``terminated`` state as the kubelet
+        reports it; ``None`` when an injected eviction ended the pod instead.
+
+        A start the runtime refuses (no such executable) is ``StartError``, exit code 128, as
+        containerd reports it. An injected fault strikes before the container is reported
+        running, so the pod never flashes Ready: ``OOMKilled`` is the kernel's kill (SIGKILL,
+        exit code 137), ``Evicted`` the node's eviction of the pod."""
+        try:
+            await self.blocking(self._check_executable, container, command)
+            await self.blocking(container.start)
+        except Exception as exc:
+            message = getattr(exc, "explanation", None) or str(exc)
+            return {"terminated": {"exitCode": 128, "reason": "StartError", "message": message}}
+        await self.blocking(container.reload)
+        started = container.attrs["State"]["StartedAt"]
+        if fault == "Evicted":
+            self.background(self.fail(ns, name, "Evicted", "The node was low on resource: memory. "))
+            return None
+        if fault == "OOMKilled":
+            with contextlib.suppress(Exception):
+                await self.blocking(container.kill)
+        else:
+            self._set_container(ns, name, {"running": {"startedAt": started}}, ready=True, restarts=restarts)
+        await self.blocking(container.wait)
+        await self.blocking(container.reload)
+        state = container.attrs["State"]
+        code = state["ExitCode"]
+        oom = state.get("OOMKilled") or fault == "OOMKilled"
+        return {
+            "terminated": {
+                "exitCode": code,
+                "reason": "OOMKilled" if oom else ("Completed" if code == 0 else "Error"),
+                "startedAt": started,
+                "finishedAt": state["FinishedAt"],
+                "containerID": f"docker://{container.id}",
+            }
+        }
+
+    @staticmethod
+    def _check_executable(container: Any, command: list[str] | None) -> None:
+        """Refuse, as runc does, an absolute command that is not in the image: with the engine's
+        init as PID 1 (the pause container's stand-in) the start itself would succeed and the
+        init exit a moment later, after the pod was reported running. Commands found on
+        ``$PATH`` are not looked up."""
+        import docker.errors
+
+        if not command or not command[0].startswith("/"):
+            return
+        try:
+            container.get_archive(command[0])
+        except docker.errors.NotFound:
+            raise RuntimeError(
+                "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                f'runc create failed: unable to start container process: exec: "{command[0]}": '
+                f"stat {command[0]}: no such file or directory: unknown"
+            ) from None
 
     async def _image_present(self, ns: str, name: str, spec: dict[str, Any]) -> bool:
         image = spec["image"]
@@ -279,6 +335,7 @@ class Kubelet:
             network_mode="none",
             hostname=meta["name"][:63],
             labels={**self.labels, f"{LABEL}.pod": f"{meta['namespace']}.{meta['name']}"},
+            init=bool(spec.get("shareProcessNamespace")),  # a PID 1 that reaps, as the pause container
             stdin_open=bool(c.get("stdin")),
             tty=bool(c.get("tty")),
         )
@@ -303,12 +360,37 @@ class Kubelet:
             self._patch_status(ns, name, change)
 
     async def terminate(self, ns: str, name: str, grace: int) -> None:
-        """Stop the pod's container (SIGTERM, SIGKILL after ``grace``) and remove the pod."""
+        """Stop the pod's container (SIGTERM, SIGKILL after ``grace``) and remove the pod,
+        unless finalizers hold it: then it stays, ``deletionTimestamp`` set, until the last
+        finalizer is patched away (`release`)."""
         task = self.tasks.pop((ns, name), None)
         if task:
             task.cancel()
         await self._remove_container(ns, name, grace=grace)
-        with contextlib.suppress(ApiError):
+        self.stopped.add((ns, name))
+        self.release(ns, name)
+        with contextlib.suppress(ApiError):  # held by a finalizer: report its containers ended
+
+            def stopped(pod: dict[str, Any]) -> None:
+                for cs in pod["status"].get("containerStatuses") or []:
+                    if "terminated" not in cs["state"]:
+                        state = {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now()}}
+                        cs.update(ready=False, started=False, state=state)
+                for cond in pod["status"].get("conditions") or []:
+                    if cond["type"] in ("Ready", "ContainersReady"):
+                        cond["status"] = "False"
+
+            self._patch_status(ns, name, stopped)
+
+    def release(self, ns: str, name: str) -> None:
+        """Remove a pod being deleted once its containers are gone and no finalizer holds it."""
+        try:
+            meta = self.store.get(ns, name)["metadata"]
+        except ApiError:
+            self.stopped.discard((ns, name))
+            return
+        if (ns, name) in self.stopped and meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self.stopped.discard((ns, name))
             self.store.delete(ns, name)
 
     async def _remove_container(

@@ -1,5 +1,9 @@
 """`FakeKubernetes`: the FAKE API server started on 127.0.0.1 in a thread (uvicorn), with the
-admin methods a test needs (evict a pod, compact the watch history). A test double only."""
+admin methods a test needs (evict a pod, inject a start failure, drop exec streams, compact the
+watch history, count requests). A test double only.
+
+Its sockets have ``TCP_NODELAY`` set, as Go's servers (the API server, the kubelet) do, so a
+frame written right after another does not wait for the client's delayed ACK (~40 ms)."""
 
 from __future__ import annotations
 
@@ -7,18 +11,26 @@ import asyncio
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 import websockets.http11
 
 from .app import build_app
+from .exec_bridge import SUPPORTED_PROTOCOLS
 from .kubelet import LABEL, Kubelet, NodeConfig
-from .store import Store
+from .selectors import label_selector
+from .store import ApiError, Store
 
-__all__ = ["FakeKubernetes"]
+__all__ = ["FakeKubernetes", "StartFault"]
+
+_VERBS = ("create", "get", "list", "watch", "patch", "delete", "exec")
+StartFault = Literal["OOMKilled", "Evicted"]
+"""Start failures a node brings about that no pod spec can make happen on cue; the others
+(``ErrImagePull``, ``Unschedulable``, ``StartError``, ``CrashLoopBackOff``) follow from the spec."""
 
 
 class FakeKubernetes:
@@ -32,8 +44,17 @@ class FakeKubernetes:
         namespaces: tuple[str, ...] = ("default",),
         node: NodeConfig | None = None,
         container_labels: dict[str, str] | None = None,
+        protocols: tuple[str, ...] = SUPPORTED_PROTOCOLS,
     ) -> None:
+        """``protocols``: the exec subprotocols served, e.g. ``("v4.channel.k8s.io",)`` for a
+        server older than Kubernetes 1.30, which has no ``v5``."""
         self.instance = uuid.uuid4().hex[:12]
+        self.protocols = protocols
+        # Every key there from the start: a copy taken in a test's thread never sees the dict
+        # grow under it while the server's thread counts.
+        self.requests: Counter[str] = Counter(dict.fromkeys(_VERBS, 0))
+        """Requests served: ``create``, ``get``, ``list``, ``watch``, ``patch``, ``delete`` (of
+        pods) and ``exec`` (exec streams opened). Compare copies taken before and after."""
         self.labels = {LABEL: self.instance, **(container_labels or {})}
         self.store = Store()
         self.kubelet = Kubelet(self.store, docker, node or NodeConfig(), self.labels)
@@ -47,10 +68,12 @@ class FakeKubernetes:
         # The exec helper travels in the query string (``command=python3&command=-c&command=...``):
         # the real API server reads request lines of up to 1 MiB, the websockets library 8 KiB.
         websockets.http11.MAX_LINE_LENGTH = max(websockets.http11.MAX_LINE_LENGTH, 1 << 20)
-        sock = socket.socket()
+        # Made with IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose
+        # ``proto`` says TCP, and ``socket.socket()`` leaves it 0 (so do the ones it accepts).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = build_app(self.store, self.kubelet, self.namespaces)
+        app = build_app(self.store, self.kubelet, self.namespaces, self.protocols, self.requests)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -84,6 +107,56 @@ class FakeKubernetes:
     def evict(self, namespace: str, name: str, message: str = "The node was low on resource: memory.") -> None:
         """What a node under pressure does: the pod ends Failed with reason Evicted."""
         self.call(self.kubelet.fail(namespace, name, "Evicted", message))
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored pod as the API serves it, or ``None`` once it is gone."""
+
+        async def get() -> dict[str, Any] | None:
+            try:
+                return self.store.get(namespace, name)
+            except ApiError:
+                return None
+
+        result: dict[str, Any] | None = self.call(get())
+        return result
+
+    def pod_names(self, namespace: str) -> set[str]:
+        async def names() -> set[str]:
+            return {pod["metadata"]["name"] for pod in self.store.items(namespace)}
+
+        result: set[str] = self.call(names())
+        return result
+
+    def inject_start_failure(self, selector: str, fault: StartFault) -> None:
+        """Every pod created from now on that ``selector`` (a label selector) selects fails to
+        start as a node makes it: ``OOMKilled`` (killed by the kernel before it is reported
+        running: terminated, reason OOMKilled, exit code 137), or ``Evicted`` (phase Failed,
+        reason Evicted, the node's message)."""
+        self.kubelet.faults.append((label_selector(selector), fault))
+
+    def drop_exec_streams(self, namespace: str, name: str) -> int:
+        """Close every open exec stream into the pod from the server's side, mid-command and
+        without an exit status; how many there were."""
+
+        async def drop() -> int:
+            drops = [event for ns, pod, event in self.kubelet.exec_drops if (ns, pod) == (namespace, name)]
+            for event in drops:
+                event.set()
+            return len(drops)
+
+        dropped: int = self.call(drop())
+        return dropped
+
+    def connection_options(self, level: int, option: int) -> list[int]:
+        """``getsockopt(level, option)`` of every client connection the server holds now."""
+
+        async def options() -> list[int]:
+            assert self._server is not None
+            sockets = [conn.transport.get_extra_info("socket") for conn in self._server.server_state.connections]
+            return [sock.getsockopt(level, option) for sock in sockets if sock is not None]
+
+        result: list[int] = self.call(options())
+        return result
 
     def compact(self) -> None:
         """Drop the watch history, so a watch from an older resourceVersion gets 410 Gone."""

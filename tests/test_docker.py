@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees
 from testcontainers.core.image import DockerImage
 
@@ -15,6 +16,7 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -92,6 +94,22 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
         assert sandbox._mux is not None, "answered by the fallback, not a new helper"
         assert sandbox._mux is not helper
         assert sandbox._mux.info["pid"] != helper.info["pid"]
+
+
+def test_a_command_whose_answer_was_lost_is_never_run_twice(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = faulty(monkeypatch, docker_sandbox)
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert_an_unanswered_command_runs_once(sandbox, streams, "/workspace/ran")
+
+
+def test_a_command_not_written_whole_is_resent_to_a_new_helper(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = faulty(monkeypatch, docker_sandbox)
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert_an_unsent_command_is_resent(sandbox, streams, "/workspace/ran")
 
 
 def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) -> None:

@@ -3,6 +3,7 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,14 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
         sandbox.execute("true")
         helper = sandbox._mux
         docker_client.containers.get(sandbox.id).exec_run(["kill", "-9", str(helper.info["pid"])])
+        # Once the client has seen the stream end, nothing of the next command is written to the
+        # dead helper: it is replaced transparently. (A command written before the client saw it
+        # answers connection_lost: the client cannot tell a helper that died before reading the
+        # request from one that started the command and then died; MuxBroken.may_resend.)
+        deadline = time.monotonic() + 30
+        while helper.alive:
+            assert time.monotonic() < deadline, "the helper's stream never ended"
+            time.sleep(0.01)
         assert sandbox.execute("echo again").output == "again\n"
         assert sandbox._mux is not None, "answered by the fallback, not a new helper"
         assert sandbox._mux is not helper

@@ -131,6 +131,8 @@ def test_a_request_not_written_whole_is_resendable_and_never_runs(stream: _PipeS
         _run(client, "echo after")
     assert after.value.may_resend is True
     assert client.kill_tagged("TAG", "x") == 0
+    with pytest.raises(MuxBroken):
+        client._send(b"K", 1)  # as a kill or stdin of a command on another thread would
     assert faulty.sends_after_failure == 0
     assert stream.process.stdin is not None
     stream.process.stdin.close()  # the helper holds half a request: its input ends there

@@ -3,11 +3,13 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees
 from testcontainers.core.image import DockerImage
 
@@ -15,6 +17,7 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -84,9 +87,20 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
         assert killed.error == p.CONNECTION_LOST
         second_pid = _helper_parent(sandbox)
         assert second_pid != first_pid
+        helper = sandbox._mux
+        assert helper is not None
         docker_client.containers.get(sandbox.id).exec_run(["kill", "-9", str(second_pid)])
+        # Once the client has seen the stream end, nothing of the next command is written to the
+        # dead helper: it is replaced transparently. (A command written before the client saw it
+        # answers connection_lost: the client cannot tell a helper that died before reading the
+        # request from one that started the command and then died; MuxBroken.may_resend.)
+        deadline = time.monotonic() + 30
+        while helper.alive:
+            assert time.monotonic() < deadline, "the helper's stream never ended"
+            time.sleep(0.01)
         third_pid = _helper_parent(sandbox)
         assert third_pid not in (first_pid, second_pid)
+        assert sandbox._mux is not helper
 
 
 def _helper_parent(sandbox: DockerSandbox) -> int:
@@ -97,6 +111,22 @@ def _helper_parent(sandbox: DockerSandbox) -> int:
     assert sandbox._mux is not None, "answered by the fallback, not by an exec helper"
     assert parent == sandbox._mux.info["pid"], f"run by pid {parent}, not by the helper"
     return parent
+
+
+def test_a_command_whose_answer_was_lost_is_never_run_twice(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = faulty(monkeypatch, docker_sandbox)
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert_an_unanswered_command_runs_once(sandbox, streams, "/workspace/ran")
+
+
+def test_a_command_not_written_whole_is_resent_to_a_new_helper(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = faulty(monkeypatch, docker_sandbox)
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert_an_unsent_command_is_resent(sandbox, streams, "/workspace/ran")
 
 
 def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) -> None:

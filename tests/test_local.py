@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from support import HAS_BWRAP, assert_one_kill_ends_forking_trees, needs
 
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
 from sandboxes.composite import CompositeBackend
 from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning
+from sandboxes.local import _helper as local_helper
 from sandboxes.state import StateBackend
 from sandboxes.testing import SandboxConformance
 
@@ -302,6 +304,20 @@ def test_file_operations_and_commands_share_one_jail(helper_sandbox: LocalSandbo
     assert helper_sandbox.ls(str(root)).error is None
     assert _jail_pid(helper_sandbox) == jail
     assert helper_sandbox.helper_alive
+
+
+def test_a_command_whose_answer_was_lost_is_never_run_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    streams = faulty(monkeypatch, local_helper)
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert_an_unanswered_command_runs_once(sandbox, streams, f"{sandbox.root}/ran")
+
+
+def test_a_command_not_written_whole_is_resent_to_a_new_jail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    streams = faulty(monkeypatch, local_helper)
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert_an_unsent_command_is_resent(sandbox, streams, f"{sandbox.root}/ran")
 
 
 def _kill_jail(sandbox: LocalSandbox) -> None:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from mux_faults import FaultyStream
 
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
@@ -70,24 +71,73 @@ def test_commands_run_concurrently_with_stdin_and_exit_codes(stream: _PipeStream
     assert _run(client, "kill -9 $$").exit_code == 137
 
 
-def test_an_unacknowledged_command_never_started_and_breaks_the_stream(stream: _PipeStream) -> None:
+def _wait_for_file(path: Path, wait: float = 10.0) -> str:
+    deadline = time.monotonic() + wait
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def test_an_unacknowledged_command_may_still_run_so_it_is_never_resent(stream: _PipeStream, tmp_path: Path) -> None:
     """A helper that stops answering (SIGSTOP) before acknowledging: the client gives up on the
-    stream fast, says the command did not start (so it may go to a fresh helper), and later
-    commands fail fast too instead of hanging."""
+    stream fast, and later commands fail fast too instead of hanging. But the request was
+    written, and the helper, running again, reads it and runs the command: not acknowledged is
+    not "not run", so the command is not resendable (sent to a fresh helper too, it would run
+    twice)."""
     client = MuxClient(stream, ack_timeout=1.0)
     assert _run(client, "echo warm").output == "warm\n"
+    ran = tmp_path / "ran"
     os.kill(stream.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
         with pytest.raises(MuxBroken) as broken:
-            _run(client, "echo never")
-        assert broken.value.started is False
+            _run(client, f"echo ran >> {ran}")
+        assert broken.value.may_resend is False
         assert time.monotonic() - started < 5
         assert not client.alive
-        with pytest.raises(MuxBroken):
+        with pytest.raises(MuxBroken) as after:
             _run(client, "echo after")
+        assert after.value.may_resend is True  # known broken before anything was written
     finally:
         os.kill(stream.process.pid, signal.SIGCONT)
+    assert _wait_for_file(ran) == "ran\n"
+
+
+def test_a_command_whose_answer_was_lost_ran_and_is_never_resent(stream: _PipeStream, tmp_path: Path) -> None:
+    faulty = FaultyStream(stream)
+    client = MuxClient(faulty)
+    assert _run(client, "echo warm").output == "warm\n"
+    faulty.lose_answers()
+    with pytest.raises(MuxBroken) as broken:
+        _run(client, f"echo ran >> {tmp_path / 'ran'}")
+    assert broken.value.may_resend is False
+    assert (tmp_path / "ran").read_text() == "ran\n"
+
+
+def test_a_request_not_written_whole_is_resendable_and_never_runs(stream: _PipeStream, tmp_path: Path) -> None:
+    """The send of a request fails half way: the helper only acts on whole frames, and the
+    client writes nothing more on that stream (whatever followed would complete the frame), so
+    the command never runs here and may go to a fresh helper."""
+    faulty = FaultyStream(stream)
+    client = MuxClient(faulty)
+    assert _run(client, "echo warm").output == "warm\n"
+    faulty.fail_next_request()
+    with pytest.raises(MuxBroken) as broken:
+        _run(client, f"echo ran >> {tmp_path / 'ran'}", env={"TAG": "x"})
+    assert broken.value.may_resend is True
+    assert not client.alive
+    with pytest.raises(MuxBroken) as after:
+        _run(client, "echo after")
+    assert after.value.may_resend is True
+    assert client.kill_tagged("TAG", "x") == 0
+    with pytest.raises(MuxBroken):
+        client._send(b"K", 1)  # as a kill or stdin of a command on another thread would
+    assert faulty.sends_after_failure == 0
+    assert stream.process.stdin is not None
+    stream.process.stdin.close()  # the helper holds half a request: its input ends there
+    assert stream.process.wait(timeout=10) == 0
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_corrupt_frame_ends_the_stream_instead_of_hanging(stream: _PipeStream) -> None:

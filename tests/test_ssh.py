@@ -14,6 +14,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
 from support import assert_one_kill_ends_forking_trees
 
@@ -30,6 +31,7 @@ from sandboxes.ssh import (
     SSHUnreachableError,
     UserPoolError,
 )
+from sandboxes.ssh import sandbox as ssh_sandbox
 from sandboxes.testing import SandboxConformance
 
 
@@ -193,6 +195,18 @@ def test_command_across_restart_is_lost_not_repeated(fault_vm: SSHVM, use_exec_h
 
         fault_vm.wait_for_sshd()
         assert sandbox.execute(f"cat {log}").output == "once\n"
+
+
+def test_a_command_whose_answer_was_lost_is_never_run_twice(ssh_vm: SSHVM, monkeypatch: pytest.MonkeyPatch) -> None:
+    streams = faulty(monkeypatch, ssh_sandbox)
+    with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
+        assert_an_unanswered_command_runs_once(sandbox, streams, f"{sandbox.workspace}/ran")
+
+
+def test_a_command_not_written_whole_is_resent_to_a_new_helper(ssh_vm: SSHVM, monkeypatch: pytest.MonkeyPatch) -> None:
+    streams = faulty(monkeypatch, ssh_sandbox)
+    with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
+        assert_an_unsent_command_is_resent(sandbox, streams, f"{sandbox.workspace}/ran")
 
 
 @pytest.mark.parametrize("use_exec_helper", [True, False], ids=["helper", "exec-per-command"])

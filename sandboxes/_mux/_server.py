@@ -10,8 +10,10 @@ and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped af
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill
-  helper -> client: H hello (JSON), A accepted (sent BEFORE the command is started, so a client
-                    that never saw it knows the command never ran), O output bytes,
+  helper -> client: H hello (JSON), A accepted (sent BEFORE the command is started; its timeout
+                    counts from here. Its absence proves nothing: a request the client wrote
+                    may be read and run after the client gave up, so the client never resends
+                    a written request, acknowledged or not), O output bytes,
                     X exit (JSON {code, timed_out}), E error text
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does); a timeout or a kill takes down

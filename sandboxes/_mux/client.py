@@ -3,6 +3,17 @@
 A transport (a ``docker exec`` attach socket, an SSH channel, a local pipe) only has to offer
 `ByteStream`; the client multiplexes concurrent commands over it, applies the output cap, and
 turns a dead stream into a clear error for every command in flight.
+
+When may a command be sent again? Only when no whole request of it can ever reach a helper:
+the client knew the stream was broken before writing, or the stream's ``send`` raised (then the
+request frame is incomplete on the wire, the helper only acts on whole frames, and the client
+writes nothing more on a stream after a failed send). Once the request is written, its fate is
+unknown, acknowledged or not: the helper acknowledges BEFORE it starts a command, but a missing
+acknowledgement proves nothing, since the request may still be in a pipe, a socket or a relay
+(dockerd, sshd, the API server) and be read and started after the client gave up, and the
+acknowledgement itself may be what was lost. Such a command answers ``connection_lost``, never
+a second run. `MuxBroken.may_resend` carries this decision; every transport asks it and nothing
+else.
 """
 
 from __future__ import annotations
@@ -43,14 +54,16 @@ _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 
 ACK_TIMEOUT = 15.0
-"""Seconds to wait for the helper to acknowledge a command. The helper acknowledges BEFORE it
-starts anything, so a command never acknowledged never started: the stream is declared broken
-and the command may be sent to a fresh helper. (Seen under load with Docker: a request that
-never reached an idle helper, root cause not yet found; this turns that hang into a retry.)"""
+"""Seconds to wait for the helper to acknowledge a command before the stream is declared broken:
+a hung helper or stream becomes an error instead of a hang. The command's fate is unknown (the
+request was written and may still be read and run), so it is NOT resendable. (Seen under load
+with Docker: a request that never reached an idle helper, root cause not yet found.)"""
 
 
 class ByteStream(Protocol):
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes) -> None:
+        """All of ``data``, or raise `OSError`: a send that raised has not handed on all of it."""
+        ...
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` bytes; ``b""`` at end of stream."""
@@ -68,12 +81,13 @@ class _Corrupt(Exception):
 class MuxBroken(Exception):
     """The helper or its stream is gone; the owner should start a new one.
 
-    ``started`` tells whether the command in hand may have run: ``False`` only when the helper
-    never acknowledged it, so the caller can safely send it to a fresh helper."""
+    ``may_resend`` is the one answer to "may the command in hand go to a fresh helper?": true
+    only when no whole request of it was written (see the module's docstring); otherwise it may
+    have run, or may still run, and the caller answers ``connection_lost``."""
 
-    def __init__(self, reason: str, *, started: bool = True) -> None:
+    def __init__(self, reason: str, *, may_resend: bool = False) -> None:
         super().__init__(reason)
-        self.started = started
+        self.may_resend = may_resend
 
 
 @dataclass
@@ -147,17 +161,18 @@ class MuxClient:
         return _response(pending, timeout, started)
 
     def _register(self, pending: _Pending) -> tuple[int, _Pending]:
-        """A new command id with ``pending`` waiting on it; `MuxBroken` (not started) if the
-        stream is broken, before or while registering (`_fail_all` may have missed it)."""
+        """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
+        was written) if the stream is broken, before or while registering (`_fail_all` may have
+        missed it)."""
         if self.broken:
-            raise MuxBroken(self.broken, started=False)
+            raise MuxBroken(self.broken, may_resend=True)
         ident = next(self._ids)
         with self._pending_lock:
             self._pending[ident] = pending
         if self.broken:
             with self._pending_lock:
                 self._pending.pop(ident, None)
-            raise MuxBroken(self.broken, started=False)
+            raise MuxBroken(self.broken, may_resend=True)
         return ident, pending
 
     def _request(
@@ -169,13 +184,14 @@ class MuxClient:
         timeout: float | None,
         stdin: bytes | None,
     ) -> None:
-        """The R frame; a failure to send it means the command never reached the helper."""
+        """The R frame; a failure to send it means no whole request reached the helper (see
+        `_send`), so the command may be resent."""
         spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
         spec["stdin"] = stdin is not None
         try:
             self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
         except MuxBroken as broken:
-            raise MuxBroken(str(broken), started=False) from broken
+            raise MuxBroken(str(broken), may_resend=True) from broken
 
     def kill_tagged(self, name: str, value: str) -> int:
         """Kill (as its timeout would: the whole tree) every running command that was given
@@ -206,7 +222,7 @@ class MuxClient:
             if pending.accepted_at is None:
                 if now >= sent + self._ack_timeout:
                     self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
-                    raise MuxBroken(self.broken or "no acknowledgement", started=False)
+                    raise MuxBroken(self.broken or "no acknowledgement")  # written: its fate is unknown
                 until: float | None = sent + self._ack_timeout
                 if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
                     until = min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
@@ -222,12 +238,17 @@ class MuxClient:
             pending.done.wait(None if until is None else until - now)
 
     def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None:
-        try:
-            with self._send_lock:
+        """One frame, whole, or `MuxBroken` with nothing more ever written on this stream: a
+        frame after a failed (partial) send would complete it into something the helper acts
+        on. A frame of a command that is broken off is not sent either."""
+        with self._send_lock:
+            if self.broken is not None:
+                raise MuxBroken(self.broken)
+            try:
                 self._stream.send(HEADER.pack(kind, ident, len(payload)) + payload)
-        except OSError as exc:
-            self._break(f"exec helper stream failed: {exc}")
-            raise MuxBroken(self.broken or str(exc)) from exc
+            except OSError as exc:
+                self._break(f"exec helper stream failed: {exc}")
+                raise MuxBroken(self.broken or str(exc)) from exc
 
     def _read_loop(self) -> None:
         """Read whatever the stream has and dispatch every whole frame in it: one ``recv`` per
@@ -371,7 +392,7 @@ async def arun(
 def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:
     """What a finished command answers; `MuxBroken` if the stream failed under it."""
     if pending.failure is not None:
-        raise MuxBroken(pending.failure, started=pending.accepted_at is not None)
+        raise MuxBroken(pending.failure)  # after the request was written: its fate is unknown
     if pending.start_error is not None:
         code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
         return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
@@ -404,7 +425,7 @@ async def _await_async(
         if pending.accepted_at is None:
             if now >= sent + client._ack_timeout:
                 client._break(f"exec helper did not acknowledge command {ident} within {client._ack_timeout}s")
-                raise MuxBroken(client.broken or "no acknowledgement", started=False)
+                raise MuxBroken(client.broken or "no acknowledgement")  # written: its fate is unknown
             until: float | None = sent + client._ack_timeout
             if timeout and now < sent + timeout + _KILL_GRACE:
                 until = min(sent + client._ack_timeout, sent + timeout + _KILL_GRACE)

@@ -157,7 +157,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
         response = None
-        for _attempt in range(2):  # a helper found dead before it took the command is replaced
+        for _attempt in range(2):  # a helper found broken before the command was written is replaced
             mux = self._helper()
             if mux is None:
                 break
@@ -175,7 +175,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             except MuxBroken as broken:
                 logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
                 self._drop_helper(mux)
-                if broken.started:  # it may have run: running it again could do it twice
+                if not broken.may_resend:  # it may have run: running it again could do it twice
                     return p.ExecuteResponse(
                         "", error=p.CONNECTION_LOST, message=f"exec helper died during the command: {broken}"
                     )

@@ -5,11 +5,12 @@ single exec websocket, answers each command with a fork (a few ms instead of a f
 ~65 ms on a real cluster). The helper's source is too big for an exec URL's ``command``
 parameters (some proxies cap a request line at 8 KiB), so a one-line bootstrap reads exactly
 its length from stdin, then the same stdin carries the helper's frames. If the stream drops, the
-next command opens a new one; a command the old one had acknowledged answers
-``connection_lost`` (it may have run, so it is never run twice), one it had not is sent to the
-new helper. If the image has no python3, each command gets its own exec with the same timeout
-semantics: its process tree is found by an environment marker and killed, and its exit status
-comes from the exec's error channel.
+next command opens a new one; a command written to the old one answers ``connection_lost``
+(acknowledged or not, it may have run, so it is never run twice), one that could not be written
+is sent to the new helper (`sandboxes._mux.client.MuxBroken.may_resend`). If the image has no
+python3, each command gets its own exec with the same timeout semantics: its process tree is
+found by an environment marker and killed, and its exit status comes from the exec's error
+channel.
 
 Creating, pooling and sweeping pods is `sandboxes.kubernetes.provider`'s business; the pod
 manifest and the waits are `sandboxes.kubernetes._pods`'.
@@ -196,7 +197,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
         response = None
-        for _attempt in range(2):  # a helper found dead before it took the command is replaced
+        for _attempt in range(2):  # a helper found broken before the command was written is replaced
             mux = self._helper()
             if mux is None:
                 break
@@ -214,7 +215,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
             except MuxBroken as broken:
                 logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
                 self._drop_helper(mux)
-                if broken.started:  # it may have run: running it again could do it twice
+                if not broken.may_resend:  # it may have run: running it again could do it twice
                     return _lost(f"the exec stream dropped during the command: {broken}")
         if response is None:
             try:

@@ -326,8 +326,9 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
     ) -> p.ExecuteResponse | None:
         """The command through the long-lived jail; ``None`` when there is none (fall back).
 
-        A jail found dead before it took the command is replaced and the command sent again;
-        one that dies after may have run it, so that answers ``connection_lost``."""
+        A jail found broken before the command was written to it is replaced and the command
+        sent again; once written, the command may have run, so a jail that dies then answers
+        ``connection_lost`` (`sandboxes._mux.client.MuxBroken.may_resend`)."""
         for _attempt in range(2):
             helper = self._helper()
             if helper is None:
@@ -346,7 +347,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
             except MuxBroken as broken:
                 logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
                 self._drop_helper(helper)
-                if broken.started:
+                if not broken.may_resend:
                     return p.ExecuteResponse(
                         "", error=p.CONNECTION_LOST, message=f"the sandbox's jail died during the command: {broken}"
                     )

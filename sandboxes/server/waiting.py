@@ -7,11 +7,11 @@ each one ends; `sandboxes._mux.client.arun` completes an asyncio future from the
 running command costs the service no thread at all.
 
 Only the common case is awaited: a helper already running. Anything else (no helper yet, a
-helper that died before taking the command, another backend) goes to the thread path, which
-starts or restarts the helper, falls back to one ``docker exec`` per command, and is what
-`BaseSandbox.execute_streaming` does everywhere. A helper that dies after taking the command
-answers ``connection_lost`` (the command may have run: it is never sent twice), as the thread
-path does.
+helper found broken before the command was written to it, another backend) goes to the thread
+path, which starts or restarts the helper, falls back to one ``docker exec`` per command, and is
+what `BaseSandbox.execute_streaming` does everywhere. A helper that breaks once the command was
+written answers ``connection_lost`` (acknowledged or not, the command may have run: it is never
+sent twice), as the thread path does (`sandboxes._mux.client.MuxBroken.may_resend`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def run_awaited(
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
         await asyncio.to_thread(sandbox.drop_helper, mux)
-        if broken.started:  # it may have run: running it again could do it twice
+        if not broken.may_resend:  # it may have run: running it again could do it twice
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
         return await fallback()
     except Exception:

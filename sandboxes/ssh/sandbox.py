@@ -272,18 +272,15 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 mux = self._helper()
                 if mux is None:
                     return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit)
-                was_alive = mux.alive
                 try:
                     return mux.run(command, timeout=timeout, stdin=data, env=env, cwd=workdir, output_limit=limit)
                 except MuxBroken as broken:
                     self._drop_helper(mux)
-                    # The client says "not started" when the helper never acknowledged the
-                    # command, but a request sent before the connection died may still reach
-                    # the host and run: only a helper already dead before it was handed the
-                    # command is safe to replace and retry.
-                    if broken.started or was_alive:
+                    if not broken.may_resend:  # it may have run: running it again could do it twice
                         return _lost(f"the connection dropped while the command ran: {broken}")
-            return _lost("the exec helper failed twice before taking the command")
+            return p.ExecuteResponse(  # never written: it did not run
+                "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
+            )
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")

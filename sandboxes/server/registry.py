@@ -26,7 +26,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend, reconcile
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
-from sandboxes.server.processes import OutputLedger, ProcessTable
+from sandboxes.server.processes import ProcessTable
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
 
@@ -73,8 +73,6 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._reserved: dict[str, _Reservation] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._ledgers: dict[str, OutputLedger] = {}
-        """Each tenant's background-process output, across its sandboxes."""
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -92,7 +90,7 @@ class Registry:
         kept = set()
         for state, sandbox in adopted:
             backend = self._backend_of(state)
-            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(state.tenant))
+            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(sandbox))
             kept.add(state.id)
             await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
@@ -121,6 +119,7 @@ class Registry:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
         for entry in self._entries.values():
+            entry.processes.close()  # its background processes keep running in the sandbox
             if isinstance(entry.sandbox, Lifecycle):
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(entry.sandbox.close)
@@ -164,15 +163,12 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
-    def _process_table(self, tenant: str) -> ProcessTable:
-        ledger = self._ledgers.get(tenant)
-        if ledger is None:
-            budget = self.settings.policy_for(tenant).max_process_output_bytes
-            ledger = self._ledgers[tenant] = OutputLedger(budget)
-        return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes, ledger)
+    def _process_table(self, sandbox: BaseSandbox) -> ProcessTable:
+        """Its background processes live in the sandbox (`sandboxes.server.processes`)."""
+        return ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
-        entry = Entry(state, sandbox, backend, self._process_table(state.tenant))
+        entry = Entry(state, sandbox, backend, self._process_table(sandbox))
         self._entries[state.id] = entry
         self._schedule(state.id)
         self._update_gauge()
@@ -284,8 +280,7 @@ class Registry:
         self._update_gauge()
         entry.state.deleting = True
         await asyncio.to_thread(self.store.save, entry.state)
-        await asyncio.to_thread(entry.processes.kill_all, entry.kill_marked)
-        entry.processes.close()
+        entry.processes.close()  # its background processes die with the sandbox
         if not await self._destroy(entry):
             self._doomed[entry.state.id] = entry
 

@@ -215,7 +215,7 @@ async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequ
     command = command_for(body, _template(svc, entry), svc.settings)
     release = svc.take_command_slot(entry)
     try:
-        return entry.processes.start(entry.sandbox, command, release)
+        return await _backend(entry.processes.start, command, release)
     except BaseException:
         release()
         raise
@@ -223,13 +223,13 @@ async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequ
 
 @router.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
 async def poll_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
-    return _entry(request, tenant, sandbox_id)[1].processes.get(process_id)
+    return await _backend(_entry(request, tenant, sandbox_id)[1].processes.get, process_id)
 
 
 @router.delete("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
 async def kill_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
     entry = _entry(request, tenant, sandbox_id)[1]
-    return await _backend(entry.processes.kill, process_id, entry.kill_marked)
+    return await _backend(entry.processes.kill, process_id)
 
 
 # ---------------------------------------------------------------------- files

@@ -245,6 +245,8 @@ if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
   { read -r st < "$d/status"; } 2>/dev/null
   if [ -z "$st" ]; then
     kill_job "$d" "$m" lost
+    kill_marked "$m-w"
+    kill_marked "$m-o"
     { read -r st < "$d/status"; } 2>/dev/null
   fi
 fi
@@ -258,19 +260,21 @@ _POLL = (
     _FUNCTIONS
     + f"P={JOB_MARKER_PREFIX}\n"
     + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2 off=$3 end=$(($3 + $4))
+d=$r/$2 m=$P$2 off=$3 left=$4
 [ -d "$d" ] || exit 10
 """
     + _STATE
     + r"""read -r H T < "$d/limits"
 printf '!j %s %s %s %s\n' "${st:-running - -}" "$s0" "$H" "$T"
 seg() {
-  sz=$(wc -c < "$1" 2> /dev/null) || return 0
+  sz=$({ wc -c < "$1"; } 2> /dev/null) || return 0
   a=$2 b=$(($2 + $sz))
-  [ "$b" -gt "$off" ] && [ "$a" -lt "$end" ] || return 0
-  from=$a to=$b
+  [ "$b" -gt "$off" ] && [ "$left" -gt 0 ] || return 0
+  from=$a
   [ "$from" -ge "$off" ] || from=$off
-  [ "$to" -le "$end" ] || to=$end
+  to=$b
+  [ "$((to - from))" -le "$left" ] || to=$((from + left))
+  left=$((left - (to - from)))
   printf '!s %s\n' "$from"
   tail -c "+$((from - a + 1))" "$1" 2> /dev/null | head -c "$((to - from))" | base64
 }
@@ -286,7 +290,7 @@ echo "!e"
 """
 )
 """``ROOT ID OFFSET MAX``: the job's status line, then the kept output from stream position
-OFFSET, at most MAX bytes, as segments ``!s <position>`` followed by base64 lines."""
+OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
 
 _KILL = (
     _FUNCTIONS

@@ -77,7 +77,7 @@ class HotPath:
             tenant = scope.get("state", {}).get(AUTHENTICATED)
             if not isinstance(tenant, Tenant):
                 tenant = svc.auth.authenticate(authorization)
-            entry = svc.registry.get(tenant, sandbox_id)
+            entry = await svc.registry.find(tenant, sandbox_id)
         except ServiceError:  # FastAPI answers it, with its own order of checks
             await self.app(scope, receive, send)
             return

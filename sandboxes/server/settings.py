@@ -250,6 +250,12 @@ class ServiceSettings(BaseSettings):
     running one reserves its output limit, a finished one holds its output until newer
     processes need the room (the oldest outputs are dropped first)."""
     sweep_interval: float = Field(default=10.0, gt=0)
+    """Seconds between sweeps: expired sandboxes reaped, and (Docker, Kubernetes) what this
+    replica holds compared with what the backend records (deleted or renewed elsewhere)."""
+    confirm_interval: float = Field(default=1.0, ge=0)
+    """Seconds a replica trusts what it holds of a Docker or Kubernetes sandbox (that it exists,
+    its expiry) before a request re-reads its record: another replica may have deleted or
+    renewed it. ``0``: every request reads it (one label-selected list per request)."""
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls (file operations, archives, lifecycle)."""
     command_threads: int = Field(default=256, gt=0)

@@ -126,7 +126,7 @@ class ProviderBackend:
         sandbox_id: str | None = None,
     ) -> Adopted:
         sandbox_id = sandbox_id or new_sandbox_id()
-        created_at = time.time()
+        created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
             LABEL_TENANT: tenant,
             LABEL_TEMPLATE: self.template_name,

@@ -416,10 +416,14 @@ class Registry:
             with contextlib.suppress(ServiceError):  # gone: forgotten
                 await self._confirm(entry)  # another replica may have renewed it
             entry = self._entries.get(sandbox_id)
-        if entry is not None and entry.state.expires_at <= time.time():
-            logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
-            self.metrics.expired.inc()
-            await self._remove(entry)
+        if entry is None:
+            return
+        if entry.state.expires_at > time.time():  # renewed, or a timer a little early
+            self._schedule(sandbox_id)
+            return
+        logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
+        self.metrics.expired.inc()
+        await self._remove(entry)
 
     async def sweep(self) -> None:
         """Remove what expired; retry the destroys that failed. On shared backends, compare

@@ -160,18 +160,25 @@ class ReplicaScenarios:
             _wait_for(lambda: sandbox["id"] not in trusting.registry._entries, "the sweep dropped it")
             assert client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
 
+    @pytest.mark.parametrize("sweep_interval", [0.2, 3600], ids=["sweeps", "timer-only"])
     def test_a_renewal_on_one_replica_is_honoured_by_the_others(
-        self, a: httpx.Client, b: httpx.Client, recorded: Callable[[], dict[str, dict[str, str]]]
+        self,
+        replica: Replica,
+        b: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+        sweep_interval: float,
     ) -> None:
-        sandbox = create(a, ttl=2)  # A's timer and sweep would reap it in 2 s
-        renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 120}).json()
-        assert renewed["expires_at"] >= sandbox["expires_at"] + 100
-        # Past the first expiry, and several of A's sweeps after it, it is still there.
-        _wait_for(lambda: time.time() > sandbox["expires_at"] + 1.5, "the first expiry passed", timeout=10)
-        assert sandbox["id"] in recorded()
-        assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
-        assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
-        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        """The creator's expiry timer, and its sweeps, re-read the record before reaping."""
+        with replica(sweep_interval=sweep_interval) as creator, creator.client("alice") as a:
+            sandbox = create(a, ttl=2)
+            renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 120}).json()
+            assert renewed["expires_at"] >= sandbox["expires_at"] + 100
+            # Past the first expiry (and, with sweeps, several of them after it): still there.
+            _wait_for(lambda: time.time() > sandbox["expires_at"] + 1.5, "the first expiry passed", timeout=10)
+            assert sandbox["id"] in recorded()
+            assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
+            assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
+            assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
     def test_a_replica_reaps_what_expired_wherever_it_was_made(
         self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]

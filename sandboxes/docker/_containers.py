@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
 import time
 import uuid
@@ -34,8 +35,8 @@ VOLUME_PREFIX = "sandboxes-ws-"
 
 def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, str]:
     labels = {**config.labels, LABEL_MANAGED: "true", LABEL_OWNER: config.owner, LABEL_SANDBOX: sandbox_id}
-    if config.ttl is not None:
-        labels[LABEL_EXPIRES] = str(int(time.time() + config.ttl))
+    if config.ttl is not None:  # rounded up: a sandbox lives at least its ttl, never swept sooner
+        labels[LABEL_EXPIRES] = str(math.ceil(time.time() + config.ttl))
     return labels
 
 
@@ -131,7 +132,7 @@ def container_name(sandbox_id: str, expires_at: float | None = None) -> str:
     a container's labels are fixed at creation, its name is the one thing about it the engine
     lets us change and lists with it, so a renewed expiry lives there (`recorded_expiry`)."""
     name = f"sandboxes-{sandbox_id}"
-    return name if expires_at is None else f"{name}.expires-{int(expires_at)}"
+    return name if expires_at is None else f"{name}.expires-{math.ceil(expires_at)}"
 
 
 def recorded_expiry(attrs: dict[str, Any]) -> float | None:

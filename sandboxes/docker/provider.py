@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -425,7 +426,7 @@ def _with_options(template: DockerSandboxConfig, options: CreateOptions | None) 
     if options.ttl is not None:
         update["ttl"] = options.ttl
     if options.expires_at is not None:  # a label like the ttl's; `set_expiry` moves it
-        update["labels"][LABEL_EXPIRES] = str(int(options.expires_at))
+        update["labels"][LABEL_EXPIRES] = str(math.ceil(options.expires_at))
         update["ttl"] = None
     return template.model_copy(update=update)
 

@@ -171,7 +171,7 @@ class KubernetesProvider:
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Move the pod's expiry label (what every sweep reads) and its annotation; labels,
-        unlike a container's, can change. `LookupError` if the pod is gone."""
+        unlike a container's, can change. `LookupError` if the pod is gone or being deleted."""
         from kubernetes.client.exceptions import ApiException
 
         patch = {
@@ -181,11 +181,13 @@ class KubernetesProvider:
             }
         }
         try:
-            self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
+            pod: Any = self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
         except ApiException as exc:
             if exc.status == 404:
                 raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
             raise
+        if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
+            raise LookupError(f"pod {ref!r} is being deleted")
 
     def destroy(self, ref: str) -> None:
         """Delete the pod and wait until it is gone; gone already is fine."""

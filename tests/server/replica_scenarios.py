@@ -227,9 +227,13 @@ class ReplicaScenarios:
 
     # ------------------------------------------------------------------ restarts
 
-    def test_a_new_replica_adopts_what_exists(self, replica: Replica, a: httpx.Client) -> None:
+    def test_a_new_replica_adopts_what_exists(
+        self, replica: Replica, pair: tuple[Running, Running], a: httpx.Client
+    ) -> None:
         sandbox = create(a, ttl=300, labels={"k": "v"})
         assert execute(a, sandbox["id"], "echo kept > note")["exit_code"] == 0
+        state_files = pair[0].app.state.service.settings.data_dir / "state"
+        assert not list(state_files.glob("*.json"))  # the sandbox is its own record
         with replica() as fresh, fresh.client("alice") as client:  # an empty data directory
             assert [s["id"] for s in client.get("/v1/sandboxes").json()["sandboxes"]] == [sandbox["id"]]
             assert client.get(f"/v1/sandboxes/{sandbox['id']}").json() == sandbox

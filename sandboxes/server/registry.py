@@ -220,6 +220,15 @@ class Registry:
         except Exception:
             logger.exception("could not record sandbox %s; the next start-up will reconcile it", state.id)
 
+    def held(self, tenant: Tenant, sandbox_id: str) -> Entry:
+        """The tenant's sandbox as this replica holds it, without a backend call: a shared
+        backend's only if confirmed within ``confirm_interval``. `not_found` otherwise, and
+        `find` (after the tenant's rate check) asks the backend."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None or entry.state.tenant != tenant.id or not self._trusted(entry):
+            raise not_found(sandbox_id)
+        return entry
+
     async def find(self, tenant: Tenant, sandbox_id: str) -> Entry:
         """The tenant's sandbox, held here or adopted from a shared backend's records (another
         replica made it); 404 if it does not exist, or is another tenant's."""

@@ -136,6 +136,28 @@ class ReplicaScenarios:
         assert execute(a, sandbox["id"], "echo still")["output"] == "still\n"
         assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
+    def test_an_unknown_id_costs_one_lookup_and_only_after_the_rate_check(self, pair: tuple[Running, Running]) -> None:
+        """Finding a sandbox this replica does not hold is a backend call: a tenant over its
+        rate must not cost one, and a 404 must cost one, not one per route tried."""
+        backend = pair[0].registry.backends["default"]
+        lookups: list[dict[str, str]] = []
+        select = backend.select
+
+        def counted(**labels: str) -> Any:
+            if "sandbox_id" in labels:
+                lookups.append(labels)
+            return select(**labels)
+
+        backend.select = counted
+        try:
+            with pair[0].client("slow") as slow:  # 2 requests/s, a burst of 3
+                url = "/v1/sandboxes/0123456789abcdef/execute"
+                answers = [slow.post(url, json={"command": "true"}).status_code for _ in range(8)]
+        finally:
+            del backend.select
+        assert set(answers) == {404, 429}, answers
+        assert len(lookups) == answers.count(404)
+
     # ------------------------------------------------------------------ deletion and expiry
 
     def test_deleted_on_one_replica_is_a_404_on_the_other(

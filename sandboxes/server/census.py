@@ -38,6 +38,10 @@ def _select(backends: dict[str, ProviderBackend], **labels: str) -> list[Sandbox
         if backend.shared:
             for state in backend.select(**labels):
                 seen.setdefault((state.backend, state.ref), state)
+    for state in seen.values():  # listed by any template of its backend: cost it by its own
+        own = backends.get(state.template)
+        if own is not None and own.name == state.backend:
+            state.cpus, state.memory = own.template.cpus, own.template.memory_bytes
     return list(seen.values())
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import Running, ServiceProcess, create, error_of, execute, running, settings_for
+from service_harness import POLICIES, Running, ServiceProcess, create, error_of, execute, running, settings_for
 from service_harness import subprocess_config as base_config
 
-from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.settings import ServiceSettings, TenantPolicy
 
 Replica = Callable[..., contextlib.AbstractContextManager[Running]]
 """``replica(**settings)``: one more replica of the service over the shared backend."""
@@ -224,6 +224,23 @@ class ReplicaScenarios:
             second = create(b)
             assert a.post("/v1/sandboxes", json={}).status_code == 403
             assert b.delete(f"/v1/sandboxes/{second['id']}").status_code == 204
+
+    def test_quota_costs_each_sandbox_by_its_own_template(self, replica: Replica, template: dict[str, Any]) -> None:
+        """Two templates of one backend list the same sandboxes; each costs its own cpus."""
+        templates = {"default": template, "big": {**template, "cpus": 1.0}}
+        tenants = {**POLICIES, "tiny": TenantPolicy(max_sandboxes=5, max_cpus=1.5, max_memory="4g")}
+        with (
+            replica(templates=templates, tenants=tenants) as one,
+            replica(templates=templates, tenants=tenants) as two,
+            one.client("tiny") as a,
+            two.client("tiny") as b,
+        ):
+            made = [create(a, template="big")["id"], create(b)["id"]]  # 1.0 + 0.5 cpus
+            refused = b.post("/v1/sandboxes", json={})
+            assert (refused.status_code, error_of(refused)) == (403, "quota_exceeded")
+            assert "1.5 cpus in use" in refused.json()["message"]
+            for sandbox_id in made:
+                assert a.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
     def test_racing_creations_never_exceed_the_quota(
         self, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]

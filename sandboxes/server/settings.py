@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+"""A Kubernetes label value: what a tenant and a client's label must be on a `kubernetes`
+template, where they are recorded (and selected) as pod labels."""
 
 
 def parse_memory(value: str) -> int:
@@ -292,6 +295,13 @@ class ServiceSettings(BaseSettings):
         for name, template in self.templates.items():
             if isinstance(template, LocalTemplate) and template.isolation == "none" and not self.insecure:
                 raise ValueError(f"template {name!r} has isolation 'none': allowed only with insecure")
+        if any(isinstance(template, KubernetesTemplate) for template in self.templates.values()):
+            for tenant in sorted({*self.api_keys.values(), *self.tenants}):
+                if not LABEL_VALUE.match(tenant):
+                    raise ValueError(
+                        f"tenant {tenant!r} cannot be a pod label (the record of whose a sandbox is): "
+                        "63 characters at most, [A-Za-z0-9._-], starting and ending alphanumeric"
+                    )
         return self
 
     def policy_for(self, tenant: str) -> TenantPolicy:

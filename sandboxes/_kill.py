@@ -38,6 +38,12 @@ per-command fallbacks of Docker, SSH and Local) and by the service on the comman
 A caller that sets it itself (the service does, with its own unique token) chooses the marker:
 the command's tree is then killed by that value."""
 
+JOB_MARKER_PREFIX = "sandboxes-job-"
+"""Markers that start with this are background jobs' (`sandboxes.jobs`): processes carrying one
+were detached on purpose to outlive the command that started them, so the sweeps of orphans
+(the exec helper's `kill_orphans`, the shell's ``kill_orphans``) leave them alone. A job is
+still killed by its own marker, and with its sandbox."""
+
 KILL_DEADLINE = 10.0
 """Seconds each phase of `kill_marked` may take at most."""
 

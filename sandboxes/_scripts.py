@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 
-from sandboxes._kill import KILL_MARKED_SH
+from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH
 
 EXIT_NOT_FOUND = 10
 EXIT_IS_DIRECTORY = 11
@@ -280,6 +280,7 @@ ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, whic
 
 KILL_MARKED = (
     KILL_MARKED_SH
+    + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
   r=0
@@ -289,6 +290,7 @@ KILL_MARKED = (
       { read -r l < "$d/stat"; } 2>/dev/null || continue
       set -- ${l##*') '}
       [ "$2" = 1 ] && [ "$1" != Z ] || continue
+      grep -qszE "^SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX" "$d/environ" && continue
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
     [ -z "${v# }" ] && return 0
@@ -300,8 +302,9 @@ KILL_MARKED = (
 """``kill_marked MARKER`` (`sandboxes._kill`: every process carrying the marker, stopped then
 killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
 is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
-other children), every orphan the init adopted but its own command (its oldest child), in
-rounds: what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
+other children), every orphan the init adopted but its own command (its oldest child) and
+background jobs (`sandboxes.jobs`, whose marker starts with `JOB_MARKER_PREFIX`), in rounds:
+what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
 caller must not carry the marker itself."""
 
 RUN_IN = (

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "CreateOptions",
@@ -36,6 +36,7 @@ __all__ = [
     "Provider",
     "ResumableProvider",
     "SandboxRecord",
+    "SharedProvider",
     "Sweep",
 ]
 
@@ -93,6 +94,16 @@ class CreateOptions(BaseModel):
     """Added to the template's environment for every command."""
     ttl: float | None = Field(default=None, gt=0)
     """Seconds until a sweep may reap it; ``None``: the template's."""
+    expires_at: float | None = Field(default=None, gt=0)
+    """An expiry (Unix seconds) that `SharedProvider.set_expiry` may move later, instead of
+    ``ttl``: sweeps reap by it, but no deadline that cannot move is set (a pod's
+    ``activeDeadlineSeconds`` can only shrink). Only a `SharedProvider` takes it."""
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> CreateOptions:
+        if self.ttl is not None and self.expires_at is not None:
+            raise ValueError("give ttl or expires_at, not both")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +121,10 @@ class SandboxRecord:
     expires_at: float | None = None
     running: bool = True
     """Whether commands can run in it now (a stopped container, a pending or failed pod: not)."""
+    starting: bool = False
+    """Not running yet, but not stopped either: being made (a pending pod, a container created
+    and not started), perhaps by another process, which will run or remove it. Neither adopt
+    nor reap it on that account: its expiry and its provider's sweep bound it."""
 
 
 @dataclass
@@ -181,4 +196,21 @@ class ResumableProvider(Provider[S], Protocol[S]):
         """Start the sandbox ``ref`` again if it is not running. ``False`` when it cannot come
         back whole (its files were in memory, or it will not start): the caller should
         `Provider.destroy` it rather than hand out an empty sandbox."""
+        ...
+
+
+@runtime_checkable
+class SharedProvider(Provider[S], Protocol[S]):
+    """A provider whose sandboxes several processes can share (the service's replicas): each
+    one's record can be selected by label, and its expiry moved after creation, on the sandbox
+    itself. Whatever one process changes, the others read back from the backend."""
+
+    def select(self, labels: Mapping[str, str]) -> list[SandboxRecord]:
+        """This owner's sandboxes carrying all of ``labels`` (`CreateOptions.labels`), as
+        `Provider.list` reports them, selected by the backend rather than after a full list."""
+        ...
+
+    def set_expiry(self, ref: str, expires_at: float) -> None:
+        """Record a new expiry on the sandbox ``ref`` (its `SandboxRecord.expires_at` from now
+        on, for every process's sweep). `LookupError` if there is none by that ref."""
         ...

@@ -29,8 +29,10 @@ DockerSandbox passes for the containers it made, whose init has one child of its
 container's init may run services). Those two adopters' children are therefore the
 escaped processes of some command, and every time a command ends, times out or is killed, the
 helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
-command's leader, the container's own command (the oldest child of init), and a process still
-carrying a running command's marker (it is that command's, and dies with it). Which command an
+command's leader, the container's own command (the oldest child of init), a process still
+carrying a running command's marker (it is that command's, and dies with it), and a background
+job's process (`sandboxes.jobs`: its marker starts with ``JOB_MARKER_PREFIX``; it was detached on
+purpose, and is killed by its own marker). Which command an
 unmarked orphan came from cannot be known (another command may have made it), so it does not
 outlive the next end of ANY command: a command relying on a daemon that dropped the marker and
 left its tree loses it early; nothing else is lost. Outside a container without a subreaper

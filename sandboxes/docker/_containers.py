@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import re
 import time
 import uuid
 from datetime import datetime
@@ -33,8 +35,8 @@ VOLUME_PREFIX = "sandboxes-ws-"
 
 def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, str]:
     labels = {**config.labels, LABEL_MANAGED: "true", LABEL_OWNER: config.owner, LABEL_SANDBOX: sandbox_id}
-    if config.ttl is not None:
-        labels[LABEL_EXPIRES] = str(int(time.time() + config.ttl))
+    if config.ttl is not None:  # rounded up: a sandbox lives at least its ttl, never swept sooner
+        labels[LABEL_EXPIRES] = str(math.ceil(time.time() + config.ttl))
     return labels
 
 
@@ -53,7 +55,7 @@ def create_container(client: Any, config: DockerSandboxConfig) -> Any:
         return client.containers.run(
             config.image,
             command=["sleep", "infinity"],
-            name=f"sandboxes-{sandbox_id}",
+            name=container_name(sandbox_id),
             detach=True,
             init=True,
             user=config.user,
@@ -122,15 +124,39 @@ def remove_sandbox(client: Any, container_id: str) -> None:
             client.volumes.get(volume_name).remove(force=True)
 
 
-def expired(labels: dict[str, str], now: float) -> bool:
+_RENAMED_EXPIRY = re.compile(r"\.expires-(\d{1,12})$")
+
+
+def container_name(sandbox_id: str, expires_at: float | None = None) -> str:
+    """``sandboxes-<id>``, and once its expiry moved, ``sandboxes-<id>.expires-<unix seconds>``:
+    a container's labels are fixed at creation, its name is the one thing about it the engine
+    lets us change and lists with it, so a renewed expiry lives there (`recorded_expiry`)."""
+    name = f"sandboxes-{sandbox_id}"
+    return name if expires_at is None else f"{name}.expires-{math.ceil(expires_at)}"
+
+
+def recorded_expiry(attrs: dict[str, Any]) -> float | None:
+    """A container's expiry: its name's, when renewed (`container_name`), else its label's.
+    ``attrs`` from a list (``Names``) or an inspect (``Name``)."""
+    names = attrs.get("Names") or [attrs.get("Name") or ""]
+    for name in names:
+        match = _RENAMED_EXPIRY.search(str(name))
+        if match is not None:
+            return float(match.group(1))
+    labels: dict[str, str] = attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
     value = labels.get(LABEL_EXPIRES)
     if value is None:
-        return False
+        return None
     try:
-        return float(value) < now
+        return float(value)
     except ValueError:
         logger.warning("ignoring unreadable %s label %r", LABEL_EXPIRES, value)
-        return False
+        return None
+
+
+def expired(attrs: dict[str, Any], now: float) -> bool:
+    expires_at = recorded_expiry(attrs)
+    return expires_at is not None and expires_at < now
 
 
 def created_at(attrs: dict[str, Any]) -> float:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +32,11 @@ from tenacity import Retrying, before_sleep_log, stop_when_event_set, wait_expon
 
 from sandboxes.docker._containers import (
     LABEL_POOL,
+    container_name,
     create_container,
     created_at,
     expired,
+    recorded_expiry,
     remove_sandbox,
     workspace_in_memory,
 )
@@ -102,7 +106,8 @@ class _Idle:
 
 class DockerProvider:
     """Creates `DockerSandbox` instances from one template; optionally pools and sweeps them.
-    A `sandboxes.lifecycle.PooledProvider` and `ResumableProvider`: refs are container ids.
+    A `sandboxes.lifecycle.PooledProvider`, `ResumableProvider` and `SharedProvider`: refs are
+    container ids.
 
     ``DockerProvider(template, client=client, pool_size=2)`` takes any `DockerProviderConfig`
     field as a keyword (or a whole ``config=``). The pool and the periodic sweep run in one
@@ -157,11 +162,35 @@ class DockerProvider:
         # which every ``docker exec`` inherits: the template's config is enough to run in it.
         return DockerSandbox(container, self.client, self.template, owned=False)
 
-    def list(self) -> list[SandboxRecord]:
-        """This owner's containers, running or stopped, from their labels alone."""
+    def select(self, labels: Mapping[str, str]) -> list[SandboxRecord]:
+        """This owner's containers carrying all of ``labels``, filtered by the engine."""
         selector = [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={self.template.owner}"]
+        selector += [f"{key}={value}" for key, value in labels.items()]
         containers = self.client.containers.list(all=True, sparse=True, filters={"label": selector})
         return [self._record(container.attrs) for container in containers]
+
+    def list(self) -> list[SandboxRecord]:
+        """This owner's containers, running or stopped, from their labels alone."""
+        return self.select({})
+
+    def set_expiry(self, ref: str, expires_at: float) -> None:
+        """Record a new expiry in the container's name (`container_name`: its labels cannot
+        change). Two processes renaming at once: the last rename wins, as a last write would.
+        `LookupError` if this owner has no container ``ref``."""
+        import docker.errors
+
+        try:
+            container = self.client.containers.get(ref)
+            if not self._mine(container.labels or {}):
+                raise LookupError(f"container {ref!r} is not a sandbox of owner {self.template.owner!r}")
+            name = container_name(container.labels[LABEL_SANDBOX], expires_at)
+            if container.name != name:
+                container.rename(name)
+        except docker.errors.NotFound as exc:
+            raise LookupError(f"no container {ref!r}") from exc
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # another process renamed it to the same expiry
+                raise
 
     def destroy(self, ref: str) -> None:
         """Remove container ``ref`` and its workspace volume; gone already is fine."""
@@ -192,10 +221,7 @@ class DockerProvider:
     def _record(self, attrs: dict[str, Any]) -> SandboxRecord:
         labels: dict[str, str] = attrs.get("Labels") or {}
         caller = {key: labels[key] for key in _caller_keys(labels) if key in labels}
-        try:
-            expires_at: float | None = float(labels[LABEL_EXPIRES])
-        except (KeyError, ValueError):
-            expires_at = None
+        expires_at = recorded_expiry(attrs)
         created = attrs.get("Created")
         return SandboxRecord(
             id=str(attrs.get("Id")),
@@ -204,6 +230,7 @@ class DockerProvider:
             created_at=float(created) if isinstance(created, int | float) else 0.0,
             expires_at=expires_at,
             running=attrs.get("State") == "running",
+            starting=attrs.get("State") == "created",
         )
 
     def acquire(self) -> DockerSandbox:
@@ -295,7 +322,7 @@ class DockerProvider:
         for container in containers:
             labels: dict[str, str] = container.attrs.get("Labels") or {}
             sandbox_id = labels.get(LABEL_SANDBOX, "")
-            if labels.get(LABEL_OWNER) != owner or container.id in pooled or not expired(labels, now):
+            if labels.get(LABEL_OWNER) != owner or container.id in pooled or not expired(container.attrs, now):
                 live.add(sandbox_id)
                 continue
             try:
@@ -398,6 +425,9 @@ def _with_options(template: DockerSandboxConfig, options: CreateOptions | None) 
     }
     if options.ttl is not None:
         update["ttl"] = options.ttl
+    if options.expires_at is not None:  # a label like the ttl's; `set_expiry` moves it
+        update["labels"][LABEL_EXPIRES] = str(math.ceil(options.expires_at))
+        update["ttl"] = None
     return template.model_copy(update=update)
 
 

@@ -135,16 +135,20 @@ def pod_manifest(
     labels: Mapping[str, str] = {},
     env: Mapping[str, str] = {},
     ttl: float | None = None,
+    expires_at: float | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The pod of one sandbox, secure by default: non-root uid/gid, no privilege escalation, no
     capabilities, the runtime's seccomp profile, a read-only root with size-limited ``emptyDir``
     for the workspace and ``/tmp``, no service-account token, no service links, no host
     namespaces, a short grace period, and ``activeDeadlineSeconds`` from the TTL so the cluster
-    kills an expired pod even when no provider is alive to sweep it."""
+    kills an expired pod even when no provider is alive to sweep it. An ``expires_at`` instead
+    of a ttl is only recorded (labels, annotation): it may be moved later, which a deadline
+    cannot (`KubernetesProvider.set_expiry`)."""
     now = time.time() if now is None else now
-    ttl = config.ttl if ttl is None else ttl
-    expires_at = None if ttl is None else now + ttl
+    ttl = None if expires_at is not None else config.ttl if ttl is None else ttl
+    if expires_at is None and ttl is not None:
+        expires_at = now + ttl
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -327,12 +331,13 @@ def create_pod(
     labels: Mapping[str, str] = {},
     env: Mapping[str, str] = {},
     ttl: float | None = None,
+    expires_at: float | None = None,
     fail_unschedulable: bool = True,
 ) -> Any:
     """Create a sandbox pod and wait until it is Running and Ready. A pod that cannot start (or
     not within ``config.startup_timeout``) is deleted, and `PodStartError` says why."""
     name = new_pod_name()
-    body: Any = pod_manifest(config, name, labels=labels, env=env, ttl=ttl)
+    body: Any = pod_manifest(config, name, labels=labels, env=env, ttl=ttl, expires_at=expires_at)
     api.create_namespaced_pod(config.namespace, body)
     try:
         return wait_ready(api, config.namespace, name, config.startup_timeout, fail_unschedulable=fail_unschedulable)

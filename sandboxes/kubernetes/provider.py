@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,8 @@ class _Idle:
 
 
 class KubernetesProvider:
-    """Creates `KubernetesSandbox` instances from one template (a `PooledProvider`).
+    """Creates `KubernetesSandbox` instances from one template (a `PooledProvider` and a
+    `SharedProvider`).
 
     ``KubernetesProvider(template, api_client=client, pool_size=2)`` takes any
     `KubernetesProviderConfig` field as a keyword. The pool and the periodic sweep run in one
@@ -120,6 +122,7 @@ class KubernetesProvider:
             labels=options.labels,
             env=options.env,
             ttl=options.ttl,
+            expires_at=options.expires_at,
             fail_unschedulable=self.config.fail_unschedulable,
         )
         config = self.template.model_copy(update={"env": {**self.template.env, **options.env}})
@@ -138,28 +141,53 @@ class KubernetesProvider:
         env = {item.name: item.value or "" for item in (pod.spec.containers[0].env or [])} if pod.spec else {}
         return KubernetesSandbox(ref, self.api, self.template.model_copy(update={"env": env}), owned=False)
 
-    def list(self) -> list[SandboxRecord]:
-        """Every pod of this owner, pooled ones excepted (nobody holds them yet)."""
-        listed: Any = self.api.list_namespaced_pod(
-            self.template.namespace, label_selector=owner_selector(self.template.owner)
-        )
+    def select(self, labels: Mapping[str, str]) -> list[SandboxRecord]:
+        """This owner's pods carrying all of ``labels``, chosen by the API server's label
+        selector; pooled pods and pods being deleted excepted."""
+        selector = ",".join([owner_selector(self.template.owner), *(f"{k}={v}" for k, v in labels.items())])
+        listed: Any = self.api.list_namespaced_pod(self.template.namespace, label_selector=selector)
         records = []
         for pod in listed.items:
             record = pod_record(pod)
             if LABEL_POOL in record.labels or pod.metadata.deletion_timestamp is not None:
                 continue
-            labels = {k: v for k, v in caller_labels(record.labels).items() if self.template.labels.get(k) != v}
+            caller = {k: v for k, v in caller_labels(record.labels).items() if self.template.labels.get(k) != v}
             records.append(
                 SandboxRecord(
                     id=record.name,
                     ref=record.name,
-                    labels=labels,
+                    labels=caller,
                     created_at=record.created_at,
                     expires_at=record.expires_at,
                     running=record.running,
+                    starting=not record.running and _phase(pod) in (None, "Pending", "Running"),
                 )
             )
         return records
+
+    def list(self) -> list[SandboxRecord]:
+        """Every pod of this owner, pooled ones excepted (nobody holds them yet)."""
+        return self.select({})
+
+    def set_expiry(self, ref: str, expires_at: float) -> None:
+        """Move the pod's expiry label (what every sweep reads) and its annotation; labels,
+        unlike a container's, can change. `LookupError` if the pod is gone or being deleted."""
+        from kubernetes.client.exceptions import ApiException
+
+        patch = {
+            "metadata": {
+                "labels": {LABEL_EXPIRES: str(int(expires_at))},
+                "annotations": pod_annotations(self.template, expires_at),
+            }
+        }
+        try:
+            pod: Any = self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
+            raise
+        if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
+            raise LookupError(f"pod {ref!r} is being deleted")
 
     def destroy(self, ref: str) -> None:
         """Delete the pod and wait until it is gone; gone already is fine."""
@@ -197,7 +225,7 @@ class KubernetesProvider:
         age = now - record.created_at
         if record.expires_at is not None and record.expires_at < now:
             return "expired"
-        phase = pod.status.phase if pod.status is not None else None
+        phase = _phase(pod)
         if phase in ("Failed", "Succeeded"):
             return f"phase {phase}"
         if not record.running and age > self.template.startup_timeout + self.config.orphan_grace:
@@ -351,6 +379,10 @@ class KubernetesProvider:
                 self._idle.remove(entry)
         for entry in stale:
             _discard(entry.sandbox)
+
+
+def _phase(pod: Any) -> str | None:
+    return pod.status.phase if pod.status is not None else None
 
 
 def _usable(sandbox: KubernetesSandbox) -> bool:

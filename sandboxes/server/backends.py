@@ -3,10 +3,13 @@
 providers really have after a restart and reaps the rest.
 
 What the service adds to a provider it records on the sandbox itself, as `CreateOptions` labels
-(tenant, template, the service's own id, its expiry, the client's labels), so a restart that
-lost its state files still knows whose a sandbox is. TTLs are the service's: sandboxes are
-created without a provider expiry (a tenant may renew, and a container's labels cannot change);
-the service's expiry label is only read back after a crash that lost the state file.
+(tenant, template, the service's own id, its creation and expiry, the client's labels), so a
+restart that lost its state files still knows whose a sandbox is. A `SharedProvider` (Docker,
+Kubernetes) also records the expiry where it can move (`SharedProvider.set_expiry`): there the
+sandbox is the whole record, which every replica of the service reads (`ProviderBackend.select`)
+and changes, and no state file is written. The others (local directories, SSH workspaces) are
+created without a provider expiry, and a renewal lives in the state file of the one service
+that can reach them.
 
 What only some sandboxes can do is a typed capability, checked with ``isinstance``: files that
 are a directory on this host (`HostFiles`: archives are made and extracted by the service
@@ -32,7 +35,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from sandboxes import _kill, _scripts
 from sandboxes.base import BaseSandbox
-from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, SandboxRecord
+from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -54,7 +57,10 @@ LABEL_TEMPLATE = "io.sandboxes.template"
 LABEL_SERVICE_ID = "io.sandboxes.service-id"
 """The service's id of the sandbox (what clients use), on the sandbox beside the provider's."""
 LABEL_SERVICE_EXPIRES = "io.sandboxes.service-expires-at"
-"""The expiry the sandbox was created with, for a restart that lost its state file."""
+"""The expiry the sandbox was created with, for a restart that lost its state file (a
+`SharedProvider` records the current one itself: `SandboxRecord.expires_at`)."""
+LABEL_SERVICE_CREATED = "io.sandboxes.service-created-at"
+"""When the service created it, so every replica reports the same ``created_at``."""
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the sandbox so a restart without state recovers them."""
 MARKER_ENV = _kill.MARKER_ENV
@@ -118,32 +124,72 @@ class ProviderBackend:
         self.name: str = template.backend
         """The backend's kind, as `SandboxInfo.backend` and the metrics say it."""
 
-    def create(self, tenant: str, expires_at: float, labels: dict[str, str], env: dict[str, str]) -> Adopted:
-        sandbox_id = uuid.uuid4().hex[:16]
+    @property
+    def shared(self) -> bool:
+        """Whether its sandboxes' records (tenant, expiry) live on the sandboxes alone, where
+        every replica of the service reads and changes them (`SharedProvider`); otherwise the
+        service's state files add what the provider cannot record (a renewed expiry)."""
+        return isinstance(self.provider, SharedProvider)
+
+    def create(
+        self,
+        tenant: str,
+        expires_at: float,
+        labels: dict[str, str],
+        env: dict[str, str],
+        *,
+        sandbox_id: str | None = None,
+    ) -> Adopted:
+        sandbox_id = sandbox_id or new_sandbox_id()
+        created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
             LABEL_TENANT: tenant,
             LABEL_TEMPLATE: self.template_name,
             LABEL_SERVICE_ID: sandbox_id,
             LABEL_SERVICE_EXPIRES: str(int(expires_at)),
+            LABEL_SERVICE_CREATED: f"{created_at:.6f}",
         }
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
-        sandbox = self.provider.create(CreateOptions(labels=recorded, env=env))
+        options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None)
+        sandbox = self.provider.create(options)
         assert isinstance(sandbox, BaseSandbox)
         state = SandboxState(
             id=sandbox_id,
             tenant=tenant,
             template=self.template_name,
             backend=self.name,
-            created_at=time.time(),
+            created_at=created_at,
             expires_at=expires_at,
             cpus=self.template.cpus,
             memory=self.template.memory_bytes,
             ref=_ref_of(sandbox),
-            workdir=_workdir_of(sandbox),
+            workdir=workdir_of(sandbox),
             labels=dict(labels),
             env=dict(env),
         )
         return state, sandbox
+
+    def renew(self, state: SandboxState, expires_at: float) -> None:
+        """Record the new expiry on the sandbox, for every replica (a shared provider's only;
+        the others' renewals live in the service's state files). `LookupError` if it is gone."""
+        if isinstance(self.provider, SharedProvider):
+            self.provider.set_expiry(state.ref, expires_at)
+
+    def select(self, **labels: str) -> list[SandboxState]:
+        """The service's sandboxes of a shared provider whose service labels match, e.g.
+        ``select(tenant="a")`` or ``select(sandbox_id="...")``, as their records say."""
+        if not isinstance(self.provider, SharedProvider):
+            return []
+        keys = {"tenant": LABEL_TENANT, "sandbox_id": LABEL_SERVICE_ID}
+        records = self.provider.select({keys[name]: value for name, value in labels.items()})
+        return [state for record in records if (state := self.state_of(record)) is not None]
+
+    def state_of(self, record: SandboxRecord) -> SandboxState | None:
+        """The service's state of a sandbox, from its record alone; ``None`` for a sandbox of
+        this owner that is no tenant's (an orphan), or one still being made."""
+        if record.starting:
+            return None
+        return _state_from_record(record, self)
 
     def attach(self, state: SandboxState) -> BaseSandbox:
         sandbox = self.provider.attach(state.ref)
@@ -195,6 +241,10 @@ class ProviderBackend:
         self.provider.close()
 
 
+def new_sandbox_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
 @runtime_checkable
 class _Closable(Protocol):
     def close(self) -> None: ...
@@ -216,7 +266,7 @@ def _ref_of(sandbox: BaseSandbox) -> str:
     return sandbox.id
 
 
-def _workdir_of(sandbox: BaseSandbox) -> str:
+def workdir_of(sandbox: BaseSandbox) -> str:
     if isinstance(sandbox, HostFiles):
         return str(sandbox.root)
     from sandboxes.docker import DockerSandbox
@@ -276,6 +326,8 @@ def _adopt(
     owner = backends.get(state.template) if state is not None else None
     backend = owner if owner is not None and owner.name == lister.name else lister
     provider = backend.provider
+    if record.starting:  # another replica may be making it; its expiry and sweeps bound it
+        return None
     if state is None or state.deleting or state.expires_at <= now:
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)
@@ -290,29 +342,34 @@ def _adopt(
         logger.info("%s sandbox %s is gone", backend.name, record.ref)
         return None
     if not state.workdir:
-        state.workdir = _workdir_of(sandbox)
+        state.workdir = workdir_of(sandbox)
     return state, sandbox
 
 
 def _state_from_record(record: SandboxRecord, backend: ProviderBackend) -> SandboxState | None:
-    """What a sandbox says about itself, for one the state files do not know (a crash between
-    its creation and the state's write)."""
+    """What a sandbox says about itself: all there is of a shared provider's, and for the
+    others' one the state files do not know (a crash between its creation and the state's
+    write)."""
     labels = record.labels
     tenant, sandbox_id = labels.get(LABEL_TENANT), labels.get(LABEL_SERVICE_ID)
     if not tenant or not sandbox_id:
         return None
-    try:
-        expires_at = float(labels[LABEL_SERVICE_EXPIRES])
-    except (KeyError, ValueError):
-        if record.expires_at is None:
+    expires_at = record.expires_at  # a shared provider's, renewed; else the service's label
+    if expires_at is None:
+        try:
+            expires_at = float(labels[LABEL_SERVICE_EXPIRES])
+        except (KeyError, ValueError):
             return None
-        expires_at = record.expires_at
+    try:
+        created_at = float(labels[LABEL_SERVICE_CREATED])
+    except (KeyError, ValueError):
+        created_at = record.created_at
     return SandboxState(
         id=sandbox_id,
         tenant=tenant,
         template=labels.get(LABEL_TEMPLATE, "default"),
         backend=backend.name,
-        created_at=record.created_at,
+        created_at=created_at,
         expires_at=expires_at,
         cpus=backend.template.cpus,
         memory=backend.template.memory_bytes,

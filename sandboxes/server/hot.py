@@ -77,8 +77,8 @@ class HotPath:
             tenant = scope.get("state", {}).get(AUTHENTICATED)
             if not isinstance(tenant, Tenant):
                 tenant = svc.auth.authenticate(authorization)
-            entry = svc.registry.get(tenant, sandbox_id)
-        except ServiceError:  # FastAPI answers it, with its own order of checks
+            entry = svc.registry.held(tenant, sandbox_id)  # no backend call before the rate check
+        except ServiceError:  # FastAPI answers it (or finds the sandbox), with its own order of checks
             await self.app(scope, receive, send)
             return
         if op is not None:

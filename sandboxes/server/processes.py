@@ -1,46 +1,47 @@
-"""Background commands of one sandbox: start, poll, kill.
+"""Background commands of one sandbox: start, poll, kill, as jobs living IN the sandbox.
 
-Each runs in its own thread through ``execute_streaming``, whose hook fills a bounded output
-buffer that polls read while the command runs. Every command carries a marker in its
-environment (`MARKER_ENV`), inherited by everything it starts, so a kill takes down the whole
-tree, including what left its process group; a timeout still bounds every command, killed or
-not. Processes live in the service's memory only: a restart forgets them (their commands die
-with the service on the local backend, and with the exec helper's stream on Docker).
+Each background process is a `sandboxes.jobs` job: a supervisor process and a directory inside
+the sandbox, started with one ``execute()`` and polled or killed with one more. The service holds
+no thread, no output and no table for them: a process id IS the job's id, so any replica of the
+service, or this one after a restart, answers a poll or a kill from the sandbox alone, and the
+commands keep running while the service is down (Docker, SSH and Kubernetes; a local sandbox's
+jail, and so its jobs, die with the service process that holds it).
 
-Their output is bounded per sandbox (``output_budget``) and per tenant (an `OutputLedger`
-shared by its sandboxes' tables): a process reserves its output limit while it runs (granted
-less when less is left, refused when almost nothing is) and holds its output's size once
-finished; room for a new process is made by dropping the oldest finished outputs, the
-sandbox's own first, then the tenant's (their status and exit code stay, with a message
-saying the output was dropped).
+Limits, and where they live now:
+
+- ``max_processes`` running per sandbox: counted by the start script in the sandbox, over every
+  replica's jobs (two starts at the same moment may both pass it).
+- ``output_limit`` per process (the request's, under ``max_output_bytes``): the job keeps that
+  many bytes of output, head and tail, in the sandbox's own bounded ``/tmp`` and keeps running
+  past it; a poll reads at most ``max_output_bytes`` of it. So the former budgets of output held
+  in the service's memory (``max_process_output_bytes`` per sandbox, the tenant policy's
+  ``max_process_output``) no longer apply: no output is held here between polls.
+- A tenant's ``max_commands`` (its commands running at once): a background process holds one of
+  the tenant's slots in the replica that started it until that replica sees it end: through a
+  poll or a kill, or through a watcher thread that lists the sandbox's jobs (one ``execute``) every
+  second while it holds slots. A replica that did not start a process (another one, or this one
+  after a restart) does not count it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import threading
-import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from sandboxes import protocol as p
-from sandboxes._output import OutputBuffer
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
+from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner, TooManyJobs
 from sandboxes.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 
 Status = Literal["running", "exited", "killed", "timeout"]
 _KEEP_FINISHED = 64
-_KILL_WAIT = 10.0
-_MIN_GRANT = 64 << 10
-"""Least output room a process is started with, unless it asked for less."""
+_WATCH_INTERVAL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,195 +90,120 @@ def run_marked(
         )
 
 
-@dataclass
-class _Process:
-    id: str
-    token: str
-    output: OutputBuffer
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    done: threading.Event = field(default_factory=threading.Event)
-    killed: bool = False
-    response: p.ExecuteResponse | None = None
-    held: int = 0
-    """Bytes of output counted against the sandbox's budget: the limit while it runs, then
-    the size of its output."""
-
-    def write(self, chunk: bytes) -> None:
-        with self.lock:
-            self.output.write(chunk)
-
-    def finish(self, response: p.ExecuteResponse) -> None:
-        with self.lock:
-            self.response = response
-            self.output = OutputBuffer(0)  # the response has the output now: no second copy
-            self.held = len(response.output)
-
-    def drop_output(self, budget: int, whose: str = "the sandbox's") -> int:
-        """Forget a finished process's output; the bytes freed."""
-        with self.lock:
-            if self.response is None or not self.response.output:
-                return 0
-            freed, self.held = self.held, 0
-            self.response = dataclasses.replace(
-                self.response,
-                output="",
-                truncated=True,
-                message=f"output dropped to make room for newer processes ({whose} budget is {budget} bytes)",
-            )
-            return freed
-
-    @property
-    def status(self) -> Status:
-        if self.response is None:
-            return "running"
-        if self.killed:
-            return "killed"
-        return "timeout" if self.response.error == p.TIMEOUT else "exited"
-
-    def info(self) -> ProcessInfo:
-        with self.lock:
-            response = self.response
-            output = self.output.text() if response is None else response.output
-        return ProcessInfo(
-            id=self.id, status=self.status, output=output, result=None if response is None else result_of(response)
-        )
-
-
-class OutputLedger:
-    """One tenant's background-process output, across its sandboxes, against its budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._processes: dict[int, _Process] = {}  # oldest first
-        self._lock = threading.Lock()
-
-    def admit(self, proc: _Process, wanted: int) -> int:
-        """Room for ``proc``'s output, up to ``wanted``, made by dropping the tenant's oldest
-        finished outputs; ``proc`` then holds what it was granted (maybe 0)."""
-        with self._lock:
-            held = sum(other.held for other in self._processes.values())
-            for other in list(self._processes.values()):
-                if self.budget - held >= wanted:
-                    break
-                if other.done.is_set():
-                    held -= other.drop_output(self.budget, "the tenant's")
-            granted = max(0, min(wanted, self.budget - held))
-            proc.held = granted
-            self._processes[id(proc)] = proc
-            return granted
-
-    def discard(self, processes: list[_Process]) -> None:
-        with self._lock:
-            for proc in processes:
-                self._processes.pop(id(proc), None)
-
-    def held(self) -> int:
-        with self._lock:
-            return sum(proc.held for proc in self._processes.values())
+def info_of(job: Job) -> ProcessInfo:
+    """A job as the API's `ProcessInfo`: a job whose supervisor vanished reads as killed (its
+    result says why), one that could not start (its cwd is missing) as exited with the error."""
+    state = job.state
+    status: Status
+    if state.status == "running":
+        return ProcessInfo(id=state.id, status="running", output=job.text())
+    if state.status in ("exited", "failed"):
+        status = "exited"
+    elif state.status == "timeout":
+        status = "timeout"
+    else:
+        status = "killed"
+    response = job.response()
+    return ProcessInfo(id=state.id, status=status, output=response.output, result=result_of(response))
 
 
 class ProcessTable:
-    def __init__(self, max_running: int, output_budget: int = 64 << 20, ledger: OutputLedger | None = None) -> None:
-        self._max_running = max_running
-        self._budget = output_budget
-        self._ledger = ledger
-        self._processes: OrderedDict[str, _Process] = OrderedDict()
+    """The background processes of one sandbox, for one replica of the service: the jobs in the
+    sandbox, plus the tenant's command slots this replica holds for the ones it started."""
+
+    def __init__(self, sandbox: BaseSandbox, max_running: int, max_read: int) -> None:
+        self.runner = JobRunner(sandbox, keep=_KEEP_FINISHED, max_running=max_running, max_read=max_read)
+        self._slots: dict[str, Callable[[], None]] = {}
+        """Job id -> release of the tenant's command slot it holds, until seen ended."""
         self._lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._watching = False
+        self._closed = threading.Event()
 
-    def start(self, sandbox: BaseSandbox, command: Command, on_end: Callable[[], None] | None = None) -> ProcessInfo:
-        """Start ``command`` in a thread of its own; ``on_end`` is called when it has ended."""
-        with self._lock:
-            running = sum(1 for proc in self._processes.values() if proc.response is None)
-            if running >= self._max_running:
-                raise ServiceError(
-                    "quota_exceeded", f"{running} background processes already run in this sandbox (the maximum)"
-                )
-            proc = _Process(id=f"p{next(self._ids)}", token=uuid.uuid4().hex, output=OutputBuffer(0))
-            limit = self._grant(proc, command.output_limit)
-            proc.output = OutputBuffer(limit)
-            self._processes[proc.id] = proc
-            command = dataclasses.replace(command, output_limit=limit)
-            self._forget_old()
-        threading.Thread(
-            target=self._run, args=(sandbox, command, proc, on_end), name=f"sandboxes-bg-{proc.id}", daemon=True
-        ).start()
-        return proc.info()
-
-    def _run(self, sandbox: BaseSandbox, command: Command, proc: _Process, on_end: Callable[[], None] | None) -> None:
+    def start(self, command: Command, on_end: Callable[[], None] | None = None) -> ProcessInfo:
+        """Start ``command`` in the sandbox (blocking: call from a thread); ``on_end`` is called
+        once this replica sees it end."""
         try:
-            proc.finish(run_marked(sandbox, command, proc.token, proc.write))
-            proc.done.set()
-        finally:
-            if on_end is not None:
-                on_end()
+            state = self.runner.start(
+                command.command,
+                timeout=command.timeout,
+                stdin=command.stdin,
+                env=command.env,
+                cwd=command.cwd,
+                output_limit=command.output_limit,
+            )
+        except TooManyJobs as full:
+            raise ServiceError("quota_exceeded", full.message) from full
+        except JobError as failed:
+            raise _service_error(failed) from failed
+        if on_end is not None:
+            with self._lock:
+                self._slots[state.id] = on_end
+            self._watch()
+        return ProcessInfo(id=state.id, status="running")
 
     def get(self, process_id: str) -> ProcessInfo:
-        return self._find(process_id).info()
+        """The process's status and output so far (blocking)."""
+        return self._seen(self._call(self.runner.poll, process_id))
 
-    def kill(self, process_id: str, kill_marked: Callable[[str], None]) -> ProcessInfo:
-        """Kill the process's tree and wait for its result (blocking: call from a thread).
-        A process that already finished is reported as it finished."""
-        proc = self._find(process_id)
-        if not proc.done.is_set():
-            with proc.lock:
-                proc.killed = proc.response is None
-            deadline = time.monotonic() + _KILL_WAIT
-            # Again until it ends: a command killed just as it was being started (its shell not
-            # yet forked) carries no marker yet, and a kill then finds nothing.
-            while True:
-                kill_marked(proc.token)
-                if proc.done.wait(0.2):
-                    break
-                if time.monotonic() > deadline:
-                    logger.warning("process %s did not end within %ss of its kill", proc.id, _KILL_WAIT)
-                    break
-        return proc.info()
-
-    def kill_all(self, kill_marked: Callable[[str], None]) -> None:
-        with self._lock:
-            running = [proc for proc in self._processes.values() if not proc.done.is_set()]
-        for proc in running:
-            proc.killed = True
-            kill_marked(proc.token)
-
-    def _find(self, process_id: str) -> _Process:
-        with self._lock:
-            proc = self._processes.get(process_id)
-        if proc is None:
-            raise ServiceError("not_found", f"no process {process_id!r} in this sandbox")
-        return proc
-
-    def _grant(self, proc: _Process, wanted: int) -> int:
-        """Output room for ``proc`` (under ``self._lock``), dropping the oldest finished
-        outputs, the sandbox's then the tenant's, until ``wanted`` fits or none is left."""
-        held = sum(other.held for other in self._processes.values())
-        for other in list(self._processes.values()):
-            if self._budget - held >= wanted:
-                break
-            if other.done.is_set():
-                held -= other.drop_output(self._budget)
-        granted = min(wanted, self._budget - held)
-        refusal = f"the sandbox's running processes hold its whole output budget ({self._budget} bytes)"
-        if granted >= min(wanted, _MIN_GRANT) and self._ledger is not None:
-            granted = self._ledger.admit(proc, granted)
-            refusal = f"the tenant's running processes hold its whole output budget ({self._ledger.budget} bytes)"
-        if granted < min(wanted, _MIN_GRANT):
-            if self._ledger is not None:
-                self._ledger.discard([proc])
-            raise ServiceError("quota_exceeded", refusal)
-        proc.held = granted
-        return granted
+    def kill(self, process_id: str) -> ProcessInfo:
+        """Kill the process's whole tree and answer its final state (blocking). A process that
+        already finished is reported as it finished."""
+        return self._seen(self._call(self.runner.kill, process_id))
 
     def close(self) -> None:
-        """The sandbox is gone: its processes no longer count against the tenant."""
-        if self._ledger is not None:
-            with self._lock:
-                processes = list(self._processes.values())
-            self._ledger.discard(processes)
+        """The sandbox is gone (its processes with it), or the service stops: release the slots."""
+        self._closed.set()
+        with self._lock:
+            releases, self._slots = list(self._slots.values()), {}
+        for release in releases:
+            release()
 
-    def _forget_old(self) -> None:
-        finished = [key for key, proc in self._processes.items() if proc.response is not None]
-        forgotten = [self._processes.pop(key) for key in finished[: max(0, len(finished) - _KEEP_FINISHED)]]
-        if self._ledger is not None and forgotten:
-            self._ledger.discard(forgotten)
+    def _call(self, operation: Callable[[str], Job], process_id: str) -> Job:
+        try:
+            return operation(process_id)
+        except JobNotFound as missing:
+            raise ServiceError("not_found", f"no process {process_id!r} in this sandbox") from missing
+        except JobError as failed:
+            raise _service_error(failed) from failed
+
+    def _seen(self, job: Job) -> ProcessInfo:
+        if job.state.finished:
+            self._release(job.state.id)
+        return info_of(job)
+
+    def _release(self, job_id: str) -> None:
+        with self._lock:
+            release = self._slots.pop(job_id, None)
+        if release is not None:
+            release()
+
+    def _watch(self) -> None:
+        """One thread per table while it holds slots: lists the sandbox's jobs every second and
+        releases the slots of those that ended, so a process nobody polls frees its slot too."""
+        with self._lock:
+            if self._watching or self._closed.is_set():
+                return
+            self._watching = True
+        threading.Thread(target=self._watch_loop, name="sandboxes-bg-watch", daemon=True).start()
+
+    def _watch_loop(self) -> None:
+        while not self._closed.wait(_WATCH_INTERVAL):
+            with self._lock:
+                held = set(self._slots)
+                if not held:
+                    self._watching = False
+                    return
+            try:
+                running = {state.id for state in self.runner.list() if not state.finished}
+            except Exception:
+                logger.warning("listing background jobs of %s failed", self.runner.sandbox.id, exc_info=True)
+                continue
+            for job_id in held - running:
+                self._release(job_id)
+
+
+def _service_error(failed: JobError) -> ServiceError:
+    if failed.code == p.FILE_NOT_FOUND:
+        return ServiceError("not_found", failed.message)
+    logger.warning("background job operation failed: %s", failed.message)
+    return ServiceError("backend_unavailable", "the sandbox's backend failed; the service log has the request id")

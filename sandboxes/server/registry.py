@@ -7,6 +7,19 @@ the event loop thread, so a quota check and the reservation that follows it cann
 with another request's; only backend calls run in worker threads. Expiries are decided on the
 registry's `Clock` (the wall clock unless one is given), and `sweep_soon` runs a sweep now from
 any thread: tests move a `ManualClock` and sweep instead of sleeping until a TTL passes.
+
+Several replicas. A sandbox of a shared backend (Docker, Kubernetes: `ProviderBackend.shared`)
+is its own record: tenant, template, expiry and creation time are on it (`sandboxes.server.
+census`), and what a replica holds of it is a cache. A request for an id this replica does not
+hold finds it by label and adopts it; one for an id it holds re-reads the record once
+``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry),
+and every sweep compares the whole cache with the backend and reaps what expired, whoever
+created it. Quotas are counted from the backend too, before a creation and again after it: a
+newcomer that finds its tenant over quota (another replica created at the same time) is
+destroyed again and refused. Two racing creations may both be refused, but both are never kept
+over the quota, as long as the backend's list shows every creation that returned before it (a
+Kubernetes list is a quorum read; one Docker engine is one state). Local and SSH sandboxes
+belong to the one service that reaches them: their renewals live in its state files.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import re
 import time
 import uuid
@@ -25,16 +39,19 @@ from typing import Any
 from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
+from sandboxes.server import census
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import ProviderBackend, reconcile
+from sandboxes.server.backends import LABEL_USER_PREFIX, ProviderBackend, new_sandbox_id, reconcile, workdir_of
 from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
-from sandboxes.server.processes import OutputLedger, ProcessTable
-from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.processes import ProcessTable
+from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
 
 logger = logging.getLogger(__name__)
+
+_States = list[SandboxState]
 
 
 @dataclass
@@ -43,6 +60,8 @@ class Entry:
     sandbox: BaseSandbox
     backend: ProviderBackend
     processes: ProcessTable
+    confirmed: float = field(default_factory=time.monotonic)
+    """When its record was last read from a shared backend (`time.monotonic`)."""
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(
@@ -64,6 +83,7 @@ class _Reservation:
     tenant: str
     cpus: float
     memory: int
+    sandbox_id: str = field(default_factory=new_sandbox_id)
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -84,8 +104,6 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._reserved: dict[str, _Reservation] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._ledgers: dict[str, OutputLedger] = {}
-        """Each tenant's background-process output, across its sandboxes."""
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -105,9 +123,10 @@ class Registry:
         kept = set()
         for state, sandbox in adopted:
             backend = self._backend_of(state)
-            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(state.tenant))
-            kept.add(state.id)
-            await asyncio.to_thread(self.store.save, state)
+            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(sandbox))
+            if not backend.shared:  # a shared backend's sandbox is its own record
+                kept.add(state.id)
+                await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
         for state in mine:
             if state.id not in kept:
@@ -134,6 +153,7 @@ class Registry:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
         for entry in self._entries.values():
+            entry.processes.close()  # its background processes keep running in the sandbox
             if isinstance(entry.sandbox, Lifecycle):
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(entry.sandbox.close)
@@ -148,14 +168,20 @@ class Registry:
             known = ", ".join(sorted(self.settings.templates))
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         _check_env(request.env)
-        _check_labels(request.labels)
+        _check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
-        reservation = self._reserve(tenant, template)
+        expires_at = _expiry(backend, ttl, self.clock.now())
+        reservation = self._reserve(tenant, template, await self._counted(tenant))
         started = time.perf_counter()
         work = asyncio.ensure_future(
             asyncio.to_thread(
-                backend.create, tenant.id, self.clock.now() + ttl, dict(request.labels), dict(request.env)
+                backend.create,
+                tenant.id,
+                expires_at,
+                dict(request.labels),
+                dict(request.env),
+                sandbox_id=reservation.sandbox_id,
             )
         )
         try:
@@ -168,10 +194,14 @@ class Registry:
         except ServiceError:
             raise
         except Exception as exc:
+            self._reserved.pop(reservation.key, None)
             logger.exception("creating a %s sandbox failed", backend.name)
             raise ServiceError(
                 "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
             ) from exc
+        try:
+            if backend.shared:
+                await self._recount(tenant, template, state, sandbox, backend)
         finally:
             self._reserved.pop(reservation.key, None)
         entry = await self._register(state, sandbox, backend)
@@ -179,19 +209,17 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
-    def _process_table(self, tenant: str) -> ProcessTable:
-        ledger = self._ledgers.get(tenant)
-        if ledger is None:
-            budget = self.settings.policy_for(tenant).max_process_output_bytes
-            ledger = self._ledgers[tenant] = OutputLedger(budget)
-        return ProcessTable(self.settings.max_processes, self.settings.max_process_output_bytes, ledger)
+    def _process_table(self, sandbox: BaseSandbox) -> ProcessTable:
+        """Its background processes live in the sandbox (`sandboxes.server.processes`)."""
+        return ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
-        entry = Entry(state, sandbox, backend, self._process_table(state.tenant))
+        entry = Entry(state, sandbox, backend, self._process_table(sandbox))
         self._entries[state.id] = entry
         self._schedule(state.id)
         self._update_gauge()
-        await asyncio.to_thread(self.store.save, state)
+        if not backend.shared:
+            await asyncio.to_thread(self.store.save, state)
         return entry
 
     def _adopt_late(self, done: asyncio.Future[tuple[SandboxState, BaseSandbox]], backend: ProviderBackend) -> None:
@@ -205,46 +233,177 @@ class Registry:
         except Exception:
             logger.exception("could not record sandbox %s; the next start-up will reconcile it", state.id)
 
-    def get(self, tenant: Tenant, sandbox_id: str) -> Entry:
+    def held(self, tenant: Tenant, sandbox_id: str) -> Entry:
+        """The tenant's sandbox as this replica holds it, without a backend call: a shared
+        backend's only if confirmed within ``confirm_interval``. `not_found` otherwise, and
+        `find` (after the tenant's rate check) asks the backend."""
         entry = self._entries.get(sandbox_id)
-        if entry is None or entry.state.tenant != tenant.id:
+        if entry is None or entry.state.tenant != tenant.id or not self._trusted(entry):
             raise not_found(sandbox_id)
         return entry
 
-    def list(self, tenant: Tenant) -> list[Entry]:
-        mine = [entry for entry in self._entries.values() if entry.state.tenant == tenant.id]
-        return sorted(mine, key=lambda entry: (entry.state.created_at, entry.state.id))
+    async def find(self, tenant: Tenant, sandbox_id: str) -> Entry:
+        """The tenant's sandbox, held here or adopted from a shared backend's records (another
+        replica made it); 404 if it does not exist, or is another tenant's."""
+        entry = self._entries.get(sandbox_id)
+        if entry is not None and entry.state.tenant != tenant.id:
+            raise not_found(sandbox_id)
+        if entry is not None and self._trusted(entry):
+            return entry
+        if entry is not None:
+            return await self._confirm(entry)
+        if not self._shared:
+            raise not_found(sandbox_id)
+        state = await asyncio.to_thread(census.find_state, self.backends, sandbox_id)
+        if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():
+            raise not_found(sandbox_id)
+        return await self._adopt(state)
+
+    async def list(self, tenant: Tenant) -> list[Entry]:
+        """The tenant's sandboxes: on shared backends as recorded there (adopting those another
+        replica made, leaving out those deleted elsewhere), and the others held here."""
+        mine = {entry.state.id: entry for entry in self._entries.values() if entry.state.tenant == tenant.id}
+        if self._shared:
+            listed_at = time.monotonic()
+            states = await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+            now, recorded = self.clock.now(), {state.id: state for state in states}
+            for sandbox_id, entry in list(mine.items()):
+                if entry.backend.shared and sandbox_id not in recorded and entry.confirmed < listed_at:
+                    del mine[sandbox_id]
+            for state in states:
+                if state.id in mine:
+                    self._refresh(mine[state.id], state, listed_at)
+                elif state.expires_at > now:
+                    with contextlib.suppress(ServiceError):
+                        mine[state.id] = await self._adopt(state)
+        return sorted(mine.values(), key=lambda entry: (entry.state.created_at, entry.state.id))
 
     async def renew(self, tenant: Tenant, sandbox_id: str, ttl: float) -> Entry:
-        entry = self.get(tenant, sandbox_id)
-        entry.state.expires_at = self.clock.now() + min(ttl, self.settings.max_ttl)
-        await asyncio.to_thread(self.store.save, entry.state)
+        entry = await self.find(tenant, sandbox_id)
+        expires_at = _expiry(entry.backend, min(ttl, self.settings.max_ttl), self.clock.now())
+        try:
+            await asyncio.to_thread(entry.backend.renew, entry.state, expires_at)
+        except LookupError:
+            await self._forget(entry)
+            raise not_found(sandbox_id) from None
+        entry.state.expires_at = expires_at
+        if not entry.backend.shared:
+            await asyncio.to_thread(self.store.save, entry.state)
         self._schedule(sandbox_id)
         return entry
 
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
-        await self._remove(self.get(tenant, sandbox_id))
+        await self._remove(await self.find(tenant, sandbox_id))
+
+    # ------------------------------------------------------------------ other replicas' changes
+
+    @property
+    def _shared(self) -> bool:
+        return any(backend.shared for backend in self.backends.values())
+
+    def _trusted(self, entry: Entry) -> bool:
+        """Whether what is held of it may be used without reading its record again."""
+        return not entry.backend.shared or time.monotonic() - entry.confirmed < self.settings.confirm_interval
+
+    async def _confirm(self, entry: Entry) -> Entry:
+        """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
+        forgotten here; a new expiry (renewed by another) is taken."""
+        checked = time.monotonic()
+        found = await asyncio.to_thread(entry.backend.select, sandbox_id=entry.state.id)
+        if not found or found[0].ref != entry.state.ref:
+            await self._forget(entry)
+            raise not_found(entry.state.id)
+        self._refresh(entry, found[0], checked)
+        return entry
+
+    def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
+        entry.confirmed = max(entry.confirmed, checked)
+        if recorded.expires_at != entry.state.expires_at:
+            entry.state.expires_at = recorded.expires_at
+            self._schedule(entry.state.id)
+
+    async def _adopt(self, state: SandboxState) -> Entry:
+        """A handle on a sandbox another replica made (or this one before a restart)."""
+        backend = self._backend_of(state)
+        try:
+            sandbox = await asyncio.to_thread(backend.attach, state)
+        except LookupError:
+            raise not_found(state.id) from None
+        if state.id in self._entries:  # adopted meanwhile by a concurrent request
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(_close, sandbox)
+            return self._entries[state.id]
+        if not state.workdir:
+            state.workdir = workdir_of(sandbox)
+        logger.info("adopted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
+        return await self._register(state, sandbox, backend)
+
+    async def _forget(self, entry: Entry) -> None:
+        """Let go of a sandbox that is gone (removed elsewhere): its handle, not the sandbox."""
+        if self._entries.get(entry.state.id) is not entry:
+            return
+        del self._entries[entry.state.id]
+        timer = self._timers.pop(entry.state.id, None)
+        if timer is not None:
+            timer.cancel()
+        self._update_gauge()
+        entry.processes.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(_close, entry.sandbox)
 
     # ------------------------------------------------------------------ quotas
 
-    def _reserve(self, tenant: Tenant, template: Template) -> _Reservation:
-        policy = tenant.policy
-        entries = [entry.state for entry in self._entries.values() if entry.state.tenant == tenant.id]
-        pending = [r for r in self._reserved.values() if r.tenant == tenant.id]
-        count = len(entries) + len(pending)
-        cpus = sum(s.cpus for s in entries) + sum(r.cpus for r in pending)
-        memory = sum(s.memory for s in entries) + sum(r.memory for r in pending)
-        if count + 1 > policy.max_sandboxes:
-            refused = f"{count} live sandboxes, the maximum is {policy.max_sandboxes}"
-        elif cpus + template.cpus > policy.max_cpus + 1e-9:
-            refused = f"{cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
-        elif memory + template.memory_bytes > policy.max_memory_bytes:
-            refused = f"{memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
-        else:
-            reservation = _Reservation(tenant.id, template.cpus, template.memory_bytes)
-            self._reserved[reservation.key] = reservation
-            return reservation
-        raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
+    async def _counted(self, tenant: Tenant) -> _States:
+        """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
+        if not self._shared:
+            return []
+        return await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+
+    def _usage(self, tenant: Tenant, recorded: _States, *, besides: str | None = None) -> census.Usage:
+        """The tenant's usage: the shared backends' records, the sandboxes of the others held
+        here, and the creations under way here not recorded yet (``besides`` one of them)."""
+        ids = {state.id for state in recorded}
+        held = [
+            entry.state
+            for entry in self._entries.values()
+            if entry.state.tenant == tenant.id and not entry.backend.shared and entry.state.id not in ids
+        ]
+        pending = [
+            r
+            for r in self._reserved.values()
+            if r.tenant == tenant.id and r.sandbox_id not in ids and r.sandbox_id != besides
+        ]
+        used = census.Usage.of([*recorded, *held])
+        return census.Usage(
+            used.count + len(pending),
+            used.cpus + sum(r.cpus for r in pending),
+            used.memory + sum(r.memory for r in pending),
+        )
+
+    def _reserve(self, tenant: Tenant, template: Template, recorded: _States) -> _Reservation:
+        refused = _over_quota(tenant, self._usage(tenant, recorded), template)
+        if refused is not None:
+            raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
+        reservation = _Reservation(tenant.id, template.cpus, template.memory_bytes)
+        self._reserved[reservation.key] = reservation
+        return reservation
+
+    async def _recount(
+        self, tenant: Tenant, template: Template, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend
+    ) -> None:
+        """Count again once the new sandbox is recorded: another replica may have created one of
+        the tenant's at the same time, unseen by the first count. Over quota, the newcomer is
+        destroyed and refused (both racers may be; neither is kept over the quota)."""
+        recorded = [s for s in await self._counted(tenant) if s.id != state.id]
+        refused = _over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
+        if refused is None:
+            return
+        logger.info("created over quota (a concurrent creation): destroying it", extra={"sandbox": state.id})
+        try:
+            await asyncio.to_thread(backend.destroy, state, sandbox)
+        except Exception:
+            logger.exception("destroying sandbox %s created over quota failed; its expiry reaps it", state.id)
+        raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused} (counted after creating)")
 
     # ------------------------------------------------------------------ expiry and removal
 
@@ -266,13 +425,24 @@ class Registry:
 
     async def _expire(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
-        if entry is not None and entry.state.expires_at <= self.clock.now():
-            logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
-            self.metrics.expired.inc()
-            await self._remove(entry)
+        if entry is not None and entry.state.expires_at <= self.clock.now() and entry.backend.shared:
+            with contextlib.suppress(ServiceError):  # gone: forgotten
+                await self._confirm(entry)  # another replica may have renewed it
+            entry = self._entries.get(sandbox_id)
+        if entry is None:
+            return
+        if entry.state.expires_at > self.clock.now():  # renewed, or a timer a little early
+            self._schedule(sandbox_id)
+            return
+        logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
+        self.metrics.expired.inc()
+        await self._remove(entry)
 
     async def sweep(self) -> None:
-        """Remove what expired; retry the destroys that failed."""
+        """Remove what expired; retry the destroys that failed. On shared backends, compare
+        what is held here with the records, and reap what expired whoever holds it."""
+        if self._shared:
+            await self._sweep_shared()
         now = self.clock.now()
         for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
             await self._expire(entry.state.id)
@@ -286,6 +456,26 @@ class Registry:
         if self._loop is None:
             raise RuntimeError("the registry has not started")
         return asyncio.run_coroutine_threadsafe(self.sweep(), self._loop)
+
+    async def _sweep_shared(self) -> None:
+        listed_at = time.monotonic()
+        states = await asyncio.to_thread(census.all_states, self.backends)
+        now, recorded = self.clock.now(), {state.id: state for state in states}
+        for entry in [e for e in self._entries.values() if e.backend.shared]:
+            state = recorded.get(entry.state.id)
+            if state is None or state.ref != entry.state.ref:
+                if entry.confirmed < listed_at:  # not one created or adopted since the list
+                    await self._forget(entry)
+            else:
+                self._refresh(entry, state, listed_at)
+        for state in states:
+            if state.id not in self._entries and state.expires_at <= now:
+                logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
+                self.metrics.expired.inc()
+                try:
+                    await asyncio.to_thread(self._backend_of(state).destroy, state, None)
+                except Exception:
+                    logger.exception("destroying expired sandbox %s failed; the next sweep retries", state.id)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -304,10 +494,10 @@ class Registry:
         if timer is not None:
             timer.cancel()
         self._update_gauge()
-        entry.state.deleting = True
-        await asyncio.to_thread(self.store.save, entry.state)
-        await asyncio.to_thread(entry.processes.kill_all, entry.kill_marked)
-        entry.processes.close()
+        if not entry.backend.shared:  # a shared backend's deletion is recorded by the backend
+            entry.state.deleting = True
+            await asyncio.to_thread(self.store.save, entry.state)
+        entry.processes.close()  # its background processes die with the sandbox
         if not await self._destroy(entry):
             self._doomed[entry.state.id] = entry
 
@@ -317,7 +507,8 @@ class Registry:
         except Exception:
             logger.exception("destroying sandbox %s failed; the sweep will retry", entry.state.id)
             return False
-        await asyncio.to_thread(self.store.remove, entry.state.id)
+        if not entry.backend.shared:
+            await asyncio.to_thread(self.store.remove, entry.state.id)
         return True
 
     def _backend_of(self, state: SandboxState) -> ProviderBackend:
@@ -334,6 +525,30 @@ class Registry:
             )
 
 
+def _over_quota(tenant: Tenant, used: census.Usage, template: Template) -> str | None:
+    """Why one more sandbox of ``template`` would exceed the tenant's quota; ``None``: it fits."""
+    policy = tenant.policy
+    if used.count + 1 > policy.max_sandboxes:
+        return f"{used.count} live sandboxes, the maximum is {policy.max_sandboxes}"
+    if used.cpus + template.cpus > policy.max_cpus + 1e-9:
+        return f"{used.cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
+    if used.memory + template.memory_bytes > policy.max_memory_bytes:
+        return f"{used.memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
+    return None
+
+
+def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:
+    """``ttl`` from now; on a shared backend in whole seconds (rounded up), as its labels
+    record it, so that the replica that set it and the others read the same instant."""
+    expires_at = now + ttl
+    return float(math.ceil(expires_at)) if backend.shared else expires_at
+
+
+def _close(sandbox: BaseSandbox) -> None:
+    if isinstance(sandbox, Lifecycle):
+        sandbox.close()
+
+
 def _check_env(env: dict[str, str]) -> None:
     for name, value in env.items():
         if not name or "=" in name or "\x00" in name or "\x00" in value:
@@ -343,10 +558,19 @@ def _check_env(env: dict[str, str]) -> None:
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-def _check_labels(labels: dict[str, str]) -> None:
-    """Labels travel as container labels: keep them to names every backend accepts."""
+def _check_labels(labels: dict[str, str], *, pod_labels: bool = False) -> None:
+    """Labels travel as container labels: keep them to names every backend accepts. On pods
+    (``pod_labels``) they are Kubernetes labels: the prefixed key and the value at most 63
+    characters, the value of label characters."""
     if len(labels) > 64:
         raise ServiceError("invalid_request", "at most 64 labels")
     for key, value in labels.items():
         if not _LABEL_KEY.match(key) or len(value) > 1024 or "\x00" in value:
             raise ServiceError("invalid_request", f"invalid label {key!r} (name: [A-Za-z0-9._-], 63 max; value: 1 KiB)")
+        if pod_labels and (len(LABEL_USER_PREFIX + key) > 63 or not LABEL_VALUE.match(value)):
+            longest = 63 - len(LABEL_USER_PREFIX)
+            raise ServiceError(
+                "invalid_request",
+                f"invalid label {key!r} for a pod (name: {longest} characters max; value: 63 max, "
+                "[A-Za-z0-9._-], starting and ending alphanumeric)",
+            )

@@ -112,9 +112,9 @@ router = APIRouter(prefix=api.API_PREFIX, route_class=_Route)
 health = APIRouter()
 
 
-def _entry(request: Request, tenant: Tenant, sandbox_id: str) -> tuple[Service, Entry]:
+async def _entry(request: Request, tenant: Tenant, sandbox_id: str) -> tuple[Service, Entry]:
     svc = service_of(request)
-    return svc, svc.registry.get(tenant, sandbox_id)
+    return svc, await svc.registry.find(tenant, sandbox_id)
 
 
 def _template(svc: Service, entry: Entry) -> Template:
@@ -145,12 +145,13 @@ async def create_sandbox(request: Request, body: api.CreateSandbox, tenant: Auth
 
 @router.get("/sandboxes", response_model=api.SandboxList)
 async def list_sandboxes(request: Request, tenant: Authed) -> api.SandboxList:
-    return api.SandboxList(sandboxes=[entry.info() for entry in service_of(request).registry.list(tenant)])
+    entries = await service_of(request).registry.list(tenant)
+    return api.SandboxList(sandboxes=[entry.info() for entry in entries])
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
 async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
-    return json_response(info_json(_entry(request, tenant, sandbox_id)[1]))
+    return json_response(info_json((await _entry(request, tenant, sandbox_id))[1]))
 
 
 def info_json(entry: Entry) -> bytes:
@@ -175,7 +176,7 @@ async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> R
 
 @router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
 async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
-    svc, entry = _entry(request, tenant, sandbox_id)
+    svc, entry = await _entry(request, tenant, sandbox_id)
     return json_response(await execute_json(svc, entry, body, request.receive))
 
 
@@ -196,7 +197,7 @@ async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, rec
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "NDJSON lines of StreamEvent"}},
 )
 async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
-    svc, entry = _entry(request, tenant, sandbox_id)
+    svc, entry = await _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
     slot = StreamSlot(svc.take_command_slot(entry))
@@ -211,11 +212,11 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)
 async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> api.ProcessInfo:
-    svc, entry = _entry(request, tenant, sandbox_id)
+    svc, entry = await _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     release = svc.take_command_slot(entry)
     try:
-        return entry.processes.start(entry.sandbox, command, release)
+        return await _backend(entry.processes.start, command, release)
     except BaseException:
         release()
         raise
@@ -223,13 +224,13 @@ async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequ
 
 @router.get("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
 async def poll_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
-    return _entry(request, tenant, sandbox_id)[1].processes.get(process_id)
+    return await _backend((await _entry(request, tenant, sandbox_id))[1].processes.get, process_id)
 
 
 @router.delete("/sandboxes/{sandbox_id}/processes/{process_id}", response_model=api.ProcessInfo)
 async def kill_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
-    entry = _entry(request, tenant, sandbox_id)[1]
-    return await _backend(entry.processes.kill, process_id, entry.kill_marked)
+    entry = (await _entry(request, tenant, sandbox_id))[1]
+    return await _backend(entry.processes.kill, process_id)
 
 
 # ---------------------------------------------------------------------- files
@@ -243,7 +244,7 @@ async def file_json(op: str, entry: Entry, body: Any) -> bytes:
 
 def _files(op: str, model: type[Any]) -> None:
     async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
-        entry = _entry(request, tenant, sandbox_id)[1]
+        entry = (await _entry(request, tenant, sandbox_id))[1]
         return json_response(await file_json(op, entry, body))
 
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
@@ -304,14 +305,14 @@ for _op, _model in api.FILE_OPERATIONS.items():
     responses={200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"}},
 )
 async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
-    entry = _entry(request, tenant, sandbox_id)[1]
+    entry = (await _entry(request, tenant, sandbox_id))[1]
     produce = await _backend(entry.backend.open_archive, entry.sandbox, path)
     return StreamingResponse(iterate_thread(produce), media_type="application/x-tar")
 
 
 @router.put("/sandboxes/{sandbox_id}/archive", status_code=204, response_class=Response)
 async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
-    entry = _entry(request, tenant, sandbox_id)[1]
+    entry = (await _entry(request, tenant, sandbox_id))[1]
     body = buffered_body(request.stream(), asyncio.get_running_loop())
     await _backend(entry.backend.put_archive, entry.sandbox, path, body)
     return Response(status_code=204)

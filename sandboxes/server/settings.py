@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+"""A Kubernetes label value: what a tenant and a client's label must be on a `kubernetes`
+template, where they are recorded (and selected) as pod labels."""
 
 
 def parse_memory(value: str) -> int:
@@ -250,6 +253,12 @@ class ServiceSettings(BaseSettings):
     running one reserves its output limit, a finished one holds its output until newer
     processes need the room (the oldest outputs are dropped first)."""
     sweep_interval: float = Field(default=10.0, gt=0)
+    """Seconds between sweeps: expired sandboxes reaped, and (Docker, Kubernetes) what this
+    replica holds compared with what the backend records (deleted or renewed elsewhere)."""
+    confirm_interval: float = Field(default=1.0, ge=0)
+    """Seconds a replica trusts what it holds of a Docker or Kubernetes sandbox (that it exists,
+    its expiry) before a request re-reads its record: another replica may have deleted or
+    renewed it. ``0``: every request reads it (one label-selected list per request)."""
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls (file operations, archives, lifecycle)."""
     command_threads: int = Field(default=256, gt=0)
@@ -286,6 +295,13 @@ class ServiceSettings(BaseSettings):
         for name, template in self.templates.items():
             if isinstance(template, LocalTemplate) and template.isolation == "none" and not self.insecure:
                 raise ValueError(f"template {name!r} has isolation 'none': allowed only with insecure")
+        if any(isinstance(template, KubernetesTemplate) for template in self.templates.values()):
+            for tenant in sorted({*self.api_keys.values(), *self.tenants}):
+                if not LABEL_VALUE.match(tenant):
+                    raise ValueError(
+                        f"tenant {tenant!r} cannot be a pod label (the record of whose a sandbox is): "
+                        "63 characters at most, [A-Za-z0-9._-], starting and ending alphanumeric"
+                    )
         return self
 
     def policy_for(self, tenant: str) -> TenantPolicy:

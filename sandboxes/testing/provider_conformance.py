@@ -3,7 +3,9 @@
 Subclass `ProviderConformance` and provide a ``provider`` fixture: a provider of your backend
 whose sweeps reach only the sandboxes these tests make (its own owner, root or base
 directory). The tests create, attach, list, destroy and sweep through it, and check what the
-backend itself records (`Provider.list`), never only what a handle remembers.
+backend itself records (`Provider.list`), never only what a handle remembers. A
+`SharedProvider`'s tests also subclass `SharedProviderConformance`: selection by label, and an
+expiry moved after creation that every process's list and sweep read back.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from sandboxes.lifecycle import CreateOptions, Lifecycle, Provider, SandboxRecord
+from sandboxes.lifecycle import CreateOptions, Lifecycle, Provider, SandboxRecord, SharedProvider
 
-__all__ = ["ProviderConformance"]
+__all__ = ["ProviderConformance", "SharedProviderConformance"]
 
 LABELS = {"conformance": "yes", "tenant": "t-1"}
 
@@ -86,6 +89,55 @@ class ProviderConformance:
         finally:
             short.close()
             long.destroy()
+
+
+class SharedProviderConformance:
+    @pytest.fixture
+    def provider(self) -> Any:
+        raise NotImplementedError("subclasses provide a `provider` fixture")
+
+    def test_is_a_shared_provider(self, provider: Any) -> None:
+        assert isinstance(provider, SharedProvider)
+
+    def test_select_reads_only_the_matching_labels(self, provider: Any) -> None:
+        one = provider.create(CreateOptions(labels={**LABELS, "pick": "one"}))
+        two = provider.create(CreateOptions(labels={**LABELS, "pick": "two"}))
+        try:
+            picked = provider.select({"pick": "one"})
+            assert [record.id for record in picked] == [one.id]
+            assert dict(picked[0].labels) == {**LABELS, "pick": "one"}
+            assert {record.id for record in provider.select(LABELS)} == {one.id, two.id}
+            assert provider.select({"pick": "three"}) == []
+        finally:
+            one.destroy()
+            two.destroy()
+        assert provider.select({"pick": "one"}) == []
+
+    def test_an_expiry_moved_later_is_what_lists_and_sweeps_read(self, provider: Any) -> None:
+        now = time.time()
+        sandbox = provider.create(CreateOptions(expires_at=now + 60))
+        try:
+            record = _record(provider, sandbox)
+            assert record is not None
+            assert record.expires_at is not None
+            assert abs(record.expires_at - (now + 60)) <= 1
+            provider.set_expiry(record.ref, now + 3600)
+            moved = _record(provider, sandbox)
+            assert moved is not None
+            assert moved.expires_at is not None
+            assert abs(moved.expires_at - (now + 3600)) <= 1
+            assert record.ref not in provider.sweep(now=now + 120).removed  # past the first expiry
+            assert sandbox.execute("echo alive").output == "alive\n"
+            assert record.ref in provider.sweep(now=now + 7200).removed
+            assert _record(provider, sandbox) is None
+            with pytest.raises(LookupError):
+                provider.set_expiry(record.ref, now + 7200)
+        finally:
+            sandbox.destroy()
+
+    def test_an_expiry_is_a_ttl_or_an_instant_not_both(self) -> None:
+        with pytest.raises(ValidationError, match="not both"):
+            CreateOptions(ttl=60, expires_at=time.time() + 60)
 
 
 def _record(provider: Any, sandbox: Any) -> SandboxRecord | None:

@@ -167,6 +167,13 @@ def test_probes_use_the_services_health_routes(render: Render) -> None:
     assert {"/healthz", "/readyz"} <= routes
 
 
+def test_several_replicas_with_shared_templates_render(render: Render) -> None:
+    """Replicas share kubernetes and docker sandboxes (their records are on them)."""
+    args = ("--set", "replicaCount=2", "--set-json", 'templates.box={"backend": "docker"}')
+    assert one(render(*args), "Deployment")["spec"]["replicas"] == 2
+    assert one(render(), "Deployment")["spec"]["replicas"] == 1
+
+
 def test_replicas_images_and_pull_policy_come_from_values(render: Render) -> None:
     objects = render("-f", str(HARDENED))
     deployment = one(objects, "Deployment")
@@ -414,6 +421,15 @@ def test_service_monitor_scrapes_metrics_with_a_key(render: Render) -> None:
         (("--set", "tests.enabled=false"), "no API keys: set apiKeys.hashes"),
         (("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=1"), "needs replicaCount >= 2"),
         (
+            ("--set", "replicaCount=2", "--set-json", 'templates.jail={"backend": "local"}'),
+            "replicaCount > 1 needs every template on a backend the replicas share (kubernetes, docker): "
+            "templates.jail is local",
+        ),
+        (
+            ("--set", "replicaCount=3", "--set-json", 'templates.vm={"backend": "ssh", "hosts": []}'),
+            "templates.vm is ssh",
+        ),
+        (
             (
                 *("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=2"),
                 *("--set", "podDisruptionBudget.maxUnavailable=1"),
@@ -464,6 +480,11 @@ def test_notes_say_how_to_reach_and_test_the_service(helm: Path, tmp_path: Path)
     assert "WARNING: networkPolicy.enabled is false" in _notes(
         helm, tmp_path / "off", "--set", "networkPolicy.enabled=false"
     )
+    assert "per replica" not in notes
+    replicas = _notes(helm, tmp_path / "replicas", "--set", "replicaCount=3")
+    assert "(3 replica(s)" in replicas
+    assert "Every replica answers for every sandbox" in replicas
+    assert "up to 3 times them" in replicas
 
 
 def test_the_readme_documents_every_value() -> None:

@@ -21,7 +21,7 @@ from sandboxes.kubernetes import (
     PodStartError,
 )
 from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
-from sandboxes.testing import LifecycleConformance
+from sandboxes.testing import LifecycleConformance, SharedProviderConformance
 
 NS = "sandboxes"
 
@@ -71,6 +71,14 @@ def provider(template: KubernetesSandboxConfig, api_client: Any) -> Iterator[Kub
     made = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
     yield made
     made.close()
+
+
+class TestKubernetesSharedProvider(SharedProviderConformance):
+    """Selection is the API server's label selector; a moved expiry is a patched label."""
+
+    @pytest.fixture
+    def provider(self, provider: KubernetesProvider) -> KubernetesProvider:
+        return provider
 
 
 def test_is_a_pooled_provider(provider: KubernetesProvider) -> None:

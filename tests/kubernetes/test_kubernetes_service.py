@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from service_harness import KEYS, UNTHROTTLED, Running, create, execute, running, settings_for
+from service_harness import KEYS, UNTHROTTLED, Running, create, error_of, execute, running, settings_for
 
 from sandboxes.client import RemoteSandbox, SandboxClient
+from sandboxes.server.auth import hash_key
 from sandboxes.server.settings import KubernetesTemplate
 from sandboxes.testing import SandboxConformance
 
@@ -64,6 +65,29 @@ def test_the_template_loads_from_the_config_file_format(fake_kubeconfig: Path, t
     assert (config.cpu_limit, config.memory_limit) == ("0.5", str(256 << 20))
     with pytest.raises(ValueError, match="image_pull_policy"):
         KubernetesTemplate.model_validate({**_template(fake_kubeconfig, "img:1"), "image_pull_policy": "Sometimes"})
+
+
+def test_tenants_must_be_pod_label_values(fake_kubeconfig: Path, tmp_path: Path) -> None:
+    """A sandbox's tenant is a pod label, which the service selects by: a tenant that cannot
+    be one stops the service at start, not every creation with a 503."""
+    keys = {hash_key("key-of-acme-0123456789"): "Acme Corp"}
+    with pytest.raises(ValueError, match="tenant 'Acme Corp' cannot be a pod label"):
+        settings_for(tmp_path, templates={"default": _template(fake_kubeconfig, "img:1")}, api_keys=keys)
+    settings_for(tmp_path, api_keys=keys)  # a local template records its tenant elsewhere
+
+
+@pytest.mark.parametrize("labels", [{"k": "has space"}, {"k": "-dash"}, {"k": "v" * 64}, {"n" * 45: "v"}], ids=str)
+def test_labels_that_cannot_be_pod_labels_are_refused(client: httpx.Client, labels: dict[str, str]) -> None:
+    refused = client.post("/v1/sandboxes", json={"labels": labels})
+    assert (refused.status_code, error_of(refused)) == (422, "invalid_request")
+    assert "for a pod" in refused.json()["message"]
+
+
+def test_labels_as_long_as_a_pod_takes_are_recorded(client: httpx.Client) -> None:
+    labels = {"n" * 44: "v" * 63, "role": "a.b_c-d"}
+    sandbox = create(client, labels=labels)
+    assert client.get(f"/v1/sandboxes/{sandbox['id']}").json()["labels"] == labels
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
 
 def test_create_execute_delete_is_a_pod(client: httpx.Client, core_v1: Any) -> None:

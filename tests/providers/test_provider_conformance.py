@@ -1,5 +1,6 @@
 """`ProviderConformance` over every provider, each against its real backend: a Docker engine,
-sshd in `sandboxes/ssh-vm` containers, and this host's bubblewrap."""
+sshd in `sandboxes/ssh-vm` containers, and this host's bubblewrap; `SharedProviderConformance`
+over Docker's."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from support import SESSION_OWNER
 from sandboxes.docker import DockerProvider, DockerSandboxConfig
 from sandboxes.local import LocalProvider
 from sandboxes.ssh import SSHProvider, SSHProviderConfig
-from sandboxes.testing import ProviderConformance
+from sandboxes.testing import ProviderConformance, SharedProviderConformance
 
 
-class TestDockerProvider(ProviderConformance):
+class TestDockerProvider(ProviderConformance, SharedProviderConformance):
     @pytest.fixture
     def provider(self, docker_client: Any, runtime_image: str) -> Iterator[DockerProvider]:
         owner = f"{SESSION_OWNER}-pc-{uuid.uuid4().hex[:6]}"

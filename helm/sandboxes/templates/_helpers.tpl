@@ -157,6 +157,13 @@ seccompProfile:
 {{- if and (not .Values.apiKeys.existingSecret) (not .Values.apiKeys.hashes) (not .Values.tests.enabled) -}}
 {{- fail "sandboxes: no API keys: set apiKeys.hashes ({\"<sha256 hex of a key>\": \"<tenant>\"}; `python -m sandboxes.server --new-key TENANT` makes both) or apiKeys.existingSecret. The service refuses to start without keys." -}}
 {{- end -}}
+{{- if gt (int .Values.replicaCount) 1 -}}
+{{- range $name, $template := .Values.templates -}}
+{{- if and $template (not (has (toString $template.backend) (list "kubernetes" "docker"))) -}}
+{{- fail (printf "sandboxes: replicaCount > 1 needs every template on a backend the replicas share (kubernetes, docker): templates.%s is %s, whose renewals live on one replica's disk" $name (toString $template.backend)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.podDisruptionBudget.enabled (lt (int .Values.replicaCount) 2) -}}
 {{- fail "sandboxes: podDisruptionBudget.enabled needs replicaCount >= 2: with one replica the budget blocks every node drain" -}}
 {{- end -}}

@@ -1,0 +1,61 @@
+"""What the shared backends (`ProviderBackend.shared`: Docker, Kubernetes) record of the service's
+sandboxes, across templates: the one view every replica of the service reads, since none of
+them holds the truth in memory or on its disk.
+
+Templates of one backend may list the same sandboxes (one owner, one engine or namespace), so
+results are told apart by ``(backend, ref)``. Everything here blocks (one label-selected list
+per shared template); the registry calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.store import SandboxState
+
+__all__ = ["Usage", "all_states", "find_state", "tenant_states"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a tenant's sandboxes count against its quota."""
+
+    count: int = 0
+    cpus: float = 0.0
+    memory: int = 0
+
+    @classmethod
+    def of(cls, states: Iterable[SandboxState]) -> Usage:
+        listed = list(states)
+        return cls(len(listed), sum(s.cpus for s in listed), sum(s.memory for s in listed))
+
+
+def _select(backends: dict[str, ProviderBackend], **labels: str) -> list[SandboxState]:
+    seen: dict[tuple[str, str], SandboxState] = {}
+    for backend in backends.values():
+        if backend.shared:
+            for state in backend.select(**labels):
+                seen.setdefault((state.backend, state.ref), state)
+    for state in seen.values():  # listed by any template of its backend: cost it by its own
+        own = backends.get(state.template)
+        if own is not None and own.name == state.backend:
+            state.cpus, state.memory = own.template.cpus, own.template.memory_bytes
+    return list(seen.values())
+
+
+def tenant_states(backends: dict[str, ProviderBackend], tenant: str) -> list[SandboxState]:
+    """The tenant's sandboxes on the shared backends, whoever created them."""
+    return _select(backends, tenant=tenant)
+
+
+def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> SandboxState | None:
+    """The sandbox whose service id is ``sandbox_id``, on whichever shared backend has it."""
+    found = _select(backends, sandbox_id=sandbox_id)
+    return found[0] if found else None
+
+
+def all_states(backends: dict[str, ProviderBackend]) -> list[SandboxState]:
+    """Every tenant's sandboxes on the shared backends, for a sweep."""
+    return _select(backends)

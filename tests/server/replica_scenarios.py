@@ -1,0 +1,320 @@
+"""Several replicas of the service over ONE shared backend (Docker, Kubernetes): whatever one
+replica does to a sandbox, the others see, because the record is on the sandbox and not in a
+replica's memory or disk. A backend's test module subclasses `ReplicaScenarios` and says how to
+make its template (each replica gets its own empty data directory)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import POLICIES, Running, ServiceProcess, create, error_of, execute, running, settings_for
+from service_harness import subprocess_config as base_config
+
+from sandboxes.server.settings import ServiceSettings, TenantPolicy
+
+Replica = Callable[..., contextlib.AbstractContextManager[Running]]
+"""``replica(**settings)``: one more replica of the service over the shared backend."""
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.05)
+
+
+def _poll_until_done(client: httpx.Client, url: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.get(url)
+        assert response.status_code == 200, response.text
+        info: dict[str, Any] = response.json()
+        if info["status"] != "running":
+            return info
+        assert time.monotonic() < deadline, f"still running: {info}"
+        time.sleep(0.05)
+
+
+class ReplicaScenarios:
+    """Two replicas, A and B, answering for the same sandboxes."""
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def template(cls) -> dict[str, Any]:
+        """The template, as a config file writes it (the subprocess replica reads it so)."""
+        raise NotImplementedError
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def owner(cls) -> str:
+        raise NotImplementedError
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def docker_client_for_service(cls) -> Any:
+        """The engine client a Docker template's replica uses (``None``: its own)."""
+        return None
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def recorded(cls) -> Callable[[], dict[str, dict[str, str]]]:
+        """Service id -> labels of every sandbox the backend holds for ``owner``."""
+        raise NotImplementedError
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def settings(
+        cls, template: dict[str, Any], owner: str, tmp_path_factory: pytest.TempPathFactory
+    ) -> Callable[..., ServiceSettings]:
+        def make(**overrides: Any) -> ServiceSettings:
+            options: dict[str, Any] = {"owner": owner, "templates": {"default": template}, "confirm_interval": 0}
+            return settings_for(tmp_path_factory.mktemp("replica"), **{**options, **overrides})
+
+        return make
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def replica(cls, settings: Callable[..., ServiceSettings], docker_client_for_service: Any) -> Replica:
+        def start(**overrides: Any) -> contextlib.AbstractContextManager[Running]:
+            return running(settings(**overrides), docker_client=docker_client_for_service)
+
+        return start
+
+    @pytest.fixture(scope="module")
+    @classmethod
+    def pair(cls, replica: Replica) -> Iterator[tuple[Running, Running]]:
+        with replica() as a, replica() as b:
+            yield a, b
+
+    @pytest.fixture
+    def a(self, pair: tuple[Running, Running]) -> Iterator[httpx.Client]:
+        with pair[0].client("alice") as client:
+            yield client
+
+    @pytest.fixture
+    def b(self, pair: tuple[Running, Running]) -> Iterator[httpx.Client]:
+        with pair[1].client("alice") as client:
+            yield client
+
+    # ------------------------------------------------------------------ every replica answers
+
+    def test_made_on_one_replica_served_by_the_other(self, a: httpx.Client, b: httpx.Client) -> None:
+        sandbox = create(a, ttl=300, labels={"role": "shared"}, env={"FROM_CREATE": "yes"})
+        sandbox_id = sandbox["id"]
+        assert b.get(f"/v1/sandboxes/{sandbox_id}").json() == sandbox  # the same record, read from the backend
+        assert execute(b, sandbox_id, 'echo "$FROM_CREATE" > made-on-b; id -u')["output"] == "1000\n"
+        read = a.post(f"/v1/sandboxes/{sandbox_id}/files/read", json={"file_path": f"{sandbox['workdir']}/made-on-b"})
+        assert read.json()["file_data"]["content"] == "yes\n"
+        assert [s["id"] for s in b.get("/v1/sandboxes").json()["sandboxes"]] == [sandbox_id]
+        # A background process started on A is polled, and killed, on B: it lives in the sandbox.
+        base = f"/v1/sandboxes/{sandbox_id}/processes"
+        done = a.post(base, json={"command": "echo one; sleep 0.3; echo two; exit 3"}).json()
+        finished = _poll_until_done(b, f"{base}/{done['id']}")
+        assert (finished["status"], finished["output"], finished["result"]["exit_code"]) == ("exited", "one\ntwo\n", 3)
+        endless = a.post(base, json={"command": "echo up; sleep 100"}).json()
+        _wait_for(lambda: b.get(f"{base}/{endless['id']}").json()["output"] == "up\n", "the process started")
+        assert b.delete(f"{base}/{endless['id']}").json()["status"] == "killed"
+        assert a.get(f"{base}/{endless['id']}").json()["status"] == "killed"
+        assert b.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+    def test_another_tenants_sandbox_is_a_404_on_every_replica(
+        self, pair: tuple[Running, Running], a: httpx.Client
+    ) -> None:
+        sandbox = create(a, ttl=300)
+        with pair[1].client("bob") as bob:
+            assert bob.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+            assert bob.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "true"}).status_code == 404
+            assert bob.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+            assert bob.get("/v1/sandboxes").json()["sandboxes"] == []
+        assert execute(a, sandbox["id"], "echo still")["output"] == "still\n"
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_an_unknown_id_costs_one_lookup_and_only_after_the_rate_check(self, pair: tuple[Running, Running]) -> None:
+        """Finding a sandbox this replica does not hold is a backend call: a tenant over its
+        rate must not cost one, and a 404 must cost one, not one per route tried."""
+        backend = pair[0].registry.backends["default"]
+        lookups: list[dict[str, str]] = []
+        select = backend.select
+
+        def counted(**labels: str) -> Any:
+            if "sandbox_id" in labels:
+                lookups.append(labels)
+            return select(**labels)
+
+        backend.select = counted
+        try:
+            with pair[0].client("slow") as slow:  # 2 requests/s, a burst of 3
+                url = "/v1/sandboxes/0123456789abcdef/execute"
+                answers = [slow.post(url, json={"command": "true"}).status_code for _ in range(8)]
+        finally:
+            del backend.select
+        assert set(answers) == {404, 429}, answers
+        assert len(lookups) == answers.count(404)
+
+    # ------------------------------------------------------------------ deletion and expiry
+
+    def test_deleted_on_one_replica_is_a_404_on_the_other(
+        self, a: httpx.Client, b: httpx.Client, recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        sandbox = create(a, ttl=300)
+        assert execute(a, sandbox["id"], "true")["exit_code"] == 0  # A holds a handle on it
+        assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        assert sandbox["id"] not in recorded()
+        assert a.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+        refused = a.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "true"})
+        assert (refused.status_code, error_of(refused)) == (404, "not_found")
+        assert a.get("/v1/sandboxes").json()["sandboxes"] == []
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+    def test_a_held_sandbox_deleted_elsewhere_is_dropped_by_the_sweep(self, replica: Replica, b: httpx.Client) -> None:
+        """A replica that trusts what it holds for long (``confirm_interval``) still learns of
+        a deletion elsewhere at its next sweep."""
+        with replica(confirm_interval=3600) as trusting, trusting.client("alice") as client:
+            sandbox = create(client, ttl=300)
+            assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+            _wait_for(lambda: sandbox["id"] not in trusting.registry._entries, "the sweep dropped it")
+            assert client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+    @pytest.mark.parametrize("sweep_interval", [0.2, 3600], ids=["sweeps", "timer-only"])
+    def test_a_renewal_on_one_replica_is_honoured_by_the_others(
+        self,
+        replica: Replica,
+        b: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+        sweep_interval: float,
+    ) -> None:
+        """The creator's expiry timer, and its sweeps, re-read the record before reaping."""
+        with replica(sweep_interval=sweep_interval) as creator, creator.client("alice") as a:
+            sandbox = create(a, ttl=2)
+            renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 120}).json()
+            assert renewed["expires_at"] >= sandbox["expires_at"] + 100
+            # Past the first expiry (and, with sweeps, several of them after it): still there.
+            _wait_for(lambda: time.time() > sandbox["expires_at"] + 1.5, "the first expiry passed", timeout=10)
+            assert sandbox["id"] in recorded()
+            assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
+            assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
+            assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_replica_reaps_what_expired_wherever_it_was_made(
+        self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """Made by a replica that is gone since: the others' sweeps reap it at its expiry."""
+        with replica() as gone, gone.client("alice") as client:
+            sandbox = create(client, ttl=2)
+            gone.registry._timers[sandbox["id"]].cancel()  # gone before its own timer fires
+            gone.registry._sweeper.cancel()
+        assert sandbox["id"] in recorded()
+        _wait_for(lambda: sandbox["id"] not in recorded(), "a surviving replica reaped it")
+
+    # ------------------------------------------------------------------ quotas
+
+    def test_quota_is_counted_across_replicas(self, pair: tuple[Running, Running]) -> None:
+        with pair[0].client("tiny") as a, pair[1].client("tiny") as b:
+            first = create(a)
+            refused = b.post("/v1/sandboxes", json={})
+            assert (refused.status_code, error_of(refused)) == (403, "quota_exceeded")
+            assert a.delete(f"/v1/sandboxes/{first['id']}").status_code == 204
+            second = create(b)
+            assert a.post("/v1/sandboxes", json={}).status_code == 403
+            assert b.delete(f"/v1/sandboxes/{second['id']}").status_code == 204
+
+    def test_quota_costs_each_sandbox_by_its_own_template(self, replica: Replica, template: dict[str, Any]) -> None:
+        """Two templates of one backend list the same sandboxes; each costs its own cpus."""
+        templates = {"default": template, "big": {**template, "cpus": 1.0}}
+        tenants = {**POLICIES, "tiny": TenantPolicy(max_sandboxes=5, max_cpus=1.5, max_memory="4g")}
+        with (
+            replica(templates=templates, tenants=tenants) as one,
+            replica(templates=templates, tenants=tenants) as two,
+            one.client("tiny") as a,
+            two.client("tiny") as b,
+        ):
+            made = [create(a, template="big")["id"], create(b)["id"]]  # 1.0 + 0.5 cpus
+            refused = b.post("/v1/sandboxes", json={})
+            assert (refused.status_code, error_of(refused)) == (403, "quota_exceeded")
+            assert "1.5 cpus in use" in refused.json()["message"]
+            for sandbox_id in made:
+                assert a.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+    def test_racing_creations_never_exceed_the_quota(
+        self, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """``tiny`` may have one sandbox; A and B are asked for one each at the same instant.
+        Both may be refused (each saw the other's), never both kept."""
+        for _ in range(3):
+            barrier = threading.Barrier(2)
+            answers: list[httpx.Response] = []
+            threads = [threading.Thread(target=_ask, args=(replica, barrier, answers)) for replica in pair]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+            made = [r.json()["id"] for r in answers if r.status_code == 201]
+            assert all(r.status_code in (201, 403) for r in answers), [r.text for r in answers]
+            assert len(made) <= 1, answers
+            tinys = [sid for sid, labels in recorded().items() if labels.get("io.sandboxes.tenant") == "tiny"]
+            assert tinys == made  # the refused newcomer was destroyed again
+            with pair[0].client("tiny") as client:
+                for sandbox_id in made:
+                    assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+    # ------------------------------------------------------------------ restarts
+
+    def test_a_new_replica_adopts_what_exists(
+        self, replica: Replica, pair: tuple[Running, Running], a: httpx.Client
+    ) -> None:
+        sandbox = create(a, ttl=300, labels={"k": "v"})
+        assert execute(a, sandbox["id"], "echo kept > note")["exit_code"] == 0
+        state_files = pair[0].app.state.service.settings.data_dir / "state"
+        assert not list(state_files.glob("*.json"))  # the sandbox is its own record
+        with replica() as fresh, fresh.client("alice") as client:  # an empty data directory
+            assert [s["id"] for s in client.get("/v1/sandboxes").json()["sandboxes"]] == [sandbox["id"]]
+            assert client.get(f"/v1/sandboxes/{sandbox['id']}").json() == sandbox
+            assert execute(client, sandbox["id"], "cat note")["output"] == "kept\n"
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_replica_killed_mid_request_loses_nothing(
+        self, template: dict[str, Any], owner: str, tmp_path: Path, b: httpx.Client
+    ) -> None:
+        """``kill -9`` of a replica while a command runs through it: its sandbox and its
+        background process live on, and another replica answers for both."""
+        service = ServiceProcess(
+            base_config(tmp_path / "data", owner=owner, templates={"default": template}, confirm_interval=0),
+            tmp_path,
+        )
+        service.start()
+        try:
+            with service.client("alice") as client:
+                sandbox = create(client, ttl=300)
+                base = f"/v1/sandboxes/{sandbox['id']}/processes"
+                process = client.post(base, json={"command": "echo one; sleep 1; echo two"}).json()
+                # The request the kill interrupts, on a client of its own.
+                threading.Thread(target=_interrupted, args=(service, sandbox["id"]), daemon=True).start()
+                _wait_for(lambda: "sleep 30" in execute(b, sandbox["id"], "ps -eo args")["output"], "it runs")
+            service.kill()
+            finished = _poll_until_done(b, f"{base}/{process['id']}")
+            assert (finished["status"], finished["output"]) == ("exited", "one\ntwo\n")
+            assert execute(b, sandbox["id"], "echo on")["output"] == "on\n"
+            assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        finally:
+            service.stop()
+
+
+def _ask(replica: Running, barrier: threading.Barrier, answers: list[httpx.Response]) -> None:
+    with replica.client("tiny") as client:
+        barrier.wait()
+        answers.append(client.post("/v1/sandboxes", json={}))
+
+
+def _interrupted(service: ServiceProcess, sandbox_id: str) -> None:
+    with service.client("alice") as client, contextlib.suppress(httpx.HTTPError):
+        client.post(f"/v1/sandboxes/{sandbox_id}/execute", json={"command": "sleep 30"})
+
+
+__all__ = ["ReplicaScenarios"]

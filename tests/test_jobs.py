@@ -1,0 +1,385 @@
+"""`sandboxes.jobs` over real backends: a local bubblewrap jail, Docker (the runtime image with its
+exec helper, and a busybox-only image without python3), and an SSH VM (with and without the exec
+helper). Jobs are started, polled from offsets, killed with their forking and detached trees,
+timed out inside the sandbox, fed hostile commands, environments and directories, and outlive
+the handle (and exec helper) that started them."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ssh_fixtures import SSHVM, start_vm
+from support import FORKING_TREES, SESSION_OWNER
+
+from sandboxes import protocol as p
+from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes.base import BaseSandbox
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.jobs import Job, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
+
+BUSYBOX = Path(__file__).parent / "fixtures" / "busybox"
+
+
+@dataclass
+class Backend:
+    sandbox: BaseSandbox
+    reattach: Callable[[], BaseSandbox] | None
+    """Closes the sandbox's handle (its exec helper with it, as a service restart does) and
+    attaches a new one; ``None`` where a job cannot outlive its handle (a local jail)."""
+    workdir: str
+
+
+@pytest.fixture(scope="module")
+def busybox_image(docker_client: Any, runtime_image: str) -> str:
+    from testcontainers.core.image import DockerImage
+
+    with DockerImage(path=BUSYBOX, tag="sandboxes-test/busybox:latest", clean_up=False) as image:
+        return str(image)
+
+
+@pytest.fixture(scope="module")
+def ssh_vm(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHVM]:
+    vm = start_vm(tmp_path_factory.mktemp("ssh-jobs"))
+    yield vm
+    vm.stop()
+
+
+def _docker(image: str, docker_client: Any) -> Iterator[Backend]:
+    sandbox = DockerSandbox.create(DockerSandboxConfig(image=image, owner=SESSION_OWNER), client=docker_client)
+    handles = [sandbox]
+
+    def reattach() -> BaseSandbox:
+        handles[-1].close()
+        handles.append(DockerSandbox.attach(sandbox.id, client=docker_client))
+        return handles[-1]
+
+    try:
+        yield Backend(sandbox, reattach, "/workspace")
+    finally:
+        handles[-1].destroy()
+
+
+def _ssh(vm: SSHVM, helper: bool) -> Iterator[Backend]:
+    config = SSHSandboxConfig(host=vm.host_config(), use_exec_helper=helper)
+    sandbox = SSHSandbox.create(config)
+    handles = [sandbox]
+
+    def reattach() -> BaseSandbox:
+        handles[-1].close()
+        handles.append(SSHSandbox.attach(config, sandbox.workspace))
+        return handles[-1]
+
+    try:
+        yield Backend(sandbox, reattach, sandbox.workspace)
+    finally:
+        handles[-1].destroy()
+
+
+@pytest.fixture(scope="module", params=["local", "docker", "busybox", "ssh", "ssh-no-helper"])
+def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    kind = request.param
+    if kind == "local":
+        root = tmp_path_factory.mktemp("jobs-local")
+        with LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="bwrap")) as sandbox:
+            yield Backend(sandbox, None, str(root))
+        return
+    docker_client = request.getfixturevalue("docker_client")
+    if kind in ("docker", "busybox"):
+        image = request.getfixturevalue("runtime_image" if kind == "docker" else "busybox_image")
+        yield from _docker(image, docker_client)
+        return
+    yield from _ssh(request.getfixturevalue("ssh_vm"), helper=kind == "ssh")
+
+
+def _until_finished(runner: JobRunner, job_id: str, timeout: float = 30) -> Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = runner.poll(job_id)
+        if job.state.finished:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still running: {job}"
+        time.sleep(0.05)
+
+
+def _until_output(runner: JobRunner, job_id: str, wanted: bytes, timeout: float = 30) -> Job:
+    deadline = time.monotonic() + timeout
+    while wanted not in (job := runner.poll(job_id)).output:
+        assert not job.state.finished, f"job ended without printing {wanted!r}: {job}"
+        assert time.monotonic() < deadline, f"no {wanted!r} from job {job_id}: {job}"
+        time.sleep(0.05)
+    return job
+
+
+def _marked(sandbox: BaseSandbox, job_id: str) -> int:
+    """Processes carrying the job's command marker (its tree)."""
+    count = f"grep -lsxzF -e '{MARKER_ENV}={JOB_MARKER_PREFIX}{job_id}' /proc/[0-9]*/environ | wc -l"
+    return int(sandbox.execute(count).output.strip() or 0)
+
+
+def _job_processes(sandbox: BaseSandbox, job_id: str) -> int:
+    """Processes of the job in any role (command, supervisor, output, watchdog)."""
+    count = f"grep -lsF -e '{MARKER_ENV}={JOB_MARKER_PREFIX}{job_id}' /proc/[0-9]*/environ | wc -l"
+    return int(sandbox.execute(count).output.strip() or 0)
+
+
+# ---------------------------------------------------------------------- start, poll, exit
+
+
+def test_exit_code_and_binary_output_merged(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("printf 'out\\000\\377\\n'; printf 'err\\n' >&2; exit 3")
+    assert state.status == "running"
+    job = _until_finished(runner, state.id)
+    assert (job.state.status, job.state.exit_code) == ("exited", 3)
+    assert job.output == b"out\x00\xff\nerr\n"
+    response = job.response()
+    assert (response.exit_code, response.error, response.truncated) == (3, None, False)
+    assert response.duration_ms is not None
+    assert _job_processes(backend.sandbox, state.id) == 0  # supervisor, output, watchdog: all gone
+
+
+def test_poll_from_offsets_and_bounded(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    gate = f"{backend.workdir}/gate-{uuid.uuid4().hex[:8]}"
+    state = runner.start(f"printf first; while [ ! -e {gate} ]; do sleep 0.05; done; printf second", timeout=60)
+    first = _until_output(runner, state.id, b"first")
+    assert (first.output, first.end) == (b"first", 5)
+    assert runner.poll(state.id, offset=first.end).output == b""
+    assert runner.poll(state.id, offset=1, limit=3).chunks == ((1, b"irs"),)
+    backend.sandbox.execute(f"touch {gate}")
+    done = _until_finished(runner, state.id)
+    assert done.output == b"firstsecond"
+    assert runner.poll(state.id, offset=first.end).chunks == ((5, b"second"),)
+
+
+def test_stdin_cwd_and_env_reach_the_command_as_given(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    hostile = "a'b\"c $(touch PWNED) `touch PWNED` ; & | \n\\ %s *"
+    where = f"{backend.workdir}/dir with 'quotes' $(touch PWNED)"
+    assert backend.sandbox.execute('mkdir -p -- "$D"', env={"D": where}).exit_code == 0
+    state = runner.start(
+        'printf "%s|" "$V" "$(pwd)" "${SANDBOXES_EXEC_ID%%-*}"; cat',
+        env={"V": hostile, "W": "x"},
+        cwd=where,
+        stdin=bytes(range(256)),
+    )
+    job = _until_finished(runner, state.id)
+    assert job.state.exit_code == 0, job
+    assert job.output == f"{hostile}|{where}|sandboxes|".encode() + bytes(range(256))
+    found = backend.sandbox.execute(f"find {backend.workdir} /tmp -name PWNED 2>/dev/null").output
+    assert found == ""
+
+
+def test_hostile_command_string_is_the_commands_own(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    command = 'echo \'$(touch PWNED)\' "it\'s"; echo "$0" | grep -c sh; exit 4'
+    job = _until_finished(runner, runner.start(command).id)
+    assert (job.state.exit_code, job.output) == (4, b"$(touch PWNED) it's\n1\n")
+    assert backend.sandbox.execute(f"find {backend.workdir} /tmp -name PWNED 2>/dev/null").output == ""
+
+
+def test_missing_cwd_is_file_not_found(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    job = _until_finished(runner, runner.start("echo ran", cwd=f"{backend.workdir}/missing").id)
+    assert (job.state.status, job.state.reason, job.output) == ("failed", "cwd", b"")
+    assert job.response().error == p.FILE_NOT_FOUND
+
+
+def test_hostile_job_ids_are_not_found(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    for job_id in ("../../etc", "0" * 31 + "/", "$(touch PWNED)", "0" * 32):
+        with pytest.raises(JobNotFound):
+            runner.poll(job_id)
+        with pytest.raises(JobNotFound):
+            runner.kill(job_id)
+
+
+# ---------------------------------------------------------------------- output past the limit
+
+
+def test_output_past_the_limit_keeps_head_and_tail_and_the_command_runs_on(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    total = 3_000_000
+    state = runner.start(
+        f"head -c {total} /dev/zero | tr '\\0' x; echo; echo last-line; exit 5", output_limit=10_000, timeout=120
+    )
+    job = _until_finished(runner, state.id, timeout=120)
+    assert (job.state.status, job.state.exit_code) == ("exited", 5)  # not killed by SIGPIPE (141)
+    output = job.output
+    assert len(output) <= 10_000
+    assert output.startswith(b"x" * 5_000)
+    assert output.endswith(b"x\nlast-line\n")
+    assert len(output) + job.dropped == total + len(b"\nlast-line\n")
+    response = job.response()
+    assert response.truncated
+    dropped = re.search(r"\[(\d+) bytes of output truncated\]", response.output)
+    assert dropped is not None
+    assert int(dropped.group(1)) == job.dropped
+
+
+# ---------------------------------------------------------------------- kill and timeout
+
+
+def test_kill_takes_down_a_tree_that_forks_and_detaches(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    state = runner.start(f"echo started; {FORKING_TREES}", timeout=120)
+    deadline = time.monotonic() + 30
+    while _marked(backend.sandbox, state.id) < 50:
+        assert time.monotonic() < deadline, "the trees did not start forking"
+        time.sleep(0.05)
+    job = runner.kill(state.id)
+    assert job.state.status == "killed"
+    assert job.output.startswith(b"started\n")
+    assert _marked(backend.sandbox, state.id) == 0
+    assert _job_processes(backend.sandbox, state.id) == 0
+    assert runner.kill(state.id).state.status == "killed"  # idempotent
+    assert runner.poll(state.id).response().message is not None
+
+
+def test_kill_finds_a_leader_that_left_no_marker_in_its_environment(backend: Backend) -> None:
+    """``env -i`` drops the marker from the leader itself: its process group still finds it."""
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("exec env -i /bin/sh -c 'echo up; exec sleep 1001'", timeout=120)
+    _until_output(runner, state.id, b"up\n")
+    sleeping = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -cx 'sleep 1001 '"
+    assert backend.sandbox.execute(sleeping).output.strip() == "1"
+    assert runner.kill(state.id).state.status == "killed"
+    assert backend.sandbox.execute(sleeping).output.strip() == "0"
+
+
+def test_timeout_is_enforced_inside_the_sandbox(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    started = time.monotonic()
+    state = runner.start("echo before; sleep 1000 & setsid sleep 1000 & wait", timeout=1)
+    job = _until_finished(runner, state.id)
+    assert time.monotonic() - started < 15
+    assert (job.state.status, job.output) == ("timeout", b"before\n")
+    assert job.response().error == p.TIMEOUT
+    assert _marked(backend.sandbox, state.id) == 0
+
+
+def test_a_finished_job_is_not_killed_again(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("exit 9")
+    _until_finished(runner, state.id)
+    assert (runner.kill(state.id).state.status, runner.poll(state.id).state.exit_code) == ("exited", 9)
+
+
+# ---------------------------------------------------------------------- list, limits, collection
+
+
+def test_at_most_max_running(backend: Backend) -> None:
+    root = f"/tmp/jobs-max-{uuid.uuid4().hex[:8]}"
+    runner = JobRunner(backend.sandbox, root=root, max_running=2)
+    first, second = (runner.start("sleep 1000", timeout=120) for _ in range(2))
+    with pytest.raises(TooManyJobs):
+        runner.start("echo never")
+    runner.kill(first.id)
+    third = runner.start("echo now")
+    assert _until_finished(runner, third.id).output == b"now\n"
+    runner.kill(second.id)
+
+
+def test_list_and_collection_of_the_oldest_finished(backend: Backend) -> None:
+    root = f"/tmp/jobs-gc-{uuid.uuid4().hex[:8]}"
+    runner = JobRunner(backend.sandbox, root=root, keep=2)
+    running = runner.start("sleep 1000", timeout=120)
+    finished = []
+    for index in range(4):
+        state = runner.start(f"exit {index}")
+        _until_finished(runner, state.id)
+        finished.append(state.id)
+    listed = {state.id: state for state in runner.list()}
+    # collected at each start: the finished ones past the newest two (the last start kept 3)
+    assert set(listed) == {running.id, *finished[-3:]}
+    assert listed[running.id].status == "running"
+    assert [listed[job_id].exit_code for job_id in finished[-3:]] == [1, 2, 3]
+    with pytest.raises(JobNotFound):
+        runner.poll(finished[0])
+    runner.kill(running.id)
+
+
+def test_the_jobs_directory_is_private(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("true")
+    _until_finished(runner, state.id)
+    modes = backend.sandbox.execute(
+        f'r="${{TMPDIR:-/tmp}}/.sandboxes-jobs"; stat -c %a "$r" "$r/{state.id}"'
+    ).output.split()
+    assert modes == ["700", "700"]
+
+
+# ---------------------------------------------------------------------- outliving the handle
+
+
+def test_a_job_outlives_other_commands_and_the_handle_that_started_it(backend: Backend) -> None:
+    """Every command's end sweeps orphans (the exec helper's, or ``kill_orphans`` in a container
+    without it); a job is an orphan once its start returns, and must be spared. Then the handle
+    is closed (its exec helper dies, as when the service restarts) and a new handle finds the
+    job still running, polls it and kills it."""
+    if backend.reattach is None:
+        return _local_jobs_die_with_their_jail(Path(backend.workdir))
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("i=0; while :; do i=$((i + 1)); echo beat $i; sleep 0.1; done", timeout=300)
+    _until_output(runner, state.id, b"beat 2\n")
+    for _ in range(5):
+        assert backend.sandbox.execute("true").exit_code == 0
+    assert runner.poll(state.id).state.status == "running"
+    again = JobRunner(backend.reattach())
+    for _ in range(3):
+        assert again.sandbox.execute("true").exit_code == 0
+    before = again.poll(state.id)
+    assert before.state.status == "running"
+    later = _until_output(again, state.id, f"beat {before.output.count(b'beat') + 3}\n".encode())
+    assert later.state.status == "running"
+    assert again.kill(state.id).state.status == "killed"
+    assert _job_processes(again.sandbox, state.id) == 0
+    assert [s.status for s in again.list() if s.id == state.id] == ["killed"]
+
+
+def _local_jobs_die_with_their_jail(root: Path) -> None:
+    """The documented limit of a local sandbox: its jail (a pid namespace with a private /tmp)
+    dies with the handle, and its jobs with it; a new handle on the same root finds none."""
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=root / "own", isolation="bwrap")) as sandbox:
+        runner = JobRunner(sandbox)
+        state = runner.start("echo up; sleep 1000", timeout=120)
+        _until_output(runner, state.id, b"up\n")
+        for _ in range(3):
+            assert sandbox.execute("true").exit_code == 0
+        assert runner.poll(state.id).state.status == "running"  # other commands spare it
+    config = LocalSandboxConfig(root_dir=root / "own", isolation="bwrap")
+    with LocalSandbox(config=config) as sandbox, pytest.raises(JobNotFound):
+        JobRunner(sandbox).poll(state.id)
+
+
+def test_a_job_whose_supervisor_vanished_is_lost(backend: Backend) -> None:
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("echo up; sleep 1000", timeout=120)
+    _until_output(runner, state.id, b"up\n")
+    supervisor = f"{JOB_MARKER_PREFIX}{state.id}-s"
+    pids = backend.sandbox.execute(f"grep -lsxzF -e '{MARKER_ENV}={supervisor}' /proc/[0-9]*/environ").output
+    pid = pids.split("/")[2]
+    assert backend.sandbox.execute(f"kill -9 {pid}").exit_code == 0
+    job = _until_finished(runner, state.id)
+    assert job.state.status == "lost"
+    assert job.response().error == p.CONNECTION_LOST
+    assert _marked(backend.sandbox, state.id) == 0
+
+
+def test_runner_needs_no_state_of_its_own(backend: Backend) -> None:
+    """Two runners over one handle (as two replicas over one sandbox) see the same jobs."""
+    first, second = JobRunner(backend.sandbox), JobRunner(backend.sandbox)
+    state = first.start("echo shared")
+    assert _until_finished(second, state.id).output == b"shared\n"
+    assert state.id in {s.id for s in second.list()}
+    assert os.environ.get(MARKER_ENV) is None  # the test process itself carries no marker

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from sandboxes import _kill, _scripts
-from sandboxes.base import BaseSandbox
+from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, SandboxRecord
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
@@ -82,14 +82,6 @@ class HostFiles(Protocol):
     def claim(self, path: str | Path) -> None:
         """Hand files the service put in the root to the sandbox's host uid."""
         ...
-
-
-@runtime_checkable
-class KillsTagged(Protocol):
-    """A sandbox that can kill the commands it was given with an environment variable, by what
-    it remembers of them (even a command that wiped its environment)."""
-
-    def kill_tagged(self, name: str, value: str) -> int: ...
 
 
 class ProviderBackend:

@@ -34,7 +34,7 @@ from typing import Literal
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, TooManyJobs
 from sandboxes.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -205,5 +205,7 @@ class ProcessTable:
 def _service_error(failed: JobError) -> ServiceError:
     if failed.code == p.FILE_NOT_FOUND:
         return ServiceError("not_found", failed.message)
+    if isinstance(failed, CannotFork):  # the tenant's own sandbox is full: say so, they can kill
+        return ServiceError("backend_unavailable", failed.message)
     logger.warning("background job operation failed: %s", failed.message)
     return ServiceError("backend_unavailable", "the sandbox's backend failed; the service log has the request id")

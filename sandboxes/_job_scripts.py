@@ -20,14 +20,16 @@ __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
 
 # Shared by every script below: `alive DIR MARKER` (the supervisor of the job in DIR runs: its pid
 # carries the supervisor's marker, so a reused pid is not mistaken for it), `claim DIR` (create
-# ``end`` unless it exists: the one atomic claim of a job's end), `finish DIR STATE CODE` (claim,
-# write the status without its time, then `stamp` it with the time: a shell that cannot fork
-# dies at ``$(date)``, and the status is written by then), `kill_group DIR` (stop and kill the
-# command's process group while its leader is the supervisor's child and leads it, so the group
-# id is still the command's), `kill_job DIR MARKER STATE` (claim as STATE, kill the group, which
-# frees room, stamp, then kill every process carrying the marker), `sweep PREFIX SIGNAL` (signal
-# every process whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``: every role of a job;
-# slow, one ``read`` per byte). `claim`, `kill_group` and `sweep` use built-ins alone.
+# ``end`` unless it exists: the one atomic claim of a job's end), `finish DIR STATE CODE` (the
+# time, then claim and write the status: the supervisor's end, which has forked before),
+# `kill_group DIR` (stop and kill the command's process group while its leader is the
+# supervisor's child and leads it, so the group id is still the command's), `kill_job DIR
+# MARKER STATE` (claim and write STATE without its time, kill the group, which frees room, then
+# `stamp` the time and kill every process carrying the marker: a shell that cannot fork dies
+# at ``$(date)``, with the status written by then; a poll in between sees no end time), `sweep
+# PREFIX SIGNAL` (signal every process whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``:
+# every role of a job; slow, one ``read`` per byte). `claim`, `kill_group` and `sweep` use
+# built-ins alone. A status is written right after its claim, with nothing that forks between.
 FUNCTIONS = (
     _scripts.KILL_MARKED
     + r"""now() {
@@ -48,9 +50,9 @@ claim() {
   return $_r
 }
 finish() {
+  now
   claim "$1" || return 1
-  printf '%s %s -\n' "$2" "$3" > "$1/status"
-  stamp "$1" "$2" "$3"
+  printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status"
 }
 stamp() {
   now

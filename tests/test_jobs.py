@@ -410,6 +410,7 @@ def test_a_job_outlives_other_commands_and_the_handle_that_started_it(backend: B
         assert backend.sandbox.execute("true").exit_code == 0
     assert runner.poll(state.id).state.status == "running"
     again = JobRunner(backend.reattach())
+    backend.sandbox = again.sandbox  # the old handle is closed: later tests use the new one
     for _ in range(3):
         assert again.sandbox.execute("true").exit_code == 0
     before = again.poll(state.id)

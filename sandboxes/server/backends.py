@@ -138,8 +138,8 @@ class ProviderBackend:
         if isinstance(sandbox, HostFiles):
             _kill_marked_on_host(token)
             return
-        if isinstance(sandbox, KillsTagged):
-            sandbox.kill_tagged(MARKER_ENV, token)
+        if isinstance(sandbox, KillsTagged) and sandbox.kill_tagged(MARKER_ENV, token):
+            return  # done by the exec helper, with no process started: works in a full sandbox
         sandbox.execute(_scripts.command(_KILL_MARKED, token), timeout=30)
 
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:

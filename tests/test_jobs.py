@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from ssh_fixtures import SSHVM, start_vm
-from support import FORKING_TREES, SESSION_OWNER
+from support import FORKING_TREES, RETAKE_PIDS, SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
@@ -259,19 +259,6 @@ def test_kill_takes_down_a_tree_that_forks_and_detaches(backend: Backend) -> Non
     assert runner.poll(state.id).response().message is not None
 
 
-_RETAKE = """
-import os, time
-end = time.monotonic() + 300
-while time.monotonic() < end:
-    try:
-        child = os.fork()
-    except OSError:
-        time.sleep(0.002)
-        continue
-    if child == 0:
-        time.sleep(max(0.0, end - time.monotonic()))
-        os._exit(0)
-"""
 FILL_PIDS = (
     'echo filling; if command -v python3 > /dev/null; then exec python3 -c "$RETAKE"; fi; '
     "sh -c 'i=0; while [ $i -lt 1000 ]; do sleep 300 & i=$((i + 1)); done' 2>/dev/null; exec sleep 300"
@@ -301,7 +288,7 @@ def test_kill_works_when_the_job_took_every_pid(backend: Backend) -> None:
     not: busybox), the job ends ``killed`` and the sandbox works again."""
     runner = JobRunner(backend.sandbox)
     retakes = "python3" in backend.sandbox.execute("command -v python3").output
-    state = runner.start(FILL_PIDS, timeout=600, env={"RETAKE": _RETAKE})
+    state = runner.start(FILL_PIDS, timeout=600, env={"RETAKE": RETAKE_PIDS})
     if retakes:  # full for good
         full = _until_cannot_fork(lambda: runner.poll(state.id))
         assert (full.code, "cannot start processes" in full.message) == (p.UNAVAILABLE, True)

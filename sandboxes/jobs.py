@@ -87,7 +87,6 @@ __all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobStat
 State = Literal["running", "exited", "killed", "timeout", "lost", "failed"]
 
 _ID_HEX = 32
-_READ_CHUNK = 65536
 _OPERATION_TIMEOUT = 60.0
 _EXIT_NOT_FOUND = 10
 _KILL_ATTEMPTS = 12
@@ -322,7 +321,9 @@ class JobRunner:
         command's process group killed by a script of shell built-ins (`scripts.STOP`), then,
         where the sandbox can kill without starting a process (`KillsTagged`), every process of
         the job in any role, supervisor first; then the kill script proper, tried again (after
-        a built-in sweep of the job's processes) while the sandbox answers it cannot fork."""
+        a built-in sweep of the job's processes) while the sandbox answers it cannot fork. (When
+        not even the first script can start, the job is claimed by the kill script: a poll from
+        elsewhere in between may find its supervisor gone and record it ``lost``.)"""
         _check_id(job_id)
         ended = self._stop(job_id, sweep=False)
         if not ended and isinstance(self.sandbox, KillsTagged):

@@ -195,6 +195,8 @@ class ProcessTable:
                     return
             try:
                 running = {state.id for state in self.runner.list() if not state.finished}
+            except CannotFork:  # a full sandbox, for as long as it stays full: not worth a traceback a second
+                continue
             except Exception:
                 logger.warning("listing background jobs of %s failed", self.runner.sandbox.id, exc_info=True)
                 continue

@@ -18,7 +18,7 @@ import hashlib
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
@@ -57,6 +57,24 @@ class Call:
     idempotent: bool = True
     """Whether running it twice is harmless: a transport that lost its connection may retry
     these (reads, listings, searches), and must not retry the others (writes, deletes)."""
+
+
+@runtime_checkable
+class KillsTagged(Protocol):
+    """A sandbox that can kill by environment marker WITHOUT starting a process in it: through
+    a helper it already runs (the exec helper of Docker, SSH, Kubernetes and a local jail).
+
+    Why a capability: a command that filled the sandbox's process limit (a fork bomb, a runaway
+    job) leaves no room for the ``sh`` that `sandboxes._scripts.KILL_MARKED` needs, and killing
+    it is exactly what is wanted then. Checked with ``isinstance``; without it, or when it
+    answers ``False``, callers fall back to commands."""
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """Kill every running command given ``name=value`` in its ``env`` (however it changed
+        its environment since) and every process of the sandbox whose environment holds
+        ``name=value``; whether that was done and none is left (``False``: no helper is running
+        right now, or the kill did not finish)."""
+        ...
 
 
 # An operation is a generator that yields the `Call`s it needs, receives each response, and

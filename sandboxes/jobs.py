@@ -6,9 +6,10 @@ and no other process can see it. A job here is a supervisor process and a direct
 sandbox; any process holding a handle to the sandbox polls or kills it by its id, after a
 restart of the one that started it too. Everything goes through ``execute()`` alone, one round
 trip per operation, so every backend (Local, Docker, SSH, Kubernetes, busybox images without
-python3) has jobs. The scripts are constants; caller data reaches them only as quoted positional
-parameters (the command too) and on stdin (the environment, the job's stdin), as in
-`sandboxes._scripts`, so no command, environment or path can become the runner's shell syntax.
+python3) has jobs. The scripts are constants (`sandboxes._job_scripts`); caller data reaches
+them only as quoted positional parameters (the command too) and on stdin (the environment, the
+job's stdin), as in `sandboxes._scripts`, so no command, environment or path can become the
+runner's shell syntax.
 
 A job ``<id>`` (time-ordered hex) is a directory ``${TMPDIR:-/tmp}/.sandboxes-jobs/<id>`` (0700,
 in a 0700 root the sandbox user must own: on a shared ``/tmp`` a root planted by someone else
@@ -18,7 +19,10 @@ is refused) holding:
   ``stdin`` (when given), ``limits`` (output head size and tail chunk size);
 - ``pid``: the supervisor, started by ``setsid`` with stdin from ``/dev/null``: it left the
   starting command's session and group, and its marker (below) exempts it from the exec
-  helper's sweep of orphans, so it outlives the ``execute()`` that started it;
+  helper's sweep of orphans, so it outlives the ``execute()`` that started it. It forks its
+  output process, the command and the watchdog, writes ``pid``, and only then lets the command
+  run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
+  supervisor or the start of a process they still need;
 - ``cpid``: the command, ``setsid /bin/sh -c CMD`` in the job's directory of choice, with the
   caller's environment and ``SANDBOXES_EXEC_ID=sandboxes-job-<id>``: every process it starts
   inherits the marker, so `kill` takes down the whole tree (`sandboxes._scripts.KILL_MARKED`),
@@ -31,8 +35,13 @@ is refused) holding:
   command runs. It never stops reading: a command past its output limit keeps running (no
   SIGPIPE), and how much was dropped follows from which chunks remain;
 - ``status``: ``exited <code>``, ``timeout``, ``killed``, ``lost`` (its supervisor vanished:
-  the sandbox or its jail restarted) or ``failed cwd``, written once: whoever first creates
-  the directory ``end`` (the supervisor, the watchdog, a kill) writes it, by rename.
+  the sandbox or its jail restarted) or ``failed cwd``, then the end time (``-`` until known),
+  written once: whoever first creates the file ``end`` (the supervisor, the watchdog, a kill;
+  ``set -C``, an exclusive create) writes it.
+
+Killing works when the job took every pid the sandbox may have (a fork bomb), when every script
+the runner sends can start no process, or none can start at all: see `JobRunner.kill`. Poll,
+list and start then raise `CannotFork` (``unavailable``), which says so.
 
 The timeout is enforced inside the sandbox by a watchdog process (``sleep``, then the kill),
 not by the caller. The supervisor waits for the command, kills what it left running, lets the
@@ -47,13 +56,17 @@ the container, host or pod; a `LocalSandbox` jail dies with the process holding 
 was the jail's), and without the exec helper every local command is a jail of its own, so a job
 cannot outlive its start there. Sandboxes sharing one SSH user (``isolation="none"``) share
 ``/tmp`` and so see each other's jobs. The per-sandbox cap on running jobs is checked in the
-start script, so two starts at the same moment may both pass it.
+start script, so two starts at the same moment may both pass it. A sandbox whose pids are all
+taken and that has no exec helper (busybox images, SSH hosts without python3) can be killed from
+inside only while a shell can start there at all: when not a single pid frees up, `kill`
+raises `CannotFork` after its retries.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 import secrets
 import shlex
 import time
@@ -61,271 +74,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from sandboxes import _scripts
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
-from sandboxes.base import BaseSandbox
+from sandboxes.base import BaseSandbox, KillsTagged
 
-__all__ = ["Job", "JobError", "JobNotFound", "JobRunner", "JobState", "TooManyJobs"]
+__all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "TooManyJobs"]
 
 State = Literal["running", "exited", "killed", "timeout", "lost", "failed"]
 
 _ID_HEX = 32
-_READ_CHUNK = 65536
 _OPERATION_TIMEOUT = 60.0
 _EXIT_NOT_FOUND = 10
-
-# Shared by every script below: `alive DIR MARKER` (the supervisor of the job in DIR runs: its pid
-# carries the supervisor's marker, so a reused pid is not mistaken for it), `finish DIR STATE
-# CODE` (write the status if nobody did: `mkdir end` is the one atomic claim), `kill_job DIR
-# MARKER STATE` (finish as STATE, kill the command's group while its supervisor is alive, so the
-# group id is still the command's, then every process carrying the marker).
-_FUNCTIONS = (
-    _scripts.KILL_MARKED
-    + r"""now() {
-  _t=$(date +%s%N 2>/dev/null)
-  case $_t in '' | *[!0-9]*) _t=$(date +%s)000000000 ;; esac
-}
-alive() {
-  _p=
-  { read -r _p < "$1/pid"; } 2>/dev/null
-  [ -n "$_p" ] && grep -qsxzF -e "SANDBOXES_EXEC_ID=$2-s" "/proc/$_p/environ"
-}
-finish() {
-  mkdir "$1/end" 2>/dev/null || return 1
-  now
-  printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status.new" && mv -f "$1/status.new" "$1/status"
-}
-kill_job() {
-  finish "$1" "$3" -
-  _c=
-  { read -r _c < "$1/cpid"; } 2>/dev/null
-  [ -n "$_c" ] && alive "$1" "$2" && kill -9 "-$_c" 2>/dev/null
-  kill_marked "$2"
-}
-"""
+_KILL_ATTEMPTS = 12
+_CANNOT_FORK = re.compile(
+    r"(?i)can(?:not|'t) fork|fork: |resource temporarily unavailable|BlockingIOError|unable to start container process"
 )
-
-_OUTPUT = r"""d=$1
-read -r H T < "$d/limits"
-f=$d/o.h lim=$H k=-1 size=0
-: > "$f"
-while :; do
-  if [ "$size" -ge "$lim" ]; then
-    k=$((k + 1)) f=$d/o.$k lim=$T size=0
-    : > "$f"
-    [ "$k" -lt 2 ] || rm -f -- "$d/o.$((k - 2))"
-  fi
-  n=$((lim - size))
-  [ "$n" -le 65536 ] || n=65536
-  dd bs="$n" count=1 2>/dev/null >> "$f" || break
-  new=$(wc -c < "$f") || break
-  new=$(($new))
-  [ "$new" -ne "$size" ] || { : > "$d/o.done"; exit 0; }
-  size=$new
-done
-: > "$d/o.done"
-exec cat > /dev/null
-"""
-"""The output process, on the command's FIFO: one ``dd`` read (at most what fits) per round
-into the head, then into tail chunks, the newest two kept. A failed write (the sandbox's tmp
-is full) stops keeping output but never stops reading. ``o.done`` says it ended (or gave up
-keeping); the supervisor waits for it."""
-
-_WATCHDOG = (
-    _FUNCTIONS
-    + r"""sleep "$3"
-kill_job "$1" "$2" timeout
-"""
-)
-
-_SUPERVISOR = (
-    _FUNCTIONS
-    + f"OUTPUT={shlex.quote(_OUTPUT)}\nWATCHDOG={shlex.quote(_WATCHDOG)}\n"
-    + r"""d=$1 m=$2 t=$3
-now
-printf '%s\n' "$_t" > "$d/started"
-if [ "$4" = 1 ] && ! CDPATH= cd -- "$5" 2>/dev/null; then
-  finish "$d" failed cwd
-  echo $$ > "$d/pid"
-  exit 0
-fi
-if ! mkfifo "$d/pipe"; then
-  finish "$d" failed fifo
-  echo $$ > "$d/pid"
-  exit 0
-fi
-SANDBOXES_EXEC_ID=$m-o /bin/sh -c "$OUTPUT" sandboxes-job-output "$d" < "$d/pipe" &
-o=$!
-in=/dev/null
-[ ! -e "$d/stdin" ] || in=$d/stdin
-(
-  set --
-  while IFS= read -r l; do
-    v=$(printf '%s\n' "$l" | base64 -d && printf x)
-    set -- "$@" "${v%x}"
-  done < "$d/env"
-  x=$(cat "$d/cmd" && printf x)
-  [ ! -e "$d/end" ] || exit 137
-  exec setsid env -- "$@" "SANDBOXES_EXEC_ID=$m" /bin/sh -c "${x%x}"
-) < "$in" > "$d/pipe" 2>&1 &
-c=$!
-echo "$c" > "$d/cpid"
-echo $$ > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"
-[ "$t" = 0 ] || SANDBOXES_EXEC_ID=$m-w /bin/sh -c "$WATCHDOG" sandboxes-job-watchdog "$d" "$m" "$t" \
-  < /dev/null > /dev/null 2>&1 &
-wait "$c"
-s=$?
-kill_marked "$m"
-i=0
-while [ ! -e "$d/o.done" ] && [ "$i" -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
-kill_marked "$m-o"
-wait "$o"
-finish "$d" exited "$s"
-kill_marked "$m-w"
-rm -f -- "$d/pipe"
-"""
-)
-
-_START = (
-    _FUNCTIONS
-    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nP={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-id=$2 H=$3 T=$4 t=$5 keep=$6 max=$7 c=$8 cwd=$9
-shift 9
-s=$1 E=$2 cmd=$3
-for tool in setsid mkfifo dd base64 env; do
-  command -v "$tool" > /dev/null 2>&1 || { echo "!tool $tool"; exit 21; }
-done
-mkdir -m 700 -- "$r" 2>/dev/null
-[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] || { echo "!root $r"; exit 22; }
-n=0
-for j in "$r"/*/pid; do
-  [ -e "$j" ] || continue
-  j=${j%/pid}
-  [ -e "$j/status" ] || ! alive "$j" "$P${j##*/}" || n=$((n + 1))
-done
-[ "$n" -lt "$max" ] || { echo "!full $n"; exit 23; }
-d=$r/$id
-mkdir -m 700 -- "$d" || { echo "!mkdir"; exit 24; }
-printf '%s %s\n' "$H" "$T" > "$d/limits" && printf '%s' "$cmd" > "$d/cmd" && : > "$d/env" || {
-  rm -rf -- "$d"; echo "!write"; exit 24; }
-if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
-  cat > "$d/in" && head -c "$E" "$d/in" > "$d/env" || { rm -rf -- "$d"; echo "!write"; exit 24; }
-  if [ "$s" = 1 ]; then tail -c "+$((E + 1))" "$d/in" > "$d/stdin" || { rm -rf -- "$d"; echo "!write"; exit 24; }; fi
-  rm -f -- "$d/in"
-fi
-SANDBOXES_EXEC_ID=$P$id-s setsid /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd" \
-  < /dev/null > /dev/null 2> "$d/log" &
-i=0
-while [ ! -e "$d/pid" ]; do
-  i=$((i + 1))
-  [ "$i" -le 2000 ] || { echo "!stuck"; exit 25; }
-  sleep 0.01
-done
-set -- "$r"/*/status
-n=$#
-for f do
-  [ "$n" -gt "$keep" ] && [ -e "$f" ] || break
-  rm -rf -- "${f%/status}"
-  n=$((n - 1))
-done
-echo "!ok"
-"""
-)
-"""``ROOT ID H T TIMEOUT KEEP MAX HAS_CWD CWD HAS_STDIN ENV_BYTES COMMAND``, stdin: ENV_BYTES of
-environment lines, then the job's stdin. Refuses (``!full``) when MAX jobs already run; returns
-once the supervisor has started the command (its ``pid`` file), so a start that answered ``!ok``
-ran, and one that did not answer may be checked with `JobRunner.list` before another try."""
-
-_STATE = r"""st=
-{ read -r st < "$d/status"; } 2>/dev/null
-if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
-  { read -r st < "$d/status"; } 2>/dev/null
-  if [ -z "$st" ]; then
-    kill_job "$d" "$m" lost
-    kill_marked "$m-w"
-    kill_marked "$m-o"
-    { read -r st < "$d/status"; } 2>/dev/null
-  fi
-fi
-s0=-
-{ read -r s0 < "$d/started"; } 2>/dev/null
-"""
-"""``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
-status is recorded ``lost`` (and whatever is left of its tree killed)."""
-
-_POLL = (
-    _FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2 off=$3 left=$4
-[ -d "$d" ] || exit 10
-"""
-    + _STATE
-    + r"""read -r H T < "$d/limits"
-printf '!j %s %s %s %s\n' "${st:-running - -}" "$s0" "$H" "$T"
-seg() {
-  sz=$({ wc -c < "$1"; } 2> /dev/null) || return 0
-  a=$2 b=$(($2 + $sz))
-  [ "$b" -gt "$off" ] && [ "$left" -gt 0 ] || return 0
-  from=$a
-  [ "$from" -ge "$off" ] || from=$off
-  to=$b
-  [ "$((to - from))" -le "$left" ] || to=$((from + left))
-  left=$((left - (to - from)))
-  printf '!s %s\n' "$from"
-  tail -c "+$((from - a + 1))" "$1" 2> /dev/null | head -c "$((to - from))" | base64
-}
-seg "$d/o.h" 0
-k=-1
-for f in "$d"/o.[0-9]*; do
-  [ -e "$f" ] || continue
-  [ "${f##*/o.}" -le "$k" ] || k=${f##*/o.}
-done
-[ "$k" -lt 1 ] || seg "$d/o.$((k - 1))" "$((H + (k - 1) * T))"
-[ "$k" -lt 0 ] || seg "$d/o.$k" "$((H + k * T))"
-echo "!e"
-"""
-)
-"""``ROOT ID OFFSET MAX``: the job's status line, then the kept output from stream position
-OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
-
-_KILL = (
-    _FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2
-[ -d "$d" ] || exit 10
-kill_job "$d" "$m" killed
-i=0
-while alive "$d" "$m" && [ "$i" -lt 200 ]; do
-  sleep 0.05
-  kill_marked "$m"
-  i=$((i + 1))
-done
-"""
-)
-"""``ROOT ID``: finish the job as ``killed`` unless it ended already, kill its tree, and wait
-(10 s at most) until its supervisor has ended, killing again what a race let start."""
-
-_LIST = (
-    _FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-[ -d "$r" ] || exit 0
-for d in "$r"/*/limits; do
-  [ -e "$d" ] || continue
-  d=${d%/limits} id=${d##*/}
-  m=$P$id
-"""
-    + _STATE
-    + r"""  printf '!j %s %s %s\n' "$id" "${st:-running - -}" "$s0"
-done
-"""
-)
-"""``ROOT``: one ``!j ID STATUS CODE ENDED STARTED`` line per job, oldest first."""
+"""How a sandbox says it could not start a process: ``sh`` (dash: "Cannot fork", busybox: "can't
+fork", bash: "fork: ..."), the exec helper (``BlockingIOError``), the kernel's ``EAGAIN``, and
+``docker exec`` (runc: "unable to start container process") when the container's pids are all
+taken."""
 
 
 class JobError(Exception):
@@ -345,6 +116,17 @@ class JobNotFound(JobError):
 class TooManyJobs(JobError):
     def __init__(self, running: int) -> None:
         super().__init__(p.INVALID_ARGUMENT, f"{running} background jobs already run in this sandbox (the maximum)")
+
+
+class CannotFork(JobError):
+    """The sandbox cannot start processes now: its process limit is reached."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            p.UNAVAILABLE,
+            "the sandbox cannot start processes: its process limit is reached (by a command that "
+            "keeps forking?); kill the job that fills it, or wait for it to end",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,10 +286,13 @@ class JobRunner:
             command,
         ]
         payload = env_lines + (data or b"") if data is not None or env_lines else None
-        response = self._run(_bind(_START, *args), stdin=payload)
-        last = response.output.strip().rsplit("\n", 1)[-1] if response.output.strip() else ""
-        if response.exit_code == 0 and last == "!ok":
+        response = self._run(_bind(scripts.START, *args), stdin=payload, started=True)
+        lines = response.output.splitlines()
+        if "!ok" in lines:  # printed last, once the command was started: whatever came after, it runs
             return JobState(job_id, "running")
+        if _cannot_fork(response):
+            raise CannotFork()
+        last = lines[-1] if lines else ""
         if last.startswith("!full"):
             raise TooManyJobs(int(last.split()[1]))
         raise JobError(p.BACKEND_ERROR, f"the job could not start: {_failure(response)}")
@@ -520,7 +305,7 @@ class JobRunner:
             raise JobError(p.INVALID_ARGUMENT, "offset must be >= 0")
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
         bound = wanted * 4 // 3 + 4 * (wanted // 57 + 4) + 4096  # base64 and its lines, the headers
-        response = self._run(_bind(_POLL, self.root, job_id, str(offset), str(wanted)), output_limit=bound)
+        response = self._run(_bind(scripts.POLL, self.root, job_id, str(offset), str(wanted)), output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
         if response.exit_code != 0:
@@ -529,18 +314,53 @@ class JobRunner:
 
     def kill(self, job_id: str) -> Job:
         """Kill the job's whole tree (unless it ended already) and answer its final state and
-        output. Idempotent."""
+        output. Idempotent.
+
+        Works when the job filled the sandbox's process limit, when every process the runner
+        starts can fork no further: first the job's end is claimed as ``killed`` and its
+        command's process group killed by a script of shell built-ins (`scripts.STOP`), then,
+        where the sandbox can kill without starting a process (`KillsTagged`), every process of
+        the job in any role, supervisor first; then the kill script proper, tried again (after
+        a built-in sweep of the job's processes) while the sandbox answers it cannot fork. (When
+        not even the first script can start, the job is claimed by the kill script: a poll from
+        elsewhere in between may find its supervisor gone and record it ``lost``.)"""
         _check_id(job_id)
-        response = self._run(_bind(_KILL, self.root, job_id))
+        ended = self._stop(job_id, sweep=False)
+        if not ended and isinstance(self.sandbox, KillsTagged):
+            for role in ("-s", "-w", "", "-o"):
+                self.sandbox.kill_tagged(MARKER_ENV, f"{JOB_MARKER_PREFIX}{job_id}{role}")
+
+        def sweep(_: RetryCallState) -> None:
+            self._stop(job_id, sweep=True)
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(CannotFork),
+            stop=stop_after_attempt(_KILL_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            before_sleep=sweep,
+            reraise=True,
+        )
+        response = retrying(self._run, _bind(scripts.KILL, self.root, job_id))
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
         if response.exit_code != 0:
             raise JobError(p.BACKEND_ERROR, f"killing job {job_id} failed: {_failure(response)}")
         return self.poll(job_id)
 
+    def _stop(self, job_id: str, *, sweep: bool) -> bool:
+        """`scripts.STOP`: whether the job had ended already (``False`` also when the sandbox
+        could not even start the script: then nothing is known)."""
+        try:
+            response = self._run(_bind(scripts.STOP, self.root, job_id, "1" if sweep else "0"))
+        except CannotFork:
+            return False
+        if response.exit_code == _EXIT_NOT_FOUND:
+            raise JobNotFound(job_id)
+        return response.exit_code == 0 and "!ended" in response.output
+
     def list(self) -> list[JobState]:
         """Every job the sandbox still has, oldest first (finished ones until collected)."""
-        response = self._run(_bind(_LIST, self.root))
+        response = self._run(_bind(scripts.LIST, self.root))
         if response.exit_code != 0:
             raise JobError(p.BACKEND_ERROR, f"listing jobs failed: {_failure(response)}")
         states = []
@@ -551,14 +371,26 @@ class JobRunner:
                     states.append(_state(fields[1], fields[2:5], fields[5]))
         return states
 
-    def _run(self, command: str, stdin: bytes | None = None, output_limit: int = 1 << 20) -> p.ExecuteResponse:
-        """One round trip; its output bounded (everything a sandbox answers is untrusted)."""
+    def _run(
+        self, command: str, stdin: bytes | None = None, output_limit: int = 1 << 20, *, started: bool = False
+    ) -> p.ExecuteResponse:
+        """One round trip; its output bounded (everything a sandbox answers is untrusted).
+        `CannotFork` when the sandbox could not start the script or the script a process
+        (``started``: the caller tells that apart from what the script did first)."""
         response = self.sandbox.execute(
             command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env={}
         )
+        if not started and _cannot_fork(response):
+            raise CannotFork()
         if response.error is not None:
             raise JobError(response.error, response.message or f"the sandbox answered {response.error}")
         return response
+
+
+def _cannot_fork(response: p.ExecuteResponse) -> bool:
+    """Whether a script failed because the sandbox could not start a process (`_CANNOT_FORK`)."""
+    failed = response.error is not None or response.exit_code != 0
+    return failed and _CANNOT_FORK.search(f"{response.message or ''}\n{response.output[-2000:]}") is not None
 
 
 def _bind(script: str, *args: str) -> str:
@@ -613,6 +445,8 @@ _STATES: dict[str, State] = {state: state for state in ("running", "exited", "ki
 
 def _parse_poll(job_id: str, output: str) -> Job:
     lines = output.split("\n")
+    if "!e" in lines:  # what follows is the transport's (a per-command wrapper's complaint), not the script's
+        lines = [*lines[: len(lines) - lines[::-1].index("!e")], ""]
     header = lines[0].split() if lines else []
     if len(header) != 7 or header[0] != "!j" or lines[-2:] != ["!e", ""]:
         raise JobError(p.BACKEND_ERROR, f"unexpected answer polling job {job_id}: {output[-300:]!r}")

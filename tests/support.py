@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["FORKING_TREES", "HAS_BWRAP", "IN_CI", "SESSION_OWNER", "assert_one_kill_ends_forking_trees", "needs"]
+__all__ = [
+    "FORKING_TREES",
+    "HAS_BWRAP",
+    "IN_CI",
+    "RETAKE_PIDS",
+    "SESSION_OWNER",
+    "assert_one_kill_ends_forking_trees",
+    "needs",
+]
 
 IN_CI = os.environ.get("CI") == "true"
 """Set by .ci/run, where every dependency is installed: a missing one fails, never skips."""
@@ -41,6 +49,23 @@ FORKING_TREES = (
 )
 """Two trees that keep forking for seconds, one of them out of the session (``setsid``);
 bounded, so that a failed kill cannot take a shared machine's pids for long."""
+
+
+RETAKE_PIDS = """
+import os, time
+end = time.monotonic() + 300
+while time.monotonic() < end:
+    try:
+        child = os.fork()
+    except OSError:
+        time.sleep(0.002)
+        continue
+    if child == 0:
+        time.sleep(max(0.0, end - time.monotonic()))
+        os._exit(0)
+"""
+"""Python that takes every pid its sandbox may have for 5 minutes and keeps them: it forks again
+whenever a fork fails, so a pid that frees up is taken back within milliseconds."""
 
 
 def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], object]) -> None:

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from ssh_fixtures import SSHVM, start_vm
-from support import FORKING_TREES, SESSION_OWNER
+from support import FORKING_TREES, RETAKE_PIDS, SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.jobs import Job, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.jobs import CannotFork, Job, JobNotFound, JobRunner, TooManyJobs
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -126,9 +126,18 @@ def _marked(sandbox: BaseSandbox, job_id: str) -> int:
     return int(sandbox.execute(count).output.strip() or 0)
 
 
+def _try_marked(sandbox: BaseSandbox, job_id: str) -> int | None:
+    """`_marked`, or ``None`` when the sandbox could not run the count (no pid left)."""
+    count = f"grep -lsxzF -e '{MARKER_ENV}={JOB_MARKER_PREFIX}{job_id}' /proc/[0-9]*/environ | wc -l"
+    output = sandbox.execute(count).output.strip() or "0"
+    return int(output) if output.isdigit() else None
+
+
 def _job_processes(sandbox: BaseSandbox, job_id: str) -> int:
-    """Processes of the job in any role (command, supervisor, output, watchdog)."""
-    count = f"grep -lsF -e '{MARKER_ENV}={JOB_MARKER_PREFIX}{job_id}' /proc/[0-9]*/environ | wc -l"
+    """Processes of the job in any role (command, supervisor, output, watchdog). The needle is
+    split in the command's text: an SSH sandbox's user switch (``sudo``) puts that text in the
+    environment (``SUDO_COMMAND``), where it would count itself."""
+    count = f"grep -lsF -e '{MARKER_ENV}={JOB_MARKER_PREFIX}''{job_id}' /proc/[0-9]*/environ | wc -l"
     return int(sandbox.execute(count).output.strip() or 0)
 
 
@@ -231,10 +240,14 @@ def test_output_past_the_limit_keeps_head_and_tail_and_the_command_runs_on(backe
 
 
 def test_kill_takes_down_a_tree_that_forks_and_detaches(backend: Backend) -> None:
+    """The trees reach the sandbox's pids limit (256) within milliseconds, after which the
+    sandbox may not start the counting command either: both mean they forked. (Their loops end
+    at the first fork that fails, and ``wait`` with them: the leader then waits on, without a
+    fork, so that the job is still running when it is killed.)"""
     runner = JobRunner(backend.sandbox)
-    state = runner.start(f"echo started; {FORKING_TREES}", timeout=120)
+    state = runner.start(f"echo started; {FORKING_TREES}; exec sleep 1000", timeout=120)
     deadline = time.monotonic() + 30
-    while _marked(backend.sandbox, state.id) < 50:
+    while (count := _try_marked(backend.sandbox, state.id)) is not None and count < 50:
         assert time.monotonic() < deadline, "the trees did not start forking"
         time.sleep(0.05)
     job = runner.kill(state.id)
@@ -244,6 +257,54 @@ def test_kill_takes_down_a_tree_that_forks_and_detaches(backend: Backend) -> Non
     assert _job_processes(backend.sandbox, state.id) == 0
     assert runner.kill(state.id).state.status == "killed"  # idempotent
     assert runner.poll(state.id).response().message is not None
+
+
+FILL_PIDS = (
+    'echo filling; if command -v python3 > /dev/null; then exec python3 -c "$RETAKE"; fi; '
+    "sh -c 'i=0; while [ $i -lt 1000 ]; do sleep 300 & i=$((i + 1)); done' 2>/dev/null; exec sleep 300"
+)
+"""Takes every pid the sandbox may have (256) for 5 minutes. Where there is a python3, a process
+that forks again whenever a fork fails: every pid that frees up is taken back within
+milliseconds, so the sandbox stays full. Elsewhere (busybox) a shell loop, which ends at its
+first failed fork (a shell that cannot fork exits) and leaves a pid or two free."""
+
+
+def _until_cannot_fork(operation: Callable[[], object], timeout: float = 30) -> CannotFork:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            operation()
+        except CannotFork as full:
+            return full
+        assert time.monotonic() < deadline, "the job did not fill the sandbox's pids"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", ["local", "docker", "busybox"], indirect=True)
+def test_kill_works_when_the_job_took_every_pid(backend: Backend) -> None:
+    """What a user needs when a job fork-bombs: every script the runner sends dies at its first
+    fork (``sh: Cannot fork``) or cannot start at all. Poll says so, clearly; kill still kills
+    (the exec helper's kill by marker where there is one, built-in shell steps where there is
+    not: busybox), the job ends ``killed`` and the sandbox works again."""
+    runner = JobRunner(backend.sandbox)
+    retakes = "python3" in backend.sandbox.execute("command -v python3").output
+    state = runner.start(FILL_PIDS, timeout=600, env={"RETAKE": RETAKE_PIDS})
+    if retakes:  # full for good
+        full = _until_cannot_fork(lambda: runner.poll(state.id))
+        assert (full.code, "cannot start processes" in full.message) == (p.UNAVAILABLE, True)
+        assert _until_cannot_fork(runner.list).code == p.UNAVAILABLE
+    else:  # full, or a pid or two short of it: the counting command cannot run, or counts 200
+        deadline = time.monotonic() + 30
+        while (count := _try_marked(backend.sandbox, state.id)) is not None and count < 200:
+            assert time.monotonic() < deadline, "the job did not fill the sandbox's pids"
+            time.sleep(0.05)
+    job = runner.kill(state.id)
+    assert job.state.status == "killed"
+    assert job.output == b"filling\n"
+    assert job.state.ended_ns is not None
+    assert _job_processes(backend.sandbox, state.id) == 0
+    assert backend.sandbox.execute("echo alive").output == "alive\n"
+    assert [s.status for s in runner.list() if s.id == state.id] == ["killed"]
 
 
 def test_kill_finds_a_leader_that_left_no_marker_in_its_environment(backend: Backend) -> None:
@@ -336,6 +397,7 @@ def test_a_job_outlives_other_commands_and_the_handle_that_started_it(backend: B
         assert backend.sandbox.execute("true").exit_code == 0
     assert runner.poll(state.id).state.status == "running"
     again = JobRunner(backend.reattach())
+    backend.sandbox = again.sandbox  # the old handle is closed: later tests use the new one
     for _ in range(3):
         assert again.sandbox.execute("true").exit_code == 0
     before = again.poll(state.id)

@@ -290,6 +290,30 @@ def test_a_command_that_cannot_start_is_reported_and_the_helper_keeps_serving(st
     assert _run(client, "echo $X", env={"X": "y"}).output == "y\n"
 
 
+def test_the_helper_kills_by_marker_what_outlived_its_command(stream: _PipeStream, tmp_path: Path) -> None:
+    """Frame M: the helper itself kills every process carrying a marker (here a background job's,
+    which the sweep of orphans spares), after the command that made them has ended; nothing is
+    started for it (`sandboxes.base.KillsTagged`: so it works where no process can start)."""
+    client = MuxClient(stream)
+    marker = f"sandboxes-job-{os.getpid()}x{time.monotonic_ns()}"
+    written = tmp_path / "pids"
+    inner = f"sleep 302 & echo $! $$ > {written}.new && mv {written}.new {written}; exec sleep 302"
+    detach = (
+        f"SANDBOXES_EXEC_ID={marker} setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 &"
+        f" while [ ! -e {written} ]; do sleep 0.01; done"  # out of the command's group before it ends
+    )
+    assert _run(client, detach).exit_code == 0
+    pids = [int(pid) for pid in written.read_text().split()]
+    assert len(pids) == 2
+    assert all(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert client.kill_marked("SANDBOXES_EXEC_ID", marker) is True
+    assert all(_gone(pid, zombie_ok=True) for pid in pids), pids
+    assert client.kill_marked("SANDBOXES_EXEC_ID", marker) is True  # none left: nothing to do
+    with pytest.raises(ValueError, match="empty marker"):
+        client.kill_marked("SANDBOXES_EXEC_ID", "")
+    assert _run(client, "echo still serving").output == "still serving\n"
+
+
 # ---------------------------------------------------------------------------- a hostile stream
 
 _UNPRIVILEGED = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "/usr/bin/python3"]

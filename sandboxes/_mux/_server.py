@@ -9,12 +9,14 @@ and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped af
 ``kill_orphans`` and ``_container_main`` it calls.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
-  client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill
+  client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
+                    M kill marked (JSON {name, value}: every process of the sandbox whose
+                    environment holds name=value, killed by the helper itself)
   helper -> client: H hello (JSON), A accepted (sent BEFORE the command is started; its timeout
                     counts from here. Its absence proves nothing: a request the client wrote
                     may be read and run after the client gave up, so the client never resends
                     a written request, acknowledged or not), O output bytes,
-                    X exit (JSON {code, timed_out}), E error text
+                    X exit (JSON {code, timed_out}; for M: code 0 when none was left), E error text
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does); a timeout or a kill takes down
 its process group and every process still carrying the marker, which catches descendants that
@@ -477,7 +479,7 @@ def _on_input(_mask):
     _inbox.extend(memoryview(_chunk)[:size])
     while len(_inbox) >= HEADER.size:
         kind, ident, length = HEADER.unpack_from(_inbox)
-        if kind not in b"PRICK" or length > MAX_FRAME:
+        if kind not in b"PRICKM" or length > MAX_FRAME:
             sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (bytes(_inbox[: HEADER.size]),))
             _serving[0] = False  # a corrupt stream: end it (the client sees EOF) rather than wait for a bogus length
             return
@@ -511,6 +513,9 @@ def _handle(kind, ident, payload):
                 _commands.pop(ident, None)
             send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
         return
+    if kind == b"M":
+        _kill_marked_for_client(ident, payload)
+        return
     command = _commands.get(ident)
     if command is None or command.finished:
         return
@@ -520,6 +525,21 @@ def _handle(kind, ident, payload):
         command.feed(None)
     elif kind == b"K":
         command.stop()
+
+
+def _kill_marked_for_client(ident, payload):
+    """M: kill every process carrying a marker, from this process: no fork, so it works when the
+    sandbox's process limit is reached (a command that fork-bombed), when no command can start."""
+    try:
+        spec = json.loads(payload.decode("utf-8"))
+        name, value = spec["name"], spec["value"]
+        if not isinstance(name, str) or not isinstance(value, str) or not name or not value:
+            raise ValueError("a name and a value are needed")
+        cleared = kill_marked(value, name)
+    except Exception as exc:  # a bad request: say so, keep serving
+        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
+        return
+    send(b"X", ident, json.dumps({"code": 0 if cleared else 1, "timed_out": False}).encode())
 
 
 def _wait_time():

@@ -52,6 +52,8 @@ _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
+_KILL_MARKED_WAIT = 30.0
+"""Seconds to wait for the helper's answer to a kill by marker (two phases of at most 10 s)."""
 
 ACK_TIMEOUT = 15.0
 """Seconds to wait for the helper to acknowledge a command before the stream is declared broken:
@@ -207,6 +209,27 @@ class MuxClient:
                 self._send(b"K", ident)
         return len(idents)
 
+    def kill_marked(self, name: str, value: str, timeout: float = _KILL_MARKED_WAIT) -> bool:
+        """Have the helper kill every process of the sandbox whose environment holds
+        ``name=value`` (`sandboxes._kill.kill_marked`, run in the helper itself: no process is
+        started, so it works when the sandbox's process limit is reached); whether none was
+        left. ``False`` also when the helper failed, broke or did not answer within ``timeout``."""
+        if not name or not value:
+            raise ValueError("an empty marker would match every command's processes")
+        try:
+            ident, pending = self._register(_Pending(OutputBuffer(0)))
+        except MuxBroken:
+            return False
+        try:
+            self._send(b"M", ident, json.dumps({"name": name, "value": value}).encode("utf-8"))
+            pending.done.wait(timeout)
+        except MuxBroken:
+            return False
+        finally:
+            with self._pending_lock:
+                self._pending.pop(ident, None)
+        return pending.failure is None and pending.start_error is None and pending.exit_code == 0
+
     # ------------------------------------------------------------------ internals
 
     def _await(self, ident: int, pending: _Pending, sent: float, timeout: float | None) -> None:
@@ -327,6 +350,16 @@ class MuxClient:
             if not item.done.is_set():
                 item.failure = reason
                 item.done.set()  # also releases a caller still waiting for the acknowledgement
+
+
+def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
+    """`sandboxes.base.KillsTagged.kill_tagged` through a sandbox's running helper (``None`` or
+    broken: ``False``, nothing done): the commands in flight given ``name=value``, then every
+    process carrying it. Never starts a helper: starting one needs a process in the sandbox."""
+    if mux is None or not mux.alive:
+        return False
+    mux.kill_tagged(name, value)
+    return mux.kill_marked(name, value)
 
 
 # ---------------------------------------------------------------------- awaiting on an event loop

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import stage_file
@@ -189,13 +189,13 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
-    def kill_tagged(self, name: str, value: str) -> int:
-        """Kill the whole tree of every running command given ``name=value`` in its ``env``
-        (`MuxClient.kill_tagged`), however it changed its environment since; how many. Only
-        commands on the exec helper: the fallback path's are found by their marker alone."""
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
+        it works when the container's pids limit is reached. ``False`` without a helper: the
+        fallback path's commands are found by their marker alone, by a command."""
         with self._mux_lock:
             mux = self._mux
-        return mux.kill_tagged(name, value) if mux is not None and mux.alive else 0
+        return kill_tagged(mux, name, value)
 
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), for a caller that awaits a

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import StreamingSandbox
 from sandboxes.kubernetes._exec import (
@@ -165,6 +165,13 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
     def helper_alive(self) -> bool:
         """Whether commands currently go through a live exec helper (the fast path)."""
         return self._mux is not None and self._mux.alive
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
+        it works when the pod's pids limit is reached. ``False`` without a helper."""
+        with self._mux_lock:
+            mux = self._mux
+        return kill_tagged(mux, name, value)
 
     def close(self) -> None:
         """Drop the exec helper's stream; the pod keeps running."""

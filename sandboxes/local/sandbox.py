@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import MuxBroken
+from sandboxes._mux import MuxBroken, kill_tagged
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
@@ -313,6 +313,13 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         """Whether commands currently go through a live long-lived jail (the fast path)."""
         helper = self._helper_process
         return helper is not None and helper.client.alive
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`: through the jail's running exec helper, inside the jail
+        (its pid namespace: nothing outside the jail is touched), without starting a process in
+        it, so it works when the jail's pids limit is reached. ``False`` without a helper."""
+        helper = self._helper_process
+        return kill_tagged(helper.client if helper is not None else None, name, value)
 
     def _execute_in_helper(
         self,

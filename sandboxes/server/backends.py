@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from sandboxes import _kill, _scripts
-from sandboxes.base import BaseSandbox
+from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
@@ -103,14 +103,6 @@ class StreamsOutput(Protocol):
     bounded text answer."""
 
     def open_output_stream(self, command: str) -> OutputStream: ...
-
-
-@runtime_checkable
-class KillsTagged(Protocol):
-    """A sandbox that can kill the commands it was given with an environment variable, by what
-    it remembers of them (even a command that wiped its environment)."""
-
-    def kill_tagged(self, name: str, value: str) -> int: ...
 
 
 class ProviderBackend:
@@ -207,8 +199,8 @@ class ProviderBackend:
         if isinstance(sandbox, HostFiles):
             _kill_marked_on_host(token)
             return
-        if isinstance(sandbox, KillsTagged):
-            sandbox.kill_tagged(MARKER_ENV, token)
+        if isinstance(sandbox, KillsTagged) and sandbox.kill_tagged(MARKER_ENV, token):
+            return  # done by the exec helper, with no process started: works in a full sandbox
         sandbox.execute(_scripts.command(_KILL_MARKED, token), timeout=30)
 
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:

@@ -34,7 +34,7 @@ from typing import Literal
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, TooManyJobs
 from sandboxes.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,8 @@ class ProcessTable:
                     return
             try:
                 running = {state.id for state in self.runner.list() if not state.finished}
+            except CannotFork:  # a full sandbox, for as long as it stays full: not worth a traceback a second
+                continue
             except Exception:
                 logger.warning("listing background jobs of %s failed", self.runner.sandbox.id, exc_info=True)
                 continue
@@ -205,5 +207,7 @@ class ProcessTable:
 def _service_error(failed: JobError) -> ServiceError:
     if failed.code == p.FILE_NOT_FOUND:
         return ServiceError("not_found", failed.message)
+    if isinstance(failed, CannotFork):  # the tenant's own sandbox is full: say so, they can kill
+        return ServiceError("backend_unavailable", failed.message)
     logger.warning("background job operation failed: %s", failed.message)
     return ServiceError("backend_unavailable", "the sandbox's backend failed; the service log has the request id")

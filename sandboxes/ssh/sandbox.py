@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
 from sandboxes.lifecycle import Lifecycle
@@ -291,6 +291,14 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         if response.error == p.CONNECTION_LOST and call.idempotent:
             response = super()._run_call(call)
         return response
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`: through the running exec helper, as the sandbox's user
+        (none is started), so it works when that user's process limit is reached. ``False``
+        without a helper."""
+        with self._mux_lock:
+            mux = self._mux
+        return kill_tagged(mux, name, value)
 
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel

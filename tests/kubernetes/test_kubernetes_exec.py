@@ -10,6 +10,7 @@ workspace and /tmp, no network)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,28 @@ def test_a_memory_hog_answers_out_of_memory(fake_kubernetes: FakeKubernetes, run
         assert hog.error == p.OUT_OF_MEMORY
         assert "64Mi" in (hog.message or "")
         assert sandbox.execute("kill -9 $$").error is None  # a plain 137 is not taken for one
+
+
+def test_kill_tagged_kills_a_jobs_tree_through_the_helper(
+    helper_sandbox: KubernetesSandbox, fallback_sandbox: KubernetesSandbox
+) -> None:
+    """`sandboxes.base.KillsTagged` on a pod: the exec helper kills every process carrying a
+    background job's marker, detached ones too, without an exec of its own; without a helper
+    (the fallback) it answers ``False`` and the job runner kills with commands."""
+    from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+    from sandboxes.base import KillsTagged
+    from sandboxes.jobs import JobRunner
+
+    assert isinstance(helper_sandbox, KillsTagged)
+    runner = JobRunner(helper_sandbox)
+    state = runner.start("setsid sh -c 'sleep 303 & exec sleep 303' & echo up; wait", timeout=120)
+    marker = f"{JOB_MARKER_PREFIX}{state.id}"
+    count = f"grep -lsxzF -e '{MARKER_ENV}={marker}' /proc/[0-9]*/environ | wc -l"
+    deadline = time.monotonic() + 30
+    while helper_sandbox.execute(count).output.strip() != "3":  # the leader, both sleeps
+        assert time.monotonic() < deadline, runner.poll(state.id)
+        time.sleep(0.05)
+    assert helper_sandbox.kill_tagged(MARKER_ENV, marker) is True
+    assert helper_sandbox.execute(count).output.strip() == "0"
+    assert runner.kill(state.id).state.finished
+    assert fallback_sandbox.kill_tagged(MARKER_ENV, marker) is False

@@ -33,7 +33,7 @@ from service_harness import (
     subprocess_config,
     wait_beating,
 )
-from support import SESSION_OWNER
+from support import RETAKE_PIDS, SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import RemoteSandbox, SandboxClient
@@ -174,6 +174,27 @@ def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Clie
     assert killed["status"] == "killed"
     assert heartbeat_stopped(client, sandbox["id"], "/workspace/unmarked-beat")
     assert "sh -c while" not in execute(client, sandbox["id"], "ps -eo args=")["output"]
+
+
+def test_a_background_process_that_took_every_pid_is_still_killed(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """A fork bomb in the background: polls answer 503 saying the sandbox cannot start
+    processes (not an opaque failure), and ``DELETE`` still kills it (the exec helper kills by
+    marker without starting a process), after which the sandbox works again."""
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    command = f"echo filling; exec python3 -c {shlex.quote(RETAKE_PIDS)}"
+    process = client.post(base, json={"command": command, "timeout": 600}).json()
+    deadline = time.monotonic() + 30
+    while (polled := client.get(f"{base}/{process['id']}")).status_code != 503:
+        assert polled.status_code == 200, polled.text
+        assert time.monotonic() < deadline, "the process did not fill the sandbox's pids"
+        time.sleep(0.05)
+    assert "cannot start processes" in polled.json()["message"]
+    killed = client.delete(f"{base}/{process['id']}")
+    assert killed.status_code == 200, killed.text
+    assert (killed.json()["status"], killed.json()["output"]) == ("killed", "filling\n")
+    assert execute(client, sandbox["id"], "echo works")["output"] == "works\n"
 
 
 _WIPE_ENVIRON = r"""

@@ -1,0 +1,347 @@
+"""The scripts of `sandboxes.jobs`, as constants: caller data reaches them only as quoted
+positional parameters (`sandboxes.jobs._bind`) and on stdin, never as shell syntax.
+
+What must work when the sandbox cannot start a process (a job filled its pids limit, and every
+fork fails): claiming a job's end (`claim`: a noclobber create, ``set -C``), killing its command's
+process group (`kill_group`: the group id checked in ``/proc/<pid>/stat`` with ``read``) and the
+sweep of every process carrying the job's markers (`STOP` with ``sweep``: the environments read
+with ``read``, which drops their NUL bytes) use only the shell's built-ins (``read``, ``printf``,
+``kill``, ``[``, ``set``): a shell that started may run them. Everything else may fork.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from sandboxes import _scripts
+from sandboxes._kill import JOB_MARKER_PREFIX
+
+__all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
+
+# Shared by every script below: `alive DIR MARKER` (the supervisor of the job in DIR runs: its pid
+# carries the supervisor's marker, so a reused pid is not mistaken for it), `claim DIR` (create
+# ``end`` unless it exists: the one atomic claim of a job's end), `finish DIR STATE CODE` (the
+# time, then claim and write the status: the supervisor's end, which has forked before),
+# `kill_group DIR` (stop and kill the command's process group while its leader is the
+# supervisor's child and leads it, so the group id is still the command's), `kill_job DIR
+# MARKER STATE` (claim and write STATE without its time, kill the group, which frees room, then
+# `stamp` the time and kill every process carrying the marker: a shell that cannot fork dies
+# at ``$(date)``, with the status written by then; a poll in between sees no end time), `sweep
+# PREFIX SIGNAL` (signal every process whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``:
+# every role of a job; slow, one ``read`` per byte). `claim`, `kill_group` and `sweep` use
+# built-ins alone. A status is written right after its claim, with nothing that forks between.
+FUNCTIONS = (
+    _scripts.KILL_MARKED
+    + r"""now() {
+  _t=$(date +%s%N 2>/dev/null)
+  case $_t in '' | *[!0-9]*) _t=$(date +%s 2>/dev/null)000000000 ;; esac
+  case $_t in 000000000 | *[!0-9]*) _t=- ;; esac
+}
+alive() {
+  _p=
+  { read -r _p < "$1/pid"; } 2>/dev/null
+  [ -n "$_p" ] && grep -qsxzF -e "SANDBOXES_EXEC_ID=$2-s" "/proc/$_p/environ"
+}
+claim() {
+  set -C
+  { printf '' > "$1/end"; } 2>/dev/null
+  _r=$?
+  set +C
+  return $_r
+}
+finish() {
+  now
+  claim "$1" || return 1
+  printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status"
+}
+stamp() {
+  now
+  [ "$_t" = - ] || { printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status.new" && mv -f "$1/status.new" "$1/status"; }
+}
+kill_group() {
+  _c= _s= _st=
+  { read -r _c < "$1/cpid"; read -r _s < "$1/pid"; } 2>/dev/null
+  [ -n "$_c" ] && [ -n "$_s" ] || return 1
+  { read -r _st < "/proc/$_c/stat"; } 2>/dev/null
+  set -- ${_st##*) }
+  [ "$2" = "$_s" ] && [ "$3" = "$_c" ] || return 1
+  kill -STOP "-$_c" 2>/dev/null
+  kill -9 "-$_c" 2>/dev/null
+}
+kill_job() {
+  _k=
+  claim "$1" && printf '%s - -\n' "$3" > "$1/status" && _k=1
+  kill_group "$1"
+  [ -z "$_k" ] || stamp "$1" "$3" -
+  kill_marked "$2"
+}
+sweep() {
+  for _p in /proc/[0-9]*; do
+    _p=${_p#/proc/}
+    [ "$_p" != "$$" ] || continue
+    {
+      while IFS= read -r _l || [ -n "$_l" ]; do
+        case $_l in *"SANDBOXES_EXEC_ID=$1"*) kill "-$2" "$_p"; break ;; esac
+      done < "/proc/$_p/environ"
+    } 2>/dev/null
+  done
+}
+"""
+)
+
+_OUTPUT = r"""d=$1
+read -r H T < "$d/limits"
+f=$d/o.h lim=$H k=-1 size=0
+: > "$f"
+while :; do
+  if [ "$size" -ge "$lim" ]; then
+    k=$((k + 1)) f=$d/o.$k lim=$T size=0
+    : > "$f"
+    [ "$k" -lt 2 ] || rm -f -- "$d/o.$((k - 2))"
+  fi
+  n=$((lim - size))
+  [ "$n" -le 65536 ] || n=65536
+  dd bs="$n" count=1 2>/dev/null >> "$f" || break
+  new=$(wc -c < "$f") || break
+  new=$(($new))
+  [ "$new" -ne "$size" ] || { : > "$d/o.done"; exit 0; }
+  size=$new
+done
+: > "$d/o.done"
+exec cat > /dev/null
+"""
+"""The output process, on the command's FIFO: one ``dd`` read (at most what fits) per round
+into the head, then into tail chunks, the newest two kept. A failed write (the sandbox's tmp
+is full) stops keeping output but never stops reading. ``o.done`` says it ended (or gave up
+keeping); the supervisor waits for it."""
+
+_WATCHDOG = (
+    FUNCTIONS
+    + r"""sleep "$3"
+kill_job "$1" "$2" timeout
+"""
+)
+
+_SUPERVISOR = (
+    FUNCTIONS
+    + f"OUTPUT={shlex.quote(_OUTPUT)}\nWATCHDOG={shlex.quote(_WATCHDOG)}\n"
+    + r"""d=$1 m=$2 t=$3
+now
+printf '%s\n' "$_t" > "$d/started"
+if [ "$4" = 1 ] && ! CDPATH= cd -- "$5" 2>/dev/null; then
+  finish "$d" failed cwd
+  echo $$ > "$d/pid"
+  exit 0
+fi
+if ! mkfifo "$d/pipe" "$d/go"; then
+  finish "$d" failed fifo
+  echo $$ > "$d/pid"
+  exit 0
+fi
+SANDBOXES_EXEC_ID=$m-o /bin/sh -c "$OUTPUT" sandboxes-job-output "$d" < "$d/pipe" &
+o=$!
+in=/dev/null
+[ ! -e "$d/stdin" ] || in=$d/stdin
+(
+  set --
+  while IFS= read -r l; do
+    v=$(printf '%s\n' "$l" | base64 -d && printf x)
+    set -- "$@" "${v%x}"
+  done < "$d/env"
+  x=$(cat "$d/cmd" && printf x)
+  read -r _ < "$d/go"
+  [ ! -e "$d/end" ] || exit 137
+  exec setsid env -- "$@" "SANDBOXES_EXEC_ID=$m" /bin/sh -c "${x%x}"
+) < "$in" > "$d/pipe" 2>&1 &
+c=$!
+echo "$c" > "$d/cpid"
+[ "$t" = 0 ] || SANDBOXES_EXEC_ID=$m-w /bin/sh -c "$WATCHDOG" sandboxes-job-watchdog "$d" "$m" "$t" \
+  < /dev/null > /dev/null 2>&1 &
+echo $$ > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"
+exec 3<> "$d/go"
+echo go >&3
+wait "$c"
+s=$?
+kill_marked "$m"
+i=0
+while [ ! -e "$d/o.done" ] && [ "$i" -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
+kill_marked "$m-o"
+wait "$o"
+finish "$d" exited "$s"
+kill_marked "$m-w"
+exec 3>&-
+rm -f -- "$d/pipe" "$d/go"
+"""
+)
+
+START = (
+    FUNCTIONS
+    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nP={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+id=$2 H=$3 T=$4 t=$5 keep=$6 max=$7 c=$8 cwd=$9
+shift 9
+s=$1 E=$2 cmd=$3
+for tool in setsid mkfifo dd base64 env; do
+  command -v "$tool" > /dev/null 2>&1 || { echo "!tool $tool"; exit 21; }
+done
+mkdir -m 700 -- "$r" 2>/dev/null
+[ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] || { echo "!root $r"; exit 22; }
+n=0
+for j in "$r"/*/pid; do
+  [ -e "$j" ] || continue
+  j=${j%/pid}
+  [ -e "$j/status" ] || ! alive "$j" "$P${j##*/}" || n=$((n + 1))
+done
+[ "$n" -lt "$max" ] || { echo "!full $n"; exit 23; }
+set -- "$r"/*/status
+n=$#
+for f do
+  [ "$n" -gt "$keep" ] && [ -e "$f" ] || break
+  rm -rf -- "${f%/status}"
+  n=$((n - 1))
+done
+d=$r/$id
+mkdir -m 700 -- "$d" || { echo "!mkdir"; exit 24; }
+printf '%s %s\n' "$H" "$T" > "$d/limits" && printf '%s' "$cmd" > "$d/cmd" && : > "$d/env" || {
+  rm -rf -- "$d"; echo "!write"; exit 24; }
+if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
+  cat > "$d/in" && head -c "$E" "$d/in" > "$d/env" || { rm -rf -- "$d"; echo "!write"; exit 24; }
+  if [ "$s" = 1 ]; then tail -c "+$((E + 1))" "$d/in" > "$d/stdin" || { rm -rf -- "$d"; echo "!write"; exit 24; }; fi
+  rm -f -- "$d/in"
+fi
+SANDBOXES_EXEC_ID=$P$id-s setsid /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd" \
+  < /dev/null > /dev/null 2> "$d/log" &
+i=0
+while [ ! -e "$d/pid" ]; do
+  i=$((i + 1))
+  [ "$i" -le 2000 ] || { echo "!stuck"; exit 25; }
+  sleep 0.01
+done
+echo "!ok"
+"""
+)
+"""``ROOT ID H T TIMEOUT KEEP MAX HAS_CWD CWD HAS_STDIN ENV_BYTES COMMAND``, stdin: ENV_BYTES of
+environment lines, then the job's stdin. Refuses (``!full``) when MAX jobs already run; returns
+once the supervisor has started the command (its ``pid`` file), so a start that answered ``!ok``
+ran, and one that did not answer may be checked with `JobRunner.list` before another try."""
+
+_STATE = r"""st=
+{ read -r st < "$d/status"; } 2>/dev/null
+if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
+  { read -r st < "$d/status"; } 2>/dev/null
+  if [ -z "$st" ]; then
+    kill_job "$d" "$m" lost
+    kill_marked "$m-w"
+    kill_marked "$m-o"
+    { read -r st < "$d/status"; } 2>/dev/null
+  fi
+fi
+s0=-
+{ read -r s0 < "$d/started"; } 2>/dev/null
+"""
+"""``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
+status is recorded ``lost`` (and whatever is left of its tree killed)."""
+
+POLL = (
+    FUNCTIONS
+    + f"P={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+d=$r/$2 m=$P$2 off=$3 left=$4
+[ -d "$d" ] || exit 10
+"""
+    + _STATE
+    + r"""read -r H T < "$d/limits"
+printf '!j %s %s %s %s\n' "${st:-running - -}" "$s0" "$H" "$T"
+seg() {
+  sz=$({ wc -c < "$1"; } 2> /dev/null) || return 0
+  a=$2 b=$(($2 + $sz))
+  [ "$b" -gt "$off" ] && [ "$left" -gt 0 ] || return 0
+  from=$a
+  [ "$from" -ge "$off" ] || from=$off
+  to=$b
+  [ "$((to - from))" -le "$left" ] || to=$((from + left))
+  left=$((left - (to - from)))
+  printf '!s %s\n' "$from"
+  tail -c "+$((from - a + 1))" "$1" 2> /dev/null | head -c "$((to - from))" | base64
+}
+seg "$d/o.h" 0
+k=-1
+for f in "$d"/o.[0-9]*; do
+  [ -e "$f" ] || continue
+  [ "${f##*/o.}" -le "$k" ] || k=${f##*/o.}
+done
+[ "$k" -lt 1 ] || seg "$d/o.$((k - 1))" "$((H + (k - 1) * T))"
+[ "$k" -lt 0 ] || seg "$d/o.$k" "$((H + k * T))"
+echo "!e"
+"""
+)
+"""``ROOT ID OFFSET MAX``: the job's status line, then the kept output from stream position
+OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
+
+KILL = (
+    FUNCTIONS
+    + f"P={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+d=$r/$2 m=$P$2
+[ -d "$d" ] || exit 10
+kill_job "$d" "$m" killed
+i=0
+while alive "$d" "$m" && [ "$i" -lt 200 ]; do
+  sleep 0.05
+  kill_marked "$m"
+  i=$((i + 1))
+done
+st=
+{ read -r st < "$d/status"; } 2>/dev/null
+if [ "$st" = "killed - -" ]; then
+  now
+  [ "$_t" = - ] || { printf 'killed - %s\n' "$_t" > "$d/status.new" && mv -f "$d/status.new" "$d/status"; }
+fi
+"""
+)
+"""``ROOT ID``: finish the job as ``killed`` unless it ended already, kill its tree, and wait
+(10 s at most) until its supervisor has ended, killing again what a race let start. A ``killed``
+claimed by `STOP` without a time (it cannot run ``date``) gets this moment's."""
+
+STOP = (
+    FUNCTIONS
+    + f"P={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+d=$r/$2 m=$P$2
+[ -d "$d" ] || exit 10
+if claim "$d"; then
+  printf 'killed - -\n' > "$d/status"
+  echo '!claimed'
+  kill_group "$d"
+elif [ -e "$d/status" ]; then
+  echo '!ended'
+fi
+[ "$3" = 0 ] && exit 0
+sweep "$m" STOP
+sweep "$m" STOP
+sweep "$m" KILL
+sweep "$m" KILL
+"""
+)
+"""``ROOT ID SWEEP``, built-ins only (see the module docstring), for a kill in a sandbox that
+may have no room for a process: claim the job's end as ``killed`` (``!claimed``; ``!ended``:
+it had ended), so whatever the kill does to its supervisor, the job ends ``killed``, and kill
+the command's process group, which frees room; with SWEEP 1, also stop then kill every process
+of the job in any role (a tree that left the group with ``setsid``)."""
+
+LIST = (
+    FUNCTIONS
+    + f"P={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+[ -d "$r" ] || exit 0
+for d in "$r"/*/limits; do
+  [ -e "$d" ] || continue
+  d=${d%/limits} id=${d##*/}
+  m=$P$id
+"""
+    + _STATE
+    + r"""  printf '!j %s %s %s\n' "$id" "${st:-running - -}" "$s0"
+done
+"""
+)
+"""``ROOT``: one ``!j ID STATUS CODE ENDED STARTED`` line per job, oldest first."""

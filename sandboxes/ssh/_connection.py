@@ -371,6 +371,7 @@ class ChannelOutput:
         self._channel = channel
         self._timeout = timeout
         self._broken = False
+        self._status: int | None = None
         self.stderr = bytearray()
         channel.settimeout(0.2)
 
@@ -380,14 +381,20 @@ class ChannelOutput:
         while True:
             self._drain_stderr()
             try:
-                return bytes(self._channel.recv(size))
+                data = bytes(self._channel.recv(size))
             except TimeoutError:
                 if time.monotonic() - silent_since > self._timeout:
                     self._broken = True
                     return b""
+                continue
             except (paramiko.SSHException, OSError, EOFError):
                 self._broken = True
                 return b""
+            if not data and self._status is None:
+                # The status trails the end of output; a channel closed before it came never
+                # gets it (the caller closes once it read the end): take it now.
+                self._status = exit_status(self._channel, wait=self._connection.config.connect_timeout)
+            return data
 
     def _drain_stderr(self) -> None:
         while self._channel.recv_stderr_ready():
@@ -396,10 +403,9 @@ class ChannelOutput:
 
     def exit_code(self) -> int | None:
         """The exit status once the output ended; ``None`` when it never came."""
-        if self._broken:
+        if self._broken or self._status is None:
             return None
-        status = exit_status(self._channel, wait=self._connection.config.connect_timeout)
-        return None if status == -1 else status
+        return None if self._status == -1 else self._status
 
     def close(self) -> None:
         self._connection.close_session(self._channel)

@@ -278,26 +278,50 @@ def workdir_of(sandbox: BaseSandbox) -> str:
 # ---------------------------------------------------------------------- reconcile
 
 
-def reconcile(backends: dict[str, ProviderBackend], states: list[SandboxState], now: float) -> list[Adopted]:
+def reconcile(
+    backends: dict[str, ProviderBackend],
+    states: list[SandboxState],
+    now: float,
+    *,
+    held: frozenset[tuple[str, str]] = frozenset(),
+) -> tuple[list[Adopted], set[str]]:
     """Compare ``states`` (what the service remembers) with what the providers list: return the
     live sandboxes to adopt; destroy the expired, the deleted, the orphaned and the stopped that
     cannot come back whole. Then let every provider sweep its own leftovers (a volume whose
-    container is gone, a record whose root is). Raises if a provider cannot list: what exists
-    is then unknown, and nothing may be dropped on a guess."""
+    container is gone, a record whose root is). Sandboxes in ``held`` (backend kind, ref) are
+    the caller's already and left alone.
+
+    Also returns the templates whose provider could not list (a host down, an engine not
+    answering): what exists there is unknown, so nothing of theirs is adopted, dropped or
+    swept on a guess; the caller keeps their states and tries again later, while every other
+    template serves."""
     remembered = {(state.backend, state.ref): state for state in states}
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str]] = set(held)
     adopted: list[Adopted] = []
+    unreachable: set[str] = set()
     for backend in backends.values():
-        for record in backend.provider.list():
+        try:
+            records = backend.provider.list()
+        except Exception:
+            logger.exception("the %s template's provider cannot list its sandboxes", backend.template_name)
+            unreachable.add(backend.template_name)
+            continue
+        for record in records:
             key = (backend.name, record.ref)
             if key in seen:  # templates of one backend may share what they list
                 continue
             seen.add(key)
             state = remembered.get(key) or _state_from_record(record, backend)
-            found = _adopt(backends, backend, record, state, now)
+            try:
+                found = _adopt(backends, backend, record, state, now)
+            except Exception:
+                logger.exception("adopting %s sandbox %s failed", backend.name, record.ref)
+                continue
             if found is not None:
                 adopted.append(found)
     for backend in backends.values():
+        if backend.template_name in unreachable:
+            continue
         try:
             swept = backend.provider.sweep(now)
         except Exception:
@@ -305,7 +329,7 @@ def reconcile(backends: dict[str, ProviderBackend], states: list[SandboxState], 
             continue
         for ref in swept.removed:
             logger.info("swept %s leftover %s", backend.name, ref)
-    return adopted
+    return adopted, unreachable
 
 
 def _adopt(

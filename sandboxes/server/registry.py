@@ -109,6 +109,9 @@ class Registry:
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._unreconciled: dict[str, list[SandboxState]] = {}
+        """Per template whose backend could not be reached: the states it keeps until it can."""
+        self._reconciling = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -119,7 +122,20 @@ class Registry:
         states = await asyncio.to_thread(self.store.load_all)
         kinds = {backend.name for backend in self.backends.values()}
         mine = [state for state in states if state.backend in kinds]
-        adopted = await asyncio.to_thread(reconcile, self.backends, mine, now)
+        await self._reconcile(self.backends, mine, now)
+        for state in states:
+            if state.backend not in kinds:
+                logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
+        self._update_gauge()
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.ready = True
+
+    async def _reconcile(self, backends: dict[str, ProviderBackend], states: list[SandboxState], now: float) -> None:
+        """Adopt what ``backends`` have of ``states`` and reap the rest (`reconcile`). The states
+        of a template whose provider cannot list stay recorded and wait in `_unreconciled`: each
+        sweep tries again, and until then their sandboxes answer ``backend_unavailable``."""
+        held = frozenset((entry.backend.name, entry.state.ref) for entry in self._entries.values())
+        adopted, unreachable = await asyncio.to_thread(reconcile, backends, states, now, held=held)
         kept = set()
         for state, sandbox in adopted:
             backend = self._backend_of(state)
@@ -128,16 +144,35 @@ class Registry:
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
-        for state in mine:
-            if state.id not in kept:
-                await asyncio.to_thread(self.store.remove, state.id)
-        logger.info("reconciled: adopted %d sandboxes", len(adopted))
+        for template in backends:
+            self._unreconciled.pop(template, None)
         for state in states:
-            if state.backend not in kinds:
-                logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
-        self._update_gauge()
-        self._sweeper = asyncio.create_task(self._sweep_forever())
-        self.ready = True
+            if state.template in unreachable:
+                self._unreconciled.setdefault(state.template, []).append(state)
+            elif state.id not in kept:
+                await asyncio.to_thread(self.store.remove, state.id)
+        for template in unreachable:
+            self._unreconciled.setdefault(template, [])
+            logger.error("template %s: its backend cannot be reached; retrying at every sweep", template)
+        logger.info("reconciled: adopted %d sandboxes", len(adopted))
+
+    async def _reconcile_unreachable(self) -> None:
+        """Try again the templates whose backend could not be reached."""
+        async with self._reconciling:  # a sweep on demand may overlap the periodic one
+            if not self._unreconciled:
+                return
+            await self._reconcile_again()
+
+    async def _reconcile_again(self) -> None:
+        pending = dict(self._unreconciled)
+        backends = {name: self.backends[name] for name in pending if name in self.backends}
+        states = [state for waiting in pending.values() for state in waiting]
+        await self._reconcile(backends, states, self.clock.now())
+
+    def _unreachable(self, tenant: Tenant, sandbox_id: str) -> bool:
+        """Whether it is the tenant's sandbox on a backend that cannot be reached now."""
+        waiting = (state for states in self._unreconciled.values() for state in states)
+        return any(state.id == sandbox_id and state.tenant == tenant.id for state in waiting)
 
     async def close(self) -> None:
         """Stop enforcing; the sandboxes stay for the next start to adopt."""
@@ -252,6 +287,8 @@ class Registry:
             return entry
         if entry is not None:
             return await self._confirm(entry)
+        if self._unreachable(tenant, sandbox_id):
+            raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
         if not self._shared:
             raise not_found(sandbox_id)
         state = await asyncio.to_thread(census.find_state, self.backends, sandbox_id)
@@ -368,6 +405,12 @@ class Registry:
             for entry in self._entries.values()
             if entry.state.tenant == tenant.id and not entry.backend.shared and entry.state.id not in ids
         ]
+        held += [  # on a backend that cannot be reached now: still the tenant's
+            state
+            for waiting in self._unreconciled.values()
+            for state in waiting
+            if state.tenant == tenant.id and state.id not in ids
+        ]
         pending = [
             r
             for r in self._reserved.values()
@@ -441,6 +484,7 @@ class Registry:
     async def sweep(self) -> None:
         """Remove what expired; retry the destroys that failed. On shared backends, compare
         what is held here with the records, and reap what expired whoever holds it."""
+        await self._reconcile_unreachable()
         if self._shared:
             await self._sweep_shared()
         now = self.clock.now()

@@ -35,7 +35,7 @@ from service_harness import (
 from ssh_fixtures import SSHVM, start_vm
 
 from sandboxes.client import RemoteSandbox, SandboxClient
-from sandboxes.server.settings import SSHTemplate
+from sandboxes.server.settings import LocalTemplate, SSHTemplate
 from sandboxes.testing import SandboxConformance
 
 
@@ -190,6 +190,37 @@ def test_kill_9_then_restart_adopts_workspaces_and_reaps_the_rest(vm: SSHVM, tmp
         assert _on_vm(vm, f"ls -A {root}").split() == []
     finally:
         service.stop()
+
+
+def test_a_host_down_at_start_leaves_the_rest_serving_and_its_workspaces_come_back(vm: SSHVM, tmp_path: Path) -> None:
+    """A template whose host cannot be reached when the service starts does not stop it: the
+    other templates serve, that host's sandboxes answer 503 and keep their records (nothing is
+    dropped on a guess), and a sweep after the host is back adopts them."""
+    template = _template(vm, f"/tmp/down-{uuid.uuid4().hex[:8]}")
+    template["hosts"][0]["connect_timeout"] = 2
+    settings = settings_for(tmp_path, templates={"default": LocalTemplate(default_timeout=30), "vm": template})
+    with running(settings) as first, first.client("alice") as alice:
+        kept = create(alice, template="vm", ttl=600)
+        execute(alice, kept["id"], "echo kept > file.txt")
+    vm.docker.pause()
+    try:
+        with running(settings) as second, second.client("alice") as alice, second.client("bob") as bob:
+            local = create(alice)
+            assert execute(alice, local["id"], "echo up")["output"] == "up\n"
+            down = alice.get(f"/v1/sandboxes/{kept['id']}")
+            assert (down.status_code, down.json()["error"]) == (503, "backend_unavailable"), down.text
+            assert bob.get(f"/v1/sandboxes/{kept['id']}").status_code == 404  # still only alice's
+            vm.docker.unpause()
+            deadline = time.monotonic() + 60
+            while alice.get(f"/v1/sandboxes/{kept['id']}").status_code != 200:
+                assert time.monotonic() < deadline, "the workspace was not adopted once its host was back"
+                second.sweep()
+            assert execute(alice, kept["id"], "cat file.txt")["output"] == "kept\n"
+            assert alice.delete(f"/v1/sandboxes/{kept['id']}").status_code == 204
+    finally:
+        vm.docker.reload()
+        if vm.docker.status == "paused":
+            vm.docker.unpause()
 
 
 @pytest.fixture(scope="module")

@@ -367,7 +367,7 @@ class JobRunner:
         for line in response.output.splitlines():
             if line.startswith("!j "):
                 fields = line.split()
-                if len(fields) == 6:
+                if len(fields) == 6 and _is_id(fields[1]):  # any directory the sandbox made is listed
                     states.append(_state(fields[1], fields[2:5], fields[5]))
         return states
 
@@ -413,8 +413,12 @@ def _seconds(timeout: float | None) -> str:
     return f"{timeout:.3f}".rstrip("0").rstrip(".")
 
 
+def _is_id(text: str) -> bool:
+    return len(text) == _ID_HEX and all(c in "0123456789abcdef" for c in text)
+
+
 def _check_id(job_id: str) -> None:
-    if len(job_id) != _ID_HEX or any(c not in "0123456789abcdef" for c in job_id):
+    if not _is_id(job_id):
         raise JobNotFound(job_id)
 
 
@@ -422,8 +426,17 @@ def _failure(response: p.ExecuteResponse) -> str:
     return f"exit {response.exit_code}: {response.output.strip()[-300:] or 'no output'}"
 
 
+_MAX_DIGITS = 19
+"""Longest number read from a job's files (``int64`` times and exit codes): every longer one,
+like every one with a digit that is not ASCII, is forged by the sandbox (``int`` refuses some,
+``float`` overflows on others)."""
+
+
 def _int(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    """A number the sandbox wrote into a job's file, ``None`` when it is not one of ours."""
+    if not 0 < len(text) <= _MAX_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
 
 
 def _state(job_id: str, status: list[str], started: str) -> JobState:
@@ -448,7 +461,8 @@ def _parse_poll(job_id: str, output: str) -> Job:
     if "!e" in lines:  # what follows is the transport's (a per-command wrapper's complaint), not the script's
         lines = [*lines[: len(lines) - lines[::-1].index("!e")], ""]
     header = lines[0].split() if lines else []
-    if len(header) != 7 or header[0] != "!j" or lines[-2:] != ["!e", ""]:
+    head, tail = (_int(word) for word in header[5:7]) if len(header) == 7 else (None, None)
+    if header[:1] != ["!j"] or lines[-2:] != ["!e", ""] or head is None or tail is None:
         raise JobError(p.BACKEND_ERROR, f"unexpected answer polling job {job_id}: {output[-300:]!r}")
     state = _state(job_id, header[1:4], header[4])
     chunks: list[tuple[int, bytes]] = []
@@ -466,4 +480,4 @@ def _parse_poll(job_id: str, output: str) -> Job:
             if data:
                 chunks.append((position, data))
         position, encoded = _int(line[3:]), []
-    return Job(state, tuple(chunks), head=int(header[5]), tail=int(header[6]))
+    return Job(state, tuple(chunks), head=head, tail=tail)

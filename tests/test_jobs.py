@@ -23,7 +23,7 @@ from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.jobs import CannotFork, Job, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, TooManyJobs
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -445,3 +445,48 @@ def test_runner_needs_no_state_of_its_own(backend: Backend) -> None:
     assert _until_finished(second, state.id).output == b"shared\n"
     assert state.id in {s.id for s in second.list()}
     assert os.environ.get(MARKER_ENV) is None  # the test process itself carries no marker
+
+
+# ---------------------------------------------------------------------- a hostile sandbox
+
+
+def _forge(sandbox: BaseSandbox, job_id: str, name: str, content: str) -> None:
+    """Write ``content`` over the job's file ``name`` from inside the sandbox, as any of its
+    processes may (the job's directory belongs to the sandbox's user)."""
+    script = 'printf "%s" "$C" > "${TMPDIR:-/tmp}/.sandboxes-jobs/$J/$N"'
+    assert sandbox.execute(script, env={"C": content, "J": job_id, "N": name}).exit_code == 0
+
+
+@pytest.mark.parametrize("backend", ["local"], indirect=True)
+def test_numbers_forged_in_a_jobs_files_are_refused_not_raised(backend: Backend) -> None:
+    """What a poll or a listing parses comes from files the sandbox may rewrite: numbers that
+    Python's ``int`` refuses (digits that are not ASCII, over 4300 of them), or that overflow a
+    float (a duration), are no number (``None``); limits that are not numbers are a
+    `JobError`. Never a ``ValueError`` or an ``OverflowError`` out of the runner."""
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("echo up; sleep 1000", timeout=120)
+    try:
+        _until_output(runner, state.id, b"up\n")
+        planted = 'd="${TMPDIR:-/tmp}/.sandboxes-jobs/not-a-job" && mkdir -p "$d" && : > "$d/limits"'
+        assert backend.sandbox.execute(planted).exit_code == 0
+        assert state.id in {s.id for s in runner.list()}
+        assert "not-a-job" not in {s.id for s in runner.list()}
+        for started in ("\u00b2", "9" * 5000, "1" + "0" * 400):
+            _forge(backend.sandbox, state.id, "started", f"{started}\n")
+            job = runner.poll(state.id)
+            assert (job.state.status, job.state.started_ns, job.output) == ("running", None, b"up\n")
+            assert [s.started_ns for s in runner.list() if s.id == state.id] == [None]
+        _forge(backend.sandbox, state.id, "started", "1\n")
+        _forge(backend.sandbox, state.id, "status", f"exited \u00b2 {'9' * 400}\n")
+        job = runner.poll(state.id)
+        assert (job.state.status, job.state.exit_code, job.state.ended_ns) == ("exited", None, None)
+        assert job.response().duration_ms is None
+        _forge(backend.sandbox, state.id, "limits", "\u00b2 x\n")
+        with pytest.raises(JobError) as refused:
+            runner.poll(state.id)
+        assert refused.value.code == p.BACKEND_ERROR
+        assert "unexpected answer" in refused.value.message
+    finally:
+        _forge(backend.sandbox, state.id, "limits", "1 1\n")
+        assert runner.kill(state.id).state.finished
+        assert _job_processes(backend.sandbox, state.id) == 0

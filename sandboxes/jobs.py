@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 import secrets
 import shlex
@@ -90,6 +91,9 @@ _ID_HEX = 32
 _OPERATION_TIMEOUT = 60.0
 _EXIT_NOT_FOUND = 10
 _KILL_ATTEMPTS = 12
+_MAX_TIMEOUT = float(1 << 31)
+"""Seconds (68 years): a longer timeout (``inf`` too) is this one; busybox ``sleep`` refuses
+20 digits, and the watchdog would time the job out at once."""
 _CANNOT_FORK = re.compile(
     r"(?i)can(?:not|'t) fork|fork: |resource temporarily unavailable|BlockingIOError|unable to start container process"
 )
@@ -408,9 +412,14 @@ def _env_entry(name: str, value: str) -> bytes:
 
 
 def _seconds(timeout: float | None) -> str:
-    if not timeout or timeout <= 0:
+    """The watchdog's ``sleep`` argument, ``0`` for none: a timeout is rounded UP to the
+    millisecond (rounded down, one under half a millisecond was ``0``: no timeout at all)."""
+    if timeout is not None and math.isnan(timeout):
+        raise JobError(p.INVALID_ARGUMENT, "the timeout is not a number")
+    if timeout is None or timeout <= 0:
         return "0"
-    return f"{timeout:.3f}".rstrip("0").rstrip(".")
+    seconds = math.ceil(min(timeout, _MAX_TIMEOUT) * 1000) / 1000
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")
 
 
 def _is_id(text: str) -> bool:

@@ -490,3 +490,13 @@ def test_numbers_forged_in_a_jobs_files_are_refused_not_raised(backend: Backend)
         _forge(backend.sandbox, state.id, "limits", "1 1\n")
         assert runner.kill(state.id).state.finished
         assert _job_processes(backend.sandbox, state.id) == 0
+
+
+@pytest.mark.parametrize("backend", ["local"], indirect=True)
+def test_a_timeout_under_a_millisecond_is_still_a_timeout(backend: Backend) -> None:
+    """A timeout rounds up to the millisecond the watchdog can sleep: rounded down to ``0`` it
+    meant none at all (and a service's request of 0.0004 s escaped its ceiling on timeouts)."""
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("sleep 1000", timeout=0.0004)
+    job = _until_finished(runner, state.id, timeout=15)
+    assert job.state.status == "timeout"

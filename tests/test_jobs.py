@@ -500,3 +500,23 @@ def test_a_timeout_under_a_millisecond_is_still_a_timeout(backend: Backend) -> N
     state = runner.start("sleep 1000", timeout=0.0004)
     job = _until_finished(runner, state.id, timeout=15)
     assert job.state.status == "timeout"
+
+
+@pytest.mark.parametrize("backend", ["busybox"], indirect=True)
+def test_a_timeout_of_centuries_lets_the_job_run(backend: Backend) -> None:
+    """busybox ``sleep`` refuses a number of 20 digits: the watchdog's sleep of such a timeout
+    failed at once, and it timed the job out. Its sleep must run, and the job with it."""
+    runner = JobRunner(backend.sandbox)
+    state = runner.start("echo up; exec sleep 1000", timeout=1e20)
+    watchdog = f"{MARKER_ENV}={JOB_MARKER_PREFIX}{state.id}-w"
+    sleeping = (
+        f"grep -lsxzF -e '{watchdog}' /proc/[0-9]*/environ | "
+        "while IFS=/ read -r _ _ p _; do tr '\\0' ' ' < /proc/$p/cmdline; echo; done 2>/dev/null"
+    )
+    deadline = time.monotonic() + 30
+    while "sleep " not in backend.sandbox.execute(sleeping).output:
+        assert not runner.poll(state.id).state.finished, runner.poll(state.id)
+        assert time.monotonic() < deadline, "the watchdog never slept"
+        time.sleep(0.05)
+    assert runner.poll(state.id).state.status == "running"
+    assert runner.kill(state.id).state.status == "killed"

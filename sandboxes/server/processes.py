@@ -207,6 +207,8 @@ class ProcessTable:
 def _service_error(failed: JobError) -> ServiceError:
     if failed.code == p.FILE_NOT_FOUND:
         return ServiceError("not_found", failed.message)
+    if failed.code == p.INVALID_ARGUMENT:  # the request's (its environment): not the backend's fault
+        return ServiceError("invalid_request", failed.message)
     if isinstance(failed, CannotFork):  # the tenant's own sandbox is full: say so, they can kill
         return ServiceError("backend_unavailable", failed.message)
     logger.warning("background job operation failed: %s", failed.message)

@@ -244,3 +244,16 @@ def test_unknown_process_is_404(client: httpx.Client, sandbox: dict[str, Any]) -
     response = client.get(f"/v1/sandboxes/{sandbox['id']}/processes/p999")
     assert response.status_code == 404
     assert error_of(response) == "not_found"
+
+
+def test_a_background_process_with_an_invalid_environment_is_an_invalid_request(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """The job runner refuses these (the job's own marker, a NUL in a value): the tenant's
+    mistake is a 422 ``invalid_request`` saying why, not a 503 blaming the backend."""
+    base = f"/v1/sandboxes/{sandbox['id']}/processes"
+    for env in ({"SANDBOXES_EXEC_ID": "mine"}, {"V": "a\x00b"}):
+        refused = client.post(base, json={"command": "true", "env": env})
+        assert (refused.status_code, error_of(refused)) == (422, "invalid_request"), refused.text
+        assert "environment variable" in refused.json()["message"] or "marker" in refused.json()["message"]
+    assert client.post(base, json={"command": "true"}).status_code == 202  # its slot was given back

@@ -7,6 +7,16 @@ process group (`kill_group`: the group id checked in ``/proc/<pid>/stat`` with `
 sweep of every process carrying the job's markers (`STOP` with ``sweep``: the environments read
 with ``read``, which drops their NUL bytes) use only the shell's built-ins (``read``, ``printf``,
 ``kill``, ``[``, ``set``): a shell that started may run them. Everything else may fork.
+
+A job's directory belongs to the sandbox's user, so any process of the sandbox may replace its
+files, with FIFOs too: a script of the runner that opened one to read or write waited for its
+other end until the operation timed out, holding the caller (one of the service's worker
+threads) that long per request. So these scripts read a job's files with `line` (opened
+read-write, which never blocks, and read only when the opened file is a regular one), write
+its status read-write too, and claim its end only when nothing is there yet. Not covered: a
+FIFO put in place between that check and the claim's create, and files planted in a new job's
+directory between its ``mkdir`` and the start's writes (both a race of microseconds), which
+hold the caller until its operation times out.
 """
 
 from __future__ import annotations
@@ -18,8 +28,10 @@ from sandboxes._kill import JOB_MARKER_PREFIX
 
 __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
 
-# Shared by every script below: `alive DIR MARKER` (the supervisor of the job in DIR runs: its pid
-# carries the supervisor's marker, so a reused pid is not mistaken for it), `claim DIR` (create
+# Shared by every script below: `line FILE` (its first line in ``_ln``; empty unless FILE is a
+# regular file, and never blocking on a FIFO; ``<>`` would create it: hence the ``-e``), `alive
+# DIR MARKER` (the supervisor of the job in DIR runs: its pid carries the supervisor's marker,
+# so a reused pid is not mistaken for it), `claim DIR` (create
 # ``end`` unless it exists: the one atomic claim of a job's end), `finish DIR STATE CODE` (the
 # time, then claim and write the status: the supervisor's end, which has forked before),
 # `kill_group DIR` (stop and kill the command's process group while its leader is the
@@ -37,12 +49,18 @@ FUNCTIONS = (
   case $_t in '' | *[!0-9]*) _t=$(date +%s 2>/dev/null)000000000 ;; esac
   case $_t in 000000000 | *[!0-9]*) _t=- ;; esac
 }
+line() {
+  _ln=
+  [ -e "$1" ] || return 0
+  { [ -f /proc/self/fd/9 ] && read -r _ln <&9; } 2>/dev/null 9<> "$1"
+}
 alive() {
-  _p=
-  { read -r _p < "$1/pid"; } 2>/dev/null
+  line "$1/pid"
+  _p=$_ln
   [ -n "$_p" ] && grep -qsxzF -e "SANDBOXES_EXEC_ID=$2-s" "/proc/$_p/environ"
 }
 claim() {
+  [ ! -e "$1/end" ] && [ ! -L "$1/end" ] || return 1
   set -C
   { printf '' > "$1/end"; } 2>/dev/null
   _r=$?
@@ -52,15 +70,19 @@ claim() {
 finish() {
   now
   claim "$1" || return 1
-  printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status"
+  printf '%s %s %s\n' "$2" "$3" "$_t" 1<> "$1/status"
 }
 stamp() {
   now
-  [ "$_t" = - ] || { printf '%s %s %s\n' "$2" "$3" "$_t" > "$1/status.new" && mv -f "$1/status.new" "$1/status"; }
+  [ "$_t" = - ] || { rm -f -- "$1/status.new" && printf '%s %s %s\n' "$2" "$3" "$_t" 1<> "$1/status.new" &&
+    mv -f -- "$1/status.new" "$1/status"; }
 }
 kill_group() {
-  _c= _s= _st=
-  { read -r _c < "$1/cpid"; read -r _s < "$1/pid"; } 2>/dev/null
+  _st=
+  line "$1/cpid"
+  _c=$_ln
+  line "$1/pid"
+  _s=$_ln
   [ -n "$_c" ] && [ -n "$_s" ] || return 1
   { read -r _st < "/proc/$_c/stat"; } 2>/dev/null
   set -- ${_st##*) }
@@ -70,7 +92,7 @@ kill_group() {
 }
 kill_job() {
   _k=
-  claim "$1" && printf '%s - -\n' "$3" > "$1/status" && _k=1
+  claim "$1" && printf '%s - -\n' "$3" 1<> "$1/status" && _k=1
   kill_group "$1"
   [ -z "$_k" ] || stamp "$1" "$3" -
   kill_marked "$2"
@@ -225,19 +247,21 @@ environment lines, then the job's stdin. Refuses (``!full``) when MAX jobs alrea
 once the supervisor has started the command (its ``pid`` file), so a start that answered ``!ok``
 ran, and one that did not answer may be checked with `JobRunner.list` before another try."""
 
-_STATE = r"""st=
-{ read -r st < "$d/status"; } 2>/dev/null
+_STATE = r"""line "$d/status"
+st=$_ln
 if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
-  { read -r st < "$d/status"; } 2>/dev/null
+  line "$d/status"
+  st=$_ln
   if [ -z "$st" ]; then
     kill_job "$d" "$m" lost
     kill_marked "$m-w"
     kill_marked "$m-o"
-    { read -r st < "$d/status"; } 2>/dev/null
+    line "$d/status"
+    st=$_ln
   fi
 fi
-s0=-
-{ read -r s0 < "$d/started"; } 2>/dev/null
+line "$d/started"
+s0=${_ln:--}
 """
 """``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
 status is recorded ``lost`` (and whatever is left of its tree killed)."""
@@ -250,10 +274,12 @@ d=$r/$2 m=$P$2 off=$3 left=$4
 [ -d "$d" ] || exit 10
 """
     + _STATE
-    + r"""read -r H T < "$d/limits"
+    + r"""line "$d/limits"
+H=${_ln%% *} T=${_ln#* }
 printf '!j %s %s %s %s\n' "${st:-running - -}" "$s0" "$H" "$T"
 seg() {
-  sz=$({ wc -c < "$1"; } 2> /dev/null) || return 0
+  [ -e "$1" ] || return 0
+  sz=$({ [ -f /proc/self/fd/9 ] && wc -c <&9; } 2> /dev/null 9<> "$1") || return 0
   a=$2 b=$(($2 + $sz))
   [ "$b" -gt "$off" ] && [ "$left" -gt 0 ] || return 0
   from=$a
@@ -262,7 +288,8 @@ seg() {
   [ "$((to - from))" -le "$left" ] || to=$((from + left))
   left=$((left - (to - from)))
   printf '!s %s\n' "$from"
-  tail -c "+$((from - a + 1))" "$1" 2> /dev/null | head -c "$((to - from))" | base64
+  { [ -f /proc/self/fd/9 ] && tail -c "+$((from - a + 1))" <&9; } 2> /dev/null 9<> "$1" |
+    head -c "$((to - from))" | base64
 }
 seg "$d/o.h" 0
 k=-1
@@ -291,12 +318,8 @@ while alive "$d" "$m" && [ "$i" -lt 200 ]; do
   kill_marked "$m"
   i=$((i + 1))
 done
-st=
-{ read -r st < "$d/status"; } 2>/dev/null
-if [ "$st" = "killed - -" ]; then
-  now
-  [ "$_t" = - ] || { printf 'killed - %s\n' "$_t" > "$d/status.new" && mv -f "$d/status.new" "$d/status"; }
-fi
+line "$d/status"
+[ "$_ln" != "killed - -" ] || stamp "$d" killed -
 """
 )
 """``ROOT ID``: finish the job as ``killed`` unless it ended already, kill its tree, and wait
@@ -310,7 +333,7 @@ STOP = (
 d=$r/$2 m=$P$2
 [ -d "$d" ] || exit 10
 if claim "$d"; then
-  printf 'killed - -\n' > "$d/status"
+  printf 'killed - -\n' 1<> "$d/status"
   echo '!claimed'
   kill_group "$d"
 elif [ -e "$d/status" ]; then

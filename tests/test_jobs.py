@@ -520,3 +520,29 @@ def test_a_timeout_of_centuries_lets_the_job_run(backend: Backend) -> None:
         time.sleep(0.05)
     assert runner.poll(state.id).state.status == "running"
     assert runner.kill(state.id).state.status == "killed"
+
+
+@pytest.mark.parametrize("backend", ["local", "busybox"], indirect=True)
+def test_fifos_planted_in_a_jobs_directory_do_not_block_poll_list_or_kill(backend: Backend) -> None:
+    """A process of the sandbox may replace a job's files by FIFOs: a script that opened one
+    to read or write it waited for the other end until its operation timed out, holding one of
+    the service's worker threads that long per request. Each answers at once instead (the
+    forged job reads as running, or its files as empty), and the job is still killed."""
+    runner = JobRunner(backend.sandbox, operation_timeout=20)
+    state = runner.start("echo up; exec sleep 1000", timeout=120)
+    _until_output(runner, state.id, b"up\n")
+    names = ("status", "started", "limits", "o.h", "pid", "cpid", "end", "status.new")
+    plant = (
+        'cd "${TMPDIR:-/tmp}/.sandboxes-jobs/$J" && for f in $N; do mv -f "$f" "$f.x" 2>/dev/null; mkfifo "$f"; done'
+    )
+    assert backend.sandbox.execute(plant, env={"J": state.id, "N": " ".join(names)}).exit_code == 0
+    with pytest.raises(JobError) as forged:  # the limits are a FIFO: read as none, which is no answer
+        runner.poll(state.id)
+    assert forged.value.code == p.BACKEND_ERROR
+    assert [s.status for s in runner.list() if s.id == state.id] == ["running"]
+    with pytest.raises(JobError):  # its end cannot be claimed, nor its output read: still no hang
+        runner.kill(state.id)
+    deadline = time.monotonic() + 15  # its supervisor, which cannot record an end either, ends
+    while _job_processes(backend.sandbox, state.id):
+        assert time.monotonic() < deadline, "the job's processes outlived its kill"
+        time.sleep(0.05)

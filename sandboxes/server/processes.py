@@ -15,7 +15,8 @@ Limits, and where they live now:
   many bytes of output, head and tail, in the sandbox's own bounded ``/tmp`` and keeps running
   past it; a poll reads at most ``max_output_bytes`` of it. So the former budgets of output held
   in the service's memory (``max_process_output_bytes`` per sandbox, the tenant policy's
-  ``max_process_output``) no longer apply: no output is held here between polls.
+  ``max_process_output``) are deprecated and ignored (`sandboxes.server.settings.DEPRECATED`):
+  no output is held here between polls.
 - A tenant's ``max_commands`` (its commands running at once): a background process holds one of
   the tenant's slots in the replica that started it until that replica sees it end: through a
   poll or a kill, or through a watcher thread that lists the sandbox's jobs (one ``execute``) every

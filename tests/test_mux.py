@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -312,6 +313,44 @@ def test_the_helper_kills_by_marker_what_outlived_its_command(stream: _PipeStrea
     with pytest.raises(ValueError, match="empty marker"):
         client.kill_marked("SANDBOXES_EXEC_ID", "")
     assert _run(client, "echo still serving").output == "still serving\n"
+
+
+def _exchange(stream: _PipeStream, kind: bytes, ident: int, payload: bytes) -> tuple[bytes, dict[str, object] | str]:
+    """One raw frame to the helper and its answer (X as JSON, E as text), without `MuxClient`,
+    whose own checks would stop a frame the helper must refuse by itself."""
+    stream.send(struct.pack(">cII", kind, ident, len(payload)) + payload)
+    received = b""
+    while len(received) < 9 or len(received) < 9 + struct.unpack(">cII", received[:9])[2]:
+        chunk = stream.recv(65536)
+        assert chunk, "the helper closed its stream"
+        received += chunk
+    answer, answered, length = struct.unpack(">cII", received[:9])
+    assert answered == ident
+    body = received[9 : 9 + length]
+    return answer, (json.loads(body) if answer == b"X" else body.decode())
+
+
+def test_the_helper_kills_by_the_exact_marker_only(stream: _PipeStream) -> None:
+    """Frame M matches a whole ``name=value`` entry: an empty value or name is refused by the
+    helper itself (not only by its client), and a value that is a prefix of a process's marker
+    (here the job's, whose roles add ``-s``) kills nothing; the exact value kills it."""
+    marker = f"sandboxes-job-{os.getpid()}x{time.monotonic_ns()}"
+    process = subprocess.Popen(
+        ["sleep", "303"], env={**os.environ, "SANDBOXES_EXEC_ID": f"{marker}-s"}, start_new_session=True
+    )
+    try:
+        for number, spec in enumerate(({"name": "SANDBOXES_EXEC_ID", "value": ""}, {"name": "", "value": marker}), 1):
+            answer, detail = _exchange(stream, b"M", number, json.dumps(spec).encode())
+            assert answer == b"E", detail
+        answer, detail = _exchange(stream, b"M", 3, json.dumps({"name": "SANDBOXES_EXEC_ID", "value": marker}).encode())
+        assert (answer, detail) == (b"X", {"code": 0, "timed_out": False})
+        assert process.poll() is None, "a prefix of its marker killed it"
+        spec = {"name": "SANDBOXES_EXEC_ID", "value": f"{marker}-s"}
+        assert _exchange(stream, b"M", 4, json.dumps(spec).encode())[0] == b"X"
+        assert process.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        process.kill()
+        process.wait()
 
 
 # ---------------------------------------------------------------------------- a hostile stream

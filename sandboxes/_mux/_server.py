@@ -12,11 +12,13 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
                     M kill marked (JSON {name, value}: every process of the sandbox whose
                     environment holds name=value, killed by the helper itself)
-  helper -> client: H hello (JSON), A accepted (sent BEFORE the command is started; its timeout
-                    counts from here. Its absence proves nothing: a request the client wrote
-                    may be read and run after the client gave up, so the client never resends
-                    a written request, acknowledged or not), O output bytes,
-                    X exit (JSON {code, timed_out}; for M: code 0 when none was left), E error text
+  helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
+                    counts from here. It goes out with the command's first output or answer,
+                    or `HOLD` seconds later, see `send`. Its absence proves nothing: a request
+                    the client wrote may be read and run after the client gave up, so the
+                    client never resends a written request, acknowledged or not), O output
+                    bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
+                    E error text
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does); a timeout or a kill takes down
 its process group and every process still carrying the marker, which catches descendants that
@@ -68,6 +70,11 @@ MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0
 SMALL_PIDS_LIMIT = 4096
+HOLD = 0.005
+"""Seconds an acknowledgement or output frame may wait for the next frame (see `send`): far
+below anything a client times (its acknowledgement timeout is seconds), about what a short
+command takes, so that its A, O and X go out together."""
+HOLD_BYTES = 64 << 10
 _session = os.urandom(8).hex()
 _base_env = dict(os.environ)
 try:  # where commands without a cwd run; O_PATH needs no read permission (run_as, a 0700 home)
@@ -77,6 +84,8 @@ except OSError:
 _commands = {}  # id -> Command, until its exit is sent
 _leaders = {}  # pid -> Command, while that pid is UNREAPED (so it is still ours to signal)
 _inbox = bytearray()
+_outbox = bytearray()  # frames queued for the client (`send`)
+_held_until = [None]  # when the oldest frame held in _outbox must go out; None: none held
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) costs ~15 us of mmap
 _serving = [True]
 _subreaper = [False]
@@ -118,13 +127,33 @@ class _Poller(object):
 _poller = _Poller()
 
 
-def send(kind, ident, payload=b""):
-    view = memoryview(HEADER.pack(kind, ident, len(payload)) + payload)
-    while view:
-        try:
-            view = view[os.write(1, view) :]
-        except BlockingIOError:  # someone made the stream non-blocking: wait, as a blocking write would
-            select.select([], [1], [])
+def send(kind, ident, payload=b"", answer=False):
+    """Queue one frame for the client. An ``answer`` (hello, exit, error) goes out at once, with
+    everything queued before it; an acknowledgement or output waits at most `HOLD` seconds, or
+    until `HOLD_BYTES` are queued, for the next frame: a short command's A, O and X then leave
+    in one write, which is one SSH packet (or pipe read, or docker frame) and one wake-up of the
+    client's reader instead of three. The order of frames is kept."""
+    _outbox.extend(HEADER.pack(kind, ident, len(payload)))
+    _outbox.extend(payload)
+    if answer or len(_outbox) >= HOLD_BYTES:
+        flush()
+    elif _held_until[0] is None:
+        _held_until[0] = time.monotonic() + HOLD
+
+
+def flush():
+    """Write every queued frame (blocking, whole)."""
+    _held_until[0] = None
+    if not _outbox:
+        return
+    with memoryview(_outbox) as view:
+        written = 0
+        while written < len(view):
+            try:
+                written += os.write(1, view[written:])
+            except BlockingIOError:  # someone made the stream non-blocking: wait, as a blocking write would
+                select.select([], [1], [])
+    del _outbox[:]
 
 
 # ------------------------------------------------------------------ processes
@@ -433,7 +462,7 @@ class Command(object):
         self.close_output()
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
-        send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode())
+        send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
         # Then whatever left its group (setsid, double forks) ends too; after the answer, so
         # that scanning /proc does not delay it.
         if _strays():
@@ -496,7 +525,7 @@ def _handle(kind, ident, payload):
                  "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
                  "spawn": "posix_spawn" if _POSIX_SPAWN else "popen"}  # fmt: skip
-        send(b"H", 0, json.dumps(hello).encode())
+        send(b"H", 0, json.dumps(hello).encode(), answer=True)
         return
     if kind == b"R":
         send(b"A", ident)
@@ -511,7 +540,7 @@ def _handle(kind, ident, payload):
                 command.close_output()
                 command.close_stdin()
                 _commands.pop(ident, None)
-            send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
+            send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
         return
     if kind == b"M":
         _kill_marked_for_client(ident, payload)
@@ -537,13 +566,15 @@ def _kill_marked_for_client(ident, payload):
             raise ValueError("a name and a value are needed")
         cleared = kill_marked(value, name)
     except Exception as exc:  # a bad request: say so, keep serving
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"))
+        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
         return
-    send(b"X", ident, json.dumps({"code": 0 if cleared else 1, "timed_out": False}).encode())
+    send(b"X", ident, json.dumps({"code": 0 if cleared else 1, "timed_out": False}).encode(), answer=True)
 
 
 def _wait_time():
     deadlines = [d for d in (c.next_deadline() for c in _commands.values()) if d is not None]
+    if _held_until[0] is not None:
+        deadlines.append(_held_until[0])
     if not deadlines:
         return None
     return max(0.0, min(deadlines) - time.monotonic())
@@ -571,6 +602,8 @@ def main():
             deadline = command.next_deadline()
             if deadline is not None and now >= deadline and not command.finished:
                 command.on_deadline(now)
+        if _held_until[0] is not None and now >= _held_until[0]:
+            flush()
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True
         command.kill()

@@ -8,7 +8,8 @@ When may a command be sent again? Only when no whole request of it can ever reac
 the client knew the stream was broken before writing, or the stream's ``send`` raised (then the
 request frame is incomplete on the wire, the helper only acts on whole frames, and the client
 writes nothing more on a stream after a failed send). Once the request is written, its fate is
-unknown, acknowledged or not: the helper acknowledges BEFORE it starts a command, but a missing
+unknown, acknowledged or not: the helper queues its acknowledgement BEFORE it starts a command
+(it goes out with the command's first output or exit, or a few ms later), but a missing
 acknowledgement proves nothing, since the request may still be in a pipe, a socket or a relay
 (dockerd, sshd, the API server) and be read and started after the client gave up, and the
 acknowledgement itself may be what was lost. Such a command answers ``connection_lost``, never

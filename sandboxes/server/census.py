@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.store import SandboxState
 
-__all__ = ["Usage", "all_states", "find_state", "tenant_states"]
+__all__ = ["Usage", "all_states", "expired_now", "find_state", "tenant_states"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +59,11 @@ def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> Sandbox
 def all_states(backends: dict[str, ProviderBackend]) -> list[SandboxState]:
     """Every tenant's sandboxes on the shared backends, for a sweep."""
     return _select(backends)
+
+
+def expired_now(backend: ProviderBackend, state: SandboxState, now: float) -> bool:
+    """Whether ``state``'s sandbox is still there and expired by ``now``, as its record says at
+    this moment. A sweep's list ages while the sweep destroys what expired one after the other
+    (a pod's deletion takes seconds): a renewal another replica acknowledged meanwhile is on the
+    record, and must win over the list."""
+    return any(found.ref == state.ref and found.expires_at <= now for found in backend.select(sandbox_id=state.id))

@@ -514,10 +514,13 @@ class Registry:
                 self._refresh(entry, state, listed_at)
         for state in states:
             if state.id not in self._entries and state.expires_at <= now:
-                logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
-                self.metrics.expired.inc()
+                backend = self._backend_of(state)
                 try:
-                    await asyncio.to_thread(self._backend_of(state).destroy, state, None)
+                    if not await asyncio.to_thread(census.expired_now, backend, state, now):
+                        continue  # renewed (or deleted) since the list
+                    logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
+                    self.metrics.expired.inc()
+                    await asyncio.to_thread(backend.destroy, state, None)
                 except Exception:
                     logger.exception("destroying expired sandbox %s failed; the next sweep retries", state.id)
 

@@ -14,7 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import POLICIES, Running, ServiceProcess, create, error_of, execute, running, settings_for
+from service_harness import (
+    POLICIES,
+    ManualClock,
+    Running,
+    ServiceProcess,
+    create,
+    error_of,
+    execute,
+    running,
+    settings_for,
+)
 from service_harness import subprocess_config as base_config
 
 from sandboxes.server.settings import ServiceSettings, TenantPolicy
@@ -201,6 +211,38 @@ class ReplicaScenarios:
             assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
             assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
             assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_renewal_acknowledged_during_a_sweep_elsewhere_is_not_reaped_by_it(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client_for_service: Any,
+        a: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+    ) -> None:
+        """A sweep lists every record, then destroys what expired one by one (a pod's deletion
+        takes seconds each): a renewal another replica acknowledged after the list must win."""
+        clock = ManualClock()
+        with running(settings(sweep_interval=3600), docker_client=docker_client_for_service, clock=clock) as late:
+            sandbox = create(a, ttl=300)  # after the late replica's start: it does not hold it
+            clock.advance(600)  # on the late replica's clock, it expired
+            backend = late.registry.backends["default"]
+            select, renewals = backend.select, []
+
+            def renewed_right_after_the_list(**labels: str) -> Any:
+                found = select(**labels)
+                if not labels and not renewals:  # the sweep's list of every record
+                    renewals.append(a.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+                return found
+
+            backend.select = renewed_right_after_the_list
+            try:
+                late.sweep()
+            finally:
+                del backend.select
+            assert renewals[0].status_code == 200, renewals[0].text
+            assert sandbox["id"] in recorded()
+        assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
     def test_a_replica_reaps_what_expired_wherever_it_was_made(
         self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]

@@ -176,7 +176,7 @@ class DockerProvider:
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry in the container's name (`container_name`: its labels cannot
         change). Two processes renaming at once: the last rename wins, as a last write would.
-        `LookupError` if this owner has no container ``ref``."""
+        `LookupError` if this owner has no container ``ref``, or it is being removed."""
         import docker.errors
 
         try:
@@ -189,8 +189,20 @@ class DockerProvider:
         except docker.errors.NotFound as exc:
             raise LookupError(f"no container {ref!r}") from exc
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # another process renamed it to the same expiry
+            # 400: it has that name already (another process renamed it to the same expiry
+            # since our lookup); 409: it is dead or being removed. Only the name tells.
+            if exc.status_code not in (400, 409):
                 raise
+            if self._current_name(ref) != name:
+                raise LookupError(f"container {ref!r} could not be renamed: {exc.explanation}") from exc
+
+    def _current_name(self, ref: str) -> str | None:
+        import docker.errors
+
+        try:
+            return str(self.client.containers.get(ref).name)
+        except docker.errors.NotFound:
+            return None
 
     def destroy(self, ref: str) -> None:
         """Remove container ``ref`` and its workspace volume; gone already is fine."""

@@ -41,11 +41,12 @@ from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.server import census
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import LABEL_USER_PREFIX, ProviderBackend, new_sandbox_id, reconcile, workdir_of
+from sandboxes.server.backends import LABEL_USER_PREFIX, ProviderBackend, new_sandbox_id, workdir_of
 from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
+from sandboxes.server.reconcile import reconcile
 from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
 

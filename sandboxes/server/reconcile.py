@@ -10,8 +10,9 @@ Everything here blocks (provider calls); the registry calls it from a worker thr
 from __future__ import annotations
 
 import logging
+import math
 
-from sandboxes.lifecycle import ResumableProvider, SandboxRecord
+from sandboxes.lifecycle import ResumableProvider, SandboxRecord, SharedProvider
 from sandboxes.server.backends import Adopted, ProviderBackend, state_from_record, workdir_of
 from sandboxes.server.store import SandboxState
 
@@ -86,6 +87,9 @@ def _adopt(
     provider = backend.provider
     if record.starting:  # another replica may be making it; its expiry and sweeps bound it
         return None
+    shared = isinstance(provider, SharedProvider)
+    if state is not None and shared and record.expires_at is not None:
+        state.expires_at = max(state.expires_at, record.expires_at)  # renewed by another replica
     if state is None or state.deleting or state.expires_at <= now:
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)
@@ -99,6 +103,22 @@ def _adopt(
     except LookupError:
         logger.info("%s sandbox %s is gone", backend.name, record.ref)
         return None
+    if shared and state.expires_at != record.expires_at:
+        try:
+            _record_expiry(backend, state)
+        except LookupError:
+            logger.info("%s sandbox %s is gone", backend.name, record.ref)
+            return None
     if not state.workdir:
         state.workdir = workdir_of(sandbox)
     return state, sandbox
+
+
+def _record_expiry(backend: ProviderBackend, state: SandboxState) -> None:
+    """Put a remembered expiry on a shared provider's sandbox, which is its own record once
+    adopted (its state file is dropped). A service of before replicas made its sandboxes with
+    their creation's expiry in a label and kept renewals in its state files: without this, every
+    replica would read the label's and reap a renewed sandbox early."""
+    expires_at = float(math.ceil(state.expires_at))
+    backend.renew(state, expires_at)
+    state.expires_at = expires_at

@@ -29,7 +29,6 @@ import concurrent.futures
 import contextlib
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -41,14 +40,15 @@ from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.server import census
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import LABEL_USER_PREFIX, ProviderBackend, new_sandbox_id, workdir_of
+from sandboxes.server.backends import ProviderBackend, new_sandbox_id, workdir_of
 from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
+from sandboxes.server.settings import KubernetesTemplate, ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.validation import check_env, check_labels
 
 logger = logging.getLogger(__name__)
 
@@ -203,8 +203,8 @@ class Registry:
         if template is None:
             known = ", ".join(sorted(self.settings.templates))
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
-        _check_env(request.env)
-        _check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
+        check_env(request.env)
+        check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
@@ -595,30 +595,3 @@ def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:
 def _close(sandbox: BaseSandbox) -> None:
     if isinstance(sandbox, Lifecycle):
         sandbox.close()
-
-
-def _check_env(env: dict[str, str]) -> None:
-    for name, value in env.items():
-        if not name or "=" in name or "\x00" in name or "\x00" in value:
-            raise ServiceError("invalid_request", f"invalid environment variable {name!r}")
-
-
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-def _check_labels(labels: dict[str, str], *, pod_labels: bool = False) -> None:
-    """Labels travel as container labels: keep them to names every backend accepts. On pods
-    (``pod_labels``) they are Kubernetes labels: the prefixed key and the value at most 63
-    characters, the value of label characters."""
-    if len(labels) > 64:
-        raise ServiceError("invalid_request", "at most 64 labels")
-    for key, value in labels.items():
-        if not _LABEL_KEY.match(key) or len(value) > 1024 or "\x00" in value:
-            raise ServiceError("invalid_request", f"invalid label {key!r} (name: [A-Za-z0-9._-], 63 max; value: 1 KiB)")
-        if pod_labels and (len(LABEL_USER_PREFIX + key) > 63 or not LABEL_VALUE.match(value)):
-            longest = 63 - len(LABEL_USER_PREFIX)
-            raise ServiceError(
-                "invalid_request",
-                f"invalid label {key!r} for a pod (name: {longest} characters max; value: 63 max, "
-                "[A-Za-z0-9._-], starting and ending alphanumeric)",
-            )

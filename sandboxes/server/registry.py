@@ -46,7 +46,7 @@ from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import KubernetesTemplate, ServiceSettings, Template
+from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
 from sandboxes.server.validation import check_env, check_labels
 
@@ -290,7 +290,7 @@ class Registry:
             return await self._confirm(entry)
         if self._unreachable(tenant, sandbox_id):
             raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
-        if not self._shared:
+        if not self._shared or not LABEL_VALUE.match(sandbox_id):  # no label can hold it: no lookup
             raise not_found(sandbox_id)
         state = await asyncio.to_thread(census.find_state, self.backends, sandbox_id)
         if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():

@@ -168,6 +168,33 @@ class ReplicaScenarios:
         assert set(answers) == {404, 429}, answers
         assert len(lookups) == answers.count(404)
 
+    @pytest.mark.parametrize("hostile", ["x!", "a b", "a,io.sandboxes.tenant", "x" * 64, "\u00e9t\u00e9"])
+    def test_an_id_that_no_sandbox_can_have_is_a_404_without_a_lookup(
+        self, pair: tuple[Running, Running], a: httpx.Client, hostile: str
+    ) -> None:
+        """A sandbox's id is selected by label: one that is no label value (a Kubernetes
+        selector refuses it with a 400) must not reach the backend, and is simply not found."""
+        backend = pair[0].registry.backends["default"]
+        lookups: list[dict[str, str]] = []
+        select = backend.select
+
+        def counted(**labels: str) -> Any:
+            lookups.append(labels)
+            return select(**labels)
+
+        backend.select = counted
+        try:
+            answers = [
+                a.get(f"/v1/sandboxes/{hostile}"),
+                a.post(f"/v1/sandboxes/{hostile}/execute", json={"command": "true"}),
+                a.post(f"/v1/sandboxes/{hostile}/renew", json={"ttl": 60}),
+                a.delete(f"/v1/sandboxes/{hostile}"),
+            ]
+        finally:
+            del backend.select
+        assert [(r.status_code, error_of(r)) for r in answers] == [(404, "not_found")] * 4, [r.text for r in answers]
+        assert lookups == []
+
     # ------------------------------------------------------------------ deletion and expiry
 
     def test_deleted_on_one_replica_is_a_404_on_the_other(

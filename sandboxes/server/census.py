@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.settings import Template
 from sandboxes.server.store import SandboxState
 
-__all__ = ["Usage", "all_states", "expired_now", "find_state", "tenant_states"]
+__all__ = ["Usage", "all_states", "expired_now", "find_state", "over_quota", "tenant_states"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,18 @@ def _select(backends: dict[str, ProviderBackend], **labels: str) -> list[Sandbox
         if own is not None and own.name == state.backend:
             state.cpus, state.memory = own.template.cpus, own.template.memory_bytes
     return list(seen.values())
+
+
+def over_quota(tenant: Tenant, used: Usage, template: Template) -> str | None:
+    """Why one more sandbox of ``template`` would exceed the tenant's quota; ``None``: it fits."""
+    policy = tenant.policy
+    if used.count + 1 > policy.max_sandboxes:
+        return f"{used.count} live sandboxes, the maximum is {policy.max_sandboxes}"
+    if used.cpus + template.cpus > policy.max_cpus + 1e-9:
+        return f"{used.cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
+    if used.memory + template.memory_bytes > policy.max_memory_bytes:
+        return f"{used.memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
+    return None
 
 
 def tenant_states(backends: dict[str, ProviderBackend], tenant: str) -> list[SandboxState]:

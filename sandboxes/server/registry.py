@@ -425,7 +425,7 @@ class Registry:
         )
 
     def _reserve(self, tenant: Tenant, template: Template, recorded: _States) -> _Reservation:
-        refused = _over_quota(tenant, self._usage(tenant, recorded), template)
+        refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
         if refused is not None:
             raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
         reservation = _Reservation(tenant.id, template.cpus, template.memory_bytes)
@@ -439,7 +439,7 @@ class Registry:
         the tenant's at the same time, unseen by the first count. Over quota, the newcomer is
         destroyed and refused (both racers may be; neither is kept over the quota)."""
         recorded = [s for s in await self._counted(tenant) if s.id != state.id]
-        refused = _over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
+        refused = census.over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
         if refused is None:
             return
         logger.info("created over quota (a concurrent creation): destroying it", extra={"sandbox": state.id})
@@ -571,18 +571,6 @@ class Registry:
             self.metrics.sandboxes_live.labels(name).set(
                 sum(1 for entry in self._entries.values() if entry.backend.name == name)
             )
-
-
-def _over_quota(tenant: Tenant, used: census.Usage, template: Template) -> str | None:
-    """Why one more sandbox of ``template`` would exceed the tenant's quota; ``None``: it fits."""
-    policy = tenant.policy
-    if used.count + 1 > policy.max_sandboxes:
-        return f"{used.count} live sandboxes, the maximum is {policy.max_sandboxes}"
-    if used.cpus + template.cpus > policy.max_cpus + 1e-9:
-        return f"{used.cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
-    if used.memory + template.memory_bytes > policy.max_memory_bytes:
-        return f"{used.memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
-    return None
 
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
@@ -53,6 +53,7 @@ from sandboxes.server.validation import check_env, check_labels
 logger = logging.getLogger(__name__)
 
 _States = list[SandboxState]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -292,7 +293,7 @@ class Registry:
             raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
         if not self._shared or not LABEL_VALUE.match(sandbox_id):  # no label can hold it: no lookup
             raise not_found(sandbox_id)
-        state = await asyncio.to_thread(census.find_state, self.backends, sandbox_id)
+        state = await self._read(census.find_state, self.backends, sandbox_id)
         if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():
             raise not_found(sandbox_id)
         return await self._adopt(state)
@@ -303,7 +304,7 @@ class Registry:
         mine = {entry.state.id: entry for entry in self._entries.values() if entry.state.tenant == tenant.id}
         if self._shared:
             listed_at = time.monotonic()
-            states = await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+            states = await self._read(census.tenant_states, self.backends, tenant.id)
             now, recorded = self.clock.now(), {state.id: state for state in states}
             for sandbox_id, entry in list(mine.items()):
                 if entry.backend.shared and sandbox_id not in recorded and entry.confirmed < listed_at:
@@ -347,7 +348,7 @@ class Registry:
         """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
         forgotten here; a new expiry (renewed by another) is taken."""
         checked = time.monotonic()
-        found = await asyncio.to_thread(entry.backend.select, sandbox_id=entry.state.id)
+        found = await self._read(entry.backend.select, sandbox_id=entry.state.id)
         if not found or found[0].ref != entry.state.ref:
             await self._forget(entry)
             raise not_found(entry.state.id)
@@ -395,7 +396,18 @@ class Registry:
         """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
         if not self._shared:
             return []
-        return await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+        return await self._read(census.tenant_states, self.backends, tenant.id)
+
+    async def _read(self, read: Callable[..., _T], *args: Any, **labels: str) -> _T:
+        """A read of the shared backends' records, in a worker thread; one that fails (the
+        engine or the API server not answering) is a 503, as any backend failure is."""
+        try:
+            return await asyncio.to_thread(read, *args, **labels)
+        except Exception as exc:
+            logger.warning("reading the sandboxes' records failed: %s", exc, exc_info=True)
+            raise ServiceError(
+                "backend_unavailable", "the backend's records cannot be read now; the service log has the request id"
+            ) from exc
 
     def _usage(self, tenant: Tenant, recorded: _States, *, besides: str | None = None) -> census.Usage:
         """The tenant's usage: the shared backends' records, the sandboxes of the others held
@@ -438,7 +450,10 @@ class Registry:
         """Count again once the new sandbox is recorded: another replica may have created one of
         the tenant's at the same time, unseen by the first count. Over quota, the newcomer is
         destroyed and refused (both racers may be; neither is kept over the quota)."""
-        recorded = [s for s in await self._counted(tenant) if s.id != state.id]
+        try:
+            recorded = [s for s in await self._counted(tenant) if s.id != state.id]
+        except ServiceError:  # the first count let it in: keep it rather than leak it unanswered
+            return
         refused = census.over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
         if refused is None:
             return
@@ -470,8 +485,11 @@ class Registry:
     async def _expire(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
         if entry is not None and entry.state.expires_at <= self.clock.now() and entry.backend.shared:
-            with contextlib.suppress(ServiceError):  # gone: forgotten
+            try:
                 await self._confirm(entry)  # another replica may have renewed it
+            except ServiceError as exc:
+                if exc.code != "not_found":  # unknown whether it was renewed: not reaped now
+                    raise
             entry = self._entries.get(sandbox_id)
         if entry is None:
             return
@@ -487,10 +505,16 @@ class Registry:
         what is held here with the records, and reap what expired whoever holds it."""
         await self._reconcile_unreachable()
         if self._shared:
-            await self._sweep_shared()
+            try:
+                await self._sweep_shared()
+            except Exception:  # the other backends' sandboxes still expire
+                logger.exception("sweeping the shared backends failed; the next sweep retries")
         now = self.clock.now()
         for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
-            await self._expire(entry.state.id)
+            try:
+                await self._expire(entry.state.id)
+            except Exception:
+                logger.exception("expiring sandbox %s failed; the next sweep retries", entry.state.id)
         for sandbox_id, entry in list(self._doomed.items()):
             if await self._destroy(entry):
                 self._doomed.pop(sandbox_id, None)

@@ -179,7 +179,8 @@ class ReplicaScenarios:
         select = backend.select
 
         def counted(**labels: str) -> Any:
-            lookups.append(labels)
+            if "sandbox_id" in labels:  # not the replica's own sweeps
+                lookups.append(labels)
             return select(**labels)
 
         backend.select = counted

@@ -90,6 +90,11 @@ def _adopt(
     shared = isinstance(provider, SharedProvider)
     if state is not None and shared and record.expires_at is not None:
         state.expires_at = max(state.expires_at, record.expires_at)  # renewed by another replica
+    if state is not None and shared and not state.deleting and state.expires_at <= now:
+        now_recorded = [found for found in backend.select(sandbox_id=state.id) if found.ref == record.ref]
+        if not now_recorded:  # gone since the list
+            return None
+        state.expires_at = max(state.expires_at, now_recorded[0].expires_at)  # renewed since the list
     if state is None or state.deleting or state.expires_at <= now:
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)

@@ -272,6 +272,41 @@ class ReplicaScenarios:
         assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
         assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
+    def test_a_renewal_acknowledged_while_a_replica_starts_is_not_reaped_by_it(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client_for_service: Any,
+        pair: tuple[Running, Running],
+        a: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A starting replica lists every sandbox, then adopts or reaps each in turn: a renewal
+        another replica acknowledged after that list must win there too."""
+        sandbox = create(a, ttl=300)
+        provider_class = type(pair[0].registry.backends["default"].provider)
+        listed, renewals = provider_class.list, []
+
+        def renewed_right_after_the_list(provider: Any) -> Any:
+            found = listed(provider)
+            if not renewals:
+                renewals.append(a.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+            return found
+
+        monkeypatch.setattr(provider_class, "list", renewed_right_after_the_list)
+        clock = ManualClock()
+        clock.advance(600)  # on the new replica's clock, the sandbox expired
+        with running(settings(sweep_interval=3600), docker_client=docker_client_for_service, clock=clock) as late:
+            monkeypatch.undo()
+            assert renewals[0].status_code == 200, renewals[0].text
+            assert sandbox["id"] in recorded()
+            with late.client("alice") as client:
+                assert (
+                    client.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"]
+                    == renewals[0].json()["expires_at"]
+                )
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
     def test_a_replica_reaps_what_expired_wherever_it_was_made(
         self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
     ) -> None:

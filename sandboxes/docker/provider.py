@@ -338,6 +338,9 @@ class DockerProvider:
                 live.add(sandbox_id)
                 continue
             try:
+                if not self._expired_now(container.id, now):  # renewed since the list
+                    live.add(sandbox_id)
+                    continue
                 remove_sandbox(self.client, container.id)
             except Exception as exc:
                 live.add(sandbox_id)
@@ -361,6 +364,17 @@ class DockerProvider:
                 report.orphan_volumes.append(volume.name)
                 report.removed.append(volume.name)
         return report
+
+    def _expired_now(self, ref: str, now: float) -> bool:
+        """Whether container ``ref`` is expired as the engine says now: the list a sweep works
+        through ages while containers are removed one by one (each a kill), and another process
+        may have moved an expiry meanwhile (`set_expiry`). Gone is not expired (nothing to do)."""
+        import docker.errors
+
+        try:
+            return expired(self.client.containers.get(ref).attrs, now)
+        except docker.errors.NotFound:
+            return False
 
     # ------------------------------------------------------------------ background thread
 

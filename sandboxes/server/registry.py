@@ -291,7 +291,8 @@ class Registry:
             return await self._confirm(entry)
         if self._unreachable(tenant, sandbox_id):
             raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
-        if not self._shared or not LABEL_VALUE.match(sandbox_id):  # no label can hold it: no lookup
+        # No lookup for an id no label can hold, nor one deleted here whose destroy is retried.
+        if not self._shared or not LABEL_VALUE.match(sandbox_id) or sandbox_id in self._doomed:
             raise not_found(sandbox_id)
         state = await self._read(census.find_state, self.backends, sandbox_id)
         if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():
@@ -312,7 +313,7 @@ class Registry:
             for state in states:
                 if state.id in mine:
                     self._refresh(mine[state.id], state, listed_at)
-                elif state.expires_at > now:
+                elif state.expires_at > now and state.id not in self._doomed:
                     with contextlib.suppress(ServiceError):
                         mine[state.id] = await self._adopt(state)
         return sorted(mine.values(), key=lambda entry: (entry.state.created_at, entry.state.id))

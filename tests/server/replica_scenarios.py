@@ -211,6 +211,29 @@ class ReplicaScenarios:
         assert a.get("/v1/sandboxes").json()["sandboxes"] == []
         assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
 
+    def test_a_deletion_whose_destroy_failed_is_not_undone_by_a_lookup(
+        self, pair: tuple[Running, Running], a: httpx.Client, recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """The destroy fails (the engine or API server errs once): the deletion is answered, and
+        the sweep retries it. Meanwhile the sandbox is still on the backend, where a lookup by
+        id must not find and adopt it again: the tenant deleted it."""
+        sandbox = create(a, ttl=300)
+        backend = pair[0].registry.backends["default"]
+        destroy = backend.destroy
+
+        def fails_once(*args: Any) -> None:
+            del backend.destroy
+            raise RuntimeError("the backend failed (injected)")
+
+        backend.destroy = fails_once
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        assert sandbox["id"] in recorded()  # not destroyed yet
+        assert a.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+        assert a.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "true"}).status_code == 404
+        assert sandbox["id"] not in [s["id"] for s in a.get("/v1/sandboxes").json()["sandboxes"]]
+        assert backend.destroy == destroy
+        _wait_for(lambda: sandbox["id"] not in recorded(), "the sweep destroyed it")
+
     def test_a_held_sandbox_deleted_elsewhere_is_dropped_by_the_sweep(self, replica: Replica, b: httpx.Client) -> None:
         """A replica that trusts what it holds for long (``confirm_interval``) still learns of
         a deletion elsewhere at its next sweep."""

@@ -326,7 +326,7 @@ class Registry:
         except LookupError:
             await self._forget(entry)
             raise not_found(sandbox_id) from None
-        entry.state.expires_at = expires_at
+        entry.state.expires_at, entry.confirmed = expires_at, time.monotonic()  # as recorded now
         if not entry.backend.shared:
             await asyncio.to_thread(self.store.save, entry.state)
         self._schedule(sandbox_id)
@@ -357,7 +357,9 @@ class Registry:
         return entry
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
-        entry.confirmed = max(entry.confirmed, checked)
+        if checked < entry.confirmed:  # read before what is held was (a renewal here since)
+            return
+        entry.confirmed = checked
         if recorded.expires_at != entry.state.expires_at:
             entry.state.expires_at = recorded.expires_at
             self._schedule(entry.state.id)

@@ -330,6 +330,31 @@ class ReplicaScenarios:
                 )
         assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
+    def test_a_sweep_listed_before_a_renewal_does_not_undo_it(self, replica: Replica) -> None:
+        """A replica renews a sandbox while its own sweep is between its list and its use of it:
+        the list's older expiry must not replace the renewal it answered."""
+        with replica(confirm_interval=3600, sweep_interval=3600) as one, one.client("alice") as client:
+            sandbox = create(client, ttl=300)
+            backend = one.registry.backends["default"]
+            select, renewals = backend.select, []
+
+            def renewed_right_after_the_list(**labels: str) -> Any:
+                found = select(**labels)
+                if not labels and not renewals:
+                    renewals.append(client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+                return found
+
+            backend.select = renewed_right_after_the_list
+            try:
+                one.sweep()
+            finally:
+                del backend.select
+            renewed = renewals[0].json()["expires_at"]
+            assert renewed > sandbox["expires_at"]
+            assert client.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed
+            assert one.registry._entries[sandbox["id"]].state.expires_at == renewed
+            assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
     def test_a_replica_reaps_what_expired_wherever_it_was_made(
         self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
     ) -> None:

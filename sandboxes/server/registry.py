@@ -371,6 +371,9 @@ class Registry:
             sandbox = await asyncio.to_thread(backend.attach, state)
         except LookupError:
             raise not_found(state.id) from None
+        except Exception as exc:
+            logger.warning("attaching to sandbox %s failed: %s", state.id, exc, exc_info=True)
+            raise ServiceError("backend_unavailable", f"sandbox {state.id} cannot be reached now") from exc
         if state.id in self._entries:  # adopted meanwhile by a concurrent request
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(_close, sandbox)

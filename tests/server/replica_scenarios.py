@@ -196,6 +196,28 @@ class ReplicaScenarios:
         assert [(r.status_code, error_of(r)) for r in answers] == [(404, "not_found")] * 4, [r.text for r in answers]
         assert lookups == []
 
+    def test_a_failed_adoption_is_a_503_and_the_next_request_adopts(
+        self, pair: tuple[Running, Running], a: httpx.Client, b: httpx.Client
+    ) -> None:
+        """Attaching to a sandbox another replica made fails once (the backend errs): that
+        request answers 503 ``backend_unavailable``, a listing leaves it out, the next adopts."""
+        sandbox = create(a, ttl=300)
+        backend = pair[1].registry.backends["default"]
+
+        def fails(*args: Any) -> Any:
+            raise RuntimeError("the backend failed (injected)")
+
+        backend.attach = fails
+        try:
+            refused = b.get(f"/v1/sandboxes/{sandbox['id']}")
+            listed = b.get("/v1/sandboxes")
+        finally:
+            del backend.attach
+        assert (refused.status_code, error_of(refused)) == (503, "backend_unavailable"), refused.text
+        assert listed.status_code == 200, listed.text
+        assert b.get(f"/v1/sandboxes/{sandbox['id']}").json() == sandbox
+        assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
     # ------------------------------------------------------------------ deletion and expiry
 
     def test_deleted_on_one_replica_is_a_404_on_the_other(

@@ -176,7 +176,7 @@ class DockerProvider:
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry in the container's name (`container_name`: its labels cannot
         change). Two processes renaming at once: the last rename wins, as a last write would.
-        `LookupError` if this owner has no container ``ref``."""
+        `LookupError` if this owner has no container ``ref``, or it is being removed."""
         import docker.errors
 
         try:
@@ -189,8 +189,20 @@ class DockerProvider:
         except docker.errors.NotFound as exc:
             raise LookupError(f"no container {ref!r}") from exc
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # another process renamed it to the same expiry
+            # 400: it has that name already (another process renamed it to the same expiry
+            # since our lookup); 409: it is dead or being removed. Only the name tells.
+            if exc.status_code not in (400, 409):
                 raise
+            if self._current_name(ref) != name:
+                raise LookupError(f"container {ref!r} could not be renamed: {exc.explanation}") from exc
+
+    def _current_name(self, ref: str) -> str | None:
+        import docker.errors
+
+        try:
+            return str(self.client.containers.get(ref).name)
+        except docker.errors.NotFound:
+            return None
 
     def destroy(self, ref: str) -> None:
         """Remove container ``ref`` and its workspace volume; gone already is fine."""
@@ -326,6 +338,9 @@ class DockerProvider:
                 live.add(sandbox_id)
                 continue
             try:
+                if not self._expired_now(container.id, now):  # renewed since the list
+                    live.add(sandbox_id)
+                    continue
                 remove_sandbox(self.client, container.id)
             except Exception as exc:
                 live.add(sandbox_id)
@@ -349,6 +364,17 @@ class DockerProvider:
                 report.orphan_volumes.append(volume.name)
                 report.removed.append(volume.name)
         return report
+
+    def _expired_now(self, ref: str, now: float) -> bool:
+        """Whether container ``ref`` is expired as the engine says now: the list a sweep works
+        through ages while containers are removed one by one (each a kill), and another process
+        may have moved an expiry meanwhile (`set_expiry`). Gone is not expired (nothing to do)."""
+        import docker.errors
+
+        try:
+            return expired(self.client.containers.get(ref).attrs, now)
+        except docker.errors.NotFound:
+            return False
 
     # ------------------------------------------------------------------ background thread
 

@@ -212,6 +212,9 @@ class KubernetesProvider:
             if why is None:
                 continue
             try:
+                why = self._reapable_now(name, now)  # the list ages while pods are deleted
+                if why is None:
+                    continue
                 delete_pod(self.api, self.template.namespace, name, grace_seconds=0, wait=False)
             except Exception as exc:
                 report.errors.append(f"pod {name} ({why}): {exc}")
@@ -219,6 +222,19 @@ class KubernetesProvider:
                 logger.info("sweep deleted pod %s: %s", name, why)
                 report.removed.append(name)
         return report
+
+    def _reapable_now(self, name: str, now: float) -> str | None:
+        """`_reapable`, as the API server says now: another process may have moved its expiry
+        (`set_expiry`) since the sweep's list. Gone, or being deleted: nothing to do."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod: Any = self.api.read_namespaced_pod(name, self.template.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return None if pod.metadata.deletion_timestamp is not None else self._reapable(pod, now)
 
     def _reapable(self, pod: Any, now: float) -> str | None:
         record = pod_record(pod)

@@ -1,6 +1,7 @@
 """The backends behind the service: one adapter, `ProviderBackend`, over any
-`sandboxes.lifecycle.Provider` (one per template), and the reconciliation that adopts what the
-providers really have after a restart and reaps the rest.
+`sandboxes.lifecycle.Provider` (one per template), and the service's state of a sandbox read
+from its record (`state_from_record`; `sandboxes.server.reconcile` adopts what the providers
+really have after a restart and reaps the rest).
 
 What the service adds to a provider it records on the sandbox itself, as `CreateOptions` labels
 (tenant, template, the service's own id, its creation and expiry, the client's labels), so a
@@ -35,7 +36,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from sandboxes import _kill, _scripts
 from sandboxes.base import BaseSandbox, KillsTagged
-from sandboxes.lifecycle import CreateOptions, Provider, ResumableProvider, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import CreateOptions, Provider, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -181,7 +182,7 @@ class ProviderBackend:
         this owner that is no tenant's (an orphan), or one still being made."""
         if record.starting:
             return None
-        return _state_from_record(record, self)
+        return state_from_record(record, self)
 
     def attach(self, state: SandboxState) -> BaseSandbox:
         sandbox = self.provider.attach(state.ref)
@@ -275,94 +276,10 @@ def workdir_of(sandbox: BaseSandbox) -> str:
     return "/"
 
 
-# ---------------------------------------------------------------------- reconcile
+# ---------------------------------------------------------------------- records
 
 
-def reconcile(
-    backends: dict[str, ProviderBackend],
-    states: list[SandboxState],
-    now: float,
-    *,
-    held: frozenset[tuple[str, str]] = frozenset(),
-) -> tuple[list[Adopted], set[str]]:
-    """Compare ``states`` (what the service remembers) with what the providers list: return the
-    live sandboxes to adopt; destroy the expired, the deleted, the orphaned and the stopped that
-    cannot come back whole. Then let every provider sweep its own leftovers (a volume whose
-    container is gone, a record whose root is). Sandboxes in ``held`` (backend kind, ref) are
-    the caller's already and left alone.
-
-    Also returns the templates whose provider could not list (a host down, an engine not
-    answering): what exists there is unknown, so nothing of theirs is adopted, dropped or
-    swept on a guess; the caller keeps their states and tries again later, while every other
-    template serves."""
-    remembered = {(state.backend, state.ref): state for state in states}
-    seen: set[tuple[str, str]] = set(held)
-    adopted: list[Adopted] = []
-    unreachable: set[str] = set()
-    for backend in backends.values():
-        try:
-            records = backend.provider.list()
-        except Exception:
-            logger.exception("the %s template's provider cannot list its sandboxes", backend.template_name)
-            unreachable.add(backend.template_name)
-            continue
-        for record in records:
-            key = (backend.name, record.ref)
-            if key in seen:  # templates of one backend may share what they list
-                continue
-            seen.add(key)
-            state = remembered.get(key) or _state_from_record(record, backend)
-            try:
-                found = _adopt(backends, backend, record, state, now)
-            except Exception:
-                logger.exception("adopting %s sandbox %s failed", backend.name, record.ref)
-                continue
-            if found is not None:
-                adopted.append(found)
-    for backend in backends.values():
-        if backend.template_name in unreachable:
-            continue
-        try:
-            swept = backend.provider.sweep(now)
-        except Exception:
-            logger.exception("sweeping the %s template's provider failed", backend.template_name)
-            continue
-        for ref in swept.removed:
-            logger.info("swept %s leftover %s", backend.name, ref)
-    return adopted, unreachable
-
-
-def _adopt(
-    backends: dict[str, ProviderBackend],
-    lister: ProviderBackend,
-    record: SandboxRecord,
-    state: SandboxState | None,
-    now: float,
-) -> Adopted | None:
-    owner = backends.get(state.template) if state is not None else None
-    backend = owner if owner is not None and owner.name == lister.name else lister
-    provider = backend.provider
-    if record.starting:  # another replica may be making it; its expiry and sweeps bound it
-        return None
-    if state is None or state.deleting or state.expires_at <= now:
-        logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
-        provider.destroy(record.ref)
-        return None
-    if not record.running and not (isinstance(provider, ResumableProvider) and provider.resume(record.ref)):
-        logger.warning("reaping %s sandbox %s: it stopped and cannot come back whole", backend.name, record.ref)
-        provider.destroy(record.ref)
-        return None
-    try:
-        sandbox = backend.attach(state)
-    except LookupError:
-        logger.info("%s sandbox %s is gone", backend.name, record.ref)
-        return None
-    if not state.workdir:
-        state.workdir = workdir_of(sandbox)
-    return state, sandbox
-
-
-def _state_from_record(record: SandboxRecord, backend: ProviderBackend) -> SandboxState | None:
+def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> SandboxState | None:
     """What a sandbox says about itself: all there is of a shared provider's, and for the
     others' one the state files do not know (a crash between its creation and the state's
     write)."""

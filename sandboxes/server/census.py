@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.settings import Template
 from sandboxes.server.store import SandboxState
 
-__all__ = ["Usage", "all_states", "find_state", "tenant_states"]
+__all__ = ["Usage", "all_states", "expired_now", "find_state", "over_quota", "tenant_states"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,18 @@ def _select(backends: dict[str, ProviderBackend], **labels: str) -> list[Sandbox
     return list(seen.values())
 
 
+def over_quota(tenant: Tenant, used: Usage, template: Template) -> str | None:
+    """Why one more sandbox of ``template`` would exceed the tenant's quota; ``None``: it fits."""
+    policy = tenant.policy
+    if used.count + 1 > policy.max_sandboxes:
+        return f"{used.count} live sandboxes, the maximum is {policy.max_sandboxes}"
+    if used.cpus + template.cpus > policy.max_cpus + 1e-9:
+        return f"{used.cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
+    if used.memory + template.memory_bytes > policy.max_memory_bytes:
+        return f"{used.memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
+    return None
+
+
 def tenant_states(backends: dict[str, ProviderBackend], tenant: str) -> list[SandboxState]:
     """The tenant's sandboxes on the shared backends, whoever created them."""
     return _select(backends, tenant=tenant)
@@ -59,3 +73,11 @@ def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> Sandbox
 def all_states(backends: dict[str, ProviderBackend]) -> list[SandboxState]:
     """Every tenant's sandboxes on the shared backends, for a sweep."""
     return _select(backends)
+
+
+def expired_now(backend: ProviderBackend, state: SandboxState, now: float) -> bool:
+    """Whether ``state``'s sandbox is still there and expired by ``now``, as its record says at
+    this moment. A sweep's list ages while the sweep destroys what expired one after the other
+    (a pod's deletion takes seconds): a renewal another replica acknowledged meanwhile is on the
+    record, and must win over the list."""
+    return any(found.ref == state.ref and found.expires_at <= now for found in backend.select(sandbox_id=state.id))

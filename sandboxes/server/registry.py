@@ -29,29 +29,31 @@ import concurrent.futures
 import contextlib
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.server import census
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import LABEL_USER_PREFIX, ProviderBackend, new_sandbox_id, reconcile, workdir_of
+from sandboxes.server.backends import ProviderBackend, new_sandbox_id, workdir_of
 from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
+from sandboxes.server.reconcile import reconcile
 from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
 from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.validation import check_env, check_labels
 
 logger = logging.getLogger(__name__)
 
 _States = list[SandboxState]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -202,8 +204,8 @@ class Registry:
         if template is None:
             known = ", ".join(sorted(self.settings.templates))
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
-        _check_env(request.env)
-        _check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
+        check_env(request.env)
+        check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
@@ -289,9 +291,10 @@ class Registry:
             return await self._confirm(entry)
         if self._unreachable(tenant, sandbox_id):
             raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
-        if not self._shared:
+        # No lookup for an id no label can hold, nor one deleted here whose destroy is retried.
+        if not self._shared or not LABEL_VALUE.match(sandbox_id) or sandbox_id in self._doomed:
             raise not_found(sandbox_id)
-        state = await asyncio.to_thread(census.find_state, self.backends, sandbox_id)
+        state = await self._read(census.find_state, self.backends, sandbox_id)
         if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():
             raise not_found(sandbox_id)
         return await self._adopt(state)
@@ -302,7 +305,7 @@ class Registry:
         mine = {entry.state.id: entry for entry in self._entries.values() if entry.state.tenant == tenant.id}
         if self._shared:
             listed_at = time.monotonic()
-            states = await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+            states = await self._read(census.tenant_states, self.backends, tenant.id)
             now, recorded = self.clock.now(), {state.id: state for state in states}
             for sandbox_id, entry in list(mine.items()):
                 if entry.backend.shared and sandbox_id not in recorded and entry.confirmed < listed_at:
@@ -310,7 +313,7 @@ class Registry:
             for state in states:
                 if state.id in mine:
                     self._refresh(mine[state.id], state, listed_at)
-                elif state.expires_at > now:
+                elif state.expires_at > now and state.id not in self._doomed:
                     with contextlib.suppress(ServiceError):
                         mine[state.id] = await self._adopt(state)
         return sorted(mine.values(), key=lambda entry: (entry.state.created_at, entry.state.id))
@@ -323,7 +326,7 @@ class Registry:
         except LookupError:
             await self._forget(entry)
             raise not_found(sandbox_id) from None
-        entry.state.expires_at = expires_at
+        entry.state.expires_at, entry.confirmed = expires_at, time.monotonic()  # as recorded now
         if not entry.backend.shared:
             await asyncio.to_thread(self.store.save, entry.state)
         self._schedule(sandbox_id)
@@ -346,7 +349,7 @@ class Registry:
         """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
         forgotten here; a new expiry (renewed by another) is taken."""
         checked = time.monotonic()
-        found = await asyncio.to_thread(entry.backend.select, sandbox_id=entry.state.id)
+        found = await self._read(entry.backend.select, sandbox_id=entry.state.id)
         if not found or found[0].ref != entry.state.ref:
             await self._forget(entry)
             raise not_found(entry.state.id)
@@ -354,7 +357,9 @@ class Registry:
         return entry
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
-        entry.confirmed = max(entry.confirmed, checked)
+        if checked < entry.confirmed:  # read before what is held was (a renewal here since)
+            return
+        entry.confirmed = checked
         if recorded.expires_at != entry.state.expires_at:
             entry.state.expires_at = recorded.expires_at
             self._schedule(entry.state.id)
@@ -366,6 +371,9 @@ class Registry:
             sandbox = await asyncio.to_thread(backend.attach, state)
         except LookupError:
             raise not_found(state.id) from None
+        except Exception as exc:
+            logger.warning("attaching to sandbox %s failed: %s", state.id, exc, exc_info=True)
+            raise ServiceError("backend_unavailable", f"sandbox {state.id} cannot be reached now") from exc
         if state.id in self._entries:  # adopted meanwhile by a concurrent request
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(_close, sandbox)
@@ -394,7 +402,18 @@ class Registry:
         """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
         if not self._shared:
             return []
-        return await asyncio.to_thread(census.tenant_states, self.backends, tenant.id)
+        return await self._read(census.tenant_states, self.backends, tenant.id)
+
+    async def _read(self, read: Callable[..., _T], *args: Any, **labels: str) -> _T:
+        """A read of the shared backends' records, in a worker thread; one that fails (the
+        engine or the API server not answering) is a 503, as any backend failure is."""
+        try:
+            return await asyncio.to_thread(read, *args, **labels)
+        except Exception as exc:
+            logger.warning("reading the sandboxes' records failed: %s", exc, exc_info=True)
+            raise ServiceError(
+                "backend_unavailable", "the backend's records cannot be read now; the service log has the request id"
+            ) from exc
 
     def _usage(self, tenant: Tenant, recorded: _States, *, besides: str | None = None) -> census.Usage:
         """The tenant's usage: the shared backends' records, the sandboxes of the others held
@@ -424,7 +443,7 @@ class Registry:
         )
 
     def _reserve(self, tenant: Tenant, template: Template, recorded: _States) -> _Reservation:
-        refused = _over_quota(tenant, self._usage(tenant, recorded), template)
+        refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
         if refused is not None:
             raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
         reservation = _Reservation(tenant.id, template.cpus, template.memory_bytes)
@@ -437,8 +456,11 @@ class Registry:
         """Count again once the new sandbox is recorded: another replica may have created one of
         the tenant's at the same time, unseen by the first count. Over quota, the newcomer is
         destroyed and refused (both racers may be; neither is kept over the quota)."""
-        recorded = [s for s in await self._counted(tenant) if s.id != state.id]
-        refused = _over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
+        try:
+            recorded = [s for s in await self._counted(tenant) if s.id != state.id]
+        except ServiceError:  # the first count let it in: keep it rather than leak it unanswered
+            return
+        refused = census.over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
         if refused is None:
             return
         logger.info("created over quota (a concurrent creation): destroying it", extra={"sandbox": state.id})
@@ -469,8 +491,11 @@ class Registry:
     async def _expire(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
         if entry is not None and entry.state.expires_at <= self.clock.now() and entry.backend.shared:
-            with contextlib.suppress(ServiceError):  # gone: forgotten
+            try:
                 await self._confirm(entry)  # another replica may have renewed it
+            except ServiceError as exc:
+                if exc.code != "not_found":  # unknown whether it was renewed: not reaped now
+                    raise
             entry = self._entries.get(sandbox_id)
         if entry is None:
             return
@@ -486,10 +511,16 @@ class Registry:
         what is held here with the records, and reap what expired whoever holds it."""
         await self._reconcile_unreachable()
         if self._shared:
-            await self._sweep_shared()
+            try:
+                await self._sweep_shared()
+            except Exception:  # the other backends' sandboxes still expire
+                logger.exception("sweeping the shared backends failed; the next sweep retries")
         now = self.clock.now()
         for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
-            await self._expire(entry.state.id)
+            try:
+                await self._expire(entry.state.id)
+            except Exception:
+                logger.exception("expiring sandbox %s failed; the next sweep retries", entry.state.id)
         for sandbox_id, entry in list(self._doomed.items()):
             if await self._destroy(entry):
                 self._doomed.pop(sandbox_id, None)
@@ -514,10 +545,13 @@ class Registry:
                 self._refresh(entry, state, listed_at)
         for state in states:
             if state.id not in self._entries and state.expires_at <= now:
-                logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
-                self.metrics.expired.inc()
+                backend = self._backend_of(state)
                 try:
-                    await asyncio.to_thread(self._backend_of(state).destroy, state, None)
+                    if not await asyncio.to_thread(census.expired_now, backend, state, now):
+                        continue  # renewed (or deleted) since the list
+                    logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
+                    self.metrics.expired.inc()
+                    await asyncio.to_thread(backend.destroy, state, None)
                 except Exception:
                     logger.exception("destroying expired sandbox %s failed; the next sweep retries", state.id)
 
@@ -569,18 +603,6 @@ class Registry:
             )
 
 
-def _over_quota(tenant: Tenant, used: census.Usage, template: Template) -> str | None:
-    """Why one more sandbox of ``template`` would exceed the tenant's quota; ``None``: it fits."""
-    policy = tenant.policy
-    if used.count + 1 > policy.max_sandboxes:
-        return f"{used.count} live sandboxes, the maximum is {policy.max_sandboxes}"
-    if used.cpus + template.cpus > policy.max_cpus + 1e-9:
-        return f"{used.cpus:g} cpus in use, {template.cpus:g} more would exceed {policy.max_cpus:g}"
-    if used.memory + template.memory_bytes > policy.max_memory_bytes:
-        return f"{used.memory} bytes of memory in use, {template.memory} more would exceed {policy.max_memory}"
-    return None
-
-
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:
     """``ttl`` from now; on a shared backend in whole seconds (rounded up), as its labels
     record it, so that the replica that set it and the others read the same instant."""
@@ -591,30 +613,3 @@ def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:
 def _close(sandbox: BaseSandbox) -> None:
     if isinstance(sandbox, Lifecycle):
         sandbox.close()
-
-
-def _check_env(env: dict[str, str]) -> None:
-    for name, value in env.items():
-        if not name or "=" in name or "\x00" in name or "\x00" in value:
-            raise ServiceError("invalid_request", f"invalid environment variable {name!r}")
-
-
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-
-
-def _check_labels(labels: dict[str, str], *, pod_labels: bool = False) -> None:
-    """Labels travel as container labels: keep them to names every backend accepts. On pods
-    (``pod_labels``) they are Kubernetes labels: the prefixed key and the value at most 63
-    characters, the value of label characters."""
-    if len(labels) > 64:
-        raise ServiceError("invalid_request", "at most 64 labels")
-    for key, value in labels.items():
-        if not _LABEL_KEY.match(key) or len(value) > 1024 or "\x00" in value:
-            raise ServiceError("invalid_request", f"invalid label {key!r} (name: [A-Za-z0-9._-], 63 max; value: 1 KiB)")
-        if pod_labels and (len(LABEL_USER_PREFIX + key) > 63 or not LABEL_VALUE.match(value)):
-            longest = 63 - len(LABEL_USER_PREFIX)
-            raise ServiceError(
-                "invalid_request",
-                f"invalid label {key!r} for a pod (name: {longest} characters max; value: 63 max, "
-                "[A-Za-z0-9._-], starting and ending alphanumeric)",
-            )

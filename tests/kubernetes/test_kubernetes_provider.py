@@ -338,3 +338,27 @@ def test_an_unschedulable_pod_says_what_the_scheduler_said(
     schedulable = template.model_copy(update={"node_selector": {"kubernetes.io/os": "linux"}})
     with KubernetesSandbox.create(schedulable, api_client=api_client) as sandbox:
         assert sandbox.execute("echo placed").output == "placed\n"
+
+
+def test_sweep_spares_a_pod_renewed_after_its_list(
+    provider: KubernetesProvider, cluster: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep lists, then deletes what expired one by one: a renewal by another process
+    (`set_expiry`) after the list must win. It lands right after the API server's answer."""
+    sandbox = provider.create(CreateOptions(ttl=60))
+    try:
+        now = short_expiry(provider, sandbox.id) + 600
+        listed = provider.api.list_namespaced_pod
+
+        def renewed_right_after(*args: Any, **kwargs: Any) -> Any:
+            pods = listed(*args, **kwargs)
+            provider.set_expiry(sandbox.id, now + 3600)
+            return pods
+
+        monkeypatch.setattr(provider.api, "list_namespaced_pod", renewed_right_after)
+        report = provider.sweep(now=now)
+        monkeypatch.undo()
+        assert sandbox.id not in report.removed
+        assert _exists(cluster, sandbox.id)
+    finally:
+        sandbox.destroy()

@@ -239,3 +239,88 @@ def test_sweep_spares_its_own_idle_pool(docker_client: Any, runtime_image: str, 
         assert idle not in report.containers
         assert pool.idle == (idle,)
         assert _exists(docker_client, container=idle)
+
+
+def test_set_expiry_racing_another_to_the_same_expiry_succeeds(
+    docker_client: Any, runtime_image: str, owner: str
+) -> None:
+    """Two replicas renew one sandbox to the same second (a client retrying on another
+    replica): the second rename finds the name already taken by its own container, which the
+    engine answers with a 400 ("same name as its current name"), not a 409. Each looked the
+    container up before the other renamed it; the lookup is replayed, the engine is real."""
+    provider = DockerProvider(_template(runtime_image, owner), client=docker_client, sweep_interval=None)
+    sandbox = provider.create()
+    try:
+        expires_at = float(int(time.time()) + 600)
+        seen_before = docker_client.containers.get(sandbox.id)  # the other replica's lookup
+        provider.set_expiry(sandbox.id, expires_at)  # its rename lands first
+        racing = DockerProvider(_template(runtime_image, owner), client=_LookedUpBefore(docker_client, seen_before))
+        racing.set_expiry(sandbox.id, expires_at)
+        assert [r.expires_at for r in provider.select({}) if r.ref == sandbox.id] == [expires_at]
+        provider.destroy(sandbox.id)
+        with pytest.raises(LookupError):
+            racing.set_expiry(sandbox.id, expires_at + 60)
+    finally:
+        sandbox.destroy()
+        provider.close()
+
+
+class _LookedUpBefore:
+    """The engine client, except that the first ``containers.get`` answers an object looked up
+    earlier (what a replica holds between its lookup and its rename); later ones ask the engine."""
+
+    def __init__(self, client: Any, container: Any) -> None:
+        self._client, self._container = client, container
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "containers":
+            return self
+        return getattr(self._client, name)
+
+    def get(self, ref: str) -> Any:
+        earlier, self._container = self._container, None
+        return earlier if earlier is not None else self._client.containers.get(ref)
+
+
+def test_sweep_spares_a_container_renewed_after_its_list(docker_client: Any, runtime_image: str, owner: str) -> None:
+    """A sweep lists, then removes what expired one by one (each removal kills a container): a
+    renewal by another process after the list must win. The renewal lands right after the
+    engine's answer to the list; the engine is real."""
+    provider = DockerProvider(_template(runtime_image, owner, ttl=60), client=docker_client, sweep_interval=None)
+    renewing = DockerProvider(_template(runtime_image, owner), client=docker_client, sweep_interval=None)
+    sandbox = provider.create()
+    renewed_until = time.time() + 3600
+    try:
+        sweeping = DockerProvider(
+            _template(runtime_image, owner),
+            client=_RenewedAfterList(docker_client, lambda: renewing.set_expiry(sandbox.id, renewed_until)),
+            sweep_interval=None,
+        )
+        report = sweeping.sweep(now=time.time() + 600)  # past the label's expiry, before the renewal's
+        assert sandbox.id not in report.containers
+        assert _exists(docker_client, container=sandbox.id)
+    finally:
+        sandbox.destroy()
+        provider.close()
+
+
+class _RenewedAfterList:
+    """The engine client, with ``then`` run right after the first container list is answered."""
+
+    def __init__(self, client: Any, then: Any) -> None:
+        self._client, self._then = client, then
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "containers":
+            return self
+        return getattr(self._client, name)
+
+    def list(self, *args: Any, **kwargs: Any) -> Any:
+        listed = self._client.containers.list(*args, **kwargs)
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+        return listed
+
+    def get(self, ref: str) -> Any:
+        return self._client.containers.get(ref)

@@ -14,7 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import POLICIES, Running, ServiceProcess, create, error_of, execute, running, settings_for
+from service_harness import (
+    POLICIES,
+    ManualClock,
+    Running,
+    ServiceProcess,
+    create,
+    error_of,
+    execute,
+    running,
+    settings_for,
+)
 from service_harness import subprocess_config as base_config
 
 from sandboxes.server.settings import ServiceSettings, TenantPolicy
@@ -158,6 +168,56 @@ class ReplicaScenarios:
         assert set(answers) == {404, 429}, answers
         assert len(lookups) == answers.count(404)
 
+    @pytest.mark.parametrize("hostile", ["x!", "a b", "a,io.sandboxes.tenant", "x" * 64, "\u00e9t\u00e9"])
+    def test_an_id_that_no_sandbox_can_have_is_a_404_without_a_lookup(
+        self, pair: tuple[Running, Running], a: httpx.Client, hostile: str
+    ) -> None:
+        """A sandbox's id is selected by label: one that is no label value (a Kubernetes
+        selector refuses it with a 400) must not reach the backend, and is simply not found."""
+        backend = pair[0].registry.backends["default"]
+        lookups: list[dict[str, str]] = []
+        select = backend.select
+
+        def counted(**labels: str) -> Any:
+            if "sandbox_id" in labels:  # not the replica's own sweeps
+                lookups.append(labels)
+            return select(**labels)
+
+        backend.select = counted
+        try:
+            answers = [
+                a.get(f"/v1/sandboxes/{hostile}"),
+                a.post(f"/v1/sandboxes/{hostile}/execute", json={"command": "true"}),
+                a.post(f"/v1/sandboxes/{hostile}/renew", json={"ttl": 60}),
+                a.delete(f"/v1/sandboxes/{hostile}"),
+            ]
+        finally:
+            del backend.select
+        assert [(r.status_code, error_of(r)) for r in answers] == [(404, "not_found")] * 4, [r.text for r in answers]
+        assert lookups == []
+
+    def test_a_failed_adoption_is_a_503_and_the_next_request_adopts(
+        self, pair: tuple[Running, Running], a: httpx.Client, b: httpx.Client
+    ) -> None:
+        """Attaching to a sandbox another replica made fails once (the backend errs): that
+        request answers 503 ``backend_unavailable``, a listing leaves it out, the next adopts."""
+        sandbox = create(a, ttl=300)
+        backend = pair[1].registry.backends["default"]
+
+        def fails(*args: Any) -> Any:
+            raise RuntimeError("the backend failed (injected)")
+
+        backend.attach = fails
+        try:
+            refused = b.get(f"/v1/sandboxes/{sandbox['id']}")
+            listed = b.get("/v1/sandboxes")
+        finally:
+            del backend.attach
+        assert (refused.status_code, error_of(refused)) == (503, "backend_unavailable"), refused.text
+        assert listed.status_code == 200, listed.text
+        assert b.get(f"/v1/sandboxes/{sandbox['id']}").json() == sandbox
+        assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
     # ------------------------------------------------------------------ deletion and expiry
 
     def test_deleted_on_one_replica_is_a_404_on_the_other(
@@ -172,6 +232,29 @@ class ReplicaScenarios:
         assert (refused.status_code, error_of(refused)) == (404, "not_found")
         assert a.get("/v1/sandboxes").json()["sandboxes"] == []
         assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+    def test_a_deletion_whose_destroy_failed_is_not_undone_by_a_lookup(
+        self, pair: tuple[Running, Running], a: httpx.Client, recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """The destroy fails (the engine or API server errs once): the deletion is answered, and
+        the sweep retries it. Meanwhile the sandbox is still on the backend, where a lookup by
+        id must not find and adopt it again: the tenant deleted it."""
+        sandbox = create(a, ttl=300)
+        backend = pair[0].registry.backends["default"]
+        destroy = backend.destroy
+
+        def fails_once(*args: Any) -> None:
+            del backend.destroy
+            raise RuntimeError("the backend failed (injected)")
+
+        backend.destroy = fails_once
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        assert sandbox["id"] in recorded()  # not destroyed yet
+        assert a.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+        assert a.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "true"}).status_code == 404
+        assert sandbox["id"] not in [s["id"] for s in a.get("/v1/sandboxes").json()["sandboxes"]]
+        assert backend.destroy == destroy
+        _wait_for(lambda: sandbox["id"] not in recorded(), "the sweep destroyed it")
 
     def test_a_held_sandbox_deleted_elsewhere_is_dropped_by_the_sweep(self, replica: Replica, b: httpx.Client) -> None:
         """A replica that trusts what it holds for long (``confirm_interval``) still learns of
@@ -201,6 +284,98 @@ class ReplicaScenarios:
             assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
             assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
             assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_renewal_acknowledged_during_a_sweep_elsewhere_is_not_reaped_by_it(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client_for_service: Any,
+        a: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+    ) -> None:
+        """A sweep lists every record, then destroys what expired one by one (a pod's deletion
+        takes seconds each): a renewal another replica acknowledged after the list must win."""
+        clock = ManualClock()
+        with running(settings(sweep_interval=3600), docker_client=docker_client_for_service, clock=clock) as late:
+            sandbox = create(a, ttl=300)  # after the late replica's start: it does not hold it
+            clock.advance(600)  # on the late replica's clock, it expired
+            backend = late.registry.backends["default"]
+            select, renewals = backend.select, []
+
+            def renewed_right_after_the_list(**labels: str) -> Any:
+                found = select(**labels)
+                if not labels and not renewals:  # the sweep's list of every record
+                    renewals.append(a.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+                return found
+
+            backend.select = renewed_right_after_the_list
+            try:
+                late.sweep()
+            finally:
+                del backend.select
+            assert renewals[0].status_code == 200, renewals[0].text
+            assert sandbox["id"] in recorded()
+        assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_renewal_acknowledged_while_a_replica_starts_is_not_reaped_by_it(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client_for_service: Any,
+        pair: tuple[Running, Running],
+        a: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A starting replica lists every sandbox, then adopts or reaps each in turn: a renewal
+        another replica acknowledged after that list must win there too."""
+        sandbox = create(a, ttl=300)
+        provider_class = type(pair[0].registry.backends["default"].provider)
+        listed, renewals = provider_class.list, []
+
+        def renewed_right_after_the_list(provider: Any) -> Any:
+            found = listed(provider)
+            if not renewals:
+                renewals.append(a.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+            return found
+
+        monkeypatch.setattr(provider_class, "list", renewed_right_after_the_list)
+        clock = ManualClock()
+        clock.advance(600)  # on the new replica's clock, the sandbox expired
+        with running(settings(sweep_interval=3600), docker_client=docker_client_for_service, clock=clock) as late:
+            monkeypatch.undo()
+            assert renewals[0].status_code == 200, renewals[0].text
+            assert sandbox["id"] in recorded()
+            with late.client("alice") as client:
+                assert (
+                    client.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"]
+                    == renewals[0].json()["expires_at"]
+                )
+        assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+    def test_a_sweep_listed_before_a_renewal_does_not_undo_it(self, replica: Replica) -> None:
+        """A replica renews a sandbox while its own sweep is between its list and its use of it:
+        the list's older expiry must not replace the renewal it answered."""
+        with replica(confirm_interval=3600, sweep_interval=3600) as one, one.client("alice") as client:
+            sandbox = create(client, ttl=300)
+            backend = one.registry.backends["default"]
+            select, renewals = backend.select, []
+
+            def renewed_right_after_the_list(**labels: str) -> Any:
+                found = select(**labels)
+                if not labels and not renewals:
+                    renewals.append(client.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}))
+                return found
+
+            backend.select = renewed_right_after_the_list
+            try:
+                one.sweep()
+            finally:
+                del backend.select
+            renewed = renewals[0].json()["expires_at"]
+            assert renewed > sandbox["expires_at"]
+            assert client.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed
+            assert one.registry._entries[sandbox["id"]].state.expires_at == renewed
+            assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
     def test_a_replica_reaps_what_expired_wherever_it_was_made(
         self, replica: Replica, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]

@@ -3,13 +3,28 @@ labels and name are the whole record of its sandbox, which every replica reads."
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from replica_scenarios import ReplicaScenarios
+from service_harness import ManualClock, Running, running
 from support import SESSION_OWNER
+
+from sandboxes.lifecycle import CreateOptions
+from sandboxes.server.backends import (
+    LABEL_SERVICE_CREATED,
+    LABEL_SERVICE_EXPIRES,
+    LABEL_SERVICE_ID,
+    LABEL_TEMPLATE,
+    LABEL_TENANT,
+    make_backends,
+    new_sandbox_id,
+)
+from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.store import SandboxState, StateStore
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
@@ -40,3 +55,41 @@ class TestReplicasOverDocker(ReplicaScenarios):
             }
 
         return containers
+
+    def test_a_sandbox_renewed_before_the_upgrade_keeps_its_renewal(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client: Any,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+        pair: tuple[Running, Running],
+    ) -> None:
+        """A container made by a single service of before replicas has its expiry only in the
+        ``service-expires-at`` label it was created with; a renewal lived in the state file. The
+        first replica to start adopts it and drops the state file (a shared backend's sandbox is
+        its own record): the renewal must go onto the container, or every replica reaps the
+        sandbox at its stale label."""
+        config = settings()
+        backend = make_backends(config, docker_client)["default"]
+        created = time.time()
+        sandbox_id, label_expiry, renewed = new_sandbox_id(), int(created) + 60, float(int(created) + 3600)
+        labels = {
+            LABEL_TENANT: "alice",
+            LABEL_TEMPLATE: "default",
+            LABEL_SERVICE_ID: sandbox_id,
+            LABEL_SERVICE_EXPIRES: str(label_expiry),
+            LABEL_SERVICE_CREATED: f"{created:.6f}",
+        }
+        container = backend.provider.create(CreateOptions(labels=labels))  # as the service made it then
+        state = SandboxState(
+            sandbox_id, "alice", "default", "docker", created, renewed, 0.5, 256 << 20, container.id, ""
+        )
+        StateStore(config.data_dir / "state").save(state)
+        clock = ManualClock()
+        with running(config, docker_client=docker_client, clock=clock) as upgraded:
+            clock.advance(600)  # past the label's expiry, long before the renewal's
+            upgraded.sweep()
+            assert sandbox_id in recorded()
+            assert not list((config.data_dir / "state").glob("*.json"))
+        with pair[1].client("alice") as other:  # another replica reads the renewal on the container
+            assert other.get(f"/v1/sandboxes/{sandbox_id}").json()["expires_at"] == renewed
+            assert other.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204

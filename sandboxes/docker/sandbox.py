@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import stage_file
@@ -156,29 +156,20 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         limit = self.config.output_limit if output_limit is None else output_limit
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
-        response = None
-        for _attempt in range(2):  # a helper found broken before the command was written is replaced
-            mux = self._helper()
-            if mux is None:
-                break
-            try:
-                response = mux.run(
-                    command,
-                    timeout=timeout,
-                    stdin=data,
-                    env=environment,
-                    cwd=workdir,
-                    output_limit=limit,
-                    on_output=on_output,
-                )
-                break
-            except MuxBroken as broken:
-                logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
-                self._drop_helper(mux)
-                if not broken.may_resend:  # it may have run: running it again could do it twice
-                    return p.ExecuteResponse(
-                        "", error=p.CONNECTION_LOST, message=f"exec helper died during the command: {broken}"
-                    )
+        response = run_replacing_once(
+            self._helper,
+            lambda mux: mux.run(
+                command,
+                timeout=timeout,
+                stdin=data,
+                env=environment,
+                cwd=workdir,
+                output_limit=limit,
+                on_output=on_output,
+            ),
+            self._drop_broken,
+            lost="exec helper died during the command",
+        )
         if response is None:
             response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
         if response.exit_code == 137 and self._oom_killed():
@@ -246,6 +237,10 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             raise MuxBroken(f"{broken}; helper stderr: {bytes(stream.stderr[-500:])!r}") from broken
         self._oom_baseline = None
         return mux
+
+    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
+        logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
+        self._drop_helper(mux)
 
     def _drop_helper(self, mux: MuxClient) -> None:
         with self._mux_lock:

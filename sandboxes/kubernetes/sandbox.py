@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import StreamingSandbox
 from sandboxes.kubernetes._exec import (
@@ -203,27 +203,20 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         limit = self.config.output_limit if output_limit is None else output_limit
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
-        response = None
-        for _attempt in range(2):  # a helper found broken before the command was written is replaced
-            mux = self._helper()
-            if mux is None:
-                break
-            try:
-                response = mux.run(
-                    command,
-                    timeout=timeout,
-                    stdin=data,
-                    env=environment,
-                    cwd=workdir,
-                    output_limit=limit,
-                    on_output=on_output,
-                )
-                break
-            except MuxBroken as broken:
-                logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
-                self._drop_helper(mux)
-                if not broken.may_resend:  # it may have run: running it again could do it twice
-                    return _lost(f"the exec stream dropped during the command: {broken}")
+        response = run_replacing_once(
+            self._helper,
+            lambda mux: mux.run(
+                command,
+                timeout=timeout,
+                stdin=data,
+                env=environment,
+                cwd=workdir,
+                output_limit=limit,
+                on_output=on_output,
+            ),
+            self._drop_broken,
+            lost="the exec stream dropped during the command",
+        )
         if response is None:
             try:
                 response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
@@ -267,6 +260,10 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
             return self._run_small("command -v python3 >/dev/null 2>&1")[0] == 0
         except ExecError:
             return True  # cannot tell: keep trying the helper
+
+    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
+        logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
+        self._drop_helper(mux)
 
     def _drop_helper(self, mux: MuxClient) -> None:
         with self._mux_lock:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import MuxBroken, kill_tagged
+from sandboxes._mux import MuxBroken, kill_tagged, run_replacing_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
@@ -336,31 +336,22 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         A jail found broken before the command was written to it is replaced and the command
         sent again; once written, the command may have run, so a jail that dies then answers
         ``connection_lost`` (`sandboxes._mux.client.MuxBroken.may_resend`)."""
-        for _attempt in range(2):
-            helper = self._helper()
-            if helper is None:
-                return None
-            oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-            try:
-                response = helper.client.run(
-                    command,
-                    timeout=timeout,
-                    stdin=stdin,
-                    env=environment,
-                    cwd=workdir,
-                    output_limit=output_limit,
-                    on_output=on_output,
-                )
-            except MuxBroken as broken:
-                logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
-                self._drop_helper(helper)
-                if not broken.may_resend:
-                    return p.ExecuteResponse(
-                        "", error=p.CONNECTION_LOST, message=f"the sandbox's jail died during the command: {broken}"
-                    )
-                continue
-            return self._oom_checked(response, oom_before)
-        return None
+        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        response = run_replacing_once(
+            self._helper,
+            lambda helper: helper.client.run(
+                command,
+                timeout=timeout,
+                stdin=stdin,
+                env=environment,
+                cwd=workdir,
+                output_limit=output_limit,
+                on_output=on_output,
+            ),
+            self._drop_broken,
+            lost="the sandbox's jail died during the command",
+        )
+        return None if response is None else self._oom_checked(response, oom_before)
 
     def _helper(self) -> HelperProcess | None:
         with self._helper_lock:
@@ -395,6 +386,10 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         finally:
             for fd in spec.close_after_spawn:
                 os.close(fd)
+
+    def _drop_broken(self, helper: HelperProcess, broken: MuxBroken) -> None:
+        logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
+        self._drop_helper(helper)
 
     def _drop_helper(self, helper: HelperProcess) -> None:
         with self._helper_lock:

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
 from sandboxes.lifecycle import Lifecycle
@@ -268,19 +268,18 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         if self._closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
         try:
-            for _attempt in range(2):
-                mux = self._helper()
-                if mux is None:
-                    return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit)
-                try:
-                    return mux.run(command, timeout=timeout, stdin=data, env=env, cwd=workdir, output_limit=limit)
-                except MuxBroken as broken:
-                    self._drop_helper(mux)
-                    if not broken.may_resend:  # it may have run: running it again could do it twice
-                        return _lost(f"the connection dropped while the command ran: {broken}")
-            return p.ExecuteResponse(  # never written: it did not run
-                "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
+            response = run_replacing_once(
+                self._helper,
+                lambda mux: mux.run(command, timeout=timeout, stdin=data, env=env, cwd=workdir, output_limit=limit),
+                lambda mux, _broken: self._drop_helper(mux),
+                lost="the connection dropped while the command ran",
+                unsent=p.ExecuteResponse(  # never written: it did not run
+                    "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
+                ),
             )
+            if response is None:
+                return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit)
+            return response
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")

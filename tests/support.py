@@ -92,7 +92,7 @@ def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], objec
             assert time.monotonic() < deadline, "the trees did not start forking"
             time.sleep(0.05)
         kill(token)
-        assert _count(sandbox, count) == 0
+        assert (left := _count(sandbox, count)) == 0, f"{left} marked processes left (None: could not count)"
     finally:
         kill(token)
         runner.join(60)

@@ -5,10 +5,7 @@ client's protocol answers as every other backend's."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +14,17 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
-from service_harness import KEYS, UNTHROTTLED, Running, create, error_of, execute, running, settings_for
+from service_harness import (
+    KEYS,
+    UNTHROTTLED,
+    Running,
+    assert_an_archive_streams_whole,
+    create,
+    error_of,
+    execute,
+    running,
+    settings_for,
+)
 
 from sandboxes.client import RemoteSandbox, SandboxClient
 from sandboxes.server.auth import hash_key
@@ -106,22 +113,7 @@ def test_create_execute_delete_is_a_pod(client: httpx.Client, core_v1: Any) -> N
 def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.Client, service: Running) -> None:
     """The archive streams raw over an exec of its own, not as an `execute` answer: the
     service's output ceiling does not bound it."""
-    sandbox = create(client)
-    base = f"/v1/sandboxes/{sandbox['id']}"
-    size = service.registry.settings.max_output_bytes + (1 << 20)
-    try:
-        made = execute(
-            client, sandbox["id"], f"mkdir big && head -c {size} /dev/urandom > big/blob && sha256sum big/blob"
-        )
-        digest = made["output"].split()[0]
-        archive = client.get(f"{base}/archive", params={"path": f"{sandbox['workdir']}/big"}, timeout=120)
-        assert archive.status_code == 200, archive.text[:500]
-        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
-            member = tar.extractfile("big/blob")
-            assert member is not None
-            assert hashlib.sha256(member.read()).hexdigest() == digest
-    finally:
-        client.delete(base)
+    assert_an_archive_streams_whole(client, service.registry.settings.max_output_bytes + (1 << 20))
 
 
 def test_a_restarted_service_adopts_the_pods(fake_kubeconfig: Path, runtime_image: str, tmp_path: Path) -> None:

@@ -241,3 +241,26 @@ def subprocess_config(data_dir: Path, **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
+
+
+def assert_an_archive_streams_whole(client: httpx.Client, size: int) -> None:
+    """``GET /archive`` of a tree holding ``size`` random bytes answers them whole."""
+    import hashlib
+    import io
+    import tarfile
+
+    sandbox = create(client)
+    base = f"/v1/sandboxes/{sandbox['id']}"
+    try:
+        made = execute(
+            client, sandbox["id"], f"mkdir big && head -c {size} /dev/urandom > big/blob && sha256sum big/blob"
+        )
+        digest = made["output"].split()[0]
+        archive = client.get(f"{base}/archive", params={"path": f"{sandbox['workdir']}/big"}, timeout=120)
+        assert archive.status_code == 200, archive.text[:500]
+        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+            member = tar.extractfile("big/blob")
+            assert member is not None
+            assert hashlib.sha256(member.read()).hexdigest() == digest
+    finally:
+        client.delete(base)

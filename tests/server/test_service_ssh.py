@@ -6,7 +6,6 @@ and reaps the expired."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import shlex
 import tarfile
@@ -23,6 +22,7 @@ from service_harness import (
     UNTHROTTLED,
     Running,
     ServiceProcess,
+    assert_an_archive_streams_whole,
     create,
     execute,
     heartbeat,
@@ -132,22 +132,7 @@ def test_files_and_archive_round_trip(client: httpx.Client) -> None:
 def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.Client, service: Running) -> None:
     """The archive streams raw on a channel of its own: it is not an `execute` answer, so it is
     not bounded by the service's output ceiling (nor by base64's inflation of it)."""
-    sandbox = create(client)
-    base = f"/v1/sandboxes/{sandbox['id']}"
-    size = service.registry.settings.max_output_bytes + (1 << 20)
-    try:
-        made = execute(
-            client, sandbox["id"], f"mkdir big && head -c {size} /dev/urandom > big/blob && sha256sum big/blob"
-        )
-        digest = made["output"].split()[0]
-        archive = client.get(f"{base}/archive", params={"path": f"{sandbox['workdir']}/big"}, timeout=120)
-        assert archive.status_code == 200, archive.text[:500]
-        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
-            member = tar.extractfile("big/blob")
-            assert member is not None
-            assert hashlib.sha256(member.read()).hexdigest() == digest
-    finally:
-        client.delete(base)
+    assert_an_archive_streams_whole(client, service.registry.settings.max_output_bytes + (1 << 20))
 
 
 def test_background_kill_takes_down_the_tree(client: httpx.Client) -> None:

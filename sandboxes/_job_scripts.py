@@ -4,7 +4,7 @@ positional parameters (`sandboxes.jobs._bind`) and on stdin, never as shell synt
 What must work when the sandbox cannot start a process (a job filled its pids limit, and every
 fork fails): claiming a job's end (`claim`: a noclobber create, ``set -C``), killing its command's
 process group (`kill_group`: the group id checked in ``/proc/<pid>/stat`` with ``read``) and the
-sweep of every process carrying the job's markers (`STOP` with ``sweep``: the environments read
+sweep of every process carrying the job's markers (`STOP` with ``signal_read``: the environments read
 with ``read``, which drops their NUL bytes) use only the shell's built-ins (``read``, ``printf``,
 ``kill``, ``[``, ``set``): a shell that started may run them. Everything else may fork.
 
@@ -38,10 +38,10 @@ __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
 # supervisor's child and leads it, so the group id is still the command's), `kill_job DIR
 # MARKER STATE` (claim and write STATE without its time, kill the group, which frees room, then
 # `stamp` the time and kill every process carrying the marker: a shell that cannot fork dies
-# at ``$(date)``, with the status written by then; a poll in between sees no end time), `sweep
-# PREFIX SIGNAL` (signal every process whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``:
-# every role of a job; slow, one ``read`` per byte). `claim`, `kill_group` and `sweep` use
-# built-ins alone. A status is written right after its claim, with nothing that forks between.
+# at ``$(date)``, with the status written by then; a poll in between sees no end time). `claim`,
+# `kill_group` and ``signal_read PREFIX SIGNAL ''`` (`sandboxes._kill`: signal every process
+# whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``, every role of a job) use built-ins
+# alone. A status is written right after its claim, with nothing that forks between.
 FUNCTIONS = (
     _scripts.KILL_MARKED
     + r"""now() {
@@ -96,17 +96,6 @@ kill_job() {
   kill_group "$1"
   [ -z "$_k" ] || stamp "$1" "$3" -
   kill_marked "$2"
-}
-sweep() {
-  for _p in /proc/[0-9]*; do
-    _p=${_p#/proc/}
-    [ "$_p" != "$$" ] || continue
-    {
-      while IFS= read -r _l || [ -n "$_l" ]; do
-        case $_l in *"SANDBOXES_EXEC_ID=$1"*) kill "-$2" "$_p"; break ;; esac
-      done < "/proc/$_p/environ"
-    } 2>/dev/null
-  done
 }
 """
 )
@@ -340,10 +329,10 @@ elif [ -e "$d/status" ]; then
   echo '!ended'
 fi
 [ "$3" = 0 ] && exit 0
-sweep "$m" STOP
-sweep "$m" STOP
-sweep "$m" KILL
-sweep "$m" KILL
+signal_read "$m" STOP ''
+signal_read "$m" STOP ''
+signal_read "$m" KILL ''
+signal_read "$m" KILL ''
 """
 )
 """``ROOT ID SWEEP``, built-ins only (see the module docstring), for a kill in a sandbox that

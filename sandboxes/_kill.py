@@ -125,9 +125,8 @@ KILL_MARKED_SH = r"""kill_marked() {
   _km_was= _km_r=0
   while [ "$_km_r" -lt 200 ]; do
     _km_r=$((_km_r + 1))
-    _km_p=$(marked_pids "$1")
+    signal_marked "$1" STOP
     [ -n "$_km_p" ] || break
-    kill -STOP $_km_p 2>/dev/null
     [ "$_km_p" = "$_km_was" ] && break
     _km_was=$_km_p
   done
@@ -135,19 +134,45 @@ KILL_MARKED_SH = r"""kill_marked() {
   _km_r=0
   while [ "$_km_r" -lt 1000 ]; do
     _km_r=$((_km_r + 1))
-    _km_p=$(marked_pids "$1")
+    signal_marked "$1" KILL
     [ -n "$_km_p" ] || return 0
-    kill -9 $_km_p 2>/dev/null
   done
   return 1
 }
+signal_marked() {
+  if command eval '_km_p=$(marked_pids "$1")' 2>/dev/null; then
+    [ -z "$_km_p" ] || kill "-$2" $_km_p 2>/dev/null
+  else
+    signal_read "$1" "$2" -
+  fi
+}
 marked_pids() {
+  command eval 'marked_scan "$1"' || exit 2
+}
+marked_scan() {
   grep -lsxzF -e "SANDBOXES_EXEC_ID=$1" /proc/[0-9]*/environ 2>/dev/null | {
     read -r _km_me _ _ _km_up _ </proc/self/stat
     while IFS=/ read -r _ _ p _; do
       case " $$ $_km_me $_km_up " in *" $p "*) ;; *) printf '%s ' "$p" ;; esac
     done
   }
+}
+signal_read() {
+  _km_p=
+  for _km_d in /proc/[0-9]*; do
+    _km_q=${_km_d#/proc/}
+    [ "$_km_q" != "$$" ] || continue
+    {
+      while IFS= read -r _km_l || [ -n "$_km_l" ]; do
+        case $_km_l in *"SANDBOXES_EXEC_ID=$1"*) ;; *) continue ;; esac
+        if [ -n "$3" ]; then
+          case ${_km_l#*"SANDBOXES_EXEC_ID=$1"} in "$3"*) continue ;; esac
+        fi
+        kill "-$2" "$_km_q" && _km_p="$_km_p$_km_q "
+        break
+      done < "$_km_d/environ"
+    } 2>/dev/null
+  done
 }
 """
 """``kill_marked MARKER``: `kill_marked`'s two phases in POSIX ``sh`` plus ``grep`` (GNU or
@@ -157,4 +182,17 @@ per process costs ~1 ms each); phase one ends when a scan finds the same process
 before (all of them stopped already). Bounded by rounds rather than time (``sh`` has no clock).
 It skips the shell running it (``$$``) and the subshells it forks to read the scan (a forked
 subshell shows the environment the shell started with, which may hold the marker even after an
-``unset``); whatever else runs it must not carry the marker."""
+``unset``); whatever else runs it must not carry the marker.
+
+A sandbox whose pids limit the tree filled may leave no room for the scan's processes, and a
+shell that cannot fork dies (dash, busybox ash), so the scan is tried under ``command eval``,
+which turns that death into a failed status. Twice: in the shell, for the fork of the
+substitution's subshell, and in that subshell (``marked_pids``, which then exits), for the forks
+of its pipeline; a subshell that failed to fork under only the shell's ``command eval`` returns
+into the shell's code after it (busybox ash does), a second copy of the kill. Then
+``signal_read MARKER SIGNAL NEXT`` scans with the shell's built-ins alone (``read`` of each
+``/proc/<pid>/environ``: ~15 ms for 250 processes, against ~4 ms for ``grep``). ``read`` drops
+the NUL bytes between entries, so the marker is found as a substring, wherever it is (another
+variable's value may hold it), unless its first occurrence on a line is followed by NEXT (``-``,
+what `kill_marked` passes: the markers of a job's other roles, ``MARKER-s``, start with MARKER;
+empty: every marker that starts with MARKER)."""

@@ -310,6 +310,7 @@ caller must not carry the marker itself."""
 RUN_IN = (
     KILL_MARKED
     + r"""cd -- "$1" 2>/dev/null || exit 200
+command eval ': $(:)' 2>/dev/null || exec /bin/sh -c "$2"
 /bin/sh -c "$2"
 s=$?
 m=$SANDBOXES_EXEC_ID; unset SANDBOXES_EXEC_ID
@@ -319,6 +320,11 @@ exit "$s"
 )
 """Run ``$2`` in directory ``$1`` (exit 200 if it is missing), then kill whatever the command
 left running that carries its ``SANDBOXES_EXEC_ID`` marker: for transports without the exec
-helper, so that nothing a command starts outlives it there either."""
+helper, so that nothing a command starts outlives it there either.
+
+When the sandbox has no room for a second process (a probe fork fails: its pids limit is
+reached), the command replaces this shell instead (``exec``), so that it still runs, in the one
+process ``docker exec`` started: the scripts that kill what fills the sandbox are such commands.
+Nothing is killed after it then; its marker is still set, and a timeout still kills its tree."""
 
 CWD_EXISTS = r"""[ -d "$1" ]"""

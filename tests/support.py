@@ -21,6 +21,7 @@ __all__ = [
     "RETAKE_PIDS",
     "SESSION_OWNER",
     "assert_one_kill_ends_forking_trees",
+    "assert_the_sh_kill_works_in_a_full_sandbox",
     "needs",
 ]
 
@@ -48,7 +49,9 @@ FORKING_TREES = (
     'f=\'i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait\'; sh -c "$f" & setsid sh -c "$f" & wait'
 )
 """Two trees that keep forking for seconds, one of them out of the session (``setsid``);
-bounded, so that a failed kill cannot take a shared machine's pids for long."""
+bounded, so that a failed kill cannot take a shared machine's pids for long. In a sandbox with a
+pids limit their loops end at the first fork that fails (a shell that cannot fork exits), and
+``wait`` with them."""
 
 
 RETAKE_PIDS = """
@@ -75,6 +78,16 @@ def _count(sandbox: Any, script: str) -> int | None:
     return int(output) if output.isdigit() else None
 
 
+def _count_once_room(sandbox: Any, script: str) -> int:
+    """`_count` once the sandbox can fork for it: right after a kill, the killed may still hold
+    their pids while they exit and until init reaps them."""
+    deadline = time.monotonic() + 10
+    while (counted := _count(sandbox, script)) is None:
+        assert time.monotonic() < deadline, "the sandbox could not fork for 10 s after the kill"
+        time.sleep(0.05)
+    return counted
+
+
 def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], object]) -> None:
     """Start `FORKING_TREES` in ``sandbox`` under a marker of the caller's (as the service does),
     wait until they have forked, ``kill(marker)`` once: no process may carry the marker after."""
@@ -82,8 +95,9 @@ def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], objec
 
     token = uuid.uuid4().hex
     count = f"grep -lsxzF -e '{MARKER_ENV}={token}' /proc/[0-9]*/environ | wc -l"
+    command = f"{FORKING_TREES}; exec sleep 1000"  # runs on when the trees' loops end: until the kill
     runner = threading.Thread(
-        target=sandbox.execute, args=(FORKING_TREES,), kwargs={"env": {MARKER_ENV: token}, "timeout": 120}
+        target=sandbox.execute, args=(command,), kwargs={"env": {MARKER_ENV: token}, "timeout": 120}
     )
     runner.start()
     try:
@@ -92,8 +106,36 @@ def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], objec
             assert time.monotonic() < deadline, "the trees did not start forking"
             time.sleep(0.05)
         kill(token)
-        assert (left := _count(sandbox, count)) == 0, f"{left} marked processes left (None: could not count)"
+        assert (left := _count_once_room(sandbox, count)) == 0, f"{left} marked processes left"
     finally:
         kill(token)
         runner.join(60)
     assert not runner.is_alive(), "the command outlived the kill of its tree"
+
+
+_FULL_SANDBOX_KILL = r"""t=$1
+for free in 0 1; do
+  while command eval 'SANDBOXES_EXEC_ID=$t sleep 300 &' 2>/dev/null; do :; done
+  command eval ': $(:)' 2>/dev/null && echo 'room left'
+  [ "$free" = 0 ] || { kill -9 $!; wait $!; } 2>/dev/null
+  kill_marked "$t"
+  echo "kill=$?"
+  wait
+  echo "left=$(grep -lsxzF -e "SANDBOXES_EXEC_ID=$t" /proc/[0-9]*/environ | wc -l)"
+done
+"""
+"""``kill_marked`` run by the shell that filled its sandbox's pids: marked children until a fork
+fails, then the proof that none is possible (no ``room left``), the kill, and a count once the
+killed are reaped (``wait``: a zombie keeps its pid). Twice: with no pid free, and with one (for
+the scan's subshell, which then cannot fork its pipeline)."""
+
+
+def assert_the_sh_kill_works_in_a_full_sandbox(sandbox: Any) -> None:
+    """`sandboxes._kill.KILL_MARKED_SH` in a sandbox with no pid left: its scan cannot fork, and
+    a shell that cannot fork exits, yet the kill ends the tree and says so."""
+    from sandboxes import _scripts
+    from sandboxes._kill import KILL_MARKED_SH
+
+    script = _scripts.command(KILL_MARKED_SH + _FULL_SANDBOX_KILL, uuid.uuid4().hex)
+    done = sandbox.execute(script, timeout=120)
+    assert done.output.split() == ["kill=0", "left=0"] * 2, done.output

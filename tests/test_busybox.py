@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SESSION_OWNER
+from support import SESSION_OWNER, assert_the_sh_kill_works_in_a_full_sandbox
 from testcontainers.core.image import DockerImage
 
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
@@ -47,3 +47,8 @@ class TestBusyboxConformance(SandboxConformance):
         links = busybox_sandbox.execute("for t in sh find stat grep; do readlink /bin/$t; done").output.split()
         assert links == ["/bin/busybox"] * 4
         assert busybox_sandbox._mux is None
+
+
+def test_the_shared_kill_works_when_the_container_has_no_pid_left(busybox_sandbox: DockerSandbox) -> None:
+    """busybox ash, like dash, exits when it cannot fork: the kill's scan falls back to built-ins."""
+    assert_the_sh_kill_works_in_a_full_sandbox(busybox_sandbox)

@@ -4,18 +4,19 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
-from support import SESSION_OWNER, assert_one_kill_ends_forking_trees
+from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
 from testcontainers.core.image import DockerImage
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import KILL_MARKED_SH
+from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
@@ -142,7 +143,34 @@ def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) ->
 
 @pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
 def test_one_kill_ends_a_tree_that_keeps_forking(which: str, request: pytest.FixtureRequest) -> None:
-    """The service's kill of a Docker command: the shared script, run once in the container."""
+    """The service's kill of a Docker command without an exec helper: the shared script, run
+    once in the container as a command."""
     sandbox: DockerSandbox = request.getfixturevalue(which)
     kill = KILL_MARKED_SH + 'kill_marked "$1"'
     assert_one_kill_ends_forking_trees(sandbox, lambda token: sandbox.execute(_scripts.command(kill, token)))
+
+
+def test_one_kill_tagged_ends_a_tree_that_keeps_forking(helper_sandbox: DockerSandbox) -> None:
+    """The service's kill of a Docker command with an exec helper (`kill_tagged`)."""
+    assert_one_kill_ends_forking_trees(helper_sandbox, lambda token: helper_sandbox.kill_tagged(MARKER_ENV, token))
+
+
+@pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
+def test_the_shared_kill_works_when_the_container_has_no_pid_left(which: str, request: pytest.FixtureRequest) -> None:
+    assert_the_sh_kill_works_in_a_full_sandbox(request.getfixturevalue(which))
+
+
+def test_a_command_runs_in_a_container_with_one_pid_left(fallback_sandbox: DockerSandbox, docker_client: Any) -> None:
+    """Without an exec helper, a command takes two processes (the wrapper that kills what it
+    leaves behind, and the command): with room for one only, the command replaces the wrapper
+    and still runs, which is what the scripts that kill what filled the container need."""
+    filler = f"{JOB_MARKER_PREFIX}{uuid.uuid4().hex}"  # as a job's: not swept as an orphan when the command ends
+    fill = f"while command eval 'SANDBOXES_EXEC_ID={filler} sleep 300 &' 2>/dev/null; do :; done; echo full"
+    kill = _scripts.command(KILL_MARKED_SH + 'kill_marked "$1"; echo "kill=$?"', filler)
+    assert fallback_sandbox.execute(fill).output.endswith("full\n")  # its own two processes end with it
+    docker_client.containers.get(fallback_sandbox.id).exec_run(["sleep", "30"], detach=True)  # one of those two
+    try:
+        assert fallback_sandbox.execute("echo ran").output == "ran\n"
+    finally:
+        assert fallback_sandbox.execute(kill).output == "kill=0\n"
+    assert fallback_sandbox.execute("echo ran").output == "ran\n"

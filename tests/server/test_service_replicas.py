@@ -49,7 +49,9 @@ class TestReplicasOverDocker(ReplicaScenarios):
     @classmethod
     def recorded(cls, docker_client: Any, owner: str) -> Callable[[], dict[str, dict[str, str]]]:
         def containers() -> dict[str, dict[str, str]]:
-            listed = docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})
+            listed = docker_client.containers.list(
+                all=True, filters={"label": f"io.sandboxes.owner={owner}"}, ignore_removed=True
+            )  # a sweep may remove one between the listing and its inspection
             return {
                 c.labels["io.sandboxes.service-id"]: c.labels for c in listed if "io.sandboxes.service-id" in c.labels
             }

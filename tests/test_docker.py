@@ -164,13 +164,62 @@ def test_a_command_runs_in_a_container_with_one_pid_left(fallback_sandbox: Docke
     """Without an exec helper, a command takes two processes (the wrapper that kills what it
     leaves behind, and the command): with room for one only, the command replaces the wrapper
     and still runs, which is what the scripts that kill what filled the container need."""
-    filler = f"{JOB_MARKER_PREFIX}{uuid.uuid4().hex}"  # as a job's: not swept as an orphan when the command ends
-    fill = f"while command eval 'SANDBOXES_EXEC_ID={filler} sleep 300 &' 2>/dev/null; do :; done; echo full"
+    # The filler's marker is a job's, so the sweep of orphans after the command spares it; and it
+    # is the whole filling shell's, so a `sleep` forked but not yet exec'd, which still shows the
+    # shell's environment, is not killed with the command either.
+    filler = f"{JOB_MARKER_PREFIX}{uuid.uuid4().hex}"
+    loop = "while command eval 'sleep 300 &' 2>/dev/null; do :; done; echo full"
+    fill = _scripts.command('exec env SANDBOXES_EXEC_ID="$1" /bin/sh -c "$2"', filler, loop)
     kill = _scripts.command(KILL_MARKED_SH + 'kill_marked "$1"; echo "kill=$?"', filler)
     assert fallback_sandbox.execute(fill).output.endswith("full\n")  # its own two processes end with it
-    docker_client.containers.get(fallback_sandbox.id).exec_run(["sleep", "30"], detach=True)  # one of those two
+    _take_one_pid(docker_client, fallback_sandbox.id)
     try:
-        assert fallback_sandbox.execute("echo ran").output == "ran\n"
+        assert _execute_once_runc_starts(fallback_sandbox, "echo ran") == "ran\n"
     finally:
-        assert fallback_sandbox.execute(kill).output == "kill=0\n"
+        assert _execute_once_runc_starts(fallback_sandbox, kill) == "kill=0\n"
     assert fallback_sandbox.execute("echo ran").output == "ran\n"
+
+
+def _take_one_pid(docker_client: Any, container_id: str) -> None:
+    """Start a `sleep` beside the sandbox's commands and wait until exactly one pid is free:
+    a detached exec that runc could not start, or processes not yet reaped, would leave the
+    test proving nothing."""
+    for _ in range(20):
+        exec_id = docker_client.api.exec_create(container_id, ["sleep", "30"])["Id"]
+        docker_client.api.exec_start(exec_id, detach=True)
+        if _exec_started(docker_client, exec_id):
+            break
+    deadline = time.monotonic() + 10
+    while (free := _free_pids(docker_client, container_id)) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel's pid count has no event to wait on
+    assert free == 1, f"{free} pids free, expected exactly one"
+
+
+def _free_pids(docker_client: Any, container_id: str) -> int:
+    stats = docker_client.api.stats(container_id, stream=False, one_shot=True)["pids_stats"]
+    return int(stats["limit"]) - int(stats["current"])
+
+
+def _exec_started(docker_client: Any, exec_id: str) -> bool:
+    """True once the exec runs its process, False once it ended or failed to start."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = docker_client.api.exec_inspect(exec_id)
+        if info["Running"] and info["Pid"]:
+            return True
+        if info["ExitCode"] is not None:
+            return False
+        time.sleep(0.01)  # the daemon publishes no event for an exec's start: poll its state
+    return False
+
+
+def _execute_once_runc_starts(sandbox: DockerSandbox, command: str) -> str:
+    """runc's own `init` forks while it joins the container; with one pid free it loses that
+    race now and then, and `docker exec` fails before our wrapper exists. That failure is
+    runc's, so try again: a wrapper that needs a second process fails every time, not now and then."""
+    output = ""
+    for _ in range(20):
+        output = sandbox.execute(command).output
+        if not output.startswith("OCI runtime exec failed"):
+            return output
+    return output

@@ -433,6 +433,28 @@ def test_a_command_cannot_write_into_the_helpers_stream(variant: str) -> None:
         stream.close()
 
 
+def test_what_answers_instead_of_a_helper_is_quoted_in_the_error() -> None:
+    """A runtime that cannot start the helper (no python3 in the image) answers on the helper's
+    stream in words: the error quotes them, bounded and escaped, instead of a frame's garbage."""
+    words = 'OCI runtime exec failed: exec: "python3": executable file not found in $PATH\r\n' * 20
+    stream = _PipeStream.__new__(_PipeStream)
+    stream.process = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.stdout.write({words!r})"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        with pytest.raises(MuxBroken) as raised:
+            MuxClient(stream, hello_timeout=10)
+        message = str(raised.value)
+        assert 'not an exec helper; it said b\'OCI runtime exec failed: exec: "python3"' in message, message
+        assert "\\r\\n" in message  # escaped,
+        assert "\r" not in message  # not raw
+        assert len(message) < 500
+    finally:
+        stream.close()
+
+
 _HOSTILE_HELPER = r"""
 import json, os, struct, sys
 os.read(0, 9)  # the client's ping

@@ -53,6 +53,7 @@ process-tree kill every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16
+_QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0
@@ -293,7 +294,7 @@ class MuxClient:
                 while len(buffer) >= HEADER.size:
                     kind, ident, length = HEADER.unpack_from(buffer)
                     if length > MAX_FRAME or kind[0] not in _KINDS:
-                        raise _Corrupt(f"frame {kind!r} of {length} bytes")
+                        raise _Corrupt(self._explain_garbage(kind, length, buffer))
                     end = HEADER.size + length
                     if len(buffer) < end:
                         break
@@ -310,6 +311,14 @@ class MuxClient:
         finally:
             with contextlib.suppress(Exception):  # nobody reads it any more: release it
                 self._stream.close()
+
+    def _explain_garbage(self, kind: bytes, length: int, buffer: bytearray) -> str:
+        """Before the hello, what came is most likely not a helper but a message from whatever
+        failed to start it (``OCI runtime exec failed: ... python3: not found``): quote its
+        start, bounded and escaped, so the log says why."""
+        if self._hello.is_set():
+            return f"frame {kind!r} of {length} bytes"
+        return f"not an exec helper; it said {bytes(buffer[:_QUOTED_GARBAGE])!r}"
 
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
         if kind == b"H":

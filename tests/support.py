@@ -114,8 +114,20 @@ def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], objec
 
 
 _FULL_SANDBOX_KILL = r"""t=$1
+settle() {
+  n=0
+  while [ "$n" -lt 10000 ]; do
+    n=$((n + 1)) s=0
+    for d in /proc/[0-9]*; do
+      { read -r l < "$d/stat"; } 2>/dev/null || continue
+      case $l in *") "?" $$ "*) case $l in *" (sleep) "*) ;; *) s=1 ;; esac ;; esac
+    done
+    [ "$s" = 0 ] && return
+  done
+}
 for free in 0 1; do
   while command eval 'SANDBOXES_EXEC_ID=$t sleep 300 &' 2>/dev/null; do :; done
+  settle
   command eval ': $(:)' 2>/dev/null && echo 'room left'
   [ "$free" = 0 ] || { kill -9 $!; wait $!; } 2>/dev/null
   kill_marked "$t"
@@ -127,7 +139,9 @@ done
 """``kill_marked`` run by the shell that filled its sandbox's pids: marked children until a fork
 fails, then the proof that none is possible (no ``room left``), the kill, and a count once the
 killed are reaped (``wait``: a zombie keeps its pid). Twice: with no pid free, and with one (for
-the scan's subshell, which then cannot fork its pipeline)."""
+the scan's subshell, which then cannot fork its pipeline). ``settle`` waits, with built-ins
+alone, until every child has exec'd its ``sleep``: a child forked but not yet exec'd still shows
+this shell's environment, without the marker, and the kill would miss it."""
 
 
 def assert_the_sh_kill_works_in_a_full_sandbox(sandbox: Any) -> None:

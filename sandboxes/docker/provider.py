@@ -19,17 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from tenacity import Retrying, before_sleep_log, stop_when_event_set, wait_exponential
+from pydantic import Field
 
+from sandboxes._pool import PoolConfig, WarmPool
 from sandboxes.docker._containers import (
     LABEL_POOL,
     container_name,
@@ -61,28 +58,12 @@ _OWN_LABELS = frozenset({LABEL_MANAGED, LABEL_OWNER, LABEL_SANDBOX, LABEL_EXPIRE
 logger = logging.getLogger(__name__)
 
 
-class DockerProviderConfig(BaseModel):
-    """How a provider pools and sweeps. The defaults pool nothing and sweep every 5 minutes."""
+class DockerProviderConfig(PoolConfig):
+    """How a provider pools and sweeps (`PoolConfig`), and how long an orphan volume may wait."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    pool_size: int = Field(default=0, ge=0)
-    """Started, helper-warmed containers kept ready for `DockerProvider.acquire`."""
-    refill_interval: float = Field(default=1.0, gt=0)
-    """Seconds between the background thread's looks at the pool; an acquire wakes it at once."""
-    sweep_interval: float | None = Field(default=300.0, gt=0)
-    """Seconds between background sweeps; ``None``: only the sweep at `DockerProvider.start`."""
-    sweep_on_start: bool = True
-    pool_max_idle: float = Field(default=600.0, gt=0)
-    """Seconds a container may wait in the pool; older ones are replaced, which is what bounds
-    the expiry label of pooled containers (see the module docstring)."""
     orphan_grace: float = Field(default=60.0, ge=0)
     """A workspace volume without a container is only reaped once this old: the volume is
     created just before its container, and a sweep must not reap it in between."""
-    retry_max_backoff: float = Field(default=30.0, gt=0)
-    """Ceiling of the exponential backoff between failed refills (the daemon may be down)."""
-    close_timeout: float = Field(default=60.0, gt=0)
-    """Seconds `DockerProvider.close` waits for the background thread's work in hand."""
 
 
 @dataclass
@@ -97,14 +78,7 @@ class SweepReport(Sweep):
     """What could not be removed; the next sweep tries again."""
 
 
-@dataclass
-class _Idle:
-    sandbox: DockerSandbox
-    born: float
-    """`time.monotonic` just before the container was created, so its age never understates."""
-
-
-class DockerProvider:
+class DockerProvider(WarmPool[DockerSandbox]):
     """Creates `DockerSandbox` instances from one template; optionally pools and sweeps them.
     A `sandboxes.lifecycle.PooledProvider`, `ResumableProvider` and `SharedProvider`: refs are
     container ids.
@@ -114,6 +88,8 @@ class DockerProvider:
     background thread between `start` and `close` (or ``with provider:``); `create`, `acquire`
     and `sweep` also work without it.
     """
+
+    config: DockerProviderConfig
 
     def __init__(
         self,
@@ -127,16 +103,8 @@ class DockerProvider:
 
         self.template = template or DockerSandboxConfig()
         self.client = client or docker.from_env()
-        self.config = _merge_config(config, options)
-        self.id = uuid.uuid4().hex[:12]
+        super().__init__(_merge_config(config, options))
         self._pool_template = _pooled_template(self.template, self.id, self.config.pool_max_idle)
-        self._idle: deque[_Idle] = deque()
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ creating
 
@@ -245,75 +213,6 @@ class DockerProvider:
             starting=attrs.get("State") == "created",
         )
 
-    def acquire(self) -> DockerSandbox:
-        """A started sandbox with its exec helper up, from the pool; a cold `create` if the pool
-        is empty. The caller owns it: ``with provider.acquire() as sandbox:`` destroys it."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"DockerProvider {self.id} is closed")
-                entry = self._idle.popleft() if self._idle else None
-            if entry is None:
-                return self.create()
-            self._wake.set()
-            if time.monotonic() - entry.born <= self.config.pool_max_idle and _usable(entry.sandbox):
-                return entry.sandbox
-            _discard(entry.sandbox)
-
-    @property
-    def idle(self) -> tuple[str, ...]:
-        """Container ids waiting in the pool, next to be handed out first."""
-        with self._lock:
-            return tuple(entry.sandbox.id for entry in self._idle)
-
-    def wait_filled(self, timeout: float | None = None) -> bool:
-        """Block until the pool holds ``pool_size`` containers; whether it did within ``timeout``."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._closed or len(self._idle) >= self.config.pool_size, timeout)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> DockerProvider:
-        """Sweep once (errors listing containers surface: the daemon is unusable), then start
-        the background thread that fills the pool and sweeps periodically."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"DockerProvider {self.id} is closed")
-            if self._thread is not None:
-                return self
-        if self.config.sweep_on_start:
-            _log_sweep(self.sweep())
-        if self.config.pool_size or self.config.sweep_interval is not None:
-            thread = threading.Thread(target=self._run, name=f"sandboxes-pool-{self.id}", daemon=True)
-            with self._lock:
-                self._thread = thread
-            thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop the background thread and destroy the containers still idle in the pool.
-        Acquired sandboxes are their holders' to destroy. Idempotent."""
-        with self._changed:
-            self._closed = True  # from here on, a container the thread finishes is destroyed
-            idle = list(self._idle)
-            self._idle.clear()
-            self._changed.notify_all()
-            thread, self._thread = self._thread, None
-        self._stop.set()
-        self._wake.set()
-        for entry in idle:
-            _discard(entry.sandbox)
-        if thread is not None:
-            thread.join(self.config.close_timeout)
-            if thread.is_alive():
-                logger.warning("pool thread of provider %s still busy after close; it cleans up after itself", self.id)
-
-    def __enter__(self) -> DockerProvider:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ sweeping
 
     def sweep(self, now: float | None = None) -> SweepReport:
@@ -323,8 +222,7 @@ class DockerProvider:
         now = time.time() if now is None else now
         owner = self.template.owner
         report = SweepReport()
-        with self._lock:
-            pooled = {entry.sandbox.id for entry in self._idle}
+        pooled = self._pooled_refs()
         # Volumes first: a volume created after this list is not considered, and one created
         # before it whose container does not exist yet is protected by `orphan_grace`.
         volumes = self.client.volumes.list(filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_OWNER}={owner}"]})
@@ -376,69 +274,38 @@ class DockerProvider:
         except docker.errors.NotFound:
             return False
 
-    # ------------------------------------------------------------------ background thread
+    # ------------------------------------------------------------------ the pool's hooks
 
-    def _run(self) -> None:
-        """Fill the pool, replace stale entries, sweep when due; log every failure, never die."""
-        interval = self.config.sweep_interval
-        next_sweep = time.monotonic() + interval if interval is not None else None
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                if next_sweep is not None and interval is not None and time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + interval
-                    _log_sweep(self.sweep())
-                self._replace_stale()
-                self._refill()
-            except Exception:
-                if not self._stop.is_set():
-                    logger.exception("pool maintenance of provider %s failed; trying again", self.id)
-            self._wake.wait(self.config.refill_interval)
+    def _make_pooled(self) -> DockerSandbox:
+        return DockerSandbox(create_container(self.client, self._pool_template), self.client, self.template)
 
-    def _refill(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                if len(self._idle) >= self.config.pool_size:
-                    return
-            retrying = Retrying(
-                stop=stop_when_event_set(self._stop),
-                wait=wait_exponential(multiplier=0.5, max=self.config.retry_max_backoff),
-                sleep=self._interruptible_sleep,
-                before_sleep=before_sleep_log(logger, logging.WARNING),
-                reraise=True,
-            )
-            for attempt in retrying:
-                with attempt:
-                    self._add_one()
+    def _ref(self, sandbox: DockerSandbox) -> str:
+        return sandbox.id
 
-    def _interruptible_sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
-
-    def _add_one(self) -> None:
-        born = time.monotonic()
-        sandbox = DockerSandbox(create_container(self.client, self._pool_template), self.client, self.template)
+    def _usable(self, sandbox: DockerSandbox) -> bool:
+        """A live helper stream proves its container runs, for free; otherwise ask the daemon
+        (the helper-less fallback, or a death)."""
+        if sandbox.helper_alive:
+            return True
         try:
-            warm = sandbox.execute("true")
-            if warm.exit_code != 0:
-                raise RuntimeError(f"warming {sandbox.id[:12]} failed: {warm.error or warm.exit_code} {warm.message}")
-        except BaseException:
-            _discard(sandbox)
-            raise
-        with self._changed:
-            if not self._closed:
-                self._idle.append(_Idle(sandbox, born))
-                self._changed.notify_all()
-                return
-        _discard(sandbox)
+            sandbox.container.reload()
+        except Exception:
+            return False
+        return bool(sandbox.container.status == "running")
 
-    def _replace_stale(self) -> None:
-        cutoff = time.monotonic() - self.config.pool_max_idle
-        with self._lock:
-            stale = [entry for entry in self._idle if entry.born < cutoff]
-            for entry in stale:
-                self._idle.remove(entry)
-        for entry in stale:
-            _discard(entry.sandbox)
+    def _discard(self, sandbox: DockerSandbox) -> None:
+        try:
+            sandbox.destroy()
+        except Exception:
+            logger.warning("could not destroy pooled sandbox %s; a sweep will reap it", sandbox.id[:12], exc_info=True)
+
+    def _log_sweep(self, report: Sweep) -> None:
+        containers = report.containers if isinstance(report, SweepReport) else report.removed
+        volumes = report.orphan_volumes if isinstance(report, SweepReport) else []
+        if containers or volumes:
+            logger.info("sweep removed %d containers, %d orphan volumes", len(containers), len(volumes))
+        for error in report.errors:
+            logger.warning("sweep could not remove %s", error)
 
 
 def _with_options(template: DockerSandboxConfig, options: CreateOptions | None) -> DockerSandboxConfig:
@@ -482,35 +349,7 @@ def _pooled_template(template: DockerSandboxConfig, provider_id: str, max_idle: 
     return template.model_copy(update={"labels": labels, "ttl": ttl})
 
 
-def _usable(sandbox: DockerSandbox) -> bool:
-    """Whether a pooled sandbox can still be handed out. A live helper stream proves its
-    container runs, for free; otherwise ask the daemon (the helper-less fallback, or a death)."""
-    if sandbox.helper_alive:
-        return True
-    try:
-        sandbox.container.reload()
-    except Exception:
-        return False
-    return bool(sandbox.container.status == "running")
-
-
-def _discard(sandbox: DockerSandbox) -> None:
-    try:
-        sandbox.destroy()
-    except Exception:
-        logger.warning("could not destroy pooled sandbox %s; a sweep will reap it", sandbox.id[:12], exc_info=True)
-
-
 def _is_not_found(exc: Exception) -> bool:
     import docker.errors
 
     return isinstance(exc, docker.errors.NotFound)
-
-
-def _log_sweep(report: SweepReport) -> None:
-    if report.containers or report.orphan_volumes:
-        logger.info(
-            "sweep removed %d containers, %d orphan volumes", len(report.containers), len(report.orphan_volumes)
-        )
-    for error in report.errors:
-        logger.warning("sweep could not remove %s", error)

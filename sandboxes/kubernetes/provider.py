@@ -17,17 +17,13 @@ its provider died: a sweep of the same owner deletes it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-from tenacity import Retrying, before_sleep_log, stop_when_event_set, wait_exponential
+from pydantic import Field
 
+from sandboxes._pool import PoolConfig, WarmPool
 from sandboxes.kubernetes._pods import (
     caller_labels,
     core_api,
@@ -48,34 +44,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class KubernetesProviderConfig(BaseModel):
-    """How a provider pools and sweeps. The defaults pool nothing and sweep every 5 minutes."""
+class KubernetesProviderConfig(PoolConfig):
+    """How a provider pools and sweeps (`PoolConfig`), and what it tolerates while pods start."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    pool_size: int = Field(default=0, ge=0)
-    """Ready pods, exec helper started, kept for `KubernetesProvider.acquire`."""
-    refill_interval: float = Field(default=1.0, gt=0)
-    sweep_interval: float | None = Field(default=300.0, gt=0)
-    sweep_on_start: bool = True
-    pool_max_idle: float = Field(default=600.0, gt=0)
     orphan_grace: float = Field(default=60.0, ge=0)
     """A pod that never became ready (its creator died while waiting) is only reaped once this
     much older than the template's startup timeout."""
     fail_unschedulable: bool = True
     """Give up on a pod at once when the scheduler says it is unschedulable; ``False`` on
     clusters whose autoscaler adds nodes (the startup timeout still bounds the wait)."""
-    retry_max_backoff: float = Field(default=30.0, gt=0)
-    close_timeout: float = Field(default=60.0, gt=0)
 
 
-@dataclass
-class _Idle:
-    sandbox: KubernetesSandbox
-    born: float
-
-
-class KubernetesProvider:
+class KubernetesProvider(WarmPool[KubernetesSandbox]):
     """Creates `KubernetesSandbox` instances from one template (a `PooledProvider` and a
     `SharedProvider`).
 
@@ -83,6 +63,8 @@ class KubernetesProvider:
     `KubernetesProviderConfig` field as a keyword. The pool and the periodic sweep run in one
     background thread between `start` and `close` (or ``with provider:``); everything else
     works without it."""
+
+    config: KubernetesProviderConfig
 
     def __init__(
         self,
@@ -97,19 +79,11 @@ class KubernetesProvider:
         if options:
             base = config.model_dump(exclude_unset=True) if config is not None else {}
             config = KubernetesProviderConfig.model_validate({**base, **options})
-        self.config = config or KubernetesProviderConfig()
-        self.id = uuid.uuid4().hex[:12]
+        super().__init__(config or KubernetesProviderConfig())
         ttl = None if self.template.ttl is None else self.template.ttl + self.config.pool_max_idle
         self._pool_template = self.template.model_copy(
             update={"labels": {**self.template.labels, LABEL_POOL: self.id}, "ttl": ttl}
         )
-        self._idle: deque[_Idle] = deque()
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ the Provider protocol
 
@@ -199,8 +173,7 @@ class KubernetesProvider:
         Other owners' pods and this provider's idle pool are never touched."""
         now = time.time() if now is None else now
         report = Sweep()
-        with self._lock:
-            pooled = {entry.sandbox.name for entry in self._idle}
+        pooled = self._pooled_refs()
         listed: Any = self.api.list_namespaced_pod(
             self.template.namespace, label_selector=owner_selector(self.template.owner)
         )
@@ -255,25 +228,6 @@ class KubernetesProvider:
 
     # ------------------------------------------------------------------ the warm pool
 
-    def acquire(self) -> KubernetesSandbox:
-        """A ready pod with its exec helper up, from the pool; a cold `create` if the pool is
-        empty. The caller owns it: ``with provider.acquire() as sandbox:`` deletes it."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError(f"KubernetesProvider {self.id} is closed")
-                entry = self._idle.popleft() if self._idle else None
-            if entry is None:
-                return self.create()
-            self._wake.set()
-            if time.monotonic() - entry.born <= self.config.pool_max_idle and _usable(entry.sandbox):
-                try:
-                    self._hand_out(entry.sandbox)
-                    return entry.sandbox
-                except Exception:
-                    logger.warning("could not hand out pooled pod %s", entry.sandbox.name, exc_info=True)
-            _discard(entry.sandbox)
-
     def _hand_out(self, sandbox: KubernetesSandbox) -> None:
         """Unmark it as pooled and let its ttl count from now (labels can change)."""
         expires_at = None if self.template.ttl is None else time.time() + self.template.ttl
@@ -283,140 +237,28 @@ class KubernetesProvider:
         patch = {"metadata": {"labels": labels, "annotations": pod_annotations(self.template, expires_at)}}
         self.api.patch_namespaced_pod(sandbox.name, self.template.namespace, patch)
 
-    @property
-    def idle(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(entry.sandbox.name for entry in self._idle)
-
-    def wait_filled(self, timeout: float | None = None) -> bool:
-        """Block until the pool holds ``pool_size`` pods; whether it did within ``timeout``."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._closed or len(self._idle) >= self.config.pool_size, timeout)
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> KubernetesProvider:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"KubernetesProvider {self.id} is closed")
-            if self._thread is not None:
-                return self
-        if self.config.sweep_on_start:
-            _log_sweep(self.sweep())
-        if self.config.pool_size or self.config.sweep_interval is not None:
-            thread = threading.Thread(target=self._run, name=f"sandboxes-k8s-pool-{self.id}", daemon=True)
-            with self._lock:
-                self._thread = thread
-            thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop the background thread and delete the pods still idle in the pool. Handed-out
-        sandboxes are their holders'. Idempotent."""
-        with self._changed:
-            self._closed = True
-            idle = list(self._idle)
-            self._idle.clear()
-            self._changed.notify_all()
-            thread, self._thread = self._thread, None
-        self._stop.set()
-        self._wake.set()
-        for entry in idle:
-            _discard(entry.sandbox)
-        if thread is not None:
-            thread.join(self.config.close_timeout)
-
-    def __enter__(self) -> KubernetesProvider:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ background thread
-
-    def _run(self) -> None:
-        interval = self.config.sweep_interval
-        next_sweep = time.monotonic() + interval if interval is not None else None
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                if next_sweep is not None and interval is not None and time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + interval
-                    _log_sweep(self.sweep())
-                self._replace_stale()
-                self._refill()
-            except Exception:
-                if not self._stop.is_set():
-                    logger.exception("pool maintenance of provider %s failed; trying again", self.id)
-            self._wake.wait(self.config.refill_interval)
-
-    def _refill(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                if len(self._idle) >= self.config.pool_size:
-                    return
-            retrying = Retrying(
-                stop=stop_when_event_set(self._stop),
-                wait=wait_exponential(multiplier=0.5, max=self.config.retry_max_backoff),
-                sleep=self._sleep,
-                before_sleep=before_sleep_log(logger, logging.WARNING),
-                reraise=True,
-            )
-            for attempt in retrying:
-                with attempt:
-                    self._add_one()
-
-    def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
-
-    def _add_one(self) -> None:
-        born = time.monotonic()
+    def _make_pooled(self) -> KubernetesSandbox:
         pod: Any = create_pod(self.api, self._pool_template, fail_unschedulable=self.config.fail_unschedulable)
-        sandbox = KubernetesSandbox(pod.metadata.name, self.api, self.template)
-        try:
-            warm = sandbox.execute("true")
-            if warm.exit_code != 0:
-                raise RuntimeError(f"warming pod {sandbox.name} failed: {warm.error or warm.exit_code} {warm.message}")
-        except BaseException:
-            _discard(sandbox)
-            raise
-        with self._changed:
-            if not self._closed:
-                self._idle.append(_Idle(sandbox, born))
-                self._changed.notify_all()
-                return
-        _discard(sandbox)
+        return KubernetesSandbox(pod.metadata.name, self.api, self.template)
 
-    def _replace_stale(self) -> None:
-        cutoff = time.monotonic() - self.config.pool_max_idle
-        with self._lock:
-            stale = [entry for entry in self._idle if entry.born < cutoff or not _usable(entry.sandbox)]
-            for entry in stale:
-                self._idle.remove(entry)
-        for entry in stale:
-            _discard(entry.sandbox)
+    def _ref(self, sandbox: KubernetesSandbox) -> str:
+        return sandbox.name
+
+    def _usable(self, sandbox: KubernetesSandbox) -> bool:
+        """Its exec stream is up (which proves the pod runs, for free), or it has no helper to
+        keep up (an image without python3)."""
+        return sandbox.helper_alive or sandbox._helper_unavailable
+
+    def _stale(self, sandbox: KubernetesSandbox) -> bool:
+        return not self._usable(sandbox)
+
+    def _discard(self, sandbox: KubernetesSandbox) -> None:
+        try:
+            sandbox.close()
+            delete_pod(sandbox.api, sandbox.config.namespace, sandbox.name, grace_seconds=0, wait=False)
+        except Exception:
+            logger.warning("could not delete pooled pod %s; a sweep will", sandbox.name, exc_info=True)
 
 
 def _phase(pod: Any) -> str | None:
     return pod.status.phase if pod.status is not None else None
-
-
-def _usable(sandbox: KubernetesSandbox) -> bool:
-    """Whether a pooled pod can be handed out: its exec stream is up (which proves the pod
-    runs, for free), or it has no helper to keep up (an image without python3)."""
-    return sandbox.helper_alive or sandbox._helper_unavailable
-
-
-def _discard(sandbox: KubernetesSandbox) -> None:
-    try:
-        sandbox.close()
-        delete_pod(sandbox.api, sandbox.config.namespace, sandbox.name, grace_seconds=0, wait=False)
-    except Exception:
-        logger.warning("could not delete pooled pod %s; a sweep will", sandbox.name, exc_info=True)
-
-
-def _log_sweep(report: Sweep) -> None:
-    if report.removed:
-        logger.info("sweep deleted %d pods", len(report.removed))
-    for error in report.errors:
-        logger.warning("sweep could not delete %s", error)

@@ -255,13 +255,20 @@ s0=${_ln:--}
 """``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
 status is recorded ``lost`` (and whatever is left of its tree killed)."""
 
-POLL = (
+_ONE_JOB = (
     FUNCTIONS
     + f"P={JOB_MARKER_PREFIX}\n"
     + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2 off=$3 left=$4
+d=$r/$2 m=$P$2
 [ -d "$d" ] || exit 10
 """
+)
+"""The preamble of the scripts that act on one job (``ROOT ID ...``): ``$d`` its directory,
+``$m`` its marker; exit 10 when there is no such job."""
+
+POLL = (
+    _ONE_JOB
+    + "off=$3 left=$4\n"
     + _STATE
     + r"""line "$d/limits"
 H=${_ln%% *} T=${_ln#* }
@@ -295,12 +302,8 @@ echo "!e"
 OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
 
 KILL = (
-    FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2
-[ -d "$d" ] || exit 10
-kill_job "$d" "$m" killed
+    _ONE_JOB
+    + r"""kill_job "$d" "$m" killed
 i=0
 while alive "$d" "$m" && [ "$i" -lt 200 ]; do
   sleep 0.05
@@ -316,12 +319,8 @@ line "$d/status"
 claimed by `STOP` without a time (it cannot run ``date``) gets this moment's."""
 
 STOP = (
-    FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2
-[ -d "$d" ] || exit 10
-if claim "$d"; then
+    _ONE_JOB
+    + r"""if claim "$d"; then
   printf 'killed - -\n' 1<> "$d/status"
   echo '!claimed'
   kill_group "$d"

@@ -68,16 +68,18 @@ def _unauthorized(message: str) -> ServiceError:
 
 
 class RateLimiter:
-    """One token bucket per tenant: ``burst`` tokens, refilled at ``rate`` per second."""
+    """One token bucket per tenant: ``burst`` tokens, refilled at ``rate`` per second.
+    ``clock`` (seconds, monotonic) is injectable so the refill is tested without waiting."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
+        self._clock = clock
 
     def check(self, tenant: Tenant) -> None:
         """Take a token for one request, or refuse with ``rate_limited`` and a Retry-After."""
         rate, burst = tenant.policy.rate, float(tenant.policy.burst)
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             tokens, last = self._buckets.get(tenant.id, (burst, now))
             tokens = min(burst, tokens + (now - last) * rate)

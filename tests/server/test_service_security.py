@@ -327,9 +327,7 @@ def test_rate_limit_refuses_with_retry_after(service: Running) -> None:
         refused = slow.get("/v1/sandboxes")
         assert refused.status_code == 429
         assert error_of(refused) == "rate_limited"
-        assert int(refused.headers["retry-after"]) >= 1
-        time.sleep(1.1)  # 2 tokens/s refill
-        assert slow.get("/v1/sandboxes").status_code == 200
+        assert int(refused.headers["retry-after"]) >= 1  # the refill: tests/server/test_rate_limiter.py
 
 
 def test_rate_limits_are_per_tenant(service: Running, alice: httpx.Client) -> None:

@@ -120,6 +120,7 @@ class MuxClient:
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._hello = threading.Event()
+        self._outbox = _Outbox()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
@@ -192,10 +193,9 @@ class MuxClient:
     ) -> None:
         """The R frame; a failure to send it means no whole request reached the helper (see
         `_send`), so the command may be resent."""
-        spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
-        spec["stdin"] = stdin is not None
+        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None)
         try:
-            self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
+            self._send_frame(frame)
         except MuxBroken as broken:
             raise MuxBroken(str(broken), may_resend=True) from broken
 
@@ -268,11 +268,14 @@ class MuxClient:
         """One frame, whole, or `MuxBroken` with nothing more ever written on this stream: a
         frame after a failed (partial) send would complete it into something the helper acts
         on. A frame of a command that is broken off is not sent either."""
+        self._send_frame(HEADER.pack(kind, ident, len(payload)) + payload)
+
+    def _send_frame(self, frame: bytes) -> None:
         with self._send_lock:
             if self.broken is not None:
                 raise MuxBroken(self.broken)
             try:
-                self._stream.send(HEADER.pack(kind, ident, len(payload)) + payload)
+                self._stream.send(frame)
             except OSError as exc:
                 self._break(f"exec helper stream failed: {exc}")
                 raise MuxBroken(self.broken or str(exc)) from exc
@@ -364,6 +367,15 @@ class MuxClient:
                 item.done.set()  # also releases a caller still waiting for the acknowledgement
 
 
+def _request_frame(
+    ident: int, command: str, env: Mapping[str, str] | None, cwd: str | None, timeout: float | None, stdin: bool
+) -> bytes:
+    """The R frame of a command."""
+    spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None, "stdin": stdin}
+    payload = json.dumps(spec).encode("utf-8")
+    return HEADER.pack(b"R", ident, len(payload)) + payload
+
+
 def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
     """`sandboxes.base.KillsTagged.kill_tagged` through a sandbox's running helper (``None`` or
     broken: ``False``, nothing done): the commands in flight given ``name=value``, then every
@@ -447,18 +459,89 @@ async def arun(
     waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
     ident, pending = client._register(waiting)
     started = time.monotonic()
+    queued: _Queued | None = None
     try:
-        client._request(ident, command, env, cwd, timeout, stdin)
-        if stdin is not None:
+        if stdin is None:  # the request goes out with the others of this turn of the loop
+            queued = client._outbox.put(client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False))
+        else:  # its stdin frames must follow it: written at once, in order
+            client._request(ident, command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:
                 await asyncio.to_thread(_send_stdin, client, ident, stdin)
         await _await_async(client, ident, pending, ended, time.monotonic(), timeout)
+        return _response(pending, timeout, started)
+    except MuxBroken as broken:
+        if queued is not None and client._outbox.withdraw(queued):  # no whole request was written
+            raise MuxBroken(str(broken), may_resend=True) from broken
+        raise
     finally:
+        if queued is not None:  # cancelled before its turn: never written, so it never runs
+            client._outbox.withdraw(queued)
         with client._pending_lock:
             client._pending.pop(ident, None)
-    return _response(pending, timeout, started)
+
+
+@dataclass(eq=False)
+class _Queued:
+    """A request frame in the `_Outbox`. ``unsent``: certainly not written whole (the stream
+    broke before its turn, or a write of it alone failed), so the command may be resent."""
+
+    ident: int
+    frame: bytes
+    unsent: bool = False
+
+
+class _Outbox:
+    """Request frames of awaited commands, written together once the event loop's turn is over.
+
+    Requests that reach the service together (20 clients' executes read in one turn of the
+    loop) then cost one write to the helper's stream, not one each: the event loop's own cost
+    of a system call per request, and on Docker one wake-up each of dockerd, its shim and the
+    helper. Sent by the loop that queued them, under the client's send lock, so a frame is
+    never split by another thread's. The resend rule holds (`MuxBroken.may_resend`): a failed
+    write of several frames may have written some of them whole, so only a write of one
+    frame alone, or frames never written, are marked resendable."""
+
+    def __init__(self) -> None:
+        self._queued: list[_Queued] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def put(self, client: MuxClient, loop: asyncio.AbstractEventLoop, ident: int, frame: bytes) -> _Queued:
+        if client.broken is not None:
+            raise MuxBroken(client.broken, may_resend=True)
+        if self._loop is not loop:  # frames left by a loop that stopped before its turn ended
+            for item in self._queued:  # their commands were abandoned with it; never written
+                item.unsent = True
+            self._queued = []
+        if not self._queued:
+            self._loop = loop
+            loop.call_soon(self.flush, client)
+        item = _Queued(ident, frame)
+        self._queued.append(item)
+        return item
+
+    def withdraw(self, item: _Queued) -> bool:
+        """Take ``item`` back if it was not written yet; whether it is certainly unsent."""
+        if item in self._queued:
+            self._queued.remove(item)
+            item.unsent = True
+        return item.unsent
+
+    def flush(self, client: MuxClient) -> None:
+        batch, self._queued = self._queued, []
+        if not batch:
+            return
+        with client._send_lock:
+            if client.broken is not None:  # the stream broke before this turn ended
+                for item in batch:
+                    item.unsent = True
+                return
+            try:
+                client._stream.send(b"".join(item.frame for item in batch))
+            except OSError as exc:
+                batch[0].unsent = len(batch) == 1
+                client._break(f"exec helper stream failed: {exc}")
 
 
 def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:

@@ -629,3 +629,18 @@ async def test_requests_of_a_failed_shared_write_may_have_run_so_none_is_resent(
     outcomes = await asyncio.gather(*(_arun(client, "true") for _ in range(3)), return_exceptions=True)
     assert all(isinstance(o, MuxBroken) and not o.may_resend for o in outcomes), outcomes
     assert faulty.sends_after_failure == 0
+
+
+async def test_a_kill_never_overtakes_the_request_it_kills(stream: _PipeStream) -> None:
+    """The request still waits for the end of the loop's turn when a kill of its command comes
+    (a client that left at once): the kill goes out after it, so the command dies, instead of
+    being ignored by a helper that does not know the command yet and running to its end."""
+    client = MuxClient(stream)
+    task = asyncio.create_task(
+        arun(client, "sleep 60", timeout=120, stdin=None, env={"TAG": "t"}, cwd=None, output_limit=100)
+    )
+    await asyncio.sleep(0)  # the task's first step: its request is queued, not written yet
+    assert client._outbox._queued, "precondition: the request is still queued"
+    assert client.kill_tagged("TAG", "t") == 1
+    result = await asyncio.wait_for(task, 20)
+    assert result.exit_code == 137, result

@@ -208,6 +208,8 @@ class MuxClient:
         /proc for it may find nothing."""
         with self._pending_lock:
             idents = [ident for ident, item in self._pending.items() if item.env.get(name) == value]
+        if idents:
+            self._outbox.flush(self)  # a kill must follow its command's request, never overtake it
         for ident in idents:
             with contextlib.suppress(MuxBroken):
                 self._send(b"K", ident)
@@ -472,12 +474,12 @@ async def arun(
         await _await_async(client, ident, pending, ended, time.monotonic(), timeout)
         return _response(pending, timeout, started)
     except MuxBroken as broken:
-        if queued is not None and client._outbox.withdraw(queued):  # no whole request was written
+        if queued is not None and client._outbox.withdraw(client, queued):  # no whole request was written
             raise MuxBroken(str(broken), may_resend=True) from broken
         raise
     finally:
         if queued is not None:  # cancelled before its turn: never written, so it never runs
-            client._outbox.withdraw(queued)
+            client._outbox.withdraw(client, queued)
         with client._pending_lock:
             client._pending.pop(ident, None)
 
@@ -508,31 +510,35 @@ class _Outbox:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def put(self, client: MuxClient, loop: asyncio.AbstractEventLoop, ident: int, frame: bytes) -> _Queued:
-        if client.broken is not None:
-            raise MuxBroken(client.broken, may_resend=True)
-        if self._loop is not loop:  # frames left by a loop that stopped before its turn ended
-            for item in self._queued:  # their commands were abandoned with it; never written
-                item.unsent = True
-            self._queued = []
-        if not self._queued:
-            self._loop = loop
-            loop.call_soon(self.flush, client)
         item = _Queued(ident, frame)
-        self._queued.append(item)
+        with client._send_lock:
+            if client.broken is not None:
+                raise MuxBroken(client.broken, may_resend=True)
+            if self._loop is not loop:  # frames left by a loop that stopped before its turn ended
+                for left in self._queued:  # their commands were abandoned with it; never written
+                    left.unsent = True
+                self._queued = []
+            if not self._queued:
+                self._loop = loop
+                loop.call_soon(self.flush, client)
+            self._queued.append(item)
         return item
 
-    def withdraw(self, item: _Queued) -> bool:
+    def withdraw(self, client: MuxClient, item: _Queued) -> bool:
         """Take ``item`` back if it was not written yet; whether it is certainly unsent."""
-        if item in self._queued:
-            self._queued.remove(item)
-            item.unsent = True
-        return item.unsent
+        with client._send_lock:
+            if item in self._queued:
+                self._queued.remove(item)
+                item.unsent = True
+            return item.unsent
 
     def flush(self, client: MuxClient) -> None:
-        batch, self._queued = self._queued, []
-        if not batch:
-            return
+        """Write what is queued, now. Also called from other threads, before a frame that must
+        follow the requests (a kill of a command whose request may still be queued)."""
         with client._send_lock:
+            batch, self._queued = self._queued, []
+            if not batch:
+                return
             if client.broken is not None:  # the stream broke before this turn ended
                 for item in batch:
                     item.unsent = True

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sandboxes import protocol as p
+from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._output import OutputBuffer, execute_response
 
 H = TypeVar("H")
@@ -120,7 +121,7 @@ class MuxClient:
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._hello = threading.Event()
-        self._outbox = _Outbox()
+        self._outbox = Outbox()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
@@ -461,10 +462,12 @@ async def arun(
     waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
     ident, pending = client._register(waiting)
     started = time.monotonic()
-    queued: _Queued | None = None
+    queued: Queued | None = None
     try:
         if stdin is None:  # the request goes out with the others of this turn of the loop
             queued = client._outbox.put(client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False))
+            if queued is None:
+                raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
         else:  # its stdin frames must follow it: written at once, in order
             client._request(ident, command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
@@ -482,72 +485,6 @@ async def arun(
             client._outbox.withdraw(client, queued)
         with client._pending_lock:
             client._pending.pop(ident, None)
-
-
-@dataclass(eq=False)
-class _Queued:
-    """A request frame in the `_Outbox`. ``unsent``: certainly not written whole (the stream
-    broke before its turn, or a write of it alone failed), so the command may be resent."""
-
-    ident: int
-    frame: bytes
-    unsent: bool = False
-
-
-class _Outbox:
-    """Request frames of awaited commands, written together once the event loop's turn is over.
-
-    Requests that reach the service together (20 clients' executes read in one turn of the
-    loop) then cost one write to the helper's stream, not one each: the event loop's own cost
-    of a system call per request, and on Docker one wake-up each of dockerd, its shim and the
-    helper. Sent by the loop that queued them, under the client's send lock, so a frame is
-    never split by another thread's. The resend rule holds (`MuxBroken.may_resend`): a failed
-    write of several frames may have written some of them whole, so only a write of one
-    frame alone, or frames never written, are marked resendable."""
-
-    def __init__(self) -> None:
-        self._queued: list[_Queued] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def put(self, client: MuxClient, loop: asyncio.AbstractEventLoop, ident: int, frame: bytes) -> _Queued:
-        item = _Queued(ident, frame)
-        with client._send_lock:
-            if client.broken is not None:
-                raise MuxBroken(client.broken, may_resend=True)
-            if self._loop is not loop:  # frames left by a loop that stopped before its turn ended
-                for left in self._queued:  # their commands were abandoned with it; never written
-                    left.unsent = True
-                self._queued = []
-            if not self._queued:
-                self._loop = loop
-                loop.call_soon(self.flush, client)
-            self._queued.append(item)
-        return item
-
-    def withdraw(self, client: MuxClient, item: _Queued) -> bool:
-        """Take ``item`` back if it was not written yet; whether it is certainly unsent."""
-        with client._send_lock:
-            if item in self._queued:
-                self._queued.remove(item)
-                item.unsent = True
-            return item.unsent
-
-    def flush(self, client: MuxClient) -> None:
-        """Write what is queued, now. Also called from other threads, before a frame that must
-        follow the requests (a kill of a command whose request may still be queued)."""
-        with client._send_lock:
-            batch, self._queued = self._queued, []
-            if not batch:
-                return
-            if client.broken is not None:  # the stream broke before this turn ended
-                for item in batch:
-                    item.unsent = True
-                return
-            try:
-                client._stream.send(b"".join(item.frame for item in batch))
-            except OSError as exc:
-                batch[0].unsent = len(batch) == 1
-                client._break(f"exec helper stream failed: {exc}")
 
 
 def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sandboxes import protocol as p
+from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._output import OutputBuffer, execute_response
 
 H = TypeVar("H")
@@ -120,6 +121,7 @@ class MuxClient:
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._hello = threading.Event()
+        self._outbox = Outbox()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
@@ -192,10 +194,9 @@ class MuxClient:
     ) -> None:
         """The R frame; a failure to send it means no whole request reached the helper (see
         `_send`), so the command may be resent."""
-        spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None}
-        spec["stdin"] = stdin is not None
+        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None)
         try:
-            self._send(b"R", ident, json.dumps(spec).encode("utf-8"))
+            self._send_frame(frame)
         except MuxBroken as broken:
             raise MuxBroken(str(broken), may_resend=True) from broken
 
@@ -208,6 +209,8 @@ class MuxClient:
         /proc for it may find nothing."""
         with self._pending_lock:
             idents = [ident for ident, item in self._pending.items() if item.env.get(name) == value]
+        if idents:
+            self._outbox.flush(self)  # a kill must follow its command's request, never overtake it
         for ident in idents:
             with contextlib.suppress(MuxBroken):
                 self._send(b"K", ident)
@@ -268,11 +271,14 @@ class MuxClient:
         """One frame, whole, or `MuxBroken` with nothing more ever written on this stream: a
         frame after a failed (partial) send would complete it into something the helper acts
         on. A frame of a command that is broken off is not sent either."""
+        self._send_frame(HEADER.pack(kind, ident, len(payload)) + payload)
+
+    def _send_frame(self, frame: bytes) -> None:
         with self._send_lock:
             if self.broken is not None:
                 raise MuxBroken(self.broken)
             try:
-                self._stream.send(HEADER.pack(kind, ident, len(payload)) + payload)
+                self._stream.send(frame)
             except OSError as exc:
                 self._break(f"exec helper stream failed: {exc}")
                 raise MuxBroken(self.broken or str(exc)) from exc
@@ -364,6 +370,15 @@ class MuxClient:
                 item.done.set()  # also releases a caller still waiting for the acknowledgement
 
 
+def _request_frame(
+    ident: int, command: str, env: Mapping[str, str] | None, cwd: str | None, timeout: float | None, stdin: bool
+) -> bytes:
+    """The R frame of a command."""
+    spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None, "stdin": stdin}
+    payload = json.dumps(spec).encode("utf-8")
+    return HEADER.pack(b"R", ident, len(payload)) + payload
+
+
 def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
     """`sandboxes.base.KillsTagged.kill_tagged` through a sandbox's running helper (``None`` or
     broken: ``False``, nothing done): the commands in flight given ``name=value``, then every
@@ -447,18 +462,29 @@ async def arun(
     waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
     ident, pending = client._register(waiting)
     started = time.monotonic()
+    queued: Queued | None = None
     try:
-        client._request(ident, command, env, cwd, timeout, stdin)
-        if stdin is not None:
+        if stdin is None:  # the request goes out with the others of this turn of the loop
+            queued = client._outbox.put(client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False))
+            if queued is None:
+                raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
+        else:  # its stdin frames must follow it: written at once, in order
+            client._request(ident, command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:
                 await asyncio.to_thread(_send_stdin, client, ident, stdin)
         await _await_async(client, ident, pending, ended, time.monotonic(), timeout)
+        return _response(pending, timeout, started)
+    except MuxBroken as broken:
+        if queued is not None and client._outbox.withdraw(client, queued):  # no whole request was written
+            raise MuxBroken(str(broken), may_resend=True) from broken
+        raise
     finally:
+        if queued is not None:  # cancelled before its turn: never written, so it never runs
+            client._outbox.withdraw(client, queued)
         with client._pending_lock:
             client._pending.pop(ident, None)
-    return _response(pending, timeout, started)
 
 
 def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:

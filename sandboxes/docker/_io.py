@@ -11,6 +11,8 @@ from typing import Any
 
 _FRAME = struct.Struct(">BxxxL")
 _READ = 1 << 20
+_RECV = 1 << 16
+"""Bytes asked of the socket at a time (at least): every frame of a burst in one system call."""
 
 
 class ExecSocket:
@@ -25,7 +27,9 @@ class ExecSocket:
         self._merge = merge_stderr
         self._holder = docker_socket  # keeps docker-py's response (and so the socket) alive
         self._sock: socket.socket = getattr(docker_socket, "_sock", docker_socket)
-        self._pending = b""
+        self._buffer = b""
+        self._taken = 0
+        """What the socket gave and `recv` has not handed on yet: ``_buffer[_taken:]``."""
         self._frame_left = 0
         self._frame_kind = 1
         self.stderr = bytearray()
@@ -42,27 +46,71 @@ class ExecSocket:
             self._sock.shutdown(socket.SHUT_WR)
 
     def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes of the process's output (stdout, or both with ``merge_stderr``),
+        blocking only while none has come; ``b""`` at end of stream.
+
+        The socket is read in big pieces and every frame already in hand is unwrapped at once:
+        a burst of the exec helper (several commands' exits, each its own Docker frame) costs
+        one system call and comes back as one piece, where reading each frame's header and
+        body apart cost two per frame, and on the reader thread of a service each call gives
+        the interpreter lock away and waits to get it back from the event loop."""
+        parts: list[bytes] = []
+        wanted_total = 0
+        while wanted_total < size:
+            if not parts or self._taken < len(self._buffer):
+                piece = self._next_piece(size - wanted_total, block=not parts)
+            else:
+                break
+            if piece is None:  # nothing more in hand without waiting
+                break
+            if not piece:  # end of stream: what came before it is still handed on
+                break
+            parts.append(piece)
+            wanted_total += len(piece)
+        return b"".join(parts)
+
+    def _next_piece(self, size: int, *, block: bool) -> bytes | None:
+        """The next wanted output bytes (at most ``size``), stderr set aside on the way;
+        ``b""`` at end of stream, ``None`` when ``block`` is false and no more is in hand."""
         while True:
             if self._frame_left == 0:
-                header = self._read_exact(_FRAME.size)
+                header = self._read_exact(_FRAME.size, block=block)
                 if not header:
-                    return b""
+                    return header
                 self._frame_kind, self._frame_left = _FRAME.unpack(header)
                 continue
             wanted = self._frame_kind == 1 or self._merge
-            data = self._sock.recv(min(size, self._frame_left) if wanted else self._frame_left)
+            data = self._take(min(size, self._frame_left) if wanted else self._frame_left, block=block)
             if not data:
-                return b""
+                return data
             self._frame_left -= len(data)
             if wanted:
                 return data
             if len(self.stderr) < 65536:
                 self.stderr += data
 
-    def _read_exact(self, size: int) -> bytes:
+    def _take(self, size: int, *, block: bool) -> bytes | None:
+        """Up to ``size`` bytes of the stream (the socket is read only when nothing is in
+        hand, and only if ``block``: else ``None``); ``b""`` at its end."""
+        if self._taken >= len(self._buffer):
+            if not block:
+                return None
+            chunk = self._sock.recv(max(_RECV, size))
+            if not chunk:
+                return b""
+            self._buffer, self._taken = chunk, 0
+        data = self._buffer[self._taken : self._taken + size]
+        self._taken += len(data)
+        return data
+
+    def _read_exact(self, size: int, *, block: bool) -> bytes | None:
+        """A frame header: ``b""`` at end of stream; ``None`` when ``block`` is false and the
+        whole header is not in hand (then nothing of it is taken)."""
+        if not block and len(self._buffer) - self._taken < size:
+            return None
         data = b""
         while len(data) < size:
-            chunk = self._sock.recv(size - len(data))
+            chunk = self._take(size - len(data), block=True)
             if not chunk:
                 return b""
             data += chunk

@@ -14,6 +14,7 @@ backend uses. The sync and async variants share everything but the call to ``exe
 from __future__ import annotations
 
 import abc
+import asyncio
 import hashlib
 import uuid
 from collections.abc import Callable, Generator, Mapping
@@ -57,6 +58,10 @@ class Call:
     idempotent: bool = True
     """Whether running it twice is harmless: a transport that lost its connection may retry
     these (reads, listings, searches), and must not retry the others (writes, deletes)."""
+    native: tuple[str, ...] | None = None
+    """The same operation as an exec helper's native op (`sandboxes._mux._files`: its name and
+    the script's arguments), which answers exactly what ``command`` would without starting a
+    process; transports without one run ``command`` (see `BaseSandbox.native_file_ops`)."""
 
 
 @runtime_checkable
@@ -112,18 +117,35 @@ class BaseSandbox(p.SandboxBackendProtocol):
             on_output(response.output.encode("utf-8"))
         return response
 
+    native_file_ops: bool = False
+    """Whether a `Call` with a ``native`` form goes to `_run_native` first: transports whose exec
+    helper does writes itself (a frame round trip instead of four process starts) set it, and
+    ``False`` on an instance forces the scripts (the conformance suite runs both paths)."""
+
     # ----------------------------------------------------------------- driving operations
 
     def _run_call(self, call: Call) -> p.ExecuteResponse:
         """One round trip; transports with retry policies (reconnecting SSH) override this."""
+        if call.native is not None and self.native_file_ops and (answer := self._run_native(call)) is not None:
+            return answer
         return self.execute(
             call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
         )
 
     async def _arun_call(self, call: Call) -> p.ExecuteResponse:
+        if call.native is not None and self.native_file_ops:
+            answer = await asyncio.to_thread(self._run_native, call)  # as `aexecute` runs `execute`
+            if answer is not None:
+                return answer
         return await self.aexecute(
             call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
         )
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """``call.native`` through the transport's live exec helper (`sandboxes._mux.client.
+        run_native`, one frame round trip); ``None``: run ``call.command`` instead (no helper,
+        or the helper handed it back), which the caller does on the same path."""
+        return None
 
     def _drive(self, operation: Operation[R], on_error: Callable[[p.ErrorCode, str], R]) -> R:
         try:
@@ -186,8 +208,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         except InvalidPathError as exc:
             return p.WriteResult(*refused_input(exc, file_path))
         data = content.encode("utf-8")
-        command = _scripts.command(_scripts.WRITE, path, str(len(data)), _token())
-        call = Call(command, stdin=data, idempotent=False)
+        call = _write_call(path, data)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -209,8 +230,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.EditResult(*outcome)
         digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
         replacement = outcome.content.encode("utf-8")
-        command = _scripts.command(_scripts.CAS_WRITE, path, digest, str(len(replacement)), _token())
-        call = Call(command, stdin=replacement, idempotent=False)
+        args = (path, digest, str(len(replacement)), _token())
+        command = _scripts.command(_scripts.CAS_WRITE, *args)
+        call = Call(command, replacement, idempotent=False, native=("cas_write", *args))
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
         return p.EditResult(path=path, occurrences=outcome.occurrences)
@@ -285,8 +307,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if len(valid) == 1:
             index, path, content = valid[0]
-            command = _scripts.command(_scripts.WRITE, path, str(len(content)), _token())
-            response = yield Call(command, stdin=content, idempotent=False)
+            response = yield _write_call(path, content)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
@@ -500,6 +521,12 @@ def _join_or(groups: list[list[str]]) -> list[str]:
             joined.append("-o")
         joined.extend(group)
     return joined
+
+
+def _write_call(path: str, data: bytes) -> Call:
+    """`_scripts.WRITE` of ``data`` to ``path``, with its native form."""
+    args = (path, str(len(data)), _token())
+    return Call(_scripts.command(_scripts.WRITE, *args), data, idempotent=False, native=("write", *args))
 
 
 def _token() -> str:

@@ -43,7 +43,7 @@ class FaultyStream:
         self._losing = True
 
     def fail_next_request(self) -> None:
-        """The next request (R frame) is half written, then the send raises: the connection
+        """The next request (R frame, or F: a native file op) is half written, then the send raises: the connection
         broke in the middle of the write, so no whole request reached the helper."""
         self._fail_request = True
 
@@ -51,7 +51,7 @@ class FaultyStream:
         with self._lock:
             if self.failed_sends:
                 self.sends_after_failure += 1
-            if self._fail_request and data[:1] == b"R":
+            if self._fail_request and data[:1] in (b"R", b"F"):
                 self._fail_request = False
                 self.failed_sends += 1
                 self.inner.send(data[: len(data) // 2])

@@ -11,14 +11,15 @@ and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped af
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
                     M kill marked (JSON {name, value}: every process of the sandbox whose
-                    environment holds name=value, killed by the helper itself)
+                    environment holds name=value, killed by the helper itself),
+                    F file op (`_files`: a write without a process; its bytes come as I/C)
   helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
                     counts from here. It goes out with the command's first output or answer,
                     or `HOLD` seconds later, see `send`. Its absence proves nothing: a request
                     the client wrote may be read and run after the client gave up, so the
                     client never resends a written request, acknowledged or not), O output
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
-                    E error text
+                    E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does); a timeout or a kill takes down
 its process group and every process still carrying the marker, which catches descendants that
@@ -508,7 +509,7 @@ def _on_input(_mask):
     _inbox.extend(memoryview(_chunk)[:size])
     while len(_inbox) >= HEADER.size:
         kind, ident, length = HEADER.unpack_from(_inbox)
-        if kind not in b"PRICKM" or length > MAX_FRAME:
+        if kind not in b"PRICKMF" or length > MAX_FRAME:
             sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (bytes(_inbox[: HEADER.size]),))
             _serving[0] = False  # a corrupt stream: end it (the client sees EOF) rather than wait for a bogus length
             return
@@ -524,7 +525,8 @@ def _handle(kind, ident, payload):
         hello = {"pid": os.getpid(), "python": sys.version.split()[0], "subreaper": _subreaper[0],
                  "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
-                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen"}  # fmt: skip
+                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen",
+                 "native": NATIVE_OPS}  # fmt: skip
         send(b"H", 0, json.dumps(hello).encode(), answer=True)
         return
     if kind == b"R":
@@ -545,8 +547,14 @@ def _handle(kind, ident, payload):
     if kind == b"M":
         _kill_marked_for_client(ident, payload)
         return
+    if kind == b"F":
+        start_native_op(ident, payload)
+        return
     command = _commands.get(ident)
-    if command is None or command.finished:
+    if command is None:
+        feed_native_op(kind, ident, payload)
+        return
+    if command.finished:
         return
     if kind == b"I":
         command.feed(payload)
@@ -604,6 +612,7 @@ def main():
                 command.on_deadline(now)
         if _held_until[0] is not None and now >= _held_until[0]:
             flush()
+    abort_native_ops()
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True
         command.kill()

@@ -26,7 +26,7 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -43,16 +43,18 @@ MAX_FRAME = 1 << 20
 (output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
-_KINDS = frozenset(b"HAOXE")
+_KINDS = frozenset(b"HAOXEN")
 _HERE = Path(__file__).parent
 SERVER_SOURCE = "\n".join(
-    path.read_text(encoding="utf-8") for path in (_HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_server.py")
+    path.read_text(encoding="utf-8")
+    for path in (_HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_files.py", _HERE / "_server.py")
 )
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Three files, one
-script: the helper (`_server`), how it finds what commands left behind (`_reap`), and the one
-process-tree kill every backend uses (`sandboxes._kill`)."""
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Four files, one
+script: the helper (`_server`), how it finds what commands left behind (`_reap`), its writes
+without a process (`_files`), and the one process-tree kill every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 20
+_NATIVE_OUTPUT = 4096  # a file op answers with no output; a few bytes of a bad answer are kept
 _RECV_SIZE = 1 << 16
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
 _KILL_GRACE = 10.0
@@ -105,6 +107,8 @@ class _Pending:
     timed_out: bool = False
     failure: str | None = None
     start_error: str | None = None
+    not_native: bool = False
+    """A file op the helper handed back (N): nothing was done, the script must run."""
     accepted_at: float | None = None
     """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
     on_output: Callable[[bytes], None] | None = None
@@ -124,6 +128,10 @@ class MuxClient:
         self._outbox = Outbox()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
+        self.native_answers = 0
+        """File ops the helper answered itself (`run_native`), so a test can prove which path ran."""
+        self.native_declined = 0
+        """File ops the helper handed back to the script (``N``)."""
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
         self._reader.start()
         self._send(b"P", 0)
@@ -167,6 +175,34 @@ class MuxClient:
             with self._pending_lock:
                 self._pending.pop(ident, None)
         return _response(pending, timeout, started)
+
+    def run_native(self, op: Sequence[str], stdin: bytes, *, timeout: float | None) -> p.ExecuteResponse | None:
+        """A file op (`sandboxes._mux._files`: ``op`` is its name and the script's arguments)
+        done by the helper itself, no process started; what the script would have answered,
+        or ``None`` when it must run instead (this helper has no such op, or the target is one
+        the script writes in place). `MuxBroken` as `run`: once the F frame was written the op
+        may have been done, so it is never resent."""
+        names = self.info.get("native")
+        if not isinstance(names, list) or not op or op[0] not in names:
+            return None
+        ident, pending = self._register(_Pending(OutputBuffer(_NATIVE_OUTPUT)))
+        started = time.monotonic()
+        try:
+            try:
+                self._send(b"F", ident, json.dumps({"op": list(op)}).encode("utf-8"))
+            except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
+                raise MuxBroken(str(broken), may_resend=True) from broken
+            _send_stdin(self, ident, stdin, pending.done)
+            self._await(ident, pending, time.monotonic(), timeout)
+        finally:
+            with self._pending_lock:
+                self._pending.pop(ident, None)
+        if pending.not_native and pending.failure is None:
+            self.native_declined += 1
+            return None
+        response = _response(pending, timeout, started)
+        self.native_answers += 1
+        return response
 
     def _register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
@@ -354,6 +390,9 @@ class MuxClient:
         elif kind == b"E":
             pending.start_error = payload.decode("utf-8", "replace")
             pending.done.set()
+        elif kind == b"N":
+            pending.not_native = True
+            pending.done.set()
 
     def _break(self, reason: str) -> None:
         if self.broken is None:
@@ -391,14 +430,15 @@ def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
 
 def run_replacing_once(
     helper: Callable[[], H | None],
-    run: Callable[[H], p.ExecuteResponse],
+    run: Callable[[H], p.ExecuteResponse | None],
     drop: Callable[[H, MuxBroken], None],
     *,
     lost: str,
     unsent: p.ExecuteResponse | None = None,
 ) -> p.ExecuteResponse | None:
     """``run`` on the transport's helper (``helper()``; ``None``: there is none, and this
-    answers ``None`` so the caller falls back). A helper found broken before the command was
+    answers ``None`` so the caller falls back; so does ``run`` answering ``None``: a file op
+    the helper handed back, `MuxClient.run_native`). A helper found broken before the command was
     written is dropped and replaced once; one that broke after answers ``connection_lost``
     (``lost``, then why), since the command may have run (`MuxBroken.may_resend`: the one rule
     every transport follows). Two helpers broken before the command could be written answer
@@ -491,6 +531,8 @@ def _response(pending: _Pending, timeout: float | None, started: float) -> p.Exe
     """What a finished command answers; `MuxBroken` if the stream failed under it."""
     if pending.failure is not None:
         raise MuxBroken(pending.failure)  # after the request was written: its fate is unknown
+    if pending.not_native:  # only a file op may be handed back: a forged frame
+        raise MuxBroken("exec helper answered a command as a file op")
     if pending.start_error is not None:
         code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
         return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
@@ -503,8 +545,12 @@ def _response(pending: _Pending, timeout: float | None, started: float) -> p.Exe
     )
 
 
-def _send_stdin(client: MuxClient, ident: int, stdin: bytes) -> None:
+def _send_stdin(client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None) -> None:
+    """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
+    answered or handed back: it drops the rest)."""
     for offset in range(0, len(stdin), _STDIN_CHUNK):
+        if answered is not None and answered.is_set():
+            return
         client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
     client._send(b"C", ident)
 

@@ -32,7 +32,7 @@ from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import stage_file
-from sandboxes.base import StreamingSandbox
+from sandboxes.base import Call, StreamingSandbox
 from sandboxes.docker._containers import create_container, remove_sandbox
 from sandboxes.docker._io import ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
@@ -175,6 +175,19 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         if response.exit_code == 137 and self._oom_killed():
             return out_of_memory(response, self.config.memory)
         return response
+
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
+        assert call.native is not None
+        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        return run_replacing_once(
+            self._helper,
+            lambda mux: mux.run_native(op, data, timeout=timeout),
+            self._drop_broken,
+            lost="exec helper died during the write",
+        )
 
     @property
     def _reap_env(self) -> dict[str, str]:

@@ -31,7 +31,7 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
-from sandboxes.base import StreamingSandbox
+from sandboxes.base import Call, StreamingSandbox
 from sandboxes.kubernetes._exec import (
     MAX_ARCHIVE_MEMBERS,
     ExecError,
@@ -225,6 +225,19 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         if response.exit_code == 137 and self._oom_killed():
             return out_of_memory(response, self.config.memory_limit or "none")
         return response
+
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
+        assert call.native is not None
+        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        return run_replacing_once(
+            self._helper,
+            lambda mux: mux.run_native(op, data, timeout=timeout),
+            self._drop_broken,
+            lost="the exec stream dropped during the write",
+        )
 
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:

@@ -36,7 +36,7 @@ from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import MuxBroken, kill_tagged, run_replacing_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
-from sandboxes.base import Operation, StreamingSandbox
+from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
@@ -352,6 +352,19 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
             lost="the sandbox's jail died during the command",
         )
         return None if response is None else self._oom_checked(response, oom_before)
+
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
+        assert call.native is not None
+        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        return run_replacing_once(
+            self._helper,
+            lambda helper: helper.client.run_native(op, data, timeout=timeout),
+            self._drop_broken,
+            lost="the sandbox's jail died during the write",
+        )
 
     def _helper(self) -> HelperProcess | None:
         with self._helper_lock:

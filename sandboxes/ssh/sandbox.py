@@ -284,6 +284,25 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
 
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the exec helper; ``None`` (the script,
+        through `execute`, which says why) when closed or when no helper could be reached."""
+        assert call.native is not None
+        if self._closed:
+            return None
+        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        try:
+            return run_replacing_once(
+                self._helper,
+                lambda mux: mux.run_native(op, data, timeout=timeout),
+                lambda mux, _broken: self._drop_helper(mux),
+                lost="the connection dropped while the write ran",
+            )
+        except (SSHError, paramiko.SSHException, OSError, EOFError):  # raised before anything was sent
+            return None
+
     def _run_call(self, call: Call) -> p.ExecuteResponse:
         """Reads and listings survive a dropped connection: retried once on a fresh one."""
         response = super()._run_call(call)

@@ -1,0 +1,173 @@
+"""The exec helper's native writes (`sandboxes._mux._files`) answer exactly what the scripts
+(`sandboxes._scripts.WRITE`, ``CAS_WRITE``) answer, for the tests of every backend that has the
+helper: the same `Call`s run once natively and once as the script, each in its own fresh copy of
+the same setup, and the exit codes and the files left behind (names, modes, groups, owners,
+types, sizes, contents) must be equal. Which path ran is counted by the helper's client
+(`MuxClient.native_answers` / ``native_declined``), so a test cannot pass by never taking it.
+
+Everything here is real: the sandbox, its helper and its shell; nothing is staged."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxes import _scripts
+from sandboxes import protocol as p
+from sandboxes._mux import MuxClient
+from sandboxes.base import BaseSandbox, Call
+
+__all__ = ["assert_native_writes_match_the_scripts", "helper_client", "write_call"]
+
+
+def helper_client(sandbox: Any) -> MuxClient:
+    """The sandbox's live exec helper client (Local, Docker, SSH, Kubernetes)."""
+    process = getattr(sandbox, "_helper_process", None)
+    mux = process.client if process is not None else getattr(sandbox, "_mux", None)
+    assert isinstance(mux, MuxClient), "no exec helper"
+    assert mux.alive, "the exec helper is not alive"
+    return mux
+
+
+def write_call(path: str, data: bytes, size: int | None = None) -> Call:
+    args = (path, str(len(data) if size is None else size), uuid.uuid4().hex[:16])
+    return Call(_scripts.command(_scripts.WRITE, *args), data, idempotent=False, native=("write", *args))
+
+
+def cas_call(path: str, digest: str, data: bytes, size: int | None = None) -> Call:
+    args = (path, digest, str(len(data) if size is None else size), uuid.uuid4().hex[:16])
+    return Call(_scripts.command(_scripts.CAS_WRITE, *args), data, idempotent=False, native=("cas_write", *args))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: str
+    """Shell run in the case's fresh directory first."""
+    call: Callable[[str], Call]
+    """The call, given that directory."""
+    native: bool
+    """Whether the helper answers it itself (``False``: it hands it back to the script)."""
+    concurrent: str | None = None
+    """A command run alongside the call (a FIFO's reader), its output compared too."""
+
+
+_OLD = b"old content\n"
+_OLD_MD5 = hashlib.md5(_OLD, usedforsecurity=False).hexdigest()
+HOSTILE = "-x \n'q\"$(touch PWNED)`id`*\\"
+
+
+def _cases(foreign: bool) -> list[Case]:
+    old = "printf 'old content\\n' > f"
+    cases = [
+        Case("new file: umask mode", "", lambda d: write_call(f"{d}/new.txt", b"hello"), True),
+        Case("parents created", "", lambda d: write_call(f"{d}/a/b/c.txt", b"deep"), True),
+        Case("hostile name", "", lambda d: write_call(f"{d}/{HOSTILE}", b"hostile"), True),
+        Case("empty content", old, lambda d: write_call(f"{d}/f", b""), True),
+        Case("mode kept", f"{old}; chmod 640 f", lambda d: write_call(f"{d}/f", b"new"), True),
+        Case("set-id bits kept", f"{old}; chmod 4750 f", lambda d: write_call(f"{d}/f", b"new"), True),
+        Case("read-only file", f"{old}; chmod 444 f", lambda d: write_call(f"{d}/f", b"new"), True),
+        Case("a directory", "mkdir f", lambda d: write_call(f"{d}/f", b"new"), True),
+        Case("below a file", old, lambda d: write_call(f"{d}/f/g/h", b"new"), True),
+        Case("short stream", old, lambda d: write_call(f"{d}/f", b"12345", size=10), True),
+        Case("long stream", old, lambda d: write_call(f"{d}/f", b"12345", size=3), True),
+        Case("new file, read-only dir", "mkdir ro; chmod 555 ro", lambda d: write_call(f"{d}/ro/new", b"x"), True),
+        Case(
+            "existing file, read-only dir (in place)",
+            f"mkdir ro; {old.replace('> f', '> ro/f')}; chmod 555 ro",
+            lambda d: write_call(f"{d}/ro/f", b"new"),
+            False,
+        ),
+        Case("symlink (written through)", f"{old}; ln -s f link", lambda d: write_call(f"{d}/link", b"new"), False),
+        Case("dangling symlink", "ln -s nowhere link", lambda d: write_call(f"{d}/link", b"new"), False),
+        Case(
+            "FIFO (in place)",
+            "mkfifo fifo",
+            lambda d: write_call(f"{d}/fifo", b"through the pipe"),
+            False,
+            concurrent="cat fifo",
+        ),
+        Case("cas: unchanged", old, lambda d: cas_call(f"{d}/f", _OLD_MD5, b"swapped"), True),
+        Case("cas: mode kept", f"{old}; chmod 600 f", lambda d: cas_call(f"{d}/f", _OLD_MD5, b"swapped"), True),
+        Case("cas: changed", "printf other > f", lambda d: cas_call(f"{d}/f", _OLD_MD5, b"swapped"), True),
+        Case("cas: missing", "", lambda d: cas_call(f"{d}/f", _OLD_MD5, b"swapped"), True),
+        Case("cas: a directory", "mkdir f", lambda d: cas_call(f"{d}/f", _OLD_MD5, b"swapped"), True),
+        Case("cas: below a file", old, lambda d: cas_call(f"{d}/f/g", _OLD_MD5, b"swapped"), True),
+        Case("cas: short", old, lambda d: cas_call(f"{d}/f", _OLD_MD5, b"ab", size=5), True),
+        Case("cas: symlink", f"{old}; ln -s f link", lambda d: cas_call(f"{d}/link", _OLD_MD5, b"swapped"), False),
+    ]
+    if foreign:
+        cases.append(Case("another user's file (in place)", "", lambda d: write_call(f"{d}/foreign", b"new"), False))
+    return cases
+
+
+_OBSERVE = r"""cd "$1" || exit 99
+find . -mindepth 1 -exec stat -c '%n %a %u %g %F %s' {} + | LC_ALL=C sort
+find . -type f -exec md5sum {} + | LC_ALL=C sort
+"""
+
+
+def _observe(sandbox: BaseSandbox, directory: str) -> str:
+    result = sandbox.execute(_scripts.command(_OBSERVE, directory))
+    assert result.exit_code == 0, result
+    return result.output
+
+
+def _run_case(
+    sandbox: BaseSandbox, case: Case, directory: str, make_foreign: Callable[[str], None] | None
+) -> tuple[int | None, str, str]:
+    made = sandbox.execute(
+        f"mkdir -p {shlex.quote(directory)} && cd {shlex.quote(directory)} && {case.setup or 'true'}"
+    )
+    assert made.exit_code == 0, (case.name, made)
+    if case.name.startswith("another user's"):
+        assert make_foreign is not None
+        make_foreign(f"{directory}/foreign")
+    reader: list[p.ExecuteResponse] = []
+    thread = None
+    if case.concurrent is not None:
+        command = case.concurrent
+        thread = threading.Thread(target=lambda: reader.append(sandbox.execute(command, cwd=directory, timeout=60)))
+        thread.start()  # it and the write meet at the FIFO, whichever opens it first
+    response = sandbox._run_call(case.call(directory))
+    if thread is not None:
+        thread.join(90)
+        assert reader, f"{case.name}: the reader did not end"
+    assert response.error is None, (case.name, response)
+    seen = _observe(sandbox, directory)
+    return response.exit_code, seen, reader[0].output if reader else ""
+
+
+def assert_native_writes_match_the_scripts(
+    sandbox: BaseSandbox, root: str, make_foreign: Callable[[str], None] | None = None
+) -> None:
+    """Every case twice, natively and as the script, in fresh directories under ``root``: the
+    same answer and the same files; the helper answered exactly the cases meant to be native.
+    ``make_foreign(path)`` creates a world-writable file at ``path`` owned by another user."""
+    assert sandbox.native_file_ops, "the sandbox does not offer native writes"
+    mux = helper_client(sandbox)
+    run = uuid.uuid4().hex[:8]
+    differences = []
+    try:
+        for index, case in enumerate(_cases(make_foreign is not None)):
+            sandbox.native_file_ops = False
+            before = (mux.native_answers, mux.native_declined)
+            scripted = _run_case(sandbox, case, f"{root}/parity-{run}/{index}-script", make_foreign)
+            assert (mux.native_answers, mux.native_declined) == before, f"{case.name}: native ops were off"
+            sandbox.native_file_ops = True
+            native = _run_case(sandbox, case, f"{root}/parity-{run}/{index}-native", make_foreign)
+            answered, declined = mux.native_answers - before[0], mux.native_declined - before[1]
+            assert (answered, declined) == ((1, 0) if case.native else (0, 1)), f"{case.name}: wrong path"
+            if native != scripted:
+                differences.append((case.name, scripted, native))
+    finally:
+        sandbox.native_file_ops = True
+        sandbox.execute(
+            f"chmod -R u+w {shlex.quote(f'{root}/parity-{run}')}; rm -rf {shlex.quote(f'{root}/parity-{run}')}"
+        )
+    assert not differences, "\n".join(f"{name}:\n script {s!r}\n native {n!r}" for name, s, n in differences)

@@ -1,0 +1,123 @@
+"""The exec helper's native writes (`sandboxes._mux._files`) on a local jail: the same answers
+and files as the scripts (`native_writes`), the path really taken, what is handed back to the
+script, a lost answer never resent, and nothing left behind by a client that went away.
+
+The Docker and SSH twins of these tests are in their backends' modules."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mux_faults import faulty
+from native_writes import assert_native_writes_match_the_scripts, helper_client, write_call
+from support import HAS_BWRAP, needs
+
+from sandboxes import protocol as p
+from sandboxes._mux.client import _Pending
+from sandboxes._output import OutputBuffer
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.local import _helper as local_helper
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        yield sandbox
+
+
+def _foreign_maker(sandbox: LocalSandbox) -> object:
+    """A world-writable file owned by root on the host: inside the jail (mapped to another
+    uid) it belongs to nobody the sandbox is."""
+
+    def make(path: str) -> None:
+        Path(path).write_bytes(b"someone else's\n")
+        os.chmod(path, 0o666)
+        assert sandbox.execute(f"test -O {path} || echo foreign").output == "foreign\n"
+
+    return make
+
+
+def test_native_writes_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
+    make = _foreign_maker(jail) if os.geteuid() == 0 else None
+    assert_native_writes_match_the_scripts(jail, str(jail.root), make)  # type: ignore[arg-type]
+
+
+def test_write_and_edit_go_through_the_helper_without_a_process(jail: LocalSandbox) -> None:
+    mux = helper_client(jail)
+    path = f"{jail.root}/native.txt"
+    assert jail.write(path, "one two\n").error is None
+    assert jail.edit(path, "two", "three").occurrences == 1
+    assert jail.upload_files([(f"{jail.root}/up.bin", b"\x00\xff")])[0].error is None
+    assert mux.native_answers == 3
+    assert jail.read(path).file_data == p.FileData("one three\n")
+    jail.native_file_ops = False
+    assert jail.write(path, "scripted\n").error is None
+    assert mux.native_answers == 3
+    assert jail.read(path).file_data == p.FileData("scripted\n")
+
+
+async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
+    mux = helper_client(jail)
+    assert (await jail.awrite(f"{jail.root}/a.txt", "async\n")).error is None
+    assert (await jail.aedit(f"{jail.root}/a.txt", "async", "edited")).error is None
+    assert mux.native_answers == 2
+    assert (await jail.aread(f"{jail.root}/a.txt")).file_data == p.FileData("edited\n")
+
+
+def test_a_native_write_whose_answer_was_lost_is_never_resent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    streams = faulty(monkeypatch, local_helper)
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        first = helper_client(sandbox)
+        streams[-1].lose_answers()
+        lost = sandbox.write(f"{sandbox.root}/once.txt", "written\n")
+        assert lost.error == p.CONNECTION_LOST, lost
+        assert len(streams) == 1, "the write was sent to a second helper"
+        assert sandbox.read(f"{sandbox.root}/once.txt").file_data == p.FileData("written\n")  # done once, by the first
+        assert helper_client(sandbox) is not first
+        assert helper_client(sandbox).native_answers == 0
+
+
+def test_a_native_write_not_sent_whole_is_resent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    streams = faulty(monkeypatch, local_helper)
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        failing = streams[-1]
+        failing.fail_next_request()
+        assert sandbox.write(f"{sandbox.root}/resent.txt", "resent\n").error is None
+        assert failing.failed_sends == 1
+        assert failing.sends_after_failure == 0
+        assert len(streams) == 2
+        assert helper_client(sandbox).native_answers == 1
+        assert sandbox.read(f"{sandbox.root}/resent.txt").file_data == p.FileData("resent\n")
+
+
+def test_a_client_gone_midway_leaves_no_temporary_file(jail: LocalSandbox) -> None:
+    """The bytes stop before the announced size and the stream ends (the client is gone): nothing
+    is placed, the staged file goes, the old file stays whole. (A helper killed outright leaves
+    the staged file, as a killed shell does; never a torn target.)"""
+    target = jail.root / "kept.txt"
+    assert jail.write(str(target), "old\n").error is None  # the sandbox's own (one made here would be foreign)
+    mux = helper_client(jail)
+    call = write_call(str(target), b"x" * 100)
+    ident, _pending = mux._register(_Pending(OutputBuffer(0)))
+    assert call.native is not None
+    mux._send(b"F", ident, json.dumps({"op": list(call.native)}).encode())
+    mux._send(b"I", ident, b"x" * 50)
+    assert jail.execute(f"ls -A {jail.root}").output.count(".sandboxes-write.") == 1  # staged, in flight
+    assert not _pending.not_native
+    helper = jail._helper_process
+    assert helper is not None
+    assert helper.process.stdin is not None
+    helper.process.stdin.close()  # the stream ends (a jail's close would SIGKILL it, as a lost host would)
+    helper.process.wait(30)
+    assert [n for n in os.listdir(jail.root) if n.startswith(".sandboxes-write.")] == []
+    assert target.read_text() == "old\n"

@@ -26,7 +26,8 @@ __all__ = ["assert_native_writes_match_the_scripts", "helper_client", "write_cal
 
 
 def helper_client(sandbox: Any) -> MuxClient:
-    """The sandbox's live exec helper client (Local, Docker, SSH, Kubernetes)."""
+    """The sandbox's live exec helper client (Local, Docker, SSH, Kubernetes), started if needed."""
+    assert sandbox.execute("true").exit_code == 0
     process = getattr(sandbox, "_helper_process", None)
     mux = process.client if process is not None else getattr(sandbox, "_mux", None)
     assert isinstance(mux, MuxClient), "no exec helper"
@@ -102,7 +103,9 @@ def _cases(foreign: bool) -> list[Case]:
         Case("cas: symlink", f"{old}; ln -s f link", lambda d: cas_call(f"{d}/link", _OLD_MD5, b"swapped"), False),
     ]
     if foreign:
-        cases.append(Case("another user's file (in place)", "", lambda d: write_call(f"{d}/foreign", b"new"), False))
+        cases.append(
+            Case("another user's file (in place)", "chmod 777 .", lambda d: write_call(f"{d}/foreign", b"new"), False)
+        )
     return cases
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_writes import assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
 from testcontainers.core.image import DockerImage
 
@@ -60,6 +61,43 @@ class TestDockerSandboxConformance(SandboxConformance):
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux.alive
         assert not helper_sandbox._helper_unavailable
+
+    def test_writes_and_edits_go_through_the_exec_helper_natively(self, helper_sandbox: DockerSandbox) -> None:
+        mux = helper_client(helper_sandbox)
+        before = mux.native_answers
+        assert helper_sandbox.write("/workspace/native.txt", "a b\n").error is None
+        assert helper_sandbox.edit("/workspace/native.txt", "b", "c").error is None
+        assert mux.native_answers == before + 2
+        assert helper_sandbox.read("/workspace/native.txt").file_data == p.FileData("a c\n")
+
+
+class TestDockerScriptedWritesConformance(SandboxConformance):
+    """The exec helper with its native writes turned off: writes and edits run the scripts
+    through it, as on every transport without the helper."""
+
+    @pytest.fixture
+    def backend(self, helper_sandbox: DockerSandbox) -> Iterator[DockerSandbox]:
+        helper_sandbox.native_file_ops = False
+        yield helper_sandbox
+        helper_sandbox.native_file_ops = True
+
+    @pytest.fixture
+    def base_dir(self) -> str:
+        return "/workspace"
+
+    def test_writes_run_the_scripts(self, backend: DockerSandbox) -> None:
+        before = helper_client(backend).native_answers
+        assert backend.write("/workspace/scripted.txt", "x").error is None
+        assert helper_client(backend).native_answers == before
+
+
+def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: DockerSandbox) -> None:
+    def make_foreign(path: str) -> None:
+        script = 'printf "someone else\'s\\n" > "$1" && chmod 666 "$1"'
+        made = helper_sandbox.container.exec_run(["sh", "-c", script, "sh", path], user="root")
+        assert made.exit_code == 0, made.output
+
+    assert_native_writes_match_the_scripts(helper_sandbox, "/workspace", make_foreign)
 
 
 class TestDockerFallbackConformance(SandboxConformance):

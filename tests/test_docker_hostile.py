@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from native_writes import helper_client
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
@@ -72,6 +73,25 @@ def test_workspace_writes_past_the_disk_limit_answer_no_space(
     assert sandbox.download_files(["/workspace/big.bin"])[0].content == b"\x01" * (4 << 20)
     assert sandbox.execute("rm /workspace/big.bin").exit_code == 0
     _assert_unharmed(neighbour, docker_client)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "scripted"])
+def test_a_write_past_the_disk_limit_leaves_the_old_file_and_nothing_else(sandbox: DockerSandbox, native: bool) -> None:
+    """``no_space`` from the helper's own write and from the script's alike; the target keeps
+    its old content and no staged file is left (the space is free again)."""
+    mux = helper_client(sandbox)
+    sandbox.native_file_ops = native
+    try:
+        assert sandbox.write("/workspace/kept.txt", "old\n").error is None
+        before = mux.native_answers
+        too_big = sandbox.write("/workspace/kept.txt", "x" * (17 << 20))
+        assert too_big.error == p.NO_SPACE, too_big
+        assert mux.native_answers - before == (1 if native else 0)
+        assert sandbox.read("/workspace/kept.txt").file_data == p.FileData("old\n")
+        assert sandbox.execute("ls -A /workspace").output == "kept.txt\n"
+    finally:
+        sandbox.native_file_ops = True
+        sandbox.execute("rm -f /workspace/kept.txt")
 
 
 def test_workspace_holds_a_bounded_number_of_files(

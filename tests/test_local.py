@@ -26,16 +26,18 @@ from sandboxes.state import StateBackend
 from sandboxes.testing import SandboxConformance
 
 
-@pytest.fixture(scope="module", params=["exec-helper", "jail-per-command"])
+@pytest.fixture(scope="module", params=["exec-helper", "exec-helper-scripted-writes", "jail-per-command"])
 def isolated_sandbox(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalSandbox]:
-    """Both ways commands run: through the long-lived jail's exec helper, and the fallback of
-    one jail per command. Every test of the isolated sandbox runs on both."""
+    """Every way commands and writes run: through the long-lived jail's exec helper (writes
+    done by the helper itself), the same with writes forced through the scripts, and the
+    fallback of one jail per command. Every test of the isolated sandbox runs on each."""
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed: the isolated LocalSandbox is not testable")
-    helper = request.param == "exec-helper"
+    helper = request.param != "jail-per-command"
     root = tmp_path_factory.mktemp("isolated")
     with LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="bwrap", use_exec_helper=helper)) as sb:
+        sb.native_file_ops = request.param == "exec-helper"
         assert sb.execute("true").exit_code == 0
         assert sb.helper_alive == helper
         yield sb

@@ -15,6 +15,7 @@ from typing import Any
 import paramiko
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_writes import assert_native_writes_match_the_scripts, helper_client
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
 from support import assert_one_kill_ends_forking_trees
 
@@ -77,6 +78,38 @@ class TestSSHSandboxConformance(SandboxConformance):
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux.alive
         assert not helper_sandbox._helper_unavailable
+
+    def test_writes_and_edits_go_through_the_exec_helper_natively(self, helper_sandbox: SSHSandbox) -> None:
+        mux = helper_client(helper_sandbox)
+        before = mux.native_answers
+        path = f"{helper_sandbox.workspace}/native.txt"
+        assert helper_sandbox.write(path, "a b\n").error is None
+        assert helper_sandbox.edit(path, "b", "c").error is None
+        assert mux.native_answers == before + 2
+        assert helper_sandbox.read(path).file_data == p.FileData("a c\n")
+
+
+class TestSSHScriptedWritesConformance(SandboxConformance):
+    """The exec helper with its native writes turned off: writes and edits run the scripts."""
+
+    @pytest.fixture
+    def backend(self, helper_sandbox: SSHSandbox) -> Iterator[SSHSandbox]:
+        helper_sandbox.native_file_ops = False
+        yield helper_sandbox
+        helper_sandbox.native_file_ops = True
+
+    @pytest.fixture
+    def base_dir(self, helper_sandbox: SSHSandbox) -> str:
+        return helper_sandbox.workspace
+
+
+def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox, ssh_vm: SSHVM) -> None:
+    def make_foreign(path: str) -> None:  # root's, on the VM
+        script = 'printf "someone else\'s\\n" > "$1" && chmod 666 "$1"'
+        made = ssh_vm.docker.exec_run(["sh", "-c", script, "sh", path], user="root")
+        assert made.exit_code == 0, made.output
+
+    assert_native_writes_match_the_scripts(helper_sandbox, helper_sandbox.workspace, make_foreign)
 
 
 class TestSSHFallbackConformance(SandboxConformance):

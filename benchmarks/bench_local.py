@@ -37,6 +37,7 @@ from _common import percentile as _percentile
 from _common import timed as _timed
 
 from sandboxes import protocol as p
+from sandboxes.base import BaseSandbox, Call
 from sandboxes.local.sandbox import _DEFAULT_PATH, LocalSandbox
 
 TREE_DIRS = 10
@@ -53,6 +54,12 @@ class CountingSandbox(LocalSandbox):
     def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
         self.calls += 1
         return super().execute(command, **kwargs)
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """A write the exec helper does itself is a round trip too (one without a process)."""
+        answer = super()._run_native(call)
+        self.calls += answer is not None
+        return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +167,8 @@ def _cases(
     sb, direct = root / "sb", root / "direct"
     for side in (sb, direct):
         side.mkdir()
-        (side / "edit.txt").write_text("".join(f"line {i}\n" for i in range(100)) + "the alpha word\n")
+        for name in ("edit.txt", "edit-scripted.txt"):
+            (side / name).write_text("".join(f"line {i}\n" for i in range(100)) + "the alpha word\n")
         (side / "read.txt").write_text("".join(f"line {i} with some text\n" for i in range(200)))
         (side / "blob.bin").write_bytes(os.urandom(BLOB_BYTES))
     sandbox.claim(sb)  # made here by the caller; started by root, the jail runs as another uid
@@ -183,6 +191,12 @@ def _cases(
         Case("edit", "read + str.replace + write",
              _toggle(lambda old, new: _ok(sandbox.edit(str(sb / "edit.txt"), old, new))),
              _toggle(lambda old, new: _direct_edit(str(direct / "edit.txt"), old, new))),
+        Case("write (scripts)", "open().write()",
+             _scripted(sandbox, lambda: _ok(sandbox.write(str(sb / "written.txt"), text))),
+             lambda: (direct / "written.txt").write_text(text, encoding="utf-8")),
+        Case("edit (scripts)", "read + str.replace + write",
+             _scripted(sandbox, _toggle(lambda old, new: _ok(sandbox.edit(str(sb / "edit-scripted.txt"), old, new)))),
+             _toggle(lambda old, new: _direct_edit(str(direct / "edit-scripted.txt"), old, new))),
         Case("delete", "os.remove", lambda: _ok(sandbox.delete(str(sb / "doomed.txt"))),
              lambda: os.remove(direct / "doomed.txt"), setup=recreate),
         Case("grep", "os.walk + substring", lambda: _ok(sandbox.grep(NEEDLE, str(tree))),
@@ -207,6 +221,19 @@ def _cases(
                  lambda: _write_bytes(str(direct / "written-spawned.txt"), text.encode()), counted=spawning),
         ]  # fmt: skip
     return cases
+
+
+def _scripted(sandbox: BaseSandbox, operation: Callable[[], object]) -> Callable[[], object]:
+    """``operation`` with the exec helper's native writes off: the scripts' cost, in the same run."""
+
+    def run() -> object:
+        sandbox.native_file_ops = False
+        try:
+            return operation()
+        finally:
+            sandbox.native_file_ops = True
+
+    return run
 
 
 def _raw_jail_spawn(sandbox: LocalSandbox) -> Callable[[], object]:

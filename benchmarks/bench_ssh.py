@@ -56,6 +56,7 @@ from _common import timed as _timed
 from pydantic import SecretStr
 
 from sandboxes import protocol as p
+from sandboxes.base import Call
 from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig
 from sandboxes.ssh._connection import connections
 
@@ -114,6 +115,12 @@ class CountingSSHSandbox(SSHSandbox):
     def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
         self.calls += 1
         return super().execute(command, **kwargs)
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """A write the exec helper does itself is a round trip too (one without a process)."""
+        answer = super()._run_native(call)
+        self.calls += answer is not None
+        return answer
 
 
 @dataclass(frozen=True, slots=True)

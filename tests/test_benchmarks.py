@@ -15,6 +15,8 @@ OPS = [
     "read",
     "write",
     "edit",
+    "write (scripts)",
+    "edit (scripts)",
     "delete",
     "grep",
     "glob",
@@ -51,6 +53,10 @@ def test_json_report_measures_round_trips() -> None:
     by_op = {r["op"]: r for r in rows if "floor" not in r["baseline"]}
     # execute() is one call by definition: proves the counter counts.
     assert by_op["execute"]["round_trips"] == 1
+    for op in ("write", "write (scripts)"):  # a write the helper does itself is counted too
+        assert by_op[op]["round_trips"] == 1, by_op[op]
+    for op in ("edit", "edit (scripts)"):
+        assert by_op[op]["round_trips"] == 2, by_op[op]
     for row in rows:
         assert row["sandbox_p50_ms"] > 0
         assert row["direct_p50_ms"] > 0

@@ -17,7 +17,7 @@ from support import SESSION_OWNER
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_docker.py"
 ROWS = {
     "execute": ["execute('true')"],
-    "file ops": ["ls", "read", "write", "edit", "delete", "grep", "glob"],
+    "file ops": ["ls", "read", "write", "edit", "write (scripts)", "edit (scripts)", "delete", "grep", "glob"],
     "transfer": ["upload_files 64MiB", "download_files 64MiB"],
     "create": ["DockerSandbox.create", "create + first execute", "destroy"],
     "pool": ["acquire (warm pool)", "acquire + first execute"],
@@ -83,6 +83,7 @@ def test_report_measures_every_row(bench_run: dict[str, Any]) -> None:
             assert trips >= 1, by_op[op]
             assert trips == int(trips), by_op[op]  # the same count on every call
     assert by_op["edit"]["ours_trips"] == 2  # read, then compare-and-swap
+    assert by_op["edit (scripts)"]["ours_trips"] == 2
     assert {by_op[op]["unit"] for op in ROWS["transfer"]} == {"MiB/s"}
 
 

@@ -181,7 +181,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
 
     def _fetch(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
         """The whole file (up to `MAX_READ_BYTES`), or why not."""
-        response = yield Call(_scripts.command(_scripts.READ_FILE, path, str(MAX_READ_BYTES + 1)))
+        args = (path, str(MAX_READ_BYTES + 1))
+        response = yield Call(_scripts.command(_scripts.READ_FILE, *args), native=("read_file", *args))
         if (code := _parse.check(response, path)) is not None:
             detail = "not a regular file" if code == p.INVALID_ARGUMENT else None
             return code, message_for(code, path, detail)

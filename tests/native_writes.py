@@ -1,8 +1,8 @@
-"""The exec helper's native writes (`sandboxes._mux._files`) answer exactly what the scripts
-(`sandboxes._scripts.WRITE`, ``CAS_WRITE``) answer, for the tests of every backend that has the
-helper: the same `Call`s run once natively and once as the script, each in its own fresh copy of
-the same setup, and the exit codes and the files left behind (names, modes, groups, owners,
-types, sizes, contents) must be equal. Which path ran is counted by the helper's client
+"""The exec helper's native file ops (`sandboxes._mux._files`) answer exactly what the scripts
+(`sandboxes._scripts.WRITE`, ``CAS_WRITE``, ``READ_FILE``) answer, for the tests of every backend
+that has the helper: the same `Call`s run once natively and once as the script, each in its own
+fresh copy of the same setup, and the exit codes, the outputs and the files left behind (names,
+modes, groups, owners, types, sizes, contents) must be equal. Which path ran is counted by the helper's client
 (`MuxClient.native_answers` / ``native_declined``), so a test cannot pass by never taking it.
 
 Everything here is real: the sandbox, its helper and its shell; nothing is staged."""
@@ -38,6 +38,11 @@ def helper_client(sandbox: Any) -> MuxClient:
 def write_call(path: str, data: bytes, size: int | None = None) -> Call:
     args = (path, str(len(data) if size is None else size), uuid.uuid4().hex[:16])
     return Call(_scripts.command(_scripts.WRITE, *args), data, idempotent=False, native=("write", *args))
+
+
+def read_call(path: str, limit: int = 256 << 20) -> Call:
+    args = (path, str(limit))
+    return Call(_scripts.command(_scripts.READ_FILE, *args), native=("read_file", *args))
 
 
 def cas_call(path: str, digest: str, data: bytes, size: int | None = None) -> Call:
@@ -102,6 +107,23 @@ def _cases(foreign: bool) -> list[Case]:
         Case("cas: short", old, lambda d: cas_call(f"{d}/f", _OLD_MD5, b"ab", size=5), True),
         Case("cas: symlink", f"{old}; ln -s f link", lambda d: cas_call(f"{d}/link", _OLD_MD5, b"swapped"), False),
     ]
+    cases += [
+        Case("read", old, lambda d: read_call(f"{d}/f"), True),
+        Case("read: empty", "true > f", lambda d: read_call(f"{d}/f"), True),
+        Case(
+            "read: binary, lines wrapped", "seq 1 2000 > f; printf '\\377\\0' >> f", lambda d: read_call(f"{d}/f"), True
+        ),
+        Case("read: at most the limit", old, lambda d: read_call(f"{d}/f", limit=5), True),
+        Case("read: through a symlink", f"{old}; ln -s f link", lambda d: read_call(f"{d}/link"), True),
+        Case("read: missing", "", lambda d: read_call(f"{d}/f"), True),
+        Case("read: a directory", "mkdir f", lambda d: read_call(f"{d}/f"), True),
+        Case("read: below a file", old, lambda d: read_call(f"{d}/f/g"), True),
+        Case("read: unreadable", f"{old}; chmod 000 f", lambda d: read_call(f"{d}/f"), True),
+        Case("read: a FIFO, never opened", "mkfifo fifo", lambda d: read_call(f"{d}/fifo"), True),
+        Case("read: dangling symlink", "ln -s nowhere link", lambda d: read_call(f"{d}/link"), True),
+        Case("read: over the native size", "head -c 1200000 /dev/zero > f", lambda d: read_call(f"{d}/f"), False),
+        Case("read: hostile name", f"printf x > {shlex.quote(HOSTILE)}", lambda d: read_call(f"{d}/{HOSTILE}"), True),
+    ]
     if foreign:
         cases.append(
             Case("another user's file (in place)", "chmod 777 .", lambda d: write_call(f"{d}/foreign", b"new"), False)
@@ -123,7 +145,7 @@ def _observe(sandbox: BaseSandbox, directory: str) -> str:
 
 def _run_case(
     sandbox: BaseSandbox, case: Case, directory: str, make_foreign: Callable[[str], None] | None
-) -> tuple[int | None, str, str]:
+) -> tuple[int | None, str, str, str]:
     made = sandbox.execute(
         f"mkdir -p {shlex.quote(directory)} && cd {shlex.quote(directory)} && {case.setup or 'true'}"
     )
@@ -143,7 +165,10 @@ def _run_case(
         assert reader, f"{case.name}: the reader did not end"
     assert response.error is None, (case.name, response)
     seen = _observe(sandbox, directory)
-    return response.exit_code, seen, reader[0].output if reader else ""
+    # The output where the parser reads it (success); a failure is its exit code, and the
+    # shell's own complaint beside it (``cannot open ...``) is noise no caller sees.
+    output = response.output if response.exit_code == 0 else ""
+    return response.exit_code, output, seen, reader[0].output if reader else ""
 
 
 def assert_native_writes_match_the_scripts(

@@ -54,7 +54,6 @@ script: the helper (`_server`), how it finds what commands left behind (`_reap`)
 without a process (`_files`), and the one process-tree kill every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 20
-_NATIVE_OUTPUT = 4096  # a file op answers with no output; a few bytes of a bad answer are kept
 _RECV_SIZE = 1 << 16
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
 _KILL_GRACE = 10.0
@@ -176,7 +175,9 @@ class MuxClient:
                 self._pending.pop(ident, None)
         return _response(pending, timeout, started)
 
-    def run_native(self, op: Sequence[str], stdin: bytes, *, timeout: float | None) -> p.ExecuteResponse | None:
+    def run_native(
+        self, op: Sequence[str], stdin: bytes | None, *, timeout: float | None, output_limit: int
+    ) -> p.ExecuteResponse | None:
         """A file op (`sandboxes._mux._files`: ``op`` is its name and the script's arguments)
         done by the helper itself, no process started; what the script would have answered,
         or ``None`` when it must run instead (this helper has no such op, or the target is one
@@ -185,14 +186,15 @@ class MuxClient:
         names = self.info.get("native")
         if not isinstance(names, list) or not op or op[0] not in names:
             return None
-        ident, pending = self._register(_Pending(OutputBuffer(_NATIVE_OUTPUT)))
+        ident, pending = self._register(_Pending(OutputBuffer(output_limit)))
         started = time.monotonic()
         try:
             try:
                 self._send(b"F", ident, json.dumps({"op": list(op)}).encode("utf-8"))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
-            _send_stdin(self, ident, stdin, pending.done)
+            if stdin is not None:  # a write's bytes; a read has none
+                _send_stdin(self, ident, stdin, pending.done)
             self._await(ident, pending, time.monotonic(), timeout)
         finally:
             with self._pending_lock:

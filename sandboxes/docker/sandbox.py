@@ -181,12 +181,12 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
         assert call.native is not None
-        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        op, data, timeout, limit = call.native, call.stdin, self.operation_timeout, call.output_limit
         return run_replacing_once(
             self._helper,
-            lambda mux: mux.run_native(op, data, timeout=timeout),
+            lambda mux: mux.run_native(op, data, timeout=timeout, output_limit=limit),
             self._drop_broken,
-            lost="exec helper died during the write",
+            lost="exec helper died during the file operation",
         )
 
     @property

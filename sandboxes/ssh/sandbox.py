@@ -292,13 +292,13 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         assert call.native is not None
         if self._closed:
             return None
-        op, data, timeout = call.native, call.stdin or b"", self.operation_timeout
+        op, data, timeout, limit = call.native, call.stdin, self.operation_timeout, call.output_limit
         try:
             return run_replacing_once(
                 self._helper,
-                lambda mux: mux.run_native(op, data, timeout=timeout),
+                lambda mux: mux.run_native(op, data, timeout=timeout, output_limit=limit),
                 lambda mux, _broken: self._drop_helper(mux),
-                lost="the connection dropped while the write ran",
+                lost="the connection dropped during the file operation",
             )
         except (SSHError, paramiko.SSHException, OSError, EOFError):  # raised before anything was sent
             return None

@@ -123,3 +123,16 @@ def test_a_client_gone_midway_leaves_no_temporary_file(jail: LocalSandbox) -> No
     helper.process.wait(30)
     assert [n for n in os.listdir(jail.root) if n.startswith(".sandboxes-write.")] == []
     assert target.read_text() == "old\n"
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "scripted"])
+def test_parents_deeper_than_pythons_recursion_limit_are_created(jail: LocalSandbox, native: bool) -> None:
+    """``mkdir -p`` has no depth limit; neither has the helper's (`os.makedirs` recursed once per
+    level and answered a RecursionError)."""
+    jail.native_file_ops = native
+    before = helper_client(jail).native_answers
+    deep = f"{jail.root}/{native}/" + "d/" * 1200 + "bottom.txt"
+    assert jail.write(deep, "bottom").error is None
+    assert jail.read(deep).file_data == p.FileData("bottom")
+    assert helper_client(jail).native_answers - before == (2 if native else 0)
+    assert jail.execute(f"rm -rf {jail.root}/{native}").exit_code == 0

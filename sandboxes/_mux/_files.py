@@ -86,7 +86,7 @@ def _prep(path):
     if not d or os.path.isdir(d):
         return
     try:
-        os.makedirs(d, exist_ok=True)
+        _makedirs(d)
         return
     except OSError:
         pass
@@ -96,6 +96,21 @@ def _prep(path):
             code = 13
         d = _parent(d)
     raise _Answer(code)
+
+
+def _makedirs(directory):
+    """``mkdir -p``, without recursion (`os.makedirs` recurses once per level: a path deeper
+    than the recursion limit is one the shell creates). Modes from the umask."""
+    missing = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        directory = _parent(directory)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise
 
 
 def _md5(path):
@@ -322,8 +337,8 @@ def start_native_op(ident, payload):
         send(b"N", ident, answer=True)
     except _Answer as done:
         _answer(ident, done.code)
-    except Exception as exc:  # a bug here must not end the helper and every command in it
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
+    except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
+        send(b"N", ident, answer=True)
 
 
 def feed_native_op(kind, ident, payload):

@@ -9,6 +9,10 @@ Each operation is split in three: validate arguments in Python, run one constant
 `sandboxes._scripts` with the arguments bound as quoted positional parameters, and interpret
 the exit status and output in Python with `sandboxes.semantics`, the same code the in-memory
 backend uses. The sync and async variants share everything but the call to ``execute``.
+
+Reads, writes and compare-and-swaps also carry a native form (`Call.native`): a transport whose
+exec helper does them without a process (`native_file_ops`, `_run_native`) answers that, with
+the script's exit codes, and runs the script where the helper hands it back.
 """
 
 from __future__ import annotations

@@ -1,27 +1,29 @@
 # ruff: noqa
 # mypy: ignore-errors
-"""Native file writes in the exec helper: `sandboxes._scripts.WRITE` and ``CAS_WRITE`` without
-starting a process (shipped with `_server` as one script, ``SERVER_SOURCE``: stdlib only,
-Python 3.6-compatible).
+"""Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE`` and
+``READ_FILE`` without starting a process (shipped with `_server` as one script,
+``SERVER_SOURCE``: stdlib only, Python 3.6-compatible).
 
-Why: the scripts spawn ``cat``, ``stat``, ``mv`` and ``md5sum`` (and a subshell), ~0.7-1 ms
-each, so a write costs four times a command; here it is one frame round trip. Why here and not
-a ``python3`` command: starting an interpreter costs more than the shell did.
+Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
+subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
+trip. Why here and not a ``python3`` command: starting an interpreter costs more than the shell.
 
-The answer is the script's, byte for byte: exit codes from `sandboxes._scripts` (``EXIT_*``),
-no output, decided in the script's order, so everything above the transport parses it
-unchanged. Same atomic write: the bytes go to ``.sandboxes-write.<token>`` beside the target,
-created exclusively, renamed over the target only once the announced size arrived, keeping the
-target's mode and group (a new file: the mode the umask gives); parents are created. Where the
-script writes in place (`inplace`: a symlink, a device or FIFO, another user's file, a directory
-we may not create entries in), this answers ``N`` (not native here) before touching anything
+The answer is the script's: exit codes from `sandboxes._scripts` (``EXIT_*``) decided in the
+script's order, a read's output as coreutils' ``base64`` prints it, a write's none, so
+everything above the transport parses it unchanged. Same atomic write: the bytes go to
+``.sandboxes-write.<token>`` beside the target, created exclusively, renamed over the target
+only once the announced size arrived, keeping the target's mode and group (a new file: the mode
+the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
+symlink, a device or FIFO, another user's file, a directory we may not create entries in), or a
+read is over `NATIVE_READ_MAX`, this answers ``N`` (not native here) before touching anything
 but the parents (which the script would create too), and the client runs the script: a FIFO
-must never block this single-threaded loop.
+must never block this single-threaded loop, and a big file must not hold it.
 
-Frames (see `_server`): F starts an op (JSON ``{"op": [name, args...]}``), I/C carry its bytes
-as they would a command's stdin, K aborts it; the answer is X (``{code, timed_out}``), E (a bad
-request) or N. Bytes go to the file as they arrive (memory stays one frame), and a client that
-goes away leaves no temporary file behind (`abort_native_ops`).
+Frames (see `_server`): F starts an op (JSON ``{"op": [name, args...]}``: the script's
+arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
+is X (``{code, timed_out}``, a read's O frames before it), E (a bad request) or N. A write's
+bytes go to the file as they arrive (memory stays one frame), and a client that goes away leaves
+no temporary file behind (`abort_native_ops`).
 """
 
 import base64

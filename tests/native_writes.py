@@ -66,6 +66,9 @@ class Case:
 _OLD = b"old content\n"
 _OLD_MD5 = hashlib.md5(_OLD, usedforsecurity=False).hexdigest()
 HOSTILE = "-x \n'q\"$(touch PWNED)`id`*\\"
+NOT_UTF8 = "bad\udcffname"
+"""A name with the byte 0xff, as Python spells it (surrogateescape): paths are str end to end."""
+NOT_UTF8_SH = "\"$(printf 'bad\\377name')\""
 
 
 def _cases(foreign: bool) -> list[Case]:
@@ -74,6 +77,7 @@ def _cases(foreign: bool) -> list[Case]:
         Case("new file: umask mode", "", lambda d: write_call(f"{d}/new.txt", b"hello"), True),
         Case("parents created", "", lambda d: write_call(f"{d}/a/b/c.txt", b"deep"), True),
         Case("hostile name", "", lambda d: write_call(f"{d}/{HOSTILE}", b"hostile"), True),
+        Case("non-UTF-8 name (byte 0xff)", "", lambda d: write_call(f"{d}/{NOT_UTF8}", b"bytes"), True),
         Case("empty content", old, lambda d: write_call(f"{d}/f", b""), True),
         Case("mode kept", f"{old}; chmod 640 f", lambda d: write_call(f"{d}/f", b"new"), True),
         Case("set-id bits kept", f"{old}; chmod 4750 f", lambda d: write_call(f"{d}/f", b"new"), True),
@@ -122,6 +126,7 @@ def _cases(foreign: bool) -> list[Case]:
         Case("read: a FIFO, never opened", "mkfifo fifo", lambda d: read_call(f"{d}/fifo"), True),
         Case("read: dangling symlink", "ln -s nowhere link", lambda d: read_call(f"{d}/link"), True),
         Case("read: over the native size", "head -c 1200000 /dev/zero > f", lambda d: read_call(f"{d}/f"), False),
+        Case("read: non-UTF-8 name", f"printf x > {NOT_UTF8_SH}", lambda d: read_call(f"{d}/{NOT_UTF8}"), True),
         Case("read: hostile name", f"printf x > {shlex.quote(HOSTILE)}", lambda d: read_call(f"{d}/{HOSTILE}"), True),
     ]
     if foreign:

@@ -51,6 +51,10 @@ MAX_READ_BYTES = 256 << 20
 SEARCH_OUTPUT_LIMIT = 64 << 20
 """Cap on what ls/grep/glob may send back; beyond it results are marked truncated."""
 
+WRITE_OUTPUT_LIMIT = 4096
+"""Cap on what a write may send back: on success nothing, on failure a shell's complaint (read
+for the error's detail only); more is a sandbox talking nonsense, and is not kept."""
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -237,7 +241,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         replacement = outcome.content.encode("utf-8")
         args = (path, digest, str(len(replacement)), _token())
         command = _scripts.command(_scripts.CAS_WRITE, *args)
-        call = Call(command, replacement, idempotent=False, native=("cas_write", *args))
+        call = Call(command, replacement, WRITE_OUTPUT_LIMIT, idempotent=False, native=("cas_write", *args))
         if (code := _parse.check((yield call), path)) is not None:
             return p.EditResult(code, message_for(code, path))
         return p.EditResult(path=path, occurrences=outcome.occurrences)
@@ -531,7 +535,8 @@ def _join_or(groups: list[list[str]]) -> list[str]:
 def _write_call(path: str, data: bytes) -> Call:
     """`_scripts.WRITE` of ``data`` to ``path``, with its native form."""
     args = (path, str(len(data)), _token())
-    return Call(_scripts.command(_scripts.WRITE, *args), data, idempotent=False, native=("write", *args))
+    command = _scripts.command(_scripts.WRITE, *args)
+    return Call(command, data, WRITE_OUTPUT_LIMIT, idempotent=False, native=("write", *args))
 
 
 def _token() -> str:

@@ -327,6 +327,8 @@ def start_native_op(ident, payload):
     """F: check and open; answer at once when the script would have stopped before reading."""
     send(b"A", ident)
     try:
+        if ident in _native_ops:
+            raise ValueError("op %d is already in flight" % ident)
         name, path, size, token, digest = _spec(payload)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)

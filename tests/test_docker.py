@@ -198,10 +198,12 @@ def test_the_shared_kill_works_when_the_container_has_no_pid_left(which: str, re
     assert_the_sh_kill_works_in_a_full_sandbox(request.getfixturevalue(which))
 
 
-def test_a_command_runs_in_a_container_with_one_pid_left(fallback_sandbox: DockerSandbox, docker_client: Any) -> None:
+def test_a_command_runs_in_a_container_with_one_pid_left(docker_client: Any, no_python_image: str) -> None:
     """Without an exec helper, a command takes two processes (the wrapper that kills what it
     leaves behind, and the command): with room for one only, the command replaces the wrapper
-    and still runs, which is what the scripts that kill what filled the container need."""
+    and still runs, which is what the scripts that kill what filled the container need. A
+    container of its own: what other tests leave running in a shared one may end meanwhile
+    and free pids."""
     # The filler's marker is a job's, so the sweep of orphans after the command spares it; and it
     # is the whole filling shell's, so a `sleep` forked but not yet exec'd, which still shows the
     # shell's environment, is not killed with the command either.
@@ -209,13 +211,14 @@ def test_a_command_runs_in_a_container_with_one_pid_left(fallback_sandbox: Docke
     loop = "while command eval 'sleep 300 &' 2>/dev/null; do :; done; echo full"
     fill = _scripts.command('exec env SANDBOXES_EXEC_ID="$1" /bin/sh -c "$2"', filler, loop)
     kill = _scripts.command(KILL_MARKED_SH + 'kill_marked "$1"; echo "kill=$?"', filler)
-    assert fallback_sandbox.execute(fill).output.endswith("full\n")  # its own two processes end with it
-    _take_one_pid(docker_client, fallback_sandbox.id)
-    try:
-        assert _execute_once_runc_starts(fallback_sandbox, "echo ran") == "ran\n"
-    finally:
-        assert _execute_once_runc_starts(fallback_sandbox, kill) == "kill=0\n"
-    assert fallback_sandbox.execute("echo ran").output == "ran\n"
+    with DockerSandbox.create(_config(no_python_image), client=docker_client) as sandbox:
+        assert sandbox.execute(fill).output.endswith("full\n")  # its own two processes end with it
+        _take_one_pid(docker_client, sandbox.id)
+        try:
+            assert _execute_once_runc_starts(sandbox, "echo ran") == "ran\n"
+        finally:
+            assert _execute_once_runc_starts(sandbox, kill) == "kill=0\n"
+        assert sandbox.execute("echo ran").output == "ran\n"
 
 
 def _take_one_pid(docker_client: Any, container_id: str) -> None:

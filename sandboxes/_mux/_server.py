@@ -70,7 +70,6 @@ HEADER = struct.Struct(">cII")
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0
-SMALL_PIDS_LIMIT = 4096
 HOLD = 0.005
 """Seconds an acknowledgement or output frame may wait for the next frame (see `send`): far
 below anything a client times (its acknowledgement timeout is seconds), about what a short
@@ -160,19 +159,6 @@ def flush():
 # ------------------------------------------------------------------ processes
 
 
-def _pids_limit():
-    """The pids limit of the cgroup this helper's view of /sys/fs/cgroup is rooted at (its
-    container's, usually), or None: unlimited or unknown."""
-    for path in ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
-        try:
-            with open(path) as fh:
-                value = fh.read().strip()
-        except (OSError, ValueError):
-            continue
-        return int(value) if value.isdigit() else None
-    return None
-
-
 def _become_undumpable():
     """Whether commands can no longer reach into the helper (PR_SET_DUMPABLE 0).
 
@@ -187,26 +173,6 @@ def _become_undumpable():
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
     except Exception:  # no ctypes: the client's frame checks are the only defence
-        return False
-
-
-def _become_subreaper():
-    """Whether the helper now adopts its commands' orphans (and so may skip the /proc sweep).
-
-    Not under a small pids limit: the orphans' zombies hold pids until this (Python, and under a
-    fork bomb CPU-starved) reaper gets to them, where the container's init would reap them at
-    once. Measured with the backgrounded fork bomb test (256 pids, 1 cpu): 4-8 s and a spurious
-    timeout as a subreaper, 1.5 s without. A small limit also means a container with few
-    processes, where the sweep is cheap."""
-    limit = _pids_limit()
-    if limit is not None and limit <= SMALL_PIDS_LIMIT:
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except Exception:  # no ctypes, no prctl, not Linux: every command gets the full sweep
         return False
 
 

@@ -3,6 +3,7 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 
 from __future__ import annotations
 
+import http.client
 import time
 import uuid
 from collections.abc import Iterator
@@ -196,6 +197,35 @@ def test_one_kill_tagged_ends_a_tree_that_keeps_forking(helper_sandbox: DockerSa
 @pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
 def test_the_shared_kill_works_when_the_container_has_no_pid_left(which: str, request: pytest.FixtureRequest) -> None:
     assert_the_sh_kill_works_in_a_full_sandbox(request.getfixturevalue(which))
+
+
+@pytest.fixture
+def slow_header_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTTP client parses the response headers of ``docker exec`` only after the process
+    wrote its first output, as on a loaded machine: its buffered reader then reads them
+    together."""
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(response: http.client.HTTPResponse) -> None:
+        time.sleep(0.3)  # the exec starts as the daemon sends its headers: let it print first
+        begin(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+
+
+@pytest.mark.usefixtures("slow_header_parsing")
+def test_output_read_with_the_headers_is_not_lost(fallback_sandbox: DockerSandbox) -> None:
+    """Bytes the HTTP client read past the headers are the command's first output (a CI run
+    under load got an empty archive with exit 0; the fallback's `echo` answered nothing)."""
+    done = fallback_sandbox.execute("echo hello; echo oops >&2")
+    assert sorted(done.output.splitlines()) == ["hello", "oops"]  # two pipes: no order between them
+    assert done.exit_code == 0
+    stream = fallback_sandbox.open_output_stream("printf archive")
+    try:
+        assert stream.recv(1 << 16) == b"archive"
+    finally:
+        stream.close()
+    assert stream.exit_code() == 0
 
 
 def test_a_command_runs_in_a_container_with_one_pid_left(docker_client: Any, no_python_image: str) -> None:

@@ -27,7 +27,7 @@ class ExecSocket:
         self._merge = merge_stderr
         self._holder = docker_socket  # keeps docker-py's response (and so the socket) alive
         self._sock: socket.socket = getattr(docker_socket, "_sock", docker_socket)
-        self._buffer = b""
+        self._buffer = read_ahead(docker_socket, self._sock)
         self._taken = 0
         """What the socket gave and `recv` has not handed on yet: ``_buffer[_taken:]``."""
         self._frame_left = 0
@@ -127,6 +127,27 @@ class ExecSocket:
         if close is not None:
             with contextlib.suppress(Exception):
                 close()
+
+
+def read_ahead(docker_socket: Any, sock: socket.socket) -> bytes:
+    """The process's first bytes, if the HTTP client already read them: docker-py hands over
+    the raw socket under the response's buffered reader, which read the upgrade's headers in
+    one gulp of up to 8 KiB and, when the process had written by then (a loaded machine; a
+    command that prints at once), its first frames too. Read from the socket alone, they were
+    lost: an ``echo`` answered nothing with exit code 0, a small archive came back empty. Taken
+    without waiting (the socket is non-blocking for that one read): nothing in hand is ``b""``."""
+    try:
+        reader = docker_socket._response.raw._fp.fp
+    except AttributeError:  # not docker-py's SocketIO (a plain socket in tests, TLS): no reader
+        return b""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return bytes(reader.read1(_RECV) or b"")
+    except OSError:
+        return b""
+    finally:
+        sock.settimeout(timeout)
 
 
 class ExecOutput:

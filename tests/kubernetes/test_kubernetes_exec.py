@@ -10,6 +10,7 @@ workspace and /tmp, no network)."""
 
 from __future__ import annotations
 
+import http.client
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,23 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         assert fallback_sandbox._helper_unavailable
         assert fallback_sandbox._mux is None
         assert fake_kubernetes_v4.requests["exec"] == before + 1
+
+
+def test_the_fake_kubelet_loses_no_output_read_with_the_headers(
+    fallback_sandbox: KubernetesSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake's exec bridge takes its container's output from docker-py, whose reader may have
+    read the first of it with the upgrade's headers (a loaded machine): a double that dropped it
+    would fail tests at random. (The headers are parsed late here, so the output comes first.)"""
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(response: http.client.HTTPResponse) -> None:
+        time.sleep(0.3)
+        begin(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+    done = fallback_sandbox.execute("echo hello")
+    assert (done.output, done.exit_code) == ("hello\n", 0)
 
 
 def test_helper_over_v4(fake_kubernetes_v4: FakeKubernetes, runtime_image: str) -> None:

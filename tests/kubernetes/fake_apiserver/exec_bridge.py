@@ -23,6 +23,8 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from sandboxes.docker._io import read_ahead
+
 from .kubelet import Kubelet
 from .store import ApiError
 
@@ -74,12 +76,13 @@ async def serve_exec(
         await websocket.send_denial_response(JSONResponse(error.status(), status_code=error.code))
         return
     raw: socket.socket = getattr(holder, "_sock", holder)
+    first = read_ahead(holder, raw)  # what docker-py's reader took with the headers
     raw.setblocking(False)
     await websocket.accept(subprotocol=protocol)
     requests["exec"] += 1
     drop = asyncio.Event()
     kubelet.exec_drops.add((ns, name, drop))
-    pump_out = asyncio.ensure_future(_docker_to_client(websocket, raw, flags["tty"]))
+    pump_out = asyncio.ensure_future(_docker_to_client(websocket, raw, flags["tty"], first))
     pump_in = asyncio.ensure_future(_client_to_docker(websocket, raw, protocol == SUPPORTED_PROTOCOLS[0]))
     dropper = asyncio.ensure_future(drop.wait())
     try:
@@ -161,11 +164,11 @@ async def _client_to_docker(websocket: WebSocket, raw: socket.socket, v5: bool) 
                 raw.shutdown(socket.SHUT_WR)
 
 
-async def _docker_to_client(websocket: WebSocket, raw: socket.socket, tty: bool) -> None:
+async def _docker_to_client(websocket: WebSocket, raw: socket.socket, tty: bool, first: bytes) -> None:
     loop = asyncio.get_running_loop()
     buffer = b""
     while True:
-        chunk = await loop.sock_recv(raw, 65536)
+        chunk, first = first or await loop.sock_recv(raw, 65536), b""
         if not chunk:
             return
         if tty:

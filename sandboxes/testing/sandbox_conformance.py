@@ -102,6 +102,17 @@ class SandboxConformance(BackendConformance):
         assert after == before, "a process of the timed-out command is still running"
         assert sandbox.execute("echo alive").output == "alive\n"
 
+    def test_timeout_holds_when_stdin_is_left_unread(self, sandbox: p.SandboxBackendProtocol) -> None:
+        """A command that never reads a big stdin still times out: feeding it must not hold up
+        the watch on its clock (Docker's per-command exec sent all of it first, and answered a
+        2 s timeout after 43 s, with exit code 0)."""
+        started = time.monotonic()
+        result = sandbox.execute("sleep 60", stdin=b"x" * (8 << 20), timeout=2)
+        assert result.error == p.TIMEOUT
+        assert result.exit_code is None
+        assert time.monotonic() - started < 20
+        assert sandbox.execute("echo alive").output == "alive\n"
+
     def test_background_processes_end_with_their_command(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
         """Nothing a command starts outlives it: long-lived processes are the service's background API."""
         sandbox.write(f"{root}/.keep", "")

@@ -22,7 +22,7 @@ from typing import IO
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 
-__all__ = ["CHUNK_BYTES", "TIMEOUT", "stage_file"]
+__all__ = ["CHUNK_BYTES", "TIMEOUT", "remove_staged", "stage_file"]
 
 CHUNK_BYTES = 4 << 20
 """Bytes of a file per command: bounded memory here and in the sandbox's exec helper (which
@@ -47,16 +47,17 @@ def stage_file(sandbox: p.SandboxBackendProtocol, staged: str, content: IO[bytes
             command = _scripts.command(_scripts.STAGE_CHUNK, staged, "new" if first else "more")
             code = _parse.check(sandbox.execute(command, stdin=chunk, timeout=TIMEOUT), staged)
             if code is not None:
-                _remove(sandbox, staged)
+                remove_staged(sandbox, staged)
                 return code
             sent += len(chunk)
             first = False
     except BaseException:
-        _remove(sandbox, staged)
+        remove_staged(sandbox, staged)
         raise
     return None
 
 
-def _remove(sandbox: p.SandboxBackendProtocol, staged: str) -> None:
+def remove_staged(sandbox: p.SandboxBackendProtocol, staged: str) -> None:
+    """The staged file gone, as far as the sandbox still answers (a failed transfer's cleanup)."""
     with contextlib.suppress(Exception):
         sandbox.execute(_scripts.command('rm -f -- "$1"', staged), timeout=TIMEOUT)

@@ -22,6 +22,7 @@ import pytest
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
+from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes.docker import BULK_THRESHOLD, DockerSandbox, DockerSandboxConfig
 
 BIG = BULK_THRESHOLD + 4096
@@ -131,29 +132,30 @@ def test_a_link_swapped_in_during_a_big_upload_cannot_redirect_it(clean: DockerS
 def test_big_uploads_never_go_through_the_engines_archive_api(
     clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Several big files in one call are all written as the sandbox's user, in pieces no
-    bigger than the service's extraction moves, never through ``put_archive``."""
+    """Several big files in one call are all written as the sandbox's user, never through
+    ``put_archive``: those of more than one chunk each streamed into one ``docker exec`` of
+    the staging script, the others through `execute`."""
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the engine's archive API was used")
 
     monkeypatch.setattr(clean.container, "put_archive", refused)
     monkeypatch.setattr(clean.container, "get_archive", refused)
-    sizes: list[int] = []
-    execute = clean.execute
+    streamed: list[int] = []
+    exec_once = clean._exec_once
 
-    def measured(command: str, **kwargs: Any) -> p.ExecuteResponse:
-        stdin = kwargs.get("stdin")
-        sizes.append(len(stdin) if stdin is not None else 0)
-        return execute(command, **kwargs)
+    def measured(command: str, timeout: float, stdin: bytes | None, *args: Any) -> p.ExecuteResponse:
+        streamed.append(len(stdin) if stdin is not None else 0)
+        return exec_once(command, timeout, stdin, *args)
 
-    monkeypatch.setattr(clean, "execute", measured)
+    monkeypatch.setattr(clean, "_exec_once", measured)
     files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((9 << 20) + index)) for index in range(3)]
-    assert [r.error for r in clean.upload_files(files)] == [None] * 3
-    assert 0 < max(sizes) <= 4 << 20
+    files.append(("/workspace/split/small.bin", b"s" * (2 << 20)))
+    assert [r.error for r in clean.upload_files(files)] == [None] * 4
+    assert sorted(n for n in streamed if n > STAGE_CHUNK_BYTES) == [len(data) for _, data in files[:3]]
     assert [r.content for r in clean.download_files([path for path, _ in files])] == [data for _, data in files]
     owners = clean.execute("stat -c '%u:%g %a' /workspace/split/*.bin").output.split("\n")
-    assert owners[:3] == ["1000:1000 644"] * 3
+    assert owners[:4] == ["1000:1000 644"] * 4
 
 
 # ---------------------------------------------------------------------------- downloads

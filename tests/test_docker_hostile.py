@@ -75,6 +75,19 @@ def test_workspace_writes_past_the_disk_limit_answer_no_space(
     _assert_unharmed(neighbour, docker_client)
 
 
+def test_a_big_upload_past_the_disk_limit_leaves_the_old_file_and_nothing_else(sandbox: DockerSandbox) -> None:
+    """A file of more than one chunk, streamed into a ``docker exec`` of its own, answers
+    ``no_space`` as the chunks do; the target keeps its old content, no staged file is left."""
+    assert sandbox.write("/workspace/kept.bin", "old\n").error is None
+    try:
+        upload = sandbox.upload_files([("/workspace/kept.bin", b"\x02" * (17 << 20))])
+        assert upload[0].error == p.NO_SPACE, upload
+        assert sandbox.read("/workspace/kept.bin").file_data == p.FileData("old\n")
+        assert sandbox.execute("ls -A /workspace").output == "kept.bin\n"
+    finally:
+        sandbox.execute("rm -f /workspace/kept.bin")
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "scripted"])
 def test_a_write_past_the_disk_limit_leaves_the_old_file_and_nothing_else(sandbox: DockerSandbox, native: bool) -> None:
     """``no_space`` from the helper's own write and from the script's alike; the target keeps

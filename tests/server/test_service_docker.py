@@ -27,6 +27,7 @@ from service_harness import (
     create,
     execute,
     heartbeat,
+    heartbeat_processes,
     heartbeat_stopped,
     running,
     settings_for,
@@ -156,6 +157,7 @@ def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict
     loop = heartbeat("/workspace/beat")
     process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
     wait_beating(client, sandbox["id"], "/workspace/beat")
+    assert heartbeat_processes(client, sandbox["id"], "/workspace/beat"), "the check for a live loop does not see one"
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
     assert heartbeat_stopped(client, sandbox["id"], "/workspace/beat")

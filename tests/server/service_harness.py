@@ -139,6 +139,15 @@ def execute(client: httpx.Client, sandbox_id: str, command: str, **body: Any) ->
     return result
 
 
+def wait_until_expired(sandbox: dict[str, Any]) -> None:
+    """Until the wall clock is past ``sandbox``'s expiry, as the service answered it. A service in
+    a subprocess runs on the real clock (in-process tests move a `ManualClock` instead), so
+    its TTLs pass only with time: this waits for exactly that instant, not a guessed margin."""
+    expires_at = float(sandbox["expires_at"])
+    while (left := expires_at - time.time()) >= 0:
+        time.sleep(left + 0.01)
+
+
 def heartbeat(path: str) -> str:
     """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives."""
     return f"while :; do {_beat(path)} sleep 0.1; done"

@@ -33,6 +33,7 @@ from service_harness import (
     settings_for,
     subprocess_config,
     wait_beating,
+    wait_until_expired,
 )
 from support import RETAKE_PIDS, SESSION_OWNER
 
@@ -281,7 +282,7 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
         service.kill()
         for stopped in (in_memory, persistent):
             docker_client.containers.get(service_container(docker_client, owner, stopped["id"])).stop(timeout=1)
-        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
+        wait_until_expired(doomed)  # while nobody runs
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}

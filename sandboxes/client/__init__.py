@@ -14,7 +14,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 """
 
 from sandboxes.api import SandboxInfo
-from sandboxes.client._http import AsyncSandboxClient, SandboxClient
+from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
     BackendUnavailable,

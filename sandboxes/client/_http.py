@@ -1,5 +1,8 @@
-"""`SandboxClient` and `AsyncSandboxClient`: the sandbox lifecycle over HTTP, and the one loop
-(per flavour) that sends an `Op` with the retry policy of `sandboxes.client._wire`.
+"""`ServiceConnection` and `AsyncServiceConnection`: a connection pool to the service, the calls
+that need no sandbox handle, and the one loop (per flavour) that sends an `Op` with the retry
+policy of `sandboxes.client._wire`. `RemoteSandbox` sends its calls through them; the public
+`SandboxClient` (`sandboxes.client._clients`) adds what hands out a `RemoteSandbox`, so that
+imports run one way: this module < ``remote`` < ``_clients``.
 
 A call's first attempt is made outside tenacity's retry loop, whose machinery costs about
 15 us per call (as much as parsing the answer); the loop takes over only after a failure that
@@ -10,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterable, Iterable
+from typing import Any, Self, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying, Retrying
@@ -26,9 +29,6 @@ from sandboxes.client.errors import (
     error_from_response,
     error_from_transport,
 )
-
-if TYPE_CHECKING:
-    from sandboxes.client.remote import RemoteSandbox
 
 T = TypeVar("T")
 
@@ -45,12 +45,10 @@ def _config(
     return w.ClientConfig(url=url, api_key=api_key, timeout=timeout, retries=retries, **options)
 
 
-class SandboxClient:
+class ServiceConnection:
     """A connection pool to one sandbox service, for one API key. Thread-safe.
 
-    ``SandboxClient(url, api_key).create("default")`` gives a `RemoteSandbox`, a backend like
-    any other. Extra keyword options are `ClientConfig` fields (``connect_timeout``,
-    ``backoff``, ...).
+    Extra keyword options are `ClientConfig` fields (``connect_timeout``, ``backoff``, ...).
     """
 
     def __init__(
@@ -75,27 +73,6 @@ class SandboxClient:
         self._known = _Known(self.config, self._http)
 
     # ------------------------------------------------------------------ lifecycle
-
-    def create(
-        self,
-        template: str = "default",
-        *,
-        env: Mapping[str, str] | None = None,
-        ttl: float | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> RemoteSandbox:
-        """A new sandbox. Not retried once the request may have been sent: a lost answer would
-        otherwise leave an orphan (which the service's TTL sweep then removes)."""
-        info = self.call(_ops.create(template, env, ttl, labels))
-        from sandboxes.client.remote import RemoteSandbox
-
-        return RemoteSandbox(info.id, self, info=info, owned=True)
-
-    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
-        """A handle on an existing sandbox, without a round trip."""
-        from sandboxes.client.remote import RemoteSandbox
-
-        return RemoteSandbox(sandbox_id, self, info=info)
 
     def list(self) -> list[api.SandboxInfo]:
         return self.call(_ops.list_sandboxes())
@@ -182,15 +159,15 @@ class SandboxClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> SandboxClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class AsyncSandboxClient:
-    """`SandboxClient` for asyncio programs: the same calls, awaited, on one event loop."""
+class AsyncServiceConnection:
+    """`ServiceConnection` for asyncio programs: the same calls, awaited, on one event loop."""
 
     def __init__(
         self,
@@ -213,24 +190,6 @@ class AsyncSandboxClient:
             transport=transport,
         )
         self._known = _Known(self.config, self._http)
-
-    async def create(
-        self,
-        template: str = "default",
-        *,
-        env: Mapping[str, str] | None = None,
-        ttl: float | None = None,
-        labels: Mapping[str, str] | None = None,
-    ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels))
-        from sandboxes.client.remote import RemoteSandbox
-
-        return RemoteSandbox(info.id, self, info=info, owned=True)
-
-    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
-        from sandboxes.client.remote import RemoteSandbox
-
-        return RemoteSandbox(sandbox_id, self, info=info)
 
     async def list(self) -> list[api.SandboxInfo]:
         return await self.call(_ops.list_sandboxes())
@@ -311,7 +270,7 @@ class AsyncSandboxClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AsyncSandboxClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,9 +8,10 @@ itself (bad key, sandbox gone, quota, rate limit after retries) raise the except
 `sandboxes.client.errors`: no result dataclass could express them.
 
 Sync methods use a `SandboxClient`, async ones an `AsyncSandboxClient` (native asyncio, no
-threads). The handle works from either: whichever it was made with is used as is, the other is
-made on first use from the same configuration. A made-up async client lives per event loop and
-keeps no idle connection, so a loop that ends leaves nothing open behind it.
+threads). The handle works from either: whichever it was made with is used as is, the other's
+connection (`sandboxes.client._http`) is made on first use from the same configuration. A
+made-up async connection lives per event loop and keeps no idle connection, so a loop that ends
+leaves nothing open behind it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
 from sandboxes.client._bulk import Inline, Outcome, Step, Tarred, plan_uploads, tar_of_one
-from sandboxes.client._http import AsyncSandboxClient, SandboxClient, achunks_of, chunks_of
+from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.semantics import message_for
@@ -49,7 +50,7 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
     def __init__(
         self,
         sandbox_id: str,
-        client: SandboxClient | AsyncSandboxClient,
+        client: ServiceConnection | AsyncServiceConnection,
         *,
         info: api.SandboxInfo | None = None,
         owned: bool = False,
@@ -59,10 +60,12 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
         self.info = info
         """The last known lifecycle record (from create, `refresh` or `renew`)."""
         self.config = client.config
-        self._client = client if isinstance(client, SandboxClient) else None
-        self._aclient = client if isinstance(client, AsyncSandboxClient) else None
-        self._owned: SandboxClient | None = None
-        self._per_loop: weakref.WeakKeyDictionary[AbstractEventLoop, AsyncSandboxClient] = weakref.WeakKeyDictionary()
+        self._client = client if isinstance(client, ServiceConnection) else None
+        self._aclient = client if isinstance(client, AsyncServiceConnection) else None
+        self._owned: ServiceConnection | None = None
+        self._per_loop: weakref.WeakKeyDictionary[AbstractEventLoop, AsyncServiceConnection] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
     @property
@@ -74,15 +77,15 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
 
     # ------------------------------------------------------------------ clients
 
-    def _sync(self) -> SandboxClient:
+    def _sync(self) -> ServiceConnection:
         if self._client is not None:
             return self._client
         with self._lock:
             if self._owned is None:
-                self._owned = SandboxClient(config=self.config)
+                self._owned = ServiceConnection(config=self.config)
             return self._owned
 
-    def _async(self) -> AsyncSandboxClient:
+    def _async(self) -> AsyncServiceConnection:
         if self._aclient is not None:
             return self._aclient
         loop = get_running_loop()
@@ -90,7 +93,7 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
             client = self._per_loop.get(loop)
             if client is None:
                 no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
-                client = self._per_loop[loop] = AsyncSandboxClient(config=self.config, limits=no_idle)
+                client = self._per_loop[loop] = AsyncServiceConnection(config=self.config, limits=no_idle)
             return client
 
     def close(self) -> None:

@@ -73,7 +73,11 @@ class ProviderConformance:
             provider.attach(record.ref)
 
     def test_sweep_removes_only_the_expired(self, provider: Any) -> None:
-        short = provider.create(CreateOptions(ttl=1))
+        """Expiry is judged on the caller's clock: a sweep at a ``now`` past the short TTL reaps
+        it, one at the real time does not. The short TTL leaves the real clock far behind it
+        (a 1 s TTL could pass while a slow backend was still creating, and a pod's
+        ``activeDeadlineSeconds`` from it ends the pod itself)."""
+        short = provider.create(CreateOptions(ttl=30))
         long = provider.create(CreateOptions(ttl=3600))
         try:
             short_record, long_record = _record(provider, short), _record(provider, long)

@@ -5,6 +5,7 @@ Ready, deleted and watched until gone."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from sandboxes.kubernetes import (
     PodStartError,
 )
 from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
-from sandboxes.testing import LifecycleConformance, SharedProviderConformance
+from sandboxes.testing import LifecycleConformance, ProviderConformance, SharedProviderConformance
 
 NS = "sandboxes"
 
@@ -71,6 +72,18 @@ def provider(template: KubernetesSandboxConfig, api_client: Any) -> Iterator[Kub
     made = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
     yield made
     made.close()
+
+
+class TestKubernetesProvider(ProviderConformance):
+    """The promises every provider keeps, as Docker's, SSH's and Local's are checked
+    (tests/providers/test_provider_conformance.py), under an owner of its own so that its sweeps
+    reach only what it made."""
+
+    @pytest.fixture
+    def provider(self, template: KubernetesSandboxConfig, api_client: Any) -> Iterator[KubernetesProvider]:
+        owned = template.model_copy(update={"owner": f"{SESSION_OWNER}-pc-{uuid.uuid4().hex[:6]}"})
+        with KubernetesProvider(owned, api_client=api_client, sweep_interval=None, sweep_on_start=False) as made:
+            yield made
 
 
 class TestKubernetesSharedProvider(SharedProviderConformance):

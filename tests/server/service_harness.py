@@ -3,6 +3,7 @@ or as a subprocess (``python -m sandboxes.server``), and talking to it with http
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -138,9 +139,24 @@ def execute(client: httpx.Client, sandbox_id: str, command: str, **body: Any) ->
     return result
 
 
+def wait_until_expired(sandbox: dict[str, Any]) -> None:
+    """Until the wall clock is past ``sandbox``'s expiry, as the service answered it. A service in
+    a subprocess runs on the real clock (in-process tests move a `ManualClock` instead), so
+    its TTLs pass only with time: this waits for exactly that instant, not a guessed margin."""
+    expires_at = float(sandbox["expires_at"])
+    while (left := expires_at - time.time()) >= 0:
+        time.sleep(left + 0.01)
+
+
 def heartbeat(path: str) -> str:
     """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives."""
-    return f"while :; do date +%s%N > {shlex.quote(path)}; sleep 0.1; done"
+    return f"while :; do {_beat(path)} sleep 0.1; done"
+
+
+def _beat(path: str) -> str:
+    """The heartbeat loop's write, which every process running the loop (its shell, and the
+    command that started it) has in its command line."""
+    return f"date +%s%N > {shlex.quote(path)};"
 
 
 def last_beat(client: httpx.Client, sandbox_id: str, path: str) -> str:
@@ -164,10 +180,23 @@ def wait_beating(client: httpx.Client, sandbox_id: str, path: str, timeout: floa
 
 
 def heartbeat_stopped(client: httpx.Client, sandbox_id: str, path: str) -> bool:
-    """Whether the heartbeat loop at ``path`` ran and has stopped: six beats, had it survived."""
-    first = last_beat(client, sandbox_id, path)
-    time.sleep(0.6)
-    return last_beat(client, sandbox_id, path) == first
+    """Whether the heartbeat loop at ``path`` ran (it wrote there) and has stopped: no process in
+    the sandbox runs it any more. Asked of the sandbox's process table, not inferred from a
+    beat missing for a while, which a loop that lives on but is slow to be scheduled (a loaded
+    machine) would also show."""
+    last_beat(client, sandbox_id, path)
+    return not heartbeat_processes(client, sandbox_id, path)
+
+
+def heartbeat_processes(client: httpx.Client, sandbox_id: str, path: str) -> list[str]:
+    """The ``/proc/<pid>/cmdline`` of every live process in the sandbox that runs the heartbeat
+    loop at ``path``. The loop's text reaches ``grep`` on its stdin, so the search is not in
+    its own command line; a process that died (a zombie too) has an empty one."""
+    search = "grep -lsF -f - /proc/[0-9]*/cmdline; true"
+    stdin = base64.b64encode(_beat(path).encode()).decode()
+    result = execute(client, sandbox_id, search, stdin_b64=stdin)
+    assert result["exit_code"] == 0, result
+    return str(result["output"]).split()
 
 
 def error_of(response: httpx.Response) -> str:

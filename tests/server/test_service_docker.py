@@ -27,11 +27,13 @@ from service_harness import (
     create,
     execute,
     heartbeat,
+    heartbeat_processes,
     heartbeat_stopped,
     running,
     settings_for,
     subprocess_config,
     wait_beating,
+    wait_until_expired,
 )
 from support import RETAKE_PIDS, SESSION_OWNER
 
@@ -156,6 +158,7 @@ def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict
     loop = heartbeat("/workspace/beat")
     process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
     wait_beating(client, sandbox["id"], "/workspace/beat")
+    assert heartbeat_processes(client, sandbox["id"], "/workspace/beat"), "the check for a live loop does not see one"
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
     assert heartbeat_stopped(client, sandbox["id"], "/workspace/beat")
@@ -279,7 +282,7 @@ def test_kill_9_then_restart_adopts_containers_and_reaps_the_rest(
         service.kill()
         for stopped in (in_memory, persistent):
             docker_client.containers.get(service_container(docker_client, owner, stopped["id"])).stop(timeout=1)
-        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
+        wait_until_expired(doomed)  # while nobody runs
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}

@@ -18,6 +18,7 @@ from service_harness import (
     error_of,
     execute,
     heartbeat,
+    heartbeat_processes,
     heartbeat_stopped,
     running,
     settings_for,
@@ -211,6 +212,7 @@ def test_background_process_kill_takes_down_its_tree(client: httpx.Client, sandb
     command = f"(setsid sh -c {shlex.quote(heartbeat(beat))} &); echo up; sleep 100"
     process = client.post(base, json={"command": command}).json()
     wait_beating(client, sandbox_id, beat)
+    assert heartbeat_processes(client, sandbox_id, beat), "the check for a live loop does not see one"
     killed = client.delete(f"{base}/{process['id']}")
     assert killed.status_code == 200
     assert killed.json()["status"] == "killed"

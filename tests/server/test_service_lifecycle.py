@@ -26,6 +26,7 @@ from service_harness import (
     running,
     settings_for,
     subprocess_config,
+    wait_until_expired,
 )
 
 
@@ -223,7 +224,7 @@ def test_kill_9_then_restart_loses_nothing(tmp_path: Path) -> None:
         assert access[0]["path"] == "/v1/sandboxes"
         assert access[0]["status"] == 200
         assert access[0]["tenant"] == "alice"
-        time.sleep(2.2)  # `doomed` expires while nobody is running
+        wait_until_expired(doomed)  # while nobody runs
         service.start()
         with service.client("alice") as alice, service.client("bob") as bob:
             assert [s["id"] for s in alice.get("/v1/sandboxes").json()["sandboxes"]] == [kept["id"]]

@@ -31,6 +31,7 @@ from service_harness import (
     settings_for,
     subprocess_config,
     wait_beating,
+    wait_until_expired,
 )
 from ssh_fixtures import SSHVM, start_vm
 
@@ -161,7 +162,7 @@ def test_kill_9_then_restart_adopts_workspaces_and_reaps_the_rest(vm: SSHVM, tmp
             doomed = create(alice, ttl=2)
         (data_dir / "state" / f"{stateless['id']}.json").unlink()  # as if killed before writing it
         service.kill()
-        time.sleep(2.2)  # `doomed` expires while nobody runs: a subprocess has no clock to fake
+        wait_until_expired(doomed)  # while nobody runs
         service.start()
         with service.client("alice") as alice:
             listed = {s["id"]: s for s in alice.get("/v1/sandboxes").json()["sandboxes"]}

@@ -1,0 +1,63 @@
+"""`SandboxClient` and `AsyncSandboxClient`: a connection to the service that also hands out
+`RemoteSandbox` handles (``create``, ``attach``).
+
+They sit above both `sandboxes.client._http` (the connection, which `RemoteSandbox` sends its
+calls through) and `sandboxes.client.remote`, so that neither of those imports the other's
+module back: the client's imports run one way (``_http`` < ``remote`` < ``_clients``, checked by
+``lint-imports``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sandboxes import api
+from sandboxes.client import _ops
+from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
+from sandboxes.client.remote import RemoteSandbox
+
+__all__ = ["AsyncSandboxClient", "SandboxClient"]
+
+
+class SandboxClient(ServiceConnection):
+    """A connection pool to one sandbox service, for one API key. Thread-safe.
+
+    ``SandboxClient(url, api_key).create("default")`` gives a `RemoteSandbox`, a backend like
+    any other. Extra keyword options are `ClientConfig` fields (``connect_timeout``,
+    ``backoff``, ...).
+    """
+
+    def create(
+        self,
+        template: str = "default",
+        *,
+        env: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> RemoteSandbox:
+        """A new sandbox. Not retried once the request may have been sent: a lost answer would
+        otherwise leave an orphan (which the service's TTL sweep then removes)."""
+        info = self.call(_ops.create(template, env, ttl, labels))
+        return RemoteSandbox(info.id, self, info=info, owned=True)
+
+    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
+        """A handle on an existing sandbox, without a round trip."""
+        return RemoteSandbox(sandbox_id, self, info=info)
+
+
+class AsyncSandboxClient(AsyncServiceConnection):
+    """`SandboxClient` for asyncio programs: the same calls, awaited, on one event loop."""
+
+    async def create(
+        self,
+        template: str = "default",
+        *,
+        env: Mapping[str, str] | None = None,
+        ttl: float | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> RemoteSandbox:
+        info = await self.call(_ops.create(template, env, ttl, labels))
+        return RemoteSandbox(info.id, self, info=info, owned=True)
+
+    def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
+        return RemoteSandbox(sandbox_id, self, info=info)

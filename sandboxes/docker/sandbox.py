@@ -178,13 +178,8 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        return run_native_once(
-            self._helper,
-            self._drop_broken,
-            call,
-            timeout=self.operation_timeout,
-            lost="exec helper died during the file operation",
-        )
+        lost = "exec helper died during the file operation"
+        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
     @property
     def _reap_env(self) -> dict[str, str]:

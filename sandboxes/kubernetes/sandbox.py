@@ -228,13 +228,8 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        return run_native_once(
-            self._helper,
-            self._drop_broken,
-            call,
-            timeout=self.operation_timeout,
-            lost="the exec stream dropped during the file operation",
-        )
+        lost = "the exec stream dropped during the file operation"
+        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:

@@ -355,13 +355,8 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        return run_native_once(
-            self._helper,
-            self._drop_broken,
-            call,
-            timeout=self.operation_timeout,
-            lost="the sandbox's jail died during the file operation",
-        )
+        lost = "the sandbox's jail died during the file operation"
+        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands

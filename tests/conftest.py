@@ -3,8 +3,11 @@ a test session creates, since testcontainers' Ryuk reaper cannot be pulled here.
 
 from __future__ import annotations
 
+import http.client
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,8 @@ import pytest
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 from support import IN_CI, SESSION_OWNER, needs
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +52,31 @@ def _sweep(client: Any, labels: dict[str, str]) -> None:
         container.remove(force=True, v=True)
     for volume in client.volumes.list(filters={"label": selector}):
         volume.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def no_python_image(docker_client: Any) -> Iterator[str]:
+    """An image without python3: no exec helper can start, so every command takes a transport's
+    fallback (one exec per command)."""
+    from testcontainers.core.image import DockerImage
+
+    with DockerImage(path=FIXTURES / "no-python", tag="sandboxes-test/no-python:latest", clean_up=False) as image:
+        yield str(image)
+
+
+@pytest.fixture
+def slow_header_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTTP client parses the response headers of an exec (``docker exec``; the fake
+    kubelet's bridge, which uses docker-py too) only after the process wrote its first output,
+    as on a loaded machine: its buffered reader then reads them together, and whatever reads
+    the raw socket under it must start with what the reader holds."""
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(response: http.client.HTTPResponse) -> None:
+        time.sleep(0.3)  # the exec starts as the daemon sends its headers: let it print first
+        begin(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
 
 
 @pytest.fixture(scope="session")

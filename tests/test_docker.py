@@ -3,18 +3,15 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 
 from __future__ import annotations
 
-import http.client
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from native_writes import assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
-from testcontainers.core.image import DockerImage
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
@@ -22,8 +19,6 @@ from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _config(image: str, **overrides: Any) -> DockerSandboxConfig:
@@ -34,12 +29,6 @@ def _config(image: str, **overrides: Any) -> DockerSandboxConfig:
 def helper_sandbox(docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
         yield sandbox
-
-
-@pytest.fixture(scope="module")
-def no_python_image(docker_client: Any) -> Iterator[str]:
-    with DockerImage(path=FIXTURES / "no-python", tag="sandboxes-test/no-python:latest", clean_up=False) as image:
-        yield str(image)
 
 
 @pytest.fixture(scope="module")
@@ -197,20 +186,6 @@ def test_one_kill_tagged_ends_a_tree_that_keeps_forking(helper_sandbox: DockerSa
 @pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])
 def test_the_shared_kill_works_when_the_container_has_no_pid_left(which: str, request: pytest.FixtureRequest) -> None:
     assert_the_sh_kill_works_in_a_full_sandbox(request.getfixturevalue(which))
-
-
-@pytest.fixture
-def slow_header_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The HTTP client parses the response headers of ``docker exec`` only after the process
-    wrote its first output, as on a loaded machine: its buffered reader then reads them
-    together."""
-    begin = http.client.HTTPResponse.begin
-
-    def late_begin(response: http.client.HTTPResponse) -> None:
-        time.sleep(0.3)  # the exec starts as the daemon sends its headers: let it print first
-        begin(response)
-
-    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
 
 
 @pytest.mark.usefixtures("slow_header_parsing")

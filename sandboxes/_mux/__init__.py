@@ -1,5 +1,14 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux.client import SERVER_SOURCE, ByteStream, MuxBroken, MuxClient, kill_tagged, run_replacing_once
+from sandboxes._mux._resend import run_command_once, run_native_once
+from sandboxes._mux.client import SERVER_SOURCE, ByteStream, MuxBroken, MuxClient, kill_tagged
 
-__all__ = ["SERVER_SOURCE", "ByteStream", "MuxBroken", "MuxClient", "kill_tagged", "run_replacing_once"]
+__all__ = [
+    "SERVER_SOURCE",
+    "ByteStream",
+    "MuxBroken",
+    "MuxClient",
+    "kill_tagged",
+    "run_command_once",
+    "run_native_once",
+]

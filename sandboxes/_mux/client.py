@@ -29,13 +29,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from sandboxes import protocol as p
 from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._output import OutputBuffer, execute_response
-
-H = TypeVar("H")
 
 HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20
@@ -428,34 +426,6 @@ def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
         return False
     mux.kill_tagged(name, value)
     return mux.kill_marked(name, value)
-
-
-def run_replacing_once(
-    helper: Callable[[], H | None],
-    run: Callable[[H], p.ExecuteResponse | None],
-    drop: Callable[[H, MuxBroken], None],
-    *,
-    lost: str,
-    unsent: p.ExecuteResponse | None = None,
-) -> p.ExecuteResponse | None:
-    """``run`` on the transport's helper (``helper()``; ``None``: there is none, and this
-    answers ``None`` so the caller falls back; so does ``run`` answering ``None``: a file op
-    the helper handed back, `MuxClient.run_native`). A helper found broken before the command was
-    written is dropped and replaced once; one that broke after answers ``connection_lost``
-    (``lost``, then why), since the command may have run (`MuxBroken.may_resend`: the one rule
-    every transport follows). Two helpers broken before the command could be written answer
-    ``unsent`` (the command did not run; ``None``: the caller falls back)."""
-    for _attempt in range(2):
-        handle = helper()
-        if handle is None:
-            return None
-        try:
-            return run(handle)
-        except MuxBroken as broken:
-            drop(handle, broken)
-            if not broken.may_resend:  # it may have run: running it again could do it twice
-                return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=f"{lost}: {broken}")
-    return unsent
 
 
 # ---------------------------------------------------------------------- awaiting on an event loop

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.kubernetes._exec import (
@@ -203,18 +203,16 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         limit = self.config.output_limit if output_limit is None else output_limit
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
-        response = run_replacing_once(
+        response = run_command_once(
             self._helper,
-            lambda mux: mux.run(
-                command,
-                timeout=timeout,
-                stdin=data,
-                env=environment,
-                cwd=workdir,
-                output_limit=limit,
-                on_output=on_output,
-            ),
             self._drop_broken,
+            command,
+            timeout=timeout,
+            stdin=data,
+            env=environment,
+            cwd=workdir,
+            output_limit=limit,
+            on_output=on_output,
             lost="the exec stream dropped during the command",
         )
         if response is None:
@@ -230,14 +228,8 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        assert call.native is not None
-        op, data, timeout, limit = call.native, call.stdin, self.operation_timeout, call.output_limit
-        return run_replacing_once(
-            self._helper,
-            lambda mux: mux.run_native(op, data, timeout=timeout, output_limit=limit),
-            self._drop_broken,
-            lost="the exec stream dropped during the file operation",
-        )
+        lost = "the exec stream dropped during the file operation"
+        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
     def _helper(self) -> MuxClient | None:
         if self._helper_unavailable:

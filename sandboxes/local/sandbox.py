@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import MuxBroken, kill_tagged, run_replacing_once
+from sandboxes._mux import MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
@@ -337,18 +337,16 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         sent again; once written, the command may have run, so a jail that dies then answers
         ``connection_lost`` (`sandboxes._mux.client.MuxBroken.may_resend`)."""
         oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        response = run_replacing_once(
+        response = run_command_once(
             self._helper,
-            lambda helper: helper.client.run(
-                command,
-                timeout=timeout,
-                stdin=stdin,
-                env=environment,
-                cwd=workdir,
-                output_limit=output_limit,
-                on_output=on_output,
-            ),
             self._drop_broken,
+            command,
+            timeout=timeout,
+            stdin=stdin,
+            env=environment,
+            cwd=workdir,
+            output_limit=output_limit,
+            on_output=on_output,
             lost="the sandbox's jail died during the command",
         )
         return None if response is None else self._oom_checked(response, oom_before)
@@ -357,21 +355,17 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        assert call.native is not None
-        op, data, timeout, limit = call.native, call.stdin, self.operation_timeout, call.output_limit
-        return run_replacing_once(
-            self._helper,
-            lambda helper: helper.client.run_native(op, data, timeout=timeout, output_limit=limit),
-            self._drop_broken,
-            lost="the sandbox's jail died during the file operation",
-        )
+        lost = "the sandbox's jail died during the file operation"
+        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
-    def _helper(self) -> HelperProcess | None:
+    def _helper(self) -> MuxClient | None:
+        """The client of the jail's exec helper, the jail started if none runs: what commands
+        and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`)."""
         with self._helper_lock:
             if self._helper_unavailable:
                 return None
             if self._helper_process is not None and self._helper_process.client.alive:
-                return self._helper_process
+                return self._helper_process.client
             try:
                 # On the spawner thread: see `_SPAWNER`.
                 self._helper_process = _SPAWNER.submit(self._start_helper).result()
@@ -379,7 +373,8 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
                 logger.warning("no exec helper in %s (%s): one jail per command", self._id, exc)
                 self._helper_unavailable = True
                 self._helper_process = None
-            return self._helper_process
+                return None
+            return self._helper_process.client
 
     def _start_helper(self) -> HelperProcess:
         assert self._jail is not None
@@ -400,14 +395,13 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
             for fd in spec.close_after_spawn:
                 os.close(fd)
 
-    def _drop_broken(self, helper: HelperProcess, broken: MuxBroken) -> None:
+    def _drop_broken(self, client: MuxClient, broken: MuxBroken) -> None:
+        """Let go of the jail whose helper ``client`` talks to, found broken: closing the client
+        kills the jail (`HelperProcess.close`); the next command starts a new one."""
         logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
-        self._drop_helper(helper)
-
-    def _drop_helper(self, helper: HelperProcess) -> None:
         with self._helper_lock:
-            helper.close()
-            if self._helper_process is helper:
+            client.close()
+            if self._helper_process is not None and self._helper_process.client is client:
                 self._helper_process = None
 
     def _launch_limits(self) -> Callable[[], None]:

@@ -14,12 +14,13 @@ census`), and what a replica holds of it is a cache. A request for an id this re
 hold finds it by label and adopts it; one for an id it holds re-reads the record once
 ``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry),
 and every sweep compares the whole cache with the backend and reaps what expired, whoever
-created it. Quotas are counted from the backend too, before a creation and again after it: a
-newcomer that finds its tenant over quota (another replica created at the same time) is
-destroyed again and refused. Two racing creations may both be refused, but both are never kept
-over the quota, as long as the backend's list shows every creation that returned before it (a
-Kubernetes list is a quorum read; one Docker engine is one state). Local and SSH sandboxes
-belong to the one service that reaches them: their renewals live in its state files.
+created it. Quotas are counted from the backend too, before a creation and again after it
+(`sandboxes.server.quotas`): a newcomer that finds its tenant over quota (another replica
+created at the same time) is destroyed again and refused. Two racing creations may both be
+refused, but both are never kept over the quota, as long as the backend's list shows every
+creation that returned before it (a Kubernetes list is a quorum read; one Docker engine is one
+state). Local and SSH sandboxes belong to the one service that reaches them: their renewals
+live in its state files.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import contextlib
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,13 +40,14 @@ from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.server import census
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import ProviderBackend, new_sandbox_id, workdir_of
+from sandboxes.server.backends import ProviderBackend, workdir_of
 from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
+from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings, Template
+from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings
 from sandboxes.server.store import SandboxState, StateStore
 from sandboxes.server.validation import check_env, check_labels
 
@@ -80,15 +81,6 @@ class Entry:
         self.backend.kill_marked(self.sandbox, token)
 
 
-@dataclass
-class _Reservation:
-    tenant: str
-    cpus: float
-    memory: int
-    sandbox_id: str = field(default_factory=new_sandbox_id)
-    key: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
 class Registry:
     def __init__(
         self,
@@ -104,7 +96,7 @@ class Registry:
         self.store = StateStore(settings.data_dir / "state")
         self.ready = False
         self._entries: dict[str, Entry] = {}
-        self._reserved: dict[str, _Reservation] = {}
+        self._quotas = Quotas(self._counted, self._held)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
@@ -209,7 +201,7 @@ class Registry:
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
-        reservation = self._reserve(tenant, template, await self._counted(tenant))
+        reservation = await self._quotas.reserve(tenant, template)
         started = time.perf_counter()
         work = asyncio.ensure_future(
             asyncio.to_thread(
@@ -231,16 +223,16 @@ class Registry:
         except ServiceError:
             raise
         except Exception as exc:
-            self._reserved.pop(reservation.key, None)
+            self._quotas.release(reservation)
             logger.exception("creating a %s sandbox failed", backend.name)
             raise ServiceError(
                 "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
             ) from exc
         try:
             if backend.shared:
-                await self._recount(tenant, template, state, sandbox, backend)
+                await self._quotas.recount(tenant, template, state, sandbox, backend)
         finally:
-            self._reserved.pop(reservation.key, None)
+            self._quotas.release(reservation)
         entry = await self._register(state, sandbox, backend)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
@@ -396,13 +388,20 @@ class Registry:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(_close, entry.sandbox)
 
-    # ------------------------------------------------------------------ quotas
+    # ------------------------------------------------------------------ what quotas count
 
     async def _counted(self, tenant: Tenant) -> _States:
         """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
         if not self._shared:
             return []
         return await self._read(census.tenant_states, self.backends, tenant.id)
+
+    def _held(self, tenant: Tenant) -> _States:
+        """The tenant's sandboxes on the other backends: held here, or on a backend that cannot be
+        reached now (still the tenant's)."""
+        held = (entry.state for entry in self._entries.values() if not entry.backend.shared)
+        unreachable = (state for waiting in self._unreconciled.values() for state in waiting)
+        return [state for state in (*held, *unreachable) if state.tenant == tenant.id]
 
     async def _read(self, read: Callable[..., _T], *args: Any, **labels: str) -> _T:
         """A read of the shared backends' records, in a worker thread; one that fails (the
@@ -414,61 +413,6 @@ class Registry:
             raise ServiceError(
                 "backend_unavailable", "the backend's records cannot be read now; the service log has the request id"
             ) from exc
-
-    def _usage(self, tenant: Tenant, recorded: _States, *, besides: str | None = None) -> census.Usage:
-        """The tenant's usage: the shared backends' records, the sandboxes of the others held
-        here, and the creations under way here not recorded yet (``besides`` one of them)."""
-        ids = {state.id for state in recorded}
-        held = [
-            entry.state
-            for entry in self._entries.values()
-            if entry.state.tenant == tenant.id and not entry.backend.shared and entry.state.id not in ids
-        ]
-        held += [  # on a backend that cannot be reached now: still the tenant's
-            state
-            for waiting in self._unreconciled.values()
-            for state in waiting
-            if state.tenant == tenant.id and state.id not in ids
-        ]
-        pending = [
-            r
-            for r in self._reserved.values()
-            if r.tenant == tenant.id and r.sandbox_id not in ids and r.sandbox_id != besides
-        ]
-        used = census.Usage.of([*recorded, *held])
-        return census.Usage(
-            used.count + len(pending),
-            used.cpus + sum(r.cpus for r in pending),
-            used.memory + sum(r.memory for r in pending),
-        )
-
-    def _reserve(self, tenant: Tenant, template: Template, recorded: _States) -> _Reservation:
-        refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
-        if refused is not None:
-            raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
-        reservation = _Reservation(tenant.id, template.cpus, template.memory_bytes)
-        self._reserved[reservation.key] = reservation
-        return reservation
-
-    async def _recount(
-        self, tenant: Tenant, template: Template, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend
-    ) -> None:
-        """Count again once the new sandbox is recorded: another replica may have created one of
-        the tenant's at the same time, unseen by the first count. Over quota, the newcomer is
-        destroyed and refused (both racers may be; neither is kept over the quota)."""
-        try:
-            recorded = [s for s in await self._counted(tenant) if s.id != state.id]
-        except ServiceError:  # the first count let it in: keep it rather than leak it unanswered
-            return
-        refused = census.over_quota(tenant, self._usage(tenant, recorded, besides=state.id), template)
-        if refused is None:
-            return
-        logger.info("created over quota (a concurrent creation): destroying it", extra={"sandbox": state.id})
-        try:
-            await asyncio.to_thread(backend.destroy, state, sandbox)
-        except Exception:
-            logger.exception("destroying sandbox %s created over quota failed; its expiry reaps it", state.id)
-        raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused} (counted after creating)")
 
     # ------------------------------------------------------------------ expiry and removal
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_replacing_once
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
 from sandboxes.lifecycle import Lifecycle
@@ -268,10 +268,15 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         if self._closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
         try:
-            response = run_replacing_once(
+            response = run_command_once(
                 self._helper,
-                lambda mux: mux.run(command, timeout=timeout, stdin=data, env=env, cwd=workdir, output_limit=limit),
                 lambda mux, _broken: self._drop_helper(mux),
+                command,
+                timeout=timeout,
+                stdin=data,
+                env=env,
+                cwd=workdir,
+                output_limit=limit,
                 lost="the connection dropped while the command ran",
                 unsent=p.ExecuteResponse(  # never written: it did not run
                     "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
@@ -289,15 +294,14 @@ class SSHSandbox(BaseSandbox, Lifecycle):
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper; ``None`` (the script,
         through `execute`, which says why) when closed or when no helper could be reached."""
-        assert call.native is not None
         if self._closed:
             return None
-        op, data, timeout, limit = call.native, call.stdin, self.operation_timeout, call.output_limit
         try:
-            return run_replacing_once(
+            return run_native_once(
                 self._helper,
-                lambda mux: mux.run_native(op, data, timeout=timeout, output_limit=limit),
                 lambda mux, _broken: self._drop_helper(mux),
+                call,
+                timeout=self.operation_timeout,
                 lost="the connection dropped during the file operation",
             )
         except (SSHError, paramiko.SSHException, OSError, EOFError):  # raised before anything was sent

@@ -10,32 +10,22 @@ workspace and /tmp, no network)."""
 
 from __future__ import annotations
 
-import http.client
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_apiserver import FakeKubernetes
 from native_writes import assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER
-from testcontainers.core.image import DockerImage
 
 from sandboxes import protocol as p
 from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.testing import SandboxConformance
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 V4 = "v4.channel.k8s.io"
 V5 = "v5.channel.k8s.io"
-
-
-@pytest.fixture(scope="module")
-def no_python_image(docker_client: Any) -> Iterator[str]:
-    with DockerImage(path=FIXTURES / "no-python", tag="sandboxes-test/no-python:latest", clean_up=False) as image:
-        yield str(image)
 
 
 def _sandbox(server: FakeKubernetes, image: str, **config: Any) -> KubernetesSandbox:
@@ -117,19 +107,11 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         assert fake_kubernetes_v4.requests["exec"] == before + 1
 
 
-def test_the_fake_kubelet_loses_no_output_read_with_the_headers(
-    fallback_sandbox: KubernetesSandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("slow_header_parsing")
+def test_the_fake_kubelet_loses_no_output_read_with_the_headers(fallback_sandbox: KubernetesSandbox) -> None:
     """The fake's exec bridge takes its container's output from docker-py, whose reader may have
     read the first of it with the upgrade's headers (a loaded machine): a double that dropped it
-    would fail tests at random. (The headers are parsed late here, so the output comes first.)"""
-    begin = http.client.HTTPResponse.begin
-
-    def late_begin(response: http.client.HTTPResponse) -> None:
-        time.sleep(0.3)
-        begin(response)
-
-    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+    would fail tests at random."""
     done = fallback_sandbox.execute("echo hello")
     assert (done.output, done.exit_code) == ("hello\n", 0)
 

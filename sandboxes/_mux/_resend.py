@@ -1,0 +1,95 @@
+"""A command or a file op on a transport's exec helper, with the one resend rule every transport
+follows: a helper found broken before the request was written is dropped and replaced once;
+one that broke after answers ``connection_lost``, since the command may have run
+(`sandboxes._mux.client.MuxBroken.may_resend`).
+
+Why one module: Docker, Kubernetes, SSH and the local jail start and drop their helpers each
+their own way, but what they may do when one breaks is the same, and four copies of it (one per
+transport, twice each: commands and file ops) differed only in their messages. A transport
+hands in how it gets its helper and how it drops a broken one; the rule lives here alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from sandboxes import protocol as p
+from sandboxes._mux.client import MuxBroken, MuxClient
+
+if TYPE_CHECKING:
+    from sandboxes.base import Call
+
+__all__ = ["Drop", "Helper", "run_command_once", "run_native_once", "run_replacing_once"]
+
+Helper = Callable[[], MuxClient | None]
+"""How a transport gets its exec helper: the running one, or one it starts; ``None``: it has none
+(no python3 there, say), and the caller runs the command its own slow way."""
+Drop = Callable[[MuxClient, MuxBroken], None]
+"""How a transport lets go of a helper found broken (closing it), so that the next call starts one."""
+
+
+def run_replacing_once(
+    helper: Helper,
+    run: Callable[[MuxClient], p.ExecuteResponse | None],
+    drop: Drop,
+    *,
+    lost: str,
+    unsent: p.ExecuteResponse | None = None,
+) -> p.ExecuteResponse | None:
+    """``run`` on the transport's helper (``helper()``; ``None``: there is none, and this
+    answers ``None`` so the caller falls back; so does ``run`` answering ``None``: a file op
+    the helper handed back, `MuxClient.run_native`). A helper found broken before the command was
+    written is dropped and replaced once; one that broke after answers ``connection_lost``
+    (``lost``, then why), since the command may have run (`MuxBroken.may_resend`: the one rule
+    every transport follows). Two helpers broken before the command could be written answer
+    ``unsent`` (the command did not run; ``None``: the caller falls back)."""
+    for _attempt in range(2):
+        handle = helper()
+        if handle is None:
+            return None
+        try:
+            return run(handle)
+        except MuxBroken as broken:
+            drop(handle, broken)
+            if not broken.may_resend:  # it may have run: running it again could do it twice
+                return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=f"{lost}: {broken}")
+    return unsent
+
+
+def run_command_once(
+    helper: Helper,
+    drop: Drop,
+    command: str,
+    *,
+    timeout: float | None,
+    stdin: bytes | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    output_limit: int,
+    on_output: Callable[[bytes], None] | None = None,
+    lost: str,
+    unsent: p.ExecuteResponse | None = None,
+) -> p.ExecuteResponse | None:
+    """A transport's ``execute`` on its helper (`MuxClient.run`), by `run_replacing_once`:
+    ``None`` when there is no helper, and the caller runs the command its own slow way."""
+    return run_replacing_once(
+        helper,
+        lambda mux: mux.run(
+            command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit, on_output=on_output
+        ),
+        drop,
+        lost=lost,
+        unsent=unsent,
+    )
+
+
+def run_native_once(helper: Helper, drop: Drop, call: Call, *, timeout: float, lost: str) -> p.ExecuteResponse | None:
+    """`sandboxes.base.BaseSandbox._run_native` on the transport's helper (`MuxClient.run_native`),
+    by `run_replacing_once`; ``None``: the caller runs ``call.command`` instead (no helper, or
+    the helper handed the op back)."""
+    assert call.native is not None
+    op, data, limit = call.native, call.stdin, call.output_limit
+    return run_replacing_once(
+        helper, lambda mux: mux.run_native(op, data, timeout=timeout, output_limit=limit), drop, lost=lost
+    )

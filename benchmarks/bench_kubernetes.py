@@ -32,6 +32,7 @@ never asserted.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import statistics
 import uuid
@@ -266,8 +267,13 @@ def bench_transfers(sandbox: CountingKubernetesSandbox, api: Any, namespace: str
             raise RuntimeError("download_files returned other bytes")
 
     def raw_fetch() -> None:
-        if raw_download(api, namespace, sandbox.id, raw_path) != data:
-            raise RuntimeError("the raw cat returned other bytes")
+        got = raw_download(api, namespace, sandbox.id, raw_path)
+        if got != data:
+            there = fresh_exec(api, namespace, sandbox.id, f"wc -c < {raw_path}; sha256sum {raw_path}")
+            raise RuntimeError(
+                f"the raw cat returned other bytes: {len(got)} of {size} (sha256 {hashlib.sha256(got).hexdigest()}, "
+                f"sent {hashlib.sha256(data).hexdigest()}); in the pod: {there.decode(errors='replace')!r}"
+            )
 
     for op, ours, raw, baseline in [
         ("upload_files", lambda: ok(sandbox.upload_files([(ours_path, data)])),

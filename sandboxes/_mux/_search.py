@@ -39,7 +39,7 @@ SEARCH_MAX_BYTES = 16 << 20
 SEARCH_MAX_OUTPUT = 8 << 20
 SEARCH_MAX_SECONDS = 0.1
 _BINARY_PREFIX = 8192
-_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+_PSEUDO_ROOTS = (b"/proc", b"/sys", b"/dev")
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _UTF8_BOM = b"\xef\xbb\xbf"
 _SEARCH_MAX_PATH = 4096
@@ -103,12 +103,9 @@ class _Search(object):
             st = os.lstat(root)
         except OSError:
             raise _HandBack()
-        for pseudo in _PSEUDO_ROOTS:
-            try:
-                if os.stat(pseudo).st_dev == st.st_dev:
-                    raise _HandBack()
-            except OSError:
-                pass
+        real = os.path.realpath(root)
+        if any(real == pseudo or real.startswith(pseudo + b"/") for pseudo in _PSEUDO_ROOTS):
+            raise _HandBack()
         if stat.S_ISREG(st.st_mode):
             self.found(root, root.rpartition(b"/")[2] or root)
         elif stat.S_ISDIR(st.st_mode):

@@ -89,3 +89,19 @@ def test_what_the_helper_hands_back_the_script_answers(jail: LocalSandbox, setup
     if setup:
         found = handed_back.matches
         assert found, "not vacuous: the tree has what is searched for"
+
+
+@pytest.mark.parametrize(
+    "op",
+    [["grep", "relative/path", "x"], ["grep", "/only-a-root"], ["find_files"], ["grep", "/x\u0000y", "x"]],
+    ids=["relative root", "no pattern", "no root", "NUL in the root"],
+)
+def test_a_malformed_search_is_refused_and_the_helper_serves_on(jail: LocalSandbox, op: list[str]) -> None:
+    """What the client never sends, a forged or broken one might: an error, not a crash."""
+    mux = helper_client(jail)
+    answer = mux.run_native(op, None, timeout=30, output_limit=1 << 20)
+    assert answer is not None
+    assert answer.error == p.BACKEND_ERROR
+    assert "bad file op" in (answer.message or "")
+    assert jail.execute("echo alive").output == "alive\n"
+    assert mux.alive

@@ -45,6 +45,13 @@ _BIG = _search.SEARCH_MAX_BYTES + (1 << 20)
 _MATCHING = _search.SEARCH_MAX_OUTPUT // 2
 
 
+_DEEPER_THAN_PATH_MAX = (
+    'python3 -c \'import os\nfor _ in range(21): os.mkdir("d" * 200); os.chdir("d" * 200)\nopen("f.py", "w")\''
+)
+"""A file 4200 bytes of path down: ``find`` walks relative to each directory, the helper by
+path, which the kernel refuses past 4096 (``ENAMETOOLONG``)."""
+
+
 Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
 
 
@@ -55,6 +62,7 @@ Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
         (f"seq {_ENTRIES} | xargs touch; echo x > 1", lambda sb, d: sb.grep("x", d)),
         (f"yes abcdefgh | head -c {_BIG} > f; echo needle >> f", lambda sb, d: sb.grep("needle", d)),
         (f"yes needle | head -c {_MATCHING} > f", lambda sb, d: sb.grep("needle", d)),
+        (_DEEPER_THAN_PATH_MAX, lambda sb, d: sb.glob("*.py", d)),
         ("", lambda sb, d: sb.glob("*", "/dev")),
         ("", lambda sb, d: sb.glob("*", "/etc")),
         ("", lambda sb, d: sb.grep("root", "/etc")),
@@ -64,6 +72,7 @@ Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
         "too many entries (grep)",
         "too many bytes",
         "too much output",
+        "deeper than PATH_MAX",
         "a root on /dev (glob)",
         "into other filesystems (glob)",
         "into other filesystems (grep)",

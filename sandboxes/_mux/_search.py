@@ -22,7 +22,8 @@ first 8 KiB makes a file binary for both, so it has no matches here either), a U
 (``rg`` transcodes), a UTF-8 BOM before a match (``rg`` strips it), a ``-name`` pattern with a
 bracket expression. And where the work is not bounded: more than `SEARCH_MAX_ENTRIES`
 directory entries, `SEARCH_MAX_BYTES` read or `SEARCH_MAX_OUTPUT` answered, or
-`SEARCH_MAX_SECONDS` spent (this loop serves every other command meanwhile), a walk that
+`SEARCH_MAX_SECONDS` spent (this loop serves every other command meanwhile), a path too long
+for the kernel (``find`` walks relative to each directory, deeper), a walk that
 crosses into another filesystem (``/proc`` answers differently for this process than for
 ``grep``; a network mount may block), or a root on ``/proc``, ``/sys`` or ``/dev``. Nothing is
 sent before the whole answer is known, so handing back costs only the time spent.
@@ -62,10 +63,12 @@ def search(op):
         root, pattern, names = op[1], None, op[2:]
     else:
         raise ValueError("wrong arguments for %s" % op[0])
-    if not root.startswith("/") or "\0" in root or len(os.fsencode(root)) > _SEARCH_MAX_PATH:
+    if not root.startswith("/") or "\0" in root:
         raise ValueError("bad path")
+    if len(os.fsencode(root)) >= _SEARCH_MAX_PATH - 1:
+        return None  # the kernel refuses it: what the script says then
     if pattern is not None and ("\0" in pattern or "\n" in pattern):
-        return None  # no argument holds a NUL; grep splits a pattern at newlines: the script says
+        return None  # no argument holds a NUL; grep splits a pattern at newlines
     try:
         matcher = _name_matcher(names)
         return _Search(os.fsencode(root), None if pattern is None else os.fsencode(pattern), matcher).run()
@@ -126,6 +129,8 @@ class _Search(object):
                     self.entries += 1
                     if self.entries > SEARCH_MAX_ENTRIES or ((self.entries & 63) == 0 and _now() > self.deadline):
                         raise _HandBack()
+                    if len(entry.path) >= _SEARCH_MAX_PATH - 1:  # the kernel refuses it; find, working
+                        raise _HandBack()  # relative to each directory, goes deeper
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             if entry.stat(follow_symlinks=False).st_dev != device:

@@ -203,6 +203,10 @@ def _cases(
              lambda: _direct_grep(str(tree), NEEDLE)),
         Case("glob", "pathlib rglob", lambda: _ok(sandbox.glob("*.py", str(tree))),
              lambda: sorted(tree.rglob("*.py"))),
+        Case("grep (scripts)", "os.walk + substring", _scripted(sandbox, lambda: _ok(sandbox.grep(NEEDLE, str(tree)))),
+             lambda: _direct_grep(str(tree), NEEDLE)),
+        Case("glob (scripts)", "pathlib rglob", _scripted(sandbox, lambda: _ok(sandbox.glob("*.py", str(tree)))),
+             lambda: sorted(tree.rglob("*.py"))),
         Case("upload_files 1MiB", "open(wb).write()",
              lambda: _ok(sandbox.upload_files([(str(sb / "up.bin"), blob)])),
              lambda: _write_bytes(str(direct / "up.bin"), blob)),
@@ -224,7 +228,8 @@ def _cases(
 
 
 def _scripted(sandbox: BaseSandbox, operation: Callable[[], object]) -> Callable[[], object]:
-    """``operation`` with the exec helper's native writes off: the scripts' cost, in the same run."""
+    """``operation`` with the exec helper's native file ops (reads, writes, searches) off: the
+    scripts' cost, in the same run."""
 
     def run() -> object:
         sandbox.native_file_ops = False

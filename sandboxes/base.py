@@ -262,7 +262,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
         """Regular files under ``root``, narrowed by ``pattern``'s basename where possible."""
         names = basename_prefilter(pattern) if pattern else None
         predicates = ["(", *_join_or([["-name", n] for n in names]), ")"] if names else []
-        call = Call(_scripts.command(_scripts.FIND_FILES, root, *predicates), output_limit=SEARCH_OUTPUT_LIMIT)
+        command = _scripts.command(_scripts.FIND_FILES, root, *predicates)
+        call = Call(command, output_limit=SEARCH_OUTPUT_LIMIT, native=("find_files", root, *(names or [])))
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return code, message_for(code, root)
@@ -292,7 +293,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         names = (basename_prefilter(glob) if glob else None) or []
         tool = "rg" if self.search_tools else "find"
         command = _scripts.command(_scripts.GREP, root, pattern, tool, *names)
-        call = Call(command, output_limit=SEARCH_OUTPUT_LIMIT)
+        call = Call(command, output_limit=SEARCH_OUTPUT_LIMIT, native=("grep", root, pattern, *names))
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return p.GrepResult(code, message_for(code, root))

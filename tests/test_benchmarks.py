@@ -20,6 +20,8 @@ OPS = [
     "delete",
     "grep",
     "glob",
+    "grep (scripts)",
+    "glob (scripts)",
     "upload_files 1MiB",
     "download_files 1MiB",
     "execute (one jail per command)",
@@ -57,6 +59,8 @@ def test_json_report_measures_round_trips() -> None:
         assert by_op[op]["round_trips"] == 1, by_op[op]
     for op in ("edit", "edit (scripts)"):
         assert by_op[op]["round_trips"] == 2, by_op[op]
+    for op in ("grep", "grep (scripts)", "glob", "glob (scripts)"):  # a native search counted too
+        assert by_op[op]["round_trips"] == 1, by_op[op]
     for row in rows:
         assert row["sandbox_p50_ms"] > 0
         assert row["direct_p50_ms"] > 0

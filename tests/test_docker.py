@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
 
@@ -88,6 +89,10 @@ def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: DockerSand
         assert made.exit_code == 0, made.output
 
     assert_native_writes_match_the_scripts(helper_sandbox, "/workspace", make_foreign)
+
+
+def test_native_searches_answer_what_the_scripts_answer(helper_sandbox: DockerSandbox) -> None:
+    assert_native_searches_match_the_scripts(helper_sandbox, "/workspace")
 
 
 class TestDockerFallbackConformance(SandboxConformance):

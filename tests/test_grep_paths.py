@@ -1,5 +1,6 @@
-"""``grep`` has two paths inside a sandbox: ripgrep where the sandbox has it, POSIX ``find`` and
-``grep`` everywhere else. They must answer exactly alike, over a tree built to trip either one
+"""``grep`` has two script paths inside a sandbox: ripgrep where the sandbox has it, POSIX ``find``
+and ``grep`` everywhere else (and the exec helper's native search before both). They must answer
+exactly alike, over a tree built to trip either one
 (names with ``:`` and newlines, hidden files, ignore files, binary files, symlinks, CRLF)."""
 
 from __future__ import annotations
@@ -57,14 +58,19 @@ def sandbox(docker_client: Any, runtime_image: str) -> Iterator[DockerSandbox]:
 def test_ripgrep_and_posix_tools_answer_alike(
     sandbox: DockerSandbox, pattern: str, path: str, glob: str | None
 ) -> None:
-    sandbox.search_tools = True
-    fast = sandbox.grep(pattern, path, glob)
-    sandbox.search_tools = False
+    """The scripts (the exec helper's native search off: it would answer both), and the
+    native search beside them (`native_searches` covers it case by case)."""
+    native = sandbox.grep(pattern, path, glob)
+    sandbox.native_file_ops = False
     try:
+        fast = sandbox.grep(pattern, path, glob)
+        sandbox.search_tools = False
         plain = sandbox.grep(pattern, path, glob)
     finally:
         sandbox.search_tools = True
+        sandbox.native_file_ops = True
     assert fast == plain
+    assert native == fast
 
 
 def test_the_tree_is_searched_whole(sandbox: DockerSandbox) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import paramiko
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_native_writes_match_the_scripts, helper_client
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
 from support import assert_one_kill_ends_forking_trees
@@ -110,6 +111,10 @@ def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox
         assert made.exit_code == 0, made.output
 
     assert_native_writes_match_the_scripts(helper_sandbox, helper_sandbox.workspace, make_foreign)
+
+
+def test_native_searches_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox) -> None:
+    assert_native_searches_match_the_scripts(helper_sandbox, helper_sandbox.workspace)
 
 
 class TestSSHFallbackConformance(SandboxConformance):

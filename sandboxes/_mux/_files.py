@@ -33,7 +33,7 @@ import json
 import os
 import stat
 
-NATIVE_OPS = ["write", "cas_write", "read_file"]
+NATIVE_OPS = ["write", "cas_write", "read_file"] + SEARCH_OPS  # `_search`: shipped before this file
 NATIVE_READ_MAX = 1 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
 _OUTPUT_CHUNK = 64 << 10
@@ -152,12 +152,17 @@ def _writes_in_place(path):
     return not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or not os.access(_parent(path) + "/.", os.W_OK)
 
 
-def _spec(payload):
-    """(name, path, size, token, digest or None) of an F frame (read_file: size is the limit,
-    no token); ValueError when malformed."""
+def _op(payload):
+    """The ``[name, args...]`` of an F frame; ValueError when malformed."""
     op = json.loads(payload.decode("utf-8"))["op"]
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):
         raise ValueError("unknown file op")
+    return op
+
+
+def _spec(op):
+    """(name, path, size, token, digest or None) of a write or read ``op`` (read_file: size is
+    the limit, no token); ValueError when malformed."""
     if op[0] == "read_file" and len(op) == 3:
         name, path, size, token, digest = op[0], op[1], op[2], "-", None
     elif op[0] == "write" and len(op) == 4:
@@ -329,7 +334,11 @@ def start_native_op(ident, payload):
     try:
         if ident in _native_ops:
             raise ValueError("op %d is already in flight" % ident)
-        name, path, size, token, digest = _spec(payload)
+        op = _op(payload)
+        if op[0] in SEARCH_OPS:
+            _search_op(ident, op)
+            return
+        name, path, size, token, digest = _spec(op)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
         return
@@ -343,6 +352,23 @@ def start_native_op(ident, payload):
         _answer(ident, done.code)
     except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
         send(b"N", ident, answer=True)
+
+
+def _search_op(ident, op):
+    """`_search`'s answer: its output, then its exit code; or N. Answered whole, at once."""
+    try:
+        answer = search(op)
+    except ValueError:
+        raise
+    except Exception:  # a surprise must not end the helper: nothing was changed, the script decides
+        answer = None
+    if answer is None:
+        send(b"N", ident, answer=True)
+        return
+    code, output = answer
+    for offset in range(0, len(output), _OUTPUT_CHUNK):
+        send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
+    _answer(ident, code)
 
 
 def feed_native_op(kind, ident, payload):

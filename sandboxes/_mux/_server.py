@@ -12,7 +12,8 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
                     M kill marked (JSON {name, value}: every process of the sandbox whose
                     environment holds name=value, killed by the helper itself),
-                    F file op (`_files`: a write without a process; its bytes come as I/C)
+                    F file op (`_files`: a read or write without a process, its bytes as I/C;
+                    `_search`: a grep or glob, answered whole)
   helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
                     counts from here. It goes out with the command's first output or answer,
                     or `HOLD` seconds later, see `send`. Its absence proves nothing: a request

@@ -45,11 +45,18 @@ _KINDS = frozenset(b"HAOXEN")
 _HERE = Path(__file__).parent
 SERVER_SOURCE = "\n".join(
     path.read_text(encoding="utf-8")
-    for path in (_HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_files.py", _HERE / "_server.py")
+    for path in (
+        _HERE.parent / "_kill.py",
+        _HERE / "_reap.py",
+        _HERE / "_search.py",
+        _HERE / "_files.py",
+        _HERE / "_server.py",
+    )
 )
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Four files, one
-script: the helper (`_server`), how it finds what commands left behind (`_reap`), its writes
-without a process (`_files`), and the one process-tree kill every backend uses (`sandboxes._kill`)."""
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Five files, one
+script: the helper (`_server`), how it finds what commands left behind (`_reap`), its reads and
+writes without a process (`_files`) and its searches (`_search`), and the one process-tree kill
+every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 20
 _RECV_SIZE = 1 << 16

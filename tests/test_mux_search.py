@@ -1,0 +1,116 @@
+"""The exec helper's native grep and glob (`sandboxes._mux._search`) on a local jail: the same
+results as the scripts (`native_searches`), and what it hands back to them, answered alike:
+work past its budget (entries walked, bytes read, output) and walks it must not make (a root on
+``/dev``, a walk into another filesystem). The Docker, SSH and Kubernetes twins of the parity
+test are in their backends' modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from native_searches import assert_native_searches_match_the_scripts
+from native_writes import helper_client
+from support import HAS_BWRAP, needs
+
+from sandboxes import protocol as p
+from sandboxes._mux import _search
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        yield sandbox
+
+
+def test_native_searches_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
+    assert_native_searches_match_the_scripts(jail, str(jail.root))
+
+
+def test_grep_and_glob_start_no_process(jail: LocalSandbox) -> None:
+    assert jail.write(f"{jail.root}/t/a.py", "one needle\n").error is None
+    mux = helper_client(jail)
+    before = mux.native_answers
+    assert jail.grep("needle", f"{jail.root}/t").matches == [p.GrepMatch(f"{jail.root}/t/a.py", 1, "one needle")]
+    assert jail.glob("*.py", f"{jail.root}/t").matches == [p.FileInfo(f"{jail.root}/t/a.py")]
+    assert mux.native_answers == before + 2
+
+
+_ENTRIES = _search.SEARCH_MAX_ENTRIES + 1
+_BIG = _search.SEARCH_MAX_BYTES + (1 << 20)
+_MATCHING = _search.SEARCH_MAX_OUTPUT // 2
+
+
+_DEEPER_THAN_PATH_MAX = (
+    'python3 -c \'import os\nfor _ in range(21): os.mkdir("d" * 200); os.chdir("d" * 200)\nopen("f.py", "w")\''
+)
+"""A file 4200 bytes of path down: ``find`` walks relative to each directory, the helper by
+path, which the kernel refuses past 4096 (``ENAMETOOLONG``)."""
+
+
+Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
+
+
+@pytest.mark.parametrize(
+    ("setup", "search"),
+    [
+        (f"seq {_ENTRIES} | xargs touch", lambda sb, d: sb.glob("*", d)),
+        (f"seq {_ENTRIES} | xargs touch; echo x > 1", lambda sb, d: sb.grep("x", d)),
+        (f"yes abcdefgh | head -c {_BIG} > f; echo needle >> f", lambda sb, d: sb.grep("needle", d)),
+        (f"yes needle | head -c {_MATCHING} > f", lambda sb, d: sb.grep("needle", d)),
+        (_DEEPER_THAN_PATH_MAX, lambda sb, d: sb.glob("*.py", d)),
+        ("", lambda sb, d: sb.glob("*", "/dev")),
+        ("", lambda sb, d: sb.glob("*", "/etc")),
+        ("", lambda sb, d: sb.grep("root", "/etc")),
+    ],
+    ids=[
+        "too many entries (glob)",
+        "too many entries (grep)",
+        "too many bytes",
+        "too much output",
+        "deeper than PATH_MAX",
+        "a root on /dev (glob)",
+        "into other filesystems (glob)",
+        "into other filesystems (grep)",
+    ],
+)
+def test_what_the_helper_hands_back_the_script_answers(jail: LocalSandbox, setup: str, search: Search) -> None:
+    """Bounded work: the helper's one thread serves every other command, so a big tree is the
+    script's; and a walk into ``/proc`` would read the helper's own files, not grep's. The
+    jail's ``/etc`` holds bind mounts of the host's files (another filesystem)."""
+    directory = f"{jail.root}/tree"
+    assert jail.execute(f"mkdir -p {directory} && cd {directory} && {setup or 'true'}").exit_code == 0
+    mux = helper_client(jail)
+    before = (mux.native_answers, mux.native_declined)
+    handed_back = search(jail, directory)
+    assert (mux.native_answers, mux.native_declined) == (before[0], before[1] + 1)
+    jail.native_file_ops = False
+    try:
+        scripted = search(jail, directory)
+    finally:
+        jail.native_file_ops = True
+    assert handed_back == scripted
+    assert handed_back.error is None
+    if setup:
+        found = handed_back.matches
+        assert found, "not vacuous: the tree has what is searched for"
+
+
+@pytest.mark.parametrize(
+    "op",
+    [["grep", "relative/path", "x"], ["grep", "/only-a-root"], ["find_files"], ["grep", "/x\u0000y", "x"]],
+    ids=["relative root", "no pattern", "no root", "NUL in the root"],
+)
+def test_a_malformed_search_is_refused_and_the_helper_serves_on(jail: LocalSandbox, op: list[str]) -> None:
+    """What the client never sends, a forged or broken one might: an error, not a crash."""
+    mux = helper_client(jail)
+    answer = mux.run_native(op, None, timeout=30, output_limit=1 << 20)
+    assert answer is not None
+    assert answer.error == p.BACKEND_ERROR
+    assert "bad file op" in (answer.message or "")
+    assert jail.execute("echo alive").output == "alive\n"
+    assert mux.alive

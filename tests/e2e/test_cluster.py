@@ -57,7 +57,13 @@ TOOLS = _tools()
 
 
 def run(tool: str, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(TOOLS / tool), *args], capture_output=True, text=True, check=check, timeout=timeout)
+    """``tool`` with ``args``; with ``check``, a failure says what the tool printed (a bare
+    CalledProcessError hid why ``helm install`` failed)."""
+    done = subprocess.run([str(TOOLS / tool), *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        said = f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        raise AssertionError(f"{tool} {' '.join(args)} exited {done.returncode}:\n{said}")
+    return done
 
 
 def kubectl(namespace: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

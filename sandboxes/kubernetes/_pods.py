@@ -233,13 +233,11 @@ def _empty_dir(config: KubernetesSandboxConfig, size: str) -> dict[str, str]:
 def _resources(config: KubernetesSandboxConfig) -> dict[str, dict[str, str]]:
     """Requests and limits. A memory-backed workspace and ``/tmp`` are charged to the container's
     memory cgroup, so its limit is ``memory_limit`` plus their sizes: a full workspace answers
-    ``no_space``, not the out-of-memory killer."""
+    ``no_space``, not the out-of-memory killer. A request above its limit is lowered to the
+    limit: the API server refuses such a pod, and a small template (``cpus: 0.05``) under the
+    default requests would otherwise make no sandbox at all."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
-    if config.cpu_request is not None:
-        requests["cpu"] = config.cpu_request
-    if config.memory_request is not None:
-        requests["memory"] = config.memory_request
     if config.cpu_limit is not None:
         limits["cpu"] = config.cpu_limit
     if config.memory_limit is not None:
@@ -247,6 +245,11 @@ def _resources(config: KubernetesSandboxConfig) -> dict[str, dict[str, str]]:
         if config.memory_backed:
             memory += parse_quantity(config.workspace_size) + parse_quantity(config.tmp_size)
         limits["memory"] = str(int(memory))
+    for resource, request in (("cpu", config.cpu_request), ("memory", config.memory_request)):
+        if request is not None:
+            limit = limits.get(resource)
+            capped = limit is not None and parse_quantity(request) > parse_quantity(limit)
+            requests[resource] = limit if capped and limit is not None else request
     return {"requests": requests, "limits": limits}
 
 

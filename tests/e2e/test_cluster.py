@@ -99,12 +99,16 @@ def release(namespace: str) -> Iterator[str]:
         yield RELEASE
     finally:
         run("helm", "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "5m", check=False)
+        # `--wait` returns once the Deployment is gone; its pods then stop within their grace
+        # period (preStop sleep and drain), still listed meanwhile: wait for them to go.
+        instance = f"app.kubernetes.io/instance={RELEASE}"
+        kubectl(namespace, "wait", "--for=delete", "pod", "-l", instance, "--timeout=180s", check=False)
         left = kubectl(
             namespace,
             "get",
             "all,networkpolicy,role,rolebinding,serviceaccount,secret,configmap,poddisruptionbudget",
             "-l",
-            f"app.kubernetes.io/instance={RELEASE}",
+            instance,
             "-o",
             "name",
         ).stdout.split()

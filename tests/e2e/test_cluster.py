@@ -88,7 +88,9 @@ def release(namespace: str) -> Iterator[str]:
         "image": {"tag": TAG, "pullPolicy": "Never"},
         "sandboxes": {"image": {"tag": TAG}},
         "apiKeys": {"hashes": {digest: TENANT}},
-        "templates": {"default": {"image_pull_policy": "Never", "cpus": 0.1, "memory": "128m"}},
+        # The scheduler counts requests, not use: 50 idle sandboxes at the default 100m would
+        # need 5 CPUs, more than a small node (kind on a laptop, a 2-core machine) has.
+        "templates": {"default": {"image_pull_policy": "Never", "cpus": 0.1, "memory": "128m", "cpu_request": "10m"}},
         # 50 sandboxes at once (and the conformance suite's concurrency) for this tenant.
         "config": {"tenants": {TENANT: {"max_sandboxes": 60, "max_cpus": 8, "max_memory": "16g", "max_commands": 64}}},
     }

@@ -71,8 +71,15 @@ class PodStartError(RuntimeError):
 # ---------------------------------------------------------------------- the cluster
 
 
+API_CONNECTIONS = 64
+"""Connections an API client keeps for reuse: as many as the service's default
+``worker_threads`` may use at once. The client's own default (5 per CPU, 10 on a 2-core node)
+made a busy service discard a connection after nearly every call and open a new TLS one."""
+
+
 def load_api_client(config: KubernetesSandboxConfig) -> ApiClient:
-    """An API client from the pod's service account (in-cluster) or a kubeconfig."""
+    """An API client from the pod's service account (in-cluster) or a kubeconfig, keeping
+    `API_CONNECTIONS` connections."""
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -88,6 +95,7 @@ def load_api_client(config: KubernetesSandboxConfig) -> ApiClient:
         kube_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=config.kubeconfig, context=config.context, client_configuration=configuration
         )
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, API_CONNECTIONS)
     return client.ApiClient(configuration)
 
 

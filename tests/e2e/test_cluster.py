@@ -156,7 +156,8 @@ def test_helm_test_passes(namespace: str, release: str) -> None:
 
 class TestKubernetesSandboxOnTheCluster(SandboxConformance):
     @pytest.fixture(scope="class")
-    def backend(self, namespace: str) -> Iterator[Any]:
+    @classmethod
+    def backend(cls, namespace: str) -> Iterator[Any]:
         from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
 
         config = KubernetesSandboxConfig(
@@ -176,7 +177,8 @@ class TestKubernetesSandboxOnTheCluster(SandboxConformance):
 
 class TestServiceOnTheCluster(SandboxConformance):
     @pytest.fixture(scope="class")
-    def backend(self, client: Any) -> Iterator[Any]:
+    @classmethod
+    def backend(cls, client: Any) -> Iterator[Any]:
         sandbox = client.create("default", ttl=600)
         try:
             yield sandbox

@@ -71,8 +71,15 @@ class PodStartError(RuntimeError):
 # ---------------------------------------------------------------------- the cluster
 
 
+API_CONNECTIONS = 64
+"""Connections an API client keeps for reuse: as many as the service's default
+``worker_threads`` may use at once. The client's own default (5 per CPU, 10 on a 2-core node)
+made a busy service discard a connection after nearly every call and open a new TLS one."""
+
+
 def load_api_client(config: KubernetesSandboxConfig) -> ApiClient:
-    """An API client from the pod's service account (in-cluster) or a kubeconfig."""
+    """An API client from the pod's service account (in-cluster) or a kubeconfig, keeping
+    `API_CONNECTIONS` connections."""
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -88,6 +95,7 @@ def load_api_client(config: KubernetesSandboxConfig) -> ApiClient:
         kube_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=config.kubeconfig, context=config.context, client_configuration=configuration
         )
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, API_CONNECTIONS)
     return client.ApiClient(configuration)
 
 
@@ -233,13 +241,11 @@ def _empty_dir(config: KubernetesSandboxConfig, size: str) -> dict[str, str]:
 def _resources(config: KubernetesSandboxConfig) -> dict[str, dict[str, str]]:
     """Requests and limits. A memory-backed workspace and ``/tmp`` are charged to the container's
     memory cgroup, so its limit is ``memory_limit`` plus their sizes: a full workspace answers
-    ``no_space``, not the out-of-memory killer."""
+    ``no_space``, not the out-of-memory killer. A request above its limit is lowered to the
+    limit: the API server refuses such a pod, and a small template (``cpus: 0.05``) under the
+    default requests would otherwise make no sandbox at all."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
-    if config.cpu_request is not None:
-        requests["cpu"] = config.cpu_request
-    if config.memory_request is not None:
-        requests["memory"] = config.memory_request
     if config.cpu_limit is not None:
         limits["cpu"] = config.cpu_limit
     if config.memory_limit is not None:
@@ -247,6 +253,11 @@ def _resources(config: KubernetesSandboxConfig) -> dict[str, dict[str, str]]:
         if config.memory_backed:
             memory += parse_quantity(config.workspace_size) + parse_quantity(config.tmp_size)
         limits["memory"] = str(int(memory))
+    for resource, request in (("cpu", config.cpu_request), ("memory", config.memory_request)):
+        if request is not None:
+            limit = limits.get(resource)
+            capped = limit is not None and parse_quantity(request) > parse_quantity(limit)
+            requests[resource] = limit if capped and limit is not None else request
     return {"requests": requests, "limits": limits}
 
 

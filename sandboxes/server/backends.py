@@ -255,9 +255,10 @@ def _ref_of(sandbox: BaseSandbox) -> str:
 
     if isinstance(sandbox, DockerSandbox):
         return sandbox.id
-    from sandboxes.ssh import SSHSandbox
-
-    if isinstance(sandbox, SSHSandbox):
+    # As in `workdir_of`: only a loaded backend can have made this sandbox. Importing the ssh
+    # one here needs paramiko, which a kubernetes-only service (the chart's image) lacks.
+    ssh = sys.modules.get("sandboxes.ssh.sandbox")
+    if ssh is not None and isinstance(sandbox, ssh.SSHSandbox):
         host = sandbox.config.host
         return f"{host.username}@{host.host}:{host.port}:{sandbox.workspace}"
     return sandbox.id

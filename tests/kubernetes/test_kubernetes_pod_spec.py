@@ -78,6 +78,16 @@ def test_memory_backed_volumes_count_in_the_memory_limit() -> None:
     assert on_disk["limits"]["memory"] == str(512 << 20)
 
 
+def test_a_request_above_its_limit_is_lowered_to_the_limit() -> None:
+    """A real API server refuses a pod whose request exceeds its limit ("must be less than or
+    equal to cpu limit of 50m"): a small template under the default requests made no sandbox."""
+    resources = _container(_pod(cpu_limit="50m", memory_limit="64Mi", memory_backed=False))["resources"]
+    assert resources["limits"] == {"cpu": "50m", "memory": str(64 << 20)}
+    assert resources["requests"] == {"cpu": "50m", "memory": str(64 << 20)}
+    below = _container(_pod(cpu_limit="2", memory_limit="1Gi", memory_backed=False))["resources"]
+    assert below["requests"] == {"cpu": "100m", "memory": "128Mi"}
+
+
 def test_no_service_account_token_no_service_links_no_host_namespaces() -> None:
     spec = _pod()["spec"]
     assert spec["automountServiceAccountToken"] is False

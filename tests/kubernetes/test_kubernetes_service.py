@@ -110,6 +110,17 @@ def test_create_execute_delete_is_a_pod(client: httpx.Client, core_v1: Any) -> N
     assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
 
 
+def test_a_service_without_paramiko_makes_pods(client: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's service image has no paramiko (the ssh extra): on a real cluster every
+    create answered 503 because recording the new pod imported the ssh backend."""
+    for name in [name for name in sys.modules if name.split(".")[0] == "paramiko" or name.startswith("sandboxes.ssh")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "paramiko", None)  # `import paramiko` raises ImportError
+    sandbox = create(client)
+    assert execute(client, sandbox["id"], "echo ok")["output"] == "ok\n"
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+
 def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.Client, service: Running) -> None:
     """The archive streams raw over an exec of its own, not as an `execute` answer: the
     service's output ceiling does not bound it."""

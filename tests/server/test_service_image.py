@@ -124,6 +124,29 @@ def test_image_metadata(service_image: str, docker_client: Any) -> None:
     assert env["SANDBOXES_HOST"] == "0.0.0.0"  # inside the container; publish it on 127.0.0.1
 
 
+def test_the_image_loads_the_charts_kubernetes_template(service_image: str, docker_client: Any) -> None:
+    """The Helm chart runs this image with a ``kubernetes`` template; loading one needs the
+    kubernetes client (a real cluster showed the service crash-looping without it)."""
+    template = {"backend": "kubernetes", "namespace": "sandboxes", "image": f"sandboxes/runtime:{VERSION}"}
+    script = (
+        "import json, sys; from sandboxes.server.settings import KubernetesTemplate; "
+        "KubernetesTemplate.model_validate(json.loads(sys.argv[1])); print('loaded')"
+    )
+    container = docker_client.containers.run(
+        service_image,
+        entrypoint=["python", "-c", script, json.dumps(template)],
+        detach=True,
+        labels=CLEANUP,
+        network_mode="none",
+    )
+    try:
+        status = container.wait(timeout=60)
+        logs = container.logs().decode()
+    finally:
+        container.remove(force=True, v=True)
+    assert (status["StatusCode"], logs.strip()) == (0, "loaded"), logs
+
+
 def test_sibling_sandbox_lifecycle(service: tuple[str, str, str], docker_client: Any) -> None:
     url, key, owner = service
     with SandboxClient(url, key) as client:

@@ -265,6 +265,10 @@ if [ $# -gt 0 ]; then
   for n do set -- "$@" "$o" -name "$n"; o=-o; shift; done
   set -- "$@" ")"
 fi
+case $root in
+  /proc | /proc/* | /sys | /sys/* | /dev | /dev/*) ;;
+  *) set -- "(" -path /proc -o -path /sys -o -path /dev ")" -prune -o "$@" ;;
+esac
 find -P "$root" "$@" -type f -print0 2>/dev/null
 printf '\n'
 find -P "$root" "$@" -type f -exec grep -F -n -H -e "$pat" -- {} + 2>/dev/null
@@ -276,7 +280,10 @@ With ripgrep in the sandbox (``$3`` = ``rg``, a directory root): one process wal
 its output ``=Z``, then ``path NUL line:text`` lines (no config file, ignore files or hidden-file
 rules apply: it must find what ``find`` finds; binary files are skipped as ``grep`` does).
 Otherwise POSIX tools: the candidate files NUL-terminated (so the parser can tell where a name
-ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free."""
+ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free.
+A walk from above them skips ``/proc``, ``/sys`` and ``/dev``: their files are the kernel's, and
+reading some never ends (a grep with no path, i.e. from ``/``, ran into its 300 s timeout in a
+local jail); a root inside them is searched as asked."""
 
 KILL_MARKED = (
     KILL_MARKED_SH

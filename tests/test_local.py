@@ -151,6 +151,22 @@ def test_files_the_caller_puts_in_the_root_become_the_jails(isolated_sandbox: Lo
     assert placed.read_text() == "again"  # and the caller reads what the jail wrote
 
 
+def test_a_search_from_the_top_skips_the_jails_device_files(isolated_sandbox: LocalSandbox) -> None:
+    """bubblewrap's ``/dev`` holds the host's devices bind-mounted over plain files, which
+    ``find -type f`` lists: a grep from ``/`` (an agent's grep with no path) read ``/dev/zero``
+    until its 300 s timeout. A walk from above skips ``/proc``, ``/sys`` and ``/dev``."""
+    timeout = isolated_sandbox.operation_timeout
+    isolated_sandbox.operation_timeout = 60
+    try:
+        started = time.monotonic()
+        found = isolated_sandbox.grep("x", path="/", glob="zero")
+        assert found.error is None, found
+        assert found.matches == []
+        assert time.monotonic() - started < 30
+    finally:
+        isolated_sandbox.operation_timeout = timeout
+
+
 def test_secrets_of_etc_are_not_in_the_jail(isolated_sandbox: LocalSandbox) -> None:
     for path in ("/etc/shadow", "/etc/gshadow", "/etc/docker", "/etc/ssh", "/etc/sudoers", "/etc/subuid"):
         assert isolated_sandbox.execute(f"test -e {path}").exit_code == 1, path

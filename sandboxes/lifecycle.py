@@ -36,6 +36,7 @@ __all__ = [
     "Provider",
     "ResumableProvider",
     "SandboxRecord",
+    "SandboxStartError",
     "SharedProvider",
     "Sweep",
 ]
@@ -79,6 +80,17 @@ class Lifecycle(abc.ABC):
             await self.adestroy()
         else:
             await self.aclose()
+
+
+class SandboxStartError(RuntimeError):
+    """A provider could not start a sandbox, for a reason its backend names in its own words
+    (``reason``: a Kubernetes pod's ``Unschedulable``, ``ErrImagePull``...). Raised after what
+    was made for it is removed. Unlike a failure of the call itself, the reason is what an
+    operator has to fix, and the service passes it on to the tenant who asked."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class CreateOptions(BaseModel):

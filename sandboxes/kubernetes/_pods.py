@@ -28,6 +28,7 @@ from sandboxes.kubernetes.config import (
     KubernetesSandboxConfig,
     parse_quantity,
 )
+from sandboxes.lifecycle import SandboxStartError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
@@ -56,15 +57,15 @@ _GONE_GRACE = 30.0
 """Seconds past the grace period `delete_pod` waits for the pod to disappear."""
 
 
-class PodStartError(RuntimeError):
+class PodStartError(SandboxStartError):
     """A sandbox pod could not start; ``reason`` and ``message`` are the cluster's own words."""
 
     def __init__(self, pod: str, reason: str, message: str) -> None:
         super().__init__(
-            f"pod {pod} cannot start: {reason}: {message}" if message else f"pod {pod} cannot start: {reason}"
+            f"pod {pod} cannot start: {reason}: {message}" if message else f"pod {pod} cannot start: {reason}",
+            reason=reason,
         )
         self.pod = pod
-        self.reason = reason
         self.message = message
 
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from sandboxes.api import CreateSandbox, SandboxInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Lifecycle, SandboxStartError
 from sandboxes.server import census
 from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend, workdir_of
@@ -222,6 +222,13 @@ class Registry:
             raise
         except ServiceError:
             raise
+        except SandboxStartError as exc:
+            self._quotas.release(reservation)
+            logger.error("a %s sandbox could not start: %s", backend.name, exc)
+            raise ServiceError(
+                "backend_unavailable",
+                f"the {backend.name} backend could not start the sandbox: {exc.reason} (details in the service log)",
+            ) from exc
         except Exception as exc:
             self._quotas.release(reservation)
             logger.exception("creating a %s sandbox failed", backend.name)

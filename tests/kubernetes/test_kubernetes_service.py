@@ -48,7 +48,8 @@ def _template(kubeconfig: Path, image: str) -> dict[str, Any]:
 
 def _settings(data_dir: Path, kubeconfig: Path, image: str) -> Any:
     template = KubernetesTemplate.model_validate(_template(kubeconfig, image))
-    return settings_for(data_dir, templates={"default": template}, tenants=UNTHROTTLED)
+    huge = KubernetesTemplate.model_validate({**_template(kubeconfig, image), "cpus": 4, "cpu_request": "4"})
+    return settings_for(data_dir, templates={"default": template, "huge": huge}, tenants=UNTHROTTLED)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,16 @@ def test_create_execute_delete_is_a_pod(client: httpx.Client, core_v1: Any) -> N
     names = {pod.metadata.name for pod in core_v1.list_namespaced_pod("sandboxes").items}
     assert ours[0].metadata.name not in names
     assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+
+def test_a_pod_that_cannot_start_says_why_to_the_tenant(client: httpx.Client) -> None:
+    """The cluster's reason reaches the tenant who asked (it was a bare 'the kubernetes
+    backend failed', the scheduler's words only in the service log), and the quota is freed."""
+    refused = client.post("/v1/sandboxes", json={"template": "huge"}, timeout=120)
+    assert (refused.status_code, error_of(refused)) == (503, "backend_unavailable")
+    assert "could not start the sandbox: Unschedulable" in refused.json()["message"]
+    sandbox = create(client)
+    assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
 
 def test_a_service_without_paramiko_makes_pods(client: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,7 +93,8 @@ class StandardSuite(SandboxIntegrationTests):
 
 class TestLocalSandboxStandard(StandardSuite):
     @pytest.fixture(scope="class")
-    def sandbox(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[da.SandboxBackendProtocol]:
+    @classmethod
+    def sandbox(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[da.SandboxBackendProtocol]:
         local = _local_sandbox(tmp_path_factory.mktemp("deepagents-standard"))
         try:
             yield to_deepagents(local)
@@ -103,7 +104,8 @@ class TestLocalSandboxStandard(StandardSuite):
 
 class TestDockerSandboxStandard(StandardSuite):
     @pytest.fixture(scope="class")
-    def sandbox(self, docker_client: Any, runtime_image: str) -> Iterator[da.SandboxBackendProtocol]:
+    @classmethod
+    def sandbox(cls, docker_client: Any, runtime_image: str) -> Iterator[da.SandboxBackendProtocol]:
         config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
         with DockerSandbox.create(config, client=docker_client) as docker_sandbox:
             yield to_deepagents(docker_sandbox)
@@ -111,8 +113,9 @@ class TestDockerSandboxStandard(StandardSuite):
 
 class TestSSHSandboxStandard(StandardSuite):
     @pytest.fixture(scope="class")
+    @classmethod
     def sandbox(
-        self, docker_client: Any, tmp_path_factory: pytest.TempPathFactory
+        cls, docker_client: Any, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[da.SandboxBackendProtocol]:
         vm = start_vm(tmp_path_factory.mktemp("deepagents-ssh"))
         try:
@@ -126,8 +129,9 @@ class TestRemoteSandboxStandard(StandardSuite):
     """Through the service (Docker backend) and its client, big uploads (tar) included."""
 
     @pytest.fixture(scope="class")
+    @classmethod
     def sandbox(
-        self, docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
+        cls, docker_client: Any, runtime_image: str, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[da.SandboxBackendProtocol]:
         template = DockerTemplate(
             backend="docker", image=runtime_image, labels={"io.sandboxes.test-session": SESSION_OWNER}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sandboxes import protocol as p
+from sandboxes.base import BaseSandbox, Call
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -30,3 +32,20 @@ def ok(result: object) -> object:
         if isinstance(item, p.ExecuteResponse) and item.exit_code != 0:
             raise RuntimeError(f"benchmark command failed: {item}")
     return result
+
+
+class CountingCalls(BaseSandbox):
+    """Mixed in before a backend's sandbox class: counts its ``execute`` calls, and the file
+    operations its exec helper does itself (a round trip without a process), so round trips
+    per operation are measured, not assumed."""
+
+    calls = 0
+
+    def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
+        self.calls += 1
+        return super().execute(command, **kwargs)
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        answer = super()._run_native(call)
+        self.calls += answer is not None
+        return answer

@@ -41,13 +41,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from _common import CountingCalls
 from _common import percentile as _percentile
 from _common import timed as _timed
 from deepagents.backends import protocol as da
 from deepagents.backends.sandbox import BaseSandbox as DeepagentsBaseSandbox
 
-from sandboxes import protocol as p
-from sandboxes.base import Call
 from sandboxes.docker import LABEL_OWNER, DockerSandbox, DockerSandboxConfig
 from sandboxes.docker.provider import DockerProvider
 
@@ -61,20 +60,8 @@ TRANSFER_BYTES = 64 << 20
 MIB = float(1 << 20)
 
 
-class CountingDockerSandbox(DockerSandbox):
-    """Counts ``execute`` calls, so round trips per operation are measured, not assumed."""
-
-    calls = 0
-
-    def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
-        self.calls += 1
-        return super().execute(command, **kwargs)
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """A write the exec helper does itself is a round trip too (one without a process)."""
-        answer = super()._run_native(call)
-        self.calls += answer is not None
-        return answer
+class CountingDockerSandbox(CountingCalls, DockerSandbox):
+    """Counts its round trips (`_common.CountingCalls`)."""
 
 
 class ExecRunSandbox(DeepagentsBaseSandbox):

@@ -39,11 +39,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from _common import ok, percentile, timed
+from _common import CountingCalls, ok, percentile, timed
 from _kube_raw import RawShell, cluster, fresh_exec, raw_cold_start, raw_download, raw_upload
 
-from sandboxes import protocol as p
-from sandboxes.base import Call
 from sandboxes.kubernetes import KubernetesProvider, KubernetesSandbox, KubernetesSandboxConfig
 
 TREE_DIRS = 10
@@ -65,20 +63,8 @@ TRANSFER_TARGET = 0.8
 T = TypeVar("T")
 
 
-class CountingKubernetesSandbox(KubernetesSandbox):
-    """Counts ``execute`` calls, so round trips per operation are measured, not assumed."""
-
-    calls = 0
-
-    def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
-        self.calls += 1
-        return super().execute(command, **kwargs)
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """A file operation the exec helper does itself is a round trip too (one without a process)."""
-        answer = super()._run_native(call)
-        self.calls += answer is not None
-        return answer
+class CountingKubernetesSandbox(CountingCalls, KubernetesSandbox):
+    """Counts its round trips (`_common.CountingCalls`)."""
 
 
 def verdict(met: bool) -> str:

@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import CountingCalls
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import timed as _timed
 
-from sandboxes import protocol as p
-from sandboxes.base import BaseSandbox, Call
+from sandboxes.base import BaseSandbox
 from sandboxes.local.sandbox import _DEFAULT_PATH, LocalSandbox
 
 TREE_DIRS = 10
@@ -46,20 +46,8 @@ BLOB_BYTES = 1 << 20
 NEEDLE = "needle"
 
 
-class CountingSandbox(LocalSandbox):
-    """Counts ``execute`` calls, so round trips per operation are measured, not assumed."""
-
-    calls = 0
-
-    def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
-        self.calls += 1
-        return super().execute(command, **kwargs)
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """A write the exec helper does itself is a round trip too (one without a process)."""
-        answer = super()._run_native(call)
-        self.calls += answer is not None
-        return answer
+class CountingSandbox(CountingCalls, LocalSandbox):
+    """Counts its round trips (`_common.CountingCalls`)."""
 
 
 @dataclass(frozen=True, slots=True)

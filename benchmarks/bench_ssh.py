@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+from _common import CountingCalls
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import timed as _timed
 from pydantic import SecretStr
 
 from sandboxes import protocol as p
-from sandboxes.base import Call
 from sandboxes.ssh import SSHHostConfig, SSHSandbox, SSHSandboxConfig
 from sandboxes.ssh._connection import connections
 
@@ -107,20 +107,8 @@ for _ in range(int(sys.argv[1])):
 """The exec helper's spawn of one command (`sandboxes._mux._server._spawn`), timed on the host."""
 
 
-class CountingSSHSandbox(SSHSandbox):
-    """Counts ``execute`` calls, so round trips per operation are measured, not assumed."""
-
-    calls = 0
-
-    def execute(self, command: str, **kwargs: Any) -> p.ExecuteResponse:
-        self.calls += 1
-        return super().execute(command, **kwargs)
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """A write the exec helper does itself is a round trip too (one without a process)."""
-        answer = super()._run_native(call)
-        self.calls += answer is not None
-        return answer
+class CountingSSHSandbox(CountingCalls, SSHSandbox):
+    """Counts its round trips (`_common.CountingCalls`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ import pytest
 # module imports testcontainers, which reads it once.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
-from support import IN_CI, SESSION_OWNER, needs
+from support import HAS_BWRAP, IN_CI, SESSION_OWNER, needs
+
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -87,3 +89,12 @@ def runtime_image(docker_client: Any) -> str:
     except Exception:
         pytest.fail(f"{image} is missing: build it with `bash images/build.sh`")
     return image
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
+    """A bubblewrap LocalSandbox with its exec helper running: the local home of the helper's tests."""
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        yield sandbox

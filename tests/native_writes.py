@@ -35,6 +35,18 @@ def helper_client(sandbox: Any) -> MuxClient:
     return mux
 
 
+def assert_file_ops_go_native(sandbox: Any, directory: str) -> None:
+    """A write and an edit answered by the exec helper itself: three native answers (the
+    write, the edit's read and its compare-and-swap), and the file as edited."""
+    mux = helper_client(sandbox)
+    before = mux.native_answers
+    path = f"{directory}/native.txt"
+    assert sandbox.write(path, "a b\n").error is None
+    assert sandbox.edit(path, "b", "c").error is None
+    assert mux.native_answers == before + 3  # the edit's read and its compare-and-swap
+    assert sandbox.read(path).file_data == p.FileData("a c\n")
+
+
 def write_call(path: str, data: bytes, size: int | None = None) -> Call:
     args = (path, str(len(data) if size is None else size), uuid.uuid4().hex[:16])
     return Call(_scripts.command(_scripts.WRITE, *args), data, idempotent=False, native=("write", *args))

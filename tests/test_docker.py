@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from native_searches import assert_native_searches_match_the_scripts
-from native_writes import assert_native_writes_match_the_scripts, helper_client
+from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
 
 from sandboxes import _scripts
@@ -54,12 +54,7 @@ class TestDockerSandboxConformance(SandboxConformance):
         assert not helper_sandbox._helper_unavailable
 
     def test_file_ops_go_through_the_exec_helper_natively(self, helper_sandbox: DockerSandbox) -> None:
-        mux = helper_client(helper_sandbox)
-        before = mux.native_answers
-        assert helper_sandbox.write("/workspace/native.txt", "a b\n").error is None
-        assert helper_sandbox.edit("/workspace/native.txt", "b", "c").error is None
-        assert mux.native_answers == before + 3  # the edit's read and its compare-and-swap
-        assert helper_sandbox.read("/workspace/native.txt").file_data == p.FileData("a c\n")
+        assert_file_ops_go_native(helper_sandbox, "/workspace")
 
 
 class TestDockerScriptedWritesConformance(SandboxConformance):

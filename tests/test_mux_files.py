@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from sandboxes._mux.client import _Pending
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
-    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
-    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
-        assert sandbox.execute("true").exit_code == 0
-        yield sandbox
 
 
 def _foreign_maker(sandbox: LocalSandbox) -> object:

@@ -6,25 +6,15 @@ test are in their backends' modules."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import helper_client
-from support import HAS_BWRAP, needs
 
 from sandboxes import protocol as p
 from sandboxes._mux import _search
-from sandboxes.local import LocalSandbox, LocalSandboxConfig
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
-    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
-    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
-        assert sandbox.execute("true").exit_code == 0
-        yield sandbox
+from sandboxes.local import LocalSandbox
 
 
 def test_native_searches_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:

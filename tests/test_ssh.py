@@ -16,7 +16,7 @@ import paramiko
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
 from native_searches import assert_native_searches_match_the_scripts
-from native_writes import assert_native_writes_match_the_scripts, helper_client
+from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
 from support import assert_one_kill_ends_forking_trees
 
@@ -81,13 +81,7 @@ class TestSSHSandboxConformance(SandboxConformance):
         assert not helper_sandbox._helper_unavailable
 
     def test_file_ops_go_through_the_exec_helper_natively(self, helper_sandbox: SSHSandbox) -> None:
-        mux = helper_client(helper_sandbox)
-        before = mux.native_answers
-        path = f"{helper_sandbox.workspace}/native.txt"
-        assert helper_sandbox.write(path, "a b\n").error is None
-        assert helper_sandbox.edit(path, "b", "c").error is None
-        assert mux.native_answers == before + 3  # the edit's read and its compare-and-swap
-        assert helper_sandbox.read(path).file_data == p.FileData("a c\n")
+        assert_file_ops_go_native(helper_sandbox, helper_sandbox.workspace)
 
 
 class TestSSHScriptedWritesConformance(SandboxConformance):

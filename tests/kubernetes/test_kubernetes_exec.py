@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from fake_apiserver import FakeKubernetes
 from native_searches import assert_native_searches_match_the_scripts
-from native_writes import assert_native_writes_match_the_scripts, helper_client
+from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
@@ -75,12 +75,7 @@ class TestKubernetesSandboxConformance(SandboxConformance):
 
 
 def test_file_ops_go_through_the_exec_helper_natively(helper_sandbox: KubernetesSandbox) -> None:
-    mux = helper_client(helper_sandbox)
-    before = mux.native_answers
-    assert helper_sandbox.write("/workspace/native.txt", "a b\n").error is None
-    assert helper_sandbox.edit("/workspace/native.txt", "b", "c").error is None
-    assert mux.native_answers == before + 3  # the edit's read and its compare-and-swap
-    assert helper_sandbox.read("/workspace/native.txt").file_data == p.FileData("a c\n")
+    assert_file_ops_go_native(helper_sandbox, "/workspace")
 
 
 def test_native_file_ops_answer_what_the_scripts_answer(helper_sandbox: KubernetesSandbox) -> None:

@@ -139,12 +139,8 @@ def test_the_image_loads_the_charts_kubernetes_template(service_image: str, dock
         labels=CLEANUP,
         network_mode="none",
     )
-    try:
-        status = container.wait(timeout=60)
-        logs = container.logs().decode()
-    finally:
-        container.remove(force=True, v=True)
-    assert (status["StatusCode"], logs.strip()) == (0, "loaded"), logs
+    status, logs = _run_to_end(container)
+    assert (status, logs.strip()) == (0, "loaded"), logs
 
 
 def test_sibling_sandbox_lifecycle(service: tuple[str, str, str], docker_client: Any) -> None:
@@ -237,10 +233,15 @@ def test_without_group_add_the_entry_point_says_why(service_image: str, socket_g
         environment={"SANDBOXES_API_KEYS": json.dumps({hash_key("k" * 20): "alice"})},
         network_mode="none",
     )
+    status, logs = _run_to_end(container)
+    assert status == 2, logs
+    assert f"run the container with --group-add {socket_gid}" in logs
+
+
+def _run_to_end(container: Any) -> tuple[int, str]:
+    """(exit status, logs) of a container started detached, removed after, whatever happens."""
     try:
         status = container.wait(timeout=60)
-        logs = container.logs().decode()
+        return int(status["StatusCode"]), container.logs().decode()
     finally:
         container.remove(force=True, v=True)
-    assert status["StatusCode"] == 2, logs
-    assert f"run the container with --group-add {socket_gid}" in logs

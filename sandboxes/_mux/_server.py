@@ -87,6 +87,7 @@ _leaders = {}  # pid -> Command, while that pid is UNREAPED (so it is still ours
 _inbox = bytearray()
 _outbox = bytearray()  # frames queued for the client (`send`)
 _held_until = [None]  # when the oldest frame held in _outbox must go out; None: none held
+_ended = []  # commands answered this turn, whose leftovers are swept once the answers are out
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) costs ~15 us of mmap
 _serving = [True]
 _subreaper = [False]
@@ -436,11 +437,9 @@ class Command(object):
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
         send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
-        # Then whatever left its group (setsid, double forks) ends too; after the answer, so
-        # that scanning /proc does not delay it.
-        if _strays():
-            kill_marked(self.marker)
-        _kill_orphans()
+        # Then whatever left its group (setsid, double forks) ends too; once the answer is
+        # written at the end of this turn of the loop, so that scanning /proc does not delay it.
+        _ended.append(self)
 
     def next_deadline(self):
         return self.drain_deadline if self.drain_deadline is not None else self.deadline
@@ -551,6 +550,22 @@ def _kill_marked_for_client(ident, payload):
     send(b"X", ident, json.dumps({"code": 0 if cleared else 1, "timed_out": False}).encode(), answer=True)
 
 
+def _sweep_ended():
+    """Kill what escaped the commands answered this turn, once their answers are written (an
+    answer is flushed in the turn it was queued, see `send`): scanning /proc must not delay
+    them. By marker when the helper has a child that is no running command's leader (or is no
+    subreaper); then every unprotected orphan, once for them all (`kill_orphans` works in rounds
+    until none is left, whoever they came from)."""
+    if not _ended:
+        return
+    ended = list(_ended)
+    del _ended[:]
+    if _strays():
+        for command in ended:
+            kill_marked(command.marker)
+    _kill_orphans()
+
+
 def _wait_time():
     deadlines = [d for d in (c.next_deadline() for c in _commands.values()) if d is not None]
     if _held_until[0] is not None:
@@ -584,6 +599,8 @@ def main():
                 command.on_deadline(now)
         if _held_until[0] is not None and now >= _held_until[0]:
             flush()
+        _sweep_ended()
+    _sweep_ended()
     abort_native_ops()
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True

@@ -58,7 +58,12 @@ script: the helper (`_server`), how it finds what commands left behind (`_reap`)
 writes without a process (`_files`) and its searches (`_search`), and the one process-tree kill
 every backend uses (`sandboxes._kill`)."""
 
-_STDIN_CHUNK = 1 << 20
+_STDIN_CHUNK = 1 << 16
+"""Stdin goes to the helper in frames of this size. Not bigger: the helper hands a frame to the
+command only once all of it arrived, so small frames keep the client, the helper and the command
+busy at the same time; and every chunk of 128 KiB or more is a fresh mmap and its page faults, on
+both sides. Measured over pipes (64 MiB into ``cat``): 1 MiB frames 340-450 MiB/s, 64 KiB frames
+500-900 MiB/s, with a quarter of the client's CPU."""
 _RECV_SIZE = 1 << 16
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
 _KILL_GRACE = 10.0

@@ -93,7 +93,7 @@ head -c "$2" < "$f" | base64
 DOWNLOAD = r"""limit=$1; shift
 for f do
   if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16
-  elif ! true < "$f" 2>/dev/null; then c=12
+  elif ! { true < "$f"; } 2>/dev/null; then c=12
   elif [ "$limit" != - ] && [ "$(wc -c < "$f")" -gt "$limit" ]; then c=17
   else base64 < "$f"; c=0; fi
   printf '!%s\n' "$c"

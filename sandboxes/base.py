@@ -10,9 +10,10 @@ Each operation is split in three: validate arguments in Python, run one constant
 the exit status and output in Python with `sandboxes.semantics`, the same code the in-memory
 backend uses. The sync and async variants share everything but the call to ``execute``.
 
-Reads, writes and compare-and-swaps also carry a native form (`Call.native`): a transport whose
-exec helper does them without a process (`native_file_ops`, `_run_native`) answers that, with
-the script's exit codes, and runs the script where the helper hands it back.
+Reads, writes, compare-and-swaps, downloads and searches also carry a native form
+(`Call.native`): a transport whose exec helper does them without a process (`native_file_ops`,
+`_run_native`) answers that, with the script's exit codes, and runs the script where the helper
+hands it back.
 """
 
 from __future__ import annotations
@@ -347,8 +348,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileDownloadResponse(raw, None, *refused_input(exc, raw)))
         if valid:
             limit = "-" if inline_limit is None else str(inline_limit)
-            command = _scripts.command(_scripts.DOWNLOAD, limit, *(path for _, path in valid))
-            response = yield Call(command)
+            args = (limit, *(path for _, path in valid))
+            response = yield Call(_scripts.command(_scripts.DOWNLOAD, *args), native=("download", *args))
             _parse.check(response, valid[0][1])
             for (index, path), (status, content) in zip(
                 valid, _parse.downloads(response.output, len(valid)), strict=True

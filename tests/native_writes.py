@@ -57,6 +57,11 @@ def read_call(path: str, limit: int = 256 << 20) -> Call:
     return Call(_scripts.command(_scripts.READ_FILE, *args), native=("read_file", *args))
 
 
+def download_call(limit: str, *paths: str) -> Call:
+    args = (limit, *paths)
+    return Call(_scripts.command(_scripts.DOWNLOAD, *args), native=("download", *args))
+
+
 def cas_call(path: str, digest: str, data: bytes, size: int | None = None) -> Call:
     args = (path, digest, str(len(data) if size is None else size), uuid.uuid4().hex[:16])
     return Call(_scripts.command(_scripts.CAS_WRITE, *args), data, idempotent=False, native=("cas_write", *args))
@@ -140,6 +145,48 @@ def _cases(foreign: bool) -> list[Case]:
         Case("read: over the native size", "head -c 1200000 /dev/zero > f", lambda d: read_call(f"{d}/f"), False),
         Case("read: non-UTF-8 name", f"printf x > {NOT_UTF8_SH}", lambda d: read_call(f"{d}/{NOT_UTF8}"), True),
         Case("read: hostile name", f"printf x > {shlex.quote(HOSTILE)}", lambda d: read_call(f"{d}/{HOSTILE}"), True),
+    ]
+    every_kind = (
+        f"{old}; true > empty; seq 1 3000 > lines; printf '\\377\\0' >> lines; mkdir dir; ln -s f link; "
+        f"ln -s nowhere dangling; mkfifo fifo; printf x > unreadable; chmod 000 unreadable; "
+        f"printf h > {shlex.quote(HOSTILE)}; printf n > {NOT_UTF8_SH}"
+    )
+    names = [
+        "f",
+        "empty",
+        "lines",
+        "dir",
+        "link",
+        "dangling",
+        "fifo",
+        "unreadable",
+        "missing",
+        "f/below",
+        HOSTILE,
+        NOT_UTF8,
+    ]
+    cases += [
+        Case("download", old, lambda d: download_call("-", f"{d}/f"), True),
+        Case("download: every kind", every_kind, lambda d: download_call("-", *(f"{d}/{n}" for n in names)), True),
+        Case(
+            "download: over the limit",
+            f"{old}; printf abc > small",
+            lambda d: download_call("5", f"{d}/f", f"{d}/small"),
+            True,
+        ),
+        Case("download: at the limit", old, lambda d: download_call("12", f"{d}/f"), True),
+        Case(
+            "download: over the native size",
+            "head -c 4300000 /dev/zero > f",
+            lambda d: download_call("-", f"{d}/f"),
+            False,
+        ),
+        Case(
+            "download: over the native size in all",
+            "head -c 2200000 /dev/zero > f; cp f g",
+            lambda d: download_call("-", f"{d}/f", f"{d}/g"),
+            False,
+        ),
     ]
     if foreign:
         cases.append(

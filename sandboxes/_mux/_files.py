@@ -1,7 +1,7 @@
 # ruff: noqa
 # mypy: ignore-errors
-"""Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE`` and
-``READ_FILE`` without starting a process (shipped with `_server` as one script,
+"""Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE``,
+``READ_FILE`` and ``DOWNLOAD`` without starting a process (shipped with `_server` as one script,
 ``SERVER_SOURCE``: stdlib only, Python 3.6-compatible).
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
@@ -15,7 +15,7 @@ everything above the transport parses it unchanged. Same atomic write: the bytes
 only once the announced size arrived, keeping the target's mode and group (a new file: the mode
 the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
 symlink, a device or FIFO, another user's file, a directory we may not create entries in), or a
-read is over `NATIVE_READ_MAX`, this answers ``N`` (not native here) before touching anything
+read is over `NATIVE_READ_MAX` (a download over `NATIVE_DOWNLOAD_MAX`), this answers ``N`` (not native here) before touching anything
 but the parents (which the script would create too), and the client runs the script: a FIFO
 must never block this single-threaded loop, and a big file must not hold it.
 
@@ -33,9 +33,12 @@ import json
 import os
 import stat
 
-NATIVE_OPS = ["write", "cas_write", "read_file"] + SEARCH_OPS  # `_search`: shipped before this file
+NATIVE_OPS = ["write", "cas_write", "read_file", "download"] + SEARCH_OPS  # `_search`: shipped before this file
 NATIVE_READ_MAX = 1 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
+NATIVE_DOWNLOAD_MAX = 4 << 20
+"""A download of more bytes in all is left to the script (``N``), for the same reason: ~4 ms of
+this loop at most."""
 _OUTPUT_CHUNK = 64 << 10
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
@@ -288,9 +291,10 @@ class _NativeWrite(object):
             self.temp = None
 
 
-def _read_file(ident, path, limit):
-    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file as base64 (wrapped
-    as coreutils' ``base64`` wraps), or why not. Never opens what is not a regular file."""
+def _open_regular(path):
+    """An fd of the regular file at ``path`` (through symlinks), opened as the scripts' ``[ -f ]``
+    then ``true < "$f"`` would find it; else `_Answer` with their code. Never opens what is not
+    a regular file (a FIFO would block this loop)."""
     try:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
@@ -302,25 +306,78 @@ def _read_file(ident, path, limit):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         raise _Answer(12)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped meanwhile
+        os.close(fd)
+        raise _NotNative()
+    return fd
+
+
+def _read_at_most(fd, wanted):
+    """Up to ``wanted`` bytes of ``fd`` (fewer at its end); closes it. `_NotNative` on a read
+    error: what ``head`` or ``base64`` does then is the script's to say."""
+    data = bytearray()
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped meanwhile
-            raise _NotNative()
-        wanted = min(limit, NATIVE_READ_MAX + 1)
-        data = bytearray()
         while len(data) < wanted:
             chunk = os.read(fd, wanted - len(data))
             if not chunk:
                 break
             data += chunk
-    except OSError:  # what head does then is the script's to say
+    except OSError:
         raise _NotNative()
     finally:
         os.close(fd)
+    return bytes(data)
+
+
+def _send_output(ident, output):
+    for offset in range(0, len(output), _OUTPUT_CHUNK):
+        send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
+
+
+def _read_file(ident, path, limit):
+    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file as base64 (wrapped
+    as coreutils' ``base64`` wraps), or why not."""
+    data = _read_at_most(_open_regular(path), min(limit, NATIVE_READ_MAX + 1))
     if len(data) > NATIVE_READ_MAX:
         raise _NotNative()
-    encoded = base64.encodebytes(bytes(data))
-    for offset in range(0, len(encoded), _OUTPUT_CHUNK):
-        send(b"O", ident, encoded[offset : offset + _OUTPUT_CHUNK])
+    _send_output(ident, base64.encodebytes(data))
+    raise _Answer(0)
+
+
+def _download_spec(op):
+    """(limit, paths) of a download ``op``: DOWNLOAD's arguments, its limit ``-`` for none;
+    ValueError when malformed."""
+    limit, paths = (op[1], op[2:]) if len(op) > 2 else (None, [])
+    if not (limit == "-" or (limit is not None and limit.isdigit() and len(limit) <= 19)) or not paths:
+        raise ValueError("wrong arguments for download")
+    for path in paths:  # a lone surrogate: ValueError
+        if not path.startswith("/") or "\0" in path or len(os.fsencode(path)) > _MAX_PATH:
+            raise ValueError("bad path")
+    return limit, paths
+
+
+def _download(ident, limit, paths):
+    """`sandboxes._scripts.DOWNLOAD`: per file its base64 lines, then ``!<status>``. Built whole
+    before a byte is sent, so that a download over `NATIVE_DOWNLOAD_MAX` in all can still go back
+    to the script."""
+    output, budget = [], NATIVE_DOWNLOAD_MAX
+    for path in paths:
+        try:
+            fd = _open_regular(path)
+        except _Answer as failed:
+            output.append(b"!%d\n" % failed.code)
+            continue
+        size = os.fstat(fd).st_size
+        if limit != "-" and size > int(limit):  # `wc -c` counts what a read gives: st_size for a regular file
+            os.close(fd)
+            output.append(b"!17\n")
+            continue
+        data = _read_at_most(fd, budget + 1)
+        budget -= len(data)
+        if budget < 0:
+            raise _NotNative()
+        output.append(base64.encodebytes(data) + b"!0\n")
+    _send_output(ident, b"".join(output))
     raise _Answer(0)
 
 
@@ -338,6 +395,9 @@ def start_native_op(ident, payload):
         if op[0] in SEARCH_OPS:
             _search_op(ident, op)
             return
+        if op[0] == "download":
+            _download_op(ident, _download_spec(op))
+            return
         name, path, size, token, digest = _spec(op)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
@@ -351,6 +411,17 @@ def start_native_op(ident, payload):
     except _Answer as done:
         _answer(ident, done.code)
     except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
+        send(b"N", ident, answer=True)
+
+
+def _download_op(ident, spec):
+    try:
+        _download(ident, *spec)
+    except _NotNative:
+        send(b"N", ident, answer=True)
+    except _Answer as done:
+        _answer(ident, done.code)
+    except Exception:  # a surprise must not end the helper: nothing was changed, the script decides
         send(b"N", ident, answer=True)
 
 

@@ -324,8 +324,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
         elif valid:
             args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
             stream = b"".join(content for _, _, content in valid)
-            command = _scripts.command(_scripts.UPLOAD, _token(), *args)
-            response = yield Call(command, stdin=stream, idempotent=False)
+            args = [_token(), *args]
+            command = _scripts.command(_scripts.UPLOAD, *args)
+            response = yield Call(command, stdin=stream, idempotent=False, native=("upload", *args))
             failure = _parse.check(response, valid[0][1])
             if failure is not None:  # the batch could not start (no temp space)
                 statuses = [_scripts.EXIT_NO_SPACE if failure == p.NO_SPACE else _scripts.EXIT_PERMISSION] * len(valid)

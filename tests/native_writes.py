@@ -57,6 +57,16 @@ def read_call(path: str, limit: int = 256 << 20) -> Call:
     return Call(_scripts.command(_scripts.READ_FILE, *args), native=("read_file", *args))
 
 
+def upload_call(directory: str, files: list[tuple[str, bytes]], sizes: list[int] | None = None) -> Call:
+    """`_scripts.UPLOAD` of ``files`` (names under ``directory``), announcing ``sizes`` when given."""
+    counts = sizes if sizes is not None else [len(data) for _, data in files]
+    args = [uuid.uuid4().hex[:16]]
+    for (name, _), count in zip(files, counts, strict=True):
+        args += [f"{directory}/{name}", str(count)]
+    stream = b"".join(data for _, data in files)
+    return Call(_scripts.command(_scripts.UPLOAD, *args), stream, idempotent=False, native=("upload", *args))
+
+
 def download_call(limit: str, *paths: str) -> Call:
     args = (limit, *paths)
     return Call(_scripts.command(_scripts.DOWNLOAD, *args), native=("download", *args))
@@ -166,6 +176,32 @@ def _cases(foreign: bool) -> list[Case]:
         NOT_UTF8,
     ]
     cases += [
+        Case("upload", old, lambda d: upload_call(d, [("f", b"new"), ("a/b/new", b"deep"), ("empty", b"")]), True),
+        Case(
+            "upload: every refusal",
+            f"{old}; mkdir dir; printf ro > ro; chmod 444 ro; mkdir rodir; chmod 555 rodir",
+            lambda d: upload_call(
+                d,
+                [("dir", b"x"), ("f/below", b"y"), ("ro", b"z"), ("rodir/new", b"w"), ("ok", b"v")],
+            ),
+            True,
+        ),
+        Case(
+            "upload: hostile and non-UTF-8 names, binary",
+            "",
+            lambda d: upload_call(d, [(HOSTILE, b"\x00\xff\n"), (NOT_UTF8, bytes(range(256)))]),
+            True,
+        ),
+        Case("upload: one path twice", "", lambda d: upload_call(d, [("f", b"first"), ("f", b"second")]), True),
+        Case("upload: short stream", "", lambda d: upload_call(d, [("a", b"12"), ("b", b"")], [5, 3]), True),
+        Case("upload: short, then nothing", "", lambda d: upload_call(d, [("a", b"1")], [4]), True),
+        Case("upload: long stream", "", lambda d: upload_call(d, [("a", b"12345"), ("b", b"6789")], [2, 3]), True),
+        Case(
+            "upload: a symlink among them (in place)",
+            f"{old}; ln -s f link",
+            lambda d: upload_call(d, [("new", b"x"), ("link", b"through")]),
+            False,
+        ),
         Case("download", old, lambda d: download_call("-", f"{d}/f"), True),
         Case("download: every kind", every_kind, lambda d: download_call("-", *(f"{d}/{n}" for n in names)), True),
         Case(

@@ -33,7 +33,8 @@ import json
 import os
 import stat
 
-NATIVE_OPS = ["write", "cas_write", "read_file", "download"] + SEARCH_OPS  # `_search`: shipped before this file
+# `_search` is shipped before this file, `_uploads` after it
+NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS
 NATIVE_READ_MAX = 1 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
 NATIVE_DOWNLOAD_MAX = 1 << 20
@@ -399,6 +400,9 @@ def start_native_op(ident, payload):
         if op[0] == "download":
             _download_op(ident, _download_spec(op))
             return
+        if op[0] == "upload":  # `_uploads`, shipped after this file
+            _start_upload(ident, upload_spec(op))
+            return
         name, path, size, token, digest = _spec(op)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
@@ -411,6 +415,15 @@ def start_native_op(ident, payload):
         send(b"N", ident, answer=True)
     except _Answer as done:
         _answer(ident, done.code)
+    except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
+        send(b"N", ident, answer=True)
+
+
+def _start_upload(ident, spec):
+    try:
+        _native_ops[ident] = NativeUpload(ident, *spec)
+    except _NotNative:
+        send(b"N", ident, answer=True)
     except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
         send(b"N", ident, answer=True)
 

@@ -379,7 +379,12 @@ def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         docker_client = request.getfixturevalue("docker_client")
         image = request.getfixturevalue("runtime_image")
         template.update(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    policy = {"max_sandboxes": CLIENTS + EXTRA, "max_cpus": 1000, "max_memory": "1t", "rate": 1e6, "burst": 10**6}
+    # Each client runs one command at a time, but a stream's slot is freed by a task after its
+    # last event, so its client's next command may come first: twice the clients, not the
+    # default of 16 at once, which 20 clients reach whenever 17 of them are in a command (seen
+    # once the file operations got faster and the clients spent more of their time in commands).
+    policy = {"max_sandboxes": CLIENTS + EXTRA, "max_cpus": 1000, "max_memory": "1t", "rate": 1e6, "burst": 10**6,
+              "max_commands": 2 * CLIENTS}  # fmt: skip
     config = subprocess_config(workdir / "data", owner=owner, templates={"default": template}, tenants={TENANT: policy})
     service = ServiceProcess(config, workdir).start(timeout=60)
     try:

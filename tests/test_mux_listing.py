@@ -150,3 +150,11 @@ def test_a_delete_never_walks_into_a_directory_swapped_for_a_link(
     assert _listing.listing(["delete", str(tmp_path / "t")]) is None  # handed back: the script decides
     assert (outside / "keep").read_text() == "keep"
     assert victim.is_symlink()
+
+
+def test_the_module_is_python_3_6() -> None:
+    """The helper runs on the sandbox's python3, as old as 3.6: no newer syntax here (the
+    standard library calls are 3.3's: ``listdir`` of a descriptor, ``dir_fd``)."""
+    import ast
+
+    ast.parse(Path(_listing.__file__).read_text(encoding="utf-8"), feature_version=(3, 6))

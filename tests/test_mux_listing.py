@@ -13,13 +13,16 @@ import random
 from pathlib import Path
 
 import pytest
+from mux_faults import faulty
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts, ls_call
 from native_writes import helper_client
+from support import HAS_BWRAP, needs
 
 from sandboxes import _parse
 from sandboxes import protocol as p
 from sandboxes._mux import _listing
-from sandboxes.local import LocalSandbox
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.local import _helper as local_helper
 
 
 def test_native_listings_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
@@ -88,6 +91,26 @@ def test_a_directory_in_proc_is_the_scripts(jail: LocalSandbox) -> None:
     assert mux.native_declined == before + 1
     assert listed.entries is not None
     assert any(e.path == "/proc/self/status" for e in listed.entries)
+
+
+def test_a_native_delete_whose_answer_was_lost_is_never_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its F frame is written a delete may have been done: it answers ``connection_lost``,
+    and neither a new helper nor the script runs it a second time (`run_native_once`)."""
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    streams = faulty(monkeypatch, local_helper)
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert sandbox.write(f"{sandbox.root}/d/f", "x").error is None
+        first = helper_client(sandbox)
+        streams[-1].lose_answers()
+        lost = sandbox.delete(f"{sandbox.root}/d")
+        assert lost.error == p.CONNECTION_LOST, lost
+        assert len(streams) == 1, "the delete went to a second helper, or to the script through one"
+        second = helper_client(sandbox)
+        assert second is not first
+        assert second.native_answers == 0
+        assert not (sandbox.root / "d").exists()  # done, by the first
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,8 @@ class TestDockerSandboxConformance(SandboxConformance):
 
 
 class TestDockerScriptedWritesConformance(SandboxConformance):
-    """The exec helper with its native writes turned off: writes and edits run the scripts
-    through it, as on every transport without the helper."""
+    """The exec helper with its native file ops turned off: reads, writes, edits, listings,
+    deletes and searches run the scripts through it, as on every transport without the helper."""
 
     @pytest.fixture
     def backend(self, helper_sandbox: DockerSandbox) -> Iterator[DockerSandbox]:

@@ -86,7 +86,7 @@ class TestSSHSandboxConformance(SandboxConformance):
 
 
 class TestSSHScriptedWritesConformance(SandboxConformance):
-    """The exec helper with its native writes turned off: writes and edits run the scripts."""
+    """The exec helper with its native file ops turned off: every file op runs its script."""
 
     @pytest.fixture
     def backend(self, helper_sandbox: SSHSandbox) -> Iterator[SSHSandbox]:

@@ -181,3 +181,22 @@ def test_the_module_is_python_3_6() -> None:
     import ast
 
     ast.parse(Path(_listing.__file__).read_text(encoding="utf-8"), feature_version=(3, 6))
+
+
+@pytest.mark.parametrize("scandir_of_a_descriptor", [True, False], ids=["3.7+", "3.6"])
+def test_the_names_of_a_directory_are_bounded_on_either_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scandir_of_a_descriptor: bool
+) -> None:
+    """3.6 has no ``scandir`` of a descriptor: its ``listdir`` answers the same names, and hands
+    back past the bound too (having read them all)."""
+    if not scandir_of_a_descriptor:
+        monkeypatch.setattr(_listing.os, "supports_fd", os.supports_fd - {os.scandir})
+    for name in ("a", ".b", "..c", "d\ne"):
+        (tmp_path / name).write_text("x")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert sorted(_listing._names(fd, 4)) == sorted(["a", ".b", "..c", "d\ne"])
+        with pytest.raises(_listing._ListingHandBack):
+            _listing._names(fd, 3)
+    finally:
+        os.close(fd)

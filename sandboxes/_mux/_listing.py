@@ -93,8 +93,8 @@ def _ls(path):
     except OSError:  # searchable, not readable: the script's globs stay unmatched
         raise _ListingHandBack()
     try:
-        names = [os.fsencode(name) for name in os.listdir(fd)]
-        if len(names) > LS_MAX_ENTRIES or sum(len(n) + 9 for n in names) > LS_MAX_ARGUMENT:
+        names = [os.fsencode(name) for name in _names(fd, LS_MAX_ENTRIES)]
+        if sum(len(n) + 9 for n in names) > LS_MAX_ARGUMENT:
             raise _ListingHandBack()
         plain = sorted(n for n in names if not n.startswith(b"."))
         hidden = sorted(n for n in names if n.startswith(b".") and n[1:2] not in (b"", b"."))
@@ -206,11 +206,28 @@ class _Removal(object):
         try:
             if os.fstat(fd).st_dev != self.device:
                 raise _ListingHandBack()
-            names = os.listdir(fd)
+            names = _names(fd, DELETE_MAX_ENTRIES - self.entries)
         except BaseException:
             os.close(fd)
             raise
         return fd, names
+
+
+def _names(fd, most):
+    """The names in the directory ``fd``; `_ListingHandBack` past ``most``. Python 3.7 and later
+    stop reading there (``scandir`` of a descriptor); 3.6 reads them all first (``listdir``)."""
+    if os.scandir in getattr(os, "supports_fd", ()):
+        names = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                names.append(entry.name)
+                if len(names) > most:
+                    raise _ListingHandBack()
+        return names
+    names = os.listdir(fd)
+    if len(names) > most:
+        raise _ListingHandBack()
+    return names
 
 
 def _ignore_failure(remove, name, dir_fd):

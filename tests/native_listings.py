@@ -119,6 +119,8 @@ _DELETIONS = [
         f"{_OUTSIDE} && mkdir -p t/in && ln -s ../../../outside/dir t/in/out && ln -s ../../outside/f t/file-out",
         "t",
     ),
+    Deletion("through a symlinked parent", "mkdir d && printf x > d/f && printf y > d/g && ln -s d link", "link/f"),
+    Deletion("a deep tree", "mkdir -p $(seq -s / 40) && printf x > $(seq -s / 40)/f && touch 1/2/g", "1"),
     Deletion("missing", "", "missing"),
     Deletion("below a file", "printf x > f", "f/g"),
     Deletion("below a directory not searchable", "mkdir -p d/e && printf x > d/e/f && chmod 644 d", "d/e"),

@@ -27,9 +27,10 @@ file descriptors (each directory opened ``O_NOFOLLOW`` relative to its parent's,
 walked into), everything removable removed and the rest left (a failure does not stop the walk),
 then 12 if the path is still there. A walk that would cross into another filesystem (rm
 descends into mounts), or goes past `DELETE_MAX_ENTRIES`, `DELETE_MAX_DEPTH` or
-`LISTING_MAX_SECONDS`, answers ``N`` with what it removed so far removed: what ``rm -rf``
-leaves and answers depends only on what is there when it runs, so the script finishing the job
-is the script doing all of it.
+`LISTING_MAX_SECONDS`, or cannot open a directory for another reason than its permissions,
+answers ``N``, what it removed so far staying removed: what ``rm -rf`` leaves and answers
+depends only on what is there when it runs, so the script finishing the job is the script doing
+all of it.
 """
 
 import errno
@@ -199,8 +200,10 @@ class _Removal(object):
         try:
             fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped meanwhile: nothing followed
-                raise _ListingHandBack()
+            if exc.errno == errno.ENOENT:  # gone meanwhile
+                return None
+            if exc.errno not in (errno.EACCES, errno.EPERM):  # swapped for a link (ELOOP,
+                raise _ListingHandBack()  # ENOTDIR: nothing followed), out of descriptors...
             _ignore_failure(os.rmdir, name, dir_fd)  # unreadable: removable only if empty
             return None
         try:

@@ -8,6 +8,7 @@ their backends' modules."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -200,3 +201,27 @@ def test_the_names_of_a_directory_are_bounded_on_either_python(
             _listing._names(fd, 3)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("failure", "answer"),
+    [(errno.EMFILE, None), (errno.EACCES, (12, b""))],
+    ids=["out of descriptors: the script's", "not readable: it stays, as with rm"],
+)
+def test_a_directory_that_cannot_be_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: int, answer: object
+) -> None:
+    """Only its permissions make a directory one ``rm`` cannot empty either; any other failure
+    to open it (the helper out of descriptors) is no answer about the file: handed back."""
+    (tmp_path / "t" / "sub").mkdir(parents=True)
+    (tmp_path / "t" / "sub" / "f").write_text("x")
+    real_open = os.open
+
+    def failing_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == "sub":
+            raise OSError(failure, os.strerror(failure))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_listing.os, "open", failing_open)
+    assert _listing.listing(["delete", str(tmp_path / "t")]) == answer
+    assert (tmp_path / "t" / "sub" / "f").exists()

@@ -271,12 +271,14 @@ def _bench_file_ops(sb: CountingDockerSandbox, da_sb: ExecRunSandbox, iterations
 
     cases: list[tuple[str, Callable[[Any], object], Callable[[], None] | None]] = [
         ("ls", lambda b: _ok(b.ls(f"{TREE}/d00")), None),
+        ("ls (scripts)", lambda b: _scripted(b, lambda: _ok(b.ls(f"{TREE}/d00"))), None),
         ("read", lambda b: _ok(b.read(f"{WORK}/read.txt")), None),
         ("write", lambda b: _ok(b.write(f"{WORK}/written.txt", text)), None),
         ("edit", lambda b: edit(b)(), None),
         ("write (scripts)", lambda b: _scripted(b, lambda: _ok(b.write(f"{WORK}/written.txt", text))), None),
         ("edit (scripts)", lambda b: _scripted(b, edit(b)), None),
         ("delete", lambda b: _ok(b.delete(f"{WORK}/doomed.txt")), recreate),
+        ("delete (scripts)", lambda b: _scripted(b, lambda: _ok(b.delete(f"{WORK}/doomed.txt"))), recreate),
         ("grep", lambda b: _ok(b.grep(NEEDLE, TREE)), None),
         ("glob", lambda b: _ok(b.glob("*.py", TREE)), None),
     ]

@@ -172,6 +172,8 @@ def _cases(
         Case("execute", "subprocess sh -c true", lambda: _ok(sandbox.execute("true")),
              lambda: subprocess.run(["sh", "-c", "true"], check=True)),
         Case("ls", "os.listdir + os.stat", lambda: _ok(sandbox.ls(listed)), lambda: _direct_ls(listed)),
+        Case("ls (scripts)", "os.listdir + os.stat", _scripted(sandbox, lambda: _ok(sandbox.ls(listed))),
+             lambda: _direct_ls(listed)),
         Case("read", "open().read()", lambda: _ok(sandbox.read(str(sb / "read.txt"))),
              lambda: (direct / "read.txt").read_text(encoding="utf-8")),
         Case("write", "open().write()", lambda: _ok(sandbox.write(str(sb / "written.txt"), text)),
@@ -186,6 +188,8 @@ def _cases(
              _scripted(sandbox, _toggle(lambda old, new: _ok(sandbox.edit(str(sb / "edit-scripted.txt"), old, new)))),
              _toggle(lambda old, new: _direct_edit(str(direct / "edit-scripted.txt"), old, new))),
         Case("delete", "os.remove", lambda: _ok(sandbox.delete(str(sb / "doomed.txt"))),
+             lambda: os.remove(direct / "doomed.txt"), setup=recreate),
+        Case("delete (scripts)", "os.remove", _scripted(sandbox, lambda: _ok(sandbox.delete(str(sb / "doomed.txt")))),
              lambda: os.remove(direct / "doomed.txt"), setup=recreate),
         Case("grep", "os.walk + substring", lambda: _ok(sandbox.grep(NEEDLE, str(tree))),
              lambda: _direct_grep(str(tree), NEEDLE)),
@@ -216,8 +220,8 @@ def _cases(
 
 
 def _scripted(sandbox: BaseSandbox, operation: Callable[[], object]) -> Callable[[], object]:
-    """``operation`` with the exec helper's native file ops (reads, writes, searches) off: the
-    scripts' cost, in the same run."""
+    """``operation`` with the exec helper's native file ops (reads, writes, searches, listings,
+    deletes) off: the scripts' cost, in the same run."""
 
     def run() -> object:
         sandbox.native_file_ops = False

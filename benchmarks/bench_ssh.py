@@ -281,6 +281,19 @@ def _toggle(edit: Callable[[str, str], object]) -> Callable[[], object]:
     return run
 
 
+def _scripted(sandbox: SSHSandbox, operation: Callable[[], object]) -> Callable[[], object]:
+    """``operation`` with the exec helper's native file ops off: the scripts' cost, in the same run."""
+
+    def run() -> object:
+        sandbox.native_file_ops = False
+        try:
+            return operation()
+        finally:
+            sandbox.native_file_ops = True
+
+    return run
+
+
 def _file_rows(sandbox: CountingSSHSandbox, iterations: int, warmup: int) -> list[LatencyRow]:
     work, tree = sandbox.workspace, f"{sandbox.workspace}/tree"
     _ok(sandbox.execute(f"python3 -c {shlex.quote(_BUILD_TREE)} {tree} {NEEDLE}"))
@@ -289,10 +302,13 @@ def _file_rows(sandbox: CountingSSHSandbox, iterations: int, warmup: int) -> lis
     text = "x" * 1000 + "\n"
     cases: list[tuple[str, Callable[[], object], Callable[[], object] | None]] = [
         ("ls", lambda: _ok(sandbox.ls(f"{tree}/d00")), None),
+        ("ls (scripts)", _scripted(sandbox, lambda: _ok(sandbox.ls(f"{tree}/d00"))), None),
         ("read", lambda: _ok(sandbox.read(f"{work}/read.txt")), None),
         ("write", lambda: _ok(sandbox.write(f"{work}/written.txt", text)), None),
         ("edit", _toggle(lambda old, new: _ok(sandbox.edit(f"{work}/edit.txt", old, new))), None),
         ("delete", lambda: _ok(sandbox.delete(f"{work}/doomed.txt")),
+         lambda: _ok(sandbox.write(f"{work}/doomed.txt", "bye\n"))),
+        ("delete (scripts)", _scripted(sandbox, lambda: _ok(sandbox.delete(f"{work}/doomed.txt"))),
          lambda: _ok(sandbox.write(f"{work}/doomed.txt", "bye\n"))),
         ("grep", lambda: _ok(sandbox.grep(NEEDLE, tree)), None),
         ("glob", lambda: _ok(sandbox.glob("*.py", tree)), None),

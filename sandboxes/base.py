@@ -10,10 +10,10 @@ Each operation is split in three: validate arguments in Python, run one constant
 the exit status and output in Python with `sandboxes.semantics`, the same code the in-memory
 backend uses. The sync and async variants share everything but the call to ``execute``.
 
-Reads, writes, compare-and-swaps, downloads and searches also carry a native form
-(`Call.native`): a transport whose exec helper does them without a process (`native_file_ops`,
-`_run_native`) answers that, with the script's exit codes, and runs the script where the helper
-hands it back.
+Reads, writes, compare-and-swaps, downloads, searches, listings and deletes also carry a native
+form (`Call.native`): a transport whose exec helper does them without a process
+(`native_file_ops`, `_run_native`) answers that, with the script's exit codes and output, and
+runs the script where the helper hands it back.
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
             directory = normalize_path(path)
         except InvalidPathError as exc:
             return p.LsResult(*refused_input(exc, path))
-        response = yield Call(_scripts.command(_scripts.LS, directory), output_limit=SEARCH_OUTPUT_LIMIT)
+        command = _scripts.command(_scripts.LS, directory)
+        response = yield Call(command, output_limit=SEARCH_OUTPUT_LIMIT, native=("ls", directory))
         if (code := _parse.check(response, directory)) is not None:
             return p.LsResult(code, message_for(code, directory))
         return p.LsResult(entries=_parse.ls_entries(response.output, directory))
@@ -254,7 +255,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.DeleteResult(*refused_input(exc, file_path))
         if path == "/":
             return p.DeleteResult(p.INVALID_PATH, "refusing to delete the root directory")
-        call = Call(_scripts.command(_scripts.DELETE, path), idempotent=False)
+        call = Call(_scripts.command(_scripts.DELETE, path), idempotent=False, native=("delete", path))
         if (code := _parse.check((yield call), path)) is not None:
             return p.DeleteResult(code, message_for(code, path))
         return p.DeleteResult(path=path)

@@ -12,12 +12,14 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_local.py"
 OPS = [
     "execute",
     "ls",
+    "ls (scripts)",
     "read",
     "write",
     "edit",
     "write (scripts)",
     "edit (scripts)",
     "delete",
+    "delete (scripts)",
     "grep",
     "glob",
     "grep (scripts)",
@@ -59,6 +61,8 @@ def test_json_report_measures_round_trips() -> None:
         assert by_op[op]["round_trips"] == 1, by_op[op]
     for op in ("edit", "edit (scripts)"):
         assert by_op[op]["round_trips"] == 2, by_op[op]
+    for op in ("ls", "ls (scripts)", "delete", "delete (scripts)"):  # a native listing or delete too
+        assert by_op[op]["round_trips"] == 1, by_op[op]
     for op in ("grep", "grep (scripts)", "glob", "glob (scripts)"):  # a native search counted too
         assert by_op[op]["round_trips"] == 1, by_op[op]
     for row in rows:

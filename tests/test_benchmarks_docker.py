@@ -17,7 +17,19 @@ from support import SESSION_OWNER
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_docker.py"
 ROWS = {
     "execute": ["execute('true')"],
-    "file ops": ["ls", "read", "write", "edit", "write (scripts)", "edit (scripts)", "delete", "grep", "glob"],
+    "file ops": [
+        "ls",
+        "ls (scripts)",
+        "read",
+        "write",
+        "edit",
+        "write (scripts)",
+        "edit (scripts)",
+        "delete",
+        "delete (scripts)",
+        "grep",
+        "glob",
+    ],
     "transfer": ["upload_files 64MiB", "download_files 64MiB"],
     "create": ["DockerSandbox.create", "create + first execute", "destroy"],
     "pool": ["acquire (warm pool)", "acquire + first execute"],

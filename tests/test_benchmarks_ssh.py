@@ -24,7 +24,7 @@ EXECUTE_ROWS = [
     "raw persistent channel",
     "host spawn",
 ]
-FILE_ROWS = ["ls", "read", "write", "edit", "delete", "grep", "glob"]
+FILE_ROWS = ["ls", "ls (scripts)", "read", "write", "edit", "delete", "delete (scripts)", "grep", "glob"]
 TRANSFER_ROWS = ["upload_files 2MiB", "download_files 2MiB"]
 TARGETS = ["the same command on a raw persistent shell", "a fresh exec_command"]
 
@@ -65,7 +65,7 @@ def test_every_execute_row_and_target_prints(bench_run: dict[str, Any]) -> None:
 
 
 def test_every_file_operation_and_transfer_row_prints(bench_run: dict[str, Any]) -> None:
-    assert [row.split()[0] for row in _rows_of(bench_run["table"], "2. file operations")] == FILE_ROWS
+    assert [row.split("  ")[0].strip() for row in _rows_of(bench_run["table"], "2. file operations")] == FILE_ROWS
     transfers = _rows_of(bench_run["table"], "3. transfers")
     assert [row.split("  ")[0] for row in transfers] == TRANSFER_ROWS
     assert all(row.rstrip().endswith(("MET", "MISSED")) for row in transfers)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts, helper_client
 from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
@@ -58,8 +59,8 @@ class TestDockerSandboxConformance(SandboxConformance):
 
 
 class TestDockerScriptedWritesConformance(SandboxConformance):
-    """The exec helper with its native writes turned off: writes and edits run the scripts
-    through it, as on every transport without the helper."""
+    """The exec helper with its native file ops turned off: reads, writes, edits, listings,
+    deletes and searches run the scripts through it, as on every transport without the helper."""
 
     @pytest.fixture
     def backend(self, helper_sandbox: DockerSandbox) -> Iterator[DockerSandbox]:
@@ -88,6 +89,14 @@ def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: DockerSand
 
 def test_native_searches_answer_what_the_scripts_answer(helper_sandbox: DockerSandbox) -> None:
     assert_native_searches_match_the_scripts(helper_sandbox, "/workspace")
+
+
+def test_native_listings_answer_what_the_scripts_answer(helper_sandbox: DockerSandbox) -> None:
+    assert_native_listings_match_the_scripts(helper_sandbox, "/workspace")
+
+
+def test_ls_and_delete_go_through_the_exec_helper_natively(helper_sandbox: DockerSandbox) -> None:
+    assert_ls_and_delete_go_native(helper_sandbox, "/workspace")
 
 
 class TestDockerFallbackConformance(SandboxConformance):

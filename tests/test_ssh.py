@@ -15,6 +15,7 @@ from typing import Any
 import paramiko
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
@@ -85,7 +86,7 @@ class TestSSHSandboxConformance(SandboxConformance):
 
 
 class TestSSHScriptedWritesConformance(SandboxConformance):
-    """The exec helper with its native writes turned off: writes and edits run the scripts."""
+    """The exec helper with its native file ops turned off: every file op runs its script."""
 
     @pytest.fixture
     def backend(self, helper_sandbox: SSHSandbox) -> Iterator[SSHSandbox]:
@@ -109,6 +110,14 @@ def test_native_writes_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox
 
 def test_native_searches_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox) -> None:
     assert_native_searches_match_the_scripts(helper_sandbox, helper_sandbox.workspace)
+
+
+def test_native_listings_answer_what_the_scripts_answer(helper_sandbox: SSHSandbox) -> None:
+    assert_native_listings_match_the_scripts(helper_sandbox, helper_sandbox.workspace)
+
+
+def test_ls_and_delete_go_through_the_exec_helper_natively(helper_sandbox: SSHSandbox) -> None:
+    assert_ls_and_delete_go_native(helper_sandbox, helper_sandbox.workspace)
 
 
 class TestSSHFallbackConformance(SandboxConformance):

@@ -33,8 +33,8 @@ import json
 import os
 import stat
 
-# `_search` is shipped before this file, `_uploads` after it
-NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS
+# `_search` and `_listing` are shipped before this file, `_uploads` after it
+NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS + LISTING_OPS
 NATIVE_READ_MAX = 1 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
 NATIVE_DOWNLOAD_MAX = 1 << 20
@@ -395,7 +395,10 @@ def start_native_op(ident, payload):
             raise ValueError("op %d is already in flight" % ident)
         op = _op(payload)
         if op[0] in SEARCH_OPS:
-            _search_op(ident, op)
+            _answer_whole(ident, op, search)
+            return
+        if op[0] in LISTING_OPS:
+            _answer_whole(ident, op, listing)
             return
         if op[0] == "download":
             _download_op(ident, _download_spec(op))
@@ -439,13 +442,14 @@ def _download_op(ident, spec):
         send(b"N", ident, answer=True)
 
 
-def _search_op(ident, op):
-    """`_search`'s answer: its output, then its exit code; or N. Answered whole, at once."""
+def _answer_whole(ident, op, answer_for):
+    """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
+    its exit code; or N. Answered whole, at once."""
     try:
-        answer = search(op)
+        answer = answer_for(op)
     except ValueError:
         raise
-    except Exception:  # a surprise must not end the helper: nothing was changed, the script decides
+    except Exception:  # a surprise must not end the helper: the script decides (a delete: finishes)
         answer = None
     if answer is None:
         send(b"N", ident, answer=True)

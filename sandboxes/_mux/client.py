@@ -49,15 +49,16 @@ SERVER_SOURCE = "\n".join(
         _HERE.parent / "_kill.py",
         _HERE / "_reap.py",
         _HERE / "_search.py",
+        _HERE / "_listing.py",
         _HERE / "_files.py",
         _HERE / "_uploads.py",
         _HERE / "_server.py",
     )
 )
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Six files, one
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Seven files, one
 script: the helper (`_server`), how it finds what commands left behind (`_reap`), its reads and
-writes without a process (`_files`, `_uploads`) and its searches (`_search`), and the one
-process-tree kill every backend uses (`sandboxes._kill`)."""
+writes without a process (`_files`, `_uploads`), its searches (`_search`), its listings and
+deletes (`_listing`), and the one process-tree kill every backend uses (`sandboxes._kill`)."""
 
 _STDIN_CHUNK = 1 << 16
 """Stdin goes to the helper in frames of this size. Not bigger: the helper hands a frame to the

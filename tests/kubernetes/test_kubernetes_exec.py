@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fake_apiserver import FakeKubernetes
+from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
 from support import SESSION_OWNER
@@ -84,6 +85,14 @@ def test_native_file_ops_answer_what_the_scripts_answer(helper_sandbox: Kubernet
 
 def test_native_searches_answer_what_the_scripts_answer(helper_sandbox: KubernetesSandbox) -> None:
     assert_native_searches_match_the_scripts(helper_sandbox, "/workspace")
+
+
+def test_native_listings_answer_what_the_scripts_answer(helper_sandbox: KubernetesSandbox) -> None:
+    assert_native_listings_match_the_scripts(helper_sandbox, "/workspace")
+
+
+def test_ls_and_delete_go_through_the_exec_helper_natively(helper_sandbox: KubernetesSandbox) -> None:
+    assert_ls_and_delete_go_native(helper_sandbox, "/workspace")
 
 
 class TestKubernetesFallbackConformance(SandboxConformance):

@@ -343,7 +343,7 @@ def _bench_throughput(
                 served.append(measures.load(clients, duration / 2, through_service, service.process.pid, containers))
                 service.profile_signal(signal.SIGUSR1)
             else:
-                direct.append(measures.load(clients, duration / 2, direct_call, None, containers))
+                direct.append(measures.load(clients, duration / 2, direct_call, None, containers, service.process.pid))
     finally:
         for client in http:
             client.close()

@@ -5,6 +5,9 @@ and the resend and kill rules hold."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from test_mux import _VARIANTS, _PipeStream
 
 from sandboxes import protocol as p
 from sandboxes._mux import MuxBroken, MuxClient
+from sandboxes._mux import client as client_module
 from sandboxes._mux.client import arun
 
 
@@ -30,8 +34,11 @@ class _CountingStream:
     def __init__(self, inner: _PipeStream | FaultyStream) -> None:
         self.inner = inner
         self.request_writes = 0
+        self.kinds: list[bytes] = []
+        """The kind of each write's first frame."""
 
     def send(self, data: bytes) -> None:
+        self.kinds.append(data[:1])
         if data[:1] == b"R":
             self.request_writes += 1
         self.inner.send(data)
@@ -98,3 +105,54 @@ async def test_a_kill_never_overtakes_the_request_it_kills(stream: _PipeStream) 
     assert client.kill_tagged("TAG", "t") == 1
     result = await asyncio.wait_for(task, 20)
     assert result.exit_code == 137, result
+
+
+async def test_an_unacknowledged_awaited_command_breaks_the_stream_and_is_never_resent(
+    stream: _PipeStream, tmp_path: Path
+) -> None:
+    """As `test_mux`'s thread-path twin: the helper stops (SIGSTOP) before acknowledging; the
+    awaited command gives up after the acknowledgement timeout, not resendable, and runs once
+    the helper goes on."""
+    client = MuxClient(stream, ack_timeout=1.0)
+    assert (await _arun(client, "echo warm")).output == "warm\n"
+    ran = tmp_path / "ran"
+    os.kill(stream.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(MuxBroken) as broken:
+            await _arun(client, f"echo ran >> {ran}")
+        assert broken.value.may_resend is False
+        assert 1.0 <= time.monotonic() - started < 5
+        assert not client.alive
+    finally:
+        os.kill(stream.process.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while not ran.exists():
+        assert time.monotonic() < deadline, "the written request never ran"
+        await asyncio.sleep(0.02)
+    assert ran.read_text() == "ran\n"
+
+
+async def test_an_awaited_command_not_reported_after_its_timeout_is_killed_then_given_up(
+    stream: _PipeStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acknowledged, then the helper stops answering: past its timeout and a grace the client
+    sends a kill, and past another grace it breaks the stream instead of waiting forever."""
+    monkeypatch.setattr(client_module, "_KILL_GRACE", 0.5)
+    recording = _CountingStream(stream)
+    client = MuxClient(recording)
+    task = asyncio.create_task(arun(client, "sleep 60", timeout=0.5, stdin=None, env=None, cwd=None, output_limit=100))
+    deadline = time.monotonic() + 10
+    while not any(item.accepted_at for item in client._pending.values()):
+        assert time.monotonic() < deadline, "never acknowledged"
+        await asyncio.sleep(0.01)
+    os.kill(stream.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(MuxBroken):
+            await asyncio.wait_for(task, 10)
+        assert 0.9 <= time.monotonic() - started < 5  # the timeout and two graces, at most
+        assert recording.kinds[-1] == b"K"
+        assert not client.alive
+    finally:
+        os.kill(stream.process.pid, signal.SIGCONT)

@@ -475,11 +475,12 @@ async def arun(
     service would otherwise hold one thread per running command). Same frames, same timeouts,
     same `MuxBroken`."""
     loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
+    ended: list[asyncio.Future[None]] = [loop.create_future()]
+    """What the waiting coroutine awaits now: resolved by the command's end (or a timer), then
+    replaced if it must wait on."""
 
     def settle() -> None:
-        if not ended.done():
-            ended.set_result(None)
+        _resolve(ended[0])
 
     def wake() -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
@@ -541,15 +542,37 @@ def _send_stdin(client: MuxClient, ident: int, stdin: bytes, answered: threading
     client._send(b"C", ident)
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _woken(ended: list[asyncio.Future[None]], delay: float | None) -> None:
+    """Until ``ended[0]`` is resolved (the command's end wakes it) or ``delay`` seconds passed.
+
+    One timer handle, not `asyncio.wait` with a timeout, which builds a set, a waiter future,
+    a timer and callbacks on every future it is given, for every command."""
+    loop = asyncio.get_running_loop()
+    if ended[0].done():  # resolved by an earlier timer: a fresh one for this wait
+        ended[0] = loop.create_future()
+    timer = None if delay is None else loop.call_later(delay, _resolve, ended[0])
+    try:
+        await ended[0]
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 async def _await_async(
     client: MuxClient,
     ident: int,
     pending: _Pending,
-    ended: asyncio.Future[None],
+    ended: list[asyncio.Future[None]],
     sent: float,
     timeout: float | None,  # noqa: ASYNC109 - the command's own, enforced by the helper
 ) -> None:
-    """`MuxClient._await`, awaiting ``ended`` instead of blocking on ``pending.done``."""
+    """`MuxClient._await`, awaiting ``ended`` instead of blocking on ``pending.done`` (which is
+    set before ``ended`` is resolved, from the reader thread)."""
     while not pending.done.is_set():
         now = time.monotonic()
         if pending.accepted_at is None:
@@ -563,11 +586,12 @@ async def _await_async(
             until = pending.accepted_at + timeout + _KILL_GRACE
             if now >= until:
                 client._send(b"K", ident)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(ended), _KILL_GRACE)
+                give_up = time.monotonic() + _KILL_GRACE
+                while not pending.done.is_set() and time.monotonic() < give_up:
+                    await _woken(ended, max(0.0, give_up - time.monotonic()))
                 if not pending.done.is_set():
                     client._break(f"exec helper did not report command {ident} after its timeout")
                 return
         else:
             until = None
-        await asyncio.wait({ended}, timeout=None if until is None else max(0.0, until - now))
+        await _woken(ended, None if until is None else max(0.0, until - now))

@@ -98,7 +98,7 @@ def run(app: Any, settings: ServiceSettings) -> None:
     ``drain_timeout`` seconds), and only then stop the registry."""
     import uvicorn
 
-    from sandboxes.server.serving import uvicorn_config
+    from sandboxes.server.serving import collect_less, uvicorn_config
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -112,6 +112,7 @@ def run(app: Any, settings: ServiceSettings) -> None:
         drain_timeout=settings.drain_timeout,
         max_header_bytes=settings.max_header_bytes,
     )
+    collect_less()  # everything is imported and built: the collector can leave it alone
     _Server(config).run()
 
 

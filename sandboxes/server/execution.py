@@ -70,6 +70,12 @@ class StreamSlot:
             self.release()
 
 
+WATCH_AFTER = 0.05
+"""Seconds a plain execute runs before its connection is watched (a task reading the request's
+``receive`` until the client leaves). Most commands end sooner and never need one: the task,
+the wait on it beside the command and its cancellation were the event loop's work on every
+request. A client that leaves has its command killed at most this much later."""
+
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 """The request's ASGI ``receive``, once its body is read: what it returns next is the client
 leaving (``http.disconnect``)."""
@@ -84,25 +90,31 @@ async def run_once(
     on_end: Callable[[], None] | None = None,
 ) -> ExecuteResult:
     """The command's result. If the client disconnects first (``receive`` given), the command's
-    tree is killed at once rather than left to its timeout; the result then goes nowhere.
+    tree is killed as soon as that is seen (watched from `WATCH_AFTER` on) rather than left to
+    its timeout; the result then goes nowhere.
     ``on_end`` is called when the command has ended, answered or not."""
     token = unique_id()
     work = _started(sandbox, command, token, None, executor, on_end)
-    watch = None if receive is None else asyncio.ensure_future(_client_gone(receive))
-    try:
-        if watch is not None:
-            either: set[asyncio.Future[Any]] = {work, watch}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    watch: list[asyncio.Task[None]] = []
+    timer = None
+    if receive is not None:
+        heard = receive
+
+        def start_watching() -> None:
             if not work.done():
-                logger.info("the client left while its command ran: killing the command")
-                _kill_soon(kill_marked, token)
+                watch.append(asyncio.ensure_future(_kill_when_gone(heard, work, kill_marked, token)))
+
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, start_watching)
+    try:
         return result_of(await asyncio.shield(work))
     except asyncio.CancelledError:  # the request was cancelled: do not leave its command running
         _kill_soon(kill_marked, token)
         raise
     finally:
-        if watch is not None and not watch.done():
-            watch.cancel()
+        if timer is not None:
+            timer.cancel()
+        for task in watch:
+            task.cancel()
 
 
 def _started(
@@ -161,6 +173,15 @@ def _submitted(
 async def _client_gone(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def _kill_when_gone(
+    receive: Receive, work: asyncio.Future[p.ExecuteResponse], kill_marked: Callable[[str], None], token: str
+) -> None:
+    await _client_gone(receive)
+    if not work.done():
+        logger.info("the client left while its command ran: killing the command")
+        _kill_soon(kill_marked, token)
 
 
 def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:

@@ -106,6 +106,8 @@ class Registry:
         self._unreconciled: dict[str, list[SandboxState]] = {}
         """Per template whose backend could not be reached: the states it keeps until it can."""
         self._reconciling = asyncio.Lock()
+        self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
+        """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -346,7 +348,28 @@ class Registry:
 
     async def _confirm(self, entry: Entry) -> Entry:
         """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
-        forgotten here; a new expiry (renewed by another) is taken."""
+        forgotten here; a new expiry (renewed by another) is taken.
+
+        One read for all the requests that find the same sandbox unconfirmed at once, as long as
+        it started within ``confirm_interval`` (no request is answered on an older read than it
+        would trust anyway). Once a second, 20 clients of one sandbox made 5-9 label-selected
+        lists of the engine (each ~4 ms of a worker thread, and the engine's CPU) where one
+        answers them all."""
+        now, sandbox_id = time.monotonic(), entry.state.id
+        flight = self._confirming.get(sandbox_id)
+        if flight is None or flight[1] is not entry or now - flight[0] >= self.settings.confirm_interval:
+            read = asyncio.ensure_future(self._read_record(entry))
+            flight = self._confirming[sandbox_id] = (now, entry, read)
+            read.add_done_callback(lambda done: self._landed(sandbox_id, done))
+        return await asyncio.shield(flight[2])  # a request that leaves does not cancel the others' read
+
+    def _landed(self, sandbox_id: str, read: asyncio.Future[Entry]) -> None:
+        if (flight := self._confirming.get(sandbox_id)) is not None and flight[2] is read:
+            del self._confirming[sandbox_id]
+        if not read.cancelled():
+            read.exception()  # retrieved: every request that waited has it, or none is left to
+
+    async def _read_record(self, entry: Entry) -> Entry:
         checked = time.monotonic()
         found = await self._read(entry.backend.select, sandbox_id=entry.state.id)
         if not found or found[0].ref != entry.state.ref:

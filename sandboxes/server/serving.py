@@ -13,6 +13,10 @@ body's first write and sends both together; a head not followed by a body in the
 the event loop (a ``HEAD`` request) is sent at the end of that turn, as are heads of streamed
 (chunked) responses at once, so a stream's headers are never held back waiting for its output.
 
+The cyclic garbage collector runs less often (`collect_less`): the event loop's requests allocate
+thousands of short-lived containers a second, and each young collection walked the objects of
+the requests in flight, none of them garbage.
+
 Request heads are bounded (``max_header_bytes``): h11 by uvicorn's own option; httptools keeps
 a header it is given in memory until it ends, however long, so `_bounded_head` counts what
 arrives while a head is incomplete and answers 431 and closes the connection past the limit.
@@ -21,6 +25,7 @@ arrives while a head is incomplete and answers 431 and closes the connection pas
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
 import logging
@@ -133,6 +138,27 @@ def _bounded_head(protocol: type[asyncio.Protocol], limit: int) -> type[asyncio.
 
     BoundedHead.__name__ = BoundedHead.__qualname__ = f"BoundedHead{protocol.__name__}"
     return BoundedHead
+
+
+YOUNG_COLLECTION_THRESHOLD = 20_000
+"""Net allocations of container objects between two young collections (Python's default: 700)."""
+
+
+def collect_less() -> None:
+    """Make the cyclic garbage collector cheap for a long-running service, once it is set up.
+
+    Every object alive now (modules, the app, its routes and models) is moved out of the
+    collector's generations (`gc.freeze`): no full collection walks them again. And the young
+    generation is collected after `YOUNG_COLLECTION_THRESHOLD` net allocations instead of 700,
+    which the requests in flight reached every few requests: each young collection walked
+    their objects, none of them garbage. Measured through ``bench_service`` (20 clients,
+    execute): ~610 young collections in 8 s, 0.13 ms each, ~4% of the service's CPU, and not one
+    object collected; the service's CPU per request went from 0.40 to 0.37 ms. Cycles are still
+    collected, later: what they hold is bounded by the threshold."""
+    gc.collect()
+    gc.freeze()
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(max(young, YOUNG_COLLECTION_THRESHOLD), older, oldest)
 
 
 def stack() -> tuple[str, str]:

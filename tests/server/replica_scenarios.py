@@ -5,6 +5,7 @@ make its template (each replica gets its own empty data directory)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -264,6 +265,46 @@ class ReplicaScenarios:
             assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
             _wait_for(lambda: sandbox["id"] not in trusting.registry._entries, "the sweep dropped it")
             assert client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+
+    def test_requests_finding_a_held_sandbox_unconfirmed_together_share_one_read(self, replica: Replica) -> None:
+        """Once a held sandbox's ``confirm_interval`` passes, every request that comes before
+        its record is read again waits for that one read, instead of each listing the backend
+        (5-9 lists a second with 20 clients of one sandbox, at a confirm interval of 1 s)."""
+        clients = 6
+        with replica(confirm_interval=3600, sweep_interval=3600) as one, one.client("alice") as client:
+            sandbox = create(client, ttl=300)
+            registry, backend = one.registry, one.registry.backends["default"]
+            lookups: list[dict[str, str]] = []
+            all_waiting, release = threading.Event(), threading.Event()
+            select, find, finding = backend.select, registry.find, []
+
+            def held_back(**labels: str) -> Any:
+                if labels.get("sandbox_id") == sandbox["id"]:
+                    lookups.append(labels)
+                    release.wait(30)
+                return select(**labels)
+
+            async def counted(tenant: Any, sandbox_id: str) -> Any:
+                finding.append(sandbox_id)  # on the loop: it then reaches its confirmation at once
+                if len(finding) == clients:
+                    all_waiting.set()
+                return await find(tenant, sandbox_id)
+
+            backend.select, registry.find = held_back, counted
+            registry._entries[sandbox["id"]].confirmed = time.monotonic() - 7200  # its trust lapsed
+            try:
+                with one.client("alice") as other, concurrent.futures.ThreadPoolExecutor(clients) as pool:
+                    url = f"/v1/sandboxes/{sandbox['id']}/execute"
+                    answers = [pool.submit(other.post, url, json={"command": "echo ok"}) for _ in range(clients)]
+                    assert all_waiting.wait(30), f"{len(finding)} of {clients} requests reached the registry"
+                    release.set()
+                    results = [answer.result(timeout=60) for answer in answers]
+            finally:
+                release.set()
+                del backend.select, registry.find
+            assert [(r.status_code, r.json()["output"]) for r in results] == [(200, "ok\n")] * clients
+            assert len(lookups) == 1, lookups
+            assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
     @pytest.mark.parametrize("sweep_interval", [0.2, 3600], ids=["sweeps", "timer-only"])
     def test_a_renewal_on_one_replica_is_honoured_by_the_others(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -148,3 +150,13 @@ def test_the_service_is_served_with_the_fast_stack_in_one_piece() -> None:
     assert issubclass(config.http, HttpToolsProtocol)
     assert config.http.__name__ == "OnePieceBoundedHeadHttpToolsProtocol"
     assert (config.access_log, config.lifespan, config.timeout_graceful_shutdown) == (False, "on", 3)
+
+
+def test_the_collector_leaves_the_set_up_service_alone() -> None:
+    """`serving.collect_less`, in a process of its own: it changes the interpreter's collector."""
+    probe = (
+        "import gc\nfrom sandboxes.server import serving\nserving.collect_less()\n"
+        "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000, gc.get_count()[2])"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == [str(serving.YOUNG_COLLECTION_THRESHOLD), "True", "0"]

@@ -213,13 +213,13 @@ def _cases(foreign: bool) -> list[Case]:
         Case("download: at the limit", old, lambda d: download_call("12", f"{d}/f"), True),
         Case(
             "download: over the native size",
-            "head -c 1100000 /dev/zero > f",
+            "head -c 600000 /dev/zero > f",
             lambda d: download_call("-", f"{d}/f"),
             False,
         ),
         Case(
             "download: over the native size in all",
-            "head -c 600000 /dev/zero > f; cp f g",
+            "head -c 300000 /dev/zero > f; cp f g",
             lambda d: download_call("-", f"{d}/f", f"{d}/g"),
             False,
         ),

@@ -37,10 +37,10 @@ import stat
 NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS + LISTING_OPS
 NATIVE_READ_MAX = 1 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
-NATIVE_DOWNLOAD_MAX = 1 << 20
-"""A download of more bytes in all is left to the script (``N``), for the same reason. Around
-1 MiB the script is as fast (base64 in Python costs ~4.5 ms a MiB); below it the helper is:
-64 KiB 0.75 ms against 3.0, 256 KiB 2.7-3.5 against 5.7-6.9 (LocalSandbox, paired runs)."""
+NATIVE_DOWNLOAD_MAX = 512 << 10
+"""A download of more bytes in all is left to the script (``N``): past this coreutils' base64 is
+faster than Python's (~4.5 ms a MiB). LocalSandbox, paired runs on a quiet machine: 256 KiB
+2.75 ms against 4.4 with the script, 512 KiB 5.5 against 5.7, 1 MiB 12.1 against 10.7."""
 _OUTPUT_CHUNK = 64 << 10
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096

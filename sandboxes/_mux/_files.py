@@ -374,7 +374,10 @@ def _download(ident, limit, paths):
             os.close(fd)
             output.append(b"!17\n")
             continue
-        data = _read_at_most(fd, budget + 1)
+        if size > budget:  # most likely too much: not read in vain
+            os.close(fd)
+            raise _NotNative()
+        data = _read_at_most(fd, budget + 1)  # it may have grown since
         budget -= len(data)
         if budget < 0:
             raise _NotNative()

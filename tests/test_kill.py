@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, kill_marked
+from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
 
 FORKER = "i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait"
 """Forks as fast as a shell can, for seconds; bounded (4000 children, each gone within a minute)
@@ -96,3 +96,19 @@ def test_an_empty_marker_is_refused() -> None:
     with pytest.raises(ValueError, match="empty marker"):
         kill_marked("")
     assert subprocess.run(["/bin/sh", "-c", KILL_MARKED_SH + 'kill_marked ""'], timeout=10).returncode == 1
+
+
+def test_any_marked_finds_a_marked_process_among_many_markers_in_one_scan() -> None:
+    """The exec helper's one scan for the commands that ended in a turn (`any_marked`): true
+    while one process carries one of the markers, false once it is gone, and never for a
+    marker nobody carries."""
+    marker = f"any-marked-{uuid.uuid4().hex}"
+    other = f"any-marked-{uuid.uuid4().hex}"
+    child = subprocess.Popen(["sleep", "60"], env={**os.environ, MARKER_ENV: marker})
+    try:
+        assert any_marked([other, marker])
+        assert not any_marked([other, ""])
+    finally:
+        child.kill()
+        child.wait()
+    assert not any_marked([other, marker])

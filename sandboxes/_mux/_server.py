@@ -554,13 +554,14 @@ def _sweep_ended():
     """Kill what escaped the commands answered this turn, once their answers are written (an
     answer is flushed in the turn it was queued, see `send`): scanning /proc must not delay
     them. By marker when the helper has a child that is no running command's leader (or is no
-    subreaper); then every unprotected orphan, once for them all (`kill_orphans` works in rounds
+    subreaper) and some process still carries one of their markers (one scan of /proc for all
+    of them); then every unprotected orphan, once for them all (`kill_orphans` works in rounds
     until none is left, whoever they came from)."""
     if not _ended:
         return
     ended = list(_ended)
     del _ended[:]
-    if _strays():
+    if _strays() and any_marked([command.marker for command in ended]):  # one scan for them all
         for command in ended:
             kill_marked(command.marker)
     _kill_orphans()

@@ -34,6 +34,20 @@ def ok(result: object) -> object:
     return result
 
 
+def scripted(sandbox: BaseSandbox, operation: Callable[[], object]) -> Callable[[], object]:
+    """``operation`` with the exec helper's native file ops (reads, writes, searches, listings,
+    deletes, transfers) off: the scripts' cost, timed in the same run as the native path."""
+
+    def run() -> object:
+        sandbox.native_file_ops = False
+        try:
+            return operation()
+        finally:
+            sandbox.native_file_ops = True
+
+    return run
+
+
 class CountingCalls(BaseSandbox):
     """Mixed in before a backend's sandbox class: counts its ``execute`` calls, and the file
     operations its exec helper does itself (a round trip without a process), so round trips

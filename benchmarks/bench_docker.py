@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from _common import CountingCalls
+from _common import CountingCalls, scripted
 from _common import percentile as _percentile
 from _common import timed as _timed
 from deepagents.backends import protocol as da
@@ -242,16 +242,6 @@ def _lines(result: object) -> int:
     return len(str(data["content"] if isinstance(data, Mapping) else getattr(data, "content", "")).splitlines())
 
 
-def _scripted(backend: Any, operation: Callable[[], object]) -> object:
-    """``operation`` with the exec helper's native writes off (ours; the baseline has none):
-    the scripts' cost, in the same run."""
-    backend.native_file_ops = False
-    try:
-        return operation()
-    finally:
-        backend.native_file_ops = True
-
-
 def _bench_file_ops(sb: CountingDockerSandbox, da_sb: ExecRunSandbox, iterations: int, warmup: int) -> list[Row]:
     _build_tree(sb)
     _check_equivalent(sb, da_sb)
@@ -271,14 +261,14 @@ def _bench_file_ops(sb: CountingDockerSandbox, da_sb: ExecRunSandbox, iterations
 
     cases: list[tuple[str, Callable[[Any], object], Callable[[], None] | None]] = [
         ("ls", lambda b: _ok(b.ls(f"{TREE}/d00")), None),
-        ("ls (scripts)", lambda b: _scripted(b, lambda: _ok(b.ls(f"{TREE}/d00"))), None),
+        ("ls (scripts)", lambda b: scripted(b, lambda: _ok(b.ls(f"{TREE}/d00")))(), None),
         ("read", lambda b: _ok(b.read(f"{WORK}/read.txt")), None),
         ("write", lambda b: _ok(b.write(f"{WORK}/written.txt", text)), None),
         ("edit", lambda b: edit(b)(), None),
-        ("write (scripts)", lambda b: _scripted(b, lambda: _ok(b.write(f"{WORK}/written.txt", text))), None),
-        ("edit (scripts)", lambda b: _scripted(b, edit(b)), None),
+        ("write (scripts)", lambda b: scripted(b, lambda: _ok(b.write(f"{WORK}/written.txt", text)))(), None),
+        ("edit (scripts)", lambda b: scripted(b, edit(b))(), None),
         ("delete", lambda b: _ok(b.delete(f"{WORK}/doomed.txt")), recreate),
-        ("delete (scripts)", lambda b: _scripted(b, lambda: _ok(b.delete(f"{WORK}/doomed.txt"))), recreate),
+        ("delete (scripts)", lambda b: scripted(b, lambda: _ok(b.delete(f"{WORK}/doomed.txt")))(), recreate),
         ("grep", lambda b: _ok(b.grep(NEEDLE, TREE)), None),
         ("glob", lambda b: _ok(b.glob("*.py", TREE)), None),
     ]

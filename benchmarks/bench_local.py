@@ -35,9 +35,9 @@ from typing import Any
 from _common import CountingCalls
 from _common import ok as _ok
 from _common import percentile as _percentile
+from _common import scripted as _scripted
 from _common import timed as _timed
 
-from sandboxes.base import BaseSandbox
 from sandboxes.local.sandbox import _DEFAULT_PATH, LocalSandbox
 
 TREE_DIRS = 10
@@ -217,20 +217,6 @@ def _cases(
                  lambda: _write_bytes(str(direct / "written-spawned.txt"), text.encode()), counted=spawning),
         ]  # fmt: skip
     return cases
-
-
-def _scripted(sandbox: BaseSandbox, operation: Callable[[], object]) -> Callable[[], object]:
-    """``operation`` with the exec helper's native file ops (reads, writes, searches, listings,
-    deletes) off: the scripts' cost, in the same run."""
-
-    def run() -> object:
-        sandbox.native_file_ops = False
-        try:
-            return operation()
-        finally:
-            sandbox.native_file_ops = True
-
-    return run
 
 
 def _raw_jail_spawn(sandbox: LocalSandbox) -> Callable[[], object]:

@@ -53,6 +53,7 @@ import paramiko
 from _common import CountingCalls
 from _common import ok as _ok
 from _common import percentile as _percentile
+from _common import scripted as _scripted
 from _common import timed as _timed
 from pydantic import SecretStr
 
@@ -277,19 +278,6 @@ def _toggle(edit: Callable[[str, str], object]) -> Callable[[], object]:
         old, new = ("omega", "alpha") if state["flipped"] else ("alpha", "omega")
         state["flipped"] = not state["flipped"]
         return edit(old, new)
-
-    return run
-
-
-def _scripted(sandbox: SSHSandbox, operation: Callable[[], object]) -> Callable[[], object]:
-    """``operation`` with the exec helper's native file ops off: the scripts' cost, in the same run."""
-
-    def run() -> object:
-        sandbox.native_file_ops = False
-        try:
-            return operation()
-        finally:
-            sandbox.native_file_ops = True
 
     return run
 

@@ -19,7 +19,7 @@ import shlex
 import uuid
 from dataclasses import dataclass
 
-from native_writes import HOSTILE, NOT_UTF8, NOT_UTF8_SH, helper_client
+from native_writes import HOSTILE, NOT_UTF8, NOT_UTF8_SH, helper_client, observe
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
@@ -138,19 +138,6 @@ _DELETIONS = [
     Deletion("read-only files in a writable tree", "mkdir -p t/u && printf x > t/u/f && chmod 444 t/u/f", "t"),
 ]
 
-_OBSERVE = r"""cd "$1" || exit 99
-chmod -R u+rwx . 2>/dev/null
-find . -mindepth 1 -exec stat -c '%n %a %u %g %F %s' {} + | LC_ALL=C sort
-find . -type f -exec md5sum {} + | LC_ALL=C sort
-"""
-"""Everything under a case's directory, once opened up (what a delete could not remove)."""
-
-
-def _observe(sandbox: BaseSandbox, directory: str) -> str:
-    result = sandbox.execute(_scripts.command(_OBSERVE, directory))
-    assert result.exit_code == 0, result
-    return result.output
-
 
 def _delete_case(sandbox: BaseSandbox, case: Deletion, directory: str) -> tuple[int | None, str]:
     made = sandbox.execute(
@@ -159,7 +146,7 @@ def _delete_case(sandbox: BaseSandbox, case: Deletion, directory: str) -> tuple[
     assert made.exit_code == 0, (case.name, made)
     response = sandbox._run_call(delete_call(f"{directory}/{case.target}"))
     assert response.error is None, (case.name, response)
-    return response.exit_code, _observe(sandbox, directory.rpartition("/")[0])
+    return response.exit_code, observe(sandbox, directory.rpartition("/")[0], open_up=True)
 
 
 def assert_native_listings_match_the_scripts(sandbox: BaseSandbox, root: str) -> None:

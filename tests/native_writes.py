@@ -22,7 +22,7 @@ from sandboxes import protocol as p
 from sandboxes._mux import MuxClient
 from sandboxes.base import BaseSandbox, Call
 
-__all__ = ["assert_native_writes_match_the_scripts", "helper_client", "write_call"]
+__all__ = ["assert_bad_op_refused", "assert_native_writes_match_the_scripts", "helper_client", "observe", "write_call"]
 
 
 def helper_client(sandbox: Any) -> MuxClient:
@@ -33,6 +33,18 @@ def helper_client(sandbox: Any) -> MuxClient:
     assert isinstance(mux, MuxClient), "no exec helper"
     assert mux.alive, "the exec helper is not alive"
     return mux
+
+
+def assert_bad_op_refused(sandbox: Any, op: list[str]) -> None:
+    """A malformed native op (what the client never sends, a forged or broken one might) is
+    answered as an error, and the helper serves on."""
+    mux = helper_client(sandbox)
+    answer = mux.run_native(op, None, timeout=30, output_limit=1 << 20)
+    assert answer is not None
+    assert answer.error == p.BACKEND_ERROR
+    assert "bad file op" in (answer.message or "")
+    assert sandbox.execute("echo alive").output == "alive\n"
+    assert mux.alive
 
 
 def assert_file_ops_go_native(sandbox: Any, directory: str) -> None:
@@ -232,13 +244,16 @@ def _cases(foreign: bool) -> list[Case]:
 
 
 _OBSERVE = r"""cd "$1" || exit 99
+[ "$2" = open ] && chmod -R u+rwx . 2>/dev/null
 find . -mindepth 1 -exec stat -c '%n %a %u %g %F %s' {} + | LC_ALL=C sort
 find . -type f -exec md5sum {} + | LC_ALL=C sort
 """
 
 
-def _observe(sandbox: BaseSandbox, directory: str) -> str:
-    result = sandbox.execute(_scripts.command(_OBSERVE, directory))
+def observe(sandbox: BaseSandbox, directory: str, *, open_up: bool = False) -> str:
+    """Everything under ``directory``: names, modes, owners, types, sizes, contents; with
+    ``open_up``, after making it all readable (what a delete could not remove)."""
+    result = sandbox.execute(_scripts.command(_OBSERVE, directory, "open" if open_up else "as-is"))
     assert result.exit_code == 0, result
     return result.output
 
@@ -264,7 +279,7 @@ def _run_case(
         thread.join(90)
         assert reader, f"{case.name}: the reader did not end"
     assert response.error is None, (case.name, response)
-    seen = _observe(sandbox, directory)
+    seen = observe(sandbox, directory)
     # The output where the parser reads it (success); a failure is its exit code, and the
     # shell's own complaint beside it (``cannot open ...``) is noise no caller sees.
     output = response.output if response.exit_code == 0 else ""

@@ -12,6 +12,7 @@ from langgraph.store.memory import InMemoryStore
 
 from agent import LocalProvider, create_sandbox_agent
 from agent.testing import ScriptedChatModel, call, say
+from sandboxes.base import Call
 from sandboxes.local import LocalSandbox
 from sandboxes.protocol import ExecuteResponse
 
@@ -137,6 +138,9 @@ def test_an_unreachable_sandbox_is_an_error_message_not_a_crash(tmp_path: Path) 
         """Fake: a sandbox whose host went away (every command raises, as a lost connection does)."""
 
         def execute(self, command: str, **kwargs: Any) -> ExecuteResponse:
+            raise ConnectionError("sandbox host went away")
+
+        def _run_native(self, call: Call) -> ExecuteResponse | None:  # the file ops its helper answers
             raise ConnectionError("sandbox host went away")
 
     ls, run = call("ls"), call("execute", command="true")

@@ -316,8 +316,12 @@ class ReplicaScenarios:
     ) -> None:
         """The creator's expiry timer, and its sweeps, re-read the record before reaping."""
         with replica(sweep_interval=sweep_interval) as creator, creator.client("alice") as a:
-            sandbox = create(a, ttl=2)
+            sandbox = create(a, ttl=5)
             renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 120}).json()
+            # The premise: renewed before it expired (a renewal racing the expiry is another
+            # test's). With ttl=2 the creator reaped it once in a loaded CI run; when the renewal
+            # landed was not recorded, so a late one now says so here.
+            assert time.time() < sandbox["expires_at"], "the renewal came after the first expiry"
             assert renewed["expires_at"] >= sandbox["expires_at"] + 100
             # Past the first expiry (and, with sweeps, several of them after it): still there.
             _wait_for(lambda: time.time() > sandbox["expires_at"] + 1.5, "the first expiry passed", timeout=10)

@@ -323,9 +323,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
-            args = [arg for _, path, content in valid for arg in (path, str(len(content)))]
+            args = [_token(), *(arg for _, path, content in valid for arg in (path, str(len(content))))]
             stream = b"".join(content for _, _, content in valid)
-            args = [_token(), *args]
             command = _scripts.command(_scripts.UPLOAD, *args)
             response = yield Call(command, stdin=stream, idempotent=False, native=("upload", *args))
             failure = _parse.check(response, valid[0][1])

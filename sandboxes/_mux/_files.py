@@ -15,9 +15,10 @@ everything above the transport parses it unchanged. Same atomic write: the bytes
 only once the announced size arrived, keeping the target's mode and group (a new file: the mode
 the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
 symlink, a device or FIFO, another user's file, a directory we may not create entries in), or a
-read is over `NATIVE_READ_MAX` (a download over `NATIVE_DOWNLOAD_MAX`), this answers ``N`` (not native here) before touching anything
-but the parents (which the script would create too), and the client runs the script: a FIFO
-must never block this single-threaded loop, and a big file must not hold it.
+read is over `NATIVE_READ_MAX` (a download over `NATIVE_DOWNLOAD_MAX`), this answers ``N`` (not
+native here) before touching anything but the parents (which the script would create too), and
+the client runs the script: a FIFO must never block this single-threaded loop, and a big file
+must not hold it.
 
 Frames (see `_server`): F starts an op (JSON ``{"op": [name, args...]}``: the script's
 arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
@@ -346,9 +347,18 @@ def _read_file(ident, path, limit):
     raise _Answer(0)
 
 
+def download(op):
+    """`sandboxes._scripts.DOWNLOAD`'s ``(exit code, output)`` for ``op`` (its arguments: a limit,
+    ``-`` for none, then the paths), or ``None``: run the script. ValueError when malformed."""
+    limit, paths = _download_spec(op)
+    try:
+        return 0, _download_output(limit, paths)
+    except _NotNative:
+        return None
+
+
 def _download_spec(op):
-    """(limit, paths) of a download ``op``: DOWNLOAD's arguments, its limit ``-`` for none;
-    ValueError when malformed."""
+    """(limit, paths) of a download ``op``; ValueError when malformed."""
     limit, paths = (op[1], op[2:]) if len(op) > 2 else (None, [])
     if not (limit == "-" or (limit is not None and limit.isdigit() and len(limit) <= 19)) or not paths:
         raise ValueError("wrong arguments for download")
@@ -358,10 +368,9 @@ def _download_spec(op):
     return limit, paths
 
 
-def _download(ident, limit, paths):
-    """`sandboxes._scripts.DOWNLOAD`: per file its base64 lines, then ``!<status>``. Built whole
-    before a byte is sent, so that a download over `NATIVE_DOWNLOAD_MAX` in all can still go back
-    to the script."""
+def _download_output(limit, paths):
+    """Per file its base64 lines, then ``!<status>``. Built whole before a byte is sent, so that
+    a download over `NATIVE_DOWNLOAD_MAX` in all can still go back to the script (`_NotNative`)."""
     output, budget = [], NATIVE_DOWNLOAD_MAX
     for path in paths:
         try:
@@ -382,8 +391,7 @@ def _download(ident, limit, paths):
         if budget < 0:
             raise _NotNative()
         output.append(base64.encodebytes(data) + b"!0\n")
-    _send_output(ident, b"".join(output))
-    raise _Answer(0)
+    return b"".join(output)
 
 
 def _answer(ident, code, timed_out=False):
@@ -404,7 +412,7 @@ def start_native_op(ident, payload):
             _answer_whole(ident, op, listing)
             return
         if op[0] == "download":
-            _download_op(ident, _download_spec(op))
+            _answer_whole(ident, op, download)
             return
         if op[0] == "upload":  # `_uploads`, shipped after this file
             _start_upload(ident, upload_spec(op))
@@ -428,26 +436,13 @@ def start_native_op(ident, payload):
 def _start_upload(ident, spec):
     try:
         _native_ops[ident] = NativeUpload(ident, *spec)
-    except _NotNative:
-        send(b"N", ident, answer=True)
-    except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
-        send(b"N", ident, answer=True)
-
-
-def _download_op(ident, spec):
-    try:
-        _download(ident, *spec)
-    except _NotNative:
-        send(b"N", ident, answer=True)
-    except _Answer as done:
-        _answer(ident, done.code)
-    except Exception:  # a surprise must not end the helper: nothing was changed, the script decides
+    except Exception:  # one is written in place (_NotNative), or a surprise: nothing placed yet
         send(b"N", ident, answer=True)
 
 
 def _answer_whole(ident, op, answer_for):
-    """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
-    its exit code; or N. Answered whole, at once."""
+    """The answer of `download`, `_search.search` or `_listing.listing` (``answer_for``): its
+    output, then its exit code; or N. Answered whole, at once."""
     try:
         answer = answer_for(op)
     except ValueError:
@@ -458,8 +453,7 @@ def _answer_whole(ident, op, answer_for):
         send(b"N", ident, answer=True)
         return
     code, output = answer
-    for offset in range(0, len(output), _OUTPUT_CHUNK):
-        send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
+    _send_output(ident, output)
     _answer(ident, code)
 
 

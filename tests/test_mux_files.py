@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from mux_faults import faulty
-from native_writes import assert_native_writes_match_the_scripts, helper_client, write_call
+from native_writes import assert_bad_op_refused, assert_native_writes_match_the_scripts, helper_client, write_call
 from support import HAS_BWRAP, needs
 
 from sandboxes import protocol as p
@@ -127,3 +127,13 @@ def test_parents_deeper_than_pythons_recursion_limit_are_created(jail: LocalSand
     assert jail.read(deep).file_data == p.FileData("bottom")
     assert helper_client(jail).native_answers - before == (2 if native else 0)
     assert jail.execute(f"rm -rf {jail.root}/{native}").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "op",
+    [["download"], ["download", "x", "/a"], ["download", "-", "relative"], ["upload", "tok", "/a"]],
+    ids=["no paths", "bad limit", "relative path", "no size"],
+)
+def test_a_malformed_transfer_is_refused_and_the_helper_serves_on(jail: LocalSandbox, op: list[str]) -> None:
+    """What the client never sends, a forged or broken one might: an error, nothing written."""
+    assert_bad_op_refused(jail, op)

@@ -31,6 +31,7 @@ between needs the pid space to wrap around within microseconds.
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 MARKER_ENV = "SANDBOXES_EXEC_ID"
 """The one marker name, set by every transport on every command (the exec helper, the
@@ -83,26 +84,15 @@ def any_marked(values: "list[str]", name: str = MARKER_ENV) -> bool:
     loop (under 20 concurrent clients, several) and kills by marker only when it answers yes.
     A process born during the scan may be missed, as by `kill_marked`'s first scan."""
     needles = [f"\0{name}={value}\0".encode() for value in values if value]
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        environ = _environ(int(entry))
-        if environ and any(needle in environ for needle in needles):
-            return True
-    return False
+    return any(any(needle in environ for needle in needles) for _, environ in _others())
 
 
 def _sweep(needle: bytes, signum: int, seen: "set[int]") -> "tuple[int, int]":
     """Signal every process whose environment holds ``needle``, each right after it was read;
     (how many there were, how many of them were not in ``seen``), adding them to ``seen``."""
-    me = os.getpid()
     found = new = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == me or needle not in _environ(pid):
+    for pid, environ in _others():
+        if needle not in environ:
             continue
         try:
             os.kill(pid, signum)
@@ -113,6 +103,15 @@ def _sweep(needle: bytes, signum: int, seen: "set[int]") -> "tuple[int, int]":
             seen.add(pid)
             new += 1
     return found, new
+
+
+def _others() -> "Iterator[tuple[int, bytes]]":
+    """(pid, environment as `_environ` reads it) of every process but this one, each read when
+    its turn comes (so a caller can signal it before the next is read)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            yield int(entry), _environ(int(entry))
 
 
 def _environ(pid: int) -> bytes:

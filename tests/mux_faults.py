@@ -18,8 +18,16 @@ import pytest
 
 from sandboxes import protocol as p
 from sandboxes._mux import ByteStream, MuxClient
+from sandboxes._mux.client import TimedByteStream
 
-__all__ = ["FaultyStream", "assert_an_unanswered_command_runs_once", "assert_an_unsent_command_is_resent", "faulty"]
+__all__ = [
+    "FaultyStream",
+    "TimedFaultyStream",
+    "assert_an_unanswered_command_runs_once",
+    "assert_an_unsent_command_is_resent",
+    "faulty",
+    "wrapped",
+]
 
 _HEADER = struct.Struct(">cII")
 
@@ -71,7 +79,30 @@ class FaultyStream:
         self.inner.close()
 
     def __getattr__(self, name: str) -> Any:  # what a transport reads off its own stream (stderr, status)
+        if name == "recv_within":  # only `TimedFaultyStream` has it, losing answers the same way
+            raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+class TimedFaultyStream(FaultyStream):
+    """`FaultyStream` around a `TimedByteStream` (SSH's channel, the jail's pipes): a caller
+    alone with its command reads its answer through `recv_within`, which loses it the same way."""
+
+    def __init__(self, inner: TimedByteStream) -> None:
+        super().__init__(inner)
+        self.timed = inner
+
+    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
+        data = self.timed.recv_within(size, timeout)
+        if not self._losing or not data:
+            return data
+        self._lost += data
+        return b"" if _has_exit(self._lost) else None
+
+
+def wrapped(inner: ByteStream) -> FaultyStream:
+    """The `FaultyStream` for ``inner``: timed if it is."""
+    return TimedFaultyStream(inner) if isinstance(inner, TimedByteStream) else FaultyStream(inner)
 
 
 def _has_exit(data: bytearray) -> bool:
@@ -93,7 +124,7 @@ def faulty(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[FaultySt
     made: list[FaultyStream] = []
 
     def client(stream: ByteStream, **options: Any) -> MuxClient:
-        made.append(FaultyStream(stream))
+        made.append(wrapped(stream))
         return MuxClient(made[-1], **options)
 
     monkeypatch.setattr(module, "MuxClient", client)

@@ -5,21 +5,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from mux_faults import FaultyStream
+from mux_faults import wrapped
 
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._mux.client import TimedByteStream
 
 _VARIANTS = {
     "posix_spawn+subreaper": "",
@@ -50,9 +53,32 @@ class _PipeStream:
         self.process.wait()
 
 
-@pytest.fixture(params=list(_VARIANTS))
+class _TimedPipeStream(_PipeStream):
+    """The same pipe as a `TimedByteStream`: a caller alone with its command reads its answer
+    itself, and nobody reads while the client is idle (`MuxClient`'s docstring)."""
+
+    def __init__(self, prelude: str = "") -> None:
+        super().__init__(prelude)
+        assert self.process.stdout is not None
+        self._out = self.process.stdout.fileno()  # read raw: poll must see what is unread
+        self._ready = select.poll()
+        self._ready.register(self._out, select.POLLIN)
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self._out, size)
+
+    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
+        if timeout is not None and not self._ready.poll(timeout * 1000):
+            return None
+        return os.read(self._out, size)
+
+
+_TIMED = "posix_spawn+subreaper, timed stream"
+
+
+@pytest.fixture(params=[*_VARIANTS, _TIMED])
 def stream(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
-    pipe = _PipeStream(_VARIANTS[request.param])
+    pipe = _TimedPipeStream() if request.param == _TIMED else _PipeStream(_VARIANTS[request.param])
     yield pipe
     pipe.close()
 
@@ -106,7 +132,7 @@ def test_an_unacknowledged_command_may_still_run_so_it_is_never_resent(stream: _
 
 
 def test_a_command_whose_answer_was_lost_ran_and_is_never_resent(stream: _PipeStream, tmp_path: Path) -> None:
-    faulty = FaultyStream(stream)
+    faulty = wrapped(stream)
     client = MuxClient(faulty)
     assert _run(client, "echo warm").output == "warm\n"
     faulty.lose_answers()
@@ -120,7 +146,7 @@ def test_a_request_not_written_whole_is_resendable_and_never_runs(stream: _PipeS
     """The send of a request fails half way: the helper only acts on whole frames, and the
     client writes nothing more on that stream (whatever followed would complete the frame), so
     the command never runs here and may go to a fresh helper."""
-    faulty = FaultyStream(stream)
+    faulty = wrapped(stream)
     client = MuxClient(faulty)
     assert _run(client, "echo warm").output == "warm\n"
     faulty.fail_next_request()
@@ -191,6 +217,7 @@ def test_hello_says_how_commands_are_spawned(stream: _PipeStream, request: pytes
     """Proves the variants exercise the fallbacks they are named after."""
     info = MuxClient(stream).info
     variant = request.node.callspec.params["stream"]
+    assert isinstance(stream, TimedByteStream) is (variant == _TIMED)
     assert info["spawn"] == ("popen" if variant == "popen" else "posix_spawn")
     small_limit = info["pids_limit"] is not None and info["pids_limit"] <= 4096  # no subreaper there, by design
     assert info["subreaper"] is (variant != "no-subreaper" and not small_limit)
@@ -566,3 +593,49 @@ def test_a_silent_command_is_acknowledged_while_it_runs(stream: _PipeStream) -> 
             time.sleep(0.01)
         assert not running.done()
         assert running.result().exit_code == 0
+
+
+def test_a_helper_that_died_while_idle_is_found_before_the_next_request(stream: _PipeStream) -> None:
+    """Nobody reads an idle timed stream: the next caller must still find the helper dead before
+    it writes, so that its command may go to a fresh helper (it cannot have run)."""
+    client = MuxClient(stream)
+    assert _run(client, "echo warm").output == "warm\n"
+    stream.process.kill()
+    stream.process.wait()
+    with pytest.raises(MuxBroken) as broken:
+        _run(client, "echo after")
+    assert broken.value.may_resend is True
+    assert not client.alive
+
+
+def test_over_a_timed_stream_a_caller_alone_reads_its_own_answer() -> None:
+    """Sequential commands are read by their callers (no thread hand-off); commands from many
+    threads at once are all answered, whoever reads; then a lone caller reads again."""
+    stream = _TimedPipeStream()
+    readers: list[str] = []
+    recv_within = stream.recv_within
+
+    def recorded(size: int, timeout: float | None) -> bytes | None:
+        readers.append(threading.current_thread().name)
+        return recv_within(size, timeout)
+
+    stream.recv_within = recorded  # type: ignore[method-assign]
+    try:
+        client = MuxClient(stream)
+        for index in range(5):
+            readers.clear()
+            assert _run(client, f"echo {index}").output == f"{index}\n"
+            assert readers
+            assert set(readers) == {threading.current_thread().name}
+        with ThreadPoolExecutor(8) as pool:
+            outputs = list(pool.map(lambda i: _run(client, f"sleep 0.0{i % 3}; echo {i}").output, range(40)))
+        assert outputs == [f"{i}\n" for i in range(40)]
+        deadline = time.monotonic() + 5
+        while True:  # the reader thread hands reading back once nothing waits
+            readers.clear()
+            assert _run(client, "echo alone").output == "alone\n"
+            if set(readers) == {threading.current_thread().name}:
+                break
+            assert time.monotonic() < deadline, f"read by {set(readers)} after the burst"
+    finally:
+        stream.close()

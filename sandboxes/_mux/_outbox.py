@@ -1,4 +1,4 @@
-"""The requests of awaited commands (`sandboxes._mux.client.arun`), written together once the
+"""The requests of awaited commands (`sandboxes._mux._awaited.arun`), written together once the
 event loop's turn is over."""
 
 from __future__ import annotations

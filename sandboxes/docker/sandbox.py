@@ -196,7 +196,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
 
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), for a caller that awaits a
-        command on it (`sandboxes._mux.client.arun`) instead of a thread; such a caller reports
+        command on it (`sandboxes._mux._awaited.arun`) instead of a thread; such a caller reports
         a helper that broke with `drop_helper` and checks exit 137 with `oom_killed`, as
         `execute_streaming` does."""
         with self._mux_lock:

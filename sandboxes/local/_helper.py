@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -33,6 +34,8 @@ class PipeStream:
         self._process = process
         self._in = process.stdin.fileno()
         self._out = process.stdout.fileno()
+        self._readable = select.poll()
+        self._readable.register(self._out, select.POLLIN)
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -40,6 +43,12 @@ class PipeStream:
             view = view[os.write(self._in, view) :]
 
     def recv(self, size: int) -> bytes:
+        return os.read(self._out, size)
+
+    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
+        """`sandboxes._mux.client.TimedByteStream` (one reader at a time: one poll object)."""
+        if timeout is not None and not self._readable.poll(timeout * 1000):
+            return None
         return os.read(self._out, size)
 
     def close(self) -> None:

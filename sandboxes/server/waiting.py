@@ -3,7 +3,7 @@
 A command waited on by a worker thread holds that thread for as long as it runs: a few long
 commands of one tenant can take every thread, and everyone else's commands queue behind them.
 A `DockerSandbox` runs its commands through its exec helper, whose reader thread learns when
-each one ends; `sandboxes._mux.client.arun` completes an asyncio future from there, so a
+each one ends; `sandboxes._mux._awaited.arun` completes an asyncio future from there, so a
 running command costs the service no thread at all.
 
 Only the common case is awaited: a helper already running. Anything else (no helper yet, a
@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from sandboxes import protocol as p
 from sandboxes._mux import MuxBroken, MuxClient
-from sandboxes._mux.client import arun
+from sandboxes._mux._awaited import arun
 from sandboxes._output import out_of_memory
 from sandboxes.base import BaseSandbox
 from sandboxes.server.processes import Command

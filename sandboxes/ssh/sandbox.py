@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import shlex
 import threading
 import time
@@ -106,6 +107,7 @@ _KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
 
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
+_STDERR_CHUNK = 1 << 16
 
 
 class SSHSandbox(BaseSandbox, Lifecycle):
@@ -502,15 +504,41 @@ class SSHSandbox(BaseSandbox, Lifecycle):
 
 
 class _ChannelStream:
+    """`sandboxes._mux.client.TimedByteStream` over the helper's channel.
+
+    The bounded wait polls the channel's `fileno` (a pipe paramiko sets while the channel has
+    data or has ended), not `settimeout`: a channel has one timeout for reads AND writes, and
+    a request written meanwhile by another thread would inherit the reader's."""
+
     def __init__(self, connection: SSHConnection, channel: paramiko.Channel) -> None:
         self._connection = connection
         self._channel = channel
+        self._ready = select.poll()
+        self._ready.register(channel.fileno(), select.POLLIN)
 
     def send(self, data: bytes) -> None:
         self._channel.sendall(data)
 
     def recv(self, size: int) -> bytes:
         return bytes(self._channel.recv(size))
+
+    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
+        channel = self._channel
+        if not self._readable():
+            if timeout == 0:
+                return None
+            events = self._ready.poll(None if timeout is None else timeout * 1000)
+            if not self._readable():
+                while channel.recv_stderr_ready():  # the helper's last words: nobody reads them
+                    channel.recv_stderr(_STDERR_CHUNK)
+                closed = any(event & (select.POLLHUP | select.POLLNVAL) for _, event in events)
+                return b"" if closed else None  # paramiko closed its pipe: the channel is closed
+        return bytes(channel.recv(size))
+
+    def _readable(self) -> bool:
+        """Whether `recv` returns at once: data, or the channel's end."""
+        channel = self._channel
+        return bool(channel.recv_ready() or channel.eof_received or channel.closed)
 
     def close(self) -> None:
         self._connection.close_session(self._channel)

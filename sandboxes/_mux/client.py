@@ -221,8 +221,9 @@ class MuxClient:
     ) -> p.ExecuteResponse:
         """Run one command; raise `MuxBroken` if the helper dies or stops answering.
 
-        ``on_output`` sees every output chunk as it arrives (uncapped, in order), on the
-        stream's reader thread, which serves every command: it must neither block nor raise."""
+        ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
+        thread reads the stream (this one, another caller's or the reader thread), which reads
+        for every command: it must neither block nor raise."""
         ident, pending = self._register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
         started = time.monotonic()
         leading = False

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from sandboxes import protocol as p
+from sandboxes._mux import client as client_module
 from sandboxes._mux._outbox import Queued
-from sandboxes._mux.client import _KILL_GRACE, MuxBroken, MuxClient, _Pending, _request_frame, _response, _send_stdin
+from sandboxes._mux.client import MuxBroken, MuxClient, _Pending, _request_frame, _response, _send_stdin
 from sandboxes._output import OutputBuffer
 
 __all__ = ["arun"]
@@ -121,23 +122,13 @@ async def _await_async(
     set before ``ended`` is resolved, from the reader thread)."""
     while not pending.done.is_set():
         now = time.monotonic()
-        if pending.accepted_at is None:
-            if now >= sent + client._ack_timeout:
-                client._break(f"exec helper did not acknowledge command {ident} within {client._ack_timeout}s")
-                raise MuxBroken(client.broken or "no acknowledgement")  # written: its fate is unknown
-            until: float | None = sent + client._ack_timeout
-            if timeout and now < sent + timeout + _KILL_GRACE:
-                until = min(sent + client._ack_timeout, sent + timeout + _KILL_GRACE)
-        elif timeout:
-            until = pending.accepted_at + timeout + _KILL_GRACE
-            if now >= until:
-                client._send(b"K", ident)
-                give_up = time.monotonic() + _KILL_GRACE
-                while not pending.done.is_set() and time.monotonic() < give_up:
-                    await _woken(ended, max(0.0, give_up - time.monotonic()))
-                if not pending.done.is_set():
-                    client._break(f"exec helper did not report command {ident} after its timeout")
-                return
-        else:
-            until = None
+        overdue, until = client._deadline(ident, pending, sent, timeout, now)
+        if overdue:
+            client._send(b"K", ident)
+            give_up = time.monotonic() + client_module._KILL_GRACE
+            while not pending.done.is_set() and time.monotonic() < give_up:
+                await _woken(ended, max(0.0, give_up - time.monotonic()))
+            if not pending.done.is_set():
+                client._break(f"exec helper did not report command {ident} after its timeout")
+            return
         await _woken(ended, None if until is None else max(0.0, until - now))

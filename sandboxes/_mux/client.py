@@ -194,12 +194,9 @@ class MuxClient:
         nobody is reading, this reads what is there (without waiting): nobody else would."""
         if self.broken is None and not self._always_read and self._reading.acquire(blocking=False):
             try:
-                while self.broken is None and self._pump(0):
-                    pass
+                self._read_what_is_there()
             finally:
-                self._reading.release()
-            if self._awaited():
-                self._want_reader()
+                self._hand_on()
         return self.broken is None
 
     def close(self) -> None:
@@ -293,23 +290,31 @@ class MuxClient:
             self._want_reader()
             return False
         try:
-            while self.broken is None and self._pump(0):  # what came while idle: an end, most likely
-                pass
+            self._read_what_is_there()  # what came while idle: an end, most likely
             if self.broken is not None:
                 raise MuxBroken(self.broken, may_resend=True)
         except BaseException:
-            self._reading.release()
+            self._hand_on()
             raise
         return True
 
     def _done_with(self, ident: int, leading: bool) -> None:
-        """Forget the command; a caller that read hands reading on if other commands wait."""
+        """Forget the command; a caller that read hands reading on."""
         with self._pending_lock:
             self._pending.pop(ident, None)
         if leading:
-            self._reading.release()
-            if self._awaited():
-                self._want_reader()
+            self._hand_on()
+
+    def _read_what_is_there(self) -> None:
+        """Dispatch what the timed stream holds, without waiting (the read token's holder)."""
+        while self.broken is None and self._pump(0):
+            pass
+
+    def _hand_on(self) -> None:
+        """Give the read token back, and the reading to the reader thread if commands wait."""
+        self._reading.release()
+        if self._awaited():
+            self._want_reader()
 
     def _want_reader(self) -> None:
         if not self._always_read:
@@ -397,23 +402,32 @@ class MuxClient:
         wait: Callable[[float | None], object] = self._pump if leading else pending.done.wait
         while not pending.done.is_set():
             now = time.monotonic()
-            if pending.accepted_at is None:
-                if now >= sent + self._ack_timeout:
-                    self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
-                    raise MuxBroken(self.broken or "no acknowledgement")  # written: its fate is unknown
-                until: float | None = sent + self._ack_timeout
-                if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
-                    until = min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
-            elif timeout:
-                until = pending.accepted_at + timeout + _KILL_GRACE
-                if now >= until:
-                    self._send(b"K", ident)
-                    if not self._wait_for(pending, _KILL_GRACE, leading):
-                        self._break(f"exec helper did not report command {ident} after its timeout")
-                    return
-            else:
-                until = None
+            overdue, until = self._deadline(ident, pending, sent, timeout, now)
+            if overdue:
+                self._send(b"K", ident)
+                if not self._wait_for(pending, _KILL_GRACE, leading):
+                    self._break(f"exec helper did not report command {ident} after its timeout")
+                return
             wait(None if until is None else until - now)
+
+    def _deadline(
+        self, ident: int, pending: _Pending, sent: float, timeout: float | None, now: float
+    ) -> tuple[bool, float | None]:
+        """For a command waited on since ``sent``: (whether it is overdue and must be killed,
+        when to look again; ``None``: at its end only). Breaks the stream, and raises
+        `MuxBroken`, when it was not acknowledged in time. One ladder for `_await` and for
+        `sandboxes._mux._awaited.arun`, which only wait differently."""
+        if pending.accepted_at is None:
+            if now >= sent + self._ack_timeout:
+                self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
+                raise MuxBroken(self.broken or "no acknowledgement")  # written: its fate is unknown
+            if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
+                return False, min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
+            return False, sent + self._ack_timeout
+        if timeout:
+            until = pending.accepted_at + timeout + _KILL_GRACE
+            return now >= until, until
+        return False, None
 
     def _wait_for(self, pending: _Pending, seconds: float, leading: bool) -> bool:
         """Whether ``pending`` ended within ``seconds`` (read for when ``leading``)."""

@@ -12,7 +12,10 @@ measured in the same run on the same pod (`_kube_raw`):
 * file operations on a 200-file tree (ls, read, write, edit, delete, grep, glob): ours beside
   the shell command someone would otherwise run for it (``ls -la``, ``cat``, ``printf >``,
   ``sed -i``, ``rm``, ``grep -rnF``, ``find -name``), on the raw persistent stream and in a
-  raw fresh exec. ls, grep and glob are first checked to find what ours finds. Each row also
+  raw fresh exec. ls, grep and glob are first checked to find what ours finds. ``ls
+  (scripts)`` and ``delete (scripts)`` time the same calls with the exec helper's native ops
+  off (`_common.scripted`: the shell scripts of `BaseSandbox`, one ``execute`` each), beside
+  the same baselines, so the native ops' gain is measured in the same run. Each row also
   shows our ``execute`` round trips per call and its p50 over our execute p50.
 * 64 MiB ``upload_files`` / ``download_files`` beside a raw fresh exec of ``head -c N >`` fed
   on stdin and of ``cat`` read from stdout (there is no persistent-stream form of a copy).
@@ -39,9 +42,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from _common import CountingCalls, ok, percentile, timed
+from _common import CountingCalls, ok, percentile, scripted, timed
 from _kube_raw import RawShell, cluster, fresh_exec, raw_cold_start, raw_download, raw_upload
 
+from sandboxes import protocol as p
+from sandboxes.base import Call
 from sandboxes.kubernetes import KubernetesProvider, KubernetesSandbox, KubernetesSandboxConfig
 
 TREE_DIRS = 10
@@ -64,7 +69,15 @@ T = TypeVar("T")
 
 
 class CountingKubernetesSandbox(CountingCalls, KubernetesSandbox):
-    """Counts its round trips (`_common.CountingCalls`)."""
+    """Counts its round trips (`_common.CountingCalls`), and apart those the exec helper's
+    native ops answered, so a row meant to time the scripts can prove it did."""
+
+    native_answers = 0
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        answer = super()._run_native(call)
+        self.native_answers += answer is not None
+        return answer
 
 
 def verdict(met: bool) -> str:
@@ -128,6 +141,21 @@ def toggle(edit: Callable[[str, str], T]) -> Callable[[], T]:
         return edit(old, new)
 
     return run
+
+
+def scripts_only(sandbox: CountingKubernetesSandbox, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with the native ops off (`_common.scripted`), failing loudly if the helper answered
+    anyway: a ``(scripts)`` row that timed the native op would report nothing."""
+    run = scripted(sandbox, fn)
+
+    def checked() -> object:
+        before = sandbox.native_answers
+        result = run()
+        if sandbox.native_answers != before:
+            raise RuntimeError("a (scripts) row's call was answered by the exec helper's native op")
+        return result
+
+    return checked
 
 
 def counted(sandbox: CountingKubernetesSandbox, trips: list[int], fn: Callable[[], object]) -> Callable[[], object]:
@@ -194,19 +222,25 @@ def bench_file_ops(
     text = "x" * 1000 + "\n"
     doomed = f"{work}/doomed.txt"
 
+    def recreate() -> None:
+        shell.run(f"echo bye > {doomed}")
+
     def raw_edit(side: str) -> Callable[[str, str], str]:
         return lambda old, new: f"sed -i s/{old}/{new}/ {work}/edit-{side}.txt"
 
     # (op, ours, the raw command (or, for edit, a toggle making it), setup before every call)
     cases: list[tuple[str, Callable[[], object], Callable[[str], Callable[[], str]], Callable[[], object] | None]] = [
         ("ls", lambda: ok(sandbox.ls(f"{tree}/d00")), lambda _: _fixed(f"ls -la {tree}/d00"), None),
+        ("ls (scripts)", scripts_only(sandbox, lambda: ok(sandbox.ls(f"{tree}/d00"))),
+         lambda _: _fixed(f"ls -la {tree}/d00"), None),
         ("read", lambda: ok(sandbox.read(f"{work}/read.txt")), lambda _: _fixed(f"cat {work}/read.txt"), None),
         ("write", lambda: ok(sandbox.write(f"{work}/written.txt", text)),
          lambda side: _fixed(f"printf %s {shlex.quote(text)} > {work}/written-{side}.txt"), None),
         ("edit", toggle(lambda old, new: ok(sandbox.edit(f"{work}/edit-ours.txt", old, new))),
          lambda side: toggle(raw_edit(side)), None),
-        ("delete", lambda: ok(sandbox.delete(doomed)), lambda _: _fixed(f"rm {doomed}"),
-         lambda: shell.run(f"echo bye > {doomed}")),
+        ("delete", lambda: ok(sandbox.delete(doomed)), lambda _: _fixed(f"rm {doomed}"), recreate),
+        ("delete (scripts)", scripts_only(sandbox, lambda: ok(sandbox.delete(doomed))),
+         lambda _: _fixed(f"rm {doomed}"), recreate),
         ("grep", lambda: ok(sandbox.grep(NEEDLE, tree)), lambda _: _fixed(f"grep -rnF {NEEDLE} {tree}"), None),
         ("glob", lambda: ok(sandbox.glob("*.py", tree)), lambda _: _fixed(f"find {tree} -name '*.py'"), None),
     ]  # fmt: skip

@@ -14,12 +14,24 @@ from typing import Any
 from support import SESSION_OWNER
 
 BENCH = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "bench_kubernetes.py"
-FILE_OPS = {"ls": 1, "read": 1, "write": 1, "edit": 2, "delete": 1, "grep": 1, "glob": 1}
-"""Each file operation's row, with its execute round trips per call."""
+FILE_OPS = {
+    "ls": 1,
+    "ls (scripts)": 1,
+    "read": 1,
+    "write": 1,
+    "edit": 2,
+    "delete": 1,
+    "delete (scripts)": 1,
+    "grep": 1,
+    "glob": 1,
+}
+"""Each file operation's row, with its execute round trips per call (a ``(scripts)`` row: the
+same call through `BaseSandbox`'s scripts; the benchmark fails if the native op answers it)."""
 
 
 def _row(lines: list[str], name: str) -> str:
-    (line,) = [line for line in lines if line.startswith(name + " ")]
+    """The one row named ``name`` exactly (``ls`` is not ``ls (scripts)``)."""
+    (line,) = [line for line in lines if line.partition(" ours p50 ")[0].rstrip() == name]
     return line
 
 

@@ -333,8 +333,20 @@ class Command(object):
             send(b"O", self.ident, chunk)
             return
         self.close_output()
-        if self.reaped:
+        if not self.reaped and self.has_exited():
+            self.exited()  # which finishes it: its output just ended
+        elif self.reaped:
             self.finish()
+
+    def has_exited(self):
+        """Whether the leader has exited (not reaped yet). Asked when its output ends, which is
+        usually its exit: the kernel closes a process's files just before it tells the parent, so
+        the answer goes out in this turn of the loop, not one more turn later on the SIGCHLD."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return info is not None and bool(info.si_pid)
 
     def close_output(self):
         if self.out_fd is not None:
@@ -461,13 +473,7 @@ def _on_sigchld(_mask):
     except OSError:  # drained (non-blocking)
         pass
     for command in list(_leaders.values()):
-        if command.reaped:  # reaped meanwhile, through an answer's orphan check
-            continue
-        try:
-            info = os.waitid(os.P_PID, command.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            continue
-        if info is not None and info.si_pid:
+        if not command.reaped and command.has_exited():  # (reaped meanwhile: an answer's orphan check)
             command.exited()
     _reap_orphans()
 
@@ -561,10 +567,12 @@ def _sweep_ended():
         return
     ended = list(_ended)
     del _ended[:]
-    if _strays() and any_marked([command.marker for command in ended]):  # one scan for them all
+    strays = _strays()
+    if strays and any_marked([command.marker for command in ended]):  # one scan for them all
         for command in ended:
             kill_marked(command.marker)
-    _kill_orphans()
+    if strays or _main[0] is not None:  # else the helper's children are all leaders: no orphan
+        _kill_orphans()
 
 
 def _wait_time():

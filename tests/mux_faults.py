@@ -1,5 +1,5 @@
 """Faults of an exec helper's stream, for the tests that a command is never run twice and that
-one never sent is sent again (`sandboxes._mux.client.MuxBroken.may_resend`), the same in every
+one never sent is sent again (`sandboxes._mux.MuxBroken.may_resend`), the same in every
 backend.
 
 `FaultyStream` is a TEST DOUBLE of a broken network, wrapped around a transport's REAL stream: the
@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from sandboxes import protocol as p
-from sandboxes._mux import ByteStream, MuxClient
-from sandboxes._mux.client import TimedByteStream
+from sandboxes._mux import ByteStream, MuxClient, TimedByteStream
 
 __all__ = [
     "FaultyStream",

@@ -21,8 +21,7 @@ import pytest
 from mux_faults import wrapped
 
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
-from sandboxes._mux.client import TimedByteStream
+from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, TimedByteStream
 
 _VARIANTS = {
     "posix_spawn+subreaper": "",

@@ -1,13 +1,15 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
 from sandboxes._mux._resend import run_command_once, run_native_once
-from sandboxes._mux.client import SERVER_SOURCE, ByteStream, MuxBroken, MuxClient, kill_tagged
+from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
+from sandboxes._mux.client import SERVER_SOURCE, MuxClient, kill_tagged
 
 __all__ = [
     "SERVER_SOURCE",
     "ByteStream",
     "MuxBroken",
     "MuxClient",
+    "TimedByteStream",
     "kill_tagged",
     "run_command_once",
     "run_native_once",

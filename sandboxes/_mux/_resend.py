@@ -1,7 +1,7 @@
 """A command or a file op on a transport's exec helper, with the one resend rule every transport
 follows: a helper found broken before the request was written is dropped and replaced once;
 one that broke after answers ``connection_lost``, since the command may have run
-(`sandboxes._mux.client.MuxBroken.may_resend`).
+(`sandboxes._mux.MuxBroken.may_resend`).
 
 Why one module: Docker, Kubernetes, SSH and the local jail start and drop their helpers each
 their own way, but what they may do when one breaks is the same, and four copies of it (one per
@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from sandboxes import protocol as p
-from sandboxes._mux.client import MuxBroken, MuxClient
+from sandboxes._mux._stream import MuxBroken
+from sandboxes._mux.client import MuxClient
 
 if TYPE_CHECKING:
     from sandboxes.base import Call

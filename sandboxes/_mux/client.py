@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from sandboxes import protocol as p
 from sandboxes._mux._outbox import Outbox
+from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
 
 HEADER = struct.Struct(">cII")
@@ -82,46 +82,8 @@ request was written and may still be read and run), so it is NOT resendable. (Se
 with Docker: a request that never reached an idle helper, root cause not yet found.)"""
 
 
-class ByteStream(Protocol):
-    def send(self, data: bytes) -> None:
-        """All of ``data``, or raise `OSError`: a send that raised has not handed on all of it."""
-        ...
-
-    def recv(self, size: int) -> bytes:
-        """Up to ``size`` bytes; ``b""`` at end of stream."""
-        ...
-
-    def close(self) -> None:
-        """Release the stream; a thread blocked in `recv` must wake (with ``b""`` or OSError)."""
-        ...
-
-
-@runtime_checkable
-class TimedByteStream(ByteStream, Protocol):
-    """A `ByteStream` that can also wait for data a bounded time. Over such a stream a caller
-    alone with its command reads its answer itself (see `MuxClient`)."""
-
-    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
-        """Up to ``size`` bytes; ``b""`` at end of stream; ``None`` when nothing came within
-        ``timeout`` seconds (``0``: only what is there already; ``None``: no limit). A thread
-        waiting in it must wake when the stream is closed, as in `recv`."""
-        ...
-
-
 class _Corrupt(Exception):
     """The helper's stream broke the framing: it is dropped."""
-
-
-class MuxBroken(Exception):
-    """The helper or its stream is gone; the owner should start a new one.
-
-    ``may_resend`` is the one answer to "may the command in hand go to a fresh helper?": true
-    only when no whole request of it was written (see the module's docstring); otherwise it may
-    have run, or may still run, and the caller answers ``connection_lost``."""
-
-    def __init__(self, reason: str, *, may_resend: bool = False) -> None:
-        super().__init__(reason)
-        self.may_resend = may_resend
 
 
 @dataclass

@@ -7,7 +7,7 @@ parameters (some proxies cap a request line at 8 KiB), so a one-line bootstrap r
 its length from stdin, then the same stdin carries the helper's frames. If the stream drops, the
 next command opens a new one; a command written to the old one answers ``connection_lost``
 (acknowledged or not, it may have run, so it is never run twice), one that could not be written
-is sent to the new helper (`sandboxes._mux.client.MuxBroken.may_resend`). If the image has no
+is sent to the new helper (`sandboxes._mux.MuxBroken.may_resend`). If the image has no
 python3, each command gets its own exec with the same timeout semantics: its process tree is
 found by an environment marker and killed, and its exit status comes from the exec's error
 channel.

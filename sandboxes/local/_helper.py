@@ -26,7 +26,7 @@ _STDERR_KEPT = 4096
 
 
 class PipeStream:
-    """`sandboxes._mux.client.ByteStream` over a child's stdin and stdout."""
+    """`sandboxes._mux.ByteStream` over a child's stdin and stdout."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdin is not None
@@ -46,7 +46,7 @@ class PipeStream:
         return os.read(self._out, size)
 
     def recv_within(self, size: int, timeout: float | None) -> bytes | None:
-        """`sandboxes._mux.client.TimedByteStream` (one reader at a time: one poll object)."""
+        """`sandboxes._mux.TimedByteStream` (one reader at a time: one poll object)."""
         if timeout is not None and not self._readable.poll(timeout * 1000):
             return None
         return os.read(self._out, size)

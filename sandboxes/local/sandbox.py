@@ -335,7 +335,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
 
         A jail found broken before the command was written to it is replaced and the command
         sent again; once written, the command may have run, so a jail that dies then answers
-        ``connection_lost`` (`sandboxes._mux.client.MuxBroken.may_resend`)."""
+        ``connection_lost`` (`sandboxes._mux.MuxBroken.may_resend`)."""
         oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
         response = run_command_once(
             self._helper,

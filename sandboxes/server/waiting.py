@@ -11,7 +11,7 @@ helper found broken before the command was written to it, another backend) goes 
 path, which starts or restarts the helper, falls back to one ``docker exec`` per command, and is
 what `BaseSandbox.execute_streaming` does everywhere. A helper that breaks once the command was
 written answers ``connection_lost`` (acknowledged or not, the command may have run: it is never
-sent twice), as the thread path does (`sandboxes._mux.client.MuxBroken.may_resend`).
+sent twice), as the thread path does (`sandboxes._mux.MuxBroken.may_resend`).
 """
 
 from __future__ import annotations

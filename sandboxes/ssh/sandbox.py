@@ -504,7 +504,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
 
 
 class _ChannelStream:
-    """`sandboxes._mux.client.TimedByteStream` over the helper's channel.
+    """`sandboxes._mux.TimedByteStream` over the helper's channel.
 
     The bounded wait polls the channel's `fileno` (a pipe paramiko sets while the channel has
     data or has ended), not `settimeout`: a channel has one timeout for reads AND writes, and

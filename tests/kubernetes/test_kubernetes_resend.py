@@ -1,7 +1,7 @@
 """KubernetesSandbox's exec helper over the FAKE API server (`fake_apiserver`, its exec
 WebSocket bridged to a real container): a command written to the helper whose answer was lost
 answers ``connection_lost`` and ran once; one whose request could not be written whole goes to
-a new helper, transparently (`sandboxes._mux.client.MuxBroken.may_resend`)."""
+a new helper, transparently (`sandboxes._mux.MuxBroken.may_resend`)."""
 
 from __future__ import annotations
 

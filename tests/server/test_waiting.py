@@ -1,7 +1,7 @@
 """The service's awaited path (`sandboxes.server.waiting`) on a real Docker sandbox: a command
 written to the helper whose answer was lost answers ``connection_lost`` and is not handed to the
 thread path (which would run it again); one whose request could not be written whole is
-(`sandboxes._mux.client.MuxBroken.may_resend`)."""
+(`sandboxes._mux.MuxBroken.may_resend`)."""
 
 from __future__ import annotations
 

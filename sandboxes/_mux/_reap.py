@@ -120,7 +120,7 @@ def kill_orphans(subreaper, main, leaders, commands):
 
 def _pidfd(pid):
     try:
-        return os.pidfd_open(pid)
+        return os.pidfd_open(pid)  # novermin: Python 3.9's, AttributeError before
     except (AttributeError, OSError):  # Python < 3.9 or an old kernel: plain kill(2)
         return None
 
@@ -128,7 +128,7 @@ def _pidfd(pid):
 def _signal(pid, handle):
     try:
         if handle is not None:
-            signal.pidfd_send_signal(handle, signal.SIGKILL)
+            signal.pidfd_send_signal(handle, signal.SIGKILL)  # novermin: a handle means 3.9+
         else:
             os.kill(pid, signal.SIGKILL)
     except OSError:

@@ -118,6 +118,54 @@ def kill_orphans(subreaper, main, leaders, commands):
             _close(handle)
 
 
+def reap_orphans(leaders):
+    """Reap exited children: a running command's leader (``leaders``: pid -> its command) goes
+    through its ``exited`` (its group is killed first), an adopted orphan is simply reaped.
+    WNOWAIT first, so that no leader is ever reaped unseen."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or not info.si_pid:
+            return
+        command = leaders.get(info.si_pid)
+        if command is not None:
+            command.exited()
+            continue
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def has_strays(subreaper, leaders):
+    """Whether the helper has a child that is no running command's leader (``leaders``): an
+    orphan it adopted (as a ``subreaper``), so some command's descendant may be alive. True when
+    unsure, and always when it is no subreaper (it cannot tell)."""
+    if not subreaper:
+        return True
+    reap_orphans(leaders)
+    try:
+        for task in os.listdir("/proc/self/task"):
+            fd = os.open("/proc/self/task/%s/children" % task, os.O_RDONLY)
+            try:
+                children = b""
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    children += chunk
+            finally:
+                os.close(fd)
+            for pid in children.split():
+                if int(pid) not in leaders:
+                    return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
 def _pidfd(pid):
     try:
         return os.pidfd_open(pid)  # novermin: Python 3.9's, AttributeError before

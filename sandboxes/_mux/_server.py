@@ -6,7 +6,7 @@ One long-lived process per sandbox answers many concurrent commands over one byt
 command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
 and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped after `_reap`
 (``SERVER_SOURCE`` is those files and `sandboxes._kill`, one script), whose ``kill_marked``,
-``kill_orphans`` and ``_container_main`` it calls.
+``kill_orphans``, ``reap_orphans``, ``has_strays`` and ``_container_main`` it calls.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
@@ -243,54 +243,8 @@ def _spawn(command, env, cwd, with_stdin):
     return pid, out_r, in_w
 
 
-def _reap_orphans():
-    """Reap exited children: leaders go through `Command.exited` (group killed first), adopted
-    orphans are simply reaped. WNOWAIT first, so that no leader is ever reaped unseen."""
-    while True:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if info is None or not info.si_pid:
-            return
-        command = _leaders.get(info.si_pid)
-        if command is not None:
-            command.exited()
-            continue
-        try:
-            os.waitpid(info.si_pid, 0)
-        except ChildProcessError:
-            pass
-
-
 def _kill_orphans():
     kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
-
-
-def _strays():
-    """Whether the helper has a child that is not a running command's leader: an orphan it
-    adopted, so some command's descendant may be alive. True when unsure."""
-    if not _subreaper[0]:
-        return True
-    _reap_orphans()
-    try:
-        for task in os.listdir("/proc/self/task"):
-            fd = os.open("/proc/self/task/%s/children" % task, os.O_RDONLY)
-            try:
-                children = b""
-                while True:
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        break
-                    children += chunk
-            finally:
-                os.close(fd)
-            for pid in children.split():
-                if int(pid) not in _leaders:
-                    return True
-    except (OSError, ValueError):
-        return True
-    return False
 
 
 # ------------------------------------------------------------------ commands
@@ -476,7 +430,7 @@ def _on_sigchld(_mask):
     for command in list(_leaders.values()):
         if not command.reaped and command.has_exited():  # (reaped meanwhile: an answer's orphan check)
             command.exited()
-    _reap_orphans()
+    reap_orphans(_leaders)
 
 
 def _on_input(_mask):
@@ -563,12 +517,13 @@ def _sweep_ended():
     them. By marker when the helper has a child that is no running command's leader (or is no
     subreaper) and some process still carries one of their markers (one scan of /proc for all
     of them); then every unprotected orphan, once for them all (`kill_orphans` works in rounds
-    until none is left, whoever they came from)."""
+    until none is left, whoever they came from), unless there can be none: the helper's
+    children are all leaders and it reaps for no container's init."""
     if not _ended:
         return
     ended = list(_ended)
     del _ended[:]
-    strays = _strays()
+    strays = has_strays(_subreaper[0], _leaders)
     if strays and any_marked([command.marker for command in ended]):  # one scan for them all
         for command in ended:
             kill_marked(command.marker)

@@ -61,6 +61,30 @@ def decode_base64(text: str) -> bytes:
         raise ScriptFailed(p.BACKEND_ERROR, f"corrupt file transfer from sandbox: {exc}") from exc
 
 
+_MAX_DIGITS = 19
+"""A number a sandbox prints (a status, a size, a time, a line number, a job's nanoseconds: all
+``int64``) has at most this many digits. The output is the sandbox's, so a number is taken only
+as 1-19 ASCII digits: ``int`` refuses 4,300 digits and more and ``str.isdigit`` accepts digits
+``int`` refuses (``²``), either of which would escape as a ValueError, not a protocol error."""
+
+
+def natural(text: str) -> int | None:
+    """``text`` as a number when it is 1-19 ASCII digits (see `_MAX_DIGITS`), else None."""
+    return int(text) if 0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit() else None
+
+
+def _iso_time(text: str) -> str | None:
+    """Seconds since the epoch (``-`` allowed before them) as ISO 8601; None when not such a
+    number or out of the calendar's range."""
+    seconds = natural(text[1:] if text.startswith("-") else text)
+    if seconds is None:
+        return None
+    try:
+        return iso_from_epoch(-seconds if text.startswith("-") else seconds)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
     """Entries from `_scripts.LS`: NUL-terminated ``d``/``f``-tagged names, then stat lines."""
     *records, stats_text = output.split("\x00")
@@ -74,8 +98,8 @@ def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
         size = mtime = None
         if aligned:
             fields = stats[index].split(" ")
-            if len(fields) == 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
-                size, mtime = int(fields[0]), iso_from_epoch(int(fields[1]))
+            if len(fields) == 2 and (known := natural(fields[0])) is not None and (at := _iso_time(fields[1])):
+                size, mtime = known, at
         is_dir = kind == "d"
         path = join(directory, name) + ("/" if is_dir else "")
         entries.append(p.FileInfo(path, is_dir, 0 if is_dir else size, mtime))
@@ -85,9 +109,10 @@ def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
 
 def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
     """``(status, content)`` per file from `_scripts.DOWNLOAD`: base64 lines, then ``!<status>``.
-    A status line is found by its ``!``, which base64 never holds (one elsewhere is content, for
-    the decoder to reject), and each file's lines are decoded whole, newlines and all: a 1 MiB
-    file is 18,000 lines, and a loop over them cost more than the rest of the parse."""
+    A status line is found by its ``!`` (base64 never holds one; one inside a line is content,
+    which the decoder drops as it drops any character outside base64), and each file's lines
+    are decoded whole, newlines and all: a 1 MiB file is 18,000 lines, and a loop over them
+    cost more than the rest of the parse."""
     results: list[tuple[int, bytes | None]] = []
     start = found = 0
     while (found := output.find("!", found)) >= 0:
@@ -97,7 +122,8 @@ def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
         end = output.find("\n", found)
         end = len(output) if end < 0 else end
         code = output[found + 1 : end]
-        status = int(code) if code.isdigit() else -1
+        status = natural(code)
+        status = -1 if status is None else status
         results.append((status, decode_base64(output[start:found]) if status == 0 else None))
         start = found = end + 1
     if len(results) != count:
@@ -106,7 +132,7 @@ def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
 
 
 def upload_statuses(output: str, count: int) -> list[int]:
-    statuses = [int(line) for line in output.split("\n") if line.strip().isdigit()]
+    statuses = [status for line in output.split("\n") if (status := natural(line.strip())) is not None]
     if len(statuses) != count:
         raise ScriptFailed(p.BACKEND_ERROR, f"sandbox answered {len(statuses)} of {count} uploads")
     return statuses
@@ -116,7 +142,7 @@ def nul_list(output: str) -> list[str]:
     return [item for item in output.split("\x00") if item]
 
 
-_LINE_NUMBER = re.compile(r"(\d+):")
+_LINE_NUMBER = re.compile(rf"([0-9]{{1,{_MAX_DIGITS}}}):")
 
 
 def grep_matches(output: str) -> list[p.GrepMatch]:

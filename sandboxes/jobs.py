@@ -81,6 +81,7 @@ from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
 
 __all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "TooManyJobs"]
@@ -435,19 +436,6 @@ def _failure(response: p.ExecuteResponse) -> str:
     return f"exit {response.exit_code}: {response.output.strip()[-300:] or 'no output'}"
 
 
-_MAX_DIGITS = 19
-"""Longest number read from a job's files (``int64`` times and exit codes): every longer one,
-like every one with a digit that is not ASCII, is forged by the sandbox (``int`` refuses some,
-``float`` overflows on others)."""
-
-
-def _int(text: str) -> int | None:
-    """A number the sandbox wrote into a job's file, ``None`` when it is not one of ours."""
-    if not 0 < len(text) <= _MAX_DIGITS or not text.isascii() or not text.isdigit():
-        return None
-    return int(text)
-
-
 def _state(job_id: str, status: list[str], started: str) -> JobState:
     """A `JobState` from a status line's words (``STATE CODE ENDED``) and the start time."""
     word, code, ended = status
@@ -455,10 +443,10 @@ def _state(job_id: str, status: list[str], started: str) -> JobState:
     return JobState(
         job_id,
         kind,
-        exit_code=_int(code) if kind == "exited" else None,
+        exit_code=natural(code) if kind == "exited" else None,
         reason=code if kind == "failed" else None,
-        started_ns=_int(started),
-        ended_ns=_int(ended),
+        started_ns=natural(started),
+        ended_ns=natural(ended),
     )
 
 
@@ -470,7 +458,7 @@ def _parse_poll(job_id: str, output: str) -> Job:
     if "!e" in lines:  # what follows is the transport's (a per-command wrapper's complaint), not the script's
         lines = [*lines[: len(lines) - lines[::-1].index("!e")], ""]
     header = lines[0].split() if lines else []
-    head, tail = (_int(word) for word in header[5:7]) if len(header) == 7 else (None, None)
+    head, tail = (natural(word) for word in header[5:7]) if len(header) == 7 else (None, None)
     if header[:1] != ["!j"] or lines[-2:] != ["!e", ""] or head is None or tail is None:
         raise JobError(p.BACKEND_ERROR, f"unexpected answer polling job {job_id}: {output[-300:]!r}")
     state = _state(job_id, header[1:4], header[4])
@@ -488,5 +476,5 @@ def _parse_poll(job_id: str, output: str) -> Job:
                 raise JobError(p.BACKEND_ERROR, f"corrupt output of job {job_id}") from exc
             if data:
                 chunks.append((position, data))
-        position, encoded = _int(line[3:]), []
+        position, encoded = natural(line[3:]), []
     return Job(state, tuple(chunks), head=head, tail=tail)

@@ -43,15 +43,59 @@ def test_a_wrong_number_of_answers_fails(output: str, count: int) -> None:
 
 
 def test_a_bang_inside_a_line_does_not_end_a_file() -> None:
-    """Only a ``!`` starting a line is a status: a forged ``!0`` after content on the same line
-    is content (which the decoder then refuses), not the end of one file and the start of the
-    next."""
-    forged = "YWJj!0\nZGVm\n!0\n"
-    with pytest.raises(_parse.ScriptFailed, match="corrupt file transfer"):
-        _parse.downloads(forged, 1)
-    with pytest.raises(_parse.ScriptFailed):  # not two files either
+    """Only a ``!`` starting a line is a status: one after content on the same line is content,
+    which the decoder drops (as it drops any character outside base64), not the end of one
+    file and the start of the next."""
+    forged = "YWJj!ZGVm\n!0\n"
+    assert _parse.downloads(forged, 1) == [(0, b"abcdef")]
+    with pytest.raises(_parse.ScriptFailed, match="answered 1 of 2"):
         _parse.downloads(forged, 2)
 
 
 def test_a_status_that_is_not_a_number_is_an_unknown_failure() -> None:
     assert _parse.downloads("YWJj\n!x\n!\n", 2) == [(-1, None), (-1, None)]
+
+
+HOSTILE_NUMBERS = ["²", "٣", "9" * 5000, "-", "--5", "9" * 20]
+"""Numbers no script prints: a superscript (``str.isdigit`` says yes, ``int`` says no), an
+Arabic-Indic digit, more digits than ``int`` takes (4,300) or than any status, size or time
+has, signs where none belong."""
+
+
+@pytest.mark.parametrize("number", HOSTILE_NUMBERS)
+def test_a_hostile_download_status_is_an_unknown_failure(number: str) -> None:
+    assert _parse.downloads(f"YWJj\n!{number}\n", 1) == [(-1, None)]
+
+
+@pytest.mark.parametrize("number", HOSTILE_NUMBERS)
+def test_a_hostile_upload_status_is_not_counted(number: str) -> None:
+    with pytest.raises(_parse.ScriptFailed, match="answered 1 of 2"):
+        _parse.upload_statuses(f"0\n{number}\n", 2)
+
+
+HOSTILE_STATS = [*(f"{n} 1700000000" for n in HOSTILE_NUMBERS), *(f"5 {n}" for n in HOSTILE_NUMBERS)]
+
+
+@pytest.mark.parametrize("stats", [*HOSTILE_STATS, "5 99999999999999999"])
+def test_a_hostile_size_or_time_in_a_listing_leaves_both_unknown(stats: str) -> None:
+    """The last: a time past the calendar's end (year 3 billion)."""
+    (entry,) = _parse.ls_entries(f"fname\x00{stats}\n", "/d")
+    assert (entry.path, entry.size, entry.modified_at) == ("/d/name", None, None)
+
+
+def test_a_listing_keeps_a_time_before_1970() -> None:
+    (entry,) = _parse.ls_entries("fname\x0042 -86400\n", "/d")
+    assert (entry.size, entry.modified_at) == (42, "1969-12-31T00:00:00+00:00")
+
+
+@pytest.mark.parametrize("number", HOSTILE_NUMBERS)
+def test_a_grep_line_with_a_hostile_line_number_is_no_match(number: str) -> None:
+    assert _parse.grep_matches(f"=Z\n/d/f\x00{number}:text\n/d/f\x007:ok\n") == [p.GrepMatch("/d/f", 7, "ok")]
+    anchored = f"/d/f\x00\n/d/f:{number}:text\n/d/f:7:ok\n"
+    assert _parse.grep_matches(anchored) == [p.GrepMatch("/d/f", 7, "ok")]
+
+
+def test_every_int64_is_a_number() -> None:
+    """A job's times are nanoseconds since the epoch: 19 digits, which must still be read."""
+    assert _parse.natural("9223372036854775807") == 2**63 - 1
+    assert _parse.natural("0") == 0

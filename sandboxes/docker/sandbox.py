@@ -332,7 +332,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def _oom_killed(self) -> bool:
         """Whether the container's memory cgroup killed something since we last looked."""
         text = self._probe(_OOM_COUNT)
-        count = int(text) if text.isdigit() else None
+        count = _parse.natural(text)
         previous, self._oom_baseline = self._oom_baseline, count
         return count is not None and count > (previous or 0)
 

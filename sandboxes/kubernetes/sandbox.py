@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sandboxes import _scripts
+from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
@@ -367,7 +367,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
     def _oom_killed(self) -> bool:
         """Whether the container's memory cgroup killed something since we last looked."""
         text = self._probe(_OOM_COUNT)
-        count = int(text) if text.isdigit() else None
+        count = _parse.natural(text)
         previous, self._oom_baseline = self._oom_baseline, count
         return count is not None and count > (previous or 0)
 

@@ -30,6 +30,11 @@ class _Answer:
     def __init__(self) -> None:
         self.body = bytearray()
         self.complete = False
+        self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_headers_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # only known until the message ends
 
     def on_body(self, body: bytes) -> None:
         self.body += body
@@ -59,16 +64,17 @@ class KeepAliveClient:
     def call(self) -> Any:
         """The parsed JSON answer of one request; `RuntimeError` for a status other than 2xx."""
         answer = _Answer()
-        parser = httptools.HttpResponseParser(answer)
         self._socket.sendall(self._request)
         while not answer.complete:
             data = self._socket.recv(_RECV)
             if not data:
                 raise ConnectionError(f"POST {self._path}: the server closed the connection")
-            parser.feed_data(data)
-        status = parser.get_status_code()
+            answer.parser.feed_data(data)
+        status = answer.parser.get_status_code()
         if not 200 <= status < 300:
             raise RuntimeError(f"POST {self._path}: {status} {bytes(answer.body)[:300]!r}")
+        if not answer.keep_alive:  # the next request would meet a closed connection
+            raise ConnectionError(f"POST {self._path}: the server will close the connection")
         return json.loads(answer.body)
 
     def close(self) -> None:

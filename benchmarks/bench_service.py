@@ -356,11 +356,12 @@ def _bench_throughput(
                 windows[side].append(measures.load(clients, duration / 2, direct_call, None, containers,
                                                    service.process.pid))  # fmt: skip
                 continue
-            if side == "lean":  # fresh connections per window: one closed meanwhile is never reused
-                lean[:] = [KeepAliveClient(service.url, path.format(sids[i % len(sids)]), {"command": "true"},
-                                           service.key) for i in range(clients)]  # fmt: skip
-            else:
-                http[:] = [service.client() for _ in range(clients)]
+            for i in range(clients):  # fresh connections per window (one closed meanwhile is never
+                if side == "lean":  # reused), each kept as soon as it is open, for `finally` to close
+                    lean.append(KeepAliveClient(service.url, path.format(sids[i % len(sids)]), {"command": "true"},
+                                                service.key))  # fmt: skip
+                else:
+                    http.append(service.client())
             call = through_lean if side == "lean" else through_httpx
             service.profile_signal(signal.SIGUSR2)
             windows[side].append(measures.load(clients, duration / 2, call, service.process.pid, containers))

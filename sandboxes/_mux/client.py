@@ -34,6 +34,8 @@ from sandboxes._mux._outbox import Outbox
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
 
+__all__ = ["ACK_TIMEOUT", "HEADER", "MAX_FRAME", "SERVER_SOURCE", "MuxClient", "kill_tagged"]
+
 HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20
 """The largest frame the client accepts from a helper. The helper's own frames are far smaller

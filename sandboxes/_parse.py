@@ -76,11 +76,12 @@ def natural(text: str) -> int | None:
 def _iso_time(text: str) -> str | None:
     """Seconds since the epoch (``-`` allowed before them) as ISO 8601; None when not such a
     number or out of the calendar's range."""
-    seconds = natural(text[1:] if text.startswith("-") else text)
+    before = text.startswith("-")
+    seconds = natural(text[1:] if before else text)
     if seconds is None:
         return None
     try:
-        return iso_from_epoch(-seconds if text.startswith("-") else seconds)
+        return iso_from_epoch(-seconds if before else seconds)
     except (OverflowError, OSError, ValueError):
         return None
 

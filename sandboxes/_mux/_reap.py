@@ -141,29 +141,12 @@ def reap_orphans(leaders):
 
 def has_strays(subreaper, leaders):
     """Whether the helper has a child that is no running command's leader (``leaders``): an
-    orphan it adopted (as a ``subreaper``), so some command's descendant may be alive. True when
-    unsure, and always when it is no subreaper (it cannot tell)."""
+    orphan it adopted (as a ``subreaper``), so some command's descendant may be alive. Always
+    True when it is no subreaper (it cannot tell)."""
     if not subreaper:
         return True
     reap_orphans(leaders)
-    try:
-        for task in os.listdir("/proc/self/task"):
-            fd = os.open("/proc/self/task/%s/children" % task, os.O_RDONLY)
-            try:
-                children = b""
-                while True:
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        break
-                    children += chunk
-            finally:
-                os.close(fd)
-            for pid in children.split():
-                if int(pid) not in leaders:
-                    return True
-    except (OSError, ValueError):
-        return True
-    return False
+    return any(pid not in leaders for pid in _children(os.getpid()))
 
 
 def _pidfd(pid):

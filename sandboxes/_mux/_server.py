@@ -288,10 +288,10 @@ class Command(object):
             send(b"O", self.ident, chunk)
             return
         self.close_output()
-        if not self.reaped and self.has_exited():
-            self.exited()  # which finishes it: its output just ended
-        elif self.reaped:
+        if self.reaped:
             self.finish()
+        elif self.has_exited():
+            self.exited()  # which finishes it: its output just ended
 
     def has_exited(self):
         """Whether the leader has exited (not reaped yet). Asked when its output ends, which is

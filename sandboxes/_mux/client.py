@@ -363,7 +363,7 @@ class MuxClient:
         A caller that does not read sleeps through the acknowledgement (the reader thread
         records it): most commands end before the acknowledgement timeout, and waking this
         thread for the acknowledgement alone would cost every command two more thread switches."""
-        wait: Callable[[float | None], object] = self._pump if leading else pending.done.wait
+        wait = self._waiter(pending, leading)
         while not pending.done.is_set():
             now = time.monotonic()
             overdue, until = self._deadline(ident, pending, sent, timeout, now)
@@ -396,15 +396,18 @@ class MuxClient:
     def _wait_for(self, pending: _Pending, seconds: float, leading: bool) -> bool:
         """Whether ``pending`` ended within ``seconds`` (read for when ``leading``)."""
         end = time.monotonic() + seconds
+        wait = self._waiter(pending, leading)
         while not pending.done.is_set():
             left = end - time.monotonic()
             if left <= 0:
                 return False
-            if leading:
-                self._pump(left)
-            else:
-                pending.done.wait(left)
+            wait(left)
         return True
+
+    def _waiter(self, pending: _Pending, leading: bool) -> Callable[[float | None], object]:
+        """How a caller waits a while for ``pending``: reading the stream itself (``leading``),
+        or asleep until the reader thread (or another caller) reports its end."""
+        return self._pump if leading else pending.done.wait
 
     def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None:
         """One frame, whole, or `MuxBroken` with nothing more ever written on this stream: a

@@ -27,6 +27,8 @@ _VARIANTS = {
     "posix_spawn+subreaper": "",
     "popen": "import os\ndel os.posix_spawn  # as on Python < 3.8\n",
     "no-subreaper": "import sys\nsys.modules['ctypes'] = None  # no ctypes: no prctl, so every command is swept\n",
+    "cold": "import os.path\nos.path.realpath = lambda path, _real=os.path.realpath: "
+    "'/bin/bash' if path == '/bin/sh' else _real(path)  # no dash: no shell waits for a command\n",
 }
 """Python code run before the helper's source: the helper as it runs where Python lacks what
 its fast paths use."""
@@ -218,6 +220,7 @@ def test_hello_says_how_commands_are_spawned(stream: _PipeStream, request: pytes
     variant = request.node.callspec.params["stream"]
     assert isinstance(stream, TimedByteStream) is (variant == _TIMED)
     assert info["spawn"] == ("popen" if variant == "popen" else "posix_spawn")
+    assert info["warm"] is (variant != "cold")  # (the machine's /bin/sh is dash: test_mux_spawn checks)
     small_limit = info["pids_limit"] is not None and info["pids_limit"] <= 4096  # no subreaper there, by design
     assert info["subreaper"] is (variant != "no-subreaper" and not small_limit)
 

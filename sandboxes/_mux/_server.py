@@ -44,6 +44,9 @@ outlive the next end of ANY command: a command relying on a daemon that dropped 
 left its tree loses it early; nothing else is lost. Outside a container without a subreaper
 (no ctypes), orphans go to the host's init, among the host's processes, and are not touched.
 
+Most commands run in a shell started before they came, while an earlier command like them ran
+(`_spawn`): starting a shell is mostly exec and dynamic linking, which then costs them nothing.
+
 The helper never speaks first (it answers P with H): a transport that reads the stream through
 a buffered HTTP response (docker's attach) cannot lose bytes sent before it took the socket.
 
@@ -78,10 +81,6 @@ command takes, so that its A, O and X go out together."""
 HOLD_BYTES = 64 << 10
 _session = os.urandom(8).hex()
 _base_env = dict(os.environ)
-try:  # where commands without a cwd run; O_PATH needs no read permission (run_as, a 0700 home)
-    _home = os.open(".", getattr(os, "O_PATH", os.O_RDONLY))
-except OSError:
-    _home = None
 _commands = {}  # id -> Command, until its exit is sent
 _leaders = {}  # pid -> Command, while that pid is UNREAPED (so it is still ours to signal)
 _inbox = bytearray()
@@ -93,8 +92,7 @@ _serving = [True]
 _subreaper = [False]
 _undumpable = [False]
 _main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
-_POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
-_DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
+_markers = [0]  # of the shells started ahead of their command (`_spawn`)
 
 
 class _Poller(object):
@@ -183,66 +181,6 @@ def _become_undumpable():
         return False
 
 
-def _spawn(command, env, cwd, with_stdin):
-    """(pid, output fd, stdin fd or None) of ``/bin/sh -c command`` in a new session.
-
-    posix_spawn (vfork + exec in C) where Python has it: Popen adds ~0.2 ms of Python per start.
-    The helper's own fds are all close-on-exec (PEP 446) and 0-2 are replaced, so nothing leaks."""
-    out_r, out_w = os.pipe()
-    in_r = in_w = None
-    try:
-        if with_stdin:
-            in_r, in_w = os.pipe()
-        if _POSIX_SPAWN:
-            if cwd and cwd.startswith("/"):
-                os.chdir(cwd)
-            else:  # no cwd, or a relative one: from where the helper started, as with Popen
-                if _home is not None:
-                    os.fchdir(_home)
-                if cwd:
-                    os.chdir(cwd)
-            # novermin below: Python 3.8's, and only where `_POSIX_SPAWN` says it has them
-            stdin = (  # novermin
-                (os.POSIX_SPAWN_DUP2, in_r, 0) if with_stdin else (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)
-            )
-            actions = [stdin, (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, out_w, 2)]  # novermin
-            pid = os.posix_spawn(  # novermin
-                "/bin/sh",
-                ["/bin/sh", "-c", command],
-                env,
-                file_actions=actions,
-                setsid=True,
-                setsigdef=_DEFAULT_SIGNALS,
-                setsigmask=(),
-            )
-        else:
-            import subprocess
-
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                stdin=in_r if with_stdin else subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=out_w,
-                cwd=cwd or None,
-                env=env,
-                start_new_session=True,
-            )
-            proc.returncode = 0  # reaped by the helper: Popen must never wait for this pid (it may be reused)
-            pid = proc.pid
-    except BaseException:
-        os.close(out_r)
-        if in_w is not None:
-            os.close(in_w)
-        raise
-    finally:
-        os.close(out_w)
-        if in_r is not None:
-            os.close(in_r)
-    if in_w is not None:
-        os.set_blocking(in_w, False)
-    return pid, out_r, in_w
-
-
 def _kill_orphans():
     kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
 
@@ -253,9 +191,6 @@ def _kill_orphans():
 class Command(object):
     def __init__(self, ident, spec):
         self.ident = ident
-        given = (spec.get("env") or {}).get(MARKER_ENV)
-        self.marker = given or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
-        self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         self.killed = False
         self.timed_out = False
         self.finished = False
@@ -267,10 +202,15 @@ class Command(object):
         self.drain_deadline = None
         timeout = spec.get("timeout")
         self.deadline = time.monotonic() + timeout if timeout else None
-        env = dict(_base_env)
-        env.update(spec.get("env") or {})
-        env[MARKER_ENV] = self.marker
-        self.pid, self.out_fd, self.in_fd = _spawn(spec["command"], env, spec.get("cwd"), bool(spec.get("stdin")))
+        spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
+        warm = _spares.take(warm_script(spec["command"], spec_env, with_stdin), spec_env, cwd)
+        if warm is not None:
+            self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
+        else:
+            self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
+            env = _command_env(spec_env, self.marker)
+            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, cwd, with_stdin)
+        self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 
     def start(self):
@@ -297,11 +237,7 @@ class Command(object):
         """Whether the leader has exited (not reaped yet). Asked when its output ends, which is
         usually its exit: the kernel closes a process's files just before it tells the parent, so
         the answer goes out in this turn of the loop, not one more turn later on the SIGCHLD."""
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return False
-        return info is not None and bool(info.si_pid)
+        return has_exited(self.pid)
 
     def close_output(self):
         if self.out_fd is not None:
@@ -418,6 +354,24 @@ class Command(object):
             self.expire()
 
 
+def _command_env(spec_env, marker):
+    env = dict(_base_env)
+    env.update(spec_env)
+    env[MARKER_ENV] = marker
+    return env
+
+
+def _spare_env(spec_env):
+    """(environment, marker) of a shell started ahead of its command: its own marker, since the
+    command is not known yet (`Command.ident` is not)."""
+    _markers[0] += 1
+    marker = "%s-w%d" % (_session, _markers[0])
+    return _command_env(spec_env, marker), marker
+
+
+_spares = Spares(_leaders, _spare_env)
+
+
 # ------------------------------------------------------------------ the stream
 
 
@@ -457,7 +411,7 @@ def _handle(kind, ident, payload):
         hello = {"pid": os.getpid(), "python": sys.version.split()[0], "subreaper": _subreaper[0],
                  "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
-                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen",
+                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen", "warm": _DASH,
                  "native": NATIVE_OPS}  # fmt: skip
         send(b"H", 0, json.dumps(hello).encode(), answer=True)
         return
@@ -565,7 +519,10 @@ def main():
         if _held_until[0] is not None and now >= _held_until[0]:
             flush()
         _sweep_ended()
+        if _serving[0]:
+            _spares.top_up()  # after the turn's answers are written (a start must not delay them)
     _sweep_ended()
+    _spares.drop(lambda shell: True)
     abort_native_ops()
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True

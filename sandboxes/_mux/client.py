@@ -53,11 +53,13 @@ SERVER_SOURCE = "\n".join(
         _HERE / "_listing.py",
         _HERE / "_files.py",
         _HERE / "_uploads.py",
+        _HERE / "_spawn.py",
         _HERE / "_server.py",
     )
 )
-"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Seven files, one
-script: the helper (`_server`), how it finds what commands left behind (`_reap`), its reads and
+"""Shipped as ``python3 -c SERVER_SOURCE``: nothing is installed in the sandbox. Eight files, one
+script: the helper (`_server`), how it starts commands' shells, cold or ahead of time (`_spawn`),
+how it finds what commands left behind (`_reap`), its reads and
 writes without a process (`_files`, `_uploads`), its searches (`_search`), its listings and
 deletes (`_listing`), and the one process-tree kill every backend uses (`sandboxes._kill`)."""
 

@@ -1,0 +1,174 @@
+"""Shells started ahead of their command (`sandboxes._mux._spawn`): the real helper over a pipe.
+
+A command that may run warm runs in a waiting ``/bin/sh -s`` when one fits it, and must then be
+indistinguishable from the same command run cold (``/bin/sh -c``), but for its cmdline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_mux import _VARIANTS, _gone, _PipeStream, _run
+
+from sandboxes import protocol as p
+from sandboxes._mux import MuxClient
+
+WARM = "/bin/sh -s"
+COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
+"""A caller's marker: a waiting shell's environment was fixed before the command came, so the
+command runs cold, and prints the same as warm (these tests never print the marker)."""
+PROBE = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
+"""What the command's own shell was started as: ``/bin/sh -s`` when warm."""
+SPARES = (
+    "for d in /proc/[0-9]*; do [ \"$(cut -d' ' -f4 $d/stat 2>/dev/null)\" = $PPID ] && [ ${d#/proc/} != $$ ]"
+    " && grep -qxz -- -s $d/cmdline 2>/dev/null && echo ${d#/proc/}; done"
+)
+"""Pids of the helper's other waiting shells (this command's parent is the helper)."""
+
+
+@pytest.fixture
+def client() -> Iterator[MuxClient]:
+    assert os.path.basename(os.path.realpath("/bin/sh")) == "dash", "these tests need /bin/sh to be dash"
+    stream = _PipeStream()
+    yield MuxClient(stream)
+    stream.close()
+
+
+def _warm(client: MuxClient, command: str, **overrides: object) -> p.ExecuteResponse:
+    """``command`` run right after a command like it: in a waiting shell (checked before)."""
+    assert _run(client, PROBE, **overrides).output.strip() in (WARM, "/bin/sh -c")
+    assert _run(client, PROBE, **overrides).output.strip() == WARM
+    return _run(client, command, **overrides)
+
+
+def test_a_command_after_one_like_it_runs_in_a_waiting_shell(client: MuxClient) -> None:
+    assert client.info["warm"] is True
+    assert _run(client, PROBE).output.strip() == "/bin/sh -c"  # nothing was waiting for the first
+    assert [_run(client, PROBE).output.strip() for _ in range(5)] == [WARM] * 5
+    assert _run(client, PROBE, env=COLD).output.strip() == "/bin/sh -c"
+    assert _run(client, PROBE, stdin=b"").output.strip() == "/bin/sh -c"
+    assert _run(client, PROBE + "; : " + "x" * 4096).output.strip() == "/bin/sh -c"  # over PIPE_BUF
+
+
+SAME_AS_COLD = [
+    "foo",
+    "if",
+    "echo a; if",
+    "echo a\nif",
+    'echo "[$-] [$0] [$#] [$LINENO] [$PPID]"',
+    "exit 3",
+    'read x; echo "[$x] $?"',
+    "cat; echo done",
+    "readlink /proc/self/fd/0; ls /proc/$$/fd",
+    "trap 'echo bye' EXIT; echo hi",
+    "kill -9 $$",
+    "kill -TERM $$",
+    "umask; pwd; ulimit -n; ulimit -u",
+    "set -e; false; echo no",
+    "cat <<EOF\nline $LINENO\nEOF\necho $LINENO",
+    "echo -n no newline at the end",
+    "exec 3>&1; echo through 3 >&3",
+    "sleep 0.1 & wait; echo waited",
+    "env | sort | sed 's/^SANDBOXES_EXEC_ID=.*/the marker/'",
+    "alias; set | grep -v '^SANDBOXES_EXEC_ID='",
+    "echo \\\n continued",
+    "; echo never",
+    "return 4",
+    "trap -p; echo $?",
+    "grep -c . /proc/$$/status >/dev/null && echo status",
+    "awk '/^Sig(Ign|Blk)/' /proc/$$/status",
+    "[ $(ps -o pgid= -p $$) = $$ ] && [ $(ps -o sid= -p $$) = $$ ] && echo its own group and session",
+]
+
+
+@pytest.mark.parametrize("command", SAME_AS_COLD)
+def test_a_warm_command_answers_as_the_same_command_run_cold(client: MuxClient, command: str) -> None:
+    warm = _warm(client, command)
+    cold = _run(client, command, env=COLD)
+    assert (warm.output, warm.exit_code, warm.error) == (cold.output, cold.exit_code, cold.error)
+    run_by_sh = subprocess.run(
+        ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, text=True, start_new_session=True
+    )
+    code = run_by_sh.returncode
+    assert warm.exit_code == (128 - code if code < 0 else code)  # (killed by a signal: negative here)
+
+
+def test_a_waiting_shell_killed_by_a_command_is_replaced(client: MuxClient) -> None:
+    _warm(client, "true")
+    killed = _run(client, f"for pid in $({SPARES}); do kill -9 $pid && echo $pid; done").output.split()
+    assert killed, "no shell was waiting"
+    assert all(_gone(int(pid), zombie_ok=False) for pid in killed)  # reaped by the helper
+    after = [_run(client, PROBE) for _ in range(3)]
+    assert [r.exit_code for r in after] == [0, 0, 0]
+    assert after[-1].output.strip() == WARM
+
+
+def test_a_working_directory_made_again_is_not_the_one_a_shell_waits_in(client: MuxClient, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    _warm(client, "true", cwd=str(work))  # shells now wait in work
+    remade = _run(client, f"rm -rf {work} && mkdir {work} && echo new > {work}/file", cwd=str(tmp_path), stdin=b"")
+    assert remade.exit_code == 0, remade  # (stdin: cold, so the shells waiting in work are kept)
+    inside = _run(client, "cat file; " + PROBE, cwd=str(work))
+    assert inside.output == "new\n/bin/sh -c\n"
+    assert _run(client, "cat file; " + PROBE, cwd=str(work)).output == "new\n" + WARM + "\n"
+
+
+def test_commands_alternating_between_directories_each_find_a_shell(client: MuxClient, tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for path in dirs:
+        path.mkdir()
+    answers = [_run(client, "pwd; " + PROBE, cwd=str(dirs[i % 2])).output.split("\n")[:2] for i in range(8)]
+    assert [answer[0] for answer in answers] == [str(dirs[i % 2]) for i in range(8)]
+    assert [answer[1] for answer in answers][2:] == [WARM] * 6
+    assert len(_run(client, SPARES, cwd=str(dirs[0])).output.split()) <= 2
+
+
+def test_a_different_environment_gets_its_own_shell(client: MuxClient) -> None:
+    _warm(client, "true")
+    first = _run(client, "echo $GREETING; " + PROBE, env={"GREETING": "hi"})
+    again = _run(client, "echo $GREETING; " + PROBE, env={"GREETING": "hi"})
+    other = _run(client, "echo $GREETING; " + PROBE, env={"GREETING": "ho"})
+    assert (first.output, again.output, other.output) == (
+        "hi\n/bin/sh -c\n", "hi\n" + WARM + "\n", "ho\n/bin/sh -c\n"
+    )  # fmt: skip
+
+
+def test_at_most_two_shells_wait_and_they_end_with_the_helper(client: MuxClient) -> None:
+    for _ in range(10):
+        _run(client, "true")
+    spares = [int(pid) for pid in _run(client, SPARES).output.split()]
+    assert 1 <= len(spares) <= 2
+    stream = client._stream
+    assert isinstance(stream, _PipeStream)
+    assert stream.process.stdin is not None
+    stream.process.stdin.close()  # the client is gone: the helper ends, and ends its shells
+    assert stream.process.wait(10) == 0
+    assert all(_gone(pid, zombie_ok=False) for pid in spares)
+
+
+def test_a_killed_helper_leaves_no_waiting_shell_behind() -> None:
+    """SIGKILL leaves the helper no say: its shells see their stdin end, and exit."""
+    stream = _PipeStream()
+    try:
+        client = MuxClient(stream)
+        _run(client, "true")
+        spares = [int(pid) for pid in _run(client, SPARES).output.split()]
+        assert spares
+    finally:
+        stream.close()  # SIGKILL
+    assert all(_gone(pid, zombie_ok=True) for pid in spares)
+
+
+def test_without_dash_every_command_runs_cold() -> None:
+    """Where /bin/sh is not dash (bash reads a script from a pipe a byte at a time)."""
+    stream = _PipeStream(_VARIANTS["cold"])
+    try:
+        client = MuxClient(stream)
+        assert client.info["warm"] is False
+        assert [_run(client, PROBE).output.strip() for _ in range(3)] == ["/bin/sh -c"] * 3
+    finally:
+        stream.close()

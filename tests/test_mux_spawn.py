@@ -5,16 +5,21 @@ indistinguishable from the same command run cold (``/bin/sh -c``), but for its c
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import needs
 from test_mux import _VARIANTS, _gone, _PipeStream, _run
 
 from sandboxes import protocol as p
-from sandboxes._mux import MuxClient
+from sandboxes._mux import SERVER_SOURCE, MuxClient
 
 WARM = "/bin/sh -s"
 COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
@@ -22,6 +27,8 @@ COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
 command runs cold, and prints the same as warm (these tests never print the marker)."""
 PROBE = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
 """What the command's own shell was started as: ``/bin/sh -s`` when warm."""
+WARM_ARGS = "tr '\\0' '\\n' </proc/$$/cmdline | grep -cx -- -s; true"
+"""1 when the command's shell was started with ``-s`` (warm), 0 otherwise, whatever its argv[0]."""
 SPARES = (
     "for d in /proc/[0-9]*; do [ \"$(cut -d' ' -f4 $d/stat 2>/dev/null)\" = $PPID ] && [ ${d#/proc/} != $$ ]"
     " && grep -qxz -- -s $d/cmdline 2>/dev/null && echo ${d#/proc/}; done"
@@ -79,7 +86,7 @@ SAME_AS_COLD = [
     "return 4",
     "trap -p; echo $?",
     "grep -c . /proc/$$/status >/dev/null && echo status",
-    "awk '/^Sig(Ign|Blk)/' /proc/$$/status",
+    "awk '/^Sig(Ign|Cgt)/' /proc/$$/status",  # (not SigBlk: dash blocks signals around its waits)
     "[ $(ps -o pgid= -p $$) = $$ ] && [ $(ps -o sid= -p $$) = $$ ] && echo its own group and session",
 ]
 
@@ -155,7 +162,8 @@ def test_a_killed_helper_leaves_no_waiting_shell_behind() -> None:
     stream = _PipeStream()
     try:
         client = MuxClient(stream)
-        _run(client, "true")
+        for _ in range(3):  # two shells wait: the listing below runs in one of them
+            _run(client, "true")
         spares = [int(pid) for pid in _run(client, SPARES).output.split()]
         assert spares
     finally:
@@ -172,3 +180,98 @@ def test_without_dash_every_command_runs_cold() -> None:
         assert [_run(client, PROBE).output.strip() for _ in range(3)] == ["/bin/sh -c"] * 3
     finally:
         stream.close()
+
+
+def _stream_in_own_mounts(setup: str) -> _PipeStream:
+    """The helper in a mount namespace of its own, after ``setup`` (sh, as root) ran there."""
+    needs(os.getuid() == 0 and shutil.which("unshare") is not None, "needs root and unshare (util-linux)")
+    stream = _PipeStream.__new__(_PipeStream)
+    script = f'{setup} && exec "$0" -c "$1"'
+    stream.process = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, SERVER_SOURCE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    return stream
+
+
+def test_a_shell_that_fails_the_probe_leaves_every_command_cold(tmp_path: Path) -> None:
+    """/bin/sh resolves to dash by name, but bash runs (it refuses ``set +s`` and reads a script
+    from a pipe a byte at a time): the probe finds out, once, and every command runs cold, with
+    its own answer."""
+    wrapper = tmp_path / "sh"
+    wrapper.write_text('#!/bin/bash\nexec -a sh /bin/bash "$@"\n')
+    wrapper.chmod(0o755)
+    dash = os.path.realpath("/bin/sh")
+    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
+    try:
+        client = MuxClient(stream)
+        assert client.info["warm"] is True  # by name, before any probe
+        answers = [_run(client, "echo $((6 * 7)); " + WARM_ARGS) for _ in range(4)]
+        assert [(a.output, a.exit_code) for a in answers] == [("42\n0\n", 0)] * 4  # never -s
+        assert _run(client, SPARES).output == ""
+    finally:
+        stream.close()
+
+
+def test_a_dash_that_reads_a_kib_at_a_time_fails_the_probe(tmp_path: Path) -> None:
+    """As dash built with musl does (BUFSIZ 1024): the rest of a script after `exec </dev/null`
+    would come from /dev/null. Here dash's script reaches it a KiB every 50 ms, so each of its
+    reads gets at most that."""
+    dash = os.path.realpath("/bin/sh")
+    real = tmp_path / "dash"
+    shutil.copy(dash, real)
+    feeder = tmp_path / "feed.py"
+    feeder.write_text(
+        "import os, time\n"
+        "while True:\n"
+        "    block = os.read(0, 1024)\n"
+        "    if not block:\n"
+        "        break\n"
+        "    os.write(1, block)\n"
+        "    time.sleep(0.05)\n"
+    )
+    wrapper = tmp_path / "sh"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = -s ]; then {sys.executable} {feeder} | {{ exec {real} "$@"; }}; exit; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
+    try:
+        client = MuxClient(stream)
+        answers = [_run(client, "echo one; echo two; " + WARM_ARGS) for _ in range(4)]
+        assert [a.output for a in answers] == ["one\ntwo\n0\n"] * 4  # never -s
+        assert _run(client, SPARES).output == ""
+    finally:
+        stream.close()
+
+
+def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> None:
+    """Only a client that is not `MuxClient` can send one: a mistake must still not kill the helper."""
+    stream = _PipeStream()
+    try:
+        for ident, env in enumerate(["x", [["A", "B"]], {"A": 1}], start=1):
+            payload = json.dumps({"command": "true", "env": env}).encode()
+            stream.send(struct.pack(">cII", b"R", ident, len(payload)) + payload)
+            assert _answer(stream, ident)[0] == b"E"
+        ping = struct.pack(">cII", b"P", 0, 0)
+        stream.send(ping)
+        assert _answer(stream, 0)[0] == b"H"
+    finally:
+        stream.close()
+
+
+def _answer(stream: _PipeStream, ident: int) -> tuple[bytes, bytes]:
+    """The first frame for ``ident`` that is not an acknowledgement (A)."""
+    buffered = b""
+    while True:
+        while len(buffered) < 9 or len(buffered) < 9 + struct.unpack(">cII", buffered[:9])[2]:
+            chunk = stream.recv(65536)
+            assert chunk, "the helper closed its stream"
+            buffered += chunk
+        kind, answered, length = struct.unpack(">cII", buffered[:9])
+        body, buffered = buffered[9 : 9 + length], buffered[9 + length :]
+        if answered == ident and kind != b"A":
+            return kind, body

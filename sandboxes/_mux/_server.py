@@ -44,8 +44,9 @@ outlive the next end of ANY command: a command relying on a daemon that dropped 
 left its tree loses it early; nothing else is lost. Outside a container without a subreaper
 (no ctypes), orphans go to the host's init, among the host's processes, and are not touched.
 
-Most commands run in a shell started before they came, while an earlier command like them ran
-(`_spawn`): starting a shell is mostly exec and dynamic linking, which then costs them nothing.
+Most commands run in a shell started before they came, once an earlier command like them was
+answered (`_spawn`): starting a shell is mostly exec and dynamic linking, which then costs them
+nothing.
 
 The helper never speaks first (it answers P with H): a transport that reads the stream through
 a buffered HTTP response (docker's attach) cannot lose bytes sent before it took the socket.
@@ -411,7 +412,7 @@ def _handle(kind, ident, payload):
         hello = {"pid": os.getpid(), "python": sys.version.split()[0], "subreaper": _subreaper[0],
                  "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
-                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen", "warm": _DASH,
+                 "spawn": "posix_spawn" if _POSIX_SPAWN else "popen", "warm": _spares.enabled,
                  "native": NATIVE_OPS}  # fmt: skip
         send(b"H", 0, json.dumps(hello).encode(), answer=True)
         return
@@ -518,9 +519,10 @@ def main():
                 command.on_deadline(now)
         if _held_until[0] is not None and now >= _held_until[0]:
             flush()
+        answered = bool(_ended)
         _sweep_ended()
-        if _serving[0]:
-            _spares.top_up()  # after the turn's answers are written (a start must not delay them)
+        if answered and _serving[0]:  # after an answer is written: see `Spares`
+            _spares.top_up()
     _sweep_ended()
     _spares.drop(lambda shell: True)
     abort_native_ops()

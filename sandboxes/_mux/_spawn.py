@@ -4,8 +4,8 @@
 script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
 
 Two ways. Cold (`spawn`): ``/bin/sh -c command``, started when the command arrives. Warm
-(`WarmShell`): a ``/bin/sh -s`` the helper started while an earlier command like it ran, waiting
-for this one on its stdin. Starting a shell is mostly exec and dynamic linking, not fork: in a
+(`WarmShell`): a ``/bin/sh -s`` the helper started once an earlier command like it was answered,
+waiting for this one on its stdin. Starting a shell is mostly exec and dynamic linking, not fork: in a
 loop on this project's test machine ``sh -c true`` costs 0.64 ms, a forked ``(true)`` 0.08 ms.
 A shell started ahead of time takes that out of the command's latency.
 
@@ -18,13 +18,19 @@ the shell was started with, and at most `WARM_LIMIT` bytes long. Every other run
 Why it then behaves as ``sh -c`` does: dash reads its input in blocks of 8 KiB, and the whole
 script arrives in one atomic pipe write (at most ``PIPE_BUF``), so the shell's first read takes
 all of it, and its stdin is at its end before the first command runs. The script starts, on the
-command's first line, with ``exec </dev/null; set +s;``: the command's stdin is /dev/null as a
-cold one's is, and ``$-`` loses the ``s`` that ``-s`` put there. Line numbers, ``$0``
-(``/bin/sh``), the error messages (``/bin/sh: 1: foo: not found``), exit codes, the environment,
-the session and the signal dispositions are a cold command's. What differs is its
-``/proc/<pid>/cmdline`` (``/bin/sh -s``, not the command). A shell that reads its script a byte
-at a time, as bash does from a pipe (POSIX asks it to), would lose the rest of the script to the
-/dev/null it was just given: hence dash only.
+command's first line, with ``exec </dev/null; set +s; trap - INT;``: the command's stdin is
+/dev/null as a cold one's is, ``$-`` loses the ``s`` that ``-s`` put there, and SIGINT is caught
+as in a ``-c`` shell (dash decides that at its start from ``-c``, and again on ``trap``). Line
+numbers, ``$0`` (``/bin/sh``), the error messages (``/bin/sh: 1: foo: not found``), exit codes,
+the environment, the session and the signal dispositions are then a cold command's. What differs
+is its ``/proc/<pid>/cmdline`` (``/bin/sh -s``, not the command). That the shell reads so is
+checked once per shell program (`PROBE`), not assumed from its name: a shell that reads less at
+once would lose the rest of the script to the /dev/null it was just given (dash built with musl
+reads 1 KiB at a time; bash, as POSIX asks, a byte), and one that fails the probe leaves every
+command cold.
+
+A waiting shell holds its working directory, as the helper holds the last command's: a file
+system mounted there cannot be unmounted (EBUSY) while it waits, only lazily (``umount -l``).
 
 A waiting shell runs as the sandbox's user, like its commands, so a command can reach the shell
 its successor will run in (reopen its stdin through /proc, or ptrace it where that is allowed),
@@ -33,22 +39,35 @@ waiting shells are inside it. Nothing outside the sandbox is reachable through t
 """
 
 import os
+import select
 import signal
 import sys
+import time
 
 _POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
 _DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"
-WARM_PREFIX = b"exec </dev/null; set +s; "
+WARM_PREFIX = b"exec </dev/null; set +s; trap - INT; "
 SPARES = 2
 """Shells kept waiting. Two: a program running commands one after another sends the next one
 about as soon after an answer as a shell takes to start, so the shell started after that answer
 is often not ready yet, and the one started an answer earlier is. SSH, execute('true') right
-after another, medians of 380 (three runs): cold 1.32-1.37 ms, one spare 1.23-1.28, two
-1.20-1.22, against 1.07-1.11 for a raw persistent shell."""
+after another, medians of 380: cold 1.33-1.37 ms, one spare 1.05, two 0.92-1.01, against
+1.07-1.11 for a raw persistent shell."""
 WARM_LIMIT = 4096
 """Bytes of a warm shell's script, prefix included: ``PIPE_BUF``, the most one atomic write puts
 in a pipe whole, well below the 8 KiB dash reads at once."""
+_PROBE_START = WARM_PREFIX + b"read x || echo ok\n#"
+_PROBE_END = b'\necho "[$-]"\n'
+PROBE = _PROBE_START + b"x" * (WARM_LIMIT - len(_PROBE_START) - len(_PROBE_END)) + _PROBE_END
+PROBE_ANSWER = b"ok\n[]\n"
+"""What `PROBE` prints in a shell that knows ``set +s`` (bash refuses it) and whose first read
+takes a whole script: PROBE's first line switches stdin to /dev/null, and its last line ends at
+byte `WARM_LIMIT` (dash built with musl reads 1 KiB at a time, and would lose it). Run once in
+the first shell of each shell program (`Spares.trusted`)."""
+PROBE_WAIT = 2.0
+"""Seconds the helper waits for the probe's answer (once per shell program): a shell that has
+not answered by then is taken for one that fails it."""
 try:  # where commands without a cwd run; O_PATH needs no read permission (run_as, a 0700 home)
     _home = os.open(".", getattr(os, "O_PATH", os.O_RDONLY))
 except OSError:
@@ -133,8 +152,10 @@ def has_exited(pid):
 
 def warm_script(command, env, with_stdin):
     """What a warm shell would be given to run ``command`` (see the module docstring), or None:
-    it must run cold."""
-    if not _DASH or with_stdin or MARKER_ENV in env:
+    it must run cold (a malformed ``env`` too: the cold start reports it)."""
+    if with_stdin or not isinstance(env, dict) or MARKER_ENV in env:
+        return None
+    if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
         return None
     script = WARM_PREFIX + os.fsencode(command)
     if len(script) > WARM_LIMIT or b"\0" in script:  # a NUL: the cold start's own error
@@ -160,6 +181,33 @@ class WarmShell(object):
 
     def made_for(self, spec_env, cwd):
         return self.cwd == cwd and self.spec_env == spec_env
+
+    def program(self):
+        """(device, inode) of the program the shell runs, or None if /proc cannot tell."""
+        try:
+            info = os.stat("/proc/%d/exe" % self.pid)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
+    def passes_probe(self):
+        """Whether the shell runs `PROBE` as `warm_script` needs (see `PROBE_ANSWER`), waiting
+        at most `PROBE_WAIT` seconds for its answer. Uses the shell up."""
+        if not self.hand(PROBE):
+            return False
+        poller = select.poll()
+        poller.register(self.out_fd, select.POLLIN)
+        answer = b""
+        deadline = time.monotonic() + PROBE_WAIT
+        while len(answer) <= len(PROBE_ANSWER):
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                return False
+            chunk = os.read(self.out_fd, 4096)
+            if not chunk:
+                break
+            answer += chunk
+        return answer == PROBE_ANSWER
 
     def hand(self, script):
         """Give the shell its script (one write, whole), then its end; False if it could not
@@ -204,15 +252,21 @@ class Spares(object):
     """The shells waiting for commands, at most `SPARES`, oldest first, each for the environment
     and working directory it was started with.
 
-    After each turn of the helper's loop in which a command could run warm, shells are started
-    for the next one like it (`top_up`): one, or `SPARES` when the command before it was alike
-    too. Room is made by ending the oldest shell made for something else, so that commands
-    alternating between two directories keep one shell each instead of ending and starting
-    shells for every command."""
+    Once a command that could run warm is answered (in the turn of the helper's loop that wrote
+    the answer, after it), shells are started for the next one like it (`top_up`): one, or
+    `SPARES` when the command before it was alike too. Not while that command runs: a start
+    holds the helper (posix_spawn returns once the shell has exec'd) just when the command's
+    output is likely to end, and in a sandbox of one CPU the shell's start competes with the
+    command. SSH, execute('true') right after another: 1.20-1.22 ms with shells started as the
+    command was handed over, 0.92-1.01 started after its answer. Room is made by ending the
+    oldest shell made for something else, so that commands alternating between two directories
+    keep one shell each instead of ending and starting shells for every command."""
 
     def __init__(self, leaders, env_for):
         self.leaders = leaders
         self.env_for = env_for  # spec_env -> (the shell's environment, its marker)
+        self.enabled = _DASH  # False for good once a shell failed the probe (`trusted`)
+        self.proven = None  # `WarmShell.program` of the shell that passed it
         self.shells = []
         self.wanted = None  # (spec_env, cwd) of the last command that could run warm, this turn
         self.last = None  # the one before it
@@ -220,7 +274,7 @@ class Spares(object):
     def take(self, script, spec_env, cwd):
         """A shell now running ``script`` (`warm_script`; None: the command runs cold), or None:
         no shell fits, and the command runs cold."""
-        if script is None:
+        if script is None or not self.enabled:
             return None
         self.wanted = (spec_env, cwd)
         if not self.shells:
@@ -249,17 +303,37 @@ class Spares(object):
         self.last = wanted
         self.drop(lambda shell: shell.reaped)
         ready = sum(1 for shell in self.shells if shell.made_for(spec_env, cwd))
-        for _ in range(target - ready):
+        for _ in range(target - ready + 1):  # one more: a probe may use one up
+            if ready >= target or not self.enabled:
+                return
             if len(self.shells) >= SPARES:
                 others = [shell for shell in self.shells if not shell.made_for(spec_env, cwd)]
                 if not others:
                     return
                 self.drop(lambda shell: shell is others[0])
-            env, marker = self.env_for(spec_env)
             try:
-                self.shells.append(WarmShell(env, spec_env, cwd, marker, self.leaders))
+                env, marker = self.env_for(spec_env)
+                shell = WarmShell(env, spec_env, cwd, marker, self.leaders)
             except Exception:  # no pid left, a cwd gone: the next command runs cold, and says why
                 return
+            if self.trusted(shell):
+                self.shells.append(shell)
+                ready += 1
+
+    def trusted(self, shell):
+        """Whether ``shell`` runs the program that passed `PROBE`. A program not seen yet (the
+        first shell; /bin/sh replaced since) is probed with this shell, which that uses up; one
+        that fails ends warm starts for this helper: every command runs cold."""
+        program = shell.program()
+        if program is not None and program == self.proven:
+            return True
+        if program is not None and shell.passes_probe():
+            self.proven = program
+        else:
+            self.enabled = False
+            self.drop(lambda other: True)
+        shell.discard()
+        return False
 
     def drop(self, which):
         for shell in [shell for shell in self.shells if which(shell)]:

@@ -1,8 +1,9 @@
 """The exec helper's native file ops (`sandboxes._mux._files`) answer exactly what the scripts
 (`sandboxes._scripts.WRITE`, ``CAS_WRITE``, ``READ_FILE``) answer, for the tests of every backend
 that has the helper: the same `Call`s run once natively and once as the script, each in its own
-fresh copy of the same setup, and the exit codes, the outputs and the files left behind (names,
-modes, groups, owners, types, sizes, contents) must be equal. Which path ran is counted by the helper's client
+fresh copy of the same setup, and the exit codes, the outputs (a read's or a download's as its
+parser reads them: the same bytes, wrapped or not) and the files left behind (names, modes,
+groups, owners, types, sizes, contents) must be equal. Which path ran is counted by the helper's client
 (`MuxClient.native_answers` / ``native_declined``), so a test cannot pass by never taking it.
 
 Everything here is real: the sandbox, its helper and its shell; nothing is staged."""
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxes import _scripts
+from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import MuxClient
 from sandboxes.base import BaseSandbox, Call
@@ -282,8 +283,20 @@ def _run_case(
     seen = observe(sandbox, directory)
     # The output where the parser reads it (success); a failure is its exit code, and the
     # shell's own complaint beside it (``cannot open ...``) is noise no caller sees.
-    output = response.output if response.exit_code == 0 else ""
+    output = _as_read(case.call(directory), response.output) if response.exit_code == 0 else ""
     return response.exit_code, output, seen, reader[0].output if reader else ""
+
+
+def _as_read(call: Call, output: str) -> str:
+    """``output`` as its parser reads it: a read's or a download's base64 decoded (coreutils
+    wraps it in lines of 76, the helper sends one line: `sandboxes._mux._files._base64`), the
+    statuses beside; any other op's as it is."""
+    op = call.native[0] if call.native else None
+    if op == "read_file":
+        return repr(_parse.decode_base64(output))
+    if op == "download":
+        return repr(_parse.downloads(output, len(call.native or ()) - 2))
+    return output
 
 
 def assert_native_writes_match_the_scripts(

@@ -175,12 +175,20 @@ def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
     """Candidate names, a newline, then ``path:line:text`` lines.
 
     A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
-    followed by ``:<digits>:`` rather than split on the first colon.
+    followed by ``:<digits>:`` rather than split on the first colon. The names end at the first
+    NUL followed by a newline: every name starts with the search's root, a ``/``, so that newline
+    cannot start a name. Not at the last NUL: busybox ``grep`` prints a binary file's lines, NULs
+    and all, where GNU ``grep`` skips the file. A file that printed a NUL is dropped whole here,
+    as GNU drops it; one whose NULs are all on lines without a match cannot be told from text
+    (busybox, unlike GNU and the helper, then reports its matches).
     """
-    names_text, _, grep_text = output.rpartition("\x00")
-    candidates = set(nul_list(names_text + "\x00"))
-    grep_text = grep_text[1:] if grep_text.startswith("\n") else grep_text
-    matches = []
+    if output.startswith("\n"):
+        names_text, grep_text = "", output[1:]
+    else:
+        end = output.find("\x00\n")
+        names_text, grep_text = (output, "") if end == -1 else (output[: end + 1], output[end + 2 :])
+    candidates = set(nul_list(names_text))
+    matches, binary = [], set()
     pos, end = 0, len(grep_text)
     while pos < end:
         colon = grep_text.find(":", pos)
@@ -197,6 +205,9 @@ def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
         path, line_number, text_start = found
         newline = grep_text.find("\n", text_start)
         text_end = end if newline == -1 else newline
-        matches.append(p.GrepMatch(path, line_number, grep_text[text_start:text_end]))
+        text = grep_text[text_start:text_end]
+        if "\x00" in text:
+            binary.add(path)
+        matches.append(p.GrepMatch(path, line_number, text))
         pos = text_end + 1
-    return matches
+    return [match for match in matches if match.path not in binary] if binary else matches

@@ -99,3 +99,17 @@ def test_every_int64_is_a_number() -> None:
     """A job's times are nanoseconds since the epoch: 19 digits, which must still be read."""
     assert _parse.natural("9223372036854775807") == 2**63 - 1
     assert _parse.natural("0") == 0
+
+
+def test_a_binary_line_busybox_prints_is_dropped_and_the_other_matches_kept() -> None:
+    """busybox ``grep`` prints a binary file's matching lines, NULs and all (GNU ``grep`` skips
+    the file): the names still end at the first NUL-newline, not the last NUL."""
+    output = "/d/a\x00/d/b.txt\x00\n/d/a:1:text\n/d/a:2:\x00\n/d/b.txt:1:a\n/d/a:3:x\x00y\n"
+    assert _parse.grep_matches(output) == [p.GrepMatch("/d/b.txt", 1, "a")]  # all of /d/a dropped
+
+
+def test_names_with_newlines_and_no_candidates() -> None:
+    output = "/d/x\n:1:\x00/d/y\x00\n/d/x\n:1::2:hit\n/d/y:3:\n"
+    assert _parse.grep_matches(output) == [p.GrepMatch("/d/x\n:1:", 2, "hit"), p.GrepMatch("/d/y", 3, "")]
+    assert _parse.grep_matches("\n") == []
+    assert _parse.grep_matches("") == []

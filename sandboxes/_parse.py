@@ -177,15 +177,18 @@ def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
     A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
     followed by ``:<digits>:`` rather than split on the first colon. The names end at the first
     NUL followed by a newline: every name starts with the search's root, a ``/``, so that newline
-    cannot start a name. Not at the last NUL: busybox ``grep`` prints a binary file's lines, NULs
-    and all, where GNU ``grep`` skips the file. A file that printed a NUL is dropped whole here,
-    as GNU drops it; one whose NULs are all on lines without a match cannot be told from text
-    (busybox, unlike GNU and the helper, then reports its matches).
+    cannot start a name (the marker `OutputBuffer.text` puts in a cut output starts with ``.``:
+    skipped). Not at the last NUL: busybox ``grep`` prints a binary file's lines, NULs and all,
+    where GNU ``grep`` skips the file. A file that printed a NUL is dropped whole here, as GNU
+    drops it; one whose NULs are all on lines without a match cannot be told from text (busybox,
+    unlike GNU and the helper, then reports its matches).
     """
     if output.startswith("\n"):
         names_text, grep_text = "", output[1:]
     else:
         end = output.find("\x00\n")
+        while end != -1 and output.startswith(".", end + 2):  # the marker of a cut output, not grep's
+            end = output.find("\x00\n", end + 2)
         names_text, grep_text = (output, "") if end == -1 else (output[: end + 1], output[end + 2 :])
     candidates = set(nul_list(names_text))
     matches, binary = [], set()

@@ -248,6 +248,30 @@ def test_a_dash_that_reads_a_kib_at_a_time_fails_the_probe(tmp_path: Path) -> No
         stream.close()
 
 
+def test_a_probe_without_a_verdict_is_tried_again(tmp_path: Path) -> None:
+    """The first shell dies by a signal before it answers the probe (a command's ``pkill sh``
+    might do that): no verdict, so the next one is probed, passes, and commands run warm."""
+    dash = os.path.realpath("/bin/sh")
+    real = tmp_path / "dash"
+    shutil.copy(dash, real)
+    wrapper = tmp_path / "sh"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1" = -s ] && mkdir {tmp_path}/first 2>/dev/null; then kill -9 $$; fi\n'
+        f'exec -a /bin/sh {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
+    try:
+        client = MuxClient(stream)
+        answers = [_run(client, WARM_ARGS).output for _ in range(4)]
+        assert (tmp_path / "first").is_dir()  # the first shell was killed
+        assert answers[0] == "0\n", answers  # cold: nothing waited yet
+        assert answers[-1] == "1\n", answers  # warm: the second probe passed
+    finally:
+        stream.close()
+
+
 def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> None:
     """Only a client that is not `MuxClient` can send one: a mistake must still not kill the helper."""
     stream = _PipeStream()

@@ -113,3 +113,12 @@ def test_names_with_newlines_and_no_candidates() -> None:
     assert _parse.grep_matches(output) == [p.GrepMatch("/d/x\n:1:", 2, "hit"), p.GrepMatch("/d/y", 3, "")]
     assert _parse.grep_matches("\n") == []
     assert _parse.grep_matches("") == []
+
+
+def test_a_cut_in_the_names_is_not_taken_for_their_end() -> None:
+    """`OutputBuffer.text` keeps a long output's two ends around a marker line: a cut right
+    after a name's NUL must not end the names there (what follows the newline is the marker)."""
+    names = "".join(f"/d/f{i}\x00" for i in range(100))
+    cut = names[:361] + "\n... [999 bytes of output truncated] ...\n" + names[-200:]
+    output = cut + "\n" + "".join(f"/d/f{i}:1:hit\n" for i in range(95, 100))
+    assert [m.path for m in _parse.grep_matches(output)] == [f"/d/f{i}" for i in range(95, 100)]

@@ -204,7 +204,9 @@ class Command(object):
         timeout = spec.get("timeout")
         self.deadline = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
-        warm = _spares.take(warm_script(spec["command"], spec_env, with_stdin), spec_env, cwd)
+        script = warm_script(spec["command"], spec_env, with_stdin)
+        self.warm_key = None if script is None else (spec_env, cwd)  # once answered: a shell for the next like it
+        warm = _spares.take(script, spec_env, cwd)
         if warm is not None:
             self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
         else:
@@ -341,6 +343,8 @@ class Command(object):
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
         send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
+        if self.warm_key is not None:
+            _spares.wanted = self.warm_key
         # Then whatever left its group (setsid, double forks) ends too; once the answer is
         # written at the end of this turn of the loop, so that scanning /proc does not delay it.
         _ended.append(self)
@@ -519,9 +523,10 @@ def main():
                 command.on_deadline(now)
         if _held_until[0] is not None and now >= _held_until[0]:
             flush()
-        answered = bool(_ended)
         _sweep_ended()
-        if answered and _serving[0]:  # after an answer is written: see `Spares`
+        if _spares.wanted is not None and _serving[0]:  # after an answer: see `Spares`
+            if _held_until[0] == 0.0:  # one the sweep's reaping queued: out first
+                flush()
             _spares.top_up()
     _sweep_ended()
     _spares.drop(lambda shell: True)

@@ -65,9 +65,11 @@ PROBE_ANSWER = b"ok\n[]\n"
 takes a whole script: PROBE's first line switches stdin to /dev/null, and its last line ends at
 byte `WARM_LIMIT` (dash built with musl reads 1 KiB at a time, and would lose it). Run once in
 the first shell of each shell program (`Spares.trusted`)."""
-PROBE_WAIT = 2.0
-"""Seconds the helper waits for the probe's answer (once per shell program): a shell that has
-not answered by then is taken for one that fails it."""
+PROBE_WAIT = 0.5
+"""Seconds the helper waits for the probe's answer, serving nothing else meanwhile (a healthy
+shell answers within a few ms). No answer by then, or a shell killed meanwhile, is no verdict:
+the next top-up probes again, at most `PROBE_TRIES` times in all."""
+PROBE_TRIES = 3
 try:  # where commands without a cwd run; O_PATH needs no read permission (run_as, a 0700 home)
     _home = os.open(".", getattr(os, "O_PATH", os.O_RDONLY))
 except OSError:
@@ -190,24 +192,37 @@ class WarmShell(object):
             return None
         return info.st_dev, info.st_ino
 
-    def passes_probe(self):
-        """Whether the shell runs `PROBE` as `warm_script` needs (see `PROBE_ANSWER`), waiting
-        at most `PROBE_WAIT` seconds for its answer. Uses the shell up."""
+    def probe(self):
+        """True if the shell answers `PROBE` with `PROBE_ANSWER`; False if it answers otherwise
+        and then exits by itself (a shell that cannot run warm commands); None, no verdict: it
+        took no script, died by a signal, or did not answer within `PROBE_WAIT` seconds. Uses
+        the shell up (reaped here when it exited)."""
+        deadline = time.monotonic() + PROBE_WAIT
         if not self.hand(PROBE):
-            return False
+            return None
         poller = select.poll()
         poller.register(self.out_fd, select.POLLIN)
         answer = b""
-        deadline = time.monotonic() + PROBE_WAIT
-        while len(answer) <= len(PROBE_ANSWER):
+        while True:
             left = deadline - time.monotonic()
             if left <= 0 or not poller.poll(left * 1000):
-                return False
+                return None
             chunk = os.read(self.out_fd, 4096)
             if not chunk:
                 break
             answer += chunk
-        return answer == PROBE_ANSWER
+            if len(answer) > len(PROBE_ANSWER):
+                break
+        while not self.has_exited():  # its output ended: it is exiting
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.001)
+        _, status = os.waitpid(self.pid, 0)
+        self.reaped = True
+        del self.leaders[self.pid]
+        if answer == PROBE_ANSWER:
+            return True
+        return None if os.WIFSIGNALED(status) else False
 
     def hand(self, script):
         """Give the shell its script (one write, whole), then its end; False if it could not
@@ -267,17 +282,15 @@ class Spares(object):
         self.env_for = env_for  # spec_env -> (the shell's environment, its marker)
         self.enabled = _DASH  # False for good once a shell failed the probe (`trusted`)
         self.proven = None  # `WarmShell.program` of the shell that passed it
+        self.tries = 0  # probes without a verdict
         self.shells = []
-        self.wanted = None  # (spec_env, cwd) of the last command that could run warm, this turn
+        self.wanted = None  # (spec_env, cwd) of the last command answered that could run warm
         self.last = None  # the one before it
 
     def take(self, script, spec_env, cwd):
         """A shell now running ``script`` (`warm_script`; None: the command runs cold), or None:
         no shell fits, and the command runs cold."""
-        if script is None or not self.enabled:
-            return None
-        self.wanted = (spec_env, cwd)
-        if not self.shells:
+        if script is None or not self.enabled or not self.shells:
             return None
         try:
             enter_cwd(cwd)
@@ -322,17 +335,21 @@ class Spares(object):
 
     def trusted(self, shell):
         """Whether ``shell`` runs the program that passed `PROBE`. A program not seen yet (the
-        first shell; /bin/sh replaced since) is probed with this shell, which that uses up; one
-        that fails ends warm starts for this helper: every command runs cold."""
+        first shell; /bin/sh replaced since) is probed with this shell, which that uses up; a
+        wrong answer, or `PROBE_TRIES` without a verdict, ends warm starts for this helper:
+        every command runs cold."""
         program = shell.program()
         if program is not None and program == self.proven:
             return True
-        if program is not None and shell.passes_probe():
+        verdict = shell.probe() if program is not None else None
+        shell.discard()
+        if verdict:
             self.proven = program
-        else:
+            return False
+        self.tries += 1
+        if verdict is False or self.tries >= PROBE_TRIES:
             self.enabled = False
             self.drop(lambda other: True)
-        shell.discard()
         return False
 
     def drop(self, which):

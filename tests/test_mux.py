@@ -345,17 +345,21 @@ def test_the_helper_kills_by_marker_what_outlived_its_command(stream: _PipeStrea
 
 
 def _exchange(stream: _PipeStream, kind: bytes, ident: int, payload: bytes) -> tuple[bytes, dict[str, object] | str]:
-    """One raw frame to the helper and its answer (X as JSON, E as text), without `MuxClient`,
-    whose own checks would stop a frame the helper must refuse by itself."""
+    """One raw frame to the helper and its answer (X as JSON, E or H as text; an acknowledgement
+    before it is skipped), without `MuxClient`, whose own checks would stop a frame the helper
+    must refuse by itself."""
     stream.send(struct.pack(">cII", kind, ident, len(payload)) + payload)
     received = b""
-    while len(received) < 9 or len(received) < 9 + struct.unpack(">cII", received[:9])[2]:
-        chunk = stream.recv(65536)
-        assert chunk, "the helper closed its stream"
-        received += chunk
-    answer, answered, length = struct.unpack(">cII", received[:9])
+    while True:
+        while len(received) < 9 or len(received) < 9 + struct.unpack(">cII", received[:9])[2]:
+            chunk = stream.recv(65536)
+            assert chunk, "the helper closed its stream"
+            received += chunk
+        answer, answered, length = struct.unpack(">cII", received[:9])
+        body, received = received[9 : 9 + length], received[9 + length :]
+        if answer != b"A":
+            break
     assert answered == ident
-    body = received[9 : 9 + length]
     return answer, (json.loads(body) if answer == b"X" else body.decode())
 
 

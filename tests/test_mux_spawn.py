@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import needs
-from test_mux import _VARIANTS, _gone, _PipeStream, _run
+from test_mux import _VARIANTS, _exchange, _gone, _PipeStream, _run
 
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, MuxClient
@@ -182,13 +181,19 @@ def test_without_dash_every_command_runs_cold() -> None:
         stream.close()
 
 
-def _stream_in_own_mounts(setup: str) -> _PipeStream:
-    """The helper in a mount namespace of its own, after ``setup`` (sh, as root) ran there."""
+def _helper_under(tmp_path: Path, wrapper: str) -> _PipeStream:
+    """The helper in a mount namespace of its own (as root), where dash's file is ``wrapper``: a
+    bash script that may run dash itself as ``tmp_path/dash``, a copy."""
     needs(os.getuid() == 0 and shutil.which("unshare") is not None, "needs root and unshare (util-linux)")
+    dash = os.path.realpath("/bin/sh")
+    shutil.copy(dash, tmp_path / "dash")
+    script = tmp_path / "sh"
+    script.write_text("#!/bin/bash\n" + wrapper)
+    script.chmod(0o755)
     stream = _PipeStream.__new__(_PipeStream)
-    script = f'{setup} && exec "$0" -c "$1"'
+    setup = f'mount --bind {script} {dash} && exec "$0" -c "$1"'
     stream.process = subprocess.Popen(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, SERVER_SOURCE],
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", setup, sys.executable, SERVER_SOURCE],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -199,11 +204,7 @@ def test_a_shell_that_fails_the_probe_leaves_every_command_cold(tmp_path: Path) 
     """/bin/sh resolves to dash by name, but bash runs (it refuses ``set +s`` and reads a script
     from a pipe a byte at a time): the probe finds out, once, and every command runs cold, with
     its own answer."""
-    wrapper = tmp_path / "sh"
-    wrapper.write_text('#!/bin/bash\nexec -a sh /bin/bash "$@"\n')
-    wrapper.chmod(0o755)
-    dash = os.path.realpath("/bin/sh")
-    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
+    stream = _helper_under(tmp_path, 'exec -a sh /bin/bash "$@"\n')
     try:
         client = MuxClient(stream)
         assert client.info["warm"] is True  # by name, before any probe
@@ -218,9 +219,6 @@ def test_a_dash_that_reads_a_kib_at_a_time_fails_the_probe(tmp_path: Path) -> No
     """As dash built with musl does (BUFSIZ 1024): the rest of a script after `exec </dev/null`
     would come from /dev/null. Here dash's script reaches it a KiB every 50 ms, so each of its
     reads gets at most that."""
-    dash = os.path.realpath("/bin/sh")
-    real = tmp_path / "dash"
-    shutil.copy(dash, real)
     feeder = tmp_path / "feed.py"
     feeder.write_text(
         "import os, time\n"
@@ -231,14 +229,11 @@ def test_a_dash_that_reads_a_kib_at_a_time_fails_the_probe(tmp_path: Path) -> No
         "    os.write(1, block)\n"
         "    time.sleep(0.05)\n"
     )
-    wrapper = tmp_path / "sh"
-    wrapper.write_text(
-        "#!/bin/bash\n"
-        f'if [ "$1" = -s ]; then {sys.executable} {feeder} | {{ exec {real} "$@"; }}; exit; fi\n'
-        f'exec {real} "$@"\n'
+    real = tmp_path / "dash"
+    stream = _helper_under(
+        tmp_path,
+        f'if [ "$1" = -s ]; then {sys.executable} {feeder} | {{ exec {real} "$@"; }}; exit; fi\nexec {real} "$@"\n',
     )
-    wrapper.chmod(0o755)
-    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
     try:
         client = MuxClient(stream)
         answers = [_run(client, "echo one; echo two; " + WARM_ARGS) for _ in range(4)]
@@ -251,17 +246,11 @@ def test_a_dash_that_reads_a_kib_at_a_time_fails_the_probe(tmp_path: Path) -> No
 def test_a_probe_without_a_verdict_is_tried_again(tmp_path: Path) -> None:
     """The first shell dies by a signal before it answers the probe (a command's ``pkill sh``
     might do that): no verdict, so the next one is probed, passes, and commands run warm."""
-    dash = os.path.realpath("/bin/sh")
-    real = tmp_path / "dash"
-    shutil.copy(dash, real)
-    wrapper = tmp_path / "sh"
-    wrapper.write_text(
-        "#!/bin/bash\n"
+    stream = _helper_under(
+        tmp_path,
         f'if [ "$1" = -s ] && mkdir {tmp_path}/first 2>/dev/null; then kill -9 $$; fi\n'
-        f'exec -a /bin/sh {real} "$@"\n'
+        f'exec -a /bin/sh {tmp_path}/dash "$@"\n',
     )
-    wrapper.chmod(0o755)
-    stream = _stream_in_own_mounts(f"mount --bind {wrapper} {dash}")
     try:
         client = MuxClient(stream)
         answers = [_run(client, WARM_ARGS).output for _ in range(4)]
@@ -278,24 +267,7 @@ def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> No
     try:
         for ident, env in enumerate(["x", [["A", "B"]], {"A": 1}], start=1):
             payload = json.dumps({"command": "true", "env": env}).encode()
-            stream.send(struct.pack(">cII", b"R", ident, len(payload)) + payload)
-            assert _answer(stream, ident)[0] == b"E"
-        ping = struct.pack(">cII", b"P", 0, 0)
-        stream.send(ping)
-        assert _answer(stream, 0)[0] == b"H"
+            assert _exchange(stream, b"R", ident, payload)[0] == b"E"
+        assert _exchange(stream, b"P", 0, b"")[0] == b"H"
     finally:
         stream.close()
-
-
-def _answer(stream: _PipeStream, ident: int) -> tuple[bytes, bytes]:
-    """The first frame for ``ident`` that is not an acknowledgement (A)."""
-    buffered = b""
-    while True:
-        while len(buffered) < 9 or len(buffered) < 9 + struct.unpack(">cII", buffered[:9])[2]:
-            chunk = stream.recv(65536)
-            assert chunk, "the helper closed its stream"
-            buffered += chunk
-        kind, answered, length = struct.unpack(">cII", buffered[:9])
-        body, buffered = buffered[9 : 9 + length], buffered[9 + length :]
-        if answered == ident and kind != b"A":
-            return kind, body

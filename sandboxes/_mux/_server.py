@@ -206,13 +206,14 @@ class Command(object):
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         script = warm_script(spec["command"], spec_env, with_stdin)
         self.warm_key = None if script is None else (spec_env, cwd)  # once answered: a shell for the next like it
+        enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
         if warm is not None:
             self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
         else:
             self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
             env = _command_env(spec_env, self.marker)
-            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, cwd, with_stdin)
+            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 

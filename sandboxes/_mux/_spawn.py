@@ -95,8 +95,9 @@ def _here():
     return info.st_dev, info.st_ino
 
 
-def spawn(args, env, cwd, with_stdin):
-    """(pid, output fd, stdin fd or None) of ``/bin/sh`` + ``args`` in a new session, in ``cwd``.
+def spawn(args, env, with_stdin):
+    """(pid, output fd, stdin fd or None) of ``/bin/sh`` + ``args`` in a new session, in the
+    helper's working directory (the caller enters the command's first: `enter_cwd`).
 
     posix_spawn (vfork + exec in C) where Python has it: Popen adds ~0.2 ms of Python per start.
     The helper's own fds are all close-on-exec (PEP 446) and 0-2 are replaced, so nothing leaks."""
@@ -105,7 +106,6 @@ def spawn(args, env, cwd, with_stdin):
     try:
         if with_stdin:
             in_r, in_w = os.pipe()
-        enter_cwd(cwd)
         argv = ["/bin/sh"] + args
         if _POSIX_SPAWN:
             # novermin below: Python 3.8's, and only where `_POSIX_SPAWN` says it has them
@@ -178,7 +178,7 @@ class WarmShell(object):
         self.reaped = False
         enter_cwd(cwd)
         self.here = _here()
-        self.pid, self.out_fd, self.script_fd = spawn(["-s"], env, cwd, True)
+        self.pid, self.out_fd, self.script_fd = spawn(["-s"], env, True)
         leaders[self.pid] = self
 
     def made_for(self, spec_env, cwd):
@@ -217,12 +217,10 @@ class WarmShell(object):
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.001)
-        _, status = os.waitpid(self.pid, 0)
-        self.reaped = True
-        del self.leaders[self.pid]
+        status = self.reap()
         if answer == PROBE_ANSWER:
             return True
-        return None if os.WIFSIGNALED(status) else False
+        return None if status is None or os.WIFSIGNALED(status) else False
 
     def hand(self, script):
         """Give the shell its script (one write, whole), then its end; False if it could not
@@ -240,6 +238,16 @@ class WarmShell(object):
     def has_exited(self):
         return has_exited(self.pid)
 
+    def reap(self):
+        """Wait for the shell (exited, or killed: it ends at once) and forget it; its status."""
+        try:
+            _, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:  # cannot happen: only this reaps it
+            status = None
+        self.reaped = True
+        del self.leaders[self.pid]
+        return status
+
     def exited(self):
         """It died waiting (a command's ``kill -9 -1``): reaped now, dropped by `Spares`."""
         self.discard()
@@ -251,12 +259,7 @@ class WarmShell(object):
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:  # cannot happen: only this reaps it
-                pass
-            self.reaped = True
-            del self.leaders[self.pid]
+            self.reap()
         for fd in (self.out_fd, self.script_fd):
             if fd is not None:
                 os.close(fd)
@@ -289,11 +292,10 @@ class Spares(object):
 
     def take(self, script, spec_env, cwd):
         """A shell now running ``script`` (`warm_script`; None: the command runs cold), or None:
-        no shell fits, and the command runs cold."""
+        no shell fits, and the command runs cold. The helper is in ``cwd`` (`enter_cwd`)."""
         if script is None or not self.enabled or not self.shells:
             return None
         try:
-            enter_cwd(cwd)
             here = _here()
         except OSError:  # the cold start reports it
             return None

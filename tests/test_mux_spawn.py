@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +20,14 @@ from support import needs
 from test_mux import _VARIANTS, _exchange, _gone, _PipeStream, _run
 
 from sandboxes import protocol as p
+from sandboxes._kill import kill_marked
 from sandboxes._mux import SERVER_SOURCE, MuxClient
 
 WARM = "/bin/sh -s"
 COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
-"""A caller's marker: a waiting shell's environment was fixed before the command came, so the
-command runs cold, and prints the same as warm (these tests never print the marker)."""
+"""A caller's marker, not announced (``next_marker``) by the command before: a waiting shell's
+environment was fixed before the command came, so the command runs cold, and prints the same as
+warm (these tests never print the marker)."""
 PROBE = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
 """What the command's own shell was started as: ``/bin/sh -s`` when warm."""
 WARM_ARGS = "tr '\\0' '\\n' </proc/$$/cmdline | grep -cx -- -s; true"
@@ -271,3 +275,77 @@ def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> No
         assert _exchange(stream, b"P", 0, b"")[0] == b"H"
     finally:
         stream.close()
+
+
+def _marked(client: MuxClient, marker: str, announce: str | None = None, **overrides: object) -> str:
+    """What a command carrying the caller's ``marker`` says of it and of its shell."""
+    env = {"SANDBOXES_EXEC_ID": marker}
+    return _run(client, "echo $SANDBOXES_EXEC_ID; " + PROBE, env=env, next_marker=announce, **overrides).output
+
+
+def test_a_caller_marking_its_commands_runs_warm_with_the_marker_it_announced(client: MuxClient) -> None:
+    """The service's way: each command's marker is announced with the command before it."""
+    m = [uuid.uuid4().hex for _ in range(6)]
+    answers = [
+        _marked(client, m[0], m[1]),
+        _marked(client, m[1], m[2]),
+        _marked(client, m[5], m[3]),  # not the one announced: cold (it announces m[3])
+        _marked(client, m[3]),  # announced: warm; it announces nothing
+        _marked(client, m[4]),  # so nothing waits for this one
+    ]
+    cold, warm = "/bin/sh -c", WARM
+    assert answers == [
+        f"{m[0]}\n{cold}\n",
+        f"{m[1]}\n{warm}\n",
+        f"{m[5]}\n{cold}\n",
+        f"{m[3]}\n{warm}\n",
+        f"{m[4]}\n{cold}\n",
+    ]
+    assert _marked(client, m[2]) == f"{m[2]}\n{WARM}\n"  # the shell started for it still waited
+
+
+def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client: MuxClient) -> None:
+    """As the local backend kills from the host, and another replica through its own helper:
+    by the marker in the environment of every process of the command, its shell's included."""
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    _marked(client, first, second)
+    started = threading.Event()
+    answers: list[p.ExecuteResponse] = []
+    command = PROBE + "; setsid sleep 60 & echo $!; sleep 60"
+    env = {"SANDBOXES_EXEC_ID": second}
+
+    def run() -> None:
+        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda _: started.set()))
+
+    waiter = threading.Thread(target=run)
+    waiter.start()
+    try:
+        assert started.wait(10)
+        assert kill_marked(second)
+    finally:
+        waiter.join(20)
+    assert not waiter.is_alive(), "the command outlived the kill of its marker"
+    [answer] = answers
+    lines = answer.output.split()
+    assert answer.exit_code == 137, answer
+    assert " ".join(lines[:2]) == WARM
+    assert _gone(int(lines[2]), zombie_ok=False)
+
+
+def test_a_marker_is_announced_only_while_nothing_else_runs(client: MuxClient) -> None:
+    """Concurrent commands would take each other's announced markers: none is announced then."""
+    made = iter(f"marker-{i}" for i in range(10))
+    first, announced = client.markers(lambda: next(made))
+    assert (first, announced) == ("marker-0", "marker-1")
+    up = threading.Event()
+    options = {"env": {"TAG": "slow"}, "on_output": lambda _: up.set()}
+    slow = threading.Thread(target=_run, args=(client, "echo up; sleep 60"), kwargs=options)
+    slow.start()
+    try:
+        assert up.wait(10)
+        assert client.markers(lambda: next(made)) == ("marker-2", None)  # the announced one is kept
+    finally:
+        client.kill_tagged("TAG", "slow")
+        slow.join(10)
+    assert not slow.is_alive()
+    assert client.markers(lambda: next(made)) == ("marker-1", "marker-3")

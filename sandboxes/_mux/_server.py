@@ -22,7 +22,8 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
-the caller's value when its env has one, as the service's does); a timeout or a kill takes down
+the caller's value when its env has one, as the service's does; such a caller may announce, as
+``next_marker`` in an R spec, the marker its next command will carry: `_next_key`); a timeout or a kill takes down
 its process group and every process still carrying the marker, which catches descendants that
 called setsid or double-forked.
 
@@ -205,7 +206,8 @@ class Command(object):
         self.deadline = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         script = warm_script(spec["command"], spec_env, with_stdin)
-        self.warm_key = None if script is None else (spec_env, cwd)  # once answered: a shell for the next like it
+        # Once answered: a shell for the next command like it (its marker: the one announced).
+        self.warm_key = None if script is None else _next_key(spec_env, cwd, spec.get("next_marker"))
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
         if warm is not None:
@@ -367,11 +369,30 @@ def _command_env(spec_env, marker):
     return env
 
 
+def _next_key(spec_env, cwd, next_marker):
+    """(env, cwd) of the next command like this one, for which a shell is started once this one
+    is answered; None: none is foreseen. A caller that marks its commands itself (the service:
+    a token per call, which a kill from outside this helper looks for) announces with each
+    command the marker its next will carry (``next_marker``, in the R frame), and the shell is
+    started with that one: its environment, the marker in it, is fixed when it starts. One
+    that gives its own marker and announces none gets no shell: its next marker is unknown."""
+    if MARKER_ENV not in spec_env:
+        return spec_env, cwd
+    if not isinstance(next_marker, str) or not next_marker or "\0" in next_marker:
+        return None
+    key_env = dict(spec_env)
+    key_env[MARKER_ENV] = next_marker
+    return key_env, cwd
+
+
 def _spare_env(spec_env):
-    """(environment, marker) of a shell started ahead of its command: its own marker, since the
-    command is not known yet (`Command.ident` is not)."""
-    _markers[0] += 1
-    marker = "%s-w%d" % (_session, _markers[0])
+    """(environment, marker) of a shell started ahead of its command: the marker announced for
+    it (`_next_key`), else one of its own, since the command is not known yet (`Command.ident`
+    is not)."""
+    marker = spec_env.get(MARKER_ENV)
+    if not marker:
+        _markers[0] += 1
+        marker = "%s-w%d" % (_session, _markers[0])
     return _command_env(spec_env, marker), marker
 
 

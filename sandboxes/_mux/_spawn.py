@@ -10,10 +10,11 @@ loop on this project's test machine ``sh -c true`` costs 0.64 ms, a forked ``(tr
 A shell started ahead of time takes that out of the command's latency.
 
 Which commands run warm (`warm_script`, `Spares.take`): only where ``/bin/sh`` is dash, for a
-command without stdin whose caller gave no marker (a waiting shell's environment, the marker in
-it, was fixed when it started), in the same working directory (the same directory, not just the
-same name: one deleted and made again meanwhile is another) and with the same environment as
-the shell was started with, and at most `WARM_LIMIT` bytes long. Every other runs cold.
+command without stdin, in the same working directory (the same directory, not just the same
+name: one deleted and made again meanwhile is another) and with the same environment as the
+shell was started with, its marker included (fixed when the shell started: a caller that marks
+its commands itself announces each marker a command ahead, `_server._next_key`), and at most
+`WARM_LIMIT` bytes long. Every other runs cold.
 
 Why it then behaves as ``sh -c`` does: dash reads its input in blocks of 8 KiB, and the whole
 script arrives in one atomic pipe write (at most ``PIPE_BUF``), so the shell's first read takes
@@ -155,7 +156,7 @@ def has_exited(pid):
 def warm_script(command, env, with_stdin):
     """What a warm shell would be given to run ``command`` (see the module docstring), or None:
     it must run cold (a malformed ``env`` too: the cold start reports it)."""
-    if with_stdin or not isinstance(env, dict) or MARKER_ENV in env:
+    if with_stdin or not isinstance(env, dict):
         return None
     if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
         return None

@@ -141,6 +141,8 @@ class MuxClient:
         self._ids = itertools.count(1)
         self._hello = threading.Event()
         self._outbox = Outbox()
+        self._announced: str | None = None
+        self._markers_lock = threading.Lock()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
         self.native_answers = 0
@@ -181,8 +183,10 @@ class MuxClient:
         cwd: str | None,
         output_limit: int,
         on_output: Callable[[bytes], None] | None = None,
+        next_marker: str | None = None,
     ) -> p.ExecuteResponse:
         """Run one command; raise `MuxBroken` if the helper dies or stops answering.
+        ``next_marker``: announced with it (`markers`).
 
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
@@ -192,7 +196,7 @@ class MuxClient:
         leading = False
         try:
             leading = self._lead()
-            self._request(ident, command, env, cwd, timeout, stdin)
+            self._request(ident, command, env, cwd, timeout, stdin, next_marker)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             self._await(ident, pending, time.monotonic(), timeout, leading)
@@ -231,6 +235,26 @@ class MuxClient:
         response = _response(pending, timeout, started)
         self.native_answers += 1
         return response
+
+    def markers(self, new: Callable[[], str]) -> tuple[str, str | None]:
+        """(the marker for a caller's command about to be sent, the marker to announce with it
+        for the caller's next: ``next_marker``, or None). For a caller that marks its commands
+        itself (``SANDBOXES_EXEC_ID`` in their env: the service, whose kills by marker may come
+        from outside this helper): once the command is answered, the helper starts a shell for
+        the next with the announced marker in its environment (`_server._next_key`), which that
+        next command takes if it comes with this marker, the same env otherwise and the same cwd.
+        ``new`` makes markers (unique: a kill by marker must hit one command).
+
+        Only while nothing else is in flight: a command sent while another runs takes a fresh
+        marker and announces none (the announced one is kept for the command after the one that
+        announced it). Concurrent commands would take each other's announced markers out of turn,
+        and every answer would start a shell nobody takes: under load, twice the processes."""
+        with self._markers_lock:
+            if self._awaited():
+                return new(), None
+            current = self._announced or new()
+            self._announced = new()
+            return current, self._announced
 
     def _register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
@@ -307,10 +331,11 @@ class MuxClient:
         cwd: str | None,
         timeout: float | None,
         stdin: bytes | None,
+        next_marker: str | None = None,
     ) -> None:
         """The R frame; a failure to send it means no whole request reached the helper (see
         `_send`), so the command may be resent."""
-        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None)
+        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None, next_marker)
         try:
             self._send_frame(frame)
         except MuxBroken as broken:
@@ -548,10 +573,24 @@ class MuxClient:
 
 
 def _request_frame(
-    ident: int, command: str, env: Mapping[str, str] | None, cwd: str | None, timeout: float | None, stdin: bool
+    ident: int,
+    command: str,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: bool,
+    next_marker: str | None = None,
 ) -> bytes:
-    """The R frame of a command."""
-    spec = {"command": command, "env": dict(env or {}), "cwd": cwd, "timeout": timeout or None, "stdin": stdin}
+    """The R frame of a command (``next_marker``: see `MuxClient.markers`)."""
+    spec: dict[str, object] = {
+        "command": command,
+        "env": dict(env or {}),
+        "cwd": cwd,
+        "timeout": timeout or None,
+        "stdin": stdin,
+    }
+    if next_marker is not None:
+        spec["next_marker"] = next_marker
     payload = json.dumps(spec).encode("utf-8")
     return HEADER.pack(b"R", ident, len(payload)) + payload
 

@@ -93,8 +93,7 @@ async def run_once(
     tree is killed as soon as that is seen (watched from `WATCH_AFTER` on) rather than left to
     its timeout; the result then goes nowhere.
     ``on_end`` is called when the command has ended, answered or not."""
-    token = unique_id()
-    work = _started(sandbox, command, token, None, executor, on_end)
+    work, token = _started(sandbox, command, None, executor, on_end)
     watch: list[asyncio.Task[None]] = []
     timer = None
     if receive is not None:
@@ -120,31 +119,36 @@ async def run_once(
 def _started(
     sandbox: BaseSandbox,
     command: Command,
-    token: str,
     on_output: Callable[[bytes], None] | None,
     executor: Executor | None,
     on_end: Callable[[], None] | None,
-) -> asyncio.Future[p.ExecuteResponse]:
-    """The command, running: awaited on the loop where the backend allows it
-    (`sandboxes.server.waiting`), else waited on by a thread of ``executor``. ``on_end`` runs
-    once it has ended."""
+) -> tuple[asyncio.Future[p.ExecuteResponse], str]:
+    """The command, running, and the token that marks its processes (what a kill looks for):
+    awaited on the loop where the backend allows it (`sandboxes.server.waiting`), else waited
+    on by a thread of ``executor``. ``on_end`` runs once it has ended.
+
+    Awaited, its token is the one announced to the helper with the sandbox's previous command
+    (`MuxClient.markers`), so that the helper can have a shell waiting for it, started with
+    the token in its environment: the token must be in the environment of every process the
+    command starts, shell included, for a kill from outside the helper to find them."""
     from sandboxes.server.backends import MARKER_ENV
 
+    mux = awaitable_helper(sandbox)
+    token, next_token = (unique_id(), None) if mux is None else mux.markers(unique_id)
     # The context goes along, as to_thread would take it, so log lines carry the request id.
     call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, on_output)
-    mux = awaitable_helper(sandbox)
     if mux is None:
-        return _submitted(call, executor, on_end)
+        return _submitted(call, executor, on_end), token
     loop = asyncio.get_running_loop()
 
     async def in_a_thread() -> p.ExecuteResponse:
         return await loop.run_in_executor(executor, call)
 
     env = {**command.env, MARKER_ENV: token}
-    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread))
+    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread, next_token))
     if on_end is not None:
         work.add_done_callback(lambda _: on_end())
-    return work
+    return work, token
 
 
 def _submitted(
@@ -211,7 +215,6 @@ async def run_streamed(
     chunks: asyncio.Queue[bytes] = asyncio.Queue()
     budget = [command.output_limit]
     budget_lock = threading.Lock()
-    token = unique_id()
 
     def on_output(chunk: bytes) -> None:
         with budget_lock:
@@ -221,7 +224,7 @@ async def run_streamed(
             loop.call_soon_threadsafe(chunks.put_nowait, chunk)
 
     started = time.perf_counter()
-    work = _started(sandbox, command, token, on_output, executor, None if slot is None else slot.release)
+    work, token = _started(sandbox, command, on_output, executor, None if slot is None else slot.release)
     if slot is not None:
         slot.submitted = True
     decoder = codecs.getincrementaldecoder("utf-8")("replace")

@@ -48,8 +48,10 @@ async def run_awaited(
     env: dict[str, str],
     on_output: Callable[[bytes], None] | None,
     fallback: Fallback,
+    next_marker: str | None = None,
 ) -> p.ExecuteResponse:
-    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""
+    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it;
+    ``next_marker`` announced with it (`MuxClient.markers`)."""
     from sandboxes.docker import DockerSandbox
 
     assert isinstance(sandbox, DockerSandbox)  # the only one `awaitable_helper` answers for
@@ -64,6 +66,7 @@ async def run_awaited(
             cwd=command.cwd or config.workdir,
             output_limit=command.output_limit,
             on_output=on_output,
+            next_marker=next_marker,
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)

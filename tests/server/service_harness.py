@@ -149,8 +149,11 @@ def wait_until_expired(sandbox: dict[str, Any]) -> None:
 
 
 def heartbeat(path: str) -> str:
-    """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives."""
-    return f"while :; do {_beat(path)} sleep 0.1; done"
+    """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives. In a
+    ``sh -c`` of its own (exec'd: the same process), so that the loop's text is in its command
+    line (`heartbeat_processes`) also when the command runs in a shell the exec helper started
+    ahead of it, whose command line is ``/bin/sh -s`` (`sandboxes._mux._spawn`)."""
+    return "exec sh -c " + shlex.quote(f"while :; do {_beat(path)} sleep 0.1; done")
 
 
 def _beat(path: str) -> str:

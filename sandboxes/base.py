@@ -91,6 +91,22 @@ class KillsTagged(Protocol):
         ...
 
 
+@runtime_checkable
+class MarksAhead(Protocol):
+    """A sandbox whose exec helper can start a command's shell before the command comes, for a
+    caller that marks each command with a value of its own (``SANDBOXES_EXEC_ID``, the service's
+    kill token): the shell's environment, the marker in it, is fixed when it starts, so the
+    marker must be known a command ahead. Checked with ``isinstance``; without it, any fresh
+    value does, and the command starts cold."""
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """The marker to give the caller's next command: one announced to the helper, or one
+        from ``new`` (which makes unique values) when no helper runs or others are in flight.
+        Only a speed-up: any marker works, and kills find the command by it either way
+        (`sandboxes._mux.MuxClient.marker`)."""
+        ...
+
+
 # An operation is a generator that yields the `Call`s it needs, receives each response, and
 # returns its result. `_drive` runs it over `execute`, `_adrive` over `aexecute`.
 Operation = Generator[Call, p.ExecuteResponse, R]

@@ -207,6 +207,31 @@ def _gone(pid: int, *, zombie_ok: bool, wait: float = 10.0) -> bool:
     return False
 
 
+def _idle(stream: _PipeStream, client: MuxClient, wait: float = 10.0) -> None:
+    """Until the helper has started the shell it starts after an answer (`_spawn.Spares`).
+    A child between its clone and its exec holds a copy of every fd of the helper, the stream's
+    end included: a helper killed then is seen dead only once that child has exec'd, so a
+    request may be written first (and the helper would not have been idle)."""
+    if not client.info.get("warm"):
+        return
+    deadline = time.monotonic() + wait
+    pid = stream.process.pid
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children and all(_cmdline(int(child)) == b"/bin/sh\0-s\0" for child in children):
+                return
+        assert time.monotonic() < deadline, "the helper never started its waiting shell"
+        time.sleep(0.01)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
 _ESCAPES = (
     "sleep 300 & echo $!; setsid sleep 300 & echo $!; sh -c 'setsid sleep 300 & echo $!'; sh -c 'sleep 300 & echo $!'"
 )
@@ -606,6 +631,7 @@ def test_a_helper_that_died_while_idle_is_found_before_the_next_request(stream: 
     it writes, so that its command may go to a fresh helper (it cannot have run)."""
     client = MuxClient(stream)
     assert _run(client, "echo warm").output == "warm\n"
+    _idle(stream, client)
     stream.process.kill()
     stream.process.wait()
     with pytest.raises(MuxBroken) as broken:

@@ -25,7 +25,7 @@ from sandboxes._mux import SERVER_SOURCE, MuxClient
 
 WARM = "/bin/sh -s"
 COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
-"""A caller's marker, not announced (``next_marker``) by the command before: a waiting shell's
+"""A caller's marker not handed out by `MuxClient.marker` (so not announced): a waiting shell's
 environment was fixed before the command came, so the command runs cold, and prints the same as
 warm (these tests never print the marker)."""
 PROBE = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
@@ -277,42 +277,38 @@ def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> No
         stream.close()
 
 
-def _marked(client: MuxClient, marker: str, announce: str | None = None, **overrides: object) -> str:
+def _marked(client: MuxClient, marker: str) -> str:
     """What a command carrying the caller's ``marker`` says of it and of its shell."""
-    env = {"SANDBOXES_EXEC_ID": marker}
-    return _run(client, "echo $SANDBOXES_EXEC_ID; " + PROBE, env=env, next_marker=announce, **overrides).output
+    return _run(client, "echo $SANDBOXES_EXEC_ID; " + PROBE, env={"SANDBOXES_EXEC_ID": marker}).output
 
 
-def test_a_caller_marking_its_commands_runs_warm_with_the_marker_it_announced(client: MuxClient) -> None:
-    """The service's way: each command's marker is announced with the command before it."""
-    m = [uuid.uuid4().hex for _ in range(6)]
-    answers = [
-        _marked(client, m[0], m[1]),
-        _marked(client, m[1], m[2]),
-        _marked(client, m[5], m[3]),  # not the one announced: cold (it announces m[3])
-        _marked(client, m[3]),  # announced: warm; it announces nothing
-        _marked(client, m[4]),  # so nothing waits for this one
-    ]
-    cold, warm = "/bin/sh -c", WARM
-    assert answers == [
-        f"{m[0]}\n{cold}\n",
-        f"{m[1]}\n{warm}\n",
-        f"{m[5]}\n{cold}\n",
-        f"{m[3]}\n{warm}\n",
-        f"{m[4]}\n{cold}\n",
-    ]
-    assert _marked(client, m[2]) == f"{m[2]}\n{WARM}\n"  # the shell started for it still waited
+def _unique() -> str:
+    return uuid.uuid4().hex
+
+
+def test_a_caller_marking_its_commands_runs_warm_with_the_markers_the_client_hands_out(client: MuxClient) -> None:
+    """The service's way (`MuxClient.marker`): each marker announced with the command before."""
+    first = client.marker(_unique)
+    assert _marked(client, first) == f"{first}\n/bin/sh -c\n"  # nothing waited for the first
+    second = client.marker(_unique)
+    assert _marked(client, second) == f"{second}\n{WARM}\n"  # announced by the first
+    stray = _unique()
+    assert _marked(client, stray) == f"{stray}\n/bin/sh -c\n"  # not handed out: cold, announces nothing
+    third = client.marker(_unique)
+    assert third not in (first, second, stray)
+    assert _marked(client, third) == f"{third}\n{WARM}\n"  # the shell started for it still waited
+    assert _marked(client, _unique()).endswith("\n/bin/sh -c\n")  # announced by nothing
 
 
 def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client: MuxClient) -> None:
     """As the local backend kills from the host, and another replica through its own helper:
     by the marker in the environment of every process of the command, its shell's included."""
-    first, second = uuid.uuid4().hex, uuid.uuid4().hex
-    _marked(client, first, second)
+    _marked(client, client.marker(_unique))
+    marker = client.marker(_unique)
     started = threading.Event()
     answers: list[p.ExecuteResponse] = []
     command = PROBE + "; setsid sleep 60 & echo $!; sleep 60"
-    env = {"SANDBOXES_EXEC_ID": second}
+    env = {"SANDBOXES_EXEC_ID": marker}
 
     def run() -> None:
         answers.append(_run(client, command, env=env, timeout=120, on_output=lambda _: started.set()))
@@ -321,7 +317,7 @@ def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client
     waiter.start()
     try:
         assert started.wait(10)
-        assert kill_marked(second)
+        assert kill_marked(marker)
     finally:
         waiter.join(20)
     assert not waiter.is_alive(), "the command outlived the kill of its marker"
@@ -335,17 +331,22 @@ def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client
 def test_a_marker_is_announced_only_while_nothing_else_runs(client: MuxClient) -> None:
     """Concurrent commands would take each other's announced markers: none is announced then."""
     made = iter(f"marker-{i}" for i in range(10))
-    first, announced = client.markers(lambda: next(made))
-    assert (first, announced) == ("marker-0", "marker-1")
+
+    def new() -> str:
+        return next(made)
+
+    assert client.marker(new) == "marker-0"  # announcing marker-1
     up = threading.Event()
     options = {"env": {"TAG": "slow"}, "on_output": lambda _: up.set()}
     slow = threading.Thread(target=_run, args=(client, "echo up; sleep 60"), kwargs=options)
     slow.start()
     try:
         assert up.wait(10)
-        assert client.markers(lambda: next(made)) == ("marker-2", None)  # the announced one is kept
+        assert client.marker(new) == "marker-2"  # fresh; marker-1 is kept for later
+        assert client._announcement({"SANDBOXES_EXEC_ID": "marker-2"}) is None
     finally:
         client.kill_tagged("TAG", "slow")
         slow.join(10)
     assert not slow.is_alive()
-    assert client.markers(lambda: next(made)) == ("marker-1", "marker-3")
+    assert client.marker(new) == "marker-1"
+    assert client._announcement({"SANDBOXES_EXEC_ID": "marker-1"}) == "marker-3"

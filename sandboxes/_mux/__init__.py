@@ -2,7 +2,7 @@
 
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._mux.client import SERVER_SOURCE, MuxClient, kill_tagged
+from sandboxes._mux.client import SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
 __all__ = [
     "SERVER_SOURCE",
@@ -10,6 +10,7 @@ __all__ = [
     "MuxBroken",
     "MuxClient",
     "TimedByteStream",
+    "command_marker",
     "kill_tagged",
     "run_command_once",
     "run_native_once",

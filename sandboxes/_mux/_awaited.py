@@ -45,11 +45,10 @@ async def arun(
     cwd: str | None,
     output_limit: int,
     on_output: Callable[[bytes], None] | None = None,
-    next_marker: str | None = None,
 ) -> p.ExecuteResponse:
     """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
     service would otherwise hold one thread per running command). Same frames, same timeouts,
-    same `MuxBroken`. ``next_marker``: the one `MuxClient.markers` announces with this command."""
+    same `MuxBroken`."""
     client.serve_async()
     loop = asyncio.get_running_loop()
     ended: list[asyncio.Future[None]] = [loop.create_future()]
@@ -70,12 +69,12 @@ async def arun(
     try:
         if stdin is None:  # the request goes out with the others of this turn of the loop
             queued = client._outbox.put(
-                client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False, next_marker)
+                client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False, client._announcement(env))
             )
             if queued is None:
                 raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
         else:  # its stdin frames must follow it: written at once, in order
-            client._request(ident, command, env, cwd, timeout, stdin, next_marker)
+            client._request(ident, command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:

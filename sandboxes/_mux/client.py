@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandboxes import protocol as p
+from sandboxes._kill import MARKER_ENV
 from sandboxes._mux._outbox import Outbox
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
@@ -142,6 +143,7 @@ class MuxClient:
         self._hello = threading.Event()
         self._outbox = Outbox()
         self._announced: str | None = None
+        self._announcing: tuple[str, str] | None = None
         self._markers_lock = threading.Lock()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
@@ -183,10 +185,8 @@ class MuxClient:
         cwd: str | None,
         output_limit: int,
         on_output: Callable[[bytes], None] | None = None,
-        next_marker: str | None = None,
     ) -> p.ExecuteResponse:
         """Run one command; raise `MuxBroken` if the helper dies or stops answering.
-        ``next_marker``: announced with it (`markers`).
 
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
@@ -196,7 +196,7 @@ class MuxClient:
         leading = False
         try:
             leading = self._lead()
-            self._request(ident, command, env, cwd, timeout, stdin, next_marker)
+            self._request(ident, command, env, cwd, timeout, stdin)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             self._await(ident, pending, time.monotonic(), timeout, leading)
@@ -236,25 +236,37 @@ class MuxClient:
         self.native_answers += 1
         return response
 
-    def markers(self, new: Callable[[], str]) -> tuple[str, str | None]:
-        """(the marker for a caller's command about to be sent, the marker to announce with it
-        for the caller's next: ``next_marker``, or None). For a caller that marks its commands
-        itself (``SANDBOXES_EXEC_ID`` in their env: the service, whose kills by marker may come
-        from outside this helper): once the command is answered, the helper starts a shell for
-        the next with the announced marker in its environment (`_server._next_key`), which that
-        next command takes if it comes with this marker, the same env otherwise and the same cwd.
-        ``new`` makes markers (unique: a kill by marker must hit one command).
+    def marker(self, new: Callable[[], str]) -> str:
+        """A marker (the value of ``SANDBOXES_EXEC_ID``) for a caller that marks its commands
+        itself: the service, whose kills by marker may come from outside this helper. It is the
+        one announced to the helper with the caller's previous command, and the command that
+        carries it announces the next (``next_marker`` in its R frame, `_announcement`). Once
+        that command is answered, the helper starts a shell for the next with the announced
+        marker in its environment (`_server._next_key`), which the next command takes if it
+        comes with that marker, the same env otherwise and the same cwd. ``new`` makes markers
+        (unique: a kill by marker must hit one command).
 
-        Only while nothing else is in flight: a command sent while another runs takes a fresh
-        marker and announces none (the announced one is kept for the command after the one that
-        announced it). Concurrent commands would take each other's announced markers out of turn,
-        and every answer would start a shell nobody takes: under load, twice the processes."""
+        Only while nothing else is in flight: while a command runs, a fresh marker that
+        announces nothing (the announced one is kept). Concurrent commands would take each
+        other's announced markers out of turn, and every answer would start a shell nobody
+        takes: under load, twice the processes."""
         with self._markers_lock:
             if self._awaited():
-                return new(), None
+                return new()
             current = self._announced or new()
             self._announced = new()
-            return current, self._announced
+            self._announcing = (current, self._announced)
+            return current
+
+    def _announcement(self, env: Mapping[str, str] | None) -> str | None:
+        """The marker to announce with a command given ``env``: the next one, if the command
+        carries the marker `marker` handed out last."""
+        with self._markers_lock:
+            pair = self._announcing
+            if pair is None or env is None or env.get(MARKER_ENV) != pair[0]:
+                return None
+            self._announcing = None
+            return pair[1]
 
     def _register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
@@ -331,11 +343,10 @@ class MuxClient:
         cwd: str | None,
         timeout: float | None,
         stdin: bytes | None,
-        next_marker: str | None = None,
     ) -> None:
         """The R frame; a failure to send it means no whole request reached the helper (see
         `_send`), so the command may be resent."""
-        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None, next_marker)
+        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None, self._announcement(env))
         try:
             self._send_frame(frame)
         except MuxBroken as broken:
@@ -581,7 +592,7 @@ def _request_frame(
     stdin: bool,
     next_marker: str | None = None,
 ) -> bytes:
-    """The R frame of a command (``next_marker``: see `MuxClient.markers`)."""
+    """The R frame of a command (``next_marker``: see `MuxClient.marker`)."""
     spec: dict[str, object] = {
         "command": command,
         "env": dict(env or {}),
@@ -603,6 +614,14 @@ def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
         return False
     mux.kill_tagged(name, value)
     return mux.kill_marked(name, value)
+
+
+def command_marker(mux: MuxClient | None, new: Callable[[], str]) -> str:
+    """`sandboxes.base.MarksAhead.command_marker` through a sandbox's running helper (none or
+    broken: a fresh marker from ``new``)."""
+    if mux is None or mux.broken is not None:
+        return new()
+    return mux.marker(new)
 
 
 def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:

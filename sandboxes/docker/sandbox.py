@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
+from sandboxes._mux import (
+    SERVER_SOURCE,
+    MuxBroken,
+    MuxClient,
+    command_marker,
+    kill_tagged,
+    run_command_once,
+    run_native_once,
+)
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
@@ -193,6 +201,12 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         with self._mux_lock:
             mux = self._mux
         return kill_tagged(mux, name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any."""
+        with self._mux_lock:
+            mux = self._mux
+        return command_marker(mux, new)
 
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), for a caller that awaits a

@@ -29,7 +29,15 @@ from urllib.parse import quote
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
+from sandboxes._mux import (
+    SERVER_SOURCE,
+    MuxBroken,
+    MuxClient,
+    command_marker,
+    kill_tagged,
+    run_command_once,
+    run_native_once,
+)
 from sandboxes._output import OutputBuffer, execute_response, out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.kubernetes._exec import (
@@ -172,6 +180,12 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         with self._mux_lock:
             mux = self._mux
         return kill_tagged(mux, name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any."""
+        with self._mux_lock:
+            mux = self._mux
+        return command_marker(mux, new)
 
     def close(self) -> None:
         """Drop the exec helper's stream; the pod keeps running."""

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
+from sandboxes._mux import MuxBroken, MuxClient, command_marker, kill_tagged, run_command_once, run_native_once
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
@@ -320,6 +320,11 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         it, so it works when the jail's pids limit is reached. ``False`` without a helper."""
         helper = self._helper_process
         return kill_tagged(helper.client if helper is not None else None, name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`: announced through the jail's running exec helper, if any."""
+        helper = self._helper_process
+        return command_marker(helper.client if helper is not None else None, new)
 
     def _execute_in_helper(
         self,

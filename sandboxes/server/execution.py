@@ -28,7 +28,7 @@ from typing import Any
 
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteRequest, ExecuteResult, StreamEvent
-from sandboxes.base import BaseSandbox
+from sandboxes.base import BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command, result_of, run_marked
@@ -127,14 +127,14 @@ def _started(
     awaited on the loop where the backend allows it (`sandboxes.server.waiting`), else waited
     on by a thread of ``executor``. ``on_end`` runs once it has ended.
 
-    Awaited, its token is the one announced to the helper with the sandbox's previous command
-    (`MuxClient.markers`), so that the helper can have a shell waiting for it, started with
-    the token in its environment: the token must be in the environment of every process the
-    command starts, shell included, for a kill from outside the helper to find them."""
+    The token is the one announced to the sandbox's helper with its previous command, where it
+    has one (`sandboxes.base.MarksAhead`), so that the helper can have a shell waiting for it,
+    started with the token in its environment: the token must be in the environment of every
+    process the command starts, shell included, for a kill from outside the helper to find them."""
     from sandboxes.server.backends import MARKER_ENV
 
+    token = sandbox.command_marker(unique_id) if isinstance(sandbox, MarksAhead) else unique_id()
     mux = awaitable_helper(sandbox)
-    token, next_token = (unique_id(), None) if mux is None else mux.markers(unique_id)
     # The context goes along, as to_thread would take it, so log lines carry the request id.
     call = functools.partial(contextvars.copy_context().run, run_marked, sandbox, command, token, on_output)
     if mux is None:
@@ -145,7 +145,7 @@ def _started(
         return await loop.run_in_executor(executor, call)
 
     env = {**command.env, MARKER_ENV: token}
-    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread, next_token))
+    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread))
     if on_end is not None:
         work.add_done_callback(lambda _: on_end())
     return work, token

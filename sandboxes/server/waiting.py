@@ -48,10 +48,8 @@ async def run_awaited(
     env: dict[str, str],
     on_output: Callable[[bytes], None] | None,
     fallback: Fallback,
-    next_marker: str | None = None,
 ) -> p.ExecuteResponse:
-    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it;
-    ``next_marker`` announced with it (`MuxClient.markers`)."""
+    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""
     from sandboxes.docker import DockerSandbox
 
     assert isinstance(sandbox, DockerSandbox)  # the only one `awaitable_helper` answers for
@@ -66,7 +64,6 @@ async def run_awaited(
             cwd=command.cwd or config.workdir,
             output_limit=command.output_limit,
             on_output=on_output,
-            next_marker=next_marker,
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)

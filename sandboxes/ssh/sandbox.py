@@ -27,14 +27,22 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import paramiko
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, kill_tagged, run_command_once, run_native_once
+from sandboxes._mux import (
+    SERVER_SOURCE,
+    MuxBroken,
+    MuxClient,
+    command_marker,
+    kill_tagged,
+    run_command_once,
+    run_native_once,
+)
 from sandboxes._output import OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
 from sandboxes.lifecycle import Lifecycle
@@ -283,6 +291,12 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         with self._mux_lock:
             mux = self._mux
         return kill_tagged(mux, name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any."""
+        with self._mux_lock:
+            mux = self._mux
+        return command_marker(mux, new)
 
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel

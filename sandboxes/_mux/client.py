@@ -35,7 +35,7 @@ from sandboxes._mux._outbox import Outbox
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
 
-__all__ = ["ACK_TIMEOUT", "HEADER", "MAX_FRAME", "SERVER_SOURCE", "MuxClient", "kill_tagged"]
+__all__ = ["ACK_TIMEOUT", "HEADER", "MAX_FRAME", "SERVER_SOURCE", "MuxClient", "command_marker", "kill_tagged"]
 
 HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20

@@ -153,3 +153,35 @@ def assert_the_sh_kill_works_in_a_full_sandbox(sandbox: Any) -> None:
     script = _scripts.command(KILL_MARKED_SH + _FULL_SANDBOX_KILL, uuid.uuid4().hex)
     done = sandbox.execute(script, timeout=120)
     assert done.output.split() == ["kill=0", "left=0"] * 2, done.output
+
+
+def assert_command_marker_never_waits_for_the_helper_lock(
+    sandbox: Any, also: Callable[[], object] | None = None
+) -> None:
+    """`sandboxes.base.MarksAhead.command_marker` is asked on the service's event loop, for a
+    speed-up only: it answers while another thread holds the sandbox's helper lock, as a
+    helper's start does for up to its hello's timeout (20 s). A helper is running, so the
+    answer goes through it. ``also``: another question that must not wait either."""
+    assert sandbox.execute("true").exit_code == 0
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with sandbox._mux_lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        for name, ask in [("command_marker", lambda: sandbox.command_marker(lambda: "fresh")), ("also", also)]:
+            if ask is None:
+                continue
+            answered: list[object] = []
+            asker = threading.Thread(target=lambda ask=ask, to=answered: to.append(ask()), daemon=True)
+            asker.start()
+            asker.join(5)
+            assert answered, f"{name} waited for the helper lock"
+    finally:
+        release.set()
+        holder.join()

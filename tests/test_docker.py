@@ -13,7 +13,12 @@ from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts, helper_client
-from support import SESSION_OWNER, assert_one_kill_ends_forking_trees, assert_the_sh_kill_works_in_a_full_sandbox
+from support import (
+    SESSION_OWNER,
+    assert_command_marker_never_waits_for_the_helper_lock,
+    assert_one_kill_ends_forking_trees,
+    assert_the_sh_kill_works_in_a_full_sandbox,
+)
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
@@ -114,6 +119,11 @@ class TestDockerFallbackConformance(SandboxConformance):
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
         assert fallback_sandbox._helper_unavailable
         assert fallback_sandbox._mux is None
+
+
+def test_the_marker_for_a_command_never_waits_for_a_helper_start(helper_sandbox: DockerSandbox) -> None:
+    """Nor does the service's look for a running helper to await a command on."""
+    assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox, also=helper_sandbox.running_helper)
 
 
 def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None:

@@ -208,10 +208,11 @@ def _gone(pid: int, *, zombie_ok: bool, wait: float = 10.0) -> bool:
 
 
 def _idle(stream: _PipeStream, client: MuxClient, wait: float = 10.0) -> None:
-    """Until the helper has started the shell it starts after an answer (`_spawn.Spares`).
-    A child between its clone and its exec holds a copy of every fd of the helper, the stream's
-    end included: a helper killed then is seen dead only once that child has exec'd, so a
-    request may be written first (and the helper would not have been idle)."""
+    """Until the helper waits in its loop (``epoll_wait``) with the shell it starts after an
+    answer (`_spawn.Spares`) started. A child between its clone and its exec holds a copy of
+    every fd of the helper, the stream's end included: a helper killed then is seen dead only
+    once that child has exec'd, so a request may be written first (and the helper was not
+    idle). Not the probe's shell, which the helper waits on in ``poll``, then spawns another."""
     if not client.info.get("warm"):
         return
     deadline = time.monotonic() + wait
@@ -219,9 +220,10 @@ def _idle(stream: _PipeStream, client: MuxClient, wait: float = 10.0) -> None:
     while True:
         with contextlib.suppress(FileNotFoundError):
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            if children and all(_cmdline(int(child)) == b"/bin/sh\0-s\0" for child in children):
+            waiting = Path(f"/proc/{pid}/wchan").read_text() == "do_epoll_wait"
+            if waiting and children and all(_cmdline(int(child)) == b"/bin/sh\0-s\0" for child in children):
                 return
-        assert time.monotonic() < deadline, "the helper never started its waiting shell"
+        assert time.monotonic() < deadline, "the helper never came to wait with its shell started"
         time.sleep(0.01)
 
 

@@ -287,17 +287,22 @@ def _unique() -> str:
 
 
 def test_a_caller_marking_its_commands_runs_warm_with_the_markers_the_client_hands_out(client: MuxClient) -> None:
-    """The service's way (`MuxClient.marker`): each marker announced with the command before."""
+    """The service's way (`MuxClient.marker`): each marker is announced with an earlier command."""
     first = client.marker(_unique)
     assert _marked(client, first) == f"{first}\n/bin/sh -c\n"  # nothing waited for the first
     second = client.marker(_unique)
     assert _marked(client, second) == f"{second}\n{WARM}\n"  # announced by the first
     stray = _unique()
-    assert _marked(client, stray) == f"{stray}\n/bin/sh -c\n"  # not handed out: cold, announces nothing
+    assert _marked(client, stray) == f"{stray}\n/bin/sh -c\n"  # not handed out: cold
     third = client.marker(_unique)
     assert third not in (first, second, stray)
-    assert _marked(client, third) == f"{third}\n{WARM}\n"  # the shell started for it still waited
-    assert _marked(client, _unique()).endswith("\n/bin/sh -c\n")  # announced by nothing
+    assert _marked(client, third) == f"{third}\n{WARM}\n"  # announced by the second, and again by the stray
+    assert len(_run(client, SPARES).output.split()) == 1  # (announced twice, one shell)
+    fourth = client.marker(_unique)
+    answer = _run(client, "echo $SANDBOXES_EXEC_ID; " + PROBE, env={"SANDBOXES_EXEC_ID": fourth}, stdin=b"")
+    assert answer.output == f"{fourth}\n/bin/sh -c\n"  # with stdin: cold, but it announces the next
+    fifth = client.marker(_unique)
+    assert _marked(client, fifth) == f"{fifth}\n{WARM}\n"
 
 
 def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client: MuxClient) -> None:
@@ -335,18 +340,19 @@ def test_a_marker_is_announced_only_while_nothing_else_runs(client: MuxClient) -
     def new() -> str:
         return next(made)
 
-    assert client.marker(new) == "marker-0"  # announcing marker-1
+    assert _marked(client, client.marker(new)) == "marker-0\n/bin/sh -c\n"  # it announced marker-1
+    announced = client.marker(new)
+    assert announced == "marker-1"
     up = threading.Event()
     options = {"env": {"TAG": "slow"}, "on_output": lambda _: up.set()}
     slow = threading.Thread(target=_run, args=(client, "echo up; sleep 60"), kwargs=options)
     slow.start()
     try:
         assert up.wait(10)
-        assert client.marker(new) == "marker-2"  # fresh; marker-1 is kept for later
-        assert client._announcement({"SANDBOXES_EXEC_ID": "marker-2"}) is None
+        assert _marked(client, announced) == f"marker-1\n{WARM}\n"  # announces nothing: another runs
     finally:
         client.kill_tagged("TAG", "slow")
         slow.join(10)
     assert not slow.is_alive()
-    assert client.marker(new) == "marker-1"
-    assert client._announcement({"SANDBOXES_EXEC_ID": "marker-1"}) == "marker-3"
+    assert _marked(client, client.marker(new)) == "marker-2\n/bin/sh -c\n"  # fresh; it announced marker-3
+    assert _marked(client, client.marker(new)) == f"marker-3\n{WARM}\n"

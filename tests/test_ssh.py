@@ -19,7 +19,7 @@ from native_listings import assert_ls_and_delete_go_native, assert_native_listin
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
 from ssh_fixtures import SSHVM, free_port, new_key, start_vm, write_known_hosts
-from support import assert_one_kill_ends_forking_trees
+from support import assert_command_marker_never_waits_for_the_helper_lock, assert_one_kill_ends_forking_trees
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
@@ -80,6 +80,9 @@ class TestSSHSandboxConformance(SandboxConformance):
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux.alive
         assert not helper_sandbox._helper_unavailable
+
+    def test_the_marker_for_a_command_never_waits_for_a_helper_start(self, helper_sandbox: SSHSandbox) -> None:
+        assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox)
 
     def test_file_ops_go_through_the_exec_helper_natively(self, helper_sandbox: SSHSandbox) -> None:
         assert_file_ops_go_native(helper_sandbox, helper_sandbox.workspace)

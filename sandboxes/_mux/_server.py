@@ -22,10 +22,10 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
-the caller's value when its env has one, as the service's does; such a caller may announce, as
-``next_marker`` in an R spec, the marker its next command will carry: `_next_key`); a timeout or a kill takes down
-its process group and every process still carrying the marker, which catches descendants that
-called setsid or double-forked.
+the caller's value when its env has one, as the service's does; such a caller may announce,
+as ``next_marker`` in an R spec, the marker its next command will carry: `_next_key`); a
+timeout or a kill takes down its process group and every process still carrying the marker,
+which catches descendants that called setsid or double-forked.
 
 Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid ...``), and a
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
@@ -207,7 +207,7 @@ class Command(object):
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         script = warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
-        self.warm_key = None if script is None else _next_key(spec_env, cwd, spec.get("next_marker"))
+        self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
         if warm is not None:
@@ -369,15 +369,19 @@ def _command_env(spec_env, marker):
     return env
 
 
-def _next_key(spec_env, cwd, next_marker):
+def _next_key(spec_env, cwd, next_marker, could_run_warm):
     """(env, cwd) of the next command like this one, for which a shell is started once this one
     is answered; None: none is foreseen. A caller that marks its commands itself (the service:
-    a token per call, which a kill from outside this helper looks for) announces with each
-    command the marker its next will carry (``next_marker``, in the R frame), and the shell is
-    started with that one: its environment, the marker in it, is fixed when it starts. One
-    that gives its own marker and announces none gets no shell: its next marker is unknown."""
+    a token per call, which a kill from outside this helper looks for) announces with a command
+    the marker its next will carry (``next_marker``, in the R frame), and the shell is started
+    with that one: its environment, the marker in it, is fixed when it starts. One that gives
+    its own marker and announces none gets no shell: its next marker is unknown. An announced
+    marker gets its shell also after a command that could not run warm itself (stdin, a long
+    script): the caller hands that marker out next, whatever this command was."""
+    if not plain_env(spec_env):
+        return None
     if MARKER_ENV not in spec_env:
-        return spec_env, cwd
+        return (spec_env, cwd) if could_run_warm else None
     if not isinstance(next_marker, str) or not next_marker or "\0" in next_marker:
         return None
     key_env = dict(spec_env)

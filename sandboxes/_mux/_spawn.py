@@ -153,12 +153,18 @@ def has_exited(pid):
     return info is not None and bool(info.si_pid)
 
 
+def plain_env(env):
+    """Whether ``env`` (an R frame's, so the client's word) is a dict of strings, as a shell
+    started for it needs (a malformed one: the cold start reports it)."""
+    if not isinstance(env, dict):
+        return False
+    return all(isinstance(key, str) and isinstance(value, str) for key, value in env.items())
+
+
 def warm_script(command, env, with_stdin):
     """What a warm shell would be given to run ``command`` (see the module docstring), or None:
-    it must run cold (a malformed ``env`` too: the cold start reports it)."""
-    if with_stdin or not isinstance(env, dict):
-        return None
-    if not all(isinstance(key, str) and isinstance(value, str) for key, value in env.items()):
+    it must run cold."""
+    if with_stdin or not plain_env(env):
         return None
     script = WARM_PREFIX + os.fsencode(command)
     if len(script) > WARM_LIMIT or b"\0" in script:  # a NUL: the cold start's own error
@@ -315,7 +321,8 @@ class Spares(object):
         if wanted is None:
             return
         spec_env, cwd = wanted
-        target = SPARES if wanted == self.last else 1
+        # One for a marker (announced for one command), which may be announced more than once.
+        target = SPARES if wanted == self.last and MARKER_ENV not in spec_env else 1
         self.last = wanted
         self.drop(lambda shell: shell.reaped)
         ready = sum(1 for shell in self.shells if shell.made_for(spec_env, cwd))

@@ -143,7 +143,7 @@ class MuxClient:
         self._hello = threading.Event()
         self._outbox = Outbox()
         self._announced: str | None = None
-        self._announcing: tuple[str, str] | None = None
+        self._new_marker: Callable[[], str] | None = None
         self._markers_lock = threading.Lock()
         self.info: dict[str, object] = {}
         self.broken: str | None = None
@@ -239,34 +239,37 @@ class MuxClient:
     def marker(self, new: Callable[[], str]) -> str:
         """A marker (the value of ``SANDBOXES_EXEC_ID``) for a caller that marks its commands
         itself: the service, whose kills by marker may come from outside this helper. It is the
-        one announced to the helper with the caller's previous command, and the command that
-        carries it announces the next (``next_marker`` in its R frame, `_announcement`). Once
-        that command is answered, the helper starts a shell for the next with the announced
-        marker in its environment (`_server._next_key`), which the next command takes if it
-        comes with that marker, the same env otherwise and the same cwd. ``new`` makes markers
-        (unique: a kill by marker must hit one command).
-
-        Only while nothing else is in flight: while a command runs, a fresh marker that
-        announces nothing (the announced one is kept). Concurrent commands would take each
-        other's announced markers out of turn, and every answer would start a shell nobody
-        takes: under load, twice the processes."""
+        one announced to the helper with an earlier command (`_announcement`), if one is waiting
+        to be handed out, else a fresh one. Once the announcing command is answered, the helper
+        starts a shell with the announced marker in its environment (`_server._next_key`), which
+        the command given that marker takes if it also comes with the same env otherwise and the
+        same cwd. ``new`` makes markers (unique: a kill by marker must hit one command); it is
+        kept to make the markers announced."""
         with self._markers_lock:
-            if self._awaited():
-                return new()
-            current = self._announced or new()
-            self._announced = new()
-            self._announcing = (current, self._announced)
+            self._new_marker = new
+            current, self._announced = self._announced or new(), None
             return current
 
     def _announcement(self, env: Mapping[str, str] | None) -> str | None:
-        """The marker to announce with a command given ``env``: the next one, if the command
-        carries the marker `marker` handed out last."""
+        """The marker to announce with a command about to be written (already registered) given
+        ``env``: the one `marker` hands out next, made now if none is waiting. Only for a caller
+        that marks its commands (`marker` was asked), only where the helper starts shells ahead
+        (``warm``), and only while nothing else is in flight: concurrent commands would take
+        each other's announced markers out of turn, and every answer would start a shell that
+        nobody takes (under load, twice the processes). The same marker is announced again
+        until it is handed out: one shell for it is started, however often."""
+        if env is None or MARKER_ENV not in env or self.info.get("warm") is not True:
+            return None
         with self._markers_lock:
-            pair = self._announcing
-            if pair is None or env is None or env.get(MARKER_ENV) != pair[0]:
+            if self._new_marker is None or self._in_flight() > 1:
                 return None
-            self._announcing = None
-            return pair[1]
+            if self._announced is None:
+                self._announced = self._new_marker()
+            return self._announced
+
+    def _in_flight(self) -> int:
+        with self._pending_lock:
+            return sum(1 for item in self._pending.values() if not item.done.is_set())
 
     def _register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing

@@ -203,18 +203,18 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         return kill_tagged(mux, name, value)
 
     def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any."""
-        with self._mux_lock:
-            mux = self._mux
-        return command_marker(mux, new)
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
+        without the lock, which a helper's start holds for up to its hello's timeout: asked on
+        the service's event loop, for a speed-up only."""
+        return command_marker(self._mux, new)
 
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), for a caller that awaits a
         command on it (`sandboxes._mux._awaited.arun`) instead of a thread; such a caller reports
         a helper that broke with `drop_helper` and checks exit 137 with `oom_killed`, as
-        `execute_streaming` does."""
-        with self._mux_lock:
-            mux = self._mux
+        `execute_streaming` does. Read without the lock, which a helper's start holds for up to
+        its hello's timeout: the caller is an event loop, and falls back to a thread."""
+        mux = self._mux
         return mux if mux is not None and mux.alive else None
 
     def drop_helper(self, mux: MuxClient) -> None:

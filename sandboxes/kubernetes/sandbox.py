@@ -182,10 +182,10 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         return kill_tagged(mux, name, value)
 
     def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any."""
-        with self._mux_lock:
-            mux = self._mux
-        return command_marker(mux, new)
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
+        without the lock, which a helper's start holds for up to its hello's timeout: asked on
+        the service's event loop, for a speed-up only."""
+        return command_marker(self._mux, new)
 
     def close(self) -> None:
         """Drop the exec helper's stream; the pod keeps running."""

@@ -19,7 +19,7 @@ from fake_apiserver import FakeKubernetes
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
-from support import SESSION_OWNER
+from support import SESSION_OWNER, assert_command_marker_never_waits_for_the_helper_lock
 
 from sandboxes import protocol as p
 from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
@@ -93,6 +93,10 @@ def test_native_listings_answer_what_the_scripts_answer(helper_sandbox: Kubernet
 
 def test_ls_and_delete_go_through_the_exec_helper_natively(helper_sandbox: KubernetesSandbox) -> None:
     assert_ls_and_delete_go_native(helper_sandbox, "/workspace")
+
+
+def test_the_marker_for_a_command_never_waits_for_a_helper_start(helper_sandbox: KubernetesSandbox) -> None:
+    assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox)
 
 
 class TestKubernetesFallbackConformance(SandboxConformance):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from sandboxes.server.app import create_app
@@ -200,6 +201,40 @@ def heartbeat_processes(client: httpx.Client, sandbox_id: str, path: str) -> lis
     result = execute(client, sandbox_id, search, stdin_b64=stdin)
     assert result["exit_code"] == 0, result
     return str(result["output"]).split()
+
+
+SHELL_STARTED_AS = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
+"""Prints how the command's own shell was started: ``/bin/sh -s`` when the exec helper started
+it ahead of the command (`sandboxes._mux._spawn`), ``/bin/sh -c`` when it came with it."""
+
+
+def assert_commands_run_warm_with_the_services_markers(client: httpx.Client, sandbox_id: str) -> None:
+    """The service marks each command with a token of its own (what its kills look for); the
+    exec helper's shell started ahead carries the one announced for it
+    (`sandboxes.base.MarksAhead`). From the third command of a helper on: the first may start
+    the helper, the second announces the third's."""
+    answers = [execute(client, sandbox_id, f"echo $SANDBOXES_EXEC_ID; {SHELL_STARTED_AS}") for _ in range(5)]
+    lines = [str(answer["output"]).split("\n") for answer in answers]
+    markers = [line[0] for line in lines]
+    assert len(set(markers)) == 5, markers
+    assert all(len(marker) == 32 for marker in markers), markers  # the service's (`unique_id`)
+    assert [line[1] for line in lines][2:] == ["/bin/sh -s"] * 3, lines
+
+
+def assert_a_left_warm_command_is_killed(service: Running, client: httpx.Client, sandbox_id: str, beat: str) -> None:
+    """A client leaving a plain execute that runs in a shell started ahead: the command is not
+    left running until its (long) timeout, but killed by the service's token for it, which its
+    tree (the shell included) carries from the start."""
+    command = f"{SHELL_STARTED_AS} > {beat}.shell; (setsid sh -c {shlex.quote(heartbeat(beat))} &); sleep 100"
+    for _ in range(2):  # the next runs in a shell started ahead (see above)
+        assert execute(client, sandbox_id, "true")["exit_code"] == 0
+    impatient = httpx.Client(base_url=service.url, headers=client.headers, timeout=httpx.Timeout(60, read=1.5))
+    with impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", json={"command": command, "timeout": 120})
+    assert execute(client, sandbox_id, f"cat {beat}.shell")["output"] == "/bin/sh -s\n"
+    deadline = time.monotonic() + 10
+    while not heartbeat_stopped(client, sandbox_id, beat):
+        assert time.monotonic() < deadline, "the abandoned command kept running"
 
 
 def error_of(response: httpx.Response) -> str:

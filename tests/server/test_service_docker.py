@@ -24,6 +24,8 @@ from service_harness import (
     UNTHROTTLED,
     Running,
     ServiceProcess,
+    assert_a_left_warm_command_is_killed,
+    assert_commands_run_warm_with_the_services_markers,
     create,
     execute,
     heartbeat,
@@ -156,31 +158,13 @@ def test_files_and_archive_round_trip(client: httpx.Client, sandbox: dict[str, A
 def test_commands_run_in_shells_started_ahead_with_the_services_own_markers(
     client: httpx.Client, sandbox: dict[str, Any]
 ) -> None:
-    """The service marks each command with a token of its own (what its kills look for); the
-    helper's shell started ahead carries the one announced for it (`MuxClient.markers`)."""
-    command = "echo $SANDBOXES_EXEC_ID; tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
-    answers = [execute(client, sandbox["id"], command)["output"].split("\n") for _ in range(4)]
-    markers = [answer[0] for answer in answers]
-    assert len(set(markers)) == 4, markers
-    assert all(len(marker) == 32 for marker in markers), markers  # the service's (`unique_id`)
-    assert [answer[1] for answer in answers][1:] == ["/bin/sh -s"] * 3
+    assert_commands_run_warm_with_the_services_markers(client, sandbox["id"])
 
 
 def test_a_client_leaving_a_command_in_a_shell_started_ahead_has_it_killed(
     service: Running, client: httpx.Client, sandbox: dict[str, Any]
 ) -> None:
-    """Not left running until its (long) timeout: killed by the service's token for it."""
-    beat = "/workspace/beat-left"
-    shell = f"tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10 > {beat}.shell"
-    command = f"{shell}; (setsid sh -c {shlex.quote(heartbeat(beat))} &); sleep 100"
-    assert execute(client, sandbox["id"], "true")["exit_code"] == 0  # the next runs in a shell started ahead
-    impatient = httpx.Client(base_url=service.url, headers=client.headers, timeout=httpx.Timeout(60, read=1.5))
-    with impatient, pytest.raises(httpx.ReadTimeout):
-        impatient.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": command, "timeout": 120})
-    assert execute(client, sandbox["id"], f"cat {beat}.shell")["output"] == "/bin/sh -s\n"
-    deadline = time.monotonic() + 10
-    while not heartbeat_stopped(client, sandbox["id"], beat):
-        assert time.monotonic() < deadline, "the abandoned command kept running"
+    assert_a_left_warm_command_is_killed(service, client, sandbox["id"], "/workspace/beat-left")
 
 
 def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:

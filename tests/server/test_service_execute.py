@@ -14,6 +14,8 @@ import httpx
 import pytest
 from service_harness import (
     Running,
+    assert_a_left_warm_command_is_killed,
+    assert_commands_run_warm_with_the_services_markers,
     create,
     error_of,
     execute,
@@ -177,15 +179,14 @@ def test_a_client_leaving_a_plain_execute_kills_its_command(
 def test_commands_run_in_shells_started_ahead_with_the_services_own_markers(
     client: httpx.Client, sandbox: dict[str, Any]
 ) -> None:
-    """The service marks each command with a token of its own, which its kills look for (here
-    on the host, in every process's environment); the jail's helper starts the next command's
-    shell with the token announced for it (`sandboxes.base.MarksAhead`)."""
-    command = "echo $SANDBOXES_EXEC_ID; tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
-    answers = [execute(client, sandbox["id"], command)["output"].split("\n") for _ in range(4)]
-    markers = [answer[0] for answer in answers]
-    assert len(set(markers)) == 4, markers
-    assert all(len(marker) == 32 for marker in markers), markers  # the service's (`unique_id`)
-    assert [answer[1] for answer in answers][1:] == ["/bin/sh -s"] * 3
+    assert_commands_run_warm_with_the_services_markers(client, sandbox["id"])
+
+
+def test_a_client_leaving_a_command_in_a_shell_started_ahead_has_it_killed(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """Here the kill is a scan of the host's processes for the token: what finds the shell."""
+    assert_a_left_warm_command_is_killed(service, client, sandbox["id"], f"{sandbox['workdir']}/beat-left")
 
 
 # ---------------------------------------------------------------------- background processes

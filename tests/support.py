@@ -185,3 +185,16 @@ def assert_command_marker_never_waits_for_the_helper_lock(
     finally:
         release.set()
         holder.join()
+
+
+SHADOWING_MODULES = ("json", "select", "signal", "struct")
+"""Stdlib modules the exec helper imports, as files a command might write into its workspace."""
+
+
+def write_shadowing_modules(sandbox: Any, directory: str) -> None:
+    """``json.py`` and the like in ``directory`` (the helper's working directory), each of which
+    ends whatever imports it: a helper started there must not import them
+    (`sandboxes._mux.PYTHON_FLAGS`)."""
+    for name in SHADOWING_MODULES:
+        written = sandbox.write(f"{directory}/{name}.py", f"raise SystemExit('the workspace shadowed {name}')\n")
+        assert written.error is None, written

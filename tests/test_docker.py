@@ -18,6 +18,7 @@ from support import (
     assert_command_marker_never_waits_for_the_helper_lock,
     assert_one_kill_ends_forking_trees,
     assert_the_sh_kill_works_in_a_full_sandbox,
+    write_shadowing_modules,
 )
 
 from sandboxes import _scripts
@@ -148,6 +149,19 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
             time.sleep(0.01)
         third_pid = _helper_parent(sandbox)
         assert third_pid not in (first_pid, second_pid)
+        assert sandbox._mux is not helper
+
+
+def test_python_files_in_the_workspace_do_not_shadow_the_helper(docker_client: Any, runtime_image: str) -> None:
+    """A helper restarted in a workspace holding ``json.py``: it starts (isolated python), so
+    commands do not fall back to one ``docker exec`` each for the sandbox's life."""
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        write_shadowing_modules(sandbox, sandbox.config.workdir)
+        helper = sandbox._mux
+        assert helper is not None
+        assert sandbox.execute(f"kill -9 {helper.info['pid']}").error == p.CONNECTION_LOST
+        assert sandbox.execute("echo back").output == "back\n"
+        assert sandbox.helper_alive, "the helper did not start again"
         assert sandbox._mux is not helper
 
 

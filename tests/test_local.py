@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
-from support import HAS_BWRAP, assert_one_kill_ends_forking_trees, needs
+from support import HAS_BWRAP, SHADOWING_MODULES, assert_one_kill_ends_forking_trees, needs, write_shadowing_modules
 
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
@@ -362,6 +362,22 @@ def test_a_jail_that_died_is_restarted_transparently(helper_sandbox: LocalSandbo
     assert helper_sandbox.execute("echo back").output == "back\n"
     assert helper_sandbox.helper_alive
     assert _jail_pid(helper_sandbox) != jail
+
+
+def test_python_files_in_the_root_do_not_shadow_the_helper(helper_sandbox: LocalSandbox) -> None:
+    """A jail restarted in a root holding ``json.py`` (the helper's working directory): it
+    starts (isolated python), so commands do not fall back to a jail each."""
+    root = str(helper_sandbox.root)
+    write_shadowing_modules(helper_sandbox, root)
+    try:
+        jail = _jail_pid(helper_sandbox)
+        _kill_jail(helper_sandbox)
+        assert helper_sandbox.execute("echo back").output == "back\n"
+        assert helper_sandbox.helper_alive, "the jail's helper did not start again"
+        assert _jail_pid(helper_sandbox) != jail
+    finally:
+        for name in SHADOWING_MODULES:
+            helper_sandbox.delete(f"{root}/{name}.py")
 
 
 def test_a_command_whose_jail_dies_answers_connection_lost(helper_sandbox: LocalSandbox) -> None:

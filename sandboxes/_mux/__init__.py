@@ -2,9 +2,10 @@
 
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._mux.client import SERVER_SOURCE, MuxClient, command_marker, kill_tagged
+from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
 __all__ = [
+    "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "ByteStream",
     "MuxBroken",

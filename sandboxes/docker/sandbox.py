@@ -29,6 +29,7 @@ from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import (
+    PYTHON_FLAGS,
     SERVER_SOURCE,
     MuxBroken,
     MuxClient,
@@ -243,7 +244,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         api = self.client.api
         exec_id = api.exec_create(
             self.id,
-            ["python3", "-u", "-c", SERVER_SOURCE, *(["--reap-init"] if self._reap_init else [])],
+            ["python3", *PYTHON_FLAGS, "-c", SERVER_SOURCE, *(["--reap-init"] if self._reap_init else [])],
             stdin=True,
             stdout=True,
             stderr=True,

@@ -30,6 +30,7 @@ from urllib.parse import quote
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import (
+    PYTHON_FLAGS,
     SERVER_SOURCE,
     MuxBroken,
     MuxClient,
@@ -265,7 +266,9 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
             return self._mux
 
     def _start_helper(self) -> MuxClient:
-        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["python3", "-u", "-c", BOOTSTRAP])
+        stream = open_exec(
+            self._exec_api, self.config.namespace, self.name, ["python3", *PYTHON_FLAGS, "-c", BOOTSTRAP]
+        )
         try:
             stream.send(_SOURCE)
             return MuxClient(stream, hello_timeout=20)

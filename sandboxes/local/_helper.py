@@ -18,7 +18,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient
+from sandboxes._mux import PYTHON_FLAGS, SERVER_SOURCE, MuxBroken, MuxClient
 
 __all__ = ["HelperProcess", "PipeStream"]
 
@@ -115,5 +115,5 @@ class HelperProcess:
             self.process.stderr.close()
 
 
-HELPER_COMMAND = ("python3", "-u", "-c", SERVER_SOURCE)
+HELPER_COMMAND = ("python3", *PYTHON_FLAGS, "-c", SERVER_SOURCE)
 """What runs in the jail; python3 is the host's own (the jail sees /usr read-only)."""

@@ -35,6 +35,7 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
 from sandboxes._mux import (
+    PYTHON_FLAGS,
     SERVER_SOURCE,
     MuxBroken,
     MuxClient,
@@ -314,7 +315,9 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 return None
             stream = _ChannelStream(self._connection, channel)
             try:
-                channel.exec_command(self._as_user(f"exec python3 -u -c {shlex.quote(SERVER_SOURCE)}"))
+                channel.exec_command(
+                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
+                )
                 self._mux = MuxClient(stream, hello_timeout=20)
             except MuxBroken as broken:
                 if exit_status(channel, wait=2.0) == 127:

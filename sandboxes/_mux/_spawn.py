@@ -277,9 +277,10 @@ class Spares(object):
     """The shells waiting for commands, at most `SPARES`, oldest first, each for the environment
     and working directory it was started with.
 
-    Once a command that could run warm is answered (in the turn of the helper's loop that wrote
-    the answer, after it), shells are started for the next one like it (`top_up`): one, or
-    `SPARES` when the command before it was alike too. Not while that command runs: a start
+    Once a command that could run warm, or one that announced its caller's next marker, is
+    answered (in the turn of the helper's loop that wrote the answer, after it), shells are
+    started for the next one like it (`_server._next_key`, `top_up`): one, or `SPARES` when the
+    command before it was alike too (never for a marker, which is one command's). Not while that command runs: a start
     holds the helper (posix_spawn returns once the shell has exec'd) just when the command's
     output is likely to end, and in a sandbox of one CPU the shell's start competes with the
     command. SSH, execute('true') right after another: 1.20-1.22 ms with shells started as the
@@ -294,7 +295,7 @@ class Spares(object):
         self.proven = None  # `WarmShell.program` of the shell that passed it
         self.tries = 0  # probes without a verdict
         self.shells = []
-        self.wanted = None  # (spec_env, cwd) of the last command answered that could run warm
+        self.wanted = None  # `_server._next_key` of the last command answered that foresaw one
         self.last = None  # the one before it
 
     def take(self, script, spec_env, cwd):

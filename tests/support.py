@@ -198,3 +198,32 @@ def write_shadowing_modules(sandbox: Any, directory: str) -> None:
     for name in SHADOWING_MODULES:
         written = sandbox.write(f"{directory}/{name}.py", f"raise SystemExit('the workspace shadowed {name}')\n")
         assert written.error is None, written
+
+
+def assert_a_failed_helper_start_is_tried_again_later(sandbox: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper start that fails as a passing failure would (its python is there) is neither
+    given up for the sandbox's life nor retried at every command: the commands meanwhile run
+    the transport's slow way, and the one after `sandboxes._mux.HelperStarts`' wait gets a live
+    helper. The sandbox has no helper running yet."""
+    from sandboxes._mux import MuxBroken
+
+    assert not sandbox.helper_alive
+    real = sandbox._start_helper
+    tried: list[int] = []
+
+    def start() -> object:
+        tried.append(1)
+        if len(tried) == 1:
+            raise MuxBroken("exec helper did not say hello within 20s")  # what a passing failure says
+        return real()
+
+    monkeypatch.setattr(sandbox, "_start_helper", start)
+    assert sandbox.execute("echo alone").output == "alone\n"  # its transport's slow way
+    assert not sandbox.helper_alive
+    assert sandbox.execute("echo alone again").output == "alone again\n"
+    assert len(tried) == 1, "retried before its retry_after"
+    assert not sandbox._starts.unavailable, "given up for good, with python there"
+    sandbox._starts.expire()  # as if its retry_after had passed
+    assert sandbox.execute("echo back").output == "back\n"
+    assert sandbox.helper_alive
+    assert len(tried) == 2

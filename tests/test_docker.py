@@ -15,6 +15,7 @@ from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts, helper_client
 from support import (
     SESSION_OWNER,
+    assert_a_failed_helper_start_is_tried_again_later,
     assert_command_marker_never_waits_for_the_helper_lock,
     assert_one_kill_ends_forking_trees,
     assert_the_sh_kill_works_in_a_full_sandbox,
@@ -24,7 +25,6 @@ from support import (
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import MuxBroken, MuxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
@@ -59,7 +59,7 @@ class TestDockerSandboxConformance(SandboxConformance):
         helper_sandbox.execute("true")
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux.alive
-        assert not helper_sandbox._helper_unavailable
+        assert not helper_sandbox._starts.unavailable
 
     def test_file_ops_go_through_the_exec_helper_natively(self, helper_sandbox: DockerSandbox) -> None:
         assert_file_ops_go_native(helper_sandbox, "/workspace")
@@ -119,7 +119,7 @@ class TestDockerFallbackConformance(SandboxConformance):
 
     def test_no_helper_is_used(self, fallback_sandbox: DockerSandbox) -> None:
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._helper_unavailable
+        assert fallback_sandbox._starts.unavailable
         assert fallback_sandbox._mux is None
 
 
@@ -166,36 +166,11 @@ def test_python_files_in_the_workspace_do_not_shadow_the_helper(docker_client: A
         assert sandbox._mux is not helper
 
 
-def _failing_once(sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make the sandbox's next helper start fail as a passing failure would; the starts tried."""
-    real = sandbox._start_helper
-    tried: list[int] = []
-
-    def start() -> MuxClient:
-        tried.append(1)
-        if len(tried) == 1:
-            raise MuxBroken("exec helper did not say hello within 20s")  # what a passing failure says
-        return real()
-
-    monkeypatch.setattr(sandbox, "_start_helper", start)
-    return tried
-
-
 def test_a_helper_that_failed_to_start_is_tried_again_later(
     docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Not given up for the sandbox's life (python3 is there), nor retried at every command."""
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
-        tried = _failing_once(sandbox, monkeypatch)
-        assert sandbox.execute("echo alone").output == "alone\n"  # in a docker exec of its own
-        assert not sandbox.helper_alive
-        assert sandbox.execute("echo alone again").output == "alone again\n"
-        assert len(tried) == 1, "retried before HELPER_RETRY_AFTER"
-        assert not sandbox._helper_unavailable
-        sandbox._helper_retry_at = 0.0  # as if HELPER_RETRY_AFTER had passed
-        assert sandbox.execute("echo back").output == "back\n"
-        assert sandbox.helper_alive
-        assert len(tried) == 2
+        assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
 
 
 def _helper_parent(sandbox: DockerSandbox) -> int:

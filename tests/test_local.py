@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
-from support import HAS_BWRAP, SHADOWING_MODULES, assert_one_kill_ends_forking_trees, needs, write_shadowing_modules
+from support import (
+    HAS_BWRAP,
+    SHADOWING_MODULES,
+    assert_a_failed_helper_start_is_tried_again_later,
+    assert_one_kill_ends_forking_trees,
+    needs,
+    write_shadowing_modules,
+)
 
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
@@ -403,6 +410,13 @@ def test_without_python_in_the_jail_it_falls_back_to_one_jail_per_command(tmp_pa
         assert sandbox.write(f"{sandbox.root}/f", "x").error is None
         assert sandbox.execute("cat f; id -u").output == "x1000\n"
         assert sandbox.execute("sleep 5", timeout=1).error == p.TIMEOUT
+        assert sandbox._starts.unavailable, "a jail started again and again without its python"
+
+
+def test_a_jail_that_failed_to_start_is_tried_again_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not given up for the sandbox's life: one jail per command (~13 ms) until the wait is over."""
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
 
 
 def test_close_ends_the_jail(tmp_path: Path) -> None:

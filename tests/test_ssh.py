@@ -79,7 +79,7 @@ class TestSSHSandboxConformance(SandboxConformance):
         assert helper_sandbox.execute("true").exit_code == 0
         assert helper_sandbox._mux is not None
         assert helper_sandbox._mux.alive
-        assert not helper_sandbox._helper_unavailable
+        assert not helper_sandbox._starts.unavailable
 
     def test_the_marker_for_a_command_never_waits_for_a_helper_start(self, helper_sandbox: SSHSandbox) -> None:
         assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox)
@@ -136,7 +136,7 @@ class TestSSHFallbackConformance(SandboxConformance):
 
     def test_no_helper_is_used(self, fallback_sandbox: SSHSandbox) -> None:
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._helper_unavailable
+        assert fallback_sandbox._starts.unavailable
         assert fallback_sandbox._mux is None
 
 

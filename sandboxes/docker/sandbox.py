@@ -31,6 +31,7 @@ from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    HelperStarts,
     MuxBroken,
     MuxClient,
     command_marker,
@@ -63,13 +64,6 @@ BULK_THRESHOLD = 1 << 20
 _SMALL_OUTPUT = 4096
 """Output kept from an internal script (`DockerSandbox._run_small`)."""
 
-HELPER_RETRY_AFTER = 30.0
-"""Seconds after a failed start of the exec helper (python3 is there) before another is tried;
-meanwhile each command runs in a ``docker exec`` of its own. Not never: a passing failure (the
-pids limit full for a moment, a hello later than its timeout under load) cost the sandbox its
-helper for its life, at ~35 ms a command. Not at once: a helper that hangs until its hello's
-timeout would hold every command that long."""
-
 _READ_AS_USER = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
 { [ -f /proc/self/fd/3 ] || exit 16; exec cat <&3; } 3< "$f" 2>/dev/null
@@ -97,8 +91,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         self.owned = owned
         self._mux: MuxClient | None = None
         self._mux_lock = threading.Lock()
-        self._helper_unavailable = not config.use_exec_helper
-        self._helper_retry_at = 0.0  # monotonic: no helper start is tried before (`HELPER_RETRY_AFTER`)
+        self._starts = HelperStarts(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
         """Whether every orphan its init adopts is a command's (see `sandboxes._mux._server`):
@@ -235,28 +228,26 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         return self._oom_killed()
 
     def _helper(self) -> MuxClient | None:
-        if self._helper_unavailable:
-            return None
         with self._mux_lock:
             if self._mux is not None and self._mux.alive:
                 return self._mux
-            if time.monotonic() < self._helper_retry_at:
+            if not self._starts.due:
                 return None
             try:
                 self._mux = self._start_helper()
             except MuxBroken as broken:
                 self._mux = None
-                if self._has_python():
+                has_python = self._has_python()
+                self._starts.failed(for_good=not has_python)
+                if has_python:
                     logger.warning(
                         "exec helper of %s did not start (%s); docker exec per command for %g s",
                         self.id[:12],
                         broken,
-                        HELPER_RETRY_AFTER,
+                        self._starts.retry_after,
                     )
-                    self._helper_retry_at = time.monotonic() + HELPER_RETRY_AFTER
                 else:
                     logger.warning("no python3 in %s (%s): one docker exec per command", self.id[:12], broken)
-                    self._helper_unavailable = True
             return self._mux
 
     def _has_python(self) -> bool:

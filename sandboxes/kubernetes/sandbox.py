@@ -32,6 +32,7 @@ from sandboxes import protocol as p
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    HelperStarts,
     MuxBroken,
     MuxClient,
     command_marker,
@@ -123,7 +124,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         self._exec_api = exec_api(api)
         self._mux: MuxClient | None = None
         self._mux_lock = threading.Lock()
-        self._helper_unavailable = not config.use_exec_helper
+        self._starts = HelperStarts(config.use_exec_helper)
         self._oom_baseline: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -247,22 +248,26 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
         return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
 
     def _helper(self) -> MuxClient | None:
-        if self._helper_unavailable:
-            return None
         with self._mux_lock:
             if self._mux is not None and self._mux.alive:
                 return self._mux
+            if not self._starts.due:
+                return None
             try:
                 self._mux = self._start_helper()
             except (MuxBroken, ExecError) as broken:
                 self._mux = None
-                if self._has_python():
+                has_python = self._has_python()
+                self._starts.failed(for_good=not has_python)
+                if has_python:
                     logger.warning(
-                        "exec helper of pod %s did not start (%s); this command execs alone", self.name, broken
+                        "exec helper of pod %s did not start (%s); one exec per command for %g s",
+                        self.name,
+                        broken,
+                        self._starts.retry_after,
                     )
                 else:
                     logger.warning("no python3 in pod %s: one exec per command", self.name)
-                    self._helper_unavailable = True
             return self._mux
 
     def _start_helper(self) -> MuxClient:

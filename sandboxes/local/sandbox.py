@@ -34,7 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
-from sandboxes._mux import MuxBroken, MuxClient, command_marker, kill_tagged, run_command_once, run_native_once
+from sandboxes._mux import (
+    HelperStarts,
+    MuxBroken,
+    MuxClient,
+    command_marker,
+    kill_tagged,
+    run_command_once,
+    run_native_once,
+)
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Lifecycle
@@ -134,7 +142,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
                 (self._jail.state / CGROUP_FILE).write_text(self._id)
         self._helper_process: HelperProcess | None = None
         self._helper_lock = threading.Lock()
-        self._helper_unavailable = self._jail is None or not config.use_exec_helper
+        self._starts = HelperStarts(self._jail is not None and config.use_exec_helper)
         if self._bwrap is None:
             warnings.warn(
                 f"LocalSandbox {self._id} is NOT isolated (bubblewrap not found): commands run as "
@@ -249,7 +257,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         timeout = self.config.default_timeout if timeout is None else timeout
         limit = self.config.output_limit if output_limit is None else output_limit
-        if not self._helper_unavailable:
+        if not self._starts.unavailable:
             response = self._execute_in_helper(command, timeout, data, environment, workdir, limit, on_output)
             if response is not None:
                 return response
@@ -365,19 +373,27 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
 
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands
-        and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`)."""
+        and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`).
+        ``None`` while its last start's failure waits out `HelperStarts`, or for good when the
+        helper's python is not there."""
         with self._helper_lock:
-            if self._helper_unavailable:
-                return None
             if self._helper_process is not None and self._helper_process.client.alive:
                 return self._helper_process.client
+            if not self._starts.due:
+                return None
             try:
                 # On the spawner thread: see `_SPAWNER`.
                 self._helper_process = _SPAWNER.submit(self._start_helper).result()
             except (MuxBroken, OSError) as exc:
-                logger.warning("no exec helper in %s (%s): one jail per command", self._id, exc)
-                self._helper_unavailable = True
                 self._helper_process = None
+                has_python = shutil.which(self.config.helper_python, path=_DEFAULT_PATH) is not None
+                self._starts.failed(for_good=not has_python)
+                logger.warning(
+                    "no exec helper in %s (%s): one jail per command%s",
+                    self._id,
+                    exc,
+                    f" for {self._starts.retry_after:g} s" if has_python else "",
+                )
                 return None
             return self._helper_process.client
 

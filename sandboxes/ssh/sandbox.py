@@ -37,6 +37,7 @@ from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    HelperStarts,
     MuxBroken,
     MuxClient,
     command_marker,
@@ -133,7 +134,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
         self._id = f"ssh:{config.host.host}:{config.host.port}:{workspace}"
         self._mux: MuxClient | None = None
         self._mux_lock = threading.Lock()
-        self._helper_unavailable = not config.use_exec_helper
+        self._starts = HelperStarts(config.use_exec_helper)
         self._closed = False
         self._destroyed = False
 
@@ -302,7 +303,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel
         (no python3 on the host, or the connection's channel slots are nearly all taken)."""
-        if self._helper_unavailable:
+        if self._starts.unavailable:
             return None
         with self._mux_lock:
             if self._mux is not None:
@@ -322,7 +323,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             except MuxBroken as broken:
                 if exit_status(channel, wait=2.0) == 127:
                     logger.warning("no python3 on %s: one exec_command per command", self.config.host.host)
-                    self._helper_unavailable = True
+                    self._starts.failed(for_good=True)
                     return None
                 raise SSHUnreachableError(f"exec helper did not start: {broken}") from broken
             except BaseException:

@@ -19,7 +19,11 @@ from fake_apiserver import FakeKubernetes
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
-from support import SESSION_OWNER, assert_command_marker_never_waits_for_the_helper_lock
+from support import (
+    SESSION_OWNER,
+    assert_a_failed_helper_start_is_tried_again_later,
+    assert_command_marker_never_waits_for_the_helper_lock,
+)
 
 from sandboxes import protocol as p
 from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
@@ -99,6 +103,14 @@ def test_the_marker_for_a_command_never_waits_for_a_helper_start(helper_sandbox:
     assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox)
 
 
+def test_a_helper_that_failed_to_start_is_tried_again_later(
+    fake_kubernetes: FakeKubernetes, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _sandbox(fake_kubernetes, runtime_image) as sandbox:
+        sandbox.close()  # the helper a pod's readiness started
+        assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
+
+
 class TestKubernetesFallbackConformance(SandboxConformance):
     """An image without python3 over ``v4`` (which cannot end stdin): one exec per command, the
     exit status from the error channel."""
@@ -115,7 +127,7 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         fallback_sandbox.execute("true")  # the first command finds out that the image has no python3
         before = fake_kubernetes_v4.requests["exec"]
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._helper_unavailable
+        assert fallback_sandbox._starts.unavailable
         assert fallback_sandbox._mux is None
         assert fake_kubernetes_v4.requests["exec"] == before + 1
 

@@ -73,15 +73,24 @@ LS = r"""if ! cd -P -- "$1" 2>/dev/null; then
   [ -d "$1" ] && exit 12
   why "$1"; [ "$c" = 12 ] && [ -e "$1" ] && c=13; exit "$c"
 fi
+g1=; g2=; g3=
 for f in * .[!.]* ..?*; do
   if [ -d "$f" ]; then printf 'd%s\0' "$f"
-  elif [ -e "$f" ] || [ -L "$f" ]; then printf 'f%s\0' "$f"; fi
+  elif [ -e "$f" ] || [ -L "$f" ]; then printf 'f%s\0' "$f"
+  else continue; fi
+  case $f in ..?*) g3='..?*' ;; .*) g2='.[!.]*' ;; *) g1='*' ;; esac
 done
-stat -c '%s %Y' -- * .[!.]* ..?* 2>/dev/null
-exit 0
+[ -n "$g1$g2$g3" ] || exit 0
+exec stat -c '%s %Y' -- $g1 $g2 $g3 2>/dev/null
 """
 """Entries as NUL-terminated ``d<name>``/``f<name>``, then one ``size mtime`` line per entry in
-the same order (the glob expands identically twice; no per-entry fork)."""
+the same order: the globs that matched expand identically twice, and the one ``stat`` for all
+entries replaces the shell (``exec``: a fork saved, ~0.2 ms of the script's ~1 ms). Its status
+is the script's: `EXIT_LS_VANISHED` when an entry went between the listing and ``stat``."""
+
+EXIT_LS_VANISHED = 1
+"""`LS`'s status when ``stat`` missed an entry that went (or came) after it was listed: the
+listing stands, without sizes and times when the lines no longer align (`_parse.ls_entries`)."""
 
 READ_FILE = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi

@@ -419,6 +419,28 @@ def test_a_jail_that_failed_to_start_is_tried_again_later(tmp_path: Path, monkey
         assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
 
 
+def test_an_entry_gone_while_it_was_listed_leaves_the_listing_standing(tmp_path: Path) -> None:
+    """`sandboxes._scripts.LS` lists the names, then ``exec``s one ``stat`` for them all; an entry
+    removed in between makes ``stat`` exit 1 (`EXIT_LS_VANISHED`): the listing is still an
+    answer, not a backend error. The race is made, not waited for: a ``stat`` first in PATH
+    removes the entry, then runs the real one."""
+    shims, root = tmp_path / "shims", tmp_path / "root"
+    shims.mkdir()
+    (shims / "stat").write_text('#!/bin/sh\nrm -f -- "$GONE"\nexec /usr/bin/stat "$@"\n')
+    (shims / "stat").chmod(0o755)
+    (root / "d").mkdir(parents=True)
+    for name in ("a", "b", ".c"):
+        (root / "d" / name).write_text(name)
+    env = {"PATH": f"{shims}:/usr/bin:/bin", "GONE": str(root / "d" / "b")}
+    with pytest.warns(NotIsolatedWarning):
+        sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="none", env=env))
+    with sandbox:
+        listed = sandbox.ls(str(root / "d"))
+        assert listed.error is None, listed
+        assert [e.path.rsplit("/", 1)[1] for e in listed.entries or []] == [".c", "a", "b"]
+        assert not (root / "d" / "b").exists(), "the shim did not run: no race was made"
+
+
 def test_close_ends_the_jail(tmp_path: Path) -> None:
     sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap"))
     sandbox.execute("true")

@@ -1,11 +1,12 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
 from sandboxes._mux._resend import run_command_once, run_native_once
-from sandboxes._mux._starts import HelperStarts
+from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
 __all__ = [
+    "HAS_PYTHON_SH",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "ByteStream",

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["RETRY_AFTER", "HelperStarts"]
+__all__ = ["HAS_PYTHON_SH", "RETRY_AFTER", "HelperStarts"]
 
 RETRY_AFTER = 30.0
 """Seconds after a failed start of an exec helper (its python is there) before another is tried."""
+
+HAS_PYTHON_SH = "command -v python3 >/dev/null 2>&1"
+"""Asked of a sandbox's shell after a failed start: exit 0 if python3 is there (try again later)."""
 
 
 class HelperStarts:

@@ -29,6 +29,7 @@ from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import (
+    HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
     HelperStarts,
@@ -255,7 +256,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         failed (the helper is tried again later). A shell that could not start answers no: as
         before, that sandbox keeps one ``docker exec`` per command."""
         try:
-            code, _ = self._run_small("command -v python3 >/dev/null 2>&1", timeout=10)
+            code, _ = self._run_small(HAS_PYTHON_SH, timeout=10)
         except Exception:
             return True
         return code is None or code == 0

@@ -30,6 +30,7 @@ from urllib.parse import quote
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import (
+    HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
     HelperStarts,
@@ -284,7 +285,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
 
     def _has_python(self) -> bool:
         try:
-            return self._run_small("command -v python3 >/dev/null 2>&1")[0] == 0
+            return self._run_small(HAS_PYTHON_SH)[0] == 0
         except ExecError:
             return True  # cannot tell: keep trying the helper
 

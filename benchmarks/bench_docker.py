@@ -13,6 +13,10 @@ the daemon and the files. The baselines are what someone would otherwise write:
 * create: ``client.containers.run(image, ["sleep", "infinity"])`` without our secure defaults.
 * warm pool: ``DockerProvider(pool_size=2).acquire()`` once the pool has refilled, beside our
   own cold create from the row above (the cost the pool exists to hide).
+* images without python3 (no exec helper can start: one ``docker exec`` per command), Debian's
+  coreutils and busybox alone: each file op beside our own ``execute('true')`` in the same image
+  and loop, the ratio the promise "a file op costs at most 2x an execute" is about where the
+  sandbox has no helper (rows 2's ``(scripts)`` time the scripts through a running helper).
 
 Every ratio is a speedup, baseline time / our time: above 1x we are faster. Targets are
 reported, never asserted. Sides alternate within one loop (and which goes first alternates)
@@ -39,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from _common import CountingCalls, scripted
@@ -405,6 +410,67 @@ def _acquire_into(provider: DockerProvider, holder: list[DockerSandbox]) -> None
     holder.append(provider.acquire())
 
 
+# --------------------------------------------------------------------------- 6. images without python3
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+FALLBACK_IMAGES = (("no python3", "no-python"), ("busybox", "busybox"))
+"""(label, fixture directory): images the tests build too, under the same tags."""
+
+
+def _bench_fallback(client: Any, owner: str, iterations: int, warmup: int) -> list[Row]:
+    rows: list[Row] = []
+    for label, fixture in FALLBACK_IMAGES:
+        tag = f"sandboxes-test/{fixture}:latest"
+        client.images.build(path=str(FIXTURES / fixture), tag=tag, rm=True)
+        config = DockerSandboxConfig(image=tag, owner=owner)
+        created = DockerSandbox.create(config, client=client)
+        sb = CountingDockerSandbox(created.container, client, config)
+        try:
+            rows += _fallback_rows(sb, label, iterations, warmup)
+        finally:
+            sb.destroy()
+    return rows
+
+
+def _fallback_rows(sb: CountingDockerSandbox, label: str, iterations: int, warmup: int) -> list[Row]:
+    _ok(sb.execute(f"mkdir -p {TREE}/d00/sub {WORK} && cd {TREE}/d00 && for i in 0 1 2 3 4 5 6 7 8 9; do "
+                   f"echo a {NEEDLE} $i > f$i.py; echo x > sub/g$i.txt; done && echo alpha > {WORK}/edit.txt && "
+                   f"echo some text > {WORK}/read.txt"))  # fmt: skip
+    if sb.helper_alive:
+        raise RuntimeError(f"{label}: an exec helper runs, so this section would time the wrong path")
+    flipped = [False]
+
+    def edit() -> object:
+        old, new = ("omega", "alpha") if flipped[0] else ("alpha", "omega")
+        flipped[0] = not flipped[0]
+        return _ok(sb.edit(f"{WORK}/edit.txt", old, new))
+
+    execute = functools.partial(sb.execute, "true")
+    ours, raw = _paired(lambda: _ok(execute()), lambda: _ok(sb.container.exec_run("true")), iterations, warmup)
+    rows = [_row("fallback", f"{label}: execute('true')", "raw docker exec: container.exec_run('true')", ours, raw,
+                 ours_trips=1, base_trips=1)]  # fmt: skip
+    cases: list[tuple[str, Callable[[], object], Callable[[], None] | None, float]] = [
+        ("ls", lambda: _ok(sb.ls(f"{TREE}/d00")), None, 2),
+        ("read", lambda: _ok(sb.read(f"{WORK}/read.txt")), None, 2),
+        ("write", lambda: _ok(sb.write(f"{WORK}/written.txt", "x" * 1000)), None, 2),
+        ("edit", edit, None, 2),
+        ("delete", lambda: _ok(sb.delete(f"{WORK}/doomed.txt")),
+         lambda: _ok(sb.container.exec_run(["sh", "-c", f"echo bye > {WORK}/doomed.txt"])), 2),
+        ("grep", lambda: _ok(sb.grep(NEEDLE, TREE)), None, 3),
+        ("glob", lambda: _ok(sb.glob("*.py", TREE)), None, 2),
+    ]  # fmt: skip
+    for op, call, setup, bound in cases:
+        before = sb.calls
+        ours, base = _paired(call, lambda: _ok(execute()), iterations, warmup, setup)
+        trips = (sb.calls - before) / (warmup + iterations) - 1  # less the execute beside it
+        target, met = (f"p50 <= {bound:g}x execute", lambda _, s, b=bound: s >= 1 / b)
+        if op == "edit":  # read, then compare-and-swap: two round trips, each a docker exec
+            target, met = "<= 2 round trips", lambda _, s, t=trips: t <= 2
+        rows.append(_row("fallback", f"{label}: {op}", "our execute('true'), same image", ours, base,
+                         ours_trips=trips, base_trips=1, target=target, met=met))  # fmt: skip
+    return rows
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -442,6 +508,7 @@ def run(iterations: int, warmup: int = 2, heavy_iterations: int | None = None, o
             rows += _bench_transfer(sb, heavy, min(warmup, 1))
             rows += _bench_create(client, config, heavy)
             rows += _bench_pool(client, config, min(iterations, 10), [r for r in rows if r.section == "create"])
+            rows += _bench_fallback(client, owner, min(iterations, 20), min(warmup, 1))
         finally:
             sb.destroy()
     finally:
@@ -474,6 +541,7 @@ _TITLES = {
     "transfer": "3. transfers (MiB/s; p90 = throughput at the p90 time, the slow end)",
     "create": "4. cold create (ms)",
     "pool": "5. warm pool acquisition (ms)",
+    "fallback": "6. images without python3: one docker exec per command (ms), speedup = our execute p50 / the op's",
 }
 
 

@@ -33,8 +33,13 @@ ROWS = {
     "transfer": ["upload_files 64MiB", "download_files 64MiB"],
     "create": ["DockerSandbox.create", "create + first execute", "destroy"],
     "pool": ["acquire (warm pool)", "acquire + first execute"],
+    "fallback": [
+        f"{image}: {op}"
+        for image in ("no python3", "busybox")
+        for op in ("execute('true')", "ls", "read", "write", "edit", "delete", "grep", "glob")
+    ],
 }
-SECTION_TITLES = ["1. execute", "2. file operations", "3. transfers", "4. cold create", "5. warm pool"]
+SECTION_TITLES = ["1. execute", "2. file operations", "3. transfers", "4. cold create", "5. warm pool", "6. images"]
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +101,8 @@ def test_report_measures_every_row(bench_run: dict[str, Any]) -> None:
             assert trips == int(trips), by_op[op]  # the same count on every call
     assert by_op["edit"]["ours_trips"] == 2  # read, then compare-and-swap
     assert by_op["edit (scripts)"]["ours_trips"] == 2
+    for op in ROWS["fallback"]:  # one docker exec per call, two for an edit: none through a helper
+        assert by_op[op]["ours_trips"] == (2 if op.endswith(": edit") else 1), by_op[op]
     assert {by_op[op]["unit"] for op in ROWS["transfer"]} == {"MiB/s"}
 
 

@@ -321,6 +321,8 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         timed_out = False
         while reader.is_alive():
             reader.join(0.05)
+            if not reader.is_alive():  # the usual end: no inspect here, the exit code's is enough
+                break
             if not api.exec_inspect(exec_id)["Running"]:
                 reader.join(0.2)  # a background job may hold the stream open; do not wait for it
                 break

@@ -153,10 +153,12 @@ put() {
 # could not keep what PATH is (`inplace`), the write happens in place as before: a symlink
 # (written through), a device or FIFO, another user's file, or a directory we may not create
 # entries in. New files get the mode the umask gives, not mktemp's 0600.
+# PRODUCER always runs in a command substitution of its own, so it may `exec` its last command:
+# `_cat` does, one fork fewer a write (~0.5 ms of a 5 ms scripted write).
 
 WRITE = (
     _WRITE_ONE
-    + r"""_cat() { cat; }
+    + r"""_cat() { exec cat; }
 put "$1" _cat "$2" "$3"; exit "$c"
 """
 )
@@ -165,7 +167,7 @@ keeping mode and owner."""
 
 CAS_WRITE = (
     _WRITE_ONE
-    + r"""_cat() { cat; }
+    + r"""_cat() { exec cat; }
 [ -f "$1" ] || { why "$1"; exit "$c"; }
 cur=$(md5sum < "$1" 2>/dev/null) || exit 12
 case $cur in "$2"*) ;; *) exit 14 ;; esac

@@ -124,7 +124,7 @@ place() {
 $wst
 EOF
   if [ "$wn" != "$3" ]; then rm -f -- "$1"; c=18; return 1; fi
-  if [ -z "$ts" ]; then tm=$(umask); tm=$(printf %o $((0666 & ~0$tm))); fi
+  [ -n "$ts" ] || tm=$wm
   if [ -n "$tg" ] && [ "$wg" != "$tg" ]; then chgrp "$tg" "$1" 2>/dev/null && wm=; fi
   [ "$wm" = "$tm" ] || chmod "$tm" "$1" 2>/dev/null || { rm -f -- "$1"; c=12; return 1; }
   if mv -f -- "$1" "$2" 2>/dev/null; then c=0; return 0; fi
@@ -152,7 +152,8 @@ put() {
 # one. One `stat` and one `mv` are all it adds to a write: chmod and chgrp run only when needed. Where a rename
 # could not keep what PATH is (`inplace`), the write happens in place as before: a symlink
 # (written through), a device or FIFO, another user's file, or a directory we may not create
-# entries in. New files get the mode the umask gives, not mktemp's 0600.
+# entries in. New files get the mode the umask gave the temporary file (created by a redirection,
+# 0666 less the umask, never mktemp's 0600): no `$(umask)`, whose subshell costs a fork.
 # PRODUCER always runs in a command substitution of its own, so it may `exec` its last command:
 # `_cat` does, one fork fewer a write (~0.5 ms of a 5 ms scripted write).
 

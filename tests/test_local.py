@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from support import (
     write_shadowing_modules,
 )
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
 from sandboxes._mux._spawn import SPARES
@@ -439,6 +441,30 @@ def test_an_entry_gone_while_it_was_listed_leaves_the_listing_standing(tmp_path:
         assert listed.error is None, listed
         assert [e.path.rsplit("/", 1)[1] for e in listed.entries or []] == [".c", "a", "b"]
         assert not (root / "d" / "b").exists(), "the shim did not run: no race was made"
+
+
+@pytest.mark.parametrize("umask", [0o027, 0o077, 0o002])
+def test_the_scripts_give_a_new_file_the_mode_of_the_shells_umask(unisolated_sandbox: LocalSandbox, umask: int) -> None:
+    """A new target gets the mode the umask gave the temporary file it is renamed from (no
+    ``$(umask)``): a write, an upload, and a staged file's commit, each in a shell whose umask
+    is not the default."""
+    directory = unisolated_sandbox.root / f"umask-{umask:03o}"
+    directory.mkdir()
+    data = b"hello"
+    staged = f"{directory}/.staged"
+    steps = [
+        (_scripts.command(_scripts.WRITE, f"{directory}/written", str(len(data)), "w"), data),
+        (_scripts.command(_scripts.UPLOAD, "u", f"{directory}/uploaded", str(len(data))), data),
+        (_scripts.command(_scripts.STAGE_CHUNK, staged, "new"), data),
+        (_scripts.command(_scripts.COMMIT_STAGED, staged, f"{directory}/committed", str(len(data))), None),
+    ]
+    for command, stdin in steps:
+        done = unisolated_sandbox.execute(f"umask {umask:03o}\n{command}", stdin=stdin)
+        assert done.exit_code == 0, done
+        assert done.output.strip("0\n") == "", done  # the per-file statuses, all 0
+    for name in ("written", "uploaded", "committed"):
+        assert (directory / name).read_bytes() == data
+        assert stat.S_IMODE((directory / name).stat().st_mode) == 0o666 & ~umask, name
 
 
 def test_close_ends_the_jail(tmp_path: Path) -> None:

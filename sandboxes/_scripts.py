@@ -73,24 +73,31 @@ LS = r"""if ! cd -P -- "$1" 2>/dev/null; then
   [ -d "$1" ] && exit 12
   why "$1"; [ "$c" = 12 ] && [ -e "$1" ] && c=13; exit "$c"
 fi
-g1=; g2=; g3=
+g1=; g2=; g3=; n=0
 for f in * .[!.]* ..?*; do
   if [ -d "$f" ]; then printf 'd%s\0' "$f"
   elif [ -e "$f" ] || [ -L "$f" ]; then printf 'f%s\0' "$f"
   else continue; fi
+  n=$((n + ${#f} + 1))
   case $f in ..?*) g3='..?*' ;; .*) g2='.[!.]*' ;; *) g1='*' ;; esac
 done
 [ -n "$g1$g2$g3" ] || exit 0
-exec stat -c '%s %Y' -- $g1 $g2 $g3 2>/dev/null
+[ "$n" -gt 65536 ] || exec stat -c '%s %Y' -- $g1 $g2 $g3 2>/dev/null
+stat -c '%s %Y' -- $g1 $g2 $g3 2>/dev/null
+exit 0
 """
 """Entries as NUL-terminated ``d<name>``/``f<name>``, then one ``size mtime`` line per entry in
-the same order: the globs that matched expand identically twice, and the one ``stat`` for all
-entries replaces the shell (``exec``: a fork saved, ~0.2 ms of the script's ~1 ms). Its status
-is the script's: `EXIT_LS_VANISHED` when an entry went between the listing and ``stat``."""
+the same order: the globs that matched expand identically twice. The one ``stat`` for all
+entries replaces the shell (``exec``: a fork saved, ~0.2 ms of the script's ~1 ms), its status
+the script's (`EXIT_LS_VANISHED`), unless the names are over 64 KiB: then it runs as a child,
+since an ``exec`` past the kernel's argument limit would end the script (status 126) where the
+child's failure leaves the listing, without sizes."""
 
 EXIT_LS_VANISHED = 1
-"""`LS`'s status when ``stat`` missed an entry that went (or came) after it was listed: the
-listing stands, without sizes and times when the lines no longer align (`_parse.ls_entries`)."""
+"""`LS`'s status when its ``exec``'d ``stat`` missed an entry that went (or came) after it was
+listed: the listing stands, without sizes and times when the lines no longer align
+(`_parse.ls_entries`). Only after a record: before any, a status 1 is a shell or a jail that
+failed (bwrap's own errors, a ``nologin`` account), and stays an error."""
 
 READ_FILE = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi

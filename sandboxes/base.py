@@ -201,7 +201,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.LsResult(*refused_input(exc, path))
         command = _scripts.command(_scripts.LS, directory)
         response = yield Call(command, output_limit=SEARCH_OUTPUT_LIMIT, native=("ls", directory))
-        vanished = response.exit_code == _scripts.EXIT_LS_VANISHED and response.error is None
+        # `EXIT_LS_VANISHED` after a record is the exec'd stat's: the listing stands
+        listed = response.error is None and "\0" in response.output
+        vanished = listed and response.exit_code == _scripts.EXIT_LS_VANISHED
         if not vanished and (code := _parse.check(response, directory)) is not None:
             return p.LsResult(code, message_for(code, directory))
         return p.LsResult(entries=_parse.ls_entries(response.output, directory))

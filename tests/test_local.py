@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -441,6 +442,40 @@ def test_an_entry_gone_while_it_was_listed_leaves_the_listing_standing(tmp_path:
         assert listed.error is None, listed
         assert [e.path.rsplit("/", 1)[1] for e in listed.entries or []] == [".c", "a", "b"]
         assert not (root / "d" / "b").exists(), "the shim did not run: no race was made"
+
+
+def test_a_listing_past_the_argument_limit_still_answers(tmp_path: Path) -> None:
+    """Names over the kernel's argument limit (~2 MiB here): `sandboxes._scripts.LS` cannot
+    ``exec`` its ``stat`` for them (status 126 would end the script), so it runs it as a child,
+    whose failure leaves the listing, without sizes. Over 64 KiB of names the native ls hands
+    a directory to the script, so this is the path a big directory takes everywhere."""
+    directory = tmp_path / "root" / "big"
+    directory.mkdir(parents=True)
+    for i in range(12000):
+        (directory / f"f{i:0200}").touch()
+    with pytest.warns(NotIsolatedWarning):
+        sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="none"))
+    with sandbox:
+        listed = sandbox.ls(str(directory))
+        assert listed.error is None, listed.message
+        assert len(listed.entries or []) == 12000
+
+
+def test_a_jail_that_could_not_start_is_not_an_empty_listing(tmp_path: Path) -> None:
+    """bwrap's own failures exit 1 (a full pids limit: "Creating new namespace failed"), as the
+    listing's ``stat`` does when an entry vanished: before any record, it is an error."""
+    config = LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap", use_exec_helper=False)
+    with tempfile.TemporaryDirectory(prefix="fake-bwrap-") as shared, LocalSandbox(config=config) as sandbox:
+        fake = Path(shared) / "bwrap"  # where the jail's launcher may read it, unlike tmp_path (0700)
+        fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily' >&2\nexit 1\n")
+        fake.chmod(0o755)
+        Path(shared).chmod(0o755)
+        (sandbox.root / "a").write_text("a")
+        assert [e.path for e in sandbox.ls(str(sandbox.root)).entries or []] == [f"{sandbox.root}/a"]
+        assert sandbox._jail is not None
+        sandbox._jail.bwrap = str(fake)
+        listed = sandbox.ls(str(sandbox.root))
+        assert listed.error == p.BACKEND_ERROR, listed
 
 
 @pytest.mark.parametrize("umask", [0o027, 0o077, 0o002])

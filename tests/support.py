@@ -200,14 +200,22 @@ def write_shadowing_modules(sandbox: Any, directory: str) -> None:
         assert written.error is None, written
 
 
-def assert_a_failed_helper_start_is_tried_again_later(sandbox: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def assert_a_failed_helper_start_is_tried_again_later(
+    sandbox: Any, monkeypatch: pytest.MonkeyPatch, *, question_fails: bool = False
+) -> None:
     """A helper start that fails as a passing failure would (its python is there) is neither
     given up for the sandbox's life nor retried at every command: the commands meanwhile run
     the transport's slow way, and the one after `sandboxes._mux.HelperStarts`' wait gets a live
-    helper. The sandbox has no helper running yet."""
+    helper. The sandbox has no helper running yet. ``question_fails``: the question whether
+    python is there fails too, as its exec does under a full pids limit (the runtime's status
+    126): that cannot tell, so it is no reason to give up either."""
     from sandboxes._mux import MuxBroken
 
     assert not sandbox.helper_alive
+    if question_fails:
+        refused = (126, "OCI runtime exec failed: exec failed: read init-p: connection reset by peer")
+        real_small = sandbox._run_small
+        monkeypatch.setattr(sandbox, "_run_small", lambda *a, **k: refused)
     real = sandbox._start_helper
     tried: list[int] = []
 
@@ -223,6 +231,8 @@ def assert_a_failed_helper_start_is_tried_again_later(sandbox: Any, monkeypatch:
     assert sandbox.execute("echo alone again").output == "alone again\n"
     assert len(tried) == 1, "retried before its retry_after"
     assert not sandbox._starts.unavailable, "given up for good, with python there"
+    if question_fails:
+        monkeypatch.setattr(sandbox, "_run_small", real_small)
     sandbox._starts.expire()  # as if its retry_after had passed
     assert sandbox.execute("echo back").output == "back\n"
     assert sandbox.helper_alive

@@ -173,6 +173,13 @@ def test_a_helper_that_failed_to_start_is_tried_again_later(
         assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
 
 
+def test_a_failed_question_whether_python_is_there_gives_nothing_up(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch, question_fails=True)
+
+
 def _helper_parent(sandbox: DockerSandbox) -> int:
     """The pid of the process that ran a command: the exec helper's, which reported its own pid
     when it started. A command of the per-command fallback has another parent (its own

@@ -416,6 +416,20 @@ def test_without_python_in_the_jail_it_falls_back_to_one_jail_per_command(tmp_pa
         assert sandbox._starts.unavailable, "a jail started again and again without its python"
 
 
+def test_a_helper_python_outside_the_jail_is_given_up_for_good(tmp_path: Path) -> None:
+    """A python this machine has but the jail does not see (a virtualenv's, here a link beside
+    the root): the jail's own shell says it is missing, so the sandbox stops trying at once,
+    not every 30 s for its life."""
+    outside = tmp_path / "elsewhere" / "python3"
+    outside.parent.mkdir()
+    outside.symlink_to(sys.executable)
+    config = LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap", helper_python=str(outside))
+    with LocalSandbox(config=config) as sandbox:
+        assert sandbox.execute("echo alone").output == "alone\n"
+        assert not sandbox.helper_alive
+        assert sandbox._starts.unavailable, "a python the jail cannot see is tried again"
+
+
 def test_a_jail_that_failed_to_start_is_tried_again_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not given up for the sandbox's life: one jail per command (~13 ms) until the wait is over."""
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:

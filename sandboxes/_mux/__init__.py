@@ -1,7 +1,7 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
 from sandboxes._mux._resend import run_command_once, run_native_once
-from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts
+from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
@@ -15,7 +15,9 @@ __all__ = [
     "MuxClient",
     "TimedByteStream",
     "command_marker",
+    "has_python_sh",
     "kill_tagged",
+    "python_missing",
     "run_command_once",
     "run_native_once",
 ]

@@ -37,6 +37,7 @@ from sandboxes._mux import (
     MuxClient,
     command_marker,
     kill_tagged,
+    python_missing,
     run_command_once,
     run_native_once,
 )
@@ -238,28 +239,30 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
                 self._mux = self._start_helper()
             except MuxBroken as broken:
                 self._mux = None
-                has_python = self._has_python()
-                self._starts.failed(for_good=not has_python)
-                if has_python:
-                    logger.warning(
+                missing = self._python_missing()
+                self._starts.failed(for_good=missing)
+                if missing:
+                    logger.warning("no python3 in %s (%s): one docker exec per command", self.id[:12], broken)
+                else:
+                    logger.log(
+                        self._starts.log_level,
                         "exec helper of %s did not start (%s); docker exec per command for %g s",
                         self.id[:12],
                         broken,
-                        self._starts.retry_after,
+                        self._starts.wait,
                     )
-                else:
-                    logger.warning("no python3 in %s (%s): one docker exec per command", self.id[:12], broken)
+                return None
+            self._starts.started()
             return self._mux
 
-    def _has_python(self) -> bool:
-        """Whether the image has python3, asked of its shell; ``True`` when the question itself
-        failed (the helper is tried again later). A shell that could not start answers no: as
-        before, that sandbox keeps one ``docker exec`` per command."""
+    def _python_missing(self) -> bool:
+        """Whether the image's shell says python3 is not there. A question that failed (its
+        exec could not start: a full pids limit) cannot tell, and the helper is tried later."""
         try:
-            code, _ = self._run_small(HAS_PYTHON_SH, timeout=10)
+            _, answer = self._run_small(HAS_PYTHON_SH, timeout=10)
         except Exception:
-            return True
-        return code is None or code == 0
+            return False
+        return python_missing(answer)
 
     def _start_helper(self) -> MuxClient:
         api = self.client.api

@@ -38,6 +38,7 @@ from sandboxes._mux import (
     MuxClient,
     command_marker,
     kill_tagged,
+    python_missing,
     run_command_once,
     run_native_once,
 )
@@ -258,17 +259,20 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
                 self._mux = self._start_helper()
             except (MuxBroken, ExecError) as broken:
                 self._mux = None
-                has_python = self._has_python()
-                self._starts.failed(for_good=not has_python)
-                if has_python:
-                    logger.warning(
+                missing = self._python_missing()
+                self._starts.failed(for_good=missing)
+                if missing:
+                    logger.warning("no python3 in pod %s: one exec per command", self.name)
+                else:
+                    logger.log(
+                        self._starts.log_level,
                         "exec helper of pod %s did not start (%s); one exec per command for %g s",
                         self.name,
                         broken,
-                        self._starts.retry_after,
+                        self._starts.wait,
                     )
-                else:
-                    logger.warning("no python3 in pod %s: one exec per command", self.name)
+                return None
+            self._starts.started()
             return self._mux
 
     def _start_helper(self) -> MuxClient:
@@ -283,11 +287,12 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
             detail = status_message(bytes(stream.status)) if stream.status else bytes(stream.stderr[-500:])
             raise MuxBroken(f"{broken}; helper said: {detail!r}") from broken
 
-    def _has_python(self) -> bool:
+    def _python_missing(self) -> bool:
+        """Whether the image's shell says python3 is not there; a question that failed cannot tell."""
         try:
-            return self._run_small(HAS_PYTHON_SH)[0] == 0
+            return python_missing(self._run_small(HAS_PYTHON_SH)[1])
         except ExecError:
-            return True  # cannot tell: keep trying the helper
+            return False
 
     def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
         logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)

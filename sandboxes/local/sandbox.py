@@ -39,7 +39,9 @@ from sandboxes._mux import (
     MuxBroken,
     MuxClient,
     command_marker,
+    has_python_sh,
     kill_tagged,
+    python_missing,
     run_command_once,
     run_native_once,
 )
@@ -375,7 +377,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         """The client of the jail's exec helper, the jail started if none runs: what commands
         and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`).
         ``None`` while its last start's failure waits out `HelperStarts`, or for good when the
-        helper's python is not there."""
+        jail's shell says the helper's python is not there."""
         with self._helper_lock:
             if self._helper_process is not None and self._helper_process.client.alive:
                 return self._helper_process.client
@@ -386,16 +388,27 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
                 self._helper_process = _SPAWNER.submit(self._start_helper).result()
             except (MuxBroken, OSError) as exc:
                 self._helper_process = None
-                has_python = shutil.which(self.config.helper_python, path=_DEFAULT_PATH) is not None
-                self._starts.failed(for_good=not has_python)
-                logger.warning(
-                    "no exec helper in %s (%s): one jail per command%s",
-                    self._id,
-                    exc,
-                    f" for {self._starts.retry_after:g} s" if has_python else "",
-                )
+                missing = self._python_missing()
+                self._starts.failed(for_good=missing)
+                level = logging.WARNING if missing else self._starts.log_level
+                retry = "" if missing else f" for {self._starts.wait:g} s"
+                logger.log(level, "no exec helper in %s (%s): one jail per command%s", self._id, exc, retry)
                 return None
+            self._starts.started()
             return self._helper_process.client
+
+    def _python_missing(self) -> bool:
+        """Whether a jail of its own says the helper's python is not there: the jail sees only
+        the system's directories, so a python elsewhere on this machine (a virtualenv's, say)
+        is missing in it; a question that failed cannot tell."""
+        environment = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
+        try:
+            answer = self._execute_spawned(
+                has_python_sh(self.config.helper_python), 10, None, environment, str(self.root), 4096, None
+            )
+        except Exception:
+            return False
+        return python_missing(answer.output)
 
     def _start_helper(self) -> HelperProcess:
         assert self._jail is not None

@@ -111,6 +111,14 @@ def test_a_helper_that_failed_to_start_is_tried_again_later(
         assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch)
 
 
+def test_a_failed_question_whether_python_is_there_gives_nothing_up(
+    fake_kubernetes: FakeKubernetes, runtime_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _sandbox(fake_kubernetes, runtime_image) as sandbox:
+        sandbox.close()
+        assert_a_failed_helper_start_is_tried_again_later(sandbox, monkeypatch, question_fails=True)
+
+
 class TestKubernetesFallbackConformance(SandboxConformance):
     """An image without python3 over ``v4`` (which cannot end stdin): one exec per command, the
     exit status from the error channel."""

@@ -238,7 +238,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         except InvalidPathError as exc:
             return p.WriteResult(*refused_input(exc, file_path))
         data = content.encode("utf-8")
-        call = _write_call(path, data)
+        call = write_call(path, data)
         if (code := _parse.check((yield call), path)) is not None:
             return p.WriteResult(code, message_for(code, path))
         return p.WriteResult(path=path)
@@ -338,7 +338,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses.append(p.FileUploadResponse(raw, *refused_input(exc, raw)))
         if len(valid) == 1:
             index, path, content = valid[0]
-            response = yield _write_call(path, content)
+            response = yield write_call(path, content)
             code = _parse.check(response, path)
             responses[index] = _upload_response(files[index][0], code, path)
         elif valid:
@@ -554,7 +554,7 @@ def _join_or(groups: list[list[str]]) -> list[str]:
     return joined
 
 
-def _write_call(path: str, data: bytes) -> Call:
+def write_call(path: str, data: bytes) -> Call:
     """`_scripts.WRITE` of ``data`` to ``path``, with its native form."""
     args = (path, str(len(data)), _token())
     command = _scripts.command(_scripts.WRITE, *args)

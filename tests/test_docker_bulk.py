@@ -129,12 +129,15 @@ def test_a_link_swapped_in_during_a_big_upload_cannot_redirect_it(clean: DockerS
     _assert_nothing_written_outside(clean, before)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-ops", "scripts"])
 def test_big_uploads_never_go_through_the_engines_archive_api(
-    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
     """Several big files in one call are all written as the sandbox's user, never through
-    ``put_archive``: those of more than one chunk each streamed into one ``docker exec`` of
-    the staging script, the others through `execute`."""
+    ``put_archive``: by the exec helper itself where it runs with its native ops; otherwise
+    those of more than one chunk each streamed into one ``docker exec`` of the staging script,
+    the others through `execute`."""
+    monkeypatch.setattr(clean, "native_file_ops", native)
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the engine's archive API was used")
@@ -151,8 +154,15 @@ def test_big_uploads_never_go_through_the_engines_archive_api(
     monkeypatch.setattr(clean, "_exec_once", measured)
     files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((9 << 20) + index)) for index in range(3)]
     files.append(("/workspace/split/small.bin", b"s" * (2 << 20)))
+    clean.execute("true")  # the helper started, if the sandbox has one
+    answered = clean._mux.native_answers if clean._mux is not None else 0
     assert [r.error for r in clean.upload_files(files)] == [None] * 4
-    assert sorted(n for n in streamed if n > STAGE_CHUNK_BYTES) == [len(data) for _, data in files[:3]]
+    if native and clean.helper_alive:
+        assert streamed == []
+        assert clean._mux is not None
+        assert clean._mux.native_answers - answered == len(files)  # one staged write each
+    else:
+        assert sorted(n for n in streamed if n > STAGE_CHUNK_BYTES) == [len(data) for _, data in files[:3]]
     assert [r.content for r in clean.download_files([path for path, _ in files])] == [data for _, data in files]
     owners = clean.execute("stat -c '%u:%g %a' /workspace/split/*.bin").output.split("\n")
     assert owners[:4] == ["1000:1000 644"] * 4

@@ -15,6 +15,7 @@ Every test runs through the exec helper and through the one-``docker exec``-per-
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -212,3 +213,67 @@ def test_a_big_download_follows_links_as_the_sandbox_user_would(clean: DockerSan
     assert linked.error is None
     assert real.content == linked.content
     assert len(real.content or b"") == 2000000
+
+
+def _when_staging(sandbox: DockerSandbox, directory: str, then: str) -> tuple[threading.Thread, list[str]]:
+    """Run ``then`` through the engine as the sandbox's user (outside the helper, which it may
+    stop; root there has no capability to signal it) once a bulk write's bytes appear in
+    ``directory``; its output lands in the returned list."""
+    script = (
+        "i=0; while [ $i -lt 3000 ]; do"
+        f" for f in {directory}/.sandboxes-write.*; do"
+        f'  if [ -s "$f" ]; then {then}; echo done; exit 0; fi; done; i=$((i + 1)); sleep 0.01; done; echo never'
+    )
+    said: list[str] = []
+    user = sandbox.config.user
+
+    def watch() -> None:
+        said.append(bytes(sandbox.container.exec_run(["sh", "-c", script], user=user).output).decode().strip())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    return watcher, said
+
+
+def test_a_helper_killed_midway_through_a_big_upload_leaves_no_bytes_behind(
+    docker_client: Any, runtime_image: str
+) -> None:
+    """The helper writes the staged file through a temporary file of its own, which the commit
+    does not know: a write cut off by the helper's death answers an error and removes it."""
+    config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
+    with DockerSandbox.create(config, client=docker_client) as sandbox:
+        assert sandbox.execute("mkdir /workspace/up").exit_code == 0
+        assert sandbox._mux is not None
+        watcher, said = _when_staging(sandbox, "/workspace/up", f"kill -9 {sandbox._mux.info['pid']}")
+        try:
+            response = sandbox.upload_files([("/workspace/up/big", b"B" * (256 << 20))])[0]
+        finally:
+            watcher.join(60)
+        assert said == ["done"]
+        assert response.error == p.CONNECTION_LOST, response
+        assert sandbox.execute("ls -A /workspace/up").output == ""
+
+
+def test_a_helper_that_stops_taking_a_big_upload_ends_it_within_the_timeout(
+    docker_client: Any, runtime_image: str
+) -> None:
+    """A command can stop the helper (same user): the bytes' send then blocks, before any
+    deadline is looked at. The upload still ends within `operation_timeout`, with an error,
+    and the next command gets a new helper."""
+    config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
+    with DockerSandbox.create(config, client=docker_client) as sandbox:
+        sandbox.operation_timeout = 3.0
+        assert sandbox.execute("mkdir /workspace/up").exit_code == 0
+        assert sandbox._mux is not None
+        pid = sandbox._mux.info["pid"]
+        watcher, said = _when_staging(sandbox, "/workspace/up", f"kill -STOP {pid}")
+        started = time.monotonic()
+        try:
+            response = sandbox.upload_files([("/workspace/up/big", b"B" * (1 << 30))])[0]
+        finally:
+            watcher.join(60)
+            sandbox.container.exec_run(["kill", "-CONT", str(pid)], user=sandbox.config.user)
+        assert said == ["done"]
+        assert response.error is not None, response
+        assert time.monotonic() - started < 30
+        assert sandbox.execute("echo back").output == "back\n"

@@ -494,9 +494,10 @@ def test_a_jail_that_could_not_start_is_not_an_empty_listing(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("umask", [0o027, 0o077, 0o002])
 def test_the_scripts_give_a_new_file_the_mode_of_the_shells_umask(unisolated_sandbox: LocalSandbox, umask: int) -> None:
-    """A new target gets the mode the umask gave the temporary file it is renamed from (no
-    ``$(umask)``): a write, an upload, and a staged file's commit, each in a shell whose umask
-    is not the default."""
+    """A new target gets the mode of the writing shell's umask: a write and an upload from
+    their temporary file's (no ``$(umask)``), a staged file's commit from its own ``$(umask)``,
+    whatever mode the staged file was made with (Kubernetes' tar: 0644). Each in a shell whose
+    umask is not the default."""
     directory = unisolated_sandbox.root / f"umask-{umask:03o}"
     directory.mkdir()
     data = b"hello"
@@ -504,7 +505,7 @@ def test_the_scripts_give_a_new_file_the_mode_of_the_shells_umask(unisolated_san
     steps = [
         (_scripts.command(_scripts.WRITE, f"{directory}/written", str(len(data)), "w"), data),
         (_scripts.command(_scripts.UPLOAD, "u", f"{directory}/uploaded", str(len(data))), data),
-        (_scripts.command(_scripts.STAGE_CHUNK, staged, "new"), data),
+        (_scripts.command(_scripts.STAGE_CHUNK, staged, "new") + f'\nchmod 644 "{staged}"', data),  # as tar makes it
         (_scripts.command(_scripts.COMMIT_STAGED, staged, f"{directory}/committed", str(len(data))), None),
     ]
     for command, stdin in steps:

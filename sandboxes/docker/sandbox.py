@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import posixpath
 import threading
 import time
 import uuid
@@ -403,8 +404,9 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
 
     def _stage(self, staged: str, data: bytes) -> p.ErrorCode | None:
         try:
-            if (answer := self._stage_natively(staged, data)) is not None:
-                return _parse.check(answer, staged)
+            call = write_call(staged, data)
+            if self.native_file_ops and (answer := self._native_within(call)) is not None:
+                return self._staged_natively(staged, call, answer)
             if len(data) > STAGE_CHUNK_BYTES:
                 return self._stage_in_own_exec(staged, data)
             return stage_file(self, staged, io.BytesIO(data), len(data))  # BytesIO shares, not copies, data
@@ -412,16 +414,42 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             logger.warning("bulk upload into %s failed: %s", self.id[:12], exc.message)
             return exc.code
 
-    def _stage_natively(self, staged: str, data: bytes) -> p.ExecuteResponse | None:
+    def _native_within(self, call: Call) -> p.ExecuteResponse | None:
         """The exec helper writes the staged file itself, as it writes any file (`sandboxes._mux.
         _files`): as the sandbox's user, no process started, each frame's bytes straight into
         the file, so its memory stays one frame whatever the size. 64 MiB took 133 ms, where
         ``put_archive`` took 131 and a ``docker exec`` of its own 155 (~40 ms of it to start).
-        ``None`` (the other ways below) without a helper, with native ops off, or when the
-        helper hands the write back (the staged name is new and hidden, so it should not)."""
-        if not self.native_file_ops:
-            return None
-        return self._run_native(write_call(staged, data))
+        ``None`` (the other ways in `_stage`) without a helper, or when the helper hands the
+        write back (the staged name is new and hidden, so it should not).
+
+        Within `operation_timeout`, sending included: a helper that stops reading (a command
+        can ``kill -STOP`` it: same user) would hold the send, before any deadline is looked at,
+        for as long as it likes. Then the helper is dropped, which wakes the send, and the
+        write answers ``connection_lost``."""
+        watchdog = threading.Timer(self.operation_timeout, self._drop_stalled_helper)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._run_native(call)
+        finally:
+            watchdog.cancel()
+
+    def _drop_stalled_helper(self) -> None:
+        mux = self._mux
+        if mux is not None:
+            logger.warning("exec helper of %s took a bulk upload's bytes too slowly; dropped", self.id[:12])
+            self._drop_helper(mux)
+
+    def _staged_natively(self, staged: str, call: Call, answer: p.ExecuteResponse) -> p.ErrorCode | None:
+        """The answer's file-level error, ``None`` once the staged file is whole. A write cut
+        off (the helper died or was dropped midway) leaves the helper's own temporary file
+        beside the staged name, which the commit does not know: it goes here."""
+        try:
+            return _parse.check(answer, staged)
+        except _parse.ScriptFailed:
+            assert call.native is not None
+            remove_staged(self, f"{posixpath.dirname(staged)}/.sandboxes-write.{call.native[3]}")
+            raise
 
     def _stage_in_own_exec(self, staged: str, data: bytes) -> p.ErrorCode | None:
         """A file of more than one chunk streamed whole into the staging script's stdin, in a

@@ -119,7 +119,8 @@ done
 """Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. Files
 over ``$1`` bytes (``-``: no limit) get status 17 and no content, for a bulk transport."""
 
-_WRITE_ONE = r"""inplace() {
+_WRITE_ONE = r"""nm=
+inplace() {
   [ -e "$1" ] && { [ -L "$1" ] || [ ! -f "$1" ] || [ ! -O "$1" ] || [ ! -w "${1%/*}/." ]; }
 }
 failed() {

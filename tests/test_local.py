@@ -509,7 +509,7 @@ def test_the_scripts_give_a_new_file_the_mode_of_the_shells_umask(unisolated_san
         (_scripts.command(_scripts.COMMIT_STAGED, staged, f"{directory}/committed", str(len(data))), None),
     ]
     for command, stdin in steps:
-        done = unisolated_sandbox.execute(f"umask {umask:03o}\n{command}", stdin=stdin)
+        done = unisolated_sandbox.execute(f"umask {umask:03o}\n{command}", stdin=stdin, env={"nm": "777"})
         assert done.exit_code == 0, done
         assert done.output.strip("0\n") == "", done  # the per-file statuses, all 0
     for name in ("written", "uploaded", "committed"):

@@ -25,7 +25,6 @@ from support import (
 from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
-from sandboxes._mux import _stall as stall
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance
@@ -318,30 +317,3 @@ def _execute_once_runc_starts(sandbox: DockerSandbox, command: str) -> str:
         if not output.startswith("OCI runtime exec failed"):
             return output
     return output
-
-
-@pytest.mark.parametrize("what", ["write", "stdin"])
-def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
-    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch, what: str
-) -> None:
-    """A command can stop its helper (same user): the client's sends then block once the
-    buffers are full, before any deadline is looked at. A send that takes no frame for `STALL`
-    seconds (`sandboxes._mux._stall`) ends the client: ``connection_lost``, in time, and the
-    next command gets a new helper."""
-    monkeypatch.setattr(stall, "STALL", 2.0)
-    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
-        assert sandbox.execute("true").exit_code == 0
-        assert sandbox._mux is not None
-        pid = str(sandbox._mux.info["pid"])
-        assert sandbox.container.exec_run(["kill", "-STOP", pid], user=sandbox.config.user).exit_code == 0
-        started = time.monotonic()
-        try:
-            if what == "write":  # /tmp: the inline path, a native write
-                error = sandbox.write("/tmp/big.txt", "x" * (32 << 20)).error
-            else:
-                error = sandbox.execute("cat > /dev/null", stdin=b"x" * (32 << 20), timeout=600).error
-        finally:
-            sandbox.container.exec_run(["kill", "-CONT", pid], user=sandbox.config.user)
-        assert error == p.CONNECTION_LOST
-        assert time.monotonic() - started < 30
-        assert sandbox.execute("echo back").output == "back\n"

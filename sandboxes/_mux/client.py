@@ -32,7 +32,6 @@ from pathlib import Path
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux._outbox import Outbox
-from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
 
@@ -664,17 +663,9 @@ def _response(pending: _Pending, timeout: float | None, started: float) -> p.Exe
 
 def _send_stdin(client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None) -> None:
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
-    answered or handed back: it drops the rest). More than a frame is watched (`SendWatch`): a
-    helper that stops taking it closes the client, and the send raises `MuxBroken`."""
-    if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
-        if stdin:
-            client._send(b"I", ident, stdin)
-        client._send(b"C", ident)
-        return
-    with SendWatch(client.close) as watch:
-        for offset in range(0, len(stdin), _STDIN_CHUNK):
-            if answered is not None and answered.is_set():
-                return
-            client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
-            watch.sent()
-        client._send(b"C", ident)
+    answered or handed back: it drops the rest)."""
+    for offset in range(0, len(stdin), _STDIN_CHUNK):
+        if answered is not None and answered.is_set():
+            return
+        client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+    client._send(b"C", ident)

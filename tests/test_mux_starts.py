@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from sandboxes._mux import HelperStarts, python_missing
 from sandboxes._mux._starts import MAX_RETRY_AFTER
 
@@ -47,3 +49,19 @@ def test_only_the_shells_own_no_says_python_is_missing() -> None:
     assert python_missing("no\n")
     for answer in ("yes\n", "", "OCI runtime exec failed: read init-p: connection reset by peer", "no such file"):
         assert not python_missing(answer), answer
+
+
+def test_a_failure_is_reported_once_loudly_then_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("sandboxes.test.starts")
+    starts = HelperStarts(retry_after=30.0)
+    with caplog.at_level(logging.DEBUG, logger=log.name):
+        for _ in range(2):
+            starts.failed(for_good=False)
+            starts.report(log, "box", "no hello", "one exec per command")
+        starts.failed(for_good=True)
+        starts.report(log, "box", "not found", "one exec per command")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "exec helper of box did not start (no hello); one exec per command for 30 s"),
+        (logging.DEBUG, "exec helper of box did not start (no hello); one exec per command for 60 s"),
+        (logging.WARNING, "no python3 in box (not found): one exec per command"),
+    ]

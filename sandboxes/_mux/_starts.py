@@ -74,6 +74,16 @@ class HelperStarts:
         self.wait = min(self.retry_after * 2 ** (self.failures - 1), MAX_RETRY_AFTER)
         self._retry_at = time.monotonic() + self.wait
 
+    def report(self, log: logging.Logger, subject: str, error: object, fallback: str) -> None:
+        """Log the start that just failed (`failed` first): what it cost, a warning when it is
+        for good or the first in a row, DEBUG while it repeats."""
+        if self.unavailable:
+            log.warning("no python3 in %s (%s): %s", subject, error, fallback)
+        else:
+            log.log(
+                self.log_level, "exec helper of %s did not start (%s); %s for %g s", subject, error, fallback, self.wait
+            )
+
     def started(self) -> None:
         """A start succeeded: the next failure is the first again."""
         self.failures = 0

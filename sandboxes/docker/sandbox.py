@@ -240,18 +240,8 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
                 self._mux = self._start_helper()
             except MuxBroken as broken:
                 self._mux = None
-                missing = self._python_missing()
-                self._starts.failed(for_good=missing)
-                if missing:
-                    logger.warning("no python3 in %s (%s): one docker exec per command", self.id[:12], broken)
-                else:
-                    logger.log(
-                        self._starts.log_level,
-                        "exec helper of %s did not start (%s); docker exec per command for %g s",
-                        self.id[:12],
-                        broken,
-                        self._starts.wait,
-                    )
+                self._starts.failed(for_good=self._python_missing())
+                self._starts.report(logger, self.id[:12], broken, "one docker exec per command")
                 return None
             self._starts.started()
             return self._mux

@@ -259,18 +259,8 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
                 self._mux = self._start_helper()
             except (MuxBroken, ExecError) as broken:
                 self._mux = None
-                missing = self._python_missing()
-                self._starts.failed(for_good=missing)
-                if missing:
-                    logger.warning("no python3 in pod %s: one exec per command", self.name)
-                else:
-                    logger.log(
-                        self._starts.log_level,
-                        "exec helper of pod %s did not start (%s); one exec per command for %g s",
-                        self.name,
-                        broken,
-                        self._starts.wait,
-                    )
+                self._starts.failed(for_good=self._python_missing())
+                self._starts.report(logger, f"pod {self.name}", broken, "one exec per command")
                 return None
             self._starts.started()
             return self._mux

@@ -388,11 +388,8 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
                 self._helper_process = _SPAWNER.submit(self._start_helper).result()
             except (MuxBroken, OSError) as exc:
                 self._helper_process = None
-                missing = self._python_missing()
-                self._starts.failed(for_good=missing)
-                level = logging.WARNING if missing else self._starts.log_level
-                retry = "" if missing else f" for {self._starts.wait:g} s"
-                logger.log(level, "no exec helper in %s (%s): one jail per command%s", self._id, exc, retry)
+                self._starts.failed(for_good=self._python_missing())
+                self._starts.report(logger, self._id, exc, "one jail per command")
                 return None
             self._starts.started()
             return self._helper_process.client
@@ -401,18 +398,21 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         """Whether a jail of its own says the helper's python is not there: the jail sees only
         the system's directories, so a python elsewhere on this machine (a virtualenv's, say)
         is missing in it; a question that failed cannot tell."""
-        environment = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
         try:
             answer = self._execute_spawned(
-                has_python_sh(self.config.helper_python), 10, None, environment, str(self.root), 4096, None
+                has_python_sh(self.config.helper_python), 10, None, self._helper_env(), str(self.root), 4096, None
             )
         except Exception:
             return False
         return python_missing(answer.output)
 
+    def _helper_env(self) -> dict[str, str]:
+        """The environment the jail's helper starts with, and its python is looked for in."""
+        return {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
+
     def _start_helper(self) -> HelperProcess:
         assert self._jail is not None
-        environment = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
+        environment = self._helper_env()
         cgroup = self._cgroup
         spec = self._jail.spawn(
             [self.config.helper_python, *HELPER_COMMAND[1:]],

@@ -23,7 +23,37 @@ from sandboxes import protocol as p
 from sandboxes._mux import MuxClient
 from sandboxes.base import BaseSandbox, Call
 
-__all__ = ["assert_bad_op_refused", "assert_native_writes_match_the_scripts", "helper_client", "observe", "write_call"]
+__all__ = [
+    "assert_a_failed_native_write_stops_sending",
+    "assert_bad_op_refused",
+    "assert_native_writes_match_the_scripts",
+    "helper_client",
+    "observe",
+    "write_call",
+]
+
+
+def assert_a_failed_native_write_stops_sending(sandbox: Any, path: str, monkeypatch: Any, bound: int) -> None:
+    """A native write that fails on the way (the disk's ``bound`` in bytes reached: ``no_space``)
+    is answered by the helper at once and the client sends no more of it: a write of four times
+    the bound sends well under half of its bytes (before, all of them went, then the answer)."""
+    mux = helper_client(sandbox)
+    sent = [0]
+    send = mux._stream.send
+
+    def counting(data: bytes) -> None:
+        sent[0] += len(data)
+        send(data)
+
+    monkeypatch.setattr(mux._stream, "send", counting)
+    before = mux.native_answers
+    size = 4 * bound
+    too_big = sandbox.write(path, "x" * size)
+    assert too_big.error == p.NO_SPACE, too_big
+    assert mux.native_answers == before + 1, "not written by the helper"
+    assert sent[0] < size // 2, f"{sent[0]} of {size} bytes sent"
+    assert sandbox.execute("true").exit_code == 0  # the helper took the rest of the frames in stride
+    assert mux.alive
 
 
 def helper_client(sandbox: Any) -> MuxClient:

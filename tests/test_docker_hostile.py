@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from native_writes import helper_client
+from native_writes import assert_a_failed_native_write_stops_sending, helper_client
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
@@ -105,6 +105,14 @@ def test_a_write_past_the_disk_limit_leaves_the_old_file_and_nothing_else(sandbo
     finally:
         sandbox.native_file_ops = True
         sandbox.execute("rm -f /workspace/kept.txt")
+
+
+def test_a_native_write_past_the_disk_limit_stops_sending_at_the_failure(
+    sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the reader thread (the client sends; another thread reads the early answer)."""
+    assert_a_failed_native_write_stops_sending(sandbox, "/workspace/too-big.txt", monkeypatch, 16 << 20)
+    assert sandbox.execute("ls -A /workspace").output == ""
 
 
 def test_workspace_holds_a_bounded_number_of_files(

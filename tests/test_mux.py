@@ -673,3 +673,35 @@ def test_over_a_timed_stream_a_caller_alone_reads_its_own_answer() -> None:
             assert time.monotonic() < deadline, f"read by {set(readers)} after the burst"
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["reader thread", "caller reads"])
+def test_a_native_write_that_fails_midway_is_answered_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timed: bool
+) -> None:
+    """A write that fails on the way (here at the file-size limit: EFBIG after 1 MiB) is answered
+    at the failure, and the client sends no more of it, whether the reader thread or the caller
+    itself reads the answer; nothing is left behind and the helper serves on. Before, all the
+    bytes went first (a 6 GiB upload into a full disk sent all 6 GiB)."""
+    prelude = "import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
+    pipe = _TimedPipeStream(prelude) if timed else _PipeStream(prelude)
+    sent = [0]
+    send = pipe.send
+
+    def counting(data: bytes) -> None:
+        sent[0] += len(data)
+        send(data)
+
+    monkeypatch.setattr(pipe, "send", counting)
+    try:
+        client = MuxClient(pipe)
+        size = 64 << 20
+        op = ["write", str(tmp_path / "big"), str(size), "0123456789abcdef"]
+        answer = client.run_native(op, b"x" * size, timeout=60, output_limit=1 << 20)
+        assert answer is not None
+        assert answer.exit_code == 12, answer  # refused: the script's code for a write that failed
+        assert sent[0] < 16 << 20, f"{sent[0]} of {size} bytes sent"
+        assert list(tmp_path.iterdir()) == []
+        assert _run(client, "echo alive").output == "alive\n"
+    finally:
+        pipe.close()

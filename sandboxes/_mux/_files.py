@@ -199,7 +199,9 @@ class _NativeWrite(object):
         self.path, self.size, self.digest = path, size, digest
         self.temp = _parent(path) + "/.sandboxes-write." + token
         self.fd = None
-        self.failure = None  # the OSError that ended the writing; the rest of the bytes are dropped
+        self.failure = None
+        """The OSError that ended the writing: answered at once (`feed_native_op`), so the
+        client stops sending (a 6 GiB upload into a full disk sent all of it, then failed)."""
         if digest is not None:  # CAS_WRITE's checks come first, as in the script
             if os.path.islink(path):
                 raise _NotNative()
@@ -475,6 +477,9 @@ def feed_native_op(kind, ident, payload):
         return
     if kind == b"I":
         op.feed(payload)
+        if op.failure is not None:  # answered now: the client stops sending the rest
+            del _native_ops[ident]
+            _answer(ident, op.finish())
         return
     del _native_ops[ident]
     if kind == b"K":  # the client's timeout: nothing is placed

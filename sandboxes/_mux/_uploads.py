@@ -38,6 +38,8 @@ def upload_spec(op):
 class NativeUpload(object):
     """One upload in flight: its files written one after the other as the stream arrives."""
 
+    failure = None  # never answered early: a failed file's bytes still lead to the next file's
+
     def __init__(self, ident, token, files):
         for path, _ in files:  # before anything is written: the script does it all
             if not os.path.isdir(path) and _writes_in_place(path):

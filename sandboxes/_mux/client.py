@@ -241,7 +241,7 @@ class MuxClient:
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
             if stdin is not None:  # a write's bytes; a read has none
-                _send_stdin(self, ident, stdin, pending.done)
+                _send_stdin(self, ident, stdin, pending.done, leading)
             self._await(ident, pending, time.monotonic(), timeout, leading)
         finally:
             self._done_with(ident, leading)
@@ -661,11 +661,18 @@ def _response(pending: _Pending, timeout: float | None, started: float) -> p.Exe
     )
 
 
-def _send_stdin(client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None) -> None:
+def _send_stdin(
+    client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
+) -> None:
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
-    answered or handed back: it drops the rest)."""
+    answered or handed back: it drops the rest, as when a write failed on a full disk). A
+    ``leading`` caller holds the read token, so nobody else reads: it looks at what came
+    between its frames (without waiting), or an early answer would be seen only at the end."""
     for offset in range(0, len(stdin), _STDIN_CHUNK):
-        if answered is not None and answered.is_set():
-            return
+        if answered is not None:
+            if leading:
+                client._read_what_is_there()
+            if answered.is_set():
+                return
         client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
     client._send(b"C", ident)

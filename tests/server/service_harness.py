@@ -171,12 +171,28 @@ def last_beat(client: httpx.Client, sandbox_id: str, path: str) -> str:
     return str(result["output"])
 
 
-def wait_beating(client: httpx.Client, sandbox_id: str, path: str, timeout: float = 10) -> None:
-    """Until the heartbeat loop at ``path`` has beaten twice: it runs."""
+def start_process(client: httpx.Client, sandbox_id: str, command: str, **body: Any) -> dict[str, Any]:
+    """Start ``command`` through the background-process API; fails unless the service answers
+    it started (a loop whose start failed would otherwise look like one that never ran)."""
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": command, **body})
+    assert response.status_code == 202, response.text
+    process: dict[str, Any] = response.json()
+    assert process["status"] == "running", process
+    return process
+
+
+def wait_beating(
+    client: httpx.Client, sandbox_id: str, path: str, timeout: float = 10, process: dict[str, Any] | None = None
+) -> None:
+    """Until the heartbeat loop at ``path`` has beaten twice: it runs. ``process``: the
+    background process that started it, whose state the failure reports."""
     deadline = time.monotonic() + timeout
     seen: set[str] = set()
+    result: dict[str, Any] = {}
     while len(seen) < 2:
-        assert time.monotonic() < deadline, f"the loop at {path} never beat twice in {timeout}s"
+        if time.monotonic() >= deadline:
+            state = "" if process is None else client.get(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}").text
+            raise AssertionError(f"the loop at {path} never beat twice in {timeout}s: {seen=} {result=} {state}")
         result = execute(client, sandbox_id, f"cat {shlex.quote(path)} 2>/dev/null")
         if result["exit_code"] == 0 and result["output"].strip():
             seen.add(result["output"])

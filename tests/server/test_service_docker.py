@@ -33,6 +33,7 @@ from service_harness import (
     heartbeat_stopped,
     running,
     settings_for,
+    start_process,
     subprocess_config,
     wait_beating,
     wait_until_expired,
@@ -170,8 +171,8 @@ def test_a_client_leaving_a_command_in_a_shell_started_ahead_has_it_killed(
 def test_background_kill_takes_down_the_tree(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
     loop = heartbeat("/workspace/beat")
-    process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
-    wait_beating(client, sandbox["id"], "/workspace/beat")
+    process = start_process(client, sandbox["id"], f"(setsid sh -c {shlex.quote(loop)} &); sleep 100")
+    wait_beating(client, sandbox["id"], "/workspace/beat", process=process)
     assert heartbeat_processes(client, sandbox["id"], "/workspace/beat"), "the check for a live loop does not see one"
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
@@ -185,8 +186,8 @@ def test_background_kill_takes_down_what_dropped_every_marker(client: httpx.Clie
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
     loop = heartbeat("/workspace/unmarked-beat")
     escape = f"env -u SANDBOXES_EXEC_ID setsid sh -c {shlex.quote(loop)} &"
-    process = client.post(base, json={"command": f"{escape} sleep 100"}).json()
-    wait_beating(client, sandbox["id"], "/workspace/unmarked-beat")
+    process = start_process(client, sandbox["id"], f"{escape} sleep 100")
+    wait_beating(client, sandbox["id"], "/workspace/unmarked-beat", process=process)
     killed = client.delete(f"{base}/{process['id']}").json()
     assert killed["status"] == "killed"
     assert heartbeat_stopped(client, sandbox["id"], "/workspace/unmarked-beat")

@@ -29,6 +29,7 @@ from service_harness import (
     heartbeat_stopped,
     running,
     settings_for,
+    start_process,
     subprocess_config,
     wait_beating,
     wait_until_expired,
@@ -141,8 +142,8 @@ def test_background_kill_takes_down_the_tree(client: httpx.Client) -> None:
     base = f"/v1/sandboxes/{sandbox['id']}/processes"
     try:
         loop = heartbeat("beat")
-        process = client.post(base, json={"command": f"(setsid sh -c {shlex.quote(loop)} &); sleep 100"}).json()
-        wait_beating(client, sandbox["id"], "beat")
+        process = start_process(client, sandbox["id"], f"(setsid sh -c {shlex.quote(loop)} &); sleep 100")
+        wait_beating(client, sandbox["id"], "beat", process=process)
         assert client.delete(f"{base}/{process['id']}").json()["status"] == "killed"
         assert heartbeat_stopped(client, sandbox["id"], "beat")
     finally:

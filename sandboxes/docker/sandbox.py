@@ -82,6 +82,20 @@ _OOM_COUNT = (
 )
 
 
+class _MayHaveRun(Exception):
+    """The engine failed a one-exec command after its start was sent: ``connection_lost``."""
+
+
+def _engine_errors() -> tuple[type[Exception], ...]:
+    """What docker-py raises when the engine refuses or fails a call: an API error (a paused
+    container's 409, a removed one's 404) or no answer at all (requests' errors). Raised out of
+    the protocol's operations they were tracebacks; they answer in its vocabulary now."""
+    import docker.errors
+    import requests
+
+    return (docker.errors.DockerException, requests.RequestException)
+
+
 class DockerSandbox(StreamingSandbox, Lifecycle):
     """One container. Thread-safe: many commands and file operations may run at once."""
 
@@ -170,20 +184,25 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         limit = self.config.output_limit if output_limit is None else output_limit
         environment = {**self.config.env, **(env or {})}
         workdir = cwd or self.config.workdir
-        response = run_command_once(
-            self._helper,
-            self._drop_broken,
-            command,
-            timeout=timeout,
-            stdin=data,
-            env=environment,
-            cwd=workdir,
-            output_limit=limit,
-            on_output=on_output,
-            lost="exec helper died during the command",
-        )
-        if response is None:
-            response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
+        try:
+            response = run_command_once(
+                self._helper,
+                self._drop_broken,
+                command,
+                timeout=timeout,
+                stdin=data,
+                env=environment,
+                cwd=workdir,
+                output_limit=limit,
+                on_output=on_output,
+                lost="exec helper died during the command",
+            )
+            if response is None:
+                response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
+        except _MayHaveRun as lost:
+            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(lost))
+        except _engine_errors() as refused:  # before anything was started: a helper's or an exec's creation
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
         if response.exit_code == 137 and self._oom_killed():
             return out_of_memory(response, self.config.memory)
         return response
@@ -193,7 +212,10 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
         lost = "exec helper died during the file operation"
-        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
+        try:
+            return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
+        except _engine_errors() as refused:  # the helper's start: nothing was sent
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
 
     @property
     def _reap_env(self) -> dict[str, str]:
@@ -294,7 +316,9 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         limit: int,
         on_output: Callable[[bytes], None] | None = None,
     ) -> p.ExecuteResponse:
-        """One ``docker exec`` for one command: the slow path, for images without python3."""
+        """One ``docker exec`` for one command: the slow path, for images without python3. The
+        engine failing the exec's creation raises its own error (nothing ran); failing anything
+        after, `_MayHaveRun` (the exec's start may have reached the engine)."""
         api = self.client.api
         marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
         started = time.monotonic()
@@ -305,7 +329,30 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
             environment={**env, **self._reap_env, MARKER_ENV: marker},
             user=self.config.user,
         )["Id"]
-        stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
+        stream: ExecSocket | None = None
+        try:
+            stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
+            return self._await_exec(exec_id, stream, marker, started, timeout, stdin, cwd, limit, on_output)
+        except _engine_errors() as failed:  # a paused container refuses the kill and the inspect
+            raise _MayHaveRun(f"the docker engine failed during the command: {failed}") from failed
+        finally:
+            if stream is not None:  # also when the engine failed: the reader thread must end
+                stream.close()
+
+    def _await_exec(
+        self,
+        exec_id: str,
+        stream: ExecSocket,
+        marker: str,
+        started: float,
+        timeout: float,
+        stdin: bytes | None,
+        cwd: str,
+        limit: int,
+        on_output: Callable[[bytes], None] | None,
+    ) -> p.ExecuteResponse:
+        """`_exec_once`'s started exec, to its end or its deadline (then its tree is killed)."""
+        api = self.client.api
         output = OutputBuffer(limit)
         reader = threading.Thread(target=_pump, args=(stream, output, on_output), daemon=True)
         reader.start()
@@ -362,8 +409,12 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         return api.exec_inspect(exec_id)["ExitCode"], output.text()
 
     def _oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since we last looked."""
-        text = self._probe(_OOM_COUNT)
+        """Whether the container's memory cgroup killed something since we last looked (an
+        engine that fails the look: it cannot tell, and the command's answer stands)."""
+        try:
+            text = self._probe(_OOM_COUNT)
+        except _engine_errors():
+            return False
         count = _parse.natural(text)
         previous, self._oom_baseline = self._oom_baseline, count
         return count is not None and count > (previous or 0)
@@ -403,6 +454,10 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         except _parse.ScriptFailed as exc:
             logger.warning("bulk upload into %s failed: %s", self.id[:12], exc.message)
             return exc.code
+        except _MayHaveRun:
+            return p.CONNECTION_LOST
+        except _engine_errors():
+            return p.UNAVAILABLE
 
     def _native_within(self, call: Call) -> p.ExecuteResponse | None:
         """The exec helper writes the staged file itself, as it writes any file (`sandboxes._mux.
@@ -466,7 +521,12 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         size check, handing out ``/etc/shadow``. What the user may not read answers
         ``permission_denied``, as the inline path does."""
         argv = ["/bin/sh", "-c", _scripts.command(_READ_AS_USER, path)]
-        code, content = read_exec_stdout(self.client.api, self.id, argv, user=self.config.user, timeout=_STAGE_TIMEOUT)
+        try:
+            code, content = read_exec_stdout(
+                self.client.api, self.id, argv, user=self.config.user, timeout=_STAGE_TIMEOUT
+            )
+        except _engine_errors():  # a read: nothing to lose by saying it was not done
+            return p.UNAVAILABLE
         if code == 0:
             return content
         return _parse.code_for_status(code or -1) or p.BACKEND_ERROR

@@ -116,9 +116,43 @@ def _others() -> "Iterator[tuple[int, bytes]]":
 
 def _environ(pid: int) -> bytes:
     """The environment of ``pid``, NUL-framed on both sides so an entry matches only whole;
-    empty if it is gone, a zombie or not ours to read."""
+    empty if it is gone, a zombie or not ours to read.
+
+    A process in the middle of an ``exec`` has none for a moment: its new memory is in place
+    but its environment is not set up yet, and ``/proc/<pid>/environ`` reads empty. That was
+    a third of the reads of a process exec'ing in a chain (``sh -c 'exec sh -c ...'``), and
+    the orphan sweep (`_reap.kill_orphans`) took such a process for one that dropped every
+    marker and killed it: a job's ``setsid``'d loop, orphaned and exec'ing, died before its
+    first line (the service's background-kill test, in about one CI run of three). The read
+    may also be refused for that moment, for a process of our own user (its new memory is not
+    yet marked readable to us). So an empty or refused read counts only between two looks at
+    where the environment ends that agree and are not 0 (the same exec's, through); else it
+    is read again, for at most `_EXEC_WAIT`."""
+    environ = _read_environ(pid)
+    end = time.monotonic() + _EXEC_WAIT
+    while environ in (b"\0\0", None) and time.monotonic() < end:
+        before = _env_end(pid)
+        environ = _read_environ(pid)
+        if environ not in (b"\0\0", None) or before is None or before == _env_end(pid) != b"0":
+            break  # an environment; gone (or no such field); or empty (or refused) for good
+        time.sleep(0.0002)
+    return environ or b""
+
+
+_EXEC_WAIT = 0.05
+"""Seconds to wait for a process's exec to set up its environment: an exec takes well under
+a millisecond; a process that could make it longer gains one sweep at most."""
+
+_PF_KTHREAD = 0x00200000
+
+
+def _read_environ(pid: int) -> "bytes | None":
+    """One read of ``/proc/<pid>/environ``, NUL-framed (see `_environ`); ``b""``: gone or
+    another user's; None: refused although the process is our own user's (in an exec)."""
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except PermissionError:
+        return None if _uid(pid) == os.geteuid() else b""
     except OSError:
         return b""
     chunks = [b"\0"]
@@ -134,6 +168,33 @@ def _environ(pid: int) -> bytes:
         os.close(fd)
     chunks.append(b"\0")
     return b"".join(chunks)
+
+
+def _uid(pid: int) -> "int | None":
+    """``pid``'s real user id from its ``status`` (not the owner of ``/proc/<pid>``, which
+    reads root while an exec has its memory unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _env_end(pid: int) -> "bytes | None":
+    """Where ``pid``'s environment ends, from its ``stat`` (``b"0"``: not set up yet, in an
+    exec); None if it is gone, a zombie or a kernel thread, or the kernel is older than 3.5."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    if len(fields) < 49 or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
+        return None
+    return fields[48]
 
 
 KILL_MARKED_SH = r"""kill_marked() {

@@ -239,6 +239,36 @@ def test_output_past_the_limit_keeps_head_and_tail_and_the_command_runs_on(backe
 # ---------------------------------------------------------------------- kill and timeout
 
 
+CHAIN = """if [ "$1" -gt 0 ]; then exec sh "$0" $(($1 - 1)) "$2"; fi
+i=0; while :; do i=$((i + 1)); echo "$i" > "$2"; sleep 0.1; done
+"""
+"""``sh chain.sh N BEAT``: exec's itself N times, then counts into BEAT every 0.1 s."""
+
+
+def test_a_jobs_orphan_exec_ing_is_not_taken_for_one_that_dropped_its_marker(backend: Backend) -> None:
+    """A job's process left by its subshell is adopted (by the helper or the container's init)
+    and, while it execs, has for a moment no environment in ``/proc``: the sweep of what escaped
+    a command, after every command, took it for one that dropped its marker and killed it (8 of
+    20 such chains never ran on Docker; the service's background-kill test failed for it)."""
+    sandbox = backend.sandbox
+    runner = JobRunner(sandbox)
+    chain = f"{backend.workdir}/chain.sh"
+    assert sandbox.write(chain, CHAIN).error is None
+    for i in range(8):
+        beat = f"{backend.workdir}/chain-beat-{i}"
+        state = runner.start(f"(setsid sh {chain} 30 {beat} &); sleep 100")
+        try:
+            seen: set[str] = set()
+            deadline = time.monotonic() + 10
+            while len(seen) < 2:  # each look is a command, and a sweep after it
+                assert time.monotonic() < deadline, f"chain {i} never counted twice: {seen}"
+                looked = sandbox.execute(f"cat {beat} 2>/dev/null")
+                if looked.exit_code == 0 and looked.output.strip():
+                    seen.add(looked.output)
+        finally:
+            runner.kill(state.id)
+
+
 def test_kill_takes_down_a_tree_that_forks_and_detaches(backend: Backend) -> None:
     """The trees reach the sandbox's pids limit (256) within milliseconds, after which the
     sandbox may not start the counting command either: both mean they forked. (Their loops end

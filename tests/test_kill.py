@@ -10,10 +10,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
+from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
 
 FORKER = "i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait"
 """Forks as fast as a shell can, for seconds; bounded (4000 children, each gone within a minute)
@@ -112,3 +113,79 @@ def test_any_marked_finds_a_marked_process_among_many_markers_in_one_scan() -> N
         child.kill()
         child.wait()
     assert not any_marked([other, marker])
+
+
+def test_a_process_in_the_middle_of_an_exec_is_read_with_its_environment() -> None:
+    """Between an exec's new memory and its environment, ``/proc/<pid>/environ`` reads empty
+    (a third of the reads here, before): the orphan sweep took such a process for one that
+    dropped every marker and killed it. `_kill._environ` waits its exec out: every read of a
+    live process exec'ing in a chain finds its marker."""
+    from sandboxes import _kill
+
+    env = {**os.environ, "SANDBOXES_TEST_MARK": "kept"}
+    chain = "exec sh -c 'exec sh -c \"exec sh -c true\"'"
+    reads = missed = 0
+    for _ in range(100):
+        process = subprocess.Popen(["sh", "-c", chain], env=env)
+        while process.poll() is None:
+            environ = _kill._environ(process.pid)
+            if environ == b"\0\0" and _ended(process.pid):
+                continue  # ended meanwhile: no environment to read
+            if not environ:
+                continue  # gone
+            reads += 1
+            missed += b"\0SANDBOXES_TEST_MARK=kept\0" not in environ
+        process.wait()
+    assert reads > 1000, reads  # the chain was looked at throughout, execs included
+    assert missed == 0, f"{missed} of {reads} reads of a live process found no marker"
+
+
+def _ended(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
+def test_a_process_that_emptied_its_environment_is_not_waited_for() -> None:
+    """``env -i``: an environment that is empty for good (its end is real) reads at once."""
+    from sandboxes import _kill
+
+    process = subprocess.Popen(["env", "-i", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while _kill._environ(process.pid) != b"\0\0":  # until it is sleep, env-less
+            assert time.monotonic() < deadline
+        started = time.monotonic()
+        assert _kill._environ(process.pid) == b"\0\0"
+        assert time.monotonic() - started < _kill._EXEC_WAIT
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_sh_sweep_spares_jobs_and_execs_only() -> None:
+    """``spared`` (the shell's orphan sweep, `sandboxes._scripts.KILL_MARKED`) spares a job's
+    process, and one between an exec's new memory and its environment; never one with another
+    environment, nor one that emptied it for good (``env -i``), which the sweep must kill."""
+    from sandboxes import _scripts
+
+    job = {**os.environ, MARKER_ENV: f"{JOB_MARKER_PREFIX}test"}
+    sleepers = [
+        subprocess.Popen(["sleep", "30"]),
+        subprocess.Popen(["env", "-i", "sleep", "30"]),
+        subprocess.Popen(["sleep", "30"], env=job),
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{s.pid}/cmdline").read_bytes() != b"sleep\x0030\x00" for s in sleepers):
+            assert time.monotonic() < deadline, "the sleepers never became sleep"
+        script = _scripts.KILL_MARKED + 'for p; do spared "/proc/$p" && echo spared || echo swept; done'
+        pids = [str(s.pid) for s in sleepers]
+        answer = subprocess.run(["sh", "-c", script, "sh", *pids], capture_output=True, text=True, check=True)
+        assert answer.stdout == "swept\nswept\nspared\n"
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()

@@ -69,10 +69,8 @@ def _carries_running_marker(pid, commands):
     """Whether ``pid`` belongs to a running command (its marker), or to a background job
     (`JOB_MARKER_PREFIX`, from `sandboxes._kill` shipped before this file), which was detached
     on purpose and outlives the command that started it."""
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as fh:
-            environ = b"\0" + fh.read() + b"\0"
-    except OSError:
+    environ = _environ(pid)  # `sandboxes._kill`'s, shipped before this file: it waits out an exec
+    if not environ:
         return False
     if ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode() in environ:
         return True

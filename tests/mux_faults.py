@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +24,7 @@ from sandboxes._mux import ByteStream, MuxClient, TimedByteStream
 __all__ = [
     "FaultyStream",
     "TimedFaultyStream",
+    "assert_a_stopped_helper_cannot_hold_a_big_send",
     "assert_an_unanswered_command_runs_once",
     "assert_an_unsent_command_is_resent",
     "faulty",
@@ -159,3 +162,31 @@ def assert_an_unsent_command_is_resent(sandbox: Any, streams: list[FaultyStream]
     assert failing.sends_after_failure == 0, "the client wrote on a stream after a failed send"
     assert len(streams) == helpers + 1, "the command did not go to a new helper"
     assert sandbox.execute(f"cat {path}").output == "ran\n"
+
+
+def assert_a_stopped_helper_cannot_hold_a_big_send(
+    sandbox: Any, monkeypatch: pytest.MonkeyPatch, what: str, signal_helper: Callable[[str], None]
+) -> None:
+    """A command can stop its own helper (``kill -STOP``: the same user); the client's send of a
+    big write's bytes or a command's stdin then blocks once the buffers on the way are full,
+    before any deadline is looked at. A send that takes no frame for `STALL` seconds
+    (`sandboxes._mux._stall`, 2 s here) ends the client: ``connection_lost`` (it may have run),
+    in time, and the next command gets a new helper. ``what``: ``write`` (a native write into
+    /tmp) or ``stdin``; ``signal_helper("STOP")`` / ``("CONT")`` signals the running helper
+    from outside the sandbox's commands."""
+    from sandboxes._mux import _stall as stall
+
+    monkeypatch.setattr(stall, "STALL", 2.0)
+    assert sandbox.execute("true").exit_code == 0
+    signal_helper("STOP")
+    started = time.monotonic()
+    try:
+        if what == "write":
+            error = sandbox.write("/tmp/big.txt", "x" * (32 << 20)).error
+        else:
+            error = sandbox.execute("cat > /dev/null", stdin=b"x" * (32 << 20), timeout=600).error
+    finally:
+        signal_helper("CONT")
+    assert error == p.CONNECTION_LOST, (error, time.monotonic() - started)
+    assert time.monotonic() - started < 30
+    assert sandbox.execute("echo back").output == "back\n"

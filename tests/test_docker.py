@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from mux_faults import (
+    assert_a_stopped_helper_cannot_hold_a_big_send,
+    assert_an_unanswered_command_runs_once,
+    assert_an_unsent_command_is_resent,
+    faulty,
+)
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts, helper_client
@@ -317,3 +322,18 @@ def _execute_once_runc_starts(sandbox: DockerSandbox, command: str) -> str:
         if not output.startswith("OCI runtime exec failed"):
             return output
     return output
+
+
+@pytest.mark.parametrize("what", ["write", "stdin"])
+def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        assert sandbox._mux is not None
+        pid = str(sandbox._mux.info["pid"])
+
+        def signal_helper(name: str) -> None:
+            assert sandbox.container.exec_run(["kill", f"-{name}", pid], user=sandbox.config.user).exit_code == 0
+
+        assert_a_stopped_helper_cannot_hold_a_big_send(sandbox, monkeypatch, what, signal_helper)

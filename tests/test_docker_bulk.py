@@ -23,6 +23,7 @@ import pytest
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
+from sandboxes._mux import _stall as stall
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes.docker import BULK_THRESHOLD, DockerSandbox, DockerSandboxConfig
 
@@ -254,15 +255,15 @@ def test_a_helper_killed_midway_through_a_big_upload_leaves_no_bytes_behind(
         assert sandbox.execute("ls -A /workspace/up").output == ""
 
 
-def test_a_helper_that_stops_taking_a_big_upload_ends_it_within_the_timeout(
-    docker_client: Any, runtime_image: str
+def test_a_helper_that_stops_taking_a_big_upload_ends_it(
+    docker_client: Any, runtime_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A command can stop the helper (same user): the bytes' send then blocks, before any
-    deadline is looked at. The upload still ends within `operation_timeout`, with an error,
-    and the next command gets a new helper."""
+    deadline is looked at. The upload still ends once no frame went for `STALL` seconds
+    (`sandboxes._mux._stall`), with an error, and the next command gets a new helper."""
+    monkeypatch.setattr(stall, "STALL", 2.0)
     config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
     with DockerSandbox.create(config, client=docker_client) as sandbox:
-        sandbox.operation_timeout = 3.0
         assert sandbox.execute("mkdir /workspace/up").exit_code == 0
         assert sandbox._mux is not None
         pid = sandbox._mux.info["pid"]

@@ -16,7 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from mux_faults import (
+    assert_a_stopped_helper_cannot_hold_a_big_send,
+    assert_an_unanswered_command_runs_once,
+    assert_an_unsent_command_is_resent,
+    faulty,
+)
 from support import (
     HAS_BWRAP,
     SHADOWING_MODULES,
@@ -353,6 +358,34 @@ def test_a_command_not_written_whole_is_resent_to_a_new_jail(tmp_path: Path, mon
     streams = faulty(monkeypatch, local_helper)
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         assert_an_unsent_command_is_resent(sandbox, streams, f"{sandbox.root}/ran")
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it, from the host's ``/proc``."""
+    found, queue = [], [pid]
+    while queue:
+        found.append(current := queue.pop())
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                queue.extend(int(child) for child in task.read_text().split())
+    return found
+
+
+@pytest.mark.parametrize("what", ["write", "stdin"])
+def test_a_stopped_jail_cannot_hold_a_big_write_or_stdin(
+    helper_sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """Closing the client kills the jail, which is what wakes a write blocked on its pipe."""
+    jail = _jail_pid(helper_sandbox)
+    tree = _descendants(jail)  # bwrap, its init, the helper (a session of its own) and its spares
+
+    def signal_jail(name: str) -> None:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):  # killed meanwhile: the stall's answer
+                os.kill(pid, getattr(signal, f"SIG{name}"))
+
+    assert_a_stopped_helper_cannot_hold_a_big_send(helper_sandbox, monkeypatch, what, signal_jail)
+    assert _jail_pid(helper_sandbox) != jail
 
 
 def _kill_jail(sandbox: LocalSandbox) -> None:

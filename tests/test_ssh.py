@@ -14,7 +14,12 @@ from typing import Any
 
 import paramiko
 import pytest
-from mux_faults import assert_an_unanswered_command_runs_once, assert_an_unsent_command_is_resent, faulty
+from mux_faults import (
+    assert_a_stopped_helper_cannot_hold_a_big_send,
+    assert_an_unanswered_command_runs_once,
+    assert_an_unsent_command_is_resent,
+    faulty,
+)
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
@@ -251,6 +256,22 @@ def test_a_command_not_written_whole_is_resent_to_a_new_helper(ssh_vm: SSHVM, mo
     streams = faulty(monkeypatch, ssh_sandbox)
     with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
         assert_an_unsent_command_is_resent(sandbox, streams, f"{sandbox.workspace}/ran")
+
+
+@pytest.mark.parametrize("what", ["write", "stdin"])
+def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
+    ssh_vm: SSHVM, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """Closing the client closes the helper's channel, which wakes paramiko's blocked send."""
+    with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
+        assert sandbox.execute("true").exit_code == 0
+        assert sandbox._mux is not None
+        pid = str(sandbox._mux.info["pid"])
+
+        def signal_helper(name: str) -> None:
+            assert ssh_vm.docker.exec_run(["kill", f"-{name}", pid]).exit_code == 0
+
+        assert_a_stopped_helper_cannot_hold_a_big_send(sandbox, monkeypatch, what, signal_helper)
 
 
 @pytest.mark.parametrize("use_exec_helper", [True, False], ids=["helper", "exec-per-command"])

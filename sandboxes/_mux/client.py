@@ -32,6 +32,7 @@ from pathlib import Path
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux._outbox import Outbox
+from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, execute_response
 
@@ -185,9 +186,10 @@ class MuxClient:
                 self._hand_on()
         return self.broken is None
 
-    def close(self) -> None:
-        """Fail the commands in flight and close the stream, which wakes the reader thread."""
-        self._break("exec helper closed")
+    def close(self, reason: str = "exec helper closed") -> None:
+        """Fail the commands in flight (``reason``) and close the stream, which wakes the reader
+        thread, and a send blocked on a helper that stopped reading."""
+        self._break(reason)
         with contextlib.suppress(Exception):
             self._stream.close()
 
@@ -667,12 +669,21 @@ def _send_stdin(
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
     answered or handed back: it drops the rest, as when a write failed on a full disk). A
     ``leading`` caller holds the read token, so nobody else reads: it looks at what came
-    between its frames (without waiting), or an early answer would be seen only at the end."""
-    for offset in range(0, len(stdin), _STDIN_CHUNK):
-        if answered is not None:
-            if leading:
-                client._read_what_is_there()
-            if answered.is_set():
-                return
-        client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
-    client._send(b"C", ident)
+    between its frames (without waiting), or an early answer would be seen only at the end.
+    More than a frame is watched (`SendWatch`): a helper that stops taking it closes the
+    client, and the send raises `MuxBroken`."""
+    if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
+        if stdin:
+            client._send(b"I", ident, stdin)
+        client._send(b"C", ident)
+        return
+    with SendWatch(client.close) as watch:
+        for offset in range(0, len(stdin), _STDIN_CHUNK):
+            if answered is not None:
+                if leading:
+                    client._read_what_is_there()
+                if answered.is_set():
+                    return
+            client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+            watch.sent()
+        client._send(b"C", ident)

@@ -446,7 +446,7 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
     def _stage(self, staged: str, data: bytes) -> p.ErrorCode | None:
         try:
             call = write_call(staged, data)
-            if self.native_file_ops and (answer := self._native_within(call)) is not None:
+            if self.native_file_ops and (answer := self._run_native(call)) is not None:
                 return self._staged_natively(staged, call, answer)
             if len(data) > STAGE_CHUNK_BYTES:
                 return self._stage_in_own_exec(staged, data)
@@ -459,36 +459,15 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
         except _engine_errors():
             return p.UNAVAILABLE
 
-    def _native_within(self, call: Call) -> p.ExecuteResponse | None:
+    def _staged_natively(self, staged: str, call: Call, answer: p.ExecuteResponse) -> p.ErrorCode | None:
         """The exec helper writes the staged file itself, as it writes any file (`sandboxes._mux.
         _files`): as the sandbox's user, no process started, each frame's bytes straight into
         the file, so its memory stays one frame whatever the size. 64 MiB took 133 ms, where
         ``put_archive`` took 131 and a ``docker exec`` of its own 155 (~40 ms of it to start).
-        ``None`` (the other ways in `_stage`) without a helper, or when the helper hands the
-        write back (the staged name is new and hidden, so it should not).
-
-        Within `operation_timeout`, sending included: a helper that stops reading (a command
-        can ``kill -STOP`` it: same user) would hold the send, before any deadline is looked at,
-        for as long as it likes. Then the helper is dropped, which wakes the send, and the
-        write answers ``connection_lost``."""
-        watchdog = threading.Timer(self.operation_timeout, self._drop_stalled_helper)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            return self._run_native(call)
-        finally:
-            watchdog.cancel()
-
-    def _drop_stalled_helper(self) -> None:
-        mux = self._mux
-        if mux is not None:
-            logger.warning("exec helper of %s took a bulk upload's bytes too slowly; dropped", self.id[:12])
-            self._drop_helper(mux)
-
-    def _staged_natively(self, staged: str, call: Call, answer: p.ExecuteResponse) -> p.ErrorCode | None:
-        """The answer's file-level error, ``None`` once the staged file is whole. A write cut
-        off (the helper died or was dropped midway) leaves the helper's own temporary file
-        beside the staged name, which the commit does not know: it goes here."""
+        This is its answer's file-level error, ``None`` once the staged file is whole. A write
+        cut off (the helper died, or stopped taking the bytes: `sandboxes._mux._stall`) leaves
+        the helper's own temporary file beside the staged name, which the commit does not
+        know: it goes here."""
         try:
             return _parse.check(answer, staged)
         except _parse.ScriptFailed:

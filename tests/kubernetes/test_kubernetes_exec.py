@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fake_apiserver import FakeKubernetes
+from mux_faults import assert_a_stopped_helper_cannot_hold_a_big_send
 from native_listings import assert_ls_and_delete_go_native, assert_native_listings_match_the_scripts
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_file_ops_go_native, assert_native_writes_match_the_scripts
@@ -292,3 +293,23 @@ def test_kill_tagged_kills_a_jobs_tree_through_the_helper(
     assert helper_sandbox.execute(count).output.strip() == "0"
     assert runner.kill(state.id).state.finished
     assert fallback_sandbox.kill_tagged(MARKER_ENV, marker) is False
+
+
+@pytest.mark.parametrize("what", ["write", "stdin"])
+def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
+    fake_kubernetes: FakeKubernetes, runtime_image: str, monkeypatch: pytest.MonkeyPatch, what: str, docker_client: Any
+) -> None:
+    """Closing the client closes the exec websocket, which wakes the blocked send."""
+    sandbox = _sandbox(fake_kubernetes, runtime_image)
+    try:
+        assert sandbox.execute("true").exit_code == 0
+        assert sandbox._mux is not None
+        pid = str(sandbox._mux.info["pid"])
+        container = docker_client.containers.get(fake_kubernetes.kubelet.containers[("sandboxes", sandbox.id)])
+
+        def signal_helper(name: str) -> None:
+            assert container.exec_run(["kill", f"-{name}", pid], user="1000").exit_code == 0
+
+        assert_a_stopped_helper_cannot_hold_a_big_send(sandbox, monkeypatch, what, signal_helper)
+    finally:
+        sandbox.destroy()

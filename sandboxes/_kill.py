@@ -198,7 +198,7 @@ def _env_end(pid: int) -> "bytes | None":
 
 
 KILL_MARKED_SH = r"""kill_marked() {
-  [ -n "$1" ] || return 1  # an empty marker would match every command's processes
+  [ -n "$1" ] || return 1
   _km_was= _km_r=0
   while [ "$_km_r" -lt 200 ]; do
     _km_r=$((_km_r + 1))

@@ -318,27 +318,20 @@ KILL_MARKED = (
   while [ "$r" -lt 20 ]; do
     r=$((r + 1)); v=; o=; t=
     for d in /proc/[0-9]*; do
-      { read -r l < "$d/stat"; } 2>/dev/null || continue
+      read -r l 2>/dev/null <"$d/stat" || continue
       set -- ${l##*') '}
       [ "$2" = 1 ] && [ "$1" != Z ] || continue
-      spared "$d" && continue
+      _a=${49-}
+      l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
+      case "
+$l" in *"
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
+") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
     [ -z "${v# }" ] && return 0
     kill -9 $v 2>/dev/null; sleep 0.05
   done
-}
-spared() {
-  { read -r _sp_a < "$1/stat"; } 2>/dev/null || return 1
-  _sp_e=$(tr '\0' '\n' < "$1/environ" 2>/dev/null) || return 1
-  case "
-$_sp_e" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) return 0 ;; esac
-  [ -z "$_sp_e" ] || return 1
-  { read -r _sp_b < "$1/stat"; } 2>/dev/null || return 1
-  set -- ${_sp_a##*') '}; _sp_a=${49-}
-  set -- ${_sp_b##*') '}
-  [ "$_sp_a" != "${49-}" ] || [ "$_sp_a" = 0 ]
 }
 """
 )
@@ -348,10 +341,11 @@ is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_
 other children), every orphan the init adopted but its own command (its oldest child) and
 background jobs (`sandboxes.jobs`, whose marker starts with `JOB_MARKER_PREFIX`), in rounds:
 what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
-caller must not carry the marker itself. ``spared``: a job's process, or one in the middle
-of an exec: its environment (read once: what decides) is empty between two looks at its
-``stat`` that do not agree on where it ends, or say 0, where one that emptied it for good has
-a real end (see `sandboxes._kill._environ`); a job's orphan exec'ing is not killed for that."""
+caller must not carry the marker itself. Spared too: a process in the middle of an exec,
+whose environment (read once: that read decides) is empty between two looks at its ``stat``
+that do not agree on where it ends, or say 0; one emptied for good has a real end (see
+`sandboxes._kill._environ`). It sets ``r v o t d l _a``, and keeps under the URL budget of
+Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command."""
 
 RUN_IN = (
     KILL_MARKED

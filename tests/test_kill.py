@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
+from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
 
 FORKER = "i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait"
 """Forks as fast as a shell can, for seconds; bounded (4000 children, each gone within a minute)
@@ -163,29 +163,3 @@ def test_a_process_that_emptied_its_environment_is_not_waited_for() -> None:
     finally:
         process.kill()
         process.wait()
-
-
-def test_the_sh_sweep_spares_jobs_and_execs_only() -> None:
-    """``spared`` (the shell's orphan sweep, `sandboxes._scripts.KILL_MARKED`) spares a job's
-    process, and one between an exec's new memory and its environment; never one with another
-    environment, nor one that emptied it for good (``env -i``), which the sweep must kill."""
-    from sandboxes import _scripts
-
-    job = {**os.environ, MARKER_ENV: f"{JOB_MARKER_PREFIX}test"}
-    sleepers = [
-        subprocess.Popen(["sleep", "30"]),
-        subprocess.Popen(["env", "-i", "sleep", "30"]),
-        subprocess.Popen(["sleep", "30"], env=job),
-    ]
-    try:
-        deadline = time.monotonic() + 10
-        while any(Path(f"/proc/{s.pid}/cmdline").read_bytes() != b"sleep\x0030\x00" for s in sleepers):
-            assert time.monotonic() < deadline, "the sleepers never became sleep"
-        script = _scripts.KILL_MARKED + 'for p; do spared "/proc/$p" && echo spared || echo swept; done'
-        pids = [str(s.pid) for s in sleepers]
-        answer = subprocess.run(["sh", "-c", script, "sh", *pids], capture_output=True, text=True, check=True)
-        assert answer.stdout == "swept\nswept\nspared\n"
-    finally:
-        for sleeper in sleepers:
-            sleeper.kill()
-            sleeper.wait()

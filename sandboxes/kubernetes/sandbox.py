@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
+from sandboxes._kill import KILL_MARKED_SH
 from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
@@ -87,7 +88,7 @@ _URL_BUDGET = 6000
 """Bytes of URL-quoted script sent as an exec's ``command`` parameter; a longer one goes over stdin."""
 
 _RUN = (
-    _scripts.KILL_MARKED
+    KILL_MARKED_SH  # kill_marked alone: this path sweeps no orphans, so that function stays home
     + r"""cwd=$1; marker=$2; size=$3; cmd=$4; shift 4
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
@@ -369,7 +370,7 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
 
     def _kill_marked(self, marker: str) -> None:
         with contextlib.suppress(ExecError):
-            self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"', marker))
+            self._run_small(_scripts.command(KILL_MARKED_SH + 'kill_marked "$1"', marker))
 
     def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
         """(exit code, output) of an internal script in its own exec, bounded in output and time."""

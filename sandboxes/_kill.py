@@ -186,15 +186,21 @@ def _uid(pid: int) -> "int | None":
 def _env_end(pid: int) -> "bytes | None":
     """Where ``pid``'s environment ends, from its ``stat`` (``b"0"``: not set up yet, in an
     exec); None if it is gone, a zombie or a kernel thread, or the kernel is older than 3.5."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 49 or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
+        return None
+    return fields[48]
+
+
+def _stat_fields(pid: int) -> "list[bytes] | None":
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state is the first), or
+    None if it is gone. Also the exec helper's (`_reap`, shipped after this file)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    if len(fields) < 49 or fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
-        return None
-    return fields[48]
+    return data[data.rindex(b")") + 2 :].split()
 
 
 KILL_MARKED_SH = r"""kill_marked() {

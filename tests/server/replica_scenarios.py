@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,8 +54,24 @@ def _poll_until_done(client: httpx.Client, url: str, timeout: float = 30) -> dic
         time.sleep(0.05)
 
 
+def _service_log(caplog: pytest.LogCaptureFixture, sandbox_id: str) -> str:
+    """What the replicas logged of one sandbox (its requests, expiry, adoption, reaping), with
+    times: the evidence a rare failure needs, for which replica did what, and when."""
+    lines = []
+    for record in caplog.records:
+        text = record.getMessage()
+        if sandbox_id in text or getattr(record, "sandbox", None) == sandbox_id:
+            lines.append(f"{record.created:.3f} {record.name}: {text}")
+    return "\n".join(lines) or "(nothing logged of it)"
+
+
 class ReplicaScenarios:
     """Two replicas, A and B, answering for the same sandboxes."""
+
+    def history(self, sandbox_id: str, since: float) -> str:
+        """What the backend itself tells of ``sandbox_id`` since ``since`` (for a failure's
+        message); the Docker engine's events, for one."""
+        return ""
 
     @pytest.fixture(scope="module")
     @classmethod
@@ -313,8 +330,11 @@ class ReplicaScenarios:
         b: httpx.Client,
         recorded: Callable[[], dict[str, dict[str, str]]],
         sweep_interval: float,
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         """The creator's expiry timer, and its sweeps, re-read the record before reaping."""
+        caplog.set_level(logging.INFO, logger="sandboxes.server")
+        began = time.time()
         with replica(sweep_interval=sweep_interval) as creator, creator.client("alice") as a:
             sandbox = create(a, ttl=5)
             renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 120}).json()
@@ -325,7 +345,11 @@ class ReplicaScenarios:
             assert renewed["expires_at"] >= sandbox["expires_at"] + 100
             # Past the first expiry (and, with sweeps, several of them after it): still there.
             _wait_for(lambda: time.time() > sandbox["expires_at"] + 1.5, "the first expiry passed", timeout=10)
-            assert sandbox["id"] in recorded()
+            assert sandbox["id"] in recorded(), (
+                f"reaped; created {sandbox['created_at']:.3f}, expiry {sandbox['expires_at']}, renewed to "
+                f"{renewed['expires_at']}, now {time.time():.3f}\n{_service_log(caplog, sandbox['id'])}\n"
+                f"{self.history(sandbox['id'], began)}"
+            )
             assert a.get(f"/v1/sandboxes/{sandbox['id']}").json()["expires_at"] == renewed["expires_at"]
             assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
             assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204

@@ -45,6 +45,23 @@ class TestReplicasOverDocker(ReplicaScenarios):
     def docker_client_for_service(cls, docker_client: Any) -> Any:
         return docker_client
 
+    @pytest.fixture(autouse=True)
+    def _engine(self, docker_client: Any) -> None:
+        self._docker = docker_client
+
+    def history(self, sandbox_id: str, since: float) -> str:
+        """The engine's events for the sandbox's container: its renames (the renewals) and its
+        destruction, with times."""
+        events = self._docker.events(
+            since=int(since), until=int(time.time()) + 1, decode=True,
+            filters={"type": "container", "label": f"{LABEL_SERVICE_ID}={sandbox_id}"},
+        )  # fmt: skip
+        lines = []
+        for event in events:
+            name = event.get("Actor", {}).get("Attributes", {}).get("name")
+            lines.append(f"{event.get('timeNano', 0) / 1e9:.3f} {event.get('Action')} {name}")
+        return "\n".join(lines)
+
     @pytest.fixture(scope="module")
     @classmethod
     def recorded(cls, docker_client: Any, owner: str) -> Callable[[], dict[str, dict[str, str]]]:

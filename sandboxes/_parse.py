@@ -108,7 +108,46 @@ def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
     return entries
 
 
+_RAW_DOWNLOAD = "\0"
+"""How a helper's native download answer starts (`sandboxes._mux._files.DOWNLOAD_RAW`); the
+script's never does."""
+_RAW_HEADER = 2 * _MAX_DIGITS + 2  # ``<status> <length>\n`` at most
+
+
 def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
+    """``(status, content)`` per file: a helper's raw answer (`_raw_downloads`), or
+    `_scripts.DOWNLOAD`'s text (`_base64_downloads`)."""
+    if output.startswith(_RAW_DOWNLOAD):
+        return _raw_downloads(output, count)
+    return _base64_downloads(output, count)
+
+
+def _raw_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
+    """From a helper's native download (`sandboxes._mux._files._download_output`, its bytes one
+    character each: `sandboxes._output.OutputBuffer.text`): per file ``<status> <length>``, a
+    newline, and that many bytes. The lengths are the sandbox's word, so a header that is not
+    two numbers, a length past the end, a character that is no byte, or anything left over is
+    a corrupt transfer, never a guess at where the next file starts."""
+    results: list[tuple[int, bytes | None]] = []
+    pos = len(_RAW_DOWNLOAD)
+    for _ in range(count):
+        end = output.find("\n", pos, pos + _RAW_HEADER)
+        fields = output[pos:end].split(" ") if end >= 0 else []
+        status, length = (natural(fields[0]), natural(fields[1])) if len(fields) == 2 else (None, None)
+        if status is None or length is None or end + 1 + length > len(output):
+            raise ScriptFailed(p.BACKEND_ERROR, f"corrupt file transfer from sandbox: file {len(results) + 1}")
+        pos = end + 1 + length
+        try:
+            content = output[end + 1 : pos].encode("latin-1") if status == 0 else None
+        except UnicodeEncodeError:
+            raise ScriptFailed(p.BACKEND_ERROR, "corrupt file transfer from sandbox: not bytes") from None
+        results.append((status, content))
+    if pos != len(output):
+        raise ScriptFailed(p.BACKEND_ERROR, f"sandbox answered more than {count} downloads")
+    return results
+
+
+def _base64_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
     """``(status, content)`` per file from `_scripts.DOWNLOAD`: base64 lines, then ``!<status>``.
     A status line is found by its ``!`` (base64 never holds one; one inside a line is content,
     which the decoder drops as it drops any character outside base64), and each file's lines

@@ -80,7 +80,8 @@ def assert_bad_op_refused(sandbox: Any, op: list[str]) -> None:
 
 def assert_file_ops_go_native(sandbox: Any, directory: str) -> None:
     """A write and an edit answered by the exec helper itself: three native answers (the
-    write, the edit's read and its compare-and-swap), and the file as edited."""
+    write, the edit's read and its compare-and-swap), and the file as edited; a download of
+    1 MiB of binary, one native answer."""
     mux = helper_client(sandbox)
     before = mux.native_answers
     path = f"{directory}/native.txt"
@@ -88,6 +89,14 @@ def assert_file_ops_go_native(sandbox: Any, directory: str) -> None:
     assert sandbox.edit(path, "b", "c").error is None
     assert mux.native_answers == before + 3  # the edit's read and its compare-and-swap
     assert sandbox.read(path).file_data == p.FileData("a c\n")
+    blob = bytes(range(256)) * 4096  # 1 MiB of every byte value: answered raw, and exactly
+    assert sandbox.upload_files([(f"{directory}/blob.bin", blob)])[0].error is None
+    before = mux.native_answers
+    got, missing = sandbox.download_files([f"{directory}/blob.bin", f"{directory}/missing"])
+    assert (got.error, got.content == blob, missing.error) == (None, True, p.FILE_NOT_FOUND)
+    assert mux.native_answers == before + 1
+    raw = sandbox._run_call(download_call("-", f"{directory}/blob.bin")).output  # not base64: 2.4 ms a MiB to decode
+    assert raw == "\0" + f"0 {len(blob)}\n" + blob.decode("latin-1")
 
 
 def write_call(path: str, data: bytes, size: int | None = None) -> Call:
@@ -255,14 +264,20 @@ def _cases(foreign: bool) -> list[Case]:
         ),
         Case("download: at the limit", old, lambda d: download_call("12", f"{d}/f"), True),
         Case(
+            "download: bytes that read like headers and statuses",
+            r"printf '0 3\n\000!0\n\377\n7 0\n' > f; : > empty",
+            lambda d: download_call("-", f"{d}/f", f"{d}/missing", f"{d}/empty", f"{d}/f"),
+            True,
+        ),
+        Case(
             "download: over the native size",
-            "head -c 600000 /dev/zero > f",
+            "head -c 8388609 /dev/zero > f",  # NATIVE_DOWNLOAD_MAX + 1
             lambda d: download_call("-", f"{d}/f"),
             False,
         ),
         Case(
             "download: over the native size in all",
-            "head -c 300000 /dev/zero > f; cp f g",
+            "head -c 4194305 /dev/zero > f; cp f g",
             lambda d: download_call("-", f"{d}/f", f"{d}/g"),
             False,
         ),

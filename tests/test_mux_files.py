@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 from mux_faults import faulty
-from native_writes import assert_bad_op_refused, assert_native_writes_match_the_scripts, helper_client, write_call
+from native_writes import (
+    assert_bad_op_refused,
+    assert_file_ops_go_native,
+    assert_native_writes_match_the_scripts,
+    helper_client,
+    write_call,
+)
 from support import HAS_BWRAP, needs
 
 from sandboxes import protocol as p
@@ -52,6 +58,10 @@ def test_file_ops_go_through_the_helper_without_a_process(jail: LocalSandbox) ->
     assert jail.write(path, "scripted\n").error is None
     assert jail.read(path).file_data == p.FileData("scripted\n")
     assert mux.native_answers == 5
+
+
+def test_file_ops_and_a_binary_download_go_native(jail: LocalSandbox) -> None:
+    assert_file_ops_go_native(jail, str(jail.root))
 
 
 async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:

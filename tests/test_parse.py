@@ -62,6 +62,42 @@ Arabic-Indic digit, more digits than ``int`` takes (4,300) or than any status, s
 has, signs where none belong."""
 
 
+def _raw(*files: tuple[int, bytes]) -> str:
+    """A helper's native download answer (`sandboxes._mux._files._download_output`), as the
+    client keeps it: one character per byte."""
+    return "\0" + "".join(f"{status} {len(data)}\n" + data.decode("latin-1") for status, data in files)
+
+
+def test_a_raw_download_answers_each_file_exactly() -> None:
+    every = bytes(range(256)) * 3
+    lookalikes = b"0 3\n\0!0\n\xff\n7 0\n"  # what a header, a status or the marker look like
+    output = _raw((0, every), (10, b""), (0, lookalikes), (17, b""), (0, b""))
+    assert _parse.downloads(output, 5) == [(0, every), (10, None), (0, lookalikes), (17, None), (0, b"")]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "\0",  # no file at all
+        "\0" + "0 4\nabc",  # a length past the end
+        "\0" + "0 3\nabcd",  # bytes left over
+        "\0" + "0 3\nabc0 0\n",  # one file too many
+        "\0" + "0 3 1\nabc",  # a header of three fields
+        "\0" + "0\nabc",  # of one
+        "\0" + "0 " + "9" * 5000 + "\n",  # a header with no end in sight
+        "\0" + "0 3\nab\u0100",  # a character that is no byte
+        *("\0" + f"0 {n}\nabc" for n in HOSTILE_NUMBERS),
+        *("\0" + f"{n} 3\nabc" for n in HOSTILE_NUMBERS),
+    ],
+)
+def test_a_corrupt_raw_download_fails_the_whole_batch(output: str) -> None:
+    """Where the sandbox's lengths cannot be trusted, no file after the fault can be found: the
+    batch fails as a corrupt transfer, never guessing where the next file starts."""
+    with pytest.raises(_parse.ScriptFailed) as failed:
+        _parse.downloads(output, 1)
+    assert failed.value.code == p.BACKEND_ERROR
+
+
 @pytest.mark.parametrize("number", HOSTILE_NUMBERS)
 def test_a_hostile_download_status_is_an_unknown_failure(number: str) -> None:
     assert _parse.downloads(f"YWJj\n!{number}\n", 1) == [(-1, None)]

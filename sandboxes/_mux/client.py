@@ -92,6 +92,9 @@ _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
+_BINARY_ANSWERS = frozenset({"download"})
+"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._files.
+_download_output`): their output is kept exact, one character per byte."""
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0
@@ -250,7 +253,7 @@ class MuxClient:
         if pending.not_native and pending.failure is None:
             self.native_declined += 1
             return None
-        response = _response(pending, timeout, started)
+        response = _response(pending, timeout, started, latin1=op[0] in _BINARY_ANSWERS)
         self.native_answers += 1
         return response
 
@@ -645,8 +648,9 @@ def command_marker(mux: MuxClient | None, new: Callable[[], str]) -> str:
     return mux.marker(new)
 
 
-def _response(pending: _Pending, timeout: float | None, started: float) -> p.ExecuteResponse:
-    """What a finished command answers; `MuxBroken` if the stream failed under it."""
+def _response(pending: _Pending, timeout: float | None, started: float, *, latin1: bool = False) -> p.ExecuteResponse:
+    """What a finished command answers; `MuxBroken` if the stream failed under it. ``latin1``:
+    its output is bytes, kept exact (`OutputBuffer.text`)."""
     if pending.failure is not None:
         raise MuxBroken(pending.failure)  # after the request was written: its fate is unknown
     if pending.not_native:  # only a file op may be handed back: a forged frame
@@ -660,6 +664,7 @@ def _response(pending: _Pending, timeout: float | None, started: float) -> p.Exe
         timed_out=pending.timed_out,
         timeout=timeout,
         duration_ms=(time.monotonic() - started) * 1000,
+        latin1=latin1,
     )
 
 

@@ -54,6 +54,22 @@ def check(response: p.ExecuteResponse, path: str) -> p.ErrorCode | None:
     )
 
 
+_RAW = "\0"
+"""How a helper's native read or download answer starts (`sandboxes._mux._files.RAW`, its
+bytes then kept one character each: `sandboxes._output.OutputBuffer.text`); the script's,
+base64, never does."""
+
+
+def file_bytes(output: str) -> bytes:
+    """A read's bytes (`_scripts.READ_FILE`): a helper's raw answer, or the script's base64."""
+    if not output.startswith(_RAW):
+        return decode_base64(output)
+    try:
+        return output[len(_RAW) :].encode("latin-1")
+    except UnicodeEncodeError:
+        raise ScriptFailed(p.BACKEND_ERROR, "corrupt file transfer from sandbox: not bytes") from None
+
+
 def decode_base64(text: str) -> bytes:
     try:
         return base64.b64decode(text)
@@ -108,16 +124,13 @@ def ls_entries(output: str, directory: str) -> list[p.FileInfo]:
     return entries
 
 
-_RAW_DOWNLOAD = "\0"
-"""How a helper's native download answer starts (`sandboxes._mux._files.DOWNLOAD_RAW`); the
-script's never does."""
 _RAW_HEADER = 2 * _MAX_DIGITS + 2  # ``<status> <length>\n`` at most
 
 
 def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
     """``(status, content)`` per file: a helper's raw answer (`_raw_downloads`), or
     `_scripts.DOWNLOAD`'s text (`_base64_downloads`)."""
-    if output.startswith(_RAW_DOWNLOAD):
+    if output.startswith(_RAW):
         return _raw_downloads(output, count)
     return _base64_downloads(output, count)
 
@@ -129,7 +142,7 @@ def _raw_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
     two numbers, a length past the end, a character that is no byte, or anything left over is
     a corrupt transfer, never a guess at where the next file starts."""
     results: list[tuple[int, bytes | None]] = []
-    pos = len(_RAW_DOWNLOAD)
+    pos = len(_RAW)
     for _ in range(count):
         end = output.find("\n", pos, pos + _RAW_HEADER)
         fields = output[pos:end].split(" ") if end >= 0 else []

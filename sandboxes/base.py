@@ -215,7 +215,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if (code := _parse.check(response, path)) is not None:
             detail = "not a regular file" if code == p.INVALID_ARGUMENT else None
             return code, message_for(code, path, detail)
-        data = _parse.decode_base64(response.output)
+        data = _parse.file_bytes(response.output)
         if len(data) > MAX_READ_BYTES:
             return p.FILE_TOO_LARGE, message_for(
                 p.FILE_TOO_LARGE, path, f"larger than {MAX_READ_BYTES} bytes; use download_files"

@@ -204,7 +204,13 @@ def _cases(foreign: bool) -> list[Case]:
         Case("read: unreadable", f"{old}; chmod 000 f", lambda d: read_call(f"{d}/f"), True),
         Case("read: a FIFO, never opened", "mkfifo fifo", lambda d: read_call(f"{d}/fifo"), True),
         Case("read: dangling symlink", "ln -s nowhere link", lambda d: read_call(f"{d}/link"), True),
-        Case("read: over the native size", "head -c 1200000 /dev/zero > f", lambda d: read_call(f"{d}/f"), False),
+        Case("read: over the native size", "head -c 8388609 /dev/zero > f", lambda d: read_call(f"{d}/f"), False),
+        Case(
+            "read: over the native size, within the limit",
+            "head -c 8388609 /dev/zero > f",
+            lambda d: read_call(f"{d}/f", limit=100),
+            True,
+        ),
         Case("read: non-UTF-8 name", f"printf x > {NOT_UTF8_SH}", lambda d: read_call(f"{d}/{NOT_UTF8}"), True),
         Case("read: hostile name", f"printf x > {shlex.quote(HOSTILE)}", lambda d: read_call(f"{d}/{HOSTILE}"), True),
     ]
@@ -338,7 +344,7 @@ def _as_read(call: Call, output: str) -> str:
     statuses beside; any other op's as it is."""
     op = call.native[0] if call.native else None
     if op == "read_file":
-        return repr(_parse.decode_base64(output))
+        return repr(_parse.file_bytes(output))
     if op == "download":
         return repr(_parse.downloads(output, len(call.native or ()) - 2))
     return output

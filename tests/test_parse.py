@@ -62,6 +62,17 @@ Arabic-Indic digit, more digits than ``int`` takes (4,300) or than any status, s
 has, signs where none belong."""
 
 
+def test_a_read_is_the_helpers_raw_bytes_or_the_scripts_base64() -> None:
+    every = bytes(range(256)) * 3
+    assert _parse.file_bytes("\0" + every.decode("latin-1")) == every
+    assert _parse.file_bytes("\0") == b""
+    assert _parse.file_bytes(base64.encodebytes(every).decode()) == every
+    assert _parse.file_bytes("") == b""
+    with pytest.raises(_parse.ScriptFailed) as failed:
+        _parse.file_bytes("\0ab\u0100")  # a character that is no byte
+    assert failed.value.code == p.BACKEND_ERROR
+
+
 def _raw(*files: tuple[int, bytes]) -> str:
     """A helper's native download answer (`sandboxes._mux._files._download_output`), as the
     client keeps it: one character per byte."""

@@ -9,9 +9,9 @@ subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one 
 trip. Why here and not a ``python3`` command: starting an interpreter costs more than the shell.
 
 The answer is the script's: exit codes from `sandboxes._scripts` (``EXIT_*``) decided in the
-script's order, a read's output in base64 as the script's, a write's none, so everything above
-the transport parses it unchanged; a download's alone is the files' bytes as they are
-(`_download_output`), which its parser tells from the script's. Same atomic write: the bytes go to
+script's order, a write's output none, as the script's, so everything above the transport
+parses it unchanged; a read's and a download's are the files' bytes as they are (`RAW`), where
+the script's are base64, and their parsers tell the two apart. Same atomic write: the bytes go to
 ``.sandboxes-write.<token>`` beside the target, created exclusively, renamed over the target
 only once the announced size arrived, keeping the target's mode and group (a new file: the mode
 the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
@@ -28,7 +28,6 @@ bytes go to the file as they arrive (memory stays one frame), and a client that 
 no temporary file behind (`abort_native_ops`).
 """
 
-import base64
 import errno
 import json
 import os
@@ -41,17 +40,18 @@ except ImportError:
 
 # `_search` and `_listing` are shipped before this file, `_uploads` after it
 NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS + LISTING_OPS
-NATIVE_READ_MAX = 1 << 20
-"""Larger files are read by the script (``N``): this loop reads and sends a file in one go."""
+NATIVE_READ_MAX = 8 << 20
+"""Larger files are read by the script (``N``): this loop reads and sends a file in one go
+(see `NATIVE_DOWNLOAD_MAX`)."""
 NATIVE_DOWNLOAD_MAX = 8 << 20
-"""A download of more bytes in all is left to the script (``N``). It is sent raw
-(`_download_output`), so no encoding sets this bound (base64 made 512 KiB the break-even with
-coreutils' once); holding this single-threaded loop does: the files are read and sent whole,
-and other commands' output waits meanwhile, ~1 ms a MiB over a pipe. The Docker, Kubernetes
-and SSH sandboxes fetch a file over 1 MiB by their bulk transports anyway."""
-DOWNLOAD_RAW = b"\0"
-"""The first byte of a native download's answer, which the script's (base64 and ``!`` lines)
-never starts with: `sandboxes._parse.downloads` tells the two apart by it."""
+"""A download of more bytes in all is left to the script (``N``). It is sent raw (`RAW`), so
+no encoding sets this bound (base64 made 512 KiB the break-even with coreutils' once); holding
+this single-threaded loop does: the files are read and sent whole, and other commands' output
+waits meanwhile, ~1 ms a MiB over a pipe. The Docker, Kubernetes and SSH sandboxes fetch a
+file over 1 MiB by their bulk transports anyway."""
+RAW = b"\0"
+"""The first byte of a native read's or download's answer, which the script's (base64, and a
+download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
 _OUTPUT_CHUNK = 64 << 10
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
@@ -344,25 +344,24 @@ def _read_at_most(fd, wanted):
     return bytes(data)
 
 
-def _base64(data):
-    """``data`` as one line of base64: what `sandboxes._parse.decode_base64` reads, as it reads
-    coreutils' lines of 76. Wrapping as coreutils does costs Python 3.7 ms a MiB (one
-    ``binascii`` call per 57 bytes: ``base64.encodebytes``), a line of it all 1.0 ms."""
-    return base64.b64encode(data) + b"\n" if data else b""
-
-
 def _send_output(ident, output):
     for offset in range(0, len(output), _OUTPUT_CHUNK):
         send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
 
 
 def _read_file(ident, path, limit):
-    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file as base64 (one line,
-    `_base64`), or why not."""
-    data = _read_at_most(_open_regular(path), min(limit, NATIVE_READ_MAX + 1))
+    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file, or why not; sent as
+    `RAW` and the bytes, where the script sends base64 (Python's encoding cost 1 ms a MiB, the
+    client's decoding 2.4)."""
+    fd = _open_regular(path)
+    if os.fstat(fd).st_size > NATIVE_READ_MAX and limit > NATIVE_READ_MAX:  # most likely too much: not read in vain
+        os.close(fd)
+        raise _NotNative()
+    data = _read_at_most(fd, min(limit, NATIVE_READ_MAX + 1))
     if len(data) > NATIVE_READ_MAX:
         raise _NotNative()
-    _send_output(ident, _base64(data))
+    send(b"O", ident, RAW)
+    _send_output(ident, data)
     raise _Answer(0)
 
 
@@ -388,11 +387,11 @@ def _download_spec(op):
 
 
 def _download_output(limit, paths):
-    """`DOWNLOAD_RAW`, then per file ``<status> <length>\\n`` and that many bytes of it as they
+    """`RAW`, then per file ``<status> <length>\\n`` and that many bytes of it as they
     are: the script's statuses, its bytes without base64 (encoding cost Python 1 ms a MiB,
     decoding the client 2.4). Built whole before a byte is sent, so that a download over
     `NATIVE_DOWNLOAD_MAX` in all can still go back to the script (`_NotNative`)."""
-    output, budget = [DOWNLOAD_RAW], NATIVE_DOWNLOAD_MAX
+    output, budget = [RAW], NATIVE_DOWNLOAD_MAX
     for path in paths:
         try:
             fd = _open_regular(path)

@@ -92,9 +92,9 @@ _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
-_BINARY_ANSWERS = frozenset({"download"})
-"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._files.
-_download_output`): their output is kept exact, one character per byte."""
+_BINARY_ANSWERS = frozenset({"read_file", "download"})
+"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._files.RAW`):
+their output is kept exact, one character per byte."""
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0

@@ -464,7 +464,12 @@ class Registry:
 
     async def _expire(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
-        if entry is not None and entry.state.expires_at <= self.clock.now() and entry.backend.shared:
+        # One reading of the clock for both checks: a timer fires a millisecond or so early
+        # (uvloop rounds its delay to milliseconds), and with a reading for each the expiry
+        # could pass between them, reaping a shared sandbox whose record (renewed by another
+        # replica) was never read.
+        now = self.clock.now()
+        if entry is not None and entry.state.expires_at <= now and entry.backend.shared:
             try:
                 await self._confirm(entry)  # another replica may have renewed it
             except ServiceError as exc:
@@ -473,7 +478,7 @@ class Registry:
             entry = self._entries.get(sandbox_id)
         if entry is None:
             return
-        if entry.state.expires_at > self.clock.now():  # renewed, or a timer a little early
+        if entry.state.expires_at > now:  # renewed, or a timer a little early
             self._schedule(sandbox_id)
             return
         logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})

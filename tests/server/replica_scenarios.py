@@ -5,6 +5,7 @@ make its template (each replica gets its own empty data directory)."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -354,6 +355,33 @@ class ReplicaScenarios:
             assert execute(a, sandbox["id"], "echo alive")["output"] == "alive\n"
             assert a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
+    def test_a_timer_a_little_early_reads_the_renewal_though_the_expiry_passes_meanwhile(
+        self,
+        settings: Callable[..., ServiceSettings],
+        docker_client_for_service: Any,
+        b: httpx.Client,
+        recorded: Callable[[], dict[str, dict[str, str]]],
+    ) -> None:
+        """uvloop rounds a timer's delay to the millisecond: the creator's expiry timer fires up
+        to about a millisecond before the expiry, and the expiry may pass while it runs. It must
+        then read the record (renewed on B) before reaping, not take it as expired unread. The
+        clock here moves a millisecond at every reading, from half a millisecond before it."""
+        clock = _SteppingClock()
+        with running(settings(sweep_interval=3600), docker_client=docker_client_for_service, clock=clock) as creator:
+            with creator.client("alice") as a:
+                sandbox = create(a, ttl=300)
+            renewed = b.post(f"/v1/sandboxes/{sandbox['id']}/renew", json={"ttl": 3600}).json()
+            registry = creator.registry
+            assert registry._entries[sandbox["id"]].state.expires_at == sandbox["expires_at"]  # not read since
+            clock.step_from(sandbox["expires_at"] - 0.0005, step=0.001)
+            asyncio.run_coroutine_threadsafe(registry._expire(sandbox["id"]), registry._loop).result(30)
+            assert sandbox["id"] in recorded(), "reaped on the expiry it held, its record unread"
+            held = registry._entries[sandbox["id"]].state
+            # The next check (at once: the expiry has passed now) reads the renewal.
+            _wait_for(lambda: held.expires_at == renewed["expires_at"], "the creator read the renewal")
+            assert sandbox["id"] in recorded()
+        assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
     def test_a_renewal_acknowledged_during_a_sweep_elsewhere_is_not_reaped_by_it(
         self,
         settings: Callable[..., ServiceSettings],
@@ -548,6 +576,26 @@ class ReplicaScenarios:
             assert b.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
         finally:
             service.stop()
+
+
+class _SteppingClock(ManualClock):
+    """A FAKE clock (`ManualClock`) that, once told to (`step_from`), moves ``step`` seconds
+    forward at every reading: time passing while the registry runs, between two readings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._step = 0.0
+
+    def now(self) -> float:
+        with self._lock:
+            now = self._now
+            self._now += self._step
+            return now
+
+    def step_from(self, when: float, step: float) -> None:
+        with self._lock:
+            assert when >= self._now, "a clock does not go back"
+            self._now, self._step = when, step
 
 
 def _ask(replica: Running, barrier: threading.Barrier, answers: list[httpx.Response]) -> None:

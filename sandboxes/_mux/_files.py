@@ -360,8 +360,11 @@ def _read_file(ident, path, limit):
     data = _read_at_most(fd, min(limit, NATIVE_READ_MAX + 1))
     if len(data) > NATIVE_READ_MAX:
         raise _NotNative()
-    send(b"O", ident, RAW)
-    _send_output(ident, data)
+    if len(data) < _OUTPUT_CHUNK:
+        send(b"O", ident, RAW + data)  # one frame: a file agents read is most often small
+    else:
+        send(b"O", ident, RAW)  # not a copy of a big file's bytes
+        _send_output(ident, data)
     raise _Answer(0)
 
 

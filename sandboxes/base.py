@@ -46,8 +46,9 @@ from sandboxes.semantics import (
 R = TypeVar("R")
 
 MAX_READ_BYTES = 256 << 20
-"""``read`` and ``edit`` refuse files larger than this: they travel whole (base64) through
-``execute``. ``download_files`` has no such cap on backends with a native transfer."""
+"""``read`` and ``edit`` refuse files larger than this: they travel whole through ``execute``
+(base64; raw through the exec helper up to 8 MiB). ``download_files`` has no such cap on
+backends with a native transfer."""
 
 SEARCH_OUTPUT_LIMIT = 64 << 20
 """Cap on what ls/grep/glob may send back; beyond it results are marked truncated."""

@@ -132,7 +132,7 @@ def _environ(pid: int) -> bytes:
     Some processes look like that for good: a VM's init started by the kernel (this CI
     machine's pid 1 reads refused, its environment's end 0). One that outlasted a whole wait
     is not waited for again (`_STUCK`): each host-side scan (`LocalSandbox`'s kill after every
-    command of a jail of its own) paid those 50 ms, a jail's command 77 ms instead of ~25."""
+    command of a jail of its own) paid those 50 ms, a jail's command 77 ms instead of ~12-17."""
     environ = _read_environ(pid)
     if environ not in (b"\0\0", None):
         return environ

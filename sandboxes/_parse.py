@@ -64,8 +64,14 @@ def file_bytes(output: str) -> bytes:
     """A read's bytes (`_scripts.READ_FILE`): a helper's raw answer, or the script's base64."""
     if not output.startswith(_RAW):
         return decode_base64(output)
+    return _raw_bytes(output[len(_RAW) :])
+
+
+def _raw_bytes(text: str) -> bytes:
+    """The bytes a raw answer's text holds, one per character; a character that is no byte is
+    a corrupt transfer."""
     try:
-        return output[len(_RAW) :].encode("latin-1")
+        return text.encode("latin-1")
     except UnicodeEncodeError:
         raise ScriptFailed(p.BACKEND_ERROR, "corrupt file transfer from sandbox: not bytes") from None
 
@@ -150,11 +156,7 @@ def _raw_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
         if status is None or length is None or end + 1 + length > len(output):
             raise ScriptFailed(p.BACKEND_ERROR, f"corrupt file transfer from sandbox: file {len(results) + 1}")
         pos = end + 1 + length
-        try:
-            content = output[end + 1 : pos].encode("latin-1") if status == 0 else None
-        except UnicodeEncodeError:
-            raise ScriptFailed(p.BACKEND_ERROR, "corrupt file transfer from sandbox: not bytes") from None
-        results.append((status, content))
+        results.append((status, _raw_bytes(output[end + 1 : pos]) if status == 0 else None))
     if pos != len(output):
         raise ScriptFailed(p.BACKEND_ERROR, f"sandbox answered more than {count} downloads")
     return results

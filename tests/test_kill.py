@@ -169,7 +169,7 @@ def test_a_process_unreadable_for_a_whole_wait_is_not_waited_for_again(monkeypat
     """Some processes read as an exec in progress for good: this CI machine's pid 1 (a VM's
     init: refused, its environment's end 0). After one whole `_kill._EXEC_WAIT`, the same
     process (pid and start time) reads at once: each host-side scan paid the wait, and a local
-    jail's command cost 77 ms instead of ~15. Another process under the same pid is waited for."""
+    jail's command cost 77 ms instead of ~12-17. Another process under the same pid is waited for."""
     from sandboxes import _kill
 
     reads: list[int] = []

@@ -32,6 +32,14 @@ SESSION_OWNER = f"pytest-{uuid.uuid4().hex[:8]}"
 """Owner label of every sandbox this session creates; the session sweeps exactly these."""
 
 
+def wait_for(condition: Callable[[], bool], what: str, limit: float = 20.0) -> None:
+    """Until ``condition`` holds (looked at every 10 ms), failing with ``what`` after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def needs(ready: bool, reason: str) -> None:
     """A precondition of a test: skipped on a developer's machine that lacks it, a failure in CI,
     where every test must run (a silent skip there would hide a missing install step).

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
 
@@ -35,13 +36,6 @@ def marked(token: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def wait_for(condition: Callable[[], bool], what: str, limit: float = 20.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
 
 
 @pytest.fixture

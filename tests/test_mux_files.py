@@ -19,13 +19,14 @@ from native_writes import (
     helper_client,
     write_call,
 )
-from support import HAS_BWRAP, needs
+from support import HAS_BWRAP, needs, wait_for
 
 from sandboxes import protocol as p
-from sandboxes._mux.client import _Pending
+from sandboxes._mux.client import NATIVE_SOURCE, SERVER_SOURCE, _Pending
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
+from sandboxes.local import sandbox as local_sandbox
 
 
 def _foreign_maker(sandbox: LocalSandbox) -> object:
@@ -70,6 +71,45 @@ async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
     assert (await jail.aedit(f"{jail.root}/a.txt", "async", "edited")).error is None
     assert mux.native_answers == 3
     assert (await jail.aread(f"{jail.root}/a.txt")).file_data == p.FileData("edited\n")
+
+
+def test_the_hello_names_the_ops_the_native_code_answers() -> None:
+    """The hello's list (`_server.NATIVE_OPS`) is written out beside the code it names, which is
+    compiled only at the first file op: the two must not drift apart."""
+    native: dict[str, object] = {}
+    exec(compile(NATIVE_SOURCE, "<native ops>", "exec"), native)
+    helper: dict[str, object] = {"__name__": "not main"}
+    exec(compile(SERVER_SOURCE, "<helper>", "exec"), helper)
+    names = ["write", "cas_write", "read_file", "download", "upload", *native["SEARCH_OPS"], *native["LISTING_OPS"]]  # type: ignore[misc]
+    assert sorted(helper["NATIVE_OPS"]) == sorted(names)  # type: ignore[call-overload]
+    assert "start_native_op" not in helper  # compiled on the first file op, not at the start
+
+
+def test_the_file_ops_compile_while_the_helper_idles_and_a_failure_hands_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file ops' code is compiled once the helper idles (`_server.NATIVE_IDLE`), not at its
+    start, so no command waits for it: here it cannot compile, the helper says so on its own
+    with no file op sent, runs commands all along, and answers N to the ops (the script does
+    them)."""
+    needs(HAS_BWRAP, "bubblewrap not installed")
+    shipped = f"_NATIVE_SOURCE = {NATIVE_SOURCE!r}\n"
+    assert SERVER_SOURCE.startswith(shipped)
+    broken = "_NATIVE_SOURCE = 'def broken(:'\n" + SERVER_SOURCE[len(shipped) :]
+    monkeypatch.setattr(local_sandbox, "HELPER_COMMAND", (*local_sandbox.HELPER_COMMAND[:-1], broken))
+    with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
+        mux = helper_client(sandbox)
+        helper = sandbox._helper_process
+        assert helper is not None
+        wait_for(lambda: b"native file ops unavailable: SyntaxError" in helper.stderr, "the idle compile's failure")
+        assert mux.native_declined == 0
+        assert sandbox.write(f"{sandbox.root}/a.txt", "by the script\n").error is None
+        assert (mux.native_answers, mux.native_declined) == (0, 1)
+        assert sandbox.read(f"{sandbox.root}/a.txt").file_data == p.FileData("by the script\n")
+        assert mux.native_declined == 2
+        assert sandbox.execute("echo served on").output == "served on\n"
+        assert helper_client(sandbox) is mux
+        assert helper.stderr.count(b"native file ops unavailable") == 1  # tried once
 
 
 def test_a_native_write_whose_answer_was_lost_is_never_resent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 
 from sandboxes._mux import SERVER_SOURCE
+from sandboxes._mux.client import NATIVE_SOURCE
+
+EVERY_LINE = SERVER_SOURCE + "\n" + NATIVE_SOURCE
+"""The helper and its file ops, which it carries as a string (compiled at its first file op)."""
 
 
 def _vermin(source: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -32,16 +36,17 @@ def _vermin(source: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_shipped_helper_needs_nothing_newer_than_python_3_6(tmp_path: Path) -> None:
-    result = _vermin(SERVER_SOURCE, tmp_path)
+    result = _vermin(EVERY_LINE, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Target versions not met" not in result.stdout
 
 
 def test_a_newer_name_in_the_helper_is_caught(tmp_path: Path) -> None:
     """The check above can fail: one unguarded 3.7 name (``time.monotonic_ns``) is reported."""
-    result = _vermin(SERVER_SOURCE + "\nstarted = time.monotonic_ns()\n", tmp_path)
-    assert result.returncode != 0
-    assert "time.monotonic_ns" in result.stdout
+    for shipped in (SERVER_SOURCE, NATIVE_SOURCE):  # either part of EVERY_LINE
+        result = _vermin(EVERY_LINE.replace(shipped, shipped + "\nstarted = time.monotonic_ns()\n"), tmp_path)
+        assert result.returncode != 0
+        assert "time.monotonic_ns" in result.stdout
 
 
 def _unevaluable_annotations(source: str) -> list[str]:
@@ -73,7 +78,7 @@ def _unevaluable_annotations(source: str) -> list[str]:
 
 
 def test_the_helper_annotates_only_with_names_or_quoted_types() -> None:
-    assert _unevaluable_annotations(SERVER_SOURCE) == []
+    assert _unevaluable_annotations(EVERY_LINE) == []
 
 
 def test_an_unquoted_generic_annotation_is_caught() -> None:

@@ -1,8 +1,9 @@
 # ruff: noqa
 # mypy: ignore-errors
 """Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE``,
-``READ_FILE`` and ``DOWNLOAD`` without starting a process (shipped with `_server` as one script,
-``SERVER_SOURCE``: stdlib only, Python 3.6-compatible).
+``READ_FILE`` and ``DOWNLOAD`` without starting a process (shipped inside `_server`'s script,
+``SERVER_SOURCE``, as ``NATIVE_SOURCE``, compiled on the first file op: stdlib only, Python
+3.6-compatible).
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
 subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
@@ -38,8 +39,8 @@ try:  # built in: hashlib loads OpenSSL, ~5 ms of every helper's start in a sand
 except ImportError:
     from hashlib import md5 as _new_md5
 
-# `_search` and `_listing` are shipped before this file, `_uploads` after it
-NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload"] + SEARCH_OPS + LISTING_OPS
+# `NATIVE_OPS` is `_server`'s (its hello names them before this file is compiled), `SEARCH_OPS`
+# and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` after it
 NATIVE_READ_MAX = 8 << 20
 """Larger files are read by the script (``N``): this loop reads and sends a file in one go
 (see `NATIVE_DOWNLOAD_MAX`)."""

@@ -47,7 +47,7 @@ R = TypeVar("R")
 
 MAX_READ_BYTES = 256 << 20
 """``read`` and ``edit`` refuse files larger than this: they travel whole through ``execute``
-(base64; raw through the exec helper up to 8 MiB). ``download_files`` has no such cap on
+(base64; raw through the exec helper, 256 KiB a turn of its loop). ``download_files`` has no such cap on
 backends with a native transfer."""
 
 SEARCH_OUTPUT_LIMIT = 64 << 20

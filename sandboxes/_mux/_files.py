@@ -1,9 +1,10 @@
 # ruff: noqa
 # mypy: ignore-errors
 """Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE``,
-``READ_FILE`` and ``DOWNLOAD`` without starting a process (shipped inside `_server`'s script,
-``SERVER_SOURCE``, as ``NATIVE_SOURCE``, compiled on the first file op: stdlib only, Python
-3.6-compatible).
+``READ_FILE`` and ``DOWNLOAD`` without starting a process (the reads' answers are sent by
+`_reads`); the dispatch of every file op. Shipped inside `_server`'s script, ``SERVER_SOURCE``,
+as ``NATIVE_SOURCE``, compiled when the helper idles or at the first file op: stdlib only,
+Python 3.6-compatible.
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
 subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
@@ -11,16 +12,14 @@ trip. Why here and not a ``python3`` command: starting an interpreter costs more
 
 The answer is the script's: exit codes from `sandboxes._scripts` (``EXIT_*``) decided in the
 script's order, a write's output none, as the script's, so everything above the transport
-parses it unchanged; a read's and a download's are the files' bytes as they are (`RAW`), where
-the script's are base64, and their parsers tell the two apart. Same atomic write: the bytes go to
+parses it unchanged; a read's and a download's are the files' bytes as they are (`_reads.RAW`),
+where the script's are base64, and their parsers tell the two apart. Same atomic write: the bytes go to
 ``.sandboxes-write.<token>`` beside the target, created exclusively, renamed over the target
 only once the announced size arrived, keeping the target's mode and group (a new file: the mode
 the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
-symlink, a device or FIFO, another user's file, a directory we may not create entries in), or a
-read is over `NATIVE_READ_MAX` (a download over `NATIVE_DOWNLOAD_MAX`), this answers ``N`` (not
-native here) before touching anything but the parents (which the script would create too), and
-the client runs the script: a FIFO must never block this single-threaded loop, and a big file
-must not hold it.
+symlink, a device or FIFO, another user's file, a directory we may not create entries in), this
+answers ``N`` (not native here) before touching anything but the parents (which the script would
+create too), and the client runs the script: a FIFO must never block this single-threaded loop.
 
 Frames (see `_server`): F starts an op (JSON ``{"op": [name, args...]}``: the script's
 arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
@@ -40,19 +39,8 @@ except ImportError:
     from hashlib import md5 as _new_md5
 
 # `NATIVE_OPS` is `_server`'s (its hello names them before this file is compiled), `SEARCH_OPS`
-# and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` after it
-NATIVE_READ_MAX = 8 << 20
-"""Larger files are read by the script (``N``): this loop reads and sends a file in one go
-(see `NATIVE_DOWNLOAD_MAX`)."""
-NATIVE_DOWNLOAD_MAX = 8 << 20
-"""A download of more bytes in all is left to the script (``N``). It is sent raw (`RAW`), so
-no encoding sets this bound (base64 made 512 KiB the break-even with coreutils' once); holding
-this single-threaded loop does: the files are read and sent whole, and other commands' output
-waits meanwhile, ~1 ms a MiB over a pipe. The Docker, Kubernetes and SSH sandboxes fetch a
-file over 1 MiB by their bulk transports anyway."""
-RAW = b"\0"
-"""The first byte of a native read's or download's answer, which the script's (base64, and a
-download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
+# and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` and
+# `_reads` after it
 _OUTPUT_CHUNK = 64 << 10
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
@@ -307,116 +295,9 @@ class _NativeWrite(object):
             self.temp = None
 
 
-def _open_regular(path):
-    """An fd of the regular file at ``path`` (through symlinks), opened as the scripts' ``[ -f ]``
-    then ``true < "$f"`` would find it; else `_Answer` with their code. Never opens what is not
-    a regular file (a FIFO would block this loop)."""
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        regular = False
-    if not regular:
-        code = _why(path)
-        raise _Answer(16 if code == 12 and os.path.exists(path) else code)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        raise _Answer(12)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped meanwhile
-        os.close(fd)
-        raise _NotNative()
-    return fd
-
-
-def _read_at_most(fd, wanted):
-    """Up to ``wanted`` bytes of ``fd`` (fewer at its end); closes it. `_NotNative` on a read
-    error: what ``head`` or ``base64`` does then is the script's to say."""
-    data = bytearray()
-    try:
-        while len(data) < wanted:
-            chunk = os.read(fd, wanted - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        raise _NotNative()
-    finally:
-        os.close(fd)
-    return bytes(data)
-
-
 def _send_output(ident, output):
     for offset in range(0, len(output), _OUTPUT_CHUNK):
         send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
-
-
-def _read_file(ident, path, limit):
-    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file, or why not; sent as
-    `RAW` and the bytes, where the script sends base64 (Python's encoding cost 1 ms a MiB, the
-    client's decoding 2.4)."""
-    fd = _open_regular(path)
-    if os.fstat(fd).st_size > NATIVE_READ_MAX and limit > NATIVE_READ_MAX:  # most likely too much: not read in vain
-        os.close(fd)
-        raise _NotNative()
-    data = _read_at_most(fd, min(limit, NATIVE_READ_MAX + 1))
-    if len(data) > NATIVE_READ_MAX:
-        raise _NotNative()
-    if len(data) < _OUTPUT_CHUNK:
-        send(b"O", ident, RAW + data)  # one frame: a file agents read is most often small
-    else:
-        send(b"O", ident, RAW)  # not a copy of a big file's bytes
-        _send_output(ident, data)
-    raise _Answer(0)
-
-
-def download(op):
-    """`sandboxes._scripts.DOWNLOAD`'s ``(exit code, output)`` for ``op`` (its arguments: a limit,
-    ``-`` for none, then the paths), or ``None``: run the script. ValueError when malformed."""
-    limit, paths = _download_spec(op)
-    try:
-        return 0, _download_output(limit, paths)
-    except _NotNative:
-        return None
-
-
-def _download_spec(op):
-    """(limit, paths) of a download ``op``; ValueError when malformed."""
-    limit, paths = (op[1], op[2:]) if len(op) > 2 else (None, [])
-    if not (limit == "-" or (limit is not None and limit.isdigit() and len(limit) <= 19)) or not paths:
-        raise ValueError("wrong arguments for download")
-    for path in paths:  # a lone surrogate: ValueError
-        if not path.startswith("/") or "\0" in path or len(os.fsencode(path)) > _MAX_PATH:
-            raise ValueError("bad path")
-    return limit, paths
-
-
-def _download_output(limit, paths):
-    """`RAW`, then per file ``<status> <length>\\n`` and that many bytes of it as they
-    are: the script's statuses, its bytes without base64 (encoding cost Python 1 ms a MiB,
-    decoding the client 2.4). Built whole before a byte is sent, so that a download over
-    `NATIVE_DOWNLOAD_MAX` in all can still go back to the script (`_NotNative`)."""
-    output, budget = [RAW], NATIVE_DOWNLOAD_MAX
-    for path in paths:
-        try:
-            fd = _open_regular(path)
-        except _Answer as failed:
-            output.append(b"%d 0\n" % failed.code)
-            continue
-        size = os.fstat(fd).st_size
-        if limit != "-" and size > int(limit):  # `wc -c` counts what a read gives: st_size for a regular file
-            os.close(fd)
-            output.append(b"17 0\n")
-            continue
-        if size > budget:  # most likely too much: not read in vain
-            os.close(fd)
-            raise _NotNative()
-        data = _read_at_most(fd, budget + 1)  # it may have grown since
-        budget -= len(data)
-        if budget < 0:
-            raise _NotNative()
-        output.append(b"0 %d\n" % len(data))
-        output.append(data)
-    return b"".join(output)
 
 
 def _answer(ident, code, timed_out=False):
@@ -427,7 +308,7 @@ def start_native_op(ident, payload):
     """F: check and open; answer at once when the script would have stopped before reading."""
     send(b"A", ident)
     try:
-        if ident in _native_ops:
+        if ident in _native_ops or ident in _streaming:
             raise ValueError("op %d is already in flight" % ident)
         op = _op(payload)
         if op[0] in SEARCH_OPS:
@@ -436,8 +317,8 @@ def start_native_op(ident, payload):
         if op[0] in LISTING_OPS:
             _answer_whole(ident, op, listing)
             return
-        if op[0] == "download":
-            _answer_whole(ident, op, download)
+        if op[0] == "download":  # `_reads`, shipped after this file
+            stream_answer(ident, download_parts(*download_spec(op)))
             return
         if op[0] == "upload":  # `_uploads`, shipped after this file
             _start_upload(ident, upload_spec(op))
@@ -446,9 +327,10 @@ def start_native_op(ident, payload):
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
         return
+    if name == "read_file":
+        stream_answer(ident, read_parts(path, size))
+        return
     try:
-        if name == "read_file":
-            _read_file(ident, path, size)
         _native_ops[ident] = _NativeWrite(path, size, token, digest)
     except _NotNative:
         send(b"N", ident, answer=True)
@@ -484,6 +366,10 @@ def _answer_whole(ident, op, answer_for):
 
 def feed_native_op(kind, ident, payload):
     """I, C or K for an op in flight (anything else, or an op already answered: ignored)."""
+    if ident in _streaming:  # a read or download being sent: K stops it, nothing else is for it
+        if kind == b"K":
+            stop_stream(ident)
+        return
     op = _native_ops.get(ident)
     if op is None:
         return
@@ -509,6 +395,7 @@ def feed_native_op(kind, ident, payload):
 
 def abort_native_ops():
     """The client is gone: nobody will send the rest, so no op is placed and no temp file stays."""
+    abort_streams()
     for op in list(_native_ops.values()):
         op.discard()
     _native_ops.clear()

@@ -109,6 +109,7 @@ are compiled once the helper has been idle `NATIVE_IDLE` seconds with no command
 agent's sandbox between two turns, a pool's spare), or by the first file op that comes sooner
 (`_load_native`)."""
 _last_event = [0.0]  # monotonic time the loop last had something to do
+_streaming = {}  # id -> a read's or download's answer being sent, a step a turn (`_reads`)
 
 
 class _Poller(object):
@@ -554,6 +555,8 @@ def _sweep_ended():
 
 
 def _wait_time():
+    if _streaming:  # more to send: look at the rest and go on
+        return 0.0
     deadlines = [d for d in (c.next_deadline() for c in _commands.values()) if d is not None]
     if _held_until[0] is not None:
         deadlines.append(_held_until[0])
@@ -584,7 +587,9 @@ def main():
             if not _serving[0]:
                 break
         now = time.monotonic()
-        if ready or _commands:
+        if _streaming:
+            step_streams()
+        if ready or _commands or _streaming:
             _last_event[0] = now
         elif _native_loaded[0] is None and now >= _last_event[0] + NATIVE_IDLE:
             _load_native()

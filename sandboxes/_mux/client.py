@@ -62,9 +62,11 @@ def _joined(*paths: Path) -> str:
     return "\n".join(path.read_text(encoding="utf-8") for path in paths)
 
 
-NATIVE_SOURCE = _joined(_HERE / "_search.py", _HERE / "_listing.py", _HERE / "_files.py", _HERE / "_uploads.py")
-"""The helper's file ops without a process: its reads and writes (`_files`, `_uploads`), its
-searches (`_search`), its listings and deletes (`_listing`). Shipped inside `SERVER_SOURCE` as a
+NATIVE_SOURCE = _joined(
+    _HERE / "_search.py", _HERE / "_listing.py", _HERE / "_files.py", _HERE / "_uploads.py", _HERE / "_reads.py"
+)
+"""The helper's file ops without a process: its reads and writes (`_files`, `_uploads`,
+`_reads`), its searches (`_search`), its listings and deletes (`_listing`). Shipped inside `SERVER_SOURCE` as a
 string, compiled by the helper when its first file op comes (`_server._native`): they are 45% of
 the helper's source, and compiling them cost every helper's start ~4 ms (of ~12) before its
 first command, in the many sandboxes that run commands only."""
@@ -99,7 +101,7 @@ _READER_SLICE = 0.05
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
 _BINARY_ANSWERS = frozenset({"read_file", "download"})
-"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._files.RAW`):
+"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._reads.RAW`):
 their output is kept exact, one character per byte."""
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""

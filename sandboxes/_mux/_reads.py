@@ -1,0 +1,184 @@
+# ruff: noqa
+# mypy: ignore-errors
+"""Native reads and downloads in the exec helper: `sandboxes._scripts.READ_FILE` and
+``DOWNLOAD`` without a process, their answers sent a step at a time from the helper's loop
+(shipped in ``NATIVE_SOURCE`` after `_files` and `_uploads`: stdlib only, Python 3.6-compatible).
+
+Why a step at a time: the loop is single-threaded, and a file read and sent whole held it for
+as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH
+link) while every other command's output waited; so native reads and downloads were capped at
+8 MiB, and larger ones went to the script (coreutils' base64: ~7 ms a MiB for the client to
+take). Now each answer in flight sends at most `STEP` bytes a turn of the loop, between which
+the loop serves everything else; memory stays one step, and no size is too big to be native.
+
+The answers are the scripts', raw (`RAW`, where the scripts' are base64; `sandboxes._parse`
+tells them apart): a read's is ``RAW`` and at most its limit of the file's bytes; a download's
+is ``RAW`` and per file ``<status> <length>\\n`` and that many bytes, with the script's
+statuses. A file's length is announced before its bytes: the bytes a first read of `STEP`
+found, when the file ended there (whatever its size says: a ``/proc`` file says 0); else its
+size then. A file that turns out shorter than announced (cut while it was sent) hands the
+whole download back (N): the client drops what came and runs the script, which reads what is
+there then. A file that grows meanwhile is sent as long as it was announced.
+"""
+
+import os
+import stat
+
+RAW = b"\0"
+"""The first byte of a native read's or download's answer, which the script's (base64, and a
+download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
+STEP = 256 << 10
+"""The most bytes of one answer sent in a turn of the loop (a read of them, then blocking
+writes of 64 KiB frames): each turn costs ~20 us more than sending on (a poll, a read), and
+another command's output waits at most one step of each answer in flight."""
+
+
+def stream_answer(ident, parts):
+    """Send the answer ``parts`` (`read_parts`, `download_parts`): its first step now, the rest
+    a step a turn of the loop (`step_streams`) until it ends."""
+    if _step(ident, parts):
+        _streaming[ident] = parts
+
+
+def step_streams():
+    """One step of every answer in flight (called by the loop while there are any)."""
+    for ident, parts in list(_streaming.items()):
+        if not _step(ident, parts):
+            del _streaming[ident]
+
+
+def stop_stream(ident):
+    """K, the client's timeout: no more of it; answered as timed out."""
+    parts = _streaming.pop(ident)
+    parts.close()
+    _answer(ident, None, timed_out=True)
+
+
+def abort_streams():
+    """The client is gone: close every file still being sent."""
+    for parts in _streaming.values():
+        parts.close()
+    _streaming.clear()
+
+
+def _step(ident, parts):
+    """Send up to `STEP` bytes of ``parts`` (whole pieces, joined: a download of many small
+    files is a few frames, not two a file); whether more is to come. Its end is answered here:
+    its exit code, ``N`` (`_NotNative`: the script does it, the client drops what came), or the
+    code of an `_Answer` raised before anything was sent (a read of what is not a file)."""
+    pieces, size = [], 0
+    try:
+        while size < STEP:
+            piece = next(parts)
+            pieces.append(piece)
+            size += len(piece)
+    except StopIteration:
+        _send_output(ident, b"".join(pieces))
+        _answer(ident, 0)
+        return False
+    except _Answer as done:  # only before the first piece (`read_parts`)
+        _answer(ident, done.code)
+        return False
+    except Exception:  # _NotNative, or a surprise that must not end the helper: the script decides
+        send(b"N", ident, answer=True)
+        return False
+    _send_output(ident, b"".join(pieces))
+    return True
+
+
+def read_parts(path, limit):
+    """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file. `_Answer` with the
+    script's code (at the first step, nothing sent) when it cannot be read."""
+    fd = _open_regular(path)
+    try:
+        yield RAW
+        left = limit
+        while left > 0:
+            chunk = _read_up_to(fd, min(left, STEP))
+            if not chunk:
+                return
+            left -= len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def download_spec(op):
+    """(limit, paths) of a download ``op``; ValueError when malformed."""
+    limit, paths = (op[1], op[2:]) if len(op) > 2 else (None, [])
+    if not (limit == "-" or (limit is not None and limit.isdigit() and len(limit) <= 19)) or not paths:
+        raise ValueError("wrong arguments for download")
+    for path in paths:  # a lone surrogate: ValueError
+        if not path.startswith("/") or "\0" in path or len(os.fsencode(path)) > _MAX_PATH:
+            raise ValueError("bad path")
+    return limit, paths
+
+
+def download_parts(limit, paths):
+    """`sandboxes._scripts.DOWNLOAD` for ``limit`` (``-``: none) and ``paths``."""
+    yield RAW
+    for path in paths:
+        try:
+            fd = _open_regular(path)
+        except _Answer as failed:
+            yield b"%d 0\n" % failed.code
+            continue
+        try:
+            if limit != "-" and os.fstat(fd).st_size > int(limit):  # `wc -c` counts what a read gives: st_size here
+                yield b"17 0\n"
+                continue
+            first = _read_up_to(fd, STEP)
+            if len(first) < STEP:  # the whole file, whatever its size says
+                yield b"0 %d\n" % len(first)
+                yield first
+                continue
+            size = os.fstat(fd).st_size
+            if size < STEP:  # more than its size says (a /proc file): the script reads it to its end
+                raise _NotNative()
+            yield b"0 %d\n" % size
+            yield first
+            left = size - len(first)
+            while left > 0:
+                chunk = _read_up_to(fd, min(left, STEP))
+                if not chunk:  # cut since its length was announced
+                    raise _NotNative()
+                left -= len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+
+
+def _open_regular(path):
+    """An fd of the regular file at ``path`` (through symlinks), opened as the scripts' ``[ -f ]``
+    then ``true < "$f"`` would find it; else `_Answer` with their code. Never opens what is not
+    a regular file (a FIFO would block this loop)."""
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        code = _why(path)
+        raise _Answer(16 if code == 12 and os.path.exists(path) else code)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        raise _Answer(12)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped meanwhile
+        os.close(fd)
+        raise _NotNative()
+    return fd
+
+
+def _read_up_to(fd, wanted):
+    """Up to ``wanted`` bytes of ``fd``, fewer only at its end. `_NotNative` on a read error:
+    what ``head`` or ``base64`` does then is the script's to say."""
+    data = b""
+    try:
+        while len(data) < wanted:
+            chunk = os.read(fd, wanted - len(data))
+            if not chunk:
+                break
+            data = chunk if not data else data + chunk
+    except OSError:
+        raise _NotNative()
+    return data

@@ -1,0 +1,99 @@
+"""The exec helper's native reads and downloads (`sandboxes._mux._reads`), sent a step at a time:
+other commands run while a big answer is on its way, and a file cut while it is sent hands the
+download back to the script. The real helper over pipes, driven frame by frame, since what is
+checked is when it sends what. (Their answers against the scripts': `native_writes`.)"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE
+
+_F_SETPIPE_SZ = 1031
+
+
+@pytest.fixture
+def helper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(
+        [sys.executable, *PYTHON_FLAGS, "-c", SERVER_SOURCE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _send(process: subprocess.Popen[bytes], kind: bytes, ident: int, payload: dict[str, object]) -> None:
+    assert process.stdin is not None
+    data = json.dumps(payload).encode()
+    process.stdin.write(HEADER.pack(kind, ident, len(data)) + data)
+    process.stdin.flush()
+
+
+def _frame(process: subprocess.Popen[bytes]) -> tuple[bytes, int, bytes]:
+    assert process.stdout is not None
+    kind, ident, length = HEADER.unpack(process.stdout.read(HEADER.size))
+    return kind, ident, process.stdout.read(length)
+
+
+def _download(process: subprocess.Popen[bytes], ident: int, *paths: Path) -> None:
+    _send(process, b"F", ident, {"op": ["download", "-", *map(str, paths)]})
+
+
+def test_a_command_runs_while_a_download_is_on_its_way(helper: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """Nothing is read from the helper until the command has run: a helper that sent the 4 MiB
+    whole (as it did) stays blocked on the full pipe and never starts the command; one that
+    sends a step a turn starts it between two steps."""
+    assert helper.stdout is not None
+    fcntl.fcntl(helper.stdout.fileno(), _F_SETPIPE_SZ, 1 << 20)  # holds a step or more: not all 4 MiB
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * (16 << 10))
+    marker = tmp_path / "ran"
+    _download(helper, 1, big)
+    _send(helper, b"R", 2, {"command": f"touch {marker}", "env": {}})
+    wait_for(marker.exists, "the command did not run while the download was on its way")
+    output, ended = bytearray(), {}
+    while len(ended) < 2:
+        kind, ident, payload = _frame(helper)
+        if kind == b"O" and ident == 1:
+            output += payload
+        elif kind in b"XN":
+            ended[ident] = (kind, payload)
+    assert ended[2][0] == b"X"
+    assert ended[1] == (b"X", b'{"code": 0, "timed_out": false}')
+    assert bytes(output) == b"\0" + b"0 %d\n" % len(big.read_bytes()) + big.read_bytes()
+
+
+def test_a_file_cut_while_it_is_sent_hands_the_download_back(helper: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """Its length was announced and cannot be met: N, and the client runs the script (what came
+    is dropped). The helper is at most a step and a pipe ahead of what was read, so the file is
+    cut before it has read it all."""
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (32 << 20))
+    _download(helper, 1, tmp_path / "missing", big)
+    received = 0
+    while received < 1 << 20:
+        kind, ident, payload = _frame(helper)
+        assert kind in b"AO", f"answered {kind!r} {payload[:100]!r} after {received} bytes"
+        received += len(payload) if kind == b"O" else 0
+    big.write_bytes(b"")
+    while kind not in b"XNE":
+        kind, ident, payload = _frame(helper)
+        received += len(payload) if kind == b"O" else 0
+    assert (kind, ident) == (b"N", 1)
+    assert received < 4 << 20
+    _send(helper, b"R", 2, {"command": "echo served on", "env": {}})
+    answers = [_frame(helper) for _ in range(3)]
+    assert [(kind, payload) for kind, _, payload in answers[1:]] == [
+        (b"O", b"served on\n"),
+        (b"X", b'{"code": 0, "timed_out": false}'),
+    ]

@@ -43,6 +43,8 @@ from sandboxes.local.sandbox import _DEFAULT_PATH, LocalSandbox
 TREE_DIRS = 10
 TREE_FILES_PER_DIR = 20  # 200 files in all
 BLOB_BYTES = 1 << 20
+BIG_BYTES = 16 << 20
+"""Past the 8 MiB that once sent a download to the script: the helper sends it a step at a time."""
 NEEDLE = "needle"
 
 
@@ -159,6 +161,7 @@ def _cases(
             (side / name).write_text("".join(f"line {i}\n" for i in range(100)) + "the alpha word\n")
         (side / "read.txt").write_text("".join(f"line {i} with some text\n" for i in range(200)))
         (side / "blob.bin").write_bytes(os.urandom(BLOB_BYTES))
+        (side / "big.bin").write_bytes(os.urandom(BIG_BYTES))
     sandbox.claim(sb)  # made here by the caller; started by root, the jail runs as another uid
     blob = os.urandom(BLOB_BYTES)
     text = "x" * 1000 + "\n"
@@ -205,6 +208,9 @@ def _cases(
         Case("download_files 1MiB", "open(rb).read()",
              lambda: _ok(sandbox.download_files([str(sb / "blob.bin")])),
              lambda: _read_bytes(str(direct / "blob.bin"))),
+        Case("download_files 16MiB", "open(rb).read()",
+             lambda: _ok(sandbox.download_files([str(sb / "big.bin")])),
+             lambda: _read_bytes(str(direct / "big.bin"))),
     ]  # fmt: skip
     if bwrap is not None:
         cases.insert(1, Case("execute", "raw bwrap sh -c true (floor)", cases[0].sandbox, bwrap))  # fmt: skip

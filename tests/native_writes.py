@@ -278,6 +278,7 @@ def _cases(foreign: bool) -> list[Case]:
             True,
         ),
         Case("download: a file whose size says 0", "", lambda d: download_call("-", "/proc/version"), True),
+        Case("download: over the limit, its size says 0", "", lambda d: download_call("5", "/proc/version"), True),
     ]
     if foreign:
         cases.append(

@@ -26,6 +26,7 @@ OPS = [
     "glob (scripts)",
     "upload_files 1MiB",
     "download_files 1MiB",
+    "download_files 16MiB",
     "execute (one jail per command)",
     "write (one jail per command)",
 ]

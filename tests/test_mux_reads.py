@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,10 +33,12 @@ def helper() -> Iterator[subprocess.Popen[bytes]]:
         process.wait()
 
 
-def _send(process: subprocess.Popen[bytes], kind: bytes, ident: int, payload: dict[str, object]) -> None:
+def _send(process: subprocess.Popen[bytes], *frames: tuple[bytes, int, dict[str, object]]) -> None:
+    """``frames`` (kind, id, JSON payload) in one write: the helper reads them in one go."""
     assert process.stdin is not None
-    data = json.dumps(payload).encode()
-    process.stdin.write(HEADER.pack(kind, ident, len(data)) + data)
+    for kind, ident, payload in frames:
+        data = json.dumps(payload).encode()
+        process.stdin.write(HEADER.pack(kind, ident, len(data)) + data)
     process.stdin.flush()
 
 
@@ -45,21 +48,21 @@ def _frame(process: subprocess.Popen[bytes]) -> tuple[bytes, int, bytes]:
     return kind, ident, process.stdout.read(length)
 
 
-def _download(process: subprocess.Popen[bytes], ident: int, *paths: Path) -> None:
-    _send(process, b"F", ident, {"op": ["download", "-", *map(str, paths)]})
+def _download(ident: int, *paths: Path) -> tuple[bytes, int, dict[str, object]]:
+    return b"F", ident, {"op": ["download", "-", *map(str, paths)]}
 
 
 def test_a_command_runs_while_a_download_is_on_its_way(helper: subprocess.Popen[bytes], tmp_path: Path) -> None:
-    """Nothing is read from the helper until the command has run: a helper that sent the 4 MiB
-    whole (as it did) stays blocked on the full pipe and never starts the command; one that
-    sends a step a turn starts it between two steps."""
+    """The download and the command come in one write, the download first, and nothing is read
+    from the helper until the command has run: a helper that sent the 4 MiB whole (as it did)
+    stays blocked on the full pipe before it looks at the command, and never starts it; one
+    that sends a step a turn starts it between two steps."""
     assert helper.stdout is not None
     fcntl.fcntl(helper.stdout.fileno(), _F_SETPIPE_SZ, 1 << 20)  # holds a step or more: not all 4 MiB
     big = tmp_path / "big"
     big.write_bytes(bytes(range(256)) * (16 << 10))
     marker = tmp_path / "ran"
-    _download(helper, 1, big)
-    _send(helper, b"R", 2, {"command": f"touch {marker}", "env": {}})
+    _send(helper, _download(1, big), (b"R", 2, {"command": f"touch {marker}", "env": {}}))
     wait_for(marker.exists, "the command did not run while the download was on its way")
     output, ended = bytearray(), {}
     while len(ended) < 2:
@@ -79,7 +82,7 @@ def test_a_file_cut_while_it_is_sent_hands_the_download_back(helper: subprocess.
     cut before it has read it all."""
     big = tmp_path / "big"
     big.write_bytes(b"x" * (32 << 20))
-    _download(helper, 1, tmp_path / "missing", big)
+    _send(helper, _download(1, tmp_path / "missing", big))
     received = 0
     while received < 1 << 20:
         kind, ident, payload = _frame(helper)
@@ -91,9 +94,54 @@ def test_a_file_cut_while_it_is_sent_hands_the_download_back(helper: subprocess.
         received += len(payload) if kind == b"O" else 0
     assert (kind, ident) == (b"N", 1)
     assert received < 4 << 20
-    _send(helper, b"R", 2, {"command": "echo served on", "env": {}})
+    _send(helper, (b"R", 2, {"command": "echo served on", "env": {}}))
     answers = [_frame(helper) for _ in range(3)]
     assert [(kind, payload) for kind, _, payload in answers[1:]] == [
         (b"O", b"served on\n"),
         (b"X", b'{"code": 0, "timed_out": false}'),
     ]
+
+
+def test_a_client_gone_while_a_download_is_sent_ends_the_helper_and_its_commands(tmp_path: Path) -> None:
+    """The client closes its ends in the middle of a download: the helper's next write fails
+    (EPIPE), and it ends as at the end of its input, its commands killed. Before, the failed
+    write was a traceback that skipped the cleanup, and the command lived on."""
+    process = subprocess.Popen(
+        [sys.executable, *PYTHON_FLAGS, "-c", SERVER_SOURCE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        big = tmp_path / "big"
+        big.write_bytes(b"x" * (32 << 20))
+        _send(process, (b"R", 1, {"command": "echo $$; exec sleep 300", "env": {}}))
+        kind, ident, payload = _frame(process)
+        while kind != b"O":
+            kind, ident, payload = _frame(process)
+        pid = int(payload)
+        _send(process, _download(2, big))
+        while kind != b"O" or ident != 2:
+            kind, ident, payload = _frame(process)
+        assert process.stdout is not None
+        assert process.stdin is not None
+        process.stdout.close()
+        process.stdin.close()
+        assert process.stderr is not None
+        assert process.wait(timeout=30) == 0, process.stderr.read().decode(errors="replace")
+        wait_for(lambda: not _alive(pid), f"the command ({pid}) outlived its helper")
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, unreaped
+    except FileNotFoundError:
+        return False

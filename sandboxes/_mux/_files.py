@@ -348,8 +348,8 @@ def _start_upload(ident, spec):
 
 
 def _answer_whole(ident, op, answer_for):
-    """The answer of `download`, `_search.search` or `_listing.listing` (``answer_for``): its
-    output, then its exit code; or N. Answered whole, at once."""
+    """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
+    its exit code, a step at a time (`_reads.sent_in_steps`); or N."""
     try:
         answer = answer_for(op)
     except ValueError:
@@ -360,8 +360,7 @@ def _answer_whole(ident, op, answer_for):
         send(b"N", ident, answer=True)
         return
     code, output = answer
-    _send_output(ident, output)
-    _answer(ident, code)
+    stream_answer(ident, sent_in_steps(output, code))
 
 
 def feed_native_op(kind, ident, payload):

@@ -8,8 +8,9 @@ Why a step at a time: the loop is single-threaded, and a file read and sent whol
 as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH
 link) while every other command's output waited; so native reads and downloads were capped at
 8 MiB, and larger ones went to the script (coreutils' base64: ~7 ms a MiB for the client to
-take). Now each answer in flight sends at most `STEP` bytes a turn of the loop, between which
-the loop serves everything else; memory stays one step, and no size is too big to be native.
+take). Now a turn of the loop sends one `STEP` of one answer in flight, and between two the loop
+serves everything else; memory stays a step, and no size is too big to be native. A search's
+or a listing's answer, made whole, goes out the same way (`sent_in_steps`).
 
 The answers are the scripts', raw (`RAW`, where the scripts' are base64; `sandboxes._parse`
 tells them apart): a read's is ``RAW`` and at most its limit of the file's bytes; a download's
@@ -28,23 +29,24 @@ RAW = b"\0"
 """The first byte of a native read's or download's answer, which the script's (base64, and a
 download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
 STEP = 256 << 10
-"""The most bytes of one answer sent in a turn of the loop (a read of them, then blocking
-writes of 64 KiB frames): each turn costs ~20 us more than sending on (a poll, a read), and
-another command's output waits at most one step of each answer in flight."""
+"""How much of an answer a turn of the loop sends (at least this, less than twice: `_step`),
+of one answer in flight a turn (`step_streams`): a turn costs ~20 us more than sending on (a
+poll, a read), and everything else waits at most one step."""
 
 
 def stream_answer(ident, parts):
-    """Send the answer ``parts`` (`read_parts`, `download_parts`): its first step now, the rest
-    a step a turn of the loop (`step_streams`) until it ends."""
-    if _step(ident, parts):
-        _streaming[ident] = parts
+    """Send the answer ``parts`` (`read_parts`, `download_parts`, `sent_in_steps`) a step a turn
+    of the loop, from this one on (`step_streams`), until it ends."""
+    _streaming[ident] = parts
 
 
 def step_streams():
-    """One step of every answer in flight (called by the loop while there are any)."""
-    for ident, parts in list(_streaming.items()):
-        if not _step(ident, parts):
-            del _streaming[ident]
+    """One step of one answer in flight, the one longest without (round robin): however many
+    are in flight, everything else waits at most one step between two turns of the loop."""
+    ident = next(iter(_streaming))
+    parts = _streaming.pop(ident)
+    if _step(ident, parts):
+        _streaming[ident] = parts  # to the back of the line
 
 
 def stop_stream(ident):
@@ -62,19 +64,20 @@ def abort_streams():
 
 
 def _step(ident, parts):
-    """Send up to `STEP` bytes of ``parts`` (whole pieces, joined: a download of many small
-    files is a few frames, not two a file); whether more is to come. Its end is answered here:
-    its exit code, ``N`` (`_NotNative`: the script does it, the client drops what came), or the
-    code of an `_Answer` raised before anything was sent (a read of what is not a file)."""
+    """Send pieces of ``parts`` (each at most `STEP` bytes) until `STEP` bytes or more, so less
+    than two steps' worth, joined (a download of many small files is a few frames, not two a
+    file); whether more is to come. Its end is answered here: its exit code (what ``parts``
+    returns; none: 0), ``N`` (`_NotNative`: the script does it, the client drops what came),
+    or the code of an `_Answer` raised before anything was sent (a read of what is not a file)."""
     pieces, size = [], 0
     try:
         while size < STEP:
             piece = next(parts)
             pieces.append(piece)
             size += len(piece)
-    except StopIteration:
+    except StopIteration as end:
         _send_output(ident, b"".join(pieces))
-        _answer(ident, 0)
+        _answer(ident, 0 if end.value is None else end.value)
         return False
     except _Answer as done:  # only before the first piece (`read_parts`)
         _answer(ident, done.code)
@@ -84,6 +87,14 @@ def _step(ident, parts):
         return False
     _send_output(ident, b"".join(pieces))
     return True
+
+
+def sent_in_steps(output, code):
+    """An answer made whole (a search's, a listing's: bounded, `_search.SEARCH_MAX_OUTPUT`),
+    sent a step at a time all the same, then ``code``."""
+    for offset in range(0, len(output), STEP):
+        yield output[offset : offset + STEP]
+    return code
 
 
 def read_parts(path, limit):
@@ -128,13 +139,12 @@ def download_parts(limit, paths):
                 yield b"17 0\n"
                 continue
             first = _read_up_to(fd, STEP)
-            if len(first) < STEP:  # the whole file, whatever its size says
-                yield b"0 %d\n" % len(first)
-                yield first
-                continue
-            size = os.fstat(fd).st_size
-            if size < STEP:  # more than its size says (a /proc file): the script reads it to its end
+            size = len(first) if len(first) < STEP else os.fstat(fd).st_size  # short: the whole file
+            if size < len(first):  # more than its size says (a /proc file): the script reads it to its end
                 raise _NotNative()
+            if limit != "-" and size > int(limit):  # its size said less (a /proc file), or it grew
+                yield b"17 0\n"
+                continue
             yield b"0 %d\n" % size
             yield first
             left = size - len(first)

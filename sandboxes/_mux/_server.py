@@ -164,7 +164,9 @@ def send(kind, ident, payload=b"", answer=False):
 
 
 def flush():
-    """Write every queued frame (blocking, whole)."""
+    """Write every queued frame (blocking, whole). A client gone (its end of the stream closed)
+    ends the serving as the end of its input does, into the loop's cleanup (its commands killed,
+    its file ops aborted): a traceback here skipped that, and left its commands running."""
     _held_until[0] = None
     if not _outbox:
         return
@@ -175,6 +177,9 @@ def flush():
                 written += os.write(1, view[written:])
             except BlockingIOError:  # someone made the stream non-blocking: wait, as a blocking write would
                 select.select([], [1], [])
+            except (BrokenPipeError, ConnectionResetError):  # the client is gone: as at the end of its input
+                _serving[0] = False
+                break
     del _outbox[:]
 
 
@@ -586,9 +591,9 @@ def main():
             callback(events)
             if not _serving[0]:
                 break
-        now = time.monotonic()
-        if _streaming:
+        if _streaming and _serving[0]:
             step_streams()
+        now = time.monotonic()
         if ready or _commands or _streaming:
             _last_event[0] = now
         elif _native_loaded[0] is None and now >= _last_event[0] + NATIVE_IDLE:

@@ -8,8 +8,8 @@ Why a step at a time: the loop is single-threaded, and a file read and sent whol
 as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH
 link) while every other command's output waited; so native reads and downloads were capped at
 8 MiB, and larger ones went to the script (coreutils' base64: ~7 ms a MiB for the client to
-take). Now a turn of the loop sends one `STEP` of one answer in flight, and between two the loop
-serves everything else; memory stays a step, and no size is too big to be native. A search's
+take). Now a turn of the loop sends one `STEP` of the answers in flight, and between two the
+loop serves everything else; memory stays a step, and no size is too big to be native. A search's
 or a listing's answer, made whole, goes out the same way (`sent_in_steps`).
 
 The answers are the scripts', raw (`RAW`, where the scripts' are base64; `sandboxes._parse`
@@ -29,9 +29,9 @@ RAW = b"\0"
 """The first byte of a native read's or download's answer, which the script's (base64, and a
 download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
 STEP = 256 << 10
-"""How much of an answer a turn of the loop sends (at least this, less than twice: `_step`),
-of one answer in flight a turn (`step_streams`): a turn costs ~20 us more than sending on (a
-poll, a read), and everything else waits at most one step."""
+"""How much a turn of the loop sends of the answers in flight (at least this, or all of them;
+less than twice this: `_step`, `step_streams`): a turn costs ~20 us more than sending on (a
+poll, a read), and everything else waits at most about one step."""
 
 
 def stream_answer(ident, parts):
@@ -41,12 +41,17 @@ def stream_answer(ident, parts):
 
 
 def step_streams():
-    """One step of one answer in flight, the one longest without (round robin): however many
-    are in flight, everything else waits at most one step between two turns of the loop."""
-    ident = next(iter(_streaming))
-    parts = _streaming.pop(ident)
-    if _step(ident, parts):
-        _streaming[ident] = parts  # to the back of the line
+    """Steps of the answers in flight, each time of the one longest without (round robin), until
+    `STEP` bytes went out this turn: however many are in flight, everything else waits at most
+    about a step between two turns of the loop, and many small answers still leave together."""
+    sent = 0
+    while _streaming and sent < STEP:
+        ident = next(iter(_streaming))
+        parts = _streaming.pop(ident)
+        more, size = _step(ident, parts, STEP - sent)
+        sent += size
+        if more:
+            _streaming[ident] = parts  # to the back of the line
 
 
 def stop_stream(ident):
@@ -63,30 +68,31 @@ def abort_streams():
     _streaming.clear()
 
 
-def _step(ident, parts):
-    """Send pieces of ``parts`` (each at most `STEP` bytes) until `STEP` bytes or more, so less
-    than two steps' worth, joined (a download of many small files is a few frames, not two a
-    file); whether more is to come. Its end is answered here: its exit code (what ``parts``
-    returns; none: 0), ``N`` (`_NotNative`: the script does it, the client drops what came),
-    or the code of an `_Answer` raised before anything was sent (a read of what is not a file)."""
+def _step(ident, parts, budget):
+    """Send pieces of ``parts`` (each at most `STEP` bytes) until ``budget`` bytes or more, so
+    less than two steps' worth, joined (a download of many small files is a few frames, not two
+    a file); (whether more is to come, how many bytes went). Its end is answered here: its exit
+    code (what ``parts`` returns; none: 0), ``N`` (`_NotNative`: the script does it, the client
+    drops what came), or the code of an `_Answer` raised before anything was sent (a read of
+    what is not a file)."""
     pieces, size = [], 0
     try:
-        while size < STEP:
+        while size < budget:
             piece = next(parts)
             pieces.append(piece)
             size += len(piece)
     except StopIteration as end:
         _send_output(ident, b"".join(pieces))
         _answer(ident, 0 if end.value is None else end.value)
-        return False
+        return False, size
     except _Answer as done:  # only before the first piece (`read_parts`)
         _answer(ident, done.code)
-        return False
+        return False, 0
     except Exception:  # _NotNative, or a surprise that must not end the helper: the script decides
         send(b"N", ident, answer=True)
-        return False
+        return False, 0
     _send_output(ident, b"".join(pieces))
-    return True
+    return True, size
 
 
 def sent_in_steps(output, code):

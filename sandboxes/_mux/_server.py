@@ -444,7 +444,7 @@ def _on_input(_mask):
         _serving[0] = False
         return
     _inbox.extend(memoryview(_chunk)[:size])
-    while len(_inbox) >= HEADER.size:
+    while _serving[0] and len(_inbox) >= HEADER.size:  # a client gone (`flush`): nothing more is started
         kind, ident, length = HEADER.unpack_from(_inbox)
         if kind not in b"PRICKMF" or length > MAX_FRAME:
             sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (bytes(_inbox[: HEADER.size]),))

@@ -58,6 +58,8 @@ cd ../edge
 printf '\357\273\277needle bom\n' > bom8/f.txt
 printf '\377\376n\000e\000' > bom16/f.txt
 { head -c 9000 /dev/zero | tr '\0' y; printf '\nplain\n'; head -c 10 /dev/zero; } > nul-late-nomatch/f.bin
+mkdir ../big
+yes 'needle, and enough words after it to make its answer line long' | head -n 8000 > ../big/many.txt
 """
 """Built with the sandbox's own shell, so every backend gets the same bytes."""
 
@@ -105,6 +107,7 @@ _CASES = [
     Case("grep a late NUL, other pattern", _grep("absent", "edge/nul-late-nomatch"), True),
     Case("grep a UTF-8 BOM", _grep("needle", "edge/bom8"), False),
     Case("grep a UTF-16 BOM", _grep("n", "edge/bom16"), False),
+    Case("grep an answer of many steps (`_reads.sent_in_steps`)", _grep("needle", "big"), True),
     Case("glob *.py", _glob("*.py", "tree"), True),
     Case("glob **/*.txt", _glob("**/*.txt", "tree"), True),
     Case("glob sub/**", _glob("sub/**", "tree"), True),

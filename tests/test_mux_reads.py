@@ -76,6 +76,24 @@ def test_a_command_runs_while_a_download_is_on_its_way(helper: subprocess.Popen[
     assert bytes(output) == b"\0" + b"0 %d\n" % len(big.read_bytes()) + big.read_bytes()
 
 
+def test_two_big_downloads_take_turns(helper: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """Asked together, the second download's bytes start before the first one ends: each turn
+    of the loop sends a step of the answers in flight in turn (a helper that sent answers whole
+    sent all of the first first)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_bytes(b"1" * (4 << 20))
+    second.write_bytes(b"2" * (4 << 20))
+    _send(helper, _download(1, first), _download(2, second))
+    events, output = [], {1: bytearray(), 2: bytearray()}
+    while sum(kind == b"X" for kind, _ in events) < 2:
+        kind, ident, payload = _frame(helper)
+        events.append((kind, ident))
+        if kind == b"O":
+            output[ident] += payload
+    assert events.index((b"O", 2)) < events.index((b"X", 1)), "the second waited for the whole first"
+    assert [bytes(output[i]) for i in (1, 2)] == [b"\0" + b"0 %d\n" % (4 << 20) + b * (4 << 20) for b in (b"1", b"2")]
+
+
 def test_a_file_cut_while_it_is_sent_hands_the_download_back(helper: subprocess.Popen[bytes], tmp_path: Path) -> None:
     """Its length was announced and cannot be met: N, and the client runs the script (what came
     is dropped). The helper is at most a step and a pipe ahead of what was read, so the file is

@@ -41,7 +41,6 @@ except ImportError:
 # `NATIVE_OPS` is `_server`'s (its hello names them before this file is compiled), `SEARCH_OPS`
 # and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` and
 # `_reads` after it
-_OUTPUT_CHUNK = 64 << 10
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
 _HASH_CHUNK = 1 << 20
@@ -295,11 +294,6 @@ class _NativeWrite(object):
             self.temp = None
 
 
-def _send_output(ident, output):
-    for offset in range(0, len(output), _OUTPUT_CHUNK):
-        send(b"O", ident, output[offset : offset + _OUTPUT_CHUNK])
-
-
 def _answer(ident, code, timed_out=False):
     send(b"X", ident, json.dumps({"code": code, "timed_out": timed_out}).encode(), answer=True)
 
@@ -365,7 +359,7 @@ def _answer_whole(ident, op, answer_for):
 
 def feed_native_op(kind, ident, payload):
     """I, C or K for an op in flight (anything else, or an op already answered: ignored)."""
-    if ident in _streaming:  # a read or download being sent: K stops it, nothing else is for it
+    if ident in _streaming:  # an answer being sent (`_reads`): K stops it, nothing else is for it
         if kind == b"K":
             stop_stream(ident)
         return

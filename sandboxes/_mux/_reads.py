@@ -32,6 +32,8 @@ STEP = 256 << 10
 """How much a turn of the loop sends of the answers in flight (at least this, or all of them;
 less than twice this: `_step`, `step_streams`): a turn costs ~20 us more than sending on (a
 poll, a read), and everything else waits at most about one step."""
+_FRAME = 64 << 10
+"""The most bytes of one O frame (the client refuses frames over 1 MiB)."""
 
 
 def stream_answer(ident, parts):
@@ -93,6 +95,11 @@ def _step(ident, parts, budget):
         return False, 0
     _send_output(ident, b"".join(pieces))
     return True, size
+
+
+def _send_output(ident, output):
+    for offset in range(0, len(output), _FRAME):
+        send(b"O", ident, output[offset : offset + _FRAME])
 
 
 def sent_in_steps(output, code):

@@ -76,7 +76,7 @@ HEADER = struct.Struct(">cII")
 NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete"]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
 ``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``), named in the hello before their code is
-compiled (`_native`)."""
+compiled (`_load_native`)."""
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0
@@ -101,7 +101,7 @@ _undumpable = [False]
 _main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
 _markers = [0]  # of the shells started ahead of their command (`_spawn`)
 _native_loaded = [None]
-"""Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_search`, `_listing`, which
+"""Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
 the shipped script carries as a string) is compiled into this module's globals (``None``: not
 tried yet). Not at the start: they are 45% of the source, and compiling them cost every helper's
 start 3.5 ms (of 7.6 for the whole script, in the runtime image) before its first command. They
@@ -109,7 +109,7 @@ are compiled once the helper has been idle `NATIVE_IDLE` seconds with no command
 agent's sandbox between two turns, a pool's spare), or by the first file op that comes sooner
 (`_load_native`)."""
 _last_event = [0.0]  # monotonic time the loop last had something to do
-_streaming = {}  # id -> a read's or download's answer being sent, a step a turn (`_reads`)
+_streaming = {}  # id -> a file op's answer being sent, a step a turn (`_reads`)
 
 
 class _Poller(object):

@@ -66,10 +66,10 @@ NATIVE_SOURCE = _joined(
     _HERE / "_search.py", _HERE / "_listing.py", _HERE / "_files.py", _HERE / "_uploads.py", _HERE / "_reads.py"
 )
 """The helper's file ops without a process: its reads and writes (`_files`, `_uploads`,
-`_reads`), its searches (`_search`), its listings and deletes (`_listing`). Shipped inside `SERVER_SOURCE` as a
-string, compiled by the helper when its first file op comes (`_server._native`): they are 45% of
-the helper's source, and compiling them cost every helper's start ~4 ms (of ~12) before its
-first command, in the many sandboxes that run commands only."""
+`_reads`), its searches (`_search`), its listings and deletes (`_listing`). Shipped inside
+`SERVER_SOURCE` as a string, compiled by the helper once it idles or at its first file op
+(`_server._load_native`): they are 45% of the helper's source, and compiling them cost every
+helper's start 3.5 ms (of 7.6 in the runtime image) before its first command."""
 
 SERVER_SOURCE = f"_NATIVE_SOURCE = {NATIVE_SOURCE!r}\n" + _joined(
     _HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_spawn.py", _HERE / "_server.py"

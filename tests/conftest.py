@@ -18,7 +18,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 from support import HAS_BWRAP, IN_CI, SESSION_OWNER, needs
 
-from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -97,4 +97,16 @@ def jail(tmp_path: Path) -> Iterator[LocalSandbox]:
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         assert sandbox.execute("true").exit_code == 0
+        yield sandbox
+
+
+@pytest.fixture(scope="module")
+def unisolated_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSandbox]:
+    """A LocalSandbox without bubblewrap (``isolation="none"``), one per test module: its conformance
+    suite (test_local.py) and the scripts run in a plain shell (test_local_scripts.py)."""
+    root = tmp_path_factory.mktemp("unisolated")
+    with (
+        pytest.warns(NotIsolatedWarning, match="NOT isolated"),
+        LocalSandbox(config=LocalSandboxConfig(root_dir=root, isolation="none")) as sandbox,
+    ):
         yield sandbox

@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxes import _parse, _scripts
@@ -33,20 +33,20 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    CommandRun,
+    CommandsOnHelper,
     HelperStarts,
     MuxBroken,
     MuxClient,
     command_marker,
     kill_tagged,
     python_missing,
-    run_command_once,
-    run_native_once,
 )
-from sandboxes._output import OutputBuffer, execute_response, out_of_memory
+from sandboxes._output import OutputBuffer, execute_response
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
-from sandboxes.base import Call, StreamingSandbox, write_call
+from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox
 from sandboxes.docker._io import ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
@@ -96,8 +96,10 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(StreamingSandbox, Lifecycle):
+class DockerSandbox(CommandsOnHelper, Lifecycle):
     """One container. Thread-safe: many commands and file operations may run at once."""
+
+    config: DockerSandboxConfig
 
     def __init__(
         self, container: Container, client: docker.DockerClient, config: DockerSandboxConfig, *, owned: bool = True
@@ -168,52 +170,31 @@ class DockerSandbox(StreamingSandbox, Lifecycle):
 
     # ------------------------------------------------------------------ execute
 
-    def execute_streaming(
-        self,
-        command: str,
-        on_output: Callable[[bytes], None] | None,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        timeout = self.config.default_timeout if timeout is None else timeout
-        limit = self.config.output_limit if output_limit is None else output_limit
-        environment = {**self.config.env, **(env or {})}
-        workdir = cwd or self.config.workdir
+    _command_lost = "exec helper died during the command"
+    _file_op_lost = "exec helper died during the file operation"
+
+    def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
+        """`CommandsOnHelper._run_command`, the engine's failures answered: around the helper's
+        start as around the fallback's exec."""
         try:
-            response = run_command_once(
-                self._helper,
-                self._drop_broken,
-                command,
-                timeout=timeout,
-                stdin=data,
-                env=environment,
-                cwd=workdir,
-                output_limit=limit,
-                on_output=on_output,
-                lost="exec helper died during the command",
-            )
-            if response is None:
-                response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
+            return super()._run_command(run)
         except _MayHaveRun as lost:
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(lost))
         except _engine_errors() as refused:  # before anything was started: a helper's or an exec's creation
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
-        if response.exit_code == 137 and self._oom_killed():
-            return out_of_memory(response, self.config.memory)
-        return response
 
-    native_file_ops = True
+    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
+        """One ``docker exec`` (`_exec_once`); its failures are `_run_command`'s to answer."""
+        return self._exec_once(run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+
+    @property
+    def _memory_limit(self) -> str:
+        return self.config.memory
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        lost = "exec helper died during the file operation"
+        """`FileOpsOnHelper._run_native`, the engine refusing the helper's start answered."""
         try:
-            return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
+            return super()._run_native(call)
         except _engine_errors() as refused:  # the helper's start: nothing was sent
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
 

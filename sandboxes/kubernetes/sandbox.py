@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -34,17 +34,16 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    CommandRun,
+    CommandsOnHelper,
     HelperStarts,
     MuxBroken,
     MuxClient,
     command_marker,
     kill_tagged,
     python_missing,
-    run_command_once,
-    run_native_once,
 )
-from sandboxes._output import OutputBuffer, execute_response, out_of_memory
-from sandboxes.base import Call, StreamingSandbox
+from sandboxes._output import OutputBuffer, execute_response
 from sandboxes.kubernetes._exec import (
     MAX_ARCHIVE_MEMBERS,
     ExecError,
@@ -116,8 +115,10 @@ _OOM_COUNT = (
 )
 
 
-class KubernetesSandbox(StreamingSandbox, Lifecycle):
+class KubernetesSandbox(CommandsOnHelper, Lifecycle):
     """One pod. Thread-safe: many commands and file operations may run at once."""
+
+    config: KubernetesSandboxConfig
 
     def __init__(self, name: str, api: CoreV1Api, config: KubernetesSandboxConfig, *, owned: bool = True) -> None:
         self.name = name
@@ -206,49 +207,21 @@ class KubernetesSandbox(StreamingSandbox, Lifecycle):
 
     # ------------------------------------------------------------------ execute
 
-    def execute_streaming(
-        self,
-        command: str,
-        on_output: Callable[[bytes], None] | None,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        timeout = self.config.default_timeout if timeout is None else timeout
-        limit = self.config.output_limit if output_limit is None else output_limit
-        environment = {**self.config.env, **(env or {})}
-        workdir = cwd or self.config.workdir
-        response = run_command_once(
-            self._helper,
-            self._drop_broken,
-            command,
-            timeout=timeout,
-            stdin=data,
-            env=environment,
-            cwd=workdir,
-            output_limit=limit,
-            on_output=on_output,
-            lost="the exec stream dropped during the command",
-        )
-        if response is None:
-            try:
-                response = self._exec_once(command, timeout, data, environment, workdir, limit, on_output)
-            except ExecError as exc:
-                return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
-        if response.exit_code == 137 and self._oom_killed():
-            return out_of_memory(response, self.config.memory_limit or "none")
-        return response
+    _command_lost = "the exec stream dropped during the command"
+    _file_op_lost = "the exec stream dropped during the file operation"
 
-    native_file_ops = True
+    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
+        """One exec (`_exec_once`); one that could not be opened answers ``unavailable``."""
+        try:
+            return self._exec_once(
+                run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output
+            )
+        except ExecError as exc:
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
 
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        lost = "the exec stream dropped during the file operation"
-        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
+    @property
+    def _memory_limit(self) -> str:
+        return self.config.memory_limit or "none"
 
     def _helper(self) -> MuxClient | None:
         with self._mux_lock:

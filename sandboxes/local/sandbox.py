@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
 from sandboxes._mux import (
+    FileOpsOnHelper,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -43,10 +44,9 @@ from sandboxes._mux import (
     kill_tagged,
     python_missing,
     run_command_once,
-    run_native_once,
 )
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
-from sandboxes.base import Call, Operation, StreamingSandbox
+from sandboxes.base import Operation
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
@@ -116,7 +116,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     sandbox_id: str | None = None
 
 
-class LocalSandbox(StreamingSandbox, Lifecycle):
+class LocalSandbox(FileOpsOnHelper, Lifecycle):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -366,12 +366,7 @@ class LocalSandbox(StreamingSandbox, Lifecycle):
         )
         return None if response is None else self._oom_checked(response, oom_before)
 
-    native_file_ops = True
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
-        lost = "the sandbox's jail died during the file operation"
-        return run_native_once(self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=lost)
+    _file_op_lost = "the sandbox's jail died during the file operation"
 
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands

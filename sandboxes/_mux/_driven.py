@@ -1,0 +1,168 @@
+"""A sandbox driven through its exec helper: file ops (`FileOpsOnHelper`) and, for the transports
+that fall back to one exec per command, commands too (`CommandsOnHelper`).
+
+Why one module: Docker's and Kubernetes' ``execute_streaming`` were twins, and so were the
+``_run_native`` of those two and of the local jail: fill in the config's defaults, try the
+helper (`run_command_once`, `run_native_once`), fall back to the transport's own exec, then
+tell an out-of-memory kill from a plain exit 137. What differs is small and stays with each
+transport: its fallback and the failures it answers for (`CommandsOnHelper._run_alone`, or
+`CommandsOnHelper._run_command` wrapped when a helper's start fails in its own words too), its
+messages, and how it words its memory limit. The order of it all lives here alone.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from sandboxes import protocol as p
+from sandboxes._mux._resend import run_command_once, run_native_once
+from sandboxes._mux._stream import MuxBroken
+from sandboxes._mux.client import MuxClient
+from sandboxes._output import out_of_memory
+from sandboxes.base import Call, StreamingSandbox
+
+__all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper"]
+
+
+class CommandDefaults(Protocol):
+    """What a transport's config fills in for what a command leaves out."""
+
+    @property
+    def default_timeout(self) -> float: ...
+    @property
+    def output_limit(self) -> int: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def workdir(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    """One command with its defaults filled in: what the helper is asked to run, and what the
+    transport's fallback runs when there is no helper."""
+
+    command: str
+    on_output: Callable[[bytes], None] | None
+    timeout: float
+    stdin: bytes | None
+    env: dict[str, str]
+    """The config's environment, then the command's over it."""
+    cwd: str
+    output_limit: int
+
+    @classmethod
+    def resolve(
+        cls,
+        defaults: CommandDefaults,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun:
+        """``execute_streaming``'s arguments, what they leave out taken from ``defaults``."""
+        return cls(
+            command,
+            on_output,
+            timeout=defaults.default_timeout if timeout is None else timeout,
+            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
+            env={**defaults.env, **(env or {})},
+            cwd=cwd or defaults.workdir,
+            output_limit=defaults.output_limit if output_limit is None else output_limit,
+        )
+
+
+class FileOpsOnHelper(StreamingSandbox):
+    """A sandbox whose file ops go to its exec helper first (`sandboxes.base.BaseSandbox.
+    native_file_ops`), by `run_native_once`: the helper the transport has or starts
+    (`_helper`), let go of when found broken (`_drop_broken`)."""
+
+    native_file_ops = True
+
+    _file_op_lost: ClassVar[str]
+    """``connection_lost``'s message for a file op whose helper broke after it was sent."""
+
+    @abc.abstractmethod
+    def _helper(self) -> MuxClient | None:
+        """The running helper, or one started now; ``None``: there is none, run the script."""
+
+    @abc.abstractmethod
+    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """Let go of ``mux``, found broken, so that the next call starts a new one."""
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
+        return run_native_once(
+            self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=self._file_op_lost
+        )
+
+
+class CommandsOnHelper(FileOpsOnHelper):
+    """A sandbox whose commands run on its exec helper, and each in an exec of its own
+    (`_run_alone`) where it has none: `execute_streaming` for Docker and Kubernetes.
+
+    An answer the transport makes of a failure (``unavailable``, ``connection_lost``) has no
+    exit code, so it is never taken for an out-of-memory kill: the memory cgroup is looked at
+    (`_oom_killed`) only for a command that exited 137."""
+
+    config: CommandDefaults
+
+    _command_lost: ClassVar[str]
+    """``connection_lost``'s message for a command whose helper broke after it was sent."""
+
+    @property
+    @abc.abstractmethod
+    def _memory_limit(self) -> str:
+        """The memory limit, as `sandboxes._output.out_of_memory` names it to the caller."""
+
+    @abc.abstractmethod
+    def _oom_killed(self) -> bool:
+        """Whether the sandbox's memory cgroup killed something since the last look."""
+
+    @abc.abstractmethod
+    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
+        """``run`` without the helper (there is none, or none could start): the transport's
+        own exec, its failures answered in the protocol's words."""
+
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: Callable[[bytes], None] | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        run = CommandRun.resolve(
+            self.config, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        response = self._run_command(run)
+        if response.exit_code == 137 and self._oom_killed():
+            return out_of_memory(response, self._memory_limit)
+        return response
+
+    def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
+        """``run`` on the helper, else `_run_alone`. A transport whose helper's start fails in
+        its own words too wraps this, to answer for both."""
+        response = run_command_once(
+            self._helper,
+            self._drop_broken,
+            run.command,
+            timeout=run.timeout,
+            stdin=run.stdin,
+            env=run.env,
+            cwd=run.cwd,
+            output_limit=run.output_limit,
+            on_output=run.on_output,
+            lost=self._command_lost,
+        )
+        return self._run_alone(run) if response is None else response

@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 
 from sandboxes import protocol as p
 from sandboxes._mux import client as client_module
+from sandboxes._mux._frames import _Pending, _request_frame, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
 from sandboxes._mux._stream import MuxBroken
-from sandboxes._mux.client import MuxClient, _Pending, _request_frame, _response, _send_stdin
+from sandboxes._mux.client import MuxClient
 from sandboxes._output import OutputBuffer
 
 __all__ = ["arun"]

@@ -4,9 +4,10 @@
 
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
 command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
-and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped after `_reap`
-(``SERVER_SOURCE`` is those files and `sandboxes._kill`, one script), whose ``kill_marked``,
-``kill_orphans``, ``reap_orphans``, ``has_strays`` and ``_container_main`` it calls.
+and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped last, after
+`_reap`, whose ``kill_marked``, ``kill_orphans``, ``reap_orphans``, ``has_strays`` and
+``_container_main`` it calls, `_spawn` and `_command` (a command from its request to its
+answer: ``Command``); ``SERVER_SOURCE`` is those files and `sandboxes._kill`, one script.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (JSON spec), I stdin bytes, C close stdin, K kill,
@@ -23,8 +24,8 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does; such a caller may announce,
-as ``next_marker`` in an R spec, the marker its next command will carry: `_next_key`); a
-timeout or a kill takes down its process group and every process still carrying the marker,
+as ``next_marker`` in an R spec, the marker its next command will carry: `_command._next_key`);
+a timeout or a kill takes down its process group and every process still carrying the marker,
 which catches descendants that called setsid or double-forked.
 
 Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid ...``), and a
@@ -142,6 +143,7 @@ class _Poller(object):
 
 
 _poller = _Poller()
+_spares = Spares(_leaders, _spare_env)  # shells waiting for commands (`_spawn`, `_command`)
 
 
 def send(kind, ident, payload=b"", answer=False):
@@ -205,222 +207,6 @@ def _become_undumpable():
 
 def _kill_orphans():
     kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
-
-
-# ------------------------------------------------------------------ commands
-
-
-class Command(object):
-    def __init__(self, ident, spec):
-        self.ident = ident
-        self.killed = False
-        self.timed_out = False
-        self.finished = False
-        self.reaped = False
-        self.code = None
-        self.stdin_queue = []
-        self.stdin_closing = False
-        self.stdin_waiting = False
-        self.drain_deadline = None
-        timeout = spec.get("timeout")
-        self.deadline = time.monotonic() + timeout if timeout else None
-        spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
-        script = warm_script(spec["command"], spec_env, with_stdin)
-        # Once answered: a shell for the next command like it (its marker: the one announced).
-        self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
-        enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
-        warm = _spares.take(script, spec_env, cwd)
-        if warm is not None:
-            self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
-        else:
-            self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
-            env = _command_env(spec_env, self.marker)
-            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
-        self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
-        _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
-
-    def start(self):
-        _poller.register(self.out_fd, _Poller.READ, self.on_output)
-        _commands[self.ident] = self
-
-    def on_output(self, _mask):
-        if self.out_fd is None:  # closed by an earlier event of the same batch
-            return
-        try:
-            chunk = os.read(self.out_fd, 65536)
-        except OSError:
-            chunk = b""
-        if chunk:
-            send(b"O", self.ident, chunk)
-            return
-        self.close_output()
-        if self.reaped:
-            self.finish()
-        elif self.has_exited():
-            self.exited()  # which finishes it: its output just ended
-
-    def has_exited(self):
-        """Whether the leader has exited (not reaped yet). Asked when its output ends, which is
-        usually its exit: the kernel closes a process's files just before it tells the parent, so
-        the answer goes out in this turn of the loop, not one more turn later on the SIGCHLD."""
-        return has_exited(self.pid)
-
-    def close_output(self):
-        if self.out_fd is not None:
-            _poller.unregister(self.out_fd)
-            os.close(self.out_fd)
-            self.out_fd = None
-
-    def feed(self, data):
-        """Queue stdin bytes (``None``: close it once written), written as the pipe takes them."""
-        if self.in_fd is None:
-            return
-        if data is None:
-            self.stdin_closing = True
-        elif data:
-            self.stdin_queue.append(memoryview(data))
-        self.write_stdin(None)
-
-    def write_stdin(self, _mask):
-        if self.in_fd is None:  # closed by an earlier event of the same batch
-            return
-        while self.stdin_queue:
-            data = self.stdin_queue[0]
-            try:
-                written = os.write(self.in_fd, data)
-            except BlockingIOError:
-                written = 0
-            except OSError:  # the command closed its stdin: the rest is dropped, as a pipe would
-                self.close_stdin()
-                return
-            if written < len(data):
-                self.stdin_queue[0] = data[written:]
-                if not self.stdin_waiting:
-                    _poller.register(self.in_fd, _Poller.WRITE, self.write_stdin)
-                    self.stdin_waiting = True
-                return
-            self.stdin_queue.pop(0)
-        if self.stdin_waiting:
-            _poller.unregister(self.in_fd)
-            self.stdin_waiting = False
-        if self.stdin_closing:
-            self.close_stdin()
-
-    def close_stdin(self):
-        if self.in_fd is not None:
-            if self.stdin_waiting:
-                _poller.unregister(self.in_fd)
-                self.stdin_waiting = False
-            os.close(self.in_fd)
-            self.in_fd = None
-        self.stdin_queue = []
-
-    def kill(self):
-        """Kill the command's process group (only while unreaped: after that its id may already
-        belong to another command's group) and every process carrying its marker."""
-        if not self.reaped:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        kill_marked(self.marker)
-
-    def expire(self):
-        self.timed_out = True
-        self.deadline = None
-        self.kill()
-
-    def stop(self):
-        """The client's kill (K)."""
-        self.killed = True
-        self.kill()
-
-    def exited(self):
-        """The leader exited and is not reaped yet: its pid (and group id) are still ours, so the
-        group's leftovers are killed now; only then is it reaped."""
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        _, status = os.waitpid(self.pid, 0)
-        del _leaders[self.pid]
-        self.reaped = True
-        self.deadline = None
-        self.code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        self.close_stdin()
-        if self.timed_out or self.killed:  # what escaped holds the output open: end it now
-            self.finished = True  # (so that its own marker does not protect what escaped)
-            _kill_orphans()
-            self.finished = False
-        if self.finished:  # it failed to start properly and was answered with E
-            return
-        if self.out_fd is None:
-            self.finish()
-        else:  # a process outside the group (setsid) may hold the output open: wait a little
-            self.drain_deadline = time.monotonic() + (TIMED_OUT_DRAIN if self.timed_out else DRAIN_GRACE)
-
-    def finish(self):
-        self.finished = True
-        self.drain_deadline = None
-        self.close_output()
-        _commands.pop(self.ident, None)
-        code = None if self.timed_out else self.code
-        send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
-        if self.warm_key is not None:
-            _spares.wanted = self.warm_key
-        # Then whatever left its group (setsid, double forks) ends too; once the answer is
-        # written at the end of this turn of the loop, so that scanning /proc does not delay it.
-        _ended.append(self)
-
-    def next_deadline(self):
-        return self.drain_deadline if self.drain_deadline is not None else self.deadline
-
-    def on_deadline(self, now):
-        if self.drain_deadline is not None and now >= self.drain_deadline:
-            self.finish()
-        elif self.deadline is not None and now >= self.deadline:
-            self.expire()
-
-
-def _command_env(spec_env, marker):
-    env = dict(_base_env)
-    env.update(spec_env)
-    env[MARKER_ENV] = marker
-    return env
-
-
-def _next_key(spec_env, cwd, next_marker, could_run_warm):
-    """(env, cwd) of the next command like this one, for which a shell is started once this one
-    is answered; None: none is foreseen. A caller that marks its commands itself (the service:
-    a token per call, which a kill from outside this helper looks for) announces with a command
-    the marker its next will carry (``next_marker``, in the R frame), and the shell is started
-    with that one: its environment, the marker in it, is fixed when it starts. One that gives
-    its own marker and announces none gets no shell: its next marker is unknown. An announced
-    marker gets its shell also after a command that could not run warm itself (stdin, a long
-    script): the caller hands that marker out next, whatever this command was."""
-    if not plain_env(spec_env):
-        return None
-    if MARKER_ENV not in spec_env:
-        return (spec_env, cwd) if could_run_warm else None
-    if not isinstance(next_marker, str) or not next_marker or "\0" in next_marker:
-        return None
-    key_env = dict(spec_env)
-    key_env[MARKER_ENV] = next_marker
-    return key_env, cwd
-
-
-def _spare_env(spec_env):
-    """(environment, marker) of a shell started ahead of its command: the marker announced for
-    it (`_next_key`), else one of its own, since the command is not known yet (`Command.ident`
-    is not)."""
-    marker = spec_env.get(MARKER_ENV)
-    if not marker:
-        _markers[0] += 1
-        marker = "%s-w%d" % (_session, _markers[0])
-    return _command_env(spec_env, marker), marker
-
-
-_spares = Spares(_leaders, _spare_env)
 
 
 # ------------------------------------------------------------------ the stream

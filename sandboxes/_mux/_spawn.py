@@ -13,7 +13,7 @@ Which commands run warm (`warm_script`, `Spares.take`): only where ``/bin/sh`` i
 command without stdin, in the same working directory (the same directory, not just the same
 name: one deleted and made again meanwhile is another) and with the same environment as the
 shell was started with, its marker included (fixed when the shell started: a caller that marks
-its commands itself announces each marker a command ahead, `_server._next_key`), and at most
+its commands itself announces each marker a command ahead, `_command._next_key`), and at most
 `WARM_LIMIT` bytes long. Every other runs cold.
 
 Why it then behaves as ``sh -c`` does: dash reads its input in blocks of 8 KiB, and the whole
@@ -279,7 +279,7 @@ class Spares(object):
 
     Once a command that could run warm, or one that announced its caller's next marker, is
     answered (in the turn of the helper's loop that wrote the answer, after it), shells are
-    started for the next one like it (`_server._next_key`, `top_up`): one, or `SPARES` when the
+    started for the next one like it (`_command._next_key`, `top_up`): one, or `SPARES` when the
     command before it was alike too (never for a marker, which is one command's). Not while that command runs: a start
     holds the helper (posix_spawn returns once the shell has exec'd) just when the command's
     output is likely to end, and in a sandbox of one CPU the shell's start competes with the
@@ -295,7 +295,7 @@ class Spares(object):
         self.proven = None  # `WarmShell.program` of the shell that passed it
         self.tries = 0  # probes without a verdict
         self.shells = []
-        self.wanted = None  # `_server._next_key` of the last command answered that foresaw one
+        self.wanted = None  # `_command._next_key` of the last command answered that foresaw one
         self.last = None  # the one before it
 
     def take(self, script, spec_env, cwd):

@@ -2,7 +2,9 @@
 
 A transport (a ``docker exec`` attach socket, an SSH channel, a local pipe) only has to offer
 `ByteStream`; the client multiplexes concurrent commands over it, applies the output cap, and
-turns a dead stream into a clear error for every command in flight.
+turns a dead stream into a clear error for every command in flight. A command's frames are
+`sandboxes._mux._frames`'s, the helper's source as shipped `sandboxes._mux._shipped`'s; their
+public names are importable from here too.
 
 When may a command be sent again? Only when no whole request of it can ever reach a helper:
 the client knew the stream was broken before writing, or the stream's ``send`` raised (then the
@@ -26,15 +28,24 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandboxes import protocol as p
 from sandboxes._kill import MARKER_ENV
+from sandboxes._mux._frames import (
+    _BINARY_ANSWERS,
+    _KINDS,
+    HEADER,
+    MAX_FRAME,
+    _Corrupt,
+    _Pending,
+    _request_frame,
+    _response,
+    _send_stdin,
+)
 from sandboxes._mux._outbox import Outbox
-from sandboxes._mux._stall import SendWatch
+from sandboxes._mux._shipped import NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer
 
 __all__ = [
     "ACK_TIMEOUT",
@@ -48,61 +59,11 @@ __all__ = [
     "kill_tagged",
 ]
 
-HEADER = struct.Struct(">cII")
-MAX_FRAME = 1 << 20
-"""The largest frame the client accepts from a helper. The helper's own frames are far smaller
-(output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
-stream (a command writing into the helper's stdout), which is dropped before a byte of it is
-buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
-_KINDS = frozenset(b"HAOXEN")
-_HERE = Path(__file__).parent
-
-
-def _joined(*paths: Path) -> str:
-    return "\n".join(path.read_text(encoding="utf-8") for path in paths)
-
-
-NATIVE_SOURCE = _joined(
-    _HERE / "_search.py", _HERE / "_listing.py", _HERE / "_files.py", _HERE / "_uploads.py", _HERE / "_reads.py"
-)
-"""The helper's file ops without a process: its reads and writes (`_files`, `_uploads`,
-`_reads`), its searches (`_search`), its listings and deletes (`_listing`). Shipped inside
-`SERVER_SOURCE` as a string, compiled by the helper once it idles or at its first file op
-(`_server._load_native`): they are 45% of the helper's source, and compiling them cost every
-helper's start 3.5 ms (of 7.6 in the runtime image) before its first command."""
-
-SERVER_SOURCE = f"_NATIVE_SOURCE = {NATIVE_SOURCE!r}\n" + _joined(
-    _HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_spawn.py", _HERE / "_server.py"
-)
-"""Shipped as ``python3 -I -S -u -c SERVER_SOURCE`` (`PYTHON_FLAGS`): nothing is installed in the
-sandbox. One script: the helper (`_server`), how it starts commands' shells, cold or ahead of
-time (`_spawn`), how it finds what commands left behind (`_reap`), the one process-tree kill
-every backend uses (`sandboxes._kill`), and `NATIVE_SOURCE` as a string."""
-
-PYTHON_FLAGS = ("-I", "-S", "-u")
-"""How python3 runs the helper: unbuffered, isolated (``-I``), without `site` (``-S``). Without
-``-I``, ``python3 -c`` puts its working directory first on ``sys.path`` and follows
-``PYTHONPATH``: a command that wrote ``json.py`` into the workspace (the helper's cwd) shadowed
-the stdlib, the helper died at its start, and the sandbox fell back to one exec per command for
-good (Docker: 35 ms a command instead of ~1.5). Without ``-S``, `site` adds the image's
-site-packages and runs their ``.pth`` files: code the helper (the standard library alone) never
-needs, ~0.5 ms of its start in the runtime image (``python3 -I -c pass`` alone: 8.1 ms, 6.3 with
-``-S``; most of what `site` imports, the helper imports anyway)."""
-
-_STDIN_CHUNK = 1 << 16
-"""Stdin goes to the helper in frames of this size. Not bigger: the helper hands a frame to the
-command only once all of it arrived, so small frames keep the client, the helper and the command
-busy at the same time; and every chunk of 128 KiB or more is a fresh mmap and its page faults, on
-both sides. Measured over pipes (64 MiB into ``cat``): 1 MiB frames 340-450 MiB/s, 64 KiB frames
-500-900 MiB/s, with a quarter of the client's CPU."""
 _RECV_SIZE = 1 << 16
 _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
-_BINARY_ANSWERS = frozenset({"read_file", "download"})
-"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._reads.RAW`):
-their output is kept exact, one character per byte."""
 _KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0
@@ -113,27 +74,6 @@ ACK_TIMEOUT = 15.0
 a hung helper or stream becomes an error instead of a hang. The command's fate is unknown (the
 request was written and may still be read and run), so it is NOT resendable. (Seen under load
 with Docker: a request that never reached an idle helper, root cause not yet found.)"""
-
-
-class _Corrupt(Exception):
-    """The helper's stream broke the framing: it is dropped."""
-
-
-@dataclass
-class _Pending:
-    output: OutputBuffer
-    done: threading.Event = field(default_factory=threading.Event)
-    exit_code: int | None = None
-    timed_out: bool = False
-    failure: str | None = None
-    start_error: str | None = None
-    not_native: bool = False
-    """A file op the helper handed back (N): nothing was done, the script must run."""
-    accepted_at: float | None = None
-    """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
-    on_output: Callable[[bytes], None] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 
 
 class MuxClient:
@@ -270,7 +210,7 @@ class MuxClient:
         itself: the service, whose kills by marker may come from outside this helper. It is the
         one announced to the helper with an earlier command (`_announcement`), if one is waiting
         to be handed out, else a fresh one. Once the announcing command is answered, the helper
-        starts a shell with the announced marker in its environment (`_server._next_key`), which
+        starts a shell with the announced marker in its environment (`_command._next_key`), which
         the command given that marker takes if it also comes with the same env otherwise and the
         same cwd. ``new`` makes markers (unique: a kill by marker must hit one command); it is
         kept to make the markers announced."""
@@ -615,29 +555,6 @@ class MuxClient:
                 item.done.set()  # also releases a caller still waiting for the acknowledgement
 
 
-def _request_frame(
-    ident: int,
-    command: str,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    timeout: float | None,
-    stdin: bool,
-    next_marker: str | None = None,
-) -> bytes:
-    """The R frame of a command (``next_marker``: see `MuxClient.marker`)."""
-    spec: dict[str, object] = {
-        "command": command,
-        "env": dict(env or {}),
-        "cwd": cwd,
-        "timeout": timeout or None,
-        "stdin": stdin,
-    }
-    if next_marker is not None:
-        spec["next_marker"] = next_marker
-    payload = json.dumps(spec).encode("utf-8")
-    return HEADER.pack(b"R", ident, len(payload)) + payload
-
-
 def kill_tagged(mux: MuxClient | None, name: str, value: str) -> bool:
     """`sandboxes.base.KillsTagged.kill_tagged` through a sandbox's running helper (``None`` or
     broken: ``False``, nothing done): the commands in flight given ``name=value``, then every
@@ -654,49 +571,3 @@ def command_marker(mux: MuxClient | None, new: Callable[[], str]) -> str:
     if mux is None or mux.broken is not None:
         return new()
     return mux.marker(new)
-
-
-def _response(pending: _Pending, timeout: float | None, started: float, *, latin1: bool = False) -> p.ExecuteResponse:
-    """What a finished command answers; `MuxBroken` if the stream failed under it. ``latin1``:
-    its output is bytes, kept exact (`OutputBuffer.text`)."""
-    if pending.failure is not None:
-        raise MuxBroken(pending.failure)  # after the request was written: its fate is unknown
-    if pending.not_native:  # only a file op may be handed back: a forged frame
-        raise MuxBroken("exec helper answered a command as a file op")
-    if pending.start_error is not None:
-        code: p.ErrorCode = p.FILE_NOT_FOUND if "FileNotFoundError" in pending.start_error else p.BACKEND_ERROR
-        return p.ExecuteResponse("", error=code, message=f"could not start command: {pending.start_error}")
-    return execute_response(
-        pending.output,
-        pending.exit_code,
-        timed_out=pending.timed_out,
-        timeout=timeout,
-        duration_ms=(time.monotonic() - started) * 1000,
-        latin1=latin1,
-    )
-
-
-def _send_stdin(
-    client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
-) -> None:
-    """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
-    answered or handed back: it drops the rest, as when a write failed on a full disk). A
-    ``leading`` caller holds the read token, so nobody else reads: it looks at what came
-    between its frames (without waiting), or an early answer would be seen only at the end.
-    More than a frame is watched (`SendWatch`): a helper that stops taking it closes the
-    client, and the send raises `MuxBroken`."""
-    if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
-        if stdin:
-            client._send(b"I", ident, stdin)
-        client._send(b"C", ident)
-        return
-    with SendWatch(client.close) as watch:
-        for offset in range(0, len(stdin), _STDIN_CHUNK):
-            if answered is not None:
-                if leading:
-                    client._read_what_is_there()
-                if answered.is_set():
-                    return
-            client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
-            watch.sent()
-        client._send(b"C", ident)

@@ -1,0 +1,228 @@
+# ruff: noqa
+# mypy: ignore-errors
+"""A command in the exec helper (`_server`), from its request to its answer: its process started
+(cold, or in a shell started ahead of it: `_spawn`), its output and stdin pumped, its timeout or
+kill, its leader reaped and its exit answered, and the shell it foresees for the next command
+like it (`_next_key`). Shipped with the helper as one script (``SERVER_SOURCE``), before
+`_server`: stdlib only, Python 3.6-compatible.
+
+Apart from `_server`, which reads the client's frames, runs the loop and holds the helper's
+state (``_commands``, ``_leaders``, `send`, the poller, used here once a command runs), because
+a command's life is a unit of its own: the loop only hands it events (its output is ready, its
+stdin writable, its leader exited, a deadline passed) and it decides what they mean.
+"""
+
+import json
+import os
+import signal
+import time
+
+
+class Command(object):
+    def __init__(self, ident, spec):
+        self.ident = ident
+        self.killed = False
+        self.timed_out = False
+        self.finished = False
+        self.reaped = False
+        self.code = None
+        self.stdin_queue = []
+        self.stdin_closing = False
+        self.stdin_waiting = False
+        self.drain_deadline = None
+        timeout = spec.get("timeout")
+        self.deadline = time.monotonic() + timeout if timeout else None
+        spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
+        script = warm_script(spec["command"], spec_env, with_stdin)
+        # Once answered: a shell for the next command like it (its marker: the one announced).
+        self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
+        enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
+        warm = _spares.take(script, spec_env, cwd)
+        if warm is not None:
+            self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
+        else:
+            self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
+            env = _command_env(spec_env, self.marker)
+            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
+        self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
+        _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
+
+    def start(self):
+        _poller.register(self.out_fd, _Poller.READ, self.on_output)
+        _commands[self.ident] = self
+
+    def on_output(self, _mask):
+        if self.out_fd is None:  # closed by an earlier event of the same batch
+            return
+        try:
+            chunk = os.read(self.out_fd, 65536)
+        except OSError:
+            chunk = b""
+        if chunk:
+            send(b"O", self.ident, chunk)
+            return
+        self.close_output()
+        if self.reaped:
+            self.finish()
+        elif self.has_exited():
+            self.exited()  # which finishes it: its output just ended
+
+    def has_exited(self):
+        """Whether the leader has exited (not reaped yet). Asked when its output ends, which is
+        usually its exit: the kernel closes a process's files just before it tells the parent, so
+        the answer goes out in this turn of the loop, not one more turn later on the SIGCHLD."""
+        return has_exited(self.pid)
+
+    def close_output(self):
+        if self.out_fd is not None:
+            _poller.unregister(self.out_fd)
+            os.close(self.out_fd)
+            self.out_fd = None
+
+    def feed(self, data):
+        """Queue stdin bytes (``None``: close it once written), written as the pipe takes them."""
+        if self.in_fd is None:
+            return
+        if data is None:
+            self.stdin_closing = True
+        elif data:
+            self.stdin_queue.append(memoryview(data))
+        self.write_stdin(None)
+
+    def write_stdin(self, _mask):
+        if self.in_fd is None:  # closed by an earlier event of the same batch
+            return
+        while self.stdin_queue:
+            data = self.stdin_queue[0]
+            try:
+                written = os.write(self.in_fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the command closed its stdin: the rest is dropped, as a pipe would
+                self.close_stdin()
+                return
+            if written < len(data):
+                self.stdin_queue[0] = data[written:]
+                if not self.stdin_waiting:
+                    _poller.register(self.in_fd, _Poller.WRITE, self.write_stdin)
+                    self.stdin_waiting = True
+                return
+            self.stdin_queue.pop(0)
+        if self.stdin_waiting:
+            _poller.unregister(self.in_fd)
+            self.stdin_waiting = False
+        if self.stdin_closing:
+            self.close_stdin()
+
+    def close_stdin(self):
+        if self.in_fd is not None:
+            if self.stdin_waiting:
+                _poller.unregister(self.in_fd)
+                self.stdin_waiting = False
+            os.close(self.in_fd)
+            self.in_fd = None
+        self.stdin_queue = []
+
+    def kill(self):
+        """Kill the command's process group (only while unreaped: after that its id may already
+        belong to another command's group) and every process carrying its marker."""
+        if not self.reaped:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        kill_marked(self.marker)
+
+    def expire(self):
+        self.timed_out = True
+        self.deadline = None
+        self.kill()
+
+    def stop(self):
+        """The client's kill (K)."""
+        self.killed = True
+        self.kill()
+
+    def exited(self):
+        """The leader exited and is not reaped yet: its pid (and group id) are still ours, so the
+        group's leftovers are killed now; only then is it reaped."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, status = os.waitpid(self.pid, 0)
+        del _leaders[self.pid]
+        self.reaped = True
+        self.deadline = None
+        self.code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        self.close_stdin()
+        if self.timed_out or self.killed:  # what escaped holds the output open: end it now
+            self.finished = True  # (so that its own marker does not protect what escaped)
+            _kill_orphans()
+            self.finished = False
+        if self.finished:  # it failed to start properly and was answered with E
+            return
+        if self.out_fd is None:
+            self.finish()
+        else:  # a process outside the group (setsid) may hold the output open: wait a little
+            self.drain_deadline = time.monotonic() + (TIMED_OUT_DRAIN if self.timed_out else DRAIN_GRACE)
+
+    def finish(self):
+        self.finished = True
+        self.drain_deadline = None
+        self.close_output()
+        _commands.pop(self.ident, None)
+        code = None if self.timed_out else self.code
+        send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
+        if self.warm_key is not None:
+            _spares.wanted = self.warm_key
+        # Then whatever left its group (setsid, double forks) ends too; once the answer is
+        # written at the end of this turn of the loop, so that scanning /proc does not delay it.
+        _ended.append(self)
+
+    def next_deadline(self):
+        return self.drain_deadline if self.drain_deadline is not None else self.deadline
+
+    def on_deadline(self, now):
+        if self.drain_deadline is not None and now >= self.drain_deadline:
+            self.finish()
+        elif self.deadline is not None and now >= self.deadline:
+            self.expire()
+
+
+def _command_env(spec_env, marker):
+    env = dict(_base_env)
+    env.update(spec_env)
+    env[MARKER_ENV] = marker
+    return env
+
+
+def _next_key(spec_env, cwd, next_marker, could_run_warm):
+    """(env, cwd) of the next command like this one, for which a shell is started once this one
+    is answered; None: none is foreseen. A caller that marks its commands itself (the service:
+    a token per call, which a kill from outside this helper looks for) announces with a command
+    the marker its next will carry (``next_marker``, in the R frame), and the shell is started
+    with that one: its environment, the marker in it, is fixed when it starts. One that gives
+    its own marker and announces none gets no shell: its next marker is unknown. An announced
+    marker gets its shell also after a command that could not run warm itself (stdin, a long
+    script): the caller hands that marker out next, whatever this command was."""
+    if not plain_env(spec_env):
+        return None
+    if MARKER_ENV not in spec_env:
+        return (spec_env, cwd) if could_run_warm else None
+    if not isinstance(next_marker, str) or not next_marker or "\0" in next_marker:
+        return None
+    key_env = dict(spec_env)
+    key_env[MARKER_ENV] = next_marker
+    return key_env, cwd
+
+
+def _spare_env(spec_env):
+    """(environment, marker) of a shell started ahead of its command: the marker announced for
+    it (`_next_key`), else one of its own, since the command is not known yet (`Command.ident`
+    is not)."""
+    marker = spec_env.get(MARKER_ENV)
+    if not marker:
+        _markers[0] += 1
+        marker = "%s-w%d" % (_session, _markers[0])
+    return _command_env(spec_env, marker), marker

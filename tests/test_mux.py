@@ -1,4 +1,7 @@
-"""The exec helper and its client over a local pipe: the real helper process, no container."""
+"""The exec helper and its client over a local pipe: the real helper process, no container. The
+stream and its frames: when a command may be resent, a broken or hostile stream, frames that
+leave together, who reads. Also the pipe the other ``test_mux_*`` files run the helper over;
+what a command does inside the helper is `test_mux_command`'s."""
 
 from __future__ import annotations
 
@@ -88,15 +91,6 @@ def _run(client: MuxClient, command: str, **overrides: object) -> p.ExecuteRespo
     options: dict[str, object] = {"timeout": 10, "stdin": None, "env": None, "cwd": None, "output_limit": 1 << 20}
     options.update(overrides)
     return client.run(command, **options)  # type: ignore[arg-type]
-
-
-def test_commands_run_concurrently_with_stdin_and_exit_codes(stream: _PipeStream) -> None:
-    client = MuxClient(stream)
-    mixed = _run(client, "echo out; echo err >&2; exit 3")
-    assert (mixed.output, mixed.exit_code, mixed.error) == ("out\nerr\n", 3, None)
-    result = _run(client, "wc -c", stdin=b"\x00" * 3_000_000)
-    assert result.output.strip() == "3000000"
-    assert _run(client, "kill -9 $$").exit_code == 137
 
 
 def _wait_for_file(path: Path, wait: float = 10.0) -> str:
@@ -234,13 +228,6 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-_ESCAPES = (
-    "sleep 300 & echo $!; setsid sleep 300 & echo $!; sh -c 'setsid sleep 300 & echo $!'; sh -c 'sleep 300 & echo $!'"
-)
-"""A background job, one in its own session, and two orphans (one also in its own session):
-each prints its pid."""
-
-
 def test_hello_says_how_commands_are_spawned(stream: _PipeStream, request: pytest.FixtureRequest) -> None:
     """Proves the variants exercise the fallbacks they are named after."""
     info = MuxClient(stream).info
@@ -250,125 +237,6 @@ def test_hello_says_how_commands_are_spawned(stream: _PipeStream, request: pytes
     assert info["warm"] is (variant != "cold")  # (the machine's /bin/sh is dash: test_mux_spawn checks)
     small_limit = info["pids_limit"] is not None and info["pids_limit"] <= 4096  # no subreaper there, by design
     assert info["subreaper"] is (variant != "no-subreaper" and not small_limit)
-
-
-def test_everything_a_command_started_ends_with_it(stream: _PipeStream) -> None:
-    """Escaped or orphaned, every process a command started is killed once it ends, and the helper
-    (a subreaper, when it can be) reaps the orphans it adopted: no zombie is left behind."""
-    client = MuxClient(stream)
-    for _ in range(3):  # again and again: the check that skips the /proc sweep must not go stale
-        result = _run(client, _ESCAPES)
-        assert result.exit_code == 0, result
-        pids = [int(pid) for pid in result.output.split()]
-        assert len(pids) == 4
-        assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
-
-
-_UNMARKED = "env -u SANDBOXES_EXEC_ID setsid sh -c 'sleep 301 & echo $!'"
-"""A process that dropped the marker AND left the group, orphaned at once: found by neither."""
-
-
-def test_a_process_that_dropped_the_marker_and_left_the_group_ends_with_its_command(stream: _PipeStream) -> None:
-    """The helper, a subreaper, adopts the orphan and kills it when the command ends; later
-    commands' leftovers are still found. On a host without a subreaper (no ctypes) the orphan
-    goes to the host's init, where the helper must not touch anything: it survives there."""
-    client = MuxClient(stream)
-    escaped = _run(client, _UNMARKED)
-    stray = int(escaped.output)
-    try:
-        if client.info["subreaper"]:
-            assert _gone(stray, zombie_ok=True), stray
-        else:
-            assert not _gone(stray, zombie_ok=True, wait=0.5)
-        result = _run(client, _ESCAPES)
-        pids = [int(pid) for pid in result.output.split()]
-        assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(stray, signal.SIGKILL)
-
-
-def test_a_timeout_kills_what_dropped_the_marker(stream: _PipeStream) -> None:
-    """Timed out while an unmarked, escaped loop holds the output open: the command is answered
-    promptly and the loop is dead (where the helper is a subreaper)."""
-    client = MuxClient(stream)
-    started = time.monotonic()
-    result = _run(client, _UNMARKED + "; echo waiting; sleep 300", timeout=1)
-    assert result.error == p.TIMEOUT, result
-    assert time.monotonic() - started < 5
-    stray = int(result.output.split()[0])
-    try:
-        assert _gone(stray, zombie_ok=True, wait=10 if client.info["subreaper"] else 0.5) is client.info["subreaper"]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(stray, signal.SIGKILL)
-
-
-def test_a_timeout_kills_the_whole_tree_and_keeps_the_output(stream: _PipeStream) -> None:
-    client = MuxClient(stream)
-    started = time.monotonic()
-    result = _run(client, _ESCAPES + "; echo waiting; sleep 300", timeout=1)
-    assert result.error == p.TIMEOUT, result
-    assert time.monotonic() - started < 8
-    assert result.output.splitlines()[-1] == "waiting"
-    pids = [int(pid) for pid in result.output.split()[:4]]
-    assert all(_gone(pid, zombie_ok=not client.info["subreaper"]) for pid in pids), pids
-    assert _run(client, "echo alive").output == "alive\n"
-
-
-def test_concurrent_commands_with_output_stdin_and_a_kill(stream: _PipeStream) -> None:
-    client = MuxClient(stream)
-
-    def one(i: int) -> p.ExecuteResponse:
-        if i % 3 == 0:
-            return _run(client, "cat; echo end", stdin=f"in{i}\n".encode() * 20_000)
-        return _run(client, f"echo start{i}; sleep 0.3; echo end{i}; exit {i % 5}")
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(one, range(16)))
-    for i, result in enumerate(results):
-        if i % 3 == 0:
-            assert result.output == f"in{i}\n" * 20_000 + "end\n"
-        else:
-            assert (result.output, result.exit_code) == (f"start{i}\nend{i}\n", i % 5)
-
-
-def test_a_command_that_cannot_start_is_reported_and_the_helper_keeps_serving(stream: _PipeStream) -> None:
-    client = MuxClient(stream)
-    missing = _run(client, "true", cwd="/no/such/directory")
-    assert missing.error == p.FILE_NOT_FOUND, missing
-    bad_env = _run(client, "true", env={"A=B": "x"})
-    assert bad_env.error == p.BACKEND_ERROR, bad_env
-    assert _run(client, "pwd", cwd="/tmp").output == "/tmp\n"
-    here = os.getcwd()  # where the helper started: commands without a cwd run there, even after others
-    assert _run(client, "pwd").output == f"{here}\n"
-    assert _run(client, "pwd", cwd="/").output == "/\n"
-    assert _run(client, "pwd", cwd=".").output == f"{here}\n"
-    assert _run(client, "echo $X", env={"X": "y"}).output == "y\n"
-
-
-def test_the_helper_kills_by_marker_what_outlived_its_command(stream: _PipeStream, tmp_path: Path) -> None:
-    """Frame M: the helper itself kills every process carrying a marker (here a background job's,
-    which the sweep of orphans spares), after the command that made them has ended; nothing is
-    started for it (`sandboxes.base.KillsTagged`: so it works where no process can start)."""
-    client = MuxClient(stream)
-    marker = f"sandboxes-job-{os.getpid()}x{time.monotonic_ns()}"
-    written = tmp_path / "pids"
-    inner = f"sleep 302 & echo $! $$ > {written}.new && mv {written}.new {written}; exec sleep 302"
-    detach = (
-        f"SANDBOXES_EXEC_ID={marker} setsid sh -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 &"
-        f" while [ ! -e {written} ]; do sleep 0.01; done"  # out of the command's group before it ends
-    )
-    assert _run(client, detach).exit_code == 0
-    pids = [int(pid) for pid in written.read_text().split()]
-    assert len(pids) == 2
-    assert all(os.path.exists(f"/proc/{pid}") for pid in pids)
-    assert client.kill_marked("SANDBOXES_EXEC_ID", marker) is True
-    assert all(_gone(pid, zombie_ok=True) for pid in pids), pids
-    assert client.kill_marked("SANDBOXES_EXEC_ID", marker) is True  # none left: nothing to do
-    with pytest.raises(ValueError, match="empty marker"):
-        client.kill_marked("SANDBOXES_EXEC_ID", "")
-    assert _run(client, "echo still serving").output == "still serving\n"
 
 
 def _exchange(stream: _PipeStream, kind: bytes, ident: int, payload: bytes) -> tuple[bytes, dict[str, object] | str]:
@@ -388,29 +256,6 @@ def _exchange(stream: _PipeStream, kind: bytes, ident: int, payload: bytes) -> t
             break
     assert answered == ident
     return answer, (json.loads(body) if answer == b"X" else body.decode())
-
-
-def test_the_helper_kills_by_the_exact_marker_only(stream: _PipeStream) -> None:
-    """Frame M matches a whole ``name=value`` entry: an empty value or name is refused by the
-    helper itself (not only by its client), and a value that is a prefix of a process's marker
-    (here the job's, whose roles add ``-s``) kills nothing; the exact value kills it."""
-    marker = f"sandboxes-job-{os.getpid()}x{time.monotonic_ns()}"
-    process = subprocess.Popen(
-        ["sleep", "303"], env={**os.environ, "SANDBOXES_EXEC_ID": f"{marker}-s"}, start_new_session=True
-    )
-    try:
-        for number, spec in enumerate(({"name": "SANDBOXES_EXEC_ID", "value": ""}, {"name": "", "value": marker}), 1):
-            answer, detail = _exchange(stream, b"M", number, json.dumps(spec).encode())
-            assert answer == b"E", detail
-        answer, detail = _exchange(stream, b"M", 3, json.dumps({"name": "SANDBOXES_EXEC_ID", "value": marker}).encode())
-        assert (answer, detail) == (b"X", {"code": 0, "timed_out": False})
-        assert process.poll() is None, "a prefix of its marker killed it"
-        spec = {"name": "SANDBOXES_EXEC_ID", "value": f"{marker}-s"}
-        assert _exchange(stream, b"M", 4, json.dumps(spec).encode())[0] == b"X"
-        assert process.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        process.kill()
-        process.wait()
 
 
 # ---------------------------------------------------------------------------- a hostile stream

@@ -22,7 +22,8 @@ from native_writes import (
 from support import HAS_BWRAP, needs, wait_for
 
 from sandboxes import protocol as p
-from sandboxes._mux.client import NATIVE_SOURCE, SERVER_SOURCE, _Pending
+from sandboxes._mux._frames import _Pending
+from sandboxes._mux._shipped import NATIVE_SOURCE, SERVER_SOURCE
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper

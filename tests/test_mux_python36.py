@@ -13,11 +13,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandboxes._mux import SERVER_SOURCE
-from sandboxes._mux.client import NATIVE_SOURCE
+from sandboxes import _mux
+from sandboxes._mux._shipped import NATIVE_SOURCE, SERVER_SOURCE
 
 EVERY_LINE = SERVER_SOURCE + "\n" + NATIVE_SOURCE
 """The helper and its file ops, which it carries as a string (compiled at its first file op)."""
+
+
+_HELPER_HEADER = "# ruff: noqa\n# mypy: ignore-errors\n"
+"""How every file of the helper's own code (stdlib only, untyped) starts, beside its client's."""
+
+
+def _helper_files() -> list[Path]:
+    here = Path(_mux.__file__).parent
+    return [path for path in sorted(here.glob("_*.py")) if path.read_text(encoding="utf-8").startswith(_HELPER_HEADER)]
 
 
 def _vermin(source: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -39,6 +48,16 @@ def test_the_shipped_helper_needs_nothing_newer_than_python_3_6(tmp_path: Path) 
     result = _vermin(EVERY_LINE, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Target versions not met" not in result.stdout
+
+
+def test_every_file_of_the_helper_is_shipped_so_checked() -> None:
+    """A file of the helper left out of `sandboxes._mux._shipped` would escape the checks here,
+    and fail in a sandbox only when its code is first used (the parts share one namespace, so a
+    name is looked up only then)."""
+    files = _helper_files()
+    assert {path.name for path in files} >= {"_server.py", "_command.py", "_spawn.py", "_reap.py", "_files.py"}
+    for path in files:
+        assert path.read_text(encoding="utf-8") in EVERY_LINE, f"{path.name} is not shipped"
 
 
 def test_a_newer_name_in_the_helper_is_caught(tmp_path: Path) -> None:

@@ -29,9 +29,14 @@ between needs the pid space to wrap around within microseconds.
 """
 
 import os
-import signal
 import time
-from collections.abc import Iterator
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only (it takes any ``TYPE_CHECKING`` as true): `typing` is no cheaper
+    import signal
+    from collections.abc import Iterator
+else:  # the C module behind `signal`, with the same calls and numbers: see `sandboxes._mux._server`
+    import _signal as signal
 
 MARKER_ENV = "SANDBOXES_EXEC_ID"
 """The one marker name, set by every transport on every command (the exec helper, the

@@ -5,7 +5,6 @@ every process it started, escaped or orphaned, with it or by its marker."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -20,6 +19,7 @@ from test_mux import _TIMED, _VARIANTS, _exchange, _gone, _PipeStream, _run, _Ti
 
 from sandboxes import protocol as p
 from sandboxes._mux import MuxClient
+from sandboxes._mux.client import wire_spec
 
 
 @pytest.fixture(params=[*_VARIANTS, _TIMED])
@@ -174,13 +174,13 @@ def test_the_helper_kills_by_the_exact_marker_only(stream: _PipeStream) -> None:
     )
     try:
         for number, spec in enumerate(({"name": "SANDBOXES_EXEC_ID", "value": ""}, {"name": "", "value": marker}), 1):
-            answer, detail = _exchange(stream, b"M", number, json.dumps(spec).encode())
+            answer, detail = _exchange(stream, b"M", number, wire_spec(spec))
             assert answer == b"E", detail
-        answer, detail = _exchange(stream, b"M", 3, json.dumps({"name": "SANDBOXES_EXEC_ID", "value": marker}).encode())
+        answer, detail = _exchange(stream, b"M", 3, wire_spec({"name": "SANDBOXES_EXEC_ID", "value": marker}))
         assert (answer, detail) == (b"X", {"code": 0, "timed_out": False})
         assert process.poll() is None, "a prefix of its marker killed it"
         spec = {"name": "SANDBOXES_EXEC_ID", "value": f"{marker}-s"}
-        assert _exchange(stream, b"M", 4, json.dumps(spec).encode())[0] == b"X"
+        assert _exchange(stream, b"M", 4, wire_spec(spec))[0] == b"X"
         assert process.wait(timeout=10) == -signal.SIGKILL
     finally:
         process.kill()

@@ -6,7 +6,6 @@ The Docker and SSH twins of these tests are in their backends' modules."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from native_writes import (
 from support import HAS_BWRAP, needs, wait_for
 
 from sandboxes import protocol as p
-from sandboxes._mux._frames import _Pending
+from sandboxes._mux._frames import _Pending, wire_spec
 from sandboxes._mux._shipped import NATIVE_SOURCE, SERVER_SOURCE
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
@@ -154,7 +153,7 @@ def test_a_client_gone_midway_leaves_no_temporary_file(jail: LocalSandbox) -> No
     call = write_call(str(target), b"x" * 100)
     ident, _pending = mux._register(_Pending(OutputBuffer(0)))
     assert call.native is not None
-    mux._send(b"F", ident, json.dumps({"op": list(call.native)}).encode())
+    mux._send(b"F", ident, wire_spec({"op": list(call.native)}))
     mux._send(b"I", ident, b"x" * 50)
     assert jail.execute(f"ls -A {jail.root}").output.count(".sandboxes-write.") == 1  # staged, in flight
     assert not _pending.not_native

@@ -6,7 +6,6 @@ checked is when it sends what. (Their answers against the scripts': `native_writ
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE
+from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE, wire_spec
 
 _F_SETPIPE_SZ = 1031
 
@@ -34,10 +33,10 @@ def helper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _send(process: subprocess.Popen[bytes], *frames: tuple[bytes, int, dict[str, object]]) -> None:
-    """``frames`` (kind, id, JSON payload) in one write: the helper reads them in one go."""
+    """``frames`` (kind, id, spec) in one write: the helper reads them in one go."""
     assert process.stdin is not None
     for kind, ident, payload in frames:
-        data = json.dumps(payload).encode()
+        data = wire_spec(payload)
         process.stdin.write(HEADER.pack(kind, ident, len(data)) + data)
     process.stdin.flush()
 

@@ -5,7 +5,6 @@ indistinguishable from the same command run cold (``/bin/sh -c``), but for its c
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from test_mux import _VARIANTS, _exchange, _gone, _PipeStream, _run
 from sandboxes import protocol as p
 from sandboxes._kill import kill_marked
 from sandboxes._mux import SERVER_SOURCE, MuxClient
+from sandboxes._mux.client import wire_spec
 
 WARM = "/bin/sh -s"
 COLD = {"SANDBOXES_EXEC_ID": "cold-on-purpose"}
@@ -270,7 +270,7 @@ def test_a_malformed_environment_is_refused_and_the_helper_keeps_serving() -> No
     stream = _PipeStream()
     try:
         for ident, env in enumerate(["x", [["A", "B"]], {"A": 1}], start=1):
-            payload = json.dumps({"command": "true", "env": env}).encode()
+            payload = wire_spec({"command": "true", "env": env})
             assert _exchange(stream, b"R", ident, payload)[0] == b"E"
         assert _exchange(stream, b"P", 0, b"")[0] == b"H"
     finally:

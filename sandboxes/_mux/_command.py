@@ -12,9 +12,8 @@ a command's life is a unit of its own: the loop only hands it events (its output
 stdin writable, its leader exited, a deadline passed) and it decides what they mean.
 """
 
-import json
+import _signal as signal  # see `_server`: `signal` imports enum
 import os
-import signal
 import time
 
 
@@ -173,7 +172,7 @@ class Command(object):
         self.close_output()
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
-        send(b"X", self.ident, json.dumps({"code": code, "timed_out": self.timed_out}).encode(), answer=True)
+        send_exit(self.ident, code, self.timed_out)
         if self.warm_key is not None:
             _spares.wanted = self.warm_key
         # Then whatever left its group (setsid, double forks) ends too; once the answer is

@@ -21,7 +21,7 @@ symlink, a device or FIFO, another user's file, a directory we may not create en
 answers ``N`` (not native here) before touching anything but the parents (which the script would
 create too), and the client runs the script: a FIFO must never block this single-threaded loop.
 
-Frames (see `_server`): F starts an op (JSON ``{"op": [name, args...]}``: the script's
+Frames (see `_server`): F starts an op (``{"op": [name, args...]}``, `marshal`'d: the script's
 arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
 is X (``{code, timed_out}``, a read's O frames before it), E (a bad request) or N. A write's
 bytes go to the file as they arrive (memory stays one frame), and a client that goes away leaves
@@ -29,7 +29,7 @@ no temporary file behind (`abort_native_ops`).
 """
 
 import errno
-import json
+import marshal
 import os
 import stat
 
@@ -158,7 +158,10 @@ def _writes_in_place(path):
 
 def _op(payload):
     """The ``[name, args...]`` of an F frame; ValueError when malformed."""
-    op = json.loads(payload.decode("utf-8"))["op"]
+    try:
+        op = marshal.loads(payload)["op"]
+    except (EOFError, TypeError, KeyError):  # cut short (marshal's EOFError), or not a spec
+        raise ValueError("malformed file op")
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):
         raise ValueError("unknown file op")
     return op
@@ -295,7 +298,7 @@ class _NativeWrite(object):
 
 
 def _answer(ident, code, timed_out=False):
-    send(b"X", ident, json.dumps({"code": code, "timed_out": timed_out}).encode(), answer=True)
+    send_exit(ident, code, timed_out)
 
 
 def start_native_op(ident, payload):

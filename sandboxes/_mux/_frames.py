@@ -10,7 +10,7 @@ breaks it) because a command is framed and answered alike however it is waited f
 
 from __future__ import annotations
 
-import json
+import marshal
 import struct
 import threading
 import time
@@ -26,7 +26,7 @@ from sandboxes._output import OutputBuffer, execute_response
 if TYPE_CHECKING:
     from sandboxes._mux.client import MuxClient
 
-__all__ = ["HEADER", "MAX_FRAME"]
+__all__ = ["HEADER", "MAX_FRAME", "wire_spec"]
 
 HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20
@@ -69,6 +69,14 @@ class _Pending:
     """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 
 
+def wire_spec(spec: Mapping[str, object]) -> bytes:
+    """The payload of an R, M or F frame: ``spec`` `marshal`'d, in a format every python3 from
+    3.4 on reads (the helper's interpreter may be older than this one), and that the helper
+    parses without importing `json` (see ``_server._json``). Only ever read by the helper, from
+    this client: never parse `marshal` from a sandbox."""
+    return marshal.dumps(dict(spec), 4)
+
+
 def _request_frame(
     ident: int,
     command: str,
@@ -88,7 +96,7 @@ def _request_frame(
     }
     if next_marker is not None:
         spec["next_marker"] = next_marker
-    payload = json.dumps(spec).encode("utf-8")
+    payload = wire_spec(spec)
     return HEADER.pack(b"R", ident, len(payload)) + payload
 
 

@@ -13,7 +13,7 @@ helper's docstring for what is killed and why. Whether the helper becomes a subr
 
 import os
 import select
-import signal
+import _signal as signal  # see `_server`: `signal` imports enum
 import time
 
 SWEEP_ROUNDS = 20

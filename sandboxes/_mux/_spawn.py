@@ -41,7 +41,7 @@ waiting shells are inside it. Nothing outside the sandbox is reachable through t
 
 import os
 import select
-import signal
+import _signal as signal  # see `_server`: `signal` imports enum
 import sys
 import time
 

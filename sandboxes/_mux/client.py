@@ -41,6 +41,7 @@ from sandboxes._mux._frames import (
     _request_frame,
     _response,
     _send_stdin,
+    wire_spec,
 )
 from sandboxes._mux._outbox import Outbox
 from sandboxes._mux._shipped import NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
@@ -57,6 +58,7 @@ __all__ = [
     "MuxClient",
     "command_marker",
     "kill_tagged",
+    "wire_spec",
 ]
 
 _RECV_SIZE = 1 << 16
@@ -190,7 +192,7 @@ class MuxClient:
         try:
             leading = self._lead()
             try:
-                self._send(b"F", ident, json.dumps({"op": list(op)}).encode("utf-8"))
+                self._send(b"F", ident, wire_spec({"op": list(op)}))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
             if stdin is not None:  # a write's bytes; a read has none
@@ -354,7 +356,7 @@ class MuxClient:
         leading = False
         try:
             leading = self._lead()
-            self._send(b"M", ident, json.dumps({"name": name, "value": value}).encode("utf-8"))
+            self._send(b"M", ident, wire_spec({"name": name, "value": value}))
             self._wait_for(pending, timeout, leading)
         except MuxBroken:
             return False

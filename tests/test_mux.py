@@ -451,6 +451,9 @@ def test_a_short_commands_acknowledgement_output_and_exit_leave_in_one_write(tmp
         client = MuxClient(stream)
         for i in range(10):
             assert _run(client, f"echo {i}").output == f"{i}\n"
+        assert stream.process.stdin is not None
+        stream.process.stdin.close()  # its input ended, it exits: every write it made is logged by then
+        assert stream.process.wait(timeout=30) == 0
     finally:
         stream.close()
     writes = _frames_by_write(log)

@@ -5,14 +5,20 @@ which were a quarter of its start. The real helper, over pipes."""
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import marshal
+import resource
 import subprocess
 import sys
+from collections import OrderedDict
 from typing import IO, Any
 
 import pytest
+from test_mux import _PipeStream
 
+from sandboxes._mux import MuxClient
 from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE, wire_spec
 
 _SLOW_IMPORTS = {"json", "re", "enum", "signal", "typing", "collections"}
@@ -20,8 +26,10 @@ _SLOW_IMPORTS = {"json", "re", "enum", "signal", "typing", "collections"}
 `enum` (through `signal` as well, ~3 ms), and what they pull in."""
 
 
+@functools.cache
 def _helper_json() -> Any:
-    """``_server._json`` as the helper defines it: its source run as a module, not as a script."""
+    """``_server._json`` as the helper defines it: its source run once as a module, not as a
+    script (which would serve)."""
     namespace: dict[str, Any] = {"__name__": "the_helper"}
     exec(compile(SERVER_SOURCE, "<helper>", "exec"), namespace)
     return namespace["_json"]
@@ -41,8 +49,15 @@ def _helper_json() -> Any:
 )
 def test_the_helpers_answers_are_the_json_the_client_parses(value: object) -> None:
     """Whatever ``_json`` is given, `json.loads` reads it back as it was (strings escaped as
-    `json` would: quotes, backslashes, control characters, UTF-16 pairs)."""
-    assert json.loads(_helper_json()(value)) == value
+    `json` would: quotes, backslashes, control characters, UTF-16 pairs; ``repr``, so that a
+    ``true`` written as ``1`` would not pass)."""
+    assert repr(json.loads(_helper_json()(value))) == repr(value)
+
+
+@pytest.mark.parametrize("value", [1.5, b"bytes", ("a", "tuple"), {1, 2}])
+def test_what_the_helper_never_answers_is_refused_not_garbled(value: object) -> None:
+    with pytest.raises(TypeError):
+        _helper_json()(value)
 
 
 def test_a_helper_starts_without_json_re_enum_or_signal() -> None:
@@ -50,8 +65,10 @@ def test_a_helper_starts_without_json_re_enum_or_signal() -> None:
     (``-X importtime`` names every module imported, as it is). It fails if the helper imports
     `json` again, or `signal` rather than `_signal`, or anything that pulls them in."""
     request = wire_spec({"command": "echo served", "env": {}, "cwd": None, "timeout": None, "stdin": False})
+    never_idle = SERVER_SOURCE.replace("\nNATIVE_IDLE = 0.05\n", "\nNATIVE_IDLE = 3600.0\n")
+    assert never_idle != SERVER_SOURCE  # the file ops (`_search` imports `re`) compile only when asked
     process = subprocess.Popen(
-        [sys.executable, "-X", "importtime", *PYTHON_FLAGS, "-c", SERVER_SOURCE],
+        [sys.executable, "-X", "importtime", *PYTHON_FLAGS, "-c", never_idle],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -71,7 +88,7 @@ def test_a_helper_starts_without_json_re_enum_or_signal() -> None:
     assert (b"O", 1, b"served\n") in answers, answers
     assert answers[-1] == (b"X", 1, b'{"code": 0, "timed_out": false}'), answers
     imported = {line.rpartition("|")[2].strip() for line in errors.decode().splitlines() if "import time:" in line}
-    assert "_signal" in imported or "signal" not in sys.builtin_module_names  # the report is read right
+    assert {"marshal", "select", "struct"} <= imported, sorted(imported)  # the report is read right
     assert not imported & _SLOW_IMPORTS, sorted(imported & _SLOW_IMPORTS)
 
 
@@ -85,14 +102,20 @@ def test_a_helper_starts_without_json_re_enum_or_signal() -> None:
         b'{"command": "true", "env": {}}',
         wire_spec({"op": ["ls"]})[:-1],
         marshal.dumps(["not", "a", "dict"], 4),
+        b"[\xff\xff\xff\x7f",
     ],
-    ids=["cut", "empty", "garbage", "json", "cut-op", "a-list"],
+    ids=["cut", "empty", "garbage", "json", "cut-op", "a-list", "a-list-of-2g-items"],
 )
 def test_a_malformed_spec_is_refused_and_the_helper_keeps_serving(kind: bytes, payload: bytes) -> None:
     """Only a client that is not `MuxClient` sends one, or a stream that corrupts it: the helper
-    answers E and serves on (a `marshal` cut short raises EOFError, not ValueError)."""
+    answers E and serves on: `marshal` raises EOFError for a spec cut short, MemoryError for
+    one announcing more than the helper may hold (its address space is limited here, as a
+    sandbox's memory is), not only ValueError."""
     process = subprocess.Popen(
-        [sys.executable, *PYTHON_FLAGS, "-c", SERVER_SOURCE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, *PYTHON_FLAGS, "-c", SERVER_SOURCE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)),
     )
     assert process.stdin is not None
     assert process.stdout is not None
@@ -106,6 +129,47 @@ def test_a_malformed_spec_is_refused_and_the_helper_keeps_serving(kind: bytes, p
         process.stdin.close()
         assert process.wait(timeout=60) == 0
     assert [(kind, ident) for kind, ident, _ in answers if kind != b"A"] == [(b"E", 1), (b"H", 0)], answers
+
+
+class _Mode(str, enum.Enum):  # noqa: UP042 - the (str, Enum) of code before StrEnum, whose str() is its name
+    FAST = "fast"
+
+
+class _Count(enum.IntEnum):
+    THREE = 3
+
+
+class _Ratio(float):
+    pass
+
+
+def test_a_spec_is_sent_as_json_sent_it() -> None:
+    """`marshal` takes the built-in types alone; `json` took their subclasses (a ``(str, Enum)``
+    member in an environment, as its value), tuples as lists and any mapping: so does `wire_spec`."""
+    spec = {
+        "env": OrderedDict([("MODE", _Mode.FAST)]),
+        "cwd": _Mode.FAST,
+        "timeout": _Ratio(1.5),
+        "op": ("ls", _Mode.FAST),
+        "count": _Count.THREE,
+        "stdin": True,
+        "none": None,
+    }
+    sent = marshal.loads(wire_spec(spec))
+    assert repr(sent) == repr(json.loads(json.dumps(spec)))
+    with pytest.raises(TypeError):
+        wire_spec({"stdin": b"bytes"})
+
+
+def test_a_command_gets_a_str_enum_in_its_environment_as_its_value() -> None:
+    stream = _PipeStream()
+    try:
+        result = MuxClient(stream).run(
+            'printf %s "$MODE"', timeout=30, stdin=None, env={"MODE": _Mode.FAST}, cwd=None, output_limit=1000
+        )
+        assert (result.exit_code, result.output) == (0, "fast")
+    finally:
+        stream.close()
 
 
 def _frame(stream: IO[bytes]) -> tuple[bytes, int, bytes]:

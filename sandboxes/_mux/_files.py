@@ -160,7 +160,7 @@ def _op(payload):
     """The ``[name, args...]`` of an F frame; ValueError when malformed."""
     try:
         op = marshal.loads(payload)["op"]
-    except (EOFError, TypeError, KeyError):  # cut short (marshal's EOFError), or not a spec
+    except Exception:  # cut short (EOFError), too big (MemoryError), a bad code object (SystemError)...
         raise ValueError("malformed file op")
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):
         raise ValueError("unknown file op")

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandboxes import protocol as p
 from sandboxes._mux._stall import SendWatch
@@ -74,7 +74,27 @@ def wire_spec(spec: Mapping[str, object]) -> bytes:
     3.4 on reads (the helper's interpreter may be older than this one), and that the helper
     parses without importing `json` (see ``_server._json``). Only ever read by the helper, from
     this client: never parse `marshal` from a sandbox."""
-    return marshal.dumps(dict(spec), 4)
+    return marshal.dumps(_plain(spec), 4)
+
+
+def _plain(value: object) -> Any:
+    """``value`` in the built-in types `marshal` takes, as `json.dumps` sent it before: marshal
+    refuses their subclasses, where json sent a ``(str, Enum)`` member as its value, a tuple as a
+    list, a numpy float as a float. TypeError for what neither takes."""
+    kind = type(value)
+    if value is None or kind is str or kind is bool or kind is int or kind is float:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)  # a str enum's value; str() would give its name
+    if isinstance(value, int):  # bool has no subclasses
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    raise TypeError(f"{kind.__name__} cannot be sent to the exec helper")
 
 
 def _request_frame(

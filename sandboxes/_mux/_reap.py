@@ -103,7 +103,7 @@ def kill_orphans(subreaper, main, leaders, commands):
         if not victims:
             return
         for pid, handle in victims:
-            _signal(pid, handle)
+            _kill_pid(pid, handle)
         deadline = time.monotonic() + 1.0
         for pid, handle in victims:  # until they are dead, so their children are re-parented
             if handle is not None:
@@ -152,7 +152,7 @@ def _pidfd(pid):
         return None
 
 
-def _signal(pid, handle):
+def _kill_pid(pid, handle):
     try:
         if handle is not None:
             signal.pidfd_send_signal(handle, signal.SIGKILL)  # novermin: a handle means 3.9+

@@ -185,6 +185,8 @@ def _json(value):
         return "{%s}" % ", ".join("%s: %s" % (_json(str(k)), _json(v)) for k, v in value.items())
     if isinstance(value, list):
         return "[%s]" % ", ".join(_json(v) for v in value)
+    if not isinstance(value, str):
+        raise TypeError("%s is not one of the helper's answers' types" % type(value).__name__)
     return '"%s"' % "".join(c if " " <= c <= "~" and c not in '"\\' else _json_escape(c) for c in value)
 
 

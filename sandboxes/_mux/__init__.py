@@ -1,6 +1,6 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper
+from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper, HeldHelper
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
@@ -14,6 +14,7 @@ __all__ = [
     "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
+    "HeldHelper",
     "HelperStarts",
     "MuxBroken",
     "MuxClient",

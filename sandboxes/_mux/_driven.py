@@ -1,5 +1,6 @@
 """A sandbox driven through its exec helper: file ops (`FileOpsOnHelper`) and, for the transports
-that fall back to one exec per command, commands too (`CommandsOnHelper`).
+that fall back to one exec per command, commands too (`CommandsOnHelper`), on the one helper such
+a transport holds (`HeldHelper`).
 
 Why one module: Docker's and Kubernetes' ``execute_streaming`` were twins, and so were the
 ``_run_native`` of those two and of the local jail: fill in the config's defaults, try the
@@ -8,23 +9,29 @@ tell an out-of-memory kill from a plain exit 137. What differs is small and stay
 transport: its fallback and the failures it answers for (`CommandsOnHelper._run_alone`, or
 `CommandsOnHelper._run_command` wrapped when a helper's start fails in its own words too), its
 messages, and how it words its memory limit. The order of it all lives here alone.
+
+Docker and Kubernetes also held their helper alike: one at a time, started under a lock when a
+call finds none alive, as `HelperStarts` allows, let go of when found broken (`HeldHelper`).
+How each starts it, what a failed start raises, and how each logs it stay with the transport.
 """
 
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from sandboxes import protocol as p
 from sandboxes._mux._resend import run_command_once, run_native_once
+from sandboxes._mux._starts import HelperStarts
 from sandboxes._mux._stream import MuxBroken
-from sandboxes._mux.client import MuxClient
+from sandboxes._mux.client import MuxClient, command_marker, kill_tagged
 from sandboxes._output import out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 
-__all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper"]
+__all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper", "HeldHelper"]
 
 
 class CommandDefaults(Protocol):
@@ -102,6 +109,94 @@ class FileOpsOnHelper(StreamingSandbox):
         return run_native_once(
             self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=self._file_op_lost
         )
+
+
+class HeldHelper(FileOpsOnHelper):
+    """A sandbox that holds one exec helper at a time (``_mux``), started by the call that finds
+    none alive (`_helper`), under the lock that serializes the starts (``_mux_lock``), when
+    `HelperStarts` allows (``_starts``): Docker's and Kubernetes'. Each transport keeps how it
+    starts its helper (`_start_helper`), what a failed start raises (`_start_failures`), how it
+    tells that its python is missing (`_python_missing`), and how it logs a failed start
+    (`_report_failed_start`) and a broken helper (`_drop_broken`, which lets go of it by
+    `_drop_helper`). Its ``__init__`` calls `_hold_helper`."""
+
+    _mux: MuxClient | None
+    _mux_lock: threading.Lock
+    _starts: HelperStarts
+
+    _start_failures: ClassVar[tuple[type[Exception], ...]] = (MuxBroken,)
+    """What `_start_helper` raises for a helper that did not start: counted by ``_starts``, and
+    the call goes on without a helper. Anything else propagates to the caller."""
+
+    def _hold_helper(self, enabled: bool) -> None:
+        """No helper yet; ``enabled``: whether one may be started at all (``use_exec_helper``)."""
+        self._mux = None
+        self._mux_lock = threading.Lock()
+        self._starts = HelperStarts(enabled)
+
+    @abc.abstractmethod
+    def _start_helper(self) -> MuxClient:
+        """A new helper, past its hello; one of `_start_failures` if it did not start."""
+
+    @abc.abstractmethod
+    def _python_missing(self) -> bool:
+        """Whether the sandbox says python3 is not there (then no start is tried again); a
+        question that failed cannot tell (``False``)."""
+
+    @abc.abstractmethod
+    def _report_failed_start(self, error: Exception) -> None:
+        """Log the start that just failed (`HelperStarts.report`), in the transport's logger
+        and words."""
+
+    @property
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live exec helper (the fast path)."""
+        return self._mux is not None and self._mux.alive
+
+    def close(self) -> None:
+        """Drop the exec helper; the sandbox keeps running."""
+        with self._mux_lock:
+            if self._mux is not None:
+                self._mux.close()
+                self._mux = None
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
+        it works when the sandbox's pids limit is reached. ``False`` without a helper: the
+        fallback path's commands are found by their marker alone, by a command."""
+        with self._mux_lock:
+            mux = self._mux
+        return kill_tagged(mux, name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
+        without the lock, which a helper's start holds for up to its hello's timeout: asked on
+        the service's event loop, for a speed-up only."""
+        return command_marker(self._mux, new)
+
+    def _helper(self) -> MuxClient | None:
+        with self._mux_lock:
+            if self._mux is not None and self._mux.alive:
+                return self._mux
+            if not self._starts.due:
+                return None
+            try:
+                self._mux = self._start_helper()
+            except self._start_failures as broken:
+                self._mux = None
+                self._starts.failed(for_good=self._python_missing())
+                self._report_failed_start(broken)
+                return None
+            self._starts.started()
+            return self._mux
+
+    def _drop_helper(self, mux: MuxClient) -> None:
+        """Let go of ``mux``, found broken: closed, and no longer held if it still was (another
+        thread may have started a new one meanwhile), so that the next call starts a new one."""
+        with self._mux_lock:
+            mux.close()
+            if self._mux is mux:
+                self._mux = None
 
 
 class CommandsOnHelper(FileOpsOnHelper):

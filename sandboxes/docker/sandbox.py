@@ -35,11 +35,9 @@ from sandboxes._mux import (
     SERVER_SOURCE,
     CommandRun,
     CommandsOnHelper,
-    HelperStarts,
+    HeldHelper,
     MuxBroken,
     MuxClient,
-    command_marker,
-    kill_tagged,
     python_missing,
 )
 from sandboxes._output import OutputBuffer, execute_response
@@ -96,7 +94,7 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(CommandsOnHelper, Lifecycle):
+class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
     """One container. Thread-safe: many commands and file operations may run at once."""
 
     config: DockerSandboxConfig
@@ -108,9 +106,7 @@ class DockerSandbox(CommandsOnHelper, Lifecycle):
         self.client = client
         self.config = config
         self.owned = owned
-        self._mux: MuxClient | None = None
-        self._mux_lock = threading.Lock()
-        self._starts = HelperStarts(config.use_exec_helper)
+        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
         """Whether every orphan its init adopts is a command's (see `sandboxes._mux._server`):
@@ -141,18 +137,6 @@ class DockerSandbox(CommandsOnHelper, Lifecycle):
     @property
     def id(self) -> str:
         return str(self.container.id)
-
-    @property
-    def helper_alive(self) -> bool:
-        """Whether commands currently go through a live exec helper (the fast path)."""
-        return self._mux is not None and self._mux.alive
-
-    def close(self) -> None:
-        """Drop the exec helper; the container keeps running."""
-        with self._mux_lock:
-            if self._mux is not None:
-                self._mux.close()
-                self._mux = None
 
     def stop(self) -> None:
         self.close()
@@ -202,20 +186,6 @@ class DockerSandbox(CommandsOnHelper, Lifecycle):
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
-    def kill_tagged(self, name: str, value: str) -> bool:
-        """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
-        it works when the container's pids limit is reached. ``False`` without a helper: the
-        fallback path's commands are found by their marker alone, by a command."""
-        with self._mux_lock:
-            mux = self._mux
-        return kill_tagged(mux, name, value)
-
-    def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
-        without the lock, which a helper's start holds for up to its hello's timeout: asked on
-        the service's event loop, for a speed-up only."""
-        return command_marker(self._mux, new)
-
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), for a caller that awaits a
         command on it (`sandboxes._mux._awaited.arun`) instead of a thread; such a caller reports
@@ -233,21 +203,8 @@ class DockerSandbox(CommandsOnHelper, Lifecycle):
         """Whether the container's memory cgroup killed something since the last look."""
         return self._oom_killed()
 
-    def _helper(self) -> MuxClient | None:
-        with self._mux_lock:
-            if self._mux is not None and self._mux.alive:
-                return self._mux
-            if not self._starts.due:
-                return None
-            try:
-                self._mux = self._start_helper()
-            except MuxBroken as broken:
-                self._mux = None
-                self._starts.failed(for_good=self._python_missing())
-                self._starts.report(logger, self.id[:12], broken, "one docker exec per command")
-                return None
-            self._starts.started()
-            return self._mux
+    def _report_failed_start(self, error: Exception) -> None:
+        self._starts.report(logger, self.id[:12], error, "one docker exec per command")
 
     def _python_missing(self) -> bool:
         """Whether the image's shell says python3 is not there. A question that failed (its
@@ -280,12 +237,6 @@ class DockerSandbox(CommandsOnHelper, Lifecycle):
     def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
         logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
         self._drop_helper(mux)
-
-    def _drop_helper(self, mux: MuxClient) -> None:
-        with self._mux_lock:
-            mux.close()
-            if self._mux is mux:
-                self._mux = None
 
     def _exec_once(
         self,

@@ -36,11 +36,9 @@ from sandboxes._mux import (
     SERVER_SOURCE,
     CommandRun,
     CommandsOnHelper,
-    HelperStarts,
+    HeldHelper,
     MuxBroken,
     MuxClient,
-    command_marker,
-    kill_tagged,
     python_missing,
 )
 from sandboxes._output import OutputBuffer, execute_response
@@ -115,7 +113,7 @@ _OOM_COUNT = (
 )
 
 
-class KubernetesSandbox(CommandsOnHelper, Lifecycle):
+class KubernetesSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
     """One pod. Thread-safe: many commands and file operations may run at once."""
 
     config: KubernetesSandboxConfig
@@ -126,9 +124,7 @@ class KubernetesSandbox(CommandsOnHelper, Lifecycle):
         self.config = config
         self.owned = owned
         self._exec_api = exec_api(api)
-        self._mux: MuxClient | None = None
-        self._mux_lock = threading.Lock()
-        self._starts = HelperStarts(config.use_exec_helper)
+        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -175,31 +171,6 @@ class KubernetesSandbox(CommandsOnHelper, Lifecycle):
     def workdir(self) -> str:
         return self.config.workdir
 
-    @property
-    def helper_alive(self) -> bool:
-        """Whether commands currently go through a live exec helper (the fast path)."""
-        return self._mux is not None and self._mux.alive
-
-    def kill_tagged(self, name: str, value: str) -> bool:
-        """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
-        it works when the pod's pids limit is reached. ``False`` without a helper."""
-        with self._mux_lock:
-            mux = self._mux
-        return kill_tagged(mux, name, value)
-
-    def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
-        without the lock, which a helper's start holds for up to its hello's timeout: asked on
-        the service's event loop, for a speed-up only."""
-        return command_marker(self._mux, new)
-
-    def close(self) -> None:
-        """Drop the exec helper's stream; the pod keeps running."""
-        with self._mux_lock:
-            if self._mux is not None:
-                self._mux.close()
-                self._mux = None
-
     def destroy(self) -> None:
         """Delete the pod and wait until it is gone. Idempotent; `TimeoutError` says what holds it."""
         self.close()
@@ -223,21 +194,10 @@ class KubernetesSandbox(CommandsOnHelper, Lifecycle):
     def _memory_limit(self) -> str:
         return self.config.memory_limit or "none"
 
-    def _helper(self) -> MuxClient | None:
-        with self._mux_lock:
-            if self._mux is not None and self._mux.alive:
-                return self._mux
-            if not self._starts.due:
-                return None
-            try:
-                self._mux = self._start_helper()
-            except (MuxBroken, ExecError) as broken:
-                self._mux = None
-                self._starts.failed(for_good=self._python_missing())
-                self._starts.report(logger, f"pod {self.name}", broken, "one exec per command")
-                return None
-            self._starts.started()
-            return self._mux
+    _start_failures = (MuxBroken, ExecError)
+
+    def _report_failed_start(self, error: Exception) -> None:
+        self._starts.report(logger, f"pod {self.name}", error, "one exec per command")
 
     def _start_helper(self) -> MuxClient:
         stream = open_exec(
@@ -261,12 +221,6 @@ class KubernetesSandbox(CommandsOnHelper, Lifecycle):
     def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
         logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
         self._drop_helper(mux)
-
-    def _drop_helper(self, mux: MuxClient) -> None:
-        with self._mux_lock:
-            mux.close()
-            if self._mux is mux:
-                self._mux = None
 
     def _exec_once(
         self,

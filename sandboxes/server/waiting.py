@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from sandboxes import protocol as p
-from sandboxes._mux import MuxBroken, MuxClient
+from sandboxes._mux import CommandRun, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
 from sandboxes._output import out_of_memory
 from sandboxes.base import BaseSandbox
@@ -55,15 +55,25 @@ async def run_awaited(
     assert isinstance(sandbox, DockerSandbox)  # the only one `awaitable_helper` answers for
     config = sandbox.config
     try:
+        run = CommandRun.resolve(  # the config's defaults, as `CommandsOnHelper.execute_streaming` fills them in
+            config,
+            command.command,
+            on_output,
+            timeout=command.timeout,
+            stdin=command.stdin,
+            env=env,
+            cwd=command.cwd,
+            output_limit=command.output_limit,
+        )
         response = await arun(
             mux,
-            command.command,
-            timeout=config.default_timeout if command.timeout is None else command.timeout,
-            stdin=command.stdin,
-            env={**config.env, **env},
-            cwd=command.cwd or config.workdir,
-            output_limit=command.output_limit,
-            on_output=on_output,
+            run.command,
+            timeout=run.timeout,
+            stdin=run.stdin,
+            env=run.env,
+            cwd=run.cwd,
+            output_limit=run.output_limit,
+            on_output=run.on_output,
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)

@@ -138,6 +138,42 @@ def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
         assert second.execute(f"test -e {first.workspace}").exit_code == 1
 
 
+def test_the_root_is_shut_to_lessees_and_a_release_leaves_nothing_the_user_owns(vm: SSHVM) -> None:
+    """A lessee cannot make entries in the shared workspace root; whatever it left there (made
+    while the root was open for another lease) or in /tmp, /var/tmp, /dev/shm and its home, even
+    behind a directory it made unreadable, is gone for the next holder of the user."""
+    config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-10", use_exec_helper=False)
+    first = SSHSandbox.create(config)
+    root = first.workspace.rsplit("/", 1)[0]
+    assert first.user == "sbx-10"
+    assert first.execute(f"mkdir {root}/.a-stash").exit_code != 0, "a lessee could write in the root"
+    # What a lessee gets in while another lease has the root open: put it there as the login user's
+    # window would let it (the root at 1733), then shut the root again.
+    assert vm.docker.exec_run(["chmod", "1733", root]).exit_code == 0
+    planted = first.execute(
+        f"mkdir {root}/.a-stash && echo A-LEFTOVER-IN-ROOT > {root}/.a-stash/note && "
+        f"echo A-LEFTOVER-IN-ROOT > {root}/.a-file && chmod 000 {root}/.a-stash && "
+        "for d in /tmp /var/tmp /dev/shm $HOME; do mkdir $d/a-dir && echo A-LEFTOVER > $d/a-dir/note && "
+        "chmod 000 $d/a-dir || exit 1; done; echo ok"
+    )
+    assert vm.docker.exec_run(["chmod", "711", root]).exit_code == 0
+    assert planted.output == "ok\n"
+    first.destroy()
+
+    owned = vm.docker.exec_run(
+        ["find", root, "/tmp", "/var/tmp", "/dev/shm", "/home/sbx-10", "-mindepth", "1", "-user", "sbx-10"]
+    )
+    assert owned.output.decode() == "", "the released user still owns files on the host"
+    with SSHSandbox.create(config) as second:
+        assert second.user == "sbx-10"
+        peek = second.execute(f"cat {root}/.a-stash/note {root}/.a-file")
+        assert "A-LEFTOVER-IN-ROOT" not in peek.output
+        assert second.execute(f"touch {root}/.b-file").exit_code != 0
+        assert second.execute(f"test -d {second.workspace}").exit_code == 0
+    stat = vm.docker.exec_run(["stat", "-c", "%a", root])
+    assert stat.output.decode().strip() == "711"
+
+
 def test_an_exhausted_pool_is_a_clear_error_until_a_sandbox_is_destroyed(vm: SSHVM) -> None:
     config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-08")
     holder = SSHSandbox.create(config)

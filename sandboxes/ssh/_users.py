@@ -10,13 +10,14 @@ sudoers rule (``images/ssh-vm``); any VM prepared the same way works.
   made with ``mkdir``: atomic on the host, so two clients (or two threads) creating sandboxes
   at once never get the same user. Leases live in the login user's home, so a pool must be
   used through one login user only.
-* The workspace is made BY the leased user (mode 700) in a root that is ``1733``: anyone may
-  create an entry in it, nobody but the login user may list it, and the sticky bit keeps users
-  from removing each other's entries. Beside it, ``.<name>.tmp`` (`tmpdir_of`) is the
+* The workspace is made BY the leased user (mode 700) in a root that is ``0711``: nobody but
+  the login user may list it or write in it. It is ``1733`` (sticky) only while a lease makes
+  its directories there, under a lock (`_WINDOW`). Beside it, ``.<name>.tmp`` (`tmpdir_of`) is the
   sandbox's private ``TMPDIR`` (hidden, so listings of the root show workspaces only);
   commands run with ``umask 077``, so what they leave in the shared ``/tmp`` is not readable
   by the others either.
-* Releasing kills every process of the user, removes the workspace, its tmp directory, the
+* Releasing kills every process of the user, removes every entry the user owns in the root
+  (the workspace, its tmp directory and whatever it slipped in while the root was open), the
   user's files in the shared temporary and lock directories, its POSIX message queues, SysV
   IPC objects, cron and at jobs and the contents of its home (`_CLEAN_USER`), and only then
   frees the lease: the next sandbox to get that user inherits nothing. A cleanup that
@@ -31,35 +32,85 @@ from collections.abc import Callable
 from sandboxes import _scripts
 from sandboxes.ssh._connection import SSHError
 
-__all__ = ["SFTP_SERVER", "UserPoolError", "WorkspaceNotFound", "as_user", "lease", "owner", "release", "tmpdir_of"]
+__all__ = [
+    "SFTP_SERVER",
+    "UserPoolError",
+    "WorkspaceNotFound",
+    "as_user",
+    "lease",
+    "make_as",
+    "owner",
+    "release",
+    "remove_as",
+    "tmpdir_of",
+]
 
 Run = Callable[[str], tuple[int, str]]
 """Runs a command as the login user on the host: its exit status and output."""
 
 _LEASES = "${XDG_STATE_HOME:-$HOME/.local/state}/sandboxes/users"
 
+_WINDOW = r"""open_root() {
+  exec 9>>"$leases/root.lock" || return 1
+  if command -v flock >/dev/null 2>&1; then flock -w 30 9 || return 1; fi
+  chmod 1733 -- "$root"
+}
+close_root() { chmod 711 -- "$root"; exec 9>&-; }
+"""
+"""``open_root`` makes the workspace root writable by the pool users while one directory is made
+in it, under a lock shared by every lease of the login user; ``close_root`` shuts it again."""
+
 _LEASE = rf"""group=$1; ws=$2; tmp=$3; leases={_LEASES}; root=${{ws%/*}}
-mkdir -p -- "$leases" "$root" && chmod 700 -- "$leases" && chmod 1733 -- "$root" || exit 10
-entry=$(getent group "$group") || exit 11
+mkdir -p -- "$leases" && chmod 700 -- "$leases" && {{ [ -d "$root" ] || mkdir -p -m 711 -- "$root"; }} || exit 10
+{_WINDOW}entry=$(getent group "$group") || exit 11
 gid=$(printf %s "$entry" | cut -d: -f3)
 members="$(printf %s "$entry" | cut -d: -f4 | tr , ' ') $(getent passwd | awk -F: -v g="$gid" '$4 == g {{ print $1 }}')"
 for u in $members; do
   mkdir -- "$leases/$u" 2>/dev/null || continue
-  printf '%s\n' "$ws" > "$leases/$u/workspace" || {{ rmdir -- "$leases/$u"; exit 10; }}
-  if err=$(sudo -n -u "$u" -- /bin/sh -c 'umask 077; mkdir -- "$1" "$2"' sh "$ws" "$tmp" 2>&1); then
-    printf '%s' "$u"; exit 0
-  fi
+  printf '%s\n' "$ws" > "$leases/$u/workspace" || {{ rm -rf -- "$leases/$u"; exit 10; }}
+  open_root || {{ exec 9>&-; rm -rf -- "$leases/$u"; exit 10; }}
+  err=$(sudo -n -u "$u" -- /bin/sh -c 'umask 077; mkdir -- "$1" "$2"' sh "$ws" "$tmp" 2>&1); made=$?
+  close_root
+  if [ "$made" -eq 0 ]; then printf '%s' "$u"; exit 0; fi
   rm -rf -- "$leases/$u"; printf '%s: %s' "$u" "$err"; exit 12
 done
 exit 13
 """
-"""Lease a free member of group ``$1`` and make workspace ``$2`` as that user; prints the user."""
+"""Lease a free member of group ``$1`` and make workspace ``$2`` as that user; prints the user.
+The root is writable by the pool users only while that ``mkdir`` runs."""
+
+_MAKE_AS = rf"""u=$1; ws=$2; leases={_LEASES}; root=${{ws%/*}}
+mkdir -p -- "$leases" && chmod 700 -- "$leases" && {{ [ -d "$root" ] || mkdir -p -m 711 -- "$root"; }} || exit 10
+{_WINDOW}open_root
+err=$(sudo -n -u "$u" -- /bin/sh -c 'umask 077; mkdir -- "$1"' sh "$ws" 2>&1); made=$?
+close_root
+[ "$made" -eq 0 ] || {{ printf '%s' "$err"; exit 12; }}
+"""
+"""Make workspace ``$2`` as the one user ``$1`` of ``isolation='none'``, through the same window."""
+
+_REMOVE_AS = r"""u=$1; ws=$2
+[ -e "$ws" ] || [ -L "$ws" ] || exit 0
+sudo -n -u "$u" -- /bin/sh -c "$3" sh "$ws" 2>&1 || exit 1
+rmdir -- "$ws" 2>/dev/null || rm -f -- "$ws"
+"""
+"""Remove ``$2``, owned by ``$1``, from a root only the login user may write: the user empties
+it (``$3`` is `_EMPTY`), the login user removes the empty entry."""
+
+_EMPTY = r"""for p; do
+  [ -d "$p" ] && [ ! -L "$p" ] || continue
+  find "$p" -type d -exec chmod u+rwx -- '{'} \; 2>/dev/null
+  find "$p" -mindepth 1 -delete || exit 1
+done
+"""
+"""Run as the owner of the entries ``$@``: empty each directory among them, whatever its modes
+(``'{'}`` is find's ``{}`` hidden from the outer find that passes this script on)."""
 
 _CLEAN_USER = r"""r=0; while kill -9 -1 2>/dev/null && [ "$r" -lt 50 ]; do r=$((r + 1)); sleep 0.02; done
-rm -rf -- "$1" "$2" || exit 1
 me=$(id -u)
 for d in /tmp /var/tmp /dev/shm /run/lock /var/lock /dev/mqueue; do
-  [ -d "$d" ] && find "$d/" -xdev -mindepth 1 -user "$me" -delete 2>/dev/null
+  [ -d "$d" ] || continue
+  find "$d/" -xdev -mindepth 1 -user "$me" -type d -exec chmod u+rwx -- {} \; 2>/dev/null
+  find "$d/" -xdev -mindepth 1 -user "$me" -delete 2>/dev/null
 done
 for kind in shm:m:8:10 msg:q:8:10 sem:s:5:7; do
   t=${kind%%:*}; rest=${kind#*:}; flag=${rest%%:*}; cols=${rest#*:}
@@ -72,24 +123,35 @@ if command -v crontab >/dev/null 2>&1; then crontab -r 2>/dev/null; fi
 if command -v atq >/dev/null 2>&1; then
   for j in $(atq 2>/dev/null | awk '{ print $1 }'); do atrm "$j" 2>/dev/null; done
 fi
-case $HOME in /* ) [ "$HOME" != / ] && [ -O "$HOME" ] && find "$HOME" -mindepth 1 -delete ;; esac
+case $HOME in /* ) [ "$HOME" != / ] && [ -O "$HOME" ] || exit 0 ;; * ) exit 0 ;; esac
+find "$HOME" -mindepth 1 -type d -exec chmod u+rwx -- {} \; 2>/dev/null
+find "$HOME" -mindepth 1 -delete
 exit 0
 """
 """Run as the leased user: kill all its processes, then remove everything it may have left for
-the next holder of the user: workspace ``$1`` and TMPDIR ``$2``; its files in the shared
-temporary and lock directories and POSIX message queues; its SysV shared memory, queues and
-semaphores; its cron and at jobs (where the host has them); the contents of its home."""
+the next holder of the user: its files in the shared temporary and lock directories and POSIX
+message queues; its SysV shared memory, queues and semaphores; its cron and at jobs (where the
+host has them); the contents of its home."""
 
-_RELEASE = rf"""u=$1; ws=$2; tmp=$3; leases={_LEASES}
+_RELEASE = rf"""u=$1; ws=$2; leases={_LEASES}; root=${{ws%/*}}
 [ -d "$leases/$u" ] || exit 0
 [ "$(cat -- "$leases/$u/workspace" 2>/dev/null)" = "$ws" ] || exit 14
-sudo -n -u "$u" -- /bin/sh -c "$4" sh "$ws" "$tmp" 2>&1 || exit 15
+sudo -n -u "$u" -- /bin/sh -c "$3" sh 2>&1 || exit 15
+if [ -d "$root" ]; then
+  find "$root/" -mindepth 1 -maxdepth 1 -user "$u" -exec sudo -n -u "$u" -- /bin/sh -c "$4" sh {{}} + 2>&1 || exit 15
+  find "$root/" -mindepth 1 -maxdepth 1 -user "$u" \
+    -exec /bin/sh -c 'for p; do rmdir -- "$p" 2>/dev/null || rm -f -- "$p"; done' sh {{}} + || exit 15
+  left=$(find "$root/" -mindepth 1 -maxdepth 1 -user "$u" -print)
+  [ -z "$left" ] || {{ printf 'entries of %s are left in %s: %s' "$u" "$root" "$left"; exit 15; }}
+fi
 rm -rf -- "$leases/$u"
 """
-"""Empty and free the lease of user ``$1`` on workspace ``$2`` (``$4`` is `_CLEAN_USER`); a lease
-already gone is fine (idempotent); a lease now held for another workspace is left alone (14).
-``kill -1`` from the user's own shell reaches every process of the user but that shell (and
-never sudo, which runs as root)."""
+"""Empty and free the lease of user ``$1`` on workspace ``$2`` (``$3`` is `_CLEAN_USER`, ``$4``
+`_EMPTY`): after the user's own cleanup, every entry it owns in the workspace root (its
+workspace, its TMPDIR and anything it made there) is emptied by it and removed by the login
+user. A lease already gone is fine (idempotent); a lease now held for another workspace is left
+alone (14). ``kill -1`` from the user's own shell reaches every process of the user but that
+shell (and never sudo, which runs as root)."""
 
 _OWNER = rf"""ws=$1; leases={_LEASES}
 u=$(stat -c %U -- "$ws") || exit 16
@@ -139,9 +201,21 @@ def lease(run: Run, *, host: str, group: str, workspace: str) -> str:
 
 def release(run: Run, *, host: str, user: str, workspace: str) -> None:
     """Empty ``user`` of everything the sandbox left and free its lease (idempotent)."""
-    status, output = run(_scripts.command(_RELEASE, user, workspace, tmpdir_of(workspace), _CLEAN_USER))
+    status, output = run(_scripts.command(_RELEASE, user, workspace, _CLEAN_USER, _EMPTY))
     if status != 0:
         raise _error(status, _message(status, output, host=host, group="", workspace=workspace))
+
+
+def make_as(run: Run, *, host: str, user: str, workspace: str) -> None:
+    """Make ``workspace`` as ``user`` (the one user of ``isolation='none'``) in the shut root."""
+    status, output = run(_scripts.command(_MAKE_AS, user, workspace))
+    if status != 0:
+        raise UserPoolError(_message(status, output, host=host, group="", workspace=workspace))
+
+
+def remove_as(user: str, workspace: str) -> str:
+    """The command that removes ``workspace`` of ``user`` from the shut root (idempotent)."""
+    return _scripts.command(_REMOVE_AS, user, workspace, _EMPTY)
 
 
 def owner(run: Run, *, host: str, workspace: str) -> str:

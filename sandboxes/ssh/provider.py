@@ -24,8 +24,9 @@ a dead host does not cost every create a connect timeout.
 What a provider records (`sandboxes.lifecycle`): each workspace it creates gets a record, a
 small JSON file named after the workspace in the login user's private state directory
 (``$XDG_STATE_HOME/sandboxes/workspaces``, mode 700), holding its `CreateOptions` labels,
-environment and expiry. Not in the workspace root: that root is ``1733`` (every sandbox user
-may create entries in it), and a sandbox must not forge the record of another. `list` reads the
+environment and expiry. Not in the workspace root: sandbox users make their workspaces
+there (it is open to them while a lease makes one), and a sandbox must not forge the record of
+another. `list` reads the
 records and the workspace directories in one command per host; a workspace without a record
 (made by `SSHSandbox.create` directly, or a crash before the record) is listed with no labels.
 Refs are ``user@host:port:/workspace``.

@@ -153,10 +153,10 @@ class SSHSandbox(BaseSandbox, Lifecycle):
                 user = _ssh_users.lease(run, host=config.host.host, group=config.user_group, workspace=workspace)
                 return cls(config, workspace, connection, user)
             _warn_not_isolated(config)
-            make = _scripts.command('mkdir -p -- "$1" && chmod 700 -- "$1"', workspace)
             if config.run_as is not None:
-                make = _ssh_users.as_user(make, config.run_as, None)
-            run_simple(connection, make)
+                _ssh_users.make_as(_runner(connection), host=config.host.host, user=config.run_as, workspace=workspace)
+            else:
+                run_simple(connection, _scripts.command('mkdir -p -- "$1" && chmod 700 -- "$1"', workspace))
             return cls(config, workspace, connection, config.run_as)
         except Exception:
             connections.release(connection)
@@ -206,7 +206,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             else:
                 remove = _scripts.command('rm -rf -- "$1"', self.workspace)
                 if self.user is not None:
-                    remove = _ssh_users.as_user(remove, self.user, None)
+                    remove = _ssh_users.remove_as(self.user, self.workspace)
                 try:
                     run_simple(connection, remove, timeout=self.operation_timeout)
                 except SSHUnreachableError:

@@ -142,6 +142,7 @@ EOF
 put() {
   if [ -d "$1" ]; then c=11; return 1; fi
   prep "$1" || return 1
+  if [ -e "$1" ] && [ ! -f "$1" ]; then c=16; return 1; fi
   if inplace "$1"; then
     if err=$("$2" 2>&1 >"$1"); then c=0; return 0; fi
     failed "$err" "$1"; return 1
@@ -158,10 +159,11 @@ put() {
 # separate pid namespaces share $$), and `place TEMP PATH SIZE` renames it over PATH only once
 # all SIZE bytes are there, with PATH's mode (and group, where we may set it), so a writer
 # killed halfway or a stream cut short leaves the old file whole and never a part of the new
-# one. One `stat` and one `mv` are all it adds to a write: chmod and chgrp run only when needed. Where a rename
-# could not keep what PATH is (`inplace`), the write happens in place as before: a symlink
-# (written through), a device or FIFO, another user's file, or a directory we may not create
-# entries in. New files get the mode the umask gave the temporary file (created by a redirection,
+# one. One `stat` and one `mv` are all it adds to a write: chmod and chgrp run only when needed.
+# A PATH that is (or links to) a FIFO, device or socket is refused (16), never opened: a FIFO
+# would block the writer. Where a rename could not keep what PATH is (`inplace`), the write
+# happens in place as before: a symlink (written through), another user's file, or a directory
+# we may not create entries in. New files get the mode the umask gave the temporary file (created by a redirection,
 # 0666 less the umask, never mktemp's 0600): no `$(umask)`, whose subshell costs a fork. Only
 # COMMIT_STAGED sets $nm, the umask's mode, once a batch: its staged files may come from elsewhere
 # (Kubernetes' tar keeps its headers' 0644 whatever the umask).
@@ -215,7 +217,8 @@ PREPARE_UPLOAD = (
     + r"""for f do
   if [ -d "$f" ]; then c=11
   elif prep "$f"; then
-    if [ -e "$f" ]; then [ -w "$f" ] && c=0 || c=12
+    if [ -e "$f" ] && [ ! -f "$f" ]; then c=16
+    elif [ -e "$f" ]; then [ -w "$f" ] && c=0 || c=12
     else [ -w "${f%/*}" ] && c=0 || c=12; fi
   fi
   printf '%s\n' "$c"
@@ -231,6 +234,7 @@ while [ $# -gt 0 ]; do
   s=$1 f=$2 n=$3; shift 3
   if [ "$n" = - ]; then rm -f -- "$s"; continue; fi
   if [ -d "$f" ]; then rm -f -- "$s"; c=11
+  elif [ -e "$f" ] && [ ! -f "$f" ]; then rm -f -- "$s"; c=16
   elif [ ! -f "$s" ]; then c=18
   elif inplace "$f"; then
     if [ "$(wc -c < "$s")" -ne "$n" ]; then c=18

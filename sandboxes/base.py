@@ -241,7 +241,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         data = content.encode("utf-8")
         call = write_call(path, data)
         if (code := _parse.check((yield call), path)) is not None:
-            return p.WriteResult(code, message_for(code, path))
+            return p.WriteResult(code, _written_message(code, path))
         return p.WriteResult(path=path)
 
     def _edit(self, file_path: str, old: str, new: str, replace_all: bool) -> Operation[p.EditResult]:
@@ -577,7 +577,14 @@ def staging_name(path: str) -> str:
 def _upload_response(raw: str, code: p.ErrorCode | None, path: str) -> p.FileUploadResponse:
     if code is None:
         return p.FileUploadResponse(raw)
-    return p.FileUploadResponse(raw, code, message_for(code, path))
+    return p.FileUploadResponse(raw, code, _written_message(code, path))
+
+
+def _written_message(code: p.ErrorCode, path: str) -> str:
+    """The sentence for a write's error: ``invalid_argument`` is always a special file refused."""
+    if code == p.INVALID_ARGUMENT:
+        return message_for(code, path, "not a regular file (a FIFO, device or socket); only regular files are written")
+    return message_for(code, path)
 
 
 def _batch_failed(items: list[Any], kind: type[Any]) -> Callable[[p.ErrorCode, str], list[Any]]:

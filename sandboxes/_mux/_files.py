@@ -17,9 +17,10 @@ where the script's are base64, and their parsers tell the two apart. Same atomic
 ``.sandboxes-write.<token>`` beside the target, created exclusively, renamed over the target
 only once the announced size arrived, keeping the target's mode and group (a new file: the mode
 the umask gives); parents are created. Where the script writes in place (`_writes_in_place`: a
-symlink, a device or FIFO, another user's file, a directory we may not create entries in), this
-answers ``N`` (not native here) before touching anything but the parents (which the script would
-create too), and the client runs the script: a FIFO must never block this single-threaded loop.
+symlink, another user's file, a directory we may not create entries in), this answers ``N``
+(not native here) before touching anything but the parents (which the script would create too),
+and the client runs the script. A target that is (or links to) a FIFO, device or socket is
+refused (16) by both, never opened: a FIFO must never block a writer.
 
 Frames (see `_server`): F starts an op (``{"op": [name, args...]}``, `marshal`'d: the script's
 arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
@@ -209,6 +210,8 @@ class _NativeWrite(object):
         if os.path.isdir(path):
             raise _Answer(11)
         _prep(path)
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise _Answer(16)  # a FIFO, device or socket (or a link to one): refused, never opened
         if _writes_in_place(path):
             raise _NotNative()
         if os.path.exists(path) and not os.access(path, os.W_OK):

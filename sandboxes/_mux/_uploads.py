@@ -42,7 +42,8 @@ class NativeUpload(object):
 
     def __init__(self, ident, token, files):
         for path, _ in files:  # before anything is written: the script does it all
-            if not os.path.isdir(path) and _writes_in_place(path):
+            special = os.path.exists(path) and not os.path.isfile(path)  # refused natively: 11 or 16
+            if not special and _writes_in_place(path):
                 raise _NotNative()
         self.ident, self.token, self.files = ident, token, files
         self.statuses = []  # one per file done

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -29,6 +30,7 @@ from sandboxes import api
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
+from sandboxes.server.fairness import FileLanes
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
@@ -37,6 +39,8 @@ from sandboxes.server.streams import buffered_body, iterate_thread
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+Lane = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs a blocking call in a worker thread, in some order of its own (`FileLanes.run`)."""
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Service:
     metrics: Metrics
     draining: bool = False
     commands: CommandSlots = field(default_factory=CommandSlots)
+    file_lanes: FileLanes = field(default_factory=FileLanes)
     command_pool: Executor | None = None
     """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
 
@@ -121,9 +126,13 @@ def _template(svc: Service, entry: Entry) -> Template:
     return entry.backend.template
 
 
-async def _backend(function: Callable[..., T], *args: Any) -> T:
-    """A blocking backend call in a worker thread; a backend that fails is a 503, not a 500."""
+async def _backend(function: Callable[..., T], *args: Any, lane: Lane | None = None) -> T:
+    """A blocking backend call in a worker thread (through ``lane`` when given); a backend that
+    fails is a 503, not a 500."""
     try:
+        if lane is not None:
+            answer: T = await lane(functools.partial(function, *args))
+            return answer
         return await asyncio.to_thread(function, *args)
     except (ServiceError, HTTPException):  # ours, and a body over the limit met while reading it
         raise
@@ -236,16 +245,23 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 # ---------------------------------------------------------------------- files
 
 
-async def file_json(op: str, entry: Entry, body: Any) -> bytes:
-    """The answer of file operation ``op`` (a protocol result as JSON). Also served by
+async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
+    """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
+    (`FileLanes`) and killed past the service's ``file_operation_timeout``. Also served by
     `sandboxes.server.hot`."""
-    return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body))
+    tenant = entry.state.tenant
+    cap = svc.settings.policy_for(tenant).max_file_operations
+    sandbox = entry.sandbox
+    if sandbox.operation_timeout > svc.settings.file_operation_timeout:
+        sandbox.operation_timeout = svc.settings.file_operation_timeout
+    lane = functools.partial(svc.file_lanes.run, tenant, cap)
+    return to_json(await _backend(_OPERATIONS[op], sandbox, body, lane=lane))
 
 
 def _files(op: str, model: type[Any]) -> None:
     async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
         entry = (await _entry(request, tenant, sandbox_id))[1]
-        return json_response(await file_json(op, entry, body))
+        return json_response(await file_json(op, entry, body, service_of(request)))
 
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"

@@ -200,6 +200,10 @@ class TenantPolicy(_Frozen):
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more is refused with ``rate_limited`` (429) until one ends."""
+    max_file_operations: int = Field(default=8, ge=1)
+    """File operations of the tenant running at once, in all its sandboxes; one more waits for
+    one of them to end, and is refused with ``rate_limited`` (429) if none does soon
+    (`sandboxes.server.fairness`). Tenants' caps together should stay under `worker_threads`."""
 
     @field_validator("max_memory", "max_process_output")
     @classmethod
@@ -263,6 +267,9 @@ class ServiceSettings(BaseSettings):
     renewed it. ``0``: every request reads it (one label-selected list per request)."""
     worker_threads: int = Field(default=64, gt=0)
     """Threads for blocking backend calls (file operations, archives, lifecycle)."""
+    file_operation_timeout: float = Field(default=30.0, gt=0)
+    """Seconds one file operation may run in a sandbox before it is killed and answered
+    ``timeout`` (the library's default, `BaseSandbox.operation_timeout`, is 300)."""
     command_threads: int = Field(default=256, gt=0)
     """Threads for commands that are waited on by a thread (local sandboxes; Docker ones whose
     exec helper is not up yet: on Docker commands are otherwise awaited and hold none). Each

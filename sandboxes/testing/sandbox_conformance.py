@@ -181,3 +181,34 @@ class SandboxConformance(BackendConformance):
         lines = stat.output.split("\n")
         umask = int(lines[-2], 8)
         assert lines[:-2] == ["751 mode.txt", f"{0o666 & ~umask:o} other.bin"]
+
+    # ------------------------------------------------------------------ writes to special files
+
+    def test_writes_to_a_fifo_are_refused_not_blocked(self, sandbox: p.SandboxBackendProtocol, root: str) -> None:
+        """A write or upload (inline or bulk) whose target is a FIFO, or a symlink
+        to one, answers ``invalid_argument`` at once, without opening it: nobody reads the FIFO,
+        so a write into it would block until the operation's timeout."""
+        fifo, link = f"{root}/special/fifo", f"{root}/special/link"
+        special = shlex.quote(f"{root}/special")
+        made = sandbox.execute(f"mkdir -p {special} && cd {special} && mkfifo fifo && ln -s fifo link && echo ok")
+        assert made.output == "ok\n"
+        big = b"x" * (2 << 20)  # over any backend's bulk-transfer threshold
+        attempts = {
+            "write": lambda: [sandbox.write(fifo, "one").error],
+            "write through a link": lambda: [sandbox.write(link, "one").error],
+            "upload": lambda: [r.error for r in sandbox.upload_files([(fifo, b"one")])],
+            "uploads": lambda: [r.error for r in sandbox.upload_files([(fifo, b"one"), (link, b"two")])],
+            "bulk upload": lambda: [r.error for r in sandbox.upload_files([(fifo, big)])],
+        }
+        with ThreadPoolExecutor(1) as pool:
+            for name, attempt in attempts.items():
+                future = pool.submit(attempt)
+                try:
+                    errors = future.result(timeout=20)
+                except TimeoutError:
+                    sandbox.execute(f"cat {special}/fifo > /dev/null", timeout=10)  # unblock it to end the test
+                    pytest.fail(f"{name} into a FIFO blocked")
+                assert set(errors) == {p.INVALID_ARGUMENT}, name
+        assert sandbox.write(fifo, "one").message is not None
+        kind = sandbox.execute(f"cd {special} && [ -p fifo ] && [ -L link ] && ls -A | wc -l")
+        assert kind.output.strip() == "2", "the FIFO was replaced, or a temporary file was left beside it"

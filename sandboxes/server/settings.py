@@ -200,7 +200,7 @@ class TenantPolicy(_Frozen):
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more is refused with ``rate_limited`` (429) until one ends."""
-    max_file_operations: int = Field(default=8, ge=1)
+    max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
     (`sandboxes.server.fairness`). Tenants' caps together should stay under `worker_threads`."""

@@ -91,10 +91,11 @@ close_root
 _REMOVE_AS = r"""u=$1; ws=$2
 [ -e "$ws" ] || [ -L "$ws" ] || exit 0
 sudo -n -u "$u" -- /bin/sh -c "$3" sh "$ws" 2>&1 || exit 1
-rmdir -- "$ws" 2>/dev/null || rm -f -- "$ws"
+rmdir -- "$ws" 2>/dev/null || rm -f -- "$ws" 2>/dev/null || sudo -n -u "$u" -- rm -rf -- "$ws"
 """
 """Remove ``$2``, owned by ``$1``, from a root only the login user may write: the user empties
-it (``$3`` is `_EMPTY`), the login user removes the empty entry."""
+it (``$3`` is `_EMPTY`), the login user removes the empty entry (the user does, in a root of
+someone else's that the user may write)."""
 
 _EMPTY = r"""for p; do
   [ -d "$p" ] && [ ! -L "$p" ] || continue

@@ -10,6 +10,7 @@ command (``y``, ``n reason``, or ``e {"command": "..."}`` to run another one).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -161,7 +162,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: T
             release=args.release,
             interrupt_on={name: True for name in args.approve} or None,
         )
-        config = {"configurable": {"thread_id": thread_id}}
+        # /memories/ belong to a user: here, the account running the CLI.
+        config = {"configurable": {"thread_id": thread_id, "user_id": getpass.getuser()}}
         payload: Any = {"messages": [{"role": "user", "content": args.task}]}
         try:
             while True:

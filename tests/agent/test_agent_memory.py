@@ -48,12 +48,12 @@ def test_memory_files_are_in_the_prompt_and_edits_show_next_run(local_provider: 
         store=store,
         checkpointer=InMemorySaver(),
     )
-    graph.invoke(ask("remember I like tea"), thread())
+    graph.invoke(ask("remember I like tea"), thread(user="u1"))
     first = system_text(model)
     assert "<agent_memory>" in first
     assert f"{workdir}/AGENTS.md\n# Project\n- use tabs" in first
     assert "likes: tea" not in first  # written during this run: read at the next one
-    state = graph.invoke(ask("actually coffee"), thread())
+    state = graph.invoke(ask("actually coffee"), thread(user="u1"))
     assert "/memories/AGENTS.md\nlikes: tea" in system_text(model, 2)
     assert tool_results(state)[remember["id"]].startswith("Replaced 1 occurrence")
 

@@ -133,6 +133,21 @@ def test_the_command_names_the_missing_key(tmp_path: Path) -> None:
     assert missing_key("ollama:llama3", {}) is None
 
 
+def test_a_model_without_its_provider_is_one_line_saying_what_to_write() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    for model, advice in (("gpt-4.1", "write --model openai:gpt-4.1"), ("mystery", "e.g. --model openai:gpt-4.1")):
+        done = subprocess.run(
+            [sys.executable, "-m", "agent", "task", "--model", model],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == f"--model needs provider:model: {advice} (got {model!r})\n"
+
+
 def test_show_update_prints_calls_results_todos_and_not_a_rewritten_history() -> None:
     out = io.StringIO()
     show_update(

@@ -65,10 +65,10 @@ def test_skills_list_names_and_descriptions_and_the_body_is_read_on_demand(local
     (workdir / "skills" / "release-notes" / "SKILL.md").write_text(SKILL)
     (workdir / "skills" / "broken").mkdir()
     (workdir / "skills" / "broken" / "SKILL.md").write_text("no front matter")
-    skill_path = f"{workdir}/skills/release-notes/SKILL.md"
+    skill_path = "/workspace/skills/release-notes/SKILL.md"  # the model sees the sandbox as /workspace
     read = call("read_file", file_path=skill_path)
     model = ScriptedChatModel(steps=[say("", read), say("following it")])
-    graph = create_sandbox_agent(model, sandbox=FixedSandbox(sandbox), skills=[f"{workdir}/skills/"])
+    graph = create_sandbox_agent(model, sandbox=FixedSandbox(sandbox), skills=["/workspace/skills/"])
     state = graph.invoke(ask("write release notes"))
     prompt = system_text(model)
     assert "- **release-notes**: How to write release notes for this project." in prompt

@@ -88,7 +88,7 @@ def test_the_command_shows_steps_and_resumes_a_thread(tmp_path: Path) -> None:
     assert "-> write_todos(" in out
     assert "todos:\n  [x] write the file\n  [>] check it" in out
     assert "-> write_file(file_path='result.txt'" in out
-    assert "<- write_file:\n    Wrote 10 characters to " in out
+    assert "<- write_file:\n    Wrote 10 characters to /workspace/result.txt" in out  # --sandbox local
     assert "  | -> read_file(file_path='result.txt')" in out
     assert "  | <- read_file:\n  |          1\tforty-two" in out
     assert "<- task:\n    It says forty-two." in out

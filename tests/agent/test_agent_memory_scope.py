@@ -74,6 +74,18 @@ def test_runs_without_a_user_share_nothing_and_a_fixed_namespace_shares_on_purpo
         assert ("NOTE" in other) is shared, (layout, other)
 
 
+def test_a_run_without_user_or_thread_keeps_its_memories_in_its_state(local_provider: LocalProvider) -> None:
+    store = InMemoryStore()
+    note = call("write_file", file_path="/memories/note.txt", content="NOTE\n")
+    read = call("read_file", file_path="/memories/note.txt")
+    model = ScriptedChatModel(steps=[say("", note), say("", read), say("ok")])
+    graph = create_sandbox_agent(model, sandbox=local_provider, store=store)
+    state = graph.invoke(ask("write and read"))  # no config at all
+    assert tool_results(state)[read["id"]] == "     1\tNOTE"
+    assert state["files"]["/memories/note.txt"]["content"] == "NOTE\n"
+    assert store.search(()) == []
+
+
 def test_the_servers_authenticated_user_wins_over_what_the_caller_says() -> None:
     class User:
         identity = "alice@example.com"

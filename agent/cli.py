@@ -62,6 +62,14 @@ def model_problem(model: str) -> str | None:
     return f"--model needs provider:model: {advice} (got {model!r})"
 
 
+def _account() -> str:
+    """The name of the account running the CLI: the owner of its ``/memories/``."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        return f"uid-{os.getuid()}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__.split("\n")[0])
     parser.add_argument("task", help="what the agent should do")
@@ -182,7 +190,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: T
             interrupt_on={name: True for name in args.approve} or None,
         )
         # /memories/ belong to a user: here, the account running the CLI.
-        config = {"configurable": {"thread_id": thread_id, "user_id": getpass.getuser()}}
+        config = {"configurable": {"thread_id": thread_id, "user_id": _account()}}
         payload: Any = {"messages": [{"role": "user", "content": args.task}]}
         try:
             while True:

@@ -10,6 +10,7 @@ command (``y``, ``n reason``, or ``e {"command": "..."}`` to run another one).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from typing import Any, TextIO
 
 from langchain_core.messages import AIMessage, BaseMessage, RemoveMessage, ToolMessage
 
-__all__ = ["KEY_VARIABLES", "main", "missing_key"]
+__all__ = ["KEY_VARIABLES", "main", "missing_key", "model_problem"]
 
 KEY_VARIABLES = {
     "openai": "OPENAI_API_KEY",
@@ -44,6 +45,29 @@ def missing_key(model: str, environ: Mapping[str, str] = os.environ) -> str | No
     provider = model.split(":", 1)[0] if ":" in model else ""
     variable = KEY_VARIABLES.get(provider)
     return variable if variable is not None and not environ.get(variable) else None
+
+
+def model_problem(model: str) -> str | None:
+    """What is wrong with ``--model`` before any provider is asked, in one line; ``None``: nothing."""
+    provider, _, name = model.partition(":")
+    if name and provider:
+        return None
+    try:
+        from langchain.chat_models.base import _attempt_infer_model_provider as infer
+    except ImportError:  # pragma: no cover - the agent extra pins langchain
+        guess = None
+    else:
+        guess = infer(model) if model else None
+    advice = f"write --model {guess}:{model}" if guess else "e.g. --model openai:gpt-4.1"
+    return f"--model needs provider:model: {advice} (got {model!r})"
+
+
+def _account() -> str:
+    """The name of the account running the CLI: the owner of its ``/memories/``."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        return f"uid-{os.getuid()}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,6 +157,10 @@ def _resume_value(interrupts: Sequence[Any], answers: TextIO, out: TextIO) -> An
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: TextIO = sys.stdin) -> int:
     args = _parser().parse_args(argv)
+    problem = model_problem(args.model)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     variable = missing_key(args.model)
     if variable is not None:
         print(f"No key for {args.model}: set {variable} (export {variable}=...)", file=sys.stderr)
@@ -145,8 +173,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: T
 
     try:
         model = init_chat_model(args.model)
-    except (ImportError, ValueError) as exc:  # no integration package; not a provider:model langchain knows
-        print(f"Cannot use {args.model}: {exc}", file=sys.stderr)
+    except Exception as exc:  # no integration package, unknown provider, the provider's client refusing
+        print(f"Cannot use {args.model}: {exc}".splitlines()[0], file=sys.stderr)
         return 2
 
     thread_id = args.thread or uuid.uuid4().hex[:12]
@@ -161,7 +189,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, answers: T
             release=args.release,
             interrupt_on={name: True for name in args.approve} or None,
         )
-        config = {"configurable": {"thread_id": thread_id}}
+        # /memories/ belong to a user: here, the account running the CLI.
+        config = {"configurable": {"thread_id": thread_id, "user_id": _account()}}
         payload: Any = {"messages": [{"role": "user", "content": args.task}]}
         try:
             while True:

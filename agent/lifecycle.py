@@ -40,6 +40,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
 from agent.backends import FileRecord, merge_files
+from agent.virtual import VIRTUAL_ROOT, VirtualRoot, plain_path
 from sandboxes import protocol as p
 
 __all__ = [
@@ -117,10 +118,14 @@ class SandboxProvider(abc.ABC):
 
 
 class LocalProvider(SandboxProvider):
-    """`LocalSandbox`es, each in its own directory under ``root`` named by its id."""
+    """`LocalSandbox`es, each in its own directory under ``root`` named by its id.
 
-    def __init__(self, root: str | Path, **config: Any) -> None:
+    The model sees that directory as ``virtual_root`` (`agent.virtual.VirtualRoot`), not its
+    path on this host, when the path is plain enough to substitute; ``None`` shows host paths."""
+
+    def __init__(self, root: str | Path, *, virtual_root: str | None = VIRTUAL_ROOT, **config: Any) -> None:
         self.root = Path(root)
+        self.virtual_root = virtual_root
         self.config = config
 
     def _open(self, sandbox_id: str) -> p.SandboxBackendProtocol:
@@ -128,7 +133,11 @@ class LocalProvider(SandboxProvider):
 
         directory = self.root / sandbox_id
         directory.mkdir(parents=True, exist_ok=True)
-        return LocalSandbox(config=LocalSandboxConfig(root_dir=directory, sandbox_id=sandbox_id, **self.config))
+        sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=directory, sandbox_id=sandbox_id, **self.config))
+        real = str(sandbox.root)
+        if self.virtual_root is None or not plain_path(real):
+            return sandbox
+        return VirtualRoot(sandbox, real, self.virtual_root)
 
     def create(self) -> p.SandboxBackendProtocol:
         return self._open(f"local-{uuid.uuid4().hex[:12]}")

@@ -14,6 +14,7 @@ and the model gets its head and tail and the path to page through it with ``read
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,6 +50,8 @@ MAX_TIMEOUT = 3600.0
 """The longest timeout the model may ask ``execute`` for, in seconds."""
 LINE_CHARS = 5_000
 """Lines longer than this are cut in ``read_file`` output (the page stays bounded)."""
+READ_CHARS = 40_000
+"""At most this much of a file's text makes one ``read_file`` page; the rest is read on."""
 
 
 def render_error(code: str | None, message: str | None) -> str:
@@ -81,18 +84,38 @@ def _read(ws: Workspace, file_path: str, offset: int, limit: int) -> str:
     if data.encoding == "base64":
         return f"{file_path} is binary; its content in base64:\n{data.content}"
     first = result.start_line or offset + 1
-    lines = data.content.splitlines()
-    if not lines:
+    numbered, whole = _numbered(data.content, first, limit)
+    if not numbered:
         return f"{file_path} is empty"
-    numbered = [
-        f"{n:6}\t{line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + ' [line cut]'}"
-        for n, line in enumerate(lines, first)
-    ]
-    if result.next_offset is not None:
-        numbered.append(
-            f"[lines {first}-{result.end_line} of {result.total_lines}; read on with offset={result.next_offset}]"
-        )
+    last = first + len(numbered) - 1
+    of = f" of {result.total_lines}" if result.total_lines is not None else ""
+    if not whole:  # cut here, whatever the backend said
+        numbered.append(f"[lines {first}-{last}{of}; read on with offset={last}]")
+    elif result.next_offset is not None:
+        numbered.append(f"[lines {first}-{result.end_line}{of}; read on with offset={result.next_offset}]")
     return "\n".join(numbered)
+
+
+def _numbered(text: str, first: int, limit: int) -> tuple[list[str], bool]:
+    """At most ``limit`` numbered lines of ``text``, about `READ_CHARS` in all, and whether that
+    is all of it: a page stays bounded whatever the backend answered (a window of blank lines
+    could come back whole)."""
+    source = text[:READ_CHARS]
+    lines = source.splitlines()
+    whole = len(source) == len(text)
+    if not whole and len(lines) > 1:
+        lines.pop()  # may be cut short
+    if len(lines) > max(limit, 0):
+        lines, whole = lines[: max(limit, 0)], False
+    numbered: list[str] = []
+    size = 0
+    for n, line in enumerate(lines, first):
+        row = f"{n:6}\t{line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + ' [line cut]'}"
+        size += len(row) + 1
+        if numbered and size > READ_CHARS:
+            return numbered, False
+        numbered.append(row)
+    return numbered, whole
 
 
 def _write(ws: Workspace, file_path: str, content: str) -> str:
@@ -294,13 +317,15 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
 
     def _evict(self, request: ToolCallRequest, result: ToolMessage | Command[Any]) -> ToolMessage | Command[Any]:
         limit = self.large_result_chars
-        if limit is None or self.layout.large_results is None:
+        if limit is None:
             return result
-        if not isinstance(result, ToolMessage) or request.tool_call["name"] in self.unevicted:
-            return result
-        text = result.content if isinstance(result.content, str) else None
+        if isinstance(result, Command):
+            return _cut_command(result, limit)
+        text = _text_of(result)
         if text is None or len(text) <= max(limit, 4 * PREVIEW_CHARS):  # a preview would not be shorter
             return result
+        if self.layout.large_results is None or request.tool_call["name"] in self.unevicted:
+            return _cut(result, text, limit, "read smaller pages")
         path = f"{self.layout.large_results.rstrip('/')}/{_safe_name(result.tool_call_id)}"
         try:
             ws = self.source(request.state, request.runtime.store)
@@ -308,11 +333,37 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         except Exception as exc:
             error = render_error(p.UNAVAILABLE, str(exc))
         if error is not None:
-            note = f"[Result of {len(text)} characters cut; it could not be saved: {error}]\n"
-            cut = note + text[:PREVIEW_CHARS] + "\n...\n" + text[-PREVIEW_CHARS:]
-            return result.model_copy(update={"content": cut})
+            return _cut(result, text, limit, f"it could not be saved: {error}")
         message = result.model_copy(update={"content": _preview(text, path)})
         return Command(update={**ws.updates(), "messages": [message]})
+
+
+def _text_of(message: Any) -> str | None:
+    """A tool message's text, if it is one; content blocks count whole."""
+    if not isinstance(message, ToolMessage):
+        return None
+    return message.content if isinstance(message.content, str) else str(message.content)
+
+
+def _cut(message: ToolMessage, text: str, limit: int, why: str) -> ToolMessage:
+    """``message`` with its text cut to a head and a tail: at most ``limit`` characters in all."""
+    note = f"[Result of {len(text)} characters cut to its head and tail; {why}]\n"
+    keep = max((limit - len(note) - 5) // 2, 0)
+    return message.model_copy(update={"content": note + text[:keep] + "\n...\n" + text[len(text) - keep :]})
+
+
+def _cut_command(command: Command[Any], limit: int) -> Command[Any]:
+    """``command`` with every tool message of its update over ``limit`` cut (not saved)."""
+    update = command.update
+    messages = update.get("messages") if isinstance(update, dict) else None
+    if not isinstance(update, dict) or not isinstance(messages, list):
+        return command
+    bounded = []
+    for message in messages:
+        text = _text_of(message)
+        too_long = text is not None and len(text) > limit
+        bounded.append(_cut(message, text, limit, "ask for less") if too_long and text is not None else message)
+    return dataclasses.replace(command, update={**update, "messages": bounded})
 
 
 def _safe_name(tool_call_id: str) -> str:

@@ -2,7 +2,9 @@
 
 The default layout routes through `sandboxes.composite.CompositeBackend`:
 
-* ``/memories/`` -> `StoreBackend` over the graph's store: outlives threads.
+* ``/memories/`` -> `StoreBackend` over the graph's store, in the run's user's namespace
+  (`agent.identity`): outlives threads, never seen by another user. A run without a user id
+  gets its thread's namespace, or, without a thread id either, the run's state.
 * ``/scratch/``  -> `GraphStateBackend` over the thread's ``files`` state: checkpointed with the
   thread, gone with it.
 * ``/large_tool_results/`` -> the thread's state too: tool results too long for the context
@@ -23,6 +25,7 @@ from typing import Any
 from langgraph.store.base import BaseStore
 
 from agent.backends import GraphStateBackend, StoreBackend
+from agent.identity import MemoryNamespace, current_identity, namespace_for, per_user_namespace
 from agent.lifecycle import SandboxMiddleware
 from sandboxes import protocol as p
 from sandboxes.composite import CompositeBackend
@@ -37,7 +40,8 @@ class Layout:
 
     memories: str | None = "/memories/"
     scratch: str | None = "/scratch/"
-    memories_namespace: tuple[str, ...] = ("sandboxes-agent", "memories")
+    memories_namespace: MemoryNamespace = per_user_namespace
+    """Each user's own (`per_user_namespace`); a constant tuple shares one between all runs."""
     large_results: str | None = "/large_tool_results/"
 
 
@@ -80,14 +84,19 @@ class WorkspaceFactory:
         sandbox = self.sandboxes.sandbox(sandbox_id)
         routes: dict[str, p.BackendProtocol] = {}
         in_state = []
-        for prefix in (self.layout.scratch, self.layout.large_results):
+        store = store if store is not None else self.fallback_store
+        stored = [self.layout.scratch, self.layout.large_results]
+        if self.layout.memories and store is not None:
+            namespace = namespace_for(self.layout.memories_namespace, current_identity())
+            if namespace is None:
+                stored.append(self.layout.memories)
+            else:
+                routes[self.layout.memories] = StoreBackend(store, namespace)
+        for prefix in stored:
             if prefix:
                 backend = GraphStateBackend(state.get("files"), prefix)
                 routes[prefix] = backend
                 in_state.append(backend)
-        store = store if store is not None else self.fallback_store
-        if self.layout.memories and store is not None:
-            routes[self.layout.memories] = StoreBackend(store, self.layout.memories_namespace)
         composite: p.BackendProtocol = CompositeBackend.create(sandbox, routes) if routes else sandbox
         return Workspace(composite, in_state, sandbox, self.sandboxes.workdir(sandbox_id))
 

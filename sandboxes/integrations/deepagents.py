@@ -16,19 +16,31 @@ The operations already share deepagents' names and semantics, so only the result
   permission check looks for the substring ``not_a_directory`` in them.
 * ``execute`` failures that deepagents has no field for go into ``output``; a timeout becomes
   exit code 124, the convention of deepagents' local shell.
+
+deepagents keeps what it takes out of the context (tool results too large for it, summarized
+history, binary blocks) in files under ``/large_tool_results/``, ``/conversation_history/`` and
+``/blobs/``, at the root, which every sandbox keeps read-only: the write would fail and the model
+would get the whole result. So a sandbox's view routes those directories
+(`sandboxes.composite`) to a backend that can hold them, an in-memory `StateBackend` of the view
+unless the caller gives one (``artifacts``). Commands do not see those files; the file tools do.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, overload
+from typing import ClassVar, Final, overload
 
 from deepagents.backends import protocol as da
 
 from sandboxes import protocol as p
+from sandboxes.composite import CompositeBackend
+from sandboxes.state import StateBackend
 
 TIMEOUT_EXIT_CODE = 124
 """What ``timeout(1)`` and deepagents' ``LocalShellBackend`` report for a command that ran out
 of time."""
+
+ARTIFACT_DIRS: Final = ("/large_tool_results/", "/conversation_history/", "/blobs/")
+"""Where deepagents' middleware writes what it evicts from the context (its artifacts root ``/``)."""
 
 _TRANSFER_ERRORS: dict[p.ErrorCode, str] = {
     p.FILE_NOT_FOUND: da.FILE_NOT_FOUND,
@@ -242,15 +254,47 @@ class DeepAgentsSandbox(DeepAgentsBackend, da.SandboxBackendProtocol):
         return _execute_response(await self.sandbox.aexecute(command, timeout=timeout))
 
 
+class _Fresh:
+    """The default of ``artifacts``: a new `StateBackend` for each view."""
+
+
+_FRESH: Final = _Fresh()
+
+
+def with_artifacts(
+    sandbox: p.SandboxBackendProtocol, artifacts: p.BackendProtocol | _Fresh | None = _FRESH
+) -> p.SandboxBackendProtocol:
+    """``sandbox`` with `ARTIFACT_DIRS` routed to ``artifacts`` (``None``: not routed)."""
+    if artifacts is None:
+        return sandbox
+    store = StateBackend() if isinstance(artifacts, _Fresh) else artifacts
+    return CompositeBackend.create(sandbox, dict.fromkeys(ARTIFACT_DIRS, store))
+
+
 @overload
-def to_deepagents(backend: p.SandboxBackendProtocol) -> DeepAgentsSandbox: ...
+def to_deepagents(
+    backend: p.SandboxBackendProtocol, *, artifacts: p.BackendProtocol | _Fresh | None = _FRESH
+) -> DeepAgentsSandbox: ...
 @overload
-def to_deepagents(backend: p.BackendProtocol) -> DeepAgentsBackend: ...
-def to_deepagents(backend: p.BackendProtocol) -> DeepAgentsBackend:
-    """The deepagents view of ``backend``: a sandbox when it can run commands."""
+def to_deepagents(
+    backend: p.BackendProtocol, *, artifacts: p.BackendProtocol | _Fresh | None = _FRESH
+) -> DeepAgentsBackend: ...
+def to_deepagents(
+    backend: p.BackendProtocol, *, artifacts: p.BackendProtocol | _Fresh | None = _FRESH
+) -> DeepAgentsBackend:
+    """The deepagents view of ``backend``: a sandbox when it can run commands, its
+    `ARTIFACT_DIRS` then routed to ``artifacts`` (by default a `StateBackend` of its own; ``None``
+    leaves them on the sandbox's disk). Other backends are viewed as they are."""
     if isinstance(backend, p.SandboxBackendProtocol):
-        return DeepAgentsSandbox(backend)
+        return DeepAgentsSandbox(with_artifacts(backend, artifacts))
     return DeepAgentsBackend(backend)
 
 
-__all__ = ["TIMEOUT_EXIT_CODE", "DeepAgentsBackend", "DeepAgentsSandbox", "to_deepagents"]
+__all__ = [
+    "ARTIFACT_DIRS",
+    "TIMEOUT_EXIT_CODE",
+    "DeepAgentsBackend",
+    "DeepAgentsSandbox",
+    "to_deepagents",
+    "with_artifacts",
+]

@@ -18,8 +18,12 @@ from agent.testing import ScriptedChatModel, call, say
 from sandboxes import protocol as p
 
 
-def thread(thread_id: str | None = None) -> dict[str, Any]:
-    return {"configurable": {"thread_id": thread_id or uuid.uuid4().hex}}
+def thread(thread_id: str | None = None, *, user: str | None = None) -> dict[str, Any]:
+    """A run's config: a new thread unless ``thread_id``; ``user`` owns the run's ``/memories/``."""
+    configurable = {"thread_id": thread_id or uuid.uuid4().hex}
+    if user is not None:
+        configurable["user_id"] = user
+    return {"configurable": configurable}
 
 
 def ask(text: str) -> dict[str, Any]:

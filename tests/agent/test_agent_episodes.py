@@ -57,7 +57,7 @@ def test_scratch_lives_in_the_thread_and_memories_outlive_it(local_provider: Loc
         ]
     )
     graph = create_sandbox_agent(model, sandbox=local_provider, store=store, checkpointer=InMemorySaver())
-    first = graph.invoke(ask("one"), thread())
+    first = graph.invoke(ask("one"), thread(user="u1"))
     results = tool_results(first)
     assert results[read_scratch["id"]] == "     1\tstep 2"
     assert "No such file or directory" in results[shell_view["id"]]
@@ -66,7 +66,7 @@ def test_scratch_lives_in_the_thread_and_memories_outlive_it(local_provider: Loc
     [item] = store.search(("sandboxes-agent", "memories"))
     assert (item.key, item.value["content"]) == ("/prefs.md", "likes tabs\n")
 
-    second = graph.invoke(ask("two"), thread())
+    second = graph.invoke(ask("two"), thread(user="u1"))
     results = tool_results(second)
     assert results[read_memory_other_thread["id"]] == "     1\tlikes tabs"
     assert results[read_scratch_other_thread["id"]] == "Error (file_not_found): File '/scratch/plan.md' not found"

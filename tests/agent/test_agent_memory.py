@@ -48,12 +48,12 @@ def test_memory_files_are_in_the_prompt_and_edits_show_next_run(local_provider: 
         store=store,
         checkpointer=InMemorySaver(),
     )
-    graph.invoke(ask("remember I like tea"), thread())
+    graph.invoke(ask("remember I like tea"), thread(user="u1"))
     first = system_text(model)
     assert "<agent_memory>" in first
     assert f"{workdir}/AGENTS.md\n# Project\n- use tabs" in first
     assert "likes: tea" not in first  # written during this run: read at the next one
-    state = graph.invoke(ask("actually coffee"), thread())
+    state = graph.invoke(ask("actually coffee"), thread(user="u1"))
     assert "/memories/AGENTS.md\nlikes: tea" in system_text(model, 2)
     assert tool_results(state)[remember["id"]].startswith("Replaced 1 occurrence")
 
@@ -65,10 +65,10 @@ def test_skills_list_names_and_descriptions_and_the_body_is_read_on_demand(local
     (workdir / "skills" / "release-notes" / "SKILL.md").write_text(SKILL)
     (workdir / "skills" / "broken").mkdir()
     (workdir / "skills" / "broken" / "SKILL.md").write_text("no front matter")
-    skill_path = f"{workdir}/skills/release-notes/SKILL.md"
+    skill_path = "/workspace/skills/release-notes/SKILL.md"  # the model sees the sandbox as /workspace
     read = call("read_file", file_path=skill_path)
     model = ScriptedChatModel(steps=[say("", read), say("following it")])
-    graph = create_sandbox_agent(model, sandbox=FixedSandbox(sandbox), skills=[f"{workdir}/skills/"])
+    graph = create_sandbox_agent(model, sandbox=FixedSandbox(sandbox), skills=["/workspace/skills/"])
     state = graph.invoke(ask("write release notes"))
     prompt = system_text(model)
     assert "- **release-notes**: How to write release notes for this project." in prompt

@@ -88,7 +88,7 @@ def test_the_command_shows_steps_and_resumes_a_thread(tmp_path: Path) -> None:
     assert "-> write_todos(" in out
     assert "todos:\n  [x] write the file\n  [>] check it" in out
     assert "-> write_file(file_path='result.txt'" in out
-    assert "<- write_file:\n    Wrote 10 characters to " in out
+    assert "<- write_file:\n    Wrote 10 characters to /workspace/result.txt" in out  # --sandbox local
     assert "  | -> read_file(file_path='result.txt')" in out
     assert "  | <- read_file:\n  |          1\tforty-two" in out
     assert "<- task:\n    It says forty-two." in out
@@ -131,6 +131,21 @@ def test_the_command_names_the_missing_key(tmp_path: Path) -> None:
     assert unknown.stderr.startswith("Cannot use nosuch:model: Unable to infer model provider")
     assert "Traceback" not in unknown.stderr
     assert missing_key("ollama:llama3", {}) is None
+
+
+def test_a_model_without_its_provider_is_one_line_saying_what_to_write() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    for model, advice in (("gpt-4.1", "write --model openai:gpt-4.1"), ("mystery", "e.g. --model openai:gpt-4.1")):
+        done = subprocess.run(
+            [sys.executable, "-m", "agent", "task", "--model", model],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == f"--model needs provider:model: {advice} (got {model!r})\n"
 
 
 def test_show_update_prints_calls_results_todos_and_not_a_rewritten_history() -> None:

@@ -35,7 +35,7 @@ def test_memories_in_postgres_are_shared_across_threads_and_connections(
             checkpointer=persistence.checkpointer,
             store=persistence.store,
         )
-        writer.invoke(ask("remember"), thread())
+        writer.invoke(ask("remember"), thread(user="team"))
     with open_postgres(postgres_dsn) as persistence:
         reader = create_sandbox_agent(
             ScriptedChatModel(steps=[say("", read), say("ok")]),
@@ -43,7 +43,7 @@ def test_memories_in_postgres_are_shared_across_threads_and_connections(
             checkpointer=persistence.checkpointer,
             store=persistence.store,
         )
-        state = reader.invoke(ask("recall"), thread())
+        state = reader.invoke(ask("recall"), thread(user="team"))
     assert tool_results(state)[read["id"]] == "     1\tdeploys on friday: no"
 
 

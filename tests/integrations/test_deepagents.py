@@ -343,3 +343,32 @@ def test_works_under_deepagents_composite_routing() -> None:
     assert sorted(m["path"] for m in grep.matches or []) == ["/mem/notes.md", "/scratch.txt"]
     listing = composite.ls("/mem/")
     assert [e["path"] for e in listing.entries or []] == ["/mem/notes.md"]
+
+
+# --------------------------------------------------------------------------- deepagents' own eviction
+
+
+def test_deepagents_evicts_a_large_tool_result_from_a_sandbox(local: LocalSandbox) -> None:
+    """deepagents writes a result too large for the context under ``/large_tool_results/``; on a
+    sandbox (read-only root) the adapter routes it somewhere writable, so the model gets a pointer."""
+    from deepagents import create_deep_agent
+    from langchain_core.messages import ToolMessage
+
+    from agent.testing import ScriptedChatModel, call, say
+
+    backend = to_deepagents(local)
+    seq = call("execute", command="seq 1 60000")
+    page = call("read_file", file_path=f"/large_tool_results/{seq['id']}", offset=59990, limit=5)
+    model = ScriptedChatModel(steps=[say("", seq), say("", page), say("done")])
+    state = create_deep_agent(model=model, backend=backend).invoke({"messages": [{"role": "user", "content": "go"}]})
+    results = {m.tool_call_id: str(m.content) for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert len(results[seq["id"]]) < 2_000, results[seq["id"]][:200]
+    assert f"/large_tool_results/{seq['id']}" in results[seq["id"]]
+    assert "59995" in results[page["id"]]
+    kept = backend.read(f"/large_tool_results/{seq['id']}", offset=0, limit=70_000)
+    assert kept.error is None
+    assert kept.file_data is not None
+    lines = kept.file_data["content"].splitlines()
+    assert (lines[0], lines[59_999], lines[-1]) == ("1", "60000", "[Command succeeded with exit code 0]")
+    # The sandbox's own disk holds nothing of it: its root stays read-only.
+    assert local.ls("/large_tool_results").error == p.FILE_NOT_FOUND

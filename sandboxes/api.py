@@ -31,9 +31,11 @@ is an answer, not an HTTP failure.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 
 __all__ = [
     "API_PREFIX",
@@ -79,22 +81,108 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _Request(_Model):
+    """A request body: JSON types taken as the schema states them (no ``true`` for a number,
+    no ``"5"`` for an integer, no number for a string), so what the OpenAPI document refuses,
+    the service refuses."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _integral(value: Any) -> Any:
+    """A JSON number with a zero fraction (``2.0``) as the integer JSON Schema says it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]
+"""An integer field of a request: any JSON integer, ``2.0`` included; never a boolean."""
+
+PositiveInteger = Annotated[int, Field(gt=0), BeforeValidator(_integral)]
+"""`Integer`, above zero (a constraint before the validator, so the schema states it)."""
+
+
+def _env_name(name: str) -> str:
+    if not name or "=" in name or "\x00" in name:
+        raise ValueError(f"invalid environment variable name {name!r} (not empty, no '=', no NUL)")
+    return name
+
+
+def _env_value(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("an environment variable's value cannot contain NUL")
+    return value
+
+
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+
+
+def _base64(text: str) -> str:
+    if _BASE64.fullmatch(text) is None:
+        raise ValueError("not base64 (standard alphabet, padded)")
+    return text
+
+
+# Each string type below is checked by a function whose error says what is wrong in words, and
+# stated in the OpenAPI document as the pattern of the same rule, for generated clients.
+EnvName = Annotated[str, AfterValidator(_env_name), WithJsonSchema({"type": "string", "pattern": r"^[^=\x00]+$"})]
+"""An environment variable's name: not empty, no ``=``, no NUL."""
+
+EnvValue = Annotated[str, AfterValidator(_env_value), WithJsonSchema({"type": "string", "pattern": r"^[^\x00]*$"})]
+"""An environment variable's value: no NUL."""
+
+Base64 = Annotated[str, AfterValidator(_base64), WithJsonSchema({"type": "string", "pattern": f"^{_BASE64.pattern}$"})]
+"""Standard, padded base64: exactly what the service decodes."""
+
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _label_key(key: str) -> str:
+    if _LABEL_KEY.fullmatch(key) is None:
+        raise ValueError(f"invalid label {key!r} (name: [A-Za-z0-9._-], starting alphanumeric, 63 max)")
+    return key
+
+
+def _label_value(value: str) -> str:
+    if len(value) > 1024 or "\x00" in value:
+        raise ValueError("invalid label value (1 KiB max, no NUL)")
+    return value
+
+
+LabelKey = Annotated[
+    str, AfterValidator(_label_key), WithJsonSchema({"type": "string", "pattern": f"^{_LABEL_KEY.pattern}$"})
+]
+LabelValue = Annotated[
+    str, AfterValidator(_label_value), WithJsonSchema({"type": "string", "maxLength": 1024, "pattern": r"^[^\x00]*$"})
+]
+
+
+_CLOSED: JsonDict = {"additionalProperties": False}
+"""For a mapping whose keys have a pattern: a key that does not match is refused, as stated."""
+
+
+def _env() -> Any:
+    return Field(default_factory=dict, json_schema_extra=_CLOSED)
+
+
 class ErrorBody(_Model):
     error: str
     message: str
     request_id: str | None = None
 
 
-class CreateSandbox(_Model):
+class CreateSandbox(_Request):
     template: str = "default"
-    env: dict[str, str] = Field(default_factory=dict)
-    ttl: float | None = Field(default=None, gt=0)
-    """Seconds; ``None`` takes the template's default. Capped by the service's maximum."""
-    labels: dict[str, str] = Field(default_factory=dict)
+    """One of the service's templates (the OpenAPI document lists this service's)."""
+    env: dict[EnvName, EnvValue] = _env()
+    ttl: float | None = Field(default=None, ge=1)
+    """Seconds, at least one; ``None`` takes the template's default. Capped by the service's maximum."""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
 
 
-class RenewSandbox(_Model):
-    ttl: float = Field(gt=0)
+class RenewSandbox(_Request):
+    ttl: float = Field(ge=1)
 
 
 class SandboxInfo(_Model):
@@ -113,13 +201,13 @@ class SandboxList(_Model):
     sandboxes: list[SandboxInfo]
 
 
-class ExecuteRequest(_Model):
+class ExecuteRequest(_Request):
     command: str
     timeout: float | None = Field(default=None, ge=0)
-    stdin_b64: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    stdin_b64: Base64 | None = None
+    env: dict[EnvName, EnvValue] = _env()
     cwd: str | None = None
-    output_limit: int | None = Field(default=None, gt=0)
+    output_limit: PositiveInteger | None = None
 
 
 class ExecuteResult(_Model):
@@ -149,54 +237,54 @@ class ProcessInfo(_Model):
 # ---------------------------------------------------------------------- file operation requests
 
 
-class LsRequest(_Model):
+class LsRequest(_Request):
     path: str
 
 
-class ReadRequest(_Model):
+class ReadRequest(_Request):
     file_path: str
-    offset: int = 0
-    limit: int = 2000
+    offset: Integer = 0
+    limit: Integer = 2000
 
 
-class WriteRequest(_Model):
+class WriteRequest(_Request):
     file_path: str
     content: str
 
 
-class EditRequest(_Model):
+class EditRequest(_Request):
     file_path: str
     old_string: str
     new_string: str
     replace_all: bool = False
 
 
-class DeleteRequest(_Model):
+class DeleteRequest(_Request):
     file_path: str
 
 
-class GrepRequest(_Model):
+class GrepRequest(_Request):
     pattern: str
     path: str | None = None
     glob: str | None = None
-    max_count: int | None = None
+    max_count: Integer | None = None
 
 
-class GlobRequest(_Model):
+class GlobRequest(_Request):
     pattern: str
     path: str | None = None
 
 
-class UploadItem(_Model):
+class UploadItem(_Request):
     path: str
-    content_b64: str
+    content_b64: Base64
 
 
-class UploadRequest(_Model):
+class UploadRequest(_Request):
     files: list[UploadItem]
 
 
-class DownloadRequest(_Model):
+class DownloadRequest(_Request):
     paths: list[str]
 
 

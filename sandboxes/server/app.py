@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -92,6 +93,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.state.service = service
     app.include_router(router)
     app.include_router(health)
+    _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(HotPath, service=service)  # inside the request middleware: ids, limits, logs
     app.add_middleware(_RequestMiddleware, service=service)
@@ -113,6 +115,26 @@ def check_settings(settings: ServiceSettings) -> None:
         logger.warning("setting %s is deprecated and ignored: background output lives in the sandbox", name)
 
 
+def _describe_templates(app: FastAPI, templates: list[str]) -> None:
+    """The OpenAPI document names this service's templates: a create with any other is a 422."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schema["components"]["schemas"]["CreateSandbox"]["properties"]["template"]["enum"] = templates
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _allowed_methods(path: str) -> str:
+    """Every method some route serves at ``path``, for a 405's ``Allow``."""
+    routes = [route for route in (*router.routes, *health.routes) if isinstance(route, APIRoute)]
+    matching = [route.methods or set() for route in routes if route.path_regex.match(path)]
+    return ", ".join(sorted(set().union(*matching)))
+
+
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def service_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
@@ -128,6 +150,8 @@ def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request.url.path)}
         return responses.http_error(metrics, exc)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

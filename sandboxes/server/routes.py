@@ -26,7 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
-from sandboxes import api
+from sandboxes import api, protocol
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
@@ -113,7 +113,25 @@ class _Route(APIRoute):
 
 
 Authed = Annotated[Tenant, Depends(_tenant)]
-router = APIRouter(prefix=api.API_PREFIX, route_class=_Route)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for failures answered as an `api.ErrorBody`."""
+    return {status: {"model": api.ErrorBody, "description": _FAILURES[status]} for status in statuses}
+
+
+_FAILURES = {
+    401: "No valid API key (`unauthorized`)",
+    403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
+    404: "No such sandbox for this tenant (`not_found`), or no such process or path",
+    409: "The request conflicts with an earlier one",
+    413: "The request body is over the service's limit (`too_large`)",
+    422: "The request is malformed or names what does not exist (`invalid_request`, a path error)",
+    429: "Over the tenant's request rate or command slots (`rate_limited`); see `Retry-After`",
+    503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
+    507: "The sandbox's disk is full (`no_space`)",
+}
+router = APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
 health = APIRouter()
 
 
@@ -146,7 +164,7 @@ async def _backend(function: Callable[..., T], *args: Any, lane: Lane | None = N
 # ---------------------------------------------------------------------- lifecycle
 
 
-@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo)
+@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403, 409))
 async def create_sandbox(request: Request, body: api.CreateSandbox, tenant: Authed) -> api.SandboxInfo:
     entry = await service_of(request).registry.create(tenant, body)
     return entry.info()
@@ -271,7 +289,22 @@ def _files(op: str, model: type[Any]) -> None:
         methods=["POST"],
         name=f"files_{op}",
         summary=f"File operation `{op}` (protocol result in a 200)",
+        responses={200: {"model": _RESULTS[op], "description": "The protocol's result (`error` set on failure)"}},
     )
+
+
+_RESULTS: dict[str, Any] = {
+    "ls": protocol.LsResult,
+    "read": protocol.ReadResult,
+    "write": protocol.WriteResult,
+    "edit": protocol.EditResult,
+    "delete": protocol.DeleteResult,
+    "grep": protocol.GrepResult,
+    "glob": protocol.GlobResult,
+    "upload": list[protocol.FileUploadResponse],
+    "download": list[api.DownloadItem],
+}
+"""The answer of each file operation, as the OpenAPI document describes it."""
 
 
 def _decode(item: api.UploadItem) -> tuple[str, bytes]:
@@ -314,20 +347,41 @@ for _op, _model in api.FILE_OPERATIONS.items():
 
 # ---------------------------------------------------------------------- archives
 
+_ArchivePath = Annotated[str, Query(min_length=1, pattern="^/")]
+"""An absolute path in the sandbox."""
+
 
 @router.get(
     "/sandboxes/{sandbox_id}/archive",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"}},
+    responses={
+        200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"},
+        **_errors(403),
+    },
 )
-async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
+async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: _ArchivePath) -> Response:
     entry = (await _entry(request, tenant, sandbox_id))[1]
     produce = await _backend(entry.backend.open_archive, entry.sandbox, path)
     return StreamingResponse(iterate_thread(produce), media_type="application/x-tar")
 
 
-@router.put("/sandboxes/{sandbox_id}/archive", status_code=204, response_class=Response)
-async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: Annotated[str, Query()]) -> Response:
+@router.put(
+    "/sandboxes/{sandbox_id}/archive",
+    status_code=204,
+    response_class=Response,
+    responses=_errors(403, 507),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "A tar stream, extracted under PATH",
+            "content": {
+                media: {"schema": {"type": "string", "format": "binary"}}
+                for media in ("application/x-tar", "application/octet-stream")
+            },
+        }
+    },
+)
+async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: _ArchivePath) -> Response:
     entry = (await _entry(request, tenant, sandbox_id))[1]
     body = buffered_body(request.stream(), asyncio.get_running_loop())
     await _backend(entry.backend.put_archive, entry.sandbox, path, body)

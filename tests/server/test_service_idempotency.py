@@ -130,7 +130,11 @@ def test_replicas_of_a_shared_backend_see_each_others_keys(
 ) -> None:
     """The key is a label of the container: another replica (or this one restarted) finds it."""
     template = DockerTemplate(
-        backend="docker", image=runtime_image, cpus=0.5, memory="256m", labels={"io.sandboxes.test-session": SESSION_OWNER}
+        backend="docker",
+        image=runtime_image,
+        cpus=0.5,
+        memory="256m",
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
     )
     options: dict[str, Any] = {"owner": SESSION_OWNER, "templates": {"default": template}}
     key = str(uuid.uuid4())

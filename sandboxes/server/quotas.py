@@ -73,7 +73,7 @@ class Quotas:
         recorded = await self._recorded(tenant)
         refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
         if refused is not None:
-            raise self._refusal(tenant, template, recorded, f"quota of tenant {tenant.id!r}: {refused}")
+            raise self._refusal(tenant, template, recorded, refused)
         reservation = Reservation(tenant.id, template.cpus, template.memory_bytes)
         self._reserved[reservation.key] = reservation
         return reservation
@@ -100,26 +100,28 @@ class Quotas:
             await asyncio.to_thread(backend.destroy, state, sandbox)
         except Exception:
             logger.exception("destroying sandbox %s created over quota failed; its expiry reaps it", state.id)
-        message = f"quota of tenant {tenant.id!r}: {refused} (counted after creating)"
-        raise self._refusal(tenant, template, recorded, message, racing=True)
+        raise self._refusal(tenant, template, recorded, f"{refused} (counted after creating)", racing=True)
 
     def _refusal(
-        self, tenant: Tenant, template: Template, recorded: list[SandboxState], message: str, *, racing: bool = False
+        self, tenant: Tenant, template: Template, recorded: list[SandboxState], why: str, *, racing: bool = False
     ) -> ServiceError:
         """``quota_exceeded`` as 403 where waiting cannot help (one sandbox of ``template`` is
         over the whole quota), else as 429 with a ``Retry-After``: 1 s while creations under way
         (``racing``: another replica's) are what fills it, else until the first of the tenant's
         sandboxes expires, which frees its share."""
-        if census.over_quota(tenant, census.Usage(), template) is not None:
-            return ServiceError("quota_exceeded", f"{message}; no sandbox of this template fits it", status=403)
+        never = census.over_quota(tenant, census.Usage(), template)
+        if never is not None:
+            message = f"quota of tenant {tenant.id!r}: {never}: no sandbox of this template fits it"
+            return ServiceError("quota_exceeded", message, status=403)
+        message = f"quota of tenant {tenant.id!r}: {why}"
         states = self._states(tenant, recorded)
         if racing or census.over_quota(tenant, census.Usage.of(states), template) is None:
-            wait, why = 1, "creations under way fill it"
+            wait, until = 1, "creations under way fill it"
         else:
             first = min((state.expires_at for state in states), default=self._now())
-            wait, why = max(1, math.ceil(first - self._now())), "its first sandbox expires then, unless renewed"
+            wait, until = max(1, math.ceil(first - self._now())), "its first sandbox expires then, unless renewed"
         return ServiceError(
-            "quota_exceeded", f"{message}; retry in {wait}s ({why})", status=429, headers={"Retry-After": str(wait)}
+            "quota_exceeded", f"{message}; retry in {wait}s ({until})", status=429, headers={"Retry-After": str(wait)}
         )
 
     def _states(self, tenant: Tenant, recorded: list[SandboxState]) -> list[SandboxState]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -173,14 +174,13 @@ class Registry:
     # ------------------------------------------------------------------ requests
 
     async def create(self, tenant: Tenant, request: CreateSandbox, key: str | None = None) -> tuple[Entry, bool]:
-        """A new sandbox; with an ``Idempotency-Key``, the one the key made if it lives (then
-        ``True``: `sandboxes.server.idempotency`). Creates run concurrently: nothing is held
-        across the backend's create but the key's own flight."""
+        """A new sandbox, or with an ``Idempotency-Key`` the live one it made (``True``: see
+        `sandboxes.server.idempotency`); nothing is held across a backend's create but a key's."""
         keyed = idempotency.keyed(tenant.id, key, request)
         if keyed is None:
             return await self._create(tenant, request, None), False
-        found = lambda: self._made_with(tenant, keyed.key)  # noqa: E731
-        return await self._keys.create(keyed, found, lambda: self._create(tenant, request, keyed))
+        made_with = functools.partial(self._made_with, tenant, keyed.key)
+        return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
 
     async def _made_with(self, tenant: Tenant, key: str) -> tuple[Entry, str] | None:
         """The tenant's live sandbox created with the key digest ``key``: held here, else

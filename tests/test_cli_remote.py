@@ -15,6 +15,7 @@ import sys
 import tarfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,18 @@ def test_create_list_rm(cli: Cli) -> None:
     assert cli("rm", "-f", sandbox_id).returncode == 0
     gone = cli("exec", "--sandbox", sandbox_id, "true")
     assert (gone.returncode, _err(gone).split(":")[:2]) == (1, ["error", " not_found"])
+
+
+def test_create_with_an_idempotency_key_makes_one_sandbox(cli: Cli) -> None:
+    key = f"cli-{uuid.uuid4()}"
+    first = cli.ok("create", "--idempotency-key", key, "--label", "run=1").strip()
+    try:
+        assert cli.ok("create", "--idempotency-key", key, "--label", "run=1").strip() == first
+        assert cli.ok("ls").split().count(first) == 1
+        other = cli("create", "--idempotency-key", key, "--label", "run=2")
+        assert (other.returncode, _err(other).split(":")[:2]) == (1, ["error", " invalid_request"])
+    finally:
+        cli("rm", "-f", first)
 
 
 def test_create_env_reaches_commands(cli: Cli) -> None:

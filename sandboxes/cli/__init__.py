@@ -204,6 +204,13 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd.add_argument("--ttl", type=float, default=None, help="seconds to live (default: the template's)")
     cmd.add_argument("--env", type=key_value, action="append", default=[], metavar="K=V", help="environment variable")
     cmd.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V", help="label")
+    cmd.add_argument(
+        "--idempotency-key",
+        default=None,
+        metavar="KEY",
+        help="run again with the same KEY (and options), answer the sandbox it made while that lives "
+        "instead of making another (default: a fresh key, the same for this command's retries)",
+    )
     cmd = add("rm", lazy("cmd_rm"), "delete sandboxes of the service, and everything in them", "service")
     cmd.add_argument("ids", nargs="+", metavar="ID")
     cmd.add_argument("-f", "--force", action="store_true", help="an id that does not exist is not an error")

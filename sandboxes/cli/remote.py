@@ -60,7 +60,9 @@ def open_sandbox(args: argparse.Namespace, sandbox_id: str) -> Iterator[Session]
 
 
 def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
-    sandbox = client.create(args.template, env=dict(args.env), ttl=args.ttl, labels=dict(args.label))
+    sandbox = client.create(
+        args.template, env=dict(args.env), ttl=args.ttl, labels=dict(args.label), idempotency_key=args.idempotency_key
+    )
     if args.json:
         emit_json(sandbox.info)
     else:

@@ -9,6 +9,7 @@ module back: the client's imports run one way (``_http`` < ``remote`` < ``_clien
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 
 from sandboxes import api
@@ -34,10 +35,13 @@ class SandboxClient(ServiceConnection):
         env: Mapping[str, str] | None = None,
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> RemoteSandbox:
-        """A new sandbox. Not retried once the request may have been sent: a lost answer would
-        otherwise leave an orphan (which the service's TTL sweep then removes)."""
-        info = self.call(_ops.create(template, env, ttl, labels))
+        """A new sandbox, created once however often the request is retried: every attempt
+        carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
+        call), and the service answers a retry with the sandbox the first attempt made. Pass
+        your own key to make a create repeatable across processes (a job that restarts)."""
+        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -55,9 +59,15 @@ class AsyncSandboxClient(AsyncServiceConnection):
         env: Mapping[str, str] | None = None,
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels))
+        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
         return RemoteSandbox(sandbox_id, self, info=info)
+
+
+def _new_key() -> str:
+    """One logical create's ``Idempotency-Key``."""
+    return str(uuid.uuid4())

@@ -139,7 +139,7 @@ class ServiceConnection:
     def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
         request = self._http.build_request(
             op.method, self._known.url(op.path), json=op.json, params=op.params, content=content,
-            timeout=self._known.timeout(op.read_timeout),
+            headers=op.headers, timeout=self._known.timeout(op.read_timeout),
         )  # fmt: skip
         try:
             response = self._http.send(request, stream=stream)
@@ -250,7 +250,7 @@ class AsyncServiceConnection:
     async def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
         request = self._http.build_request(
             op.method, self._known.url(op.path), json=op.json, params=op.params, content=content,
-            timeout=self._known.timeout(op.read_timeout),
+            headers=op.headers, timeout=self._known.timeout(op.read_timeout),
         )  # fmt: skip
         try:
             response = await self._http.send(request, stream=stream)

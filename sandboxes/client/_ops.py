@@ -1,8 +1,9 @@
 """Every call of the v1 API as an `Op`: route, body, answer parser and retry class.
 
 Which calls are idempotent is decided here and nowhere else: reads, listings, searches,
-downloads, GETs, DELETEs and renew may be sent twice; create, execute, write, edit, delete of a
-file, upload and process start may not.
+downloads, GETs, DELETEs, renew and a create with an ``Idempotency-Key`` may be sent twice;
+execute, write, edit, delete of a file, upload, process start and a create without a key may
+not.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sandboxes import protocol as p
 from sandboxes.client import _wire as w
 
 _SANDBOXES = f"{api.API_PREFIX}/sandboxes"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 def _sandbox(sandbox_id: str) -> str:
@@ -27,10 +29,19 @@ def _sandbox(sandbox_id: str) -> str:
 
 
 def create(
-    template: str, env: Mapping[str, str] | None, ttl: float | None, labels: Mapping[str, str] | None
+    template: str,
+    env: Mapping[str, str] | None,
+    ttl: float | None,
+    labels: Mapping[str, str] | None,
+    idempotency_key: str | None = None,
 ) -> w.Op[api.SandboxInfo]:
+    """With ``idempotency_key`` every retry is sent with the same key, so the service answers
+    the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
     body = w.model_json(api.CreateSandbox, template=template, env=dict(env or {}), ttl=ttl, labels=dict(labels or {}))
-    return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
+    if idempotency_key is None:
+        return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
+    headers = {IDEMPOTENCY_HEADER: idempotency_key}
+    return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body, idempotent=True, headers=headers)
 
 
 def list_sandboxes() -> w.Op[list[api.SandboxInfo]]:

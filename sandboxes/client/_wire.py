@@ -26,6 +26,7 @@ from sandboxes.client.errors import (
     ConnectionLost,
     InvalidRequest,
     OperationFailed,
+    QuotaExceeded,
     RateLimited,
     SandboxServiceError,
     ServiceUnreachable,
@@ -97,9 +98,11 @@ class Op(Generic[T]):
     json: Any = None
     params: Mapping[str, str] | None = None
     idempotent: bool = False
-    """Sending it twice is harmless (GET, DELETE, reads, renew): it may be retried after a
-    failure that can have reached the service. Others are retried only when the request
-    certainly never left (`ServiceUnreachable`)."""
+    """Sending it twice is harmless (GET, DELETE, reads, renew, a create with an
+    ``Idempotency-Key``): it may be retried after a failure that can have reached the service.
+    Others are retried only when the request certainly never left (`ServiceUnreachable`)."""
+    headers: Mapping[str, str] | None = None
+    """Sent with it (and with each of its retries), beside the client's own."""
     read_timeout: Any = DEFAULT_READ
     retry: bool = True
     """``False``: one attempt whatever happens (a readiness probe answers now or never)."""
@@ -135,6 +138,8 @@ def may_retry(op: Op[Any], exc: BaseException) -> bool:
         return True  # nothing was sent: safe for every call
     if not op.idempotent:
         return False  # a command, write or upload never runs twice
+    if isinstance(exc, QuotaExceeded):  # a 429 says when room may be made; a 403 that none will
+        return exc.retry_after is not None
     return isinstance(exc, RateLimited | BackendUnavailable | ConnectionLost)
 
 

@@ -77,9 +77,15 @@ class NotFound(SandboxServiceError, LookupError):
 
 
 class QuotaExceeded(SandboxServiceError):
-    """The tenant's live sandboxes, cpu or memory allowance would be exceeded."""
+    """The tenant's live sandboxes, cpu or memory allowance would be exceeded. ``retry_after``:
+    seconds until room may be made (HTTP 429: creations under way, or the first sandbox's
+    expiry); ``None`` (HTTP 403) where no waiting helps."""
 
     default_code = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
 
 
 class RateLimited(SandboxServiceError):
@@ -180,7 +186,7 @@ def error_from_response(response: httpx.Response) -> SandboxServiceError:
     if cls is None:
         cls = _BY_STATUS.get(response.status_code, SandboxServiceError)
     kwargs: dict[str, Any] = {"code": code, "status": response.status_code, "request_id": request_id}
-    if cls in (RateLimited, BackendUnavailable):
+    if cls in (RateLimited, BackendUnavailable, QuotaExceeded):
         kwargs["retry_after"] = parse_retry_after(response.headers.get("retry-after"))
     return cls(message, **kwargs)
 

@@ -8,12 +8,15 @@ count of each tenant's running commands (`CommandSlots`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import math
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,42 +98,116 @@ class RateLimiter:
 
 
 class CommandSlots:
-    """Commands running at once, per tenant, against its policy's ``max_commands``.
+    """Commands running at once, per tenant, against its policy's ``max_commands``; one past it
+    waits its turn (first come, first served) for a bounded time, then is refused.
 
     Each running command holds a thread until it ends, so one tenant with commands that never
-    end would otherwise take every thread and stall everyone else's."""
+    end would otherwise take every thread and stall everyone else's. A slot that ends while
+    others wait passes straight to the first of them, so a newcomer never overtakes a waiter."""
 
     def __init__(self) -> None:
         self._running: dict[str, int] = {}
+        self._waiting: dict[str, deque[_Waiter]] = {}
         self._lock = threading.Lock()
 
     def take(self, tenant: str, policy: TenantPolicy) -> Callable[[], None]:
-        """A slot for one command, or ``rate_limited``; call what is returned (once, from any
-        thread) when the command has ended."""
+        """A slot for one command now, or ``rate_limited``; call what is returned (once, from
+        any thread) when the command has ended."""
         with self._lock:
-            running = self._running.get(tenant, 0)
-            if running >= policy.max_commands:
-                raise ServiceError(
-                    "rate_limited",
-                    f"tenant {tenant!r} already runs {running} commands at once, its maximum; retry when one ends",
-                    headers={"Retry-After": "1"},
-                )
-            self._running[tenant] = running + 1
+            if not self._free(tenant, policy):
+                raise _busy(tenant, self._running.get(tenant, 0))
+            self._running[tenant] = self._running.get(tenant, 0) + 1
+        return self._release_of(tenant)
+
+    async def acquire(self, tenant: str, policy: TenantPolicy, wait: float) -> Callable[[], None]:
+        """A slot for one command, waiting up to ``wait`` seconds for one to be freed, then
+        ``rate_limited`` with a ``Retry-After``; what is returned is called as `take`'s is."""
+        if wait <= 0:
+            return self.take(tenant, policy)
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free(tenant, policy):
+                self._running[tenant] = self._running.get(tenant, 0) + 1
+                return self._release_of(tenant)
+            waiter = _Waiter(loop, loop.create_future())
+            self._waiting.setdefault(tenant, deque()).append(waiter)
+        try:
+            await asyncio.wait({waiter.handed}, timeout=wait)
+        except BaseException:  # the request was abandoned: give back what it may have been handed
+            if not self._withdraw(tenant, waiter):
+                self._release_of(tenant)()
+            raise
+        if self._withdraw(tenant, waiter):
+            raise _busy(tenant, self.running(tenant), waited=wait)
+        return self._release_of(tenant)  # handed over (perhaps just as the time ran out)
+
+    def running(self, tenant: str) -> int:
+        with self._lock:
+            return self._running.get(tenant, 0)
+
+    def _free(self, tenant: str, policy: TenantPolicy) -> bool:
+        """Under the lock: a slot is free and nobody waits ahead."""
+        return self._running.get(tenant, 0) < policy.max_commands and not self._waiting.get(tenant)
+
+    def _withdraw(self, tenant: str, waiter: _Waiter) -> bool:
+        """Take ``waiter`` out of the queue; ``False`` if a slot was handed to it already."""
+        with self._lock:
+            queue = self._waiting.get(tenant)
+            if queue is None or waiter not in queue:
+                return False
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[tenant]
+            return True
+
+    def _release_of(self, tenant: str) -> Callable[[], None]:
         released = threading.Event()
 
         def release() -> None:
             if released.is_set():
                 return
             released.set()
-            with self._lock:
+            self._free_one(tenant)
+
+        return release
+
+    def _free_one(self, tenant: str) -> None:
+        """A command ended: its slot goes to the first waiter, else back to the tenant."""
+        with self._lock:
+            queue = self._waiting.get(tenant)
+            if queue:
+                waiter = queue.popleft()
+                if not queue:
+                    del self._waiting[tenant]
+            else:
+                waiter = None
                 left = self._running.get(tenant, 1) - 1
                 if left > 0:
                     self._running[tenant] = left
                 else:
                     self._running.pop(tenant, None)
+        if waiter is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed: the service is stopping
+                waiter.loop.call_soon_threadsafe(_handed, waiter.handed)
 
-        return release
 
-    def running(self, tenant: str) -> int:
-        with self._lock:
-            return self._running.get(tenant, 0)
+@dataclass(frozen=True, slots=True, eq=False)
+class _Waiter:
+    """A command waiting for a slot: the future its loop resolves when one is handed to it."""
+
+    loop: asyncio.AbstractEventLoop
+    handed: asyncio.Future[None]
+
+
+def _handed(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _busy(tenant: str, running: int, *, waited: float = 0.0) -> ServiceError:
+    after = f" after waiting {waited:g}s for one to end" if waited else ""
+    return ServiceError(
+        "rate_limited",
+        f"tenant {tenant!r} already runs {running} commands at once, its maximum{after}; retry when one ends",
+        headers={"Retry-After": "1"},
+    )

@@ -63,6 +63,10 @@ LABEL_SERVICE_EXPIRES = "io.sandboxes.service-expires-at"
 `SharedProvider` records the current one itself: `SandboxRecord.expires_at`)."""
 LABEL_SERVICE_CREATED = "io.sandboxes.service-created-at"
 """When the service created it, so every replica reports the same ``created_at``."""
+LABEL_IDEMPOTENCY_KEY = "io.sandboxes.idempotency-key"
+"""The digest of the tenant's ``Idempotency-Key`` that created it, for a retry to find it."""
+LABEL_REQUEST_DIGEST = "io.sandboxes.request-digest"
+"""The digest of the create request that made it: a key reused for another request is refused."""
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the sandbox so a restart without state recovers them."""
 MARKER_ENV = _kill.MARKER_ENV
@@ -136,7 +140,9 @@ class ProviderBackend:
         env: dict[str, str],
         *,
         sandbox_id: str | None = None,
+        keyed: tuple[str, str] | None = None,
     ) -> Adopted:
+        """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request."""
         sandbox_id = sandbox_id or new_sandbox_id()
         created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
@@ -146,6 +152,8 @@ class ProviderBackend:
             LABEL_SERVICE_EXPIRES: str(int(expires_at)),
             LABEL_SERVICE_CREATED: f"{created_at:.6f}",
         }
+        if keyed is not None:
+            recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None)
         sandbox = self.provider.create(options)
@@ -164,6 +172,8 @@ class ProviderBackend:
             labels=dict(labels),
             env=dict(env),
         )
+        if keyed is not None:
+            state.idempotency_key, state.request_digest = keyed
         return state, sandbox
 
     def renew(self, state: SandboxState, expires_at: float) -> None:
@@ -177,7 +187,7 @@ class ProviderBackend:
         ``select(tenant="a")`` or ``select(sandbox_id="...")``, as their records say."""
         if not isinstance(self.provider, SharedProvider):
             return []
-        keys = {"tenant": LABEL_TENANT, "sandbox_id": LABEL_SERVICE_ID}
+        keys = {"tenant": LABEL_TENANT, "sandbox_id": LABEL_SERVICE_ID, "idempotency_key": LABEL_IDEMPOTENCY_KEY}
         records = self.provider.select({keys[name]: value for name, value in labels.items()})
         return [state for record in records if (state := self.state_of(record)) is not None]
 
@@ -314,6 +324,8 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         ref=record.ref,
         workdir="",
         labels={k[len(LABEL_USER_PREFIX) :]: v for k, v in labels.items() if k.startswith(LABEL_USER_PREFIX)},
+        idempotency_key=labels.get(LABEL_IDEMPOTENCY_KEY, ""),
+        request_digest=labels.get(LABEL_REQUEST_DIGEST, ""),
     )
 
 

@@ -17,7 +17,7 @@ from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.settings import Template
 from sandboxes.server.store import SandboxState
 
-__all__ = ["Usage", "all_states", "expired_now", "find_state", "over_quota", "tenant_states"]
+__all__ = ["Usage", "all_states", "expired_now", "find_state", "keyed_states", "over_quota", "tenant_states"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,11 @@ def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> Sandbox
     """The sandbox whose service id is ``sandbox_id``, on whichever shared backend has it."""
     found = _select(backends, sandbox_id=sandbox_id)
     return found[0] if found else None
+
+
+def keyed_states(backends: dict[str, ProviderBackend], key: str) -> list[SandboxState]:
+    """The sandboxes on the shared backends created with the ``Idempotency-Key`` digest ``key``."""
+    return _select(backends, idempotency_key=key)
 
 
 def all_states(backends: dict[str, ProviderBackend]) -> list[SandboxState]:

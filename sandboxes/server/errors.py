@@ -28,11 +28,15 @@ _STATUS: dict[str, int] = {
 
 
 class ServiceError(Exception):
-    def __init__(self, code: str, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, *, headers: Mapping[str, str] | None = None, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.status = _STATUS.get(code, 400)
+        self.status = status or _STATUS.get(code, 400)
+        """The code's status, unless one of its other statuses is given (``quota_exceeded``:
+        403 when waiting cannot help, 429 when it can)."""
         self.headers = dict(headers or {})
 
 

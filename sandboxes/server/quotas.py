@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -59,18 +60,20 @@ class Quotas:
         self,
         recorded: Callable[[Tenant], Awaitable[list[SandboxState]]],
         held: Callable[[Tenant], Iterable[SandboxState]],
+        now: Callable[[], float],
     ) -> None:
         self._recorded = recorded
         self._held = held
+        self._now = now
         self._reserved: dict[str, Reservation] = {}
 
     async def reserve(self, tenant: Tenant, template: Template) -> Reservation:
         """Admit one more sandbox of ``template``, counting it until `release`; `ServiceError`
-        ``quota_exceeded`` if it does not fit."""
+        ``quota_exceeded`` if it does not fit (`refusal` says whether waiting helps)."""
         recorded = await self._recorded(tenant)
         refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
         if refused is not None:
-            raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused}")
+            raise self._refusal(tenant, template, recorded, refused)
         reservation = Reservation(tenant.id, template.cpus, template.memory_bytes)
         self._reserved[reservation.key] = reservation
         return reservation
@@ -97,19 +100,45 @@ class Quotas:
             await asyncio.to_thread(backend.destroy, state, sandbox)
         except Exception:
             logger.exception("destroying sandbox %s created over quota failed; its expiry reaps it", state.id)
-        raise ServiceError("quota_exceeded", f"quota of tenant {tenant.id!r}: {refused} (counted after creating)")
+        raise self._refusal(tenant, template, recorded, f"{refused} (counted after creating)", racing=True)
+
+    def _refusal(
+        self, tenant: Tenant, template: Template, recorded: list[SandboxState], why: str, *, racing: bool = False
+    ) -> ServiceError:
+        """``quota_exceeded`` as 403 where waiting cannot help (one sandbox of ``template`` is
+        over the whole quota), else as 429 with a ``Retry-After``: 1 s while creations under way
+        (``racing``: another replica's) are what fills it, else until the first of the tenant's
+        sandboxes expires, which frees its share."""
+        never = census.over_quota(tenant, census.Usage(), template)
+        if never is not None:
+            message = f"quota of tenant {tenant.id!r}: {never}: no sandbox of this template fits it"
+            return ServiceError("quota_exceeded", message, status=403)
+        message = f"quota of tenant {tenant.id!r}: {why}"
+        states = self._states(tenant, recorded)
+        if racing or census.over_quota(tenant, census.Usage.of(states), template) is None:
+            wait, until = 1, "creations under way fill it"
+        else:
+            first = min((state.expires_at for state in states), default=self._now())
+            wait, until = max(1, math.ceil(first - self._now())), "its first sandbox expires then, unless renewed"
+        return ServiceError(
+            "quota_exceeded", f"{message}; retry in {wait}s ({until})", status=429, headers={"Retry-After": str(wait)}
+        )
+
+    def _states(self, tenant: Tenant, recorded: list[SandboxState]) -> list[SandboxState]:
+        """The tenant's sandboxes that count: the shared backends' records and the others held."""
+        ids = {state.id for state in recorded}
+        return [*recorded, *(state for state in self._held(tenant) if state.id not in ids)]
 
     def _usage(self, tenant: Tenant, recorded: list[SandboxState], *, besides: str | None = None) -> census.Usage:
         """The tenant's usage: the shared backends' records, the others held here, and the
         creations under way here not recorded yet (``besides`` one of them)."""
         ids = {state.id for state in recorded}
-        held = [state for state in self._held(tenant) if state.id not in ids]
         pending = [
             r
             for r in self._reserved.values()
             if r.tenant == tenant.id and r.sandbox_id not in ids and r.sandbox_id != besides
         ]
-        used = census.Usage.of([*recorded, *held])
+        used = census.Usage.of(self._states(tenant, recorded))
         return census.Usage(
             used.count + len(pending),
             used.cpus + sum(r.cpus for r in pending),

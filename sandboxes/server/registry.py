@@ -28,20 +28,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sandboxes.api import CreateSandbox, SandboxInfo
+from sandboxes.api import CreateSandbox
 from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle, SandboxStartError
-from sandboxes.server import census
+from sandboxes.server import census, idempotency
 from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend, workdir_of
 from sandboxes.server.clock import Clock, WallClock
+from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
@@ -51,34 +52,12 @@ from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSe
 from sandboxes.server.store import SandboxState, StateStore
 from sandboxes.server.validation import check_env, check_labels
 
+__all__ = ["Entry", "Registry"]
+
 logger = logging.getLogger(__name__)
 
 _States = list[SandboxState]
 _T = TypeVar("_T")
-
-
-@dataclass
-class Entry:
-    state: SandboxState
-    sandbox: BaseSandbox
-    backend: ProviderBackend
-    processes: ProcessTable
-    confirmed: float = field(default_factory=time.monotonic)
-    """When its record was last read from a shared backend (`time.monotonic`)."""
-
-    def info(self) -> SandboxInfo:
-        return SandboxInfo(
-            id=self.state.id,
-            template=self.state.template,
-            backend=self.backend.template.backend,
-            created_at=self.state.created_at,
-            expires_at=self.state.expires_at,
-            labels=self.state.labels,
-            workdir=self.state.workdir,
-        )
-
-    def kill_marked(self, token: str) -> None:
-        self.backend.kill_marked(self.sandbox, token)
 
 
 class Registry:
@@ -96,7 +75,8 @@ class Registry:
         self.store = StateStore(settings.data_dir / "state")
         self.ready = False
         self._entries: dict[str, Entry] = {}
-        self._quotas = Quotas(self._counted, self._held)
+        self._quotas = Quotas(self._counted, self._held, self.clock.now)
+        self._keys: idempotency.Idempotency[Entry] = idempotency.Idempotency()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
@@ -193,7 +173,33 @@ class Registry:
 
     # ------------------------------------------------------------------ requests
 
-    async def create(self, tenant: Tenant, request: CreateSandbox) -> Entry:
+    async def create(self, tenant: Tenant, request: CreateSandbox, key: str | None = None) -> tuple[Entry, bool]:
+        """A new sandbox, or with an ``Idempotency-Key`` the live one it made (``True``: see
+        `sandboxes.server.idempotency`); nothing is held across a backend's create but a key's."""
+        keyed = idempotency.keyed(tenant.id, key, request)
+        if keyed is None:
+            return await self._create(tenant, request, None), False
+        made_with = functools.partial(self._made_with, tenant, keyed.key)
+        return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
+
+    async def _made_with(self, tenant: Tenant, key: str) -> tuple[Entry, str] | None:
+        """The tenant's live sandbox created with the key digest ``key``: held here, else
+        recorded on a shared backend (another replica's, or this one's before a restart)."""
+        now = self.clock.now()
+        held = [e.state for e in self._entries.values() if e.state.idempotency_key == key]
+        recorded = await self._read(census.keyed_states, self.backends, key) if self._shared else []
+        for state in sorted([*held, *recorded], key=lambda state: (state.created_at, state.id)):
+            if state.tenant != tenant.id or state.expires_at <= now or state.id in self._doomed:
+                continue
+            try:
+                entry = self._entries.get(state.id) or await self._adopt(state)
+                return await self.find(tenant, entry.state.id), state.request_digest
+            except ServiceError as exc:
+                if exc.code != "not_found":  # unknown whether it lives: not another one made
+                    raise
+        return None
+
+    async def _create(self, tenant: Tenant, request: CreateSandbox, keyed: idempotency.Keyed | None) -> Entry:
         template = self.settings.templates.get(request.template)
         if template is None:
             known = ", ".join(sorted(self.settings.templates))
@@ -213,6 +219,7 @@ class Registry:
                 dict(request.labels),
                 dict(request.env),
                 sandbox_id=reservation.sandbox_id,
+                keyed=None if keyed is None else (keyed.key, keyed.request),
             )
         )
         try:

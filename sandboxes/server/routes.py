@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -27,6 +27,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes import api, protocol
+from sandboxes.server import idempotency
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
@@ -58,10 +59,11 @@ class Service:
     command_pool: Executor | None = None
     """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
 
-    def take_command_slot(self, entry: Entry) -> Callable[[], None]:
-        """One of the sandbox's tenant's command slots (see `CommandSlots`)."""
+    async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
+        """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most
+        for one (see `CommandSlots`)."""
         tenant = entry.state.tenant
-        return self.commands.take(tenant, self.settings.policy_for(tenant))
+        return await self.commands.acquire(tenant, self.settings.policy_for(tenant), self.settings.command_slot_wait)
 
 
 def service_of(request: Request) -> Service:
@@ -124,9 +126,8 @@ _FAILURES = {
     401: "No valid API key (`unauthorized`)",
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
     404: "No such sandbox for this tenant (`not_found`), or no such process or path",
-    409: "The request conflicts with an earlier one",
     413: "The request body is over the service's limit (`too_large`)",
-    422: "The request is malformed or names what does not exist (`invalid_request`, a path error)",
+    422: "The request is malformed, names what does not exist, or reuses an idempotency key for another body",
     429: "Over the tenant's request rate or command slots (`rate_limited`); see `Retry-After`",
     503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
     507: "The sandbox's disk is full (`no_space`)",
@@ -164,9 +165,17 @@ async def _backend(function: Callable[..., T], *args: Any, lane: Lane | None = N
 # ---------------------------------------------------------------------- lifecycle
 
 
-@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403, 409))
-async def create_sandbox(request: Request, body: api.CreateSandbox, tenant: Authed) -> api.SandboxInfo:
-    entry = await service_of(request).registry.create(tenant, body)
+@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403))
+async def create_sandbox(
+    request: Request,
+    response: Response,
+    body: api.CreateSandbox,
+    tenant: Authed,
+    idempotency_key: Annotated[str | None, Header(description=idempotency.DESCRIPTION)] = None,
+) -> api.SandboxInfo:
+    entry, replayed = await service_of(request).registry.create(tenant, body, idempotency_key)
+    if replayed:
+        response.headers[idempotency.REPLAYED_HEADER] = "true"
     return entry.info()
 
 
@@ -211,7 +220,7 @@ async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, rec
     """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
     ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
-    release = svc.take_command_slot(entry)
+    release = await svc.take_command_slot(entry)
     started = time.perf_counter()
     result = await run_once(entry.sandbox, command, entry.kill_marked, receive, svc.command_pool, release)
     svc.metrics.execute_seconds.labels(entry.backend.name, "sync").observe(time.perf_counter() - started)
@@ -227,7 +236,7 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
     svc, entry = await _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
-    slot = StreamSlot(svc.take_command_slot(entry))
+    slot = StreamSlot(await svc.take_command_slot(entry))
     events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe, svc.command_pool, slot)
     return StreamingResponse(
         events,
@@ -241,7 +250,7 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
 async def start_process(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> api.ProcessInfo:
     svc, entry = await _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
-    release = svc.take_command_slot(entry)
+    release = await svc.take_command_slot(entry)
     try:
         return await _backend(entry.processes.start, command, release)
     except BaseException:

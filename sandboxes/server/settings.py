@@ -199,7 +199,8 @@ class TenantPolicy(_Frozen):
     service's memory, but in their sandbox, at most ``output_limit`` per process."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
-    background); one more is refused with ``rate_limited`` (429) until one ends."""
+    background); one more waits up to ``command_slot_wait`` for one to end, then is refused
+    with ``rate_limited`` (429, ``Retry-After``)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -275,6 +276,9 @@ class ServiceSettings(BaseSettings):
     exec helper is not up yet: on Docker commands are otherwise awaited and hold none). Each
     holds one for its duration, so tenants' ``max_commands`` together should stay under it.
     Apart from `worker_threads`, so file operations never wait behind commands."""
+    command_slot_wait: float = Field(default=5.0, ge=0)
+    """Seconds a command waits for one of its tenant's ``max_commands`` slots before it is
+    refused (``0``: at once); waiters get slots in the order they came."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

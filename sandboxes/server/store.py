@@ -42,6 +42,11 @@ class SandboxState:
     env: dict[str, str] = field(default_factory=dict)
     """The sandbox's environment over its template's (a local sandbox re-opened after a restart
     needs it again; a container keeps its own)."""
+    idempotency_key: str = ""
+    """The digest of the ``Idempotency-Key`` it was created with (`sandboxes.server.
+    idempotency`), also a label on the sandbox; empty: created without one."""
+    request_digest: str = ""
+    """The digest of the create request that made it, to tell a replay from a key reused."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

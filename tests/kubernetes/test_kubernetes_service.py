@@ -149,6 +149,24 @@ def test_a_restarted_service_adopts_the_pods(fake_kubeconfig: Path, runtime_imag
         assert two.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
 
+def test_a_restarted_service_finds_what_an_idempotency_key_made(
+    fake_kubeconfig: Path, runtime_image: str, tmp_path: Path
+) -> None:
+    """The key's digest is a pod label: a restarted service (or another replica) selects by it."""
+    settings = _settings(tmp_path, fake_kubeconfig, runtime_image)
+    key = {"Idempotency-Key": f"k8s-{tmp_path.name}"}
+    with running(settings) as first, first.client("alice") as one:
+        made = one.post("/v1/sandboxes", json={}, headers=key)
+        assert made.status_code == 201, made.text
+    with running(settings) as second, second.client("alice") as two:
+        again = two.post("/v1/sandboxes", json={}, headers=key)
+        assert (again.status_code, again.json()["id"]) == (201, made.json()["id"]), again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        other = two.post("/v1/sandboxes", json={"ttl": 60}, headers=key)
+        assert (other.status_code, error_of(other)) == (422, "invalid_request")
+        assert two.delete(f"/v1/sandboxes/{made.json()['id']}").status_code == 204
+
+
 @pytest.fixture(scope="module")
 def remote(service: Running) -> Iterator[RemoteSandbox]:
     with SandboxClient(service.url, KEYS["alice"]) as sandbox_client, sandbox_client.create("default") as sb:

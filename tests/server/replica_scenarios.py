@@ -491,10 +491,10 @@ class ReplicaScenarios:
         with pair[0].client("tiny") as a, pair[1].client("tiny") as b:
             first = create(a)
             refused = b.post("/v1/sandboxes", json={})
-            assert (refused.status_code, error_of(refused)) == (403, "quota_exceeded")
+            assert (refused.status_code, error_of(refused)) == (429, "quota_exceeded")
             assert a.delete(f"/v1/sandboxes/{first['id']}").status_code == 204
             second = create(b)
-            assert a.post("/v1/sandboxes", json={}).status_code == 403
+            assert a.post("/v1/sandboxes", json={}).status_code == 429
             assert b.delete(f"/v1/sandboxes/{second['id']}").status_code == 204
 
     def test_quota_costs_each_sandbox_by_its_own_template(self, replica: Replica, template: dict[str, Any]) -> None:
@@ -509,7 +509,7 @@ class ReplicaScenarios:
         ):
             made = [create(a, template="big")["id"], create(b)["id"]]  # 1.0 + 0.5 cpus
             refused = b.post("/v1/sandboxes", json={})
-            assert (refused.status_code, error_of(refused)) == (403, "quota_exceeded")
+            assert (refused.status_code, error_of(refused)) == (429, "quota_exceeded")
             assert "1.5 cpus in use" in refused.json()["message"]
             for sandbox_id in made:
                 assert a.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
@@ -528,7 +528,7 @@ class ReplicaScenarios:
             for thread in threads:
                 thread.join(120)
             made = [r.json()["id"] for r in answers if r.status_code == 201]
-            assert all(r.status_code in (201, 403) for r in answers), [r.text for r in answers]
+            assert all(r.status_code in (201, 429) for r in answers), [r.text for r in answers]
             assert len(made) <= 1, answers
             tinys = [sid for sid, labels in recorded().items() if labels.get("io.sandboxes.tenant") == "tiny"]
             assert tinys == made  # the refused newcomer was destroyed again

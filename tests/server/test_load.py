@@ -278,7 +278,7 @@ class _Client:
                 continue
             if response.status_code == 201:
                 made.append(response.json())
-            elif response.status_code == 403 and _code(response) == "quota_exceeded":
+            elif response.status_code == 429 and _code(response) == "quota_exceeded":
                 self.refusals += 1
             else:
                 self.errors.append(f"create: HTTP {response.status_code} {response.text[:300]}")

@@ -99,7 +99,7 @@ def test_every_route_documents_its_failures(client: httpx.Client) -> None:
             if "{sandbox_id}" in path:
                 assert "404" in documented, (method, path)
     create_responses = _document(client)["paths"]["/v1/sandboxes"]["post"]["responses"]
-    assert {"403", "409"} <= set(create_responses)
+    assert {"403", "429"} <= set(create_responses)
 
 
 def test_file_operations_document_their_results(client: httpx.Client) -> None:

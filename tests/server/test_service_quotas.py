@@ -45,6 +45,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         },
         worker_threads=THREADS,
         command_threads=THREADS,
+        command_slot_wait=0.5,  # past the cap a command waits this long, then is refused
         max_output_bytes=512 << 10,
         max_process_output_bytes=BUDGET,
     )

@@ -1,0 +1,39 @@
+"""`Entry`: what the registry (`sandboxes.server.registry`) holds of one live sandbox, and
+what routes answer about it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sandboxes.api import SandboxInfo
+from sandboxes.base import BaseSandbox
+from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.processes import ProcessTable
+from sandboxes.server.store import SandboxState
+
+__all__ = ["Entry"]
+
+
+@dataclass
+class Entry:
+    state: SandboxState
+    sandbox: BaseSandbox
+    backend: ProviderBackend
+    processes: ProcessTable
+    confirmed: float = field(default_factory=time.monotonic)
+    """When its record was last read from a shared backend (`time.monotonic`)."""
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            id=self.state.id,
+            template=self.state.template,
+            backend=self.backend.template.backend,
+            created_at=self.state.created_at,
+            expires_at=self.state.expires_at,
+            labels=self.state.labels,
+            workdir=self.state.workdir,
+        )
+
+    def kill_marked(self, token: str) -> None:
+        self.backend.kill_marked(self.sandbox, token)

@@ -1,0 +1,122 @@
+"""Idempotent creation: per tenant, an ``Idempotency-Key`` names the one sandbox it created.
+
+A create that carries a key the tenant used before answers the sandbox that key made, as long
+as that sandbox lives (its TTL is at most ``max_ttl``, a day by default): 201 with its current
+`SandboxInfo` and the header ``Idempotent-Replayed: true``, whatever happened to the first
+answer (lost on the way, or never sent because the service was killed). The same key with
+another request body is refused (422 ``invalid_request``): it names another creation.
+
+The key is recorded on the sandbox itself, as a digest (`key_digest`) beside the digest of its
+request: a label of a container or pod, a label in a local sandbox's record and state file. So
+a restarted service, and every replica of a shared backend, finds what a key made by looking,
+not by remembering; nothing else is kept. Concurrent creates with one key on this service make
+one flight (`Idempotency`): the first creates, the others wait for its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sandboxes.api import CreateSandbox
+from sandboxes.server.errors import ServiceError
+
+__all__ = ["DESCRIPTION", "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""``true`` on the answer of a create that found the sandbox its key had made."""
+MAX_KEY_LENGTH = 255
+DESCRIPTION = (
+    "A key of the client's (a fresh UUID per sandbox it means to create, the same on every retry "
+    "of that create): while the sandbox it made lives, a create with the same key and body answers "
+    f"that sandbox (201, `{REPLAYED_HEADER}: true`); the same key with another body is a 422."
+)
+
+_E = TypeVar("_E")
+
+
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    """A keyed create: the digest of its tenant's key, and of its request."""
+
+    key: str
+    request: str
+
+
+def key_digest(tenant: str, key: str) -> str:
+    """What a sandbox records of its tenant's key: never the key, and a valid label value on
+    every backend (32 hex digits); another tenant's same key has another digest."""
+    return hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()[:32]
+
+
+def request_digest(request: CreateSandbox) -> str:
+    """The same for two bodies that ask for the same sandbox, whatever their key order."""
+    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def keyed(tenant: str, key: str | None, request: CreateSandbox) -> Keyed | None:
+    """The digests of a create's ``Idempotency-Key`` (``None``: it sent none); a key that is
+    empty, longer than `MAX_KEY_LENGTH` or not printable ASCII is ``invalid_request``."""
+    if key is None:
+        return None
+    if not key or len(key) > MAX_KEY_LENGTH or not all(" " <= c <= "~" for c in key):
+        raise ServiceError(
+            "invalid_request", f"{HEADER} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters (a UUID, say)"
+        )
+    return Keyed(key_digest(tenant, key), request_digest(request))
+
+
+def check_same(made_by: str, keyed: Keyed) -> None:
+    """Refuse a key reused for another request than the one that made its sandbox."""
+    if made_by and made_by != keyed.request:
+        raise ServiceError(
+            "invalid_request",
+            f"this {HEADER} was used for a create with another body; use a new key for a new sandbox",
+        )
+
+
+Found = Callable[[], Awaitable["tuple[_E, str] | None"]]
+"""Looks for the live sandbox a key made (held here or recorded on a backend), with the digest
+of the request that made it; ``None`` if there is none."""
+
+
+class Idempotency(Generic[_E]):
+    """The keyed creates under way on this service: one flight per key digest, which the
+    creates with the same key that come meanwhile wait for instead of creating."""
+
+    def __init__(self) -> None:
+        self._flights: dict[str, tuple[str, asyncio.Future[_E]]] = {}
+
+    async def create(self, keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
+        """The sandbox of ``keyed``'s key: the one it made (``True``: a replay), or a new one
+        made by ``make`` (``False``). A flight that fails leaves its waiters to try themselves."""
+        while (flight := self._flights.get(keyed.key)) is not None:
+            check_same(flight[0], keyed)
+            await asyncio.wait({flight[1]})  # the flight's own failure is not this request's
+            if not flight[1].cancelled():
+                return flight[1].result(), True
+        done: asyncio.Future[_E] = asyncio.get_running_loop().create_future()
+        self._flights[keyed.key] = (keyed.request, done)
+        try:
+            entry, replayed = await _find_or_make(keyed, find, make)
+        except BaseException:
+            done.cancel()
+            raise
+        finally:
+            del self._flights[keyed.key]
+        done.set_result(entry)
+        return entry, replayed
+
+
+async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
+    found = await find()
+    if found is not None:
+        check_same(found[1], keyed)
+        return found[0], True
+    return await make(), False

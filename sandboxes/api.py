@@ -115,6 +115,12 @@ def _env_value(value: str) -> str:
     return value
 
 
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("cannot contain NUL (no process can be given one)")
+    return text
+
+
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 
@@ -131,6 +137,9 @@ EnvName = Annotated[str, AfterValidator(_env_name), WithJsonSchema({"type": "str
 
 EnvValue = Annotated[str, AfterValidator(_env_value), WithJsonSchema({"type": "string", "pattern": r"^[^\x00]*$"})]
 """An environment variable's value: no NUL."""
+
+ProcessText = Annotated[str, AfterValidator(_no_nul), WithJsonSchema({"type": "string", "pattern": r"^[^\x00]*$"})]
+"""What reaches a process as an argument or a directory (a command, its cwd): no NUL."""
 
 Base64 = Annotated[str, AfterValidator(_base64), WithJsonSchema({"type": "string", "pattern": f"^{_BASE64.pattern}$"})]
 """Standard, padded base64: exactly what the service decodes."""
@@ -202,11 +211,11 @@ class SandboxList(_Model):
 
 
 class ExecuteRequest(_Request):
-    command: str
+    command: ProcessText
     timeout: float | None = Field(default=None, ge=0)
     stdin_b64: Base64 | None = None
     env: dict[EnvName, EnvValue] = _env()
-    cwd: str | None = None
+    cwd: ProcessText | None = None
     output_limit: PositiveInteger | None = None
 
 

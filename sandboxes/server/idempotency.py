@@ -25,12 +25,15 @@ from typing import Generic, TypeVar
 from sandboxes.api import CreateSandbox
 from sandboxes.server.errors import ServiceError
 
-__all__ = ["DESCRIPTION", "HEADER", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
+__all__ = ["DESCRIPTION", "HEADER", "KEY_PATTERN", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 """``true`` on the answer of a create that found the sandbox its key had made."""
 MAX_KEY_LENGTH = 255
+KEY_PATTERN = r"^[!-~](?:[ -~]{0,253}[!-~])?$"
+"""What `keyed` takes, as the OpenAPI document states it: printable ASCII, no space at either end
+(HTTP strips those)."""
 DESCRIPTION = (
     "A key of the client's (a fresh UUID per sandbox it means to create, the same on every retry "
     "of that create): while the sandbox it made lives, a create with the same key and body answers "

@@ -171,7 +171,9 @@ async def create_sandbox(
     response: Response,
     body: api.CreateSandbox,
     tenant: Authed,
-    idempotency_key: Annotated[str | None, Header(description=idempotency.DESCRIPTION)] = None,
+    idempotency_key: Annotated[
+        str | None, Header(description=idempotency.DESCRIPTION, json_schema_extra={"pattern": idempotency.KEY_PATTERN})
+    ] = None,
 ) -> api.SandboxInfo:
     entry, replayed = await service_of(request).registry.create(tenant, body, idempotency_key)
     if replayed:

@@ -3,19 +3,29 @@
 
 A sandbox whose TTL passed is gone by design, so a generated TTL of a second or two would make
 the stateful phase report "created resource not found" for the service doing what it was told.
-A valid TTL under two minutes is raised to two minutes; invalid ones are sent as generated."""
+A valid TTL under two minutes is raised to two minutes; invalid ones are sent as generated.
+
+An ``Idempotency-Key`` means "the same create": generated values repeat (a short string is
+likely twice) with other bodies, which the service rightly refuses (422, as the IETF draft has
+it). A valid key is made unique per call; invalid ones are sent as generated. Replays are
+tests/server/test_service_idempotency.py's."""
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Any
 
 import schemathesis
+
+from sandboxes.server.idempotency import KEY_PATTERN
 
 SHORTEST = 120.0
 
 
 @schemathesis.hook
 def before_call(context: Any, case: Any, **kwargs: Any) -> None:
+    _unique_key(case)
     body = case.body
     if case.method.upper() != "POST" or not isinstance(body, dict):
         return
@@ -24,3 +34,9 @@ def before_call(context: Any, case: Any, **kwargs: Any) -> None:
     ttl = body.get("ttl")
     if isinstance(ttl, int | float) and not isinstance(ttl, bool) and 1 <= ttl < SHORTEST:
         body["ttl"] = SHORTEST
+
+
+def _unique_key(case: Any) -> None:
+    for name, value in list((case.headers or {}).items()):
+        if name.lower() == "idempotency-key" and isinstance(value, str) and re.match(KEY_PATTERN, value):
+            case.headers[name] = f"{value[:200]}-{uuid.uuid4().hex}"

@@ -12,6 +12,8 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     DELETE /v1/sandboxes/{id}                                          -> 204
     POST   /v1/sandboxes/{id}/execute                   ExecuteRequest  -> ExecuteResult
     POST   /v1/sandboxes/{id}/execute/stream            ExecuteRequest  -> NDJSON of StreamEvent
+    GET    /v1/sandboxes/{id}/execute/{cid}/stream?offset=N             -> NDJSON of StreamEvent
+                                                                            (re-attach from byte N)
     POST   /v1/sandboxes/{id}/processes                 ExecuteRequest  -> ProcessInfo (202)
     GET    /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo
     DELETE /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo (killed)
@@ -132,11 +134,18 @@ class ExecuteResult(_Model):
 
 
 class StreamEvent(_Model):
-    """One NDJSON line of a streamed execution: ``output`` chunks in order, then one ``exit``."""
+    """One NDJSON line of a streamed execution: one ``start`` (the command's ``id`` and the byte
+    ``offset`` the stream starts at), ``output`` chunks in order, ``keepalive`` whenever nothing
+    else was sent for a while, then one ``exit``. Clients ignore types they do not know."""
 
-    type: Literal["output", "exit"]
+    type: Literal["start", "output", "keepalive", "exit"]
     data: str | None = None
     result: ExecuteResult | None = None
+    id: str | None = None
+    """``start``: the command's id, to re-attach with (``GET .../execute/{id}/stream``)."""
+    offset: int | None = None
+    """``start``: the stream's first byte offset; ``output``: the byte offset in the command's
+    output where this chunk's text ends, to re-attach from without loss or repetition."""
 
 
 class ProcessInfo(_Model):

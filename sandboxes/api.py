@@ -134,18 +134,19 @@ class ExecuteResult(_Model):
 
 
 class StreamEvent(_Model):
-    """One NDJSON line of a streamed execution: one ``start`` (the command's ``id`` and the byte
-    ``offset`` the stream starts at), ``output`` chunks in order, ``keepalive`` whenever nothing
-    else was sent for a while, then one ``exit``. Clients ignore types they do not know."""
+    """One NDJSON line of a streamed execution: ``output`` chunks in order, then one ``exit``.
+    An ``output`` with empty ``data`` carries no output: the first line (with the command's
+    ``id``), and a keep-alive whenever nothing else was sent for a while. Clients ignore types
+    they do not know."""
 
-    type: Literal["start", "output", "keepalive", "exit"]
+    type: Literal["output", "exit"]
     data: str | None = None
     result: ExecuteResult | None = None
     id: str | None = None
-    """``start``: the command's id, to re-attach with (``GET .../execute/{id}/stream``)."""
+    """On the first line: the command's id, to re-attach with (``GET .../execute/{id}/stream``)."""
     offset: int | None = None
-    """``start``: the stream's first byte offset; ``output``: the byte offset in the command's
-    output where this chunk's text ends, to re-attach from without loss or repetition."""
+    """On ``output``: the byte offset in the command's output where the text so far ends, to
+    re-attach from without loss or repetition."""
 
 
 class ProcessInfo(_Model):

@@ -3,8 +3,8 @@ the command again once (from the last byte offset it saw) if the connection drop
 
 The service runs a streamed command detached from its connection and keeps its output, so a
 stream that broke loses nothing: the re-attached one (``GET .../execute/{id}/stream?offset=N``)
-carries exactly the bytes after the last ``output`` event seen. ``keepalive`` events, and types
-this client does not know, are skipped.
+carries exactly the bytes after the last ``output`` event seen. Empty ``output`` events (the
+first, keep-alives) and types this client does not know are skipped.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ Item = str | p.ExecuteResponse
 
 
 class _Position:
-    """Where a stream is: its command's id (from ``start``) and the byte offset its output
+    """Where a stream is: its command's id (from its first event) and the byte offset its output
     events reached, the point to re-attach from."""
 
     def __init__(self, sandbox_id: str, reattach: bool) -> None:
@@ -39,16 +39,13 @@ class _Position:
 
     def take(self, event: api.StreamEvent) -> Item | None:
         """What ``event`` gives the caller, if anything, once the position has followed it."""
-        if event.type == "start":
-            self.command_id = event.id
-            self.offset = event.offset or 0
-        elif event.type == "output":
-            if event.offset is not None:
-                self.offset = event.offset
-            return event.data or ""
-        elif event.type == "exit":
+        if event.type == "exit":
             return w.exit_response(event)
-        return None
+        if event.id is not None:
+            self.command_id = event.id
+        if event.offset is not None:
+            self.offset = event.offset
+        return event.data or None  # empty: the first event, or a keep-alive
 
     def again(self) -> w.Op[None] | None:
         """The request that follows the command from where it was, once; ``None``: give up."""

@@ -4,9 +4,10 @@ a byte offset, and a client that lost its connection re-attaches where it was.
 
 A command no longer depends on its connection: it runs until it ends or its own timeout, and
 its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox).
-A stream sends a ``start`` event (the command's id), ``output`` events, each with the byte offset
-its text ends at, a ``keepalive`` event whenever nothing else was sent for the keep-alive
-interval (so a proxy never sees an idle connection), and one ``exit`` event. Records live in
+A stream sends ``output`` events, each with the byte offset its text ends at, then one ``exit``
+event. Its first event, and a keep-alive whenever nothing else was sent for the keep-alive
+interval (so a proxy never sees an idle connection), are ``output`` events with empty text, the
+first carrying the command's id: clients that predate them see nothing new. Records live in
 the service's memory: another replica, or this one after a restart, does not know them.
 """
 
@@ -173,8 +174,9 @@ class StreamedCommands:
 
 
 def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:
-    """NDJSON lines of `StreamEvent` for ``command`` from byte ``offset``: ``start``, then
-    ``output`` and ``keepalive`` (none more than ``keepalive`` seconds apart), then ``exit``.
+    """NDJSON lines of `StreamEvent` for ``command`` from byte ``offset``: an empty ``output``
+    with its id, ``output`` events (an empty one when ``keepalive`` seconds passed without
+    any), then ``exit``.
     Leaving early (the client disconnected) leaves the command running. An offset past the
     output so far is refused here, before any line."""
     total = command.total
@@ -184,7 +186,7 @@ def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> As
 
 
 async def _events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:
-    yield _line(StreamEvent(type="start", id=command.id, offset=offset))
+    yield _line(StreamEvent(type="output", data="", id=command.id, offset=offset))
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     position = offset
     while True:
@@ -204,7 +206,7 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
         try:
             await asyncio.wait_for(changed.wait(), keepalive)
         except TimeoutError:
-            yield _line(StreamEvent(type="keepalive"))
+            yield _line(StreamEvent(type="output", data="", offset=position - _pending(decoder)))
 
 
 def _failed(code: p.ErrorCode, message: str) -> ExecuteResult:

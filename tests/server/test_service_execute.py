@@ -115,7 +115,8 @@ def test_timeout_kills_the_whole_process_tree(client: httpx.Client, sandbox: dic
 def test_streamed_output_arrives_in_order_while_the_command_runs(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     events = _stream(client, sandbox["id"], "for i in $(seq 1 50); do echo $i; sleep 0.02; done; exit 4")
     kinds = [event["type"] for _, event in events]
-    assert kinds[0] == "start"
+    assert events[0][1]["data"] == ""  # the first event carries the command's id, no output
+    assert events[0][1]["id"]
     assert kinds[-1] == "exit"
     assert set(kinds[1:-1]) == {"output"}
     assert len(kinds) - 2 >= 5, "output should arrive in several events, not at the end"

@@ -1,5 +1,5 @@
 """Over real HTTP, on the local backend: a streamed execute keeps a quiet connection alive with
-``keepalive`` events, and its command outlives a lost stream: re-attached from the last offset
+keep-alives (empty ``output`` events), and its command outlives a lost stream: re-attached from the last offset
 it saw, a client gets the rest of the output, byte for byte, and the exit."""
 
 from __future__ import annotations
@@ -62,18 +62,26 @@ def _text(events: list[dict[str, Any]]) -> str:
     return "".join(event["data"] for event in events if event["type"] == "output")
 
 
+def _kind(event: dict[str, Any]) -> str:
+    """``first`` (the command's id), ``keepalive``, ``output`` or ``exit``."""
+    if event["type"] == "output" and not event["data"]:
+        return "first" if "id" in event else "keepalive"
+    return str(event["type"])
+
+
 def test_a_quiet_command_streams_keepalives(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     """Between two outputs 2 s apart, with a keep-alive interval of 0.5 s, the stream is not silent."""
     url = f"/v1/sandboxes/{sandbox['id']}/execute/stream"
     with client.stream("POST", url, json={"command": "echo before; sleep 2; echo after"}) as response:
         events = list(_events(response))
-    kinds = [event["type"] for event in events]
-    assert kinds[0] == "start", kinds
+    kinds = [_kind(event) for event in events]
+    assert kinds[0] == "first", kinds
     assert kinds[-1] == "exit", kinds
     assert _text(events) == "before\nafter\n"
     outputs = [i for i, kind in enumerate(kinds) if kind == "output"]
     between = kinds[outputs[0] + 1 : outputs[-1]]
     assert between.count("keepalive") >= 2, kinds
+    assert {event["offset"] for event in events[outputs[0] + 1 : outputs[-1]]} == {len("before\n")}
     assert events[-1]["result"]["exit_code"] == 0
 
 
@@ -88,15 +96,14 @@ def test_a_dropped_stream_reattaches_with_no_byte_lost_or_twice(client: httpx.Cl
     with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": command}) as response:
         for event in _events(response):
             seen.append(event)
-            if event["type"] == "output":
+            if _kind(event) == "output":
                 break  # the connection is lost mid-command
     start, first = seen[0], seen[-1]
-    assert start["type"] == "start"
+    assert _kind(start) == "first"
     assert start["offset"] == 0
-    assert first["type"] == "output"
     assert first["offset"] == len(first["data"].encode())
     rest = _attach(client, sandbox_id, start["id"], first["offset"])
-    assert rest[0] == {"type": "start", "id": start["id"], "offset": first["offset"]}
+    assert rest[0] == {"type": "output", "data": "", "id": start["id"], "offset": first["offset"]}
     assert first["data"] + _text(rest) == expected
     result = rest[-1]["result"]
     assert rest[-1]["type"] == "exit"

@@ -28,12 +28,15 @@ from sandboxes.server.processes import result_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KEEP_FINISHED", "KEEP_FOR", "Replay", "StreamedCommand", "StreamedCommands", "stream_events"]
+__all__ = ["KEEP_BYTES", "KEEP_FINISHED", "KEEP_FOR", "Replay", "StreamedCommand", "StreamedCommands", "stream_events"]
 
 KEEP_FINISHED = 8
 """Ended streamed commands kept per sandbox for re-attaching (the newest)."""
 KEEP_FOR = 300.0
 """Seconds an ended streamed command is kept for re-attaching."""
+KEEP_BYTES = 64 << 20
+"""Most bytes of output the ended streamed commands kept for re-attaching hold, together (the
+oldest go first)."""
 EVENT_BYTES = 1 << 20
 """Most output bytes in one ``output`` event."""
 
@@ -60,6 +63,15 @@ class Replay:
             self._tail += data
             if len(self._tail) > 2 * self._half:  # trim in bulk, not on every write
                 del self._tail[: len(self._tail) - self._half]
+
+    @property
+    def kept(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    def compact(self) -> None:
+        """Keep no more than `sandboxes._output.OutputBuffer` would: the output has ended."""
+        if len(self._tail) > self._half:
+            del self._tail[: len(self._tail) - self._half]
 
     def read(self, offset: int, size: int) -> tuple[int, bytes]:
         """Up to ``size`` bytes from ``offset``, or from the first kept byte past it (the
@@ -101,9 +113,16 @@ class StreamedCommand:
             self._wake_pending = True
         self._loop.call_soon_threadsafe(self._wake)
 
+    @property
+    def size(self) -> int:
+        """Bytes held: the output kept, and its text in the result."""
+        with self._lock:
+            return 2 * self._replay.kept
+
     def finish(self, result: ExecuteResult) -> None:
         """The command ended (on the event loop, after its last output)."""
         with self._lock:
+            self._replay.compact()
             self.result = result
             self.ended_at = time.monotonic()
         self._wake()
@@ -141,11 +160,13 @@ class StreamedCommand:
 
 class StreamedCommands:
     """This replica's streamed commands, by sandbox and id: the running ones (bounded by the
-    tenants' command slots) and the newest ended ones, for `KEEP_FOR` seconds."""
+    tenants' command slots) and the newest ended ones: for `KEEP_FOR` seconds, at most
+    `KEEP_FINISHED` a sandbox and `KEEP_BYTES` in all."""
 
-    def __init__(self, keep: int = KEEP_FINISHED, keep_for: float = KEEP_FOR) -> None:
+    def __init__(self, keep: int = KEEP_FINISHED, keep_for: float = KEEP_FOR, keep_bytes: int = KEEP_BYTES) -> None:
         self._keep = keep
         self._keep_for = keep_for
+        self._keep_bytes = keep_bytes
         self._commands: dict[tuple[str, str], StreamedCommand] = {}
 
     def add(self, command: StreamedCommand) -> None:
@@ -165,12 +186,16 @@ class StreamedCommands:
 
     def _prune(self, sandbox_id: str) -> None:
         horizon = time.monotonic() - self._keep_for
-        ended = [c for c in self._commands.values() if c.ended_at is not None]
-        stale = {(c.sandbox_id, c.id) for c in ended if c.ended_at is not None and c.ended_at < horizon}
-        mine = sorted((c for c in ended if c.sandbox_id == sandbox_id), key=lambda c: c.ended_at or 0.0)
-        stale.update((c.sandbox_id, c.id) for c in mine[: max(len(mine) - self._keep, 0)])
-        for key in stale:
-            self._commands.pop(key, None)
+        ended = sorted(
+            (c for c in self._commands.values() if c.ended_at is not None), key=lambda c: -(c.ended_at or 0.0)
+        )
+        held, mine = 0, 0
+        for command in ended:  # newest first
+            held += command.size
+            mine += command.sandbox_id == sandbox_id
+            old = command.ended_at is not None and command.ended_at < horizon
+            if old or held > self._keep_bytes or (command.sandbox_id == sandbox_id and mine > self._keep):
+                del self._commands[command.sandbox_id, command.id]
 
 
 def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:

@@ -1,4 +1,4 @@
-"""Over real HTTP, on the local backend: a streamed execute keeps a quiet connection alive with
+"""Over real HTTP, on the local and Docker backends: a streamed execute keeps a quiet connection alive with
 keep-alives (empty ``output`` events), and its command outlives a lost stream: re-attached from the last offset
 it saw, a client gets the rest of the output, byte for byte, and the exit."""
 
@@ -21,14 +21,32 @@ from service_harness import (
     settings_for,
     wait_beating,
 )
+from support import SESSION_OWNER
+
+from sandboxes.server.settings import DockerTemplate
 
 KEEPALIVE = 0.5
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    settings = settings_for(tmp_path_factory.mktemp("reattach"), stream_keepalive=KEEPALIVE)
-    with running(settings) as svc:
+@pytest.fixture(scope="module", params=["local", "docker"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """Local (commands waited on by threads) and Docker (awaited on the event loop, the output
+    hook called there)."""
+    data_dir = tmp_path_factory.mktemp(f"reattach-{request.param}")
+    if request.param == "local":
+        with running(settings_for(data_dir, stream_keepalive=KEEPALIVE)) as svc:
+            yield svc
+        return
+    docker_client = request.getfixturevalue("docker_client")
+    template = DockerTemplate(
+        backend="docker",
+        image=request.getfixturevalue("runtime_image"),
+        cpus=0.5,
+        memory="256m",
+        labels={"io.sandboxes.test-session": SESSION_OWNER},
+    )
+    settings = settings_for(data_dir, owner=SESSION_OWNER, templates={"default": template}, stream_keepalive=KEEPALIVE)
+    with running(settings, docker_client=docker_client) as svc:
         yield svc
 
 

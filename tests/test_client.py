@@ -594,6 +594,31 @@ def test_a_dropped_stream_is_followed_again_from_where_it_was(
     assert again[-1] == final
 
 
+def test_an_async_dropped_stream_is_followed_again_from_where_it_was(
+    service: _Service, remote: RemoteSandbox, workdir: str
+) -> None:
+    go = f"{workdir}/go-{uuid.uuid4().hex}"
+    command = f"printf 'one\\n'; while [ ! -e {shlex.quote(go)} ]; do sleep 0.05; done; printf 'two\\n'"
+    proxy = _DroppingProxy(service.url)
+
+    async def scenario() -> list[str | p.ExecuteResponse]:
+        async with AsyncSandboxClient(proxy.url, KEY) as aclient:
+            stream = aclient.attach(remote.id).aexecute_stream(command)
+            assert await anext(stream) == "one\n"
+            proxy.cut()
+            await asyncio.to_thread(remote.write, go, "")
+            return [item async for item in stream]
+
+    try:
+        *chunks, final = asyncio.run(scenario())
+    finally:
+        proxy.close()
+    assert len(proxy.forwarded) == 2, "one stream, one re-attach"
+    assert chunks == ["two\n"]
+    assert isinstance(final, p.ExecuteResponse)
+    assert (final.exit_code, final.output) == (0, "one\ntwo\n")
+
+
 def test_async_stream_processes_and_archives(service: _Service, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with AsyncSandboxClient(service.url, KEY) as aclient:

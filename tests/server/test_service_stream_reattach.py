@@ -136,12 +136,14 @@ def test_a_streamed_command_outlives_its_client(client: httpx.Client, sandbox: d
     """Not killed when its client leaves: it runs until its own timeout, then ends as timed out."""
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     beat = f"{workdir}/beat-reattach"
-    body = {"command": heartbeat(beat), "timeout": 4}
+    body = {"command": f"echo started; {heartbeat(beat)}", "timeout": 5}
     with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json=body) as response:
-        command_id = next(_events(response))["id"]
+        command_id = next(_events(response)).get("id")  # then leave
     wait_beating(client, sandbox_id, beat)  # it beats on after its client left
     assert heartbeat_processes(client, sandbox_id, beat), "the command died with its stream"
+    assert command_id is not None
     events = _attach(client, sandbox_id, command_id, 0)
+    assert _text(events) == "started\n"
     assert events[-1]["result"]["error"] == "timeout", events[-1]
 
 

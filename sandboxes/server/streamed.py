@@ -3,7 +3,8 @@ its output limit) and its result in this replica, so any number of readers can f
 a byte offset, and a client that lost its connection re-attaches where it was.
 
 A command no longer depends on its connection: it runs until it ends or its own timeout, and
-its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox).
+its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,
+`KEEP_BYTES` for all).
 A stream sends ``output`` events, each with the byte offset its text ends at, then one ``exit``
 event. Its first event, and a keep-alive whenever nothing else was sent for the keep-alive
 interval (so a proxy never sees an idle connection), are ``output`` events with empty text, the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import logging
 import threading
 import time
@@ -111,7 +113,8 @@ class StreamedCommand:
             if self._wake_pending:
                 return
             self._wake_pending = True
-        self._loop.call_soon_threadsafe(self._wake)
+        with contextlib.suppress(RuntimeError):  # the loop closed: the service stopped, no one reads
+            self._loop.call_soon_threadsafe(self._wake)
 
     @property
     def size(self) -> int:

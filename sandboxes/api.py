@@ -12,6 +12,8 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     DELETE /v1/sandboxes/{id}                                          -> 204
     POST   /v1/sandboxes/{id}/execute                   ExecuteRequest  -> ExecuteResult
     POST   /v1/sandboxes/{id}/execute/stream            ExecuteRequest  -> NDJSON of StreamEvent
+    GET    /v1/sandboxes/{id}/execute/{cid}/stream?offset=N             -> NDJSON of StreamEvent
+                                                                            (re-attach from byte N)
     POST   /v1/sandboxes/{id}/processes                 ExecuteRequest  -> ProcessInfo (202)
     GET    /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo
     DELETE /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo (killed)
@@ -229,11 +231,19 @@ class ExecuteResult(_Model):
 
 
 class StreamEvent(_Model):
-    """One NDJSON line of a streamed execution: ``output`` chunks in order, then one ``exit``."""
+    """One NDJSON line of a streamed execution: ``output`` chunks in order, then one ``exit``.
+    An ``output`` with empty ``data`` carries no output: the first line (with the command's
+    ``id``), and a keep-alive whenever nothing else was sent for a while. Clients ignore types
+    they do not know."""
 
     type: Literal["output", "exit"]
     data: str | None = None
     result: ExecuteResult | None = None
+    id: str | None = None
+    """On the first line: the command's id, to re-attach with (``GET .../execute/{id}/stream``)."""
+    offset: int | None = None
+    """On ``output``: the byte offset in the command's output where the text so far ends, to
+    re-attach from without loss or repetition."""
 
 
 class ProcessInfo(_Model):

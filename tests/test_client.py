@@ -54,6 +54,11 @@ SLOW_KEY = "sbx_slow_" + uuid.uuid4().hex
 MAX_BODY = 32 << 20
 
 
+KEEPALIVE = 0.5
+"""Seconds between a quiet stream's keep-alive events: so short that every stream test here
+sees some, which the client must skip."""
+
+
 def _settings(data_dir: Path) -> ServiceSettings:
     return ServiceSettings(
         data_dir=data_dir,
@@ -70,6 +75,7 @@ def _settings(data_dir: Path) -> ServiceSettings:
             "slow": TenantPolicy(max_sandboxes=5, rate=2, burst=3),
         },
         max_body_bytes=MAX_BODY,
+        stream_keepalive=KEEPALIVE,
     )
 
 
@@ -399,7 +405,14 @@ class _DroppingProxy:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.drop = 0
         self.dropped = 0
+        self.forwarded: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """Break every connection forwarded so far, as a proxy that gave up on them would."""
+        for sock in self.forwarded:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _accept(self) -> None:
         while True:
@@ -414,6 +427,7 @@ class _DroppingProxy:
                 conn.close()
                 continue
             upstream = socket.create_connection((self.upstream.host, self.upstream.port or 80))
+            self.forwarded.append(conn)
             for source, target in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=_pump, args=(source, target), daemon=True).start()
 
@@ -533,6 +547,76 @@ def test_execute_stream_timeout_and_stdin(remote: RemoteSandbox) -> None:
     assert isinstance(final, p.ExecuteResponse)
     assert final.error == p.TIMEOUT
     assert final.exit_code is None
+
+
+def test_a_quiet_stream_outlasts_the_clients_read_timeout(service: _Service, remote: RemoteSandbox) -> None:
+    """The service's keep-alives reset the client's read timeout: a command silent for longer
+    than it is not lost, and needs no re-attach."""
+    proxy = _DroppingProxy(service.url)
+    try:
+        with SandboxClient(proxy.url, KEY, timeout=4 * KEEPALIVE) as c:
+            items = list(c.attach(remote.id).execute_stream(f"sleep {8 * KEEPALIVE}; echo done"))
+    finally:
+        proxy.close()
+    assert len(proxy.forwarded) == 1, "the stream was followed again: it timed out"
+    assert items == ["done\n", items[-1]]
+    assert isinstance(items[-1], p.ExecuteResponse)
+    assert (items[-1].exit_code, items[-1].output, items[-1].error) == (0, "done\n", None)
+
+
+def test_a_dropped_stream_is_followed_again_from_where_it_was(
+    service: _Service, remote: RemoteSandbox, workdir: str
+) -> None:
+    """The proxy breaks the stream mid-command: the client re-attaches once, by itself, and gets
+    exactly the rest; the command was not killed. ``attach_stream`` reads it again later."""
+    go = f"{workdir}/go-{uuid.uuid4().hex}"
+    command = f"printf 'first\\n'; while [ ! -e {shlex.quote(go)} ]; do sleep 0.05; done; printf 'second\\n'; exit 5"
+    proxy = _DroppingProxy(service.url)
+    try:
+        one_per_request = httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))
+        with SandboxClient(proxy.url, KEY, transport=one_per_request) as c:
+            proxied = c.attach(remote.id)
+            stream = proxied.execute_stream(command)
+            assert next(stream) == "first\n"
+            assert stream.command_id is not None
+            assert stream.offset == len("first\n")
+            proxy.cut()
+            remote.write(go, "")  # only now may the command go on
+            *chunks, final = list(stream)
+            assert len(proxy.forwarded) == 2, "one stream, one re-attach"
+            again = list(proxied.attach_stream(stream.command_id, offset=2))
+    finally:
+        proxy.close()
+    assert chunks == ["second\n"]
+    assert isinstance(final, p.ExecuteResponse)
+    assert (final.exit_code, final.output, final.error) == (5, "first\nsecond\n", None)
+    assert "".join(map(str, again[:-1])) == "rst\nsecond\n"
+    assert again[-1] == final
+
+
+def test_an_async_dropped_stream_is_followed_again_from_where_it_was(
+    service: _Service, remote: RemoteSandbox, workdir: str
+) -> None:
+    go = f"{workdir}/go-{uuid.uuid4().hex}"
+    command = f"printf 'one\\n'; while [ ! -e {shlex.quote(go)} ]; do sleep 0.05; done; printf 'two\\n'"
+    proxy = _DroppingProxy(service.url)
+
+    async def scenario() -> list[str | p.ExecuteResponse]:
+        async with AsyncSandboxClient(proxy.url, KEY) as aclient:
+            stream = aclient.attach(remote.id).aexecute_stream(command)
+            assert await anext(stream) == "one\n"
+            proxy.cut()
+            await asyncio.to_thread(remote.write, go, "")
+            return [item async for item in stream]
+
+    try:
+        *chunks, final = asyncio.run(scenario())
+    finally:
+        proxy.close()
+    assert len(proxy.forwarded) == 2, "one stream, one re-attach"
+    assert chunks == ["two\n"]
+    assert isinstance(final, p.ExecuteResponse)
+    assert (final.exit_code, final.output) == (0, "one\ntwo\n")
 
 
 def test_async_stream_processes_and_archives(service: _Service, tmp_path: Path) -> None:

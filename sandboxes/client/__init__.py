@@ -15,6 +15,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
+from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
     BackendUnavailable,
@@ -32,9 +33,11 @@ from sandboxes.client.errors import (
 from sandboxes.client.remote import RemoteSandbox
 
 __all__ = [
+    "AsyncCommandStream",
     "AsyncSandboxClient",
     "BackendUnavailable",
     "ClientConfig",
+    "CommandStream",
     "ConnectionLost",
     "InternalError",
     "InvalidRequest",

@@ -118,6 +118,13 @@ def execute_stream(config: w.ClientConfig, sandbox_id: str, body: dict[str, Any]
     )
 
 
+def attach_stream(sandbox_id: str, command_id: str, offset: int) -> w.Op[None]:
+    """The request only, like `execute_stream`: a streamed command followed again from byte
+    ``offset`` of its output."""
+    path = f"{_sandbox(sandbox_id)}/execute/{quote(command_id, safe='')}/stream"
+    return w.Op("GET", path, w.no_content, params={"offset": str(offset)}, idempotent=True)
+
+
 def start_process(sandbox_id: str, body: dict[str, Any]) -> w.Op[w.ProcessStatus]:
     return w.Op("POST", f"{_sandbox(sandbox_id)}/processes", w.process_status, json=body)
 

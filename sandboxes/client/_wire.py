@@ -12,7 +12,7 @@ import base64
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, get_args
 
 import httpx
 import pydantic
@@ -337,11 +337,23 @@ def process_status(response: httpx.Response) -> ProcessStatus:
     return ProcessStatus(id=info.id, status=info.status, output=info.output, result=result)
 
 
-def stream_event(line: str) -> str | p.ExecuteResponse:
-    """One NDJSON line of ``execute/stream``: an output chunk, or the final response."""
-    event = _known(api.StreamEvent, _loads(line))
-    if event.type == "output":
-        return event.data or ""
+_STREAM_TYPES = frozenset(get_args(api.StreamEvent.model_fields["type"].annotation))
+
+
+def stream_event(line: str) -> api.StreamEvent | None:
+    """One NDJSON line of a streamed execute; ``None`` for a type this client does not know
+    (a newer service's), which it ignores."""
+    data = _loads(line)
+    if isinstance(data, dict) and data.get("type") not in _STREAM_TYPES:
+        return None
+    try:
+        return _known(api.StreamEvent, data)
+    except ValueError as exc:
+        raise ConnectionLost(f"malformed stream line: {line[:200]!r}") from exc
+
+
+def exit_response(event: api.StreamEvent) -> p.ExecuteResponse:
+    """The final response an ``exit`` event carries."""
     if event.result is None:
         raise ConnectionLost("the stream's exit event carried no result")
     return execute_response(event.result.model_dump())

@@ -33,6 +33,7 @@ from sandboxes.client import _ops
 from sandboxes.client import _wire as w
 from sandboxes.client._bulk import Inline, Outcome, Step, Tarred, plan_uploads, tar_of_one
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
+from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.semantics import message_for
@@ -182,69 +183,39 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         output_limit: int | None = None,
-    ) -> Iterator[str | p.ExecuteResponse]:
+    ) -> CommandStream:
         """Output chunks (str) as the command prints them, then exactly one `ExecuteResponse`.
 
-        The final response is the same as ``execute`` would return (its ``output`` included); if
-        the connection breaks mid-stream it is a ``connection_lost`` one.
+        The final response is the same as ``execute`` would return (its ``output`` included). If
+        the connection breaks mid-stream, the stream follows the command again once from where
+        it was (no byte lost or repeated); if that fails too, the response is ``connection_lost``.
+        The command runs on in the service when its stream is lost or closed, until its timeout.
         """
         body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
-        op = _ops.execute_stream(self.config, self._id, body)
-        try:
-            response = self._sync().open(op)
-        except ConnectionLost as exc:
-            yield w.lost_execution(exc.message)
-            return
-        try:
-            for line in response.iter_lines():
-                if line.strip():
-                    event = w.stream_event(line)
-                    yield event
-                    if isinstance(event, p.ExecuteResponse):
-                        return
-        except httpx.TransportError as exc:
-            yield w.lost_execution(error_from_transport(exc, op.what).message)
-            return
-        except ConnectionLost as exc:
-            yield w.lost_execution(exc.message)
-            return
-        finally:
-            response.close()
-        yield w.lost_execution(f"{op.what}: the stream ended before the command's exit")
+        return CommandStream(self._sync(), self._id, _ops.execute_stream(self.config, self._id, body))
 
-    async def aexecute_stream(
+    def attach_stream(self, command_id: str, offset: int = 0) -> CommandStream:
+        """Follow a streamed command again (a `CommandStream`'s ``command_id``) from byte ``offset``
+        of its output (its ``offset``): the rest of its output, then its final response."""
+        return CommandStream(self._sync(), self._id, _ops.attach_stream(self._id, command_id, offset))
+
+    def aexecute_stream(
         self,
         command: str,
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the command's timeout, enforced by the service
+        timeout: float | None = None,
         stdin: bytes | str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         output_limit: int | None = None,
-    ) -> AsyncIterator[str | p.ExecuteResponse]:
+    ) -> AsyncCommandStream:
+        """`execute_stream`'s async twin."""
         body = _ops.execute_body(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
-        op = _ops.execute_stream(self.config, self._id, body)
-        try:
-            response = await self._async().open(op)
-        except ConnectionLost as exc:
-            yield w.lost_execution(exc.message)
-            return
-        try:
-            async for line in response.aiter_lines():
-                if line.strip():
-                    event = w.stream_event(line)
-                    yield event
-                    if isinstance(event, p.ExecuteResponse):
-                        return
-        except httpx.TransportError as exc:
-            yield w.lost_execution(error_from_transport(exc, op.what).message)
-            return
-        except ConnectionLost as exc:
-            yield w.lost_execution(exc.message)
-            return
-        finally:
-            await response.aclose()
-        yield w.lost_execution(f"{op.what}: the stream ended before the command's exit")
+        return AsyncCommandStream(self._async, self._id, _ops.execute_stream(self.config, self._id, body))
+
+    def aattach_stream(self, command_id: str, offset: int = 0) -> AsyncCommandStream:
+        """`attach_stream`'s async twin."""
+        return AsyncCommandStream(self._async, self._id, _ops.attach_stream(self._id, command_id, offset))
 
     # ------------------------------------------------------------------ background processes
 

@@ -1,12 +1,10 @@
 """Execute requests: the service's limits applied, then run once (JSON result) or streamed
 (NDJSON: ``output`` events as the command prints, then one ``exit`` event).
 
-Streaming: the backend's output hook runs on a transport thread that must never block (it may
-serve every command of a sandbox), so chunks are handed to the event loop without waiting and
-the bytes in flight are capped at the request's output limit: a client slower than the
-command loses the middle of the live stream (the final ``exit`` result says so with
-``truncated``), never the service's memory. A client that disconnects has its command's
-process tree killed, streamed or not: a plain execute watches the connection while it waits.
+Streaming: the command runs detached from its connection (`run_detached`); its output is kept,
+bounded, by `sandboxes.server.streamed`, which any stream reads from an offset. A client that
+disconnects from a plain execute has its command's process tree killed (the service watches
+the connection while it waits); a streamed command runs on until it ends or times out.
 """
 
 from __future__ import annotations
@@ -14,20 +12,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import codecs
-import contextlib
 import contextvars
 import functools
 import logging
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 from sandboxes import protocol as p
-from sandboxes.api import ExecuteRequest, ExecuteResult, StreamEvent
+from sandboxes.api import ExecuteRequest, ExecuteResult
 from sandboxes.base import BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
@@ -54,20 +48,6 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
         if not name or "=" in name or "\x00" in name:
             raise ServiceError("invalid_request", f"invalid environment variable name {name!r}")
     return Command(request.command, timeout, stdin, dict(request.env), request.cwd, limit)
-
-
-@dataclass
-class StreamSlot:
-    """A command slot taken for a streamed execute. The stream releases it when its command
-    ends; a stream that never started (its client left first) never ran the command, and the
-    response's background task releases it (`release_unless_submitted`)."""
-
-    release: Callable[[], None]
-    submitted: bool = False
-
-    def release_unless_submitted(self) -> None:
-        if not self.submitted:
-            self.release()
 
 
 WATCH_AFTER = 0.05
@@ -201,66 +181,14 @@ def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:
     threading.Thread(target=kill, name="sandboxes-kill", daemon=True).start()
 
 
-async def run_streamed(
+def run_detached(
     sandbox: BaseSandbox,
     command: Command,
-    kill_marked: Callable[[str], None],
-    on_done: Callable[[float], None],
+    on_output: Callable[[bytes], None],
     executor: Executor | None = None,
-    slot: StreamSlot | None = None,
-) -> AsyncIterator[bytes]:
-    """NDJSON lines of `StreamEvent`; the last is always ``exit``. ``slot`` is released when
-    the command has ended."""
-    loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[bytes] = asyncio.Queue()
-    budget = [command.output_limit]
-    budget_lock = threading.Lock()
-
-    def on_output(chunk: bytes) -> None:
-        with budget_lock:
-            chunk = chunk[: budget[0]]
-            budget[0] -= len(chunk)
-        if chunk:
-            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
-
-    started = time.perf_counter()
-    work, token = _started(sandbox, command, on_output, executor, None if slot is None else slot.release)
-    if slot is not None:
-        slot.submitted = True
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    finished = False
-    try:
-        while True:
-            getter = asyncio.ensure_future(chunks.get())
-            either: set[asyncio.Future[Any]] = {getter, work}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                break
-            data = _drain(getter.result(), chunks)
-            if text := decoder.decode(data):
-                yield _line(StreamEvent(type="output", data=text))
-        # Every chunk was queued before the command's result: what is left is in the queue.
-        data = _drain(b"", chunks)
-        if text := decoder.decode(data, final=True):
-            yield _line(StreamEvent(type="output", data=text))
-        response: p.ExecuteResponse = work.result()
-        finished = True
-        on_done(time.perf_counter() - started)
-        yield _line(StreamEvent(type="exit", result=result_of(response)))
-    finally:
-        if not finished and not work.done():
-            _kill_soon(kill_marked, token)
-
-
-def _drain(first: bytes, chunks: asyncio.Queue[bytes]) -> bytes:
-    """Coalesce what is already queued: a slow reader gets fewer, bigger events."""
-    parts = [first]
-    with contextlib.suppress(asyncio.QueueEmpty):
-        while True:
-            parts.append(chunks.get_nowait())
-    return b"".join(parts)
-
-
-def _line(event: StreamEvent) -> bytes:
-    return event.model_dump_json().encode("utf-8") + b"\n"
+    on_end: Callable[[], None] | None = None,
+) -> asyncio.Future[p.ExecuteResponse]:
+    """The command, running on its own: tied to no connection, it ends by itself or by its
+    timeout (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
+    it arrives and must never block; ``on_end`` is called when it has ended."""
+    return _started(sandbox, command, on_output, executor, on_end)[0]

@@ -14,7 +14,7 @@ import binascii
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -23,19 +23,19 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes import api, protocol
 from sandboxes.server import idempotency
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
+from sandboxes.server.execution import Receive, command_for, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
+from sandboxes.server.streamed import StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ class Service:
     file_lanes: FileLanes = field(default_factory=FileLanes)
     command_pool: Executor | None = None
     """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
+    streamed: StreamedCommands = field(default_factory=StreamedCommands)
+    """Streamed commands, to re-attach to."""
 
     async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
         """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most
@@ -229,23 +231,42 @@ async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, rec
     return to_json(result)
 
 
-@router.post(
-    "/sandboxes/{sandbox_id}/execute/stream",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"application/x-ndjson": {}}, "description": "NDJSON lines of StreamEvent"}},
-)
+_NDJSON: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/x-ndjson": {}}, "description": "NDJSON lines of StreamEvent"}
+}
+
+
+@router.post("/sandboxes/{sandbox_id}/execute/stream", response_class=StreamingResponse, responses=_NDJSON)
 async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
+    """Start the command, detached from this connection, and follow it from its first byte."""
     svc, entry = await _entry(request, tenant, sandbox_id)
     command = command_for(body, _template(svc, entry), svc.settings)
     histogram = svc.metrics.execute_seconds.labels(entry.backend.name, "stream")
-    slot = StreamSlot(await svc.take_command_slot(entry))
-    events = run_streamed(entry.sandbox, command, entry.kill_marked, histogram.observe, svc.command_pool, slot)
-    return StreamingResponse(
-        events,
-        media_type="application/x-ndjson",
-        headers={"X-Accel-Buffering": "no"},
-        background=BackgroundTask(slot.release_unless_submitted),
-    )
+    release = await svc.take_command_slot(entry)
+    started = time.perf_counter()
+
+    def ended() -> None:
+        release()
+        histogram.observe(time.perf_counter() - started)
+
+    record = StreamedCommand(sandbox_id, command.output_limit, asyncio.get_running_loop())
+    record.follow(run_detached(entry.sandbox, command, record.write, svc.command_pool, ended))
+    svc.streamed.add(record)
+    return _ndjson(stream_events(record, 0, svc.settings.stream_keepalive))
+
+
+@router.get("/sandboxes/{sandbox_id}/execute/{command_id}/stream", response_class=StreamingResponse, responses=_NDJSON)
+async def attach_stream(
+    request: Request, sandbox_id: str, command_id: str, tenant: Authed, offset: Annotated[int, Query(ge=0)] = 0
+) -> Response:
+    """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last)."""
+    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
+    events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, svc.settings.stream_keepalive)
+    return _ndjson(events)
+
+
+def _ndjson(events: AsyncIterator[bytes]) -> Response:
+    return StreamingResponse(events, media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)

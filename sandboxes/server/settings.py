@@ -245,6 +245,9 @@ class ServiceSettings(BaseSettings):
     """Ceiling on a command's timeout; a request for none (0) gets this."""
     max_output_bytes: int = Field(default=16 << 20, gt=0)
     """Ceiling on the output a command keeps (and streams)."""
+    stream_keepalive: float = Field(default=15.0, gt=0)
+    """Seconds without output after which a streamed execute sends a keep-alive (an ``output``
+    event with no text), so that proxies which cut idle connections keep a quiet command's stream."""
     max_body_bytes: int = Field(default=64 << 20, gt=0)
     """Largest JSON request body (uploads travel base64 in it)."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import socket
 import subprocess
 import sys
@@ -244,6 +245,7 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("POST", "/renew"): ({}, {"ttl": 100}),
         ("POST", "/execute"): ({}, {"command": "echo hi"}),
         ("POST", "/execute/stream"): ({}, {"command": "echo hi"}),
+        ("GET", "/execute/{command_id}/stream"): ({}, None),
         ("POST", "/processes"): ({}, {"command": "echo hi"}),
         ("GET", "/processes/{process_id}"): ({}, None),
         ("DELETE", "/processes/{process_id}"): ({}, None),
@@ -272,6 +274,8 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
         f"/v1/sandboxes/{sandbox_id}/files/write", json={"file_path": f"{workdir}/secret.txt", "content": "alice"}
     )
     process = alice.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": "sleep 30"}).json()
+    with alice.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": "echo hi"}) as streamed:
+        command_id = json.loads(next(streamed.iter_lines()))["id"]
     try:
         # DELETE of the sandbox last: were it to succeed for bob, every later check would be moot
         requests = _requests(workdir)
@@ -279,7 +283,7 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
             params, body = requests[(method, suffix)]
             kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
             for client, named in ((bob, sandbox_id), (alice, "0" * 16)):
-                path = (_SANDBOX + suffix).format(sandbox_id=named, process_id=process["id"])
+                path = (_SANDBOX + suffix).format(sandbox_id=named, process_id=process["id"], command_id=command_id)
                 response = client.request(method, path, params=params, **kwargs)
                 assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
                 assert error_of(response) == "not_found"

@@ -1,0 +1,194 @@
+"""A streamed execute as the client reads it: output chunks, then one final response, following
+the command again once (from the last byte offset it saw) if the connection drops mid-stream.
+
+The service runs a streamed command detached from its connection and keeps its output, so a
+stream that broke loses nothing: the re-attached one (``GET .../execute/{id}/stream?offset=N``)
+carries exactly the bytes after the last ``output`` event seen. Empty ``output`` events (the
+first, keep-alives) and types this client does not know are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+
+import httpx
+
+from sandboxes import api
+from sandboxes import protocol as p
+from sandboxes.client import _ops
+from sandboxes.client import _wire as w
+from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
+from sandboxes.client.errors import ConnectionLost, SandboxServiceError, error_from_transport
+
+__all__ = ["AsyncCommandStream", "CommandStream"]
+
+Item = str | p.ExecuteResponse
+
+
+class _Position:
+    """Where a stream is: its command's id (from its first event) and the byte offset its output
+    events reached, the point to re-attach from."""
+
+    def __init__(self, sandbox_id: str, reattach: bool) -> None:
+        self.sandbox_id = sandbox_id
+        self.command_id: str | None = None
+        self.offset = 0
+        self.reattach = reattach
+        self.lost: str | None = None
+        """Why the current connection ended before the exit event (``None``: it did not)."""
+
+    def take(self, event: api.StreamEvent) -> Item | None:
+        """What ``event`` gives the caller, if anything, once the position has followed it."""
+        if event.type == "exit":
+            return w.exit_response(event)
+        if event.id is not None:
+            self.command_id = event.id
+        if event.offset is not None:
+            self.offset = event.offset
+        return event.data or None  # empty: the first event, or a keep-alive
+
+    def again(self) -> w.Op[None] | None:
+        """The request that follows the command from where it was, once; ``None``: give up."""
+        if not self.reattach or self.command_id is None:
+            return None
+        self.reattach = False
+        return _ops.attach_stream(self.sandbox_id, self.command_id, self.offset)
+
+    def refused(self, op: w.Op[None], exc: SandboxServiceError) -> None:
+        """``op`` was not answered with a stream: a refused start raises as any other call
+        does; a lost one, or a re-attach the service cannot serve, ends this stream."""
+        if op.method == "POST" and not isinstance(exc, ConnectionLost):
+            raise exc
+        self.lost = exc.message
+
+
+class CommandStream(Iterator[Item]):
+    """Output chunks (str) as the command prints them, then exactly one `ExecuteResponse` (a
+    ``connection_lost`` one if the stream broke and following it again failed). ``command_id``
+    and ``offset`` say where it is, to re-attach later (`RemoteSandbox.attach_stream`)."""
+
+    def __init__(
+        self, connection: ServiceConnection, sandbox_id: str, op: w.Op[None], *, reattach: bool = True
+    ) -> None:
+        self._connection = connection
+        self._position = _Position(sandbox_id, reattach)
+        self._items = self._run(op)
+
+    @property
+    def command_id(self) -> str | None:
+        return self._position.command_id
+
+    @property
+    def offset(self) -> int:
+        return self._position.offset
+
+    def __next__(self) -> Item:
+        return next(self._items)
+
+    def close(self) -> None:
+        """Stop reading (the command runs on in the service)."""
+        self._items.close()
+
+    def _run(self, op: w.Op[None]) -> Generator[Item]:
+        following: w.Op[None] | None = op
+        while following is not None:
+            yield from self._follow(following)
+            if self._position.lost is None:
+                return
+            following = self._position.again()
+        yield w.lost_execution(self._position.lost or "the stream was lost")
+
+    def _follow(self, op: w.Op[None]) -> Generator[Item]:
+        position = self._position
+        position.lost = f"{op.what}: the stream ended before the command's exit"
+        try:
+            response = self._connection.open(op)
+        except SandboxServiceError as exc:
+            position.refused(op, exc)
+            return
+        try:
+            for line in response.iter_lines():
+                item = _item(position, line)
+                if item is not None:
+                    yield item
+                    if isinstance(item, p.ExecuteResponse):
+                        position.lost = None
+                        return
+        except httpx.TransportError as exc:
+            position.lost = error_from_transport(exc, op.what).message
+        except ConnectionLost as exc:
+            position.lost = exc.message
+        finally:
+            response.close()
+
+
+class AsyncCommandStream(AsyncIterator[Item]):
+    """`CommandStream`'s async twin."""
+
+    def __init__(
+        self,
+        connect: Callable[[], AsyncServiceConnection],
+        sandbox_id: str,
+        op: w.Op[None],
+        *,
+        reattach: bool = True,
+    ) -> None:
+        self._connect = connect
+        """The connection, made on first use: inside the event loop that iterates."""
+        self._position = _Position(sandbox_id, reattach)
+        self._items = self._run(op)
+
+    @property
+    def command_id(self) -> str | None:
+        return self._position.command_id
+
+    @property
+    def offset(self) -> int:
+        return self._position.offset
+
+    async def __anext__(self) -> Item:
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        """Stop reading (the command runs on in the service)."""
+        await self._items.aclose()
+
+    async def _run(self, op: w.Op[None]) -> AsyncGenerator[Item]:
+        following: w.Op[None] | None = op
+        while following is not None:
+            async for item in self._follow(following):
+                yield item
+            if self._position.lost is None:
+                return
+            following = self._position.again()
+        yield w.lost_execution(self._position.lost or "the stream was lost")
+
+    async def _follow(self, op: w.Op[None]) -> AsyncGenerator[Item]:
+        position = self._position
+        position.lost = f"{op.what}: the stream ended before the command's exit"
+        try:
+            response = await self._connect().open(op)
+        except SandboxServiceError as exc:
+            position.refused(op, exc)
+            return
+        try:
+            async for line in response.aiter_lines():
+                item = _item(position, line)
+                if item is not None:
+                    yield item
+                    if isinstance(item, p.ExecuteResponse):
+                        position.lost = None
+                        return
+        except httpx.TransportError as exc:
+            position.lost = error_from_transport(exc, op.what).message
+        except ConnectionLost as exc:
+            position.lost = exc.message
+        finally:
+            await response.aclose()
+
+
+def _item(position: _Position, line: str) -> Item | None:
+    if not line.strip():
+        return None
+    event = w.stream_event(line)
+    return None if event is None else position.take(event)

@@ -1,0 +1,256 @@
+"""Streamed commands that outlive their stream: each keeps its output (head and tail, bounded by
+its output limit) and its result in this replica, so any number of readers can follow it from
+a byte offset, and a client that lost its connection re-attaches where it was.
+
+A command no longer depends on its connection: it runs until it ends or its own timeout, and
+its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,
+`KEEP_BYTES` for all).
+A stream sends ``output`` events, each with the byte offset its text ends at, then one ``exit``
+event. Its first event, and a keep-alive whenever nothing else was sent for the keep-alive
+interval (so a proxy never sees an idle connection), are ``output`` events with empty text, the
+first carrying the command's id: clients that predate them see nothing new. Records live in
+the service's memory: another replica, or this one after a restart, does not know them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from sandboxes import protocol as p
+from sandboxes.api import ExecuteResult, StreamEvent
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.logs import unique_id
+from sandboxes.server.processes import result_of
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KEEP_BYTES", "KEEP_FINISHED", "KEEP_FOR", "Replay", "StreamedCommand", "StreamedCommands", "stream_events"]
+
+KEEP_FINISHED = 8
+"""Ended streamed commands kept per sandbox for re-attaching (the newest)."""
+KEEP_FOR = 300.0
+"""Seconds an ended streamed command is kept for re-attaching."""
+KEEP_BYTES = 64 << 20
+"""Most bytes of output the ended streamed commands kept for re-attaching hold, together (the
+oldest go first)."""
+EVENT_BYTES = 1 << 20
+"""Most output bytes in one ``output`` event."""
+
+
+class Replay:
+    """A command's output by absolute byte offset: the first ``limit - limit // 2`` bytes and at
+    least the last ``limit // 2`` (at most twice that), as `sandboxes._output.OutputBuffer`
+    keeps them; the middle of a longer output is gone."""
+
+    def __init__(self, limit: int) -> None:
+        self._half = max(limit, 0) // 2
+        self._head_size = max(limit, 0) - self._half
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self._head_size - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data and self._half:
+            self._tail += data
+            if len(self._tail) > 2 * self._half:  # trim in bulk, not on every write
+                del self._tail[: len(self._tail) - self._half]
+
+    @property
+    def kept(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    def compact(self) -> None:
+        """Keep no more than `sandboxes._output.OutputBuffer` would: the output has ended."""
+        if len(self._tail) > self._half:
+            del self._tail[: len(self._tail) - self._half]
+
+    def read(self, offset: int, size: int) -> tuple[int, bytes]:
+        """Up to ``size`` bytes from ``offset``, or from the first kept byte past it (the
+        returned offset says where they start); empty at the end."""
+        if offset < len(self._head):
+            return offset, bytes(self._head[offset : offset + size])
+        tail_start = self.total - len(self._tail)
+        start = max(offset, tail_start)
+        return start, bytes(self._tail[start - tail_start : start - tail_start + size])
+
+
+class StreamedCommand:
+    """One streamed command's output and, once it ended, its result; written from any thread,
+    read by streams on the event loop, which it wakes when either changes."""
+
+    def __init__(self, sandbox_id: str, output_limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.id = unique_id()
+        self.sandbox_id = sandbox_id
+        self.result: ExecuteResult | None = None
+        self.ended_at: float | None = None
+        self._replay = Replay(output_limit)
+        self._lock = threading.Lock()
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self._wake_pending = False
+
+    @property
+    def total(self) -> int:
+        """Bytes of output so far."""
+        with self._lock:
+            return self._replay.total
+
+    def write(self, data: bytes) -> None:
+        """The command's output hook: never blocks (it may run on a transport's thread)."""
+        with self._lock:
+            self._replay.write(data)
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: the service stopped, no one reads
+            self._loop.call_soon_threadsafe(self._wake)
+
+    @property
+    def size(self) -> int:
+        """Bytes held: the output kept, and its text in the result."""
+        with self._lock:
+            return 2 * self._replay.kept
+
+    def finish(self, result: ExecuteResult) -> None:
+        """The command ended (on the event loop, after its last output)."""
+        with self._lock:
+            self._replay.compact()
+            self.result = result
+            self.ended_at = time.monotonic()
+        self._wake()
+
+    def follow(self, work: asyncio.Future[p.ExecuteResponse]) -> None:
+        """Record ``work``'s result (the command's) when it ends."""
+        work.add_done_callback(self._ended)
+
+    def _ended(self, work: asyncio.Future[p.ExecuteResponse]) -> None:
+        if work.cancelled():
+            self.finish(_failed(p.CONNECTION_LOST, "the command was cancelled (the service is stopping)"))
+        elif (exc := work.exception()) is not None:
+            logger.warning("streamed command %s failed", self.id, exc_info=exc)
+            self.finish(_failed(p.UNAVAILABLE, "the sandbox's backend failed; the service log has the request id"))
+        else:
+            self.finish(result_of(work.result()))
+
+    def read(self, offset: int) -> tuple[int, bytes, ExecuteResult | None]:
+        """Output from ``offset`` (see `Replay.read`) and, once all of it was read, the result."""
+        with self._lock:
+            start, data = self._replay.read(offset, EVENT_BYTES)
+            done = self.result if start + len(data) >= self._replay.total else None
+            return start, data, done
+
+    def changed(self) -> asyncio.Event:
+        """Set at the next change after this call (on the event loop)."""
+        return self._changed
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+
+class StreamedCommands:
+    """This replica's streamed commands, by sandbox and id: the running ones (bounded by the
+    tenants' command slots) and the newest ended ones: for `KEEP_FOR` seconds, at most
+    `KEEP_FINISHED` a sandbox and `KEEP_BYTES` in all."""
+
+    def __init__(self, keep: int = KEEP_FINISHED, keep_for: float = KEEP_FOR, keep_bytes: int = KEEP_BYTES) -> None:
+        self._keep = keep
+        self._keep_for = keep_for
+        self._keep_bytes = keep_bytes
+        self._commands: dict[tuple[str, str], StreamedCommand] = {}
+
+    def add(self, command: StreamedCommand) -> None:
+        self._prune(command.sandbox_id)
+        self._commands[command.sandbox_id, command.id] = command
+
+    def find(self, sandbox_id: str, command_id: str) -> StreamedCommand:
+        self._prune(sandbox_id)
+        command = self._commands.get((sandbox_id, command_id))
+        if command is None:
+            raise ServiceError(
+                "not_found",
+                f"no streamed command {command_id!r} in this sandbox (it ended over {self._keep_for:g} s ago, "
+                "or another replica or a restarted service ran it)",
+            )
+        return command
+
+    def _prune(self, sandbox_id: str) -> None:
+        horizon = time.monotonic() - self._keep_for
+        ended = sorted(
+            (c for c in self._commands.values() if c.ended_at is not None), key=lambda c: -(c.ended_at or 0.0)
+        )
+        held, mine = 0, 0
+        for command in ended:  # newest first
+            held += command.size
+            mine += command.sandbox_id == sandbox_id
+            old = command.ended_at is not None and command.ended_at < horizon
+            if old or held > self._keep_bytes or (command.sandbox_id == sandbox_id and mine > self._keep):
+                del self._commands[command.sandbox_id, command.id]
+
+
+def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:
+    """NDJSON lines of `StreamEvent` for ``command`` from byte ``offset``: an empty ``output``
+    with its id, ``output`` events (an empty one when ``keepalive`` seconds passed without
+    any), then ``exit``.
+    Leaving early (the client disconnected) leaves the command running. An offset past the
+    output so far is refused here, before any line."""
+    total = command.total
+    if offset > total:
+        raise ServiceError("invalid_request", f"offset {offset} is past the command's output ({total} bytes so far)")
+    return _events(command, offset, keepalive)
+
+
+async def _events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:
+    yield _line(StreamEvent(type="output", data="", id=command.id, offset=offset))
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    position = offset
+    while True:
+        changed = command.changed()
+        start, data, result = command.read(position)
+        if start != position:  # the middle was dropped: a character cut by the gap is lost with it
+            decoder.reset()
+        position = start + len(data)
+        text = decoder.decode(data, final=result is not None)
+        if text:
+            yield _line(StreamEvent(type="output", data=text, offset=position - _pending(decoder)))
+        if result is not None:
+            yield _line(StreamEvent(type="exit", result=result))
+            return
+        if data:
+            continue
+        try:
+            await asyncio.wait_for(changed.wait(), keepalive)
+        except TimeoutError:
+            yield _line(StreamEvent(type="output", data="", offset=position - _pending(decoder)))
+
+
+def _failed(code: p.ErrorCode, message: str) -> ExecuteResult:
+    return ExecuteResult(output="", exit_code=None, error=code, message=message)
+
+
+def _pending(decoder: codecs.IncrementalDecoder) -> int:
+    """Bytes the decoder holds back (the start of a character cut by a chunk's end)."""
+    buffered: bytes = decoder.getstate()[0]
+    return len(buffered)
+
+
+def _line(event: StreamEvent) -> bytes:
+    """The event's JSON line, without the top-level fields its type does not carry."""
+    absent = {name for name in _OPTIONAL if getattr(event, name) is None}
+    return event.model_dump_json(exclude=absent).encode("utf-8") + b"\n"
+
+
+_OPTIONAL = ("data", "result", "id", "offset")

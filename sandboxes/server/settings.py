@@ -239,7 +239,8 @@ class ServiceSettings(BaseSettings):
     max_execute_timeout: float = Field(default=3600.0, gt=0)
     """Ceiling on a command's timeout; a request for none (0) gets this."""
     max_output_bytes: int = Field(default=16 << 20, gt=0)
-    """Ceiling on the output a command keeps (and streams)."""
+    """Ceiling on the output a command keeps (and streams) when its request asks for more; a
+    request that names no ``output_limit`` keeps `DEFAULT_OUTPUT_LIMIT`, as on every backend."""
     max_body_bytes: int = Field(default=64 << 20, gt=0)
     """Largest JSON request body (uploads travel base64 in it)."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "server"))
-sys.path.insert(0, str(Path(__file__).parent / "kubernetes"))
+sys.path.append(str(Path(__file__).parent / "server"))
+sys.path.append(str(Path(__file__).parent / "kubernetes"))
 from fake_apiserver import LABEL, FakeKubernetes
 from service_harness import KEYS, UNTHROTTLED, running, settings_for
 from ssh_fixtures import start_vm

@@ -21,6 +21,11 @@ class ExecSocket:
     Docker multiplexes the process's stdout and stderr on it in frames (1 byte stream id, 3
     padding, 4 bytes length); `recv` returns stdout bytes and keeps stderr aside for diagnostics,
     or, with ``merge_stderr``, returns both in the order they were written (a user's command).
+
+    The socket blocks without limit: docker-py leaves its API client's request timeout on the
+    hijacked connection, which turned a process's silence into an error (the exec helper,
+    quiet while a command printed nothing, was dropped); an owner that wants silence bounded
+    says so (`settimeout`).
     """
 
     def __init__(self, docker_socket: Any, *, merge_stderr: bool = False) -> None:
@@ -28,6 +33,7 @@ class ExecSocket:
         self._holder = docker_socket  # keeps docker-py's response (and so the socket) alive
         self._sock: socket.socket = getattr(docker_socket, "_sock", docker_socket)
         self._buffer = read_ahead(docker_socket, self._sock)
+        self._sock.settimeout(None)
         self._taken = 0
         """What the socket gave and `recv` has not handed on yet: ``_buffer[_taken:]``."""
         self._frame_left = 0

@@ -29,6 +29,9 @@ V5 = "v5.channel.k8s.io"
 _KEPT = 64 << 10
 """Bytes of stderr and of the error channel kept for diagnostics; the rest is dropped."""
 _SEND_CHUNK = 256 << 10
+KEEPALIVE = 20.0
+"""Seconds between the pings an open exec stream sends: a proxy or load balancer in front of
+the API server that cuts idle connections sees traffic while a command prints nothing."""
 
 _LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -62,9 +65,13 @@ def exec_api(api: CoreV1Api) -> CoreV1Api:
 class ExecStream:
     """One exec: `send` writes the process's stdin, `recv` returns its stdout (and, with
     ``merge_stderr``, stderr, in arrival order); the error channel's status is kept in
-    `status`. Thread-safe for one reader and any number of writers."""
+    `status`. Thread-safe for one reader and any number of writers.
 
-    def __init__(self, client: Any, *, merge_stderr: bool = False) -> None:
+    While open, it pings the server every ``keepalive`` seconds (`KEEPALIVE` from `open_exec`),
+    and `recv` counts the pongs in `pongs`: silence on the stream is never idleness on the
+    connection. Frames go out one at a time, under one lock, whoever sends them."""
+
+    def __init__(self, client: Any, *, merge_stderr: bool = False, keepalive: float | None = None) -> None:
         self._client = client
         self._ws = client.sock
         self.protocol: str | None = client.subprotocol
@@ -73,6 +80,22 @@ class ExecStream:
         self.stderr = bytearray()
         self.status = bytearray()
         self.ended = False
+        self.pongs = 0
+        self._sending = threading.Lock()
+        self._closed = threading.Event()
+        if keepalive:
+            threading.Thread(target=self._ping, args=(keepalive,), name="exec-keepalive", daemon=True).start()
+
+    def _ping(self, interval: float) -> None:
+        """Until the stream closes or a ping fails (the stream is gone: its reader finds out)."""
+        from websocket import WebSocketException
+
+        while not self._closed.wait(interval):
+            try:
+                with self._sending:
+                    self._ws.ping()
+            except (WebSocketException, OSError, AttributeError):
+                return
 
     def send(self, data: bytes | memoryview) -> None:
         """Stdin bytes; `OSError` once the stream is gone."""
@@ -81,7 +104,8 @@ class ExecStream:
         view = memoryview(data)
         try:
             for offset in range(0, len(view), _SEND_CHUNK):
-                self._ws.send(bytes([STDIN]) + view[offset : offset + _SEND_CHUNK], opcode=ABNF.OPCODE_BINARY)
+                with self._sending:
+                    self._ws.send(bytes([STDIN]) + view[offset : offset + _SEND_CHUNK], opcode=ABNF.OPCODE_BINARY)
         except WebSocketException as exc:
             raise OSError(f"exec stream closed: {exc}") from exc
 
@@ -91,7 +115,7 @@ class ExecStream:
             return False
         from websocket import ABNF, WebSocketException
 
-        with contextlib.suppress(WebSocketException, OSError):
+        with contextlib.suppress(WebSocketException, OSError), self._sending:
             self._ws.send(bytes([CLOSE, STDIN]), opcode=ABNF.OPCODE_BINARY)
         return True
 
@@ -116,6 +140,9 @@ class ExecStream:
                 return None
             if opcode == ABNF.OPCODE_CLOSE:
                 return None
+            if opcode == ABNF.OPCODE_PONG:
+                self.pongs += 1
+                continue
             if opcode not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) or not frame.data:
                 continue
             data = frame.data if isinstance(frame.data, bytes) else str(frame.data).encode("utf-8")
@@ -135,6 +162,7 @@ class ExecStream:
 
     def close(self) -> None:
         """Shut the socket down first, which wakes a thread blocked in `recv`, then close it."""
+        self._closed.set()
         with contextlib.suppress(Exception):
             self._ws.abort()
         with contextlib.suppress(Exception):
@@ -197,7 +225,7 @@ def open_exec(
             )
     except ApiException as exc:
         raise ExecError(f"exec in pod {pod} refused: {exc.reason or exc}") from exc
-    return ExecStream(client, merge_stderr=merge_stderr)
+    return ExecStream(client, merge_stderr=merge_stderr, keepalive=KEEPALIVE)
 
 
 MAX_ARCHIVE_MEMBERS = 10_000

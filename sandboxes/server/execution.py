@@ -21,6 +21,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from sandboxes import protocol as p
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes.api import ExecuteRequest, ExecuteResult
 from sandboxes.base import BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
@@ -33,11 +34,13 @@ logger = logging.getLogger(__name__)
 
 
 def command_for(request: ExecuteRequest, template: Template, settings: ServiceSettings) -> Command:
-    """The request with the service's ceilings: a timeout of 0 ("none") gets the maximum."""
+    """The request with the service's ceilings: a timeout of 0 ("none") gets the maximum, and
+    no ``output_limit`` gets every backend's own default (`DEFAULT_OUTPUT_LIMIT`), so the same
+    command keeps the same output through the service as from the library."""
     timeout = template.default_timeout if request.timeout is None else request.timeout
     if timeout == 0 or timeout > settings.max_execute_timeout:
         timeout = settings.max_execute_timeout
-    limit = min(request.output_limit or settings.max_output_bytes, settings.max_output_bytes)
+    limit = min(request.output_limit or DEFAULT_OUTPUT_LIMIT, settings.max_output_bytes)
     stdin = None
     if request.stdin_b64 is not None:
         try:

@@ -244,7 +244,8 @@ class ServiceSettings(BaseSettings):
     max_execute_timeout: float = Field(default=3600.0, gt=0)
     """Ceiling on a command's timeout; a request for none (0) gets this."""
     max_output_bytes: int = Field(default=16 << 20, gt=0)
-    """Ceiling on the output a command keeps (and streams)."""
+    """Ceiling on the output a command keeps (and streams) when its request asks for more; a
+    request that names no ``output_limit`` keeps `DEFAULT_OUTPUT_LIMIT`, as on every backend."""
     stream_keepalive: float = Field(default=15.0, gt=0)
     """Seconds without output after which a streamed execute sends a keep-alive (an ``output``
     event with no text), so that proxies which cut idle connections keep a quiet command's stream."""

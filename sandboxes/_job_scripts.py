@@ -185,10 +185,25 @@ rm -f -- "$d/pipe" "$d/go"
 """
 )
 
+_REAPER = """import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+"""``python3 -c REAPER ARGV...``: exec ARGV as a child subreaper (PR_SET_CHILD_SUBREAPER, kept
+across exec): what a job's command leaves behind is re-parented to its supervisor, not to the
+exec helper or the container's init, whose orphans are swept after every command (a job's
+marker spares nothing there: any process can set it). Without python3 or ctypes ARGV runs as
+it is."""
+
 START = (
     FUNCTIONS
-    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nP={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nREAPER={shlex.quote(_REAPER)}\nP={JOB_MARKER_PREFIX}\n"
+    + r"""unset SANDBOXES_JOB_START
+r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
 id=$2 H=$3 T=$4 t=$5 keep=$6 max=$7 c=$8 cwd=$9
 shift 9
 s=$1 E=$2 cmd=$3
@@ -220,8 +235,9 @@ if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
   if [ "$s" = 1 ]; then tail -c "+$((E + 1))" "$d/in" > "$d/stdin" || { rm -rf -- "$d"; echo "!write"; exit 24; }; fi
   rm -f -- "$d/in"
 fi
-SANDBOXES_EXEC_ID=$P$id-s setsid /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd" \
-  < /dev/null > /dev/null 2> "$d/log" &
+set -- /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd"
+! command -v python3 > /dev/null 2>&1 || set -- python3 -I -S -c "$REAPER" "$@"
+SANDBOXES_EXEC_ID=$P$id-s setsid "$@" < /dev/null > /dev/null 2> "$d/log" &
 i=0
 while [ ! -e "$d/pid" ]; do
   i=$((i + 1))

@@ -18,8 +18,11 @@ is refused) holding:
 - ``cmd``, ``env`` (base64 lines of ``NAME=VALUE``, so values never appear in a command line),
   ``stdin`` (when given), ``limits`` (output head size and tail chunk size);
 - ``pid``: the supervisor, started by ``setsid`` with stdin from ``/dev/null``: it left the
-  starting command's session and group, and its marker (below) exempts it from the exec
-  helper's sweep of orphans, so it outlives the ``execute()`` that started it. It forks its
+  starting command's session and group, and the exec helper, told by the start
+  (`sandboxes._kill.JOB_START_ENV`), records it and spares it from its sweep of orphans (its
+  marker, below, which any process could set, spares it only from the shell's sweep), so it
+  outlives the ``execute()`` that started it. It is a child subreaper where the sandbox has
+  python3, so what its command leaves behind stays in its tree. It forks its
   output process, the command and the watchdog, writes ``pid``, and only then lets the command
   run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
   supervisor or the start of a process they still need;
@@ -79,7 +82,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
@@ -291,7 +294,8 @@ class JobRunner:
             command,
         ]
         payload = env_lines + (data or b"") if data is not None or env_lines else None
-        response = self._run(_bind(scripts.START, *args), stdin=payload, started=True)
+        announce = {JOB_START_ENV: f"{JOB_MARKER_PREFIX}{job_id}-s"}
+        response = self._run(_bind(scripts.START, *args), stdin=payload, started=True, env=announce)
         lines = response.output.splitlines()
         if "!ok" in lines:  # printed last, once the command was started: whatever came after, it runs
             return JobState(job_id, "running")
@@ -377,13 +381,19 @@ class JobRunner:
         return states
 
     def _run(
-        self, command: str, stdin: bytes | None = None, output_limit: int = 1 << 20, *, started: bool = False
+        self,
+        command: str,
+        stdin: bytes | None = None,
+        output_limit: int = 1 << 20,
+        *,
+        started: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> p.ExecuteResponse:
         """One round trip; its output bounded (everything a sandbox answers is untrusted).
         `CannotFork` when the sandbox could not start the script or the script a process
         (``started``: the caller tells that apart from what the script did first)."""
         response = self.sandbox.execute(
-            command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env={}
+            command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env=dict(env or {})
         )
         if not started and _cannot_fork(response):
             raise CannotFork()

@@ -100,6 +100,7 @@ _serving = [True]
 _subreaper = [False]
 _undumpable = [False]
 _main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
+_jobs = {}  # (pid, starttime) -> marker of each background job's supervisor the helper saw started (`_reap`)
 _markers = [0]  # of the shells started ahead of their command (`_spawn`)
 _native_loaded = [None]
 """Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
@@ -238,8 +239,10 @@ def _become_undumpable():
         return False
 
 
-def _kill_orphans():
-    kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
+def _kill_orphans(ended=()):
+    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands and
+    the job starts among them or among the just ``ended`` ones account for."""
+    kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()) + list(ended), _jobs)
 
 
 # ------------------------------------------------------------------ the stream
@@ -375,7 +378,9 @@ def _sweep_ended():
         for command in ended:
             kill_marked(command.marker)
     if strays or _main[0] is not None:  # else the helper's children are all leaders: no orphan
-        _kill_orphans()
+        _kill_orphans(ended)
+    for command in ended:  # a job's start may leave its supervisor to this sweep only
+        command.job_needle = None
 
 
 def _wait_time():
@@ -396,6 +401,7 @@ def main():
     _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()
     _main[0] = _container_main("--reap-init" in sys.argv[1:])
+    seed_jobs(_main[0], _jobs)
     _wakeup = os.pipe()
     for fd in _wakeup:
         os.set_blocking(fd, False)

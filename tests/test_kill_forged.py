@@ -18,6 +18,7 @@ from sandboxes import protocol as p
 from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.jobs import JobRunner
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -72,14 +73,13 @@ def test_a_timeout_kills_what_cleared_or_forged_its_environment(
     sandbox: BaseSandbox, disguise: str, shape: str
 ) -> None:
     pid_file = f"{_workdir(sandbox)}/{disguise}-{shape}.pid"
-    sandbox.execute(f"rm -f {shlex.quote(pid_file)}")
-    inner = shlex.quote(
-        f"echo $$ > {shlex.quote(pid_file)}.new && mv {shlex.quote(pid_file)}.new {shlex.quote(pid_file)}; exec sleep 300"
-    )
+    quoted = shlex.quote(pid_file)
+    sandbox.execute(f"rm -f {quoted}")
+    inner = shlex.quote(f"echo $$ > {quoted}.new && mv {quoted}.new {quoted}; exec sleep 300")
     command = f"{_SHAPES[shape].format(disguise=_DISGUISES[disguise], inner=inner)}"
     result = sandbox.execute(command, timeout=2)
     assert result.error == p.TIMEOUT, result
-    pid = sandbox.execute(f"cat {shlex.quote(pid_file)}").output.strip()
+    pid = sandbox.execute(f"cat {quoted}").output.strip()
     assert pid.isdigit(), f"the disguised process never started: {pid!r}"
     try:
         deadline = time.monotonic() + 10
@@ -93,8 +93,6 @@ def test_a_timeout_kills_what_cleared_or_forged_its_environment(
 
 def test_a_job_started_by_the_runner_outlives_the_sweep_that_kills_forgeries(sandbox: BaseSandbox) -> None:
     """The job the helper saw started is spared by the sweep that kills a forged marker."""
-    from sandboxes.jobs import JobRunner
-
     runner = JobRunner(sandbox)
     state = runner.start("echo up; exec sleep 300", timeout=120)
     try:

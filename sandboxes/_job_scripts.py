@@ -67,10 +67,22 @@ claim() {
   set +C
   return $_r
 }
+record() {
+  { printf '%s %s %s\n' "$2" "$3" "$4" 1<> "$1/status"; } 2>/dev/null || { : > "$1/status.$2.$3.$4"; } 2>/dev/null
+}
+recorded() {
+  for _f in "$1"/status.*; do
+    _f=${_f##*/status.}
+    case $_f in *[!A-Za-z0-9.-]* | *.*.*.*) continue ;; *.*.*) ;; *) continue ;; esac
+    st="${_f%%.*}" _f=${_f#*.}
+    st="$st ${_f%%.*} ${_f#*.}"
+    return 0
+  done
+}
 finish() {
   now
   claim "$1" || return 1
-  printf '%s %s %s\n' "$2" "$3" "$_t" 1<> "$1/status"
+  record "$1" "$2" "$3" "$_t"
 }
 stamp() {
   now
@@ -92,7 +104,7 @@ kill_group() {
 }
 kill_job() {
   _k=
-  claim "$1" && printf '%s - -\n' "$3" 1<> "$1/status" && _k=1
+  claim "$1" && record "$1" "$3" - - && _k=1
   kill_group "$1"
   [ -z "$_k" ] || stamp "$1" "$3" -
   kill_marked "$2"
@@ -254,22 +266,28 @@ ran, and one that did not answer may be checked with `JobRunner.list` before ano
 
 _STATE = r"""line "$d/status"
 st=$_ln
+[ -n "$st" ] || recorded "$d"
 if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
   line "$d/status"
   st=$_ln
+  [ -n "$st" ] || recorded "$d"
   if [ -z "$st" ]; then
     kill_job "$d" "$m" lost
     kill_marked "$m-w"
     kill_marked "$m-o"
     line "$d/status"
     st=$_ln
+    [ -n "$st" ] || recorded "$d"
+    [ -n "$st" ] || st="lost - -"
   fi
 fi
 line "$d/started"
 s0=${_ln:--}
 """
-"""``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
-status is recorded ``lost`` (and whatever is left of its tree killed)."""
+"""``st``: the job's status line (or the name `record` gave it), empty while it runs; a job whose
+supervisor is gone without a status is recorded ``lost`` (and whatever is left of its tree
+killed), and answered ``lost`` when not even that can be recorded: a job whose end was claimed
+but never written (a full ``/tmp``) is not running once its supervisor is gone."""
 
 _ONE_JOB = (
     FUNCTIONS
@@ -328,16 +346,18 @@ while alive "$d" "$m" && [ "$i" -lt 200 ]; do
 done
 line "$d/status"
 [ "$_ln" != "killed - -" ] || stamp "$d" killed -
+! alive "$d" "$m" || { echo '!survived'; exit 27; }
 """
 )
 """``ROOT ID``: finish the job as ``killed`` unless it ended already, kill its tree, and wait
-(10 s at most) until its supervisor has ended, killing again what a race let start. A ``killed``
-claimed by `STOP` without a time (it cannot run ``date``) gets this moment's."""
+(10 s at most) until its supervisor has ended, killing again what a race let start (exit 27,
+``!survived``, when it has not). A ``killed`` claimed by `STOP` without a time (it cannot run
+``date``) gets this moment's."""
 
 STOP = (
     _ONE_JOB
     + r"""if claim "$d"; then
-  printf 'killed - -\n' 1<> "$d/status"
+  record "$d" killed - -
   echo '!claimed'
   kill_group "$d"
 elif [ -e "$d/status" ]; then

@@ -94,6 +94,7 @@ State = Literal["running", "exited", "killed", "timeout", "lost", "failed"]
 _ID_HEX = 32
 _OPERATION_TIMEOUT = 60.0
 _EXIT_NOT_FOUND = 10
+_EXIT_SURVIVED = 27
 _KILL_ATTEMPTS = 12
 _MAX_TIMEOUT = float(1 << 31)
 """Seconds (68 years): a longer timeout (``inf`` too) is this one; busybox ``sleep`` refuses
@@ -352,6 +353,8 @@ class JobRunner:
         response = retrying(self._run, _bind(scripts.KILL, self.root, job_id))
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
+        if response.exit_code == _EXIT_SURVIVED:
+            raise JobError(p.BACKEND_ERROR, f"job {job_id}'s supervisor was still running after 10 s of kills")
         if response.exit_code != 0:
             raise JobError(p.BACKEND_ERROR, f"killing job {job_id} failed: {_failure(response)}")
         return self.poll(job_id)

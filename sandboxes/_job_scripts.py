@@ -268,6 +268,7 @@ _STATE = r"""line "$d/status"
 st=$_ln
 [ -n "$st" ] || recorded "$d"
 if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
+  gone=$_p
   line "$d/status"
   st=$_ln
   [ -n "$st" ] || recorded "$d"
@@ -278,7 +279,7 @@ if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
     line "$d/status"
     st=$_ln
     [ -n "$st" ] || recorded "$d"
-    [ -n "$st" ] || st="lost - -"
+    [ -n "$st" ] || [ -z "$gone" ] || st="lost - -"
   fi
 fi
 line "$d/started"
@@ -287,7 +288,8 @@ s0=${_ln:--}
 """``st``: the job's status line (or the name `record` gave it), empty while it runs; a job whose
 supervisor is gone without a status is recorded ``lost`` (and whatever is left of its tree
 killed), and answered ``lost`` when not even that can be recorded: a job whose end was claimed
-but never written (a full ``/tmp``) is not running once its supervisor is gone."""
+but never written (a full ``/tmp``) is not running once the supervisor its ``pid`` names is gone
+(an unreadable ``pid`` tells nothing: the job reads as running)."""
 
 _ONE_JOB = (
     FUNCTIONS

@@ -67,11 +67,21 @@ def _alive(sandbox: BaseSandbox, pid: str) -> bool:
     return sandbox.execute(look).output.strip() == "alive"
 
 
-@pytest.mark.parametrize("shape", sorted(_SHAPES))
-@pytest.mark.parametrize("disguise", sorted(_DISGUISES))
+DISGUISES = sorted(_DISGUISES)
+SHAPES = sorted(_SHAPES)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("disguise", DISGUISES)
 def test_a_timeout_kills_what_cleared_or_forged_its_environment(
     sandbox: BaseSandbox, disguise: str, shape: str
 ) -> None:
+    assert_the_timeout_kills_it(sandbox, disguise, shape)
+
+
+def assert_the_timeout_kills_it(sandbox: BaseSandbox, disguise: str, shape: str) -> None:
+    """A command starts a ``disguise``d process (``shape``: its child, or orphaned at once) that
+    writes its pid and sleeps, then times out: that process is gone within 10 s."""
     pid_file = f"{_workdir(sandbox)}/{disguise}-{shape}.pid"
     quoted = shlex.quote(pid_file)
     sandbox.execute(f"rm -f {quoted}")

@@ -6,8 +6,9 @@ it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compati
 Two ways to find a command's processes: its marker (an environment entry every descendant
 inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped before this file),
 and adoption: what escaped its group and dropped its marker is an
-orphan, adopted by the helper (a subreaper) or by the container's init. See "Orphans" in the
-helper's docstring for what is killed and why. Whether the helper becomes a subreaper at all
+orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
+"Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
+spared (the helper's own record of them, ``_jobs``: never a marker alone, which can be forged). Whether the helper becomes a subreaper at all
 (`_become_subreaper`) is decided here too.
 """
 

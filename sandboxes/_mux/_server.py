@@ -32,15 +32,18 @@ Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid .
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
 re-parented to the nearest subreaper (this helper, when it is one) or to the pid namespace's init
 (in a container: the container's, since ``docker exec`` enters the container's namespace, which
-the helper sees as its parent pid being 0; only when started with ``--reap-init``, which
-DockerSandbox passes for the containers it made, whose init has one child of its own: a foreign
-container's init may run services). Those two adopters' children are therefore the
+the helper sees as its parent pid being 0; in a local jail: bubblewrap's, the helper's parent;
+only when started with ``--reap-init``, which DockerSandbox passes for the containers it made,
+whose init has one child of its own, and LocalSandbox for its jails: a foreign container's init
+may run services). Those two adopters' children are therefore the
 escaped processes of some command, and every time a command ends, times out or is killed, the
 helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
 command's leader, the container's own command (the oldest child of init), a process still
 carrying a running command's marker (it is that command's, and dies with it), and a background
-job's process (`sandboxes.jobs`: its marker starts with ``JOB_MARKER_PREFIX``; it was detached on
-purpose, and is killed by its own marker). Which command an
+job's supervisor (`sandboxes.jobs`), which was detached on purpose and is killed by its own
+marker: only one this helper saw a job's start leave behind (the start names its marker,
+``JOB_START_ENV``), or found adopted by init when it started (an earlier helper's, before a
+restart), is spared: a job's marker alone is not, since any process can set it. Which command an
 unmarked orphan came from cannot be known (another command may have made it), so it does not
 outlive the next end of ANY command: a command relying on a daemon that dropped the marker and
 left its tree loses it early; nothing else is lost. Outside a container without a subreaper

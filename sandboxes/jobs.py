@@ -87,7 +87,7 @@ from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
 
-__all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "TooManyJobs"]
+__all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "JobSurvived", "TooManyJobs"]
 
 State = Literal["running", "exited", "killed", "timeout", "lost", "failed"]
 
@@ -125,6 +125,15 @@ class JobNotFound(JobError):
 class TooManyJobs(JobError):
     def __init__(self, running: int) -> None:
         super().__init__(p.INVALID_ARGUMENT, f"{running} background jobs already run in this sandbox (the maximum)")
+
+
+class JobSurvived(JobError):
+    """A kill ended without ending the job's supervisor."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            p.UNAVAILABLE, f"job {job_id}'s supervisor was still running after 10 s of kills; try the kill again"
+        )
 
 
 class CannotFork(JobError):
@@ -354,7 +363,7 @@ class JobRunner:
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
         if response.exit_code == _EXIT_SURVIVED:
-            raise JobError(p.BACKEND_ERROR, f"job {job_id}'s supervisor was still running after 10 s of kills")
+            raise JobSurvived(job_id)
         if response.exit_code != 0:
             raise JobError(p.BACKEND_ERROR, f"killing job {job_id} failed: {_failure(response)}")
         return self.poll(job_id)

@@ -8,8 +8,8 @@ inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped be
 and adoption: what escaped its group and dropped its marker is an
 orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
 "Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
-spared (the helper's own record of them, ``_jobs``: never a marker alone, which can be forged). Whether the helper becomes a subreaper at all
-(`_become_subreaper`) is decided here too.
+spared (the helper's own record of them, ``_jobs``: never a marker alone, which can be forged).
+Whether the helper becomes a subreaper at all (`_become_subreaper`) is decided here too.
 """
 
 import os
@@ -114,6 +114,7 @@ def seed_jobs(main, jobs):
 
 
 def _forget_ended_jobs(jobs):
+    """Drop the supervisors that ended (or whose pid now names another process) from ``jobs``."""
     for pid, start in list(jobs):
         stat = _stat(pid)
         if stat is None or stat[2] != start or stat[0] in "ZX":

@@ -243,9 +243,11 @@ def _become_undumpable():
 
 
 def _kill_orphans(ended=()):
-    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands and
-    the job starts among them or among the just ``ended`` ones account for."""
-    kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()) + list(ended), _jobs)
+    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands
+    account for, and the supervisors that the job starts among them, among the answered ones not
+    swept after yet (``_ended``) or among the ``ended`` being swept after now left behind."""
+    commands = list(_commands.values()) + _ended + list(ended)
+    kill_orphans(_subreaper[0], _main[0], _leaders, commands, _jobs)
 
 
 # ------------------------------------------------------------------ the stream

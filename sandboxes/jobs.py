@@ -40,7 +40,9 @@ is refused) holding:
 - ``status``: ``exited <code>``, ``timeout``, ``killed``, ``lost`` (its supervisor vanished:
   the sandbox or its jail restarted) or ``failed cwd``, then the end time (``-`` until known),
   written once: whoever first creates the file ``end`` (the supervisor, the watchdog, a kill;
-  ``set -C``, an exclusive create) writes it.
+  ``set -C``, an exclusive create) writes it. Where ``/tmp`` has no room left for its bytes,
+  the status is the name of an empty file, ``status.<state>.<code>.<time>``; a job with neither
+  whose supervisor is gone reads ``lost``, never ``running``.
 
 Killing works when the job took every pid the sandbox may have (a fork bomb), when every script
 the runner sends can start no process, or none can start at all: see `JobRunner.kill`. Poll,
@@ -238,7 +240,10 @@ class Job:
                 output,
                 truncated=truncated,
                 error=p.CONNECTION_LOST,
-                message="The job's supervisor vanished (the sandbox restarted?); what was left of it was killed",
+                message=(
+                    "The job's supervisor vanished without recording its end (the sandbox restarted, or "
+                    "its /tmp is full?); what was left of it was killed"
+                ),
                 duration_ms=duration,
             )
         if state.status == "failed":

@@ -67,10 +67,22 @@ claim() {
   set +C
   return $_r
 }
+record() {
+  { printf '%s %s %s\n' "$2" "$3" "$4" 1<> "$1/status"; } 2>/dev/null || { : > "$1/status.$2.$3.$4"; } 2>/dev/null
+}
+recorded() {
+  for _f in "$1"/status.*; do
+    _f=${_f##*/status.}
+    case $_f in *[!A-Za-z0-9.-]* | *.*.*.*) continue ;; *.*.*) ;; *) continue ;; esac
+    st="${_f%%.*}" _f=${_f#*.}
+    st="$st ${_f%%.*} ${_f#*.}"
+    return 0
+  done
+}
 finish() {
   now
   claim "$1" || return 1
-  printf '%s %s %s\n' "$2" "$3" "$_t" 1<> "$1/status"
+  record "$1" "$2" "$3" "$_t"
 }
 stamp() {
   now
@@ -92,7 +104,7 @@ kill_group() {
 }
 kill_job() {
   _k=
-  claim "$1" && printf '%s - -\n' "$3" 1<> "$1/status" && _k=1
+  claim "$1" && record "$1" "$3" - - && _k=1
   kill_group "$1"
   [ -z "$_k" ] || stamp "$1" "$3" -
   kill_marked "$2"
@@ -185,10 +197,25 @@ rm -f -- "$d/pipe" "$d/go"
 """
 )
 
+_REAPER = """import os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+"""``python3 -c REAPER ARGV...``: exec ARGV as a child subreaper (PR_SET_CHILD_SUBREAPER, kept
+across exec): what a job's command leaves behind is re-parented to its supervisor, not to the
+exec helper or the container's init, whose orphans are swept after every command (a job's
+marker spares nothing there: any process can set it). Without python3 or ctypes ARGV runs as
+it is."""
+
 START = (
     FUNCTIONS
-    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nP={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+    + f"SUPERVISOR={shlex.quote(_SUPERVISOR)}\nREAPER={shlex.quote(_REAPER)}\nP={JOB_MARKER_PREFIX}\n"
+    + r"""unset SANDBOXES_JOB_START
+r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
 id=$2 H=$3 T=$4 t=$5 keep=$6 max=$7 c=$8 cwd=$9
 shift 9
 s=$1 E=$2 cmd=$3
@@ -220,8 +247,9 @@ if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
   if [ "$s" = 1 ]; then tail -c "+$((E + 1))" "$d/in" > "$d/stdin" || { rm -rf -- "$d"; echo "!write"; exit 24; }; fi
   rm -f -- "$d/in"
 fi
-SANDBOXES_EXEC_ID=$P$id-s setsid /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd" \
-  < /dev/null > /dev/null 2> "$d/log" &
+set -- /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd"
+! command -v python3 > /dev/null 2>&1 || set -- python3 -I -S -c "$REAPER" "$@"
+SANDBOXES_EXEC_ID=$P$id-s setsid "$@" < /dev/null > /dev/null 2> "$d/log" &
 i=0
 while [ ! -e "$d/pid" ]; do
   i=$((i + 1))
@@ -238,22 +266,30 @@ ran, and one that did not answer may be checked with `JobRunner.list` before ano
 
 _STATE = r"""line "$d/status"
 st=$_ln
+[ -n "$st" ] || recorded "$d"
 if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
+  gone=$_p
   line "$d/status"
   st=$_ln
+  [ -n "$st" ] || recorded "$d"
   if [ -z "$st" ]; then
     kill_job "$d" "$m" lost
     kill_marked "$m-w"
     kill_marked "$m-o"
     line "$d/status"
     st=$_ln
+    [ -n "$st" ] || recorded "$d"
+    [ -n "$st" ] || [ -z "$gone" ] || st="lost - -"
   fi
 fi
 line "$d/started"
 s0=${_ln:--}
 """
-"""``st``: the job's status line, empty while it runs; a job whose supervisor is gone without a
-status is recorded ``lost`` (and whatever is left of its tree killed)."""
+"""``st``: the job's status line (or the name `record` gave it), empty while it runs; a job whose
+supervisor is gone without a status is recorded ``lost`` (and whatever is left of its tree
+killed), and answered ``lost`` when not even that can be recorded: a job whose end was claimed
+but never written (a full ``/tmp``) is not running once the supervisor its ``pid`` names is gone
+(an unreadable ``pid`` tells nothing: the job reads as running)."""
 
 _ONE_JOB = (
     FUNCTIONS
@@ -312,16 +348,18 @@ while alive "$d" "$m" && [ "$i" -lt 200 ]; do
 done
 line "$d/status"
 [ "$_ln" != "killed - -" ] || stamp "$d" killed -
+! alive "$d" "$m" || { echo '!survived'; exit 27; }
 """
 )
 """``ROOT ID``: finish the job as ``killed`` unless it ended already, kill its tree, and wait
-(10 s at most) until its supervisor has ended, killing again what a race let start. A ``killed``
-claimed by `STOP` without a time (it cannot run ``date``) gets this moment's."""
+(10 s at most) until its supervisor has ended, killing again what a race let start (exit 27,
+``!survived``, when it has not). A ``killed`` claimed by `STOP` without a time (it cannot run
+``date``) gets this moment's."""
 
 STOP = (
     _ONE_JOB
     + r"""if claim "$d"; then
-  printf 'killed - -\n' 1<> "$d/status"
+  record "$d" killed - -
   echo '!claimed'
   kill_group "$d"
 elif [ -e "$d/status" ]; then

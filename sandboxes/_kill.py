@@ -46,9 +46,16 @@ the command's tree is then killed by that value."""
 
 JOB_MARKER_PREFIX = "sandboxes-job-"
 """Markers that start with this are background jobs' (`sandboxes.jobs`): processes carrying one
-were detached on purpose to outlive the command that started them, so the sweeps of orphans
-(the exec helper's `kill_orphans`, the shell's ``kill_orphans``) leave them alone. A job is
+were detached on purpose to outlive the command that started them. The exec helper spares from
+its sweep of orphans only the supervisors it saw a job's start leave (`JOB_START_ENV`), since a
+marker can be forged; the shell's ``kill_orphans`` (no helper) still spares by marker. A job is
 still killed by its own marker, and with its sandbox."""
+
+JOB_START_ENV = "SANDBOXES_JOB_START"
+"""Set by `sandboxes.jobs` on the command that starts a job, to the marker its supervisor will
+carry: the exec helper takes the supervisor that command leaves behind (and only what it leaves
+behind) for a job's, and spares it from the sweep of orphans (`sandboxes._mux._reap`). A job's
+marker alone spares nothing: any process may set it."""
 
 KILL_DEADLINE = 10.0
 """Seconds each phase of `kill_marked` may take at most."""

@@ -18,8 +18,11 @@ is refused) holding:
 - ``cmd``, ``env`` (base64 lines of ``NAME=VALUE``, so values never appear in a command line),
   ``stdin`` (when given), ``limits`` (output head size and tail chunk size);
 - ``pid``: the supervisor, started by ``setsid`` with stdin from ``/dev/null``: it left the
-  starting command's session and group, and its marker (below) exempts it from the exec
-  helper's sweep of orphans, so it outlives the ``execute()`` that started it. It forks its
+  starting command's session and group, and the exec helper, told by the start
+  (`sandboxes._kill.JOB_START_ENV`), records it and spares it from its sweep of orphans (its
+  marker, below, which any process could set, spares it only from the shell's sweep), so it
+  outlives the ``execute()`` that started it. It is a child subreaper where the sandbox has
+  python3, so what its command leaves behind stays in its tree. It forks its
   output process, the command and the watchdog, writes ``pid``, and only then lets the command
   run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
   supervisor or the start of a process they still need;
@@ -37,7 +40,9 @@ is refused) holding:
 - ``status``: ``exited <code>``, ``timeout``, ``killed``, ``lost`` (its supervisor vanished:
   the sandbox or its jail restarted) or ``failed cwd``, then the end time (``-`` until known),
   written once: whoever first creates the file ``end`` (the supervisor, the watchdog, a kill;
-  ``set -C``, an exclusive create) writes it.
+  ``set -C``, an exclusive create) writes it. Where ``/tmp`` has no room left for its bytes,
+  the status is the name of an empty file, ``status.<state>.<code>.<time>``; a job with neither
+  whose supervisor is gone reads ``lost``, never ``running``.
 
 Killing works when the job took every pid the sandbox may have (a fork bomb), when every script
 the runner sends can start no process, or none can start at all: see `JobRunner.kill`. Poll,
@@ -79,18 +84,19 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
 
-__all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "TooManyJobs"]
+__all__ = ["CannotFork", "Job", "JobError", "JobNotFound", "JobRunner", "JobState", "JobSurvived", "TooManyJobs"]
 
 State = Literal["running", "exited", "killed", "timeout", "lost", "failed"]
 
 _ID_HEX = 32
 _OPERATION_TIMEOUT = 60.0
 _EXIT_NOT_FOUND = 10
+_EXIT_SURVIVED = 27
 _KILL_ATTEMPTS = 12
 _MAX_TIMEOUT = float(1 << 31)
 """Seconds (68 years): a longer timeout (``inf`` too) is this one; busybox ``sleep`` refuses
@@ -121,6 +127,15 @@ class JobNotFound(JobError):
 class TooManyJobs(JobError):
     def __init__(self, running: int) -> None:
         super().__init__(p.INVALID_ARGUMENT, f"{running} background jobs already run in this sandbox (the maximum)")
+
+
+class JobSurvived(JobError):
+    """A kill ended without ending the job's supervisor."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            p.UNAVAILABLE, f"job {job_id}'s supervisor was still running after 10 s of kills; try the kill again"
+        )
 
 
 class CannotFork(JobError):
@@ -225,7 +240,10 @@ class Job:
                 output,
                 truncated=truncated,
                 error=p.CONNECTION_LOST,
-                message="The job's supervisor vanished (the sandbox restarted?); what was left of it was killed",
+                message=(
+                    "The job's supervisor vanished without recording its end (the sandbox restarted, or "
+                    "its /tmp is full?); what was left of it was killed"
+                ),
                 duration_ms=duration,
             )
         if state.status == "failed":
@@ -291,7 +309,8 @@ class JobRunner:
             command,
         ]
         payload = env_lines + (data or b"") if data is not None or env_lines else None
-        response = self._run(_bind(scripts.START, *args), stdin=payload, started=True)
+        announce = {JOB_START_ENV: f"{JOB_MARKER_PREFIX}{job_id}-s"}
+        response = self._run(_bind(scripts.START, *args), stdin=payload, started=True, env=announce)
         lines = response.output.splitlines()
         if "!ok" in lines:  # printed last, once the command was started: whatever came after, it runs
             return JobState(job_id, "running")
@@ -348,6 +367,8 @@ class JobRunner:
         response = retrying(self._run, _bind(scripts.KILL, self.root, job_id))
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
+        if response.exit_code == _EXIT_SURVIVED:
+            raise JobSurvived(job_id)
         if response.exit_code != 0:
             raise JobError(p.BACKEND_ERROR, f"killing job {job_id} failed: {_failure(response)}")
         return self.poll(job_id)
@@ -377,13 +398,19 @@ class JobRunner:
         return states
 
     def _run(
-        self, command: str, stdin: bytes | None = None, output_limit: int = 1 << 20, *, started: bool = False
+        self,
+        command: str,
+        stdin: bytes | None = None,
+        output_limit: int = 1 << 20,
+        *,
+        started: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> p.ExecuteResponse:
         """One round trip; its output bounded (everything a sandbox answers is untrusted).
         `CannotFork` when the sandbox could not start the script or the script a process
         (``started``: the caller tells that apart from what the script did first)."""
         response = self.sandbox.execute(
-            command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env={}
+            command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env=dict(env or {})
         )
         if not started and _cannot_fork(response):
             raise CannotFork()

@@ -32,6 +32,7 @@ class Command(object):
         timeout = spec.get("timeout")
         self.deadline = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
+        spec_env, self.job_needle = _job_start(spec_env)
         script = warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
         self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
@@ -187,6 +188,20 @@ class Command(object):
             self.finish()
         elif self.deadline is not None and now >= self.deadline:
             self.expire()
+
+
+def _job_start(spec_env):
+    """(the environment without `JOB_START_ENV`, the needle of the supervisor marker it announced
+    or None): a command that starts a background job (`sandboxes.jobs`) names the marker of the
+    supervisor it leaves behind, which the sweep of orphans then records and spares
+    (`_reap._spared`) until the job ends."""
+    if not isinstance(spec_env, dict) or JOB_START_ENV not in spec_env:
+        return spec_env, None
+    spec_env = dict(spec_env)
+    marker = spec_env.pop(JOB_START_ENV)
+    if not isinstance(marker, str) or not marker.startswith(JOB_MARKER_PREFIX) or "\0" in marker:
+        return spec_env, None
+    return spec_env, ("\0%s=%s\0" % (MARKER_ENV, marker)).encode()
 
 
 def _command_env(spec_env, marker):

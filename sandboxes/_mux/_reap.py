@@ -6,9 +6,10 @@ it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compati
 Two ways to find a command's processes: its marker (an environment entry every descendant
 inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped before this file),
 and adoption: what escaped its group and dropped its marker is an
-orphan, adopted by the helper (a subreaper) or by the container's init. See "Orphans" in the
-helper's docstring for what is killed and why. Whether the helper becomes a subreaper at all
-(`_become_subreaper`) is decided here too.
+orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
+"Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
+spared (the helper's own record of them, ``_jobs``: never a marker alone, which can be forged).
+Whether the helper becomes a subreaper at all (`_become_subreaper`) is decided here too.
 """
 
 import os
@@ -49,11 +50,18 @@ def _stat(pid):
 
 
 def _container_main(reap_init):
-    """(pid, start time) of the container's own command (the oldest child of its init), when
-    the helper was asked to reap init's orphans (``reap_init``: the container is a sandbox's,
-    made by us, whose init has no other children) and runs in its pid namespace (its parent is
-    outside: ``docker exec``); else None: init's children are left alone."""
-    if not reap_init or os.getppid() != 0 or os.getpid() == 1:
+    """(pid, start time) of the process whose tree init's other children escaped, when the helper
+    was asked to reap init's orphans (``reap_init``: a sandbox made by us, whose init has no other
+    children of its own), else None: init's children are left alone. In a container's pid
+    namespace (the helper's parent is outside it: ``docker exec``) that is the container's own
+    command (the oldest child of its init); in a local jail (bubblewrap's init is the helper's
+    parent, and the helper is pid 2, which on a host is always the kernel's) the helper itself."""
+    if not reap_init or os.getpid() == 1:
+        return None
+    if os.getppid() == 1 and os.getpid() == 2:
+        stat = _stat(2)
+        return None if stat is None else (2, stat[2])
+    if os.getppid() != 0:
         return None
     oldest = None
     for pid in _children(1):
@@ -63,23 +71,59 @@ def _container_main(reap_init):
     return oldest
 
 
-def _carries_running_marker(pid, commands):
-    """Whether ``pid`` belongs to a running command (its marker), or to a background job
-    (`JOB_MARKER_PREFIX`, from `sandboxes._kill` shipped before this file), which was detached
-    on purpose and outlives the command that started it."""
+def _spared(pid, start, commands, jobs):
+    """Whether the orphan ``pid`` (started at ``start``) is a background job's supervisor or
+    belongs to a running command. A job's supervisor is one in ``jobs`` ((pid, start) -> its
+    marker), or one carrying the supervisor marker a job's start announced (``job_needle`` of a
+    command in ``commands``, a start not yet swept after), which enters ``jobs`` now: the helper's
+    own record, since a job's marker (`JOB_MARKER_PREFIX`) can be set by any process. Else it is
+    spared only while it carries a running command's marker (that command kills it)."""
+    if (pid, start) in jobs:
+        return True
     environ = _environ(pid)  # `sandboxes._kill`'s, shipped before this file: it waits out an exec
     if not environ:
         return False
-    if ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode() in environ:
-        return True
+    for command in commands:
+        if command.job_needle is not None and command.job_needle in environ:
+            jobs[(pid, start)] = command.job_needle
+            return True
     for command in commands:
         if not command.finished and command.needle in environ:
             return True
     return False
 
 
-def kill_orphans(subreaper, main, leaders, commands):
-    """Kill what escaped every running command: see "Orphans" in the module docstring.
+def seed_jobs(main, jobs):
+    """Record as jobs' supervisors the orphans of the container's init that carry a supervisor's
+    marker when the helper starts (a service restart started a new helper; the old one's record
+    died with it). Nothing when init's orphans are not swept: then nothing kills them either."""
+    if main is None:
+        return
+    prefix = ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode()
+    for pid in _children(1):
+        stat = _stat(pid)
+        if stat is None or stat[0] in "ZX" or pid == main[0]:
+            continue
+        environ = _environ(pid)
+        at = environ.find(prefix)
+        if at == -1:
+            continue
+        needle = environ[at : environ.index(b"\0", at + 1) + 1]
+        if needle.endswith(b"-s\0"):
+            jobs[(pid, stat[2])] = needle
+
+
+def _forget_ended_jobs(jobs):
+    """Drop the supervisors that ended (or whose pid now names another process) from ``jobs``."""
+    for pid, start in list(jobs):
+        stat = _stat(pid)
+        if stat is None or stat[2] != start or stat[0] in "ZX":
+            del jobs[(pid, start)]
+
+
+def kill_orphans(subreaper, main, leaders, commands, jobs):
+    """Kill what escaped every running command: see "Orphans" in the module docstring. Spared:
+    jobs' supervisors and what carries a running command's marker (`_spared`).
 
     In rounds: killing an orphan hands its own children to the same adopter, where the next
     round finds them. Each victim is signalled through a pidfd opened before it was looked at,
@@ -88,6 +132,7 @@ def kill_orphans(subreaper, main, leaders, commands):
     Without pidfds (Python < 3.9, Linux < 5.3) init's children get a plain kill(2), which can
     hit a pid reused in the microseconds between the look and the kill."""
     adopters = ([os.getpid()] if subreaper else []) + ([1] if main is not None else [])
+    _forget_ended_jobs(jobs)
     for _ in range(SWEEP_ROUNDS):
         victims = []
         for adopter in adopters:
@@ -96,7 +141,7 @@ def kill_orphans(subreaper, main, leaders, commands):
                     continue
                 handle = _pidfd(pid)
                 stat = _stat(pid)
-                if stat is None or stat[0] in "ZX" or _carries_running_marker(pid, commands):
+                if stat is None or stat[0] in "ZX" or _spared(pid, stat[2], commands, jobs):
                     _close(handle)
                     continue
                 victims.append((pid, handle))

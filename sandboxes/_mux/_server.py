@@ -32,15 +32,18 @@ Orphans: a command may also drop the marker (``env -u SANDBOXES_EXEC_ID setsid .
 process that did both is no longer anyone's by group or environment. Once its parent dies it is
 re-parented to the nearest subreaper (this helper, when it is one) or to the pid namespace's init
 (in a container: the container's, since ``docker exec`` enters the container's namespace, which
-the helper sees as its parent pid being 0; only when started with ``--reap-init``, which
-DockerSandbox passes for the containers it made, whose init has one child of its own: a foreign
-container's init may run services). Those two adopters' children are therefore the
+the helper sees as its parent pid being 0; in a local jail: bubblewrap's, the helper's parent;
+only when started with ``--reap-init``, which DockerSandbox passes for the containers it made,
+whose init has one child of its own, and LocalSandbox for its jails: a foreign container's init
+may run services). Those two adopters' children are therefore the
 escaped processes of some command, and every time a command ends, times out or is killed, the
 helper kills them all, and in rounds what they leave behind (`kill_orphans`), except: a running
 command's leader, the container's own command (the oldest child of init), a process still
 carrying a running command's marker (it is that command's, and dies with it), and a background
-job's process (`sandboxes.jobs`: its marker starts with ``JOB_MARKER_PREFIX``; it was detached on
-purpose, and is killed by its own marker). Which command an
+job's supervisor (`sandboxes.jobs`), which was detached on purpose and is killed by its own
+marker: only one this helper saw a job's start leave behind (the start names its marker,
+``JOB_START_ENV``), or found adopted by init when it started (an earlier helper's, before a
+restart), is spared: a job's marker alone is not, since any process can set it. Which command an
 unmarked orphan came from cannot be known (another command may have made it), so it does not
 outlive the next end of ANY command: a command relying on a daemon that dropped the marker and
 left its tree loses it early; nothing else is lost. Outside a container without a subreaper
@@ -100,6 +103,7 @@ _serving = [True]
 _subreaper = [False]
 _undumpable = [False]
 _main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
+_jobs = {}  # (pid, starttime) -> marker of each background job's supervisor the helper saw started (`_reap`)
 _markers = [0]  # of the shells started ahead of their command (`_spawn`)
 _native_loaded = [None]
 """Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
@@ -238,8 +242,12 @@ def _become_undumpable():
         return False
 
 
-def _kill_orphans():
-    kill_orphans(_subreaper[0], _main[0], _leaders, list(_commands.values()))
+def _kill_orphans(ended=()):
+    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands
+    account for, and the supervisors that the job starts among them, among the answered ones not
+    swept after yet (``_ended``) or among the ``ended`` being swept after now left behind."""
+    commands = list(_commands.values()) + _ended + list(ended)
+    kill_orphans(_subreaper[0], _main[0], _leaders, commands, _jobs)
 
 
 # ------------------------------------------------------------------ the stream
@@ -375,7 +383,9 @@ def _sweep_ended():
         for command in ended:
             kill_marked(command.marker)
     if strays or _main[0] is not None:  # else the helper's children are all leaders: no orphan
-        _kill_orphans()
+        _kill_orphans(ended)
+    for command in ended:  # a job's start may leave its supervisor to this sweep only
+        command.job_needle = None
 
 
 def _wait_time():
@@ -396,6 +406,7 @@ def main():
     _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()
     _main[0] = _container_main("--reap-init" in sys.argv[1:])
+    seed_jobs(_main[0], _jobs)
     _wakeup = os.pipe()
     for fd in _wakeup:
         os.set_blocking(fd, False)

@@ -410,7 +410,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
         environment = self._helper_env()
         cgroup = self._cgroup
         spec = self._jail.spawn(
-            [self.config.helper_python, *HELPER_COMMAND[1:]],
+            [self.config.helper_python, *HELPER_COMMAND[1:], "--reap-init"],  # the jail's init has no other child
             environment,
             str(self.root),
             cgroups=cgroup.procs_files if cgroup is not None and self._jail.as_root else [],

@@ -35,7 +35,7 @@ from typing import Literal
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
-from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, TooManyJobs
+from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, JobSurvived, TooManyJobs
 from sandboxes.server.errors import ServiceError
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def _service_error(failed: JobError) -> ServiceError:
         return ServiceError("not_found", failed.message)
     if failed.code == p.INVALID_ARGUMENT:  # the request's (its environment): not the backend's fault
         return ServiceError("invalid_request", failed.message)
-    if isinstance(failed, CannotFork):  # the tenant's own sandbox is full: say so, they can kill
+    if isinstance(failed, (CannotFork, JobSurvived)):  # the tenant's own sandbox: say so, they can act
         return ServiceError("backend_unavailable", failed.message)
     logger.warning("background job operation failed: %s", failed.message)
     return ServiceError("backend_unavailable", "the sandbox's backend failed; the service log has the request id")

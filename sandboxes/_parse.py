@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from sandboxes import _scripts as s
@@ -285,16 +287,15 @@ def _candidate_anchored_matches(output: str, limit: int) -> GrepParse:
     unlike GNU and the helper, then reports its matches).
 
     Linear: the next colon is searched once for all the lines it follows, a name is looked for
-    within `_MAX_NAME` of its line's start, and the characters compared while looking (each
-    candidate prefix hashed) are counted against a budget of twice the output's length; past
-    it the rest is not read and the answer is ``truncated``.
+    within `_MAX_NAME` of its line's start, and the lengths tried and characters hashed while
+    looking are counted against a budget of four times the output's length; past it the rest
+    is not read and the answer is ``truncated``.
     """
     names_text, grep_text = _split_names(output)
     names_cut = _was_cut(names_text)
     grep_text, lines_cut = _whole_lines(grep_text)
-    candidates = {name for name in nul_list(names_text) if len(name) <= _MAX_NAME}
-    with_colons = {name for name in candidates if ":" in name}
-    budget = 2 * len(grep_text) + _MAX_NAME
+    names = _Names.of(nul_list(names_text))
+    budget = 4 * len(grep_text) + _MAX_NAME
     matches: list[p.GrepMatch] = []
     binary: set[str] = set()
     pos, end, colon = 0, len(grep_text), -1
@@ -305,7 +306,7 @@ def _candidate_anchored_matches(output: str, limit: int) -> GrepParse:
             colon = grep_text.find(":", pos)
             if colon == -1:  # no line left can be a match
                 break
-        found, budget = _anchored(grep_text, pos, colon, candidates, with_colons, budget)
+        found, budget = _anchored(grep_text, pos, colon, names, budget)
         if found is None:  # a line that is not a match (e.g. a "binary file matches" notice)
             newline = grep_text.find("\n", pos)
             pos = end if newline == -1 else newline + 1
@@ -321,23 +322,50 @@ def _candidate_anchored_matches(output: str, limit: int) -> GrepParse:
     return GrepParse(_without(matches, binary), names_cut or lines_cut)
 
 
-def _anchored(
-    text: str, pos: int, colon: int, candidates: set[str], with_colons: set[str], budget: int
-) -> tuple[tuple[str, int, int] | None, int]:
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """The candidate names; apart, those holding a colon, and for each text before a first
+    colon the lengths (ascending) of such names starting with it: a line's name is its text
+    before its first colon, or one of these."""
+
+    every: frozenset[str]
+    with_colons: frozenset[str]
+    lengths_by_head: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> _Names:
+        every = frozenset(name for name in names if len(name) <= _MAX_NAME)
+        with_colons = frozenset(name for name in every if ":" in name)
+        lengths: dict[str, set[int]] = {}
+        for name in with_colons:
+            lengths.setdefault(name.partition(":")[0], set()).add(len(name))
+        return cls(every, with_colons, {head: tuple(sorted(found)) for head, found in lengths.items()})
+
+
+_LENGTH_COST = 8
+"""What trying one more length of name costs from the budget, in characters hashed: a turn of
+the loop costs about as much as hashing this many more."""
+
+
+def _anchored(text: str, pos: int, colon: int, names: _Names, budget: int) -> tuple[tuple[str, int, int] | None, int]:
     """The match starting at ``pos`` (``colon`` is the first colon after it): the shortest
     candidate name there followed by ``:<digits>:``, as ``(path, line, where its text
-    starts)``; and the budget left once the prefixes tried are paid for."""
-    names = candidates
-    while colon != -1 and colon - pos <= _MAX_NAME:
-        budget -= colon - pos + 1
+    starts)``; and the budget left once the lengths tried and the prefixes hashed are paid for."""
+    if colon - pos > _MAX_NAME:
+        return None, budget
+    budget -= colon - pos
+    head = text[pos:colon]
+    if head in names.every and (m := _LINE_NUMBER.match(text, colon + 1)):
+        return (head, int(m.group(1)), m.end()), budget
+    for length in names.lengths_by_head.get(head, ()):
+        budget -= _LENGTH_COST
         if budget < 0:
             break
-        if text[pos:colon] in names and (m := _LINE_NUMBER.match(text, colon + 1)):
-            return (text[pos:colon], int(m.group(1)), m.end()), budget
-        if not with_colons:
-            break
-        names = with_colons  # a longer name holds the colon just passed
-        colon = text.find(":", colon + 1, pos + _MAX_NAME + 1)
+        end = pos + length
+        if text.startswith(":", end):
+            budget -= length
+            if text[pos:end] in names.with_colons and (m := _LINE_NUMBER.match(text, end + 1)):
+                return (text[pos:end], int(m.group(1)), m.end()), budget
     return None, budget
 
 

@@ -280,8 +280,14 @@ sends at most (``head -c``: the search stops when it fills, its writer killed by
 part that fills it is cut (`sandboxes._parse.parse_grep`: ``truncated``). The exec helper's
 native grep (`sandboxes._mux._search`, ``SEARCH_MAX_OUTPUT``) cuts its lines at the same size."""
 
+_GREP_BATCH = r"""p=$1; shift; grep -F -n -H -e "$p" -- "$@"; s=$?
+[ "$s" -le 128 ] || kill -s PIPE "$PPID" 2>/dev/null; exit 0"""
+"""One ``grep`` of ``find``'s batch of files (``$1`` the pattern): once a ``grep`` dies of a
+signal (SIGPIPE: the cap was reached) ``find`` is stopped too, as its other batches would only
+die the same way after walking the rest of the tree (SIGPIPE: no shell reports it)."""
+
 GREP = (
-    f"cap={GREP_PART_MAX}\n"
+    f"cap={GREP_PART_MAX}\n_GREP_BATCH={shlex.quote(_GREP_BATCH)}\n"
     + r"""root=$1; pat=$2; tool=$3; shift 3
 if [ ! -e "$root" ]; then why "$root"; exit "$c"; fi
 for n do case $n in "!"*) tool=find ;; esac; done
@@ -303,7 +309,7 @@ case $root in
 esac
 find -P "$root" "$@" -type f -print0 2>/dev/null | head -c "$cap"
 printf '\0\n'
-find -P "$root" "$@" -type f -exec grep -F -n -H -e "$pat" -- {} + 2>/dev/null | head -c "$cap"
+find -P "$root" "$@" -type f -exec sh -c "$_GREP_BATCH" sh "$pat" {} + 2>/dev/null | head -c "$cap"
 exit 0
 """
 )

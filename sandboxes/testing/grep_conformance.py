@@ -45,9 +45,10 @@ class GrepBounds:
     def test_grep_answer_is_capped_in_size(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/wide.txt"
         wide = "x" * (1 << 20)
-        backend.write(path, f"{wide}\n" * (GREP_MAX_CHARS // len(wide) + 1))
+        lines = GREP_MAX_CHARS // len(wide) + 1
+        assert backend.upload_files([(path, f"{wide}\n".encode() * lines)])[0].error is None
         result = backend.grep("x", root)
-        assert result.truncated
+        assert result.truncated, (result.error, result.message, len(result.matches or []))
         assert _bounded(result) == [p.GrepMatch(path, line, wide) for line in range(1, len(result.matches or []) + 1)]
         assert result.matches
 

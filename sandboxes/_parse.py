@@ -275,7 +275,7 @@ def _split_names(output: str) -> tuple[str, str]:
 
 
 def _candidate_anchored_matches(output: str, limit: int) -> GrepParse:
-    """Candidate names, a newline, then ``path:line:text`` lines.
+    """Candidate names (NUL-terminated), a NUL and a newline, then ``path:line:text`` lines.
 
     A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
     followed by ``:<digits>:`` rather than split on the first colon. The names end at the first

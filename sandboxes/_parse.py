@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from sandboxes import _scripts as s
 from sandboxes import protocol as p
 from sandboxes.paths import join
-from sandboxes.semantics import iso_from_epoch, message_for
+from sandboxes.semantics import GREP_MAX_MATCHES, iso_from_epoch, message_for
 
 _STATUS_CODES: dict[int, p.ErrorCode] = {
     s.EXIT_NOT_FOUND: p.FILE_NOT_FOUND,
@@ -199,20 +202,55 @@ def nul_list(output: str) -> list[str]:
 
 _LINE_NUMBER = re.compile(rf"([0-9]{{1,{_MAX_DIGITS}}}):")
 
+_MAX_NAME = 4096
+"""No path the kernel takes is longer (``PATH_MAX`` bytes, so no more characters): a longer
+candidate name is none, and a name is looked for no further than this past a line's start."""
+
+
+class GrepParse(NamedTuple):
+    """A grep's matches and whether some were left out (the output was cut, or held more than
+    the caller's limit, or cost more to read than its size allows)."""
+
+    matches: list[p.GrepMatch]
+    truncated: bool
+
 
 def grep_matches(output: str) -> list[p.GrepMatch]:
-    """Matches from `_scripts.GREP`, in either of its two forms."""
+    """Matches from `_scripts.GREP`, in either of its two forms (see `parse_grep`)."""
+    return parse_grep(output).matches
+
+
+def parse_grep(output: str, limit: int = GREP_MAX_MATCHES) -> GrepParse:
+    """Matches from `_scripts.GREP`, in either of its two forms, at most ``limit`` + 1 of them,
+    in time linear in ``output``. ``truncated`` when the script's cap cut a part
+    (`_scripts.GREP_PART_MAX`: its last, unfinished line is dropped) or parsing stopped early."""
     if output.startswith("=Z\n"):
-        return _nul_named_matches(output[3:])
-    return _candidate_anchored_matches(output)
+        return _nul_named_matches(output[3:], limit)
+    return _candidate_anchored_matches(output, limit)
 
 
-def _nul_named_matches(output: str) -> list[p.GrepMatch]:
+def _was_cut(part: str) -> bool:
+    """Whether the script's ``head -c`` may have cut ``part``: it holds the cap's bytes or more
+    (a byte that was not UTF-8 became U+FFFD, three bytes, so this never misses a cut)."""
+    return len(part) * 4 >= s.GREP_PART_MAX and len(part.encode("utf-8", "surrogatepass")) >= s.GREP_PART_MAX
+
+
+def _whole_lines(part: str) -> tuple[str, bool]:
+    """``part`` without the unfinished line a cut left at its end, and whether it was cut."""
+    if not _was_cut(part):
+        return part, False
+    return part[: part.rfind("\n") + 1], True
+
+
+def _nul_named_matches(output: str, limit: int) -> GrepParse:
     """``path NUL line:text`` lines (ripgrep's ``--null``): a name ends at its NUL, a text at
     its newline, and neither can hold the other's terminator."""
-    matches = []
+    output, truncated = _whole_lines(output)
+    matches: list[p.GrepMatch] = []
     pos, end = 0, len(output)
     while pos < end:
+        if len(matches) > limit:
+            return GrepParse(matches, True)
         nul = output.find("\x00", pos)
         if nul == -1:
             break
@@ -222,11 +260,22 @@ def _nul_named_matches(output: str) -> list[p.GrepMatch]:
         if m is not None:
             matches.append(p.GrepMatch(output[pos:nul], int(m.group(1)), output[m.end() : text_end]))
         pos = text_end + 1
-    return matches
+    return GrepParse(matches, truncated)
 
 
-def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
-    """Candidate names, a newline, then ``path:line:text`` lines.
+def _split_names(output: str) -> tuple[str, str]:
+    """The candidate names (NUL-terminated) and the ``grep`` lines after them: the names end at
+    the first NUL followed by a newline (see `_candidate_anchored_matches`)."""
+    if output.startswith("\n"):
+        return "", output[1:]
+    end = output.find("\x00\n")
+    while end != -1 and output.startswith(".", end + 2):  # the marker of a cut output, not grep's
+        end = output.find("\x00\n", end + 2)
+    return (output, "") if end == -1 else (output[: end + 1], output[end + 2 :])
+
+
+def _candidate_anchored_matches(output: str, limit: int) -> GrepParse:
+    """Candidate names (NUL-terminated), a NUL and a newline, then ``path:line:text`` lines.
 
     A name may hold ``:`` or newlines, so each match is anchored on a known candidate name
     followed by ``:<digits>:`` rather than split on the first colon. The names end at the first
@@ -236,25 +285,28 @@ def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
     where GNU ``grep`` skips the file. A file that printed a NUL is dropped whole here, as GNU
     drops it; one whose NULs are all on lines without a match cannot be told from text (busybox,
     unlike GNU and the helper, then reports its matches).
+
+    Linear: the next colon is searched once for all the lines it follows, a name is looked for
+    within `_MAX_NAME` of its line's start, and the lengths tried and characters hashed while
+    looking are counted against a budget of four times the output's length; past it the rest
+    is not read and the answer is ``truncated``.
     """
-    if output.startswith("\n"):
-        names_text, grep_text = "", output[1:]
-    else:
-        end = output.find("\x00\n")
-        while end != -1 and output.startswith(".", end + 2):  # the marker of a cut output, not grep's
-            end = output.find("\x00\n", end + 2)
-        names_text, grep_text = (output, "") if end == -1 else (output[: end + 1], output[end + 2 :])
-    candidates = set(nul_list(names_text))
-    matches, binary = [], set()
-    pos, end = 0, len(grep_text)
+    names_text, grep_text = _split_names(output)
+    names_cut = _was_cut(names_text)
+    grep_text, lines_cut = _whole_lines(grep_text)
+    names = _Names.of(nul_list(names_text))
+    budget = 4 * len(grep_text) + _MAX_NAME
+    matches: list[p.GrepMatch] = []
+    binary: set[str] = set()
+    pos, end, colon = 0, len(grep_text), -1
     while pos < end:
-        colon = grep_text.find(":", pos)
-        found = None
-        while colon != -1:
-            if grep_text[pos:colon] in candidates and (m := _LINE_NUMBER.match(grep_text, colon + 1)):
-                found = (grep_text[pos:colon], int(m.group(1)), m.end())
+        if len(matches) > limit or budget < 0:
+            return GrepParse(_without(matches, binary), True)
+        if colon < pos:
+            colon = grep_text.find(":", pos)
+            if colon == -1:  # no line left can be a match
                 break
-            colon = grep_text.find(":", colon + 1)
+        found, budget = _anchored(grep_text, pos, colon, names, budget)
         if found is None:  # a line that is not a match (e.g. a "binary file matches" notice)
             newline = grep_text.find("\n", pos)
             pos = end if newline == -1 else newline + 1
@@ -267,4 +319,55 @@ def _candidate_anchored_matches(output: str) -> list[p.GrepMatch]:
             binary.add(path)
         matches.append(p.GrepMatch(path, line_number, text))
         pos = text_end + 1
+    return GrepParse(_without(matches, binary), names_cut or lines_cut)
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """The candidate names; apart, those holding a colon, and for each text before a first
+    colon the lengths (ascending) of such names starting with it: a line's name is its text
+    before its first colon, or one of these."""
+
+    every: frozenset[str]
+    with_colons: frozenset[str]
+    lengths_by_head: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> _Names:
+        every = frozenset(name for name in names if len(name) <= _MAX_NAME)
+        with_colons = frozenset(name for name in every if ":" in name)
+        lengths: dict[str, set[int]] = {}
+        for name in with_colons:
+            lengths.setdefault(name.partition(":")[0], set()).add(len(name))
+        return cls(every, with_colons, {head: tuple(sorted(found)) for head, found in lengths.items()})
+
+
+_LENGTH_COST = 8
+"""What trying one more length of name costs from the budget, in characters hashed: a turn of
+the loop costs about as much as hashing this many more."""
+
+
+def _anchored(text: str, pos: int, colon: int, names: _Names, budget: int) -> tuple[tuple[str, int, int] | None, int]:
+    """The match starting at ``pos`` (``colon`` is the first colon after it): the shortest
+    candidate name there followed by ``:<digits>:``, as ``(path, line, where its text
+    starts)``; and the budget left once the lengths tried and the prefixes hashed are paid for."""
+    if colon - pos > _MAX_NAME:
+        return None, budget
+    budget -= colon - pos
+    head = text[pos:colon]
+    if head in names.every and (m := _LINE_NUMBER.match(text, colon + 1)):
+        return (head, int(m.group(1)), m.end()), budget
+    for length in names.lengths_by_head.get(head, ()):
+        budget -= _LENGTH_COST
+        if budget < 0:
+            break
+        end = pos + length
+        if text.startswith(":", end):
+            budget -= length
+            if text[pos:end] in names.with_colons and (m := _LINE_NUMBER.match(text, end + 1)):
+                return (text[pos:end], int(m.group(1)), m.end()), budget
+    return None, budget
+
+
+def _without(matches: list[p.GrepMatch], binary: set[str]) -> list[p.GrepMatch]:
     return [match for match in matches if match.path not in binary] if binary else matches

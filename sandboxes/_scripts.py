@@ -278,14 +278,28 @@ exit 0
 """Regular files under ``$1`` (or ``$1`` itself), NUL-terminated; ``$2...`` are extra ``find``
 predicates such as ``( -name *.py )`` that narrow the walk."""
 
-GREP = r"""root=$1; pat=$2; tool=$3; shift 3
+GREP_PART_MAX = 8 << 20
+"""Bytes of each part of `GREP`'s answer (the candidate names; the matching lines) the sandbox
+sends at most (``head -c``: the search stops when it fills, its writer killed by SIGPIPE); a
+part that fills it is cut (`sandboxes._parse.parse_grep`: ``truncated``). The exec helper's
+native grep (`sandboxes._mux._search`, ``SEARCH_MAX_OUTPUT``) cuts its lines at the same size."""
+
+_GREP_BATCH = r"""p=$1; shift; grep -F -n -H -e "$p" -- "$@"; s=$?
+[ "$s" -le 128 ] || kill -s PIPE "$PPID" 2>/dev/null; exit 0"""
+"""One ``grep`` of ``find``'s batch of files (``$1`` the pattern): once a ``grep`` dies of a
+signal (SIGPIPE: the cap was reached) ``find`` is stopped too, as its other batches would only
+die the same way after walking the rest of the tree (SIGPIPE: no shell reports it)."""
+
+GREP = (
+    f"cap={GREP_PART_MAX}\n_GREP_BATCH={shlex.quote(_GREP_BATCH)}\n"
+    + r"""root=$1; pat=$2; tool=$3; shift 3
 if [ ! -e "$root" ]; then why "$root"; exit "$c"; fi
 for n do case $n in "!"*) tool=find ;; esac; done
 if [ "$tool" = rg ] && [ -d "$root" ] && [ ! -L "$root" ] && command -v rg >/dev/null 2>&1; then
   for n do set -- "$@" -g "$n"; shift; done
   printf '=Z\n'
   rg --no-config -F -n -H --null --no-heading --color never --hidden --no-ignore --no-messages \
-    "$@" -e "$pat" -- "$root"
+    "$@" -e "$pat" -- "$root" | head -c "$cap"
   exit 0
 fi
 if [ $# -gt 0 ]; then
@@ -297,21 +311,23 @@ case $root in
   /proc | /proc/* | /sys | /sys/* | /dev | /dev/*) ;;
   *) set -- "(" -path /proc -o -path /sys -o -path /dev ")" -prune -o "$@" ;;
 esac
-find -P "$root" "$@" -type f -print0 2>/dev/null
-printf '\n'
-find -P "$root" "$@" -type f -exec grep -F -n -H -e "$pat" -- {} + 2>/dev/null
+find -P "$root" "$@" -type f -print0 2>/dev/null | head -c "$cap"
+printf '\0\n'
+find -P "$root" "$@" -type f -exec sh -c "$_GREP_BATCH" sh "$pat" {} + 2>/dev/null | head -c "$cap"
 exit 0
 """
+)
 """Literal matches of ``$2`` under ``$1``; ``$4...`` are basename patterns that narrow the walk.
 
 With ripgrep in the sandbox (``$3`` = ``rg``, a directory root): one process walks and searches,
 its output ``=Z``, then ``path NUL line:text`` lines (no config file, ignore files or hidden-file
 rules apply: it must find what ``find`` finds; binary files are skipped as ``grep`` does).
 Otherwise POSIX tools: the candidate files NUL-terminated (so the parser can tell where a name
-ends even when it holds ``:`` or a newline), then ``grep -F -n -H`` output, which is NUL-free.
-A walk from above them skips ``/proc``, ``/sys`` and ``/dev``: their files are the kernel's, and
-reading some never ends (a grep with no path, i.e. from ``/``, ran into its 300 s timeout in a
-local jail); a root inside them is searched as asked."""
+ends even when it holds ``:`` or a newline) and a NUL-newline after them (their end, even when
+the cap cut the last), then ``grep -F -n -H`` output, which is NUL-free. Each part stops at
+`GREP_PART_MAX` bytes. A walk from above them skips ``/proc``, ``/sys`` and ``/dev``: their
+files are the kernel's, and reading some never ends (a grep with no path, i.e. from ``/``, ran
+into its 300 s timeout in a local jail); a root inside them is searched as asked."""
 
 KILL_MARKED = (
     KILL_MARKED_SH

@@ -53,6 +53,9 @@ backends with a native transfer."""
 SEARCH_OUTPUT_LIMIT = 64 << 20
 """Cap on what ls/grep/glob may send back; beyond it results are marked truncated."""
 
+GREP_OUTPUT_LIMIT = 2 * _scripts.GREP_PART_MAX + 4096
+"""Cap on what a grep may send back: its two parts, each cut by the script, and their framing."""
+
 WRITE_OUTPUT_LIMIT = 4096
 """Cap on what a write may send back: on success nothing, on failure a shell's complaint (read
 for the error's detail only); more is a sandbox talking nonsense, and is not kept."""
@@ -315,16 +318,16 @@ class BaseSandbox(p.SandboxBackendProtocol):
         names = (basename_prefilter(glob) if glob else None) or []
         tool = "rg" if self.search_tools else "find"
         command = _scripts.command(_scripts.GREP, root, pattern, tool, *names)
-        call = Call(command, output_limit=SEARCH_OUTPUT_LIMIT, native=("grep", root, pattern, *names))
+        call = Call(command, output_limit=GREP_OUTPUT_LIMIT, native=("grep", root, pattern, *names))
         response = yield call
         if (code := _parse.check(response, root)) is not None:
             return p.GrepResult(code, message_for(code, root))
-        matches = _parse.grep_matches(response.output)
+        matches, cut = _parse.parse_grep(response.output)
         if glob:
             keep = set(filter_glob({m.path for m in matches}, glob, root))
             matches = [m for m in matches if m.path in keep]
         result = finish_grep(matches, max_count)
-        if response.truncated and not result.truncated:
+        if (response.truncated or cut) and not result.truncated:
             return p.GrepResult(matches=result.matches, truncated=True)
         return result
 

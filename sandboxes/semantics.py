@@ -251,9 +251,26 @@ def grep_text(path: str, text: str, pattern: str) -> list[p.GrepMatch]:
     return [p.GrepMatch(path, number, line) for number, line in enumerate(lines, 1) if pattern in line]
 
 
+GREP_MAX_MATCHES = 10_000
+"""Most matches any grep answers, whatever ``max_count`` asks: past it the answer is the first
+ones by path then line, with ``truncated``."""
+
+GREP_MAX_CHARS = 4 << 20
+"""Most characters of paths and texts any grep answers: past it the answer is the first matches
+by path then line that fit, with ``truncated``."""
+
+
 def finish_grep(matches: list[p.GrepMatch], max_count: int | None) -> p.GrepResult:
-    """Order matches by path then line and apply the total cap."""
+    """Order matches by path then line and keep the first ones within ``max_count``,
+    `GREP_MAX_MATCHES` and `GREP_MAX_CHARS`; ``truncated`` when any was dropped."""
     matches.sort(key=lambda m: (m.path, m.line))
-    if max_count is not None and len(matches) > max_count:
-        return p.GrepResult(matches=matches[: max(max_count, 0)], truncated=True)
+    cap = GREP_MAX_MATCHES if max_count is None else min(max(max_count, 0), GREP_MAX_MATCHES)
+    kept, chars = 0, 0
+    for match in matches[:cap]:
+        chars += len(match.path) + len(match.text)
+        if chars > GREP_MAX_CHARS:
+            break
+        kept += 1
+    if kept < len(matches):
+        return p.GrepResult(matches=matches[:kept], truncated=True)
     return p.GrepResult(matches=matches)

@@ -84,3 +84,23 @@ def test_the_tree_is_searched_whole(sandbox: DockerSandbox) -> None:
     for tool, form in (("rg", "=Z\n"), ("find", f"{ROOT}/")):
         output = sandbox.execute(_scripts.command(_scripts.GREP, ROOT, "needle", tool)).output
         assert output.startswith(form), f"the {tool} path was not taken"
+
+
+def test_every_path_cuts_a_grep_at_the_cap(sandbox: DockerSandbox) -> None:
+    """More matching lines than a grep answers: each script path sends at most its cap of them
+    (`_scripts.GREP_PART_MAX`, the walk and search stopped there), and the answer says so."""
+    wide = f"{ROOT}-wide"
+    made = sandbox.execute(f"mkdir -p {wide} && yes needle | head -c {3 * _scripts.GREP_PART_MAX} > {wide}/f")
+    assert made.exit_code == 0, made.output
+    for tool in ("rg", "find"):
+        command = _scripts.command(_scripts.GREP, wide, "needle", tool)
+        output = sandbox.execute(command, output_limit=8 * _scripts.GREP_PART_MAX).output
+        assert len(output.encode()) <= _scripts.GREP_PART_MAX + len(f"{wide}/f\0\0\n"), tool
+    sandbox.native_file_ops = False
+    try:
+        for tools in (True, False):
+            sandbox.search_tools = tools
+            assert sandbox.grep("needle", wide).truncated
+    finally:
+        sandbox.search_tools = True
+        sandbox.native_file_ops = True

@@ -12,9 +12,11 @@ import pytest
 from native_searches import assert_native_searches_match_the_scripts
 from native_writes import assert_bad_op_refused, helper_client
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._mux import _search
 from sandboxes.local import LocalSandbox
+from sandboxes.semantics import GREP_MAX_MATCHES
 
 
 def test_native_searches_answer_what_the_scripts_answer(jail: LocalSandbox) -> None:
@@ -51,7 +53,6 @@ Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
         (f"seq {_ENTRIES} | xargs touch", lambda sb, d: sb.glob("*", d)),
         (f"seq {_ENTRIES} | xargs touch; echo x > 1", lambda sb, d: sb.grep("x", d)),
         (f"yes abcdefgh | head -c {_BIG} > f; echo needle >> f", lambda sb, d: sb.grep("needle", d)),
-        (f"yes needle | head -c {_MATCHING} > f", lambda sb, d: sb.grep("needle", d)),
         (_DEEPER_THAN_PATH_MAX, lambda sb, d: sb.glob("*.py", d)),
         ("", lambda sb, d: sb.glob("*", "/dev")),
         ("", lambda sb, d: sb.glob("*", "/etc")),
@@ -61,7 +62,6 @@ Search = Callable[[LocalSandbox, str], p.GrepResult | p.GlobResult]
         "too many entries (glob)",
         "too many entries (grep)",
         "too many bytes",
-        "too much output",
         "deeper than PATH_MAX",
         "a root on /dev (glob)",
         "into other filesystems (glob)",
@@ -88,6 +88,26 @@ def test_what_the_helper_hands_back_the_script_answers(jail: LocalSandbox, setup
     if setup:
         found = handed_back.matches
         assert found, "not vacuous: the tree has what is searched for"
+
+
+def test_a_grep_past_the_output_cap_is_answered_cut_as_the_script_cuts_it(jail: LocalSandbox) -> None:
+    """The helper's lines stop at the script's cap (``head -c``) and it answers them itself:
+    the same first matches as the script, ``truncated``, not a whole search run again."""
+    assert _search.SEARCH_MAX_OUTPUT == _scripts.GREP_PART_MAX
+    directory = f"{jail.root}/wide"
+    assert jail.execute(f"mkdir -p {directory} && yes needle | head -c {_MATCHING} > {directory}/f").exit_code == 0
+    mux = helper_client(jail)
+    before = (mux.native_answers, mux.native_declined)
+    native = jail.grep("needle", directory)
+    assert (mux.native_answers, mux.native_declined) == (before[0] + 1, before[1])
+    jail.native_file_ops = False
+    try:
+        scripted = jail.grep("needle", directory)
+    finally:
+        jail.native_file_ops = True
+    assert native == scripted
+    assert native.truncated
+    assert native.matches == [p.GrepMatch(f"{directory}/f", n, "needle") for n in range(1, GREP_MAX_MATCHES + 1)]
 
 
 @pytest.mark.parametrize(

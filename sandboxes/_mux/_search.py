@@ -21,12 +21,14 @@ match (``grep`` and ``rg`` stop at the first buffer holding a NUL, 32 KiB or mor
 first 8 KiB makes a file binary for both, so it has no matches here either), a UTF-16 BOM
 (``rg`` transcodes), a UTF-8 BOM before a match (``rg`` strips it), a ``-name`` pattern with a
 bracket expression. And where the work is not bounded: more than `SEARCH_MAX_ENTRIES`
-directory entries, `SEARCH_MAX_BYTES` read or `SEARCH_MAX_OUTPUT` answered, or
+directory entries, `SEARCH_MAX_BYTES` read or (a glob) `SEARCH_MAX_OUTPUT` answered, or
 `SEARCH_MAX_SECONDS` spent (this loop serves every other command meanwhile), a path too long
 for the kernel (``find`` walks relative to each directory, deeper), a walk that
 crosses into another filesystem (``/proc`` answers differently for this process than for
 ``grep``; a network mount may block), or a root on ``/proc``, ``/sys`` or ``/dev``. Nothing is
-sent before the whole answer is known, so handing back costs only the time spent.
+sent before the whole answer is known, so handing back costs only the time spent. A grep's
+lines stop at `SEARCH_MAX_OUTPUT` bytes, cut there as the script's ``head -c`` cuts them
+(``GREP_PART_MAX``): that answer is the script's too.
 """
 
 import os
@@ -49,6 +51,10 @@ _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 
 class _HandBack(Exception):
     """The script must answer this one (see the module's docstring)."""
+
+
+class _Full(Exception):
+    """A grep's lines filled ``SEARCH_MAX_OUTPUT``: what was found so far is the answer."""
 
 
 def search(op):
@@ -109,10 +115,13 @@ class _Search(object):
         real = os.path.realpath(root)
         if any(real == pseudo or real.startswith(pseudo + b"/") for pseudo in _PSEUDO_ROOTS):
             raise _HandBack()
-        if stat.S_ISREG(st.st_mode):
-            self.found(root, root.rpartition(b"/")[2] or root)
-        elif stat.S_ISDIR(st.st_mode):
-            self.walk(root, st.st_dev)
+        try:
+            if stat.S_ISREG(st.st_mode):
+                self.found(root, root.rpartition(b"/")[2] or root)
+            elif stat.S_ISDIR(st.st_mode):
+                self.walk(root, st.st_dev)
+        except _Full:
+            pass
         return 0, b"".join(self.output)
 
     def walk(self, root, device):
@@ -207,9 +216,13 @@ class _Search(object):
             os.close(fd)
 
     def emit(self, data):
+        room = SEARCH_MAX_OUTPUT - self.size
         self.size += len(data)
         if self.size > SEARCH_MAX_OUTPUT:
-            raise _HandBack()
+            if self.pattern is None:
+                raise _HandBack()
+            self.output.append(data[:room])  # as the script's ``head -c``: cut at the cap
+            raise _Full()
         self.output.append(data)
 
 

@@ -31,6 +31,7 @@ from sandboxes.client.errors import (
     SandboxServiceError,
     ServiceUnreachable,
 )
+from sandboxes.semantics import GREP_MAX_MATCHES, finish_grep
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -273,12 +274,16 @@ def delete_result(response: httpx.Response) -> p.DeleteResult:
 
 
 def grep_result(response: httpx.Response) -> p.GrepResult:
+    """A grep's answer, held to the caps every backend keeps (`finish_grep`) whatever the
+    service sent: past them the first matches, ``truncated``."""
     data = response.json()
     matches = data.get("matches")
+    truncated = bool(data.get("truncated", False))
+    if matches is None:
+        return p.GrepResult(**_error(data), matches=None, truncated=truncated)
+    kept = finish_grep([p.GrepMatch(m["path"], m["line"], m["text"]) for m in matches[: GREP_MAX_MATCHES + 1]], None)
     return p.GrepResult(
-        **_error(data),
-        matches=None if matches is None else [p.GrepMatch(m["path"], m["line"], m["text"]) for m in matches],
-        truncated=bool(data.get("truncated", False)),
+        **_error(data), matches=kept.matches, truncated=truncated or kept.truncated or len(matches) > GREP_MAX_MATCHES
     )
 
 

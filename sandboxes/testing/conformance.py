@@ -33,11 +33,12 @@ from sandboxes.semantics import MAX_BINARY_READ_BYTES
 from sandboxes.state import StateBackend
 from sandboxes.testing import differential
 from sandboxes.testing.corpus import BINARY_SAMPLES, CANARY, HOSTILE_NAMES
+from sandboxes.testing.grep_conformance import GrepBounds
 
 BAD_PATHS = ("relative/path.txt", "", "/a/../b", "~/x", "/nul\x00byte", "C:\\windows")
 
 
-class BackendConformance:
+class BackendConformance(GrepBounds):
     """File-operation behaviour shared by every backend (deepagents 0.7 semantics)."""
 
     large_file_bytes = 12 << 20

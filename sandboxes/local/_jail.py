@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.local import _seccomp
+from sandboxes.local._disk import DETACH_FOREIGN
+from sandboxes.local._tree import remove_tree
 
 __all__ = ["ETC_ALLOWED", "Jail", "SpawnSpec", "claim"]
 
@@ -67,17 +69,22 @@ naming the host's users: ``passwd``, ``group`` and ``hosts`` are written for the
 
 NOBODY = 65534
 
-_AS_JAIL_USER = r"""uid=$1 gid=$2 n=$3
-shift 3
+_AS_JAIL_USER = (
+    r"""uid=$1 gid=$2 state=$3 n=$4
+shift 4
 while [ "$n" -gt 0 ]; do mount --bind -- "$1" "$2" || exit 125; n=$((n - 1)); shift 2; done
-n=$1
+"""
+    + DETACH_FOREIGN
+    + r"""n=$1
 shift
 while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; n=$((n - 1)); shift; done
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
-"""Run by root in a private mount namespace: ``uid gid N (source alias)*N M (cgroup.procs)*M
+)
+"""Run by root in a private mount namespace: ``uid gid state N (source alias)*N M (cgroup.procs)*M
 command...``. Each source (the root, the extra binds) appears at its alias, a path the jail uid
-reaches; the shell joins the cgroups; the command (bwrap ...) runs as uid, gid."""
+reaches; other sandboxes' disks are detached (`sandboxes.local._disk`); the shell joins the
+cgroups; the command (bwrap ...) runs as uid, gid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,10 @@ class SpawnSpec:
 
 
 class Jail:
-    """The per-sandbox host state of a jail: its private /tmp and /etc files."""
+    """The per-sandbox host state of a jail: its private /tmp and /etc files.
+
+    ``tmp``: the directory the jail sees as ``/tmp`` (emptied when the jail starts and closes),
+    when it is not one of the state dir's (a sandbox disk's, `sandboxes.local._disk`)."""
 
     def __init__(
         self,
@@ -105,6 +115,7 @@ class Jail:
         network: bool,
         seccomp: bool,
         extra_ro_binds: Sequence[Path],
+        tmp: Path | None = None,
     ) -> None:
         self.bwrap = bwrap
         self.root = root
@@ -122,10 +133,14 @@ class Jail:
         self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=state_parent(self.as_root)))
         os.chmod(self.state, 0o755)  # noqa: S103 - the jail uid passes through to tmp and etc, nothing secret here
         (self.state / OWNER_FILE).write_text(process_identity(os.getpid()) or "")
-        self.tmp = self.state / "tmp"
+        self._own_tmp = tmp
+        self.tmp = tmp or self.state / "tmp"
+        remove_tree(self.tmp)
         self.tmp.mkdir(mode=0o700)
         self._write_etc()
         self._sources = {path: path for path in (self.root, *self.extra_ro_binds)}
+        if tmp is not None:  # the state's own /tmp is open to the jail uid; this one may not be
+            self._sources[tmp] = tmp
         """host path -> where bwrap finds it (started by root: an alias in the state dir)."""
         if self.as_root:
             self._sources = {path: self._alias(index, path) for index, path in enumerate(self._sources)}
@@ -136,6 +151,9 @@ class Jail:
     def close(self) -> None:
         self.closed = True
         shutil.rmtree(self.state, ignore_errors=True)
+        if self._own_tmp is not None:
+            with contextlib.suppress(OSError):
+                remove_tree(self._own_tmp)
 
     def _alias(self, index: int, source: Path) -> Path:
         """An empty directory or file in the state dir that ``source`` is mounted on at launch."""
@@ -177,7 +195,7 @@ class Jail:
         if self.network:
             argv.append("--share-net")
         argv += self._system_binds
-        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.tmp), "/tmp"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self._sources.get(self.tmp, self.tmp)), "/tmp"]
         argv += ["--bind", str(self._sources[self.root]), str(self.root)]
         for extra in self.extra_ro_binds:  # after /tmp, so an extra under /tmp is not hidden by it
             argv += ["--ro-bind", str(self._sources[extra]), str(extra)]
@@ -203,7 +221,7 @@ class Jail:
             launch = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _AS_JAIL_USER, "sh"]
             binds = [str(path) for pair in self._sources.items() for path in pair]
             joins = [str(len(cgroups)), *cgroups]
-            argv = [*launch, str(uid), str(gid), str(len(self._sources)), *binds, *joins, *argv]
+            argv = [*launch, str(uid), str(gid), str(self.state), str(len(self._sources)), *binds, *joins, *argv]
         return SpawnSpec(argv, tuple(pass_fds), tuple(fresh))
 
     @functools.cached_property

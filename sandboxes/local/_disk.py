@@ -1,0 +1,172 @@
+"""The disk bound of a `LocalSandbox` for commands: a loop-mounted ext4 image of ``disk`` bytes.
+
+Started by root, a sandbox that owns its root directory keeps its files in an image file beside
+it (``<root>.sandbox-disk``, sparse: the host's disk is taken as files are written, and given
+back as they are removed, through ``discard``). The image is mounted at ``<root>.sandbox-disk.d``
+and holds two directories: ``sandbox-root``, bind-mounted on the root directory (so the caller
+and the jail see the same path as ever), and ``sandbox-tmp``, the jail's ``/tmp``. Whatever a
+command writes to either, the filesystem answers ``No space left on device`` once the image is
+full. Mounts live in the host's mount namespace, so they outlive the process that made them: a
+sandbox attached again (a service restarted) finds them, or mounts the image again after a
+reboot; `release` (destroy) unmounts, detaches the loop device and deletes the image, and an
+image never outlives its root directory (made after it, deleted before it).
+
+Elsewhere (not root, no ``/dev/loop-control``, no ``mkfs.ext4``, a root directory the caller
+brought) the bound stays per file for commands (``RLIMIT_FSIZE``, `sandboxes.local._limits`);
+`available` says which, and the first sandbox that falls back logs why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["DETACH_FOREIGN", "Disk", "available", "image_of", "release"]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SUFFIX = ".sandbox-disk"
+MOUNT_SUFFIX = ".sandbox-disk.d"
+ROOT_DIR = "sandbox-root"
+TMP_DIR = "sandbox-tmp"
+_TOOLS = ("mkfs.ext4", "mount", "umount", "losetup")
+
+DETACH_FOREIGN = rf"""mounts=$(cat /proc/self/mountinfo)
+printf '%s\n' "$mounts" | while read -r _ _ dev fsroot point _; do
+  case $dev in 7:*) ;; *) continue ;; esac
+  case $fsroot:$point in /{ROOT_DIR}:*|/{TMP_DIR}:*|/:*{MOUNT_SUFFIX}) ;; *) continue ;; esac
+  case $point in "$state"/*) continue ;; esac
+  umount -l -- "$(printf '%b' "$point")" 2>/dev/null
+done
+"""
+"""Run by root in a jail's private launch namespace, ``$state`` its state dir: detach the copies of
+every sandbox disk (loop devices are major 7) but the jail's own aliases under ``$1``. Without
+it, a jail would hold every other sandbox's image mounted, and busy, as long as it runs."""
+
+
+@functools.cache
+def available() -> str | None:
+    """``None`` where images can be mounted here, else why not (one sentence)."""
+    if os.geteuid() != 0:
+        return "not started by root (mounting a loop device needs root)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no /dev/loop-control (loop devices unavailable)"
+    missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+    return f"{', '.join(missing)} not installed" if missing else None
+
+
+_warned: list[str] = []
+
+
+def warn_fallback(reason: str) -> None:
+    """Say once per process that commands get only the per-file bound, and why."""
+    if not _warned:
+        _warned.append(reason)
+        logger.warning(
+            "local sandboxes bound each file a command writes, not their total, to the disk bound: %s", reason
+        )
+
+
+def image_of(root: Path) -> Path:
+    return root.with_name(root.name + IMAGE_SUFFIX)
+
+
+def _mount_dir(root: Path) -> Path:
+    return root.with_name(root.name + MOUNT_SUFFIX)
+
+
+class Disk:
+    """A sandbox's mounted image: ``root`` shows its ``sandbox-root``; ``tmp`` is the jail's /tmp."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.image = image_of(root)
+        self.mount = _mount_dir(root)
+        self.tmp = self.mount / TMP_DIR
+
+    @classmethod
+    def create(cls, root: Path, size: int) -> Disk:
+        """A fresh image of ``size`` bytes mounted on ``root`` (an empty directory); on failure
+        nothing is left behind and `OSError` says why."""
+        disk = cls(root)
+        try:
+            fd = os.open(disk.image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            options = "lazy_itable_init=1,lazy_journal_init=1,nodiscard"
+            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", options, str(disk.image))
+            disk.mount.mkdir(mode=0o700)
+            disk._mount()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                release(root)
+            raise
+        return disk
+
+    @classmethod
+    def existing(cls, root: Path) -> Disk | None:
+        """The image a sandbox made for ``root`` earlier (mounted again if it is not, after a
+        reboot), or ``None`` if there is none of ours."""
+        disk = cls(root)
+        try:
+            info = disk.image.lstat()
+        except FileNotFoundError:
+            return None
+        if not disk.image.is_file() or disk.image.is_symlink() or info.st_uid != os.geteuid():
+            return None
+        disk.mount.mkdir(mode=0o700, exist_ok=True)
+        disk._mount()
+        return disk
+
+    def _mount(self) -> None:
+        if not os.path.ismount(self.mount):
+            _run("mount", "-o", "loop,discard,nosuid,nodev", str(self.image), str(self.mount))
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(self.mount / "lost+found")  # the sandbox never sees it; fsck makes it anew
+        for name in (ROOT_DIR, TMP_DIR):
+            (self.mount / name).mkdir(mode=0o755, exist_ok=True)
+        if not os.path.ismount(self.root):
+            _run("mount", "--bind", str(self.mount / ROOT_DIR), str(self.root))
+
+
+def release(root: Path) -> None:
+    """Unmount ``root``'s image, detach its loop device, delete it (none is fine). `OSError`
+    if it stays mounted: the root's files are in it, and must not be removed underneath."""
+    image, mount = image_of(root), _mount_dir(root)
+    if not image.exists() and not mount.exists():
+        return
+    for point in (root, mount):
+        if os.path.ismount(point):
+            _run("umount", str(point))
+    for device in _devices_of(image):
+        subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+    deadline = time.monotonic() + 2
+    while _devices_of(image):  # the kernel detaches asynchronously
+        if time.monotonic() > deadline:  # a jail still running holds it: freed when that jail ends
+            logger.warning("the image of %s stays attached until the jails using it end", root)
+            break
+        time.sleep(0.01)
+    with contextlib.suppress(FileNotFoundError):
+        mount.rmdir()
+    image.unlink(missing_ok=True)
+
+
+def _devices_of(image: Path) -> list[str]:
+    if not image.exists():
+        return []
+    found = subprocess.run(["losetup", "-j", str(image)], check=False, capture_output=True, text=True)
+    return [line.split(":", 1)[0] for line in found.stdout.splitlines() if line.startswith("/dev/")]
+
+
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(argv[:2])} failed: {(done.stderr or done.stdout).strip()[:300]}")

@@ -69,8 +69,9 @@ def test_commands_cannot_write_past_the_disk_bound(bounded: LocalSandbox) -> Non
     _assert_released(root)
 
 
-def test_a_destroyed_disk_is_released_while_other_jails_run(tmp_path: Path) -> None:
+def test_a_destroyed_disk_is_released_while_other_jails_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A jail started while another sandbox's image was mounted does not keep it busy."""
+    caplog.set_level(logging.WARNING, logger=_disk.__name__)
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     needs(_disk.available() is None, f"sandbox disk images unavailable: {_disk.available()} (CI runs as root)")
     with LocalProvider(tmp_path / "base", isolation="bwrap", disk=DISK) as provider:
@@ -81,6 +82,7 @@ def test_a_destroyed_disk_is_released_while_other_jails_run(tmp_path: Path) -> N
             root = first.root
             first.destroy()
             _assert_released(root)
+            assert "stays attached" not in caplog.text
             assert provider.attach(second.id).execute("echo still").output == "still\n"
         finally:
             second.destroy()

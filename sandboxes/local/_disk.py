@@ -27,7 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["DETACH_FOREIGN", "Disk", "available", "image_of", "release"]
+__all__ = ["Disk", "available", "image_of", "release"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,18 +36,6 @@ MOUNT_SUFFIX = ".sandbox-disk.d"
 ROOT_DIR = "sandbox-root"
 TMP_DIR = "sandbox-tmp"
 _TOOLS = ("mkfs.ext4", "mount", "umount", "losetup")
-
-DETACH_FOREIGN = rf"""mounts=$(cat /proc/self/mountinfo)
-printf '%s\n' "$mounts" | while read -r _ _ dev fsroot point _; do
-  case $dev in 7:*) ;; *) continue ;; esac
-  case $fsroot:$point in /{ROOT_DIR}:*|/{TMP_DIR}:*|/:*{MOUNT_SUFFIX}) ;; *) continue ;; esac
-  case $point in "$state"/*) continue ;; esac
-  umount -l -- "$(printf '%b' "$point")" 2>/dev/null
-done
-"""
-"""Run by root in a jail's private launch namespace, ``$state`` its state dir: detach the copies of
-every sandbox disk (loop devices are major 7) but the jail's own aliases under ``$1``. Without
-it, a jail would hold every other sandbox's image mounted, and busy, as long as it runs."""
 
 
 @functools.cache
@@ -146,6 +134,11 @@ def release(root: Path) -> None:
     for point in (root, mount):
         if os.path.ismount(point):
             _run("umount", str(point))
+    # Every jail launched while the image was mounted holds a copy of these mounts in its own
+    # namespace; removing the directories they sit on detaches those copies (Linux >= 3.18).
+    for point in (mount, root):
+        with contextlib.suppress(FileNotFoundError, OSError):
+            point.rmdir()
     for device in _devices_of(image):
         subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
     deadline = time.monotonic() + 2
@@ -154,8 +147,6 @@ def release(root: Path) -> None:
             logger.warning("the image of %s stays attached until the jails using it end", root)
             break
         time.sleep(0.01)
-    with contextlib.suppress(FileNotFoundError):
-        mount.rmdir()
     image.unlink(missing_ok=True)
 
 

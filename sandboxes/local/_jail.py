@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.local import _seccomp
-from sandboxes.local._disk import DETACH_FOREIGN
 from sandboxes.local._tree import remove_tree
 
 __all__ = ["ETC_ALLOWED", "Jail", "SpawnSpec", "claim"]
@@ -69,22 +68,17 @@ naming the host's users: ``passwd``, ``group`` and ``hosts`` are written for the
 
 NOBODY = 65534
 
-_AS_JAIL_USER = (
-    r"""uid=$1 gid=$2 state=$3 n=$4
-shift 4
+_AS_JAIL_USER = r"""uid=$1 gid=$2 n=$3
+shift 3
 while [ "$n" -gt 0 ]; do mount --bind -- "$1" "$2" || exit 125; n=$((n - 1)); shift 2; done
-"""
-    + DETACH_FOREIGN
-    + r"""n=$1
+n=$1
 shift
 while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; n=$((n - 1)); shift; done
 exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --bounding-set=-all -- "$@"
 """
-)
-"""Run by root in a private mount namespace: ``uid gid state N (source alias)*N M (cgroup.procs)*M
+"""Run by root in a private mount namespace: ``uid gid N (source alias)*N M (cgroup.procs)*M
 command...``. Each source (the root, the extra binds) appears at its alias, a path the jail uid
-reaches; other sandboxes' disks are detached (`sandboxes.local._disk`); the shell joins the
-cgroups; the command (bwrap ...) runs as uid, gid."""
+reaches; the shell joins the cgroups; the command (bwrap ...) runs as uid, gid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +215,7 @@ class Jail:
             launch = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _AS_JAIL_USER, "sh"]
             binds = [str(path) for pair in self._sources.items() for path in pair]
             joins = [str(len(cgroups)), *cgroups]
-            argv = [*launch, str(uid), str(gid), str(self.state), str(len(self._sources)), *binds, *joins, *argv]
+            argv = [*launch, str(uid), str(gid), str(len(self._sources)), *binds, *joins, *argv]
         return SpawnSpec(argv, tuple(pass_fds), tuple(fresh))
 
     @functools.cached_property

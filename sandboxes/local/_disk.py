@@ -22,12 +22,13 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["Disk", "available", "image_of", "release"]
+__all__ = ["Disk", "available", "image_of", "release", "release_under"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,21 @@ def release(root: Path) -> None:
             break
         time.sleep(0.01)
     image.unlink(missing_ok=True)
+
+
+def release_under(top: Path) -> list[Path]:
+    """`release` every sandbox disk mounted below ``top`` (a base dir being given up, a test
+    run's temporary tree); the roots released."""
+    released = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        point = Path(re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), fields[4]))
+        if point.name.endswith(MOUNT_SUFFIX) and point.is_relative_to(top):
+            root = point.with_name(point.name.removesuffix(MOUNT_SUFFIX))
+            with contextlib.suppress(OSError):
+                release(root)
+                released.append(root)
+    return released
 
 
 def _devices_of(image: Path) -> list[str]:

@@ -122,3 +122,25 @@ def test_without_loop_devices_the_bound_is_per_file_and_said(
         assert one.exit_code != 0
         two = sandbox.execute(f"head -c {DISK - 1} /dev/zero > {sandbox.root}/a; head -c {DISK - 1} /dev/zero > /tmp/b")
         assert two.exit_code == 0, two
+
+
+def test_an_image_that_cannot_be_made_leaves_nothing_and_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    needs(_disk.available() is None, f"sandbox disk images unavailable: {_disk.available()} (CI runs as root)")
+    real_run = _disk._run
+
+    def failing_mount(*argv: str) -> None:
+        if argv[0] == "mount" and "--bind" in argv:
+            raise OSError("mount --bind failed: refused by the test")
+        real_run(*argv)
+
+    monkeypatch.setattr(_disk, "_run", failing_mount)
+    monkeypatch.setattr(_disk, "_warned", [])
+    config = LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap", disk=DISK)
+    with caplog.at_level(logging.WARNING, logger=_disk.__name__), LocalSandbox.create(config) as sandbox:
+        assert "refused by the test" in caplog.text
+        assert sorted(os.listdir(tmp_path)) == ["root"]
+        assert str(_disk.image_of(sandbox.root)) not in _loop_images()
+        assert sandbox.execute("echo ok > f; cat f").output == "ok\n"

@@ -97,6 +97,7 @@ class Disk:
         except BaseException:
             with contextlib.suppress(OSError):
                 release(root)
+            root.mkdir(mode=0o755, exist_ok=True)  # the sandbox goes on without an image
             raise
         return disk
 

@@ -3,6 +3,8 @@
 Layout of ``base_dir`` (mode 700, so no jail's uid can enter it):
 
 * ``<id>/``: a sandbox's root directory, the only tree its commands may write;
+* ``<id>.sandbox-disk`` and ``<id>.sandbox-disk.d/``: the image holding the root's files, and
+  where it is mounted, when started by root (`sandboxes.local._disk`);
 * ``<id>.json``: its record (`CreateOptions` labels and environment, creation time, expiry),
   beside the root, not inside it: a sandbox cannot read or forge its own record, let alone
   another's.

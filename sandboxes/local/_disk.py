@@ -141,14 +141,17 @@ def release(root: Path) -> None:
     for point in (mount, root):
         with contextlib.suppress(FileNotFoundError, OSError):
             point.rmdir()
-    for device in _devices_of(image):
-        subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
-    deadline = time.monotonic() + 2
-    while _devices_of(image):  # the kernel detaches asynchronously
-        if time.monotonic() > deadline:  # a jail still running holds it: freed when that jail ends
+    start = time.monotonic()
+    detached = False
+    while devices := _devices_of(image):  # unmounted, the kernel detaches it by itself, soon
+        if not detached and time.monotonic() > start + 0.2:  # or not: attached by hand, say
+            detached = True
+            for device in devices:
+                subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+        if time.monotonic() > start + 2:  # a jail still running holds it: freed when that jail ends
             logger.warning("the image of %s stays attached until the jails using it end", root)
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
     image.unlink(missing_ok=True)
 
 
@@ -168,10 +171,14 @@ def release_under(top: Path) -> list[Path]:
 
 
 def _devices_of(image: Path) -> list[str]:
-    if not image.exists():
-        return []
-    found = subprocess.run(["losetup", "-j", str(image)], check=False, capture_output=True, text=True)
-    return [line.split(":", 1)[0] for line in found.stdout.splitlines() if line.startswith("/dev/")]
+    """The loop devices ``image`` is attached to (read from sysfs: no process started)."""
+    names = {str(image), os.path.realpath(image)}
+    devices = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            if backing.read_text().rstrip("\n") in names:
+                devices.append(f"/dev/{backing.parent.parent.name}")
+    return devices
 
 
 def _run(*argv: str) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import HAS_BWRAP, needs
 
+from sandboxes.lifecycle import CreateOptions
 from sandboxes.local import LocalSandbox, LocalSandboxConfig, _disk
 from sandboxes.local.provider import LocalProvider
 
@@ -105,6 +107,20 @@ def test_a_sandbox_attached_again_keeps_its_files_in_its_image(tmp_path: Path) -
     finally:
         again.destroy()
     _assert_released(again.root)
+
+
+def test_a_sweep_after_a_restart_reaps_an_expired_sandbox_and_its_image(tmp_path: Path) -> None:
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    needs(_disk.available() is None, f"sandbox disk images unavailable: {_disk.available()} (CI runs as root)")
+    base = tmp_path / "base"
+    sandbox = LocalProvider(base, isolation="bwrap", disk=DISK).create(CreateOptions(ttl=60))
+    sandbox.execute("echo x > f")
+    sandbox.close()  # as if its process died: the image stays mounted for whoever attaches next
+    assert _mounted(sandbox.root)
+    report = LocalProvider(base, isolation="bwrap", disk=DISK).sweep(now=time.time() + 120)
+    assert report.removed == [str(sandbox.root)], report
+    _assert_released(sandbox.root)
+    assert os.listdir(base) == []
 
 
 def test_without_loop_devices_the_bound_is_per_file_and_said(

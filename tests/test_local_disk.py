@@ -71,6 +71,18 @@ def test_commands_cannot_write_past_the_disk_bound(bounded: LocalSandbox) -> Non
     _assert_released(root)
 
 
+def test_two_handles_on_one_sandbox_have_their_own_tmp(bounded: LocalSandbox) -> None:
+    assert bounded.execute("echo mine > /tmp/a").exit_code == 0
+    other = LocalSandbox(config=bounded.config)  # attached: the same image, another jail
+    try:
+        assert other.execute("test -e /tmp/a").exit_code == 1
+        assert other.execute(f"echo shared > {bounded.root}/b; echo theirs > /tmp/c").exit_code == 0
+    finally:
+        other.close()
+    mine = bounded.execute(f"cat /tmp/a {bounded.root}/b; test -e /tmp/c")
+    assert (mine.output, mine.exit_code) == ("mine\nshared\n", 1)
+
+
 def test_a_destroyed_disk_is_released_while_other_jails_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A jail started while another sandbox's image was mounted does not keep it busy."""
     caplog.set_level(logging.WARNING, logger=_disk.__name__)

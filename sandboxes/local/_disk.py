@@ -4,12 +4,12 @@ Started by root, a sandbox that owns its root directory keeps its files in an im
 it (``<root>.sandbox-disk``, sparse: the host's disk is taken as files are written, and given
 back as they are removed, through ``discard``). The image is mounted at ``<root>.sandbox-disk.d``
 and holds two directories: ``sandbox-root``, bind-mounted on the root directory (so the caller
-and the jail see the same path as ever), and ``sandbox-tmp``, the jail's ``/tmp``. Whatever a
-command writes to either, the filesystem answers ``No space left on device`` once the image is
-full. Mounts live in the host's mount namespace, so they outlive the process that made them: a
-sandbox attached again (a service restarted) finds them, or mounts the image again after a
-reboot; `release` (destroy) unmounts, detaches the loop device and deletes the image, and an
-image never outlives its root directory (made after it, deleted before it).
+and the jail see the same path as ever), and ``sandbox-tmp``, where each jail has its ``/tmp``.
+Whatever a command writes to either, the filesystem answers ``No space left on device`` once
+the image is full. Mounts live in the host's mount namespace, so they outlive the process that
+made them: a sandbox attached again (a service restarted) finds them, or mounts the image again
+after a reboot; `release` (destroy) unmounts, detaches the loop device and deletes the image,
+and an image never outlives its root directory (made after it, deleted before it).
 
 Elsewhere (not root, no ``/dev/loop-control``, no ``mkfs.ext4``, a root directory the caller
 brought) the bound stays per file for commands (``RLIMIT_FSIZE``, `sandboxes.local._limits`);
@@ -71,7 +71,7 @@ def _mount_dir(root: Path) -> Path:
 
 
 class Disk:
-    """A sandbox's mounted image: ``root`` shows its ``sandbox-root``; ``tmp`` is the jail's /tmp."""
+    """A sandbox's mounted image: ``root`` shows its ``sandbox-root``; ``tmp`` holds its jails' /tmp."""
 
     def __init__(self, root: Path) -> None:
         self.root = root

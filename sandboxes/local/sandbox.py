@@ -196,7 +196,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
             network=self.config.network,
             seccomp=self.config.seccomp,
             extra_ro_binds=self.config.extra_ro_binds,
-            tmp=self._disk.tmp if self._disk is not None else None,
+            tmp_parent=self._disk.tmp if self._disk is not None else None,
         )
 
     @property

@@ -6,9 +6,10 @@ helper cannot run). The jail has fresh user, pid, network, IPC and UTS namespace
 at all), uid 1000, no capabilities, no nested user namespaces, a seccomp filter, the system
 directories and a few files of ``/etc`` read-only, and only the sandbox's root directory plus a
 private ``/tmp`` writable (`sandboxes.local._jail`), under memory, CPU, process and disk limits
-(`sandboxes.local._limits`). Started by root, the jail runs as an unprivileged host uid, never as
-root. The root directory appears at the same absolute path inside and outside, so paths mean
-the same thing to the file operations, to commands, and to the caller.
+(`sandboxes.local._limits`, `sandboxes.local._disk`). Started by root, the jail runs as an
+unprivileged host uid, never as root. The root directory appears at the same absolute path
+inside and outside, so paths mean the same thing to the file operations, to commands, and to
+the caller.
 
 Without bwrap the command runs as the calling user with no isolation: the sandbox says so with
 a warning at creation and in `isolated`. That mode exists for development on laptops; never

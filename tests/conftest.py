@@ -18,7 +18,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 from support import HAS_BWRAP, IN_CI, SESSION_OWNER, needs
 
-from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning
+from sandboxes.local import LocalSandbox, LocalSandboxConfig, NotIsolatedWarning, _disk
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -30,6 +30,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("needs"):
         needs(*mark.args, **mark.kwargs)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _release_sandbox_disks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Local sandboxes a test left (a service's, kept across its restart) keep their images
+    mounted until destroyed; the session gives them back with its temporary tree."""
+    yield
+    _disk.release_under(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

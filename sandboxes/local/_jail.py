@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.local import _seccomp
+from sandboxes.local._tree import remove_tree
 
 __all__ = ["ETC_ALLOWED", "Jail", "SpawnSpec", "claim"]
 
@@ -92,7 +93,11 @@ class SpawnSpec:
 
 
 class Jail:
-    """The per-sandbox host state of a jail: its private /tmp and /etc files."""
+    """The per-sandbox host state of a jail: its private /tmp and /etc files.
+
+    ``tmp_parent``: where the private /tmp is made when not in the state dir (a sandbox disk's,
+    `sandboxes.local._disk`): a directory per jail, named as its state dir and removed with it,
+    so two handles on one sandbox never share a /tmp, and one whose state is gone is removed."""
 
     def __init__(
         self,
@@ -105,6 +110,7 @@ class Jail:
         network: bool,
         seccomp: bool,
         extra_ro_binds: Sequence[Path],
+        tmp_parent: Path | None = None,
     ) -> None:
         self.bwrap = bwrap
         self.root = root
@@ -122,11 +128,13 @@ class Jail:
         self.state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=state_parent(self.as_root)))
         os.chmod(self.state, 0o755)  # noqa: S103 - the jail uid passes through to tmp and etc, nothing secret here
         (self.state / OWNER_FILE).write_text(process_identity(os.getpid()) or "")
-        self.tmp = self.state / "tmp"
+        self.tmp = self.state / "tmp" if tmp_parent is None else self._fresh_tmp(tmp_parent)
         self.tmp.mkdir(mode=0o700)
         self._write_etc()
         self._sources = {path: path for path in (self.root, *self.extra_ro_binds)}
         """host path -> where bwrap finds it (started by root: an alias in the state dir)."""
+        if tmp_parent is not None:  # the state dir's /tmp is open to the jail uid; this one may not be
+            self._sources[self.tmp] = self.tmp
         if self.as_root:
             self._sources = {path: self._alias(index, path) for index, path in enumerate(self._sources)}
             os.chown(self.tmp, *self.host_ids)
@@ -136,6 +144,17 @@ class Jail:
     def close(self) -> None:
         self.closed = True
         shutil.rmtree(self.state, ignore_errors=True)
+        if not self.tmp.is_relative_to(self.state):
+            with contextlib.suppress(OSError):
+                remove_tree(self.tmp)
+
+    def _fresh_tmp(self, parent: Path) -> Path:
+        """This jail's /tmp under ``parent``, the ones of jails whose state dir is gone removed."""
+        with contextlib.suppress(OSError):
+            for entry in parent.iterdir():
+                if not (self.state.parent / entry.name).exists():
+                    remove_tree(entry)
+        return parent / self.state.name
 
     def _alias(self, index: int, source: Path) -> Path:
         """An empty directory or file in the state dir that ``source`` is mounted on at launch."""
@@ -177,7 +196,7 @@ class Jail:
         if self.network:
             argv.append("--share-net")
         argv += self._system_binds
-        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.tmp), "/tmp"]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self._sources.get(self.tmp, self.tmp)), "/tmp"]
         argv += ["--bind", str(self._sources[self.root]), str(self.root)]
         for extra in self.extra_ro_binds:  # after /tmp, so an extra under /tmp is not hidden by it
             argv += ["--ro-bind", str(self._sources[extra]), str(extra)]

@@ -3,6 +3,8 @@
 Layout of ``base_dir`` (mode 700, so no jail's uid can enter it):
 
 * ``<id>/``: a sandbox's root directory, the only tree its commands may write;
+* ``<id>.sandbox-disk`` and ``<id>.sandbox-disk.d/``: the image holding the root's files, and
+  where it is mounted, when started by root (`sandboxes.local._disk`);
 * ``<id>.json``: its record (`CreateOptions` labels and environment, creation time, expiry),
   beside the root, not inside it: a sandbox cannot read or forge its own record, let alone
   another's.
@@ -29,6 +31,7 @@ from typing import Any, Self
 from pydantic import Field
 
 from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+from sandboxes.local._disk import release
 from sandboxes.local._tree import remove_tree
 from sandboxes.local.sandbox import LocalSandbox, LocalSandboxConfig, LocalSandboxTemplate
 
@@ -106,8 +109,9 @@ class LocalProvider:
         return [self._record(name, name in names) for name in sorted(names | records)]
 
     def destroy(self, ref: str) -> None:
-        """Remove the root directory, then its record; gone already is fine."""
+        """Remove the root directory (its image first), then its record; gone already is fine."""
         sandbox_id = self._id_of(ref)
+        release(self.base / sandbox_id)
         remove_tree(self.base / sandbox_id)
         with contextlib.suppress(FileNotFoundError):
             (self.base / f"{sandbox_id}.json").unlink()

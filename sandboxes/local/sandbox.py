@@ -6,9 +6,10 @@ helper cannot run). The jail has fresh user, pid, network, IPC and UTS namespace
 at all), uid 1000, no capabilities, no nested user namespaces, a seccomp filter, the system
 directories and a few files of ``/etc`` read-only, and only the sandbox's root directory plus a
 private ``/tmp`` writable (`sandboxes.local._jail`), under memory, CPU, process and disk limits
-(`sandboxes.local._limits`). Started by root, the jail runs as an unprivileged host uid, never as
-root. The root directory appears at the same absolute path inside and outside, so paths mean
-the same thing to the file operations, to commands, and to the caller.
+(`sandboxes.local._limits`, `sandboxes.local._disk`). Started by root, the jail runs as an
+unprivileged host uid, never as root. The root directory appears at the same absolute path
+inside and outside, so paths mean the same thing to the file operations, to commands, and to
+the caller.
 
 Without bwrap the command runs as the calling user with no isolation: the sandbox says so with
 a warning at creation and in `isolated`. That mode exists for development on laptops; never
@@ -48,6 +49,7 @@ from sandboxes._mux import (
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Lifecycle
+from sandboxes.local import _disk
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
 from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
@@ -107,8 +109,10 @@ class LocalSandboxTemplate(BaseModel):
     """The interpreter that runs the helper inside the jail (the host's own, seen read-only)."""
     disk: int = Field(default=4 << 30, gt=0)
     """Bytes the root directory and the private /tmp may hold. File operations that would pass
-    it answer ``no_space``; a command cannot write a file larger than it (``RLIMIT_FSIZE``),
-    and once the sandbox holds more, writes answer ``no_space`` until it is cleaned up."""
+    it answer ``no_space``. Commands: started by root in a root directory the sandbox made, an
+    image of this size holds both, so writes past it fail with ``No space left on device``
+    (`sandboxes.local._disk`); elsewhere a command cannot write a file larger than it
+    (``RLIMIT_FSIZE``), and once the sandbox holds more, file operations answer ``no_space``."""
 
 
 class LocalSandboxConfig(LocalSandboxTemplate):
@@ -136,6 +140,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
         self.root.mkdir(parents=True, exist_ok=True)
         self._id = config.sandbox_id or f"local-{uuid.uuid4().hex[:12]}"
         self._bwrap = self._find_bwrap()
+        self._disk = self._open_disk() if self._bwrap else None
         self._jail = self._make_jail(self._bwrap) if self._bwrap else None
         self._cgroup = None
         if self._jail is not None:
@@ -161,6 +166,23 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
             raise RuntimeError("isolation='bwrap' but bubblewrap (bwrap) is not installed")
         return found
 
+    def _open_disk(self) -> _disk.Disk | None:
+        """The sandbox's image (`sandboxes.local._disk`): made for a root directory it owns
+        (empty, just made), found again for one it made earlier; ``None``: the per-file bound."""
+        found = _disk.Disk.existing(self.root) if _disk.available() is None else None
+        if found is not None or not self.owned:
+            return found
+        reason = _disk.available()
+        if reason is None and any(self.root.iterdir()):
+            reason = f"{self.root} is not empty"
+        if reason is None:
+            try:
+                return _disk.Disk.create(self.root, self.config.disk)
+            except OSError as exc:
+                reason = str(exc)
+        _disk.warn_fallback(reason)
+        return None
+
     def _make_jail(self, bwrap: str) -> Jail:
         reap_leftovers()
         host_ids = None
@@ -175,6 +197,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
             network=self.config.network,
             seccomp=self.config.seccomp,
             extra_ro_binds=self.config.extra_ro_binds,
+            tmp_parent=self._disk.tmp if self._disk is not None else None,
         )
 
     @property
@@ -225,8 +248,9 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
         return cls(config=config, owned=True)
 
     def destroy(self) -> None:
-        """Close, then remove the root directory and everything in it (idempotent)."""
+        """Close, then remove the root directory and everything in it, its image first (idempotent)."""
         self.close()
+        _disk.release(self.root)
         remove_tree(self.root)
 
     # ------------------------------------------------------------------ execute

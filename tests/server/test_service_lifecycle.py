@@ -29,6 +29,8 @@ from service_harness import (
     wait_until_expired,
 )
 
+from sandboxes.local import _disk
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
@@ -236,8 +238,10 @@ def test_kill_9_then_restart_loses_nothing(tmp_path: Path) -> None:
         assert not Path(deleted["workdir"]).exists()
         assert not orphan.exists()
         roots = sorted(Path(sandbox["workdir"]).name for sandbox in (kept, bobs))
+        disks = [f"{root}{suffix}" for root in roots for suffix in (".sandbox-disk", ".sandbox-disk.d")]
         assert sorted(p.name for p in (data_dir / "local").iterdir()) == sorted(
-            [*roots, *(f"{root}.json" for root in roots)]  # each root and its record, nothing else
+            # each root and its record (and its disk image, where it has one), nothing else
+            [*roots, *(f"{root}.json" for root in roots), *(disks if _disk.available() is None else [])]
         )
         assert sorted(p.stem for p in (data_dir / "state").glob("*.json")) == sorted([kept["id"], bobs["id"]])
     finally:

@@ -118,7 +118,7 @@ class Disk:
 
     def _mount(self) -> None:
         if not os.path.ismount(self.mount):
-            _run("mount", "-o", "loop,discard,nosuid,nodev", str(self.image), str(self.mount))
+            _run("mount", "-o", "loop,discard,noinit_itable,nosuid,nodev", str(self.image), str(self.mount))
             with contextlib.suppress(FileNotFoundError):
                 os.rmdir(self.mount / "lost+found")  # the sandbox never sees it; fsck makes it anew
         for name in (ROOT_DIR, TMP_DIR):

@@ -200,7 +200,8 @@ class TenantPolicy(_Frozen):
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more waits up to ``command_slot_wait`` for one to end, then is refused
-    with ``rate_limited`` (429, ``Retry-After``)."""
+    with ``rate_limited`` (429, ``Retry-After``). Also the most re-attached streams of streamed
+    commands it may have open at once (one more is refused the same way)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteResult, StreamEvent
@@ -30,7 +30,16 @@ from sandboxes.server.processes import result_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KEEP_BYTES", "KEEP_FINISHED", "KEEP_FOR", "Replay", "StreamedCommand", "StreamedCommands", "stream_events"]
+__all__ = [
+    "KEEP_BYTES",
+    "KEEP_FINISHED",
+    "KEEP_FOR",
+    "Readers",
+    "Replay",
+    "StreamedCommand",
+    "StreamedCommands",
+    "stream_events",
+]
 
 KEEP_FINISHED = 8
 """Ended streamed commands kept per sandbox for re-attaching (the newest)."""
@@ -199,6 +208,48 @@ class StreamedCommands:
             old = command.ended_at is not None and command.ended_at < horizon
             if old or held > self._keep_bytes or (command.sandbox_id == sandbox_id and mine > self._keep):
                 del self._commands[command.sandbox_id, command.id]
+
+
+Close = Callable[[], Awaitable[None]]
+"""Ends a reader's stream (a response's last step, whether or not its client stayed)."""
+
+
+class Readers:
+    """Re-attached streams open at once, per tenant, at most its cap: each holds up to an event
+    (`EVENT_BYTES` of output, its text and its JSON line) while its client reads, so their
+    number, not the clients' goodwill, bounds the memory a tenant's readers take."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+
+    async def follow(self, tenant: str, cap: int, events: AsyncIterator[bytes]) -> tuple[AsyncIterator[bytes], Close]:
+        """``events`` counted as one of the tenant's readers until it ends or the returned
+        close is called (either may come first), or ``rate_limited`` if ``cap`` are open."""
+        if self._open.get(tenant, 0) >= cap:
+            raise ServiceError(
+                "rate_limited",
+                f"tenant {tenant!r} already follows {cap} streamed commands at once, its maximum; retry when one ends",
+                headers={"Retry-After": "1"},
+            )
+        held = self._held(tenant, events)
+        first = await anext(held)  # started: its `finally` now runs however the stream ends
+        return _chain(first, held), held.aclose
+
+    async def _held(self, tenant: str, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes]:
+        self._open[tenant] = self._open.get(tenant, 0) + 1
+        try:
+            async for line in events:
+                yield line
+        finally:
+            left = self._open.pop(tenant) - 1
+            if left:
+                self._open[tenant] = left
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for line in rest:
+        yield line
 
 
 def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:

@@ -48,8 +48,9 @@ KEEP_FOR = 300.0
 KEEP_BYTES = 64 << 20
 """Most bytes of output the ended streamed commands kept for re-attaching hold, together (the
 oldest go first)."""
-EVENT_BYTES = 1 << 20
-"""Most output bytes in one ``output`` event."""
+EVENT_BYTES = 256 << 10
+"""Most output bytes in one ``output`` event: what a stream whose client stopped reading holds,
+with its text and its JSON line (up to six times as big) beside it."""
 
 
 class Replay:

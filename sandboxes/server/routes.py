@@ -303,15 +303,12 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 
 async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
-    (`FileLanes`) and killed past the service's ``file_operation_timeout``. Also served by
-    `sandboxes.server.hot`."""
+    (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
+    it on every sandbox it holds). Also served by `sandboxes.server.hot`."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
-    sandbox = entry.sandbox
-    if sandbox.operation_timeout > svc.settings.file_operation_timeout:
-        sandbox.operation_timeout = svc.settings.file_operation_timeout
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
-    return to_json(await _backend(_OPERATIONS[op], sandbox, body, lane=lane))
+    return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body, lane=lane))
 
 
 def _files(op: str, model: type[Any]) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "KEEP_BYTES",
     "KEEP_FINISHED",
     "KEEP_FOR",
+    "RECORD_BYTES",
     "Readers",
     "Replay",
     "StreamedCommand",
@@ -48,6 +49,9 @@ KEEP_FOR = 300.0
 KEEP_BYTES = 64 << 20
 """Most bytes of output the ended streamed commands kept for re-attaching hold, together (the
 oldest go first)."""
+RECORD_BYTES = 16 << 10
+"""What an ended record counts for in `KEEP_BYTES` besides its output, so that records that
+printed nothing are bounded in number too (at most 4,096)."""
 EVENT_BYTES = 256 << 10
 """Most output bytes in one ``output`` event: what a stream whose client stopped reading holds,
 with its text and its JSON line (up to six times as big) beside it."""
@@ -176,10 +180,17 @@ class StreamedCommands:
     tenants' command slots) and the newest ended ones: for `KEEP_FOR` seconds, at most
     `KEEP_FINISHED` a sandbox and `KEEP_BYTES` in all."""
 
-    def __init__(self, keep: int = KEEP_FINISHED, keep_for: float = KEEP_FOR, keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(
+        self,
+        keep: int = KEEP_FINISHED,
+        keep_for: float = KEEP_FOR,
+        keep_bytes: int = KEEP_BYTES,
+        record_bytes: int = RECORD_BYTES,
+    ) -> None:
         self._keep = keep
         self._keep_for = keep_for
         self._keep_bytes = keep_bytes
+        self._record_bytes = record_bytes
         self._commands: dict[tuple[str, str], StreamedCommand] = {}
 
     def add(self, command: StreamedCommand) -> None:
@@ -204,7 +215,7 @@ class StreamedCommands:
         )
         held, mine = 0, 0
         for command in ended:  # newest first
-            held += command.size
+            held += command.size + self._record_bytes
             mine += command.sandbox_id == sandbox_id
             old = command.ended_at is not None and command.ended_at < horizon
             if old or held > self._keep_bytes or (command.sandbox_id == sandbox_id and mine > self._keep):

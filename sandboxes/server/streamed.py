@@ -1,6 +1,7 @@
 """Streamed commands that outlive their stream: each keeps its output (head and tail, bounded by
-its output limit) and its result in this replica, so any number of readers can follow it from
-a byte offset, and a client that lost its connection re-attaches where it was.
+its output limit) and its result in this replica, so readers can follow it from a byte
+offset (a tenant at most its ``max_commands`` re-attached ones at once: `Readers`), and a
+client that lost its connection re-attaches where it was.
 
 A command no longer depends on its connection: it runs until it ends or its own timeout, and
 its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,

@@ -74,3 +74,19 @@ def _opens(client: httpx.Client, url: str) -> bool:
         if response.status_code == 429:
             return False
         return _first(response)["type"] == "output"
+
+
+def test_another_tenants_command_is_not_found(service: Running) -> None:
+    """Neither through its sandbox nor through one's own: a command id is no key to another
+    tenant's output."""
+    with service.client("bob") as bob, service.client("alice") as alice:
+        theirs, mine = create(bob)["id"], create(alice)["id"]
+        try:
+            with bob.stream("POST", f"/v1/sandboxes/{theirs}/execute/stream", json={"command": "echo secret"}) as run:
+                command_id = _first(run)["id"]
+            for sandbox_id in (theirs, mine):
+                found = alice.get(f"/v1/sandboxes/{sandbox_id}/execute/{command_id}/stream")
+                assert (found.status_code, error_of(found)) == (404, "not_found")
+        finally:
+            bob.delete(f"/v1/sandboxes/{theirs}")
+            alice.delete(f"/v1/sandboxes/{mine}")

@@ -37,6 +37,7 @@ from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.errors import ServiceError
+from sandboxes.server.fairness import file_threads
 from sandboxes.server.hot import HotPath
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
@@ -72,6 +73,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         executor = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="sandboxes-worker")
         loop.set_default_executor(executor)
         service.command_pool = ThreadPoolExecutor(settings.command_threads, thread_name_prefix="sandboxes-command")
+        files = ThreadPoolExecutor(file_threads(settings), thread_name_prefix="sandboxes-files")
+        service.file_lanes.executor = files
         await registry.start()
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
@@ -79,6 +82,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         finally:
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
+            files.shutdown(wait=False, cancel_futures=True)
             logger.info("service stopped")
 
     app = FastAPI(

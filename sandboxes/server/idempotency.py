@@ -16,11 +16,12 @@ one flight (`Idempotency`): the first creates, the others wait for its answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.errors import ServiceError
@@ -91,10 +92,12 @@ of the request that made it; ``None`` if there is none."""
 
 class Idempotency(Generic[_E]):
     """The keyed creates under way on this service: one flight per key digest, which the
-    creates with the same key that come meanwhile wait for instead of creating."""
+    creates with the same key that come meanwhile wait for instead of creating. A flight runs
+    to its end even when the request that started it is abandoned: its sandbox is being made
+    all the same, and a retry must find it, not make another."""
 
     def __init__(self) -> None:
-        self._flights: dict[str, tuple[str, asyncio.Future[_E]]] = {}
+        self._flights: dict[str, tuple[str, asyncio.Future[tuple[_E, bool]]]] = {}
 
     async def create(self, keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
         """The sandbox of ``keyed``'s key: the one it made (``True``: a replay), or a new one
@@ -102,19 +105,26 @@ class Idempotency(Generic[_E]):
         while (flight := self._flights.get(keyed.key)) is not None:
             check_same(flight[0], keyed)
             await asyncio.wait({flight[1]})  # the flight's own failure is not this request's
-            if not flight[1].cancelled():
-                return flight[1].result(), True
-        done: asyncio.Future[_E] = asyncio.get_running_loop().create_future()
-        self._flights[keyed.key] = (keyed.request, done)
+            if not flight[1].cancelled() and flight[1].exception() is None:
+                return flight[1].result()[0], True
+        work = asyncio.ensure_future(self._flight(keyed, find, make))
+        work.add_done_callback(functools.partial(self._landed, keyed.key))
+        self._flights[keyed.key] = (keyed.request, work)
+        return await asyncio.shield(work)
+
+    async def _flight(self, keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
         try:
-            entry, replayed = await _find_or_make(keyed, find, make)
-        except BaseException:
-            done.cancel()
-            raise
-        finally:
+            return await _find_or_make(keyed, find, make)
+        finally:  # gone before its answer is: nobody waits on a flight that ended
             del self._flights[keyed.key]
-        done.set_result(entry)
-        return entry, replayed
+
+    def _landed(self, key: str, work: asyncio.Future[Any]) -> None:
+        """Also a flight cancelled before it ran is gone; a failure is its starter's to report
+        (once that one left, nobody's)."""
+        if (flight := self._flights.get(key)) is not None and flight[1] is work:
+            del self._flights[key]
+        if not work.cancelled():
+            work.exception()
 
 
 async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:

@@ -115,7 +115,7 @@ class Registry:
         kept = set()
         for state, sandbox in adopted:
             backend = self._backend_of(state)
-            self._entries[state.id] = Entry(state, sandbox, backend, self._process_table(sandbox))
+            self._entries[state.id] = self._entry(state, sandbox, backend)
             if not backend.shared:  # a shared backend's sandbox is its own record
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
@@ -254,12 +254,16 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
-    def _process_table(self, sandbox: BaseSandbox) -> ProcessTable:
-        """Its background processes live in the sandbox (`sandboxes.server.processes`)."""
-        return ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
+    def _entry(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
+        """What the service holds of a sandbox: its file operations are bounded by the service's
+        ``file_operation_timeout`` (when lower than the sandbox's own), its background processes
+        live in it (`sandboxes.server.processes`)."""
+        sandbox.operation_timeout = min(sandbox.operation_timeout, self.settings.file_operation_timeout)
+        processes = ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
+        return Entry(state, sandbox, backend, processes)
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
-        entry = Entry(state, sandbox, backend, self._process_table(sandbox))
+        entry = self._entry(state, sandbox, backend)
         self._entries[state.id] = entry
         self._schedule(state.id)
         self._update_gauge()

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes import api, protocol
@@ -35,7 +36,7 @@ from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
-from sandboxes.server.streamed import StreamedCommand, StreamedCommands, stream_events
+from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class Service:
     """Threads that wait on commands; set by the app's lifespan (``None``: the loop's default)."""
     streamed: StreamedCommands = field(default_factory=StreamedCommands)
     """Streamed commands, to re-attach to."""
+    readers: Readers = field(default_factory=Readers)
+    """Re-attached streams open, per tenant (at most its ``max_commands``)."""
 
     async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
         """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most
@@ -262,11 +265,14 @@ async def attach_stream(
     """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last)."""
     svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
     events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, svc.settings.stream_keepalive)
-    return _ndjson(events)
+    cap = svc.settings.policy_for(tenant.id).max_commands
+    followed, close = await svc.readers.follow(tenant.id, cap, events)
+    return _ndjson(followed, BackgroundTask(close))
 
 
-def _ndjson(events: AsyncIterator[bytes]) -> Response:
-    return StreamingResponse(events, media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
+def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:
+    headers = {"X-Accel-Buffering": "no"}
+    return StreamingResponse(events, media_type="application/x-ndjson", headers=headers, background=background)
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)
@@ -297,15 +303,12 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 
 async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
-    (`FileLanes`) and killed past the service's ``file_operation_timeout``. Also served by
-    `sandboxes.server.hot`."""
+    (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
+    it on every sandbox it holds). Also served by `sandboxes.server.hot`."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
-    sandbox = entry.sandbox
-    if sandbox.operation_timeout > svc.settings.file_operation_timeout:
-        sandbox.operation_timeout = svc.settings.file_operation_timeout
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
-    return to_json(await _backend(_OPERATIONS[op], sandbox, body, lane=lane))
+    return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body, lane=lane))
 
 
 def _files(op: str, model: type[Any]) -> None:

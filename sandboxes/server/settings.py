@@ -200,11 +200,13 @@ class TenantPolicy(_Frozen):
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more waits up to ``command_slot_wait`` for one to end, then is refused
-    with ``rate_limited`` (429, ``Retry-After``)."""
+    with ``rate_limited`` (429, ``Retry-After``). Also the most re-attached streams of streamed
+    commands it may have open at once (one more is refused the same way)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
-    (`sandboxes.server.fairness`). Tenants' caps together should stay under `worker_threads`."""
+    (`sandboxes.server.fairness`). They run in threads of their own, as many as the tenants'
+    caps together (created as needed), apart from `worker_threads`."""
 
     @field_validator("max_memory", "max_process_output")
     @classmethod
@@ -271,7 +273,8 @@ class ServiceSettings(BaseSettings):
     its expiry) before a request re-reads its record: another replica may have deleted or
     renewed it. ``0``: every request reads it (one label-selected list per request)."""
     worker_threads: int = Field(default=64, gt=0)
-    """Threads for blocking backend calls (file operations, archives, lifecycle)."""
+    """Threads for blocking backend calls (archives, lifecycle); file operations have their own
+    (`TenantPolicy.max_file_operations`)."""
     file_operation_timeout: float = Field(default=30.0, gt=0)
     """Seconds one file operation may run in a sandbox before it is killed and answered
     ``timeout`` (the library's default, `BaseSandbox.operation_timeout`, is 300)."""

@@ -1,6 +1,7 @@
 """Streamed commands that outlive their stream: each keeps its output (head and tail, bounded by
-its output limit) and its result in this replica, so any number of readers can follow it from
-a byte offset, and a client that lost its connection re-attaches where it was.
+its output limit) and its result in this replica, so readers can follow it from a byte
+offset (a tenant at most its ``max_commands`` re-attached ones at once: `Readers`), and a
+client that lost its connection re-attaches where it was.
 
 A command no longer depends on its connection: it runs until it ends or its own timeout, and
 its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,
@@ -20,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from sandboxes import protocol as p
 from sandboxes.api import ExecuteResult, StreamEvent
@@ -30,7 +31,17 @@ from sandboxes.server.processes import result_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KEEP_BYTES", "KEEP_FINISHED", "KEEP_FOR", "Replay", "StreamedCommand", "StreamedCommands", "stream_events"]
+__all__ = [
+    "KEEP_BYTES",
+    "KEEP_FINISHED",
+    "KEEP_FOR",
+    "RECORD_BYTES",
+    "Readers",
+    "Replay",
+    "StreamedCommand",
+    "StreamedCommands",
+    "stream_events",
+]
 
 KEEP_FINISHED = 8
 """Ended streamed commands kept per sandbox for re-attaching (the newest)."""
@@ -39,8 +50,12 @@ KEEP_FOR = 300.0
 KEEP_BYTES = 64 << 20
 """Most bytes of output the ended streamed commands kept for re-attaching hold, together (the
 oldest go first)."""
-EVENT_BYTES = 1 << 20
-"""Most output bytes in one ``output`` event."""
+RECORD_BYTES = 16 << 10
+"""What an ended record counts for in `KEEP_BYTES` besides its output, so that records that
+printed nothing are bounded in number too (at most 4,096)."""
+EVENT_BYTES = 256 << 10
+"""Most output bytes in one ``output`` event: what a stream whose client stopped reading holds,
+with its text and its JSON line (up to six times as big) beside it."""
 
 
 class Replay:
@@ -166,10 +181,17 @@ class StreamedCommands:
     tenants' command slots) and the newest ended ones: for `KEEP_FOR` seconds, at most
     `KEEP_FINISHED` a sandbox and `KEEP_BYTES` in all."""
 
-    def __init__(self, keep: int = KEEP_FINISHED, keep_for: float = KEEP_FOR, keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(
+        self,
+        keep: int = KEEP_FINISHED,
+        keep_for: float = KEEP_FOR,
+        keep_bytes: int = KEEP_BYTES,
+        record_bytes: int = RECORD_BYTES,
+    ) -> None:
         self._keep = keep
         self._keep_for = keep_for
         self._keep_bytes = keep_bytes
+        self._record_bytes = record_bytes
         self._commands: dict[tuple[str, str], StreamedCommand] = {}
 
     def add(self, command: StreamedCommand) -> None:
@@ -194,11 +216,53 @@ class StreamedCommands:
         )
         held, mine = 0, 0
         for command in ended:  # newest first
-            held += command.size
+            held += command.size + self._record_bytes
             mine += command.sandbox_id == sandbox_id
             old = command.ended_at is not None and command.ended_at < horizon
             if old or held > self._keep_bytes or (command.sandbox_id == sandbox_id and mine > self._keep):
                 del self._commands[command.sandbox_id, command.id]
+
+
+Close = Callable[[], Awaitable[None]]
+"""Ends a reader's stream (a response's last step, whether or not its client stayed)."""
+
+
+class Readers:
+    """Re-attached streams open at once, per tenant, at most its cap: each holds up to an event
+    (`EVENT_BYTES` of output, its text and its JSON line) while its client reads, so their
+    number, not the clients' goodwill, bounds the memory a tenant's readers take."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+
+    async def follow(self, tenant: str, cap: int, events: AsyncIterator[bytes]) -> tuple[AsyncIterator[bytes], Close]:
+        """``events`` counted as one of the tenant's readers until it ends or the returned
+        close is called (either may come first), or ``rate_limited`` if ``cap`` are open."""
+        if self._open.get(tenant, 0) >= cap:
+            raise ServiceError(
+                "rate_limited",
+                f"tenant {tenant!r} already follows {cap} streamed commands at once, its maximum; retry when one ends",
+                headers={"Retry-After": "1"},
+            )
+        held = self._held(tenant, events)
+        first = await anext(held)  # started: its `finally` now runs however the stream ends
+        return _chain(first, held), held.aclose
+
+    async def _held(self, tenant: str, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes]:
+        self._open[tenant] = self._open.get(tenant, 0) + 1
+        try:
+            async for line in events:
+                yield line
+        finally:
+            left = self._open.pop(tenant) - 1
+            if left:
+                self._open[tenant] = left
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for line in rest:
+        yield line
 
 
 def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:

@@ -178,3 +178,17 @@ def test_file_operations_run_under_the_services_timeout(
     assert _file_op(alice, mine, "ls", path=mine["workdir"]).json()["error"] is None
     entry = service.registry._entries[mine["id"]]
     assert entry.sandbox.operation_timeout == 20
+
+
+def test_every_sandbox_held_is_bounded_before_its_first_file_operation(tmp_path: Path) -> None:
+    """Created, or adopted by a restarted service, a sandbox carries the service's bound from
+    the start, whatever reaches it first (a file operation, an archive, its removal)."""
+    settings = settings_for(tmp_path, file_operation_timeout=20)
+    with running(settings) as first, first.client("alice") as alice:
+        made = create(alice)
+        assert first.registry._entries[made["id"]].sandbox.operation_timeout == 20
+    with running(settings) as again, again.client("alice") as alice:
+        try:
+            assert again.registry._entries[made["id"]].sandbox.operation_timeout == 20
+        finally:
+            alice.delete(f"/v1/sandboxes/{made['id']}")

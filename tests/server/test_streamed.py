@@ -45,7 +45,7 @@ def _ended(loop: asyncio.AbstractEventLoop, sandbox_id: str, output: bytes) -> S
 
 
 def test_ended_commands_are_kept_within_a_count_and_a_byte_budget(loop: asyncio.AbstractEventLoop) -> None:
-    kept = StreamedCommands(keep=2, keep_bytes=10_000)
+    kept = StreamedCommands(keep=2, keep_bytes=10_000, record_bytes=0)
     first, second, third = (_ended(loop, "a", b"x" * 100) for _ in range(3))
     for command in (first, second, third):
         kept.add(command)
@@ -62,3 +62,16 @@ def test_ended_commands_are_kept_within_a_count_and_a_byte_budget(loop: asyncio.
     for old in (second, third):
         with pytest.raises(ServiceError):
             kept.find("a", old.id)
+
+
+def test_ended_commands_without_output_are_bounded_too(loop: asyncio.AbstractEventLoop) -> None:
+    """Each record costs something, output or not: sandboxes made, used and deleted one after
+    another do not pile up records (each sorted at every add) for `KEEP_FOR`."""
+    kept = StreamedCommands(keep_bytes=1 << 20)
+    first = _ended(loop, "sandbox-0", b"")
+    kept.add(first)
+    for n in range(1, 2_000):
+        kept.add(_ended(loop, f"sandbox-{n}", b""))
+    with pytest.raises(ServiceError) as gone:
+        kept.find("sandbox-0", first.id)
+    assert gone.value.code == "not_found"

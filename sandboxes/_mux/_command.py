@@ -29,6 +29,7 @@ class Command(object):
         self.stdin_closing = False
         self.stdin_waiting = False
         self.drain_deadline = None
+        self.born = now_ticks()  # before anything it starts: what it makes is no older (`_spared`)
         timeout = spec.get("timeout")
         self.deadline = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))

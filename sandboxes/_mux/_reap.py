@@ -77,7 +77,11 @@ def _spared(pid, start, commands, jobs):
     marker), or one carrying the supervisor marker a job's start announced (``job_needle`` of a
     command in ``commands``, a start not yet swept after), which enters ``jobs`` now: the helper's
     own record, since a job's marker (`JOB_MARKER_PREFIX`) can be set by any process. Else it is
-    spared only while it carries a running command's marker (that command kills it)."""
+    spared only while it carries a running command's marker (that command kills it), or when it
+    carries a supervisor's marker and started before every one of ``commands`` (each's ``born``):
+    then no command of this helper made it, and it is another helper's job (a replica's, sharing
+    the sandbox), which this helper's record cannot hold. What a command forges is younger than
+    that command, and dies."""
     if (pid, start) in jobs:
         return True
     environ = _environ(pid)  # `sandboxes._kill`'s, shipped before this file: it waits out an exec
@@ -90,7 +94,32 @@ def _spared(pid, start, commands, jobs):
     for command in commands:
         if not command.finished and command.needle in environ:
             return True
+    needle = _supervisor_needle(environ)
+    born = [command.born for command in commands]
+    if needle is not None and born and None not in born and start < min(born):
+        jobs[(pid, start)] = needle  # another helper's job (a replica's), older than these commands
+        return True
     return False
+
+
+def now_ticks():
+    """The time since boot in the unit of a process's start time in /proc/<pid>/stat; None where
+    it cannot be read (then no orphan is taken for another helper's job)."""
+    try:
+        with open("/proc/uptime") as uptime:
+            return int(float(uptime.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _supervisor_needle(environ):
+    """The job supervisor's marker entry in ``environ`` (NUL-delimited), or None."""
+    prefix = ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode()
+    at = environ.find(prefix)
+    if at == -1:
+        return None
+    needle = environ[at : environ.index(b"\0", at + 1) + 1]
+    return needle if needle.endswith(b"-s\0") else None
 
 
 def seed_jobs(main, jobs):
@@ -99,17 +128,12 @@ def seed_jobs(main, jobs):
     died with it). Nothing when init's orphans are not swept: then nothing kills them either."""
     if main is None:
         return
-    prefix = ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode()
     for pid in _children(1):
         stat = _stat(pid)
         if stat is None or stat[0] in "ZX" or pid == main[0]:
             continue
-        environ = _environ(pid)
-        at = environ.find(prefix)
-        if at == -1:
-            continue
-        needle = environ[at : environ.index(b"\0", at + 1) + 1]
-        if needle.endswith(b"-s\0"):
+        needle = _supervisor_needle(_environ(pid))
+        if needle is not None:
             jobs[(pid, stat[2])] = needle
 
 

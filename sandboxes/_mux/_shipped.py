@@ -11,9 +11,11 @@ it uses while it is being run, and `_server`, which ends by calling its ``main()
 
 from __future__ import annotations
 
+import binascii
+import zlib
 from pathlib import Path
 
-__all__ = ["NATIVE_SOURCE", "PYTHON_FLAGS", "SERVER_SOURCE"]
+__all__ = ["COMPACT_SOURCE", "NATIVE_SOURCE", "PYTHON_FLAGS", "SERVER_SOURCE"]
 
 _HERE = Path(__file__).parent
 
@@ -39,6 +41,12 @@ sandbox. One script: the helper (`_server`), a command's life in it (`_command`)
 commands' shells, cold or ahead of time (`_spawn`), how it finds what commands left behind
 (`_reap`), the one process-tree kill every backend uses (`sandboxes._kill`), and `NATIVE_SOURCE`
 as a string."""
+
+_PACKED = binascii.b2a_base64(zlib.compress(SERVER_SOURCE.encode("utf-8"), 9), newline=False).decode("ascii")
+COMPACT_SOURCE = f"import zlib,binascii;exec(zlib.decompress(binascii.a2b_base64({_PACKED!r})))"
+"""`SERVER_SOURCE` compressed behind a one-line bootstrap, for a transport that passes the script
+inside a shell command (SSH): no quote in it to escape, and well under the kernel's limit on one
+argument (``MAX_ARG_STRLEN``, 128 KiB) that the whole script quoted twice no longer is."""
 
 PYTHON_FLAGS = ("-I", "-S", "-u")
 """How python3 runs the helper: unbuffered, isolated (``-I``), without `site` (``-S``). Without

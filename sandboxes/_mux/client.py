@@ -44,12 +44,13 @@ from sandboxes._mux._frames import (
     wire_spec,
 )
 from sandboxes._mux._outbox import Outbox
-from sandboxes._mux._shipped import NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
+from sandboxes._mux._shipped import COMPACT_SOURCE, NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer
 
 __all__ = [
     "ACK_TIMEOUT",
+    "COMPACT_SOURCE",
     "HEADER",
     "MAX_FRAME",
     "NATIVE_SOURCE",

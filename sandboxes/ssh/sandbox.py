@@ -35,8 +35,8 @@ from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
 from sandboxes._mux import (
+    COMPACT_SOURCE,
     PYTHON_FLAGS,
-    SERVER_SOURCE,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -317,7 +317,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             stream = _ChannelStream(self._connection, channel)
             try:
                 channel.exec_command(
-                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
+                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(COMPACT_SOURCE)}")
                 )
                 self._mux = MuxClient(stream, hello_timeout=20)
             except MuxBroken as broken:

@@ -146,7 +146,11 @@ class ReplicaScenarios:
         base = f"/v1/sandboxes/{sandbox_id}/processes"
         done = a.post(base, json={"command": "echo one; sleep 0.3; echo two; exit 3"}).json()
         finished = _poll_until_done(b, f"{base}/{done['id']}")
-        assert (finished["status"], finished["output"], finished["result"]["exit_code"]) == ("exited", "one\ntwo\n", 3)
+        assert (finished["status"], finished["output"], finished["result"]["exit_code"]) == (
+            "exited",
+            "one\ntwo\n",
+            3,
+        ), finished
         endless = a.post(base, json={"command": "echo up; sleep 100"}).json()
         _wait_for(lambda: b.get(f"{base}/{endless['id']}").json()["output"] == "up\n", "the process started")
         assert b.delete(f"{base}/{endless['id']}").json()["status"] == "killed"

@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes import api
+from sandboxes import protocol as p
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, StreamSlot, command_for, run_once, run_streamed
@@ -239,6 +240,9 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 async def file_json(op: str, entry: Entry, body: Any) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON). Also served by
     `sandboxes.server.hot`."""
+    if op == "download":  # bounded per file: bigger files are streamed (``GET /archive``), never base64 in JSON
+        limit = entry.backend.settings.max_inline_download_bytes
+        return to_json(await _backend(_download, entry.sandbox, body, limit))
     return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body))
 
 
@@ -269,16 +273,23 @@ def _upload(sandbox: Any, body: api.UploadRequest) -> Any:
     return sandbox.upload_files([_decode(item) for item in body.files])
 
 
-def _download(sandbox: Any, body: api.DownloadRequest) -> list[api.DownloadItem]:
+def _download(sandbox: Any, body: api.DownloadRequest, limit: int) -> list[api.DownloadItem]:
+    """Files up to ``limit`` bytes each; bigger ones answer ``file_too_large`` (the client then
+    streams them through ``GET /archive``)."""
+    found = sandbox.download_files_within(body.paths, limit)
     return [
         api.DownloadItem(
             path=item.path,
             content_b64=None if item.content is None else base64.b64encode(item.content).decode("ascii"),
             error=item.error,
-            message=item.message,
+            message=_streamable(item.message, limit) if item.error == p.FILE_TOO_LARGE else item.message,
         )
-        for item in sandbox.download_files(body.paths)
+        for item in found
     ]
+
+
+def _streamable(message: str | None, limit: int) -> str:
+    return f"{message or 'too large'} (the service answers files up to {limit} bytes inline; GET /archive streams it)"
 
 
 _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
@@ -290,7 +301,6 @@ _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "grep": lambda s, b: s.grep(b.pattern, b.path, b.glob, max_count=b.max_count),
     "glob": lambda s, b: s.glob(b.pattern, b.path),
     "upload": _upload,
-    "download": _download,
 }
 for _op, _model in api.FILE_OPERATIONS.items():
     _files(_op, _model)

@@ -55,7 +55,8 @@ def test_read_of_a_file_of_newlines_is_paginated(sandbox: LocalSandbox) -> None:
     start = peak()
     result = sandbox.read(f"{sandbox.root}/newlines", limit=10)
     assert result.error is None, result
-    assert result.file_data is not None and result.file_data.content == "\n" * 10
+    assert result.file_data is not None
+    assert result.file_data.content == "\n" * 10
     assert (result.start_line, result.end_line, result.next_offset) == (1, 10, 10)
     assert peak() - start < GROWTH
 
@@ -73,7 +74,8 @@ def test_read_past_what_read_looks_at_says_how_to_see_it(sandbox: LocalSandbox) 
     lines = READ_SCAN_BYTES  # one byte a line: the file has 4x as many
     result = sandbox.read(f"{sandbox.root}/newlines", offset=lines - 5, limit=10)
     assert result.error == p.FILE_TOO_LARGE, result
-    assert result.message is not None and "sed -n" in result.message
+    assert result.message is not None
+    assert "sed -n" in result.message
     inside = sandbox.read(f"{sandbox.root}/newlines", offset=lines - 20, limit=10)
     assert (inside.error, inside.next_offset) == (None, lines - 10)
 

@@ -132,5 +132,6 @@ def test_the_client_streams_what_the_service_does_not_answer_inline(
             service, lambda: remote.download_files([f"{sandbox['root']}/mid", f"{sandbox['root']}/sparse"])
         )
     assert mid.error is None, mid
-    assert mid.content is not None and hashlib.sha256(mid.content).hexdigest() == sandbox["mid_sha256"]
+    assert mid.content is not None
+    assert hashlib.sha256(mid.content).hexdigest() == sandbox["mid_sha256"]
     assert (sparse.error, sparse.content) == (p.FILE_TOO_LARGE, None), sparse

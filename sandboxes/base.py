@@ -49,7 +49,7 @@ MAX_READ_BYTES = 256 << 20
 """``edit`` refuses files larger than this: they travel whole through ``execute`` (base64; raw
 through the exec helper, 256 KiB a turn of its loop)."""
 
-READ_SCAN_BYTES = 16 << 20
+READ_SCAN_BYTES = 8 << 20
 """``read`` looks at most at this many of a file's first bytes: a bigger file answers a window
 within its complete lines there, or ``file_too_large`` (`sandboxes.semantics.read_window`)."""
 

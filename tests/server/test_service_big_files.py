@@ -16,7 +16,7 @@ import pytest
 from service_harness import KEYS, ServiceProcess, create, execute, subprocess_config
 
 from sandboxes import protocol as p
-from sandboxes.client import SandboxClient
+from sandboxes.client import AsyncSandboxClient, SandboxClient
 from sandboxes.client._wire import ClientConfig
 
 GROWTH = 256 << 20
@@ -133,5 +133,15 @@ def test_the_client_streams_what_the_service_does_not_answer_inline(
         )
     assert mid.error is None, mid
     assert mid.content is not None
+    assert hashlib.sha256(mid.content).hexdigest() == sandbox["mid_sha256"]
+    assert (sparse.error, sparse.content) == (p.FILE_TOO_LARGE, None), sparse
+
+
+async def test_the_async_client_streams_them_too(service: ServiceProcess, sandbox: dict[str, Any]) -> None:
+    config = ClientConfig(url=service.url, api_key=KEYS["alice"], max_download_bytes=64 << 20)
+    async with AsyncSandboxClient(config=config) as remote_client:
+        remote = remote_client.attach(sandbox["id"])
+        mid, sparse = await remote.adownload_files([f"{sandbox['root']}/mid", f"{sandbox['root']}/sparse"])
+    assert mid.content is not None, mid
     assert hashlib.sha256(mid.content).hexdigest() == sandbox["mid_sha256"]
     assert (sparse.error, sparse.content) == (p.FILE_TOO_LARGE, None), sparse

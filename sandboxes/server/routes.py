@@ -274,8 +274,10 @@ def _upload(sandbox: Any, body: api.UploadRequest) -> Any:
 
 
 def _download(sandbox: Any, body: api.DownloadRequest, limit: int) -> list[api.DownloadItem]:
-    """Files up to ``limit`` bytes each; bigger ones answer ``file_too_large`` (the client then
-    streams them through ``GET /archive``)."""
+    """Files up to ``limit`` bytes each, and a batch's files up to four times ``limit`` in all
+    (each gets its share); bigger ones answer ``file_too_large`` (the client then streams them
+    through ``GET /archive``)."""
+    limit = min(limit, max(_MIN_SHARE, 4 * limit // max(len(body.paths), 1)))
     found = sandbox.download_files_within(body.paths, limit)
     return [
         api.DownloadItem(
@@ -286,6 +288,10 @@ def _download(sandbox: Any, body: api.DownloadRequest, limit: int) -> list[api.D
         )
         for item in found
     ]
+
+
+_MIN_SHARE = 64 << 10
+"""The least any file of a ``files/download`` batch may be inline, however many it names."""
 
 
 def _streamable(message: str | None, limit: int) -> str:

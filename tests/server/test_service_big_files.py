@@ -61,11 +61,13 @@ def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
         client,
         created["id"],
         "truncate -s 1G sparse && head -c 67108864 /dev/zero | tr '\\0' '\\n' > newlines"
-        " && head -c 3000000 /dev/urandom > mid && sha256sum mid && pwd",
+        " && head -c 3000000 /dev/urandom > mid && head -c 200000 /dev/urandom > small"
+        " && sha256sum small mid && pwd",
     )
     assert made["exit_code"] == 0, made
-    digest, _, root = made["output"].partition(" ")
-    created["mid_sha256"], created["root"] = digest, root.split("\n")[1].strip()
+    small, mid, root = made["output"].strip().split("\n")
+    created["small_sha256"], created["mid_sha256"] = small.split()[0], mid.split()[0]
+    created["root"] = root.strip()
     yield created
     client.delete(f"/v1/sandboxes/{created['id']}")
 
@@ -145,3 +147,20 @@ async def test_the_async_client_streams_them_too(service: ServiceProcess, sandbo
     assert mid.content is not None, mid
     assert hashlib.sha256(mid.content).hexdigest() == sandbox["mid_sha256"]
     assert (sparse.error, sparse.content) == (p.FILE_TOO_LARGE, None), sparse
+
+
+def test_a_batch_is_bounded_in_all_and_the_client_streams_the_rest(
+    service: ServiceProcess, client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """A 200 kB file comes inline alone; forty of it are over four times the inline bound
+    together, so each gets its share (under 200 kB) and answers ``file_too_large``, and the
+    client streams them."""
+    [alone] = _post(client, sandbox, "download", paths=[f"{sandbox['root']}/small"])
+    assert alone["error"] is None, alone
+    paths = [f"{sandbox['root']}/small"] * 40
+    items = _bounded(service, lambda: _post(client, sandbox, "download", paths=paths))
+    assert {item["error"] for item in items} == {p.FILE_TOO_LARGE}
+    config = ClientConfig(url=service.url, api_key=KEYS["alice"])
+    with SandboxClient(config=config) as remote_client:
+        found = remote_client.attach(sandbox["id"]).download_files(paths)
+    assert {hashlib.sha256(item.content or b"").hexdigest() for item in found} == {sandbox["small_sha256"]}

@@ -37,10 +37,12 @@ from sandboxes.semantics import (
     compile_glob,
     filter_glob,
     finish_grep,
+    lines_window,
     message_for,
     read_window,
     refused_input,
     replace_text,
+    text_prefix,
 )
 
 R = TypeVar("R")
@@ -246,9 +248,26 @@ class BaseSandbox(p.SandboxBackendProtocol):
         data = yield from self._fetch(path, READ_SCAN_BYTES)
         if isinstance(data, tuple):
             return p.ReadResult(*data)
-        if len(data) > READ_SCAN_BYTES:
-            return read_window(path, data[:READ_SCAN_BYTES], offset, limit, whole=False)
-        return read_window(path, data, offset, limit)
+        if len(data) <= READ_SCAN_BYTES:
+            return read_window(path, data, offset, limit)
+        head = data[:READ_SCAN_BYTES]
+        result = read_window(path, head, offset, limit, whole=False)
+        if result.error is None or limit <= 0 or text_prefix(path, head) is None:
+            return result
+        return (yield from self._read_lines(path, max(int(offset), 0), limit))
+
+    def _read_lines(self, path: str, offset: int, limit: int) -> Operation[p.ReadResult]:
+        """A window past what ``read`` looks at, cut in the sandbox (`_scripts.READ_LINES`)."""
+        args = (path, str(offset + 1), str(limit), str(READ_SCAN_BYTES))
+        response = yield Call(_scripts.command(_scripts.READ_LINES, *args), output_limit=_answer_room(READ_SCAN_BYTES))
+        if (code := _parse.check(response, path)) is not None:
+            return p.ReadResult(code, message_for(code, path, _DOWNLOAD_DETAILS.get(code)))
+        first, _, encoded = response.output.partition("\n")
+        total = _parse.natural(first.strip())
+        if response.truncated or total is None:
+            raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox's window of '{path}' came back garbled")
+        window = _parse.decode_base64(encoded)
+        return lines_window(path, window, offset, total, cut=len(window) >= READ_SCAN_BYTES)
 
     def _write(self, file_path: str, content: str) -> Operation[p.WriteResult]:
         try:

@@ -129,6 +129,40 @@ def _line_starts(text: str, first: int, count: int) -> tuple[int, int, int]:
     return begin, len(text), min(line + tail - first, count)
 
 
+def text_prefix(path: str, data: bytes) -> str | None:
+    """The complete lines of a file's first bytes ``data``, ``None`` when they are not text."""
+    if PurePosixPath(path).suffix.lower() in BINARY_EXTENSIONS or b"\x00" in data:
+        return None
+    return _complete_prefix(data)
+
+
+def lines_window(path: str, data: bytes, offset: int, total: int, *, cut: bool) -> p.ReadResult:
+    """A window of a big file cut in the sandbox (`sandboxes._scripts.READ_LINES`): ``data`` is
+    its lines from ``offset`` on (split at LF), ``cut`` when a bound cut them short (the last,
+    partial one is dropped), and ``total`` the file's number of lines."""
+    if offset >= total:
+        return p.ReadResult(
+            error=p.OFFSET_OUT_OF_RANGE, message=f"Line offset {offset} exceeds file length ({total} lines)"
+        )
+    whole = not cut and not data.endswith(b"\n")  # the file's last line, without its end
+    text = text_prefix(path, data + b"\n" if whole else data)
+    if not text:
+        return p.ReadResult(
+            error=p.FILE_TOO_LARGE,
+            message=f"File '{path}': line {offset + 1} is not text, or longer than read shows; use execute",
+        )
+    window = (text[:-1] if whole else text).replace("\r\n", "\n").replace("\r", "\n")
+    count = window.count("\n") + (0 if window.endswith("\n") else 1)
+    end = offset + count
+    return p.ReadResult(
+        file_data=p.FileData(window, "utf-8"),
+        total_lines=total,
+        start_line=offset + 1,
+        end_line=end,
+        next_offset=end if end < total else None,
+    )
+
+
 def _complete_prefix(data: bytes) -> str | None:
     """The text of a file's first bytes (a multi-byte character cut at their end dropped), up
     to its last line end (a CR at the very end dropped too: it may be half a CRLF); ``None``
@@ -209,10 +243,7 @@ def _prefix_window(
     path: str, data: bytes, offset: int, limit: int, created_at: str | None, modified_at: str | None
 ) -> p.ReadResult:
     """A window of a file bigger than what ``read`` looks at (its first ``len(data)`` bytes)."""
-    if PurePosixPath(path).suffix.lower() in BINARY_EXTENSIONS or b"\x00" in data:
-        text = None
-    else:
-        text = _complete_prefix(data)
+    text = text_prefix(path, data)
     if text is None:
         return p.ReadResult(
             error=p.FILE_TOO_LARGE,

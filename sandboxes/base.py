@@ -250,9 +250,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.ReadResult(*data)
         if len(data) <= READ_SCAN_BYTES:
             return read_window(path, data, offset, limit)
-        head = data[:READ_SCAN_BYTES]
-        result = read_window(path, head, offset, limit, whole=False)
-        if result.error is None or limit <= 0 or text_prefix(path, head) is None:
+        result = read_window(path, data, offset, limit, whole=False)  # one byte more: as good a prefix
+        if result.error is None or limit <= 0 or text_prefix(path, data) is None:
             return result
         return (yield from self._read_lines(path, max(int(offset), 0), limit))
 

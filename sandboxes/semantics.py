@@ -167,9 +167,10 @@ def _complete_prefix(data: bytes) -> str | None:
     """The text of a file's first bytes (a multi-byte character cut at their end dropped), up
     to its last line end (a CR at the very end dropped too: it may be half a CRLF); ``None``
     when that is not text."""
+    view = memoryview(data)
     for cut in range(4):
         try:
-            text = data[: len(data) - cut].decode("utf-8")
+            text = str(view[: len(data) - cut], "utf-8")  # a view: no copy of the bytes
             break
         except UnicodeDecodeError:
             continue

@@ -37,18 +37,27 @@ from sandboxes.semantics import (
     compile_glob,
     filter_glob,
     finish_grep,
+    lines_window,
     message_for,
     read_window,
     refused_input,
     replace_text,
+    text_prefix,
 )
 
 R = TypeVar("R")
 
 MAX_READ_BYTES = 256 << 20
-"""``read`` and ``edit`` refuse files larger than this: they travel whole through ``execute``
-(base64; raw through the exec helper, 256 KiB a turn of its loop). ``download_files`` has no such cap on
-backends with a native transfer."""
+"""``edit`` refuses files larger than this: they travel whole through ``execute`` (base64; raw
+through the exec helper, 256 KiB a turn of its loop)."""
+
+READ_SCAN_BYTES = 8 << 20
+"""``read`` looks at most at this many of a file's first bytes: a bigger file answers a window
+within its complete lines there, or ``file_too_large`` (`sandboxes.semantics.read_window`)."""
+
+MAX_DOWNLOAD_BYTES = 512 << 20
+"""Default per-file bound of ``download_files`` (`BaseSandbox.max_download_bytes`): a bigger
+file answers ``file_too_large``, its bytes never pulled."""
 
 SEARCH_OUTPUT_LIMIT = 64 << 20
 """Cap on what ls/grep/glob may send back; beyond it results are marked truncated."""
@@ -212,15 +221,23 @@ class BaseSandbox(p.SandboxBackendProtocol):
             return p.LsResult(code, message_for(code, directory))
         return p.LsResult(entries=_parse.ls_entries(response.output, directory))
 
-    def _fetch(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
-        """The whole file (up to `MAX_READ_BYTES`), or why not."""
-        args = (path, str(MAX_READ_BYTES + 1))
-        response = yield Call(_scripts.command(_scripts.READ_FILE, *args), native=("read_file", *args))
+    def _fetch(self, path: str, cap: int = MAX_READ_BYTES) -> Operation[bytes | tuple[p.ErrorCode, str]]:
+        """The file's first ``cap + 1`` bytes at most (a file of more: bigger than ``cap``), or
+        why not. The sandbox is asked for no more, and no more is taken from it."""
+        args = (path, str(cap + 1))
+        command = _scripts.command(_scripts.READ_FILE, *args)
+        response = yield Call(command, output_limit=_answer_room(cap + 1), native=("read_file", *args))
         if (code := _parse.check(response, path)) is not None:
             detail = "not a regular file" if code == p.INVALID_ARGUMENT else None
             return code, message_for(code, path, detail)
-        data = _parse.file_bytes(response.output)
-        if len(data) > MAX_READ_BYTES:
+        if response.truncated:
+            raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox sent more of '{path}' than {cap + 1} bytes")
+        return _parse.file_bytes(response.output)
+
+    def _fetch_whole(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
+        """The whole file (up to `MAX_READ_BYTES`), or why not."""
+        data = yield from self._fetch(path)
+        if not isinstance(data, tuple) and len(data) > MAX_READ_BYTES:
             return p.FILE_TOO_LARGE, message_for(
                 p.FILE_TOO_LARGE, path, f"larger than {MAX_READ_BYTES} bytes; use download_files"
             )
@@ -231,10 +248,28 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.ReadResult(*refused_input(exc, file_path))
-        data = yield from self._fetch(path)
+        data = yield from self._fetch(path, READ_SCAN_BYTES)
         if isinstance(data, tuple):
             return p.ReadResult(*data)
-        return read_window(path, data, offset, limit)
+        if len(data) <= READ_SCAN_BYTES:
+            return read_window(path, data, offset, limit)
+        result = read_window(path, data, offset, limit, whole=False)  # one byte more: as good a prefix
+        if result.error is None or limit <= 0 or text_prefix(path, data) is None:
+            return result
+        return (yield from self._read_lines(path, max(int(offset), 0), limit))
+
+    def _read_lines(self, path: str, offset: int, limit: int) -> Operation[p.ReadResult]:
+        """A window past what ``read`` looks at, cut in the sandbox (`_scripts.READ_LINES`)."""
+        args = (path, str(offset + 1), str(limit), str(READ_SCAN_BYTES))
+        response = yield Call(_scripts.command(_scripts.READ_LINES, *args), output_limit=_answer_room(READ_SCAN_BYTES))
+        if (code := _parse.check(response, path)) is not None:
+            return p.ReadResult(code, message_for(code, path, _DOWNLOAD_DETAILS.get(code)))
+        first, _, encoded = response.output.partition("\n")
+        total = _parse.natural(first.strip())
+        if response.truncated or total is None:
+            raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox's window of '{path}' came back garbled")
+        window = _parse.decode_base64(encoded)
+        return lines_window(path, window, offset, total, cut=len(window) >= READ_SCAN_BYTES)
 
     def _write(self, file_path: str, content: str) -> Operation[p.WriteResult]:
         try:
@@ -252,7 +287,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.EditResult(*refused_input(exc, file_path))
-        data = yield from self._fetch(path)
+        data = yield from self._fetch_whole(path)
         if isinstance(data, tuple):
             return p.EditResult(*data)
         try:
@@ -359,9 +394,10 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses[index] = _upload_response(files[index][0], _parse.code_for_status(status), path)
         return [r for r in responses if r is not None]
 
-    def _download(self, paths: list[str], inline_limit: int | None = None) -> Operation[list[p.FileDownloadResponse]]:
-        """Files in one round trip; with ``inline_limit``, larger ones answer ``file_too_large``
-        without content, for a backend with a bulk transport to fetch separately."""
+    def _download(self, paths: list[str], limit: int) -> Operation[list[p.FileDownloadResponse]]:
+        """Files in one round trip; larger ones than ``limit`` answer ``file_too_large`` without
+        content (for a backend with a bulk transport to fetch separately, or refused). What the
+        sandbox sends is bounded by that limit per file."""
         responses: list[p.FileDownloadResponse | None] = []
         valid: list[tuple[int, str]] = []
         for index, raw in enumerate(paths):
@@ -371,15 +407,20 @@ class BaseSandbox(p.SandboxBackendProtocol):
             except InvalidPathError as exc:
                 responses.append(p.FileDownloadResponse(raw, None, *refused_input(exc, raw)))
         if valid:
-            limit = "-" if inline_limit is None else str(inline_limit)
-            args = (limit, *(path for _, path in valid))
-            response = yield Call(_scripts.command(_scripts.DOWNLOAD, *args), native=("download", *args))
+            args = (str(limit), *(path for _, path in valid))
+            room = len(valid) * (_answer_room(limit) + 32)
+            command = _scripts.command(_scripts.DOWNLOAD, *args)
+            response = yield Call(command, output_limit=room, native=("download", *args))
             _parse.check(response, valid[0][1])
+            if response.truncated:
+                raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox sent more than {limit} bytes a file")
             for (index, path), (status, content) in zip(
                 valid, _parse.downloads(response.output, len(valid)), strict=True
             ):
                 code = None if status == 0 else (_parse.code_for_status(status) or p.BACKEND_ERROR)
-                message = None if code is None else message_for(code, path)
+                message = None if code is None else message_for(code, path, _DOWNLOAD_DETAILS.get(code))
+                if code == p.FILE_TOO_LARGE:
+                    message = message_for(code, path, f"larger than {limit} bytes")
                 responses[index] = p.FileDownloadResponse(paths[index], content, code, message)
         return [r for r in responses if r is not None]
 
@@ -451,18 +492,29 @@ class BaseSandbox(p.SandboxBackendProtocol):
             result[i] = failure if statuses is None else _parse.code_for_status(statuses[position])
         return result
 
+    max_download_bytes: int = MAX_DOWNLOAD_BYTES
+    """Per-file bound of ``download_files``: a bigger file (by its size, or by what it turned
+    out to hold) answers ``file_too_large``, and no more of it is taken from the sandbox."""
+
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        return self.download_files_within(paths, self.max_download_bytes)
+
+    def download_files_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
+        """``download_files`` with a per-file bound of ``max_bytes`` (the service's, for its
+        JSON answers): bigger files answer ``file_too_large``."""
         bulk = [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
-        if not bulk:
-            return self._drive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+        threshold = self.bulk_threshold
+        if not bulk or threshold is None or max_bytes <= threshold:
+            return self._drive(self._download(paths, max_bytes), _batch_failed(paths, p.FileDownloadResponse))
         results = self._in_groups(
-            paths, bulk, lambda group: self._drive(self._download(group), _batch_failed(group, p.FileDownloadResponse))
+            paths,
+            bulk,
+            lambda group: self._drive(self._download(group, max_bytes), _batch_failed(group, p.FileDownloadResponse)),
         )
         group = [paths[i] for i in bulk]
-        assert self.bulk_threshold is not None
-        inline = self._drive(self._download(group, self.bulk_threshold), _batch_failed(group, p.FileDownloadResponse))
+        inline = self._drive(self._download(group, threshold), _batch_failed(group, p.FileDownloadResponse))
         for i, response in zip(bulk, inline, strict=True):
-            results[i] = self._fetch_bulk(paths[i]) if response.error == p.FILE_TOO_LARGE else response
+            results[i] = self._fetch_bulk(paths[i], max_bytes) if response.error == p.FILE_TOO_LARGE else response
         return [results[i] for i in range(len(paths))]
 
     # ----------------------------------------------------------------- bulk transfer hooks
@@ -480,7 +532,8 @@ class BaseSandbox(p.SandboxBackendProtocol):
         """Write files whose destinations `_prepare_bulk` already checked and created parents for."""
         raise NotImplementedError
 
-    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
+    def _bulk_get(self, path: str, max_bytes: int) -> bytes | p.ErrorCode:
+        """The file's bytes, or ``file_too_large`` past ``max_bytes`` (counted as they arrive)."""
         raise NotImplementedError
 
     def _prepare_bulk(self, files: list[tuple[str, bytes]]) -> Operation[list[p.FileUploadResponse]]:
@@ -501,12 +554,13 @@ class BaseSandbox(p.SandboxBackendProtocol):
                 responses[index] = _upload_response(files[index][0], _parse.code_for_status(status), path)
         return [r for r in responses if r is not None]
 
-    def _fetch_bulk(self, raw: str) -> p.FileDownloadResponse:
+    def _fetch_bulk(self, raw: str, max_bytes: int) -> p.FileDownloadResponse:
         path = normalize_path(raw)
-        outcome = self._bulk_get(path)
+        outcome = self._bulk_get(path, max_bytes)
         if isinstance(outcome, bytes):
             return p.FileDownloadResponse(raw, outcome)
-        return p.FileDownloadResponse(raw, None, outcome, message_for(outcome, path))
+        detail = f"larger than {max_bytes} bytes" if outcome == p.FILE_TOO_LARGE else _DOWNLOAD_DETAILS.get(outcome)
+        return p.FileDownloadResponse(raw, None, outcome, message_for(outcome, path, detail))
 
     @staticmethod
     def _in_groups(items: list[Any], bulk: list[int], inline: Callable[[list[Any]], list[Any]]) -> dict[int, Any]:
@@ -546,7 +600,19 @@ class BaseSandbox(p.SandboxBackendProtocol):
         return await self._adrive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
 
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
-        return await self._adrive(self._download(paths), _batch_failed(paths, p.FileDownloadResponse))
+        operation = self._download(paths, self.max_download_bytes)
+        return await self._adrive(operation, _batch_failed(paths, p.FileDownloadResponse))
+
+
+_DOWNLOAD_DETAILS: dict[p.ErrorCode, str] = {
+    p.INVALID_ARGUMENT: "not a regular file (a FIFO, a device, or a file under /proc, /sys or /dev)",
+}
+
+
+def _answer_room(size: int) -> int:
+    """Room for a file op's answer of ``size`` bytes of a file: raw, or as base64 lines (76
+    characters and a newline for every 57 bytes), with a little for its framing."""
+    return (size + 2) // 3 * 4 + size // 57 + 4096
 
 
 def _join_or(groups: list[list[str]]) -> list[str]:

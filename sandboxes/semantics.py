@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -98,6 +99,88 @@ def decode_text(path: str, data: bytes) -> str | None:
         return None
 
 
+_LINE_END = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Where ``str.splitlines`` ends a line (deepagents' line indexing), a CRLF counting once."""
+_LINE_ENDS = ("\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+def _count_lines(text: str) -> int:
+    """``len(text.splitlines())`` without making the lines: counts, linear and allocation-free."""
+    ends = sum(text.count(end) for end in _LINE_ENDS) - text.count("\r\n")
+    return ends + (1 if text and not _LINE_END.fullmatch(text[-1]) else 0)
+
+
+def _line_starts(text: str, first: int, count: int) -> tuple[int, int, int]:
+    """(where line ``first`` starts, where line ``first + count`` starts or the text ends, how
+    many lines lie between), walking line ends one at a time: memory stays constant."""
+    position, line, begin = 0, 0, None
+    if first == 0:
+        begin = 0
+    for match in _LINE_END.finditer(text):
+        line += 1
+        position = match.end()
+        if line == first:
+            begin = position
+        if begin is not None and line == first + count:
+            return begin, position, count
+    if begin is None:
+        return len(text), len(text), 0
+    tail = 1 if position < len(text) else 0  # a last line without its end
+    return begin, len(text), min(line + tail - first, count)
+
+
+def text_prefix(path: str, data: bytes) -> str | None:
+    """The complete lines of a file's first bytes ``data``, ``None`` when they are not text."""
+    if PurePosixPath(path).suffix.lower() in BINARY_EXTENSIONS or b"\x00" in data:
+        return None
+    return _complete_prefix(data)
+
+
+def lines_window(path: str, data: bytes, offset: int, total: int, *, cut: bool) -> p.ReadResult:
+    """A window of a big file cut in the sandbox (`sandboxes._scripts.READ_LINES`): ``data`` is
+    its lines from ``offset`` on (split at LF), ``cut`` when a bound cut them short (the last,
+    partial one is dropped), and ``total`` the file's number of lines."""
+    if offset >= total:
+        return p.ReadResult(
+            error=p.OFFSET_OUT_OF_RANGE, message=f"Line offset {offset} exceeds file length ({total} lines)"
+        )
+    whole = not cut and not data.endswith(b"\n")  # the file's last line, without its end
+    text = text_prefix(path, data + b"\n" if whole else data)
+    if not text:
+        return p.ReadResult(
+            error=p.FILE_TOO_LARGE,
+            message=f"File '{path}': line {offset + 1} is not text, or longer than read shows; use execute",
+        )
+    window = (text[:-1] if whole else text).replace("\r\n", "\n").replace("\r", "\n")
+    count = window.count("\n") + (0 if window.endswith("\n") else 1)
+    end = offset + count
+    return p.ReadResult(
+        file_data=p.FileData(window, "utf-8"),
+        total_lines=total,
+        start_line=offset + 1,
+        end_line=end,
+        next_offset=end if end < total else None,
+    )
+
+
+def _complete_prefix(data: bytes) -> str | None:
+    """The text of a file's first bytes (a multi-byte character cut at their end dropped), up
+    to its last line end (a CR at the very end dropped too: it may be half a CRLF); ``None``
+    when that is not text."""
+    view = memoryview(data)
+    for cut in range(4):
+        try:
+            text = str(view[: len(data) - cut], "utf-8")  # a view: no copy of the bytes
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        return None
+    text = text.removesuffix("\r")
+    last = max(text.rfind(end) for end in _LINE_ENDS)
+    return text[: last + 1]
+
+
 def read_window(
     path: str,
     data: bytes,
@@ -106,12 +189,18 @@ def read_window(
     *,
     created_at: str | None = None,
     modified_at: str | None = None,
+    whole: bool = True,
 ) -> p.ReadResult:
     """Slice a file into the requested window (deepagents' ``slice_read_response`` semantics).
 
-    Line indexing splits on LF, CRLF and CR; the window is shown with LF endings. Blank files
-    come back whole and unpaginated; ``limit <= 0`` inspects nothing.
+    Line indexing splits where ``str.splitlines`` does (LF, CRLF, CR, ...); the window is shown
+    with LF endings. Every file is paginated, whatever it holds (an empty one is its empty
+    text); ``limit <= 0`` inspects nothing. Time is linear in ``data`` and memory is the window.
+    ``whole=False``: ``data`` is only the file's first bytes (`READ_SCAN_BYTES` of a bigger
+    file), so only a window inside its complete lines is answered, without ``total_lines``.
     """
+    if not whole:
+        return _prefix_window(path, data, offset, limit, created_at, modified_at)
     text = decode_text(path, data)
     if text is None:
         if len(data) > MAX_BINARY_READ_BYTES:
@@ -121,28 +210,57 @@ def read_window(
             )
         encoded = base64.b64encode(data).decode("ascii")
         return p.ReadResult(file_data=p.FileData(encoded, "base64", created_at, modified_at))
+    return _text_window(text, offset, limit, created_at, modified_at, total=_count_lines(text))
 
+
+def _text_window(
+    text: str, offset: int, limit: int, created_at: str | None, modified_at: str | None, *, total: int | None
+) -> p.ReadResult:
     offset, limit = max(int(offset), 0), max(int(limit), 0)
-    if text.strip() == "":
+    if text == "":
         return p.ReadResult(file_data=p.FileData(text, "utf-8", created_at, modified_at))
     if limit == 0:
         return p.ReadResult(file_data=p.FileData("", "utf-8", created_at, modified_at), no_lines_requested=True)
-
-    lines = text.splitlines(keepends=True)
-    total = len(lines)
-    if offset >= total:
+    begin, stop, count = _line_starts(text, offset, limit)
+    if count == 0:
+        shown = total if total is not None else _count_lines(text)
         return p.ReadResult(
             error=p.OFFSET_OUT_OF_RANGE,
-            message=f"Line offset {offset} exceeds file length ({total} lines)",
+            message=f"Line offset {offset} exceeds file length ({shown} lines)",
         )
-    end = min(offset + limit, total)
-    window = "".join(lines[offset:end]).replace("\r\n", "\n").replace("\r", "\n")
+    window = text[begin:stop].replace("\r\n", "\n").replace("\r", "\n")
+    end = offset + count
+    more = total is None or end < total
     return p.ReadResult(
         file_data=p.FileData(window, "utf-8", created_at, modified_at),
         total_lines=total,
         start_line=offset + 1,
         end_line=end,
-        next_offset=end if end < total else None,
+        next_offset=end if more else None,
+    )
+
+
+def _prefix_window(
+    path: str, data: bytes, offset: int, limit: int, created_at: str | None, modified_at: str | None
+) -> p.ReadResult:
+    """A window of a file bigger than what ``read`` looks at (its first ``len(data)`` bytes)."""
+    text = text_prefix(path, data)
+    if text is None:
+        return p.ReadResult(
+            error=p.FILE_TOO_LARGE,
+            message=f"File '{path}': Binary file exceeds maximum preview size of {MAX_BINARY_READ_BYTES} bytes",
+        )
+    offset, limit = max(int(offset), 0), max(int(limit), 0)
+    result = _text_window(text, offset, limit, created_at, modified_at, total=None)
+    if result.error is None and (limit == 0 or result.end_line == offset + limit):
+        return result
+    return p.ReadResult(
+        error=p.FILE_TOO_LARGE,
+        message=(
+            f"File '{path}' is larger than the {len(data)} bytes read looks at, and lines "
+            f"{offset + 1}-{offset + limit} are not all within them: use grep, or execute "
+            "(e.g. sed -n) to see them"
+        ),
     )
 
 

@@ -278,3 +278,23 @@ def test_a_helper_that_stops_taking_a_big_upload_ends_it(
         assert response.error is not None, response
         assert time.monotonic() - started < 30
         assert sandbox.execute("echo back").output == "back\n"
+
+
+def test_a_big_download_is_bounded_and_kernel_files_are_refused(clean: DockerSandbox) -> None:
+    """A sparse file costs the sandbox nothing: the bulk path takes at most the bound of it
+    (``file_too_large`` past it, by its size and by the bytes counted as they come), and a
+    link to an endless kernel file is refused before any byte of it is read."""
+    made = clean.execute(
+        "truncate -s 1G /workspace/sparse && head -c 3000000 /dev/urandom > /workspace/mid"
+        " && ln -s /proc/self/pagemap /workspace/endless"
+    )
+    assert made.exit_code == 0, made
+    big, mid, endless = clean.download_files_within(
+        ["/workspace/sparse", "/workspace/mid", "/workspace/endless"], 2 << 20
+    )
+    assert (big.error, big.content) == (p.FILE_TOO_LARGE, None), big
+    assert (mid.error, mid.content) == (p.FILE_TOO_LARGE, None), mid
+    assert (endless.error, endless.content) == (p.INVALID_ARGUMENT, None), endless
+    [whole] = clean.download_files_within(["/workspace/mid"], 4 << 20)
+    assert whole.content is not None
+    assert len(whole.content) == 3000000

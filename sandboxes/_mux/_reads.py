@@ -143,6 +143,8 @@ def download_parts(limit, paths):
     yield RAW
     for path in paths:
         try:
+            if _kernel_file(path):
+                raise _Answer(16)
             fd = _open_regular(path)
         except _Answer as failed:
             yield b"%d 0\n" % failed.code
@@ -169,6 +171,13 @@ def download_parts(limit, paths):
                 yield chunk
         finally:
             os.close(fd)
+
+
+def _kernel_file(path):
+    """Whether ``path`` (through links) is in ``/proc``, ``/sys`` or ``/dev``: the script's
+    ``readlink -f`` test, which refuses their files (sizes they do not have, contents without end)."""
+    real = os.path.realpath(path)
+    return real.startswith(("/proc/", "/sys/", "/dev/"))
 
 
 def _open_regular(path):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tarfile
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 from sandboxes import protocol as p
@@ -96,3 +96,60 @@ def tar_of_one(name: str, data: bytes) -> Iterator[bytes]:
     for offset in range(0, len(data), _CHUNK):
         yield bytes(view[offset : offset + _CHUNK])
     yield b"\0" * ((_BLOCK - len(data) % _BLOCK) % _BLOCK + 2 * _BLOCK)
+
+
+TAR_OVERHEAD = 1 << 20
+"""What a one-file tar may hold besides the file's bytes (its headers, padding and end): a
+stream longer than the file's bound by more is refused while it arrives."""
+
+
+class TooLarge(Exception):
+    """A streamed download went past its bound."""
+
+
+class _Bounded:
+    """A file-like view of a chunk stream that counts what arrives and refuses past ``limit``."""
+
+    def __init__(self, chunks: Iterable[bytes], limit: int) -> None:
+        self._chunks = iter(chunks)
+        self._limit = limit
+        self._pending = b""
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        out = bytearray()
+        while size < 0 or len(out) < size:
+            if not self._pending:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self.count += len(chunk)
+                if self.count > self._limit:
+                    raise TooLarge()
+                self._pending = chunk
+            take = len(self._pending) if size < 0 else size - len(out)
+            out += self._pending[:take]
+            self._pending = self._pending[take:]
+        return bytes(out)
+
+
+def file_from_tar(chunks: Iterable[bytes], max_bytes: int) -> bytes | p.ErrorCode:
+    """The single regular file of a one-member tar stream (``GET /archive`` of a file), read as
+    it arrives and never past ``max_bytes`` of content (``file_too_large``); a member that is no
+    regular file is ``invalid_argument``, a stream that is no tar ``backend_error``."""
+    source = _Bounded(chunks, max_bytes + TAR_OVERHEAD)
+    try:
+        with tarfile.open(fileobj=source, mode="r|") as tar:  # type: ignore[call-overload]
+            member = tar.next()
+            if member is None or not member.isreg():
+                return p.INVALID_ARGUMENT
+            if member.size > max_bytes:
+                return p.FILE_TOO_LARGE
+            content = tar.extractfile(member)
+            assert content is not None
+            data: bytes = content.read(max_bytes + 1)
+            return p.FILE_TOO_LARGE if len(data) > max_bytes else data
+    except TooLarge:
+        return p.FILE_TOO_LARGE
+    except (tarfile.TarError, EOFError):
+        return p.BACKEND_ERROR

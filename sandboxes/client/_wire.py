@@ -63,6 +63,10 @@ class ClientConfig(BaseModel):
     max_batch_bytes: int = Field(default=16 << 20, gt=0)
     """Raw bytes of inline files per upload request; more are split over several requests
     (the service caps JSON bodies, 64 MiB by default)."""
+    max_download_bytes: int = Field(default=512 << 20, gt=0)
+    """``download_files`` takes files the service does not answer inline (over its
+    ``max_inline_download_bytes``) as a streamed tar (``GET /archive``), up to this many bytes
+    each, counted as they arrive; bigger ones answer ``file_too_large``."""
 
     @field_validator("url")
     @classmethod

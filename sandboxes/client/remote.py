@@ -22,8 +22,8 @@ import time
 import weakref
 from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
-from typing import IO, cast
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from typing import IO, cast, get_args
 
 import httpx
 
@@ -31,7 +31,16 @@ from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
-from sandboxes.client._bulk import Inline, Outcome, Step, Tarred, plan_uploads, tar_of_one
+from sandboxes.client._bulk import (
+    TAR_OVERHEAD,
+    Inline,
+    Outcome,
+    Step,
+    Tarred,
+    file_from_tar,
+    plan_uploads,
+    tar_of_one,
+)
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
@@ -362,9 +371,24 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
         return None, None
 
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
+        """Small files inline (base64 in JSON); those the service answers ``file_too_large``
+        for (over its inline bound) streamed as a tar, up to ``config.max_download_bytes``."""
         if not paths:
             return []
-        return self._sync().call(_ops.download(self._id, paths))
+        found = self._sync().call(_ops.download(self._id, paths))
+        return [self._streamed(item) if item.error == p.FILE_TOO_LARGE else item for item in found]
+
+    def _streamed(self, item: p.FileDownloadResponse) -> p.FileDownloadResponse:
+        stream = self.download_archive(item.path)
+        try:
+            outcome = file_from_tar(stream, self.config.max_download_bytes)
+        except (OperationFailed, ConnectionLost) as exc:
+            return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        return _streamed_response(item.path, outcome, self.config.max_download_bytes)
 
     async def als(self, path: str) -> p.LsResult:
         return await self._async().call(_ops.ls(self._id, path))
@@ -410,7 +434,42 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         if not paths:
             return []
-        return await self._async().call(_ops.download(self._id, paths))
+        found = await self._async().call(_ops.download(self._id, paths))
+        return [await self._astreamed(item) if item.error == p.FILE_TOO_LARGE else item for item in found]
+
+    async def _astreamed(self, item: p.FileDownloadResponse) -> p.FileDownloadResponse:
+        """As `_streamed`: the tar's bytes gathered (bounded as they arrive), then read."""
+        bound = self.config.max_download_bytes
+        gathered = bytearray()
+        stream = cast("AsyncGenerator[bytes]", self.adownload_archive(item.path))
+        try:
+            async for chunk in stream:
+                gathered += chunk
+                if len(gathered) > bound + TAR_OVERHEAD:
+                    return _streamed_response(item.path, p.FILE_TOO_LARGE, bound)
+        except (OperationFailed, ConnectionLost) as exc:
+            return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
+        finally:
+            await stream.aclose()
+        return _streamed_response(item.path, file_from_tar([bytes(gathered)], bound), bound)
+
+
+def _archive_failure(path: str, exc: OperationFailed | ConnectionLost) -> tuple[p.ErrorCode, str]:
+    """A streamed download's failure, worded as every backend words it."""
+    if isinstance(exc, ConnectionLost):
+        return p.CONNECTION_LOST, exc.message
+    known: dict[str, p.ErrorCode] = {"too_large": p.FILE_TOO_LARGE, "backend_unavailable": p.UNAVAILABLE}
+    code: p.ErrorCode = known.get(exc.code) or (
+        cast("p.ErrorCode", exc.code) if exc.code in get_args(p.ErrorCode) else p.BACKEND_ERROR
+    )
+    return code, message_for(code, path, exc.message)
+
+
+def _streamed_response(path: str, outcome: bytes | p.ErrorCode, bound: int) -> p.FileDownloadResponse:
+    if isinstance(outcome, bytes):
+        return p.FileDownloadResponse(path, outcome)
+    detail = f"larger than {bound} bytes (the client's max_download_bytes)" if outcome == p.FILE_TOO_LARGE else None
+    return p.FileDownloadResponse(path, None, outcome, message_for(outcome, path, detail))
 
 
 def _tar_failure(step: Tarred, exc: OperationFailed | ConnectionLost) -> Outcome:

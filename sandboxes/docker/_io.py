@@ -196,18 +196,25 @@ class ExecOutput:
 
 
 def read_exec_stdout(
-    api: Any, container: str, argv: list[str], *, user: str, timeout: float
+    api: Any, container: str, argv: list[str], *, user: str, timeout: float, max_bytes: int | None = None
 ) -> tuple[int | None, bytes]:
     """(exit code, stdout) of ``argv`` run in its own ``docker exec``, stdout read raw as it
     comes into one buffer (no second copy of a big file), stderr kept apart. ``None`` as the
-    code when the stream broke or stayed silent for ``timeout`` seconds."""
+    code when the stream broke or stayed silent for ``timeout`` seconds; `TOO_MUCH` when more
+    than ``max_bytes`` came (the stream is dropped then, nothing more read)."""
     exec_id = api.exec_create(container, argv, user=user, stdout=True, stderr=True)["Id"]
     output = ExecOutput(api, exec_id, ExecSocket(api.exec_start(exec_id, socket=True)), timeout=timeout)
     content = io.BytesIO()
     try:
         while chunk := output.recv(_READ):
             content.write(chunk)
+            if max_bytes is not None and content.tell() > max_bytes:
+                return TOO_MUCH, b""
     finally:
         output.close()
     code = output.exit_code()
     return (code, content.getvalue()) if code is not None else (None, b"")  # getvalue: the buffer itself
+
+
+TOO_MUCH = -17
+"""`read_exec_stdout`'s code when the command sent more than it was allowed to."""

@@ -46,7 +46,7 @@ from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
 from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox
-from sandboxes.docker._io import ExecOutput, ExecSocket, read_exec_stdout
+from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.paths import InvalidPathError, is_within, normalize_path
@@ -67,12 +67,15 @@ _SMALL_OUTPUT = 4096
 
 _READ_AS_USER = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
-{ [ -f /proc/self/fd/3 ] || exit 16; exec cat <&3; } 3< "$f" 2>/dev/null
+case $(readlink -f -- "$f" 2>/dev/null) in /proc/* | /sys/* | /dev/*) exit 16 ;; esac
+{ [ -f /proc/self/fd/3 ] || exit 16; [ "$(wc -c < /proc/self/fd/3)" -le "$2" ] || exit 17
+  exec head -c "$2" <&3; } 3< "$f" 2>/dev/null
 why "$f"; exit "$c"
 """
-"""Copy ``$1`` to stdout as the sandbox's user: checked, then opened once, and what was opened
-checked again (through ``/proc/self/fd``) to be a regular file, so a path swapped meanwhile for a
-FIFO or a device does not stream forever; a link followed only where the user may follow it."""
+"""Copy ``$1`` to stdout as the sandbox's user, at most ``$2`` bytes (17: it is bigger): checked,
+then opened once, and what was opened checked again (through ``/proc/self/fd``) to be a regular
+file, so a path swapped meanwhile for a FIFO or a device does not stream forever; a link
+followed only where the user may follow it; a kernel file (``/proc``, ``/sys``, ``/dev``) refused."""
 
 _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
@@ -425,21 +428,23 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
             remove_staged(self, staged)
         return code
 
-    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
+    def _bulk_get(self, path: str, max_bytes: int) -> bytes | p.ErrorCode:
         """``cat`` run by the sandbox's user in its own ``docker exec``, streamed raw (no
         base64, unlike the inline path), never the engine's ``get_archive``, which reads as
         root and followed a directory the sandbox swapped for a link to ``/etc`` after the
         size check, handing out ``/etc/shadow``. What the user may not read answers
         ``permission_denied``, as the inline path does."""
-        argv = ["/bin/sh", "-c", _scripts.command(_READ_AS_USER, path)]
+        argv = ["/bin/sh", "-c", _scripts.command(_READ_AS_USER, path, str(max_bytes))]
         try:
             code, content = read_exec_stdout(
-                self.client.api, self.id, argv, user=self.config.user, timeout=_STAGE_TIMEOUT
+                self.client.api, self.id, argv, user=self.config.user, timeout=_STAGE_TIMEOUT, max_bytes=max_bytes
             )
         except _engine_errors():  # a read: nothing to lose by saying it was not done
             return p.UNAVAILABLE
         if code == 0:
             return content
+        if code == TOO_MUCH:
+            return p.FILE_TOO_LARGE
         return _parse.code_for_status(code or -1) or p.BACKEND_ERROR
 
     def open_output_stream(self, command: str) -> ExecOutput:

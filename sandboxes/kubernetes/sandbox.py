@@ -371,8 +371,9 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
         error: p.ErrorCode = p.NO_SPACE if full else p.PERMISSION_DENIED
         return [error] * len(files)
 
-    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
-        """The file's bytes, streamed by ``cat`` over an exec of its own."""
+    def _bulk_get(self, path: str, max_bytes: int) -> bytes | p.ErrorCode:
+        """The file's bytes, streamed by ``cat`` over an exec of its own, counted as they come:
+        past ``max_bytes``, ``file_too_large`` and the stream dropped."""
         try:
             stream = open_exec(
                 self._exec_api,
@@ -387,6 +388,8 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
         try:
             while chunk := stream.recv(1 << 20):
                 chunks += chunk
+                if len(chunks) > max_bytes:
+                    return p.FILE_TOO_LARGE
         finally:
             stream.close()
         code = stream.exit_code()

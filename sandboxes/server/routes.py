@@ -304,10 +304,14 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
     (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
-    it on every sandbox it holds). Also served by `sandboxes.server.hot`."""
+    it on every sandbox it holds); a download is bounded per file (bigger files are streamed
+    through ``GET /archive``, never base64 in JSON). Also served by `sandboxes.server.hot`."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
+    if op == "download":
+        limit = entry.backend.settings.max_inline_download_bytes
+        return to_json(await _backend(_download, entry.sandbox, body, limit, lane=lane))
     return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body, lane=lane))
 
 
@@ -353,16 +357,29 @@ def _upload(sandbox: Any, body: api.UploadRequest) -> Any:
     return sandbox.upload_files([_decode(item) for item in body.files])
 
 
-def _download(sandbox: Any, body: api.DownloadRequest) -> list[api.DownloadItem]:
+def _download(sandbox: Any, body: api.DownloadRequest, limit: int) -> list[api.DownloadItem]:
+    """Files up to ``limit`` bytes each, and a batch's files up to four times ``limit`` in all
+    (each gets its share); bigger ones answer ``file_too_large`` (the client then streams them
+    through ``GET /archive``)."""
+    limit = min(limit, max(_MIN_SHARE, 4 * limit // max(len(body.paths), 1)))
+    found = sandbox.download_files_within(body.paths, limit)
     return [
         api.DownloadItem(
             path=item.path,
             content_b64=None if item.content is None else base64.b64encode(item.content).decode("ascii"),
             error=item.error,
-            message=item.message,
+            message=_streamable(item.message, limit) if item.error == protocol.FILE_TOO_LARGE else item.message,
         )
-        for item in sandbox.download_files(body.paths)
+        for item in found
     ]
+
+
+_MIN_SHARE = 64 << 10
+"""The least any file of a ``files/download`` batch may be inline, however many it names."""
+
+
+def _streamable(message: str | None, limit: int) -> str:
+    return f"{message or 'too large'} (the service answers files up to {limit} bytes inline; GET /archive streams it)"
 
 
 _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
@@ -374,7 +391,6 @@ _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
     "grep": lambda s, b: s.grep(b.pattern, b.path, b.glob, max_count=b.max_count),
     "glob": lambda s, b: s.glob(b.pattern, b.path),
     "upload": _upload,
-    "download": _download,
 }
 for _op, _model in api.FILE_OPERATIONS.items():
     _files(_op, _model)

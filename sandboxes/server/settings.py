@@ -253,6 +253,9 @@ class ServiceSettings(BaseSettings):
     event with no text), so that proxies which cut idle connections keep a quiet command's stream."""
     max_body_bytes: int = Field(default=64 << 20, gt=0)
     """Largest JSON request body (uploads travel base64 in it)."""
+    max_inline_download_bytes: int = Field(default=8 << 20, gt=0)
+    """Largest file ``files/download`` answers (base64 in JSON); bigger ones answer
+    ``file_too_large``, and the client streams them through ``GET /archive``."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)
     """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
     max_archive_members: int = Field(default=100_000, gt=0)

@@ -490,15 +490,19 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             return outcomes + failed
         return outcomes
 
-    def _bulk_get(self, path: str) -> bytes | p.ErrorCode:
-        """Reading is safe to repeat: one retry on a fresh connection after a failure."""
+    def _bulk_get(self, path: str, max_bytes: int) -> bytes | p.ErrorCode:
+        """Reading is safe to repeat: one retry on a fresh connection after a failure. At most
+        ``max_bytes`` are taken: a file that says or turns out to be bigger is ``file_too_large``."""
         for attempt in range(2):
             try:
                 with self._sftp() as sftp:
                     try:
                         with sftp.open(path, "rb") as remote:
+                            if (remote.stat().st_size or 0) > max_bytes:
+                                return p.FILE_TOO_LARGE
                             remote.prefetch()
-                            return bytes(remote.read())
+                            data = bytes(remote.read(max_bytes + 1))
+                            return p.FILE_TOO_LARGE if len(data) > max_bytes else data
                     except OSError as exc:
                         if _channel_dead(sftp):
                             raise

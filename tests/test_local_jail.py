@@ -79,11 +79,15 @@ def test_a_command_not_written_whole_is_resent_to_a_new_jail(tmp_path: Path, mon
 
 
 def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it, from the host's ``/proc``."""
+    """``pid`` and every process below it, from the host's ``/proc``; one that ends while it is
+    looked at (a spare shell, an orphan reaped) is listed, without its children."""
     found, queue = [], [pid]
     while queue:
         found.append(current := queue.pop())
-        for task in Path(f"/proc/{current}/task").glob("*/children"):
+        tasks: list[Path] = []
+        with contextlib.suppress(OSError):
+            tasks = list(Path(f"/proc/{current}/task").glob("*/children"))
+        for task in tasks:
             with contextlib.suppress(OSError):
                 queue.extend(int(child) for child in task.read_text().split())
     return found

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from sandboxes import protocol as p
+from sandboxes._output import OutputBuffer
 from sandboxes.api import ExecuteResult, StreamEvent
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
@@ -58,28 +59,10 @@ EVENT_BYTES = 256 << 10
 with its text and its JSON line (up to six times as big) beside it."""
 
 
-class Replay:
-    """A command's output by absolute byte offset: the first ``limit - limit // 2`` bytes and at
-    least the last ``limit // 2`` (at most twice that), as `sandboxes._output.OutputBuffer`
-    keeps them; the middle of a longer output is gone."""
-
-    def __init__(self, limit: int) -> None:
-        self._half = max(limit, 0) // 2
-        self._head_size = max(limit, 0) - self._half
-        self._head = bytearray()
-        self._tail = bytearray()
-        self.total = 0
-
-    def write(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self._head_size - len(self._head)
-        if room > 0:
-            self._head += data[:room]
-            data = data[room:]
-        if data and self._half:
-            self._tail += data
-            if len(self._tail) > 2 * self._half:  # trim in bulk, not on every write
-                del self._tail[: len(self._tail) - self._half]
+class Replay(OutputBuffer):
+    """A command's output by absolute byte offset: what `sandboxes._output.OutputBuffer` keeps
+    (the first ``limit - limit // 2`` bytes and at least the last ``limit // 2``, at most twice
+    that until `compact`); the middle of a longer output is gone."""
 
     @property
     def kept(self) -> int:

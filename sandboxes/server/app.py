@@ -115,8 +115,6 @@ def check_settings(settings: ServiceSettings) -> None:
         )
     if not settings.api_keys and not settings.insecure:
         raise RuntimeError("no API keys configured: set api_keys (SHA-256 of each key -> tenant), or run insecure")
-    for name in settings.deprecated_set():
-        logger.warning("setting %s is deprecated and ignored: background output lives in the sandbox", name)
 
 
 def _describe_templates(app: FastAPI, templates: list[str]) -> None:

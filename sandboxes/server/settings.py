@@ -27,13 +27,6 @@ if TYPE_CHECKING:
     from sandboxes.ssh.provider import SSHProviderConfig
 
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
-DEPRECATED = ("max_process_output_bytes", "max_process_output")
-"""Settings still accepted, so a config file naming them still starts the service (unknown
-settings are refused), and ignored: they budgeted background processes' output held in the
-service's memory, where none is held since processes became jobs in their sandbox
-(`sandboxes.server.processes`). Each process keeps at most its ``output_limit`` (under
-``max_output_bytes``) in its sandbox, and a poll reads at most ``max_output_bytes``. The
-service warns at start about each one set."""
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
@@ -194,9 +187,6 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
-    max_process_output: str = "256m"
-    """Deprecated, ignored (`DEPRECATED`): background processes' output is no longer held in the
-    service's memory, but in their sandbox, at most ``output_limit`` per process."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more waits up to ``command_slot_wait`` for one to end, then is refused
@@ -208,7 +198,7 @@ class TenantPolicy(_Frozen):
     (`sandboxes.server.fairness`). They run in threads of their own, as many as the tenants'
     caps together (created as needed), apart from `worker_threads`."""
 
-    @field_validator("max_memory", "max_process_output")
+    @field_validator("max_memory")
     @classmethod
     def _memory_parses(cls, value: str) -> str:
         parse_memory(value)
@@ -265,9 +255,6 @@ class ServiceSettings(BaseSettings):
     what a small upload may cost the service host's disk while it is spooled."""
     max_processes: int = Field(default=16, gt=0)
     """Background processes running at once per sandbox."""
-    max_process_output_bytes: int = Field(default=64 << 20, gt=0)
-    """Deprecated, ignored (`DEPRECATED`): background processes' output is no longer held in the
-    service's memory, but in their sandbox, at most ``output_limit`` per process."""
     sweep_interval: float = Field(default=10.0, gt=0)
     """Seconds between sweeps: expired sandboxes reaped, and (Docker, Kubernetes) what this
     replica holds compared with what the backend records (deleted or renewed elsewhere)."""
@@ -329,15 +316,6 @@ class ServiceSettings(BaseSettings):
 
     def policy_for(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant, self.default_policy)
-
-    def deprecated_set(self) -> list[str]:
-        """The `DEPRECATED` settings this configuration sets, which the service ignores."""
-        found = [name for name in DEPRECATED if name in self.model_fields_set]
-        policies = {"default_policy": self.default_policy} | {f"tenants.{k}": v for k, v in self.tenants.items()}
-        found += [
-            f"{where}.{name}" for where, p in policies.items() for name in DEPRECATED if name in p.model_fields_set
-        ]
-        return found
 
     @classmethod
     def settings_customise_sources(

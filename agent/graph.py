@@ -8,16 +8,23 @@ priority that places it (larger is outer, as in seed 002):
 100  `SandboxMiddleware`         the thread's sandbox exists before anything else runs
  90  `PatchToolCallsMiddleware`  no unanswered tool call reaches a model
  80  `TodoListMiddleware`        ``write_todos`` (langchain's)
- 70  `MemoryMiddleware`          ``AGENTS.md`` files into the system prompt (if ``memory``)
  60  `SkillsMiddleware`          skill names and descriptions (if ``skills``)
- 50  `FilesystemMiddleware`      the file and execute tools; evicts large results
+ 50  `FilesystemMiddleware`      the file, delete and execute tools; evicts large results
  40  `SubAgentMiddleware`        ``task`` (general-purpose plus ``subagents``)
+ 30  `SummarizationMiddleware`   langchain's: older history summarized near the context's limit
  20  the caller's middleware     unless it has a ``priority`` attribute of its own
+ 15  `MemoryMiddleware`          ``AGENTS.md`` files, the last section of the system prompt
  10  `HumanInTheLoopMiddleware`  (if ``interrupt_on``) innermost: reviews calls right after the model
 ===  ==========================  ==========================================================
 
 Ties keep the order given (defaults before the caller's). Middleware that implements
 ``on_sandbox_start``/``on_sandbox_stop`` (`SandboxHook`) gets them called by the lifecycle.
+
+Each middleware appends its section to the system prompt in stack order, so the prompt is the
+stable prefix first (the base prompt, the todo list's, skills', the tools', the subagents') and
+the memory files last, as deepagents orders them: a memory file that changes leaves the prefix,
+and a provider's cache of it, intact. Summarization is on unless ``summarization=False``; a
+`SummarizationMiddleware` among the caller's middleware replaces the default one.
 """
 
 from __future__ import annotations
@@ -29,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware, TodoListMiddleware
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    HumanInTheLoopMiddleware,
+    SummarizationMiddleware,
+    TodoListMiddleware,
+)
 from langchain.agents.middleware.human_in_the_loop import InterruptOnConfig
 from langchain.chat_models import init_chat_model
 from langchain_core.language_models import BaseChatModel
@@ -57,6 +69,7 @@ from agent.workspace import Layout, WorkspaceFactory
 from sandboxes import protocol as p
 
 __all__ = [
+    "SUMMARIZATION_PRIORITY",
     "USER_PRIORITY",
     "create_sandbox_agent",
     "lifecycle_of",
@@ -71,6 +84,7 @@ BASE_PROMPT = "You are an agent that gets things done with tools in a sandbox. B
 USER_PRIORITY = 20
 TODO_PRIORITY = 80
 HITL_PRIORITY = 10
+SUMMARIZATION_PRIORITY = 30
 
 SandboxSpec = SandboxProvider | SandboxMiddleware | p.SandboxBackendProtocol | str
 
@@ -145,6 +159,7 @@ def create_sandbox_agent(
     layout: Layout | None = None,
     large_result_chars: int | None = DEFAULT_LARGE_RESULT_CHARS,
     todos: bool = True,
+    summarization: bool = True,
     name: str | None = None,
 ) -> Any:
     """A compiled LangGraph agent whose every tool runs in the thread's sandbox.
@@ -156,7 +171,8 @@ def create_sandbox_agent(
     the process). ``release``: ``"end"`` ends the sandbox when a run finishes, ``"ttl"`` leaves
     it to `SandboxMiddleware.release` or the provider's TTL. ``on_missing``: what a resumed
     thread whose sandbox is gone gets: ``"replace"`` a new one (and the model is told),
-    ``"raise"`` `SandboxGone`.
+    ``"raise"`` `SandboxGone`. ``summarization``: langchain's `SummarizationMiddleware` on the
+    agent and its subagents, with deepagents' thresholds (`summarization_for`).
     """
     chat = init_chat_model(model) if isinstance(model, str) else model
     layout = layout or Layout()
@@ -167,12 +183,13 @@ def create_sandbox_agent(
     fallback_store = InMemoryStore() if store is None else None
     source = WorkspaceFactory(lifecycle, layout, fallback_store)
 
-    def shared_stack() -> list[AgentMiddleware[Any, Any]]:
+    def shared_stack(model: BaseChatModel) -> list[AgentMiddleware[Any, Any]]:
         """What every subagent gets: fresh instances, sharing the sandbox through ``source``."""
         return [
             PatchToolCallsMiddleware(),
             TodoListMiddleware(),
             FilesystemMiddleware(source, layout=layout, large_result_chars=large_result_chars),
+            *([summarization_for(model)] if summarization else []),
         ]
 
     specs = [
@@ -195,6 +212,8 @@ def create_sandbox_agent(
     files = FilesystemMiddleware(source, layout=layout, large_result_chars=large_result_chars)
     defaults.append((files.priority, files))
     defaults.append((task.priority, task))
+    if summarization and not any(isinstance(m, SummarizationMiddleware) for m in middleware):
+        defaults.append((SUMMARIZATION_PRIORITY, summarization_for(chat)))
     if interrupt_on:
         defaults.append((HITL_PRIORITY, HumanInTheLoopMiddleware(dict(interrupt_on))))
     stack = order_middleware(defaults, middleware)
@@ -212,6 +231,16 @@ def create_sandbox_agent(
     _LIFECYCLES[graph] = lifecycle
     _STACKS[graph] = tuple(stack)
     return graph
+
+
+def summarization_for(model: BaseChatModel) -> SummarizationMiddleware:
+    """langchain's summarization with deepagents' default thresholds: at 85% of the model's
+    context keep its last 10%, or, for a model whose profile does not say its context, at
+    170,000 tokens keep the last 6 messages."""
+    profile = model.profile if isinstance(model.profile, dict) else {}
+    if isinstance(profile.get("max_input_tokens"), int):
+        return SummarizationMiddleware(model, trigger=("fraction", 0.85), keep=("fraction", 0.10))
+    return SummarizationMiddleware(model, trigger=("tokens", 170_000), keep=("messages", 6))
 
 
 def _system_prompt(system_prompt: str | SystemMessage | None) -> SystemMessage:

@@ -11,6 +11,7 @@ from langchain.agents.middleware import (
     HumanInTheLoopMiddleware,
     ModelRequest,
     ModelResponse,
+    SummarizationMiddleware,
     TodoListMiddleware,
 )
 from langchain_core.messages import ToolMessage
@@ -146,11 +147,12 @@ def test_the_default_stack_is_in_the_documented_order(local_provider: LocalProvi
         SandboxMiddleware,
         PatchToolCallsMiddleware,
         TodoListMiddleware,
-        MemoryMiddleware,
         SkillsMiddleware,
         FilesystemMiddleware,
         SubAgentMiddleware,
+        SummarizationMiddleware,
         Recorder,
+        MemoryMiddleware,
         HumanInTheLoopMiddleware,
     ]
 

@@ -69,11 +69,16 @@ class ProviderContext:
     """What the service gives every template's provider beside the template itself."""
 
     data_dir: Path
-    """A directory of the service's own where a backend may keep what lives on this host."""
-    owner: str
-    """The service's owner label: a provider finds, adopts and reaps exactly its owner's sandboxes."""
+    """A directory of the caller's own where a backend may keep what lives on this host."""
     output_limit: int
     """The most output a command may keep (the service's ceiling)."""
+    owner: str | None = None
+    """The owner label: a provider finds, adopts and reaps exactly its owner's sandboxes;
+    ``None``: the backend's default owner."""
+    own_expiry: bool = False
+    """Whether the provider records the template's ``ttl`` on the sandboxes it makes and
+    sweeps them itself (a caller without a service, as the agent); ``False``: the caller
+    enforces lifetimes and sweeps (the service)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Service-wide settings a backend may read by name (``docker_url``)."""
     shared: dict[str, Any] = field(default_factory=dict)

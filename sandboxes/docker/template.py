@@ -38,17 +38,19 @@ class DockerTemplate(TemplateConfig):
 
     def provider(self, context: ProviderContext) -> Provider[Sandbox]:
         config = DockerSandboxConfig(
+            owner=DockerSandboxConfig.model_fields["owner"].default if context.owner is None else context.owner,
             image=self.image,
             cpus=self.cpus,
             memory=self.memory,
             disk=self.disk,
             env=self.env,
             labels=self.labels,
-            ttl=None,
-            owner=context.owner,
+            ttl=self.ttl if context.own_expiry else None,
             default_timeout=self.default_timeout,
             output_limit=context.output_limit,
         )
+        if context.own_expiry:
+            return DockerProvider(config, client=_client(context))
         return DockerProvider(config, client=_client(context), sweep_interval=None, sweep_on_start=False)
 
 

@@ -33,9 +33,9 @@ class KubernetesTemplate(TemplateConfig):
         self.sandbox_config(owner="sandboxes-service", output_limit=DEFAULT_OUTPUT_LIMIT)
         return self
 
-    def sandbox_config(self, *, owner: str, output_limit: int) -> KubernetesSandboxConfig:
-        """The pods' config: this template's fields, and the service's owner and limits. No
-        expiry of the provider's: the service enforces (and renews) TTLs."""
+    def sandbox_config(self, *, owner: str, output_limit: int, ttl: float | None = None) -> KubernetesSandboxConfig:
+        """The pods' config: this template's fields, and the caller's owner and limits. No
+        expiry of the provider's unless ``ttl``: the service enforces (and renews) TTLs."""
         shared = {
             "cpu_limit": f"{self.cpus:g}",
             "memory_limit": str(self.memory_bytes),
@@ -43,12 +43,15 @@ class KubernetesTemplate(TemplateConfig):
             "default_timeout": self.default_timeout,
             "output_limit": output_limit,
             "owner": owner,
-            "ttl": None,
+            "ttl": ttl,
         }
         return KubernetesSandboxConfig.model_validate({**(self.model_extra or {}), **shared})
 
     def provider(self, context: ProviderContext) -> Provider[Sandbox]:
-        pods = self.sandbox_config(owner=context.owner, output_limit=context.output_limit)
+        ttl = self.ttl if context.own_expiry else None
+        pods = self.sandbox_config(owner=context.owner or "sandboxes", output_limit=context.output_limit, ttl=ttl)
+        if context.own_expiry:
+            return KubernetesProvider(pods, pool_size=0)
         return KubernetesProvider(pods, pool_size=0, sweep_interval=None, sweep_on_start=False)
 
     def check_service(self, *, insecure: bool, tenants: Iterable[str]) -> None:

@@ -8,15 +8,15 @@ from typing import Any
 
 from agent_helpers import local_provider
 
-from agent import LocalProvider, SandboxMiddleware
+from agent import ProviderAdapter, SandboxMiddleware
 from sandboxes import protocol as p
 
 
-class SlowAttach(LocalProvider):
+class SlowAttach(ProviderAdapter):
     """Every attach waits until all the callers are inside it, so they overlap for sure."""
 
-    def __init__(self, inner: LocalProvider, parties: int) -> None:
-        super().__init__(inner.root)
+    def __init__(self, inner: ProviderAdapter, parties: int) -> None:
+        super().__init__(inner.provider, virtual_root=inner.virtual_root)
         self.barrier = threading.Barrier(parties, timeout=30)
         self.detached: list[p.SandboxBackendProtocol] = []
 
@@ -41,7 +41,7 @@ class Starts:
         pass
 
 
-def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: LocalProvider) -> None:
+def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: ProviderAdapter) -> None:
     sandbox_id = local_provider.create().id
     provider = SlowAttach(local_provider, parties=4)
     starts = Starts()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from agent_helpers import ask, local_provider, run_phase, thread, tool_results
 
-from agent import LocalProvider, SandboxGone, create_sandbox_agent, lifecycle_of
+from agent import ProviderAdapter, SandboxGone, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 
@@ -27,7 +27,7 @@ def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_
     assert [p.name for p in root.iterdir()] == [first["sandbox_id"]]
 
 
-def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[say("", call("write_file", file_path="a.txt", content="x")), say("ok")])
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(
@@ -39,7 +39,7 @@ def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, loca
     assert lifecycle_of(graph).live == ()
 
 
-def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[say("ok"), say("again")])
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(model, sandbox=local_provider, checkpointer=persistence.checkpointer)
@@ -60,7 +60,7 @@ def _first_run(graph: Any, config: dict[str, Any]) -> str:
 
 
 def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
-    tmp_path: Path, local_provider: LocalProvider
+    tmp_path: Path, local_provider: ProviderAdapter
 ) -> None:
     """The sandbox expired between two runs of a thread: the second run does not fail, it runs
     in a new, empty sandbox, and the model reads that its earlier files are gone."""
@@ -84,7 +84,7 @@ def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
     assert state["messages"][-1].content == "starting over"
 
 
-def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     config = thread()
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(

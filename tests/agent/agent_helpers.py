@@ -70,7 +70,7 @@ class FileEpisode:
 
     def check(self, graph: Any, state: dict[str, Any]) -> None:
         sandbox = sandbox_of(graph, state)
-        workdir = lifecycle_of(graph).workdir(sandbox.id)
+        workdir = lifecycle_of(graph).workdir(state["sandbox_id"])
         results = tool_results(state)
         assert results[self.write_app["id"]] == f"Wrote 37 characters to {workdir}/src/app.py"
         assert results[self.edit["id"]] == f"Replaced 1 occurrence(s) in {workdir}/src/app.py"

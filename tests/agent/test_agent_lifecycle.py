@@ -42,17 +42,18 @@ class Starts:
 
 
 def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: ProviderAdapter) -> None:
-    sandbox_id = local_provider.create().id
+    made = local_provider.create()
+    key = local_provider.key(made)
     provider = SlowAttach(local_provider, parties=4)
     starts = Starts()
     lifecycle = SandboxMiddleware(provider, hooks=[starts])
     with ThreadPoolExecutor(4) as pool:
-        handles = list(pool.map(lambda _: lifecycle.sandbox(sandbox_id), range(4)))
+        handles = list(pool.map(lambda _: lifecycle.sandbox(key), range(4)))
     assert len({id(h) for h in handles}) == 1
-    assert starts.started == [sandbox_id]
+    assert starts.started == [made.id]
     assert len(provider.detached) == 3
     assert all(d is not handles[0] for d in provider.detached)
-    assert lifecycle.live == (sandbox_id,)
+    assert lifecycle.live == (key,)
 
 
 __all__ = ["local_provider"]  # the fixture, used by name

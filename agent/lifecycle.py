@@ -71,10 +71,11 @@ class SandboxGone(LookupError):
         self.sandbox_id = sandbox_id
 
 
-def gone_notice(sandbox_id: str) -> str:
-    """What the model is told when its thread's sandbox was replaced."""
+def gone_notice() -> str:
+    """What the model is told when its thread's sandbox was replaced (not its key: that may be a
+    path on the agent's host)."""
     return (
-        f"[sandbox notice] The sandbox this conversation used before ({sandbox_id}) no longer exists: "
+        "[sandbox notice] The sandbox this conversation used before no longer exists: "
         "it expired or was deleted, and every file written there is gone. You are now in a new, empty "
         "sandbox; files under /scratch/ and /memories/ are kept. Check before relying on earlier files."
     )
@@ -324,7 +325,7 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
                 raise SandboxGone(sandbox_id, str(exc)) from exc
             key = self.provider.key(self._adopt(self.provider.create()))
             logger.warning("thread's sandbox %s is gone (%s); replaced by %s", sandbox_id, exc, key)
-            return {"sandbox_id": key, "messages": [HumanMessage(content=gone_notice(sandbox_id))]}
+            return {"sandbox_id": key, "messages": [HumanMessage(content=gone_notice())]}
         return None
 
     def after_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ def test_each_thread_gets_its_own_sandbox_and_keeps_it(local_provider: ProviderA
     again = graph.invoke(ask("again"), one)
     assert first["sandbox_id"] != second["sandbox_id"]
     assert again["sandbox_id"] == first["sandbox_id"]
-    made = sorted(str(path) for path in local_provider.root.iterdir() if path.is_dir())
+    made = sorted(record.ref for record in local_provider.provider.list())
     assert made == sorted([first["sandbox_id"], second["sandbox_id"]])
 
 

@@ -11,6 +11,7 @@ from agent_helpers import ask, local_provider, run_phase, thread, tool_results
 from agent import ProviderAdapter, SandboxGone, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
+from sandboxes.local import LocalProvider
 
 
 def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_path: Path) -> None:
@@ -24,7 +25,7 @@ def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_
     assert second["interrupted"] is False
     assert second["results"][-1] == "from process one\npid-differs\n[exit code 0]"
     assert second["last"] == "resumed"
-    assert [p.name for p in root.iterdir()] == [first["sandbox_id"]]
+    assert [record.ref for record in LocalProvider(root).list()] == [first["sandbox_id"]]
 
 
 def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, local_provider: ProviderAdapter) -> None:
@@ -35,7 +36,7 @@ def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, loca
         )
         state = graph.invoke(ask("go"), thread())
     assert state.get("sandbox_id") is None
-    assert list(local_provider.root.iterdir()) == []
+    assert local_provider.provider.list() == []
     assert lifecycle_of(graph).live == ()
 
 
@@ -76,9 +77,10 @@ def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
         state = resumed.invoke(ask("go on"), config)
 
     assert state["sandbox_id"] not in (None, old_id)
-    assert [d.name for d in local_provider.root.iterdir()] == [state["sandbox_id"]]
+    assert [record.ref for record in local_provider.provider.list()] == [state["sandbox_id"]]
     seen = [str(m.content) for m in second.requests[0]]
-    assert any(old_id in text and "no longer exists" in text for text in seen), seen
+    assert any("no longer exists" in text for text in seen), seen
+    assert not any(old_id in text for text in seen)  # its key is a host path: the model never sees one
     listing = list(tool_results(state).values())[-1]  # the resumed run's ls, in the new sandbox
     assert listing == "/workspace/. is empty"
     assert state["messages"][-1].content == "starting over"
@@ -100,4 +102,4 @@ def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_
         )
         with pytest.raises(SandboxGone, match=old_id):
             strict.invoke(ask("go on"), config)
-    assert list(local_provider.root.iterdir()) == []
+    assert local_provider.provider.list() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import toy_backend
 from service_harness import KEYS, running, settings_for
 
@@ -37,3 +38,10 @@ def test_the_service_serves_a_backend_added_as_one_package(tmp_path: Path) -> No
         sandbox.destroy()
         assert not Path(workdir).exists()
         assert client.list() == []
+
+        with httpx.Client(base_url=service.url) as health:
+            assert health.get("/readyz").status_code == 200
+            (tmp_path / "toy" / "NOT_READY").touch()  # the readiness the toy's provider reports
+            answer = health.get("/readyz")
+        assert answer.status_code == 503
+        assert answer.json()["problems"] == ["toy backend not ready (see the service log)"]

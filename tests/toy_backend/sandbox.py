@@ -153,7 +153,9 @@ class ToyProvider:
         return Sweep()
 
     def check_ready(self) -> None:
-        """Always ready."""
+        """Ready unless a file ``NOT_READY`` is beside its sandboxes (a test's switch)."""
+        if (self.base / "NOT_READY").exists():
+            raise RuntimeError("the toy backend was told it is not ready")
 
     def close(self) -> None:
         """Nothing is held."""

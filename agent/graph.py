@@ -30,7 +30,6 @@ and a provider's cache of it, intact. Summarization is on unless ``summarization
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,8 +52,8 @@ from langgraph.store.memory import InMemoryStore
 
 from agent.lifecycle import (
     FixedSandbox,
-    LocalProvider,
     MissingPolicy,
+    ProviderAdapter,
     ReleasePolicy,
     RemoteProvider,
     SandboxHook,
@@ -65,8 +64,11 @@ from agent.memory import MemoryMiddleware, SkillsMiddleware
 from agent.patch import PatchToolCallsMiddleware
 from agent.subagents import GENERAL_PURPOSE, GENERAL_PURPOSE_PROMPT, SubAgent, SubAgentMiddleware, build_subagent_graph
 from agent.tools import DEFAULT_LARGE_RESULT_CHARS, FilesystemMiddleware
+from agent.virtual import VIRTUAL_ROOT
 from agent.workspace import Layout, WorkspaceFactory
 from sandboxes import protocol as p
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes.templates import ProviderContext, validate_template
 
 __all__ = [
     "SUMMARIZATION_PRIORITY",
@@ -88,8 +90,10 @@ SUMMARIZATION_PRIORITY = 30
 
 SandboxSpec = SandboxProvider | SandboxMiddleware | p.SandboxBackendProtocol | str
 
-_LIFECYCLES: weakref.WeakKeyDictionary[Any, SandboxMiddleware] = weakref.WeakKeyDictionary()
-_STACKS: weakref.WeakKeyDictionary[Any, tuple[AgentMiddleware[Any, Any], ...]] = weakref.WeakKeyDictionary()
+_LIFECYCLE_ATTRIBUTE = "sandbox_lifecycle"
+"""The attribute of a graph made by `create_sandbox_agent` that holds its `SandboxMiddleware`."""
+_STACK_ATTRIBUTE = "sandbox_middleware"
+"""The attribute of such a graph that holds its middleware stack, outermost first."""
 
 
 def priority_of(middleware: object, default: int = USER_PRIORITY) -> int:
@@ -112,33 +116,39 @@ def default_state_dir() -> Path:
 
 
 def provider_for(spec: str | SandboxProvider | p.SandboxBackendProtocol) -> SandboxProvider:
-    """``local``, ``docker``, a service URL (key in ``SANDBOXES_API_KEY``), a provider or a sandbox."""
+    """A service URL (key in ``SANDBOXES_API_KEY``), a backend's name (``local``, ``docker``:
+    its template's defaults), a provider or a sandbox."""
     if isinstance(spec, SandboxProvider):
         return spec
     if isinstance(spec, p.SandboxBackendProtocol):
         return FixedSandbox(spec)
-    if spec == "local":
-        return LocalProvider(default_state_dir() / "local")
-    if spec == "docker":
-        from agent.lifecycle import DockerProvider
-
-        return DockerProvider()
     if spec.startswith(("http://", "https://")):
         key = os.environ.get("SANDBOXES_API_KEY")
         if not key:
             raise ValueError("a sandbox service URL needs an API key: set SANDBOXES_API_KEY")
         return RemoteProvider(spec, key)
-    raise ValueError(f"unknown sandbox {spec!r}: use 'local', 'docker', a service URL or a provider")
+    try:
+        template = validate_template({"backend": spec})
+    except ValueError as exc:
+        raise ValueError(f"unknown sandbox {spec!r}: use 'local', 'docker', a service URL or a provider") from exc
+    context = ProviderContext(data_dir=default_state_dir(), output_limit=DEFAULT_OUTPUT_LIMIT, own_expiry=True)
+    return ProviderAdapter(template.provider(context), virtual_root=VIRTUAL_ROOT)
 
 
 def lifecycle_of(graph: Any) -> SandboxMiddleware:
     """The `SandboxMiddleware` of a graph made by `create_sandbox_agent` (to release or close)."""
-    return _LIFECYCLES[graph]
+    lifecycle = getattr(graph, _LIFECYCLE_ATTRIBUTE, None)
+    if not isinstance(lifecycle, SandboxMiddleware):
+        raise KeyError("not a graph made by create_sandbox_agent")
+    return lifecycle
 
 
 def middleware_of(graph: Any) -> tuple[AgentMiddleware[Any, Any], ...]:
     """The middleware stack of a graph made by `create_sandbox_agent`, outermost first."""
-    return _STACKS[graph]
+    stack = getattr(graph, _STACK_ATTRIBUTE, None)
+    if not isinstance(stack, tuple):
+        raise KeyError("not a graph made by create_sandbox_agent")
+    return stack
 
 
 def create_sandbox_agent(
@@ -228,8 +238,8 @@ def create_sandbox_agent(
         store=store,
         name=name,
     )
-    _LIFECYCLES[graph] = lifecycle
-    _STACKS[graph] = tuple(stack)
+    setattr(graph, _LIFECYCLE_ATTRIBUTE, lifecycle)
+    setattr(graph, _STACK_ATTRIBUTE, tuple(stack))
     return graph
 
 

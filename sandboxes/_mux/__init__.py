@@ -1,5 +1,6 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
+from sandboxes._mux._capable import AwaitedDefaults, AwaitsOnHelper
 from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper, HeldHelper
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
@@ -11,6 +12,8 @@ __all__ = [
     "HAS_PYTHON_SH",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
+    "AwaitedDefaults",
+    "AwaitsOnHelper",
     "ByteStream",
     "CommandRun",
     "CommandsOnHelper",

@@ -47,7 +47,7 @@ from sandboxes._mux import (
 )
 from sandboxes._output import OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
@@ -120,7 +120,7 @@ _SPARE_SESSIONS = 2
 _STDERR_CHUNK = 1 << 16
 
 
-class SSHSandbox(BaseSandbox, Lifecycle):
+class SSHSandbox(BaseSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -182,6 +182,15 @@ class SSHSandbox(BaseSandbox, Lifecycle):
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def ref(self) -> str:
+        host = self.config.host
+        return f"{host.username}@{host.host}:{host.port}:{self.workspace}"
+
+    @property
+    def workdir(self) -> str:
+        return str(self.workspace)
 
     def close(self) -> None:
         """Drop the helper and this sandbox's share of the connection; the workspace stays."""

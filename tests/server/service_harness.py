@@ -22,11 +22,12 @@ import httpx
 import pytest
 import uvicorn
 
+from sandboxes.local import LocalTemplate
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
 from sandboxes.server.clock import Clock
 from sandboxes.server.serving import uvicorn_config
-from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
+from sandboxes.server.settings import ServiceSettings, TenantPolicy
 
 KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
 """Tenant -> API key. ``tiny`` has a quota of one small sandbox; ``slow`` 2 requests/s."""

@@ -26,7 +26,8 @@ from service_harness import (
 )
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate, TenantPolicy
+from sandboxes.docker import DockerTemplate
+from sandboxes.server.settings import TenantPolicy
 
 CAP = 3
 THREADS = 6

@@ -10,7 +10,7 @@ from langchain.agents.middleware import SummarizationMiddleware
 from langchain_core.messages import BaseMessage, SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agent import FixedSandbox, LocalProvider, create_sandbox_agent, middleware_of
+from agent import FixedSandbox, ProviderAdapter, create_sandbox_agent, middleware_of
 from agent.testing import ScriptedChatModel, call, say
 
 SUMMARY = "SUMMARY-OF-THE-EARLIER-STEPS"
@@ -29,7 +29,7 @@ def _summaries(model: ScriptedChatModel, actions: list[Any]) -> Any:
     return step
 
 
-def test_summarization_is_on_by_default_and_compacts_the_history(local_provider: LocalProvider) -> None:
+def test_summarization_is_on_by_default_and_compacts_the_history(local_provider: ProviderAdapter) -> None:
     """A model whose profile says its context is small: past 85% of it the older history is
     summarized by the same model, and the next request carries the summary, not the history."""
     actions = [say("", call("execute", command=f"echo {i}-" + "x" * 200)) for i in range(8)] + [say("finished")]
@@ -46,7 +46,7 @@ def test_summarization_is_on_by_default_and_compacts_the_history(local_provider:
     assert "0-xxx" not in " ".join(str(m.content) for m in last)  # the first step is summarized away
 
 
-def test_summarization_can_be_turned_off_or_replaced(local_provider: LocalProvider) -> None:
+def test_summarization_can_be_turned_off_or_replaced(local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[])
     off = create_sandbox_agent(model, sandbox=local_provider, summarization=False)
     assert not [m for m in middleware_of(off) if isinstance(m, SummarizationMiddleware)]
@@ -60,7 +60,7 @@ def _system_text(message: BaseMessage) -> str:
     return "".join(block["text"] for block in message.content_blocks if block["type"] == "text")  # type: ignore[typeddict-item]
 
 
-def test_memory_is_the_last_section_so_the_prompt_prefix_stays_stable(local_provider: LocalProvider) -> None:
+def test_memory_is_the_last_section_so_the_prompt_prefix_stays_stable(local_provider: ProviderAdapter) -> None:
     """The memory file changes between runs; everything before it in the system prompt (the
     base prompt, the skills, the tools' instructions) stays byte for byte the same."""
     sandbox = local_provider.create()
@@ -89,7 +89,7 @@ def test_memory_is_the_last_section_so_the_prompt_prefix_stays_stable(local_prov
     assert second.startswith(prefix)
 
 
-def test_delete_removes_a_file_or_a_tree_and_answers_in_the_protocols_words(local_provider: LocalProvider) -> None:
+def test_delete_removes_a_file_or_a_tree_and_answers_in_the_protocols_words(local_provider: ProviderAdapter) -> None:
     sandbox = local_provider.create()
     workdir = local_provider.root / sandbox.id
     made = sandbox.execute("mkdir -p build/deep && echo object > build/deep/out.o && echo 'keep me' > notes.txt")

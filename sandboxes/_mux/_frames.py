@@ -1,7 +1,7 @@
 """A command's frames, on the client's side: their header and what the client accepts of a
 helper (`MAX_FRAME`, the kinds a helper sends), a command's request (`_request_frame`) and its
 stdin (`_send_stdin`), and what its answer frames add up to (`_Pending`, `_response`). What
-every kind means, both ways, is `sandboxes._mux._server`'s docstring.
+every kind means, both ways, is `sandboxes._helper._server`'s docstring.
 
 Apart from the client (`sandboxes._mux.client.MuxClient`, which owns the stream, reads it and
 breaks it) because a command is framed and answered alike however it is waited for: blocking
@@ -48,7 +48,7 @@ busy at the same time; and every chunk of 128 KiB or more is a fresh mmap and it
 both sides. Measured over pipes (64 MiB into ``cat``): 1 MiB frames 340-450 MiB/s, 64 KiB frames
 500-900 MiB/s, with a quarter of the client's CPU."""
 _BINARY_ANSWERS = frozenset({"read_file", "download"})
-"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._reads.RAW`):
+"""Native ops whose answer is bytes, not the script's text (`sandboxes._helper._reads.RAW`):
 their output is kept exact, one character per byte."""
 
 

@@ -1,4 +1,4 @@
-"""Client of the in-sandbox exec helper (`sandboxes._mux._server`), over any byte stream.
+"""Client of the in-sandbox exec helper (`sandboxes._helper._server`), over any byte stream.
 
 A transport (a ``docker exec`` attach socket, an SSH channel, a local pipe) only has to offer
 `ByteStream`; the client multiplexes concurrent commands over it, applies the output cap, and
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux._frames import (
     _BINARY_ANSWERS,
     _KINDS,
@@ -44,16 +44,14 @@ from sandboxes._mux._frames import (
     wire_spec,
 )
 from sandboxes._mux._outbox import Outbox
-from sandboxes._mux._shipped import COMPACT_SOURCE, NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
+from sandboxes._mux._shipped import PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer
 
 __all__ = [
     "ACK_TIMEOUT",
-    "COMPACT_SOURCE",
     "HEADER",
     "MAX_FRAME",
-    "NATIVE_SOURCE",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "MuxClient",
@@ -179,7 +177,7 @@ class MuxClient:
     def run_native(
         self, op: Sequence[str], stdin: bytes | None, *, timeout: float | None, output_limit: int
     ) -> p.ExecuteResponse | None:
-        """A file op (`sandboxes._mux._files`: ``op`` is its name and the script's arguments)
+        """A file op (`sandboxes._helper._files`: ``op`` is its name and the script's arguments)
         done by the helper itself, no process started; what the script would have answered,
         or ``None`` when it must run instead (this helper has no such op, or the target is one
         the script writes in place). `MuxBroken` as `run`: once the F frame was written the op
@@ -345,7 +343,7 @@ class MuxClient:
 
     def kill_marked(self, name: str, value: str, timeout: float = _KILL_MARKED_WAIT) -> bool:
         """Have the helper kill every process of the sandbox whose environment holds
-        ``name=value`` (`sandboxes._kill.kill_marked`, run in the helper itself: no process is
+        ``name=value`` (`sandboxes._helper._kill.kill_marked`, run in the helper itself: no process is
         started, so it works when the sandbox's process limit is reached); whether none was
         left. ``False`` also when the helper failed, broke or did not answer within ``timeout``."""
         if not name or not value:

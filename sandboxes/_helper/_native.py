@@ -2,9 +2,8 @@
 # mypy: ignore-errors
 """Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE``,
 ``READ_FILE`` and ``DOWNLOAD`` without starting a process (the reads' answers are sent by
-`_reads`); the dispatch of every file op. Shipped inside `_server`'s script, ``SERVER_SOURCE``,
-as ``NATIVE_SOURCE``, compiled when the helper idles or at the first file op: stdlib only,
-Python 3.6-compatible.
+`_reads`, every op is dispatched by `_files`). Imported with `_files` when the helper idles or at
+its first file op: stdlib only, Python 3.6-compatible.
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
 subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
@@ -34,18 +33,16 @@ import marshal
 import os
 import stat
 
+from ._loop import NATIVE_OPS, send_exit
+
 try:  # built in: hashlib loads OpenSSL, ~5 ms of every helper's start in a sandbox of one CPU
     from _md5 import md5 as _new_md5
 except ImportError:
     from hashlib import md5 as _new_md5
 
-# `NATIVE_OPS` is `_server`'s (its hello names them before this file is compiled), `SEARCH_OPS`
-# and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` and
-# `_reads` after it
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
 _HASH_CHUNK = 1 << 20
-_native_ops = {}  # id -> _NativeWrite, until answered
 
 
 class _NotNative(Exception):
@@ -302,99 +299,3 @@ class _NativeWrite(object):
 
 def _answer(ident, code, timed_out=False):
     send_exit(ident, code, timed_out)
-
-
-def start_native_op(ident, payload):
-    """F: check and open; answer at once when the script would have stopped before reading."""
-    send(b"A", ident)
-    try:
-        if ident in _native_ops or ident in _streaming:
-            raise ValueError("op %d is already in flight" % ident)
-        op = _op(payload)
-        if op[0] in SEARCH_OPS:
-            _answer_whole(ident, op, search)
-            return
-        if op[0] in LISTING_OPS:
-            _answer_whole(ident, op, listing)
-            return
-        if op[0] == "download":  # `_reads`, shipped after this file
-            stream_answer(ident, download_parts(*download_spec(op)))
-            return
-        if op[0] == "upload":  # `_uploads`, shipped after this file
-            _start_upload(ident, upload_spec(op))
-            return
-        name, path, size, token, digest = _spec(op)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
-        return
-    if name == "read_file":
-        stream_answer(ident, read_parts(path, size))
-        return
-    try:
-        _native_ops[ident] = _NativeWrite(path, size, token, digest)
-    except _NotNative:
-        send(b"N", ident, answer=True)
-    except _Answer as done:
-        _answer(ident, done.code)
-    except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
-        send(b"N", ident, answer=True)
-
-
-def _start_upload(ident, spec):
-    try:
-        _native_ops[ident] = NativeUpload(ident, *spec)
-    except Exception:  # one is written in place (_NotNative), or a surprise: nothing placed yet
-        send(b"N", ident, answer=True)
-
-
-def _answer_whole(ident, op, answer_for):
-    """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
-    its exit code, a step at a time (`_reads.sent_in_steps`); or N."""
-    try:
-        answer = answer_for(op)
-    except ValueError:
-        raise
-    except Exception:  # a surprise must not end the helper: the script decides (a delete: finishes)
-        answer = None
-    if answer is None:
-        send(b"N", ident, answer=True)
-        return
-    code, output = answer
-    stream_answer(ident, sent_in_steps(output, code))
-
-
-def feed_native_op(kind, ident, payload):
-    """I, C or K for an op in flight (anything else, or an op already answered: ignored)."""
-    if ident in _streaming:  # an answer being sent (`_reads`): K stops it, nothing else is for it
-        if kind == b"K":
-            stop_stream(ident)
-        return
-    op = _native_ops.get(ident)
-    if op is None:
-        return
-    if kind == b"I":
-        op.feed(payload)
-        if op.failure is not None:  # answered now: the client stops sending the rest
-            del _native_ops[ident]
-            _answer(ident, op.finish())
-        return
-    del _native_ops[ident]
-    if kind == b"K":  # the client's timeout: nothing is placed
-        op.discard()
-        _answer(ident, None, timed_out=True)
-        return
-    try:
-        code = op.finish()
-    except Exception as exc:  # as in `start_native_op`
-        op.discard()
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
-        return
-    _answer(ident, code)
-
-
-def abort_native_ops():
-    """The client is gone: nobody will send the rest, so no op is placed and no temp file stays."""
-    abort_streams()
-    for op in list(_native_ops.values()):
-        op.discard()
-    _native_ops.clear()

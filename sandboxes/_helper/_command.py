@@ -16,6 +16,25 @@ import _signal as signal  # see `_server`: `signal` imports enum
 import os
 import time
 
+from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, kill_marked
+from ._loop import (
+    DRAIN_GRACE,
+    TIMED_OUT_DRAIN,
+    _base_env,
+    _commands,
+    _ended,
+    _kill_orphans,
+    _leaders,
+    _markers,
+    _Poller,
+    _poller,
+    _session,
+    send,
+    send_exit,
+)
+from ._reap import now_ticks
+from ._spawn import Spares, enter_cwd, has_exited, plain_env, spawn, warm_script
+
 
 class Command(object):
     def __init__(self, ident, spec):
@@ -241,3 +260,6 @@ def _spare_env(spec_env):
         _markers[0] += 1
         marker = "%s-w%d" % (_session, _markers[0])
     return _command_env(spec_env, marker), marker
+
+
+_spares = Spares(_leaders, _spare_env)  # shells waiting for commands (`_spawn`, `_command`)

@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only (it takes any ``TYPE_CHECKING`` as true): `typing` is no cheaper
     import signal
     from collections.abc import Iterator
-else:  # the C module behind `signal`, with the same calls and numbers: see `sandboxes._mux._server`
+else:  # the C module behind `signal`, with the same calls and numbers: see `sandboxes._helper._server`
     import _signal as signal
 
 MARKER_ENV = "SANDBOXES_EXEC_ID"
@@ -54,7 +54,7 @@ still killed by its own marker, and with its sandbox."""
 JOB_START_ENV = "SANDBOXES_JOB_START"
 """Set by `sandboxes.jobs` on the command that starts a job, to the marker its supervisor will
 carry: the exec helper takes the supervisor that command leaves behind (and only what it leaves
-behind) for a job's, and spares it from the sweep of orphans (`sandboxes._mux._reap`). A job's
+behind) for a job's, and spares it from the sweep of orphans (`sandboxes._helper._reap`). A job's
 marker alone spares nothing: any process may set it."""
 
 KILL_DEADLINE = 10.0

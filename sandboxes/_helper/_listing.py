@@ -38,6 +38,8 @@ import os
 import stat
 import time
 
+from ._native import _why
+
 LISTING_OPS = ["ls", "delete"]
 LS_MAX_ENTRIES = 4096
 LS_MAX_ARGUMENT = 64 << 10

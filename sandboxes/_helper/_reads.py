@@ -25,6 +25,9 @@ there then. A file that grows meanwhile is sent as long as it was announced.
 import os
 import stat
 
+from ._loop import _streaming, send
+from ._native import _MAX_PATH, _answer, _Answer, _NotNative, _why
+
 RAW = b"\0"
 """The first byte of a native read's or download's answer, which the script's (base64, and a
 download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""

@@ -23,6 +23,9 @@ script never reads them.
 
 import os
 
+from ._loop import send
+from ._native import _Answer, _NativeWrite, _NotNative, _spec, _writes_in_place
+
 
 def upload_spec(op):
     """(token, [(path, size)]) of an upload ``op``; ValueError when malformed."""

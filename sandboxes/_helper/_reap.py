@@ -4,7 +4,7 @@
 it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
 
 Two ways to find a command's processes: its marker (an environment entry every descendant
-inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped before this file),
+inherits unless it drops it; killed by `sandboxes._helper._kill.kill_marked`, shipped before this file),
 and adoption: what escaped its group and dropped its marker is an
 orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
 "Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
@@ -16,6 +16,8 @@ import os
 import select
 import _signal as signal  # see `_server`: `signal` imports enum
 import time
+
+from ._kill import JOB_MARKER_PREFIX, MARKER_ENV, _environ, _stat_fields
 
 SWEEP_ROUNDS = 20
 SMALL_PIDS_LIMIT = 4096
@@ -42,7 +44,7 @@ def _children(pid):
 
 def _stat(pid):
     """(state, parent pid, start time) of ``pid`` from /proc/<pid>/stat, or None if it is gone
-    (`_stat_fields`: `sandboxes._kill`'s, shipped before this file)."""
+    (`_stat_fields`: `sandboxes._helper._kill`'s, shipped before this file)."""
     fields = _stat_fields(pid)
     if fields is None:
         return None
@@ -84,7 +86,7 @@ def _spared(pid, start, commands, jobs):
     that command, and dies."""
     if (pid, start) in jobs:
         return True
-    environ = _environ(pid)  # `sandboxes._kill`'s, shipped before this file: it waits out an exec
+    environ = _environ(pid)  # `sandboxes._helper._kill`'s, shipped before this file: it waits out an exec
     if not environ:
         return False
     for command in commands:

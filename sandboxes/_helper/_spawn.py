@@ -45,6 +45,8 @@ import _signal as signal  # see `_server`: `signal` imports enum
 import sys
 import time
 
+from ._kill import MARKER_ENV
+
 _POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
 _DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"

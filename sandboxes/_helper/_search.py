@@ -36,6 +36,8 @@ import re
 import stat
 import time
 
+from ._native import _why
+
 SEARCH_OPS = ["grep", "find_files"]
 SEARCH_MAX_ENTRIES = 20000
 SEARCH_MAX_BYTES = 16 << 20

@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The dispatch of every native file op in the exec helper (`_native`'s writes, `_reads`' reads
 and downloads, `_uploads`, `_search`, `_listing`), imported by `_server` when it idles or at its
 first file op: stdlib only, Python 3.6-compatible.
@@ -25,15 +24,20 @@ from ._reads import (
 )
 from ._search import SEARCH_OPS, search
 from ._uploads import NativeUpload, upload_spec
+from .frames import ACCEPTED, ERROR, KILL, NOT_NATIVE, STDIN
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from collections.abc import Callable
 
 __all__ = ["abort_native_ops", "feed_native_op", "start_native_op", "step_streams"]
 
-_native_ops = {}  # id -> _NativeWrite, until answered
+_native_ops: "dict[int, _NativeWrite | NativeUpload]" = {}  # id -> _NativeWrite, until answered
 
 
-def start_native_op(ident, payload):
+def start_native_op(ident: int, payload: bytes) -> None:
     """F: check and open; answer at once when the script would have stopped before reading."""
-    send(b"A", ident)
+    send(ACCEPTED, ident)
     try:
         if ident in _native_ops or ident in _streaming:
             raise ValueError("op %d is already in flight" % ident)
@@ -52,7 +56,7 @@ def start_native_op(ident, payload):
             return
         name, path, size, token, digest = _spec(op)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
+        send(ERROR, ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
         return
     if name == "read_file":
         stream_answer(ident, read_parts(path, size))
@@ -60,21 +64,21 @@ def start_native_op(ident, payload):
     try:
         _native_ops[ident] = _NativeWrite(path, size, token, digest)
     except _NotNative:
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
     except _Answer as done:
         _answer(ident, done.code)
     except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
 
 
-def _start_upload(ident, spec):
+def _start_upload(ident: int, spec: "tuple[str, list[tuple[str, int]]]") -> None:
     try:
         _native_ops[ident] = NativeUpload(ident, *spec)
     except Exception:  # one is written in place (_NotNative), or a surprise: nothing placed yet
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
 
 
-def _answer_whole(ident, op, answer_for):
+def _answer_whole(ident: int, op: "list[str]", answer_for: "Callable[[list[str]], tuple[int, bytes] | None]") -> None:
     """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
     its exit code, a step at a time (`_reads.sent_in_steps`); or N."""
     try:
@@ -84,29 +88,29 @@ def _answer_whole(ident, op, answer_for):
     except Exception:  # a surprise must not end the helper: the script decides (a delete: finishes)
         answer = None
     if answer is None:
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
         return
     code, output = answer
     stream_answer(ident, sent_in_steps(output, code))
 
 
-def feed_native_op(kind, ident, payload):
+def feed_native_op(kind: bytes, ident: int, payload: bytes) -> None:
     """I, C or K for an op in flight (anything else, or an op already answered: ignored)."""
     if ident in _streaming:  # an answer being sent (`_reads`): K stops it, nothing else is for it
-        if kind == b"K":
+        if kind == KILL:
             stop_stream(ident)
         return
     op = _native_ops.get(ident)
     if op is None:
         return
-    if kind == b"I":
+    if kind == STDIN:
         op.feed(payload)
         if op.failure is not None:  # answered now: the client stops sending the rest
             del _native_ops[ident]
             _answer(ident, op.finish())
         return
     del _native_ops[ident]
-    if kind == b"K":  # the client's timeout: nothing is placed
+    if kind == KILL:  # the client's timeout: nothing is placed
         op.discard()
         _answer(ident, None, timed_out=True)
         return
@@ -114,12 +118,12 @@ def feed_native_op(kind, ident, payload):
         code = op.finish()
     except Exception as exc:  # as in `start_native_op`
         op.discard()
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
+        send(ERROR, ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
         return
     _answer(ident, code)
 
 
-def abort_native_ops():
+def abort_native_ops() -> None:
     """The client is gone: nobody will send the rest, so no op is placed and no temp file stays."""
     abort_streams()
     for op in list(_native_ops.values()):

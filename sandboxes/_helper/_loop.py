@@ -1,4 +1,3 @@
-# mypy: ignore-errors
 """The exec helper's state and its way out: the frames queued for the client (`send`, `flush`),
 the commands in flight, and the poller the loop in `_server` waits on; shared by `_server`,
 `_command` and the file ops, so that none of them imports another's loop. Stdlib only, Python
@@ -7,12 +6,17 @@ the commands in flight, and the poller the loop in `_server` waits on; shared by
 
 import os
 import select
-import struct
 import time
 
-from ._reap import kill_orphans
+from .frames import EXIT, HEADER
 
-HEADER = struct.Struct(">cII")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from collections.abc import Callable, Generator
+
+    Parts = Generator[bytes, None, int | None]  # a file op's answer, a piece at a time, then its exit code
+    from typing import Any
+
 NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete"]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
 ``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``), named in the hello before their code is
@@ -27,20 +31,19 @@ command takes, so that its A, O and X go out together."""
 HOLD_BYTES = 64 << 10
 _session = os.urandom(8).hex()
 _base_env = dict(os.environ)
-_commands = {}  # id -> Command, until its exit is sent
-_leaders = {}  # pid -> Command, while that pid is UNREAPED (so it is still ours to signal)
 _inbox = bytearray()
 _outbox = bytearray()  # frames queued for the client (`send`)
-_held_until = [None]  # when the oldest frame held in _outbox must go out; None: none held
-_ended = []  # commands answered this turn, whose leftovers are swept once the answers are out
+_held_until: "list[float | None]" = [None]  # when the oldest frame held in _outbox must go out; None: none held
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) costs ~15 us of mmap
 _serving = [True]
 _subreaper = [False]
 _undumpable = [False]
-_main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
-_jobs = {}  # (pid, starttime) -> marker of each background job's supervisor the helper saw started (`_reap`)
+# (pid, starttime) of the container's own command, when in a container's pid namespace
+_main: "list[tuple[int, int] | None]" = [None]
+# (pid, starttime) -> marker of each background job's supervisor the helper saw started (`_reap`)
+_jobs: "dict[tuple[int, int], bytes]" = {}
 _markers = [0]  # of the shells started ahead of their command (`_spawn`)
-_streaming = {}  # id -> a file op's answer being sent, a step a turn (`_reads`)
+_streaming: "dict[int, Parts]" = {}  # id -> a file op's answer being sent, a step a turn (`_reads`)
 
 
 class _Poller:
@@ -50,20 +53,20 @@ class _Poller:
     READ = select.POLLIN | select.POLLHUP | select.POLLERR
     WRITE = select.POLLOUT | select.POLLERR
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.epoll = hasattr(select, "epoll")
-        self.poller = select.epoll() if self.epoll else select.poll()
-        self.callbacks = {}
+        self.poller: "Any" = select.epoll() if self.epoll else select.poll()
+        self.callbacks: "dict[int, Callable[[int], None]]" = {}
 
-    def register(self, fd, events, callback):
+    def register(self, fd: int, events: int, callback: "Callable[[int], None]") -> None:
         self.poller.register(fd, events)
         self.callbacks[fd] = callback
 
-    def unregister(self, fd):
+    def unregister(self, fd: int) -> None:
         self.poller.unregister(fd)
         del self.callbacks[fd]
 
-    def poll(self, timeout):
+    def poll(self, timeout: "float | None") -> "list[tuple[Callable[[int], None], int]]":
         """[(callback, events)] ready within ``timeout`` seconds (``None``: no limit)."""
         if self.epoll:
             ready = self.poller.poll(-1 if timeout is None else timeout)
@@ -75,7 +78,7 @@ class _Poller:
 _poller = _Poller()
 
 
-def send(kind, ident, payload=b"", answer=False):
+def send(kind: bytes, ident: int, payload: bytes = b"", answer: bool = False) -> None:
     """Queue one frame for the client. An ``answer`` (hello, exit, error) goes out at the end of
     this turn of the loop, with everything queued before it and the turn's other answers (20
     commands ending together: one write, not 20; measured through the service with 20 clients:
@@ -94,12 +97,12 @@ def send(kind, ident, payload=b"", answer=False):
         _held_until[0] = time.monotonic() + HOLD
 
 
-def send_exit(ident, code, timed_out=False):
+def send_exit(ident: int, code: "int | None", timed_out: bool = False) -> None:
     """Answer X: ``{"code": code, "timed_out": timed_out}``."""
-    send(b"X", ident, _json({"code": code, "timed_out": timed_out}).encode(), answer=True)
+    send(EXIT, ident, _json({"code": code, "timed_out": timed_out}).encode(), answer=True)
 
 
-def _json(value):
+def _json(value: object) -> str:
     """``json.dumps(value)`` of the helper's own answers (None, bools, ints, and dicts, lists and
     strings of them), without `json`: importing it (with `re` and `enum`) and `signal` (with
     `enum`; hence `_signal`, the C module behind it, with the same calls and numbers) was 5.5 ms
@@ -119,7 +122,7 @@ def _json(value):
     return '"%s"' % "".join(c if " " <= c <= "~" and c not in '"\\' else _json_escape(c) for c in value)
 
 
-def _json_escape(char):
+def _json_escape(char: str) -> str:
     code = ord(char)
     if code > 0xFFFF:  # JSON's escapes are UTF-16
         code -= 0x10000
@@ -127,7 +130,7 @@ def _json_escape(char):
     return "\\u%04x" % code
 
 
-def flush():
+def flush() -> None:
     """Write every queued frame (blocking, whole). A client gone (its end of the stream closed)
     ends the serving as the end of its input does, into the loop's cleanup (its commands killed,
     its file ops aborted): a traceback here skipped that, and left its commands running."""
@@ -145,11 +148,3 @@ def flush():
                 _serving[0] = False
                 break
     del _outbox[:]
-
-
-def _kill_orphans(ended=()):
-    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands
-    account for, and the supervisors that the job starts among them, among the answered ones not
-    swept after yet (``_ended``) or among the ``ended`` being swept after now left behind."""
-    commands = list(_commands.values()) + _ended + list(ended)
-    kill_orphans(_subreaper[0], _main[0], _leaders, commands, _jobs)

@@ -1,5 +1,3 @@
-# ruff: noqa
-# mypy: ignore-errors
 """The exec helper that runs INSIDE a sandbox (shipped as source with ``python3 -c``).
 
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
@@ -68,29 +66,21 @@ swept. Every command is swept without ctypes or ``/proc/.../children``, and unde
 limit (see `_become_subreaper`).
 """
 
-import _signal as signal
 import marshal
 import os
-import select
-import struct
 import sys
 import time
 
-from ._command import Command, _spares
+from ._command import Command, _commands, _ended, _kill_orphans, _leaders, _spares
 from ._kill import any_marked, kill_marked
 from ._loop import (
-    HEADER,
     MAX_FRAME,
     NATIVE_OPS,
     _chunk,
-    _commands,
-    _ended,
     _held_until,
     _inbox,
     _jobs,
     _json,
-    _kill_orphans,
-    _leaders,
     _main,
     _Poller,
     _poller,
@@ -104,10 +94,32 @@ from ._loop import (
 )
 from ._reap import _become_subreaper, _container_main, _pids_limit, has_strays, reap_orphans, seed_jobs
 from ._spawn import _POSIX_SPAWN
+from .frames import (
+    ACCEPTED,
+    CLIENT_KINDS,
+    CLOSE_STDIN,
+    ERROR,
+    FILE_OP,
+    HEADER,
+    HELLO,
+    KILL,
+    KILL_MARKED,
+    NOT_NATIVE,
+    PING,
+    RUN,
+    STDIN,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    import signal
+    from typing import Any
+else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
+    import _signal as signal
 
 NATIVE_IDLE = 0.05
-_native = [None]  # `_files`, once imported (`_load_native`)
-_native_loaded = [None]
+_native: "list[Any]" = [None]  # `_files`, once imported (`_load_native`)
+_native_loaded: "list[bool | None]" = [None]
 """Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
 the shipped script carries as a string) is compiled into this module's globals (``None``: not
 tried yet). Not at the start: they are 45% of the source, and compiling them cost every helper's
@@ -116,11 +128,12 @@ are compiled once the helper has been idle `NATIVE_IDLE` seconds with no command
 agent's sandbox between two turns, a pool's spare), or by the first file op that comes sooner
 (`_load_native`)."""
 _last_event = [0.0]  # monotonic time the loop last had something to do
+_wakeup = (-1, -1)  # the pipe SIGCHLD wakes the loop through (`main`)
 
 # ------------------------------------------------------------------ processes
 
 
-def _become_undumpable():
+def _become_undumpable() -> bool:
     """Whether commands can no longer reach into the helper (PR_SET_DUMPABLE 0).
 
     They run as the helper's uid, so otherwise any of them could open /proc/<helper>/fd/1 (or
@@ -132,7 +145,7 @@ def _become_undumpable():
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+        return bool(libc.prctl(4, 0, 0, 0, 0) == 0)  # PR_SET_DUMPABLE
     except Exception:  # no ctypes: the client's frame checks are the only defence
         return False
 
@@ -140,7 +153,7 @@ def _become_undumpable():
 # ------------------------------------------------------------------ the stream
 
 
-def _on_sigchld(_mask):
+def _on_sigchld(_mask: int) -> None:
     try:
         while os.read(_wakeup[0], 4096):
             pass
@@ -152,7 +165,7 @@ def _on_sigchld(_mask):
     reap_orphans(_leaders)
 
 
-def _on_input(_mask):
+def _on_input(_mask: int) -> None:
     size = os.readv(0, [_chunk])
     if not size:
         _serving[0] = False
@@ -160,7 +173,7 @@ def _on_input(_mask):
     _inbox.extend(memoryview(_chunk)[:size])
     while _serving[0] and len(_inbox) >= HEADER.size:  # a client gone (`flush`): nothing more is started
         kind, ident, length = HEADER.unpack_from(_inbox)
-        if kind not in b"PRICKMF" or length > MAX_FRAME:
+        if kind not in CLIENT_KINDS or length > MAX_FRAME:
             sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (bytes(_inbox[: HEADER.size]),))
             _serving[0] = False  # a corrupt stream: end it (the client sees EOF) rather than wait for a bogus length
             return
@@ -171,20 +184,20 @@ def _on_input(_mask):
         _handle(kind, ident, payload)
 
 
-def _handle(kind, ident, payload):
-    if kind == b"P":
+def _handle(kind: bytes, ident: int, payload: bytes) -> None:
+    if kind == PING:
         hello = {"pid": os.getpid(), "python": sys.version.split()[0], "subreaper": _subreaper[0],
                  "undumpable": _undumpable[0], "container": _main[0] is not None,
                  "pids_limit": _pids_limit(),
                  "spawn": "posix_spawn" if _POSIX_SPAWN else "popen", "warm": _spares.enabled,
                  "native": NATIVE_OPS}  # fmt: skip
-        send(b"H", 0, _json(hello).encode(), answer=True)
+        send(HELLO, 0, _json(hello).encode(), answer=True)
         return
-    if kind == b"R":
-        send(b"A", ident)
-        command = None
+    if kind == RUN:
+        send(ACCEPTED, ident)
+        command: "Command | None" = None
         try:
-            command = Command(ident, marshal.loads(payload))
+            command = Command(ident, marshal.loads(payload))  # noqa: S302 (the client's own request, `wire_spec`)
             command.start()
         except Exception as exc:  # bad cwd, no pid left for a fork: report, keep serving
             if command is not None:
@@ -193,12 +206,12 @@ def _handle(kind, ident, payload):
                 command.close_output()
                 command.close_stdin()
                 _commands.pop(ident, None)
-            send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
+            send(ERROR, ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
         return
-    if kind == b"M":
+    if kind == KILL_MARKED:
         _kill_marked_for_client(ident, payload)
         return
-    if kind == b"F":
+    if kind == FILE_OP:
         _start_native(ident, payload)
         return
     command = _commands.get(ident)
@@ -208,24 +221,24 @@ def _handle(kind, ident, payload):
         return
     if command.finished:
         return
-    if kind == b"I":
+    if kind == STDIN:
         command.feed(payload)
-    elif kind == b"C":
+    elif kind == CLOSE_STDIN:
         command.feed(None)
-    elif kind == b"K":
+    elif kind == KILL:
         command.stop()
 
 
-def _start_native(ident, payload):
+def _start_native(ident: int, payload: bytes) -> None:
     """F: `start_native_op`, its code compiled first if it was not yet (`_load_native`); a helper
     that cannot compile it answers N, and the script does the op."""
     if not _load_native():
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
         return
     _native[0].start_native_op(ident, payload)
 
 
-def _load_native():
+def _load_native() -> "bool | None":
     """Whether the file ops' code (`_NATIVE_SOURCE`) is compiled into this module's globals,
     compiling it now if it was not (once: a failure is reported on stderr and not retried)."""
     if _native_loaded[0] is None:
@@ -240,22 +253,22 @@ def _load_native():
     return _native_loaded[0]
 
 
-def _kill_marked_for_client(ident, payload):
+def _kill_marked_for_client(ident: int, payload: bytes) -> None:
     """M: kill every process carrying a marker, from this process: no fork, so it works when the
     sandbox's process limit is reached (a command that fork-bombed), when no command can start."""
     try:
-        spec = marshal.loads(payload)
+        spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
         name, value = spec["name"], spec["value"]
         if not isinstance(name, str) or not isinstance(value, str) or not name or not value:
             raise ValueError("a name and a value are needed")
         cleared = kill_marked(value, name)
     except Exception as exc:  # a bad request: say so, keep serving
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
+        send(ERROR, ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
         return
     send_exit(ident, 0 if cleared else 1)
 
 
-def _sweep_ended():
+def _sweep_ended() -> None:
     """Kill what escaped the commands answered this turn, once their answers are written (an
     answer is flushed in the turn it was queued, see `send`): scanning /proc must not delay
     them. By marker when the helper has a child that is no running command's leader (or is no
@@ -277,7 +290,7 @@ def _sweep_ended():
         command.job_needle = None
 
 
-def _wait_time():
+def _wait_time() -> "float | None":
     if _streaming:  # more to send: look at the rest and go on
         return 0.0
     deadlines = [d for d in (c.next_deadline() for c in _commands.values()) if d is not None]
@@ -290,7 +303,7 @@ def _wait_time():
     return max(0.0, min(deadlines) - time.monotonic())
 
 
-def main():
+def main() -> None:
     global _wakeup
     _undumpable[0] = _become_undumpable()
     _subreaper[0] = _become_subreaper()

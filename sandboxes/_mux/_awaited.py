@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from sandboxes import protocol as p
+from sandboxes._helper.frames import KILL
 from sandboxes._mux import client as client_module
 from sandboxes._mux._frames import _Pending, _request_frame, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
@@ -128,7 +129,7 @@ async def _await_async(
         now = time.monotonic()
         overdue, until = client._deadline(ident, pending, sent, timeout, now)
         if overdue:
-            client._send(b"K", ident)
+            client._send(KILL, ident)
             give_up = time.monotonic() + client_module._KILL_GRACE
             while not pending.done.is_set() and time.monotonic() < give_up:
                 await _woken(ended, max(0.0, give_up - time.monotonic()))

@@ -11,7 +11,6 @@ breaks it) because a command is framed and answered alike however it is waited f
 from __future__ import annotations
 
 import marshal
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sandboxes import protocol as p
+from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._output import OutputBuffer, execute_response
@@ -28,13 +28,12 @@ if TYPE_CHECKING:
 
 __all__ = ["HEADER", "MAX_FRAME", "wire_spec"]
 
-HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20
 """The largest frame the client accepts from a helper. The helper's own frames are far smaller
 (output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
-_KINDS = frozenset(b"HAOXEN")
+_KINDS = frozenset(HELPER_KINDS)
 
 
 class _Corrupt(Exception):
@@ -117,7 +116,7 @@ def _request_frame(
     if next_marker is not None:
         spec["next_marker"] = next_marker
     payload = wire_spec(spec)
-    return HEADER.pack(b"R", ident, len(payload)) + payload
+    return HEADER.pack(RUN, ident, len(payload)) + payload
 
 
 def _send_stdin(
@@ -131,8 +130,8 @@ def _send_stdin(
     client, and the send raises `MuxBroken`."""
     if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
         if stdin:
-            client._send(b"I", ident, stdin)
-        client._send(b"C", ident)
+            client._send(STDIN, ident, stdin)
+        client._send(CLOSE_STDIN, ident)
         return
     with SendWatch(client.close) as watch:
         for offset in range(0, len(stdin), _STDIN_CHUNK):
@@ -141,9 +140,9 @@ def _send_stdin(
                     client._read_what_is_there()
                 if answered.is_set():
                     return
-            client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+            client._send(STDIN, ident, stdin[offset : offset + _STDIN_CHUNK])
             watch.sent()
-        client._send(b"C", ident)
+        client._send(CLOSE_STDIN, ident)
 
 
 def _response(pending: _Pending, timeout: float | None, started: float, *, latin1: bool = False) -> p.ExecuteResponse:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
+from sandboxes._helper.frames import ACCEPTED, ERROR, EXIT, FILE_OP, HELLO, KILL, KILL_MARKED, NOT_NATIVE, OUTPUT, PING
 from sandboxes._mux._frames import (
     _BINARY_ANSWERS,
     _KINDS,
@@ -122,7 +123,7 @@ class MuxClient:
         """File ops the helper handed back to the script (``N``)."""
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
         self._reader.start()
-        self._send(b"P", 0)
+        self._send(PING, 0)
         if not self._hello.wait(hello_timeout) or self.broken:
             self.close()
             raise MuxBroken(self.broken or f"exec helper did not say hello within {hello_timeout}s")
@@ -191,7 +192,7 @@ class MuxClient:
         try:
             leading = self._lead()
             try:
-                self._send(b"F", ident, wire_spec({"op": list(op)}))
+                self._send(FILE_OP, ident, wire_spec({"op": list(op)}))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
             if stdin is not None:  # a write's bytes; a read has none
@@ -338,7 +339,7 @@ class MuxClient:
             self._outbox.flush(self)  # a kill must follow its command's request, never overtake it
         for ident in idents:
             with contextlib.suppress(MuxBroken):
-                self._send(b"K", ident)
+                self._send(KILL, ident)
         return len(idents)
 
     def kill_marked(self, name: str, value: str, timeout: float = _KILL_MARKED_WAIT) -> bool:
@@ -355,7 +356,7 @@ class MuxClient:
         leading = False
         try:
             leading = self._lead()
-            self._send(b"M", ident, wire_spec({"name": name, "value": value}))
+            self._send(KILL_MARKED, ident, wire_spec({"name": name, "value": value}))
             self._wait_for(pending, timeout, leading)
         except MuxBroken:
             return False
@@ -379,7 +380,7 @@ class MuxClient:
             now = time.monotonic()
             overdue, until = self._deadline(ident, pending, sent, timeout, now)
             if overdue:
-                self._send(b"K", ident)
+                self._send(KILL, ident)
                 if not self._wait_for(pending, _KILL_GRACE, leading):
                     self._break(f"exec helper did not report command {ident} after its timeout")
                 return
@@ -509,7 +510,7 @@ class MuxClient:
         return f"not an exec helper; it said {bytes(buffer[:_QUOTED_GARBAGE])!r}"
 
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
-        if kind == b"H":
+        if kind == HELLO:
             info = json.loads(payload)
             if not isinstance(info, dict):
                 raise ValueError(f"hello {info!r}")
@@ -520,23 +521,23 @@ class MuxClient:
             pending = self._pending.get(ident)
         if pending is None:
             return
-        if kind == b"A":
+        if kind == ACCEPTED:
             pending.accepted_at = time.monotonic()
-        elif kind == b"O":
+        elif kind == OUTPUT:
             pending.output.write(payload)
             if pending.on_output is not None:
                 pending.on_output(payload)
-        elif kind == b"X":
+        elif kind == EXIT:
             status = json.loads(payload)
             code, timed_out = status["code"], status["timed_out"]
             if not (code is None or type(code) is int) or type(timed_out) is not bool:
                 raise ValueError(f"exit status {status!r}")
             pending.exit_code, pending.timed_out = code, timed_out
             pending.done.set()
-        elif kind == b"E":
+        elif kind == ERROR:
             pending.start_error = payload.decode("utf-8", "replace")
             pending.done.set()
-        elif kind == b"N":
+        elif kind == NOT_NATIVE:
             pending.not_native = True
             pending.done.set()
 

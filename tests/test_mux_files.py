@@ -146,7 +146,7 @@ def test_a_client_gone_midway_leaves_no_temporary_file(jail: LocalSandbox) -> No
     assert jail.write(str(target), "old\n").error is None  # the sandbox's own (one made here would be foreign)
     mux = helper_client(jail)
     call = write_call(str(target), b"x" * 100)
-    ident, _pending = mux._register(_Pending(OutputBuffer(0)))
+    ident, _pending = mux.register(_Pending(OutputBuffer(0)))
     assert call.native is not None
     mux._send(b"F", ident, wire_spec({"op": list(call.native)}))
     mux._send(b"I", ident, b"x" * 50)

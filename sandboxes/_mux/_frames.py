@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sandboxes import protocol as p
 from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
@@ -23,10 +23,18 @@ from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._output import OutputBuffer, execute_response
 
-if TYPE_CHECKING:
-    from sandboxes._mux.client import MuxClient
+__all__ = ["HEADER", "MAX_FRAME", "Sender", "wire_spec"]
 
-__all__ = ["HEADER", "MAX_FRAME", "wire_spec"]
+
+class Sender(Protocol):
+    """What a command's stdin is written through (`sandboxes._mux.client.MuxClient`)."""
+
+    def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None: ...
+
+    def _read_what_is_there(self) -> None: ...
+
+    def close(self, reason: str = ...) -> None: ...
+
 
 MAX_FRAME = 1 << 20
 """The largest frame the client accepts from a helper. The helper's own frames are far smaller
@@ -120,7 +128,7 @@ def _request_frame(
 
 
 def _send_stdin(
-    client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
+    client: Sender, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
 ) -> None:
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
     answered or handed back: it drops the rest, as when a write failed on a full disk). A

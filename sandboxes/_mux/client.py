@@ -21,6 +21,7 @@ else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -44,7 +45,7 @@ from sandboxes._mux._frames import (
     _send_stdin,
     wire_spec,
 )
-from sandboxes._mux._outbox import Outbox
+from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._mux._shipped import PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer
@@ -52,6 +53,7 @@ from sandboxes._output import OutputBuffer
 __all__ = [
     "ACK_TIMEOUT",
     "HEADER",
+    "KILL_GRACE",
     "MAX_FRAME",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
@@ -66,7 +68,7 @@ _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
-_KILL_GRACE = 10.0
+KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0
 """Seconds to wait for the helper's answer to a kill by marker (two phases of at most 10 s)."""
@@ -162,12 +164,12 @@ class MuxClient:
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
         for every command: it must neither block nor raise."""
-        ident, pending = self._register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
+        ident, pending = self.register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
         started = time.monotonic()
         leading = False
         try:
             leading = self._lead()
-            self._request(ident, command, env, cwd, timeout, stdin)
+            self.request(ident, command, env, cwd, timeout, stdin)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             self._await(ident, pending, time.monotonic(), timeout, leading)
@@ -186,7 +188,7 @@ class MuxClient:
         names = self.info.get("native")
         if not isinstance(names, list) or not op or op[0] not in names:
             return None
-        ident, pending = self._register(_Pending(OutputBuffer(output_limit)))
+        ident, pending = self.register(_Pending(OutputBuffer(output_limit)))
         started = time.monotonic()
         leading = False
         try:
@@ -242,7 +244,7 @@ class MuxClient:
         with self._pending_lock:
             return sum(1 for item in self._pending.values() if not item.done.is_set())
 
-    def _register(self, pending: _Pending) -> tuple[int, _Pending]:
+    def register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
         was written) if the stream is broken, before or while registering (`_fail_all` may have
         missed it)."""
@@ -309,7 +311,7 @@ class MuxClient:
             self._always_read = True
             self._wanted.set()
 
-    def _request(
+    def request(
         self,
         ident: int,
         command: str,
@@ -350,7 +352,7 @@ class MuxClient:
         if not name or not value:
             raise ValueError("an empty marker would match every command's processes")
         try:
-            ident, pending = self._register(_Pending(OutputBuffer(0)))
+            ident, pending = self.register(_Pending(OutputBuffer(0)))
         except MuxBroken:
             return False
         leading = False
@@ -378,15 +380,47 @@ class MuxClient:
         wait = self._waiter(pending, leading)
         while not pending.done.is_set():
             now = time.monotonic()
-            overdue, until = self._deadline(ident, pending, sent, timeout, now)
+            overdue, until = self.deadline(ident, pending, sent, timeout, now)
             if overdue:
-                self._send(KILL, ident)
-                if not self._wait_for(pending, _KILL_GRACE, leading):
-                    self._break(f"exec helper did not report command {ident} after its timeout")
+                self.send_kill(ident)
+                if not self._wait_for(pending, KILL_GRACE, leading):
+                    self.unreported(ident)
                 return
             wait(None if until is None else until - now)
 
-    def _deadline(
+    # ------------------------------------------------------------------ for `_awaited.arun`
+
+    def queue_request(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ident: int,
+        command: str,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+    ) -> Queued | None:
+        """A stdin-less command's R frame, queued for the end of ``loop``'s turn; ``None``: broken."""
+        frame = _request_frame(ident, command, env, cwd, timeout, False, self._announcement(env))
+        return self._outbox.put(self, loop, ident, frame)
+
+    def withdraw(self, queued: Queued) -> bool:
+        """Take back a `queue_request` not written yet; whether it is certainly unsent."""
+        return self._outbox.withdraw(self, queued)
+
+    def forget(self, ident: int) -> None:
+        """Stop waiting for command ``ident`` (answered, or given up on)."""
+        with self._pending_lock:
+            self._pending.pop(ident, None)
+
+    def send_kill(self, ident: int) -> None:
+        """K: the helper kills command ``ident`` (its timeout passed)."""
+        self._send(KILL, ident)
+
+    def unreported(self, ident: int) -> None:
+        """Command ``ident`` was killed and not reported within `KILL_GRACE`: the stream is broken."""
+        self._break(f"exec helper did not report command {ident} after its timeout")
+
+    def deadline(
         self, ident: int, pending: _Pending, sent: float, timeout: float | None, now: float
     ) -> tuple[bool, float | None]:
         """For a command waited on since ``sent``: (whether it is overdue and must be killed,
@@ -397,11 +431,11 @@ class MuxClient:
             if now >= sent + self._ack_timeout:
                 self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
                 raise MuxBroken(self.broken or "no acknowledgement")  # written: its fate is unknown
-            if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
-                return False, min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
+            if timeout and now < sent + timeout + KILL_GRACE:  # the earliest it may be overdue
+                return False, min(sent + self._ack_timeout, sent + timeout + KILL_GRACE)
             return False, sent + self._ack_timeout
         if timeout:
-            until = pending.accepted_at + timeout + _KILL_GRACE
+            until = pending.accepted_at + timeout + KILL_GRACE
             return now >= until, until
         return False, None
 

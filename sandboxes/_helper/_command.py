@@ -1,11 +1,11 @@
 """A command in the exec helper (`_server`), from its request to its answer: its process started
 (cold, or in a shell started ahead of it: `_spawn`), its output and stdin pumped, its timeout or
 kill, its leader reaped and its exit answered, and the shell it foresees for the next command
-like it (`_next_key`). Shipped with the helper as one script (``SERVER_SOURCE``), before
-`_server`: stdlib only, Python 3.6-compatible.
+like it (`_next_key`); and the commands' tables (``_commands``, ``_leaders``, ``_ended``).
+Stdlib only, Python 3.6-compatible.
 
 Apart from `_server`, which reads the client's frames, runs the loop and holds the helper's
-state (``_commands``, ``_leaders``, `send`, the poller, used here once a command runs), because
+loop's state (`_loop`: `send`, the poller, used here once a command runs), because
 a command's life is a unit of its own: the loop only hands it events (its output is ready, its
 stdin writable, its leader exited, a deadline passed) and it decides what they mean.
 """

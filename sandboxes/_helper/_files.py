@@ -48,10 +48,10 @@ def start_native_op(ident: int, payload: bytes) -> None:
         if op[0] in LISTING_OPS:
             _answer_whole(ident, op, listing)
             return
-        if op[0] == "download":  # `_reads`, shipped after this file
+        if op[0] == "download":  # `_reads`
             stream_answer(ident, download_parts(*download_spec(op)))
             return
-        if op[0] == "upload":  # `_uploads`, shipped after this file
+        if op[0] == "upload":  # `_uploads`
             _start_upload(ident, upload_spec(op))
             return
         name, path, size, token, digest = _spec(op)

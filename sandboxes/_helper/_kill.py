@@ -6,8 +6,8 @@ or a double fork. Killing "the command" therefore means killing every process wh
 holds that entry. This module is the only place that does it, in two forms:
 
 - `kill_marked`, in Python, for the host (`LocalSandbox`, the service's local backend) and for
-  the exec helper inside a sandbox, which is shipped with this file as one script
-  (``SERVER_SOURCE``): hence stdlib only, Python 3.6-compatible, no ``__future__`` import, and
+  the exec helper inside a sandbox, whose package this module is part of (`sandboxes._helper`):
+  hence stdlib only, Python 3.6-compatible, no ``__future__`` import, and
   annotations that evaluate on 3.6 (local variable annotations are never evaluated).
 - `KILL_MARKED_SH`, a POSIX ``sh`` function for sandboxes reached without the helper (one
   ``docker exec`` or SSH channel per command, busybox images included).
@@ -231,7 +231,7 @@ def _env_end(pid: int) -> "bytes | None":
 
 def _stat_fields(pid: int) -> "list[bytes] | None":
     """The fields of ``/proc/<pid>/stat`` after the command name (the state is the first), or
-    None if it is gone. Also the exec helper's (`_reap`, shipped after this file)."""
+    None if it is gone. Also the exec helper's (`_reap`)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()

@@ -1,6 +1,6 @@
 """Native ``ls`` and ``delete`` in the exec helper: `sandboxes._scripts.LS` and ``DELETE``
-without starting a process (shipped with `_search`, `_files` and `_server` as one script,
-``SERVER_SOURCE``: stdlib only, Python 3.6-compatible).
+without starting a process (imported with `_files` when the helper idles or at its first file
+op: stdlib only, Python 3.6-compatible).
 
 Why: ``LS`` starts ``stat`` after the shell and ``DELETE`` starts ``rm``, so each cost about two
 commands (~1.9x and ~1.8x ``execute``, the slowest file ops); here each is one frame round trip.

@@ -1,6 +1,6 @@
 """Native reads and downloads in the exec helper: `sandboxes._scripts.READ_FILE` and
 ``DOWNLOAD`` without a process, their answers sent a step at a time from the helper's loop
-(shipped in ``NATIVE_SOURCE`` after `_files` and `_uploads`: stdlib only, Python 3.6-compatible).
+(imported with `_files` when the helper idles or at its first file op: stdlib only, Python 3.6-compatible).
 
 Why a step at a time: the loop is single-threaded, and a file read and sent whole held it for
 as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH

@@ -1,8 +1,8 @@
 """Finding and killing what a command left behind, for the exec helper (`_server`), with which
-it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
+whose package it is part of: stdlib only, Python 3.6-compatible.
 
 Two ways to find a command's processes: its marker (an environment entry every descendant
-inherits unless it drops it; killed by `sandboxes._helper._kill.kill_marked`, shipped before this file),
+inherits unless it drops it; killed by `sandboxes._helper._kill.kill_marked`),
 and adoption: what escaped its group and dropped its marker is an
 orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
 "Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
@@ -49,7 +49,7 @@ def _children(pid: int) -> "list[int]":
 
 def _stat(pid: int) -> "tuple[str, int, int] | None":
     """(state, parent pid, start time) of ``pid`` from /proc/<pid>/stat, or None if it is gone
-    (`_stat_fields`: `sandboxes._helper._kill`'s, shipped before this file)."""
+    (`_stat_fields`: `sandboxes._helper._kill`'s)."""
     fields = _stat_fields(pid)
     if fields is None:
         return None
@@ -91,7 +91,7 @@ def _spared(pid: int, start: int, commands: "Sequence[Any]", jobs: "dict[tuple[i
     that command, and dies."""
     if (pid, start) in jobs:
         return True
-    environ = _environ(pid)  # `sandboxes._helper._kill`'s, shipped before this file: it waits out an exec
+    environ = _environ(pid)  # `sandboxes._helper._kill`'s: it waits out an exec
     if not environ:
         return False
     for command in commands:

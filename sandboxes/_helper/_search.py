@@ -1,5 +1,5 @@
 """Native searches in the exec helper: `sandboxes._scripts.GREP` and ``FIND_FILES`` without
-starting a process (shipped with `_files` and `_server` as one script, ``SERVER_SOURCE``:
+starting a process (imported with `_files` when the helper idles or at its first file op:
 stdlib only, Python 3.6-compatible).
 
 Why: the scripts walk with ``find`` and search with ``grep`` (or ``rg``), each a process start

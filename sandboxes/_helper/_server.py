@@ -2,10 +2,11 @@
 
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
 command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
-and Python 3.6-compatible: it runs on whatever python3 the image has. Shipped last, after
-`_reap`, whose ``kill_marked``, ``kill_orphans``, ``reap_orphans``, ``has_strays`` and
-``_container_main`` it calls, `_spawn` and `_command` (a command from its request to its
-answer: ``Command``); ``SERVER_SOURCE`` is those files and `sandboxes._helper._kill`, one script.
+and Python 3.6-compatible: it runs on whatever python3 the image has. Its package (`_reap`,
+whose ``kill_orphans``, ``reap_orphans``, ``has_strays`` and ``_container_main`` it calls,
+`_spawn`, `_command`: a command from its request to its answer, `_loop`: the state and `send`,
+`_kill`, `frames`: every frame kind by name) is shipped as sources behind a one-line bootstrap
+(`sandboxes._mux._shipped`); `main` runs it.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
   client -> helper: P ping, R run (a spec), I stdin bytes, C close stdin, K kill,
@@ -120,11 +121,9 @@ else:  # the C module behind `signal` (which imports `enum`), with the same call
 NATIVE_IDLE = 0.05
 _native: "list[Any]" = [None]  # `_files`, once imported (`_load_native`)
 _native_loaded: "list[bool | None]" = [None]
-"""Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
-the shipped script carries as a string) is compiled into this module's globals (``None``: not
-tried yet). Not at the start: they are 45% of the source, and compiling them cost every helper's
-start 3.5 ms (of 7.6 for the whole script, in the runtime image) before its first command. They
-are compiled once the helper has been idle `NATIVE_IDLE` seconds with no command running (an
+"""Whether the file ops (`_files`, and `_native`, `_uploads`, `_reads`, `_search`, `_listing`
+that it imports) are imported (``None``: not tried yet). Not at the start: no command waits for
+their code to compile. They are imported once the helper has been idle `NATIVE_IDLE` seconds with no command running (an
 agent's sandbox between two turns, a pool's spare), or by the first file op that comes sooner
 (`_load_native`)."""
 _last_event = [0.0]  # monotonic time the loop last had something to do
@@ -239,8 +238,8 @@ def _start_native(ident: int, payload: bytes) -> None:
 
 
 def _load_native() -> "bool | None":
-    """Whether the file ops' code (`_NATIVE_SOURCE`) is compiled into this module's globals,
-    compiling it now if it was not (once: a failure is reported on stderr and not retried)."""
+    """Whether the file ops (`_files`) are imported, importing them now if they were not (once:
+    a failure is reported on stderr and not retried)."""
     if _native_loaded[0] is None:
         _native_loaded[0] = False
         try:

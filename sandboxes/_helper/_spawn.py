@@ -1,5 +1,5 @@
-"""Starting a command's shell, for the exec helper (`_server`), with which it is shipped as one
-script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
+"""Starting a command's shell, for the exec helper (`_server`): stdlib only, Python
+3.6-compatible.
 
 Two ways. Cold (`spawn`): ``/bin/sh -c command``, started when the command arrives. Warm
 (`WarmShell`): a ``/bin/sh -s`` the helper started once an earlier command like it was answered,

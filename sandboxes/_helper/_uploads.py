@@ -1,6 +1,6 @@
 """Native multi-file uploads in the exec helper: `sandboxes._scripts.UPLOAD` without starting a
-process (shipped after `_files` as part of one script, ``SERVER_SOURCE``: stdlib only, Python
-3.6-compatible; it uses `_files`' writer and its answers).
+process (imported with `_files`: stdlib only, Python 3.6-compatible; it uses `_native`'s writer
+and its answers).
 
 Why: the script spools the stream to a temporary file, then puts each file with a ``tail | head``
 pipeline, ``stat``, ``umask``, ``mv``: about six processes a file, so ten small files took ~90 ms

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandboxes import _helper
 
-__all__ = ["COMPACT_SOURCE", "HELPER_SOURCES", "PYTHON_FLAGS", "SERVER_SOURCE", "SHIPPED_PACKAGE", "bootstrap"]
+__all__ = ["HELPER_SOURCES", "PYTHON_FLAGS", "SERVER_SOURCE", "SHIPPED_PACKAGE", "bootstrap"]
 
 _HERE = Path(_helper.__file__).parent
 
@@ -47,9 +47,6 @@ def bootstrap(sources: Mapping[str, str]) -> str:
 SERVER_SOURCE = bootstrap(HELPER_SOURCES)
 """Shipped as ``python3 -I -S -u -c SERVER_SOURCE`` (`PYTHON_FLAGS`) by Docker and Local, inside
 a shell command by SSH, through stdin by Kubernetes: nothing is installed in the sandbox."""
-
-COMPACT_SOURCE = SERVER_SOURCE
-"""`SERVER_SOURCE`, which is compact already (the name SSH's transport takes it by)."""
 
 PYTHON_FLAGS = ("-I", "-S", "-u")
 """How python3 runs the helper: unbuffered, isolated (``-I``), without `site` (``-S``). Without

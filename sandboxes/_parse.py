@@ -58,7 +58,7 @@ def check(response: p.ExecuteResponse, path: str) -> p.ErrorCode | None:
 
 
 _RAW = "\0"
-"""How a helper's native read or download answer starts (`sandboxes._mux._reads.RAW`, its
+"""How a helper's native read or download answer starts (`sandboxes._helper._reads.RAW`, its
 bytes then kept one character each: `sandboxes._output.OutputBuffer.text`); the script's,
 base64, never does."""
 
@@ -145,7 +145,7 @@ def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
 
 
 def _raw_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
-    """From a helper's native download (`sandboxes._mux._reads.download_parts`, its bytes one
+    """From a helper's native download (`sandboxes._helper._reads.download_parts`, its bytes one
     character each: `sandboxes._output.OutputBuffer.text`): per file ``<status> <length>``, a
     newline, and that many bytes. The lengths are the sandbox's word, so a header that is not
     two numbers, a length past the end, a character that is no byte, or anything left over is

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
@@ -112,7 +112,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
-        """Whether every orphan its init adopts is a command's (see `sandboxes._mux._server`):
+        """Whether every orphan its init adopts is a command's (see `sandboxes._helper._server`):
         only in the containers `create_container` made, whose init runs nothing else."""
 
     # ------------------------------------------------------------------ lifecycle

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import KILL_MARKED_SH
+from sandboxes._helper._kill import KILL_MARKED_SH
 from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,

@@ -34,7 +34,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     FileOpsOnHelper,
     HelperStarts,

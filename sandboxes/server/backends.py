@@ -36,7 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from sandboxes import _kill, _scripts
+from sandboxes import _scripts
+from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container

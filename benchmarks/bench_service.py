@@ -64,6 +64,7 @@ from typing import Any
 
 import _service_measures as measures
 import httpx
+from _common import machine
 from _common import percentile as _percentile
 from _http_load import KeepAliveClient
 from _service_table import format_table
@@ -565,12 +566,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0 or args.duration <= 0 or args.clients < 1 or args.sandboxes < 1:
         parser.error("--iterations, --clients, --sandboxes must be >= 1, --warmup >= 0, --duration > 0")
+    host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup, args.duration, args.clients, args.backend, args.sandboxes, args.image,
                  args.owner, args.profile)  # fmt: skip
+    report["machine"] = host
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 
 

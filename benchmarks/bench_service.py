@@ -128,7 +128,8 @@ def _free_port() -> int:
 class _Service:
     """``python -m sandboxes.server`` on a free loopback port, configured by a JSON file."""
 
-    def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool) -> None:
+    def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool,
+                 limits: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         self.key = "sbx_" + secrets.token_urlsafe(24)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -150,6 +151,7 @@ class _Service:
                     "rate": 1e9,
                     "burst": 10**9,
                     "max_commands": 10_000,  # the load is the point here, not the per-tenant cap (16)
+                    **(limits or {}),
                 }
             },
             "templates": {"default": template},

@@ -105,6 +105,7 @@ _undumpable = [False]
 _main = [None]  # (pid, starttime) of the container's own command, when in a container's pid namespace
 _jobs = {}  # (pid, starttime) -> marker of each background job's supervisor the helper saw started (`_reap`)
 _markers = [0]  # of the shells started ahead of their command (`_spawn`)
+_libc = [None]  # the C library through ctypes, once `_become_undumpable` loaded it
 _native_loaded = [None]
 """Whether `_NATIVE_SOURCE` (the file ops: `_files`, `_uploads`, `_reads`, `_search`, `_listing`, which
 the shipped script carries as a string) is compiled into this module's globals (``None``: not
@@ -237,9 +238,18 @@ def _become_undumpable():
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
+        _libc[0] = libc
         return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
     except Exception:  # no ctypes: the client's frame checks are the only defence
         return False
+
+
+def _release_freed():
+    """Hand the heap's free pages back to the kernel (the C library's ``malloc_trim``, where it
+    has one): memory a compile freed otherwise stays counted against the sandbox while it idles."""
+    trim = getattr(_libc[0], "malloc_trim", None)  # None: no ctypes; musl has no malloc_trim
+    if trim is not None:
+        trim(0)
 
 
 def _kill_orphans(ended=()):
@@ -346,6 +356,7 @@ def _load_native():
         try:
             exec(compile(_NATIVE_SOURCE, "<native ops>", "exec"), globals())
             _native_loaded[0] = True
+            _release_freed()  # the parser's memory, and the start's: nothing bigger is compiled after
         except Exception as exc:
             sys.stderr.write("native file ops unavailable: %s: %s\n" % (type(exc).__name__, exc))
     return _native_loaded[0]

@@ -83,7 +83,7 @@ def _skip_httpx_cli() -> None:
     a remote subcommand's start), which it does unless that import fails; nothing here runs it.
     Only in this process's CLI run, and only if httpx is not imported yet."""
     if "httpx" not in sys.modules:
-        sys.modules.setdefault("httpx._main", None)  # type: ignore[assignment]
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
 def _dispatch(args: argparse.Namespace) -> int:

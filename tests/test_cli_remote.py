@@ -398,10 +398,10 @@ def test_serve_runs_the_service_until_sigterm(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- start-up cost
 
 HEAVY = ("docker", "kubernetes", "langchain", "langgraph", "paramiko", "fastapi", "uvicorn", "starlette", "rich",
-         "click", "pygments")  # fmt: skip
+         "click", "pygments", "wcmatch", "bracex")  # fmt: skip
 """Packages a remote subcommand never needs: the backends' drivers, the service's stack, the
-agent's, and httpx's own command-line tool (click, rich, pygments), which httpx imports unless
-told not to."""
+agent's, httpx's own command-line tool (click, rich, pygments), which httpx imports unless told
+not to, and the glob matcher (a service's sandbox matches its globs itself)."""
 
 _IMPORTS_AFTER = """
 import json, sys

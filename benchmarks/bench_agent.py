@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import machine
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import timed as _timed
@@ -205,6 +206,7 @@ def main() -> None:
     parser.add_argument("--persistence", default="none,sqlite,sqlite-exit")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    host = machine()  # before the run loads the machine
     rows = [
         measure(backend, persistence, args.rounds, args.cycles)
         for backend in args.backends.split(",")
@@ -214,6 +216,7 @@ def main() -> None:
         json.dump([asdict(r) for r in rows], sys.stdout, indent=2)
         print()
         return
+    print(host)
     print(f"agent overhead per step (median of {args.rounds} rounds; target < {TARGET_MS} ms)")
     print("ms per step; overhead = agent - direct; ours = agent - bare langchain create_agent")
     header = (

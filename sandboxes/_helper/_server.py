@@ -119,6 +119,7 @@ else:  # the C module behind `signal` (which imports `enum`), with the same call
     import _signal as signal
 
 NATIVE_IDLE = 0.05
+_libc: "list[Any]" = [None]  # the C library through ctypes, once `_become_undumpable` loaded it
 _native: "list[Any]" = [None]  # `_files`, once imported (`_load_native`)
 _native_loaded: "list[bool | None]" = [None]
 """Whether the file ops (`_files`, and `_native`, `_uploads`, `_reads`, `_search`, `_listing`
@@ -144,9 +145,18 @@ def _become_undumpable() -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
+        _libc[0] = libc
         return bool(libc.prctl(4, 0, 0, 0, 0) == 0)  # PR_SET_DUMPABLE
     except Exception:  # no ctypes: the client's frame checks are the only defence
         return False
+
+
+def _release_freed() -> None:
+    """Hand the heap's free pages back to the kernel (the C library's ``malloc_trim``, where it
+    has one): memory a compile freed otherwise stays counted against the sandbox while it idles."""
+    trim = getattr(_libc[0], "malloc_trim", None)  # None: no ctypes; musl has no malloc_trim
+    if trim is not None:
+        trim(0)
 
 
 # ------------------------------------------------------------------ the stream
@@ -247,6 +257,7 @@ def _load_native() -> "bool | None":
 
             _native[0] = _files
             _native_loaded[0] = True
+            _release_freed()  # the parser's memory, and the start's: nothing bigger is compiled after
         except Exception as exc:
             sys.stderr.write("native file ops unavailable: %s: %s\n" % (type(exc).__name__, exc))
     return _native_loaded[0]

@@ -120,16 +120,36 @@ def check_settings(settings: ServiceSettings) -> None:
 
 
 def _describe_templates(app: FastAPI, templates: list[str]) -> None:
-    """The OpenAPI document names this service's templates: a create with any other is a 422."""
+    """The OpenAPI document names this service's templates (a create with any other is a 422),
+    and states each line of a streamed answer (`_describe_lines`)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
             schema["components"]["schemas"]["CreateSandbox"]["properties"]["template"]["enum"] = templates
+            _describe_lines(schema)
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _describe_lines(schema: dict[str, Any]) -> None:
+    """Each line of an NDJSON answer is a `StreamEvent` (FastAPI states no schema for a
+    streamed body)."""
+    components = schema["components"]["schemas"]
+    definition = api.StreamEvent.model_json_schema(mode="serialization", ref_template=_COMPONENT)
+    for name, nested in definition.pop("$defs", {}).items():
+        components.setdefault(name, nested)
+    components["StreamEvent"] = definition
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            lines = operation["responses"].get("200", {}).get("content", {}).get("application/x-ndjson")
+            if lines is not None:
+                lines["schema"] = {"$ref": _COMPONENT.format(model="StreamEvent")}
+
+
+_COMPONENT = "#/components/schemas/{model}"
 
 
 def _allowed_methods(path: str) -> str:

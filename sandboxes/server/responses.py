@@ -61,7 +61,9 @@ def json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type=JSON)
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: api.WireErrorCode, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = api.ErrorBody(error=code, message=message, request_id=REQUEST_ID.get())
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 

@@ -19,8 +19,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.background import BackgroundTask
@@ -328,22 +329,10 @@ def _files(op: str, model: type[Any]) -> None:
         methods=["POST"],
         name=f"files_{op}",
         summary=f"File operation `{op}` (protocol result in a 200)",
-        responses={200: {"model": _RESULTS[op], "description": "The protocol's result (`error` set on failure)"}},
+        responses={
+            200: {"model": api.FILE_RESULTS[op], "description": "The protocol's result (`error` set on failure)"}
+        },
     )
-
-
-_RESULTS: dict[str, Any] = {
-    "ls": protocol.LsResult,
-    "read": protocol.ReadResult,
-    "write": protocol.WriteResult,
-    "edit": protocol.EditResult,
-    "delete": protocol.DeleteResult,
-    "grep": protocol.GrepResult,
-    "glob": protocol.GlobResult,
-    "upload": list[protocol.FileUploadResponse],
-    "download": list[api.DownloadItem],
-}
-"""The answer of each file operation, as the OpenAPI document describes it."""
 
 
 def _decode(item: api.UploadItem) -> tuple[str, bytes]:
@@ -406,7 +395,10 @@ _ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": 
     "/sandboxes/{sandbox_id}/archive",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"},
+        200: {
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "tar of PATH (its basename at the top)",
+        },
         **_errors(403),
     },
 )
@@ -442,12 +434,12 @@ async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: _
 # ---------------------------------------------------------------------- health
 
 
-@health.get("/healthz", include_in_schema=False)
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@health.get("/healthz", include_in_schema=False, response_model=api.Health)
+async def healthz() -> Response:
+    return _health(api.Health(status="ok"))
 
 
-@health.get("/readyz", include_in_schema=False)
+@health.get("/readyz", include_in_schema=False, response_model=api.Health)
 async def readyz(request: Request) -> Response:
     svc = service_of(request)
     problems = []
@@ -462,8 +454,12 @@ async def readyz(request: Request) -> Response:
             logger.warning("%s backend not ready: %s", name, exc)
             problems.append(f"{name} backend not ready (see the service log)")
     if problems:
-        return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
-    return JSONResponse({"status": "ready"})
+        return _health(api.Health(status="unavailable", problems=problems), 503)
+    return _health(api.Health(status="ready"))
+
+
+def _health(answer: api.Health, status: int = 200) -> Response:
+    return json_response(pydantic_core.to_json(answer, exclude_none=True), status)
 
 
 @health.get("/metrics", include_in_schema=False)

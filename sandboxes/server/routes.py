@@ -24,18 +24,19 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from sandboxes import api, protocol
 from sandboxes.server import idempotency
-from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
+from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant, request_tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, command_for, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
-from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
+from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
@@ -80,28 +81,25 @@ def service_of(request: Request) -> Service:
 _bearer = HTTPBearer(auto_error=False, description="An API key of the service")
 
 
-AUTHENTICATED = "authenticated"
-"""Key in a request's ``scope["state"]`` of its `Tenant`, once the request middleware has
-authenticated it from the headers (before any of the body was read)."""
+def admitted(request: Request) -> Tenant:
+    """The request's tenant (`request_tenant`), with a token taken from its rate bucket: what
+    every ``/v1`` route does first, on its fast path and in FastAPI's handler alike."""
+    svc = service_of(request)
+    tenant = request_tenant(svc.auth, request.scope)
+    svc.limiter.check(tenant)
+    return tenant
 
 
 async def _tenant(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Tenant:
-    svc = service_of(request)
-    state = request.scope.setdefault("state", {})
-    tenant = state.get(AUTHENTICATED)
-    if not isinstance(tenant, Tenant):
-        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-        tenant = svc.auth.authenticate(header)
-    state["tenant"] = tenant.id
-    svc.limiter.check(tenant)
-    return tenant
+    """`admitted`, as a dependency (``credentials`` only states the key in the OpenAPI document)."""
+    return admitted(request)
 
 
 class _JSONRequest(Request):
-    """A request whose JSON body is parsed as the hot path parses it (`parse_json`): malformed,
-    lone surrogates and deep nesting are 422s, and a big body is parsed off the event loop."""
+    """A request whose JSON body is parsed by `parse_json`: malformed, lone surrogates and deep
+    nesting are 422s, and a big body is parsed off the event loop."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
@@ -109,15 +107,66 @@ class _JSONRequest(Request):
         return self._json
 
 
+@dataclass(frozen=True, slots=True)
+class Hot:
+    """A route's fast path: its body's model (``None``: no body) and what answers a request
+    whose body validates, for a sandbox of the caller's."""
+
+    model: type[BaseModel] | None
+    serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+
+
+def _hot(
+    model: type[BaseModel] | None, serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+) -> Callable[[T], T]:
+    """Give the decorated endpoint a fast path (`_Route`)."""
+
+    def mark(endpoint: T) -> T:
+        endpoint.hot = Hot(model, serve)  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
 class _Route(APIRoute):
+    """A route whose requests are `_JSONRequest`s. A route with a fast path (`Hot`) serves an
+    ordinary request (a JSON body that validates) without FastAPI's dependency resolution and
+    validation, through the same functions as its handler (`admitted`, `Registry.find`, the
+    route's serve function), failures raised to the same exception handlers; any other request
+    goes to FastAPI's handler of the route, which answers it."""
+
     def get_route_handler(self) -> Callable[[Request], Any]:
-        handler = super().get_route_handler()
+        full = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
-            response: Response = await handler(_JSONRequest(request.scope, request.receive))
+            request = _JSONRequest(request.scope, request.receive)
+            hot: Hot | None = getattr(self.endpoint, "hot", None)
+            if hot is not None:
+                answer = await _served(hot, request)
+                if answer is not None:
+                    return json_response(answer)
+            response: Response = await full(request)
             return response
 
         return handle
+
+
+async def _served(hot: Hot, request: Request) -> bytes | None:
+    """The fast path's answer; ``None`` to leave the request to FastAPI's handler. Nothing with
+    a side effect (the rate token) happens before the body validated."""
+    body = None
+    if hot.model is not None:
+        if request.headers.get("content-type") != JSON:
+            return None
+        try:
+            body = hot.model.model_validate(await request.json())
+        except HTTPException:  # a body over the limit, met while reading it
+            raise
+        except Exception:  # malformed, invalid, or the client gone: FastAPI's handler says so
+            return None
+    svc = service_of(request)
+    entry = await svc.registry.find(admitted(request), request.path_params["sandbox_id"])
+    return await hot.serve(svc, entry, body, request.receive)
 
 
 Authed = Annotated[Tenant, Depends(_tenant)]
@@ -193,13 +242,18 @@ async def list_sandboxes(request: Request, tenant: Authed) -> api.SandboxList:
     return api.SandboxList(sandboxes=[entry.info() for entry in entries])
 
 
+async def _info(svc: Service, entry: Entry, body: None, receive: Receive) -> bytes:
+    return info_json(entry)
+
+
 @router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
+@_hot(None, _info)
 async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
     return json_response(info_json((await _entry(request, tenant, sandbox_id))[1]))
 
 
 def info_json(entry: Entry) -> bytes:
-    """``GET /v1/sandboxes/{id}``'s answer; also served by `sandboxes.server.hot`."""
+    """``GET /v1/sandboxes/{id}``'s answer."""
     return to_json(entry.info())
 
 
@@ -218,14 +272,19 @@ async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> R
 # ---------------------------------------------------------------------- execute
 
 
+async def _execute(svc: Service, entry: Entry, body: api.ExecuteRequest, receive: Receive) -> bytes:
+    return await execute_json(svc, entry, body, receive)
+
+
 @router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
+@_hot(api.ExecuteRequest, _execute)
 async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
     svc, entry = await _entry(request, tenant, sandbox_id)
     return json_response(await execute_json(svc, entry, body, request.receive))
 
 
 async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, receive: Receive | None = None) -> bytes:
-    """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
+    """Run the command of an execute request; its answer.
     ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
     release = await svc.take_command_slot(entry)
@@ -306,7 +365,7 @@ async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
     (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
     it on every sandbox it holds); a download is bounded per file (bigger files are streamed
-    through ``GET /archive``, never base64 in JSON). Also served by `sandboxes.server.hot`."""
+    through ``GET /archive``, never base64 in JSON)."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
@@ -321,8 +380,12 @@ def _files(op: str, model: type[Any]) -> None:
         entry = (await _entry(request, tenant, sandbox_id))[1]
         return json_response(await file_json(op, entry, body, service_of(request)))
 
+    async def serve(svc: Service, entry: Entry, body: Any, receive: Receive) -> bytes:
+        return await file_json(op, entry, body, svc)
+
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"
+    _hot(model, serve)(operation)
     router.add_api_route(
         f"/sandboxes/{{sandbox_id}}/files/{op}",
         operation,

@@ -41,7 +41,7 @@ from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
-from sandboxes.server.routes import Service, health, router
+from sandboxes.server.routes import Service, health, hot_routes, router
 from sandboxes.server.settings import LocalTemplate, ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -93,8 +93,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         redoc_url=None,
     )
     app.state.service = service
-    app.include_router(router)
-    app.include_router(health)
+    app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)

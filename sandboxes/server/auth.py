@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ AUTHENTICATED = "authenticated"
 """Key in a request's ``scope["state"]`` of its `Tenant`, once `request_tenant` found it."""
 
 
-def request_tenant(auth: Authenticator, scope: Any) -> Tenant:
+def request_tenant(auth: Authenticator, scope: MutableMapping[str, Any]) -> Tenant:
     """The tenant of an ASGI request, authenticated from its first ``Authorization`` header once:
     the request middleware asks before a byte of the body is read, every route after it finds
     the answer in the request's state."""

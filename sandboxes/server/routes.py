@@ -27,6 +27,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
+from starlette.types import Message, Scope, Send
+from starlette.types import Receive as ASGIReceive
 
 from sandboxes import api, protocol
 from sandboxes.server import idempotency
@@ -119,7 +122,7 @@ class Hot:
 def _hot(
     model: type[BaseModel] | None, serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
 ) -> Callable[[T], T]:
-    """Give the decorated endpoint a fast path (`_Route`)."""
+    """Give the decorated endpoint a fast path (`hot_routes`)."""
 
     def mark(endpoint: T) -> T:
         endpoint.hot = Hot(model, serve)  # type: ignore[attr-defined]
@@ -129,31 +132,63 @@ def _hot(
 
 
 class _Route(APIRoute):
-    """A route whose requests are `_JSONRequest`s. A route with a fast path (`Hot`) serves an
-    ordinary request (a JSON body that validates) without FastAPI's dependency resolution and
-    validation, through the same functions as its handler (`admitted`, `Registry.find`, the
-    route's serve function), failures raised to the same exception handlers; any other request
-    goes to FastAPI's handler of the route, which answers it."""
-
     def get_route_handler(self) -> Callable[[Request], Any]:
-        full = super().get_route_handler()
+        handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
-            request = _JSONRequest(request.scope, request.receive)
-            hot: Hot | None = getattr(self.endpoint, "hot", None)
-            if hot is not None:
-                answer = await _served(hot, request)
-                if answer is not None:
-                    return json_response(answer)
-            response: Response = await full(request)
+            response: Response = await handler(_JSONRequest(request.scope, request.receive))
             return response
 
         return handle
 
 
+class _Fast:
+    """The endpoint of a hot route's `Route` (`hot_routes`): serves an ordinary request (a JSON
+    body that validates) without FastAPI's dependency resolution and validation, through the
+    same functions as the documented route's handler (`admitted`, `Registry.find`, the route's
+    serve function), failures raised to the same exception handlers; any other request goes
+    to the documented route, its body replayed, which answers it."""
+
+    def __init__(self, hot: Hot, route: APIRoute) -> None:
+        self.hot = hot
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: ASGIReceive, send: Send) -> None:
+        request = _JSONRequest(scope, receive)
+        answer = await _served(self.hot, request)
+        if answer is not None:
+            await json_response(answer)(scope, receive, send)
+            return
+        body = getattr(request, "_body", None)
+        await self.route.handle(scope, receive if body is None else _replayed(body, receive), send)
+
+
+def hot_routes() -> list[Route]:
+    """Routes for the front of the app's route table, one per documented route with a fast path
+    (`_hot`), at the same path and methods."""
+    found = []
+    for route in router.routes:
+        hot: Hot | None = getattr(getattr(route, "endpoint", None), "hot", None)
+        if isinstance(route, APIRoute) and hot is not None:
+            found.append(
+                Route(route.path, _Fast(hot, route), methods=sorted(route.methods or ()), include_in_schema=False)
+            )
+    return found
+
+
+def _replayed(body: bytes, receive: ASGIReceive) -> ASGIReceive:
+    """``receive`` as if the body had not been read."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
 async def _served(hot: Hot, request: Request) -> bytes | None:
-    """The fast path's answer; ``None`` to leave the request to FastAPI's handler. Nothing with
-    a side effect (the rate token) happens before the body validated."""
+    """The fast path's answer; ``None`` to leave the request to the documented route. Nothing
+    with a side effect (the rate token) happens before the body validated."""
     body = None
     if hot.model is not None:
         if request.headers.get("content-type") != JSON:
@@ -162,7 +197,7 @@ async def _served(hot: Hot, request: Request) -> bytes | None:
             body = hot.model.model_validate(await request.json())
         except HTTPException:  # a body over the limit, met while reading it
             raise
-        except Exception:  # malformed, invalid, or the client gone: FastAPI's handler says so
+        except Exception:  # malformed, invalid, or the client gone: the documented route says so
             return None
     svc = service_of(request)
     entry = await svc.registry.find(admitted(request), request.path_params["sandbox_id"])

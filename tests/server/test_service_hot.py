@@ -1,5 +1,5 @@
-"""Over real HTTP: the hot routes' fast path (`sandboxes.server.routes._Route`) answers exactly
-as FastAPI's handler of the same route does.
+"""Over real HTTP: the hot routes' fast path (`sandboxes.server.routes.hot_routes`) answers
+exactly as the documented FastAPI route does.
 
 One service, two sandboxes of one tenant: every request is sent once with the fast path in place
 (to sandbox A) and once with it off (to sandbox B, every request to FastAPI's handler), and the
@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from service_harness import Running, create, error_of, running, settings_for
+from starlette.routing import Route
 
 from sandboxes.server import routes
 from sandboxes.server.auth import Authenticator
@@ -32,16 +33,17 @@ LIMIT = 64 * 1024
 
 @dataclass
 class _Switch:
-    """Turns the hot routes' fast path off and on, and counts the requests it leaves to
-    FastAPI's handler."""
+    """Turns the hot routes' fast path off (each request goes straight to its documented route)
+    and on, and counts the requests the fast path leaves to the documented route."""
 
-    endpoints: list[Any]
-    fast: list[Any]
+    routes: list[Route]
     calls: int = 0
 
     def use_hot_path(self, on: bool) -> None:
-        for endpoint, hot in zip(self.endpoints, self.fast, strict=True):
-            endpoint.hot = hot if on else None
+        for route in self.routes:
+            fast = route.endpoint
+            assert isinstance(fast, routes._Fast)
+            route.app = fast if on else fast.route.handle
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,13 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def switch(service: Running) -> Iterator[_Switch]:
-    endpoints = [r.endpoint for r in routes.router.routes if getattr(getattr(r, "endpoint", None), "hot", None)]
-    assert len(endpoints) == 11  # one sandbox's record, execute, nine file operations
-    made = _Switch(endpoints, [endpoint.hot for endpoint in endpoints])
+    hot = [r for r in service.app.routes if isinstance(r, Route) and isinstance(r.endpoint, routes._Fast)]
+    assert len(hot) == 11  # one sandbox's record, execute, nine file operations
+    made = _Switch(hot)
     served = routes._served
 
-    async def counted(hot: Any, request: Any) -> bytes | None:
-        answer = await served(hot, request)
+    async def counted(fast: Any, request: Any) -> bytes | None:
+        answer = await served(fast, request)
         made.calls += answer is None
         return answer
 
@@ -261,15 +263,17 @@ def test_rate_limit_on_the_hot_path(service: Running, switch: _Switch) -> None:
 
 
 def test_one_route_table_and_one_authentication(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing dispatches requests in front of FastAPI's router: the request middleware hands
-    every request to FastAPI's own exception middleware, the fast paths are the documented
-    routes' own, and a request is authenticated once, by `request_tenant`, fast path or not."""
+    """Nothing dispatches requests in front of the app's router: the request middleware hands
+    every request to FastAPI's own exception middleware, the fast paths are routes of the app's
+    one table (no router nested in it), and a request is authenticated once, by
+    `request_tenant`, fast path or not."""
     layers = []
     layer = service.app.middleware_stack
     while layer is not None:
         layers.append(type(layer).__name__)
         layer = getattr(layer, "app", None)
     assert layers[layers.index("_RequestMiddleware") + 1] == "ExceptionMiddleware", layers
+    assert all(isinstance(route, Route) for route in service.app.routes), "a router nested in the table"
     authenticated: list[str | None] = []
     authenticate = Authenticator.authenticate
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._output import UNLIMITED
+from sandboxes._output import UNLIMITED, OutputHook
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.semantics import (
     InvalidGlobError,
@@ -138,7 +138,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -687,7 +687,7 @@ class StreamingSandbox(BaseSandbox):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,

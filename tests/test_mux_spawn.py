@@ -316,7 +316,7 @@ def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client
     env = {"SANDBOXES_EXEC_ID": marker}
 
     def run() -> None:
-        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda _: started.set()))
+        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda *_: started.set()))
 
     waiter = threading.Thread(target=run)
     waiter.start()

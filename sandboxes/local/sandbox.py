@@ -46,7 +46,7 @@ from sandboxes._mux import (
     python_missing,
     run_command_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Lifecycle
 from sandboxes.local import _disk
@@ -258,7 +258,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -297,7 +297,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
         environment: dict[str, str],
         workdir: str,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         """One process (one bwrap, when isolated) for this command alone: the fallback."""
         marker = (MARKER_ENV, environment.get(MARKER_ENV) or uuid.uuid4().hex)  # the caller's own, if given
@@ -368,7 +368,7 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
         environment: dict[str, str],
         workdir: str,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse | None:
         """The command through the long-lived jail; ``None`` when there is none (fall back).
 

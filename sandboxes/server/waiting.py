@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from sandboxes import protocol as p
 from sandboxes._mux import CommandRun, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
-from sandboxes._output import out_of_memory
+from sandboxes._output import OutputHook, out_of_memory
 from sandboxes.base import BaseSandbox
 from sandboxes.server.processes import Command
 
@@ -46,7 +46,7 @@ async def run_awaited(
     mux: MuxClient,
     command: Command,
     env: dict[str, str],
-    on_output: Callable[[bytes], None] | None,
+    on_output: OutputHook | None,
     fallback: Fallback,
 ) -> p.ExecuteResponse:
     """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""

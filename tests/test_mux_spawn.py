@@ -344,7 +344,7 @@ def test_a_marker_is_announced_only_while_nothing_else_runs(client: MuxClient) -
     announced = client.marker(new)
     assert announced == "marker-1"
     up = threading.Event()
-    options = {"env": {"TAG": "slow"}, "on_output": lambda _: up.set()}
+    options = {"env": {"TAG": "slow"}, "on_output": lambda *_: up.set()}
     slow = threading.Thread(target=_run, args=(client, "echo up; sleep 60"), kwargs=options)
     slow.start()
     try:

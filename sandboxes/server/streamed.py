@@ -85,7 +85,12 @@ class Replay(OutputBuffer):
 
     @property
     def kept(self) -> int:
+        """Bytes of output kept, and what the runs of streams over them take."""
         return len(self._head) + len(self._tail) + 9 * len(self._starts)
+
+    @property
+    def runs(self) -> int:
+        return len(self._starts)
 
     def write(self, data: bytes, stream: Stream = "merged") -> None:
         tag = _STREAMS.index(stream)

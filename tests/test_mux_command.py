@@ -220,10 +220,10 @@ def test_the_client_hands_each_chunk_over_with_its_stream(stream: _PipeStream) -
     """The hook sees each stream's bytes apart; the answer merges them, bounded together by the
     output limit (head and tail), in the order they arrived."""
     client = MuxClient(stream)
+    command = "echo out; echo err >&2; sleep 0.2; echo late >&2; echo done"
     for _ in range(2):  # cold, then in a shell started ahead of it
         seen: list[tuple[bytes, str]] = []
-        command = "echo out; echo err >&2; sleep 0.2; echo late >&2; echo done"
-        result = _run(client, command, on_output=lambda chunk, name: seen.append((chunk, name)))
+        result = _run(client, command, on_output=lambda chunk, name, seen=seen: seen.append((chunk, name)))
         assert b"".join(chunk for chunk, name in seen if name == "stdout") == b"out\ndone\n"
         assert b"".join(chunk for chunk, name in seen if name == "stderr") == b"err\nlate\n"
         assert result.output.index("late\n") > max(result.output.index("out\n"), result.output.index("err\n"))

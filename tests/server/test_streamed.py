@@ -131,4 +131,4 @@ def test_events_say_which_stream_their_text_came_from(loop: asyncio.AbstractEven
     ]
     assert lines[-1]["type"] == "exit"
     again = _lines(command, 4, loop)  # re-attached: the rest, each with its stream
-    assert [(line["data"], line.get("stream")) for line in again if line.get("data")][0] == ("err\n", "stderr")
+    assert next((line["data"], line.get("stream")) for line in again if line.get("data")) == ("err\n", "stderr")

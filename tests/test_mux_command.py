@@ -1,4 +1,4 @@
-"""A command's life in the exec helper (`sandboxes._mux._command`), over a local pipe to the real
+"""A command's life in the exec helper (`sandboxes._helper._command`), over a local pipe to the real
 helper process (no container): its exit code, output and stdin, its timeout, and the end of
 every process it started, escaped or orphaned, with it or by its marker."""
 
@@ -206,7 +206,7 @@ def _frames(stream: _PipeStream, ident: int, spec: dict[str, object]) -> list[tu
 
 
 def test_stdout_and_stderr_leave_the_helper_in_frames_of_their_own(stream: _PipeStream) -> None:
-    """Stdout in O frames, stderr in S frames (`_server.STDERR`): never one pipe for both."""
+    """Stdout in O frames, stderr in S frames (`frames.STDERR`): never one pipe for both."""
     stream.send(struct.pack(">cII", b"P", 0, 0))
     assert stream.recv(65536)[:1] == b"H"
     frames = _frames(stream, 1, {"command": "echo out; echo err >&2; echo more", "env": {}, "cwd": None})

@@ -153,7 +153,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         merged, when the command ends."""
         response = self.execute(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
         if on_output is not None and response.output:
-            on_output(response.output.encode("utf-8"), "merged")
+            on_output(response.output.encode("utf-8"))  # merged: the default stream
         return response
 
     native_file_ops: bool = False

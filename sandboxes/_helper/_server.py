@@ -20,6 +20,7 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     the client wrote may be read and run after the client gave up, so the
                     client never resends a written request, acknowledged or not), O output
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
+                    S stderr bytes (O: stdout's; in the order the helper read them),
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does; such a caller may announce,

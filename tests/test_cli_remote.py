@@ -185,7 +185,7 @@ def test_another_tenants_sandbox_is_not_found(cli: Cli, sandbox: str) -> None:
 
 def test_exec_output_status_argv_stdin_env_cwd(cli: Cli, sandbox: str) -> None:
     result = cli("exec", "--sandbox", sandbox, "echo out; echo err >&2; exit 7")
-    assert (result.returncode, result.stdout) == (7, b"out\nerr\n")
+    assert (result.returncode, result.stdout, _err(result)) == (7, b"out\n", "err\n")  # each to its own stream
     assert cli.ok("exec", "--sandbox", sandbox, "printf", "%s|", "a b", "$(id)", "-n") == "a b|$(id)|-n|"
     assert cli.ok("exec", "--sandbox", sandbox, "--stdin", "tr a-z A-Z", stdin=b"shout\n") == "SHOUT\n"
     assert cli.ok("exec", "--sandbox", sandbox, "--env", "A=1", "--env", "B=x=y", "echo $A $B") == "1 x=y\n"

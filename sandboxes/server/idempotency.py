@@ -10,7 +10,10 @@ The key is recorded on the sandbox itself, as a digest (`key_digest`) beside the
 request: a label of a container or pod, a label in a local sandbox's record and state file. So
 a restarted service, and every replica of a shared backend, finds what a key made by looking,
 not by remembering; nothing else is kept. Concurrent creates with one key on this service make
-one flight (`Idempotency`): the first creates, the others wait for its answer.
+one flight (`Idempotency`): the first creates, the others wait for its answer. Across replicas
+the backend arbitrates: the key also names the sandbox on the backend, which refuses a second
+sandbox of that name (`SandboxNameTaken`), and the replica refused answers the winner's sandbox
+once it is made (`_winner`), never a second one.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sandboxes.api import CreateSandbox
+from sandboxes.lifecycle import SandboxNameTaken
 from sandboxes.server.errors import ServiceError
 
 __all__ = ["DESCRIPTION", "HEADER", "KEY_PATTERN", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
@@ -40,6 +44,10 @@ DESCRIPTION = (
     "of that create): while the sandbox it made lives, a create with the same key and body answers "
     f"that sandbox (201, `{REPLAYED_HEADER}: true`); the same key with another body is a 422."
 )
+
+WINNER_WAIT = 300.0
+"""Seconds a create refused by the backend's name waits for the sandbox that took the name to
+be made (as long as a backend may take to start one) before answering 503."""
 
 _E = TypeVar("_E")
 
@@ -129,7 +137,28 @@ class Idempotency(Generic[_E]):
 
 async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
     found = await find()
-    if found is not None:
-        check_same(found[1], keyed)
-        return found[0], True
-    return await make(), False
+    if found is None:
+        try:
+            return await make(), False
+        except SandboxNameTaken:  # another replica's create with this key won the backend's name
+            found = await _winner(find)
+    check_same(found[1], keyed)
+    return found[0], True
+
+
+async def _winner(find: Found[_E]) -> tuple[_E, str]:
+    """The sandbox that holds the key's name, once it is made (found by its key); 503 with a
+    ``Retry-After`` if it is not within `WINNER_WAIT` (still starting, or failed and not gone)."""
+    try:
+        async with asyncio.timeout(WINNER_WAIT):
+            pause = 0.05
+            while (found := await find()) is None:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+            return found
+    except TimeoutError:
+        raise ServiceError(
+            "backend_unavailable",
+            f"another create with this {HEADER} has not made its sandbox yet; retry with the same key",
+            headers={"Retry-After": "5"},
+        ) from None

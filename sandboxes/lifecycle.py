@@ -141,9 +141,10 @@ class CreateOptions(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Added to the template's environment for every command."""
     name: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,32}$")
-    """The backend's name of the sandbox (a container's, a pod's), unique among its owner's
-    while the sandbox lives: a second create with it raises `SandboxNameTaken`, which is how
-    several processes racing one creation make one sandbox. ``None``: a fresh one."""
+    """The backend's name of the sandbox (a container's, a pod's), unique while the sandbox
+    lives: a second create with it raises `SandboxNameTaken`, which is how several processes
+    racing one creation make one sandbox. A `SharedProvider` honours it (where processes meet);
+    the others, which one process alone drives, may ignore it. ``None``: a fresh one."""
     ttl: float | None = Field(default=None, gt=0)
     """Seconds until a sweep may reap it; ``None``: the template's."""
     expires_at: float | None = Field(default=None, gt=0)

@@ -13,7 +13,7 @@ not by remembering; nothing else is kept. Concurrent creates with one key on thi
 one flight (`Idempotency`): the first creates, the others wait for its answer. Across replicas
 the backend arbitrates: the key also names the sandbox on the backend, which refuses a second
 sandbox of that name (`SandboxNameTaken`), and the replica refused answers the winner's sandbox
-once it is made (`_winner`), never a second one.
+once it is made (`_find_or_make`), never a second one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -45,9 +46,9 @@ DESCRIPTION = (
     f"that sandbox (201, `{REPLAYED_HEADER}: true`); the same key with another body is a 422."
 )
 
-WINNER_WAIT = 300.0
+WINNER_WAIT = 150.0
 """Seconds a create refused by the backend's name waits for the sandbox that took the name to
-be made (as long as a backend may take to start one) before answering 503."""
+be made (longer than a backend takes to start one) before answering 503."""
 
 _E = TypeVar("_E")
 
@@ -136,29 +137,21 @@ class Idempotency(Generic[_E]):
 
 
 async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
-    found = await find()
-    if found is None:
+    """Look, else make; a make refused by the backend's name (another replica's create with this
+    key holds it, perhaps still starting) looks and tries again until `WINNER_WAIT`: the
+    winner once made is the answer, and a name freed (its create failed) is this one's to take."""
+    deadline, pause = time.monotonic() + WINNER_WAIT, 0.05
+    while (found := await find()) is None:
         try:
             return await make(), False
-        except SandboxNameTaken:  # another replica's create with this key won the backend's name
-            found = await _winner(find)
+        except SandboxNameTaken:
+            if time.monotonic() + pause > deadline:
+                raise ServiceError(
+                    "backend_unavailable",
+                    f"another create with this {HEADER} has not made its sandbox yet; retry with the same key",
+                    headers={"Retry-After": "5"},
+                ) from None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
     check_same(found[1], keyed)
     return found[0], True
-
-
-async def _winner(find: Found[_E]) -> tuple[_E, str]:
-    """The sandbox that holds the key's name, once it is made (found by its key); 503 with a
-    ``Retry-After`` if it is not within `WINNER_WAIT` (still starting, or failed and not gone)."""
-    try:
-        async with asyncio.timeout(WINNER_WAIT):
-            pause = 0.05
-            while (found := await find()) is None:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
-            return found
-    except TimeoutError:
-        raise ServiceError(
-            "backend_unavailable",
-            f"another create with this {HEADER} has not made its sandbox yet; retry with the same key",
-            headers={"Retry-After": "5"},
-        ) from None

@@ -117,3 +117,21 @@ async def test_a_winner_never_made_is_a_bounded_503(monkeypatch: pytest.MonkeyPa
         await asyncio.wait_for(keys.create(KEYED, find, _taken), 10)
     assert refused.value.code == "backend_unavailable"
     assert refused.value.headers["Retry-After"] == "5"
+
+
+async def test_a_name_freed_by_a_failed_winner_is_taken() -> None:
+    """The other replica's create failed and its half-made sandbox was removed: the name is free,
+    and this create makes the key's sandbox instead of waiting for one that will never come."""
+    tries: list[str] = []
+
+    async def find() -> tuple[str, str] | None:
+        return None
+
+    async def make() -> str:
+        tries.append("try")
+        if len(tries) < 3:
+            raise SandboxNameTaken("the failed winner's sandbox is still being removed")
+        return "mine"
+
+    keys: Idempotency[str] = Idempotency()
+    assert await asyncio.wait_for(keys.create(KEYED, find, make), 10) == ("mine", False)

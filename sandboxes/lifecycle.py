@@ -41,6 +41,7 @@ __all__ = [
     "Provider",
     "ResumableProvider",
     "Sandbox",
+    "SandboxNameTaken",
     "SandboxRecord",
     "SandboxStartError",
     "SharedProvider",
@@ -123,6 +124,11 @@ class SandboxStartError(RuntimeError):
         self.reason = reason
 
 
+class SandboxNameTaken(RuntimeError):
+    """A create with `CreateOptions.name` refused by the backend: the owner has a sandbox of
+    that name already (made by another process, perhaps still starting). Nothing was made."""
+
+
 class CreateOptions(BaseModel):
     """What one sandbox adds to its provider's template: the service's tenant labels, a
     lifetime, the client's environment. Everything else is the template's."""
@@ -134,6 +140,11 @@ class CreateOptions(BaseModel):
     them after a restart. Keys are the caller's; a provider keeps its own beside them."""
     env: dict[str, str] = Field(default_factory=dict)
     """Added to the template's environment for every command."""
+    name: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,32}$")
+    """The backend's name of the sandbox (a container's, a pod's), unique while the sandbox
+    lives: a second create with it raises `SandboxNameTaken`, which is how several processes
+    racing one creation make one sandbox. A `SharedProvider` honours it (where processes meet);
+    the others, which one process alone drives, may ignore it. ``None``: a fresh one."""
     ttl: float | None = Field(default=None, gt=0)
     """Seconds until a sweep may reap it; ``None``: the template's."""
     expires_at: float | None = Field(default=None, gt=0)

@@ -24,6 +24,7 @@ from sandboxes.docker.config import (
     DockerSandboxConfig,
     parse_size,
 )
+from sandboxes.lifecycle import SandboxNameTaken
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,15 @@ def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, st
     return labels
 
 
-def create_container(client: Any, config: DockerSandboxConfig) -> Any:
+def create_container(client: Any, config: DockerSandboxConfig, name: str | None = None) -> Any:
     """Start a container with the secure defaults: no network, non-root, no capabilities,
     no-new-privileges, read-only root with a size-limited workspace volume and a tmpfs ``/tmp``,
-    a bounded log, limits."""
+    a bounded log, limits. ``name``: the sandbox's id, which the engine refuses twice
+    (`SandboxNameTaken`); else a fresh one."""
+    import docker.errors
     from docker.types import LogConfig
 
-    sandbox_id = uuid.uuid4().hex[:16]
+    sandbox_id = name or uuid.uuid4().hex[:16]
     labels = sandbox_labels(config, sandbox_id)
     volume = client.volumes.create(
         name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels, driver="local", driver_opts=workspace_options(config)
@@ -74,6 +77,12 @@ def create_container(client: Any, config: DockerSandboxConfig) -> Any:
             pids_limit=config.pids,
             log_config=LogConfig(type="json-file", config={"max-size": config.log_size, "max-file": "1"}),
         )
+    except docker.errors.APIError as exc:
+        if name is not None and exc.status_code == 409:  # the volume is the winner's: keep it
+            raise SandboxNameTaken(f"a container named {container_name(sandbox_id)!r} exists") from exc
+        with contextlib.suppress(Exception):
+            volume.remove(force=True)
+        raise
     except Exception:
         with contextlib.suppress(Exception):
             volume.remove(force=True)

@@ -113,7 +113,8 @@ class DockerProvider(WarmPool[DockerSandbox]):
         labels become container labels beside the provider's own, its env and ttl override the
         template's."""
         config = _with_options(self.template, options)
-        return DockerSandbox(create_container(self.client, config), self.client, config)
+        container = create_container(self.client, config, options.name if options else None)
+        return DockerSandbox(container, self.client, config)
 
     def check_ready(self) -> None:
         """Raise if the Docker engine does not answer a ping."""

@@ -28,7 +28,7 @@ from sandboxes.kubernetes.config import (
     KubernetesSandboxConfig,
     parse_quantity,
 )
-from sandboxes.lifecycle import SandboxStartError
+from sandboxes.lifecycle import SandboxNameTaken, SandboxStartError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
@@ -109,8 +109,9 @@ def core_api(api_client: ApiClient) -> CoreV1Api:
 # ---------------------------------------------------------------------- the manifest
 
 
-def new_pod_name() -> str:
-    return f"sandbox-{uuid.uuid4().hex[:16]}"
+def new_pod_name(name: str | None = None) -> str:
+    """``sandbox-<name>`` (`CreateOptions.name`), else ``sandbox-<fresh id>``."""
+    return f"sandbox-{name or uuid.uuid4().hex[:16]}"
 
 
 def expiry(config: KubernetesSandboxConfig, ttl: float | None, now: float) -> float | None:
@@ -345,12 +346,21 @@ def create_pod(
     ttl: float | None = None,
     expires_at: float | None = None,
     fail_unschedulable: bool = True,
+    name_hint: str | None = None,
 ) -> Any:
     """Create a sandbox pod and wait until it is Running and Ready. A pod that cannot start (or
-    not within ``config.startup_timeout``) is deleted, and `PodStartError` says why."""
-    name = new_pod_name()
+    not within ``config.startup_timeout``) is deleted, and `PodStartError` says why. A
+    ``name_hint`` the API server already has a pod of is `SandboxNameTaken`."""
+    from kubernetes.client.exceptions import ApiException
+
+    name = new_pod_name(name_hint)
     body: Any = pod_manifest(config, name, labels=labels, env=env, ttl=ttl, expires_at=expires_at)
-    api.create_namespaced_pod(config.namespace, body)
+    try:
+        api.create_namespaced_pod(config.namespace, body)
+    except ApiException as exc:
+        if name_hint is not None and exc.status == 409:
+            raise SandboxNameTaken(f"a pod named {name!r} exists") from exc
+        raise
     try:
         return wait_ready(api, config.namespace, name, config.startup_timeout, fail_unschedulable=fail_unschedulable)
     except BaseException:

@@ -98,6 +98,7 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
             ttl=options.ttl,
             expires_at=options.expires_at,
             fail_unschedulable=self.config.fail_unschedulable,
+            name_hint=options.name,
         )
         config = self.template.model_copy(update={"env": {**self.template.env, **options.env}})
         return KubernetesSandbox(pod.metadata.name, self.api, config)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
 import logging
 import os
 import time
@@ -139,7 +140,8 @@ class ProviderBackend:
         sandbox_id: str | None = None,
         keyed: tuple[str, str] | None = None,
     ) -> Adopted:
-        """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request."""
+        """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
+        key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made."""
         sandbox_id = sandbox_id or new_sandbox_id()
         created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
@@ -152,7 +154,8 @@ class ProviderBackend:
         if keyed is not None:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
-        options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None)
+        name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
+        options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None, name=name)
         made = self.provider.create(options)
         sandbox = _held(made)
         state = SandboxState(
@@ -236,6 +239,12 @@ class ProviderBackend:
     def close(self) -> None:
         """Release connections; sandboxes stay (a restarted service adopts them)."""
         self.provider.close()
+
+
+def backend_name(owner: str, key: str) -> str:
+    """The backend's name of the sandbox an ``Idempotency-Key`` (its digest ``key``) makes: the
+    same on every replica, another for another owner (names are the engine's, not an owner's)."""
+    return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()[:32]
 
 
 def new_sandbox_id() -> str:

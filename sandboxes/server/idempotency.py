@@ -10,7 +10,10 @@ The key is recorded on the sandbox itself, as a digest (`key_digest`) beside the
 request: a label of a container or pod, a label in a local sandbox's record and state file. So
 a restarted service, and every replica of a shared backend, finds what a key made by looking,
 not by remembering; nothing else is kept. Concurrent creates with one key on this service make
-one flight (`Idempotency`): the first creates, the others wait for its answer.
+one flight (`Idempotency`): the first creates, the others wait for its answer. Across replicas
+the backend arbitrates: the key also names the sandbox on the backend, which refuses a second
+sandbox of that name (`SandboxNameTaken`), and the replica refused answers the winner's sandbox
+once it is made (`_find_or_make`), never a second one.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import asyncio
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sandboxes.api import CreateSandbox
+from sandboxes.lifecycle import SandboxNameTaken
 from sandboxes.server.errors import ServiceError
 
 __all__ = ["DESCRIPTION", "HEADER", "KEY_PATTERN", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
@@ -40,6 +45,10 @@ DESCRIPTION = (
     "of that create): while the sandbox it made lives, a create with the same key and body answers "
     f"that sandbox (201, `{REPLAYED_HEADER}: true`); the same key with another body is a 422."
 )
+
+WINNER_WAIT = 150.0
+"""Seconds a create refused by the backend's name waits for the sandbox that took the name to
+be made (longer than a backend takes to start one) before answering 503."""
 
 _E = TypeVar("_E")
 
@@ -128,8 +137,21 @@ class Idempotency(Generic[_E]):
 
 
 async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaitable[_E]]) -> tuple[_E, bool]:
-    found = await find()
-    if found is not None:
-        check_same(found[1], keyed)
-        return found[0], True
-    return await make(), False
+    """Look, else make; a make refused by the backend's name (another replica's create with this
+    key holds it, perhaps still starting) looks and tries again until `WINNER_WAIT`: the
+    winner once made is the answer, and a name freed (its create failed) is this one's to take."""
+    deadline, pause = time.monotonic() + WINNER_WAIT, 0.05
+    while (found := await find()) is None:
+        try:
+            return await make(), False
+        except SandboxNameTaken:
+            if time.monotonic() + pause > deadline:
+                raise ServiceError(
+                    "backend_unavailable",
+                    f"another create with this {HEADER} has not made its sandbox yet; retry with the same key",
+                    headers={"Retry-After": "5"},
+                ) from None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+    check_same(found[1], keyed)
+    return found[0], True

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from sandboxes.api import CreateSandbox
 from sandboxes.base import BaseSandbox
-from sandboxes.lifecycle import Lifecycle, SandboxStartError
+from sandboxes.lifecycle import Lifecycle, SandboxNameTaken, SandboxStartError
 from sandboxes.server import census, idempotency
 from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend, workdir_of
@@ -230,6 +230,9 @@ class Registry:
             work.add_done_callback(lambda done: self._adopt_late(done, backend))
             raise
         except ServiceError:
+            raise
+        except SandboxNameTaken:  # another replica's create with this key: its sandbox is the answer
+            self._quotas.release(reservation)
             raise
         except SandboxStartError as exc:
             self._quotas.release(reservation)

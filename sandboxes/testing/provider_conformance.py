@@ -11,12 +11,13 @@ expiry moved after creation that every process's list and sweep read back.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from sandboxes.lifecycle import CreateOptions, Lifecycle, Provider, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import CreateOptions, Lifecycle, Provider, SandboxNameTaken, SandboxRecord, SharedProvider
 
 __all__ = ["ProviderConformance", "SharedProviderConformance"]
 
@@ -116,6 +117,20 @@ class SharedProviderConformance:
             one.destroy()
             two.destroy()
         assert provider.select({"pick": "one"}) == []
+
+    def test_a_name_is_one_sandbox(self, provider: Any) -> None:
+        """A second create with a living sandbox's `CreateOptions.name` is refused, makes
+        nothing, and leaves the first whole: how racing processes make one sandbox."""
+        name = uuid.uuid4().hex
+        first = provider.create(CreateOptions(labels={**LABELS, "named": "first"}, name=name))
+        try:
+            with pytest.raises(SandboxNameTaken):
+                provider.create(CreateOptions(labels={**LABELS, "named": "second"}, name=name))
+            assert provider.select({"named": "second"}) == []
+            assert [record.id for record in provider.select({"named": "first"})] == [first.id]
+            assert first.execute("echo whole > kept && cat kept").output == "whole\n"
+        finally:
+            first.destroy()
 
     def test_an_expiry_moved_later_is_what_lists_and_sweeps_read(self, provider: Any) -> None:
         now = time.time()

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from replica_idempotency import OneKeyAcrossReplicas
 from replica_scenarios import ReplicaScenarios
 
 
-class TestReplicasOverKubernetes(ReplicaScenarios):
+class TestReplicasOverKubernetes(ReplicaScenarios, OneKeyAcrossReplicas):
     @pytest.fixture(scope="module")
     @classmethod
     def template(cls, fake_kubeconfig: Path, runtime_image: str) -> dict[str, Any]:

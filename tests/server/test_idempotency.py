@@ -8,6 +8,9 @@ import asyncio
 
 import pytest
 
+from sandboxes.lifecycle import SandboxNameTaken
+from sandboxes.server import idempotency
+from sandboxes.server.errors import ServiceError
 from sandboxes.server.idempotency import Idempotency, Keyed
 
 KEYED = Keyed("key-digest", "request-digest")
@@ -62,3 +65,73 @@ async def test_a_failed_flight_leaves_its_waiters_to_try_themselves() -> None:
         await first
     assert await asyncio.wait_for(waiter, 10) == ("sandbox-2", False)
     assert calls == ["make", "make"]
+
+
+async def _taken() -> str:
+    raise SandboxNameTaken("another replica's create holds the key's name")
+
+
+async def test_a_create_refused_by_the_backends_name_answers_the_winner_once_made() -> None:
+    """Another replica won the key's name and its sandbox is still starting (not found yet): the
+    loser waits for it rather than answering a half-made sandbox or making another."""
+    looked, made = asyncio.Event(), asyncio.Event()
+    looks = 0
+
+    async def find() -> tuple[str, str] | None:
+        nonlocal looks
+        looks += 1
+        if looks > 3:
+            looked.set()  # the loser has looked again and again while the winner starts
+        return ("winner", KEYED.request) if made.is_set() else None
+
+    keys: Idempotency[str] = Idempotency()
+    loser = asyncio.ensure_future(keys.create(KEYED, find, _taken))
+    await asyncio.wait_for(looked.wait(), 10)
+    assert not loser.done()
+    made.set()
+    assert await asyncio.wait_for(loser, 10) == ("winner", True)
+
+
+async def test_the_winner_with_another_body_is_a_422() -> None:
+    """The other replica's create with this key had another body: this one is refused."""
+    looks: list[str] = []
+
+    async def find() -> tuple[str, str] | None:
+        looks.append("look")
+        return None if len(looks) == 1 else ("winner", "another-request")
+
+    keys: Idempotency[str] = Idempotency()
+    with pytest.raises(ServiceError) as refused:
+        await asyncio.wait_for(keys.create(KEYED, find, _taken), 10)
+    assert refused.value.code == "invalid_request"
+
+
+async def test_a_winner_never_made_is_a_bounded_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(idempotency, "WINNER_WAIT", 0.3)
+
+    async def find() -> tuple[str, str] | None:
+        return None
+
+    keys: Idempotency[str] = Idempotency()
+    with pytest.raises(ServiceError) as refused:
+        await asyncio.wait_for(keys.create(KEYED, find, _taken), 10)
+    assert refused.value.code == "backend_unavailable"
+    assert refused.value.headers["Retry-After"] == "5"
+
+
+async def test_a_name_freed_by_a_failed_winner_is_taken() -> None:
+    """The other replica's create failed and its half-made sandbox was removed: the name is free,
+    and this create makes the key's sandbox instead of waiting for one that will never come."""
+    tries: list[str] = []
+
+    async def find() -> tuple[str, str] | None:
+        return None
+
+    async def make() -> str:
+        tries.append("try")
+        if len(tries) < 3:
+            raise SandboxNameTaken("the failed winner's sandbox is still being removed")
+        return "mine"
+
+    keys: Idempotency[str] = Idempotency()
+    assert await asyncio.wait_for(keys.create(KEYED, find, make), 10) == ("mine", False)

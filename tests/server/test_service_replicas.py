@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from replica_idempotency import OneKeyAcrossReplicas
 from replica_scenarios import ReplicaScenarios
 from service_harness import ManualClock, Running, running
 from support import SESSION_OWNER
@@ -29,7 +30,7 @@ from sandboxes.server.store import SandboxState, StateStore
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
-class TestReplicasOverDocker(ReplicaScenarios):
+class TestReplicasOverDocker(ReplicaScenarios, OneKeyAcrossReplicas):
     @pytest.fixture(scope="module")
     @classmethod
     def template(cls, runtime_image: str) -> dict[str, Any]:

@@ -245,6 +245,9 @@ class StreamEvent(_Model):
     offset: int | None = None
     """On ``output``: the byte offset in the command's output where the text so far ends, to
     re-attach from without loss or repetition."""
+    stream: Literal["stderr", "merged"] | None = None
+    """On ``output``: the stream the text came from; absent: stdout. ``merged``: the backend ran
+    the command without the exec helper, and its stdout and stderr came through one pipe."""
 
 
 class ProcessInfo(_Model):

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._output import UNLIMITED
+from sandboxes._output import UNLIMITED, OutputHook
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.semantics import (
     InvalidGlobError,
@@ -138,7 +138,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -146,13 +146,14 @@ class BaseSandbox(p.SandboxBackendProtocol):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
-        """``execute``, also handing each chunk of output to ``on_output`` as it arrives, so a
-        service can relay it live. ``on_output`` runs on a transport thread: it must neither
-        block nor raise. This default, for transports without a live hook, hands over the
-        (capped) output once, when the command ends."""
+        """``execute``, also handing each chunk of output to ``on_output`` as it arrives, with
+        the stream it came from (`sandboxes._output.OutputHook`), so a service can relay it
+        live. ``on_output`` runs on a transport thread: it must neither block nor raise. This
+        default, for transports without a live hook, hands over the (capped) output once,
+        merged, when the command ends."""
         response = self.execute(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
         if on_output is not None and response.output:
-            on_output(response.output.encode("utf-8"))
+            on_output(response.output.encode("utf-8"), "merged")
         return response
 
     native_file_ops: bool = False
@@ -687,7 +688,7 @@ class StreamingSandbox(BaseSandbox):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,

@@ -40,29 +40,49 @@ class Command(object):
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
         if warm is not None:
-            self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
+            self.marker, self.pid, self.out_fd, self.err_fd, self.in_fd = (
+                warm.marker,
+                warm.pid,
+                warm.out_fd,
+                warm.err_fd,
+                None,
+            )
         else:
             self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
             env = _command_env(spec_env, self.marker)
-            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
+            self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 
     def start(self):
         _poller.register(self.out_fd, _Poller.READ, self.on_output)
+        _poller.register(self.err_fd, _Poller.READ, self.on_stderr)
         _commands[self.ident] = self
 
     def on_output(self, _mask):
-        if self.out_fd is None:  # closed by an earlier event of the same batch
+        self.pump("out_fd", STDOUT)
+
+    def on_stderr(self, _mask):
+        self.pump("err_fd", STDERR)
+
+    def pump(self, which, kind):
+        """Relay what the command wrote on one of its outputs (``which``: the attribute holding
+        its fd) as ``kind`` frames; once both ended, its output has."""
+        fd = getattr(self, which)
+        if fd is None:  # closed by an earlier event of the same batch
             return
         try:
-            chunk = os.read(self.out_fd, 65536)
+            chunk = os.read(fd, 65536)
         except OSError:
             chunk = b""
         if chunk:
-            send(b"O", self.ident, chunk)
+            send(kind, self.ident, chunk)
             return
-        self.close_output()
+        _poller.unregister(fd)
+        os.close(fd)
+        setattr(self, which, None)
+        if self.out_fd is not None or self.err_fd is not None:
+            return
         if self.reaped:
             self.finish()
         elif self.has_exited():
@@ -75,10 +95,11 @@ class Command(object):
         return has_exited(self.pid)
 
     def close_output(self):
-        if self.out_fd is not None:
-            _poller.unregister(self.out_fd)
-            os.close(self.out_fd)
-            self.out_fd = None
+        for fd in (self.out_fd, self.err_fd):
+            if fd is not None:
+                _poller.unregister(fd)
+                os.close(fd)
+        self.out_fd = self.err_fd = None
 
     def feed(self, data):
         """Queue stdin bytes (``None``: close it once written), written as the pipe takes them."""
@@ -163,7 +184,7 @@ class Command(object):
             self.finished = False
         if self.finished:  # it failed to start properly and was answered with E
             return
-        if self.out_fd is None:
+        if self.out_fd is None and self.err_fd is None:
             self.finish()
         else:  # a process outside the group (setsid) may hold the output open: wait a little
             self.drain_deadline = time.monotonic() + (TIMED_OUT_DRAIN if self.timed_out else DRAIN_GRACE)

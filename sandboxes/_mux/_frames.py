@@ -14,19 +14,19 @@ import marshal
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sandboxes import protocol as p
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 
 if TYPE_CHECKING:
     from sandboxes._mux.client import MuxClient
 
-__all__ = ["HEADER", "MAX_FRAME", "wire_spec"]
+__all__ = ["HEADER", "MAX_FRAME", "STDERR", "STDOUT", "wire_spec"]
 
 HEADER = struct.Struct(">cII")
 MAX_FRAME = 1 << 20
@@ -34,7 +34,11 @@ MAX_FRAME = 1 << 20
 (output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
-_KINDS = frozenset(b"HAOXEN")
+STDOUT = b"O"
+"""A command's stdout bytes (helper -> client)."""
+STDERR = b"S"
+"""A command's stderr bytes (helper -> client)."""
+_KINDS = frozenset(b"HAOSXEN")
 
 
 class _Corrupt(Exception):
@@ -64,7 +68,7 @@ class _Pending:
     """A file op the helper handed back (N): nothing was done, the script must run."""
     accepted_at: float | None = None
     """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
-    on_output: Callable[[bytes], None] | None = None
+    on_output: OutputHook | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 

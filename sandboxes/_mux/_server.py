@@ -21,6 +21,7 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     the client wrote may be read and run after the client gave up, so the
                     client never resends a written request, acknowledged or not), O output
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
+                    S stderr bytes (O: stdout's; in the order the helper read them),
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does; such a caller may announce,
@@ -77,6 +78,11 @@ import sys
 import time
 
 HEADER = struct.Struct(">cII")
+STDOUT = b"O"
+"""The frame of a command's stdout bytes."""
+STDERR = b"S"
+"""The frame of a command's stderr bytes (its stdout's are `STDOUT`'s): the client keeps them
+apart, and merges them in the order they arrive for a merged answer."""
 NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete"]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
 ``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``), named in the hello before their code is

@@ -36,6 +36,8 @@ from sandboxes._mux._frames import (
     _KINDS,
     HEADER,
     MAX_FRAME,
+    STDERR,
+    STDOUT,
     _Corrupt,
     _Pending,
     _request_frame,
@@ -46,7 +48,7 @@ from sandboxes._mux._frames import (
 from sandboxes._mux._outbox import Outbox
 from sandboxes._mux._shipped import COMPACT_SOURCE, NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._output import OutputBuffer
+from sandboxes._output import OutputBuffer, OutputHook
 
 __all__ = [
     "ACK_TIMEOUT",
@@ -156,7 +158,7 @@ class MuxClient:
         env: Mapping[str, str] | None,
         cwd: str | None,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None = None,
+        on_output: OutputHook | None = None,
     ) -> p.ExecuteResponse:
         """Run one command; raise `MuxBroken` if the helper dies or stops answering.
 
@@ -524,10 +526,10 @@ class MuxClient:
             return
         if kind == b"A":
             pending.accepted_at = time.monotonic()
-        elif kind == b"O":
+        elif kind in (STDOUT, STDERR):  # one buffer: the merged answer, bounded together
             pending.output.write(payload)
             if pending.on_output is not None:
-                pending.on_output(payload)
+                pending.on_output(payload, "stdout" if kind == STDOUT else "stderr")
         elif kind == b"X":
             status = json.loads(payload)
             code, timed_out = status["code"], status["timed_out"]

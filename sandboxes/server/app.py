@@ -35,6 +35,7 @@ from sandboxes.server import responses
 from sandboxes.server.auth import Authenticator, RateLimiter
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
+from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.hot import HotPath
@@ -96,6 +97,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.state.service = service
     app.include_router(router)
     app.include_router(health)
+    mount_e2b(app)  # the E2B-compatible API under /e2b
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(HotPath, service=service)  # inside the request middleware: ids, limits, logs

@@ -1,0 +1,153 @@
+"""The real E2B SDK (sync and async), unchanged, against the service on loopback through its
+E2B-compatible API (`sandboxes.server.e2b`), over the local jail and over Docker: lifecycle,
+list and pagination, commands (stdout and stderr apart, exit codes), files, and isolation
+between tenants and between sandboxes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxNotFoundException, SandboxQuery
+from service_harness import KEYS, Running, running, settings_for
+from support import HAS_BWRAP, SESSION_OWNER, needs
+
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    if request.param == "local":
+        needs(HAS_BWRAP, "bubblewrap is not installed")
+        template: Any = LocalTemplate(default_timeout=30)
+        docker_client = None
+    else:
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-e2b-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tmp_path_factory.mktemp("e2b"), owner=owner, templates={"default": template})
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+def _opts(service: Running, tenant: str = "alice") -> dict[str, Any]:
+    """What ``E2B_API_KEY``, ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` would say."""
+    return {"api_key": KEYS[tenant], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+
+
+@pytest.fixture(scope="module")
+def sandbox(service: Running) -> Iterator[Sandbox]:
+    created = Sandbox.create(**_opts(service))
+    yield created
+    created.kill()
+
+
+def test_commands_keep_stdout_and_stderr_apart_and_raise_on_a_nonzero_exit(sandbox: Sandbox) -> None:
+    assert sandbox.commands.run("echo hi").stdout == "hi\n"
+    result = sandbox.commands.run("echo out; echo err >&2; echo $0 $FOO", envs={"FOO": "bar"})
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\n/bin/bash bar\n", "err\n", 0)
+    seen: list[str] = []
+    sandbox.commands.run("echo one; echo two", on_stdout=seen.append)
+    assert "".join(seen) == "one\ntwo\n"
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo bad >&2; exit 3")
+    assert (failed.value.exit_code, failed.value.stderr) == (3, "bad\n")
+
+
+def test_files_are_written_and_read_as_text_and_bytes(sandbox: Sandbox) -> None:
+    info = sandbox.files.write("notes/hello.txt", "héllo\n")
+    assert info.name == "hello.txt"
+    assert info.path.endswith("/notes/hello.txt")
+    assert sandbox.files.read("notes/hello.txt") == "héllo\n"
+    blob = bytes(range(256)) * 4
+    sandbox.files.write("/tmp/blob.bin", blob)
+    assert bytes(sandbox.files.read("/tmp/blob.bin", format="bytes")) == blob
+    assert sandbox.commands.run("cat notes/hello.txt").stdout == "héllo\n"
+
+
+def test_a_sandbox_is_listed_timed_and_killed(service: Running) -> None:
+    opts = _opts(service)
+    created = Sandbox.create(metadata={"case": "lifecycle"}, timeout=120, **opts)
+    try:
+        info = created.get_info()
+        assert info.template_id == "base"
+        assert info.metadata == {"case": "lifecycle"}
+        assert abs((info.end_at - info.started_at).total_seconds() - 120) < 5
+        created.set_timeout(600)
+        assert abs((created.get_info().end_at - datetime.now(UTC)).total_seconds() - 600) < 30
+        query = SandboxQuery(metadata={"case": "lifecycle"})
+        assert [s.sandbox_id for s in Sandbox.list(query=query, **opts).next_items()] == [created.sandbox_id]
+        assert created.is_running()
+    finally:
+        assert created.kill() is True
+    assert not created.is_running()  # envd answers 502 for a killed sandbox
+    assert Sandbox.kill(created.sandbox_id, **opts) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(created.sandbox_id, **opts)
+
+
+def test_the_list_pages_with_a_next_token_newest_first(service: Running) -> None:
+    opts, tag = _opts(service), uuid.uuid4().hex[:8]
+    made = [Sandbox.create(metadata={"page": tag}, **opts) for _ in range(3)]
+    try:
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), limit=2, **opts)
+        first = paginator.next_items()
+        assert paginator.has_next
+        second = paginator.next_items()
+        assert not paginator.has_next
+        assert [s.sandbox_id for s in first + second] == [s.sandbox_id for s in reversed(made)]
+    finally:
+        for created in made:
+            created.kill()
+
+
+def test_another_tenant_and_a_wrong_token_reach_nothing(service: Running, sandbox: Sandbox) -> None:
+    bob = _opts(service, "bob")
+    assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**bob).next_items()]
+    assert Sandbox.kill(sandbox.sandbox_id, **bob) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id, **bob)
+    theirs = Sandbox.create(**bob)
+    try:
+        token = theirs.connection_config.sandbox_headers["X-Access-Token"]
+        for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
+            answer = httpx.get(
+                f"{service.url}/e2b/envd/files",
+                params={"path": "/etc/hostname"},
+                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, **headers},
+            )
+            assert (answer.status_code, answer.json()["code"]) == (401, 401), headers
+    finally:
+        theirs.kill()
+    assert sandbox.commands.run("echo still").stdout == "still\n"
+
+
+async def test_the_async_sdk_runs_commands_and_files(service: Running) -> None:
+    created = await AsyncSandbox.create(**_opts(service))
+    try:
+        result = await created.commands.run("echo hi; echo err >&2")
+        assert (result.stdout, result.stderr) == ("hi\n", "err\n")
+        with pytest.raises(CommandExitException):
+            await created.commands.run("exit 7")
+        await created.files.write("a.bin", b"\x00\xff")
+        assert bytes(await created.files.read("a.bin", format="bytes")) == b"\x00\xff"
+        assert created.sandbox_id in [s.sandbox_id for s in await AsyncSandbox.list(**_opts(service)).next_items()]
+    finally:
+        assert await created.kill() is True
+    assert not await created.is_running()
+
+
+def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: Running, sandbox: Sandbox) -> None:
+    before = sandbox.get_info().end_at
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=1, **_opts(service))
+    assert again.commands.run("echo back").stdout == "back\n"
+    assert sandbox.get_info().end_at == before
+    assert again.is_running()

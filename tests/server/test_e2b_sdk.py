@@ -12,7 +12,16 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxNotFoundException, SandboxQuery
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxQuery,
+    TimeoutException,
+)
 from service_harness import KEYS, Running, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
 
@@ -151,3 +160,25 @@ def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: R
     assert again.commands.run("echo back").stdout == "back\n"
     assert sandbox.get_info().end_at == before
     assert again.is_running()
+
+
+def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running, sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="not implemented"):
+        sandbox.pause()
+    with pytest.raises(SandboxException, match="UNIMPLEMENTED"):
+        sandbox.files.exists("anything")
+    with pytest.raises(SandboxException, match="unknown template 'nope'"):
+        Sandbox.create("nope", **_opts(service))
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("/no/such/file")
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=1)
+
+
+def test_an_idempotency_key_makes_one_sandbox(service: Running) -> None:
+    key = uuid.uuid4().hex
+    first = Sandbox.create(idempotency_key=key, **_opts(service))
+    try:
+        assert Sandbox.create(idempotency_key=key, **_opts(service)).sandbox_id == first.sandbox_id
+    finally:
+        first.kill()

@@ -182,3 +182,13 @@ async def connect(
         if entry.state.expires_at is None or ends > entry.state.expires_at:
             entry = await registry.renew(tenant, sandbox_id, body.timeout)
     return _json(_created(request, entry))
+
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@router.api_route("/{rest:path}", methods=_METHODS)
+async def not_served(rest: str) -> Response:
+    """What this service does not serve yet (pause, snapshots, metrics...): E2B's error shape,
+    so the SDK raises its own exception rather than failing to read the answer."""
+    return e2b_error(501, f"/{rest} is not implemented by this service")

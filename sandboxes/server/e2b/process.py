@@ -3,8 +3,8 @@ runs as E2B runs it (``/bin/bash -l -c CMD``, with its cwd and envs) through the
 streamed execute, and its events go out as they happen: ``start`` (a pid), ``data`` (stdout
 and stderr apart, base64), keep-alives while it is quiet, then ``end`` (exit code, status).
 A command's output past the service's ``max_output_bytes`` is not sent; its deadline is the
-call's ``Connect-Timeout-Ms`` (the template's default timeout without one), capped by the
-service's maximum, and past it the command's tree is killed."""
+call's ``Connect-Timeout-Ms`` (none, as the SDK's ``timeout=0`` sends: the service's maximum),
+capped by the service's maximum, and past it the command's tree is killed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandboxes import api
 from sandboxes import protocol as p
@@ -82,7 +82,7 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
         raise ConnectError("invalid_argument", "process.envs must map names to strings")
     if message.get("pty"):
         raise ConnectError("unimplemented", "a PTY is not supported yet")
-    timeout = None
+    timeout = 0.0  # the service's maximum (`command_for`)
     if deadline_ms is not None and deadline_ms.isdigit():
         timeout = max(1.0, int(deadline_ms) / 1000)
     try:
@@ -129,3 +129,9 @@ def _ending(event: p.ExecuteResponse | BaseException) -> bytes:
         return end_of_stream(ConnectError(code, event.message or event.error or "the command did not finish"))
     ended = {"exitCode": event.exit_code, "exited": True, "status": f"exit status {event.exit_code}"}
     return envelope({"event": {"end": ended}}) + end_of_stream()
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+async def not_served(rest: str) -> Response:
+    """envd calls not served yet, as Connect's ``unimplemented``."""
+    return JSONResponse({"code": "unimplemented", "message": f"/{rest} is not implemented by this service"}, 501)

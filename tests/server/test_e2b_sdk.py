@@ -118,27 +118,6 @@ def test_the_list_pages_with_a_next_token_newest_first(service: Running) -> None
             created.kill()
 
 
-def test_another_tenant_and_a_wrong_token_reach_nothing(service: Running, sandbox: Sandbox) -> None:
-    bob = _opts(service, "bob")
-    assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**bob).next_items()]
-    assert Sandbox.kill(sandbox.sandbox_id, **bob) is False
-    with pytest.raises(SandboxNotFoundException):
-        Sandbox.connect(sandbox.sandbox_id, **bob)
-    theirs = Sandbox.create(**bob)
-    try:
-        token = theirs.connection_config.sandbox_headers["X-Access-Token"]
-        for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
-            answer = httpx.get(
-                f"{service.url}/e2b/envd/files",
-                params={"path": "/etc/hostname"},
-                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, **headers},
-            )
-            assert (answer.status_code, answer.json()["code"]) == (401, 401), headers
-    finally:
-        theirs.kill()
-    assert sandbox.commands.run("echo still").stdout == "still\n"
-
-
 async def test_the_async_sdk_runs_commands_and_files(service: Running) -> None:
     created = await AsyncSandbox.create(**_opts(service))
     try:
@@ -182,3 +161,62 @@ def test_an_idempotency_key_makes_one_sandbox(service: Running) -> None:
         assert Sandbox.create(idempotency_key=key, **_opts(service)).sandbox_id == first.sandbox_id
     finally:
         first.kill()
+
+
+_ALICES = {
+    ("GET", "/e2b/sandboxes/{sandbox_id}"): None,
+    ("DELETE", "/e2b/sandboxes/{sandbox_id}"): None,
+    ("POST", "/e2b/sandboxes/{sandbox_id}/timeout"): {"timeout": 100},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/connect"): {},
+    ("POST", "/e2b/v2/sandboxes/{sandbox_id}/connect"): {},
+}
+"""Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
+_ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
+_ENVD |= {("POST", "/e2b/envd/process.Process/Start")}
+_ENVD |= {(method, "/e2b/envd/{rest:path}") for method in ("GET", "POST", "PUT", "DELETE")}
+"""envd routes: refused (401) without the sandbox's own access token."""
+_OWN = {
+    ("GET", "/e2b/sandboxes"): "lists the caller's own (checked below)",
+    ("GET", "/e2b/v2/sandboxes"): "lists the caller's own (checked below)",
+    ("POST", "/e2b/sandboxes"): "creates the caller's own",
+    ("POST", "/e2b/v2/sandboxes"): "creates the caller's own",
+    **{(m, "/e2b/{rest:path}"): "the same 501 for any id" for m in ("GET", "POST", "PUT", "PATCH", "DELETE")},
+}
+"""Routes that reach no other tenant's sandbox, each with why."""
+
+
+def _e2b_routes(routes: Any) -> Iterator[tuple[str, str]]:
+    for route in routes:
+        candidates = getattr(route, "effective_candidates", None)
+        if candidates is not None:
+            yield from _e2b_routes(candidates())
+        elif getattr(route, "path", "").startswith("/e2b/"):
+            yield from ((method, route.path) for method in route.methods - {"HEAD"})
+
+
+def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Running, sandbox: Sandbox) -> None:
+    served = set(_e2b_routes(service.app.routes))
+    assert served == set(_ALICES) | _ENVD | set(_OWN), "a route of the E2B API whose tenancy this test does not check"
+    bob = {"X-API-KEY": KEYS["bob"]}
+    for (method, path), body in _ALICES.items():
+        for headers, sandbox_id in ((bob, sandbox.sandbox_id), ({"X-API-KEY": KEYS["alice"]}, "0" * 16)):
+            url = service.url + path.format(sandbox_id=sandbox_id)
+            answer = httpx.request(method, url, json=body, headers=headers)
+            assert (answer.status_code, answer.json()["code"]) == (404, 404), (method, path, answer.text)
+    assert Sandbox.kill(sandbox.sandbox_id, **_opts(service, "bob")) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sandbox.sandbox_id, **_opts(service, "bob"))
+    stranger = httpx.post(f"{service.url}/e2b/sandboxes/{sandbox.sandbox_id}/pause", json={})
+    assert stranger.status_code == 401
+    theirs = Sandbox.create(**_opts(service, "bob"))
+    try:
+        assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**_opts(service, "bob")).next_items()]
+        token = theirs.connection_config.sandbox_headers["X-Access-Token"]
+        for method, path in sorted(_ENVD):
+            url = service.url + path.replace("{rest:path}", "filesystem.Filesystem/Stat")
+            for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
+                answer = httpx.request(method, url, headers={"E2b-Sandbox-Id": sandbox.sandbox_id, **headers})
+                assert answer.status_code == 401, (method, path, headers, answer.text)
+    finally:
+        theirs.kill()
+    assert sandbox.commands.run("echo still").stdout == "still\n"

@@ -188,7 +188,8 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 @router.api_route("/{rest:path}", methods=_METHODS)
-async def not_served(rest: str) -> Response:
-    """What this service does not serve yet (pause, snapshots, metrics...): E2B's error shape,
-    so the SDK raises its own exception rather than failing to read the answer."""
+async def not_served(request: Request, rest: str, api_key: _ApiKey = None) -> Response:
+    """What this service does not serve yet (pause, snapshots, metrics...): to a tenant, E2B's
+    error shape, so the SDK raises its own exception rather than failing to read the answer."""
+    _tenant(request, api_key)
     return e2b_error(501, f"/{rest} is not implemented by this service")

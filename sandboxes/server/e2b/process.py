@@ -132,6 +132,7 @@ def _ending(event: p.ExecuteResponse | BaseException) -> bytes:
 
 
 @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
-async def not_served(rest: str) -> Response:
-    """envd calls not served yet, as Connect's ``unimplemented``."""
+async def not_served(request: Request, rest: str) -> Response:
+    """envd calls not served yet, as Connect's ``unimplemented`` (to the sandbox's token holder)."""
+    await access(request)
     return JSONResponse({"code": "unimplemented", "message": f"/{rest} is not implemented by this service"}, 501)

@@ -19,6 +19,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
     SandboxQuery,
     TimeoutException,
 )
@@ -98,6 +99,8 @@ def test_a_sandbox_is_listed_timed_and_killed(service: Running) -> None:
     finally:
         assert created.kill() is True
     assert not created.is_running()  # envd answers 502 for a killed sandbox
+    with pytest.raises(SandboxNotRunningException):
+        created.commands.run("echo too late")
     assert Sandbox.kill(created.sandbox_id, **opts) is False
     with pytest.raises(SandboxNotFoundException):
         Sandbox.get_info(created.sandbox_id, **opts)
@@ -113,6 +116,12 @@ def test_the_list_pages_with_a_next_token_newest_first(service: Running) -> None
         second = paginator.next_items()
         assert not paginator.has_next
         assert [s.sandbox_id for s in first + second] == [s.sandbox_id for s in reversed(made)]
+        oldest = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), order="asc", limit=1, **opts).next_items()
+        assert [s.sandbox_id for s in oldest] == [made[0].sandbox_id]
+        since = SandboxQuery(metadata={"page": tag}, started_after=made[1].get_info().started_at)
+        assert {s.sandbox_id for s in Sandbox.list(query=since, **opts).next_items()} == {
+            s.sandbox_id for s in made[1:]
+        }
     finally:
         for created in made:
             created.kill()
@@ -220,3 +229,14 @@ def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Runni
     finally:
         theirs.kill()
     assert sandbox.commands.run("echo still").stdout == "still\n"
+
+
+def test_three_environment_variables_are_all_a_program_needs(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_URL", f"{service.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{service.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", KEYS["alice"])
+    created = Sandbox.create()
+    try:
+        assert created.commands.run("echo hi").stdout == "hi\n"
+    finally:
+        created.kill()

@@ -138,13 +138,22 @@ async def list_sandboxes(
         for entry in entries
         if all(entry.state.labels.get(key) == value for key, value in wanted.items())
         and (template is None or template in (entry.state.template, e2b.theirs(entry.state.template)))
-        and (started_after is None or entry.state.created_at >= started_after.timestamp())
+        and (started_after is None or _started(entry) >= _aware(started_after))
     ]
     kept.sort(key=lambda entry: (entry.state.created_at, entry.state.id), reverse=order == "desc")
     start = int(next_token or 0)
     page = kept[start : start + limit]
     headers = {NEXT_PAGE_HEADER: str(start + limit)} if start + limit < len(kept) else None
     return _json([_detail(request, entry) for entry in page], headers=headers)
+
+
+def _started(entry: Entry) -> datetime:
+    """When the sandbox started, exactly as ``startedAt`` reports it (to the microsecond)."""
+    return datetime.fromtimestamp(entry.state.created_at, UTC)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _metadata_filter(metadata: str | None) -> dict[str, str]:

@@ -5,6 +5,7 @@ between tenants and between sandboxes."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -240,3 +241,26 @@ def test_three_environment_variables_are_all_a_program_needs(service: Running, m
         assert created.commands.run("echo hi").stdout == "hi\n"
     finally:
         created.kill()
+
+
+def test_a_malformed_start_ends_its_stream_with_invalid_argument(service: Running, sandbox: Sandbox) -> None:
+    headers = {**sandbox.connection_config.sandbox_headers, "Content-Type": "application/connect+json"}
+    url = f"{service.url}/e2b/envd/process.Process/Start"
+    answer = httpx.post(url, content=b"\x00\x00\x00\x00\x02[]", headers=headers)
+    assert answer.status_code == 200
+    assert answer.content[0] == 2
+    assert json.loads(answer.content[5:])["error"]["code"] == "invalid_argument"
+
+
+def test_a_commands_output_is_bounded_by_the_services_limit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    settings = settings_for(tmp_path_factory.mktemp("e2b-bounded"), max_output_bytes=5000)
+    with running(settings) as bounded:
+        created = Sandbox.create(**_opts(bounded))
+        try:
+            result = created.commands.run("head -c 200000 /dev/zero | tr '\\0' x; echo; echo done >&2")
+            assert len(result.stdout) == 5000  # the first 5000 bytes, the rest not sent
+            assert set(result.stdout) == {"x"}
+            assert result.exit_code == 0
+        finally:
+            created.kill()

@@ -264,3 +264,11 @@ def test_a_commands_output_is_bounded_by_the_services_limit(tmp_path_factory: py
             assert result.exit_code == 0
         finally:
             created.kill()
+
+
+def test_a_strangers_body_is_never_parsed(service: Running, sandbox: Sandbox) -> None:
+    for path in ("/e2b/v2/sandboxes", f"/e2b/sandboxes/{sandbox.sandbox_id}/timeout"):
+        refused = httpx.post(service.url + path, content=b"{not json", headers={"Content-Type": "application/json"})
+        assert (refused.status_code, refused.json()["code"]) == (401, 401)
+        malformed = httpx.post(service.url + path, content=b"{not json", headers={"X-API-KEY": KEYS["alice"]})
+        assert (malformed.status_code, malformed.json()["code"]) == (400, 400)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import urllib.parse
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
@@ -26,6 +27,7 @@ CLIENT_ID = "sandboxes"
 MAX_PAGE = 100
 NEXT_PAGE_HEADER = "x-next-token"
 
+_M = TypeVar("_M", bound=BaseModel)
 _ApiKey = Annotated[str | None, Header(alias="X-API-KEY")]
 
 
@@ -37,6 +39,13 @@ def _tenant(request: Request, key: str | None) -> Tenant:
     request.scope.setdefault("state", {})["tenant"] = tenant.id
     svc.limiter.check(tenant)
     return tenant
+
+
+async def _body(request: Request, model: type[_M], *, empty: bool = False) -> _M:
+    """The request's body as ``model``, read only once the caller is authenticated (a stranger's
+    body is never parsed); an empty body is ``{}`` where ``empty``."""
+    raw = await request.body()
+    return model.model_validate_json(raw if raw or not empty else b"{}")
 
 
 def _created(request: Request, entry: Entry) -> SandboxCreated:
@@ -91,11 +100,11 @@ def _json(
 @router.post("/v2/sandboxes")
 async def create(
     request: Request,
-    body: Annotated[NewSandbox, Body()],
     api_key: _ApiKey = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Response:
     tenant = _tenant(request, api_key)
+    body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
     ttl = None if body.timeout is None else max(1, body.timeout)
     wanted = CreateSandbox(
@@ -171,22 +180,23 @@ async def kill(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Re
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout")
-async def set_timeout(request: Request, sandbox_id: str, body: TimeoutRequest, api_key: _ApiKey = None) -> Response:
+async def set_timeout(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     """The sandbox ends ``timeout`` seconds from now, sooner or later than it would have."""
-    await service(request).registry.renew(_tenant(request, api_key), sandbox_id, max(1, body.timeout))
+    tenant = _tenant(request, api_key)
+    body = await _body(request, TimeoutRequest)
+    await service(request).registry.renew(tenant, sandbox_id, max(1, body.timeout))
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/connect")
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
-async def connect(
-    request: Request, sandbox_id: str, body: Annotated[ConnectSandbox | None, Body()] = None, api_key: _ApiKey = None
-) -> Response:
+async def connect(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     """A running sandbox's access again; a ``timeout`` only ever extends its life."""
     tenant = _tenant(request, api_key)
+    body = await _body(request, ConnectSandbox, empty=True)
     registry = service(request).registry
     entry = await registry.find(tenant, sandbox_id)
-    if body is not None and body.timeout:
+    if body.timeout:
         ends = registry.clock.now() + body.timeout
         if entry.state.expires_at is None or ends > entry.state.expires_at:
             entry = await registry.renew(tenant, sandbox_id, body.timeout)

@@ -64,7 +64,7 @@ async def start(request: Request) -> Response:
             loop.call_soon_threadsafe(events.put_nowait, (stream, kept))
 
     work = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
-    work.add_done_callback(lambda done: events.put_nowait(done.exception() or done.result()))
+    work.add_done_callback(lambda done: events.put_nowait(_outcome(done)))
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
     return StreamingResponse(_stream(events, interval), media_type=STREAM_MEDIA_TYPE)
 
@@ -92,6 +92,12 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
         raise ConnectError("invalid_argument", exc.message) from exc
     except ValueError as exc:  # pydantic's, on a name or value the service refuses
         raise ConnectError("invalid_argument", str(exc).splitlines()[0]) from exc
+
+
+def _outcome(done: asyncio.Future[p.ExecuteResponse]) -> p.ExecuteResponse | BaseException:
+    if done.cancelled():
+        return asyncio.CancelledError()
+    return done.exception() or done.result()
 
 
 def _keepalive(header: str | None) -> float:

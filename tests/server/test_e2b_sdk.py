@@ -182,7 +182,7 @@ _ALICES = {
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
-_ENVD |= {("POST", "/e2b/envd/process.Process/Start")}
+_ENVD |= {("POST", f"/e2b/envd/process.Process/{rpc}") for rpc in ("Start", "List", "SendSignal")}
 _ENVD |= {(method, "/e2b/envd/{rest:path}") for method in ("GET", "POST", "PUT", "DELETE")}
 """envd routes: refused (401) without the sandbox's own access token."""
 _OWN = {
@@ -272,3 +272,21 @@ def test_a_strangers_body_is_never_parsed(service: Running, sandbox: Sandbox) ->
         assert (refused.status_code, refused.json()["code"]) == (401, 401)
         malformed = httpx.post(service.url + path, content=b"{not json", headers={"X-API-KEY": KEYS["alice"]})
         assert (malformed.status_code, malformed.json()["code"]) == (400, 400)
+
+
+_SLEEPERS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null | grep -cx 'sleep 3[01] '"
+"""How many of the background command's sleeps still run (its own line is not one of them)."""
+
+
+def test_a_background_command_is_listed_and_killed_with_its_tree(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 30 & sleep 31; echo never", background=True)
+    listed = {process.pid: process for process in sandbox.commands.list()}
+    assert listed[handle.pid].args == ["-l", "-c", "sleep 30 & sleep 31; echo never"]
+    assert handle.kill() is True
+    with pytest.raises(CommandExitException):
+        handle.wait()
+    assert handle.pid not in [process.pid for process in sandbox.commands.list()]
+    assert sandbox.commands.kill(handle.pid) is False
+    with pytest.raises(CommandExitException) as none_left:
+        sandbox.commands.run(_SLEEPERS)
+    assert none_left.value.stdout == "0\n"

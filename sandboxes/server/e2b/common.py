@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request, Response
@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from sandboxes.server.e2b.running import RunningCommands
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.routes import Service
@@ -33,6 +34,7 @@ close_stdin, file metadata) are refused by the SDK itself rather than failing he
 class E2BState:
     settings: E2BSettings
     signer: TokenSigner
+    commands: RunningCommands = field(default_factory=RunningCommands)
 
     def ours(self, template: str) -> str:
         """The service's template for an E2B template name."""

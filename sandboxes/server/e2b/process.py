@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
+import json
 import shlex
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,11 +21,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes._output import Stream
-from sandboxes.server.e2b.common import E2BRoute, service
+from sandboxes.server.e2b.common import E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
+from sandboxes.server.e2b.running import Running
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import command_for, run_detached
+from sandboxes.server.execution import command_for, run_detached_marked
 from sandboxes.server.processes import Command
 from sandboxes.server.registry import Entry
 from sandboxes.server.routes import Service
@@ -37,8 +38,11 @@ router = APIRouter(route_class=E2BRoute, include_in_schema=False)
 KEEPALIVE_CEILING = 50.0
 """The longest quiet (seconds) between two events, whatever ``Keepalive-Ping-Interval`` asks."""
 
-_pids = itertools.count(1000)
-"""Process ids handed to the SDK: unique in this process (no ``Connect`` by pid yet)."""
+KILL_ATTEMPTS = 10
+KILL_WAIT = 0.5
+"""A kill is repeated (``KILL_ATTEMPTS`` times at most) until the command has ended, waiting
+this long for it each time: the ``start`` event goes out as the command is handed to the
+sandbox, so a kill right after it may come before its processes exist."""
 
 _Event = tuple[Stream, bytes] | p.ExecuteResponse | BaseException
 
@@ -63,10 +67,53 @@ async def start(request: Request) -> Response:
         if kept:
             loop.call_soon_threadsafe(events.put_nowait, (stream, kept))
 
-    work = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
+    work, token = run_detached_marked(entry.sandbox, command, on_output, svc.command_pool, release)
     work.add_done_callback(lambda done: events.put_nowait(_outcome(done)))
+    commands = e2b_state(request).commands
+    pid = commands.next_pid()
+    commands.add(entry.state.id, Running(pid, token, message["process"], work))
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(events, interval), media_type=STREAM_MEDIA_TYPE)
+    return StreamingResponse(_stream(pid, events, interval), media_type=STREAM_MEDIA_TYPE)
+
+
+@router.post("/process.Process/List")
+async def list_processes(request: Request) -> Response:
+    """The commands started through ``Start`` that still run in this sandbox."""
+    entry = await access(request)
+    running = e2b_state(request).commands.of(entry.state.id)
+    return JSONResponse({"processes": [{"pid": command.pid, "config": command.config} for command in running]})
+
+
+@router.post("/process.Process/SendSignal")
+async def send_signal(request: Request) -> Response:
+    """SIGKILL and SIGTERM both kill the command's whole tree; an unknown pid is NOT_FOUND."""
+    entry = await access(request)
+    message = await _unary(request)
+    selector = message.get("process")
+    pid = selector.get("pid") if isinstance(selector, dict) else None
+    if not isinstance(pid, int):
+        return _unary_error(400, "invalid_argument", "process.pid is required")
+    running = e2b_state(request).commands.find(entry.state.id, pid)
+    if running is None:
+        return _unary_error(404, "not_found", f"process with pid {pid} not found")
+    for _ in range(KILL_ATTEMPTS):
+        await asyncio.to_thread(entry.kill_marked, running.token)
+        await asyncio.wait([running.work], timeout=KILL_WAIT)
+        if running.work.done():
+            return JSONResponse({})
+    return _unary_error(503, "unavailable", f"process with pid {pid} did not die")
+
+
+async def _unary(request: Request) -> dict[str, Any]:
+    try:
+        message = json.loads(await request.body() or b"{}")
+    except (UnicodeDecodeError, ValueError):
+        message = None
+    return message if isinstance(message, dict) else {}
+
+
+def _unary_error(status: int, code: str, message: str) -> Response:
+    return JSONResponse({"code": code, "message": message}, status)
 
 
 def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: str | None) -> Command:
@@ -110,8 +157,8 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _stream(events: asyncio.Queue[_Event], interval: float) -> AsyncIterator[bytes]:
-    yield envelope({"event": {"start": {"pid": next(_pids)}}})
+async def _stream(pid: int, events: asyncio.Queue[_Event], interval: float) -> AsyncIterator[bytes]:
+    yield envelope({"event": {"start": {"pid": pid}}})
     while True:
         try:
             event = await asyncio.wait_for(events.get(), interval)

@@ -32,6 +32,9 @@ close_stdin, file metadata) are refused by the SDK itself rather than failing he
 
 @dataclass
 class E2BState:
+    """What the E2B API keeps on ``app.state.e2b``: its settings, its token signer, and the
+    commands started through envd while they run."""
+
     settings: E2BSettings
     signer: TokenSigner
     commands: RunningCommands = field(default_factory=RunningCommands)

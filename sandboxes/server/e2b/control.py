@@ -18,6 +18,7 @@ from sandboxes.server.e2b.common import ENVD_VERSION, E2BRoute, e2b_error, e2b_s
 from sandboxes.server.e2b.models import ConnectSandbox, NewSandbox, SandboxCreated, SandboxDetail, TimeoutRequest
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
+from sandboxes.templates import parse_memory
 
 __all__ = ["router"]
 
@@ -74,8 +75,6 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
 
 
 def _megabytes(memory: object) -> int:
-    from sandboxes.templates import parse_memory
-
     try:
         return parse_memory(str(memory)) >> 20 if memory else 0
     except ValueError:

@@ -34,6 +34,7 @@ from sandboxes.server import responses
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
+from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
@@ -93,6 +94,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    mount_e2b(app)  # the E2B-compatible API under /e2b
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)

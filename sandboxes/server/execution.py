@@ -195,3 +195,15 @@ def run_detached(
     timeout (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
     it arrives and must never block; ``on_end`` is called when it has ended."""
     return _started(sandbox, command, on_output, executor, on_end)[0]
+
+
+def run_detached_marked(
+    sandbox: BaseSandbox,
+    command: Command,
+    on_output: OutputHook,
+    executor: Executor | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> tuple[asyncio.Future[p.ExecuteResponse], str]:
+    """`run_detached`, and the token that marks the command's processes (to kill its tree
+    with the backend's ``kill_marked``)."""
+    return _started(sandbox, command, on_output, executor, on_end)

@@ -1,0 +1,24 @@
+"""The E2B-compatible API: programs written for the E2B SDK reach this service with
+``E2B_API_URL=$SERVICE/e2b``, ``E2B_SANDBOX_URL=$SERVICE/e2b/envd`` and a tenant's API key as
+``E2B_API_KEY``. `mount` adds both planes to the app."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from sandboxes.server.e2b import control, envd, process
+from sandboxes.server.e2b.common import E2BState
+from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
+
+__all__ = ["PREFIX", "mount"]
+
+PREFIX = "/e2b"
+
+
+def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
+    """Serve the control plane under `PREFIX` and the envd plane under ``PREFIX/envd``."""
+    settings = settings or E2BSettings()
+    app.state.e2b = E2BState(settings, TokenSigner(settings.token_secret))
+    app.include_router(envd.router, prefix=f"{PREFIX}/envd")
+    app.include_router(process.router, prefix=f"{PREFIX}/envd")
+    app.include_router(control.router, prefix=PREFIX)

@@ -1,0 +1,86 @@
+"""What both E2B planes share: their state on the app, and failures answered in E2B's shape
+(``{code, message}`` with the HTTP status as ``code``), never the service's own error body."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from sandboxes.server.e2b.running import RunningCommands
+from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.routes import Service
+
+__all__ = ["E2BRoute", "E2BState", "e2b_error", "e2b_state", "service"]
+
+logger = logging.getLogger(__name__)
+
+ENVD_VERSION = "0.4.0"
+"""The envd version advertised: the SDK then sends no user (the template's applies), and
+multipart uploads; features the SDK gates behind later versions (octet-stream uploads,
+close_stdin, file metadata) are refused by the SDK itself rather than failing here."""
+
+
+@dataclass
+class E2BState:
+    """What the E2B API keeps on ``app.state.e2b``: its settings, its token signer, and the
+    commands started through envd while they run."""
+
+    settings: E2BSettings
+    signer: TokenSigner
+    commands: RunningCommands = field(default_factory=RunningCommands)
+
+    def ours(self, template: str) -> str:
+        """The service's template for an E2B template name."""
+        return self.settings.templates.get(template, template)
+
+    def theirs(self, template: str) -> str:
+        """The E2B name a sandbox of the service's ``template`` is reported with."""
+        return next((name for name, ours in self.settings.templates.items() if ours == template), template)
+
+
+def e2b_state(request: Request) -> E2BState:
+    state: E2BState = request.app.state.e2b
+    return state
+
+
+def service(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+def e2b_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+
+
+class E2BRoute(APIRoute):
+    """A route whose failures are answered in E2B's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ServiceError as exc:
+                return e2b_error(exc.status, exc.message, exc.headers)
+            except (RequestValidationError, ValidationError) as exc:
+                return e2b_error(400, _problems(exc.errors()))
+            except HTTPException as exc:
+                return e2b_error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+
+        return handle
+
+
+def _problems(errors: Any) -> str:
+    parts = [f"{'.'.join(str(part) for part in error.get('loc', ()))}: {error.get('msg')}" for error in errors]
+    return "; ".join(parts) or "invalid request"

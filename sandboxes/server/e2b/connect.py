@@ -1,0 +1,54 @@
+"""The Connect protocol's framing with the JSON codec, as the E2B SDK speaks it over HTTP/1.1:
+a streaming call's request and each of its answers is an envelope (one flag byte, a 4-byte
+big-endian length, the JSON message); the last envelope has flag 0x02 and carries ``{}`` or
+``{"error": {"code", "message"}}``."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+__all__ = ["ConnectError", "end_of_stream", "envelope", "read_envelope"]
+
+_HEADER = struct.Struct(">BI")
+_COMPRESSED = 0x01
+_END_STREAM = 0x02
+STREAM_MEDIA_TYPE = "application/connect+json"
+
+
+class ConnectError(Exception):
+    """A failure answered as Connect's end-of-stream error, with one of its codes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def envelope(message: dict[str, Any], flags: int = 0) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    return _HEADER.pack(flags, len(data)) + data
+
+
+def end_of_stream(error: ConnectError | None = None) -> bytes:
+    body: dict[str, Any] = {} if error is None else {"error": {"code": error.code, "message": error.message}}
+    return envelope(body, _END_STREAM)
+
+
+def read_envelope(body: bytes) -> dict[str, Any]:
+    """The one message of a server-streaming call's request body."""
+    if len(body) < _HEADER.size:
+        raise ConnectError("invalid_argument", "the request is not a Connect envelope")
+    flags, length = _HEADER.unpack_from(body)
+    if flags & _COMPRESSED:
+        raise ConnectError("unimplemented", "compressed messages are not supported")
+    if length != len(body) - _HEADER.size:
+        raise ConnectError("invalid_argument", "the envelope's length does not match the request body")
+    try:
+        message = json.loads(body[_HEADER.size :])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConnectError("invalid_argument", "the message is not JSON") from exc
+    if not isinstance(message, dict):
+        raise ConnectError("invalid_argument", "the message is not a JSON object")
+    return message

@@ -1,0 +1,76 @@
+"""The E2B control plane's wire shapes, as the E2B SDK's generated client reads and writes them
+(camelCase names, `{code, message}` errors); fields it sends that this service does not act on
+are accepted and ignored."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ConnectSandbox",
+    "E2BError",
+    "NewSandbox",
+    "SandboxCreated",
+    "SandboxDetail",
+    "TimeoutRequest",
+]
+
+MAX_TIMEOUT = 86_400 * 30
+"""The largest timeout (seconds) a request may carry; the service's own maximum TTL caps it further."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class E2BError(_Wire):
+    """Every failure's body: the HTTP status again, and a sentence."""
+
+    code: int
+    message: str
+
+
+class NewSandbox(_Wire):
+    """``POST /sandboxes`` and ``POST /v2/sandboxes``."""
+
+    template_id: str = Field(alias="templateID", min_length=1, max_length=256)
+    timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+
+
+class ConnectSandbox(_Wire):
+    """``POST /v2/sandboxes/{id}/connect`` (and the v1 path)."""
+
+    timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT)
+
+
+class TimeoutRequest(_Wire):
+    """``POST /sandboxes/{id}/timeout``: the sandbox now ends ``timeout`` seconds from now."""
+
+    timeout: int = Field(ge=0, le=MAX_TIMEOUT)
+
+
+class SandboxCreated(_Wire):
+    """The answer of create and connect: what the SDK needs to reach the sandbox's envd."""
+
+    template_id: str = Field(serialization_alias="templateID")
+    sandbox_id: str = Field(serialization_alias="sandboxID")
+    client_id: str = Field(serialization_alias="clientID")
+    envd_version: str = Field(serialization_alias="envdVersion")
+    envd_access_token: str = Field(serialization_alias="envdAccessToken")
+    alias: str | None = None
+
+
+class SandboxDetail(SandboxCreated):
+    """``GET /sandboxes/{id}`` and each item of ``GET /v2/sandboxes``."""
+
+    started_at: str = Field(serialization_alias="startedAt")
+    end_at: str = Field(serialization_alias="endAt")
+    cpu_count: int = Field(serialization_alias="cpuCount")
+    memory_mb: int = Field(serialization_alias="memoryMB")
+    disk_size_mb: int = Field(serialization_alias="diskSizeMB")
+    state: Literal["running", "paused"] = "running"
+    metadata: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,191 @@
+"""envd's ``process.Process/Start`` over Connect (JSON codec, server streaming): the command
+runs as E2B runs it (``/bin/bash -l -c CMD``, with its cwd and envs) through the sandbox's
+streamed execute, and its events go out as they happen: ``start`` (a pid), ``data`` (stdout
+and stderr apart, base64), keep-alives while it is quiet, then ``end`` (exit code, status).
+A command's output past the service's ``max_output_bytes`` is not sent; its deadline is the
+call's ``Connect-Timeout-Ms`` (none, as the SDK's ``timeout=0`` sends: the service's maximum),
+capped by the service's maximum, and past it the command's tree is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shlex
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sandboxes import api
+from sandboxes import protocol as p
+from sandboxes._output import Stream
+from sandboxes.server.e2b.common import E2BRoute, e2b_state, service
+from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
+from sandboxes.server.e2b.envd import access
+from sandboxes.server.e2b.running import Running
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.execution import command_for, run_detached_marked
+from sandboxes.server.processes import Command
+from sandboxes.server.registry import Entry
+from sandboxes.server.routes import Service
+
+__all__ = ["router"]
+
+router = APIRouter(route_class=E2BRoute, include_in_schema=False)
+
+KEEPALIVE_CEILING = 50.0
+"""The longest quiet (seconds) between two events, whatever ``Keepalive-Ping-Interval`` asks."""
+
+KILL_ATTEMPTS = 10
+KILL_WAIT = 0.5
+"""A kill is repeated (``KILL_ATTEMPTS`` times at most) until the command has ended, waiting
+this long for it each time: the ``start`` event goes out as the command is handed to the
+sandbox, so a kill right after it may come before its processes exist."""
+
+_Event = tuple[Stream, bytes] | p.ExecuteResponse | BaseException
+
+
+@router.post("/process.Process/Start")
+async def start(request: Request) -> Response:
+    entry = await access(request)
+    svc = service(request)
+    try:
+        message = read_envelope(await request.body())
+        command = _command(svc, entry, message, request.headers.get("connect-timeout-ms"))
+    except ConnectError as exc:
+        return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
+    release = await svc.take_command_slot(entry)
+    events: asyncio.Queue[_Event] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    budget = [svc.settings.max_output_bytes]
+
+    def on_output(data: bytes, stream: Stream = "merged") -> None:  # on a transport thread
+        kept = data[: max(0, budget[0])]
+        budget[0] -= len(data)
+        if kept:
+            loop.call_soon_threadsafe(events.put_nowait, (stream, kept))
+
+    work, token = run_detached_marked(entry.sandbox, command, on_output, svc.command_pool, release)
+    work.add_done_callback(lambda done: events.put_nowait(_outcome(done)))
+    commands = e2b_state(request).commands
+    pid = commands.next_pid()
+    commands.add(entry.state.id, Running(pid, token, message["process"], work))
+    interval = _keepalive(request.headers.get("keepalive-ping-interval"))
+    return StreamingResponse(_stream(pid, events, interval), media_type=STREAM_MEDIA_TYPE)
+
+
+@router.post("/process.Process/List")
+async def list_processes(request: Request) -> Response:
+    """The commands started through ``Start`` that still run in this sandbox."""
+    entry = await access(request)
+    running = e2b_state(request).commands.of(entry.state.id)
+    return JSONResponse({"processes": [{"pid": command.pid, "config": command.config} for command in running]})
+
+
+@router.post("/process.Process/SendSignal")
+async def send_signal(request: Request) -> Response:
+    """SIGKILL and SIGTERM both kill the command's whole tree; an unknown pid is NOT_FOUND."""
+    entry = await access(request)
+    message = await _unary(request)
+    selector = message.get("process")
+    pid = selector.get("pid") if isinstance(selector, dict) else None
+    if not isinstance(pid, int):
+        return _unary_error(400, "invalid_argument", "process.pid is required")
+    running = e2b_state(request).commands.find(entry.state.id, pid)
+    if running is None:
+        return _unary_error(404, "not_found", f"process with pid {pid} not found")
+    for _ in range(KILL_ATTEMPTS):
+        await asyncio.to_thread(entry.kill_marked, running.token)
+        await asyncio.wait([running.work], timeout=KILL_WAIT)
+        if running.work.done():
+            return JSONResponse({})
+    return _unary_error(503, "unavailable", f"process with pid {pid} did not die")
+
+
+async def _unary(request: Request) -> dict[str, Any]:
+    try:
+        message = json.loads(await request.body() or b"{}")
+    except (UnicodeDecodeError, ValueError):
+        message = None
+    return message if isinstance(message, dict) else {}
+
+
+def _unary_error(status: int, code: str, message: str) -> Response:
+    return JSONResponse({"code": code, "message": message}, status)
+
+
+def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: str | None) -> Command:
+    process = message.get("process")
+    if not isinstance(process, dict) or not isinstance(process.get("cmd"), str):
+        raise ConnectError("invalid_argument", "process.cmd is required")
+    args = process.get("args") or []
+    envs = process.get("envs") or {}
+    cwd = process.get("cwd") or None
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+        raise ConnectError("invalid_argument", "process.args must be strings")
+    if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
+        raise ConnectError("invalid_argument", "process.envs must map names to strings")
+    if message.get("pty"):
+        raise ConnectError("unimplemented", "a PTY is not supported yet")
+    timeout = 0.0  # the service's maximum (`command_for`)
+    if deadline_ms is not None and deadline_ms.isdigit():
+        timeout = max(1.0, int(deadline_ms) / 1000)
+    try:
+        request = api.ExecuteRequest(command=shlex.join([process["cmd"], *args]), env=envs, cwd=cwd, timeout=timeout)
+        return command_for(request, entry.backend.template, svc.settings)
+    except ServiceError as exc:
+        raise ConnectError("invalid_argument", exc.message) from exc
+    except ValueError as exc:  # pydantic's, on a name or value the service refuses
+        raise ConnectError("invalid_argument", str(exc).splitlines()[0]) from exc
+
+
+def _outcome(done: asyncio.Future[p.ExecuteResponse]) -> p.ExecuteResponse | BaseException:
+    if done.cancelled():
+        return asyncio.CancelledError()
+    return done.exception() or done.result()
+
+
+def _keepalive(header: str | None) -> float:
+    if header is not None and header.isdigit() and int(header) > 0:
+        return min(float(header), KEEPALIVE_CEILING)
+    return KEEPALIVE_CEILING
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _stream(pid: int, events: asyncio.Queue[_Event], interval: float) -> AsyncIterator[bytes]:
+    yield envelope({"event": {"start": {"pid": pid}}})
+    while True:
+        try:
+            event = await asyncio.wait_for(events.get(), interval)
+        except TimeoutError:
+            yield envelope({"event": {"keepalive": {}}})
+            continue
+        if isinstance(event, tuple):
+            stream, data = event
+            name = "stderr" if stream == "stderr" else "stdout"
+            yield envelope({"event": {"data": {name: base64.b64encode(data).decode("ascii")}}})
+            continue
+        yield _ending(event)
+        return
+
+
+def _ending(event: p.ExecuteResponse | BaseException) -> bytes:
+    if isinstance(event, BaseException):
+        return end_of_stream(ConnectError("unavailable", f"the sandbox's backend failed: {type(event).__name__}"))
+    if event.exit_code is None:
+        code = "deadline_exceeded" if event.error == p.TIMEOUT else "unavailable"
+        return end_of_stream(ConnectError(code, event.message or event.error or "the command did not finish"))
+    ended = {"exitCode": event.exit_code, "exited": True, "status": f"exit status {event.exit_code}"}
+    return envelope({"event": {"end": ended}}) + end_of_stream()
+
+
+@router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+async def not_served(request: Request, rest: str) -> Response:
+    """envd calls not served yet, as Connect's ``unimplemented`` (to the sandbox's token holder)."""
+    await access(request)
+    return JSONResponse({"code": "unimplemented", "message": f"/{rest} is not implemented by this service"}, 501)

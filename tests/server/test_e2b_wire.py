@@ -1,0 +1,59 @@
+"""The E2B API's wire pieces on their own: Connect envelopes as the SDK frames them, hostile
+request bodies refused with Connect's codes, and envd access tokens that name one tenant's one
+sandbox and cannot be bent to another."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+from pydantic import SecretStr
+
+from sandboxes.server.e2b.connect import ConnectError, end_of_stream, envelope, read_envelope
+from sandboxes.server.e2b.tokens import TokenSigner
+
+
+def test_an_envelope_is_a_flag_a_big_endian_length_and_json() -> None:
+    framed = envelope({"event": {"start": {"pid": 7}}})
+    flags, length = struct.unpack(">BI", framed[:5])
+    assert (flags, length, json.loads(framed[5:])) == (0, len(framed) - 5, {"event": {"start": {"pid": 7}}})
+    assert read_envelope(framed) == {"event": {"start": {"pid": 7}}}
+
+
+def test_the_end_of_a_stream_has_flag_two_and_carries_the_error() -> None:
+    assert end_of_stream() == b"\x02\x00\x00\x00\x02{}"
+    ended = end_of_stream(ConnectError("deadline_exceeded", "too slow"))
+    assert ended[0] == 2
+    assert json.loads(ended[5:]) == {"error": {"code": "deadline_exceeded", "message": "too slow"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"", "invalid_argument"),
+        (b"\x00\x00\x00", "invalid_argument"),
+        (b"\x01\x00\x00\x00\x02{}", "unimplemented"),  # compressed
+        (b"\x00\x00\x00\x00\x09{}", "invalid_argument"),  # a length longer than the body
+        (b"\x00\x00\x00\x00\x01{}", "invalid_argument"),  # a length shorter than the body
+        (b"\x00\x00\x00\x00\x02[]", "invalid_argument"),
+        (b"\x00\x00\x00\x00\x02\xff\xfe", "invalid_argument"),
+    ],
+)
+def test_a_malformed_request_is_refused_with_connects_code(body: bytes, code: str) -> None:
+    with pytest.raises(ConnectError) as refused:
+        read_envelope(body)
+    assert refused.value.code == code
+
+
+def test_a_token_names_its_tenant_for_its_sandbox_only() -> None:
+    signer = TokenSigner(SecretStr("s3cret"))
+    token = signer.token("alice", "sbx1")
+    assert signer.tenant_of(token, "sbx1") == "alice"
+    assert signer.tenant_of(token, "sbx2") is None
+    bob = signer.token("bob", "sbx1").split(".")[0]
+    assert signer.tenant_of(f"{bob}.{token.split('.')[1]}", "sbx1") is None  # the MAC binds the tenant
+    assert TokenSigner(SecretStr("other")).tenant_of(token, "sbx1") is None
+    assert TokenSigner(None).tenant_of(token, "sbx1") is None  # a random secret accepts none of these
+    for garbage in ("", ".", "@@@.x", "YWxpY2U", "YWxpY2U.é"):
+        assert signer.tenant_of(garbage, "sbx1") is None

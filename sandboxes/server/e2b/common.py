@@ -20,9 +20,13 @@ from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.routes import Service
 
-__all__ = ["E2BRoute", "E2BState", "e2b_error", "e2b_state", "service"]
+__all__ = ["ENVD_PREFIX", "PREFIX", "E2BRoute", "E2BState", "e2b_error", "e2b_state", "service"]
 
 logger = logging.getLogger(__name__)
+
+PREFIX = "/e2b"
+"""Where the control plane is served; the envd plane is under `ENVD_PREFIX`."""
+ENVD_PREFIX = f"{PREFIX}/envd"
 
 ENVD_VERSION = "0.4.0"
 """The envd version advertised: the SDK then sends no user (the template's applies), and

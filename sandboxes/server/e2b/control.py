@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import ENVD_VERSION, E2BRoute, e2b_error, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
 from sandboxes.server.e2b.models import ConnectSandbox, NewSandbox, SandboxCreated, SandboxDetail, TimeoutRequest
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
@@ -22,7 +22,7 @@ from sandboxes.templates import parse_memory
 
 __all__ = ["router"]
 
-router = APIRouter(route_class=E2BRoute, include_in_schema=False)
+router = APIRouter(prefix=PREFIX, route_class=E2BRoute, include_in_schema=False)
 
 CLIENT_ID = "sandboxes"
 MAX_PAGE = 100

@@ -18,13 +18,13 @@ from fastapi.responses import JSONResponse
 
 from sandboxes import protocol as p
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import E2BRoute, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
 __all__ = ["access", "in_lane", "router"]
 
-router = APIRouter(route_class=E2BRoute, include_in_schema=False)
+router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
 ENVD_PORT = "49983"
 _T = TypeVar("_T")

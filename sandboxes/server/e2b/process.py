@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes._output import Stream
-from sandboxes.server.e2b.common import E2BRoute, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.running import Running
@@ -33,7 +33,7 @@ from sandboxes.server.routes import Service
 
 __all__ = ["router"]
 
-router = APIRouter(route_class=E2BRoute, include_in_schema=False)
+router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
 KEEPALIVE_CEILING = 50.0
 """The longest quiet (seconds) between two events, whatever ``Keepalive-Ping-Interval`` asks."""

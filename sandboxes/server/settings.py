@@ -199,9 +199,10 @@ class TenantPolicy(_Frozen):
     service's memory, but in their sandbox, at most ``output_limit`` per process."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
-    background); one more waits up to ``command_slot_wait`` for one to end, then is refused
-    with ``rate_limited`` (429, ``Retry-After``). Also the most re-attached streams of streamed
-    commands it may have open at once (one more is refused the same way)."""
+    background); one more waits its turn while they keep ending, and is refused with
+    ``rate_limited`` (429, ``Retry-After``) once none ended for ``command_slot_wait``. Also
+    the most re-attached streams of streamed commands it may have open at once (one more is
+    refused the same way)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -287,8 +288,9 @@ class ServiceSettings(BaseSettings):
     holds one for its duration, so tenants' ``max_commands`` together should stay under it.
     Apart from `worker_threads`, so file operations never wait behind commands."""
     command_slot_wait: float = Field(default=5.0, ge=0)
-    """Seconds a command waits for one of its tenant's ``max_commands`` slots before it is
-    refused (``0``: at once); waiters get slots in the order they came."""
+    """Seconds a command waiting for one of its tenant's ``max_commands`` slots waits with none
+    of the tenant's commands ending before it is refused (``0``: at once); waiters get slots in
+    the order they came, and a queue that moves is never refused."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

@@ -208,6 +208,11 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
         of its output (its ``offset``): the rest of its output, then its final response."""
         return CommandStream(self._sync(), self._id, _ops.attach_stream(self._id, command_id, offset))
 
+    def kill_stream(self, command_id: str) -> p.ExecuteResponse:
+        """Kill a streamed command (a `CommandStream`'s ``command_id``) with its whole process
+        tree, followed or not; its final response."""
+        return self._sync().call(_ops.kill_stream(self._id, command_id))
+
     def aexecute_stream(
         self,
         command: str,
@@ -225,6 +230,10 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
     def aattach_stream(self, command_id: str, offset: int = 0) -> AsyncCommandStream:
         """`attach_stream`'s async twin."""
         return AsyncCommandStream(self._async, self._id, _ops.attach_stream(self._id, command_id, offset))
+
+    async def akill_stream(self, command_id: str) -> p.ExecuteResponse:
+        """`kill_stream`'s async twin."""
+        return await self._async().call(_ops.kill_stream(self._id, command_id))
 
     # ------------------------------------------------------------------ background processes
 

@@ -190,8 +190,9 @@ def run_detached(
     on_output: Callable[[bytes], None],
     executor: Executor | None = None,
     on_end: Callable[[], None] | None = None,
-) -> asyncio.Future[p.ExecuteResponse]:
-    """The command, running on its own: tied to no connection, it ends by itself or by its
-    timeout (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
+) -> tuple[asyncio.Future[p.ExecuteResponse], str]:
+    """The command, running on its own, and the token that marks its processes (what a kill
+    looks for): tied to no connection, it ends by itself, by its timeout or by a kill of its
+    token (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
     it arrives and must never block; ``on_end`` is called when it has ended."""
-    return _started(sandbox, command, on_output, executor, on_end)[0]
+    return _started(sandbox, command, on_output, executor, on_end)

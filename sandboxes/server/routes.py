@@ -36,7 +36,7 @@ from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
-from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
+from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 
 logger = logging.getLogger(__name__)
@@ -253,7 +253,8 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
         histogram.observe(time.perf_counter() - started)
 
     record = StreamedCommand(sandbox_id, command.output_limit, asyncio.get_running_loop())
-    record.follow(run_detached(entry.sandbox, command, record.write, svc.command_pool, ended))
+    work, token = run_detached(entry.sandbox, command, record.write, svc.command_pool, ended)
+    record.follow(work, functools.partial(entry.kill_marked, token))
     svc.streamed.add(record)
     return _ndjson(stream_events(record, 0, svc.settings.stream_keepalive))
 
@@ -268,6 +269,13 @@ async def attach_stream(
     cap = svc.settings.policy_for(tenant.id).max_commands
     followed, close = await svc.readers.follow(tenant.id, cap, events)
     return _ndjson(followed, BackgroundTask(close))
+
+
+@router.delete("/sandboxes/{sandbox_id}/execute/{command_id}", response_model=api.ExecuteResult)
+async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant: Authed) -> api.ExecuteResult:
+    """Kill a streamed command's process tree; its result, once it ended (see `kill_streamed`)."""
+    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
+    return await kill_streamed(svc.streamed.find(sandbox_id, command_id))
 
 
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import hashlib
 import uuid
 from collections.abc import Callable, Generator, Mapping
@@ -84,6 +85,13 @@ class Call:
     """The same operation as an exec helper's native op (`sandboxes._mux._files`: its name and
     the script's arguments), which answers exactly what ``command`` would without starting a
     process; transports without one run ``command`` (see `BaseSandbox.native_file_ops`)."""
+
+
+OPERATION_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "sandboxes_operation_env", default=None
+)
+"""Environment given to every command a file operation runs in this context (``None``: none):
+the service marks an operation's commands with it, to kill them by marker once its client left."""
 
 
 @runtime_checkable
@@ -167,7 +175,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if call.native is not None and self.native_file_ops and (answer := self._run_native(call)) is not None:
             return answer
         return self.execute(
-            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+            call.command,
+            stdin=call.stdin,
+            timeout=self.operation_timeout,
+            output_limit=call.output_limit,
+            env=OPERATION_ENV.get(),
         )
 
     async def _arun_call(self, call: Call) -> p.ExecuteResponse:
@@ -176,7 +188,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
             if answer is not None:
                 return answer
         return await self.aexecute(
-            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+            call.command,
+            stdin=call.stdin,
+            timeout=self.operation_timeout,
+            output_limit=call.output_limit,
+            env=OPERATION_ENV.get(),
         )
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:

@@ -104,7 +104,7 @@ class HotPath:
             elif op == "execute":
                 answer = await execute_json(svc, entry, body, receive)
             else:
-                answer = await file_json(op, entry, body, svc)
+                answer = await file_json(op, entry, body, svc, receive)
         except ServiceError as exc:
             await responses.service_error(svc.metrics, exc)(scope, _no_body, send)
             return

@@ -30,7 +30,7 @@ from sandboxes import api, protocol
 from sandboxes.server import idempotency
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import Receive, command_for, run_detached, run_once
+from sandboxes.server.execution import Receive, command_for, run_abandonable, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
@@ -309,24 +309,34 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 # ---------------------------------------------------------------------- files
 
 
-async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
+async def file_json(op: str, entry: Entry, body: Any, svc: Service, receive: Receive | None = None) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
     (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
     it on every sandbox it holds); a download is bounded per file (bigger files are streamed
-    through ``GET /archive``, never base64 in JSON). Also served by `sandboxes.server.hot`."""
+    through ``GET /archive``, never base64 in JSON); a search whose client left (``receive``,
+    the request's) has its commands killed (`run_abandonable`). Also served by
+    `sandboxes.server.hot`."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
     if op == "download":
         limit = entry.backend.settings.max_inline_download_bytes
         return to_json(await _backend(_download, entry.sandbox, body, limit, lane=lane))
+    if op in _ABANDONABLE:
+        operation = functools.partial(_backend, _OPERATIONS[op], entry.sandbox, body, lane=lane)
+        return to_json(await run_abandonable(operation, entry.kill_marked, receive))
     return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body, lane=lane))
+
+
+_ABANDONABLE = frozenset({"grep", "glob"})
+"""File operations killed when their client leaves: searches, which only read, and may walk a
+huge tree; the others change files (left to finish) or end soon."""
 
 
 def _files(op: str, model: type[Any]) -> None:
     async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
         entry = (await _entry(request, tenant, sandbox_id))[1]
-        return json_response(await file_json(op, entry, body, service_of(request)))
+        return json_response(await file_json(op, entry, body, service_of(request), request.receive))
 
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"

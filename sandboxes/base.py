@@ -32,6 +32,7 @@ from sandboxes import protocol as p
 from sandboxes._output import UNLIMITED
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.semantics import (
+    EDIT_MAX_BYTES,
     InvalidGlobError,
     Replacement,
     basename_prefilter,
@@ -49,8 +50,8 @@ from sandboxes.semantics import (
 R = TypeVar("R")
 
 MAX_READ_BYTES = 256 << 20
-"""``edit`` refuses files larger than this: they travel whole through ``execute`` (base64; raw
-through the exec helper, 256 KiB a turn of its loop)."""
+"""Default bound of what a whole-file fetch may pull (`FilesystemConfig.max_file_bytes`);
+``edit`` pulls at most `sandboxes.semantics.EDIT_MAX_BYTES`."""
 
 READ_SCAN_BYTES = 8 << 20
 """``read`` looks at most at this many of a file's first bytes: a bigger file answers a window
@@ -250,13 +251,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
             raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox sent more of '{path}' than {cap + 1} bytes")
         return _parse.file_bytes(response.output)
 
-    def _fetch_whole(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
-        """The whole file (up to `MAX_READ_BYTES`), or why not."""
-        data = yield from self._fetch(path)
-        if not isinstance(data, tuple) and len(data) > MAX_READ_BYTES:
-            return p.FILE_TOO_LARGE, message_for(
-                p.FILE_TOO_LARGE, path, f"larger than {MAX_READ_BYTES} bytes; use download_files"
-            )
+    def _fetch_whole(self, path: str, cap: int) -> Operation[bytes | tuple[p.ErrorCode, str]]:
+        """The whole file (up to ``cap`` bytes), or why not."""
+        data = yield from self._fetch(path, cap)
+        if not isinstance(data, tuple) and len(data) > cap:
+            return p.FILE_TOO_LARGE, message_for(p.FILE_TOO_LARGE, path, f"larger than {cap} bytes")
         return data
 
     def _read(self, file_path: str, offset: int, limit: int) -> Operation[p.ReadResult]:
@@ -303,7 +302,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.EditResult(*refused_input(exc, file_path))
-        data = yield from self._fetch_whole(path)
+        data = yield from self._fetch_whole(path, EDIT_MAX_BYTES)
         if isinstance(data, tuple):
             return p.EditResult(*data)
         try:

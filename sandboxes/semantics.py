@@ -22,6 +22,11 @@ from wcmatch import glob as wcglob
 from sandboxes import protocol as p
 from sandboxes.paths import relative_to
 
+EDIT_MAX_BYTES = 8 << 20
+"""``edit`` refuses a file of more bytes than this, and an edit whose result would have more
+characters, with ``file_too_large``, on every backend: the file and its edited text are held
+whole in memory (the service's too)."""
+
 MAX_BINARY_READ_BYTES = 512_000
 """Binary files larger than this are refused by ``read`` (use ``download_files``); this is
 deepagents' preview cap, kept so agents see the same limit everywhere."""
@@ -307,6 +312,8 @@ def replace_text(
             "Use replace_all=True to replace all instances, or provide a more specific string "
             "with surrounding context.",
         )
+    if len(content) + count * (len(new) - len(old)) > EDIT_MAX_BYTES:
+        return failure(p.FILE_TOO_LARGE, path, f"the edit would make it larger than {EDIT_MAX_BYTES} characters")
     updated = content.replace(old, new)
     if crlf:
         updated = updated.replace("\n", "\r\n")

@@ -37,6 +37,7 @@ from sandboxes.semantics import (
     Replacement,
     basename_prefilter,
     compile_glob,
+    download_share,
     filter_glob,
     finish_grep,
     lines_window,
@@ -44,6 +45,7 @@ from sandboxes.semantics import (
     read_window,
     refused_input,
     replace_text,
+    share_refusal,
     text_prefix,
 )
 
@@ -56,6 +58,10 @@ MAX_READ_BYTES = 256 << 20
 READ_SCAN_BYTES = 8 << 20
 """``read`` looks at most at this many of a file's first bytes: a bigger file answers a window
 within its complete lines there, or ``file_too_large`` (`sandboxes.semantics.read_window`)."""
+
+MAX_BATCH_DOWNLOAD_BYTES = 1 << 30
+"""Default bound of what one ``download_files`` batch holds in all
+(`BaseSandbox.max_batch_download_bytes`)."""
 
 MAX_DOWNLOAD_BYTES = 512 << 20
 """Default per-file bound of ``download_files`` (`BaseSandbox.max_download_bytes`): a bigger
@@ -511,12 +517,22 @@ class BaseSandbox(p.SandboxBackendProtocol):
     """Per-file bound of ``download_files``: a bigger file (by its size, or by what it turned
     out to hold) answers ``file_too_large``, and no more of it is taken from the sandbox."""
 
+    max_batch_download_bytes: int = MAX_BATCH_DOWNLOAD_BYTES
+    """What one ``download_files`` batch may hold in all: each file at most its share
+    (`sandboxes.semantics.download_share`); a bigger one answers ``file_too_large``."""
+
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         return self.download_files_within(paths, self.max_download_bytes)
 
     def download_files_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         """``download_files`` with a per-file bound of ``max_bytes`` (the service's, for its
-        JSON answers): bigger files answer ``file_too_large``."""
+        JSON answers), and of each file's share of `max_batch_download_bytes`: bigger files
+        answer ``file_too_large``."""
+        share = download_share(max_bytes, self.max_batch_download_bytes, len(paths))
+        found = self._download_within(paths, share)
+        return found if share == max_bytes else _shared(found, share, len(paths))
+
+    def _download_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         bulk = [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
         threshold = self.bulk_threshold
         if not bulk or threshold is None or max_bytes <= threshold:
@@ -615,8 +631,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
         return await self._adrive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
 
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
-        operation = self._download(paths, self.max_download_bytes)
-        return await self._adrive(operation, _batch_failed(paths, p.FileDownloadResponse))
+        share = download_share(self.max_download_bytes, self.max_batch_download_bytes, len(paths))
+        found = await self._adrive(self._download(paths, share), _batch_failed(paths, p.FileDownloadResponse))
+        return found if share == self.max_download_bytes else _shared(found, share, len(paths))
 
 
 _DOWNLOAD_DETAILS: dict[p.ErrorCode, str] = {
@@ -710,3 +727,13 @@ class StreamingSandbox(BaseSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse: ...
+
+
+def _shared(found: list[p.FileDownloadResponse], share: int, files: int) -> list[p.FileDownloadResponse]:
+    """``found`` with its files over their ``share`` of the batch told so."""
+    return [
+        p.FileDownloadResponse(r.path, None, p.FILE_TOO_LARGE, share_refusal(r.path, share, files))
+        if r.error == p.FILE_TOO_LARGE
+        else r
+        for r in found
+    ]

@@ -27,6 +27,22 @@ EDIT_MAX_BYTES = 8 << 20
 characters, with ``file_too_large``, on every backend: the file and its edited text are held
 whole in memory (the service's too)."""
 
+DOWNLOAD_MIN_SHARE = 64 << 10
+"""A file of a ``download_files`` batch may always have this many bytes, however many it has."""
+
+
+def download_share(per_file: int, batch: int, files: int) -> int:
+    """The bytes each of ``files`` files of one ``download_files`` batch may have: at most
+    ``per_file``, and its share of ``batch`` for the whole batch (at least `DOWNLOAD_MIN_SHARE`)."""
+    return min(per_file, max(DOWNLOAD_MIN_SHARE, batch // max(files, 1)))
+
+
+def share_refusal(path: str, share: int, files: int) -> str:
+    """The message of a file over its share of a batch of ``files`` files."""
+    detail = f"larger than {share} bytes, its share of a batch of {files} files; download it on its own"
+    return message_for(p.FILE_TOO_LARGE, path, detail)
+
+
 MAX_BINARY_READ_BYTES = 512_000
 """Binary files larger than this are refused by ``read`` (use ``download_files``); this is
 deepagents' preview cap, kept so agents see the same limit everywhere."""

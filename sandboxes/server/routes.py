@@ -32,6 +32,7 @@ from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tena
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, command_for, run_abandonable, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
+from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
@@ -429,9 +430,10 @@ _ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": 
     },
 )
 async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: _ArchivePath) -> Response:
-    entry = (await _entry(request, tenant, sandbox_id))[1]
+    svc, entry = await _entry(request, tenant, sandbox_id)
     produce = await _backend(entry.backend.open_archive, entry.sandbox, path)
-    return StreamingResponse(iterate_thread(produce), media_type="application/x-tar")
+    bounded = bounded_members(produce, svc.settings.max_archive_file_bytes, path)
+    return StreamingResponse(await started(iterate_thread(bounded)), media_type="application/x-tar")
 
 
 @router.put(

@@ -259,6 +259,9 @@ class ServiceSettings(BaseSettings):
     ``file_too_large``, and the client streams them through ``GET /archive``."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)
     """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
+    max_archive_file_bytes: int = Field(default=4 << 30, gt=0)
+    """Largest file ``GET /archive`` streams: an archive with a bigger one is refused
+    (``too_large``) at its header, before its first byte (`sandboxes.server.members`)."""
     max_archive_members: int = Field(default=100_000, gt=0)
     """Most members a ``PUT /archive`` tar may have."""
     max_archive_expansion: int = Field(default=256 << 20, ge=0)

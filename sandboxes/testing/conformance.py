@@ -226,7 +226,8 @@ class BackendConformance(GrepBounds):
         assert refused.message is not None
         assert path in refused.message
         assert backend.download_files([path])[0].content == whole + b"y"
-        assert backend.edit(fits, "x" * (EDIT_MAX_BYTES % len(line)), "tail").error is None
+        edited = backend.edit(fits, "x" * (EDIT_MAX_BYTES % len(line)), "tail")
+        assert edited.error is None, edited
 
     def test_an_edit_that_would_grow_a_file_past_the_bound_is_refused(
         self, backend: p.BackendProtocol, root: str

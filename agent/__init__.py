@@ -10,16 +10,14 @@ from agent._system import append_to_system_message
 from agent.backends import FileRecord, GraphStateBackend, StoreBackend, merge_files
 from agent.graph import create_sandbox_agent, lifecycle_of, middleware_of, order_middleware
 from agent.lifecycle import (
-    DockerProvider,
     FixedSandbox,
-    LocalProvider,
+    ProviderAdapter,
     RemoteProvider,
     SandboxAgentState,
     SandboxGone,
     SandboxHook,
     SandboxMiddleware,
     SandboxProvider,
-    SSHProvider,
 )
 from agent.memory import MemoryMiddleware, SkillsMiddleware
 from agent.patch import PatchToolCallsMiddleware
@@ -28,17 +26,15 @@ from agent.tools import FilesystemMiddleware, filesystem_tools
 from agent.workspace import Layout, Workspace, WorkspaceFactory
 
 __all__ = [
-    "DockerProvider",
     "FileRecord",
     "FilesystemMiddleware",
     "FixedSandbox",
     "GraphStateBackend",
     "Layout",
-    "LocalProvider",
     "MemoryMiddleware",
     "PatchToolCallsMiddleware",
+    "ProviderAdapter",
     "RemoteProvider",
-    "SSHProvider",
     "SandboxAgentState",
     "SandboxGone",
     "SandboxHook",

@@ -1,11 +1,13 @@
 """One sandbox per thread: where it comes from, how a resumed thread finds it again, when it ends.
 
-A `SandboxProvider` makes sandboxes (`create`), reaches an existing one by id (`attach`) and
-ends one (`release`). `SandboxMiddleware` asks it for a sandbox when a thread's first run
-starts and keeps the sandbox's id in the graph state (``sandbox_id``), so the checkpointer saves
-it with the conversation: a thread resumed later, in another process, reattaches to the same
-sandbox and finds its files. Sandboxes reached in this process are kept in a registry by id,
-which is how the tools (and subagents, which share the sandbox) find the live object.
+A `SandboxProvider` makes sandboxes (`create`), reaches an existing one by its key (`attach`)
+and ends one (`release`); any `sandboxes.lifecycle.Provider` of any backend becomes one through
+`ProviderAdapter` (the key is the sandbox's `sandboxes.lifecycle.Sandbox.ref`).
+`SandboxMiddleware` asks it for a sandbox when a thread's first run starts and keeps the
+sandbox's key in the graph state (``sandbox_id``), so the checkpointer saves it with the
+conversation: a thread resumed later, in another process, reattaches to the same sandbox and
+finds its files. Sandboxes reached in this process are kept in the middleware's registry by
+key, which is how the tools (and subagents, which share the sandbox) find the live object.
 
 The end of a thread is the caller's to declare: ``release="end"`` releases the sandbox when a
 run finishes (a run stopped by an interrupt has not finished, so it keeps its sandbox), and
@@ -28,11 +30,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
-import shutil
 import threading
-import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, Protocol, runtime_checkable
 
 from langchain.agents.middleware import AgentMiddleware, AgentState
@@ -40,17 +39,16 @@ from langchain_core.messages import HumanMessage
 from langgraph.runtime import Runtime
 
 from agent.backends import FileRecord, merge_files
-from agent.virtual import VIRTUAL_ROOT, VirtualRoot, plain_path
+from agent.virtual import VirtualRoot, plain_path
 from sandboxes import protocol as p
+from sandboxes.lifecycle import PooledProvider, Provider, Sandbox
 
 __all__ = [
-    "DockerProvider",
     "FixedSandbox",
-    "LocalProvider",
     "MissingPolicy",
+    "ProviderAdapter",
     "ReleasePolicy",
     "RemoteProvider",
-    "SSHProvider",
     "SandboxAgentState",
     "SandboxGone",
     "SandboxHook",
@@ -73,10 +71,11 @@ class SandboxGone(LookupError):
         self.sandbox_id = sandbox_id
 
 
-def gone_notice(sandbox_id: str) -> str:
-    """What the model is told when its thread's sandbox was replaced."""
+def gone_notice() -> str:
+    """What the model is told when its thread's sandbox was replaced (not its key: that may be a
+    path on the agent's host)."""
     return (
-        f"[sandbox notice] The sandbox this conversation used before ({sandbox_id}) no longer exists: "
+        "[sandbox notice] The sandbox this conversation used before no longer exists: "
         "it expired or was deleted, and every file written there is gone. You are now in a new, empty "
         "sandbox; files under /scratch/ and /memories/ are kept. Check before relying on earlier files."
     )
@@ -99,14 +98,15 @@ class SandboxHook(Protocol):
 
 
 class SandboxProvider(abc.ABC):
-    """Where a thread's sandboxes come from."""
+    """Where a thread's sandboxes come from. A sandbox's `key` is what the thread's state keeps
+    and `attach` takes, in this process or another."""
 
     @abc.abstractmethod
     def create(self) -> p.SandboxBackendProtocol: ...
 
     @abc.abstractmethod
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        """The live sandbox ``sandbox_id``, made by this provider, possibly in another process.
+    def attach(self, key: str) -> p.SandboxBackendProtocol:
+        """The live sandbox of that `key`, made by this provider, possibly in another process.
         Raises `LookupError` when it no longer exists."""
 
     @abc.abstractmethod
@@ -116,102 +116,57 @@ class SandboxProvider(abc.ABC):
     def detach(self, sandbox: p.SandboxBackendProtocol) -> None:  # noqa: B027 - optional hook
         """Drop this process's handle (connections, helpers); the sandbox lives on."""
 
+    def key(self, sandbox: p.SandboxBackendProtocol) -> str:
+        """What `attach` takes to reach ``sandbox`` again."""
+        return sandbox.id
 
-class LocalProvider(SandboxProvider):
-    """`LocalSandbox`es, each in its own directory under ``root`` named by its id.
+    def workdir(self, sandbox: p.SandboxBackendProtocol) -> str:
+        """Where the sandbox's files live, as the model sees it."""
+        if isinstance(sandbox, VirtualRoot):
+            return sandbox.workspace
+        return sandbox.workdir if isinstance(sandbox, Sandbox) else "/"
 
-    The model sees that directory as ``virtual_root`` (`agent.virtual.VirtualRoot`), not its
-    path on this host, when the path is plain enough to substitute; ``None`` shows host paths."""
 
-    def __init__(self, root: str | Path, *, virtual_root: str | None = VIRTUAL_ROOT, **config: Any) -> None:
-        self.root = Path(root)
+class ProviderAdapter(SandboxProvider):
+    """The sandboxes of any `sandboxes.lifecycle.Provider` (a pooled one hands out warm ones),
+    keyed by their `Sandbox.ref`: ``ProviderAdapter(DockerProvider(template))``.
+
+    With ``virtual_root``, the model sees each sandbox's working directory as that path
+    (`agent.virtual.VirtualRoot`) when the directory is plain enough to substitute: a local
+    sandbox's host path stays out of the conversation."""
+
+    def __init__(self, provider: Provider[Sandbox], *, virtual_root: str | None = None) -> None:
+        self.provider = provider
         self.virtual_root = virtual_root
-        self.config = config
 
-    def _open(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        from sandboxes.local import LocalSandbox, LocalSandboxConfig
-
-        directory = self.root / sandbox_id
-        directory.mkdir(parents=True, exist_ok=True)
-        sandbox = LocalSandbox(config=LocalSandboxConfig(root_dir=directory, sandbox_id=sandbox_id, **self.config))
-        real = str(sandbox.root)
-        if self.virtual_root is None or not plain_path(real):
+    def _view(self, sandbox: Sandbox) -> p.SandboxBackendProtocol:
+        real = sandbox.workdir
+        if self.virtual_root is None or real == self.virtual_root or not plain_path(real):
             return sandbox
         return VirtualRoot(sandbox, real, self.virtual_root)
 
-    def create(self) -> p.SandboxBackendProtocol:
-        return self._open(f"local-{uuid.uuid4().hex[:12]}")
-
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        if "/" in sandbox_id or not (self.root / sandbox_id).is_dir():
-            raise LookupError(f"no local sandbox {sandbox_id!r} under {self.root}")
-        return self._open(sandbox_id)
-
-    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
-        self.detach(sandbox)
-        shutil.rmtree(self.root / sandbox.id, ignore_errors=True)
-
-    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
-        close = getattr(sandbox, "close", None)
-        if callable(close):
-            close()
-
-
-class DockerProvider(SandboxProvider):
-    """`DockerSandbox`es from `sandboxes.docker.provider.DockerProvider` (its template, pool, sweep)."""
-
-    def __init__(self, provider: Any = None, **options: Any) -> None:
-        if provider is None:
-            from sandboxes.docker.provider import DockerProvider as _Docker
-
-            provider = _Docker(**options)
-        self.provider = provider
+    @staticmethod
+    def _handle(sandbox: p.SandboxBackendProtocol) -> Sandbox:
+        inner = sandbox.sandbox if isinstance(sandbox, VirtualRoot) else sandbox
+        if not isinstance(inner, Sandbox):
+            raise TypeError(f"{type(inner).__name__} was not made by a sandboxes.lifecycle.Provider")
+        return inner
 
     def create(self) -> p.SandboxBackendProtocol:
-        sandbox: p.SandboxBackendProtocol = self.provider.acquire()
-        return sandbox
+        provider = self.provider
+        return self._view(provider.acquire() if isinstance(provider, PooledProvider) else provider.create())
 
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        import docker.errors
-
-        try:
-            sandbox: p.SandboxBackendProtocol = self.provider.attach(sandbox_id)
-        except docker.errors.NotFound as exc:
-            raise LookupError(f"no Docker sandbox {sandbox_id!r}: {exc}") from exc
-        return sandbox
+    def attach(self, key: str) -> p.SandboxBackendProtocol:
+        return self._view(self.provider.attach(key))
 
     def release(self, sandbox: p.SandboxBackendProtocol) -> None:
-        sandbox.destroy()  # type: ignore[attr-defined]
+        self._handle(sandbox).destroy()
 
     def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
-        sandbox.close()  # type: ignore[attr-defined]
+        self._handle(sandbox).close()
 
-
-class SSHProvider(SandboxProvider):
-    """`SSHSandbox`es from `sandboxes.ssh.provider.SSHProvider` (placement over its hosts).
-
-    An SSH sandbox's id (``ssh:<host>:<port>:<workspace>``) names its host and workspace, which
-    is all `attach` needs in another process."""
-
-    def __init__(self, provider: Any) -> None:
-        self.provider = provider
-
-    def create(self) -> p.SandboxBackendProtocol:
-        sandbox: p.SandboxBackendProtocol = self.provider.create()
-        return sandbox
-
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        kind, host, port, workspace = [*sandbox_id.split(":", 3), "", "", ""][:4]
-        if kind != "ssh" or not workspace.startswith("/"):
-            raise LookupError(f"not an SSH sandbox id: {sandbox_id!r}")
-        sandbox: p.SandboxBackendProtocol = self.provider.attach(f"{host}:{port}", workspace)
-        return sandbox
-
-    def release(self, sandbox: p.SandboxBackendProtocol) -> None:
-        sandbox.destroy()  # type: ignore[attr-defined]
-
-    def detach(self, sandbox: p.SandboxBackendProtocol) -> None:
-        sandbox.close()  # type: ignore[attr-defined]
+    def key(self, sandbox: p.SandboxBackendProtocol) -> str:
+        return self._handle(sandbox).ref
 
 
 class RemoteProvider(SandboxProvider):
@@ -230,13 +185,13 @@ class RemoteProvider(SandboxProvider):
         sandbox: p.SandboxBackendProtocol = self.client.create(self.template, ttl=self.ttl)
         return sandbox
 
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        self.client.get(sandbox_id)  # NotFound now rather than at the first tool call
-        sandbox: p.SandboxBackendProtocol = self.client.attach(sandbox_id)
+    def attach(self, key: str) -> p.SandboxBackendProtocol:
+        self.client.get(key)  # NotFound now rather than at the first tool call
+        sandbox: p.SandboxBackendProtocol = self.client.attach(key)
         return sandbox
 
     def release(self, sandbox: p.SandboxBackendProtocol) -> None:
-        sandbox.destroy()  # type: ignore[attr-defined]
+        ProviderAdapter._handle(sandbox).destroy()
 
 
 class FixedSandbox(SandboxProvider):
@@ -248,26 +203,13 @@ class FixedSandbox(SandboxProvider):
     def create(self) -> p.SandboxBackendProtocol:
         return self.sandbox
 
-    def attach(self, sandbox_id: str) -> p.SandboxBackendProtocol:
-        if sandbox_id != self.sandbox.id:
-            raise LookupError(f"this agent's sandbox is {self.sandbox.id!r}, not {sandbox_id!r}")
+    def attach(self, key: str) -> p.SandboxBackendProtocol:
+        if key != self.sandbox.id:
+            raise LookupError(f"this agent's sandbox is {self.sandbox.id!r}, not {key!r}")
         return self.sandbox
 
     def release(self, sandbox: p.SandboxBackendProtocol) -> None:
         """The caller owns the sandbox."""
-
-
-def workdir_of(sandbox: p.SandboxBackendProtocol) -> str:
-    """Where a sandbox's files live: a local sandbox's root, a container's workdir, the service's answer."""
-    root = getattr(sandbox, "root", None)
-    if isinstance(root, Path):
-        return str(root)
-    config = getattr(sandbox, "config", None)
-    workdir = getattr(config, "workdir", None)
-    for attribute in ("workspace", "workdir"):  # SSHSandbox, RemoteSandbox
-        if not isinstance(workdir, str):
-            workdir = getattr(sandbox, attribute, None)
-    return workdir if isinstance(workdir, str) and workdir.startswith("/") else "/"
 
 
 def hook_priority(hook: object) -> int:
@@ -315,12 +257,13 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         return self._adopt(self.provider.attach(sandbox_id))
 
     def _adopt(self, sandbox: p.SandboxBackendProtocol) -> p.SandboxBackendProtocol:
-        workdir = workdir_of(sandbox)  # may ask the service: not under the lock
+        key = self.provider.key(sandbox)
+        workdir = self.provider.workdir(sandbox)  # may ask the service: not under the lock
         with self._lock:
-            existing = self._live.get(sandbox.id)
+            existing = self._live.get(key)
             if existing is None:
-                self._live[sandbox.id] = sandbox
-                self._workdirs[sandbox.id] = workdir
+                self._live[key] = sandbox
+                self._workdirs[key] = workdir
         if existing is not None:  # another call attached it first: keep one handle
             if existing is not sandbox:
                 self.provider.detach(sandbox)
@@ -340,7 +283,7 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         """The working directory of a live sandbox (looked up once, when it was adopted)."""
         with self._lock:
             found = self._workdirs.get(sandbox_id)
-        return found if found is not None else workdir_of(self.sandbox(sandbox_id))
+        return found if found is not None else self.provider.workdir(self.sandbox(sandbox_id))
 
     @staticmethod
     def _run_hooks(name: str, sandbox: p.SandboxBackendProtocol, hooks: Iterable[SandboxHook]) -> None:
@@ -372,17 +315,17 @@ class SandboxMiddleware(AgentMiddleware[SandboxAgentState, Any]):
     def before_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:
         sandbox_id = state.get("sandbox_id")
         if not sandbox_id:
-            sandbox = self._adopt(self.provider.create())
-            logger.info("thread got sandbox %s", sandbox.id)
-            return {"sandbox_id": sandbox.id}
+            key = self.provider.key(self._adopt(self.provider.create()))
+            logger.info("thread got sandbox %s", key)
+            return {"sandbox_id": key}
         try:
             self.sandbox(sandbox_id)
         except LookupError as exc:
             if self.on_missing == "raise":
                 raise SandboxGone(sandbox_id, str(exc)) from exc
-            sandbox = self._adopt(self.provider.create())
-            logger.warning("thread's sandbox %s is gone (%s); replaced by %s", sandbox_id, exc, sandbox.id)
-            return {"sandbox_id": sandbox.id, "messages": [HumanMessage(content=gone_notice(sandbox_id))]}
+            key = self.provider.key(self._adopt(self.provider.create()))
+            logger.warning("thread's sandbox %s is gone (%s); replaced by %s", sandbox_id, exc, key)
+            return {"sandbox_id": key, "messages": [HumanMessage(content=gone_notice())]}
         return None
 
     def after_agent(self, state: SandboxAgentState, runtime: Runtime[Any]) -> dict[str, Any] | None:

@@ -115,8 +115,11 @@ class _PromptSection(AgentMiddleware[Any, Any]):
 
 
 class MemoryMiddleware(_PromptSection):
+    """The ``AGENTS.md`` files, read at each run, as the system prompt's last section: inside
+    every other prompt-adding middleware, so the prompt's stable prefix comes first."""
+
     state_schema = MemoryState
-    priority = 70
+    priority = 15
 
     def __init__(self, source: WorkspaceSource, paths: Sequence[str]) -> None:
         super().__init__()

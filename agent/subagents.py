@@ -19,6 +19,7 @@ from typing import Any
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain.chat_models import init_chat_model
 from langchain.tools import ToolRuntime
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
@@ -155,15 +156,17 @@ def build_subagent_graph(
     *,
     model: BaseChatModel,
     default_tools: Sequence[BaseTool | Callable[..., Any]],
-    stack: Callable[[], list[AgentMiddleware[Any, Any]]],
+    stack: Callable[[BaseChatModel], list[AgentMiddleware[Any, Any]]],
 ) -> Any:
-    """A compiled subagent: ``stack()`` gives fresh instances of the shared middleware."""
-    chosen = spec.model if spec.model is not None else model
+    """A compiled subagent: ``stack(model)`` gives fresh instances of the shared middleware for
+    the subagent's model; a middleware of the spec's own replaces a shared one of its name."""
+    chosen = init_chat_model(spec.model) if isinstance(spec.model, str) else spec.model or model
     tools = list(spec.tools) if spec.tools is not None else list(default_tools)
+    own = {m.name for m in spec.middleware}
     return create_agent(
         chosen,
         tools,
         system_prompt=spec.system_prompt,
-        middleware=[*stack(), *spec.middleware],
+        middleware=[*(m for m in stack(chosen) if m.name not in own), *spec.middleware],
         name=spec.name,
     )

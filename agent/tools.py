@@ -38,8 +38,8 @@ logger = logging.getLogger(__name__)
 FILESYSTEM_PROMPT = """## Files and commands
 
 You work in a sandbox. Paths are absolute. Tools: `ls`, `read_file` (pages of lines: use
-`offset` and `limit`), `write_file`, `edit_file` (exact string replacement), `glob`, `grep`
-(literal text){execute}.
+`offset` and `limit`), `write_file`, `edit_file` (exact string replacement), `delete` (a file,
+or a directory and everything in it), `glob`, `grep` (literal text){execute}.
 {routes}"""
 
 EXECUTE_PROMPT = ", and `execute` to run shell commands in the sandbox"
@@ -128,6 +128,11 @@ def _edit(ws: Workspace, file_path: str, old_string: str, new_string: str, repla
     return _failed(result) or f"Replaced {result.occurrences} occurrence(s) in {result.path}"
 
 
+def _delete(ws: Workspace, file_path: str) -> str:
+    result = ws.backend.delete(ws.resolve(file_path))
+    return _failed(result) or f"Deleted {result.path}"
+
+
 def _glob(ws: Workspace, pattern: str, path: str | None) -> str:
     path = ws.resolve(path)
     result = ws.backend.glob(pattern, path)
@@ -169,7 +174,8 @@ def _tool_call_id(runtime: ToolRuntime) -> str:
 
 
 def filesystem_tools(source: WorkspaceSource, *, with_execute: bool = True) -> list[BaseTool]:
-    """``ls``, ``read_file``, ``write_file``, ``edit_file``, ``glob``, ``grep`` and ``execute``."""
+    """``ls``, ``read_file``, ``write_file``, ``edit_file``, ``delete``, ``glob``, ``grep`` and
+    ``execute``, named and ordered as deepagents' tools."""
 
     def ls(runtime: ToolRuntime, path: str | None = None) -> str | Command[Any]:
         """List a directory (not recursive; default: the working directory). Directories end with '/'."""
@@ -191,6 +197,10 @@ def filesystem_tools(source: WorkspaceSource, *, with_execute: bool = True) -> l
             runtime, file_path=file_path, old_string=old_string, new_string=new_string, replace_all=replace_all
         )
 
+    def delete(runtime: ToolRuntime, file_path: str) -> str | Command[Any]:
+        """Delete a file, or a directory and everything in it, recursively. It cannot be undone."""
+        return run_delete(runtime, file_path=file_path)
+
     def glob(runtime: ToolRuntime, pattern: str, path: str | None = None) -> str | Command[Any]:
         """Find files by glob pattern (`**/*.py`); a pattern without '/' matches names at any depth."""
         return run_glob(runtime, pattern=pattern, path=path)
@@ -211,10 +221,11 @@ def filesystem_tools(source: WorkspaceSource, *, with_execute: bool = True) -> l
     run_read = _runner("read_file", source, _read)
     run_write = _runner("write_file", source, _write)
     run_edit = _runner("edit_file", source, _edit)
+    run_delete = _runner("delete", source, _delete)
     run_glob = _runner("glob", source, _glob)
     run_grep = _runner("grep", source, _grep)
     run_execute = _runner("execute", source, _execute)
-    functions: list[Callable[..., Any]] = [ls, read_file, write_file, edit_file, glob, grep]
+    functions: list[Callable[..., Any]] = [ls, read_file, write_file, edit_file, delete, glob, grep]
     if with_execute:
         functions.append(execute)
     return [StructuredTool.from_function(f) for f in functions]

@@ -38,7 +38,6 @@ from _common import timed as _timed
 from langchain.agents import create_agent
 
 from agent import FixedSandbox, create_sandbox_agent
-from agent.lifecycle import workdir_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes import protocol as p
@@ -107,6 +106,11 @@ def checkpointer_for(persistence: str) -> Iterator[Any]:
         raise SystemExit(f"unknown persistence {persistence!r}")
     with tempfile.TemporaryDirectory() as directory, open_sqlite(Path(directory) / "bench.sqlite") as stored:
         yield stored.checkpointer
+
+
+def workdir_of(sandbox: p.SandboxBackendProtocol) -> str:
+    """Where the sandbox's files live, as the agent sees it."""
+    return FixedSandbox(sandbox).workdir(sandbox)
 
 
 def bare_agent(sandbox: p.SandboxBackendProtocol, model: ScriptedChatModel, checkpointer: Any) -> Any:

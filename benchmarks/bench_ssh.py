@@ -105,7 +105,7 @@ for _ in range(int(sys.argv[1])):
     os.waitpid(pid, 0)
     print((time.perf_counter() - started) * 1000)
 """
-"""The exec helper's spawn of one command (`sandboxes._mux._spawn.spawn`), timed on the host."""
+"""The exec helper's spawn of one command (`sandboxes._helper._spawn.spawn`), timed on the host."""
 
 
 class CountingSSHSandbox(CountingCalls, SSHSandbox):

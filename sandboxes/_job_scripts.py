@@ -24,7 +24,7 @@ from __future__ import annotations
 import shlex
 
 from sandboxes import _scripts
-from sandboxes._kill import JOB_MARKER_PREFIX
+from sandboxes._helper._kill import JOB_MARKER_PREFIX
 
 __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
 
@@ -39,7 +39,7 @@ __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
 # MARKER STATE` (claim and write STATE without its time, kill the group, which frees room, then
 # `stamp` the time and kill every process carrying the marker: a shell that cannot fork dies
 # at ``$(date)``, with the status written by then; a poll in between sees no end time). `claim`,
-# `kill_group` and ``signal_read PREFIX SIGNAL ''`` (`sandboxes._kill`: signal every process
+# `kill_group` and ``signal_read PREFIX SIGNAL ''`` (`sandboxes._helper._kill`: signal every process
 # whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``, every role of a job) use built-ins
 # alone. A status is written right after its claim, with nothing that forks between.
 FUNCTIONS = (

@@ -58,7 +58,7 @@ def check(response: p.ExecuteResponse, path: str) -> p.ErrorCode | None:
 
 
 _RAW = "\0"
-"""How a helper's native read or download answer starts (`sandboxes._mux._reads.RAW`, its
+"""How a helper's native read or download answer starts (`sandboxes._helper._reads.RAW`, its
 bytes then kept one character each: `sandboxes._output.OutputBuffer.text`); the script's,
 base64, never does."""
 
@@ -145,7 +145,7 @@ def downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
 
 
 def _raw_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]:
-    """From a helper's native download (`sandboxes._mux._reads.download_parts`, its bytes one
+    """From a helper's native download (`sandboxes._helper._reads.download_parts`, its bytes one
     character each: `sandboxes._output.OutputBuffer.text`): per file ``<status> <length>``, a
     newline, and that many bytes. The lengths are the sandbox's word, so a header that is not
     two numbers, a length past the end, a character that is no byte, or anything left over is
@@ -169,8 +169,7 @@ def _base64_downloads(output: str, count: int) -> list[tuple[int, bytes | None]]
     """``(status, content)`` per file from `_scripts.DOWNLOAD`: base64 lines, then ``!<status>``.
     A status line is found by its ``!`` (base64 never holds one; one inside a line is content,
     which the decoder drops as it drops any character outside base64), and each file's lines
-    are decoded whole, newlines and all: a 1 MiB file is 18,000 lines, and a loop over them
-    cost more than the rest of the parse."""
+    are decoded whole, newlines and all, in one call: no Python loop runs per line."""
     results: list[tuple[int, bytes | None]] = []
     start = found = 0
     while (found := output.find("!", found)) >= 0:

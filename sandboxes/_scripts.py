@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 
-from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH
 
 EXIT_NOT_FOUND = 10
 EXIT_IS_DIRECTORY = 11
@@ -303,7 +303,7 @@ GREP_PART_MAX = 8 << 20
 """Bytes of each part of `GREP`'s answer (the candidate names; the matching lines) the sandbox
 sends at most (``head -c``: the search stops when it fills, its writer killed by SIGPIPE); a
 part that fills it is cut (`sandboxes._parse.parse_grep`: ``truncated``). The exec helper's
-native grep (`sandboxes._mux._search`, ``SEARCH_MAX_OUTPUT``) cuts its lines at the same size."""
+native grep (`sandboxes._helper._search`, ``SEARCH_MAX_OUTPUT``) cuts its lines at the same size."""
 
 _GREP_BATCH = r"""p=$1; shift; grep -F -n -H -e "$p" -- "$@"; s=$?
 [ "$s" -le 128 ] || kill -s PIPE "$PPID" 2>/dev/null; exit 0"""
@@ -376,7 +376,7 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
 }
 """
 )
-"""``kill_marked MARKER`` (`sandboxes._kill`: every process carrying the marker, stopped then
+"""``kill_marked MARKER`` (`sandboxes._helper._kill`: every process carrying the marker, stopped then
 killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
 is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
 other children), every orphan the init adopted but its own command (its oldest child) and
@@ -385,7 +385,7 @@ what dropped the marker and left its tree too (see the exec helper's "Orphans").
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._kill._environ`). It sets ``r v o t d l _a``, and keeps under the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command."""
 
 RUN_IN = (

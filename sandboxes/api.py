@@ -199,7 +199,8 @@ class RenewSandbox(_Request):
 class SandboxInfo(_Model):
     id: str
     template: str
-    backend: Literal["local", "docker", "kubernetes", "ssh"]
+    backend: str
+    """The kind of backend its template names (``local``, ``docker``, ``kubernetes``, ``ssh``...)."""
     created_at: float
     expires_at: float | None
     labels: dict[str, str] = Field(default_factory=dict)

@@ -89,7 +89,7 @@ class Call:
     """Whether running it twice is harmless: a transport that lost its connection may retry
     these (reads, listings, searches), and must not retry the others (writes, deletes)."""
     native: tuple[str, ...] | None = None
-    """The same operation as an exec helper's native op (`sandboxes._mux._files`: its name and
+    """The same operation as an exec helper's native op (`sandboxes._helper._files`: its name and
     the script's arguments), which answers exactly what ``command`` would without starting a
     process; transports without one run ``command`` (see `BaseSandbox.native_file_ops`)."""
 

@@ -19,7 +19,7 @@ is refused) holding:
   ``stdin`` (when given), ``limits`` (output head size and tail chunk size);
 - ``pid``: the supervisor, started by ``setsid`` with stdin from ``/dev/null``: it left the
   starting command's session and group, and the exec helper, told by the start
-  (`sandboxes._kill.JOB_START_ENV`), records it and spares it from its sweep of orphans (its
+  (`sandboxes._helper._kill.JOB_START_ENV`), records it and spares it from its sweep of orphans (its
   marker, below, which any process could set, spares it only from the shell's sweep), so it
   outlives the ``execute()`` that started it. It is a child subreaper where the sandbox has
   python3, so what its command leaves behind stays in its tree. It forks its
@@ -53,7 +53,7 @@ not by the caller. The supervisor waits for the command, kills what it left runn
 output drain (1 s at most: an escaped process may hold the FIFO), then writes the status, so a
 finished job's output is complete. Finished jobs are removed at each start past the newest
 ``keep``. Processes carry markers ``sandboxes-job-<id>`` (the command), ``-s`` (supervisor),
-``-o`` (output), ``-w`` (watchdog), all under `sandboxes._kill.JOB_MARKER_PREFIX`.
+``-o`` (output), ``-w`` (watchdog), all under `sandboxes._helper._kill.JOB_MARKER_PREFIX`.
 
 Limits: a job lives as long as its sandbox's processes do. On Docker, SSH and Kubernetes that is
 the container, host or pod; a `LocalSandbox` jail dies with the process holding the sandbox
@@ -84,7 +84,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged

@@ -8,8 +8,10 @@
   block must never delete a sandbox someone else made (an agent resuming a thread attaches to
   its sandbox; the service adopts containers after a restart). `owned` records which it is.
 
-Every backend's sandbox follows it by inheriting `Lifecycle`; ``tests/test_lifecycle.py`` checks
-each one against a real backend.
+Every backend's sandbox follows it by inheriting `Sandbox` (the protocol's operations, the
+lifecycle, and what names it: `Sandbox.ref`, `Sandbox.workdir`); ``tests/test_lifecycle.py``
+checks each one against a real backend. Consumers (the service, the agent) hold a `Sandbox` and
+a `Provider` and never name a concrete backend.
 
 A `Provider` makes and finds the sandboxes of one backend from one template: ``create``,
 ``attach`` by reference, ``list`` what exists, ``destroy`` by reference, ``sweep`` the expired,
@@ -29,12 +31,16 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandboxes import protocol as p
+
 __all__ = [
+    "DEFAULT_USER_IDS",
     "CreateOptions",
     "Lifecycle",
     "PooledProvider",
     "Provider",
     "ResumableProvider",
+    "Sandbox",
     "SandboxRecord",
     "SandboxStartError",
     "SharedProvider",
@@ -80,6 +86,30 @@ class Lifecycle(abc.ABC):
             await self.adestroy()
         else:
             await self.aclose()
+
+
+DEFAULT_USER_IDS = (1000, 1000)
+"""The uid and gid a sandbox's commands run as unless its backend says otherwise."""
+
+
+class Sandbox(p.SandboxBackendProtocol, Lifecycle):
+    """A sandbox of any backend: the protocol's operations and commands, the lifecycle, and the
+    names its provider and its consumers need, so that no consumer asks which backend made it."""
+
+    @property
+    @abc.abstractmethod
+    def ref(self) -> str:
+        """What `Provider.attach` and `Provider.destroy` take for this sandbox (`SandboxRecord.ref`)."""
+
+    @property
+    @abc.abstractmethod
+    def workdir(self) -> str:
+        """The absolute directory commands start in and the sandbox's files are meant to live in."""
+
+    @property
+    def user_ids(self) -> tuple[int, int]:
+        """The uid and gid the sandbox's commands run as: who files put in from outside belong to."""
+        return DEFAULT_USER_IDS
 
 
 class SandboxStartError(RuntimeError):
@@ -149,7 +179,7 @@ class Sweep:
     """What could not be removed; the next sweep tries again."""
 
 
-S = TypeVar("S", bound=Lifecycle, covariant=True)
+S = TypeVar("S", bound=Sandbox, covariant=True)
 
 
 @runtime_checkable
@@ -179,6 +209,11 @@ class Provider(Protocol[S]):
     def sweep(self, now: float | None = None) -> Sweep:
         """Remove this owner's sandboxes whose expiry passed (``now``: a clock of the caller's,
         for tests), and the leftovers of sandboxes half made or half removed."""
+        ...
+
+    def check_ready(self) -> None:
+        """Raise if the backend cannot create sandboxes right now (its engine or API does not
+        answer); return at once otherwise."""
         ...
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""The exec helper's native ``ls`` and ``delete`` (`sandboxes._mux._listing`) answer exactly what
+"""The exec helper's native ``ls`` and ``delete`` (`sandboxes._helper._listing`) answer exactly what
 the scripts (`sandboxes._scripts.LS`, ``DELETE``) answer, for the tests of every backend that has
 the helper. A listing runs natively, then as the script, on the same tree: the same exit code
 and the same bytes (names, kinds, sizes, mtimes, order). A delete runs once as the script and

@@ -1,4 +1,4 @@
-"""The exec helper's native searches (`sandboxes._mux._search`) answer exactly what the scripts
+"""The exec helper's native searches (`sandboxes._helper._search`) answer exactly what the scripts
 (`sandboxes._scripts.GREP`, ``FIND_FILES``) answer, for the tests of every backend that has the
 helper: each grep and glob runs natively, then through the script with ripgrep where the
 sandbox has it and with POSIX ``find`` and ``grep``, and the three results must be equal (a

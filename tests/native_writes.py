@@ -1,4 +1,4 @@
-"""The exec helper's native file ops (`sandboxes._mux._files`) answer exactly what the scripts
+"""The exec helper's native file ops (`sandboxes._helper._files`) answer exactly what the scripts
 (`sandboxes._scripts.WRITE`, ``CAS_WRITE``, ``READ_FILE``) answer, for the tests of every backend
 that has the helper: the same `Call`s run once natively and once as the script, each in its own
 fresh copy of the same setup, and the exit codes, the outputs (a read's or a download's as its
@@ -336,7 +336,7 @@ def _run_case(
 
 def _as_read(call: Call, output: str) -> str:
     """``output`` as its parser reads it: a read's or a download's base64 decoded (coreutils
-    wraps it in lines of 76, the helper sends one line: `sandboxes._mux._files._base64`), the
+    wraps it in lines of 76, the helper sends one line: `sandboxes._helper._native._base64`), the
     statuses beside; any other op's as it is."""
     op = call.native[0] if call.native else None
     if op == "read_file":

@@ -99,7 +99,7 @@ def _count_once_room(sandbox: Any, script: str) -> int:
 def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], object]) -> None:
     """Start `FORKING_TREES` in ``sandbox`` under a marker of the caller's (as the service does),
     wait until they have forked, ``kill(marker)`` once: no process may carry the marker after."""
-    from sandboxes._kill import MARKER_ENV
+    from sandboxes._helper._kill import MARKER_ENV
 
     token = uuid.uuid4().hex
     count = f"grep -lsxzF -e '{MARKER_ENV}={token}' /proc/[0-9]*/environ | wc -l"
@@ -153,10 +153,10 @@ this shell's environment, without the marker, and the kill would miss it."""
 
 
 def assert_the_sh_kill_works_in_a_full_sandbox(sandbox: Any) -> None:
-    """`sandboxes._kill.KILL_MARKED_SH` in a sandbox with no pid left: its scan cannot fork, and
+    """`sandboxes._helper._kill.KILL_MARKED_SH` in a sandbox with no pid left: its scan cannot fork, and
     a shell that cannot fork exits, yet the kill ends the tree and says so."""
     from sandboxes import _scripts
-    from sandboxes._kill import KILL_MARKED_SH
+    from sandboxes._helper._kill import KILL_MARKED_SH
 
     script = _scripts.command(KILL_MARKED_SH + _FULL_SANDBOX_KILL, uuid.uuid4().hex)
     done = sandbox.execute(script, timeout=120)

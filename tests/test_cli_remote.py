@@ -26,9 +26,10 @@ import uvicorn
 from support import HAS_BWRAP
 
 from sandboxes.cli import main
+from sandboxes.local import LocalTemplate
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
-from sandboxes.server.settings import LocalTemplate, ServiceSettings
+from sandboxes.server.settings import ServiceSettings
 
 pytestmark = pytest.mark.needs(HAS_BWRAP, "the local backend needs bubblewrap")
 

@@ -41,10 +41,11 @@ from sandboxes.client import (
     Unauthorized,
 )
 from sandboxes.client.errors import OperationFailed, error_from_response, parse_retry_after
+from sandboxes.local import LocalTemplate
 from sandboxes.semantics import message_for
 from sandboxes.server import app as server_app
 from sandboxes.server.auth import hash_key
-from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
+from sandboxes.server.settings import ServiceSettings, TenantPolicy
 from sandboxes.testing import SandboxConformance
 
 KEY = "sbx_main_" + uuid.uuid4().hex

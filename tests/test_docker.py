@@ -29,7 +29,7 @@ from support import (
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, KILL_MARKED_SH, MARKER_ENV
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.docker import sandbox as docker_sandbox
 from sandboxes.testing import SandboxConformance

@@ -201,7 +201,7 @@ def test_what_drops_the_marker_dies_with_its_command(any_path: DockerSandbox) ->
 
 
 def test_what_empties_its_environment_dies_with_its_command(any_path: DockerSandbox) -> None:
-    """An environment read empty is waited for only while an exec sets it up (`sandboxes._kill.
+    """An environment read empty is waited for only while an exec sets it up (`sandboxes._helper._kill.
     _environ`, the shell's sweep alike): one emptied for good (``env -i``) is swept at once."""
     result = any_path.execute(_ESCAPE.replace("env -u SANDBOXES_EXEC_ID", "env -i"), timeout=20)
     assert result.exit_code == 0, result

@@ -20,7 +20,7 @@ from ssh_fixtures import SSHVM, start_vm
 from support import FORKING_TREES, RETAKE_PIDS, SESSION_OWNER
 
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, TooManyJobs

@@ -1,4 +1,4 @@
-"""The one process-tree kill (`sandboxes._kill`), both forms, on this host: a tree that keeps
+"""The one process-tree kill (`sandboxes._helper._kill`), both forms, on this host: a tree that keeps
 forking under its marker, and one that also left the session (``setsid``), are wholly dead after
 ONE call. A single scan of /proc (what the service's local backend did) leaves the children born
 while it read; these tests fail with it."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
+from sandboxes._helper._kill import KILL_MARKED_SH, MARKER_ENV, any_marked, kill_marked
 
 FORKER = "i=0; while [ $i -lt 4000 ]; do sleep 60 & i=$((i + 1)); done; wait"
 """Forks as fast as a shell can, for seconds; bounded (4000 children, each gone within a minute)
@@ -114,7 +114,7 @@ def test_a_process_in_the_middle_of_an_exec_is_read_with_its_environment() -> No
     (a third of the reads here, before): the orphan sweep took such a process for one that
     dropped every marker and killed it. `_kill._environ` waits its exec out: every read of a
     live process exec'ing in a chain finds its marker."""
-    from sandboxes import _kill
+    from sandboxes._helper import _kill
 
     env = {**os.environ, "SANDBOXES_TEST_MARK": "kept"}
     chain = "exec sh -c 'exec sh -c \"exec sh -c true\"'"
@@ -144,7 +144,7 @@ def _ended(pid: int) -> bool:
 
 def test_a_process_that_emptied_its_environment_is_not_waited_for() -> None:
     """``env -i``: an environment that is empty for good (its end is real) reads at once."""
-    from sandboxes import _kill
+    from sandboxes._helper import _kill
 
     process = subprocess.Popen(["env", "-i", "sleep", "30"])
     try:
@@ -164,7 +164,7 @@ def test_a_process_unreadable_for_a_whole_wait_is_not_waited_for_again(monkeypat
     init: refused, its environment's end 0). After one whole `_kill._EXEC_WAIT`, the same
     process (pid and start time) reads at once: each host-side scan paid the wait, and a local
     jail's command cost 77 ms instead of ~12-17. Another process under the same pid is waited for."""
-    from sandboxes import _kill
+    from sandboxes._helper import _kill
 
     reads: list[int] = []
     started = {"at": b"100"}

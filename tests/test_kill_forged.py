@@ -15,7 +15,7 @@ from ssh_fixtures import SSHVM, start_vm
 from support import HAS_BWRAP, SESSION_OWNER, needs
 
 from sandboxes import protocol as p
-from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.jobs import JobRunner

@@ -15,8 +15,7 @@ from support import SESSION_OWNER
 
 from sandboxes.client import NotFound, RemoteSandbox, SandboxClient
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.local import LocalSandbox, LocalSandboxConfig
-from sandboxes.server.settings import LocalTemplate
+from sandboxes.local import LocalSandbox, LocalSandboxConfig, LocalTemplate
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 from sandboxes.testing import LifecycleConformance
 

@@ -32,7 +32,7 @@ from support import (
 )
 
 from sandboxes import protocol as p
-from sandboxes._kill import kill_marked
+from sandboxes._helper._kill import kill_marked
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
 

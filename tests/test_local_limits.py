@@ -13,7 +13,7 @@ import pytest
 from support import HAS_BWRAP, needs
 
 from sandboxes import protocol as p
-from sandboxes._mux._spawn import SPARES
+from sandboxes._helper._spawn import SPARES
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 
 LIMITS = {"memory": 256 << 20, "pids": 64, "cpus": 0.5, "disk": 16 << 20}

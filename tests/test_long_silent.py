@@ -28,10 +28,9 @@ from support import HAS_BWRAP, SESSION_OWNER, needs
 
 from sandboxes import protocol as p
 from sandboxes.client import SandboxClient
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
 from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
-from sandboxes.server.settings import DockerTemplate
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
 SILENCE = 300

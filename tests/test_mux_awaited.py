@@ -138,7 +138,7 @@ async def test_an_awaited_command_not_reported_after_its_timeout_is_killed_then_
 ) -> None:
     """Acknowledged, then the helper stops answering: past its timeout and a grace the client
     sends a kill, and past another grace it breaks the stream instead of waiting forever."""
-    monkeypatch.setattr(client_module, "_KILL_GRACE", 0.5)
+    monkeypatch.setattr(client_module, "KILL_GRACE", 0.5)
     recording = _CountingStream(stream)
     client = MuxClient(recording)
     task = asyncio.create_task(arun(client, "sleep 60", timeout=0.5, stdin=None, env=None, cwd=None, output_limit=100))

@@ -1,4 +1,4 @@
-"""A command's life in the exec helper (`sandboxes._mux._command`), over a local pipe to the real
+"""A command's life in the exec helper (`sandboxes._helper._command`), over a local pipe to the real
 helper process (no container): its exit code, output and stdin, its timeout, and the end of
 every process it started, escaped or orphaned, with it or by its marker."""
 

@@ -1,4 +1,4 @@
-"""The exec helper's native writes (`sandboxes._mux._files`) on a local jail: the same answers
+"""The exec helper's native writes (`sandboxes._helper._files`) on a local jail: the same answers
 and files as the scripts (`native_writes`), the path really taken, what is handed back to the
 script, a lost answer never resent, and nothing left behind by a client that went away.
 
@@ -22,7 +22,7 @@ from support import HAS_BWRAP, needs, wait_for
 
 from sandboxes import protocol as p
 from sandboxes._mux._frames import _Pending, wire_spec
-from sandboxes._mux._shipped import NATIVE_SOURCE, SERVER_SOURCE
+from sandboxes._mux._shipped import HELPER_SOURCES, bootstrap
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
@@ -74,15 +74,12 @@ async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
 
 
 def test_the_hello_names_the_ops_the_native_code_answers() -> None:
-    """The hello's list (`_server.NATIVE_OPS`) is written out beside the code it names, which is
-    compiled only at the first file op: the two must not drift apart."""
-    native: dict[str, object] = {}
-    exec(compile(NATIVE_SOURCE, "<native ops>", "exec"), native)
-    helper: dict[str, object] = {"__name__": "not main"}
-    exec(compile(SERVER_SOURCE, "<helper>", "exec"), helper)
-    names = ["write", "cas_write", "read_file", "download", "upload", *native["SEARCH_OPS"], *native["LISTING_OPS"]]  # type: ignore[misc]
-    assert sorted(helper["NATIVE_OPS"]) == sorted(names)  # type: ignore[call-overload]
-    assert "start_native_op" not in helper  # compiled on the first file op, not at the start
+    """The hello's list (`_loop.NATIVE_OPS`) is written out beside the code it names, which is
+    imported only at the first file op: the two must not drift apart."""
+    from sandboxes._helper import _listing, _loop, _search
+
+    names = ["write", "cas_write", "read_file", "download", "upload", *_search.SEARCH_OPS, *_listing.LISTING_OPS]
+    assert sorted(_loop.NATIVE_OPS) == sorted(names)
 
 
 def test_the_file_ops_compile_while_the_helper_idles_and_a_failure_hands_them_back(
@@ -93,9 +90,7 @@ def test_the_file_ops_compile_while_the_helper_idles_and_a_failure_hands_them_ba
     with no file op sent, runs commands all along, and answers N to the ops (the script does
     them)."""
     needs(HAS_BWRAP, "bubblewrap not installed")
-    shipped = f"_NATIVE_SOURCE = {NATIVE_SOURCE!r}\n"
-    assert SERVER_SOURCE.startswith(shipped)
-    broken = "_NATIVE_SOURCE = 'def broken(:'\n" + SERVER_SOURCE[len(shipped) :]
+    broken = bootstrap({**HELPER_SOURCES, "_files": "def broken(:\n"})
     monkeypatch.setattr(local_sandbox, "HELPER_COMMAND", (*local_sandbox.HELPER_COMMAND[:-1], broken))
     with LocalSandbox(config=LocalSandboxConfig(root_dir=tmp_path / "root", isolation="bwrap")) as sandbox:
         mux = helper_client(sandbox)
@@ -151,7 +146,7 @@ def test_a_client_gone_midway_leaves_no_temporary_file(jail: LocalSandbox) -> No
     assert jail.write(str(target), "old\n").error is None  # the sandbox's own (one made here would be foreign)
     mux = helper_client(jail)
     call = write_call(str(target), b"x" * 100)
-    ident, _pending = mux._register(_Pending(OutputBuffer(0)))
+    ident, _pending = mux.register(_Pending(OutputBuffer(0)))
     assert call.native is not None
     mux._send(b"F", ident, wire_spec({"op": list(call.native)}))
     mux._send(b"I", ident, b"x" * 50)

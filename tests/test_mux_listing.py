@@ -1,4 +1,4 @@
-"""The exec helper's native ``ls`` and ``delete`` (`sandboxes._mux._listing`) on a local jail:
+"""The exec helper's native ``ls`` and ``delete`` (`sandboxes._helper._listing`) on a local jail:
 the same answers and leftovers as the scripts (`native_listings`), and what it hands back to
 them, answered alike: work past its budget (entries, bytes of names, depth) and a directory
 resolving into ``/proc``. Also: that `_parse.ls_entries` does not depend on the order of the
@@ -21,7 +21,7 @@ from support import HAS_BWRAP, needs
 
 from sandboxes import _parse
 from sandboxes import protocol as p
-from sandboxes._mux import _listing
+from sandboxes._helper import _listing
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
 

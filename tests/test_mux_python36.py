@@ -1,10 +1,10 @@
-"""The exec helper runs on whatever python3 a sandbox has, as old as 3.6 (`sandboxes._mux._server`).
+"""The exec helper runs on whatever python3 a sandbox has, as old as 3.6 (`sandboxes._helper`).
 No Python 3.6 interpreter can be installed on this machine (PyPI has none, and Debian's oldest
-reachable suite ships 3.9), so the shipped script is checked by ``vermin``, which knows in which
+reachable suite ships 3.9), so the shipped modules are checked by ``vermin``, which knows in which
 version each syntax feature and standard-library name appeared. The few newer names it uses are
 behind a guard (``posix_spawn``: 3.8, else Popen, which `test_mux`'s ``popen`` variant runs;
 ``pidfd_open``: 3.9, else kill(2)), each marked ``# novermin`` where it is used. vermin ignores
-annotations, so those that Python evaluates are checked apart: only names or quoted types."""
+annotations, so those that Python evaluates are checked apart: only names, ``None`` or quoted types."""
 
 from __future__ import annotations
 
@@ -13,20 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandboxes import _mux
-from sandboxes._mux._shipped import NATIVE_SOURCE, SERVER_SOURCE
+from sandboxes import _helper
+from sandboxes._mux._shipped import HELPER_SOURCES, SERVER_SOURCE
 
-EVERY_LINE = SERVER_SOURCE + "\n" + NATIVE_SOURCE
-"""The helper and its file ops, which it carries as a string (compiled at its first file op)."""
-
-
-_HELPER_HEADER = "# ruff: noqa\n# mypy: ignore-errors\n"
-"""How every file of the helper's own code (stdlib only, untyped) starts, beside its client's."""
-
-
-def _helper_files() -> list[Path]:
-    here = Path(_mux.__file__).parent
-    return [path for path in sorted(here.glob("_*.py")) if path.read_text(encoding="utf-8").startswith(_HELPER_HEADER)]
+EVERY_LINE = "\n".join([SERVER_SOURCE, *HELPER_SOURCES.values()])
+"""Every module of the helper, its importer (`_boot`) and the file ops it imports lazily included."""
 
 
 def _vermin(source: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -51,18 +42,20 @@ def test_the_shipped_helper_needs_nothing_newer_than_python_3_6(tmp_path: Path) 
 
 
 def test_every_file_of_the_helper_is_shipped_so_checked() -> None:
-    """A file of the helper left out of `sandboxes._mux._shipped` would escape the checks here,
-    and fail in a sandbox only when its code is first used (the parts share one namespace, so a
-    name is looked up only then)."""
-    files = _helper_files()
-    assert {path.name for path in files} >= {"_server.py", "_command.py", "_spawn.py", "_reap.py", "_files.py"}
+    """A module of the helper left out of `sandboxes._mux._shipped` would escape the checks here,
+    and fail in a sandbox only when it is first imported."""
+    here = Path(_helper.__file__).parent
+    files = sorted(here.glob("*.py"))
+    assert {path.stem for path in files} >= {"__init__", "_boot", "_server", "_command", "_spawn", "_reap", "_files"}
     for path in files:
-        assert path.read_text(encoding="utf-8") in EVERY_LINE, f"{path.name} is not shipped"
+        assert HELPER_SOURCES[path.stem] == path.read_text(encoding="utf-8"), f"{path.name} is not shipped"
+    assert sorted(HELPER_SOURCES) == sorted(path.stem for path in files)
 
 
 def test_a_newer_name_in_the_helper_is_caught(tmp_path: Path) -> None:
     """The check above can fail: one unguarded 3.7 name (``time.monotonic_ns``) is reported."""
-    for shipped in (SERVER_SOURCE, NATIVE_SOURCE):  # either part of EVERY_LINE
+    for name in ("_server", "_files"):  # a module imported at the start, one imported later
+        shipped = HELPER_SOURCES[name]
         result = _vermin(EVERY_LINE.replace(shipped, shipped + "\nstarted = time.monotonic_ns()\n"), tmp_path)
         assert result.returncode != 0
         assert "time.monotonic_ns" in result.stdout
@@ -90,7 +83,7 @@ def _unevaluable_annotations(source: str) -> list[str]:
         for annotation in annotations:
             if annotation is None or isinstance(annotation, ast.Name | ast.Attribute):
                 continue
-            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+            if isinstance(annotation, ast.Constant) and (annotation.value is None or isinstance(annotation.value, str)):
                 continue
             found.append(f"line {annotation.lineno}: {ast.unparse(annotation)}")
     return found
@@ -103,6 +96,6 @@ def test_the_helper_annotates_only_with_names_or_quoted_types() -> None:
 def test_an_unquoted_generic_annotation_is_caught() -> None:
     """The check above can fail: ``list[int]`` raises TypeError at the ``def`` before 3.9, and
     at a module-level assignment; not in a function's body, which is never evaluated."""
-    assert _unevaluable_annotations(SERVER_SOURCE + "\ndef f(x: list[int]) -> None:\n    pass\n") != []
-    assert _unevaluable_annotations(SERVER_SOURCE + "\nseen: set[int] = set()\n") != []
-    assert _unevaluable_annotations(SERVER_SOURCE + "\ndef g():\n    seen: set[int] = set()\n") == []
+    assert _unevaluable_annotations(HELPER_SOURCES["_server"] + "\ndef f(x: list[int]) -> None:\n    pass\n") != []
+    assert _unevaluable_annotations(HELPER_SOURCES["_server"] + "\nseen: set[int] = set()\n") != []
+    assert _unevaluable_annotations(HELPER_SOURCES["_server"] + "\ndef g():\n    seen: set[int] = set()\n") == []

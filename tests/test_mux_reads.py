@@ -1,4 +1,4 @@
-"""The exec helper's native reads and downloads (`sandboxes._mux._reads`), sent a step at a time:
+"""The exec helper's native reads and downloads (`sandboxes._helper._reads`), sent a step at a time:
 other commands run while a big answer is on its way, and a file cut while it is sent hands the
 download back to the script. The real helper over pipes, driven frame by frame, since what is
 checked is when it sends what. (Their answers against the scripts': `native_writes`.)"""

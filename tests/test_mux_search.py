@@ -1,4 +1,4 @@
-"""The exec helper's native grep and glob (`sandboxes._mux._search`) on a local jail: the same
+"""The exec helper's native grep and glob (`sandboxes._helper._search`) on a local jail: the same
 results as the scripts (`native_searches`), and what it hands back to them, answered alike:
 work past its budget (entries walked, bytes read, output) and walks it must not make (a root on
 ``/dev``, a walk into another filesystem). The Docker, SSH and Kubernetes twins of the parity
@@ -14,7 +14,7 @@ from native_writes import assert_bad_op_refused, helper_client
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._mux import _search
+from sandboxes._helper import _search
 from sandboxes.local import LocalSandbox
 from sandboxes.semantics import GREP_MAX_MATCHES
 

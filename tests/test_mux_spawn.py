@@ -1,4 +1,4 @@
-"""Shells started ahead of their command (`sandboxes._mux._spawn`): the real helper over a pipe.
+"""Shells started ahead of their command (`sandboxes._helper._spawn`): the real helper over a pipe.
 
 A command that may run warm runs in a waiting ``/bin/sh -s`` when one fits it, and must then be
 indistinguishable from the same command run cold (``/bin/sh -c``), but for its cmdline."""
@@ -19,7 +19,7 @@ from support import needs
 from test_mux import _VARIANTS, _exchange, _gone, _PipeStream, _run
 
 from sandboxes import protocol as p
-from sandboxes._kill import kill_marked
+from sandboxes._helper._kill import kill_marked
 from sandboxes._mux import SERVER_SOURCE, MuxClient
 from sandboxes._mux.client import wire_spec
 

@@ -6,7 +6,6 @@ which were a quarter of its start. The real helper, over pipes."""
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import marshal
 import resource
@@ -18,7 +17,9 @@ from typing import IO, Any
 import pytest
 from test_mux import _PipeStream
 
+from sandboxes._helper import _loop
 from sandboxes._mux import MuxClient
+from sandboxes._mux._shipped import HELPER_SOURCES, bootstrap
 from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE, wire_spec
 
 _SLOW_IMPORTS = {"json", "re", "enum", "signal", "typing", "collections"}
@@ -26,13 +27,9 @@ _SLOW_IMPORTS = {"json", "re", "enum", "signal", "typing", "collections"}
 `enum` (through `signal` as well, ~3 ms), and what they pull in."""
 
 
-@functools.cache
 def _helper_json() -> Any:
-    """``_server._json`` as the helper defines it: its source run once as a module, not as a
-    script (which would serve)."""
-    namespace: dict[str, Any] = {"__name__": "the_helper"}
-    exec(compile(SERVER_SOURCE, "<helper>", "exec"), namespace)
-    return namespace["_json"]
+    """``_loop._json`` as the helper defines it."""
+    return _loop._json
 
 
 @pytest.mark.parametrize(
@@ -65,8 +62,9 @@ def test_a_helper_starts_without_json_re_enum_or_signal() -> None:
     (``-X importtime`` names every module imported, as it is). It fails if the helper imports
     `json` again, or `signal` rather than `_signal`, or anything that pulls them in."""
     request = wire_spec({"command": "echo served", "env": {}, "cwd": None, "timeout": None, "stdin": False})
-    never_idle = SERVER_SOURCE.replace("\nNATIVE_IDLE = 0.05\n", "\nNATIVE_IDLE = 3600.0\n")
-    assert never_idle != SERVER_SOURCE  # the file ops (`_search` imports `re`) compile only when asked
+    server = HELPER_SOURCES["_server"].replace("\nNATIVE_IDLE = 0.05\n", "\nNATIVE_IDLE = 3600.0\n")
+    assert server != HELPER_SOURCES["_server"]  # the file ops (`_search` imports `re`) compile only when asked
+    never_idle = bootstrap({**HELPER_SOURCES, "_server": server})
     process = subprocess.Popen(
         [sys.executable, "-X", "importtime", *PYTHON_FLAGS, "-c", never_idle],
         stdin=subprocess.PIPE,

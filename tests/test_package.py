@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,11 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 def test_the_version_is_the_installed_distributions() -> None:
     assert sandboxes.__version__ == importlib.metadata.version("sandboxes")
+
+
+@pytest.mark.parametrize("module", ["providers", "server/api.py"])
+def test_no_shim_of_an_unshipped_release_remains(module: str) -> None:
+    """The providers live in their backend's package and the wire contract in `sandboxes.api`:
+    the re-exports kept for a release that never shipped are gone, so each name has one home."""
+    package = Path(sandboxes.__file__).parent
+    assert not (package / module).exists(), f"sandboxes/{module} is a shim of an unshipped release"

@@ -74,7 +74,7 @@ def test_a_read_is_the_helpers_raw_bytes_or_the_scripts_base64() -> None:
 
 
 def _raw(*files: tuple[int, bytes]) -> str:
-    """A helper's native download answer (`sandboxes._mux._reads.download_parts`), as the
+    """A helper's native download answer (`sandboxes._helper._reads.download_parts`), as the
     client keeps it: one character per byte."""
     return "\0" + "".join(f"{status} {len(data)}\n" + data.decode("latin-1") for status, data in files)
 

@@ -28,7 +28,7 @@ from support import assert_command_marker_never_waits_for_the_helper_lock, asser
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import KILL_MARKED_SH
+from sandboxes._helper._kill import KILL_MARKED_SH
 from sandboxes.local import NotIsolatedWarning
 from sandboxes.ssh import (
     SSHAuthenticationError,

@@ -1,16 +1,18 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
+from sandboxes._mux._capable import AwaitedDefaults, AwaitsOnHelper
 from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper, HeldHelper
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._mux.client import COMPACT_SOURCE, PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
+from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
 __all__ = [
-    "COMPACT_SOURCE",
     "HAS_PYTHON_SH",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
+    "AwaitedDefaults",
+    "AwaitsOnHelper",
     "ByteStream",
     "CommandRun",
     "CommandsOnHelper",

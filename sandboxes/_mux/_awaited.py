@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from sandboxes import protocol as p
 from sandboxes._mux import client as client_module
-from sandboxes._mux._frames import _Pending, _request_frame, _response, _send_stdin
+from sandboxes._mux._frames import _Pending, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
@@ -64,18 +64,16 @@ async def arun(
             loop.call_soon_threadsafe(settle)
 
     waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
-    ident, pending = client._register(waiting)
+    ident, pending = client.register(waiting)
     started = time.monotonic()
     queued: Queued | None = None
     try:
         if stdin is None:  # the request goes out with the others of this turn of the loop
-            queued = client._outbox.put(
-                client, loop, ident, _request_frame(ident, command, env, cwd, timeout, False, client._announcement(env))
-            )
+            queued = client.queue_request(loop, ident, command, env, cwd, timeout)
             if queued is None:
                 raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
         else:  # its stdin frames must follow it: written at once, in order
-            client._request(ident, command, env, cwd, timeout, stdin)
+            client.request(ident, command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:
@@ -83,14 +81,13 @@ async def arun(
         await _await_async(client, ident, pending, ended, time.monotonic(), timeout)
         return _response(pending, timeout, started)
     except MuxBroken as broken:
-        if queued is not None and client._outbox.withdraw(client, queued):  # no whole request was written
+        if queued is not None and client.withdraw(queued):  # no whole request was written
             raise MuxBroken(str(broken), may_resend=True) from broken
         raise
     finally:
         if queued is not None:  # cancelled before its turn: never written, so it never runs
-            client._outbox.withdraw(client, queued)
-        with client._pending_lock:
-            client._pending.pop(ident, None)
+            client.withdraw(queued)
+        client.forget(ident)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -126,13 +123,13 @@ async def _await_async(
     set before ``ended`` is resolved, from the reader thread)."""
     while not pending.done.is_set():
         now = time.monotonic()
-        overdue, until = client._deadline(ident, pending, sent, timeout, now)
+        overdue, until = client.deadline(ident, pending, sent, timeout, now)
         if overdue:
-            client._send(b"K", ident)
-            give_up = time.monotonic() + client_module._KILL_GRACE
+            client.send_kill(ident)
+            give_up = time.monotonic() + client_module.KILL_GRACE
             while not pending.done.is_set() and time.monotonic() < give_up:
                 await _woken(ended, max(0.0, give_up - time.monotonic()))
             if not pending.done.is_set():
-                client._break(f"exec helper did not report command {ident} after its timeout")
+                client.unreported(ident)
             return
         await _woken(ended, None if until is None else max(0.0, until - now))

@@ -1,7 +1,7 @@
 """A command's frames, on the client's side: their header and what the client accepts of a
 helper (`MAX_FRAME`, the kinds a helper sends), a command's request (`_request_frame`) and its
 stdin (`_send_stdin`), and what its answer frames add up to (`_Pending`, `_response`). What
-every kind means, both ways, is `sandboxes._mux._server`'s docstring.
+every kind means, both ways, is `sandboxes._helper._server`'s docstring.
 
 Apart from the client (`sandboxes._mux.client.MuxClient`, which owns the stream, reads it and
 breaks it) because a command is framed and answered alike however it is waited for: blocking
@@ -11,30 +11,37 @@ breaks it) because a command is framed and answered alike however it is waited f
 from __future__ import annotations
 
 import marshal
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sandboxes import protocol as p
+from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._output import OutputBuffer, execute_response
 
-if TYPE_CHECKING:
-    from sandboxes._mux.client import MuxClient
+__all__ = ["HEADER", "MAX_FRAME", "Sender", "wire_spec"]
 
-__all__ = ["HEADER", "MAX_FRAME", "wire_spec"]
 
-HEADER = struct.Struct(">cII")
+class Sender(Protocol):
+    """What a command's stdin is written through (`sandboxes._mux.client.MuxClient`)."""
+
+    def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None: ...
+
+    def _read_what_is_there(self) -> None: ...
+
+    def close(self, reason: str = ...) -> None: ...
+
+
 MAX_FRAME = 1 << 20
 """The largest frame the client accepts from a helper. The helper's own frames are far smaller
 (output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
-_KINDS = frozenset(b"HAOXEN")
+_KINDS = frozenset(HELPER_KINDS)
 
 
 class _Corrupt(Exception):
@@ -48,7 +55,7 @@ busy at the same time; and every chunk of 128 KiB or more is a fresh mmap and it
 both sides. Measured over pipes (64 MiB into ``cat``): 1 MiB frames 340-450 MiB/s, 64 KiB frames
 500-900 MiB/s, with a quarter of the client's CPU."""
 _BINARY_ANSWERS = frozenset({"read_file", "download"})
-"""Native ops whose answer is bytes, not the script's text (`sandboxes._mux._reads.RAW`):
+"""Native ops whose answer is bytes, not the script's text (`sandboxes._helper._reads.RAW`):
 their output is kept exact, one character per byte."""
 
 
@@ -117,11 +124,11 @@ def _request_frame(
     if next_marker is not None:
         spec["next_marker"] = next_marker
     payload = wire_spec(spec)
-    return HEADER.pack(b"R", ident, len(payload)) + payload
+    return HEADER.pack(RUN, ident, len(payload)) + payload
 
 
 def _send_stdin(
-    client: MuxClient, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
+    client: Sender, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
 ) -> None:
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
     answered or handed back: it drops the rest, as when a write failed on a full disk). A
@@ -131,8 +138,8 @@ def _send_stdin(
     client, and the send raises `MuxBroken`."""
     if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
         if stdin:
-            client._send(b"I", ident, stdin)
-        client._send(b"C", ident)
+            client._send(STDIN, ident, stdin)
+        client._send(CLOSE_STDIN, ident)
         return
     with SendWatch(client.close) as watch:
         for offset in range(0, len(stdin), _STDIN_CHUNK):
@@ -141,9 +148,9 @@ def _send_stdin(
                     client._read_what_is_there()
                 if answered.is_set():
                     return
-            client._send(b"I", ident, stdin[offset : offset + _STDIN_CHUNK])
+            client._send(STDIN, ident, stdin[offset : offset + _STDIN_CHUNK])
             watch.sent()
-        client._send(b"C", ident)
+        client._send(CLOSE_STDIN, ident)
 
 
 def _response(pending: _Pending, timeout: float | None, started: float, *, latin1: bool = False) -> p.ExecuteResponse:

@@ -4,13 +4,24 @@ event loop's turn is over."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from sandboxes._mux.client import MuxClient
+from sandboxes._mux._stream import ByteStream
 
-__all__ = ["Outbox", "Queued"]
+__all__ = ["Outbox", "Queued", "Writer"]
+
+
+class Writer(Protocol):
+    """What the `Outbox` writes through (`sandboxes._mux.client.MuxClient`): its stream, the lock
+    every frame is written under, and how it breaks."""
+
+    broken: str | None
+    _send_lock: threading.Lock
+    _stream: ByteStream
+
+    def _break(self, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -39,7 +50,7 @@ class Outbox:
         self._queued: list[Queued] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def put(self, client: MuxClient, loop: asyncio.AbstractEventLoop, ident: int, frame: bytes) -> Queued | None:
+    def put(self, client: Writer, loop: asyncio.AbstractEventLoop, ident: int, frame: bytes) -> Queued | None:
         """``frame`` queued for the end of this turn of ``loop``; ``None`` if the stream is broken."""
         item = Queued(ident, frame)
         with client._send_lock:
@@ -55,7 +66,7 @@ class Outbox:
             self._queued.append(item)
         return item
 
-    def withdraw(self, client: MuxClient, item: Queued) -> bool:
+    def withdraw(self, client: Writer, item: Queued) -> bool:
         """Take ``item`` back if it was not written yet; whether it is certainly unsent."""
         with client._send_lock:
             if item in self._queued:
@@ -63,7 +74,7 @@ class Outbox:
                 item.unsent = True
             return item.unsent
 
-    def flush(self, client: MuxClient) -> None:
+    def flush(self, client: Writer) -> None:
         """Write what is queued, now. Also called from other threads, before a frame that must
         follow the requests (a kill of a command whose request may still be queued)."""
         with client._send_lock:

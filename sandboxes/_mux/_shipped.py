@@ -1,59 +1,57 @@
-"""The exec helper as shipped into a sandbox: one script assembled from the files beside this
-one (`SERVER_SOURCE`, carrying `NATIVE_SOURCE` as a string), and how python3 runs it
-(`PYTHON_FLAGS`).
+"""The exec helper as shipped into a sandbox: the sources of `sandboxes._helper`'s modules behind
+a one-line bootstrap (`SERVER_SOURCE`), and how python3 runs it (`PYTHON_FLAGS`).
 
 Apart from the client (`sandboxes._mux.client`) because it is what runs in the sandbox, not what
-talks to it: every transport that starts a helper takes its source and flags from here (through
-`sandboxes._mux`), and which files make the script, in which order, is decided in one place. The
-parts share one global namespace and run top to bottom, so a part comes after those whose names
-it uses while it is being run, and `_server`, which ends by calling its ``main()``, comes last.
+talks to it: every transport that starts a helper (Docker, Kubernetes, Local, SSH) takes its
+source and flags from here (through `sandboxes._mux`). The bootstrap unpacks the sources and
+installs `sandboxes._helper._boot`'s importer, which compiles a module only when it is first
+imported: the file ops (`_files` and its imports) once the helper idles or at its first file op.
 """
 
 from __future__ import annotations
 
 import binascii
+import marshal
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["COMPACT_SOURCE", "NATIVE_SOURCE", "PYTHON_FLAGS", "SERVER_SOURCE"]
+from sandboxes import _helper
 
-_HERE = Path(__file__).parent
+__all__ = ["HELPER_SOURCES", "PYTHON_FLAGS", "SERVER_SOURCE", "SHIPPED_PACKAGE", "bootstrap"]
+
+_HERE = Path(_helper.__file__).parent
+
+SHIPPED_PACKAGE = "sandboxes_helper"
+"""The name the helper's package has in the sandbox: none of the host's, so that a helper run
+in-process by a test does not meet the host's `sandboxes`."""
+
+HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
+"""Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
 
-def _joined(*paths: Path) -> str:
-    return "\n".join(path.read_text(encoding="utf-8") for path in paths)
+def bootstrap(sources: Mapping[str, str]) -> str:
+    """One line of Python that runs the helper made of ``sources`` (`HELPER_SOURCES` or a
+    variant of it): no quote in it to escape, compressed to a fraction of the sources."""
+    boot = sources["_boot"]
+    modules = {name: source for name, source in sources.items() if name != "_boot"}
+    packed = zlib.compress(marshal.dumps((boot, modules), 4), 9)
+    text = binascii.b2a_base64(packed, newline=False).decode("ascii")
+    return (
+        "import zlib,binascii,marshal;"
+        f"b,s=marshal.loads(zlib.decompress(binascii.a2b_base64({text!r})));"
+        f"exec(b);install(s,{SHIPPED_PACKAGE!r}).main()"
+    )
 
 
-NATIVE_SOURCE = _joined(
-    _HERE / "_search.py", _HERE / "_listing.py", _HERE / "_files.py", _HERE / "_uploads.py", _HERE / "_reads.py"
-)
-"""The helper's file ops without a process: its reads and writes (`_files`, `_uploads`,
-`_reads`), its searches (`_search`), its listings and deletes (`_listing`). Shipped inside
-`SERVER_SOURCE` as a string, compiled by the helper once it idles or at its first file op
-(`_server._load_native`): they are 45% of the helper's source, and compiling them cost every
-helper's start 3.5 ms (of 7.6 in the runtime image) before its first command."""
-
-SERVER_SOURCE = f"_NATIVE_SOURCE = {NATIVE_SOURCE!r}\n" + _joined(
-    _HERE.parent / "_kill.py", _HERE / "_reap.py", _HERE / "_spawn.py", _HERE / "_command.py", _HERE / "_server.py"
-)
-"""Shipped as ``python3 -I -S -u -c SERVER_SOURCE`` (`PYTHON_FLAGS`): nothing is installed in the
-sandbox. One script: the helper (`_server`), a command's life in it (`_command`), how it starts
-commands' shells, cold or ahead of time (`_spawn`), how it finds what commands left behind
-(`_reap`), the one process-tree kill every backend uses (`sandboxes._kill`), and `NATIVE_SOURCE`
-as a string."""
-
-_PACKED = binascii.b2a_base64(zlib.compress(SERVER_SOURCE.encode("utf-8"), 9), newline=False).decode("ascii")
-COMPACT_SOURCE = f"import zlib,binascii;exec(zlib.decompress(binascii.a2b_base64({_PACKED!r})))"
-"""`SERVER_SOURCE` compressed behind a one-line bootstrap, for a transport that passes the script
-inside a shell command (SSH): no quote in it to escape, and well under the kernel's limit on one
-argument (``MAX_ARG_STRLEN``, 128 KiB) that the whole script quoted twice no longer is."""
+SERVER_SOURCE = bootstrap(HELPER_SOURCES)
+"""Shipped as ``python3 -I -S -u -c SERVER_SOURCE`` (`PYTHON_FLAGS`) by Docker and Local, inside
+a shell command by SSH, through stdin by Kubernetes: nothing is installed in the sandbox."""
 
 PYTHON_FLAGS = ("-I", "-S", "-u")
 """How python3 runs the helper: unbuffered, isolated (``-I``), without `site` (``-S``). Without
 ``-I``, ``python3 -c`` puts its working directory first on ``sys.path`` and follows
 ``PYTHONPATH``: a command that wrote ``json.py`` into the workspace (the helper's cwd) shadowed
 the stdlib, the helper died at its start, and the sandbox fell back to one exec per command for
-good (Docker: 35 ms a command instead of ~1.5). Without ``-S``, `site` adds the image's
-site-packages and runs their ``.pth`` files: code the helper (the standard library alone) never
-needs, ~0.5 ms of its start in the runtime image (``python3 -I -c pass`` alone: 8.1 ms, 6.3 with
-``-S``; most of what `site` imports, the helper imports anyway)."""
+good. Without ``-S``, `site` adds the image's site-packages and runs their ``.pth`` files: code
+the helper (the standard library alone) never needs."""

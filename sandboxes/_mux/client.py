@@ -1,4 +1,4 @@
-"""Client of the in-sandbox exec helper (`sandboxes._mux._server`), over any byte stream.
+"""Client of the in-sandbox exec helper (`sandboxes._helper._server`), over any byte stream.
 
 A transport (a ``docker exec`` attach socket, an SSH channel, a local pipe) only has to offer
 `ByteStream`; the client multiplexes concurrent commands over it, applies the output cap, and
@@ -21,6 +21,7 @@ else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -30,7 +31,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
+from sandboxes._helper.frames import ACCEPTED, ERROR, EXIT, FILE_OP, HELLO, KILL, KILL_MARKED, NOT_NATIVE, OUTPUT, PING
 from sandboxes._mux._frames import (
     _BINARY_ANSWERS,
     _KINDS,
@@ -43,17 +45,16 @@ from sandboxes._mux._frames import (
     _send_stdin,
     wire_spec,
 )
-from sandboxes._mux._outbox import Outbox
-from sandboxes._mux._shipped import COMPACT_SOURCE, NATIVE_SOURCE, PYTHON_FLAGS, SERVER_SOURCE
+from sandboxes._mux._outbox import Outbox, Queued
+from sandboxes._mux._shipped import PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer
 
 __all__ = [
     "ACK_TIMEOUT",
-    "COMPACT_SOURCE",
     "HEADER",
+    "KILL_GRACE",
     "MAX_FRAME",
-    "NATIVE_SOURCE",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "MuxClient",
@@ -67,7 +68,7 @@ _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
 _QUOTED_GARBAGE = 300  # bytes of a non-helper's first words quoted in the error
-_KILL_GRACE = 10.0
+KILL_GRACE = 10.0
 """Seconds past a command's timeout before the client stops trusting the helper to report it."""
 _KILL_MARKED_WAIT = 30.0
 """Seconds to wait for the helper's answer to a kill by marker (two phases of at most 10 s)."""
@@ -124,7 +125,7 @@ class MuxClient:
         """File ops the helper handed back to the script (``N``)."""
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
         self._reader.start()
-        self._send(b"P", 0)
+        self._send(PING, 0)
         if not self._hello.wait(hello_timeout) or self.broken:
             self.close()
             raise MuxBroken(self.broken or f"exec helper did not say hello within {hello_timeout}s")
@@ -163,12 +164,12 @@ class MuxClient:
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
         for every command: it must neither block nor raise."""
-        ident, pending = self._register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
+        ident, pending = self.register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
         started = time.monotonic()
         leading = False
         try:
             leading = self._lead()
-            self._request(ident, command, env, cwd, timeout, stdin)
+            self.request(ident, command, env, cwd, timeout, stdin)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             self._await(ident, pending, time.monotonic(), timeout, leading)
@@ -179,7 +180,7 @@ class MuxClient:
     def run_native(
         self, op: Sequence[str], stdin: bytes | None, *, timeout: float | None, output_limit: int
     ) -> p.ExecuteResponse | None:
-        """A file op (`sandboxes._mux._files`: ``op`` is its name and the script's arguments)
+        """A file op (`sandboxes._helper._files`: ``op`` is its name and the script's arguments)
         done by the helper itself, no process started; what the script would have answered,
         or ``None`` when it must run instead (this helper has no such op, or the target is one
         the script writes in place). `MuxBroken` as `run`: once the F frame was written the op
@@ -187,13 +188,13 @@ class MuxClient:
         names = self.info.get("native")
         if not isinstance(names, list) or not op or op[0] not in names:
             return None
-        ident, pending = self._register(_Pending(OutputBuffer(output_limit)))
+        ident, pending = self.register(_Pending(OutputBuffer(output_limit)))
         started = time.monotonic()
         leading = False
         try:
             leading = self._lead()
             try:
-                self._send(b"F", ident, wire_spec({"op": list(op)}))
+                self._send(FILE_OP, ident, wire_spec({"op": list(op)}))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
             if stdin is not None:  # a write's bytes; a read has none
@@ -243,7 +244,7 @@ class MuxClient:
         with self._pending_lock:
             return sum(1 for item in self._pending.values() if not item.done.is_set())
 
-    def _register(self, pending: _Pending) -> tuple[int, _Pending]:
+    def register(self, pending: _Pending) -> tuple[int, _Pending]:
         """A new command id with ``pending`` waiting on it; `MuxBroken` (resendable: nothing
         was written) if the stream is broken, before or while registering (`_fail_all` may have
         missed it)."""
@@ -310,7 +311,7 @@ class MuxClient:
             self._always_read = True
             self._wanted.set()
 
-    def _request(
+    def request(
         self,
         ident: int,
         command: str,
@@ -340,24 +341,24 @@ class MuxClient:
             self._outbox.flush(self)  # a kill must follow its command's request, never overtake it
         for ident in idents:
             with contextlib.suppress(MuxBroken):
-                self._send(b"K", ident)
+                self._send(KILL, ident)
         return len(idents)
 
     def kill_marked(self, name: str, value: str, timeout: float = _KILL_MARKED_WAIT) -> bool:
         """Have the helper kill every process of the sandbox whose environment holds
-        ``name=value`` (`sandboxes._kill.kill_marked`, run in the helper itself: no process is
+        ``name=value`` (`sandboxes._helper._kill.kill_marked`, run in the helper itself: no process is
         started, so it works when the sandbox's process limit is reached); whether none was
         left. ``False`` also when the helper failed, broke or did not answer within ``timeout``."""
         if not name or not value:
             raise ValueError("an empty marker would match every command's processes")
         try:
-            ident, pending = self._register(_Pending(OutputBuffer(0)))
+            ident, pending = self.register(_Pending(OutputBuffer(0)))
         except MuxBroken:
             return False
         leading = False
         try:
             leading = self._lead()
-            self._send(b"M", ident, wire_spec({"name": name, "value": value}))
+            self._send(KILL_MARKED, ident, wire_spec({"name": name, "value": value}))
             self._wait_for(pending, timeout, leading)
         except MuxBroken:
             return False
@@ -379,15 +380,47 @@ class MuxClient:
         wait = self._waiter(pending, leading)
         while not pending.done.is_set():
             now = time.monotonic()
-            overdue, until = self._deadline(ident, pending, sent, timeout, now)
+            overdue, until = self.deadline(ident, pending, sent, timeout, now)
             if overdue:
-                self._send(b"K", ident)
-                if not self._wait_for(pending, _KILL_GRACE, leading):
-                    self._break(f"exec helper did not report command {ident} after its timeout")
+                self.send_kill(ident)
+                if not self._wait_for(pending, KILL_GRACE, leading):
+                    self.unreported(ident)
                 return
             wait(None if until is None else until - now)
 
-    def _deadline(
+    # ------------------------------------------------------------------ for `_awaited.arun`
+
+    def queue_request(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ident: int,
+        command: str,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        timeout: float | None,
+    ) -> Queued | None:
+        """A stdin-less command's R frame, queued for the end of ``loop``'s turn; ``None``: broken."""
+        frame = _request_frame(ident, command, env, cwd, timeout, False, self._announcement(env))
+        return self._outbox.put(self, loop, ident, frame)
+
+    def withdraw(self, queued: Queued) -> bool:
+        """Take back a `queue_request` not written yet; whether it is certainly unsent."""
+        return self._outbox.withdraw(self, queued)
+
+    def forget(self, ident: int) -> None:
+        """Stop waiting for command ``ident`` (answered, or given up on)."""
+        with self._pending_lock:
+            self._pending.pop(ident, None)
+
+    def send_kill(self, ident: int) -> None:
+        """K: the helper kills command ``ident`` (its timeout passed)."""
+        self._send(KILL, ident)
+
+    def unreported(self, ident: int) -> None:
+        """Command ``ident`` was killed and not reported within `KILL_GRACE`: the stream is broken."""
+        self._break(f"exec helper did not report command {ident} after its timeout")
+
+    def deadline(
         self, ident: int, pending: _Pending, sent: float, timeout: float | None, now: float
     ) -> tuple[bool, float | None]:
         """For a command waited on since ``sent``: (whether it is overdue and must be killed,
@@ -398,11 +431,11 @@ class MuxClient:
             if now >= sent + self._ack_timeout:
                 self._break(f"exec helper did not acknowledge command {ident} within {self._ack_timeout}s")
                 raise MuxBroken(self.broken or "no acknowledgement")  # written: its fate is unknown
-            if timeout and now < sent + timeout + _KILL_GRACE:  # the earliest it may be overdue
-                return False, min(sent + self._ack_timeout, sent + timeout + _KILL_GRACE)
+            if timeout and now < sent + timeout + KILL_GRACE:  # the earliest it may be overdue
+                return False, min(sent + self._ack_timeout, sent + timeout + KILL_GRACE)
             return False, sent + self._ack_timeout
         if timeout:
-            until = pending.accepted_at + timeout + _KILL_GRACE
+            until = pending.accepted_at + timeout + KILL_GRACE
             return now >= until, until
         return False, None
 
@@ -511,7 +544,7 @@ class MuxClient:
         return f"not an exec helper; it said {bytes(buffer[:_QUOTED_GARBAGE])!r}"
 
     def _dispatch(self, kind: bytes, ident: int, payload: bytes) -> None:
-        if kind == b"H":
+        if kind == HELLO:
             info = json.loads(payload)
             if not isinstance(info, dict):
                 raise ValueError(f"hello {info!r}")
@@ -522,23 +555,23 @@ class MuxClient:
             pending = self._pending.get(ident)
         if pending is None:
             return
-        if kind == b"A":
+        if kind == ACCEPTED:
             pending.accepted_at = time.monotonic()
-        elif kind == b"O":
+        elif kind == OUTPUT:
             pending.output.write(payload)
             if pending.on_output is not None:
                 pending.on_output(payload)
-        elif kind == b"X":
+        elif kind == EXIT:
             status = json.loads(payload)
             code, timed_out = status["code"], status["timed_out"]
             if not (code is None or type(code) is int) or type(timed_out) is not bool:
                 raise ValueError(f"exit status {status!r}")
             pending.exit_code, pending.timed_out = code, timed_out
             pending.done.set()
-        elif kind == b"E":
+        elif kind == ERROR:
             pending.start_error = payload.decode("utf-8", "replace")
             pending.done.set()
-        elif kind == b"N":
+        elif kind == NOT_NATIVE:
             pending.not_native = True
             pending.done.set()
 

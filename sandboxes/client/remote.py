@@ -45,7 +45,7 @@ from sandboxes.client._bulk import (
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Sandbox
 from sandboxes.semantics import download_share, message_for, share_refusal
 
 ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
@@ -54,7 +54,7 @@ ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
 _CHUNK = 1 << 16
 
 
-class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
+class RemoteSandbox(Sandbox):
     """A sandbox living in the service. ``with`` destroys it if this handle created it
     (`SandboxClient.create`) and only closes it if attached (`SandboxClient.attach`)."""
 
@@ -81,6 +81,11 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
 
     @property
     def id(self) -> str:
+        return self._id
+
+    @property
+    def ref(self) -> str:
+        """What `SandboxClient.attach` takes: the service's id."""
         return self._id
 
     def __repr__(self) -> str:
@@ -126,11 +131,12 @@ class RemoteSandbox(p.SandboxBackendProtocol, Lifecycle):
         return self.info
 
     @property
-    def workdir(self) -> str | None:
-        """Where the sandbox's files live (``/workspace``, a local sandbox's root directory)."""
+    def workdir(self) -> str:
+        """Where the sandbox's files live (``/workspace``, a local sandbox's root directory), as
+        the service says it; ``/`` if it says nothing."""
         if self.info is None:
             self.refresh()
-        return self.info.workdir if self.info is not None else None
+        return (self.info.workdir if self.info is not None else None) or "/"
 
     def destroy(self) -> None:
         """Delete the sandbox; one already gone (expired, deleted) is not an error."""

@@ -14,6 +14,7 @@ from sandboxes.docker.config import (
 )
 from sandboxes.docker.provider import DockerProvider, DockerProviderConfig, SweepReport
 from sandboxes.docker.sandbox import BULK_THRESHOLD, DockerSandbox
+from sandboxes.docker.template import DockerTemplate
 
 __all__ = [
     "BULK_THRESHOLD",
@@ -25,6 +26,7 @@ __all__ = [
     "DockerProviderConfig",
     "DockerSandbox",
     "DockerSandboxConfig",
+    "DockerTemplate",
     "SweepReport",
     "parse_size",
 ]

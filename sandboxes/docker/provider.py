@@ -115,6 +115,10 @@ class DockerProvider(WarmPool[DockerSandbox]):
         config = _with_options(self.template, options)
         return DockerSandbox(create_container(self.client, config), self.client, config)
 
+    def check_ready(self) -> None:
+        """Raise if the Docker engine does not answer a ping."""
+        self.client.ping()
+
     def attach(self, ref: str) -> DockerSandbox:
         """A handle on this owner's container ``ref`` (its id or name); `LookupError` if there
         is none. ``with`` only closes it."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
@@ -48,7 +48,7 @@ from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox
 from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
+class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     """One container. Thread-safe: many commands and file operations may run at once."""
 
     config: DockerSandboxConfig
@@ -112,7 +112,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
         self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
-        """Whether every orphan its init adopts is a command's (see `sandboxes._mux._server`):
+        """Whether every orphan its init adopts is a command's (see `sandboxes._helper._server`):
         only in the containers `create_container` made, whose init runs nothing else."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,6 +140,18 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
     @property
     def id(self) -> str:
         return str(self.container.id)
+
+    @property
+    def ref(self) -> str:
+        return self.id
+
+    @property
+    def workdir(self) -> str:
+        return self.config.workdir
+
+    @property
+    def user_ids(self) -> tuple[int, int]:
+        return self.config.uid_gid
 
     def stop(self) -> None:
         self.close()
@@ -197,6 +209,10 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
         its hello's timeout: the caller is an event loop, and falls back to a thread."""
         mux = self._mux
         return mux if mux is not None and mux.alive else None
+
+    def awaited_defaults(self) -> DockerSandboxConfig:
+        """What fills in what a command awaited on `running_helper` leaves out."""
+        return self.config
 
     def drop_helper(self, mux: MuxClient) -> None:
         """Let go of ``mux``, found broken: the next command starts a new helper."""

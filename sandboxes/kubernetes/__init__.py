@@ -20,6 +20,7 @@ from sandboxes.kubernetes.config import (
 )
 from sandboxes.kubernetes.provider import KubernetesProvider, KubernetesProviderConfig
 from sandboxes.kubernetes.sandbox import KubernetesSandbox
+from sandboxes.kubernetes.template import KubernetesTemplate
 
 __all__ = [
     "ANNOTATION_EXPIRES",
@@ -33,6 +34,7 @@ __all__ = [
     "KubernetesProviderConfig",
     "KubernetesSandbox",
     "KubernetesSandboxConfig",
+    "KubernetesTemplate",
     "PodStartError",
     "Toleration",
     "pod_manifest",

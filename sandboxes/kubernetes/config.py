@@ -24,6 +24,7 @@ __all__ = [
     "MANAGED_BY",
     "KubernetesSandboxConfig",
     "Toleration",
+    "is_label_value",
     "parse_quantity",
 ]
 
@@ -45,6 +46,12 @@ LABEL_POOL = "io.sandboxes.pool"
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def is_label_value(value: str) -> bool:
+    """Whether ``value`` may be a label's value (63 characters at most, ``[A-Za-z0-9._-]``,
+    starting and ending alphanumeric, or empty)."""
+    return _LABEL_VALUE.match(value) is not None
 
 
 def parse_quantity(value: str) -> float:

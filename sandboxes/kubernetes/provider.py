@@ -102,6 +102,9 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
         config = self.template.model_copy(update={"env": {**self.template.env, **options.env}})
         return KubernetesSandbox(pod.metadata.name, self.api, config)
 
+    def check_ready(self) -> None:
+        """Ready whenever configured: a create that the API refuses says why."""
+
     def attach(self, ref: str) -> KubernetesSandbox:
         """A handle on an existing pod of this owner, by name; `LookupError` if none."""
         from kubernetes.client.exceptions import ApiException

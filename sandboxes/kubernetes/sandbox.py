@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import KILL_MARKED_SH
+from sandboxes._helper._kill import KILL_MARKED_SH
 from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
@@ -53,7 +53,7 @@ from sandboxes.kubernetes._exec import (
 )
 from sandboxes.kubernetes._pods import core_api, create_pod, delete_pod, load_api_client
 from sandboxes.kubernetes.config import KubernetesSandboxConfig
-from sandboxes.lifecycle import CreateOptions, Lifecycle
+from sandboxes.lifecycle import CreateOptions, Sandbox
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
@@ -113,7 +113,7 @@ _OOM_COUNT = (
 )
 
 
-class KubernetesSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
+class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     """One pod. Thread-safe: many commands and file operations may run at once."""
 
     config: KubernetesSandboxConfig
@@ -165,6 +165,10 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Lifecycle):
 
     @property
     def id(self) -> str:
+        return self.name
+
+    @property
+    def ref(self) -> str:
         return self.name
 
     @property

@@ -7,6 +7,7 @@ Its private plumbing lives beside it: the jail's mounts (`_jail`), its seccomp f
 
 from sandboxes.local.provider import LocalProvider, LocalProviderConfig
 from sandboxes.local.sandbox import LocalSandbox, LocalSandboxConfig, LocalSandboxTemplate
+from sandboxes.local.template import LocalTemplate
 from sandboxes.protocol import NotIsolatedWarning
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "LocalSandbox",
     "LocalSandboxConfig",
     "LocalSandboxTemplate",
+    "LocalTemplate",
     "NotIsolatedWarning",
 ]

@@ -227,8 +227,8 @@ class Jail:
 
     @functools.cached_property
     def _system_binds(self) -> list[str]:
-        """What of the host's system the jail sees: read once per sandbox (listing ``/etc``
-        against the allow-list cost ~2.5 ms, as much as the rest of a spawn)."""
+        """What of the host's system the jail sees, read once per sandbox and reused by every
+        spawn of its jail."""
         argv: list[str] = []
         for directory in SYSTEM_DIRS:
             path = Path(directory)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sandboxes import _kill
+from sandboxes._helper import _kill
 from sandboxes._output import OutputBuffer
 
 _DRAIN_GRACE = 0.2

@@ -134,6 +134,9 @@ class LocalProvider:
                 report.removed.append(record.ref)
         return report
 
+    def check_ready(self) -> None:
+        """Always ready: its sandboxes are directories of this host."""
+
     def close(self) -> None:
         """Nothing to release: sandboxes hold their own jails."""
 

@@ -34,7 +34,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import protocol as p
-from sandboxes._kill import MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     FileOpsOnHelper,
     HelperStarts,
@@ -48,7 +48,7 @@ from sandboxes._mux import (
 )
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
 from sandboxes.base import Operation
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Sandbox
 from sandboxes.local import _disk
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
@@ -120,7 +120,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     sandbox_id: str | None = None
 
 
-class LocalSandbox(FileOpsOnHelper, Lifecycle):
+class LocalSandbox(FileOpsOnHelper, Sandbox):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -204,6 +204,14 @@ class LocalSandbox(FileOpsOnHelper, Lifecycle):
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def ref(self) -> str:
+        return str(self.root)
+
+    @property
+    def workdir(self) -> str:
+        return str(self.root)
 
     @property
     def host_ids(self) -> tuple[int, int]:

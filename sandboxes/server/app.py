@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import shutil
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import AUTHENTICATED, Service, health, router
-from sandboxes.server.settings import LocalTemplate, ServiceSettings
+from sandboxes.server.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
@@ -106,17 +105,12 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
 
 def check_settings(settings: ServiceSettings) -> None:
     """Refuse at start what would only fail later, one sandbox at a time."""
-    needs_bwrap = [
-        name for name, t in settings.templates.items() if isinstance(t, LocalTemplate) and t.isolation == "bwrap"
-    ]
-    if needs_bwrap and shutil.which("bwrap") is None:
-        raise RuntimeError(
-            f"templates {needs_bwrap} isolate with bubblewrap, which is not installed (apt install bubblewrap)"
-        )
+    for name, template in settings.templates.items():
+        missing = template.missing_on_host()
+        if missing is not None:
+            raise RuntimeError(f"template {name!r} needs {missing}")
     if not settings.api_keys and not settings.insecure:
         raise RuntimeError("no API keys configured: set api_keys (SHA-256 of each key -> tenant), or run insecure")
-    for name in settings.deprecated_set():
-        logger.warning("setting %s is deprecated and ignored: background output lives in the sandbox", name)
 
 
 def _describe_templates(app: FastAPI, templates: list[str]) -> None:

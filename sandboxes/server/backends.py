@@ -12,10 +12,12 @@ and changes, and no state file is written. The others (local directories, SSH wo
 created without a provider expiry, and a renewal lives in the state file of the one service
 that can reach them.
 
-What only some sandboxes can do is a typed capability, checked with ``isinstance``: files that
-are a directory on this host (`HostFiles`: archives are made and extracted by the service
-itself), a container (`DockerSandbox`: ``tar`` as the sandbox user through the engine), and for
-everything else the sandbox's own commands.
+Every sandbox is a `sandboxes.lifecycle.Sandbox` (its ``ref``, ``workdir`` and ``user_ids``),
+and every provider is made by its template (`sandboxes.templates.TemplateConfig.provider`): no
+backend is named here. What only some sandboxes can do is a typed capability, checked with
+``isinstance``: files that are a directory on this host (`HostFiles`: archives are made and
+extracted by the service itself), output streamed raw on a channel of its own (`StreamsOutput`),
+and for everything else the sandbox's own commands.
 
 Everything here blocks (provider calls, directory trees); the registry calls it from worker
 threads.
@@ -28,29 +30,23 @@ import binascii
 import functools
 import logging
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from sandboxes import _kill, _scripts
+from sandboxes import _scripts
+from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
-from sandboxes.lifecycle import CreateOptions, Provider, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import CreateOptions, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
-from sandboxes.server.settings import (
-    DockerTemplate,
-    KubernetesTemplate,
-    LocalTemplate,
-    ServiceSettings,
-    SSHTemplate,
-    Template,
-)
+from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import SandboxState
 from sandboxes.server.streams import CHUNK, ChunkSink, Emit
+from sandboxes.templates import ProviderContext, Template
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +73,7 @@ it, which is how its whole tree is found and killed, even the parts that left it
 _KILL_MARKED = _kill.KILL_MARKED_SH + 'kill_marked "$1"\n'
 
 Adopted = tuple[SandboxState, BaseSandbox]
+"""A sandbox the service holds: a `Sandbox` whose file operations run on its commands."""
 
 
 @runtime_checkable
@@ -114,7 +111,7 @@ class StreamsOutput(Protocol):
 class ProviderBackend:
     """The service's view of one template: its provider, and what the service adds to it."""
 
-    def __init__(self, template_name: str, template: Template, provider: Provider[Any], settings: ServiceSettings):
+    def __init__(self, template_name: str, template: Template, provider: Provider[Sandbox], settings: ServiceSettings):
         self.template_name = template_name
         self.template = template
         self.provider = provider
@@ -156,8 +153,8 @@ class ProviderBackend:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None)
-        sandbox = self.provider.create(options)
-        assert isinstance(sandbox, BaseSandbox)
+        made = self.provider.create(options)
+        sandbox = _held(made)
         state = SandboxState(
             id=sandbox_id,
             tenant=tenant,
@@ -167,8 +164,8 @@ class ProviderBackend:
             expires_at=expires_at,
             cpus=self.template.cpus,
             memory=self.template.memory_bytes,
-            ref=_ref_of(sandbox),
-            workdir=workdir_of(sandbox),
+            ref=made.ref,
+            workdir=made.workdir,
             labels=dict(labels),
             env=dict(env),
         )
@@ -199,14 +196,12 @@ class ProviderBackend:
         return state_from_record(record, self)
 
     def attach(self, state: SandboxState) -> BaseSandbox:
-        sandbox = self.provider.attach(state.ref)
-        assert isinstance(sandbox, BaseSandbox)
-        return sandbox
+        return _held(self.provider.attach(state.ref))
 
     def destroy(self, state: SandboxState, sandbox: BaseSandbox | None) -> None:
         """Remove the sandbox and everything it stored. Idempotent: gone already is fine."""
-        if isinstance(sandbox, _Closable):
-            sandbox.close()
+        if sandbox is not None:
+            _as_sandbox(sandbox).close()
         self.provider.destroy(state.ref)
 
     def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
@@ -231,17 +226,12 @@ class ProviderBackend:
         if isinstance(sandbox, HostFiles):
             _put_host_archive(sandbox, path, archive, self.settings)
             return
-        from sandboxes.docker import DockerSandbox
-
-        uid, gid = sandbox.config.uid_gid if isinstance(sandbox, DockerSandbox) else (1000, 1000)
+        uid, gid = _as_sandbox(sandbox).user_ids
         _put_archive_through_sandbox(sandbox, path, archive, self.settings, uid, gid)
 
     def check_ready(self) -> None:
         """Raise if the backend cannot create sandboxes right now."""
-        from sandboxes.docker import DockerProvider
-
-        if isinstance(self.provider, DockerProvider):
-            self.provider.client.ping()
+        self.provider.check_ready()
 
     def close(self) -> None:
         """Release connections; sandboxes stay (a restarted service adopts them)."""
@@ -252,43 +242,24 @@ def new_sandbox_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-@runtime_checkable
-class _Closable(Protocol):
-    def close(self) -> None: ...
+def _held(sandbox: Sandbox) -> BaseSandbox:
+    """A provider's sandbox as the service holds it: one whose file operations and commands
+    are `BaseSandbox`'s, as every backend's are."""
+    if not isinstance(sandbox, BaseSandbox):
+        raise TypeError(f"{type(sandbox).__name__} is not a BaseSandbox: the service cannot serve it")
+    return sandbox
 
 
-def _ref_of(sandbox: BaseSandbox) -> str:
-    """What `Provider.attach` takes for this sandbox."""
-    if isinstance(sandbox, HostFiles):
-        return str(sandbox.root)
-    from sandboxes.docker import DockerSandbox
-
-    if isinstance(sandbox, DockerSandbox):
-        return sandbox.id
-    # As in `workdir_of`: only a loaded backend can have made this sandbox. Importing the ssh
-    # one here needs paramiko, which a kubernetes-only service (the chart's image) lacks.
-    ssh = sys.modules.get("sandboxes.ssh.sandbox")
-    if ssh is not None and isinstance(sandbox, ssh.SSHSandbox):
-        host = sandbox.config.host
-        return f"{host.username}@{host.host}:{host.port}:{sandbox.workspace}"
-    return sandbox.id
+def _as_sandbox(sandbox: BaseSandbox) -> Sandbox:
+    """A held sandbox as the lifecycle contract's `Sandbox`, which every provider's sandbox is."""
+    if not isinstance(sandbox, Sandbox):
+        raise TypeError(f"{type(sandbox).__name__} is not a Sandbox: no provider made it")
+    return sandbox
 
 
 def workdir_of(sandbox: BaseSandbox) -> str:
-    if isinstance(sandbox, HostFiles):
-        return str(sandbox.root)
-    from sandboxes.docker import DockerSandbox
-
-    if isinstance(sandbox, DockerSandbox):
-        return sandbox.config.workdir
-    # Only a loaded backend can have made this sandbox: never import one (and its driver,
-    # paramiko or the kubernetes client) just to ask.
-    ssh, kubernetes = sys.modules.get("sandboxes.ssh.sandbox"), sys.modules.get("sandboxes.kubernetes.sandbox")
-    if ssh is not None and isinstance(sandbox, ssh.SSHSandbox):
-        return str(sandbox.workspace)
-    if kubernetes is not None and isinstance(sandbox, kubernetes.KubernetesSandbox):
-        return str(sandbox.config.workdir)
-    return "/"
+    """The sandbox's working directory, as its backend says it (`Sandbox.workdir`)."""
+    return _as_sandbox(sandbox).workdir
 
 
 # ---------------------------------------------------------------------- records
@@ -486,58 +457,26 @@ def _check_readable(sandbox: BaseSandbox, path: str) -> None:
 # ---------------------------------------------------------------------- providers
 
 
-def provider_for(template: Template, settings: ServiceSettings, docker_client: Any = None) -> Provider[Any]:
-    """The provider of one template. No provider expiry (the service's TTLs rule) and no
-    background threads: the service sweeps through its registry."""
-    if isinstance(template, LocalTemplate):
-        from sandboxes.local import LocalProvider, LocalProviderConfig
-
-        return LocalProvider(
-            LocalProviderConfig(
-                base_dir=settings.data_dir / "local",
-                isolation=template.isolation,
-                default_timeout=template.default_timeout,
-                output_limit=settings.max_output_bytes,
-                env=template.env,
-                memory=template.memory_bytes,
-                cpus=template.cpus,
-            )
-        )
-    if isinstance(template, DockerTemplate):
-        from sandboxes.docker import DockerProvider, DockerSandboxConfig
-
-        config = DockerSandboxConfig(
-            image=template.image,
-            cpus=template.cpus,
-            memory=template.memory,
-            disk=template.disk,
-            env=template.env,
-            labels=template.labels,
-            ttl=None,
-            owner=settings.owner,
-            default_timeout=template.default_timeout,
-            output_limit=settings.max_output_bytes,
-        )
-        return DockerProvider(config, client=docker_client, sweep_interval=None, sweep_on_start=False)
-    if isinstance(template, KubernetesTemplate):
-        from sandboxes.kubernetes import KubernetesProvider
-
-        pods = template.sandbox_config(owner=settings.owner, output_limit=settings.max_output_bytes)
-        return KubernetesProvider(pods, pool_size=0, sweep_interval=None, sweep_on_start=False)
-    assert isinstance(template, SSHTemplate)
-    from sandboxes.ssh import SSHProvider
-
-    return SSHProvider(template.provider_config(settings.max_output_bytes))
+def provider_for(
+    template: Template, settings: ServiceSettings, shared: dict[str, Any] | None = None
+) -> Provider[Sandbox]:
+    """The provider of one template, as the template makes it. ``shared``: the clients the
+    providers of one service share (`ProviderContext.shared`)."""
+    context = ProviderContext(
+        data_dir=settings.data_dir,
+        owner=settings.owner,
+        output_limit=settings.max_output_bytes,
+        options={"docker_url": settings.docker_url},
+        shared={} if shared is None else shared,
+    )
+    return template.provider(context)
 
 
 def make_backends(settings: ServiceSettings, docker_client: Any = None) -> dict[str, ProviderBackend]:
-    """One backend per template, keyed by the template's name."""
-    if docker_client is None and any(isinstance(t, DockerTemplate) for t in settings.templates.values()):
-        import docker
-
-        url = settings.docker_url
-        docker_client = docker.DockerClient(base_url=url) if url else docker.from_env()
+    """One backend per template, keyed by the template's name; ``docker_client``: the Docker
+    client the templates that need one share (else the first of them makes it)."""
+    shared: dict[str, Any] = {} if docker_client is None else {"docker": docker_client}
     return {
-        name: ProviderBackend(name, template, provider_for(template, settings, docker_client), settings)
+        name: ProviderBackend(name, template, provider_for(template, settings, shared), settings)
         for name, template in settings.templates.items()
     }

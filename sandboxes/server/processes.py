@@ -7,16 +7,14 @@ service, or this one after a restart, answers a poll or a kill from the sandbox 
 commands keep running while the service is down (Docker, SSH and Kubernetes; a local sandbox's
 jail, and so its jobs, die with the service process that holds it).
 
-Limits, and where they live now:
+Limits, and where they live:
 
 - ``max_processes`` running per sandbox: counted by the start script in the sandbox, over every
   replica's jobs (two starts at the same moment may both pass it).
 - ``output_limit`` per process (the request's, under ``max_output_bytes``): the job keeps that
   many bytes of output, head and tail, in the sandbox's own bounded ``/tmp`` and keeps running
-  past it; a poll reads at most ``max_output_bytes`` of it. So the former budgets of output held
-  in the service's memory (``max_process_output_bytes`` per sandbox, the tenant policy's
-  ``max_process_output``) are deprecated and ignored (`sandboxes.server.settings.DEPRECATED`):
-  no output is held here between polls.
+  past it; a poll reads at most ``max_output_bytes`` of it. No output is held in the service
+  between polls.
 - A tenant's ``max_commands`` (its commands running at once): a background process holds one of
   the tenant's slots in the replica that started it until that replica sees it end: through a
   poll or a kill, or through a watcher thread that lists the sandbox's jobs (one ``execute``) every

@@ -48,7 +48,7 @@ from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
 from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import LABEL_VALUE, KubernetesTemplate, ServiceSettings
+from sandboxes.server.settings import LABEL_VALUE, ServiceSettings
 from sandboxes.server.store import SandboxState, StateStore
 from sandboxes.server.validation import check_env, check_labels
 
@@ -205,7 +205,7 @@ class Registry:
             known = ", ".join(sorted(self.settings.templates))
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
-        check_labels(request.labels, pod_labels=isinstance(template, KubernetesTemplate))
+        check_labels(request.labels, pod_labels=template.label_values_only)
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())

@@ -14,176 +14,28 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT
-
-if TYPE_CHECKING:
-    from sandboxes.kubernetes import KubernetesSandboxConfig
-    from sandboxes.ssh.provider import SSHProviderConfig
+from sandboxes.templates import Template as Template
+from sandboxes.templates import parse_memory, validate_template
 
 CONFIG_FILE_ENV = "SANDBOXES_CONFIG_FILE"
-DEPRECATED = ("max_process_output_bytes", "max_process_output")
-"""Settings still accepted, so a config file naming them still starts the service (unknown
-settings are refused), and ignored: they budgeted background processes' output held in the
-service's memory, where none is held since processes became jobs in their sandbox
-(`sandboxes.server.processes`). Each process keeps at most its ``output_limit`` (under
-``max_output_bytes``) in its sandbox, and a poll reads at most ``max_output_bytes``. The
-service warns at start about each one set."""
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([bkmgt]?)i?b?\s*$", re.IGNORECASE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 """A Kubernetes label value: what a tenant and a client's label must be on a `kubernetes`
 template, where they are recorded (and selected) as pod labels."""
 
 
-def parse_memory(value: str) -> int:
-    """Bytes in a Docker-style size (``512m``, ``2g``, ``1048576``), for quota arithmetic."""
-    match = _MEMORY.match(value)
-    if match is None:
-        raise ValueError(f"not a memory size: {value!r} (use e.g. 512m, 2g)")
-    number, unit = match.groups()
-    return int(float(number) * (1 << (10 * "bkmgt".index(unit.lower() or "b"))))
-
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class _Template(_Frozen):
-    """What every template has: clients choose a template by name and nothing else."""
-
-    cpus: float = Field(default=1.0, gt=0)
-    """Enforced by the backend (Docker, the local backend's cgroup where cgroups can be
-    written); always counted against the tenant's quota. ``memory`` likewise."""
-    memory: str = "512m"
-    ttl: float = Field(default=3600.0, gt=0)
-    """Default lifetime in seconds when the client asks for none."""
-    env: dict[str, str] = Field(default_factory=dict)
-    default_timeout: float = Field(default=120.0, ge=0)
-
-    @field_validator("memory")
-    @classmethod
-    def _memory_parses(cls, value: str) -> str:
-        parse_memory(value)
-        return value
-
-    @property
-    def memory_bytes(self) -> int:
-        return parse_memory(self.memory)
-
-
-class LocalTemplate(_Template):
-    """Sandboxes as directories on the service's host, in a bubblewrap jail."""
-
-    backend: Literal["local"] = "local"
-    isolation: Literal["bwrap", "none"] = "bwrap"
-    """``none`` runs commands as the service's own user with access to everything it can read
-    (its keys included), so it is refused unless the service is ``insecure``."""
-
-
-class DockerTemplate(_Template):
-    """Sandboxes as containers of the service's Docker engine."""
-
-    backend: Literal["docker"]
-    image: str = "sandboxes/runtime:latest"
-    disk: str | None = "1g"
-    """The workspace's size (a tmpfs volume; see `DockerSandboxConfig.disk`); ``None``: a
-    persistent volume on the engine's disk, unbounded."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """The operator's own labels on every container and volume of the template."""
-
-    @field_validator("disk")
-    @classmethod
-    def _disk_parses(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_memory(value)
-        return value
-
-
-class SSHTemplate(_Template):
-    """Sandboxes as workspaces on SSH hosts. Its other fields are `SSHProviderConfig`'s
-    (``hosts`` with their keys and known_hosts, ``workspace_root``, ``isolation``, ...), checked
-    by it when the config is loaded; kept apart so that a service without SSH templates does not
-    need paramiko. ``cpus`` and ``memory`` are only counted against quotas: an SSH host enforces
-    neither per sandbox."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    backend: Literal["ssh"]
-
-    @model_validator(mode="after")
-    def _provider_config_loads(self) -> SSHTemplate:
-        self.provider_config(DEFAULT_OUTPUT_LIMIT)
-        return self
-
-    def provider_config(self, output_limit: int) -> SSHProviderConfig:
-        """The provider's config: this template's SSH fields, and the service's limits. Its
-        sandboxes get no expiry of the provider's: the service enforces (and renews) TTLs."""
-        from sandboxes.ssh.provider import SSHProviderConfig
-
-        shared = {"default_timeout": self.default_timeout, "env": self.env, "output_limit": output_limit}
-        return SSHProviderConfig.model_validate({**(self.model_extra or {}), **shared})
-
-
-class KubernetesTemplate(_Template):
-    """Sandboxes as pods of a Kubernetes cluster (the service's own, in-cluster credentials,
-    or a kubeconfig). Its other fields are `KubernetesSandboxConfig`'s (``namespace``,
-    ``image``, ``image_pull_policy``, ``runtime_class_name``, ``node_selector``, ...), checked
-    when the config is loaded; kept apart so that a service without them needs no kubernetes
-    client. ``cpus`` and ``memory`` become the pod's limits and count against quotas."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    backend: Literal["kubernetes"]
-
-    @model_validator(mode="after")
-    def _sandbox_config_loads(self) -> KubernetesTemplate:
-        self.sandbox_config(owner="sandboxes-service", output_limit=DEFAULT_OUTPUT_LIMIT)
-        return self
-
-    def sandbox_config(self, *, owner: str, output_limit: int) -> KubernetesSandboxConfig:
-        """The pods' config: this template's fields, and the service's owner and limits. No
-        expiry of the provider's: the service enforces (and renews) TTLs."""
-        from sandboxes.kubernetes import KubernetesSandboxConfig
-
-        shared = {
-            "cpu_limit": f"{self.cpus:g}",
-            "memory_limit": str(self.memory_bytes),
-            "env": self.env,
-            "default_timeout": self.default_timeout,
-            "output_limit": output_limit,
-            "owner": owner,
-            "ttl": None,
-        }
-        return KubernetesSandboxConfig.model_validate({**(self.model_extra or {}), **shared})
-
-
-def _backend_of(value: Any) -> str:
-    """Templates without ``backend`` are local ones, as before templates had per-backend types."""
-    if isinstance(value, dict):
-        return str(value.get("backend", "local"))
-    if isinstance(value, LocalTemplate | DockerTemplate | SSHTemplate | KubernetesTemplate):
-        return value.backend
-    return "local"
-
-
-Template = Annotated[
-    Annotated[LocalTemplate, Tag("local")]
-    | Annotated[DockerTemplate, Tag("docker")]
-    | Annotated[SSHTemplate, Tag("ssh")]
-    | Annotated[KubernetesTemplate, Tag("kubernetes")],
-    Discriminator(_backend_of),
-]
-"""A template, by its ``backend``."""
-
-
 def _default_templates() -> dict[str, Template]:
-    return {"default": LocalTemplate()}
+    return {"default": validate_template({})}
 
 
 class TenantPolicy(_Frozen):
@@ -194,9 +46,6 @@ class TenantPolicy(_Frozen):
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
     """Requests allowed at once before the rate applies (token bucket size)."""
-    max_process_output: str = "256m"
-    """Deprecated, ignored (`DEPRECATED`): background processes' output is no longer held in the
-    service's memory, but in their sandbox, at most ``output_limit`` per process."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
     background); one more waits its turn while they keep ending, and is refused with
@@ -209,7 +58,7 @@ class TenantPolicy(_Frozen):
     (`sandboxes.server.fairness`). They run in threads of their own, as many as the tenants'
     caps together (created as needed), apart from `worker_threads`."""
 
-    @field_validator("max_memory", "max_process_output")
+    @field_validator("max_memory")
     @classmethod
     def _memory_parses(cls, value: str) -> str:
         parse_memory(value)
@@ -269,9 +118,6 @@ class ServiceSettings(BaseSettings):
     what a small upload may cost the service host's disk while it is spooled."""
     max_processes: int = Field(default=16, gt=0)
     """Background processes running at once per sandbox."""
-    max_process_output_bytes: int = Field(default=64 << 20, gt=0)
-    """Deprecated, ignored (`DEPRECATED`): background processes' output is no longer held in the
-    service's memory, but in their sandbox, at most ``output_limit`` per process."""
     sweep_interval: float = Field(default=10.0, gt=0)
     """Seconds between sweeps: expired sandboxes reaped, and (Docker, Kubernetes) what this
     replica holds compared with what the backend records (deleted or renewed elsewhere)."""
@@ -320,29 +166,16 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.templates:
             raise ValueError("at least one template is needed")
+        tenants = {*self.api_keys.values(), *self.tenants}
         for name, template in self.templates.items():
-            if isinstance(template, LocalTemplate) and template.isolation == "none" and not self.insecure:
-                raise ValueError(f"template {name!r} has isolation 'none': allowed only with insecure")
-        if any(isinstance(template, KubernetesTemplate) for template in self.templates.values()):
-            for tenant in sorted({*self.api_keys.values(), *self.tenants}):
-                if not LABEL_VALUE.match(tenant):
-                    raise ValueError(
-                        f"tenant {tenant!r} cannot be a pod label (the record of whose a sandbox is): "
-                        "63 characters at most, [A-Za-z0-9._-], starting and ending alphanumeric"
-                    )
+            try:
+                template.check_service(insecure=self.insecure, tenants=tenants)
+            except ValueError as exc:
+                raise ValueError(f"template {name!r}: {exc}") from exc
         return self
 
     def policy_for(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant, self.default_policy)
-
-    def deprecated_set(self) -> list[str]:
-        """The `DEPRECATED` settings this configuration sets, which the service ignores."""
-        found = [name for name in DEPRECATED if name in self.model_fields_set]
-        policies = {"default_policy": self.default_policy} | {f"tenants.{k}": v for k, v in self.tenants.items()}
-        found += [
-            f"{where}.{name}" for where, p in policies.items() for name in DEPRECATED if name in p.model_fields_set
-        ]
-        return found
 
     @classmethod
     def settings_customise_sources(

@@ -2,26 +2,29 @@
 
 A command waited on by a worker thread holds that thread for as long as it runs: a few long
 commands of one tenant can take every thread, and everyone else's commands queue behind them.
-A `DockerSandbox` runs its commands through its exec helper, whose reader thread learns when
-each one ends; `sandboxes._mux._awaited.arun` completes an asyncio future from there, so a
-running command costs the service no thread at all.
+A sandbox with the `AwaitsOnHelper` capability (Docker's) runs its commands through its exec
+helper, whose reader thread learns when each one ends; `sandboxes._mux._awaited.arun` completes
+an asyncio future from there, so a running command costs the service no thread at all.
 
 Only the common case is awaited: a helper already running. Anything else (no helper yet, a
-helper found broken before the command was written to it, another backend) goes to the thread
-path, which starts or restarts the helper, falls back to one ``docker exec`` per command, and is
-what `BaseSandbox.execute_streaming` does everywhere. A helper that breaks once the command was
-written answers ``connection_lost`` (acknowledged or not, the command may have run: it is never
-sent twice), as the thread path does (`sandboxes._mux.MuxBroken.may_resend`).
+helper found broken before the command was written to it, a sandbox without the capability)
+goes to the thread path, which starts or restarts the helper, falls back to the backend's one
+process per command, and is what `BaseSandbox.execute_streaming` does everywhere. A helper
+that breaks once the command was written answers ``connection_lost`` (acknowledged or not, the
+command may have run: it is never sent twice), as the thread path does
+(`sandboxes._mux.MuxBroken.may_resend`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from sandboxes import protocol as p
-from sandboxes._mux import CommandRun, MuxBroken, MuxClient
+from sandboxes._mux import AwaitsOnHelper, CommandRun, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
 from sandboxes._output import out_of_memory
 from sandboxes.base import BaseSandbox
@@ -32,13 +35,21 @@ logger = logging.getLogger(__name__)
 Fallback = Callable[[], Awaitable[p.ExecuteResponse]]
 
 
+@functools.cache
+def _awaits(kind: type) -> bool:
+    """Whether sandboxes of ``kind`` have the capability; worked out once per class (``isinstance``
+    of a runtime protocol inspects the class's attributes each time)."""
+    return issubclass(kind, AwaitsOnHelper)
+
+
+def _capable(sandbox: BaseSandbox) -> AwaitsOnHelper | None:
+    return cast(AwaitsOnHelper, sandbox) if _awaits(type(sandbox)) else None
+
+
 def awaitable_helper(sandbox: BaseSandbox) -> MuxClient | None:
     """The sandbox's running exec helper, if it has one that a command can be awaited on."""
-    from sandboxes.docker import DockerSandbox
-
-    if not isinstance(sandbox, DockerSandbox):
-        return None
-    return sandbox.running_helper()
+    capable = _capable(sandbox)
+    return None if capable is None else capable.running_helper()
 
 
 async def run_awaited(
@@ -49,11 +60,10 @@ async def run_awaited(
     on_output: Callable[[bytes], None] | None,
     fallback: Fallback,
 ) -> p.ExecuteResponse:
-    """``command`` through ``mux``, as `DockerSandbox.execute_streaming` would run it."""
-    from sandboxes.docker import DockerSandbox
-
-    assert isinstance(sandbox, DockerSandbox)  # the only one `awaitable_helper` answers for
-    config = sandbox.config
+    """``command`` through ``mux``, as the sandbox's own ``execute_streaming`` would run it."""
+    capable = _capable(sandbox)
+    assert capable is not None  # the only ones `awaitable_helper` answers for
+    config = capable.awaited_defaults()
     try:
         run = CommandRun.resolve(  # the config's defaults, as `CommandsOnHelper.execute_streaming` fills them in
             config,
@@ -77,7 +87,7 @@ async def run_awaited(
         )
     except MuxBroken as broken:
         logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
-        await asyncio.to_thread(sandbox.drop_helper, mux)
+        await asyncio.to_thread(capable.drop_helper, mux)
         if not broken.may_resend:  # it may have run: running it again could do it twice
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
         return await fallback()
@@ -86,6 +96,6 @@ async def run_awaited(
         return p.ExecuteResponse(
             "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
         )
-    if response.exit_code == 137 and await asyncio.to_thread(sandbox.oom_killed):
+    if response.exit_code == 137 and await asyncio.to_thread(capable.oom_killed):
         return out_of_memory(response, config.memory)
     return response

@@ -14,6 +14,7 @@ from sandboxes.ssh._connection import (
 from sandboxes.ssh._users import UserPoolError, WorkspaceNotFound
 from sandboxes.ssh.provider import SSHProvider, SSHProviderConfig
 from sandboxes.ssh.sandbox import SSHSandbox, SSHSandboxConfig, SSHSandboxTemplate
+from sandboxes.ssh.template import SSHTemplate
 
 __all__ = [
     "SSHAuthenticationError",
@@ -25,6 +26,7 @@ __all__ = [
     "SSHSandbox",
     "SSHSandboxConfig",
     "SSHSandboxTemplate",
+    "SSHTemplate",
     "SSHUnreachableError",
     "UserPoolError",
     "WorkspaceNotFound",

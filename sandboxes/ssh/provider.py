@@ -418,6 +418,9 @@ class SSHProvider:
         if failures:
             raise SSHError(f"{len(failures)} sandbox(es) not destroyed: " + "; ".join(failures))
 
+    def check_ready(self) -> None:
+        """Ready whenever configured: `create` tries every host and says which failed."""
+
     def close(self) -> None:
         """Close the open sandboxes (workspaces stay, and stay counted). Idempotent."""
         for sandbox in self.sandboxes:

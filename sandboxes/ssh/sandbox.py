@@ -33,10 +33,10 @@ import paramiko
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._kill import KILL_MARKED_SH, MARKER_ENV
+from sandboxes._helper._kill import KILL_MARKED_SH, MARKER_ENV
 from sandboxes._mux import (
-    COMPACT_SOURCE,
     PYTHON_FLAGS,
+    SERVER_SOURCE,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -47,7 +47,7 @@ from sandboxes._mux import (
 )
 from sandboxes._output import OutputBuffer, execute_response
 from sandboxes.base import BaseSandbox, Call
-from sandboxes.lifecycle import Lifecycle
+from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
@@ -101,7 +101,7 @@ exit "$status"
 The command runs as a child, not by ``exec``: sshd reports a death by signal as ``exit-signal``,
 which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
 is muted so that it does not add a "Killed" line to the output. Whatever the command left
-running (marked by the environment variable) is killed when it exits (`sandboxes._kill`), as the
+running (marked by the environment variable) is killed when it exits (`sandboxes._helper._kill`), as the
 exec helper does.
 
 The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
@@ -113,14 +113,14 @@ A missing working directory prints the marker too, so that a command that itself
 not mistaken for it."""
 
 _KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
-"""Kill a timed-out command's processes (`sandboxes._kill`)."""
+"""Kill a timed-out command's processes (`sandboxes._helper._kill`)."""
 
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 _STDERR_CHUNK = 1 << 16
 
 
-class SSHSandbox(BaseSandbox, Lifecycle):
+class SSHSandbox(BaseSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -182,6 +182,15 @@ class SSHSandbox(BaseSandbox, Lifecycle):
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def ref(self) -> str:
+        host = self.config.host
+        return f"{host.username}@{host.host}:{host.port}:{self.workspace}"
+
+    @property
+    def workdir(self) -> str:
+        return str(self.workspace)
 
     def close(self) -> None:
         """Drop the helper and this sandbox's share of the connection; the workspace stays."""
@@ -317,7 +326,7 @@ class SSHSandbox(BaseSandbox, Lifecycle):
             stream = _ChannelStream(self._connection, channel)
             try:
                 channel.exec_command(
-                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(COMPACT_SOURCE)}")
+                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
                 )
                 self._mux = MuxClient(stream, hello_timeout=20)
             except MuxBroken as broken:

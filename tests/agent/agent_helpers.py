@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import ToolMessage
 
-from agent import LocalProvider, lifecycle_of
+from agent import ProviderAdapter, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say
+from agent.virtual import VIRTUAL_ROOT
 from sandboxes import protocol as p
 
 
@@ -69,7 +70,7 @@ class FileEpisode:
 
     def check(self, graph: Any, state: dict[str, Any]) -> None:
         sandbox = sandbox_of(graph, state)
-        workdir = lifecycle_of(graph).workdir(sandbox.id)
+        workdir = lifecycle_of(graph).workdir(state["sandbox_id"])
         results = tool_results(state)
         assert results[self.write_app["id"]] == f"Wrote 37 characters to {workdir}/src/app.py"
         assert results[self.edit["id"]] == f"Replaced 1 occurrence(s) in {workdir}/src/app.py"
@@ -85,12 +86,23 @@ class FileEpisode:
 
 
 @pytest.fixture
-def local_provider(tmp_path: Path) -> LocalProvider:
+def local_provider(tmp_path: Path) -> ProviderAdapter:
     """Sandboxes in a temporary directory. (A fixture here, not in a conftest.py: a second
     conftest module would replace the root one that other tests import by name.)"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NotIsolatedWarning where bwrap is missing
-        return LocalProvider(tmp_path / "sandboxes")
+        return LocalSandboxes(tmp_path / "sandboxes")
+
+
+class LocalSandboxes(ProviderAdapter):
+    """`sandboxes.local.LocalProvider`'s sandboxes in directories under ``root``, each seen by
+    the model at ``/workspace``, through the agent's one adapter."""
+
+    def __init__(self, root: Path) -> None:
+        from sandboxes.local import LocalProvider
+
+        super().__init__(LocalProvider(root), virtual_root=VIRTUAL_ROOT)
+        self.root = root.resolve()
 
 
 WORKER = Path(__file__).with_name("resume_worker.py")

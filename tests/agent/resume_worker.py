@@ -13,10 +13,11 @@ import sys
 import warnings
 from pathlib import Path
 
+from agent_helpers import LocalSandboxes
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import create_sandbox_agent
 from agent.persistence import open_persistence
 from agent.testing import ScriptedChatModel, call, say
 
@@ -37,7 +38,7 @@ def main() -> None:
     with open_persistence(db) as persistence:
         graph = create_sandbox_agent(
             ScriptedChatModel(steps=steps),
-            sandbox=LocalProvider(Path(root)),
+            sandbox=LocalSandboxes(Path(root)),
             interrupt_on={"execute": True},
             checkpointer=persistence.checkpointer,
             store=persistence.store,

@@ -10,13 +10,13 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.types import Command
 
-from agent import FixedSandbox, LocalProvider, create_sandbox_agent
+from agent import FixedSandbox, ProviderAdapter, create_sandbox_agent
 from agent.testing import ScriptedChatModel, call, say
 
 LIMIT = 60_000
 
 
-def test_reads_of_blank_and_binary_files_are_bounded(local_provider: LocalProvider) -> None:
+def test_reads_of_blank_and_binary_files_are_bounded(local_provider: ProviderAdapter) -> None:
     sandbox = local_provider.create()
     workdir = local_provider.root / sandbox.id
     (workdir / "blank.txt").write_text("\n" * 1_000_000)
@@ -42,7 +42,7 @@ def _next_of(text: str) -> str:
     return numbered[-1][:6].strip()
 
 
-def test_a_tool_answering_a_command_is_bounded_too(local_provider: LocalProvider) -> None:
+def test_a_tool_answering_a_command_is_bounded_too(local_provider: ProviderAdapter) -> None:
     def shout(runtime: ToolRuntime) -> Command[Any]:
         """Answer a very long message."""
         return Command(update={"messages": [ToolMessage("x" * 500_000, tool_call_id=runtime.tool_call_id or "")]})

@@ -10,14 +10,14 @@ from agent_helpers import FileEpisode, ask, local_provider, thread, tool_results
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.base import Call
 from sandboxes.local import LocalSandbox
 from sandboxes.protocol import ExecuteResponse
 
 
-def test_file_and_execute_tools_land_in_the_sandbox(local_provider: LocalProvider) -> None:
+def test_file_and_execute_tools_land_in_the_sandbox(local_provider: ProviderAdapter) -> None:
     episode = FileEpisode()
     graph = create_sandbox_agent(episode.model, sandbox=local_provider)
     state = graph.invoke(ask("work"))
@@ -25,7 +25,7 @@ def test_file_and_execute_tools_land_in_the_sandbox(local_provider: LocalProvide
     assert "execute" in episode.model.tools
 
 
-def test_each_thread_gets_its_own_sandbox_and_keeps_it(local_provider: LocalProvider) -> None:
+def test_each_thread_gets_its_own_sandbox_and_keeps_it(local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[say("a"), say("b"), say("c")])
     graph = create_sandbox_agent(model, sandbox=local_provider, checkpointer=InMemorySaver())
     one, two = thread(), thread()
@@ -34,10 +34,11 @@ def test_each_thread_gets_its_own_sandbox_and_keeps_it(local_provider: LocalProv
     again = graph.invoke(ask("again"), one)
     assert first["sandbox_id"] != second["sandbox_id"]
     assert again["sandbox_id"] == first["sandbox_id"]
-    assert sorted(p.name for p in local_provider.root.iterdir()) == sorted([first["sandbox_id"], second["sandbox_id"]])
+    made = sorted(record.ref for record in local_provider.provider.list())
+    assert made == sorted([first["sandbox_id"], second["sandbox_id"]])
 
 
-def test_scratch_lives_in_the_thread_and_memories_outlive_it(local_provider: LocalProvider) -> None:
+def test_scratch_lives_in_the_thread_and_memories_outlive_it(local_provider: ProviderAdapter) -> None:
     store = InMemoryStore()
     write_scratch = call("write_file", file_path="/scratch/plan.md", content="step 1\n")
     write_memory = call("write_file", file_path="/memories/prefs.md", content="likes tabs\n")
@@ -73,7 +74,7 @@ def test_scratch_lives_in_the_thread_and_memories_outlive_it(local_provider: Loc
     assert second["sandbox_id"] != first["sandbox_id"]
 
 
-def test_read_file_pages(local_provider: LocalProvider) -> None:
+def test_read_file_pages(local_provider: ProviderAdapter) -> None:
     text = "".join(f"line {i}\n" for i in range(1, 11))
     first_page = call("read_file", file_path="n.txt", offset=0, limit=4)
     last_page = call("read_file", file_path="n.txt", offset=8, limit=4)
@@ -92,7 +93,7 @@ def test_read_file_pages(local_provider: LocalProvider) -> None:
     assert results[last_page["id"]].splitlines() == ["     9\tline 9", "    10\tline 10"]
 
 
-def test_a_large_result_is_evicted_to_the_thread_and_readable(local_provider: LocalProvider) -> None:
+def test_a_large_result_is_evicted_to_the_thread_and_readable(local_provider: ProviderAdapter) -> None:
     big = call("execute", command="seq 1 20000")
     expected = "".join(f"{i}\n" for i in range(1, 20001)) + "[exit code 0]"
     read_back = call("read_file", file_path=f"/large_tool_results/{big['id']}", offset=19998, limit=5)
@@ -109,7 +110,7 @@ def test_a_large_result_is_evicted_to_the_thread_and_readable(local_provider: Lo
     assert results[read_back["id"]].splitlines() == [" 19999\t19999", " 20000\t20000", " 20001\t[exit code 0]"]
 
 
-def test_backend_failures_reach_the_model_as_messages(local_provider: LocalProvider) -> None:
+def test_backend_failures_reach_the_model_as_messages(local_provider: ProviderAdapter) -> None:
     bad_edit = call("edit_file", file_path="x.txt", old_string="absent", new_string="y")
     dup_edit = call("edit_file", file_path="x.txt", old_string="a", new_string="b")
     bad_path = call("write_file", file_path="/scratch/../..//\x00", content="z")

@@ -7,12 +7,12 @@ from pathlib import Path
 from agent_helpers import ask, local_provider, thread, tool_results
 from langgraph.types import Command
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 
 
-def test_hitl_approve_edit_and_reject(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_hitl_approve_edit_and_reject(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     approve = call("execute", command="echo approved > a.txt")
     edit = call("execute", command="echo as-asked > e.txt")
     reject = call("execute", command="echo rejected > r.txt")

@@ -8,15 +8,15 @@ from typing import Any
 
 from agent_helpers import local_provider
 
-from agent import LocalProvider, SandboxMiddleware
+from agent import ProviderAdapter, SandboxMiddleware
 from sandboxes import protocol as p
 
 
-class SlowAttach(LocalProvider):
+class SlowAttach(ProviderAdapter):
     """Every attach waits until all the callers are inside it, so they overlap for sure."""
 
-    def __init__(self, inner: LocalProvider, parties: int) -> None:
-        super().__init__(inner.root)
+    def __init__(self, inner: ProviderAdapter, parties: int) -> None:
+        super().__init__(inner.provider, virtual_root=inner.virtual_root)
         self.barrier = threading.Barrier(parties, timeout=30)
         self.detached: list[p.SandboxBackendProtocol] = []
 
@@ -41,18 +41,19 @@ class Starts:
         pass
 
 
-def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: LocalProvider) -> None:
-    sandbox_id = local_provider.create().id
+def test_concurrent_attaches_keep_one_handle_and_start_once(local_provider: ProviderAdapter) -> None:
+    made = local_provider.create()
+    key = local_provider.key(made)
     provider = SlowAttach(local_provider, parties=4)
     starts = Starts()
     lifecycle = SandboxMiddleware(provider, hooks=[starts])
     with ThreadPoolExecutor(4) as pool:
-        handles = list(pool.map(lambda _: lifecycle.sandbox(sandbox_id), range(4)))
+        handles = list(pool.map(lambda _: lifecycle.sandbox(key), range(4)))
     assert len({id(h) for h in handles}) == 1
-    assert starts.started == [sandbox_id]
+    assert starts.started == [made.id]
     assert len(provider.detached) == 3
     assert all(d is not handles[0] for d in provider.detached)
-    assert lifecycle.live == (sandbox_id,)
+    assert lifecycle.live == (key,)
 
 
 __all__ = ["local_provider"]  # the fixture, used by name

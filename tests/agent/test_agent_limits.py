@@ -17,7 +17,7 @@ from langchain.agents.middleware.model_call_limit import ModelCallLimitExceededE
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.testing import ScriptedChatModel, call, say
 
 
@@ -25,7 +25,7 @@ def looping_model() -> ScriptedChatModel:
     return ScriptedChatModel(steps=[say("", call("ls"))], repeat_last=True)
 
 
-def test_model_call_limit_ends_the_run(local_provider: LocalProvider) -> None:
+def test_model_call_limit_ends_the_run(local_provider: ProviderAdapter) -> None:
     model = looping_model()
     graph = create_sandbox_agent(
         model, sandbox=local_provider, middleware=[ModelCallLimitMiddleware(run_limit=3, exit_behavior="end")]
@@ -35,7 +35,7 @@ def test_model_call_limit_ends_the_run(local_provider: LocalProvider) -> None:
     assert "limit" in str(state["messages"][-1].content).lower()
 
 
-def test_model_call_limit_can_raise(local_provider: LocalProvider) -> None:
+def test_model_call_limit_can_raise(local_provider: ProviderAdapter) -> None:
     graph = create_sandbox_agent(
         looping_model(),
         sandbox=local_provider,
@@ -45,7 +45,7 @@ def test_model_call_limit_can_raise(local_provider: LocalProvider) -> None:
         graph.invoke(ask("loop"))
 
 
-def test_tool_call_limit_stops_calls_past_the_limit(local_provider: LocalProvider) -> None:
+def test_tool_call_limit_stops_calls_past_the_limit(local_provider: ProviderAdapter) -> None:
     calls = [call("execute", command=f"echo {i} >> log.txt") for i in range(4)]
     model = ScriptedChatModel(steps=[say("", *calls), say("ok")])
     graph = create_sandbox_agent(
@@ -62,7 +62,7 @@ def test_tool_call_limit_stops_calls_past_the_limit(local_provider: LocalProvide
     assert sorted((local_provider.root / state["sandbox_id"] / "log.txt").read_text().split()) == ["0", "1"]
 
 
-def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: LocalProvider) -> None:
+def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: ProviderAdapter) -> None:
     broken = ScriptedChatModel(steps=[RuntimeError("provider down")] * 3)
     backup = ScriptedChatModel(steps=[say("", call("write_file", file_path="f.txt", content="x")), say("via backup")])
     graph = create_sandbox_agent(broken, sandbox=local_provider, middleware=[ModelFallbackMiddleware(backup)])
@@ -73,7 +73,7 @@ def test_model_fallback_takes_over_when_the_first_model_fails(local_provider: Lo
     assert (local_provider.root / state["sandbox_id"] / "f.txt").read_text() == "x"
 
 
-def test_tool_retry_retries_a_flaky_user_tool(local_provider: LocalProvider) -> None:
+def test_tool_retry_retries_a_flaky_user_tool(local_provider: ProviderAdapter) -> None:
     attempts: list[int] = []
 
     def flaky(n: int) -> str:
@@ -95,7 +95,7 @@ def test_tool_retry_retries_a_flaky_user_tool(local_provider: LocalProvider) -> 
     assert attempts == [7, 7, 7]
 
 
-def test_summarization_compacts_a_long_history(local_provider: LocalProvider) -> None:
+def test_summarization_compacts_a_long_history(local_provider: ProviderAdapter) -> None:
     steps = [say("", call("execute", command=f"echo {i}")) for i in range(6)] + [say("finished")]
     summarizer = ScriptedChatModel(steps=[say("SUMMARY: six echoes")], repeat_last=True)
     model = ScriptedChatModel(steps=steps)
@@ -112,7 +112,7 @@ def test_summarization_compacts_a_long_history(local_provider: LocalProvider) ->
     assert len(last_request) < 1 + 1 + 2 * 6  # system + history: shorter than the full 6 steps
 
 
-def test_context_editing_clears_old_tool_results_from_the_request(local_provider: LocalProvider) -> None:
+def test_context_editing_clears_old_tool_results_from_the_request(local_provider: ProviderAdapter) -> None:
     steps = [say("", call("execute", command=f"echo result-{i}")) for i in range(4)] + [say("finished")]
     model = ScriptedChatModel(steps=steps)
     graph = create_sandbox_agent(

@@ -7,7 +7,7 @@ from langchain_core.messages import SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
-from agent import FixedSandbox, LocalProvider, create_sandbox_agent
+from agent import FixedSandbox, ProviderAdapter, create_sandbox_agent
 from agent.memory import parse_skill
 from agent.testing import ScriptedChatModel, call, say
 
@@ -27,7 +27,7 @@ def system_text(model: ScriptedChatModel, request: int = 0) -> str:
     return "".join(block["text"] for block in message.content_blocks if block["type"] == "text")  # type: ignore[typeddict-item]
 
 
-def test_memory_files_are_in_the_prompt_and_edits_show_next_run(local_provider: LocalProvider) -> None:
+def test_memory_files_are_in_the_prompt_and_edits_show_next_run(local_provider: ProviderAdapter) -> None:
     store = InMemoryStore()
     sandbox = local_provider.create()
     workdir = local_provider.root / sandbox.id
@@ -58,7 +58,7 @@ def test_memory_files_are_in_the_prompt_and_edits_show_next_run(local_provider: 
     assert tool_results(state)[remember["id"]].startswith("Replaced 1 occurrence")
 
 
-def test_skills_list_names_and_descriptions_and_the_body_is_read_on_demand(local_provider: LocalProvider) -> None:
+def test_skills_list_names_and_descriptions_and_the_body_is_read_on_demand(local_provider: ProviderAdapter) -> None:
     sandbox = local_provider.create()
     workdir = local_provider.root / sandbox.id
     (workdir / "skills" / "release-notes").mkdir(parents=True)

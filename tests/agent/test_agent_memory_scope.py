@@ -10,7 +10,7 @@ from langchain_core.messages import SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.store.memory import InMemoryStore
 
-from agent import FixedSandbox, LocalProvider, create_sandbox_agent
+from agent import FixedSandbox, ProviderAdapter, create_sandbox_agent
 from agent.identity import RunIdentity, identity_of, per_user_namespace
 from agent.testing import ScriptedChatModel, call, say
 from agent.workspace import Layout
@@ -29,7 +29,7 @@ def system_text(model: ScriptedChatModel, request: int) -> str:
     return "".join(block["text"] for block in message.content_blocks if block["type"] == "text")  # type: ignore[typeddict-item]
 
 
-def test_one_users_memories_are_not_anothers(local_provider: LocalProvider) -> None:
+def test_one_users_memories_are_not_anothers(local_provider: ProviderAdapter) -> None:
     store = InMemoryStore()
     sandbox = FixedSandbox(local_provider.create())  # even one sandbox for everyone
     secret = call("write_file", file_path="/memories/alice-secret.txt", content="ALICE-SECRET\n")
@@ -60,7 +60,7 @@ def test_one_users_memories_are_not_anothers(local_provider: LocalProvider) -> N
 
 
 def test_runs_without_a_user_share_nothing_and_a_fixed_namespace_shares_on_purpose(
-    local_provider: LocalProvider,
+    local_provider: ProviderAdapter,
 ) -> None:
     store = InMemoryStore()
     sandbox = FixedSandbox(local_provider.create())
@@ -74,7 +74,7 @@ def test_runs_without_a_user_share_nothing_and_a_fixed_namespace_shares_on_purpo
         assert ("NOTE" in other) is shared, (layout, other)
 
 
-def test_a_run_without_user_or_thread_keeps_its_memories_in_its_state(local_provider: LocalProvider) -> None:
+def test_a_run_without_user_or_thread_keeps_its_memories_in_its_state(local_provider: ProviderAdapter) -> None:
     store = InMemoryStore()
     note = call("write_file", file_path="/memories/note.txt", content="NOTE\n")
     read = call("read_file", file_path="/memories/note.txt")

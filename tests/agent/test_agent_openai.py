@@ -17,7 +17,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from openai_wire import ScriptedOpenAI, reply, tool_call
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.cli import missing_key, show_update
 
 
@@ -26,7 +26,7 @@ def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
-def test_an_episode_through_chat_openai(local_provider: LocalProvider) -> None:
+def test_an_episode_through_chat_openai(local_provider: ProviderAdapter) -> None:
     script = [
         reply(None, tool_call("c1", "write_file", file_path="hello.py", content="print('hi from openai')\n")),
         reply("running it", tool_call("c2", "execute", command="python3 hello.py || cat hello.py")),
@@ -94,7 +94,7 @@ def test_the_command_shows_steps_and_resumes_a_thread(tmp_path: Path) -> None:
     assert "<- task:\n    It says forty-two." in out
     assert "agent: Done: result.txt holds the answer." in out
     sandbox_line = out.splitlines()[-1]
-    assert sandbox_line.startswith("sandbox local-")
+    assert sandbox_line.startswith(f"sandbox {tmp_path}")
 
     second_script = [reply(None, tool_call("t3", "execute", command="cat result.txt")), reply("Still there.")]
     with ScriptedOpenAI(second_script) as server:

@@ -11,6 +11,7 @@ from langchain.agents.middleware import (
     HumanInTheLoopMiddleware,
     ModelRequest,
     ModelResponse,
+    SummarizationMiddleware,
     TodoListMiddleware,
 )
 from langchain_core.messages import ToolMessage
@@ -19,9 +20,9 @@ from langgraph.types import Command
 
 from agent import (
     FilesystemMiddleware,
-    LocalProvider,
     MemoryMiddleware,
     PatchToolCallsMiddleware,
+    ProviderAdapter,
     SandboxMiddleware,
     SkillsMiddleware,
     SubAgentMiddleware,
@@ -83,7 +84,7 @@ class Recorder(AgentMiddleware[Any, Any]):
         self.log.append(f"stop:{self.label}")
 
 
-def test_priority_places_user_middleware_and_hooks_run_as_an_onion(local_provider: LocalProvider) -> None:
+def test_priority_places_user_middleware_and_hooks_run_as_an_onion(local_provider: ProviderAdapter) -> None:
     log: list[str] = []
     # Given innermost first; the priorities (larger is outer) put them in the order a, b, c.
     c, b, a = Recorder("c", log, priority=5), Recorder("b", log), Recorder("a", log, priority=30)
@@ -131,7 +132,7 @@ def test_priority_places_user_middleware_and_hooks_run_as_an_onion(local_provide
     assert log.index("stop:c") > log.index("after_agent:a")
 
 
-def test_the_default_stack_is_in_the_documented_order(local_provider: LocalProvider) -> None:
+def test_the_default_stack_is_in_the_documented_order(local_provider: ProviderAdapter) -> None:
     user = Recorder("user", [])
     model = ScriptedChatModel(steps=[])
     graph = create_sandbox_agent(
@@ -146,16 +147,17 @@ def test_the_default_stack_is_in_the_documented_order(local_provider: LocalProvi
         SandboxMiddleware,
         PatchToolCallsMiddleware,
         TodoListMiddleware,
-        MemoryMiddleware,
         SkillsMiddleware,
         FilesystemMiddleware,
         SubAgentMiddleware,
+        SummarizationMiddleware,
         Recorder,
+        MemoryMiddleware,
         HumanInTheLoopMiddleware,
     ]
 
 
-def test_user_priority_can_go_outside_every_default(local_provider: LocalProvider) -> None:
+def test_user_priority_can_go_outside_every_default(local_provider: ProviderAdapter) -> None:
     outer, inner = Recorder("outer", [], priority=1000), Recorder("inner", [], priority=0)
     graph = create_sandbox_agent(ScriptedChatModel(steps=[]), sandbox=local_provider, middleware=[inner, outer])
     stack = middleware_of(graph)

@@ -9,7 +9,7 @@ from langchain.agents.middleware import ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.patch import PatchToolCallsMiddleware, patch_tool_calls
 from agent.testing import ScriptedChatModel, call, say
 
@@ -33,7 +33,7 @@ def test_patch_inserts_a_result_right_after_the_unanswered_call() -> None:
     assert patch_tool_calls(patched) is None
 
 
-def test_an_interrupted_run_followed_by_a_new_message_gets_its_calls_patched(local_provider: LocalProvider) -> None:
+def test_an_interrupted_run_followed_by_a_new_message_gets_its_calls_patched(local_provider: ProviderAdapter) -> None:
     risky = call("execute", command="rm -rf build")
     model = ScriptedChatModel(steps=[say("", risky), say("understood")])
     graph = create_sandbox_agent(

@@ -8,7 +8,7 @@ from pathlib import Path
 from agent_helpers import ask, local_provider, run_phase, thread, tool_results
 from postgres_server import postgres_dsn
 
-from agent import LocalProvider, create_sandbox_agent
+from agent import ProviderAdapter, create_sandbox_agent
 from agent.persistence import open_postgres
 from agent.testing import ScriptedChatModel, call, say
 
@@ -24,7 +24,7 @@ def test_an_interrupted_thread_resumes_in_a_new_process_from_postgres(postgres_d
 
 
 def test_memories_in_postgres_are_shared_across_threads_and_connections(
-    postgres_dsn: str, local_provider: LocalProvider
+    postgres_dsn: str, local_provider: ProviderAdapter
 ) -> None:
     write = call("write_file", file_path="/memories/team.md", content="deploys on friday: no\n")
     read = call("read_file", file_path="/memories/team.md")

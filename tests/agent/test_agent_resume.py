@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from agent_helpers import ask, local_provider, run_phase, thread, tool_results
 
-from agent import LocalProvider, SandboxGone, create_sandbox_agent, lifecycle_of
+from agent import ProviderAdapter, SandboxGone, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
+from sandboxes.local import LocalProvider
 
 
 def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_path: Path) -> None:
@@ -24,10 +25,10 @@ def test_an_interrupted_thread_resumes_in_a_new_process_on_the_same_sandbox(tmp_
     assert second["interrupted"] is False
     assert second["results"][-1] == "from process one\npid-differs\n[exit code 0]"
     assert second["last"] == "resumed"
-    assert [p.name for p in root.iterdir()] == [first["sandbox_id"]]
+    assert [record.ref for record in LocalProvider(root).list()] == [first["sandbox_id"]]
 
 
-def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[say("", call("write_file", file_path="a.txt", content="x")), say("ok")])
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(
@@ -35,11 +36,11 @@ def test_release_end_ends_the_sandbox_when_the_run_finishes(tmp_path: Path, loca
         )
         state = graph.invoke(ask("go"), thread())
     assert state.get("sandbox_id") is None
-    assert list(local_provider.root.iterdir()) == []
+    assert local_provider.provider.list() == []
     assert lifecycle_of(graph).live == ()
 
 
-def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_release_ttl_keeps_the_sandbox_until_released(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     model = ScriptedChatModel(steps=[say("ok"), say("again")])
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(model, sandbox=local_provider, checkpointer=persistence.checkpointer)
@@ -60,7 +61,7 @@ def _first_run(graph: Any, config: dict[str, Any]) -> str:
 
 
 def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
-    tmp_path: Path, local_provider: LocalProvider
+    tmp_path: Path, local_provider: ProviderAdapter
 ) -> None:
     """The sandbox expired between two runs of a thread: the second run does not fail, it runs
     in a new, empty sandbox, and the model reads that its earlier files are gone."""
@@ -76,15 +77,16 @@ def test_a_thread_whose_sandbox_is_gone_gets_a_new_one_and_the_model_is_told(
         state = resumed.invoke(ask("go on"), config)
 
     assert state["sandbox_id"] not in (None, old_id)
-    assert [d.name for d in local_provider.root.iterdir()] == [state["sandbox_id"]]
+    assert [record.ref for record in local_provider.provider.list()] == [state["sandbox_id"]]
     seen = [str(m.content) for m in second.requests[0]]
-    assert any(old_id in text and "no longer exists" in text for text in seen), seen
+    assert any("no longer exists" in text for text in seen), seen
+    assert not any(old_id in text for text in seen)  # its key is a host path: the model never sees one
     listing = list(tool_results(state).values())[-1]  # the resumed run's ls, in the new sandbox
     assert listing == "/workspace/. is empty"
     assert state["messages"][-1].content == "starting over"
 
 
-def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_provider: LocalProvider) -> None:
+def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_provider: ProviderAdapter) -> None:
     config = thread()
     with open_sqlite(tmp_path / "agent.sqlite") as persistence:
         graph = create_sandbox_agent(
@@ -100,4 +102,4 @@ def test_on_missing_raise_stops_the_run_with_sandbox_gone(tmp_path: Path, local_
         )
         with pytest.raises(SandboxGone, match=old_id):
             strict.invoke(ask("go on"), config)
-    assert list(local_provider.root.iterdir()) == []
+    assert local_provider.provider.list() == []

@@ -13,7 +13,7 @@ from agent_helpers import FileEpisode, ask, thread, tool_results
 from langgraph.checkpoint.memory import InMemorySaver
 from support import SESSION_OWNER
 
-from agent import DockerProvider, RemoteProvider, SSHProvider, create_sandbox_agent, lifecycle_of
+from agent import ProviderAdapter, RemoteProvider, create_sandbox_agent, lifecycle_of
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes.docker import DockerSandboxConfig
 from sandboxes.docker.provider import DockerProvider as Docker
@@ -25,9 +25,9 @@ from service_harness import KEYS, running, settings_for
 
 
 @pytest.fixture
-def docker_provider(docker_client: Any, runtime_image: str) -> DockerProvider:
+def docker_provider(docker_client: Any, runtime_image: str) -> ProviderAdapter:
     template = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
-    return DockerProvider(Docker(template, client=docker_client))
+    return ProviderAdapter(Docker(template, client=docker_client))
 
 
 @pytest.fixture
@@ -39,17 +39,17 @@ def remote_provider(tmp_path: Path) -> Iterator[RemoteProvider]:
 
 
 @pytest.fixture
-def ssh_provider(docker_client: Any, tmp_path: Path) -> Iterator[SSHProvider]:
+def ssh_provider(docker_client: Any, tmp_path: Path) -> Iterator[ProviderAdapter]:
     from ssh_fixtures import start_vm
 
     vm = start_vm(tmp_path / "ssh")
     try:
-        yield SSHProvider(SSH(SSHProviderConfig(hosts=[vm.host_config()], workspace_root="/tmp/agent-ws")))
+        yield ProviderAdapter(SSH(SSHProviderConfig(hosts=[vm.host_config()], workspace_root="/tmp/agent-ws")))
     finally:
         vm.stop()
 
 
-def episode_then_reattach(provider: DockerProvider | RemoteProvider | SSHProvider) -> str:
+def episode_then_reattach(provider: ProviderAdapter | RemoteProvider) -> str:
     """The file episode, then the same thread from a fresh agent (an empty registry, as in a new
     process) reattaches to the sandbox by the id in its checkpoint. Returns the sandbox id."""
     checkpointer = InMemorySaver()
@@ -75,7 +75,7 @@ def episode_then_reattach(provider: DockerProvider | RemoteProvider | SSHProvide
     return sandbox_id
 
 
-def test_episode_on_docker_and_reattach(docker_provider: DockerProvider, docker_client: Any) -> None:
+def test_episode_on_docker_and_reattach(docker_provider: ProviderAdapter, docker_client: Any) -> None:
     import docker.errors
 
     sandbox_id = episode_then_reattach(docker_provider)
@@ -91,9 +91,9 @@ def test_episode_through_the_service_and_reattach(remote_provider: RemoteProvide
         remote_provider.client.get(sandbox_id)
 
 
-def test_episode_on_ssh_and_reattach(ssh_provider: SSHProvider) -> None:
+def test_episode_on_ssh_and_reattach(ssh_provider: ProviderAdapter) -> None:
     sandbox_id = episode_then_reattach(ssh_provider)
-    assert sandbox_id.startswith("ssh:127.0.0.1:")
+    assert sandbox_id.partition("@")[2].startswith("127.0.0.1:")  # its ref: user@host:port:workspace
     with pytest.raises(LookupError, match="no workspace"):  # released: its workspace is gone
         ssh_provider.attach(sandbox_id)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from agent_helpers import ask, local_provider, thread, tool_results
 from langchain_core.messages import HumanMessage
 
-from agent import LocalProvider, SubAgent, create_sandbox_agent, lifecycle_of
+from agent import ProviderAdapter, SubAgent, create_sandbox_agent, lifecycle_of
 from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 
@@ -16,7 +16,7 @@ from agent.testing import ScriptedChatModel, call, say
 BARRIER = "touch {me}; i=0; while [ ! -e {other} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; ls {other}"
 
 
-def test_subagents_run_in_parallel_in_the_parents_sandbox(local_provider: LocalProvider) -> None:
+def test_subagents_run_in_parallel_in_the_parents_sandbox(local_provider: ProviderAdapter) -> None:
     left_model = ScriptedChatModel(
         steps=[say("", call("execute", command=BARRIER.format(me="left.flag", other="right.flag"))), say("left ok")]
     )
@@ -52,7 +52,7 @@ def test_subagents_run_in_parallel_in_the_parents_sandbox(local_provider: LocalP
 
 
 def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(
-    local_provider: LocalProvider, tmp_path: Path
+    local_provider: ProviderAdapter, tmp_path: Path
 ) -> None:
     helper = ScriptedChatModel(
         steps=[say("", call("write_file", file_path="/scratch/found.md", content="42")), say("wrote it")]
@@ -75,7 +75,7 @@ def test_subagent_scratch_changes_come_back_and_unknown_types_are_refused(
     assert results[read["id"]] == "     1\t42"
 
 
-async def test_an_async_episode_with_a_subagent(local_provider: LocalProvider) -> None:
+async def test_an_async_episode_with_a_subagent(local_provider: ProviderAdapter) -> None:
     helper = ScriptedChatModel(steps=[say("", call("execute", command="echo from-sub > sub.txt")), say("sub ok")])
     task = call("task", description="write sub.txt", subagent_type="helper")
     show = call("execute", command="cat sub.txt")

@@ -19,7 +19,7 @@ from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import SandboxClient
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
 from sandboxes.integrations.deepagents import (
     TIMEOUT_EXIT_CODE,
     DeepAgentsBackend,
@@ -28,7 +28,6 @@ from sandboxes.integrations.deepagents import (
 )
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.semantics import message_for
-from sandboxes.server.settings import DockerTemplate
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 from sandboxes.state import StateBackend
 

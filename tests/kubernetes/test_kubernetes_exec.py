@@ -276,7 +276,7 @@ def test_kill_tagged_kills_a_jobs_tree_through_the_helper(
     """`sandboxes.base.KillsTagged` on a pod: the exec helper kills every process carrying a
     background job's marker, detached ones too, without an exec of its own; without a helper
     (the fallback) it answers ``False`` and the job runner kills with commands."""
-    from sandboxes._kill import JOB_MARKER_PREFIX, MARKER_ENV
+    from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
     from sandboxes.base import KillsTagged
     from sandboxes.jobs import JobRunner
 

@@ -76,7 +76,7 @@ def provider(template: KubernetesSandboxConfig, api_client: Any) -> Iterator[Kub
 
 class TestKubernetesProvider(ProviderConformance):
     """The promises every provider keeps, as Docker's, SSH's and Local's are checked
-    (tests/providers/test_provider_conformance.py), under an owner of its own so that its sweeps
+    (tests/test_provider_conformance.py), under an owner of its own so that its sweeps
     reach only what it made."""
 
     @pytest.fixture

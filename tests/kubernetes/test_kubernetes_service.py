@@ -27,8 +27,8 @@ from service_harness import (
 )
 
 from sandboxes.client import RemoteSandbox, SandboxClient
+from sandboxes.kubernetes import KubernetesTemplate
 from sandboxes.server.auth import hash_key
-from sandboxes.server.settings import KubernetesTemplate
 from sandboxes.testing import SandboxConformance
 
 

@@ -22,11 +22,12 @@ import httpx
 import pytest
 import uvicorn
 
+from sandboxes.local import LocalTemplate
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
 from sandboxes.server.clock import Clock
 from sandboxes.server.serving import uvicorn_config
-from sandboxes.server.settings import LocalTemplate, ServiceSettings, TenantPolicy
+from sandboxes.server.settings import ServiceSettings, TenantPolicy
 
 KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
 """Tenant -> API key. ``tiny`` has a quota of one small sandbox; ``slow`` 2 requests/s."""
@@ -153,7 +154,7 @@ def heartbeat(path: str) -> str:
     """A loop that writes the time (ns) to ``path`` every 0.1 s, for as long as it lives. In a
     ``sh -c`` of its own (exec'd: the same process), so that the loop's text is in its command
     line (`heartbeat_processes`) also when the command runs in a shell the exec helper started
-    ahead of it, whose command line is ``/bin/sh -s`` (`sandboxes._mux._spawn`)."""
+    ahead of it, whose command line is ``/bin/sh -s`` (`sandboxes._helper._spawn`)."""
     return "exec sh -c " + shlex.quote(f"while :; do {_beat(path)} sleep 0.1; done")
 
 
@@ -221,7 +222,7 @@ def heartbeat_processes(client: httpx.Client, sandbox_id: str, path: str) -> lis
 
 SHELL_STARTED_AS = "tr '\\0' ' ' </proc/$$/cmdline | cut -c1-10"
 """Prints how the command's own shell was started: ``/bin/sh -s`` when the exec helper started
-it ahead of the command (`sandboxes._mux._spawn`), ``/bin/sh -c`` when it came with it."""
+it ahead of the command (`sandboxes._helper._spawn`), ``/bin/sh -c`` when it came with it."""
 
 
 def assert_commands_run_warm_with_the_services_markers(client: httpx.Client, sandbox_id: str) -> None:

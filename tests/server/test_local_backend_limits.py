@@ -10,9 +10,8 @@ from service_harness import settings_for
 from support import HAS_BWRAP
 
 from sandboxes import protocol as p
-from sandboxes.local import LocalSandbox
+from sandboxes.local import LocalSandbox, LocalTemplate
 from sandboxes.server.backends import make_backends
-from sandboxes.server.settings import LocalTemplate
 
 
 @pytest.mark.needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")

@@ -17,7 +17,7 @@ import pytest
 from service_harness import KEYS, Running, create, execute, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 ENDLESS = "/proc/self/pagemap"
 """A file that reads for minutes (each process's page table, hundreds of GiB): a grep of it

@@ -19,7 +19,7 @@ import pytest
 from service_harness import Running, create, error_of, execute, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 EXPANSION = 16 << 20
 """The services' ``max_archive_expansion`` here."""

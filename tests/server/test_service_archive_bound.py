@@ -15,9 +15,9 @@ import pytest
 from service_harness import Running, create, error_of, execute, running, settings_for
 from support import SESSION_OWNER
 
+from sandboxes.docker import DockerTemplate
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.members import MemberBound
-from sandboxes.server.settings import DockerTemplate
 
 LIMIT = 1 << 20
 

@@ -42,8 +42,7 @@ from support import RETAKE_PIDS, SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import RemoteSandbox, SandboxClient
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
 from sandboxes.testing import SandboxConformance
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}

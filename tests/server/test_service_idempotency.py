@@ -15,7 +15,7 @@ import pytest
 from service_harness import Running, error_of, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 URL = "/v1/sandboxes"
 

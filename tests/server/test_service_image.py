@@ -129,7 +129,7 @@ def test_the_image_loads_the_charts_kubernetes_template(service_image: str, dock
     kubernetes client (a real cluster showed the service crash-looping without it)."""
     template = {"backend": "kubernetes", "namespace": "sandboxes", "image": f"sandboxes/runtime:{VERSION}"}
     script = (
-        "import json, sys; from sandboxes.server.settings import KubernetesTemplate; "
+        "import json, sys; from sandboxes.kubernetes import KubernetesTemplate; "
         "KubernetesTemplate.model_validate(json.loads(sys.argv[1])); print('loaded')"
     )
     container = docker_client.containers.run(

@@ -17,7 +17,7 @@ import pytest
 from service_harness import KEYS, UNTHROTTLED, Running, create, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")

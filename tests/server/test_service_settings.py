@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -104,38 +105,18 @@ def test_key_tools_print_hashes_not_keys() -> None:
     assert f'"{hash_key(key)}" = "carol"' in made.stdout
 
 
-def test_deprecated_output_budgets_still_load_and_are_named_at_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """``max_process_output_bytes`` and the policies' ``max_process_output`` budgeted output
-    held in the service's memory, where background processes hold none any more: a config file
-    naming them still starts the service (unknown settings are refused), which says at start
-    that each is ignored; one that does not name them gets no warning."""
-    from sandboxes.server.app import check_settings
-
-    config = tmp_path / "service.json"
-    config.write_text(
-        json.dumps(
-            {
-                "insecure": True,
-                "max_process_output_bytes": 1 << 20,
-                "default_policy": {"max_process_output": "1m"},
-                "tenants": {"alice": {"max_process_output": "2m", "max_commands": 3}, "bob": {"max_commands": 2}},
-            }
-        )
-    )
-    settings = ServiceSettings(config_file=config, data_dir=tmp_path)
-    assert settings.deprecated_set() == [
-        "max_process_output_bytes",
-        "default_policy.max_process_output",
-        "tenants.alice.max_process_output",
-    ]
-    with caplog.at_level("WARNING", logger="sandboxes.server.app"):
-        check_settings(settings)
-    warned = [r.getMessage() for r in caplog.records if "deprecated and ignored" in r.getMessage()]
-    assert len(warned) == 3
-    assert "tenants.alice.max_process_output" in warned[2]
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="sandboxes.server.app"):
-        check_settings(ServiceSettings(insecure=True, data_dir=tmp_path))
-    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"max_process_output_bytes": 1 << 20},
+        {"default_policy": {"max_process_output": "1m"}},
+        {"tenants": {"alice": {"max_process_output": "2m"}}},
+    ],
+)
+def test_the_unshipped_output_budgets_are_unknown_settings(tmp_path: Path, config: dict[str, Any]) -> None:
+    """The in-memory budgets for background output never shipped in a release: a config file
+    naming them is refused like any other unknown setting, saying which."""
+    file = tmp_path / "service.json"
+    file.write_text(json.dumps({"insecure": True, **config}))
+    with pytest.raises(ValidationError, match="max_process_output"):
+        ServiceSettings(config_file=file, data_dir=tmp_path)

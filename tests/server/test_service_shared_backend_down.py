@@ -13,7 +13,8 @@ import httpx
 import pytest
 from service_harness import ManualClock, Running, create, error_of, running, settings_for
 
-from sandboxes.server.settings import DockerTemplate, LocalTemplate
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
 
 
 @pytest.fixture

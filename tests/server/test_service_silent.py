@@ -17,7 +17,7 @@ from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import RemoteSandbox, SandboxClient
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 _SHORT = 3
 """Seconds of the docker client's request timeout, and of the Python client's read timeout."""

@@ -37,7 +37,8 @@ from service_harness import (
 from ssh_fixtures import SSHVM, start_vm
 
 from sandboxes.client import RemoteSandbox, SandboxClient
-from sandboxes.server.settings import LocalTemplate, SSHTemplate
+from sandboxes.local import LocalTemplate
+from sandboxes.ssh import SSHTemplate
 from sandboxes.testing import SandboxConformance
 
 

@@ -26,7 +26,7 @@ from service_harness import (
 )
 from support import SESSION_OWNER
 
-from sandboxes.server.settings import DockerTemplate
+from sandboxes.docker import DockerTemplate
 
 KEEPALIVE = 0.5
 

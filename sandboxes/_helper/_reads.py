@@ -1,8 +1,6 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Native reads and downloads in the exec helper: `sandboxes._scripts.READ_FILE` and
 ``DOWNLOAD`` without a process, their answers sent a step at a time from the helper's loop
-(shipped in ``NATIVE_SOURCE`` after `_files` and `_uploads`: stdlib only, Python 3.6-compatible).
+(imported with `_files` when the helper idles or at its first file op: stdlib only, Python 3.6-compatible).
 
 Why a step at a time: the loop is single-threaded, and a file read and sent whole held it for
 as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH
@@ -25,6 +23,14 @@ there then. A file that grows meanwhile is sent as long as it was announced.
 import os
 import stat
 
+from ._loop import _streaming, send
+from ._native import _MAX_PATH, _Answer, _answer, _NotNative, _why
+from .frames import NOT_NATIVE, OUTPUT
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from ._loop import Parts
+
 RAW = b"\0"
 """The first byte of a native read's or download's answer, which the script's (base64, and a
 download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
@@ -36,13 +42,13 @@ _FRAME = 64 << 10
 """The most bytes of one O frame (the client refuses frames over 1 MiB)."""
 
 
-def stream_answer(ident, parts):
+def stream_answer(ident: int, parts: "Parts") -> None:
     """Send the answer ``parts`` (`read_parts`, `download_parts`, `sent_in_steps`) a step a turn
     of the loop, from this one on (`step_streams`), until it ends."""
     _streaming[ident] = parts
 
 
-def step_streams():
+def step_streams() -> None:
     """Steps of the answers in flight, each time of the one longest without (round robin), until
     `STEP` bytes went out this turn: however many are in flight, everything else waits at most
     about a step between two turns of the loop, and many small answers still leave together."""
@@ -56,28 +62,29 @@ def step_streams():
             _streaming[ident] = parts  # to the back of the line
 
 
-def stop_stream(ident):
+def stop_stream(ident: int) -> None:
     """K, the client's timeout: no more of it; answered as timed out."""
     parts = _streaming.pop(ident)
     parts.close()
     _answer(ident, None, timed_out=True)
 
 
-def abort_streams():
+def abort_streams() -> None:
     """The client is gone: close every file still being sent."""
     for parts in _streaming.values():
         parts.close()
     _streaming.clear()
 
 
-def _step(ident, parts, budget):
+def _step(ident: int, parts: "Parts", budget: int) -> "tuple[bool, int]":
     """Send pieces of ``parts`` (each at most `STEP` bytes) until ``budget`` bytes or more, so
     less than two steps' worth, joined (a download of many small files is a few frames, not two
     a file); (whether more is to come, how many bytes went). Its end is answered here: its exit
     code (what ``parts`` returns; none: 0), ``N`` (`_NotNative`: the script does it, the client
     drops what came), or the code of an `_Answer` raised before anything was sent (a read of
     what is not a file)."""
-    pieces, size = [], 0
+    pieces: "list[bytes]" = []
+    size = 0
     try:
         while size < budget:
             piece = next(parts)
@@ -91,18 +98,18 @@ def _step(ident, parts, budget):
         _answer(ident, done.code)
         return False, 0
     except Exception:  # _NotNative, or a surprise that must not end the helper: the script decides
-        send(b"N", ident, answer=True)
+        send(NOT_NATIVE, ident, answer=True)
         return False, 0
     _send_output(ident, b"".join(pieces))
     return True, size
 
 
-def _send_output(ident, output):
+def _send_output(ident: int, output: bytes) -> None:
     for offset in range(0, len(output), _FRAME):
-        send(b"O", ident, output[offset : offset + _FRAME])
+        send(OUTPUT, ident, output[offset : offset + _FRAME])
 
 
-def sent_in_steps(output, code):
+def sent_in_steps(output: bytes, code: int) -> "Parts":
     """An answer made whole (a search's, a listing's: bounded, `_search.SEARCH_MAX_OUTPUT`),
     sent a step at a time all the same, then ``code``."""
     for offset in range(0, len(output), STEP):
@@ -110,7 +117,7 @@ def sent_in_steps(output, code):
     return code
 
 
-def read_parts(path, limit):
+def read_parts(path: str, limit: int) -> "Parts":
     """`sandboxes._scripts.READ_FILE`: at most ``limit`` bytes of the file. `_Answer` with the
     script's code (at the first step, nothing sent) when it cannot be read."""
     fd = _open_regular(path)
@@ -120,15 +127,17 @@ def read_parts(path, limit):
         while left > 0:
             chunk = _read_up_to(fd, min(left, STEP))
             if not chunk:
-                return
+                return None
             left -= len(chunk)
             yield chunk
     finally:
         os.close(fd)
+    return None
 
 
-def download_spec(op):
+def download_spec(op: "list[str]") -> "tuple[str, list[str]]":
     """(limit, paths) of a download ``op``; ValueError when malformed."""
+    limit: "str | None"
     limit, paths = (op[1], op[2:]) if len(op) > 2 else (None, [])
     if not (limit == "-" or (limit is not None and limit.isdigit() and len(limit) <= 19)) or not paths:
         raise ValueError("wrong arguments for download")
@@ -138,7 +147,7 @@ def download_spec(op):
     return limit, paths
 
 
-def download_parts(limit, paths):
+def download_parts(limit: str, paths: "list[str]") -> "Parts":
     """`sandboxes._scripts.DOWNLOAD` for ``limit`` (``-``: none) and ``paths``."""
     yield RAW
     for path in paths:
@@ -171,16 +180,17 @@ def download_parts(limit, paths):
                 yield chunk
         finally:
             os.close(fd)
+    return None
 
 
-def _kernel_file(path):
+def _kernel_file(path: str) -> bool:
     """Whether ``path`` (through links) is in ``/proc``, ``/sys`` or ``/dev``: the script's
     ``readlink -f`` test, which refuses their files (sizes they do not have, contents without end)."""
     real = os.path.realpath(path)
     return real.startswith(("/proc/", "/sys/", "/dev/"))
 
 
-def _open_regular(path):
+def _open_regular(path: str) -> int:
     """An fd of the regular file at ``path`` (through symlinks), opened as the scripts' ``[ -f ]``
     then ``true < "$f"`` would find it; else `_Answer` with their code. Never opens what is not
     a regular file (a FIFO would block this loop)."""
@@ -194,14 +204,14 @@ def _open_regular(path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        raise _Answer(12)
+        raise _Answer(12) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped meanwhile
         os.close(fd)
         raise _NotNative()
     return fd
 
 
-def _read_up_to(fd, wanted):
+def _read_up_to(fd: int, wanted: int) -> bytes:
     """Up to ``wanted`` bytes of ``fd``, fewer only at its end. `_NotNative` on a read error:
     what ``head`` or ``base64`` does then is the script's to say."""
     data = b""
@@ -212,5 +222,5 @@ def _read_up_to(fd, wanted):
                 break
             data = chunk if not data else data + chunk
     except OSError:
-        raise _NotNative()
+        raise _NotNative() from None
     return data

@@ -1,7 +1,5 @@
-# ruff: noqa
-# mypy: ignore-errors
-"""Starting a command's shell, for the exec helper (`_server`), with which it is shipped as one
-script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
+"""Starting a command's shell, for the exec helper (`_server`): stdlib only, Python
+3.6-compatible.
 
 Two ways. Cold (`spawn`): ``/bin/sh -c command``, started when the command arrives. Warm
 (`WarmShell`): a ``/bin/sh -s`` the helper started once an earlier command like it was answered,
@@ -41,9 +39,20 @@ waiting shells are inside it. Nothing outside the sandbox is reachable through t
 
 import os
 import select
-import _signal as signal  # see `_server`: `signal` imports enum
 import sys
 import time
+
+from ._kill import MARKER_ENV
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    import signal
+    from collections.abc import Callable
+    from typing import Any
+
+    WarmKey = tuple[dict[str, str], str | None]  # (env, cwd) a shell is started for
+else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
+    import _signal as signal
 
 _POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
 _DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
@@ -72,12 +81,12 @@ shell answers within a few ms). No answer by then, or a shell killed meanwhile, 
 the next top-up probes again, at most `PROBE_TRIES` times in all."""
 PROBE_TRIES = 3
 try:  # where commands without a cwd run; O_PATH needs no read permission (run_as, a 0700 home)
-    _home = os.open(".", getattr(os, "O_PATH", os.O_RDONLY))
+    _home: "int | None" = os.open(".", getattr(os, "O_PATH", os.O_RDONLY))
 except OSError:
     _home = None
 
 
-def enter_cwd(cwd):
+def enter_cwd(cwd: "str | None") -> None:
     """Make ``cwd`` the helper's working directory, which its children inherit (raises as the
     command's start would fail: a missing or unreadable directory). No cwd, or a relative one:
     from where the helper started, as with Popen."""
@@ -90,27 +99,28 @@ def enter_cwd(cwd):
         os.chdir(cwd)
 
 
-def _here():
+def _here() -> "tuple[int, int]":
     """The working directory's identity: a directory deleted and made again is another."""
     info = os.stat(".")
     return info.st_dev, info.st_ino
 
 
-def spawn(args, env, with_stdin):
+def spawn(args: "list[str]", env: "dict[str, str]", with_stdin: bool) -> "tuple[int, int, int | None]":
     """(pid, output fd, stdin fd or None) of ``/bin/sh`` + ``args`` in a new session, in the
     helper's working directory (the caller enters the command's first: `enter_cwd`).
 
     posix_spawn (vfork + exec in C) where Python has it: Popen adds ~0.2 ms of Python per start.
     The helper's own fds are all close-on-exec (PEP 446) and 0-2 are replaced, so nothing leaks."""
     out_r, out_w = os.pipe()
-    in_r = in_w = None
+    in_r: "int | None" = None
+    in_w: "int | None" = None
     try:
         if with_stdin:
             in_r, in_w = os.pipe()
-        argv = ["/bin/sh"] + args
+        argv = ["/bin/sh", *args]
         if _POSIX_SPAWN:
             # novermin below: Python 3.8's, and only where `_POSIX_SPAWN` says it has them
-            stdin = (  # novermin
+            stdin: "tuple[Any, ...]" = (  # novermin
                 (os.POSIX_SPAWN_DUP2, in_r, 0) if with_stdin else (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)
             )
             actions = [stdin, (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, out_w, 2)]  # novermin
@@ -144,7 +154,7 @@ def spawn(args, env, with_stdin):
     return pid, out_r, in_w
 
 
-def has_exited(pid):
+def has_exited(pid: int) -> bool:
     """Whether the child ``pid`` has exited (it is not reaped: WNOWAIT)."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -153,7 +163,7 @@ def has_exited(pid):
     return info is not None and bool(info.si_pid)
 
 
-def plain_env(env):
+def plain_env(env: object) -> bool:
     """Whether ``env`` (an R frame's, so the client's word) is a dict of strings, as a shell
     started for it needs (a malformed one: the cold start reports it)."""
     if not isinstance(env, dict):
@@ -161,7 +171,7 @@ def plain_env(env):
     return all(isinstance(key, str) and isinstance(value, str) for key, value in env.items())
 
 
-def warm_script(command, env, with_stdin):
+def warm_script(command: str, env: object, with_stdin: bool) -> "bytes | None":
     """What a warm shell would be given to run ``command`` (see the module docstring), or None:
     it must run cold."""
     if with_stdin or not plain_env(env):
@@ -177,7 +187,14 @@ class WarmShell(object):
     (``spec_env``, ``cwd``); one of the helper's ``leaders`` while it waits, so that no sweep
     takes it for an orphan, and so that its death is seen (`exited`: a command killed it)."""
 
-    def __init__(self, env, spec_env, cwd, marker, leaders):
+    def __init__(
+        self,
+        env: "dict[str, str]",
+        spec_env: "dict[str, str]",
+        cwd: "str | None",
+        marker: str,
+        leaders: "dict[int, Any]",
+    ) -> None:
         self.spec_env = spec_env
         self.cwd = cwd
         self.marker = marker
@@ -185,13 +202,15 @@ class WarmShell(object):
         self.reaped = False
         enter_cwd(cwd)
         self.here = _here()
+        self.out_fd: "int | None"
+        self.script_fd: "int | None"
         self.pid, self.out_fd, self.script_fd = spawn(["-s"], env, True)
         leaders[self.pid] = self
 
-    def made_for(self, spec_env, cwd):
+    def made_for(self, spec_env: "dict[str, str]", cwd: "str | None") -> bool:
         return self.cwd == cwd and self.spec_env == spec_env
 
-    def program(self):
+    def program(self) -> "tuple[int, int] | None":
         """(device, inode) of the program the shell runs, or None if /proc cannot tell."""
         try:
             info = os.stat("/proc/%d/exe" % self.pid)
@@ -199,7 +218,7 @@ class WarmShell(object):
             return None
         return info.st_dev, info.st_ino
 
-    def probe(self):
+    def probe(self) -> "bool | None":
         """True if the shell answers `PROBE` with `PROBE_ANSWER`; False if it answers otherwise
         and then exits by itself (a shell that cannot run warm commands); None, no verdict: it
         took no script, died by a signal, or did not answer within `PROBE_WAIT` seconds. Uses
@@ -208,6 +227,7 @@ class WarmShell(object):
         if not self.hand(PROBE):
             return None
         poller = select.poll()
+        assert self.out_fd is not None
         poller.register(self.out_fd, select.POLLIN)
         answer = b""
         while True:
@@ -229,9 +249,11 @@ class WarmShell(object):
             return True
         return None if status is None or os.WIFSIGNALED(status) else False
 
-    def hand(self, script):
+    def hand(self, script: bytes) -> bool:
         """Give the shell its script (one write, whole), then its end; False if it could not
         take it: it died waiting, and never read a byte."""
+        if self.script_fd is None:
+            return False
         try:
             written = os.write(self.script_fd, script)
         except OSError:
@@ -242,11 +264,12 @@ class WarmShell(object):
         self.script_fd = None
         return True
 
-    def has_exited(self):
+    def has_exited(self) -> bool:
         return has_exited(self.pid)
 
-    def reap(self):
+    def reap(self) -> "int | None":
         """Wait for the shell (exited, or killed: it ends at once) and forget it; its status."""
+        status: "int | None"
         try:
             _, status = os.waitpid(self.pid, 0)
         except ChildProcessError:  # cannot happen: only this reaps it
@@ -255,11 +278,11 @@ class WarmShell(object):
         del self.leaders[self.pid]
         return status
 
-    def exited(self):
+    def exited(self) -> None:
         """It died waiting (a command's ``kill -9 -1``): reaped now, dropped by `Spares`."""
         self.discard()
 
-    def discard(self):
+    def discard(self) -> None:
         """Kill and reap the shell (a waiting dash dies at once), and close its pipes."""
         if not self.reaped:
             try:
@@ -288,17 +311,19 @@ class Spares(object):
     oldest shell made for something else, so that commands alternating between two directories
     keep one shell each instead of ending and starting shells for every command."""
 
-    def __init__(self, leaders, env_for):
+    def __init__(
+        self, leaders: "dict[int, Any]", env_for: "Callable[[dict[str, str]], tuple[dict[str, str], str]]"
+    ) -> None:
         self.leaders = leaders
         self.env_for = env_for  # spec_env -> (the shell's environment, its marker)
         self.enabled = _DASH  # False for good once a shell failed the probe (`trusted`)
-        self.proven = None  # `WarmShell.program` of the shell that passed it
+        self.proven: "tuple[int, int] | None" = None  # `WarmShell.program` of the shell that passed it
         self.tries = 0  # probes without a verdict
-        self.shells = []
-        self.wanted = None  # `_command._next_key` of the last command answered that foresaw one
-        self.last = None  # the one before it
+        self.shells: "list[WarmShell]" = []
+        self.wanted: "WarmKey | None" = None  # `_command._next_key` of the last command answered that foresaw one
+        self.last: "WarmKey | None" = None  # the one before it
 
-    def take(self, script, spec_env, cwd):
+    def take(self, script: "bytes | None", spec_env: "dict[str, str]", cwd: "str | None") -> "WarmShell | None":
         """A shell now running ``script`` (`warm_script`; None: the command runs cold), or None:
         no shell fits, and the command runs cold. The helper is in ``cwd`` (`enter_cwd`)."""
         if script is None or not self.enabled or not self.shells:
@@ -316,7 +341,7 @@ class Spares(object):
             shell.discard()  # its directory was deleted (and made again), or it died waiting
         return None
 
-    def top_up(self):
+    def top_up(self) -> None:
         """Start the shells the next command may take (see the class docstring)."""
         wanted, self.wanted = self.wanted, None
         if wanted is None:
@@ -334,7 +359,7 @@ class Spares(object):
                 others = [shell for shell in self.shells if not shell.made_for(spec_env, cwd)]
                 if not others:
                     return
-                self.drop(lambda shell: shell is others[0])
+                self.drop(lambda shell: shell is others[0])  # noqa: B023 (called within this turn)
             try:
                 env, marker = self.env_for(spec_env)
                 shell = WarmShell(env, spec_env, cwd, marker, self.leaders)
@@ -344,7 +369,7 @@ class Spares(object):
                 self.shells.append(shell)
                 ready += 1
 
-    def trusted(self, shell):
+    def trusted(self, shell: WarmShell) -> bool:
         """Whether ``shell`` runs the program that passed `PROBE`. A program not seen yet (the
         first shell; /bin/sh replaced since) is probed with this shell, which that uses up; a
         wrong answer, or `PROBE_TRIES` without a verdict, ends warm starts for this helper:
@@ -363,7 +388,7 @@ class Spares(object):
             self.drop(lambda other: True)
         return False
 
-    def drop(self, which):
+    def drop(self, which: "Callable[[WarmShell], bool]") -> None:
         for shell in [shell for shell in self.shells if which(shell)]:
             self.shells.remove(shell)
             shell.discard()

@@ -1,10 +1,7 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Native file operations in the exec helper: `sandboxes._scripts.WRITE`, ``CAS_WRITE``,
 ``READ_FILE`` and ``DOWNLOAD`` without starting a process (the reads' answers are sent by
-`_reads`); the dispatch of every file op. Shipped inside `_server`'s script, ``SERVER_SOURCE``,
-as ``NATIVE_SOURCE``, compiled when the helper idles or at the first file op: stdlib only,
-Python 3.6-compatible.
+`_reads`, every op is dispatched by `_files`). Imported with `_files` when the helper idles or at
+its first file op: stdlib only, Python 3.6-compatible.
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
 subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
@@ -34,18 +31,20 @@ import marshal
 import os
 import stat
 
-try:  # built in: hashlib loads OpenSSL, ~5 ms of every helper's start in a sandbox of one CPU
-    from _md5 import md5 as _new_md5
-except ImportError:
-    from hashlib import md5 as _new_md5
+from ._loop import NATIVE_OPS, send_exit
 
-# `NATIVE_OPS` is `_server`'s (its hello names them before this file is compiled), `SEARCH_OPS`
-# and `LISTING_OPS` are `_search`'s and `_listing`'s, shipped before this file, `_uploads` and
-# `_reads` after it
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from hashlib import md5 as _new_md5
+else:
+    try:  # built in: hashlib loads OpenSSL, ~5 ms of every helper's start in a sandbox of one CPU
+        from _md5 import md5 as _new_md5
+    except ImportError:
+        from hashlib import md5 as _new_md5
+
 _TOKEN_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.")
 _MAX_PATH = 4096
 _HASH_CHUNK = 1 << 20
-_native_ops = {}  # id -> _NativeWrite, until answered
 
 
 class _NotNative(Exception):
@@ -53,17 +52,17 @@ class _NotNative(Exception):
 
 
 class _Answer(Exception):
-    def __init__(self, code):
+    def __init__(self, code: int) -> None:
         Exception.__init__(self, code)
         self.code = code
 
 
-def _parent(path):
+def _parent(path: str) -> str:
     """``${path%/*}``."""
     return path.rpartition("/")[0]
 
 
-def _why(path):
+def _why(path: str) -> int:
     """The script's ``why``: why ``path`` could not be used as an existing file."""
     if os.path.isdir(path):
         return 11
@@ -79,7 +78,7 @@ def _why(path):
     return 10
 
 
-def _why_not_written(path, exc):
+def _why_not_written(path: str, exc: OSError) -> int:
     """The script's ``failed``: no space, or why (missing reads as refused)."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return 15
@@ -87,7 +86,7 @@ def _why_not_written(path, exc):
     return 12 if code == 10 else code
 
 
-def _prep(path):
+def _prep(path: str) -> None:
     """The script's ``prep``: the parent directory exists afterwards, or the code saying why not."""
     d = _parent(path)
     if not d or os.path.isdir(d):
@@ -105,10 +104,10 @@ def _prep(path):
     raise _Answer(code)
 
 
-def _makedirs(directory):
+def _makedirs(directory: str) -> None:
     """``mkdir -p``, without recursion (`os.makedirs` recurses once per level: a path deeper
     than the recursion limit is one the shell creates). Modes from the umask."""
-    missing = []
+    missing: "list[str]" = []
     while directory and not os.path.isdir(directory):
         missing.append(directory)
         directory = _parent(directory)
@@ -120,18 +119,18 @@ def _makedirs(directory):
                 raise
 
 
-def _md5(path):
+def _md5(path: str) -> str:
     """Hex md5 of the regular file ``path`` (12: unreadable), never blocking on a FIFO swapped in."""
     try:
-        digest = _new_md5()
+        digest = _new_md5()  # noqa: S324 (what the script's md5sum compares)
     except ValueError:  # hashlib's, under FIPS: md5sum still works in the script
-        raise _NotNative()
+        raise _NotNative() from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a symlink now
-            raise _NotNative()
-        raise _Answer(12)
+            raise _NotNative() from None
+        raise _Answer(12) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _NotNative()
@@ -141,12 +140,12 @@ def _md5(path):
                 return digest.hexdigest()
             digest.update(chunk)
     except OSError:
-        raise _Answer(12)
+        raise _Answer(12) from None
     finally:
         os.close(fd)
 
 
-def _writes_in_place(path):
+def _writes_in_place(path: str) -> bool:
     """The script's ``inplace``: the target exists and a rename would not keep what it is."""
     try:
         st = os.lstat(path)
@@ -157,18 +156,18 @@ def _writes_in_place(path):
     return not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or not os.access(_parent(path) + "/.", os.W_OK)
 
 
-def _op(payload):
+def _op(payload: bytes) -> "list[str]":
     """The ``[name, args...]`` of an F frame; ValueError when malformed."""
     try:
-        op = marshal.loads(payload)["op"]
+        op = marshal.loads(payload)["op"]  # noqa: S302 (the client's own request, `wire_spec`)
     except Exception:  # cut short (EOFError), too big (MemoryError), a bad code object (SystemError)...
-        raise ValueError("malformed file op")
+        raise ValueError("malformed file op") from None
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):
         raise ValueError("unknown file op")
     return op
 
 
-def _spec(op):
+def _spec(op: "list[str]") -> "tuple[str, str, int, str, str | None]":
     """(name, path, size, token, digest or None) of a write or read ``op`` (read_file: size is
     the limit, no token); ValueError when malformed."""
     if op[0] == "read_file" and len(op) == 3:
@@ -193,11 +192,11 @@ def _spec(op):
 class _NativeWrite(object):
     """One write in flight: a temporary file filled as I frames arrive, placed at C."""
 
-    def __init__(self, path, size, token, digest):
+    def __init__(self, path: str, size: int, token: str, digest: "str | None") -> None:
         self.path, self.size, self.digest = path, size, digest
-        self.temp = _parent(path) + "/.sandboxes-write." + token
-        self.fd = None
-        self.failure = None
+        self.temp: "str | None" = _parent(path) + "/.sandboxes-write." + token
+        self.fd: "int | None" = None
+        self.failure: "OSError | None" = None
         """The OSError that ended the writing: answered at once (`feed_native_op`), so the
         client stops sending (a 6 GiB upload into a full disk sent all of it, then failed)."""
         if digest is not None:  # CAS_WRITE's checks come first, as in the script
@@ -220,9 +219,9 @@ class _NativeWrite(object):
         try:
             self.fd = os.open(self.temp, flags, 0o666)  # the umask gives a new file its mode, as in sh
         except OSError as exc:
-            raise _Answer(_why_not_written(path, exc))
+            raise _Answer(_why_not_written(path, exc)) from None
 
-    def feed(self, data):
+    def feed(self, data: "bytes | memoryview") -> None:
         if self.fd is None or self.failure is not None:
             return
         view = memoryview(data)
@@ -233,10 +232,11 @@ class _NativeWrite(object):
             self.failure = exc
             self.discard()
 
-    def finish(self):
+    def finish(self) -> int:
         """The script's ``place``: the exit code."""
         if self.failure is not None:
             return _why_not_written(self.path, self.failure)
+        assert self.fd is not None  # open until it failed
         try:
             written = os.fstat(self.fd).st_size
             os.close(self.fd)
@@ -255,9 +255,10 @@ class _NativeWrite(object):
             self.discard()
         return code
 
-    def place(self):
+    def place(self) -> int:
         if self.digest is not None and not _md5(self.path).startswith(self.digest):
             return 14  # changed while the new bytes arrived: narrower than the script's window
+        assert self.temp is not None  # there until placed
         try:
             mine = os.lstat(self.temp)
             target = os.lstat(self.path)
@@ -265,7 +266,7 @@ class _NativeWrite(object):
             target = None
         if target is not None:
             keep = stat.S_IMODE(target.st_mode)
-            now = stat.S_IMODE(mine.st_mode)
+            now: "int | None" = stat.S_IMODE(mine.st_mode)
             if mine.st_gid != target.st_gid:
                 try:
                     os.chown(self.temp, -1, target.st_gid)
@@ -285,7 +286,7 @@ class _NativeWrite(object):
         self.temp = None
         return 0
 
-    def discard(self):
+    def discard(self) -> None:
         if self.fd is not None:
             try:
                 os.close(self.fd)
@@ -300,101 +301,5 @@ class _NativeWrite(object):
             self.temp = None
 
 
-def _answer(ident, code, timed_out=False):
+def _answer(ident: int, code: "int | None", timed_out: bool = False) -> None:
     send_exit(ident, code, timed_out)
-
-
-def start_native_op(ident, payload):
-    """F: check and open; answer at once when the script would have stopped before reading."""
-    send(b"A", ident)
-    try:
-        if ident in _native_ops or ident in _streaming:
-            raise ValueError("op %d is already in flight" % ident)
-        op = _op(payload)
-        if op[0] in SEARCH_OPS:
-            _answer_whole(ident, op, search)
-            return
-        if op[0] in LISTING_OPS:
-            _answer_whole(ident, op, listing)
-            return
-        if op[0] == "download":  # `_reads`, shipped after this file
-            stream_answer(ident, download_parts(*download_spec(op)))
-            return
-        if op[0] == "upload":  # `_uploads`, shipped after this file
-            _start_upload(ident, upload_spec(op))
-            return
-        name, path, size, token, digest = _spec(op)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        send(b"E", ident, ("bad file op: %s" % (exc,)).encode("utf-8", "replace"), answer=True)
-        return
-    if name == "read_file":
-        stream_answer(ident, read_parts(path, size))
-        return
-    try:
-        _native_ops[ident] = _NativeWrite(path, size, token, digest)
-    except _NotNative:
-        send(b"N", ident, answer=True)
-    except _Answer as done:
-        _answer(ident, done.code)
-    except Exception:  # a surprise here must not end the helper: before any byte is placed, the script decides
-        send(b"N", ident, answer=True)
-
-
-def _start_upload(ident, spec):
-    try:
-        _native_ops[ident] = NativeUpload(ident, *spec)
-    except Exception:  # one is written in place (_NotNative), or a surprise: nothing placed yet
-        send(b"N", ident, answer=True)
-
-
-def _answer_whole(ident, op, answer_for):
-    """The answer of `_search.search` or `_listing.listing` (``answer_for``): its output, then
-    its exit code, a step at a time (`_reads.sent_in_steps`); or N."""
-    try:
-        answer = answer_for(op)
-    except ValueError:
-        raise
-    except Exception:  # a surprise must not end the helper: the script decides (a delete: finishes)
-        answer = None
-    if answer is None:
-        send(b"N", ident, answer=True)
-        return
-    code, output = answer
-    stream_answer(ident, sent_in_steps(output, code))
-
-
-def feed_native_op(kind, ident, payload):
-    """I, C or K for an op in flight (anything else, or an op already answered: ignored)."""
-    if ident in _streaming:  # an answer being sent (`_reads`): K stops it, nothing else is for it
-        if kind == b"K":
-            stop_stream(ident)
-        return
-    op = _native_ops.get(ident)
-    if op is None:
-        return
-    if kind == b"I":
-        op.feed(payload)
-        if op.failure is not None:  # answered now: the client stops sending the rest
-            del _native_ops[ident]
-            _answer(ident, op.finish())
-        return
-    del _native_ops[ident]
-    if kind == b"K":  # the client's timeout: nothing is placed
-        op.discard()
-        _answer(ident, None, timed_out=True)
-        return
-    try:
-        code = op.finish()
-    except Exception as exc:  # as in `start_native_op`
-        op.discard()
-        send(b"E", ident, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), answer=True)
-        return
-    _answer(ident, code)
-
-
-def abort_native_ops():
-    """The client is gone: nobody will send the rest, so no op is placed and no temp file stays."""
-    abort_streams()
-    for op in list(_native_ops.values()):
-        op.discard()
-    _native_ops.clear()

@@ -1,10 +1,8 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Finding and killing what a command left behind, for the exec helper (`_server`), with which
-it is shipped as one script (``SERVER_SOURCE``): stdlib only, Python 3.6-compatible.
+whose package it is part of: stdlib only, Python 3.6-compatible.
 
 Two ways to find a command's processes: its marker (an environment entry every descendant
-inherits unless it drops it; killed by `sandboxes._kill.kill_marked`, shipped before this file),
+inherits unless it drops it; killed by `sandboxes._helper._kill.kill_marked`),
 and adoption: what escaped its group and dropped its marker is an
 orphan, adopted by the helper (a subreaper) or by the container's (or jail's) init. See
 "Orphans" in the helper's docstring for what is killed and why, and which jobs' supervisors are
@@ -14,17 +12,26 @@ Whether the helper becomes a subreaper at all (`_become_subreaper`) is decided h
 
 import os
 import select
-import _signal as signal  # see `_server`: `signal` imports enum
 import time
+
+from ._kill import JOB_MARKER_PREFIX, MARKER_ENV, _environ, _stat_fields
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    import signal
+    from collections.abc import Sequence
+    from typing import Any
+else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
+    import _signal as signal
 
 SWEEP_ROUNDS = 20
 SMALL_PIDS_LIMIT = 4096
 
 
-def _children(pid):
+def _children(pid: int) -> "list[int]":
     """Pids of ``pid``'s children: ``/proc/<pid>/task/*/children`` where the kernel has it, else
     every process whose parent it is."""
-    found = []
+    found: "list[int]" = []
     try:
         for task in os.listdir("/proc/%d/task" % pid):
             with open("/proc/%d/task/%s/children" % (pid, task), "rb") as fh:
@@ -40,16 +47,16 @@ def _children(pid):
     return found
 
 
-def _stat(pid):
+def _stat(pid: int) -> "tuple[str, int, int] | None":
     """(state, parent pid, start time) of ``pid`` from /proc/<pid>/stat, or None if it is gone
-    (`_stat_fields`: `sandboxes._kill`'s, shipped before this file)."""
+    (`_stat_fields`: `sandboxes._helper._kill`'s)."""
     fields = _stat_fields(pid)
     if fields is None:
         return None
     return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
-def _container_main(reap_init):
+def _container_main(reap_init: bool) -> "tuple[int, int] | None":
     """(pid, start time) of the process whose tree init's other children escaped, when the helper
     was asked to reap init's orphans (``reap_init``: a sandbox made by us, whose init has no other
     children of its own), else None: init's children are left alone. In a container's pid
@@ -63,7 +70,7 @@ def _container_main(reap_init):
         return None if stat is None else (2, stat[2])
     if os.getppid() != 0:
         return None
-    oldest = None
+    oldest: "tuple[int, int] | None" = None
     for pid in _children(1):
         stat = _stat(pid)
         if stat is not None and (oldest is None or stat[2] < oldest[1]):
@@ -71,7 +78,7 @@ def _container_main(reap_init):
     return oldest
 
 
-def _spared(pid, start, commands, jobs):
+def _spared(pid: int, start: int, commands: "Sequence[Any]", jobs: "dict[tuple[int, int], bytes]") -> bool:
     """Whether the orphan ``pid`` (started at ``start``) is a background job's supervisor or
     belongs to a running command. A job's supervisor is one in ``jobs`` ((pid, start) -> its
     marker), or one carrying the supervisor marker a job's start announced (``job_needle`` of a
@@ -84,7 +91,7 @@ def _spared(pid, start, commands, jobs):
     that command, and dies."""
     if (pid, start) in jobs:
         return True
-    environ = _environ(pid)  # `sandboxes._kill`'s, shipped before this file: it waits out an exec
+    environ = _environ(pid)  # `sandboxes._helper._kill`'s: it waits out an exec
     if not environ:
         return False
     for command in commands:
@@ -102,7 +109,7 @@ def _spared(pid, start, commands, jobs):
     return False
 
 
-def now_ticks():
+def now_ticks() -> "int | None":
     """The time since boot in the unit of a process's start time in /proc/<pid>/stat; None where
     it cannot be read (then no orphan is taken for another helper's job)."""
     try:
@@ -112,7 +119,7 @@ def now_ticks():
         return None
 
 
-def _supervisor_needle(environ):
+def _supervisor_needle(environ: bytes) -> "bytes | None":
     """The job supervisor's marker entry in ``environ`` (NUL-delimited), or None."""
     prefix = ("\0%s=%s" % (MARKER_ENV, JOB_MARKER_PREFIX)).encode()
     at = environ.find(prefix)
@@ -122,7 +129,7 @@ def _supervisor_needle(environ):
     return needle if needle.endswith(b"-s\0") else None
 
 
-def seed_jobs(main, jobs):
+def seed_jobs(main: "tuple[int, int] | None", jobs: "dict[tuple[int, int], bytes]") -> None:
     """Record as jobs' supervisors the orphans of the container's init that carry a supervisor's
     marker when the helper starts (a service restart started a new helper; the old one's record
     died with it). Nothing when init's orphans are not swept: then nothing kills them either."""
@@ -137,7 +144,7 @@ def seed_jobs(main, jobs):
             jobs[(pid, stat[2])] = needle
 
 
-def _forget_ended_jobs(jobs):
+def _forget_ended_jobs(jobs: "dict[tuple[int, int], bytes]") -> None:
     """Drop the supervisors that ended (or whose pid now names another process) from ``jobs``."""
     for pid, start in list(jobs):
         stat = _stat(pid)
@@ -145,7 +152,13 @@ def _forget_ended_jobs(jobs):
             del jobs[(pid, start)]
 
 
-def kill_orphans(subreaper, main, leaders, commands, jobs):
+def kill_orphans(
+    subreaper: bool,
+    main: "tuple[int, int] | None",
+    leaders: "dict[int, Any]",
+    commands: "Sequence[Any]",
+    jobs: "dict[tuple[int, int], bytes]",
+) -> None:
     """Kill what escaped every running command: see "Orphans" in the module docstring. Spared:
     jobs' supervisors and what carries a running command's marker (`_spared`).
 
@@ -158,10 +171,10 @@ def kill_orphans(subreaper, main, leaders, commands, jobs):
     adopters = ([os.getpid()] if subreaper else []) + ([1] if main is not None else [])
     _forget_ended_jobs(jobs)
     for _ in range(SWEEP_ROUNDS):
-        victims = []
+        victims: "list[tuple[int, int | None]]" = []
         for adopter in adopters:
             for pid in _children(adopter):
-                if pid in leaders or (adopter == 1 and pid == main[0]):
+                if pid in leaders or (adopter == 1 and main is not None and pid == main[0]):
                     continue
                 handle = _pidfd(pid)
                 stat = _stat(pid)
@@ -174,7 +187,7 @@ def kill_orphans(subreaper, main, leaders, commands, jobs):
         for pid, handle in victims:
             _kill_pid(pid, handle)
         deadline = time.monotonic() + 1.0
-        for pid, handle in victims:  # until they are dead, so their children are re-parented
+        for _pid, handle in victims:  # until they are dead, so their children are re-parented
             if handle is not None:
                 try:
                     select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
@@ -183,7 +196,7 @@ def kill_orphans(subreaper, main, leaders, commands, jobs):
             _close(handle)
 
 
-def reap_orphans(leaders):
+def reap_orphans(leaders: "dict[int, Any]") -> None:
     """Reap exited children: a running command's leader (``leaders``: pid -> its command) goes
     through its ``exited`` (its group is killed first), an adopted orphan is simply reaped.
     WNOWAIT first, so that no leader is ever reaped unseen."""
@@ -204,7 +217,7 @@ def reap_orphans(leaders):
             pass
 
 
-def has_strays(subreaper, leaders):
+def has_strays(subreaper: bool, leaders: "dict[int, Any]") -> bool:
     """Whether the helper has a child that is no running command's leader (``leaders``): an
     orphan it adopted (as a ``subreaper``), so some command's descendant may be alive. Always
     True when it is no subreaper (it cannot tell)."""
@@ -214,14 +227,14 @@ def has_strays(subreaper, leaders):
     return any(pid not in leaders for pid in _children(os.getpid()))
 
 
-def _pidfd(pid):
+def _pidfd(pid: int) -> "int | None":
     try:
         return os.pidfd_open(pid)  # novermin: Python 3.9's, AttributeError before
     except (AttributeError, OSError):  # Python < 3.9 or an old kernel: plain kill(2)
         return None
 
 
-def _kill_pid(pid, handle):
+def _kill_pid(pid: int, handle: "int | None") -> None:
     try:
         if handle is not None:
             signal.pidfd_send_signal(handle, signal.SIGKILL)  # novermin: a handle means 3.9+
@@ -231,12 +244,12 @@ def _kill_pid(pid, handle):
         pass
 
 
-def _close(handle):
+def _close(handle: "int | None") -> None:
     if handle is not None:
         os.close(handle)
 
 
-def _pids_limit():
+def _pids_limit() -> "int | None":
     """The pids limit of the cgroup this helper's view of /sys/fs/cgroup is rooted at (its
     container's, usually), or None: unlimited or unknown."""
     for path in ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
@@ -249,7 +262,7 @@ def _pids_limit():
     return None
 
 
-def _become_subreaper():
+def _become_subreaper() -> bool:
     """Whether the helper now adopts its commands' orphans (and so may skip the /proc sweep).
 
     Not under a small pids limit: the orphans' zombies hold pids until this (Python, and under a
@@ -264,6 +277,6 @@ def _become_subreaper():
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
     except Exception:  # no ctypes, no prctl, not Linux: every command gets the full sweep
         return False

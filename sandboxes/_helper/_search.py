@@ -1,7 +1,5 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Native searches in the exec helper: `sandboxes._scripts.GREP` and ``FIND_FILES`` without
-starting a process (shipped with `_files` and `_server` as one script, ``SERVER_SOURCE``:
+starting a process (imported with `_files` when the helper idles or at its first file op:
 stdlib only, Python 3.6-compatible).
 
 Why: the scripts walk with ``find`` and search with ``grep`` (or ``rg``), each a process start
@@ -36,6 +34,14 @@ import re
 import stat
 import time
 
+from ._native import _why
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from collections.abc import Callable
+
+    Matcher = Callable[[bytes], object]  # a basename -> whether it is one of the names
+
 SEARCH_OPS = ["grep", "find_files"]
 SEARCH_MAX_ENTRIES = 20000
 SEARCH_MAX_BYTES = 16 << 20
@@ -57,7 +63,7 @@ class _Full(Exception):
     """A grep's lines filled ``SEARCH_MAX_OUTPUT``: what was found so far is the answer."""
 
 
-def search(op):
+def search(op: "list[str]") -> "tuple[int, bytes] | None":
     """``(exit code, output)`` of the search ``op`` (its name and the script's arguments as
     `sandboxes.base` passes them natively), or ``None``: run the script. ValueError when
     malformed."""
@@ -82,11 +88,11 @@ def search(op):
         return None
 
 
-def _name_matcher(names):
+def _name_matcher(names: "list[str]") -> "Matcher | None":
     """A predicate over basenames: ``find``'s ``( -name N1 -o -name N2 ... )`` (none: all)."""
     if not names:
         return None
-    parts = []
+    parts: "list[str]" = []
     for name in names:
         if not name or "[" in name or "\\" in name or "\0" in name:
             raise _HandBack()  # bracket expressions differ between fnmatch(3) and Python's
@@ -96,7 +102,7 @@ def _name_matcher(names):
 
 
 class _Search(object):
-    def __init__(self, root, pattern, matcher):
+    def __init__(self, root: bytes, pattern: "bytes | None", matcher: "Matcher | None") -> None:
         self.root, self.pattern, self.matcher = root, pattern, matcher
         self.entries = 0
         self.read = 0
@@ -104,14 +110,14 @@ class _Search(object):
         self.size = 0
         self.deadline = _now() + SEARCH_MAX_SECONDS
 
-    def run(self):
+    def run(self) -> "tuple[int, bytes]":
         root = self.root
         if not os.path.exists(root):  # the script's `[ ! -e "$root" ]`: why not
             return _why(os.fsdecode(root)), b""
         try:
             st = os.lstat(root)
         except OSError:
-            raise _HandBack()
+            raise _HandBack() from None
         real = os.path.realpath(root)
         if any(real == pseudo or real.startswith(pseudo + b"/") for pseudo in _PSEUDO_ROOTS):
             raise _HandBack()
@@ -124,7 +130,7 @@ class _Search(object):
             pass
         return 0, b"".join(self.output)
 
-    def walk(self, root, device):
+    def walk(self, root: bytes, device: int) -> None:
         """Depth first, as ``find -P``: no symlink followed, unreadable directories skipped."""
         pending = [root]
         while pending:
@@ -150,7 +156,7 @@ class _Search(object):
                     except OSError:  # gone meanwhile: find would not list it either
                         continue
 
-    def found(self, path, name):
+    def found(self, path: bytes, name: bytes) -> None:
         if self.matcher is not None and not self.matcher(name):
             return
         if self.pattern is None:
@@ -158,7 +164,7 @@ class _Search(object):
         else:
             self.grep(path)
 
-    def grep(self, path):
+    def grep(self, path: bytes) -> None:
         """``grep -F -n`` of one file: found with ``find`` and the lines around each match cut
         out, numbered by counting newlines (splitting every line costs ten times more)."""
         data = self.contents(path)
@@ -167,6 +173,7 @@ class _Search(object):
         if data[:2] in _UTF16_BOMS:
             raise _HandBack()
         pattern = self.pattern
+        assert pattern is not None  # a grep's (a glob's files are only listed)
         at = data.find(pattern)
         if at == -1:
             return
@@ -188,7 +195,7 @@ class _Search(object):
             self.emit(b"%s%d:%s\n" % (prefix, number, data[start:end]))
             at = data.find(pattern, end + 1)
 
-    def contents(self, path):
+    def contents(self, path: bytes) -> "bytes | None":
         """The bytes of the regular file ``path``, ``None`` if it cannot be opened (as grep's
         complaint, which nobody reads); never blocks on a FIFO swapped in."""
         try:
@@ -199,7 +206,7 @@ class _Search(object):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _HandBack()
-            chunks = []
+            chunks: "list[bytes]" = []
             while True:
                 wanted = SEARCH_MAX_BYTES - self.read
                 if wanted <= 0:
@@ -211,11 +218,11 @@ class _Search(object):
                 if len(chunk) < wanted:  # a regular file's short read: its end
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except OSError:  # what grep says then (EIO...) is the script's to tell
-            raise _HandBack()
+            raise _HandBack() from None
         finally:
             os.close(fd)
 
-    def emit(self, data):
+    def emit(self, data: bytes) -> None:
         room = SEARCH_MAX_OUTPUT - self.size
         self.size += len(data)
         if self.size > SEARCH_MAX_OUTPUT:
@@ -226,5 +233,5 @@ class _Search(object):
         self.output.append(data)
 
 
-def _now():
+def _now() -> float:
     return time.monotonic()

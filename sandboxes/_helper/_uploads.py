@@ -1,8 +1,6 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Native multi-file uploads in the exec helper: `sandboxes._scripts.UPLOAD` without starting a
-process (shipped after `_files` as part of one script, ``SERVER_SOURCE``: stdlib only, Python
-3.6-compatible; it uses `_files`' writer and its answers).
+process (imported with `_files`: stdlib only, Python 3.6-compatible; it uses `_native`'s writer
+and its answers).
 
 Why: the script spools the stream to a temporary file, then puts each file with a ``tail | head``
 pipeline, ``stat``, ``umask``, ``mv``: about six processes a file, so ten small files took ~90 ms
@@ -23,12 +21,17 @@ script never reads them.
 
 import os
 
+from ._loop import send
+from ._native import _Answer, _NativeWrite, _NotNative, _spec, _writes_in_place
+from .frames import OUTPUT
 
-def upload_spec(op):
+
+def upload_spec(op: "list[str]") -> "tuple[str, list[tuple[str, int]]]":
     """(token, [(path, size)]) of an upload ``op``; ValueError when malformed."""
     if len(op) < 4 or len(op) % 2:
         raise ValueError("wrong arguments for upload")
-    token, files = op[1], []
+    token = op[1]
+    files: "list[tuple[str, int]]" = []
     for index in range(2, len(op), 2):
         _, path, size, _, _ = _spec(["write", op[index], op[index + 1], token])
         files.append((path, size))
@@ -40,19 +43,19 @@ class NativeUpload(object):
 
     failure = None  # never answered early: a failed file's bytes still lead to the next file's
 
-    def __init__(self, ident, token, files):
+    def __init__(self, ident: int, token: str, files: "list[tuple[str, int]]") -> None:
         for path, _ in files:  # before anything is written: the script does it all
             special = os.path.exists(path) and not os.path.isfile(path)  # refused natively: 11 or 16
             if not special and _writes_in_place(path):
                 raise _NotNative()
         self.ident, self.token, self.files = ident, token, files
-        self.statuses = []  # one per file done
-        self.writer = None  # the file being written; None: its bytes are skipped (refused)
-        self.refused = None
+        self.statuses: "list[int]" = []  # one per file done
+        self.writer: "_NativeWrite | None" = None  # the file being written; None: its bytes are skipped (refused)
+        self.refused: "int | None" = None
         self.left = 0  # its bytes still to come
         self._begin()
 
-    def _begin(self):
+    def _begin(self) -> None:
         """Start the next file; one of no bytes is done at once, and the next started."""
         while len(self.statuses) < len(self.files):
             k = len(self.statuses)
@@ -68,7 +71,7 @@ class NativeUpload(object):
                 return
             self._end_file()
 
-    def _end_file(self):
+    def _end_file(self) -> None:
         code = self.refused
         if self.writer is not None:
             try:
@@ -77,9 +80,10 @@ class NativeUpload(object):
                 self.writer.discard()
                 code = 12
         self.writer = None
+        assert code is not None  # a file is refused or has its writer (`_begin`)
         self.statuses.append(code)
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> None:
         view = memoryview(data)
         while view and len(self.statuses) < len(self.files):
             part, view = view[: self.left], view[self.left :]
@@ -90,16 +94,16 @@ class NativeUpload(object):
                 self._end_file()
                 self._begin()
 
-    def finish(self):
+    def finish(self) -> int:
         """The stream ended: a file it did not complete is refused by its writer's size check
         (18), as the script's is; the status lines go out; the script's exit code."""
         while len(self.statuses) < len(self.files):
             self._end_file()
             self._begin()
-        send(b"O", self.ident, "".join("%d\n" % code for code in self.statuses).encode())
+        send(OUTPUT, self.ident, "".join("%d\n" % code for code in self.statuses).encode())
         return 0
 
-    def discard(self):
+    def discard(self) -> None:
         if self.writer is not None:
             self.writer.discard()
             self.writer = None

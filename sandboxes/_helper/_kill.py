@@ -6,8 +6,8 @@ or a double fork. Killing "the command" therefore means killing every process wh
 holds that entry. This module is the only place that does it, in two forms:
 
 - `kill_marked`, in Python, for the host (`LocalSandbox`, the service's local backend) and for
-  the exec helper inside a sandbox, which is shipped with this file as one script
-  (``SERVER_SOURCE``): hence stdlib only, Python 3.6-compatible, no ``__future__`` import, and
+  the exec helper inside a sandbox, whose package this module is part of (`sandboxes._helper`):
+  hence stdlib only, Python 3.6-compatible, no ``__future__`` import, and
   annotations that evaluate on 3.6 (local variable annotations are never evaluated).
 - `KILL_MARKED_SH`, a POSIX ``sh`` function for sandboxes reached without the helper (one
   ``docker exec`` or SSH channel per command, busybox images included).
@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only (it takes any ``TYPE_CHECKING`` as true): `typing` is no cheaper
     import signal
     from collections.abc import Iterator
-else:  # the C module behind `signal`, with the same calls and numbers: see `sandboxes._mux._server`
+else:  # the C module behind `signal`, with the same calls and numbers: see `sandboxes._helper._server`
     import _signal as signal
 
 MARKER_ENV = "SANDBOXES_EXEC_ID"
@@ -54,7 +54,7 @@ still killed by its own marker, and with its sandbox."""
 JOB_START_ENV = "SANDBOXES_JOB_START"
 """Set by `sandboxes.jobs` on the command that starts a job, to the marker its supervisor will
 carry: the exec helper takes the supervisor that command leaves behind (and only what it leaves
-behind) for a job's, and spares it from the sweep of orphans (`sandboxes._mux._reap`). A job's
+behind) for a job's, and spares it from the sweep of orphans (`sandboxes._helper._reap`). A job's
 marker alone spares nothing: any process may set it."""
 
 KILL_DEADLINE = 10.0
@@ -231,7 +231,7 @@ def _env_end(pid: int) -> "bytes | None":
 
 def _stat_fields(pid: int) -> "list[bytes] | None":
     """The fields of ``/proc/<pid>/stat`` after the command name (the state is the first), or
-    None if it is gone. Also the exec helper's (`_reap`, shipped after this file)."""
+    None if it is gone. Also the exec helper's (`_reap`)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()

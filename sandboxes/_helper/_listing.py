@@ -1,8 +1,6 @@
-# ruff: noqa
-# mypy: ignore-errors
 """Native ``ls`` and ``delete`` in the exec helper: `sandboxes._scripts.LS` and ``DELETE``
-without starting a process (shipped with `_search`, `_files` and `_server` as one script,
-``SERVER_SOURCE``: stdlib only, Python 3.6-compatible).
+without starting a process (imported with `_files` when the helper idles or at its first file
+op: stdlib only, Python 3.6-compatible).
 
 Why: ``LS`` starts ``stat`` after the shell and ``DELETE`` starts ``rm``, so each cost about two
 commands (~1.9x and ~1.8x ``execute``, the slowest file ops); here each is one frame round trip.
@@ -38,6 +36,12 @@ import os
 import stat
 import time
 
+from ._native import _why
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from collections.abc import Callable
+
 LISTING_OPS = ["ls", "delete"]
 LS_MAX_ENTRIES = 4096
 LS_MAX_ARGUMENT = 64 << 10
@@ -56,7 +60,7 @@ class _ListingHandBack(Exception):
     """The script must answer this one (see the module's docstring)."""
 
 
-def listing(op):
+def listing(op: "list[str]") -> "tuple[int, bytes] | None":
     """``(exit code, output)`` of ``ls`` or ``delete`` (``op``: its name and the script's
     argument, a normalized absolute path), or ``None``: run the script. ValueError when
     malformed."""
@@ -80,7 +84,7 @@ def listing(op):
         return None
 
 
-def _ls(path):
+def _ls(path: str) -> "tuple[int, bytes]":
     if not (os.path.isdir(path) and os.access(path, os.X_OK)):  # `cd -P` fails
         if os.path.isdir(path):
             return 12, b""
@@ -92,7 +96,7 @@ def _ls(path):
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError:  # searchable, not readable: the script's globs stay unmatched
-        raise _ListingHandBack()
+        raise _ListingHandBack() from None
     try:
         names = [os.fsencode(name) for name in _names(fd, LS_MAX_ENTRIES)]
         if sum(len(n) + 9 for n in names) > LS_MAX_ARGUMENT:
@@ -101,7 +105,8 @@ def _ls(path):
         hidden = sorted(n for n in names if n.startswith(b".") and n[1:2] not in (b"", b"."))
         dotted = sorted(n for n in names if n.startswith(b"..") and len(n) > 2)
         deadline = time.monotonic() + LISTING_MAX_SECONDS
-        records, stats = [], []
+        records: "list[bytes]" = []
+        stats: "list[bytes]" = []
         for count, name in enumerate(plain + hidden + dotted):
             if (count & 63) == 63 and time.monotonic() > deadline:
                 raise _ListingHandBack()
@@ -111,13 +116,13 @@ def _ls(path):
             if own is not None:
                 stats.append(b"%d %d\n" % (own.st_size, own[stat.ST_MTIME]))
     except OSError:
-        raise _ListingHandBack()
+        raise _ListingHandBack() from None
     finally:
         os.close(fd)
     return 0, b"".join(records) + b"".join(stats)
 
 
-def _entry(fd, name):
+def _entry(fd: int, name: bytes) -> "tuple[bytes | None, os.stat_result | None]":
     """(``b"d"``, ``b"f"`` or ``None``: gone, its ``lstat`` or ``None``) of one name: the
     script's ``[ -d ]`` / ``[ -e ] || [ -L ]`` and its ``stat`` (which does not follow)."""
     try:
@@ -133,7 +138,7 @@ def _entry(fd, name):
     return (b"d" if stat.S_ISDIR(target) else b"f"), own
 
 
-def _delete(path):
+def _delete(path: str) -> int:
     """`sandboxes._scripts.DELETE`'s exit code, the removal done."""
     if not os.path.lexists(path):  # `[ ! -e ] && [ ! -L ]`
         return _why(path)
@@ -141,7 +146,7 @@ def _delete(path):
     try:
         parent_fd = os.open(parent, _PATH_FLAGS)
     except OSError:
-        raise _ListingHandBack()
+        raise _ListingHandBack() from None
     try:
         _Removal(os.fstat(parent_fd).st_dev).remove(parent_fd, name)
     finally:
@@ -153,16 +158,16 @@ class _Removal(object):
     """``rm -rf`` of one name, iteratively: a stack of open directories, each holding the names
     it has left to remove."""
 
-    def __init__(self, device):
+    def __init__(self, device: int) -> None:
         self.device = device
         self.entries = 0
         self.deadline = time.monotonic() + LISTING_MAX_SECONDS
 
-    def remove(self, parent_fd, name):
+    def remove(self, parent_fd: int, name: str) -> None:
         opened = self.enter(parent_fd, name)
         if opened is None:
             return
-        stack = [(parent_fd, name) + opened]
+        stack = [(parent_fd, name, *opened)]
         try:
             while stack:
                 parent, directory, fd, names = stack[-1]
@@ -177,12 +182,12 @@ class _Removal(object):
                     if len(stack) >= DELETE_MAX_DEPTH:
                         os.close(opened[0])
                         raise _ListingHandBack()
-                    stack.append((fd, child) + opened)
+                    stack.append((fd, child, *opened))
         finally:
             for _, _, fd, _ in stack:
                 os.close(fd)
 
-    def enter(self, dir_fd, name):
+    def enter(self, dir_fd: int, name: str) -> "tuple[int, list[str]] | None":
         """Remove ``name`` if it is not a directory; a directory: ``(fd, its names)`` to empty
         first (``None``: it was removed, or could not be opened and its ``rmdir`` was tried)."""
         self.entries += 1
@@ -203,7 +208,7 @@ class _Removal(object):
             if exc.errno == errno.ENOENT:  # gone meanwhile
                 return None
             if exc.errno not in (errno.EACCES, errno.EPERM):  # swapped for a link (ELOOP,
-                raise _ListingHandBack()  # ENOTDIR: nothing followed), out of descriptors...
+                raise _ListingHandBack() from None  # ENOTDIR: nothing followed), out of descriptors...
             _ignore_failure(os.rmdir, name, dir_fd)  # unreadable: removable only if empty
             return None
         try:
@@ -216,11 +221,11 @@ class _Removal(object):
         return fd, names
 
 
-def _names(fd, most):
+def _names(fd: int, most: int) -> "list[str]":
     """The names in the directory ``fd``; `_ListingHandBack` past ``most``. Python 3.7 and later
     stop reading there (``scandir`` of a descriptor); 3.6 reads them all first (``listdir``)."""
     if os.scandir in getattr(os, "supports_fd", ()):
-        names = []
+        names: "list[str]" = []
         with os.scandir(fd) as entries:
             for entry in entries:
                 names.append(entry.name)
@@ -233,7 +238,7 @@ def _names(fd, most):
     return names
 
 
-def _ignore_failure(remove, name, dir_fd):
+def _ignore_failure(remove: "Callable[..., None]", name: str, dir_fd: int) -> None:
     """``rm -f``: what cannot be removed stays (the answer says so), and the walk goes on."""
     try:
         remove(name, dir_fd=dir_fd)

@@ -1,37 +1,66 @@
-# ruff: noqa
-# mypy: ignore-errors
 """A command in the exec helper (`_server`), from its request to its answer: its process started
 (cold, or in a shell started ahead of it: `_spawn`), its output and stdin pumped, its timeout or
 kill, its leader reaped and its exit answered, and the shell it foresees for the next command
-like it (`_next_key`). Shipped with the helper as one script (``SERVER_SOURCE``), before
-`_server`: stdlib only, Python 3.6-compatible.
+like it (`_next_key`); and the commands' tables (``_commands``, ``_leaders``, ``_ended``).
+Stdlib only, Python 3.6-compatible.
 
 Apart from `_server`, which reads the client's frames, runs the loop and holds the helper's
-state (``_commands``, ``_leaders``, `send`, the poller, used here once a command runs), because
+loop's state (`_loop`: `send`, the poller, used here once a command runs), because
 a command's life is a unit of its own: the loop only hands it events (its output is ready, its
 stdin writable, its leader exited, a deadline passed) and it decides what they mean.
 """
 
-import _signal as signal  # see `_server`: `signal` imports enum
 import os
 import time
 
+from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, kill_marked
+from ._loop import (
+    DRAIN_GRACE,
+    TIMED_OUT_DRAIN,
+    _base_env,
+    _jobs,
+    _main,
+    _markers,
+    _Poller,
+    _poller,
+    _session,
+    _subreaper,
+    send,
+    send_exit,
+)
+from ._reap import kill_orphans, now_ticks
+from ._spawn import Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
+from .frames import OUTPUT
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    import signal
+    from typing import Any
+
+    from ._spawn import WarmKey
+else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
+    import _signal as signal
+
+_commands: "dict[int, Command]" = {}  # id -> Command, until its exit is sent
+_leaders: "dict[int, Command | WarmShell]" = {}  # pid -> its leader, while UNREAPED (so still ours to signal)
+_ended: "list[Command]" = []  # commands answered this turn, whose leftovers are swept once the answers are out
+
 
 class Command(object):
-    def __init__(self, ident, spec):
+    def __init__(self, ident: int, spec: "dict[str, Any]") -> None:
         self.ident = ident
         self.killed = False
         self.timed_out = False
         self.finished = False
         self.reaped = False
-        self.code = None
-        self.stdin_queue = []
+        self.code: "int | None" = None
+        self.stdin_queue: "list[memoryview]" = []
         self.stdin_closing = False
         self.stdin_waiting = False
-        self.drain_deadline = None
+        self.drain_deadline: "float | None" = None
         self.born = now_ticks()  # before anything it starts: what it makes is no older (`_spared`)
         timeout = spec.get("timeout")
-        self.deadline = time.monotonic() + timeout if timeout else None
+        self.deadline: "float | None" = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         spec_env, self.job_needle = _job_start(spec_env)
         script = warm_script(spec["command"], spec_env, with_stdin)
@@ -39,6 +68,10 @@ class Command(object):
         self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
+        self.marker: str
+        self.pid: int
+        self.out_fd: "int | None"
+        self.in_fd: "int | None"
         if warm is not None:
             self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
         else:
@@ -48,11 +81,12 @@ class Command(object):
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 
-    def start(self):
+    def start(self) -> None:
+        assert self.out_fd is not None  # until its output ends
         _poller.register(self.out_fd, _Poller.READ, self.on_output)
         _commands[self.ident] = self
 
-    def on_output(self, _mask):
+    def on_output(self, _mask: int) -> None:
         if self.out_fd is None:  # closed by an earlier event of the same batch
             return
         try:
@@ -60,7 +94,7 @@ class Command(object):
         except OSError:
             chunk = b""
         if chunk:
-            send(b"O", self.ident, chunk)
+            send(OUTPUT, self.ident, chunk)
             return
         self.close_output()
         if self.reaped:
@@ -68,19 +102,19 @@ class Command(object):
         elif self.has_exited():
             self.exited()  # which finishes it: its output just ended
 
-    def has_exited(self):
+    def has_exited(self) -> bool:
         """Whether the leader has exited (not reaped yet). Asked when its output ends, which is
         usually its exit: the kernel closes a process's files just before it tells the parent, so
         the answer goes out in this turn of the loop, not one more turn later on the SIGCHLD."""
         return has_exited(self.pid)
 
-    def close_output(self):
+    def close_output(self) -> None:
         if self.out_fd is not None:
             _poller.unregister(self.out_fd)
             os.close(self.out_fd)
             self.out_fd = None
 
-    def feed(self, data):
+    def feed(self, data: "bytes | None") -> None:
         """Queue stdin bytes (``None``: close it once written), written as the pipe takes them."""
         if self.in_fd is None:
             return
@@ -90,7 +124,7 @@ class Command(object):
             self.stdin_queue.append(memoryview(data))
         self.write_stdin(None)
 
-    def write_stdin(self, _mask):
+    def write_stdin(self, _mask: "int | None") -> None:
         if self.in_fd is None:  # closed by an earlier event of the same batch
             return
         while self.stdin_queue:
@@ -115,7 +149,7 @@ class Command(object):
         if self.stdin_closing:
             self.close_stdin()
 
-    def close_stdin(self):
+    def close_stdin(self) -> None:
         if self.in_fd is not None:
             if self.stdin_waiting:
                 _poller.unregister(self.in_fd)
@@ -124,7 +158,7 @@ class Command(object):
             self.in_fd = None
         self.stdin_queue = []
 
-    def kill(self):
+    def kill(self) -> None:
         """Kill the command's process group (only while unreaped: after that its id may already
         belong to another command's group) and every process carrying its marker."""
         if not self.reaped:
@@ -134,17 +168,17 @@ class Command(object):
                 pass
         kill_marked(self.marker)
 
-    def expire(self):
+    def expire(self) -> None:
         self.timed_out = True
         self.deadline = None
         self.kill()
 
-    def stop(self):
+    def stop(self) -> None:
         """The client's kill (K)."""
         self.killed = True
         self.kill()
 
-    def exited(self):
+    def exited(self) -> None:
         """The leader exited and is not reaped yet: its pid (and group id) are still ours, so the
         group's leftovers are killed now; only then is it reaped."""
         try:
@@ -168,7 +202,7 @@ class Command(object):
         else:  # a process outside the group (setsid) may hold the output open: wait a little
             self.drain_deadline = time.monotonic() + (TIMED_OUT_DRAIN if self.timed_out else DRAIN_GRACE)
 
-    def finish(self):
+    def finish(self) -> None:
         self.finished = True
         self.drain_deadline = None
         self.close_output()
@@ -181,17 +215,17 @@ class Command(object):
         # written at the end of this turn of the loop, so that scanning /proc does not delay it.
         _ended.append(self)
 
-    def next_deadline(self):
+    def next_deadline(self) -> "float | None":
         return self.drain_deadline if self.drain_deadline is not None else self.deadline
 
-    def on_deadline(self, now):
+    def on_deadline(self, now: float) -> None:
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.finish()
         elif self.deadline is not None and now >= self.deadline:
             self.expire()
 
 
-def _job_start(spec_env):
+def _job_start(spec_env: "dict[str, str]") -> "tuple[dict[str, str], bytes | None]":
     """(the environment without `JOB_START_ENV`, the needle of the supervisor marker it announced
     or None): a command that starts a background job (`sandboxes.jobs`) names the marker of the
     supervisor it leaves behind, which the sweep of orphans then records and spares
@@ -205,14 +239,16 @@ def _job_start(spec_env):
     return spec_env, ("\0%s=%s\0" % (MARKER_ENV, marker)).encode()
 
 
-def _command_env(spec_env, marker):
+def _command_env(spec_env: "dict[str, str]", marker: str) -> "dict[str, str]":
     env = dict(_base_env)
     env.update(spec_env)
     env[MARKER_ENV] = marker
     return env
 
 
-def _next_key(spec_env, cwd, next_marker, could_run_warm):
+def _next_key(
+    spec_env: "dict[str, str]", cwd: "str | None", next_marker: object, could_run_warm: bool
+) -> "WarmKey | None":
     """(env, cwd) of the next command like this one, for which a shell is started once this one
     is answered; None: none is foreseen. A caller that marks its commands itself (the service:
     a token per call, which a kill from outside this helper looks for) announces with a command
@@ -232,7 +268,7 @@ def _next_key(spec_env, cwd, next_marker, could_run_warm):
     return key_env, cwd
 
 
-def _spare_env(spec_env):
+def _spare_env(spec_env: "dict[str, str]") -> "tuple[dict[str, str], str]":
     """(environment, marker) of a shell started ahead of its command: the marker announced for
     it (`_next_key`), else one of its own, since the command is not known yet (`Command.ident`
     is not)."""
@@ -241,3 +277,14 @@ def _spare_env(spec_env):
         _markers[0] += 1
         marker = "%s-w%d" % (_session, _markers[0])
     return _command_env(spec_env, marker), marker
+
+
+_spares = Spares(_leaders, _spare_env)  # shells waiting for commands (`_spawn`, `_command`)
+
+
+def _kill_orphans(ended: "tuple[Command, ...] | list[Command]" = ()) -> None:
+    """`kill_orphans`, sparing the jobs' supervisors (``_jobs``) and what the running commands
+    account for, and the supervisors that the job starts among them, among the answered ones not
+    swept after yet (``_ended``) or among the ``ended`` being swept after now left behind."""
+    commands = list(_commands.values()) + _ended + list(ended)
+    kill_orphans(_subreaper[0], _main[0], _leaders, commands, _jobs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import hashlib
 import uuid
 from collections.abc import Callable, Generator, Mapping
@@ -31,10 +32,12 @@ from sandboxes import protocol as p
 from sandboxes._output import UNLIMITED, OutputHook
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.semantics import (
+    EDIT_MAX_BYTES,
     InvalidGlobError,
     Replacement,
     basename_prefilter,
     compile_glob,
+    download_share,
     filter_glob,
     finish_grep,
     lines_window,
@@ -42,18 +45,23 @@ from sandboxes.semantics import (
     read_window,
     refused_input,
     replace_text,
+    share_refusal,
     text_prefix,
 )
 
 R = TypeVar("R")
 
 MAX_READ_BYTES = 256 << 20
-"""``edit`` refuses files larger than this: they travel whole through ``execute`` (base64; raw
-through the exec helper, 256 KiB a turn of its loop)."""
+"""Default bound of what a whole-file fetch may pull (`FilesystemConfig.max_file_bytes`);
+``edit`` pulls at most `sandboxes.semantics.EDIT_MAX_BYTES`."""
 
 READ_SCAN_BYTES = 8 << 20
 """``read`` looks at most at this many of a file's first bytes: a bigger file answers a window
 within its complete lines there, or ``file_too_large`` (`sandboxes.semantics.read_window`)."""
+
+MAX_BATCH_DOWNLOAD_BYTES = 1 << 30
+"""Default bound of what one ``download_files`` batch holds in all
+(`BaseSandbox.max_batch_download_bytes`)."""
 
 MAX_DOWNLOAD_BYTES = 512 << 20
 """Default per-file bound of ``download_files`` (`BaseSandbox.max_download_bytes`): a bigger
@@ -84,6 +92,13 @@ class Call:
     """The same operation as an exec helper's native op (`sandboxes._helper._files`: its name and
     the script's arguments), which answers exactly what ``command`` would without starting a
     process; transports without one run ``command`` (see `BaseSandbox.native_file_ops`)."""
+
+
+OPERATION_ENV: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "sandboxes_operation_env", default=None
+)
+"""Environment given to every command a file operation runs in this context (``None``: none):
+the service marks an operation's commands with it, to kill them by marker once its client left."""
 
 
 @runtime_checkable
@@ -168,7 +183,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
         if call.native is not None and self.native_file_ops and (answer := self._run_native(call)) is not None:
             return answer
         return self.execute(
-            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+            call.command,
+            stdin=call.stdin,
+            timeout=self.operation_timeout,
+            output_limit=call.output_limit,
+            env=OPERATION_ENV.get(),
         )
 
     async def _arun_call(self, call: Call) -> p.ExecuteResponse:
@@ -177,7 +196,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
             if answer is not None:
                 return answer
         return await self.aexecute(
-            call.command, stdin=call.stdin, timeout=self.operation_timeout, output_limit=call.output_limit
+            call.command,
+            stdin=call.stdin,
+            timeout=self.operation_timeout,
+            output_limit=call.output_limit,
+            env=OPERATION_ENV.get(),
         )
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
@@ -235,13 +258,11 @@ class BaseSandbox(p.SandboxBackendProtocol):
             raise _parse.ScriptFailed(p.BACKEND_ERROR, f"the sandbox sent more of '{path}' than {cap + 1} bytes")
         return _parse.file_bytes(response.output)
 
-    def _fetch_whole(self, path: str) -> Operation[bytes | tuple[p.ErrorCode, str]]:
-        """The whole file (up to `MAX_READ_BYTES`), or why not."""
-        data = yield from self._fetch(path)
-        if not isinstance(data, tuple) and len(data) > MAX_READ_BYTES:
-            return p.FILE_TOO_LARGE, message_for(
-                p.FILE_TOO_LARGE, path, f"larger than {MAX_READ_BYTES} bytes; use download_files"
-            )
+    def _fetch_whole(self, path: str, cap: int) -> Operation[bytes | tuple[p.ErrorCode, str]]:
+        """The whole file (up to ``cap`` bytes), or why not."""
+        data = yield from self._fetch(path, cap)
+        if not isinstance(data, tuple) and len(data) > cap:
+            return p.FILE_TOO_LARGE, message_for(p.FILE_TOO_LARGE, path, f"larger than {cap} bytes")
         return data
 
     def _read(self, file_path: str, offset: int, limit: int) -> Operation[p.ReadResult]:
@@ -288,7 +309,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
             path = normalize_path(file_path)
         except InvalidPathError as exc:
             return p.EditResult(*refused_input(exc, file_path))
-        data = yield from self._fetch_whole(path)
+        data = yield from self._fetch_whole(path, EDIT_MAX_BYTES)
         if isinstance(data, tuple):
             return p.EditResult(*data)
         try:
@@ -497,12 +518,22 @@ class BaseSandbox(p.SandboxBackendProtocol):
     """Per-file bound of ``download_files``: a bigger file (by its size, or by what it turned
     out to hold) answers ``file_too_large``, and no more of it is taken from the sandbox."""
 
+    max_batch_download_bytes: int = MAX_BATCH_DOWNLOAD_BYTES
+    """What one ``download_files`` batch may hold in all: each file at most its share
+    (`sandboxes.semantics.download_share`); a bigger one answers ``file_too_large``."""
+
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         return self.download_files_within(paths, self.max_download_bytes)
 
     def download_files_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         """``download_files`` with a per-file bound of ``max_bytes`` (the service's, for its
-        JSON answers): bigger files answer ``file_too_large``."""
+        JSON answers), and of each file's share of `max_batch_download_bytes`: bigger files
+        answer ``file_too_large``."""
+        share = download_share(max_bytes, self.max_batch_download_bytes, len(paths))
+        found = self._download_within(paths, share)
+        return found if share == max_bytes else _shared(found, share, len(paths))
+
+    def _download_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         bulk = self._bulk_downloads(paths, max_bytes)
         threshold = self.bulk_threshold
         if not bulk or threshold is None:
@@ -619,8 +650,12 @@ class BaseSandbox(p.SandboxBackendProtocol):
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         """`download_files`: natively async inline; a file too big for the inline path is
         fetched through the bulk transport (which blocks) in a worker thread, as it would be
-        synchronously."""
-        max_bytes = self.max_download_bytes
+        synchronously. Each file is bounded by its share of `max_batch_download_bytes`."""
+        max_bytes = download_share(self.max_download_bytes, self.max_batch_download_bytes, len(paths))
+        found = await self._adownload_within(paths, max_bytes)
+        return found if max_bytes == self.max_download_bytes else _shared(found, max_bytes, len(paths))
+
+    async def _adownload_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         bulk = self._bulk_downloads(paths, max_bytes)
         threshold = self.bulk_threshold
         if not bulk or threshold is None:
@@ -730,3 +765,13 @@ class StreamingSandbox(BaseSandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse: ...
+
+
+def _shared(found: list[p.FileDownloadResponse], share: int, files: int) -> list[p.FileDownloadResponse]:
+    """``found`` with its files over their ``share`` of the batch told so."""
+    return [
+        p.FileDownloadResponse(r.path, None, p.FILE_TOO_LARGE, share_refusal(r.path, share, files))
+        if r.error == p.FILE_TOO_LARGE
+        else r
+        for r in found
+    ]

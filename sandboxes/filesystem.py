@@ -53,6 +53,7 @@ from sandboxes import protocol as p
 from sandboxes.base import MAX_READ_BYTES
 from sandboxes.paths import InvalidPathError, join, normalize_path, relative_to
 from sandboxes.semantics import (
+    EDIT_MAX_BYTES,
     InvalidGlobError,
     Replacement,
     compile_glob,
@@ -102,7 +103,8 @@ class FilesystemBackendConfig(BaseModel):
     """Host directory that ``/`` stands for; created if missing."""
     max_file_bytes: int = Field(default=MAX_READ_BYTES, gt=0)
     """``read`` and ``edit`` refuse larger files with ``file_too_large`` (they are held in memory
-    whole), and ``grep`` skips them. ``download_files`` is not capped, as on other backends."""
+    whole; ``edit`` past `sandboxes.semantics.EDIT_MAX_BYTES` too), and ``grep`` skips them.
+    ``download_files`` is not capped, as on other backends."""
 
 
 class _Refused(Exception):
@@ -245,30 +247,32 @@ class FilesystemBackend(p.BackendProtocol):
             finally:
                 os.close(fd)
 
-    def _too_large(self, path: str) -> _Refused:
-        detail = f"larger than {self.config.max_file_bytes} bytes; use download_files"
+    def _too_large(self, path: str, limit: int) -> _Refused:
+        detail = f"larger than {limit} bytes; use download_files"
         return _Refused(p.FILE_TOO_LARGE, path, detail)
 
-    def _fetch_at(self, dir_fd: int, name: str, path: str, *, capped: bool = True) -> tuple[bytes, os.stat_result]:
-        """The whole regular file, refused past ``max_file_bytes`` when ``capped`` (checked on
-        the bytes actually read too, since the file may grow after ``fstat``)."""
-        limit = self.config.max_file_bytes if capped else None
+    def _fetch_at(
+        self, dir_fd: int, name: str, path: str, *, capped: bool = True, cap: int | None = None
+    ) -> tuple[bytes, os.stat_result]:
+        """The whole regular file, refused past ``cap`` (default ``max_file_bytes``) when
+        ``capped`` (checked on the bytes actually read too, since the file may grow after ``fstat``)."""
+        limit = (self.config.max_file_bytes if cap is None else cap) if capped else None
         fd, info = beneath.open_file(dir_fd, name, os.O_RDONLY)
         try:
             if limit is not None and info.st_size > limit:
-                raise self._too_large(path)
+                raise self._too_large(path, limit)
             data = _read_fd(fd, limit)
         finally:
             os.close(fd)
         if limit is not None and len(data) > limit:
-            raise self._too_large(path)
+            raise self._too_large(path, limit)
         return data, info
 
-    def _fetch(self, path: str, *, capped: bool = True) -> tuple[bytes, os.stat_result]:
+    def _fetch(self, path: str, *, capped: bool = True, cap: int | None = None) -> tuple[bytes, os.stat_result]:
         if path == "/":
             raise _Refused(p.IS_DIRECTORY, path)
         with self._parent(path) as (dir_fd, name):
-            return self._fetch_at(dir_fd, name, path, capped=capped)
+            return self._fetch_at(dir_fd, name, path, capped=capped, cap=cap)
 
     def _store(self, path: str, content: bytes, expected: os.stat_result | None = None) -> None:
         """Atomically replace (or create, with its parents) ``path`` with ``content``.
@@ -384,7 +388,7 @@ class FilesystemBackend(p.BackendProtocol):
     def edit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> p.EditResult:
         def edit_file(path: str) -> p.EditResult:
             with self._lock:
-                data, info = self._fetch(path)
+                data, info = self._fetch(path, cap=min(self.config.max_file_bytes, EDIT_MAX_BYTES))
                 try:
                     text = data.decode("utf-8")
                 except UnicodeDecodeError:

@@ -19,6 +19,27 @@ from pathlib import PurePosixPath
 from sandboxes import protocol as p
 from sandboxes.paths import relative_to
 
+EDIT_MAX_BYTES = 8 << 20
+"""``edit`` refuses a file of more bytes than this, and an edit whose result would have more
+characters, with ``file_too_large``, on every backend: the file and its edited text are held
+whole in memory (the service's too)."""
+
+DOWNLOAD_MIN_SHARE = 64 << 10
+"""A file of a ``download_files`` batch may always have this many bytes, however many it has."""
+
+
+def download_share(per_file: int, batch: int, files: int) -> int:
+    """The bytes each of ``files`` files of one ``download_files`` batch may have: at most
+    ``per_file``, and its share of ``batch`` for the whole batch (at least `DOWNLOAD_MIN_SHARE`)."""
+    return min(per_file, max(DOWNLOAD_MIN_SHARE, batch // max(files, 1)))
+
+
+def share_refusal(path: str, share: int, files: int) -> str:
+    """The message of a file over its share of a batch of ``files`` files."""
+    detail = f"larger than {share} bytes, its share of a batch of {files} files; download it on its own"
+    return message_for(p.FILE_TOO_LARGE, path, detail)
+
+
 MAX_BINARY_READ_BYTES = 512_000
 """Binary files larger than this are refused by ``read`` (use ``download_files``); this is
 deepagents' preview cap, kept so agents see the same limit everywhere."""
@@ -304,6 +325,8 @@ def replace_text(
             "Use replace_all=True to replace all instances, or provide a more specific string "
             "with surrounding context.",
         )
+    if len(content) + count * (len(new) - len(old)) > EDIT_MAX_BYTES:
+        return failure(p.FILE_TOO_LARGE, path, f"the edit would make it larger than {EDIT_MAX_BYTES} characters")
     updated = content.replace(old, new)
     if crlf:
         updated = updated.replace("\n", "\r\n")

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from sandboxes import protocol as p
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, parent
 from sandboxes.semantics import (
+    EDIT_MAX_BYTES,
     InvalidGlobError,
     Replacement,
     compile_glob,
@@ -156,6 +157,8 @@ class StateBackend(p.BackendProtocol):
             if data is None:
                 return p.EditResult(*self._missing(path))
             raw = self._bytes(data)
+            if len(raw) > EDIT_MAX_BYTES:
+                return p.EditResult(*failure(p.FILE_TOO_LARGE, path, f"larger than {EDIT_MAX_BYTES} bytes"))
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError:

@@ -424,3 +424,27 @@ def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) ->
     assert report["code"] == 0, run.stderr.decode()
     assert "httpx" in report["modules"]  # it did talk to the service
     assert sorted(set(HEAVY) & set(report["modules"])) == []
+
+
+def test_exec_interrupted_kills_its_command(cli: Cli, url: str, sandbox: str) -> None:
+    """Ctrl-C on a streamed ``exec`` kills the command in the service, not only the CLI."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+    env.update(SANDBOXES_URL=url, SANDBOXES_API_KEY=KEYS["alice"])
+    marker = f"sbx-{uuid.uuid4().hex}"
+    command = f"echo first; while :; do sleep 0.05; done; echo {marker}"
+    with subprocess.Popen([*SCRIPT, "exec", "--sandbox", sandbox, command], stdout=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"first\n"
+        assert _processes_with(cli, sandbox, marker), "the command does not run"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    deadline = time.monotonic() + 10
+    while _processes_with(cli, sandbox, marker):
+        assert time.monotonic() < deadline, "the interrupted command kept running in the service"
+        time.sleep(0.05)
+
+
+def _processes_with(cli: Cli, sandbox: str, marker: str) -> list[str]:
+    """Processes of the sandbox with ``marker`` in their command line (read from stdin: not in the search's own)."""
+    found = cli("exec", "--sandbox", sandbox, "--stdin", "grep -lsF -f - /proc/[0-9]*/cmdline", stdin=marker.encode())
+    return found.stdout.decode().split()

@@ -551,8 +551,8 @@ class _RacedBackend(FilesystemBackend):
     """Another process rewrites the file between edit's read and its rename (a real write on
     disk at the one moment a concurrent writer would have to hit)."""
 
-    def _fetch(self, path: str, *, capped: bool = True) -> tuple[bytes, os.stat_result]:
-        fetched = super()._fetch(path, capped=capped)
+    def _fetch(self, path: str, *, capped: bool = True, cap: int | None = None) -> tuple[bytes, os.stat_result]:
+        fetched = super()._fetch(path, capped=capped, cap=cap)
         (self.root / path.lstrip("/")).write_text("someone else's version\n")
         return fetched
 

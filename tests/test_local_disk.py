@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +174,41 @@ def test_an_image_that_cannot_be_made_leaves_nothing_and_falls_back(
         assert sorted(os.listdir(tmp_path)) == ["root"]
         assert str(_disk.image_of(sandbox.root)) not in _loop_images()
         assert sandbox.execute("echo ok > f; cat f").output == "ok\n"
+
+
+_CREATE_AND_WAIT = """
+import sys
+from sandboxes.local import LocalSandbox
+sandbox = LocalSandbox.create()
+print(sandbox.root, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_an_image_left_by_a_killed_process_is_reclaimed_at_the_next_start(tmp_path: Path) -> None:
+    """A process killed (-9) while it holds a sandbox of ``LocalSandbox.create()`` leaves its
+    image mounted; the next `LocalProvider` to start releases it, and not a live one's."""
+    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+    needs(_disk.available() is None, f"sandbox disk images unavailable: {_disk.available()} (CI runs as root)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")])}
+    with subprocess.Popen(
+        [sys.executable, "-c", _CREATE_AND_WAIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    ) as child:
+        assert child.stdout is not None
+        root = Path(child.stdout.readline().decode().strip())
+        live = LocalSandbox.create()
+        try:
+            assert _mounted(root), f"{root} was not mounted by its sandbox"
+            child.kill()
+            child.wait(30)
+            assert _mounted(root), "the image was released though its process was killed"
+            LocalProvider(tmp_path / "base")
+            _assert_released(root)
+            assert not root.with_name(root.name + ".sandbox-lock").exists()
+            assert _mounted(live.root), "a live sandbox's image was reclaimed"
+        finally:
+            child.kill()
+            live.destroy()
+            _disk.release(root)
+            shutil.rmtree(root, ignore_errors=True)
+        _assert_released(live.root)

@@ -4,7 +4,7 @@ linear in the file and memory of the window."""
 from __future__ import annotations
 
 from sandboxes import protocol as p
-from sandboxes.semantics import read_window
+from sandboxes.semantics import EDIT_MAX_BYTES, Replacement, read_window, replace_text
 
 
 def test_a_file_of_only_newlines_is_paginated() -> None:
@@ -51,3 +51,16 @@ def test_a_prefix_answers_windows_within_its_complete_lines_only() -> None:
     halved = read_window("/f", cut[:-2], 0, 2, whole=False)  # ends in half a character
     assert halved.file_data is not None
     assert halved.file_data.content == "é\né\n"
+
+
+def test_an_edit_may_make_a_file_of_the_bound_and_no_more() -> None:
+    """The result's size is known before it is made (occurrences times the growth): exactly
+    `EDIT_MAX_BYTES` characters is an edit, one more is ``file_too_large``."""
+    wide = "c" * (EDIT_MAX_BYTES // 1024)
+    exact = replace_text("/f", "a" * 1024, "a", wide, replace_all=True)
+    assert isinstance(exact, Replacement)
+    assert len(exact.content) == EDIT_MAX_BYTES
+    over = replace_text("/f", "a" * 1024 + "b", "a", wide, replace_all=True)
+    assert not isinstance(over, Replacement)
+    assert over[0] == p.FILE_TOO_LARGE
+    assert "larger than" in over[1]

@@ -40,16 +40,25 @@ def cmd_exec(args: argparse.Namespace, session: Session) -> int:
 
 def _run_printing(session: Session, command: str, options: dict[str, Any]) -> p.ExecuteResponse:
     """Print the output as it comes when the backend can stream it (a remote sandbox: a long
-    command shows progress over the network), its stderr to stderr; else all at once, merged."""
+    command shows progress over the network), its stderr to stderr; else all at once, merged.
+    Interrupted (Ctrl-C), a streamed command is killed, not left running in the service."""
     stream = getattr(session.backend, "execute_stream", None)
     if stream is None:
         response = session.backend.execute(command, **options)
         out(response.output)
         return response
-    for event in stream(command, **options):
-        if isinstance(event, p.ExecuteResponse):
-            return event
-        out(event, sys.stderr if getattr(event, "stream", None) == "stderr" else None)
+    events = stream(command, **options)
+    try:
+        for event in events:
+            if isinstance(event, p.ExecuteResponse):
+                return event
+            out(event, sys.stderr if getattr(event, "stream", None) == "stderr" else None)
+    except KeyboardInterrupt:
+        try:
+            events.kill()
+        except Exception as exc:  # the interrupt is what the user sees; say the command may run on
+            note(f"sandboxes: the command may still run: killing it failed: {exc}")
+        raise
     raise Failed(p.CONNECTION_LOST, "the output stream ended without the command's exit")  # pragma: no cover
 
 

@@ -125,6 +125,12 @@ def attach_stream(sandbox_id: str, command_id: str, offset: int) -> w.Op[None]:
     return w.Op("GET", path, w.no_content, params={"offset": str(offset)}, idempotent=True)
 
 
+def kill_stream(sandbox_id: str, command_id: str) -> w.Op[p.ExecuteResponse]:
+    """Kill a streamed command's process tree; its final response once it ended."""
+    path = f"{_sandbox(sandbox_id)}/execute/{quote(command_id, safe='')}"
+    return w.Op("DELETE", path, w.execute_result, idempotent=True)
+
+
 def start_process(sandbox_id: str, body: dict[str, Any]) -> w.Op[w.ProcessStatus]:
     return w.Op("POST", f"{_sandbox(sandbox_id)}/processes", w.process_status, json=body)
 

@@ -107,6 +107,14 @@ class CommandStream(Iterator[Item]):
         """Stop reading (the command runs on in the service)."""
         self._items.close()
 
+    def kill(self) -> p.ExecuteResponse | None:
+        """Stop reading and kill the command's whole process tree; its final response, or
+        ``None`` if it never started (nothing was read from this stream yet)."""
+        self._items.close()
+        if self._position.command_id is None:
+            return None
+        return self._connection.call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
+
     def _run(self, op: w.Op[None]) -> Generator[Item]:
         following: w.Op[None] | None = op
         while following is not None:
@@ -170,6 +178,13 @@ class AsyncCommandStream(AsyncIterator[Item]):
     async def aclose(self) -> None:
         """Stop reading (the command runs on in the service)."""
         await self._items.aclose()
+
+    async def akill(self) -> p.ExecuteResponse | None:
+        """`CommandStream.kill`'s async twin."""
+        await self._items.aclose()
+        if self._position.command_id is None:
+            return None
+        return await self._connect().call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
 
     async def _run(self, op: w.Op[None]) -> AsyncGenerator[Item]:
         following: w.Op[None] | None = op

@@ -68,6 +68,9 @@ class ClientConfig(BaseModel):
     """``download_files`` takes files the service does not answer inline (over its
     ``max_inline_download_bytes``) as a streamed tar (``GET /archive``), up to this many bytes
     each, counted as they arrive; bigger ones answer ``file_too_large``."""
+    max_batch_download_bytes: int = Field(default=1 << 30, gt=0)
+    """What one ``download_files`` batch may stream in all: each file at most its share
+    (`sandboxes.semantics.download_share`); a bigger one answers ``file_too_large``."""
 
     @field_validator("url")
     @classmethod

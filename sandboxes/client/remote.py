@@ -23,6 +23,7 @@ import weakref
 from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import IO, cast, get_args
 
 import httpx
@@ -45,7 +46,7 @@ from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, ac
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Sandbox
-from sandboxes.semantics import message_for
+from sandboxes.semantics import download_share, message_for, share_refusal
 
 ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
 """A tar stream to upload: bytes, a binary file (read in chunks), or an iterable of chunks."""
@@ -214,6 +215,11 @@ class RemoteSandbox(Sandbox):
         of its output (its ``offset``): the rest of its output, then its final response."""
         return CommandStream(self._sync(), self._id, _ops.attach_stream(self._id, command_id, offset))
 
+    def kill_stream(self, command_id: str) -> p.ExecuteResponse:
+        """Kill a streamed command (a `CommandStream`'s ``command_id``) with its whole process
+        tree, followed or not; its final response."""
+        return self._sync().call(_ops.kill_stream(self._id, command_id))
+
     def aexecute_stream(
         self,
         command: str,
@@ -231,6 +237,10 @@ class RemoteSandbox(Sandbox):
     def aattach_stream(self, command_id: str, offset: int = 0) -> AsyncCommandStream:
         """`attach_stream`'s async twin."""
         return AsyncCommandStream(self._async, self._id, _ops.attach_stream(self._id, command_id, offset))
+
+    async def akill_stream(self, command_id: str) -> p.ExecuteResponse:
+        """`kill_stream`'s async twin."""
+        return await self._async().call(_ops.kill_stream(self._id, command_id))
 
     # ------------------------------------------------------------------ background processes
 
@@ -382,19 +392,25 @@ class RemoteSandbox(Sandbox):
         if not paths:
             return []
         found = self._sync().call(_ops.download(self._id, paths))
-        return [self._streamed(item) if item.error == p.FILE_TOO_LARGE else item for item in found]
+        bound = self._bound(len(paths))
+        return [self._streamed(item, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
 
-    def _streamed(self, item: p.FileDownloadResponse) -> p.FileDownloadResponse:
+    def _bound(self, files: int) -> _Bound:
+        """Each streamed file's bound in a batch of ``files``: its share of the batch's."""
+        config = self.config
+        return _Bound(download_share(config.max_download_bytes, config.max_batch_download_bytes, files), files)
+
+    def _streamed(self, item: p.FileDownloadResponse, bound: _Bound) -> p.FileDownloadResponse:
         stream = self.download_archive(item.path)
         try:
-            outcome = file_from_tar(stream, self.config.max_download_bytes)
+            outcome = file_from_tar(stream, bound.bytes)
         except (OperationFailed, ConnectionLost) as exc:
             return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
-        return _streamed_response(item.path, outcome, self.config.max_download_bytes)
+        return _streamed_response(item.path, outcome, bound, self.config.max_download_bytes)
 
     async def als(self, path: str) -> p.LsResult:
         return await self._async().call(_ops.ls(self._id, path))
@@ -441,23 +457,24 @@ class RemoteSandbox(Sandbox):
         if not paths:
             return []
         found = await self._async().call(_ops.download(self._id, paths))
-        return [await self._astreamed(item) if item.error == p.FILE_TOO_LARGE else item for item in found]
+        bound = self._bound(len(paths))
+        return [await self._astreamed(item, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
 
-    async def _astreamed(self, item: p.FileDownloadResponse) -> p.FileDownloadResponse:
+    async def _astreamed(self, item: p.FileDownloadResponse, bound: _Bound) -> p.FileDownloadResponse:
         """As `_streamed`: the tar's bytes gathered (bounded as they arrive), then read."""
-        bound = self.config.max_download_bytes
+        most = self.config.max_download_bytes
         gathered = bytearray()
         stream = cast("AsyncGenerator[bytes]", self.adownload_archive(item.path))
         try:
             async for chunk in stream:
                 gathered += chunk
-                if len(gathered) > bound + TAR_OVERHEAD:
-                    return _streamed_response(item.path, p.FILE_TOO_LARGE, bound)
+                if len(gathered) > bound.bytes + TAR_OVERHEAD:
+                    return _streamed_response(item.path, p.FILE_TOO_LARGE, bound, most)
         except (OperationFailed, ConnectionLost) as exc:
             return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
         finally:
             await stream.aclose()
-        return _streamed_response(item.path, file_from_tar([bytes(gathered)], bound), bound)
+        return _streamed_response(item.path, file_from_tar([bytes(gathered)], bound.bytes), bound, most)
 
 
 def _archive_failure(path: str, exc: OperationFailed | ConnectionLost) -> tuple[p.ErrorCode, str]:
@@ -471,10 +488,20 @@ def _archive_failure(path: str, exc: OperationFailed | ConnectionLost) -> tuple[
     return code, message_for(code, path, exc.message)
 
 
-def _streamed_response(path: str, outcome: bytes | p.ErrorCode, bound: int) -> p.FileDownloadResponse:
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """Each streamed file's bound in a batch: ``bytes``, its share of a batch of ``files``."""
+
+    bytes: int
+    files: int
+
+
+def _streamed_response(path: str, outcome: bytes | p.ErrorCode, bound: _Bound, most: int) -> p.FileDownloadResponse:
     if isinstance(outcome, bytes):
         return p.FileDownloadResponse(path, outcome)
-    detail = f"larger than {bound} bytes (the client's max_download_bytes)" if outcome == p.FILE_TOO_LARGE else None
+    if outcome == p.FILE_TOO_LARGE and bound.bytes < most:
+        return p.FileDownloadResponse(path, None, outcome, share_refusal(path, bound.bytes, bound.files))
+    detail = f"larger than {most} bytes (the client's max_download_bytes)" if outcome == p.FILE_TOO_LARGE else None
     return p.FileDownloadResponse(path, None, outcome, message_for(outcome, path, detail))
 
 

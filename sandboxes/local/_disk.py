@@ -19,6 +19,7 @@ brought) the bound stays per file for commands (``RLIMIT_FSIZE``, `sandboxes.loc
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -28,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["Disk", "available", "image_of", "release", "release_under"]
+__all__ = ["TEMP_PREFIX", "Disk", "Owner", "available", "image_of", "reclaim_orphans", "release", "release_under"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,10 @@ MOUNT_SUFFIX = ".sandbox-disk.d"
 ROOT_DIR = "sandbox-root"
 TMP_DIR = "sandbox-tmp"
 _TOOLS = ("mkfs.ext4", "mount", "umount", "losetup")
+TEMP_PREFIX = "sandboxes-tmp-"
+"""Marks the root directories `LocalSandbox.create` makes in the temporary directory: each lives
+as long as the process that made it, which holds its lock (`Owner`)."""
+LOCK_SUFFIX = ".sandbox-lock"
 
 
 @functools.cache
@@ -168,6 +173,54 @@ def release_under(top: Path) -> list[Path]:
                 release(root)
                 released.append(root)
     return released
+
+
+class Owner:
+    """The lock a process holds on a temporary root directory it made (``<root>.sandbox-lock``)
+    for as long as it may use it: the kernel drops it when the process dies, however it dies,
+    so a root whose lock is free was left behind (`reclaim_orphans`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root.with_name(root.name + LOCK_SUFFIX)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        """The root is gone: drop the lock and its file (idempotent)."""
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def reclaim_orphans(top: Path) -> list[Path]:
+    """Release the images (mounted or not) of the temporary roots under ``top`` (`TEMP_PREFIX`)
+    whose process is gone (their lock is free), and remove those roots; the roots reclaimed."""
+    reclaimed = []
+    for image in top.glob(f"{TEMP_PREFIX}*{IMAGE_SUFFIX}"):
+        root = image.with_name(image.name.removesuffix(IMAGE_SUFFIX))
+        lock = root.with_name(root.name + LOCK_SUFFIX)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # no lock: not made by `Owner` (or being made right now): not ours to judge
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its process lives
+            os.close(fd)
+            continue
+        try:
+            release(root)
+            shutil.rmtree(root, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            reclaimed.append(root)
+        except OSError as exc:
+            logger.warning("could not reclaim the sandbox %s left by a process that died: %s", root, exc)
+        finally:
+            os.close(fd)
+    if reclaimed:
+        logger.info("reclaimed %d local sandboxes left by processes that died", len(reclaimed))
+    return reclaimed
 
 
 def _devices_of(image: Path) -> list[str]:

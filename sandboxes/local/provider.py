@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +34,7 @@ from pydantic import Field
 from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
 from sandboxes.local._disk import release
 from sandboxes.local._tree import remove_tree
-from sandboxes.local.sandbox import LocalSandbox, LocalSandboxConfig, LocalSandboxTemplate
+from sandboxes.local.sandbox import LocalSandbox, LocalSandboxConfig, LocalSandboxTemplate, reclaim_left_behind
 
 __all__ = ["LocalProvider", "LocalProviderConfig"]
 
@@ -64,6 +65,7 @@ class LocalProvider:
         self.base = config.base_dir.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o700)
+        reclaim_left_behind(Path(tempfile.gettempdir()))
 
     # ------------------------------------------------------------------ creating
 

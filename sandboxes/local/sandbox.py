@@ -135,6 +135,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
                 raise ValueError("LocalSandbox needs a root_dir or a config")
             config = LocalSandboxConfig(root_dir=Path(root_dir))
         self.owned = owned
+        self._owner: _disk.Owner | None = None
         self.config = config
         self.root = config.root_dir.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -249,17 +250,31 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
     def create(cls, config: LocalSandboxConfig | None = None) -> Self:
         """A new sandbox the caller owns (``with`` destroys it): in ``config.root_dir``, which
         must not exist yet, or in a fresh temporary directory."""
-        if config is None:
-            config = LocalSandboxConfig(root_dir=Path(tempfile.mkdtemp(prefix="sandbox-")))
-        else:
+        if config is not None:
             config.root_dir.mkdir(mode=0o755, parents=True)
-        return cls(config=config, owned=True)
+            return cls(config=config, owned=True)
+        temp = Path(tempfile.gettempdir())
+        reclaim_left_behind(temp)
+        root = Path(tempfile.mkdtemp(prefix=_disk.TEMP_PREFIX, dir=temp))
+        owner = _disk.Owner(root)  # before its image: an image whose lock is free was left behind
+        try:
+            sandbox = cls(config=LocalSandboxConfig(root_dir=root), owned=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _disk.release(root)
+            remove_tree(root)
+            owner.release()
+            raise
+        sandbox._owner = owner
+        return sandbox
 
     def destroy(self) -> None:
         """Close, then remove the root directory and everything in it, its image first (idempotent)."""
         self.close()
         _disk.release(self.root)
         remove_tree(self.root)
+        if self._owner is not None:
+            self._owner.release()
 
     # ------------------------------------------------------------------ execute
 
@@ -539,6 +554,14 @@ CGROUP_FILE = "cgroup"
 """In a jail's state dir: the name of the sandbox's cgroup, removed with it if its owner died."""
 
 _reaped = threading.Event()
+
+
+def reclaim_left_behind(top: Path) -> None:
+    """Release the images of the temporary sandboxes under ``top`` (`LocalSandbox.create`
+    without a config) whose process died without destroying them (`_disk.reclaim_orphans`),
+    where images are made at all: at each such create, and at each `LocalProvider`'s start."""
+    if _disk.available() is None:
+        _disk.reclaim_orphans(top)
 
 
 def reap_leftovers() -> None:

@@ -145,10 +145,13 @@ _COMPONENT = "#/components/schemas/{model}"
 
 
 def _allowed_methods(path: str) -> str:
-    """Every method some route serves at ``path``, for a 405's ``Allow``."""
+    """Every method the routes with the most specific template matching ``path`` (the fewest
+    parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
     routes = [route for route in (*router.routes, *health.routes) if isinstance(route, APIRoute)]
-    matching = [route.methods or set() for route in routes if route.path_regex.match(path)]
-    return ", ".join(sorted(set().union(*matching)))
+    matching = [route for route in routes if route.path_regex.match(path)]
+    fewest = min((route.path.count("{") for route in matching), default=0)
+    methods = [route.methods or set() for route in matching if route.path.count("{") == fewest]
+    return ", ".join(sorted(set().union(*methods)))
 
 
 def _install_error_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -119,15 +119,21 @@ class RateLimiter:
 
 class CommandSlots:
     """Commands running at once, per tenant, against its policy's ``max_commands``; one past it
-    waits its turn (first come, first served) for a bounded time, then is refused.
+    waits its turn (first come, first served) while the tenant's queue moves, and is refused
+    only once none of the tenant's commands ended for the whole wait.
 
     Each running command holds a thread until it ends, so one tenant with commands that never
     end would otherwise take every thread and stall everyone else's. A slot that ends while
-    others wait passes straight to the first of them, so a newcomer never overtakes a waiter."""
+    others wait passes straight to the first of them, so a newcomer never overtakes a waiter.
+    A burst of a tenant's commands longer than the wait is served as long as its commands keep
+    ending: waiting helps there; it cannot once they all hang, which is when one is refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._running: dict[str, int] = {}
         self._waiting: dict[str, deque[_Waiter]] = {}
+        self._ended: dict[str, float] = {}
+        """Per tenant with waiters: when one of its commands last ended (``clock`` seconds)."""
+        self._clock = clock
         self._lock = threading.Lock()
 
     def take(self, tenant: str, policy: TenantPolicy) -> Callable[[], None]:
@@ -140,8 +146,9 @@ class CommandSlots:
         return self._release_of(tenant)
 
     async def acquire(self, tenant: str, policy: TenantPolicy, wait: float) -> Callable[[], None]:
-        """A slot for one command, waiting up to ``wait`` seconds for one to be freed, then
-        ``rate_limited`` with a ``Retry-After``; what is returned is called as `take`'s is."""
+        """A slot for one command, waiting for one to be freed until ``wait`` seconds pass with
+        none of the tenant's commands ending, then ``rate_limited`` with a ``Retry-After``;
+        what is returned is called as `take`'s is."""
         if wait <= 0:
             return self.take(tenant, policy)
         loop = asyncio.get_running_loop()
@@ -151,8 +158,9 @@ class CommandSlots:
                 return self._release_of(tenant)
             waiter = _Waiter(loop, loop.create_future())
             self._waiting.setdefault(tenant, deque()).append(waiter)
+            self._ended.setdefault(tenant, self._clock())
         try:
-            await asyncio.wait({waiter.handed}, timeout=wait)
+            await self._wait_while_moving(tenant, waiter, wait)
         except BaseException:  # the request was abandoned: give back what it may have been handed
             if not self._withdraw(tenant, waiter):
                 self._release_of(tenant)()
@@ -160,6 +168,18 @@ class CommandSlots:
         if self._withdraw(tenant, waiter):
             raise _busy(tenant, self.running(tenant), waited=wait)
         return self._release_of(tenant)  # handed over (perhaps just as the time ran out)
+
+    async def _wait_while_moving(self, tenant: str, waiter: _Waiter, wait: float) -> None:
+        """Until ``waiter`` is handed a slot, or ``wait`` seconds passed since the tenant's
+        last command ended (or since this waiter came, if later)."""
+        came = self._clock()
+        while not waiter.handed.done():
+            with self._lock:
+                moved = max(came, self._ended.get(tenant, came))
+            left = moved + wait - self._clock()
+            if left <= 0:
+                return
+            await asyncio.wait({waiter.handed}, timeout=left)
 
     def running(self, tenant: str) -> int:
         with self._lock:
@@ -178,6 +198,7 @@ class CommandSlots:
             queue.remove(waiter)
             if not queue:
                 del self._waiting[tenant]
+                self._ended.pop(tenant, None)
             return True
 
     def _release_of(self, tenant: str) -> Callable[[], None]:
@@ -196,9 +217,11 @@ class CommandSlots:
         with self._lock:
             queue = self._waiting.get(tenant)
             if queue:
+                self._ended[tenant] = self._clock()
                 waiter = queue.popleft()
                 if not queue:
                     del self._waiting[tenant]
+                    del self._ended[tenant]
             else:
                 waiter = None
                 left = self._running.get(tenant, 1) - 1

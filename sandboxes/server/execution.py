@@ -18,12 +18,12 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
 from sandboxes import protocol as p
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook
 from sandboxes.api import ExecuteRequest, ExecuteResult
-from sandboxes.base import BaseSandbox, MarksAhead
+from sandboxes.base import OPERATION_ENV, BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command, result_of, run_marked
@@ -31,6 +31,7 @@ from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.waiting import awaitable_helper, run_awaited
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def command_for(request: ExecuteRequest, template: Template, settings: ServiceSettings) -> Command:
@@ -190,20 +191,60 @@ def run_detached(
     on_output: OutputHook,
     executor: Executor | None = None,
     on_end: Callable[[], None] | None = None,
-) -> asyncio.Future[p.ExecuteResponse]:
-    """The command, running on its own: tied to no connection, it ends by itself or by its
-    timeout (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
-    it arrives and must never block; ``on_end`` is called when it has ended."""
-    return _started(sandbox, command, on_output, executor, on_end)[0]
-
-
-def run_detached_marked(
-    sandbox: BaseSandbox,
-    command: Command,
-    on_output: OutputHook,
-    executor: Executor | None = None,
-    on_end: Callable[[], None] | None = None,
 ) -> tuple[asyncio.Future[p.ExecuteResponse], str]:
-    """`run_detached`, and the token that marks the command's processes (to kill its tree
-    with the backend's ``kill_marked``)."""
+    """The command, running on its own, and the token that marks its processes (what a kill
+    looks for): tied to no connection, it ends by itself, by its timeout or by a kill of its
+    token (a streamed command, `sandboxes.server.streamed`). ``on_output`` gets its output as
+    it arrives and must never block; ``on_end`` is called when it has ended."""
     return _started(sandbox, command, on_output, executor, on_end)
+
+
+KILL_AGAIN = 0.5
+"""Seconds between kills of an abandoned file operation's commands while it still runs."""
+
+
+async def run_abandonable(
+    call: Callable[[], Awaitable[T]], kill_marked: Callable[[str], None], receive: Receive | None
+) -> T:
+    """``call()`` (a file operation) with every command it runs in the sandbox marked by a
+    token of its own (`OPERATION_ENV`). Once the client left (``receive``, watched from
+    `WATCH_AFTER` on), they are killed, again every `KILL_AGAIN` seconds until the operation
+    ended (it may start another after the first dies), not left to their timeout."""
+    from sandboxes.server.backends import MARKER_ENV
+
+    token = unique_id()
+    marked = OPERATION_ENV.set({MARKER_ENV: token})
+    try:
+        work = asyncio.ensure_future(call())  # the task takes the context, the marker with it
+    finally:
+        OPERATION_ENV.reset(marked)
+    watch: list[asyncio.Task[None]] = []
+
+    def start_watching() -> None:
+        if receive is not None and not work.done():
+            watch.append(asyncio.ensure_future(_kill_until_done(receive, work, kill_marked, token)))
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, start_watching)
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:  # the request was cancelled: do not leave its commands running
+        _kill_soon(kill_marked, token)
+        raise
+    finally:
+        timer.cancel()
+        for task in watch:
+            task.cancel()
+
+
+async def _kill_until_done(
+    receive: Receive, work: asyncio.Future[Any], kill_marked: Callable[[str], None], token: str
+) -> None:
+    await _client_gone(receive)
+    if not work.done():
+        logger.info("the client left while its file operation ran: killing its commands")
+    while not work.done():
+        try:
+            await asyncio.to_thread(kill_marked, token)
+        except Exception:
+            logger.warning("could not kill the commands of an abandoned file operation", exc_info=True)
+        await asyncio.wait({work}, timeout=KILL_AGAIN)

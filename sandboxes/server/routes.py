@@ -35,13 +35,14 @@ from sandboxes import api, protocol
 from sandboxes.server import idempotency
 from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant, request_tenant
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import Receive, command_for, run_detached, run_once
+from sandboxes.server.execution import Receive, command_for, run_abandonable, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
+from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
-from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
+from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 
 logger = logging.getLogger(__name__)
@@ -348,7 +349,8 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
         histogram.observe(time.perf_counter() - started)
 
     record = StreamedCommand(sandbox_id, command.output_limit, asyncio.get_running_loop())
-    record.follow(run_detached(entry.sandbox, command, record.write, svc.command_pool, ended))
+    work, token = run_detached(entry.sandbox, command, record.write, svc.command_pool, ended)
+    record.follow(work, functools.partial(entry.kill_marked, token))
     svc.streamed.add(record)
     return _ndjson(stream_events(record, 0, svc.settings.stream_keepalive))
 
@@ -363,6 +365,13 @@ async def attach_stream(
     cap = svc.settings.policy_for(tenant.id).max_commands
     followed, close = await svc.readers.follow(tenant.id, cap, events)
     return _ndjson(followed, BackgroundTask(close))
+
+
+@router.delete("/sandboxes/{sandbox_id}/execute/{command_id}", response_model=api.ExecuteResult)
+async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant: Authed) -> api.ExecuteResult:
+    """Kill a streamed command's process tree; its result, once it ended (see `kill_streamed`)."""
+    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
+    return await kill_streamed(svc.streamed.find(sandbox_id, command_id))
 
 
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:
@@ -396,27 +405,36 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
 # ---------------------------------------------------------------------- files
 
 
-async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
+async def file_json(op: str, entry: Entry, body: Any, svc: Service, receive: Receive | None = None) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
     (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
     it on every sandbox it holds); a download is bounded per file (bigger files are streamed
-    through ``GET /archive``, never base64 in JSON)."""
+    through ``GET /archive``, never base64 in JSON); a search whose client left (``receive``,
+    the request's) has its commands killed (`run_abandonable`)."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
     if op == "download":
         limit = entry.backend.settings.max_inline_download_bytes
         return to_json(await _backend(_download, entry.sandbox, body, limit, lane=lane))
+    if op in _ABANDONABLE:
+        operation = functools.partial(_backend, _OPERATIONS[op], entry.sandbox, body, lane=lane)
+        return to_json(await run_abandonable(operation, entry.kill_marked, receive))
     return to_json(await _backend(_OPERATIONS[op], entry.sandbox, body, lane=lane))
+
+
+_ABANDONABLE = frozenset({"grep", "glob"})
+"""File operations killed when their client leaves: searches, which only read, and may walk a
+huge tree; the others change files (left to finish) or end soon."""
 
 
 def _files(op: str, model: type[Any]) -> None:
     async def operation(request: Request, sandbox_id: str, tenant: Authed, body: Any) -> Response:
         entry = (await _entry(request, tenant, sandbox_id))[1]
-        return json_response(await file_json(op, entry, body, service_of(request)))
+        return json_response(await file_json(op, entry, body, service_of(request), request.receive))
 
     async def serve(svc: Service, entry: Entry, body: Any, receive: Receive) -> bytes:
-        return await file_json(op, entry, body, svc)
+        return await file_json(op, entry, body, svc, receive)
 
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"
@@ -501,9 +519,10 @@ _ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": 
     },
 )
 async def get_archive(request: Request, sandbox_id: str, tenant: Authed, path: _ArchivePath) -> Response:
-    entry = (await _entry(request, tenant, sandbox_id))[1]
+    svc, entry = await _entry(request, tenant, sandbox_id)
     produce = await _backend(entry.backend.open_archive, entry.sandbox, path)
-    return StreamingResponse(iterate_thread(produce), media_type="application/x-tar")
+    bounded = bounded_members(produce, svc.settings.max_archive_file_bytes, path)
+    return StreamingResponse(await started(iterate_thread(bounded)), media_type="application/x-tar")
 
 
 @router.put(

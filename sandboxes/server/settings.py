@@ -48,9 +48,10 @@ class TenantPolicy(_Frozen):
     """Requests allowed at once before the rate applies (token bucket size)."""
     max_commands: int = Field(default=16, ge=1)
     """Commands of the tenant running at once, in all its sandboxes (execute, streamed and
-    background); one more waits up to ``command_slot_wait`` for one to end, then is refused
-    with ``rate_limited`` (429, ``Retry-After``). Also the most re-attached streams of streamed
-    commands it may have open at once (one more is refused the same way)."""
+    background); one more waits its turn while they keep ending, and is refused with
+    ``rate_limited`` (429, ``Retry-After``) once none ended for ``command_slot_wait``. Also
+    the most re-attached streams of streamed commands it may have open at once (one more is
+    refused the same way)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -107,6 +108,9 @@ class ServiceSettings(BaseSettings):
     ``file_too_large``, and the client streams them through ``GET /archive``."""
     max_archive_bytes: int = Field(default=4 << 30, gt=0)
     """Largest tar stream accepted by ``PUT /archive`` (streamed, so this bounds disk, not memory)."""
+    max_archive_file_bytes: int = Field(default=4 << 30, gt=0)
+    """Largest file ``GET /archive`` streams: an archive with a bigger one is refused
+    (``too_large``) at its header, before its first byte (`sandboxes.server.members`)."""
     max_archive_members: int = Field(default=100_000, gt=0)
     """Most members a ``PUT /archive`` tar may have."""
     max_archive_expansion: int = Field(default=256 << 20, ge=0)
@@ -133,8 +137,9 @@ class ServiceSettings(BaseSettings):
     holds one for its duration, so tenants' ``max_commands`` together should stay under it.
     Apart from `worker_threads`, so file operations never wait behind commands."""
     command_slot_wait: float = Field(default=5.0, ge=0)
-    """Seconds a command waits for one of its tenant's ``max_commands`` slots before it is
-    refused (``0``: at once); waiters get slots in the order they came."""
+    """Seconds a command waiting for one of its tenant's ``max_commands`` slots waits with none
+    of the tenant's commands ending before it is refused (``0``: at once); waiters get slots in
+    the order they came, and a queue that moves is never refused."""
     max_header_bytes: int = Field(default=16 << 10, gt=0)
     """Largest request head (request line and headers); a bigger one is refused before it is
     parsed to the end."""

@@ -46,6 +46,7 @@ __all__ = [
     "Replay",
     "StreamedCommand",
     "StreamedCommands",
+    "kill_streamed",
     "stream_events",
 ]
 
@@ -147,6 +148,8 @@ class StreamedCommand:
         self._loop = loop
         self._changed = asyncio.Event()
         self._wake_pending = False
+        self.kill: Callable[[], None] | None = None
+        """Kills the command's whole process tree (blocking); set by `follow`."""
 
     @property
     def total(self) -> int:
@@ -179,8 +182,10 @@ class StreamedCommand:
             self.ended_at = time.monotonic()
         self._wake()
 
-    def follow(self, work: asyncio.Future[p.ExecuteResponse]) -> None:
-        """Record ``work``'s result (the command's) when it ends."""
+    def follow(self, work: asyncio.Future[p.ExecuteResponse], kill: Callable[[], None] | None = None) -> None:
+        """Record ``work``'s result (the command's) when it ends; ``kill`` (blocking) kills
+        its whole process tree."""
+        self.kill = kill
         work.add_done_callback(self._ended)
 
     def _ended(self, work: asyncio.Future[p.ExecuteResponse]) -> None:
@@ -346,6 +351,39 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
 def _output(text: str, stream: Stream, offset: int) -> bytes:
     """An ``output`` event's line; stdout's without ``stream``, as before streams were told apart."""
     return _line(StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream))
+
+
+KILL_WAIT = 10.0
+"""Seconds a kill of a streamed command waits for it to end once its tree was signalled."""
+
+
+async def kill_streamed(command: StreamedCommand, wait: float = KILL_WAIT) -> ExecuteResult:
+    """Kill ``command``'s process tree (as the kill of a plain execute whose client left does)
+    and answer its result once it ended: at once if it had; ``backend_unavailable`` if it has not
+    ended ``wait`` seconds after the kill. Killing an ended command does nothing."""
+    if command.result is None and command.kill is not None:
+        try:
+            await asyncio.to_thread(command.kill)
+        except Exception as exc:
+            logger.warning("killing streamed command %s failed", command.id, exc_info=True)
+            raise ServiceError(
+                "backend_unavailable", f"streamed command {command.id!r} could not be killed: the backend failed"
+            ) from exc
+    deadline = asyncio.get_running_loop().time() + wait
+    while (result := command.result) is None:
+        changed = command.changed()
+        if command.result is not None:
+            continue
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise ServiceError(
+                "backend_unavailable",
+                f"streamed command {command.id!r} was killed but had not ended {wait:g} s later; retry",
+                headers={"Retry-After": "1"},
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), left)
+    return result
 
 
 def _failed(code: p.ErrorCode, message: str) -> ExecuteResult:

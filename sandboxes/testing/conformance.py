@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandboxes import protocol as p
-from sandboxes.semantics import MAX_BINARY_READ_BYTES
+from sandboxes.semantics import EDIT_MAX_BYTES, MAX_BINARY_READ_BYTES
 from sandboxes.state import StateBackend
 from sandboxes.testing import differential
 from sandboxes.testing.corpus import BINARY_SAMPLES, CANARY, HOSTILE_NAMES
@@ -209,6 +209,29 @@ class BackendConformance(GrepBounds):
         backend.write(path, "x.x.x")
         assert backend.edit(path, "x", "yy", replace_all=True).occurrences == 3
         assert _text(backend, path) == "yy.yy.yy"
+
+    def test_edit_of_a_file_over_the_bound_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
+        """Past `EDIT_MAX_BYTES` a file is ``file_too_large`` for ``edit`` (not pulled whole),
+        and left as it was."""
+        path = f"{root}/big.txt"
+        line = b"0123456789abcdef" * 4 + b"\n"
+        big = line * (EDIT_MAX_BYTES // len(line)) + b"x" * (EDIT_MAX_BYTES % len(line)) + b"y"
+        assert len(big) == EDIT_MAX_BYTES + 1
+        assert backend.upload_files([(path, big)]) == [p.FileUploadResponse(path)]
+        refused = backend.edit(path, "xy", "z")
+        assert (refused.error, refused.occurrences) == (p.FILE_TOO_LARGE, None), refused
+        assert refused.message is not None
+        assert path in refused.message
+        assert backend.download_files([path])[0].content == big
+
+    def test_an_edit_that_would_grow_a_file_past_the_bound_is_refused(
+        self, backend: p.BackendProtocol, root: str
+    ) -> None:
+        path = f"{root}/grows.txt"
+        backend.write(path, "a" * 1000 + "\n")
+        grown = backend.edit(path, "a", "b" * (EDIT_MAX_BYTES // 1000 + 1), replace_all=True)
+        assert grown.error == p.FILE_TOO_LARGE, grown
+        assert _text(backend, path) == "a" * 1000 + "\n"
 
     def test_edit_is_literal_and_multiline(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/e.txt"

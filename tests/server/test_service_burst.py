@@ -6,13 +6,14 @@ answers its first command (commands past the cap wait their turn); every refused
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
-from service_harness import POLICIES, Running, error_of, running, settings_for
+from service_harness import POLICIES, Running, create, error_of, running, settings_for
 
 from sandboxes.server.settings import TenantPolicy
 
@@ -64,6 +65,78 @@ def test_every_admitted_sandbox_answers_its_first_command(service: Running) -> N
         finally:
             for created, _ in admitted:
                 alice.delete(f"{URL}/{created.json()['id']}")
+
+
+QUEUE_WAIT = 2.0
+"""``command_slot_wait`` of `queued`: far shorter than its burst takes to serve."""
+WORK = 1.0
+"""Seconds each of the burst's first commands runs, holding the only slot."""
+
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """A tenant with one command slot and a short wait: a burst of its agents queues longer
+    than the wait, behind commands that keep ending."""
+    policy = TenantPolicy(max_commands=1, rate=10_000, burst=10_000)
+    settings = settings_for(
+        tmp_path_factory.mktemp("queued"), tenants={**POLICIES, "alice": policy}, command_slot_wait=QUEUE_WAIT
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+def test_a_burst_longer_than_the_wait_is_served_while_its_queue_moves(queued: Running) -> None:
+    """Five first commands of a second each, one at a time: the last waits twice the wait, but
+    a command ended within every wait, so none is refused."""
+    agents = 5
+    assert (agents - 1) * WORK > 1.5 * QUEUE_WAIT  # the burst outlasts the wait, whatever the order
+    with queued.client("alice", limits=httpx.Limits(max_connections=2 * agents)) as alice:
+        made = [create(alice) for _ in range(agents)]
+        try:
+            start = threading.Barrier(agents)
+
+            def first(sandbox: dict[str, Any]) -> httpx.Response:
+                start.wait(timeout=30)
+                command = f"sleep {WORK}; echo ready"
+                return alice.post(f"{URL}/{sandbox['id']}/execute", json={"command": command})
+
+            with ThreadPoolExecutor(agents) as pool:
+                answers = list(pool.map(first, made))
+            assert [a.status_code for a in answers] == [200] * agents, [a.text for a in answers]
+            assert [a.json()["output"] for a in answers] == ["ready\n"] * agents
+        finally:
+            for sandbox in made:
+                alice.delete(f"{URL}/{sandbox['id']}")
+
+
+def test_a_queue_that_does_not_move_is_refused_after_the_wait(queued: Running) -> None:
+    """The only slot held by a command that does not end: the next one waits the wait, then is
+    told 429 with a ``Retry-After``."""
+    with queued.client("alice") as alice:
+        sandbox = create(alice)
+        release = f"{sandbox['workdir']}/release"
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                holding = pool.submit(
+                    alice.post,
+                    f"{URL}/{sandbox['id']}/execute",
+                    json={"command": f"while [ ! -e {release} ]; do sleep 0.05; done"},
+                )
+                deadline = time.monotonic() + 30
+                while queued.app.state.service.commands.running("alice") < 1:
+                    assert time.monotonic() < deadline, "the holding command never took its slot"
+                    time.sleep(0.02)
+                started = time.monotonic()
+                refused = alice.post(f"{URL}/{sandbox['id']}/execute", json={"command": "true"})
+                waited = time.monotonic() - started
+                write = {"file_path": release, "content": ""}
+                alice.post(f"{URL}/{sandbox['id']}/files/write", json=write).raise_for_status()
+                assert holding.result(timeout=30).status_code == 200
+            assert (refused.status_code, error_of(refused)) == (429, "rate_limited")
+            assert refused.headers["retry-after"] == "1"
+            assert QUEUE_WAIT <= waited < 3 * QUEUE_WAIT
+        finally:
+            alice.delete(f"{URL}/{sandbox['id']}")
 
 
 def test_creates_run_at_the_same_time(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,6 +82,8 @@ def test_a_method_not_allowed_names_every_method_the_path_serves(client: httpx.C
         ("/v1/sandboxes/x", "DELETE, GET"),
         ("/v1/sandboxes/x/processes/y", "DELETE, GET"),
         ("/v1/sandboxes/x/archive", "GET, PUT"),
+        ("/v1/sandboxes/x/execute/y", "DELETE"),
+        ("/v1/sandboxes/x/execute/stream", "POST"),  # not a command named "stream"
     ]:
         response = client.options(path)
         assert response.status_code == 405, (path, response.text)

@@ -246,6 +246,7 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("POST", "/execute"): ({}, {"command": "echo hi"}),
         ("POST", "/execute/stream"): ({}, {"command": "echo hi"}),
         ("GET", "/execute/{command_id}/stream"): ({}, None),
+        ("DELETE", "/execute/{command_id}"): ({}, None),
         ("POST", "/processes"): ({}, {"command": "echo hi"}),
         ("GET", "/processes/{process_id}"): ({}, None),
         ("DELETE", "/processes/{process_id}"): ({}, None),

@@ -5,6 +5,8 @@ it saw, a client gets the rest of the output, byte for byte, and the exit."""
 from __future__ import annotations
 
 import json
+import shlex
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from service_harness import (
     execute,
     heartbeat,
     heartbeat_processes,
+    heartbeat_stopped,
     running,
     settings_for,
     wait_beating,
@@ -162,5 +165,44 @@ def test_reattach_refuses_what_it_cannot_follow(client: httpx.Client, sandbox: d
     try:
         other = client.get(f"/v1/sandboxes/{elsewhere['id']}/execute/{command_id}/stream")
         assert other.status_code == 404, "a command is found only in its own sandbox"
+    finally:
+        client.delete(f"/v1/sandboxes/{elsewhere['id']}")
+
+
+def test_a_detached_streamed_command_is_killed_with_its_whole_tree(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """Its client left; ``DELETE .../execute/{id}`` kills it, a tree that left its session too,
+    and answers its result; a second kill answers the same result, and kills nothing more."""
+    sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
+    beat, escaped = f"{workdir}/beat-kill", f"{workdir}/beat-kill-setsid"
+    command = f"echo started; (setsid sh -c {shlex.quote(heartbeat(escaped))} &); {heartbeat(beat)}"
+    with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": command}) as response:
+        command_id = next(_events(response))["id"]  # then leave
+    wait_beating(client, sandbox_id, beat)
+    wait_beating(client, sandbox_id, escaped)
+    killed = client.delete(f"/v1/sandboxes/{sandbox_id}/execute/{command_id}")
+    assert killed.status_code == 200, killed.text
+    result = killed.json()
+    assert result["output"] == "started\n"
+    assert result["exit_code"] != 0 or result["error"] is not None, result
+    deadline = time.monotonic() + 10
+    while not (heartbeat_stopped(client, sandbox_id, beat) and heartbeat_stopped(client, sandbox_id, escaped)):
+        assert time.monotonic() < deadline, "the killed command's tree kept running"
+    again = client.delete(f"/v1/sandboxes/{sandbox_id}/execute/{command_id}")
+    assert (again.status_code, again.json()) == (200, result)
+    events = _attach(client, sandbox_id, command_id, 0)
+    assert events[-1] == {"type": "exit", "result": result}
+
+
+def test_a_kill_finds_only_the_sandboxs_own_streamed_commands(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    missing = client.delete(f"/v1/sandboxes/{sandbox['id']}/execute/{'0' * 32}")
+    assert (missing.status_code, error_of(missing)) == (404, "not_found")
+    with client.stream("POST", f"/v1/sandboxes/{sandbox['id']}/execute/stream", json={"command": "echo x"}) as r:
+        command_id = next(_events(r))["id"]
+    elsewhere = create(client)
+    try:
+        other = client.delete(f"/v1/sandboxes/{elsewhere['id']}/execute/{command_id}")
+        assert (other.status_code, error_of(other)) == (404, "not_found")
     finally:
         client.delete(f"/v1/sandboxes/{elsewhere['id']}")

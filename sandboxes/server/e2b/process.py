@@ -26,7 +26,7 @@ from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.running import Running
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.execution import command_for, run_detached_marked
+from sandboxes.server.execution import command_for, run_detached
 from sandboxes.server.processes import Command
 from sandboxes.server.registry import Entry
 from sandboxes.server.routes import Service
@@ -67,7 +67,7 @@ async def start(request: Request) -> Response:
         if kept:
             loop.call_soon_threadsafe(events.put_nowait, (stream, kept))
 
-    work, token = run_detached_marked(entry.sandbox, command, on_output, svc.command_pool, release)
+    work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
     work.add_done_callback(lambda done: events.put_nowait(_outcome(done)))
     commands = e2b_state(request).commands
     pid = commands.next_pid()

@@ -42,3 +42,24 @@ def test_the_ci_entry_point_says_it_is_ci_before_running_the_tests() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     before_pytest = script[: script.index(".venv/bin/pytest")]
     assert re.search(r"^export CI=true$", before_pytest, re.MULTILINE), ".ci/run runs pytest without CI=true"
+
+
+def _pytest_lines(script: str) -> list[str]:
+    """Each pytest command of ``script``, its continuation lines joined."""
+    joined = script.replace("\\\n", " ").replace("|\n", "| ")
+    return [line.strip() for line in joined.splitlines() if line.lstrip().startswith(".venv/bin/pytest")]
+
+
+def test_the_main_suite_runs_on_xdist_workers_and_the_long_silent_one_apart() -> None:
+    """The main pass spreads over pytest-xdist workers, one scope (module or class) per worker
+    so that its fixtures start once; the long_silent pass, mostly waiting, stays one process."""
+    script = (ROOT / ".ci" / "run").read_text()
+    main, silent = [], []
+    for line in _pytest_lines(script):
+        (silent if '-m long_silent' in line else main).append(line)
+    assert len(main) == 1 and len(silent) == 1, _pytest_lines(script)
+    assert re.search(r"(^|\s)-n \S+", main[0]) and "--dist loadscope" in main[0], main[0]
+    assert '-m "not long_silent"' in main[0], main[0]
+    assert " -n " not in silent[0], silent[0]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^\s*"pytest-xdist>=', pyproject, re.MULTILINE), "pytest-xdist is not in the dev extras"

@@ -56,9 +56,10 @@ def test_the_main_suite_runs_on_xdist_workers_and_the_long_silent_one_apart() ->
     script = (ROOT / ".ci" / "run").read_text()
     main, silent = [], []
     for line in _pytest_lines(script):
-        (silent if '-m long_silent' in line else main).append(line)
-    assert len(main) == 1 and len(silent) == 1, _pytest_lines(script)
-    assert re.search(r"(^|\s)-n \S+", main[0]) and "--dist loadscope" in main[0], main[0]
+        (silent if "-m long_silent" in line else main).append(line)
+    assert (len(main), len(silent)) == (1, 1), _pytest_lines(script)
+    assert re.search(r"(^|\s)-n \S+", main[0]), main[0]
+    assert "--dist loadscope" in main[0], main[0]
     assert '-m "not long_silent"' in main[0], main[0]
     assert " -n " not in silent[0], silent[0]
     pyproject = (ROOT / "pyproject.toml").read_text()

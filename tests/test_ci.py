@@ -50,17 +50,23 @@ def _pytest_lines(script: str) -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.lstrip().startswith(".venv/bin/pytest")]
 
 
-def test_the_main_suite_runs_on_xdist_workers_and_the_long_silent_one_apart() -> None:
+def test_the_main_suite_runs_on_xdist_workers_and_the_long_silent_and_alone_ones_apart() -> None:
     """The main pass spreads over pytest-xdist workers, one scope (module or class) per worker
-    so that its fixtures start once; the long_silent pass, mostly waiting, stays one process."""
+    so that its fixtures start once; the long_silent pass, mostly waiting, and the alone pass,
+    which measures the machine's CPU, each stay one process."""
     script = (ROOT / ".ci" / "run").read_text()
-    main, silent = [], []
+    passes: dict[str, list[str]] = {"main": [], "long_silent": [], "alone": []}
     for line in _pytest_lines(script):
-        (silent if "-m long_silent" in line else main).append(line)
-    assert (len(main), len(silent)) == (1, 1), _pytest_lines(script)
-    assert re.search(r"(^|\s)-n \S+", main[0]), main[0]
-    assert "--dist loadscope" in main[0], main[0]
-    assert '-m "not long_silent"' in main[0], main[0]
-    assert " -n " not in silent[0], silent[0]
+        name = "long_silent" if "-m long_silent" in line else "alone" if '-m "alone' in line else "main"
+        passes[name].append(line)
+    assert {name: len(lines) for name, lines in passes.items()} == {"main": 1, "long_silent": 1, "alone": 1}, passes
+    [main], [silent], [alone] = passes["main"], passes["long_silent"], passes["alone"]
+    assert re.search(r"(^|\s)-n \S+", main), main
+    assert "--dist loadscope" in main, main
+    assert '-m "not long_silent and not alone"' in main, main
+    assert '-m "alone and not long_silent"' in alone, alone
+    for one_process in (silent, alone):
+        assert " -n " not in one_process, one_process
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^\s*"pytest-xdist>=', pyproject, re.MULTILINE), "pytest-xdist is not in the dev extras"
+    assert re.search(r'^\s*"alone: ', pyproject, re.MULTILINE), "the alone marker is not registered"

@@ -42,3 +42,31 @@ def test_the_ci_entry_point_says_it_is_ci_before_running_the_tests() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     before_pytest = script[: script.index(".venv/bin/pytest")]
     assert re.search(r"^export CI=true$", before_pytest, re.MULTILINE), ".ci/run runs pytest without CI=true"
+
+
+def _pytest_lines(script: str) -> list[str]:
+    """Each pytest command of ``script``, its continuation lines joined."""
+    joined = script.replace("\\\n", " ").replace("|\n", "| ")
+    return [line.strip() for line in joined.splitlines() if line.lstrip().startswith(".venv/bin/pytest")]
+
+
+def test_the_main_suite_runs_on_xdist_workers_and_the_long_silent_and_alone_ones_apart() -> None:
+    """The main pass spreads over pytest-xdist workers, one scope (module or class) per worker
+    so that its fixtures start once; the long_silent pass, mostly waiting, and the alone pass,
+    which measures the machine's CPU, each stay one process."""
+    script = (ROOT / ".ci" / "run").read_text()
+    passes: dict[str, list[str]] = {"main": [], "long_silent": [], "alone": []}
+    for line in _pytest_lines(script):
+        name = "long_silent" if "-m long_silent" in line else "alone" if '-m "alone' in line else "main"
+        passes[name].append(line)
+    assert {name: len(lines) for name, lines in passes.items()} == {"main": 1, "long_silent": 1, "alone": 1}, passes
+    [main], [silent], [alone] = passes["main"], passes["long_silent"], passes["alone"]
+    assert re.search(r"(^|\s)-n \S+", main), main
+    assert "--dist loadscope" in main, main
+    assert '-m "not long_silent and not alone"' in main, main
+    assert '-m "alone and not long_silent"' in alone, alone
+    for one_process in (silent, alone):
+        assert " -n " not in one_process, one_process
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^\s*"pytest-xdist>=', pyproject, re.MULTILINE), "pytest-xdist is not in the dev extras"
+    assert re.search(r'^\s*"alone: ', pyproject, re.MULTILINE), "the alone marker is not registered"

@@ -51,6 +51,7 @@ def test_a_fork_bomb_stops_at_the_process_limit(limited_sandbox: LocalSandbox) -
     assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
 
 
+@pytest.mark.alone  # spinners that other tests' workers starve of CPU never reach the quota
 def test_cpu_bandwidth_is_bounded(limited_sandbox: LocalSandbox) -> None:
     needs(limited_sandbox._cgroup is not None, "no writable cgroup here (CI runs as root: it has one)")
     assert limited_sandbox._cgroup is not None

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sandboxes import protocol as p
@@ -63,3 +67,19 @@ class CountingCalls(BaseSandbox):
         answer = super()._run_native(call)
         self.calls += answer is not None
         return answer
+
+
+def machine() -> str:
+    """One line naming this machine: CPU model, cores, load average (read when called), so
+    figures from two machines, or one machine busy and quiet, can be told apart."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    try:
+        load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        load = "load average unknown"
+    return f"machine: {model}, {os.cpu_count()} cores, {load}, Python {platform.python_version()}"

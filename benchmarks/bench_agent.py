@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import machine
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import timed as _timed
@@ -229,6 +229,7 @@ def main() -> None:
     parser.add_argument("--persistence", default="none,sqlite,sqlite-exit")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    host = machine()  # before the run loads the machine
     rows = [
         measure(backend, persistence, args.rounds, args.cycles)
         for backend in args.backends.split(",")
@@ -238,8 +239,8 @@ def main() -> None:
         json.dump([asdict(r) for r in rows], sys.stdout, indent=2)
         print()
         return
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"agent overhead per step (median of {args.rounds} rounds; load average {load})")
+    print(host)
+    print(f"agent overhead per step (median of {args.rounds} rounds)")
     print(f"target: ours <= {TARGET_RATIO}x bare langchain create_agent, in CPU ms per step")
     print("ms per step; overhead = agent - direct; ours = agent - bare; cpu = this process's CPU ms")
     header = (

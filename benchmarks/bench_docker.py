@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import CountingCalls, scripted
+from _common import CountingCalls, machine, scripted
 from _common import percentile as _percentile
 from _common import timed as _timed
 from deepagents.backends import protocol as da
@@ -592,11 +592,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0 or (args.heavy_iterations is not None and args.heavy_iterations < 1):
         parser.error("--iterations and --heavy-iterations must be >= 1, --warmup >= 0")
+    host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup, args.heavy_iterations, args.owner, args.image)
+    report["machine"] = host
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 
 

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from _common import CountingCalls, ok, percentile, scripted, timed
+from _common import CountingCalls, machine, ok, percentile, scripted, timed
 from _kube_raw import RawShell, cluster, fresh_exec, raw_cold_start, raw_download, raw_upload
 
 from sandboxes import protocol as p
@@ -380,6 +380,7 @@ def main() -> None:
         parser.error("iterations must be >= 1, --warmup >= 0")
     if args.transfer_mib < 2:
         parser.error("--transfer-mib must be >= 2 (files up to 1 MiB do not take the bulk path)")
+    print(machine())
     from kubernetes import client
 
     with cluster(args.owner) as (api_client, where):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import CountingCalls
+from _common import CountingCalls, machine
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import scripted as _scripted
@@ -334,8 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iterations must be >= 1 and --warmup >= 0")
     if shutil.which("bwrap") is None:
         print("warning: bwrap not installed; the sandbox runs unisolated and there is no floor", file=sys.stderr)
+    host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    report["machine"] = host
+    print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 
 

@@ -64,6 +64,7 @@ from typing import Any
 
 import _service_measures as measures
 import httpx
+from _common import machine
 from _common import percentile as _percentile
 from _http_load import KeepAliveClient
 from _service_table import format_table
@@ -127,7 +128,8 @@ def _free_port() -> int:
 class _Service:
     """``python -m sandboxes.server`` on a free loopback port, configured by a JSON file."""
 
-    def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool) -> None:
+    def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool,
+                 limits: Mapping[str, Any] | None = None) -> None:  # fmt: skip
         self.key = "sbx_" + secrets.token_urlsafe(24)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -149,6 +151,7 @@ class _Service:
                     "rate": 1e9,
                     "burst": 10**9,
                     "max_commands": 10_000,  # the load is the point here, not the per-tenant cap (16)
+                    **(limits or {}),
                 }
             },
             "templates": {"default": template},
@@ -565,12 +568,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0 or args.duration <= 0 or args.clients < 1 or args.sandboxes < 1:
         parser.error("--iterations, --clients, --sandboxes must be >= 1, --warmup >= 0, --duration > 0")
+    host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup, args.duration, args.clients, args.backend, args.sandboxes, args.image,
                  args.owner, args.profile)  # fmt: skip
+    report["machine"] = host
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 
 

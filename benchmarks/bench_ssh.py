@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from _common import CountingCalls
+from _common import CountingCalls, machine
 from _common import ok as _ok
 from _common import percentile as _percentile
 from _common import scripted as _scripted
@@ -496,11 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     if any("=" not in label for label in args.label):
         parser.error("--label takes KEY=VALUE")
     labels = dict(label.split("=", 1) for label in args.label)
+    host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup, args.transfer_iterations, args.transfer_mib << 20, labels,
                  args.profile)  # fmt: skip
     if args.save is not None:
         args.save.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    report["machine"] = host
+    print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 
 

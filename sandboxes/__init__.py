@@ -9,7 +9,6 @@ for, or need installed, the drivers of the others.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,11 +40,6 @@ if TYPE_CHECKING:
     )
     from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
     from sandboxes.state import StateBackend
-
-try:
-    __version__ = version("sandboxes")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _PROTOCOL = (
     "BackendProtocol",
@@ -128,12 +122,25 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import a public name's module on first use, then keep the name here for the next time."""
+    if name == "__version__":  # importlib.metadata (with zipfile, email, csv) only when asked
+        globals()[name] = value = _version()
+        return value
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
+
+
+def _version() -> str:
+    """The installed distribution's version; ``0+unknown`` in a source tree never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sandboxes")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def __dir__() -> list[str]:

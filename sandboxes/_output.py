@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Literal, Protocol
+
 from sandboxes.protocol import OUT_OF_MEMORY, TIMEOUT, ExecuteResponse
+
+Stream = Literal["stdout", "stderr", "merged"]
+"""Which output of a command a chunk comes from: ``merged`` where a transport cannot tell (one
+pipe for both: a command run without the exec helper)."""
+
+
+class OutputHook(Protocol):
+    """Sees each chunk of a command's output as it arrives, with the stream it came from
+    (``merged`` when the caller does not say, as transports that merge them do not)."""
+
+    def __call__(self, chunk: bytes, stream: Stream = "merged", /) -> None: ...
+
 
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 """Bytes of output ``execute`` keeps by default (1 MiB): enough for any tool result an agent can

@@ -17,18 +17,22 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     POST   /v1/sandboxes/{id}/processes                 ExecuteRequest  -> ProcessInfo (202)
     GET    /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo
     DELETE /v1/sandboxes/{id}/processes/{pid}                           -> ProcessInfo (killed)
-    POST   /v1/sandboxes/{id}/files/{op}                op's request    -> op's result (JSON of the
-                                                                            protocol dataclass)
+    POST   /v1/sandboxes/{id}/files/{op}                op's request    -> FILE_RESULTS[op]
            op in ls, read, write, edit, delete, grep, glob, upload, download
     PUT    /v1/sandboxes/{id}/archive?path=DIR          tar stream      -> 204 (extracted under DIR)
     GET    /v1/sandboxes/{id}/archive?path=PATH                         -> tar stream
-    GET    /healthz  /readyz  /metrics
+    GET    /healthz  /readyz                                           -> Health
+    GET    /metrics                                                    -> Prometheus text
 
 Errors are JSON ``ErrorBody`` with the protocol's vocabulary plus service codes
 (``unauthorized``, ``not_found``, ``quota_exceeded``, ``rate_limited``, ``too_large``,
 ``invalid_request``). A sandbox of another tenant answers ``404 not_found``, like a missing one.
 File operation results are the protocol's results (``error`` codes inside a 200): a missing file
 is an answer, not an HTTP failure.
+
+Every answer is declared here, once: the service describes its routes with these types and the
+client decodes what it receives with the same ones (pydantic validates the protocol's result
+dataclasses as it validates these models).
 """
 
 from __future__ import annotations
@@ -39,9 +43,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.config import JsonDict
 
+from sandboxes import protocol
+from sandboxes.protocol import ErrorCode
+
 __all__ = [
     "API_PREFIX",
     "FILE_OPERATIONS",
+    "FILE_RESULTS",
     "CreateSandbox",
     "DeleteRequest",
     "DownloadItem",
@@ -52,6 +60,7 @@ __all__ = [
     "ExecuteResult",
     "GlobRequest",
     "GrepRequest",
+    "Health",
     "LsRequest",
     "ProcessInfo",
     "ReadRequest",
@@ -62,6 +71,7 @@ __all__ = [
     "StreamEvent",
     "UploadItem",
     "UploadRequest",
+    "WireErrorCode",
     "WriteRequest",
 ]
 
@@ -78,9 +88,19 @@ ServiceErrorCode = Literal[
     "internal",
 ]
 
+WireErrorCode = ServiceErrorCode | ErrorCode
+"""What an `ErrorBody` may carry: a failure of the service, or a protocol code a route answers
+outside a 200 (a missing ``cwd``, an archive's path)."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    """A response body: fields a newer service adds are ignored by an older client."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 class _Request(_Model):
@@ -177,8 +197,8 @@ def _env() -> Any:
     return Field(default_factory=dict, json_schema_extra=_CLOSED)
 
 
-class ErrorBody(_Model):
-    error: str
+class ErrorBody(_Answer):
+    error: WireErrorCode
     message: str
     request_id: str | None = None
 
@@ -196,7 +216,7 @@ class RenewSandbox(_Request):
     ttl: float = Field(ge=1)
 
 
-class SandboxInfo(_Model):
+class SandboxInfo(_Answer):
     id: str
     template: str
     backend: str
@@ -209,7 +229,7 @@ class SandboxInfo(_Model):
     root directory of a local sandbox): the place to write files and run commands."""
 
 
-class SandboxList(_Model):
+class SandboxList(_Answer):
     sandboxes: list[SandboxInfo]
 
 
@@ -222,16 +242,16 @@ class ExecuteRequest(_Request):
     output_limit: PositiveInteger | None = None
 
 
-class ExecuteResult(_Model):
+class ExecuteResult(_Answer):
     output: str
     exit_code: int | None
     truncated: bool = False
-    error: str | None = None
+    error: ErrorCode | None = None
     message: str | None = None
     duration_ms: float | None = None
 
 
-class StreamEvent(_Model):
+class StreamEvent(_Answer):
     """One NDJSON line of a streamed execution: ``output`` chunks in order, then one ``exit``.
     An ``output`` with empty ``data`` carries no output: the first line (with the command's
     ``id``), and a keep-alive whenever nothing else was sent for a while. Clients ignore types
@@ -245,9 +265,12 @@ class StreamEvent(_Model):
     offset: int | None = None
     """On ``output``: the byte offset in the command's output where the text so far ends, to
     re-attach from without loss or repetition."""
+    stream: Literal["stderr", "merged"] | None = None
+    """On ``output``: the stream the text came from; absent: stdout. ``merged``: the backend ran
+    the command without the exec helper, and its stdout and stderr came through one pipe."""
 
 
-class ProcessInfo(_Model):
+class ProcessInfo(_Answer):
     id: str
     status: Literal["running", "exited", "killed", "timeout"]
     output: str = ""
@@ -308,10 +331,10 @@ class DownloadRequest(_Request):
     paths: list[str]
 
 
-class DownloadItem(_Model):
+class DownloadItem(_Answer):
     path: str
     content_b64: str | None = None
-    error: str | None = None
+    error: ErrorCode | None = None
     message: str | None = None
 
 
@@ -326,6 +349,26 @@ FILE_OPERATIONS: dict[str, type[_Model]] = {
     "upload": UploadRequest,
     "download": DownloadRequest,
 }
-"""Request model per ``/files/{op}``. Responses: the protocol result dataclass as JSON
-(``dataclasses.asdict``); for upload a list of FileUploadResponse, for download a list of
-DownloadItem."""
+"""Request model per ``/files/{op}``."""
+
+FILE_RESULTS: dict[str, Any] = {
+    "ls": protocol.LsResult,
+    "read": protocol.ReadResult,
+    "write": protocol.WriteResult,
+    "edit": protocol.EditResult,
+    "delete": protocol.DeleteResult,
+    "grep": protocol.GrepResult,
+    "glob": protocol.GlobResult,
+    "upload": list[protocol.FileUploadResponse],
+    "download": list[DownloadItem],
+}
+"""Response type per ``/files/{op}``: the protocol's result (its dataclass as JSON), a list of
+them for upload, and for download a list of `DownloadItem` (content in base64)."""
+
+
+class Health(_Answer):
+    """``GET /healthz`` (``ok``) and ``GET /readyz`` (``ready``, or ``unavailable`` in a 503
+    with the ``problems`` found)."""
+
+    status: Literal["ok", "ready", "unavailable"]
+    problems: list[str] | None = None

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
-from sandboxes._output import UNLIMITED
+from sandboxes._output import UNLIMITED, OutputHook
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.semantics import (
     InvalidGlobError,
@@ -138,7 +138,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -146,13 +146,14 @@ class BaseSandbox(p.SandboxBackendProtocol):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
-        """``execute``, also handing each chunk of output to ``on_output`` as it arrives, so a
-        service can relay it live. ``on_output`` runs on a transport thread: it must neither
-        block nor raise. This default, for transports without a live hook, hands over the
-        (capped) output once, when the command ends."""
+        """``execute``, also handing each chunk of output to ``on_output`` as it arrives, with
+        the stream it came from (`sandboxes._output.OutputHook`), so a service can relay it
+        live. ``on_output`` runs on a transport thread: it must neither block nor raise. This
+        default, for transports without a live hook, hands over the (capped) output once,
+        merged, when the command ends."""
         response = self.execute(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
         if on_output is not None and response.output:
-            on_output(response.output.encode("utf-8"))
+            on_output(response.output.encode("utf-8"))  # merged: the default stream
         return response
 
     native_file_ops: bool = False
@@ -450,7 +451,7 @@ class BaseSandbox(p.SandboxBackendProtocol):
         return self._drive(self._glob(pattern, path), p.GlobResult)
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
-        bulk = [i for i, (path, data) in enumerate(files) if self._bulk_eligible(path, len(data))]
+        bulk = self._bulk_uploads(files)
         if not bulk:
             return self._drive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
         results = self._in_groups(
@@ -502,9 +503,9 @@ class BaseSandbox(p.SandboxBackendProtocol):
     def download_files_within(self, paths: list[str], max_bytes: int) -> list[p.FileDownloadResponse]:
         """``download_files`` with a per-file bound of ``max_bytes`` (the service's, for its
         JSON answers): bigger files answer ``file_too_large``."""
-        bulk = [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
+        bulk = self._bulk_downloads(paths, max_bytes)
         threshold = self.bulk_threshold
-        if not bulk or threshold is None or max_bytes <= threshold:
+        if not bulk or threshold is None:
             return self._drive(self._download(paths, max_bytes), _batch_failed(paths, p.FileDownloadResponse))
         results = self._in_groups(
             paths,
@@ -527,6 +528,18 @@ class BaseSandbox(p.SandboxBackendProtocol):
         """Whether ``path`` may use the bulk transport; ``size`` is ``None`` for downloads
         (whose size is only learnt inside the sandbox)."""
         return self.bulk_threshold is not None and (size is None or size > self.bulk_threshold)
+
+    def _bulk_uploads(self, files: list[tuple[str, bytes]]) -> list[int]:
+        """Indices of the files of an upload that take the bulk transport."""
+        return [i for i, (path, data) in enumerate(files) if self._bulk_eligible(path, len(data))]
+
+    def _bulk_downloads(self, paths: list[str], max_bytes: int) -> list[int]:
+        """Indices of the paths of a download that may take the bulk transport: none when the
+        bound ``max_bytes`` is within what the inline path carries."""
+        threshold = self.bulk_threshold
+        if threshold is None or max_bytes <= threshold:
+            return []
+        return [i for i, path in enumerate(paths) if self._bulk_eligible(path, None)]
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
         """Write files whose destinations `_prepare_bulk` already checked and created parents for."""
@@ -597,11 +610,33 @@ class BaseSandbox(p.SandboxBackendProtocol):
         return await self._adrive(self._glob(pattern, path), p.GlobResult)
 
     async def aupload_files(self, files: list[tuple[str, bytes]]) -> list[p.FileUploadResponse]:
+        """`upload_files`: natively async inline; a batch with a file for the bulk transport
+        (which blocks) takes `upload_files` itself, in a worker thread."""
+        if self._bulk_uploads(files):
+            return await asyncio.to_thread(self.upload_files, files)
         return await self._adrive(self._upload(files), _batch_failed(files, p.FileUploadResponse))
 
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
-        operation = self._download(paths, self.max_download_bytes)
-        return await self._adrive(operation, _batch_failed(paths, p.FileDownloadResponse))
+        """`download_files`: natively async inline; a file too big for the inline path is
+        fetched through the bulk transport (which blocks) in a worker thread, as it would be
+        synchronously."""
+        max_bytes = self.max_download_bytes
+        bulk = self._bulk_downloads(paths, max_bytes)
+        threshold = self.bulk_threshold
+        if not bulk or threshold is None:
+            return await self._adrive(self._download(paths, max_bytes), _batch_failed(paths, p.FileDownloadResponse))
+        chosen = set(bulk)
+        rest = [i for i in range(len(paths)) if i not in chosen]
+        results: dict[int, p.FileDownloadResponse] = {}
+        for indices, limit in ((rest, max_bytes), (bulk, threshold)):
+            group = [paths[i] for i in indices]
+            if group:
+                found = await self._adrive(self._download(group, limit), _batch_failed(group, p.FileDownloadResponse))
+                results.update(zip(indices, found, strict=True))
+        for i in bulk:
+            if results[i].error == p.FILE_TOO_LARGE:
+                results[i] = await asyncio.to_thread(self._fetch_bulk, paths[i], max_bytes)
+        return [results[i] for i in range(len(paths))]
 
 
 _DOWNLOAD_DETAILS: dict[p.ErrorCode, str] = {
@@ -687,7 +722,7 @@ class StreamingSandbox(BaseSandbox):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,

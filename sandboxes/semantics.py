@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
-import bracex
-from wcmatch import glob as wcglob
-
 from sandboxes import protocol as p
 from sandboxes.paths import relative_to
 
@@ -326,6 +323,8 @@ def compile_glob(pattern: str) -> Callable[[str], bool]:
     """
     if ".." in pattern.split("/"):
         raise InvalidGlobError(f"'..' is not allowed in glob patterns: {pattern!r}")
+    from wcmatch import glob as wcglob  # here: every CLI call imports this module, few glob
+
     try:
         compiled = wcglob.compile(pattern.lstrip("/"), flags=wcglob.BRACE | wcglob.GLOBSTAR)
     except Exception as exc:  # wcmatch raises private types
@@ -340,6 +339,8 @@ def basename_prefilter(pattern: str) -> list[str] | None:
 
     Lets a sandbox skip most files before sending names back; the Python matcher still decides.
     """
+    import bracex
+
     last = pattern.rsplit("/", 1)[-1]
     if last in ("", "**") or "\\" in last:
         return None

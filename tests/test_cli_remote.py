@@ -185,7 +185,7 @@ def test_another_tenants_sandbox_is_not_found(cli: Cli, sandbox: str) -> None:
 
 def test_exec_output_status_argv_stdin_env_cwd(cli: Cli, sandbox: str) -> None:
     result = cli("exec", "--sandbox", sandbox, "echo out; echo err >&2; exit 7")
-    assert (result.returncode, result.stdout) == (7, b"out\nerr\n")
+    assert (result.returncode, result.stdout, _err(result)) == (7, b"out\n", "err\n")  # each to its own stream
     assert cli.ok("exec", "--sandbox", sandbox, "printf", "%s|", "a b", "$(id)", "-n") == "a b|$(id)|-n|"
     assert cli.ok("exec", "--sandbox", sandbox, "--stdin", "tr a-z A-Z", stdin=b"shout\n") == "SHOUT\n"
     assert cli.ok("exec", "--sandbox", sandbox, "--env", "A=1", "--env", "B=x=y", "echo $A $B") == "1 x=y\n"
@@ -394,3 +394,33 @@ def test_serve_runs_the_service_until_sigterm(tmp_path: Path) -> None:
     # matters is that it went through the shutdown (drain, registry stop) first.
     assert status in (0, -signal.SIGTERM), log.read_text()
     assert "service stopped" in log.read_text()
+
+
+# --------------------------------------------------------------------------- start-up cost
+
+HEAVY = ("docker", "kubernetes", "langchain", "langgraph", "paramiko", "fastapi", "uvicorn", "starlette", "rich",
+         "click", "pygments", "wcmatch", "bracex")  # fmt: skip
+"""Packages a remote subcommand never needs: the backends' drivers, the service's stack, the
+agent's, httpx's own command-line tool (click, rich, pygments), which httpx imports unless told
+not to, and the glob matcher (a service's sandbox matches its globs itself)."""
+
+_IMPORTS_AFTER = """
+import json, sys
+from sandboxes.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted({name.split(".")[0] for name in sys.modules})}))
+"""
+
+
+def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) -> None:
+    """A fresh interpreter runs ``exec`` against the service, as the console script does, then
+    lists every top-level package it imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+    env["SANDBOXES_API_KEY"] = cli.key
+    argv = ["--url", cli.url, "--sandbox", sandbox, "exec", "true"]
+    run = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER, *argv], capture_output=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr.decode()
+    report = json.loads(run.stdout.decode().splitlines()[-1])
+    assert report["code"] == 0, run.stderr.decode()
+    assert "httpx" in report["modules"]  # it did talk to the service
+    assert sorted(set(HEAVY) & set(report["modules"])) == []

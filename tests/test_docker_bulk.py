@@ -14,6 +14,7 @@ Every test runs through the exec helper and through the one-``docker exec``-per-
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -298,3 +299,31 @@ def test_a_big_download_is_bounded_and_kernel_files_are_refused(clean: DockerSan
     [whole] = clean.download_files_within(["/workspace/mid"], 4 << 20)
     assert whole.content is not None
     assert len(whole.content) == 3000000
+
+
+def test_the_async_transfers_take_the_bulk_path_the_sync_ones_take(
+    clean: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aupload_files`` and ``adownload_files`` move a big file through `_bulk_put` and
+    `_bulk_get`, as ``upload_files`` and ``download_files`` do, and a small one inline, in one
+    batch, each answer in its place."""
+    moved: list[str] = []
+    for hook in ("_bulk_put", "_bulk_get"):
+        original = getattr(clean, hook)
+
+        def recorded(*args: Any, _hook: str = hook, _original: Any = original) -> Any:
+            moved.append(_hook)
+            return _original(*args)
+
+        monkeypatch.setattr(clean, hook, recorded)
+    big, small = bytes(range(256)) * (BIG // 256 + 1), b"small"
+    files = [("/workspace/async/small.txt", small), ("/workspace/async/big.bin", big)]
+
+    async def transfer() -> tuple[list[p.FileUploadResponse], list[p.FileDownloadResponse]]:
+        uploaded = await clean.aupload_files(files)
+        return uploaded, await clean.adownload_files([path for path, _ in files])
+
+    uploaded, downloaded = asyncio.run(transfer())
+    assert [(r.path, r.error) for r in uploaded] == [(path, None) for path, _ in files]
+    assert [(r.path, r.content) for r in downloaded] == files
+    assert moved == ["_bulk_put", "_bulk_get"]

@@ -23,7 +23,7 @@ EXPECTED = "".join(f"{i}\n" for i in range(1, 7))
 
 def _collect(sandbox: BaseSandbox, command: str, **kwargs: Any) -> tuple[list[tuple[float, bytes]], p.ExecuteResponse]:
     chunks: list[tuple[float, bytes]] = []
-    response = sandbox.execute_streaming(command, lambda c: chunks.append((time.monotonic(), c)), **kwargs)
+    response = sandbox.execute_streaming(command, lambda c, *_: chunks.append((time.monotonic(), c)), **kwargs)
     return chunks, response
 
 

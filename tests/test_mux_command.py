@@ -8,6 +8,7 @@ import contextlib
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -185,3 +186,51 @@ def test_the_helper_kills_by_the_exact_marker_only(stream: _PipeStream) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def _frames(stream: _PipeStream, ident: int, spec: dict[str, object]) -> list[tuple[bytes, bytes]]:
+    """The raw frames (kind, payload) the helper sends for one R frame, up to its X."""
+    payload = wire_spec(spec)
+    stream.send(struct.pack(">cII", b"R", ident, len(payload)) + payload)
+    received, frames = b"", []
+    while not frames or frames[-1][0] != b"X":
+        while len(received) < 9 or len(received) < 9 + struct.unpack(">cII", received[:9])[2]:
+            chunk = stream.recv(65536)
+            assert chunk, "the helper closed its stream"
+            received += chunk
+        kind, answered, length = struct.unpack(">cII", received[:9])
+        assert answered == ident
+        frames.append((kind, received[9 : 9 + length]))
+        received = received[9 + length :]
+    return frames
+
+
+def test_stdout_and_stderr_leave_the_helper_in_frames_of_their_own(stream: _PipeStream) -> None:
+    """Stdout in O frames, stderr in S frames (`frames.STDERR`): never one pipe for both."""
+    stream.send(struct.pack(">cII", b"P", 0, 0))
+    assert stream.recv(65536)[:1] == b"H"
+    frames = _frames(stream, 1, {"command": "echo out; echo err >&2; echo more", "env": {}, "cwd": None})
+    kinds = {kind for kind, _ in frames}
+    assert kinds <= {b"A", b"O", b"S", b"X"}, frames
+    assert b"".join(body for kind, body in frames if kind == b"O") == b"out\nmore\n"
+    assert b"".join(body for kind, body in frames if kind == b"S") == b"err\n"
+
+
+def test_the_client_hands_each_chunk_over_with_its_stream(stream: _PipeStream) -> None:
+    """The hook sees each stream's bytes apart; the answer merges them, bounded together by the
+    output limit (head and tail), in the order they arrived."""
+    client = MuxClient(stream)
+    command = "echo out; echo err >&2; sleep 0.2; echo late >&2; echo done"
+    for _ in range(2):  # cold, then in a shell started ahead of it
+        seen: list[tuple[bytes, str]] = []
+        result = _run(client, command, on_output=lambda chunk, name, seen=seen: seen.append((chunk, name)))
+        assert b"".join(chunk for chunk, name in seen if name == "stdout") == b"out\ndone\n"
+        assert b"".join(chunk for chunk, name in seen if name == "stderr") == b"err\nlate\n"
+        assert result.output.index("late\n") > max(result.output.index("out\n"), result.output.index("err\n"))
+        assert sorted(result.output.splitlines()) == ["done", "err", "late", "out"]
+    capped = _run(
+        client, "head -c 3000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2", output_limit=100
+    )
+    assert capped.truncated
+    assert capped.output.startswith("o" * 50)
+    assert capped.output.endswith("e" * 50)

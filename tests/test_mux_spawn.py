@@ -316,7 +316,7 @@ def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client
     env = {"SANDBOXES_EXEC_ID": marker}
 
     def run() -> None:
-        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda _: started.set()))
+        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda *_: started.set()))
 
     waiter = threading.Thread(target=run)
     waiter.start()
@@ -344,7 +344,7 @@ def test_a_marker_is_announced_only_while_nothing_else_runs(client: MuxClient) -
     announced = client.marker(new)
     assert announced == "marker-1"
     up = threading.Event()
-    options = {"env": {"TAG": "slow"}, "on_output": lambda _: up.set()}
+    options = {"env": {"TAG": "slow"}, "on_output": lambda *_: up.set()}
     slow = threading.Thread(target=_run, args=(client, "echo up; sleep 60"), kwargs=options)
     slow.start()
     try:

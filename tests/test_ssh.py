@@ -128,6 +128,28 @@ def test_ls_and_delete_go_through_the_exec_helper_natively(helper_sandbox: SSHSa
     assert_ls_and_delete_go_native(helper_sandbox, helper_sandbox.workspace)
 
 
+def test_execute_streaming_hands_output_over_live(helper_sandbox: SSHSandbox, fallback_sandbox: SSHSandbox) -> None:
+    """Through the exec helper stdout and stderr apart; on a channel of its own, merged (one
+    pipe for both); either way a line printed before a pause arrives during it."""
+    for sandbox, expected in (
+        (helper_sandbox, {"stdout": b"out\ndone\n", "stderr": b"err\n"}),
+        (fallback_sandbox, {"merged": b"out\nerr\ndone\n"}),
+    ):
+        seen: list[tuple[float, bytes, str]] = []
+        command = "echo out; echo err >&2; sleep 2; echo done"
+        response = sandbox.execute_streaming(
+            command, lambda chunk, name, seen=seen: seen.append((time.monotonic(), chunk, name))
+        )
+        ended = time.monotonic()
+        assert (response.exit_code, response.error) == (0, None), response
+        got: dict[str, bytes] = {}
+        for _, chunk, name in seen:
+            got[name] = got.get(name, b"") + chunk
+        assert got.keys() == expected.keys(), seen
+        assert all(sorted(got[name].splitlines()) == sorted(expected[name].splitlines()) for name in got), seen
+        assert ended - seen[0][0] >= 1, "the line printed before the pause arrived only with the exit"
+
+
 class TestSSHFallbackConformance(SandboxConformance):
     """``use_exec_helper=False``: every command is its own ``exec_command`` (`_exec_once`)."""
 

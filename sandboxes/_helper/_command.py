@@ -30,7 +30,7 @@ from ._loop import (
 )
 from ._reap import kill_orphans, now_ticks
 from ._spawn import Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
-from .frames import OUTPUT
+from .frames import OUTPUT, STDERR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
@@ -71,32 +71,54 @@ class Command(object):
         self.marker: str
         self.pid: int
         self.out_fd: "int | None"
+        self.err_fd: "int | None"
         self.in_fd: "int | None"
         if warm is not None:
-            self.marker, self.pid, self.out_fd, self.in_fd = warm.marker, warm.pid, warm.out_fd, None
+            self.marker, self.pid, self.out_fd, self.err_fd, self.in_fd = (
+                warm.marker,
+                warm.pid,
+                warm.out_fd,
+                warm.err_fd,
+                None,
+            )
         else:
             self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
             env = _command_env(spec_env, self.marker)
-            self.pid, self.out_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
+            self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends
+        assert self.err_fd is not None
         _poller.register(self.out_fd, _Poller.READ, self.on_output)
+        _poller.register(self.err_fd, _Poller.READ, self.on_stderr)
         _commands[self.ident] = self
 
     def on_output(self, _mask: int) -> None:
-        if self.out_fd is None:  # closed by an earlier event of the same batch
+        self.pump("out_fd", OUTPUT)
+
+    def on_stderr(self, _mask: int) -> None:
+        self.pump("err_fd", STDERR)
+
+    def pump(self, which: str, kind: bytes) -> None:
+        """Relay what the command wrote on one of its outputs (``which``: the attribute holding
+        its fd) as ``kind`` frames; once both ended, its output has."""
+        fd = getattr(self, which)
+        if fd is None:  # closed by an earlier event of the same batch
             return
         try:
-            chunk = os.read(self.out_fd, 65536)
+            chunk = os.read(fd, 65536)
         except OSError:
             chunk = b""
         if chunk:
-            send(OUTPUT, self.ident, chunk)
+            send(kind, self.ident, chunk)
             return
-        self.close_output()
+        _poller.unregister(fd)
+        os.close(fd)
+        setattr(self, which, None)
+        if self.out_fd is not None or self.err_fd is not None:
+            return
         if self.reaped:
             self.finish()
         elif self.has_exited():
@@ -109,10 +131,11 @@ class Command(object):
         return has_exited(self.pid)
 
     def close_output(self) -> None:
-        if self.out_fd is not None:
-            _poller.unregister(self.out_fd)
-            os.close(self.out_fd)
-            self.out_fd = None
+        for fd in (self.out_fd, self.err_fd):
+            if fd is not None:
+                _poller.unregister(fd)
+                os.close(fd)
+        self.out_fd = self.err_fd = None
 
     def feed(self, data: "bytes | None") -> None:
         """Queue stdin bytes (``None``: close it once written), written as the pipe takes them."""
@@ -197,7 +220,7 @@ class Command(object):
             self.finished = False
         if self.finished:  # it failed to start properly and was answered with E
             return
-        if self.out_fd is None:
+        if self.out_fd is None and self.err_fd is None:
             self.finish()
         else:  # a process outside the group (setsid) may hold the output open: wait a little
             self.drain_deadline = time.monotonic() + (TIMED_OUT_DRAIN if self.timed_out else DRAIN_GRACE)

@@ -20,6 +20,7 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     the client wrote may be read and run after the client gave up, so the
                     client never resends a written request, acknowledged or not), O output
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
+                    S stderr bytes (O: stdout's; in the order the helper read them),
                     E error text, N not native here (`_files`: the client runs the script)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does; such a caller may announce,
@@ -119,6 +120,7 @@ else:  # the C module behind `signal` (which imports `enum`), with the same call
     import _signal as signal
 
 NATIVE_IDLE = 0.05
+_libc: "list[Any]" = [None]  # the C library through ctypes, once `_become_undumpable` loaded it
 _native: "list[Any]" = [None]  # `_files`, once imported (`_load_native`)
 _native_loaded: "list[bool | None]" = [None]
 """Whether the file ops (`_files`, and `_native`, `_uploads`, `_reads`, `_search`, `_listing`
@@ -144,9 +146,18 @@ def _become_undumpable() -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
+        _libc[0] = libc
         return bool(libc.prctl(4, 0, 0, 0, 0) == 0)  # PR_SET_DUMPABLE
     except Exception:  # no ctypes: the client's frame checks are the only defence
         return False
+
+
+def _release_freed() -> None:
+    """Hand the heap's free pages back to the kernel (the C library's ``malloc_trim``, where it
+    has one): memory a compile freed otherwise stays counted against the sandbox while it idles."""
+    trim = getattr(_libc[0], "malloc_trim", None)  # None: no ctypes; musl has no malloc_trim
+    if trim is not None:
+        trim(0)
 
 
 # ------------------------------------------------------------------ the stream
@@ -247,6 +258,7 @@ def _load_native() -> "bool | None":
 
             _native[0] = _files
             _native_loaded[0] = True
+            _release_freed()  # the parser's memory, and the start's: nothing bigger is compiled after
         except Exception as exc:
             sys.stderr.write("native file ops unavailable: %s: %s\n" % (type(exc).__name__, exc))
     return _native_loaded[0]

@@ -32,12 +32,15 @@ HELLO = b"H"
 ACCEPTED = b"A"
 """A command or file op is taken (queued before it starts; its absence proves nothing)."""
 OUTPUT = b"O"
-"""Bytes of a command's output, or of a file op's answer."""
+"""Bytes of a command's stdout, or of a file op's answer."""
+STDERR = b"S"
+"""Bytes of a command's stderr (its stdout's are `OUTPUT`'s), in the order the helper read them
+among its stdout's: the client merges them so for a merged answer."""
 EXIT = b"X"
 """The end of a command or file op: JSON ``{code, timed_out}``."""
 ERROR = b"E"
 """A request the helper could not run: its reason, as text."""
 NOT_NATIVE = b"N"
 """A file op the helper hands back: nothing was done, the client runs the script."""
-HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + EXIT + ERROR + NOT_NATIVE
+HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + STDERR + EXIT + ERROR + NOT_NATIVE
 """Every kind a helper sends: anything else is a corrupt (or forged) stream."""

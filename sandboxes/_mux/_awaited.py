@@ -16,7 +16,7 @@ from sandboxes._mux._frames import _Pending, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
-from sandboxes._output import OutputBuffer
+from sandboxes._output import OutputBuffer, OutputHook
 
 __all__ = ["arun"]
 
@@ -45,7 +45,7 @@ async def arun(
     env: Mapping[str, str] | None,
     cwd: str | None,
     output_limit: int,
-    on_output: Callable[[bytes], None] | None = None,
+    on_output: OutputHook | None = None,
 ) -> p.ExecuteResponse:
     """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
     service would otherwise hold one thread per running command). Same frames, same timeouts,

@@ -28,7 +28,7 @@ from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HelperStarts
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient, command_marker, kill_tagged
-from sandboxes._output import out_of_memory
+from sandboxes._output import OutputHook, out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 
 __all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper", "HeldHelper"]
@@ -53,7 +53,7 @@ class CommandRun:
     transport's fallback runs when there is no helper."""
 
     command: str
-    on_output: Callable[[bytes], None] | None
+    on_output: OutputHook | None
     timeout: float
     stdin: bytes | None
     env: dict[str, str]
@@ -66,7 +66,7 @@ class CommandRun:
         cls,
         defaults: CommandDefaults,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None,
         stdin: bytes | str | None,
@@ -229,7 +229,7 @@ class CommandsOnHelper(FileOpsOnHelper):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,

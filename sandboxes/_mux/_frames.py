@@ -13,7 +13,7 @@ from __future__ import annotations
 import marshal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,7 +21,7 @@ from sandboxes import protocol as p
 from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 
 __all__ = ["HEADER", "MAX_FRAME", "Sender", "wire_spec"]
 
@@ -71,7 +71,7 @@ class _Pending:
     """A file op the helper handed back (N): nothing was done, the script must run."""
     accepted_at: float | None = None
     """When the helper acknowledged the command (monotonic); ``None``: not (yet)."""
-    on_output: Callable[[bytes], None] | None = None
+    on_output: OutputHook | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from sandboxes import protocol as p
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
+from sandboxes._output import OutputHook
 
 if TYPE_CHECKING:
     from sandboxes.base import Call
@@ -68,7 +69,7 @@ def run_command_once(
     env: Mapping[str, str] | None,
     cwd: str | None,
     output_limit: int,
-    on_output: Callable[[bytes], None] | None = None,
+    on_output: OutputHook | None = None,
     lost: str,
     unsent: p.ExecuteResponse | None = None,
 ) -> p.ExecuteResponse | None:

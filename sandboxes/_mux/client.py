@@ -32,7 +32,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
-from sandboxes._helper.frames import ACCEPTED, ERROR, EXIT, FILE_OP, HELLO, KILL, KILL_MARKED, NOT_NATIVE, OUTPUT, PING
+from sandboxes._helper.frames import (
+    ACCEPTED,
+    ERROR,
+    EXIT,
+    FILE_OP,
+    HELLO,
+    KILL,
+    KILL_MARKED,
+    NOT_NATIVE,
+    OUTPUT,
+    PING,
+    STDERR,
+)
 from sandboxes._mux._frames import (
     _BINARY_ANSWERS,
     _KINDS,
@@ -48,7 +60,7 @@ from sandboxes._mux._frames import (
 from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._mux._shipped import PYTHON_FLAGS, SERVER_SOURCE
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
-from sandboxes._output import OutputBuffer
+from sandboxes._output import OutputBuffer, OutputHook
 
 __all__ = [
     "ACK_TIMEOUT",
@@ -157,7 +169,7 @@ class MuxClient:
         env: Mapping[str, str] | None,
         cwd: str | None,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None = None,
+        on_output: OutputHook | None = None,
     ) -> p.ExecuteResponse:
         """Run one command; raise `MuxBroken` if the helper dies or stops answering.
 
@@ -557,10 +569,10 @@ class MuxClient:
             return
         if kind == ACCEPTED:
             pending.accepted_at = time.monotonic()
-        elif kind == OUTPUT:
+        elif kind in (OUTPUT, STDERR):  # one buffer: the merged answer, bounded together
             pending.output.write(payload)
             if pending.on_output is not None:
-                pending.on_output(payload)
+                pending.on_output(payload, "stdout" if kind == OUTPUT else "stderr")
         elif kind == EXIT:
             status = json.loads(payload)
             code, timed_out = status["code"], status["timed_out"]

@@ -78,6 +78,14 @@ def _is_remote(args: argparse.Namespace) -> bool:
     return explicit or (args.root is None and bool(os.environ.get("SANDBOXES_URL")))
 
 
+def _skip_httpx_cli() -> None:
+    """Keep httpx from importing its own command-line tool (click, rich, pygments: a third of
+    a remote subcommand's start), which it does unless that import fails; nothing here runs it.
+    Only in this process's CLI run, and only if httpx is not imported yet."""
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     code: int
     if args.kind == "local-or-remote" and not _is_remote(args):
@@ -86,6 +94,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return code
     if args.root is not None:
         raise Usage(f"{args.subcommand}: works against a sandbox service; --root is for local sandboxes")
+    _skip_httpx_cli()
     try:
         from sandboxes.cli import remote
     except ImportError as exc:

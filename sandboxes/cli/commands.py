@@ -40,7 +40,7 @@ def cmd_exec(args: argparse.Namespace, session: Session) -> int:
 
 def _run_printing(session: Session, command: str, options: dict[str, Any]) -> p.ExecuteResponse:
     """Print the output as it comes when the backend can stream it (a remote sandbox: a long
-    command shows progress over the network), else all at once."""
+    command shows progress over the network), its stderr to stderr; else all at once, merged."""
     stream = getattr(session.backend, "execute_stream", None)
     if stream is None:
         response = session.backend.execute(command, **options)
@@ -49,7 +49,7 @@ def _run_printing(session: Session, command: str, options: dict[str, Any]) -> p.
     for event in stream(command, **options):
         if isinstance(event, p.ExecuteResponse):
             return event
-        out(event)
+        out(event, sys.stderr if getattr(event, "stream", None) == "stderr" else None)
     raise Failed(p.CONNECTION_LOST, "the output stream ended without the command's exit")  # pragma: no cover
 
 

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandboxes import protocol as p
-from sandboxes.cli import _transfer
 from sandboxes.cli._common import EXIT_ERROR, Failed, Session, Usage, emit_json, note, out
 from sandboxes.client import NotFound, SandboxClient, SandboxServiceError
 from sandboxes.paths import InvalidPathError, normalize_path, parent
@@ -155,6 +154,8 @@ def _upload(local: str, session: Session, raw_target: str) -> None:
         directory, name = parent(target), target.rsplit("/", 1)[-1]
     else:
         raise Failed(listing.error, listing.message or listing.error)
+    from sandboxes.cli import _transfer  # tarfile: only for cp
+
     with _transfer.tar_stream(path, name) as stream:
         upload(directory, stream)
 
@@ -178,4 +179,6 @@ def _download(session: Session, raw_source: str, local: str) -> None:
         into, name = destination.parent, destination.name
         if not into.is_dir():
             raise Failed(p.FILE_NOT_FOUND, f"{into}: no such directory")
+    from sandboxes.cli import _transfer
+
     _transfer.extract(chunks, into, rename=name)

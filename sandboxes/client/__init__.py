@@ -15,7 +15,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
-from sandboxes.client._streams import AsyncCommandStream, CommandStream
+from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
     BackendUnavailable,
@@ -42,6 +42,7 @@ __all__ = [
     "InternalError",
     "InvalidRequest",
     "NotFound",
+    "OutputChunk",
     "ProcessStatus",
     "QuotaExceeded",
     "RateLimited",

@@ -4,12 +4,14 @@ the command again once (from the last byte offset it saw) if the connection drop
 The service runs a streamed command detached from its connection and keeps its output, so a
 stream that broke loses nothing: the re-attached one (``GET .../execute/{id}/stream?offset=N``)
 carries exactly the bytes after the last ``output`` event seen. Empty ``output`` events (the
-first, keep-alives) and types this client does not know are skipped.
+first, keep-alives) and types this client does not know are skipped. Each chunk is an
+`OutputChunk`: its text, and the stream it came from.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from typing import Literal
 
 import httpx
 
@@ -20,9 +22,23 @@ from sandboxes.client import _wire as w
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, error_from_transport
 
-__all__ = ["AsyncCommandStream", "CommandStream"]
+__all__ = ["AsyncCommandStream", "CommandStream", "OutputChunk"]
 
-Item = str | p.ExecuteResponse
+
+class OutputChunk(str):
+    """A chunk of a streamed command's output: its text (a `str`, so the chunks joined are the
+    merged output), and ``stream``, where it came from: ``stdout``, ``stderr``, or ``merged``
+    where the backend ran the command without the exec helper and could not tell them apart."""
+
+    stream: Literal["stdout", "stderr", "merged"]
+
+    def __new__(cls, text: str, stream: Literal["stdout", "stderr", "merged"] = "stdout") -> OutputChunk:
+        chunk = super().__new__(cls, text)
+        chunk.stream = stream
+        return chunk
+
+
+Item = OutputChunk | p.ExecuteResponse
 
 
 class _Position:
@@ -45,7 +61,9 @@ class _Position:
             self.command_id = event.id
         if event.offset is not None:
             self.offset = event.offset
-        return event.data or None  # empty: the first event, or a keep-alive
+        if not event.data:  # the first event, or a keep-alive
+            return None
+        return OutputChunk(event.data, event.stream or "stdout")
 
     def again(self) -> w.Op[None] | None:
         """The request that follows the command from where it was, once; ``None``: give up."""
@@ -63,7 +81,7 @@ class _Position:
 
 
 class CommandStream(Iterator[Item]):
-    """Output chunks (str) as the command prints them, then exactly one `ExecuteResponse` (a
+    """Output chunks (`OutputChunk`, a str) as the command prints them, then exactly one `ExecuteResponse` (a
     ``connection_lost`` one if the stream broke and following it again failed). ``command_id``
     and ``offset`` say where it is, to re-attach later (`RemoteSandbox.attach_stream`)."""
 

@@ -9,6 +9,7 @@ errors live here once.
 from __future__ import annotations
 
 import base64
+import json
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, Generic, TypeVar, cast, get_args
 
 import httpx
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 from tenacity import RetryCallState
 
 from sandboxes import api
@@ -193,136 +194,88 @@ def recovered(op: Op[T], exc: SandboxServiceError) -> T:
     raise exc
 
 
-# ---------------------------------------------------------------------- JSON -> dataclasses
+# ---------------------------------------------------------------------- answers -> results
 
 
-def _known(model: type[M], data: Any) -> M:
-    """Validate an answer, ignoring fields a newer service may have added."""
-    if not isinstance(data, dict):
-        raise InvalidRequest(f"unexpected answer for {model.__name__}: {data!r:.200}")
-    return model.model_validate({k: v for k, v in data.items() if k in model.model_fields})
+class Answer(Generic[T]):
+    """Decodes one route's answer with the type `sandboxes.api` declares for it (the service
+    describes the route with the same type); its validator is built once, here."""
+
+    __slots__ = ("_adapter", "_name")
+
+    def __init__(self, kind: Any) -> None:
+        self._adapter: TypeAdapter[T] = TypeAdapter(kind)
+        self._name = getattr(kind, "__name__", str(kind))
+
+    def __call__(self, response: httpx.Response) -> T:
+        return self.decode(response.content)
+
+    def decode(self, raw: bytes | str) -> T:
+        try:
+            return self._adapter.validate_json(raw)
+        except pydantic.ValidationError as exc:
+            raise InvalidRequest(f"unexpected answer for {self._name}: {exc}") from exc
 
 
-def sandbox_info(response: httpx.Response) -> api.SandboxInfo:
-    return _known(api.SandboxInfo, response.json())
+sandbox_info: Answer[api.SandboxInfo] = Answer(api.SandboxInfo)
+_SANDBOX_LIST: Answer[api.SandboxList] = Answer(api.SandboxList)
+ls_result: Answer[p.LsResult] = Answer(api.FILE_RESULTS["ls"])
+read_result: Answer[p.ReadResult] = Answer(api.FILE_RESULTS["read"])
+write_result: Answer[p.WriteResult] = Answer(api.FILE_RESULTS["write"])
+edit_result: Answer[p.EditResult] = Answer(api.FILE_RESULTS["edit"])
+delete_result: Answer[p.DeleteResult] = Answer(api.FILE_RESULTS["delete"])
+glob_result: Answer[p.GlobResult] = Answer(api.FILE_RESULTS["glob"])
+upload_results: Answer[list[p.FileUploadResponse]] = Answer(api.FILE_RESULTS["upload"])
+_GREP: Answer[p.GrepResult] = Answer(api.FILE_RESULTS["grep"])
+_DOWNLOAD: Answer[list[api.DownloadItem]] = Answer(api.FILE_RESULTS["download"])
+_EXECUTE: Answer[api.ExecuteResult] = Answer(api.ExecuteResult)
+_PROCESS: Answer[api.ProcessInfo] = Answer(api.ProcessInfo)
 
 
 def sandbox_list(response: httpx.Response) -> list[api.SandboxInfo]:
-    data = response.json()
-    return [_known(api.SandboxInfo, item) for item in data.get("sandboxes", [])]
+    return _SANDBOX_LIST(response).sandboxes
 
 
 def no_content(response: httpx.Response) -> None:
     return None
 
 
-def _error(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {"error": cast("p.ErrorCode | None", data.get("error")), "message": data.get("message")}
-
-
-def _file_info(data: Mapping[str, Any]) -> p.FileInfo:
-    return p.FileInfo(
-        path=data["path"],
-        is_dir=bool(data.get("is_dir", False)),
-        size=data.get("size"),
-        modified_at=data.get("modified_at"),
-    )
-
-
-def _infos(items: Any) -> list[p.FileInfo] | None:
-    return None if items is None else [_file_info(item) for item in items]
-
-
-def ls_result(response: httpx.Response) -> p.LsResult:
-    data = response.json()
-    return p.LsResult(**_error(data), entries=_infos(data.get("entries")))
-
-
-def read_result(response: httpx.Response) -> p.ReadResult:
-    data = response.json()
-    raw = data.get("file_data")
-    file_data = (
-        None
-        if raw is None
-        else p.FileData(
-            content=raw["content"],
-            encoding=raw.get("encoding", "utf-8"),
-            created_at=raw.get("created_at"),
-            modified_at=raw.get("modified_at"),
-        )
-    )
-    return p.ReadResult(
-        **_error(data),
-        file_data=file_data,
-        total_lines=data.get("total_lines"),
-        start_line=data.get("start_line"),
-        end_line=data.get("end_line"),
-        next_offset=data.get("next_offset"),
-        no_lines_requested=bool(data.get("no_lines_requested", False)),
-    )
-
-
-def write_result(response: httpx.Response) -> p.WriteResult:
-    data = response.json()
-    return p.WriteResult(**_error(data), path=data.get("path"))
-
-
-def edit_result(response: httpx.Response) -> p.EditResult:
-    data = response.json()
-    return p.EditResult(**_error(data), path=data.get("path"), occurrences=data.get("occurrences"))
-
-
-def delete_result(response: httpx.Response) -> p.DeleteResult:
-    data = response.json()
-    return p.DeleteResult(**_error(data), path=data.get("path"))
-
-
 def grep_result(response: httpx.Response) -> p.GrepResult:
     """A grep's answer, held to the caps every backend keeps (`finish_grep`) whatever the
     service sent: past them the first matches, ``truncated``."""
-    data = response.json()
-    matches = data.get("matches")
-    truncated = bool(data.get("truncated", False))
-    if matches is None:
-        return p.GrepResult(**_error(data), matches=None, truncated=truncated)
-    kept = finish_grep([p.GrepMatch(m["path"], m["line"], m["text"]) for m in matches[: GREP_MAX_MATCHES + 1]], None)
-    return p.GrepResult(
-        **_error(data), matches=kept.matches, truncated=truncated or kept.truncated or len(matches) > GREP_MAX_MATCHES
-    )
-
-
-def glob_result(response: httpx.Response) -> p.GlobResult:
-    data = response.json()
-    return p.GlobResult(**_error(data), matches=_infos(data.get("matches")), truncated=bool(data.get("truncated")))
-
-
-def upload_results(response: httpx.Response) -> list[p.FileUploadResponse]:
-    return [p.FileUploadResponse(item["path"], **_error(item)) for item in response.json()]
+    result = _GREP(response)
+    if result.matches is None:
+        return result
+    kept = finish_grep(result.matches[: GREP_MAX_MATCHES + 1], None)
+    truncated = result.truncated or kept.truncated or len(result.matches) > GREP_MAX_MATCHES
+    return p.GrepResult(result.error, result.message, matches=kept.matches, truncated=truncated)
 
 
 def download_results(response: httpx.Response) -> list[p.FileDownloadResponse]:
-    results = []
-    for item in response.json():
-        encoded = item.get("content_b64")
-        content = None if encoded is None else base64.b64decode(encoded)
-        results.append(p.FileDownloadResponse(item["path"], content, **_error(item)))
-    return results
+    return [
+        p.FileDownloadResponse(
+            item.path,
+            None if item.content_b64 is None else base64.b64decode(item.content_b64),
+            item.error,
+            item.message,
+        )
+        for item in _DOWNLOAD(response)
+    ]
 
 
-def execute_response(data: Mapping[str, Any]) -> p.ExecuteResponse:
-    result = _known(api.ExecuteResult, data)
+def execute_response(result: api.ExecuteResult) -> p.ExecuteResponse:
     return p.ExecuteResponse(
         output=result.output,
         exit_code=result.exit_code,
         truncated=result.truncated,
-        error=cast("p.ErrorCode | None", result.error),
+        error=result.error,
         message=result.message,
         duration_ms=result.duration_ms,
     )
 
 
 def execute_result(response: httpx.Response) -> p.ExecuteResponse:
-    return execute_response(response.json())
+    return execute_response(_EXECUTE(response))
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,8 +294,8 @@ class ProcessStatus:
 
 
 def process_status(response: httpx.Response) -> ProcessStatus:
-    info = _known(api.ProcessInfo, response.json())
-    result = None if info.result is None else execute_response(info.result.model_dump())
+    info = _PROCESS(response)
+    result = None if info.result is None else execute_response(info.result)
     return ProcessStatus(id=info.id, status=info.status, output=info.output, result=result)
 
 
@@ -352,29 +305,27 @@ _STREAM_TYPES = frozenset(get_args(api.StreamEvent.model_fields["type"].annotati
 def stream_event(line: str) -> api.StreamEvent | None:
     """One NDJSON line of a streamed execute; ``None`` for a type this client does not know
     (a newer service's), which it ignores."""
-    data = _loads(line)
-    if isinstance(data, dict) and data.get("type") not in _STREAM_TYPES:
-        return None
     try:
-        return _known(api.StreamEvent, data)
-    except ValueError as exc:
+        return api.StreamEvent.model_validate_json(line)
+    except pydantic.ValidationError as exc:
+        if _unknown_type(line):
+            return None
         raise ConnectionLost(f"malformed stream line: {line[:200]!r}") from exc
+
+
+def _unknown_type(line: str) -> bool:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("type") not in _STREAM_TYPES
 
 
 def exit_response(event: api.StreamEvent) -> p.ExecuteResponse:
     """The final response an ``exit`` event carries."""
     if event.result is None:
         raise ConnectionLost("the stream's exit event carried no result")
-    return execute_response(event.result.model_dump())
-
-
-def _loads(line: str) -> Any:
-    import json
-
-    try:
-        return json.loads(line)
-    except ValueError as exc:
-        raise ConnectionLost(f"malformed stream line: {line[:200]!r}") from exc
+    return execute_response(event.result)
 
 
 def failed_execution(code: p.ErrorCode, message: str) -> p.ExecuteResponse:

@@ -15,7 +15,9 @@ import typing
 from typing import Any
 
 import httpx
+import pydantic
 
+from sandboxes import api
 from sandboxes.protocol import ErrorCode
 
 __all__ = [
@@ -192,6 +194,14 @@ def error_from_response(response: httpx.Response) -> SandboxServiceError:
 
 
 def _parse_body(response: httpx.Response) -> tuple[str | None, str, str | None]:
+    """An `ErrorBody`'s code, message and request id; for any other body (a proxy's, a code a
+    newer service added) what can be read of it."""
+    try:
+        error = api.ErrorBody.model_validate_json(response.content)
+    except pydantic.ValidationError:
+        pass
+    else:
+        return error.error, error.message, error.request_id
     try:
         body = response.json()
     except ValueError:

@@ -46,7 +46,7 @@ from sandboxes._mux import (
     python_missing,
     run_command_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, execute_response, out_of_memory
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Sandbox
 from sandboxes.local import _disk
@@ -266,7 +266,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
     def execute_streaming(
         self,
         command: str,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -305,7 +305,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         environment: dict[str, str],
         workdir: str,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         """One process (one bwrap, when isolated) for this command alone: the fallback."""
         marker = (MARKER_ENV, environment.get(MARKER_ENV) or uuid.uuid4().hex)  # the caller's own, if given
@@ -376,7 +376,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         environment: dict[str, str],
         workdir: str,
         output_limit: int,
-        on_output: Callable[[bytes], None] | None,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse | None:
         """The command through the long-lived jail; ``None`` when there is none (fall back).
 

@@ -3,13 +3,12 @@
 The per-request machinery is one plain ASGI middleware (not Starlette's ``BaseHTTPMiddleware``,
 which costs a task and a copy per request and breaks streaming back-pressure): it assigns the
 request id, authenticates every ``/v1`` request (and ``/metrics``) from its headers before a
-byte of its body is read, so a stranger costs the service one hash and never a body parsed
-or buffered, refuses oversized bodies (by ``Content-Length`` up front, by counting
-otherwise), and writes one structured access log line and the request metrics when the
-response ends.
-Inside it, `sandboxes.server.hot.HotPath` answers the ordinary requests of the hot routes
-(execute, file operations, one sandbox's record) without FastAPI's per-request cost, and hands
-everything else to FastAPI unchanged.
+byte of its body is read (`request_tenant`, which the routes find done), so a stranger costs
+the service one hash and never a body parsed or buffered, refuses oversized bodies (by
+``Content-Length`` up front, by counting otherwise), and writes one structured access log line
+and the request metrics when the response ends. Inside it, FastAPI's one route table; the hot
+routes (execute, file operations, one sandbox's record) serve their ordinary requests on a fast
+path of their own (`sandboxes.server.routes`).
 """
 
 from __future__ import annotations
@@ -32,17 +31,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
 from sandboxes.server import responses
-from sandboxes.server.auth import Authenticator, RateLimiter
+from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
-from sandboxes.server.hot import HotPath
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
-from sandboxes.server.routes import AUTHENTICATED, Service, health, router
+from sandboxes.server.routes import Service, health, hot_routes, router
 from sandboxes.server.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
@@ -94,11 +92,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         redoc_url=None,
     )
     app.state.service = service
-    app.include_router(router)
-    app.include_router(health)
+    app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
-    app.add_middleware(HotPath, service=service)  # inside the request middleware: ids, limits, logs
     app.add_middleware(_RequestMiddleware, service=service)
     return app
 
@@ -114,16 +110,36 @@ def check_settings(settings: ServiceSettings) -> None:
 
 
 def _describe_templates(app: FastAPI, templates: list[str]) -> None:
-    """The OpenAPI document names this service's templates: a create with any other is a 422."""
+    """The OpenAPI document names this service's templates (a create with any other is a 422),
+    and states each line of a streamed answer (`_describe_lines`)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
             schema["components"]["schemas"]["CreateSandbox"]["properties"]["template"]["enum"] = templates
+            _describe_lines(schema)
         return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _describe_lines(schema: dict[str, Any]) -> None:
+    """Each line of an NDJSON answer is a `StreamEvent` (FastAPI states no schema for a
+    streamed body)."""
+    components = schema["components"]["schemas"]
+    definition = api.StreamEvent.model_json_schema(mode="serialization", ref_template=_COMPONENT)
+    for name, nested in definition.pop("$defs", {}).items():
+        components.setdefault(name, nested)
+    components["StreamEvent"] = definition
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            lines = operation["responses"].get("200", {}).get("content", {}).get("application/x-ndjson")
+            if lines is not None:
+                lines["schema"] = {"$ref": _COMPONENT.format(model="StreamEvent")}
+
+
+_COMPONENT = "#/components/schemas/{model}"
 
 
 def _allowed_methods(path: str) -> str:
@@ -185,13 +201,11 @@ class _RequestMiddleware:
         try:
             if self._needs_key(scope["path"]):
                 try:
-                    tenant = self.service.auth.authenticate(headers.get("authorization"))
+                    request_tenant(self.service.auth, scope)
                 except ServiceError as exc:  # refused on its headers: the body is never read
                     response = responses.service_error(self.service.metrics, exc)
                     await response(scope, receive, _tagged(send, request_id, status))
                     return
-                state[AUTHENTICATED] = tenant
-                state["tenant"] = tenant.id
             declared = headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:
                 self.service.metrics.errors.labels("too_large").inc()

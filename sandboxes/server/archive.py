@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from sandboxes import _beneath as beneath
+from sandboxes.api import WireErrorCode
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.streams import ChunkSink, Emit
@@ -59,7 +60,7 @@ def checked_path(raw: str) -> str:
         raise ServiceError("invalid_path", str(exc)) from exc
 
 
-_REFUSALS: dict[beneath.Reason, tuple[str, str]] = {
+_REFUSALS: dict[beneath.Reason, tuple[WireErrorCode, str]] = {
     "symlink": ("invalid_path", "goes through a symbolic link"),
     "not_a_directory": ("not_a_directory", "a component is not a directory"),
     "is_a_directory": ("is_directory", "is a directory"),

@@ -17,8 +17,9 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.settings import ServiceSettings, TenantPolicy
@@ -64,6 +65,25 @@ class Authenticator:
         if found is None:
             raise _unauthorized("invalid API key")
         return Tenant(found, self._settings.policy_for(found))
+
+
+AUTHENTICATED = "authenticated"
+"""Key in a request's ``scope["state"]`` of its `Tenant`, once `request_tenant` found it."""
+
+
+def request_tenant(auth: Authenticator, scope: MutableMapping[str, Any]) -> Tenant:
+    """The tenant of an ASGI request, authenticated from its first ``Authorization`` header once:
+    the request middleware asks before a byte of the body is read, every route after it finds
+    the answer in the request's state."""
+    state = scope.setdefault("state", {})
+    tenant = state.get(AUTHENTICATED)
+    if isinstance(tenant, Tenant):
+        return tenant
+    header = next((value for key, value in scope["headers"] if key == b"authorization"), None)
+    tenant = auth.authenticate(None if header is None else header.decode("latin-1"))
+    state[AUTHENTICATED] = tenant
+    state["tenant"] = tenant.id
+    return tenant
 
 
 def _unauthorized(message: str) -> ServiceError:

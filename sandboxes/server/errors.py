@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-_STATUS: dict[str, int] = {
+from sandboxes.api import WireErrorCode
+
+_STATUS: dict[WireErrorCode, int] = {
     "unauthorized": 401,
     "not_found": 404,
     "quota_exceeded": 403,
@@ -29,7 +31,7 @@ _STATUS: dict[str, int] = {
 
 class ServiceError(Exception):
     def __init__(
-        self, code: str, message: str, *, headers: Mapping[str, str] | None = None, status: int | None = None
+        self, code: WireErrorCode, message: str, *, headers: Mapping[str, str] | None = None, status: int | None = None
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -45,9 +47,15 @@ def not_found(sandbox_id: str) -> ServiceError:
     return ServiceError("not_found", f"no sandbox {sandbox_id!r}")
 
 
-_FRAMEWORK = {401: "unauthorized", 404: "not_found", 413: "too_large", 429: "rate_limited", 503: "backend_unavailable"}
+_FRAMEWORK: dict[int, WireErrorCode] = {
+    401: "unauthorized",
+    404: "not_found",
+    413: "too_large",
+    429: "rate_limited",
+    503: "backend_unavailable",
+}
 
 
-def code_for_status(status: int) -> str:
+def code_for_status(status: int) -> WireErrorCode:
     """The code of a failure raised by the framework itself (unknown route, bad method...)."""
     return _FRAMEWORK.get(status, "invalid_request" if 400 <= status < 500 else "internal")

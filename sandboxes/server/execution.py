@@ -21,7 +21,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from sandboxes import protocol as p
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook
 from sandboxes.api import ExecuteRequest, ExecuteResult
 from sandboxes.base import BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
@@ -102,7 +102,7 @@ async def run_once(
 def _started(
     sandbox: BaseSandbox,
     command: Command,
-    on_output: Callable[[bytes], None] | None,
+    on_output: OutputHook | None,
     executor: Executor | None,
     on_end: Callable[[], None] | None,
 ) -> tuple[asyncio.Future[p.ExecuteResponse], str]:
@@ -187,7 +187,7 @@ def _kill_soon(kill_marked: Callable[[str], None], token: str) -> None:
 def run_detached(
     sandbox: BaseSandbox,
     command: Command,
-    on_output: Callable[[bytes], None],
+    on_output: OutputHook,
     executor: Executor | None = None,
     on_end: Callable[[], None] | None = None,
 ) -> asyncio.Future[p.ExecuteResponse]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sandboxes import protocol as p
+from sandboxes._output import OutputHook
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
 from sandboxes.jobs import CannotFork, Job, JobError, JobNotFound, JobRunner, JobSurvived, TooManyJobs
@@ -66,9 +67,7 @@ def result_of(response: p.ExecuteResponse) -> ExecuteResult:
     )
 
 
-def run_marked(
-    sandbox: BaseSandbox, command: Command, token: str, on_output: Callable[[bytes], None] | None
-) -> p.ExecuteResponse:
+def run_marked(sandbox: BaseSandbox, command: Command, token: str, on_output: OutputHook | None) -> p.ExecuteResponse:
     """Run ``command`` with its tree marked by ``token``; a backend failure becomes a result."""
     from sandboxes.server.backends import MARKER_ENV
 

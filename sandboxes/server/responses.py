@@ -1,8 +1,8 @@
 """The service's answers as bytes: JSON bodies, and the `ErrorBody` of each kind of failure.
 
-Shared by FastAPI's exception handlers and by `sandboxes.server.hot`, which serves the hot
-routes without FastAPI: one function per failure kind, so both paths answer the same failure
-with the same status, code, message, headers and metric, and cannot drift apart.
+Shared by FastAPI's exception handlers and the request middleware: one function per failure
+kind, so every path answers the same failure with the same status, code, message, headers and
+metric.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PARSE_INLINE = 32 << 10
 
 
 def parse_json(raw: bytes) -> Any:
-    """A request body's JSON, as FastAPI and the hot path both parse it.
+    """A request body's JSON, as every route parses it (`routes._JSONRequest`).
 
     pydantic-core's parser, not ``json.loads``: it refuses lone surrogates (which no path or
     command can carry to a sandbox) and nesting past a fixed depth (``json.loads`` raises
@@ -61,7 +61,9 @@ def json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type=JSON)
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: api.WireErrorCode, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = api.ErrorBody(error=code, message=message, request_id=REQUEST_ID.get())
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 

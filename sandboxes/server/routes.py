@@ -19,22 +19,27 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
+from starlette.types import Message, Scope, Send
+from starlette.types import Receive as ASGIReceive
 
 from sandboxes import api, protocol
 from sandboxes.server import idempotency
-from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant
+from sandboxes.server.auth import Authenticator, CommandSlots, RateLimiter, Tenant, request_tenant
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import Receive, command_for, run_detached, run_once
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.registry import Entry, Registry
-from sandboxes.server.responses import json_response, parse_json_off_loop, to_json
+from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
@@ -79,33 +84,51 @@ def service_of(request: Request) -> Service:
 _bearer = HTTPBearer(auto_error=False, description="An API key of the service")
 
 
-AUTHENTICATED = "authenticated"
-"""Key in a request's ``scope["state"]`` of its `Tenant`, once the request middleware has
-authenticated it from the headers (before any of the body was read)."""
+def admitted(request: Request) -> Tenant:
+    """The request's tenant (`request_tenant`), with a token taken from its rate bucket: what
+    every ``/v1`` route does first, on its fast path and in FastAPI's handler alike."""
+    svc = service_of(request)
+    tenant = request_tenant(svc.auth, request.scope)
+    svc.limiter.check(tenant)
+    return tenant
 
 
 async def _tenant(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Tenant:
-    svc = service_of(request)
-    state = request.scope.setdefault("state", {})
-    tenant = state.get(AUTHENTICATED)
-    if not isinstance(tenant, Tenant):
-        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
-        tenant = svc.auth.authenticate(header)
-    state["tenant"] = tenant.id
-    svc.limiter.check(tenant)
-    return tenant
+    """`admitted`, as a dependency (``credentials`` only states the key in the OpenAPI document)."""
+    return admitted(request)
 
 
 class _JSONRequest(Request):
-    """A request whose JSON body is parsed as the hot path parses it (`parse_json`): malformed,
-    lone surrogates and deep nesting are 422s, and a big body is parsed off the event loop."""
+    """A request whose JSON body is parsed by `parse_json`: malformed, lone surrogates and deep
+    nesting are 422s, and a big body is parsed off the event loop."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             self._json = await parse_json_off_loop(await self.body())
         return self._json
+
+
+@dataclass(frozen=True, slots=True)
+class Hot:
+    """A route's fast path: its body's model (``None``: no body) and what answers a request
+    whose body validates, for a sandbox of the caller's."""
+
+    model: type[BaseModel] | None
+    serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+
+
+def _hot(
+    model: type[BaseModel] | None, serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+) -> Callable[[T], T]:
+    """Give the decorated endpoint a fast path (`hot_routes`)."""
+
+    def mark(endpoint: T) -> T:
+        endpoint.hot = Hot(model, serve)  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
 
 
 class _Route(APIRoute):
@@ -117,6 +140,68 @@ class _Route(APIRoute):
             return response
 
         return handle
+
+
+class _Fast:
+    """The endpoint of a hot route's `Route` (`hot_routes`): serves an ordinary request (a JSON
+    body that validates) without FastAPI's dependency resolution and validation, through the
+    same functions as the documented route's handler (`admitted`, `Registry.find`, the route's
+    serve function), failures raised to the same exception handlers; any other request goes
+    to the documented route, its body replayed, which answers it."""
+
+    def __init__(self, hot: Hot, route: APIRoute) -> None:
+        self.hot = hot
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: ASGIReceive, send: Send) -> None:
+        request = _JSONRequest(scope, receive)
+        answer = await _served(self.hot, request)
+        if answer is not None:
+            await json_response(answer)(scope, receive, send)
+            return
+        body = getattr(request, "_body", None)
+        await self.route.handle(scope, receive if body is None else _replayed(body, receive), send)
+
+
+def hot_routes() -> list[Route]:
+    """Routes for the front of the app's route table, one per documented route with a fast path
+    (`_hot`), at the same path and methods."""
+    found = []
+    for route in router.routes:
+        hot: Hot | None = getattr(getattr(route, "endpoint", None), "hot", None)
+        if isinstance(route, APIRoute) and hot is not None:
+            found.append(
+                Route(route.path, _Fast(hot, route), methods=sorted(route.methods or ()), include_in_schema=False)
+            )
+    return found
+
+
+def _replayed(body: bytes, receive: ASGIReceive) -> ASGIReceive:
+    """``receive`` as if the body had not been read."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _served(hot: Hot, request: Request) -> bytes | None:
+    """The fast path's answer; ``None`` to leave the request to the documented route. Nothing
+    with a side effect (the rate token) happens before the body validated."""
+    body = None
+    if hot.model is not None:
+        if request.headers.get("content-type") != JSON:
+            return None
+        try:
+            body = hot.model.model_validate(await request.json())
+        except HTTPException:  # a body over the limit, met while reading it
+            raise
+        except Exception:  # malformed, invalid, or the client gone: the documented route says so
+            return None
+    svc = service_of(request)
+    entry = await svc.registry.find(admitted(request), request.path_params["sandbox_id"])
+    return await hot.serve(svc, entry, body, request.receive)
 
 
 Authed = Annotated[Tenant, Depends(_tenant)]
@@ -192,13 +277,18 @@ async def list_sandboxes(request: Request, tenant: Authed) -> api.SandboxList:
     return api.SandboxList(sandboxes=[entry.info() for entry in entries])
 
 
+async def _info(svc: Service, entry: Entry, body: None, receive: Receive) -> bytes:
+    return info_json(entry)
+
+
 @router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
+@_hot(None, _info)
 async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
     return json_response(info_json((await _entry(request, tenant, sandbox_id))[1]))
 
 
 def info_json(entry: Entry) -> bytes:
-    """``GET /v1/sandboxes/{id}``'s answer; also served by `sandboxes.server.hot`."""
+    """``GET /v1/sandboxes/{id}``'s answer."""
     return to_json(entry.info())
 
 
@@ -217,14 +307,19 @@ async def delete_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> R
 # ---------------------------------------------------------------------- execute
 
 
+async def _execute(svc: Service, entry: Entry, body: api.ExecuteRequest, receive: Receive) -> bytes:
+    return await execute_json(svc, entry, body, receive)
+
+
 @router.post("/sandboxes/{sandbox_id}/execute", response_model=api.ExecuteResult)
+@_hot(api.ExecuteRequest, _execute)
 async def execute(request: Request, sandbox_id: str, body: api.ExecuteRequest, tenant: Authed) -> Response:
     svc, entry = await _entry(request, tenant, sandbox_id)
     return json_response(await execute_json(svc, entry, body, request.receive))
 
 
 async def execute_json(svc: Service, entry: Entry, body: api.ExecuteRequest, receive: Receive | None = None) -> bytes:
-    """Run the command of an execute request; its answer. Also served by `sandboxes.server.hot`.
+    """Run the command of an execute request; its answer.
     ``receive``: the request's, to kill the command if the client leaves before it ends."""
     command = command_for(body, _template(svc, entry), svc.settings)
     release = await svc.take_command_slot(entry)
@@ -305,7 +400,7 @@ async def file_json(op: str, entry: Entry, body: Any, svc: Service) -> bytes:
     """The answer of file operation ``op`` (a protocol result as JSON), run in the tenant's lane
     (`FileLanes`) and killed past the service's ``file_operation_timeout`` (the registry sets
     it on every sandbox it holds); a download is bounded per file (bigger files are streamed
-    through ``GET /archive``, never base64 in JSON). Also served by `sandboxes.server.hot`."""
+    through ``GET /archive``, never base64 in JSON)."""
     tenant = entry.state.tenant
     cap = svc.settings.policy_for(tenant).max_file_operations
     lane = functools.partial(svc.file_lanes.run, tenant, cap)
@@ -320,30 +415,22 @@ def _files(op: str, model: type[Any]) -> None:
         entry = (await _entry(request, tenant, sandbox_id))[1]
         return json_response(await file_json(op, entry, body, service_of(request)))
 
+    async def serve(svc: Service, entry: Entry, body: Any, receive: Receive) -> bytes:
+        return await file_json(op, entry, body, svc)
+
     operation.__annotations__["body"] = model  # FastAPI reads the request model from here
     operation.__name__ = f"files_{op}"
+    _hot(model, serve)(operation)
     router.add_api_route(
         f"/sandboxes/{{sandbox_id}}/files/{op}",
         operation,
         methods=["POST"],
         name=f"files_{op}",
         summary=f"File operation `{op}` (protocol result in a 200)",
-        responses={200: {"model": _RESULTS[op], "description": "The protocol's result (`error` set on failure)"}},
+        responses={
+            200: {"model": api.FILE_RESULTS[op], "description": "The protocol's result (`error` set on failure)"}
+        },
     )
-
-
-_RESULTS: dict[str, Any] = {
-    "ls": protocol.LsResult,
-    "read": protocol.ReadResult,
-    "write": protocol.WriteResult,
-    "edit": protocol.EditResult,
-    "delete": protocol.DeleteResult,
-    "grep": protocol.GrepResult,
-    "glob": protocol.GlobResult,
-    "upload": list[protocol.FileUploadResponse],
-    "download": list[api.DownloadItem],
-}
-"""The answer of each file operation, as the OpenAPI document describes it."""
 
 
 def _decode(item: api.UploadItem) -> tuple[str, bytes]:
@@ -406,7 +493,10 @@ _ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": 
     "/sandboxes/{sandbox_id}/archive",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/x-tar": {}}, "description": "tar of PATH (its basename at the top)"},
+        200: {
+            "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "tar of PATH (its basename at the top)",
+        },
         **_errors(403),
     },
 )
@@ -442,12 +532,12 @@ async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: _
 # ---------------------------------------------------------------------- health
 
 
-@health.get("/healthz", include_in_schema=False)
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@health.get("/healthz", include_in_schema=False, response_model=api.Health)
+async def healthz() -> Response:
+    return _health(api.Health(status="ok"))
 
 
-@health.get("/readyz", include_in_schema=False)
+@health.get("/readyz", include_in_schema=False, response_model=api.Health)
 async def readyz(request: Request) -> Response:
     svc = service_of(request)
     problems = []
@@ -462,8 +552,12 @@ async def readyz(request: Request) -> Response:
             logger.warning("%s backend not ready: %s", name, exc)
             problems.append(f"{name} backend not ready (see the service log)")
     if problems:
-        return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
-    return JSONResponse({"status": "ready"})
+        return _health(api.Health(status="unavailable", problems=problems), 503)
+    return _health(api.Health(status="ready"))
+
+
+def _health(answer: api.Health, status: int = 200) -> Response:
+    return json_response(pydantic_core.to_json(answer, exclude_none=True), status)
 
 
 @health.get("/metrics", include_in_schema=False)

@@ -7,8 +7,11 @@ A command no longer depends on its connection: it runs until it ends or its own 
 its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,
 `KEEP_BYTES` for all).
 A stream sends ``output`` events, each with the byte offset its text ends at, then one ``exit``
-event. Its first event, and a keep-alive whenever nothing else was sent for the keep-alive
-interval (so a proxy never sees an idle connection), are ``output`` events with empty text, the
+event. Offsets count the command's stdout and stderr together, in the order they arrived; an
+event carries one stream's text, named by its ``stream`` (absent: stdout, the shape clients
+that predate it read; ``merged`` where the backend could not keep them apart). Its first
+event, and a keep-alive whenever nothing else was sent for the keep-alive interval (so a proxy
+never sees an idle connection), are ``output`` events with empty text, the
 first carrying the command's id: clients that predate them see nothing new. Records live in
 the service's memory: another replica, or this one after a restart, does not know them.
 """
@@ -16,15 +19,17 @@ the service's memory: another replica, or this one after a restart, does not kno
 from __future__ import annotations
 
 import asyncio
+import bisect
 import codecs
 import contextlib
 import logging
 import threading
 import time
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from sandboxes import protocol as p
-from sandboxes._output import OutputBuffer
+from sandboxes._output import OutputBuffer, Stream
 from sandboxes.api import ExecuteResult, StreamEvent
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
@@ -59,28 +64,73 @@ EVENT_BYTES = 256 << 10
 with its text and its JSON line (up to six times as big) beside it."""
 
 
+MAX_SEGMENTS = 1 << 16
+"""Most runs of one stream a record keeps apart (nine bytes each); past them, what arrives is
+recorded as ``merged`` until the runs kept fall below it again."""
+_STREAMS: tuple[Stream, ...] = ("stdout", "stderr", "merged")
+
+
 class Replay(OutputBuffer):
     """A command's output by absolute byte offset: what `sandboxes._output.OutputBuffer` keeps
     (the first ``limit - limit // 2`` bytes and at least the last ``limit // 2``, at most twice
-    that until `compact`); the middle of a longer output is gone."""
+    that until `compact`), stdout and stderr together; the middle of a longer output is gone.
+    Which stream each kept byte came from is kept as runs (at most `MAX_SEGMENTS`)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self._starts = array("q")
+        """Offset where each run of one stream starts, ascending."""
+        self._tags = bytearray()
+        """Each run's stream, as its index in `_STREAMS`."""
 
     @property
     def kept(self) -> int:
-        return len(self._head) + len(self._tail)
+        """Bytes of output kept, and what the runs of streams over them take."""
+        return len(self._head) + len(self._tail) + 9 * len(self._starts)
+
+    @property
+    def runs(self) -> int:
+        return len(self._starts)
+
+    def write(self, data: bytes, stream: Stream = "merged") -> None:
+        tag = _STREAMS.index(stream)
+        if self._tags and self._tags[-1] != tag and len(self._starts) >= MAX_SEGMENTS:
+            tag = _STREAMS.index("merged")
+        if data and (not self._tags or self._tags[-1] != tag):
+            self._starts.append(self.total)
+            self._tags.append(tag)
+        super().write(data)
+        self._forget_dropped()
 
     def compact(self) -> None:
         """Keep no more than `sandboxes._output.OutputBuffer` would: the output has ended."""
         if len(self._tail) > self._half:
             del self._tail[: len(self._tail) - self._half]
+        self._forget_dropped()
 
-    def read(self, offset: int, size: int) -> tuple[int, bytes]:
-        """Up to ``size`` bytes from ``offset``, or from the first kept byte past it (the
-        returned offset says where they start); empty at the end."""
+    def _forget_dropped(self) -> None:
+        """Drop the runs that lie wholly in the dropped middle."""
+        first = bisect.bisect_left(self._starts, len(self._head))
+        last = bisect.bisect_right(self._starts, self.total - len(self._tail)) - 1  # the run the tail starts in
+        if last > first:
+            del self._starts[first:last]
+            del self._tags[first:last]
+
+    def read(self, offset: int, size: int) -> tuple[int, bytes, Stream]:
+        """Up to ``size`` bytes of one stream from ``offset``, or from the first kept byte past
+        it (the returned offset says where they start), and their stream; empty at the end."""
         if offset < len(self._head):
-            return offset, bytes(self._head[offset : offset + size])
-        tail_start = self.total - len(self._tail)
-        start = max(offset, tail_start)
-        return start, bytes(self._tail[start - tail_start : start - tail_start + size])
+            start, data = offset, self._head
+            base = 0
+        else:
+            base = self.total - len(self._tail)
+            start, data = max(offset, base), self._tail
+        run = bisect.bisect_right(self._starts, start) - 1
+        if run < 0:
+            return start, b"", "stdout"
+        end = self._starts[run + 1] if run + 1 < len(self._starts) else self.total
+        size = min(size, end - start)
+        return start, bytes(data[start - base : start - base + size]), _STREAMS[self._tags[run]]
 
 
 class StreamedCommand:
@@ -104,10 +154,11 @@ class StreamedCommand:
         with self._lock:
             return self._replay.total
 
-    def write(self, data: bytes) -> None:
-        """The command's output hook: never blocks (it may run on a transport's thread)."""
+    def write(self, data: bytes, stream: Stream = "merged") -> None:
+        """The command's output hook (`sandboxes._output.OutputHook`): never blocks (it may run
+        on a transport's thread)."""
         with self._lock:
-            self._replay.write(data)
+            self._replay.write(data, stream)
             if self._wake_pending:
                 return
             self._wake_pending = True
@@ -141,12 +192,13 @@ class StreamedCommand:
         else:
             self.finish(result_of(work.result()))
 
-    def read(self, offset: int) -> tuple[int, bytes, ExecuteResult | None]:
-        """Output from ``offset`` (see `Replay.read`) and, once all of it was read, the result."""
+    def read(self, offset: int) -> tuple[int, bytes, Stream, ExecuteResult | None]:
+        """Output of one stream from ``offset`` (see `Replay.read`) and, once all of it was
+        read, the result."""
         with self._lock:
-            start, data = self._replay.read(offset, EVENT_BYTES)
+            start, data, stream = self._replay.read(offset, EVENT_BYTES)
             done = self.result if start + len(data) >= self._replay.total else None
-            return start, data, done
+            return start, data, stream, done
 
     def changed(self) -> asyncio.Event:
         """Set at the next change after this call (on the event loop)."""
@@ -264,15 +316,22 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
     yield _line(StreamEvent(type="output", data="", id=command.id, offset=offset))
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     position = offset
+    current: Stream = "stdout"
     while True:
         changed = command.changed()
-        start, data, result = command.read(position)
+        start, data, stream, result = command.read(position)
         if start != position:  # the middle was dropped: a character cut by the gap is lost with it
             decoder.reset()
+        if data and stream != current:  # a character cut where the other stream began ends here
+            cut = decoder.decode(b"", final=True)
+            decoder.reset()
+            if cut:
+                yield _output(cut, current, start)
+            current = stream
         position = start + len(data)
         text = decoder.decode(data, final=result is not None)
         if text:
-            yield _line(StreamEvent(type="output", data=text, offset=position - _pending(decoder)))
+            yield _output(text, current, position - _pending(decoder))
         if result is not None:
             yield _line(StreamEvent(type="exit", result=result))
             return
@@ -282,6 +341,11 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
             await asyncio.wait_for(changed.wait(), keepalive)
         except TimeoutError:
             yield _line(StreamEvent(type="output", data="", offset=position - _pending(decoder)))
+
+
+def _output(text: str, stream: Stream, offset: int) -> bytes:
+    """An ``output`` event's line; stdout's without ``stream``, as before streams were told apart."""
+    return _line(StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream))
 
 
 def _failed(code: p.ErrorCode, message: str) -> ExecuteResult:
@@ -300,4 +364,4 @@ def _line(event: StreamEvent) -> bytes:
     return event.model_dump_json(exclude=absent).encode("utf-8") + b"\n"
 
 
-_OPTIONAL = ("data", "result", "id", "offset")
+_OPTIONAL = ("data", "result", "id", "offset", "stream")

@@ -26,7 +26,7 @@ from typing import cast
 from sandboxes import protocol as p
 from sandboxes._mux import AwaitsOnHelper, CommandRun, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
-from sandboxes._output import out_of_memory
+from sandboxes._output import OutputHook, out_of_memory
 from sandboxes.base import BaseSandbox
 from sandboxes.server.processes import Command
 
@@ -57,7 +57,7 @@ async def run_awaited(
     mux: MuxClient,
     command: Command,
     env: dict[str, str],
-    on_output: Callable[[bytes], None] | None,
+    on_output: OutputHook | None,
     fallback: Fallback,
 ) -> p.ExecuteResponse:
     """``command`` through ``mux``, as the sandbox's own ``execute_streaming`` would run it."""

@@ -45,8 +45,8 @@ from sandboxes._mux import (
     run_command_once,
     run_native_once,
 )
-from sandboxes._output import OutputBuffer, execute_response
-from sandboxes.base import BaseSandbox, Call
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes.base import Call, StreamingSandbox
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
@@ -120,7 +120,7 @@ _SPARE_SESSIONS = 2
 _STDERR_CHUNK = 1 << 16
 
 
-class SSHSandbox(BaseSandbox, Sandbox):
+class SSHSandbox(StreamingSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -230,9 +230,10 @@ class SSHSandbox(BaseSandbox, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
-    def execute(
+    def execute_streaming(
         self,
         command: str,
+        on_output: OutputHook | None,
         *,
         timeout: float | None = None,
         stdin: bytes | str | None = None,
@@ -240,6 +241,8 @@ class SSHSandbox(BaseSandbox, Sandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        """`StreamingSandbox.execute_streaming`: through the exec helper, stdout and stderr
+        apart; on a channel of its own (no helper), merged."""
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         if self.config.env:
             env = {**self.config.env, **(env or {})}
@@ -258,13 +261,14 @@ class SSHSandbox(BaseSandbox, Sandbox):
                 env=env,
                 cwd=workdir,
                 output_limit=limit,
+                on_output=on_output,
                 lost="the connection dropped while the command ran",
                 unsent=p.ExecuteResponse(  # never written: it did not run
                     "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
                 ),
             )
             if response is None:
-                return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit)
+                return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit, on_output)
             return response
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             # Raised only before the command was sent: no connection, no channel.
@@ -358,7 +362,14 @@ class SSHSandbox(BaseSandbox, Sandbox):
         return _ssh_users.as_user(command, self.user, tmpdir)
 
     def _exec_once(
-        self, command: str, timeout: float, stdin: bytes | None, env: dict[str, str], cwd: str, limit: int
+        self,
+        command: str,
+        timeout: float,
+        stdin: bytes | None,
+        env: dict[str, str],
+        cwd: str,
+        limit: int,
+        on_output: OutputHook | None = None,
     ) -> p.ExecuteResponse:
         """One command on its own channel. Raises only before the command was sent."""
         marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
@@ -368,7 +379,7 @@ class SSHSandbox(BaseSandbox, Sandbox):
         channel = self._connection.open_session(timeout or self.config.default_timeout or 3600.0)
         assert channel is not None
         try:
-            return self._converse(channel, command, marker, pairs, stdin, timeout, cwd, limit, started)
+            return self._converse(channel, command, marker, pairs, stdin, timeout, cwd, limit, started, on_output)
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             return _lost(f"the connection failed while the command ran: {type(exc).__name__}: {exc}")
         finally:
@@ -385,6 +396,7 @@ class SSHSandbox(BaseSandbox, Sandbox):
         cwd: str,
         limit: int,
         started: float,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         channel.set_combine_stderr(True)
         channel.exec_command(self._as_user(_scripts.command(_RUN, cwd, marker, command, *pairs)))
@@ -397,7 +409,7 @@ class SSHSandbox(BaseSandbox, Sandbox):
         else:
             channel.shutdown_write()
         try:
-            return self._collect(channel, marker, timeout, cwd, limit, started)
+            return self._collect(channel, marker, timeout, cwd, limit, started, on_output)
         finally:
             if feeder is not None:
                 # Nothing may be sent once we close the channel (see `_RUN`); the host has read
@@ -412,8 +424,11 @@ class SSHSandbox(BaseSandbox, Sandbox):
         cwd: str,
         limit: int,
         started: float,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
-        output = OutputBuffer(limit)
+        """The command's answer, its output (stdout and stderr merged: `set_combine_stderr`)
+        handed to ``on_output`` as it arrives."""
+        output = _Relayed(limit, on_output)
         deadline = started + timeout if timeout else None
         channel.settimeout(0.1)
         eof = False
@@ -573,6 +588,19 @@ class _ChannelStream:
 
     def close(self) -> None:
         self._connection.close_session(self._channel)
+
+
+class _Relayed(OutputBuffer):
+    """An `OutputBuffer` that hands every chunk written to it on (``merged``) as it arrives."""
+
+    def __init__(self, limit: int, on_output: OutputHook | None) -> None:
+        super().__init__(limit)
+        self._on_output = on_output
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self._on_output is not None and data:
+            self._on_output(data, "merged")
 
 
 def _feed(channel: paramiko.Channel, data: bytes) -> None:

@@ -263,9 +263,24 @@ class _Client:
             self.stalled = True
             return
         self.latencies["stream"].append((time.perf_counter() - started) * 1000)
-        output = "".join(event.get("data") or "" for event in events if event["type"] == "output")
+        streams: dict[str, str] = {}  # apart: between them, the order is as the helper read them
+        for event in events:
+            if event["type"] == "output" and event.get("data"):
+                name = event.get("stream", "stdout")
+                streams[name] = streams.get(name, "") + event["data"]
         last = events[-1] if events else {}
-        ok = output == "one\ntwo\nthree\n" and last.get("type") == "exit" and last["result"]["exit_code"] == 3
+        apart = streams == {"stdout": "one\nthree\n", "stderr": "two\n"}
+        merged = set(streams) == {"merged"} and sorted(streams["merged"].split()) == [
+            "one",
+            "three",
+            "two",
+        ]  # no helper
+        ok = (apart or merged) and last.get("type") == "exit"
+        ok = (
+            ok
+            and last["result"]["exit_code"] == 3
+            and sorted(last["result"]["output"].split()) == ["one", "three", "two"]
+        )
         self._check("stream", ok, str(events))
 
     def _churn(self) -> None:

@@ -1,11 +1,14 @@
-"""Over real HTTP: the hot path (`sandboxes.server.hot`) answers exactly as FastAPI's routes do.
+"""Over real HTTP: the hot routes' fast path (`sandboxes.server.routes.hot_routes`) answers
+exactly as the documented FastAPI route does.
 
-One service, two sandboxes of one tenant: every request is sent once with the hot path in place
-(to sandbox A) and once with it bypassed (to sandbox B, straight to FastAPI), and the two answers
-must agree (status, JSON body, the headers that carry meaning, the metrics counted), once each
-sandbox's id and directory are written as placeholders. Each request also says who must serve
-it: the hot path (ordinary requests, and failures past the rate limiter) or FastAPI (everything
-the hot path hands over: bad bodies, bad keys, unknown or foreign sandboxes, unknown routes).
+One service, two sandboxes of one tenant: every request is sent once with the fast path in place
+(to sandbox A) and once with it off (to sandbox B, every request to FastAPI's handler), and the
+two answers must agree (status, JSON body, the headers that carry meaning, the metrics counted),
+once each sandbox's id and directory are written as placeholders. Each request also says who
+must serve it: the fast path (ordinary requests, and failures it raises to the exception
+handlers: the rate limit, an unknown or foreign sandbox, a body over the limit), FastAPI's
+handler (everything the fast path leaves to it: bodies that do not parse or validate, another
+content type), or neither (the request middleware's refusals, and what no route matches).
 """
 
 from __future__ import annotations
@@ -19,35 +22,28 @@ from typing import Any
 import httpx
 import pytest
 from service_harness import Running, create, error_of, running, settings_for
-from starlette.types import Receive, Scope, Send
+from starlette.routing import Route
 
-from sandboxes.server.app import _RequestMiddleware
-from sandboxes.server.hot import HotPath
+from sandboxes.server import routes
+from sandboxes.server.auth import Authenticator
 from sandboxes.server.settings import TenantPolicy
 
 LIMIT = 64 * 1024
 
 
-class _Counting:
-    """FastAPI behind the hot path, counting the requests handed to it."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.calls = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.calls += 1
-        await self.app(scope, receive, send)
-
-
 @dataclass
 class _Switch:
-    outer: _RequestMiddleware
-    hot: HotPath
-    fastapi: _Counting
+    """Turns the hot routes' fast path off (each request goes straight to its documented route)
+    and on, and counts the requests the fast path leaves to the documented route."""
+
+    routes: list[Route]
+    calls: int = 0
 
     def use_hot_path(self, on: bool) -> None:
-        self.outer.app = self.hot if on else self.fastapi
+        for route in self.routes:
+            fast = route.endpoint
+            assert isinstance(fast, routes._Fast)
+            route.app = fast if on else fast.route.handle
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +59,20 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def switch(service: Running) -> Iterator[_Switch]:
-    layers = []
-    layer = service.app.middleware_stack  # built by the lifespan's first call
-    while layer is not None:
-        layers.append(layer)
-        layer = getattr(layer, "app", None)
-    outer = next(x for x in layers if isinstance(x, _RequestMiddleware))
-    hot = next(x for x in layers if isinstance(x, HotPath))
-    assert outer.app is hot
-    fastapi = hot.app = _Counting(hot.app)
-    yield _Switch(outer, hot, fastapi)
-    outer.app = hot
+    hot = [r for r in service.app.routes if isinstance(r, Route) and isinstance(r.endpoint, routes._Fast)]
+    assert len(hot) == 11  # one sandbox's record, execute, nine file operations
+    made = _Switch(hot)
+    served = routes._served
+
+    async def counted(fast: Any, request: Any) -> bytes | None:
+        answer = await served(fast, request)
+        made.calls += answer is None
+        return answer
+
+    routes._served = counted  # type: ignore[assignment]
+    yield made
+    routes._served = served  # type: ignore[assignment]
+    made.use_hot_path(True)
 
 
 @dataclass
@@ -102,11 +101,12 @@ def _chunked_oversized() -> Iterator[bytes]:
     yield b'"}'
 
 
-HOT, FASTAPI, MIDDLEWARE = "hot path", "FastAPI", "request middleware"
+HOT, FASTAPI, MIDDLEWARE = "fast path", "FastAPI's handler", "no route handler"
 JSON = {"Content-Type": "application/json"}
 # (name, who must answer it, method, path after /v1/sandboxes/<ID>, request options). "<WORKDIR>"
 # in a body stands for the sandbox's directory; a path starting with "/v1/" is the whole path.
-# The request middleware refuses a declared oversized body before either path sees it.
+# The request middleware refuses a bad key and a declared oversized body before any route sees
+# them; the router answers what no route matches.
 CASES: list[tuple[str, str, str, str, dict[str, Any]]] = [
     ("get", HOT, "GET", "", {}),
     ("execute", HOT, "POST", "/execute", {"json": {"command": "echo out; echo err >&2; exit 3"}}),
@@ -151,14 +151,14 @@ CASES: list[tuple[str, str, str, str, dict[str, Any]]] = [
     ("wrong key", MIDDLEWARE, "GET", "", {"headers": {"Authorization": "Bearer wrong"}}),
     ("basic scheme", MIDDLEWARE, "POST", "/files/read",
      {"json": {"file_path": "x"}, "headers": {"Authorization": "Basic key-alice-0123456789"}}),
-    ("unknown sandbox", FASTAPI, "POST", "/v1/sandboxes/does-not-exist/execute", {"json": {"command": "true"}}),
-    ("foreign sandbox", FASTAPI, "POST", "/v1/sandboxes/<FOREIGN>/files/read", {"json": {"file_path": "/etc/hosts"}}),
-    ("foreign sandbox get", FASTAPI, "GET", "/v1/sandboxes/<FOREIGN>", {}),
-    ("unknown operation", FASTAPI, "POST", "/files/nope", {"json": {"path": "x"}}),
-    ("wrong method", FASTAPI, "GET", "/execute", {}),
-    ("trailing slash", FASTAPI, "POST", "/execute/", {"json": {"command": "true"}}),
+    ("unknown sandbox", HOT, "POST", "/v1/sandboxes/does-not-exist/execute", {"json": {"command": "true"}}),
+    ("foreign sandbox", HOT, "POST", "/v1/sandboxes/<FOREIGN>/files/read", {"json": {"file_path": "/etc/hosts"}}),
+    ("foreign sandbox get", HOT, "GET", "/v1/sandboxes/<FOREIGN>", {}),
+    ("unknown operation", MIDDLEWARE, "POST", "/files/nope", {"json": {"path": "x"}}),
+    ("wrong method", MIDDLEWARE, "GET", "/execute", {}),
+    ("trailing slash", MIDDLEWARE, "POST", "/execute/", {"json": {"command": "true"}}),
     ("oversized, declared", MIDDLEWARE, "POST", "/execute", {"json": {"command": "y" * (LIMIT + 10)}}),
-    ("oversized, chunked", FASTAPI, "POST", "/execute", {"content": _chunked_oversized, "headers": JSON}),
+    ("oversized, chunked", HOT, "POST", "/execute", {"content": _chunked_oversized, "headers": JSON}),
 ]  # fmt: skip
 
 _MEANINGFUL_HEADERS = ("content-type", "www-authenticate", "retry-after", "allow")
@@ -224,9 +224,9 @@ def test_same_answer_with_and_without_the_hot_path(
             switch.use_hot_path(hot)
             try:
                 before = _metrics(client)
-                before_calls = switch.fastapi.calls
+                before_calls = switch.calls
                 response = _send(client, sandboxes, hot, method, path, options)
-                handed_over = switch.fastapi.calls - before_calls
+                handed_over = switch.calls - before_calls
                 after = _metrics(client)
                 if hot:
                     expected = 1 if served_by == FASTAPI else 0
@@ -242,14 +242,14 @@ def test_same_answer_with_and_without_the_hot_path(
 
 
 def test_rate_limit_on_the_hot_path(service: Running, switch: _Switch) -> None:
-    """The token is taken on the hot path too, and a refusal there is FastAPI's refusal."""
+    """The token is taken on the fast path too, and a refusal there is FastAPI's refusal."""
     with service.client("slow") as slow:
         sandbox = create(slow)  # the burst's first token
         path = f"/v1/sandboxes/{sandbox['id']}/files/ls"
-        before = switch.fastapi.calls
+        before = switch.calls
         first = slow.post(path, json={"path": sandbox["workdir"]})
         refused = slow.post(path, json={"path": sandbox["workdir"]})
-        assert switch.fastapi.calls == before  # both answered by the hot path
+        assert switch.calls == before  # both answered by the fast path
         assert first.status_code == 200
         assert (refused.status_code, error_of(refused)) == (429, "rate_limited")
         assert int(refused.headers["retry-after"]) >= 1
@@ -260,3 +260,40 @@ def test_rate_limit_on_the_hot_path(service: Running, switch: _Switch) -> None:
         finally:
             switch.use_hot_path(True)
         assert (also_refused.status_code, error_of(also_refused)) == (429, "rate_limited")
+
+
+def test_one_route_table_and_one_authentication(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing dispatches requests in front of the app's router: the request middleware hands
+    every request to FastAPI's own exception middleware, the fast paths are routes of the app's
+    one table (no router nested in it), and a request is authenticated once, by
+    `request_tenant`, fast path or not."""
+    layers = []
+    layer = service.app.middleware_stack
+    while layer is not None:
+        layers.append(type(layer).__name__)
+        layer = getattr(layer, "app", None)
+    assert layers[layers.index("_RequestMiddleware") + 1] == "ExceptionMiddleware", layers
+    assert all(isinstance(route, Route) for route in service.app.routes), "a router nested in the table"
+    authenticated: list[str | None] = []
+    authenticate = Authenticator.authenticate
+
+    def counted(self: Authenticator, authorization: str | None) -> Any:
+        authenticated.append(authorization)
+        return authenticate(self, authorization)
+
+    monkeypatch.setattr(Authenticator, "authenticate", counted)
+    with service.client("alice") as client:
+        sandbox = create(client)
+        requests = [
+            ("GET", f"/v1/sandboxes/{sandbox['id']}", None),
+            ("POST", f"/v1/sandboxes/{sandbox['id']}/execute", {"command": "true"}),
+            ("POST", f"/v1/sandboxes/{sandbox['id']}/execute", {"command": "true", "bogus": 1}),
+            ("POST", f"/v1/sandboxes/{sandbox['id']}/files/ls", {"path": sandbox["workdir"]}),
+            ("GET", "/v1/sandboxes", None),
+        ]
+        for method, path, body in requests:
+            authenticated.clear()
+            response = client.request(method, path, json=body)
+            assert response.status_code in (200, 422), response.text
+            assert len(authenticated) == 1, (method, path, body)
+        client.delete(f"/v1/sandboxes/{sandbox['id']}")

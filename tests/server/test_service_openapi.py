@@ -10,14 +10,16 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
 from service_harness import KEYS, UNTHROTTLED, Running, create, running, settings_for
 from support import SESSION_OWNER
 
+from sandboxes.api import ServiceErrorCode
 from sandboxes.docker import DockerTemplate
+from sandboxes.protocol import ErrorCode
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
@@ -106,6 +108,38 @@ def test_file_operations_document_their_results(client: httpx.Client) -> None:
     paths = _document(client)["paths"]
     read = paths["/v1/sandboxes/{sandbox_id}/files/read"]["post"]["responses"]["200"]["content"]["application/json"]
     assert read["schema"] == {"$ref": "#/components/schemas/ReadResult"}
+
+
+def test_every_route_declares_its_answer(client: httpx.Client) -> None:
+    """Each operation's success states its body's schema (or that it has none), so a client
+    generated from the document decodes every answer, file operations' included."""
+    for path, operations in _document(client)["paths"].items():
+        for method, operation in operations.items():
+            success = {status: answer for status, answer in operation["responses"].items() if status.startswith("2")}
+            assert len(success) == 1, (method, path, success)
+            ((status, answer),) = success.items()
+            if status == "204":
+                assert "content" not in answer, (method, path)
+                continue
+            schemas = [media.get("schema") for media in answer["content"].values()]
+            assert all(schemas), (method, path, answer)
+
+
+def test_error_codes_are_the_vocabulary_not_any_string(client: httpx.Client) -> None:
+    """``error`` of an `ErrorBody`, a command's result and a download item is one of the
+    protocol's codes (or, for an `ErrorBody`, of the service's), as the document states."""
+    schemas = _document(client)["components"]["schemas"]
+    protocol_codes = set(get_args(ErrorCode))
+
+    def codes(schema: dict[str, Any]) -> set[str]:
+        found = set(schema.get("enum", []))
+        for part in schema.get("anyOf", []):
+            found |= codes(schemas[part["$ref"].rsplit("/", 1)[1]] if "$ref" in part else part)
+        return found
+
+    assert codes(schemas["ErrorBody"]["properties"]["error"]) == protocol_codes | set(get_args(ServiceErrorCode))
+    for model in ("ExecuteResult", "DownloadItem", "ReadResult", "FileUploadResponse"):
+        assert codes(schemas[model]["properties"]["error"]) == protocol_codes, model
 
 
 def test_what_the_schema_refuses_is_in_the_schema(client: httpx.Client) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from langchain_core.messages import SystemMessage
 
-__all__ = ["SECTION_SEPARATOR", "append_to_system_message"]
+__all__ = ["SECTION_SEPARATOR", "SectionAppender", "append_to_system_message"]
 
 SECTION_SEPARATOR = "\n\n"
 
@@ -30,3 +30,24 @@ def append_to_system_message(system_message: SystemMessage | None, text: str) ->
         text = SECTION_SEPARATOR + text
     blocks.append({"type": "text", "text": text})
     return SystemMessage(content=blocks)
+
+
+class SectionAppender:
+    """`append_to_system_message` that returns its last result again for an equal content and text.
+
+    The result depends only on the message's content and the text, so a model call whose system
+    message has the content of the previous call's reuses that call's message instead of
+    rebuilding its blocks; the message handed out is never modified by this package.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, str, SystemMessage] | None = None
+
+    def __call__(self, system_message: SystemMessage | None, text: str) -> SystemMessage:
+        content = system_message.content if system_message is not None else None
+        last = self._last
+        if last is not None and last[1] == text and last[0] == content:
+            return last[2]
+        result = append_to_system_message(system_message, text)
+        self._last = (content, text, result)
+        return result

@@ -19,7 +19,7 @@ import yaml
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langgraph.runtime import Runtime
 
-from agent._system import append_to_system_message
+from agent._system import SectionAppender
 from agent.lifecycle import SandboxAgentState
 from agent.workspace import WorkspaceSource
 from sandboxes import protocol as p
@@ -92,6 +92,8 @@ def parse_skill(text: str, path: str) -> SkillMetadata | None:
 class _PromptSection(AgentMiddleware[Any, Any]):
     """Appends ``self._section(state)`` to every model call's system message."""
 
+    _append: SectionAppender | None = None
+
     def _section(self, state: Any) -> str | None:
         raise NotImplementedError
 
@@ -99,7 +101,9 @@ class _PromptSection(AgentMiddleware[Any, Any]):
         section = self._section(request.state)
         if not section:
             return request
-        return request.override(system_message=append_to_system_message(request.system_message, section))
+        if self._append is None:
+            self._append = SectionAppender()
+        return request.override(system_message=self._append(request.system_message, section))
 
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]

@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.types import Command
 
-from agent._system import append_to_system_message
+from agent._system import SectionAppender
 from agent.backends import merge_files
 from agent.lifecycle import SandboxAgentState
 
@@ -97,6 +97,7 @@ class SubAgentMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         types = "\n".join(f"- {name}: {spec.description}" for name, spec in self.specs.items())
         self.prompt = TASK_PROMPT.format(types=types)
         self.tools = [self._task_tool()]
+        self._append = SectionAppender()
 
     def _inputs(self, runtime: ToolRuntime, description: str) -> dict[str, Any]:
         state = runtime.state
@@ -140,14 +141,14 @@ class SubAgentMiddleware(AgentMiddleware[SandboxAgentState, Any]):
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]
     ) -> ModelResponse[Any]:
-        return handler(request.override(system_message=append_to_system_message(request.system_message, self.prompt)))
+        return handler(request.override(system_message=self._append(request.system_message, self.prompt)))
 
     async def awrap_model_call(
         self,
         request: ModelRequest[Any],
         handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
     ) -> ModelResponse[Any]:
-        new = request.override(system_message=append_to_system_message(request.system_message, self.prompt))
+        new = request.override(system_message=self._append(request.system_message, self.prompt))
         return await handler(new)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
@@ -26,7 +26,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
-from agent._system import append_to_system_message
+from agent._system import SectionAppender
 from agent.lifecycle import SandboxAgentState
 from agent.workspace import Layout, Workspace, WorkspaceSource
 from sandboxes import protocol as p
@@ -279,6 +279,9 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
         self.unevicted = unevicted
         self.tools = filesystem_tools(source, with_execute=execute)
         self.prompt = FILESYSTEM_PROMPT.format(execute=EXECUTE_PROMPT if execute else "", routes=self._routes())
+        self._append = SectionAppender()
+        self._sandbox_prompt: tuple[str, str] | None = None
+        """The last sandbox id and its prompt (the workdir of an id never changes)."""
 
     def _routes(self) -> str:
         lines = []
@@ -292,12 +295,20 @@ class FilesystemMiddleware(AgentMiddleware[SandboxAgentState, Any]):
 
     # ------------------------------------------------------------------ prompt
 
+    def _prompt_for(self, state: Mapping[str, Any]) -> str:
+        sandbox_id = state.get("sandbox_id")
+        if not sandbox_id:
+            return self.prompt
+        last = self._sandbox_prompt
+        if last is not None and last[0] == sandbox_id:
+            return last[1]
+        workdir = self.source(state, None).workdir
+        prompt = f"{self.prompt}\nYour working directory is {workdir}; relative paths are relative to it."
+        self._sandbox_prompt = (sandbox_id, prompt)
+        return prompt
+
     def _with_prompt(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
-        prompt = self.prompt
-        if request.state.get("sandbox_id"):
-            workdir = self.source(request.state, None).workdir
-            prompt += f"\nYour working directory is {workdir}; relative paths are relative to it."
-        return request.override(system_message=append_to_system_message(request.system_message, prompt))
+        return request.override(system_message=self._append(request.system_message, self._prompt_for(request.state)))
 
     def wrap_model_call(
         self, request: ModelRequest[Any], handler: Callable[[ModelRequest[Any]], ModelResponse[Any]]

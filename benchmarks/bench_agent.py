@@ -11,6 +11,13 @@ the checkpointer if any) is
 The same episode also runs on langchain's `create_agent` alone with plain tools calling the
 sandbox (``bare``), which splits the overhead into langchain/langgraph's and this package's.
 
+The target is a ratio to that bare agent, in this process's CPU time per step (threads
+included, the sandbox's own processes not), which a loaded machine disturbs far less than
+wall time: ours <= TARGET_RATIO x bare. The ratio sits below what deepagents'
+`create_deep_agent` (the same kind of stack: todos, files, subagents, summarization, patched
+tool calls, each a wrapper or a graph node per step) costs over bare by the same measure, so
+this package stays cheaper than the stack it replaces.
+
 Rows: each backend (LocalSandbox, DockerSandbox) with no checkpointer, with SQLite saving every
 step (langgraph's default durability), and with SQLite saving only when the run stops
 (``durability="exit"``: an interrupt or a crash mid-run loses the steps since the last save).
@@ -26,6 +33,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -43,7 +51,8 @@ from agent.persistence import open_sqlite
 from agent.testing import ScriptedChatModel, call, say
 from sandboxes import protocol as p
 
-TARGET_MS = 5.0
+TARGET_RATIO = 1.75
+"""Ours over bare langchain, CPU per step."""
 CONTENT = "alpha\n" + "needle in a haystack\n" * 20
 
 
@@ -78,6 +87,10 @@ class Row:
     overhead_p90_ms: float
     ours_over_bare_ms: float
     """What this package adds per step over bare langchain."""
+    agent_cpu_ms_per_step: float
+    bare_cpu_ms_per_step: float
+    cpu_ratio: float
+    """Median over rounds of agent CPU / bare CPU: the figure the target is set on."""
 
 
 @contextlib.contextmanager
@@ -156,8 +169,9 @@ def bare_agent(sandbox: p.SandboxBackendProtocol, model: ScriptedChatModel, chec
 
 def one_round(
     sandbox: p.SandboxBackendProtocol, checkpointer: Any, cycles: int, round_no: int, durability: str = "async"
-) -> tuple[float, float, float]:
-    """Milliseconds of one episode, of the same episode on bare langchain, and of the calls made directly."""
+) -> tuple[float, float, float, float, float]:
+    """Milliseconds of one episode, of the same episode on bare langchain, and of the calls made
+    directly; then the CPU milliseconds of the episode and of the bare one."""
     calls = step_calls(workdir_of(sandbox)) * cycles
 
     def script() -> ScriptedChatModel:
@@ -169,13 +183,20 @@ def one_round(
     path = f"{workdir_of(sandbox)}/bench.txt"
     _ok(sandbox.write(path, CONTENT))
     config = {"configurable": {"thread_id": f"bench-{round_no}"}}
-    agent_ms = _timed(lambda: graph.invoke(task, config, durability=durability))  # type: ignore[arg-type]
+    agent_ms, agent_cpu = _wall_and_cpu(lambda: graph.invoke(task, config, durability=durability))  # type: ignore[arg-type]
     _ok(sandbox.write(path, CONTENT))
     config = {"configurable": {"thread_id": f"bench-bare-{round_no}"}}
-    bare_ms = _timed(lambda: bare.invoke(task, config, durability=durability))
+    bare_ms, bare_cpu = _wall_and_cpu(lambda: bare.invoke(task, config, durability=durability))
     _ok(sandbox.write(path, CONTENT))
     direct_ms = _timed(lambda: [_ok(direct(sandbox)) for _, _, direct in calls])
-    return agent_ms, bare_ms, direct_ms
+    return agent_ms, bare_ms, direct_ms, agent_cpu, bare_cpu
+
+
+def _wall_and_cpu(fn: Callable[[], object]) -> tuple[float, float]:
+    """Milliseconds ``fn`` took, on the clock and in this process's CPU time."""
+    cpu = time.process_time_ns()
+    wall = _timed(fn)
+    return wall, (time.process_time_ns() - cpu) / 1e6
 
 
 def measure(backend: str, persistence: str, rounds: int, cycles: int) -> Row:
@@ -184,17 +205,20 @@ def measure(backend: str, persistence: str, rounds: int, cycles: int) -> Row:
     with sandbox_for(backend) as sandbox, checkpointer_for(persistence) as checkpointer:
         one_round(sandbox, checkpointer, 1, -1, durability)  # warm up: imports, exec helper, tables
         samples = [one_round(sandbox, checkpointer, cycles, n, durability) for n in range(rounds)]
-    overheads = [(agent - direct) / steps for agent, _, direct in samples]
+    overheads = [(agent - direct) / steps for agent, _, direct, _, _ in samples]
     return Row(
         backend=backend,
         persistence=persistence,
         steps=steps,
-        agent_ms_per_step=statistics.median(a for a, _, _ in samples) / steps,
-        bare_ms_per_step=statistics.median(b for _, b, _ in samples) / steps,
-        direct_ms_per_step=statistics.median(d for _, _, d in samples) / steps,
+        agent_ms_per_step=statistics.median(s[0] for s in samples) / steps,
+        bare_ms_per_step=statistics.median(s[1] for s in samples) / steps,
+        direct_ms_per_step=statistics.median(s[2] for s in samples) / steps,
         overhead_ms_per_step=statistics.median(overheads),
         overhead_p90_ms=_percentile(overheads, 0.9),
-        ours_over_bare_ms=statistics.median((a - b) / steps for a, b, _ in samples),
+        ours_over_bare_ms=statistics.median((s[0] - s[1]) / steps for s in samples),
+        agent_cpu_ms_per_step=statistics.median(s[3] for s in samples) / steps,
+        bare_cpu_ms_per_step=statistics.median(s[4] for s in samples) / steps,
+        cpu_ratio=statistics.median(s[3] / s[4] for s in samples),
     )
 
 
@@ -217,11 +241,12 @@ def main() -> None:
         print()
         return
     print(host)
-    print(f"agent overhead per step (median of {args.rounds} rounds; target < {TARGET_MS} ms)")
-    print("ms per step; overhead = agent - direct; ours = agent - bare langchain create_agent")
+    print(f"agent overhead per step (median of {args.rounds} rounds)")
+    print(f"target: ours <= {TARGET_RATIO}x bare langchain create_agent, in CPU ms per step")
+    print("ms per step; overhead = agent - direct; ours = agent - bare; cpu = this process's CPU ms")
     header = (
         f"{'backend':8} {'persistence':11} {'steps':>5} {'agent':>7} {'bare':>7} {'direct':>7} "
-        f"{'overhead':>9} {'p90':>7} {'ours':>6}"
+        f"{'overhead':>9} {'p90':>7} {'ours':>6} {'cpu':>6} {'bare':>6} {'ratio':>6} {'met':>4}"
     )
     print(header)
     print("-" * len(header))
@@ -229,7 +254,8 @@ def main() -> None:
         print(
             f"{r.backend:8} {r.persistence:11} {r.steps:5} {r.agent_ms_per_step:7.2f} {r.bare_ms_per_step:7.2f} "
             f"{r.direct_ms_per_step:7.2f} {r.overhead_ms_per_step:9.2f} {r.overhead_p90_ms:7.2f} "
-            f"{r.ours_over_bare_ms:6.2f}"
+            f"{r.ours_over_bare_ms:6.2f} {r.agent_cpu_ms_per_step:6.2f} {r.bare_cpu_ms_per_step:6.2f} "
+            f"{r.cpu_ratio:5.2f}x {'yes' if r.cpu_ratio <= TARGET_RATIO else 'NO':>4}"
         )
 
 

@@ -7,6 +7,7 @@ import copy
 from langchain_core.messages import SystemMessage
 
 from agent import append_to_system_message
+from agent._system import SectionAppender
 
 
 def test_none_gives_one_block_without_separator() -> None:
@@ -54,3 +55,23 @@ def test_non_text_blocks_survive() -> None:
     assert len(result.content) == 3
     assert result.content[1]["type"] == "image"  # type: ignore[index]
     assert result.content[2] == {"type": "text", "text": "\n\nmore"}
+
+
+def test_section_appender_reuses_its_message_for_an_equal_content() -> None:
+    append = SectionAppender()
+    first = append(SystemMessage(content="base"), "section")
+    again = append(SystemMessage(content="base"), "section")
+    assert again is first
+    assert first.content == append_to_system_message(SystemMessage(content="base"), "section").content
+
+
+def test_section_appender_rebuilds_when_the_content_or_the_text_changes() -> None:
+    append = SectionAppender()
+    first = append(SystemMessage(content="base"), "section")
+    other_base = append(SystemMessage(content="other"), "section")
+    other_text = append(SystemMessage(content="other"), "more")
+    assert other_base is not first
+    assert other_text is not other_base
+    assert other_base.content == append_to_system_message(SystemMessage(content="other"), "section").content
+    assert other_text.content == append_to_system_message(SystemMessage(content="other"), "more").content
+    assert append(None, "section").content == [{"type": "text", "text": "section"}]

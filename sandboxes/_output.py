@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 from sandboxes.protocol import OUT_OF_MEMORY, TIMEOUT, ExecuteResponse
 
@@ -16,6 +18,21 @@ class OutputHook(Protocol):
     (``merged`` when the caller does not say, as transports that merge them do not)."""
 
     def __call__(self, chunk: bytes, stream: Stream = "merged", /) -> None: ...
+
+
+def as_output_hook(hook: Callable[..., Any] | None) -> OutputHook | None:
+    """``hook`` as an `OutputHook`: a callable that takes the chunk alone (the hooks written
+    before streams were told apart) is handed the chunk alone."""
+    if hook is None:
+        return None
+    try:
+        inspect.signature(hook).bind(b"", "merged")
+    except TypeError:
+        one: Callable[[bytes], Any] = hook
+        return lambda chunk, stream="merged", /: one(chunk)
+    except ValueError:  # no signature to read (a builtin): taken as it is
+        pass
+    return hook
 
 
 DEFAULT_OUTPUT_LIMIT = 1 << 20

@@ -56,6 +56,18 @@ def docker_sandbox(request: pytest.FixtureRequest, docker_client: Any, runtime_i
         yield sandbox
 
 
+def test_a_hook_of_one_argument_gets_the_chunks_alone(tmp_path: Path, docker_sandbox: DockerSandbox) -> None:
+    """Hooks written before stdout and stderr were told apart take the chunk alone, on every
+    path (the exec helper's hands over each chunk with its stream)."""
+    command = "echo out; echo err >&2"
+    with LocalSandbox(tmp_path) as local:
+        for sandbox in (local, docker_sandbox):
+            chunks: list[bytes] = []
+            response = sandbox.execute_streaming(command, chunks.append)
+            assert response.exit_code == 0, response
+            assert sorted(b"".join(chunks).decode().split()) == ["err", "out"]
+
+
 def test_docker_sandbox_streams_as_it_prints(docker_sandbox: DockerSandbox) -> None:
     chunks, response = _collect(docker_sandbox, COUNT)
     _assert_live(chunks, response)

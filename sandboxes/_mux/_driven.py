@@ -28,7 +28,7 @@ from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HelperStarts
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient, command_marker, kill_tagged
-from sandboxes._output import OutputHook, out_of_memory
+from sandboxes._output import OutputHook, as_output_hook, out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 
 __all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper", "HeldHelper"]
@@ -77,7 +77,7 @@ class CommandRun:
         """``execute_streaming``'s arguments, what they leave out taken from ``defaults``."""
         return cls(
             command,
-            on_output,
+            as_output_hook(on_output),
             timeout=defaults.default_timeout if timeout is None else timeout,
             stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
             env={**defaults.env, **(env or {})},

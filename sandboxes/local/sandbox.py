@@ -46,7 +46,7 @@ from sandboxes._mux import (
     python_missing,
     run_command_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Sandbox
 from sandboxes.local import _disk
@@ -291,6 +291,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
     ) -> p.ExecuteResponse:
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
+        on_output = as_output_hook(on_output)
         workdir = cwd or str(self.root)
         environment = {
             "PATH": _DEFAULT_PATH,

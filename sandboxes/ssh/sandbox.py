@@ -45,7 +45,7 @@ from sandboxes._mux import (
     run_command_once,
     run_native_once,
 )
-from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
@@ -243,6 +243,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
     ) -> p.ExecuteResponse:
         """`StreamingSandbox.execute_streaming`: through the exec helper, stdout and stderr
         apart; on a channel of its own (no helper), merged."""
+        on_output = as_output_hook(on_output)
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         if self.config.env:
             env = {**self.config.env, **(env or {})}

@@ -21,8 +21,7 @@ class OutputHook(Protocol):
 
 
 def as_output_hook(hook: Callable[..., Any] | None) -> OutputHook | None:
-    """``hook`` as an `OutputHook`: a callable that takes the chunk alone (the hooks written
-    before streams were told apart) is handed the chunk alone."""
+    """``hook`` as an `OutputHook`: a callable of one argument is handed the chunk alone."""
     if hook is None:
         return None
     try:

@@ -131,11 +131,10 @@ def _environ(pid: int) -> bytes:
     empty if it is gone, a zombie or not ours to read.
 
     A process in the middle of an ``exec`` has none for a moment: its new memory is in place
-    but its environment is not set up yet, and ``/proc/<pid>/environ`` reads empty. That was
-    a third of the reads of a process exec'ing in a chain (``sh -c 'exec sh -c ...'``), and
-    the orphan sweep (`_reap.kill_orphans`) took such a process for one that dropped every
-    marker and killed it: a job's ``setsid``'d loop, orphaned and exec'ing, died before its
-    first line (the service's background-kill test, in about one CI run of three). The read
+    but its environment is not set up yet, and ``/proc/<pid>/environ`` reads empty, often so
+    for a process exec'ing in a chain (``sh -c 'exec sh -c ...'``), and the orphan sweep
+    (`_reap.kill_orphans`) must not take such a process for one that dropped every marker (a
+    job's ``setsid``'d loop, orphaned and exec'ing, would die before its first line). The read
     may also be refused for that moment, for a process of our own user (its new memory is not
     yet marked readable to us). So an empty or refused read counts only between two looks at
     where the environment ends that agree and are not 0 (the same exec's, through); else it

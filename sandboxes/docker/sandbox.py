@@ -89,8 +89,8 @@ class _MayHaveRun(Exception):
 
 def _engine_errors() -> tuple[type[Exception], ...]:
     """What docker-py raises when the engine refuses or fails a call: an API error (a paused
-    container's 409, a removed one's 404) or no answer at all (requests' errors). Raised out of
-    the protocol's operations they were tracebacks; they answer in its vocabulary now."""
+    container's 409, a removed one's 404) or no answer at all (requests' errors). The protocol's operations answer
+    them in its vocabulary, never raise them."""
     import docker.errors
     import requests
 
@@ -383,8 +383,8 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     bulk_threshold = BULK_THRESHOLD
 
     def _bulk_eligible(self, path: str, size: int | None) -> bool:
-        """Only the workspace volume, where big files were always allowed (the engine's archive
-        API, used before, could reach nothing else); elsewhere they go inline."""
+        """Only the workspace volume, the one place bulk transfers write to; elsewhere big files
+        go inline."""
         return super()._bulk_eligible(path, size) and self._in_volume(path)
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:

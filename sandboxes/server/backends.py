@@ -366,7 +366,7 @@ def _put_archive_through_sandbox(
 ) -> None:
     """Every member is recreated by the sandbox's own user (`extract_through_sandbox`). An
     engine's ``put_archive`` writes as root from outside: it cannot write a read-only root or
-    see tmpfs mounts (``/tmp``), and it followed symlinks the sandbox had made
+    see tmpfs mounts (``/tmp``), and it follows symlinks the sandbox made
     (``/workspace/sub -> /etc``), which no check of the archive can see. As the sandbox's user
     the kernel checks every write."""
     checked = checked_path(path)

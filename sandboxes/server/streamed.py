@@ -349,7 +349,7 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
 
 
 def _output(text: str, stream: Stream, offset: int) -> bytes:
-    """An ``output`` event's line; stdout's without ``stream``, as before streams were told apart."""
+    """An ``output`` event's line; stdout's without ``stream``, the shape clients that predate it read."""
     return _line(StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream))
 
 

@@ -21,8 +21,7 @@ class OutputHook(Protocol):
 
 
 def as_output_hook(hook: Callable[..., Any] | None) -> OutputHook | None:
-    """``hook`` as an `OutputHook`: a callable that takes the chunk alone (the hooks written
-    before streams were told apart) is handed the chunk alone."""
+    """``hook`` as an `OutputHook`: a callable of one argument is handed the chunk alone."""
     if hook is None:
         return None
     try:
@@ -79,7 +78,7 @@ class OutputBuffer:
 
     def _kept(self) -> bytes | bytearray:
         """What `getvalue` gives, without its two copies when it all fits the head (a command's
-        usual output; a native download's, whose limit is none): 4 MiB cost 2.9 ms of them."""
+        usual output; a native download's, whose limit is none)."""
         return self._head if not self._tail else self.getvalue()
 
     def text(self, *, latin1: bool = False) -> str:

@@ -88,7 +88,7 @@ exit 0
 """
 """Entries as NUL-terminated ``d<name>``/``f<name>``, then one ``size mtime`` line per entry in
 the same order: the globs that matched expand identically twice. The one ``stat`` for all
-entries replaces the shell (``exec``: a fork saved, ~0.2 ms of the script's ~1 ms), its status
+entries replaces the shell (``exec``: a fork saved), its status
 the script's (`EXIT_LS_VANISHED`), unless the names are over 64 KiB (each counted with its NUL
 and the kernel's 8-byte pointer, as the argument limit counts them): then it runs as a child,
 since an ``exec`` past the kernel's argument limit would end the script (status 126) where the
@@ -189,7 +189,7 @@ put() {
 # COMMIT_STAGED sets $nm, the umask's mode, once a batch: its staged files may come from elsewhere
 # (Kubernetes' tar keeps its headers' 0644 whatever the umask).
 # PRODUCER always runs in a command substitution of its own, so it may `exec` its last command:
-# `_cat` does, one fork fewer a write (~0.5 ms of a 5 ms scripted write).
+# `_cat` does, one fork fewer a write.
 
 WRITE = (
     _WRITE_ONE

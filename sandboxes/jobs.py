@@ -441,7 +441,7 @@ def _env_entry(name: str, value: str) -> bytes:
 
 def _seconds(timeout: float | None) -> str:
     """The watchdog's ``sleep`` argument, ``0`` for none: a timeout is rounded UP to the
-    millisecond (rounded down, one under half a millisecond was ``0``: no timeout at all)."""
+    millisecond (rounded down, one under half a millisecond would be ``0``: no timeout at all)."""
     if timeout is not None and math.isnan(timeout):
         raise JobError(p.INVALID_ARGUMENT, "the timeout is not a number")
     if timeout is None or timeout <= 0:

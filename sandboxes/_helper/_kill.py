@@ -60,7 +60,7 @@ marker alone spares nothing: any process may set it."""
 KILL_DEADLINE = 10.0
 """Seconds each phase of `kill_marked` may take at most."""
 
-_READ_CHUNK = 32768  # below malloc's mmap threshold: a read costs ~1 us, not ~15
+_READ_CHUNK = 32768  # below malloc's mmap threshold, so a read's buffer is never mmap'd
 
 
 def kill_marked(value: str, name: str = MARKER_ENV, deadline: float = KILL_DEADLINE) -> bool:
@@ -131,11 +131,10 @@ def _environ(pid: int) -> bytes:
     empty if it is gone, a zombie or not ours to read.
 
     A process in the middle of an ``exec`` has none for a moment: its new memory is in place
-    but its environment is not set up yet, and ``/proc/<pid>/environ`` reads empty. That was
-    a third of the reads of a process exec'ing in a chain (``sh -c 'exec sh -c ...'``), and
-    the orphan sweep (`_reap.kill_orphans`) took such a process for one that dropped every
-    marker and killed it: a job's ``setsid``'d loop, orphaned and exec'ing, died before its
-    first line (the service's background-kill test, in about one CI run of three). The read
+    but its environment is not set up yet, and ``/proc/<pid>/environ`` reads empty, often so
+    for a process exec'ing in a chain (``sh -c 'exec sh -c ...'``), and the orphan sweep
+    (`_reap.kill_orphans`) must not take such a process for one that dropped every marker (a
+    job's ``setsid``'d loop, orphaned and exec'ing, would die before its first line). The read
     may also be refused for that moment, for a process of our own user (its new memory is not
     yet marked readable to us). So an empty or refused read counts only between two looks at
     where the environment ends that agree and are not 0 (the same exec's, through); else it
@@ -143,8 +142,8 @@ def _environ(pid: int) -> bytes:
 
     Some processes look like that for good: a VM's init started by the kernel (this CI
     machine's pid 1 reads refused, its environment's end 0). One that outlasted a whole wait
-    is not waited for again (`_STUCK`): each host-side scan (`LocalSandbox`'s kill after every
-    command of a jail of its own) paid those 50 ms, a jail's command 77 ms instead of ~12-17."""
+    is not waited for again (`_STUCK`), so a host-side scan (`LocalSandbox`'s kill after every
+    command of a jail of its own) does not pay the wait on every command."""
     environ = _read_environ(pid)
     if environ not in (b"\0\0", None):
         return environ
@@ -297,9 +296,10 @@ signal_read() {
 """
 """``kill_marked MARKER``: `kill_marked`'s two phases in POSIX ``sh`` plus ``grep`` (GNU or
 busybox: ``-z`` reads NUL-separated entries, ``-x`` matches one whole), for sandboxes reached
-without the exec helper. One ``grep`` reads every process's environment per scan (one ``grep``
-per process costs ~1 ms each); phase one ends when a scan finds the same processes as the one
-before (all of them stopped already). Bounded by rounds rather than time (``sh`` has no clock).
+without the exec helper. One ``grep`` reads every process's environment per scan (not one
+``grep`` per process, a process start each); phase one ends when a scan finds the same
+processes as the one before (all of them stopped already). Bounded by rounds rather than time
+(``sh`` has no clock).
 It skips the shell running it (``$$``) and the subshells it forks to read the scan (a forked
 subshell shows the environment the shell started with, which may hold the marker even after an
 ``unset``); whatever else runs it must not carry the marker.
@@ -311,7 +311,7 @@ substitution's subshell, and in that subshell (``marked_pids``, which then exits
 of its pipeline; a subshell that failed to fork under only the shell's ``command eval`` returns
 into the shell's code after it (busybox ash does), a second copy of the kill. Then
 ``signal_read MARKER SIGNAL NEXT`` scans with the shell's built-ins alone (``read`` of each
-``/proc/<pid>/environ``: ~15 ms for 250 processes, against ~4 ms for ``grep``). ``read`` drops
+``/proc/<pid>/environ``, slower than ``grep``, so only when that scan failed). ``read`` drops
 the NUL bytes between entries, so the marker is found as a substring, wherever it is (another
 variable's value may hold it), unless its first occurrence on a line is followed by NEXT (``-``,
 what `kill_marked` passes: the markers of a job's other roles, ``MARKER-s``, start with MARKER;

@@ -3,7 +3,7 @@ without starting a process (imported with `_files` when the helper idles or at i
 op: stdlib only, Python 3.6-compatible).
 
 Why: ``LS`` starts ``stat`` after the shell and ``DELETE`` starts ``rm``, so each cost about two
-commands (~1.9x and ~1.8x ``execute``, the slowest file ops); here each is one frame round trip.
+commands; here each is one frame round trip.
 
 ``ls`` answers the script's bytes: for the names ``* .[!.]* ..?*`` match, each pattern's names
 in byte order (the C locale's glob), ``d<name>`` NUL for what ``[ -d ]`` sees as a directory

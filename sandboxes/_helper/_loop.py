@@ -34,7 +34,7 @@ _base_env = dict(os.environ)
 _inbox = bytearray()
 _outbox = bytearray()  # frames queued for the client (`send`)
 _held_until: "list[float | None]" = [None]  # when the oldest frame held in _outbox must go out; None: none held
-_chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) costs ~15 us of mmap
+_chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) mmaps a fresh buffer
 _serving = [True]
 _subreaper = [False]
 _undumpable = [False]
@@ -47,8 +47,8 @@ _streaming: "dict[int, Parts]" = {}  # id -> a file op's answer being sent, a st
 
 
 class _Poller:
-    """fd -> callback(events) over epoll (poll elsewhere): the selectors module costs ~10 us a
-    registration in Python, and every command registers its output."""
+    """fd -> callback(events) over epoll (poll elsewhere): the selectors module adds a
+    layer of Python to every registration, and every command registers its output."""
 
     READ = select.POLLIN | select.POLLHUP | select.POLLERR
     WRITE = select.POLLOUT | select.POLLERR
@@ -81,8 +81,7 @@ _poller = _Poller()
 def send(kind: bytes, ident: int, payload: bytes = b"", answer: bool = False) -> None:
     """Queue one frame for the client. An ``answer`` (hello, exit, error) goes out at the end of
     this turn of the loop, with everything queued before it and the turn's other answers (20
-    commands ending together: one write, not 20; measured through the service with 20 clients:
-    ~4% more commands a second, ~8% less CPU in dockerd and the helper per command); an
+    commands ending together: one write, not 20); an
     acknowledgement or output waits at most `HOLD` seconds, or until `HOLD_BYTES` are queued,
     for the next frame: a short command's A, O and X then leave in one write, which is one SSH
     packet (or pipe read, or docker frame) and one wake-up of the client's reader instead of
@@ -105,8 +104,8 @@ def send_exit(ident: int, code: "int | None", timed_out: bool = False) -> None:
 def _json(value: object) -> str:
     """``json.dumps(value)`` of the helper's own answers (None, bools, ints, and dicts, lists and
     strings of them), without `json`: importing it (with `re` and `enum`) and `signal` (with
-    `enum`; hence `_signal`, the C module behind it, with the same calls and numbers) was 5.5 ms
-    of every helper's start, a quarter of it, in the runtime image. What the client sends comes
+    `enum`; hence `_signal`, the C module behind it, with the same calls and numbers) would
+    weigh on every helper's start. What the client sends comes
     `marshal`'d, which is built in; what it reads from here stays JSON, which it parses as the
     hostile bytes they may be."""
     if value is None or value is True or value is False:

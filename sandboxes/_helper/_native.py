@@ -4,7 +4,7 @@
 its first file op: stdlib only, Python 3.6-compatible.
 
 Why: the scripts spawn ``cat``, ``stat``, ``mv``, ``md5sum``, ``head`` and ``base64`` (and a
-subshell), ~0.7-1 ms each, so a write cost four times a command; here it is one frame round
+subshell), a process start each, so a write cost four commands; here it is one frame round
 trip. Why here and not a ``python3`` command: starting an interpreter costs more than the shell.
 
 The answer is the script's: exit codes from `sandboxes._scripts` (``EXIT_*``) decided in the
@@ -37,7 +37,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from hashlib import md5 as _new_md5
 else:
-    try:  # built in: hashlib loads OpenSSL, ~5 ms of every helper's start in a sandbox of one CPU
+    try:  # built in: hashlib loads OpenSSL, which would weigh on every helper's start
         from _md5 import md5 as _new_md5
     except ImportError:
         from hashlib import md5 as _new_md5

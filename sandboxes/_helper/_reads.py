@@ -2,12 +2,10 @@
 ``DOWNLOAD`` without a process, their answers sent a step at a time from the helper's loop
 (imported with `_files` when the helper idles or at its first file op: stdlib only, Python 3.6-compatible).
 
-Why a step at a time: the loop is single-threaded, and a file read and sent whole held it for
-as long as the client took to take the bytes (~1 ms a MiB over a pipe, seconds over a slow SSH
-link) while every other command's output waited; so native reads and downloads were capped at
-8 MiB, and larger ones went to the script (coreutils' base64: ~7 ms a MiB for the client to
-take). Now a turn of the loop sends one `STEP` of the answers in flight, and between two the
-loop serves everything else; memory stays a step, and no size is too big to be native. A search's
+Why a step at a time: the loop is single-threaded, and a file read and sent whole would hold
+it for as long as the client takes to take the bytes while every other command's output
+waits. A turn of the loop sends one `STEP` of the answers in flight, and between two the loop
+serves everything else; memory stays a step, and no size is too big to be native. A search's
 or a listing's answer, made whole, goes out the same way (`sent_in_steps`).
 
 The answers are the scripts', raw (`RAW`, where the scripts' are base64; `sandboxes._parse`
@@ -36,8 +34,9 @@ RAW = b"\0"
 download's ``!`` lines) never starts with: `sandboxes._parse` tells the two apart by it."""
 STEP = 256 << 10
 """How much a turn of the loop sends of the answers in flight (at least this, or all of them;
-less than twice this: `_step`, `step_streams`): a turn costs ~20 us more than sending on (a
-poll, a read), and everything else waits at most about one step."""
+less than twice this: `_step`, `step_streams`): big enough that a turn's own cost (a poll, a
+read) is small beside sending the step, small enough that everything else waits at most about
+one step."""
 _FRAME = 64 << 10
 """The most bytes of one O frame (the client refuses frames over 1 MiB)."""
 

@@ -267,9 +267,8 @@ def _become_subreaper() -> bool:
 
     Not under a small pids limit: the orphans' zombies hold pids until this (Python, and under a
     fork bomb CPU-starved) reaper gets to them, where the container's init would reap them at
-    once. Measured with the backgrounded fork bomb test (256 pids, 1 cpu): 4-8 s and a spurious
-    timeout as a subreaper, 1.5 s without. A small limit also means a container with few
-    processes, where the sweep is cheap."""
+    once, so a fork bomb would starve the sandbox of pids for longer. A small limit also means a
+    container with few processes, where the sweep is cheap."""
     limit = _pids_limit()
     if limit is not None and limit <= SMALL_PIDS_LIMIT:
         return False

@@ -3,9 +3,8 @@ starting a process (imported with `_files` when the helper idles or at its first
 stdlib only, Python 3.6-compatible).
 
 Why: the scripts walk with ``find`` and search with ``grep`` (or ``rg``), each a process start
-of ~0.7-1 ms on top of the shell's, so a grep cost four times a command and a glob twice; here
-each is one frame round trip, the walk and the reads done in this process (~0.5 ms for 200
-small files).
+on top of the shell's, so a grep cost four commands and a glob two; here each is one frame round
+trip, the walk and the reads done in this process.
 
 The answer is what the script answers once parsed: the same exit codes for a root that is not
 there, ``find -P ROOT ( -name N ... ) -type f`` for the files (no symlink followed, not even a

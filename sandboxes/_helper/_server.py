@@ -1,7 +1,7 @@
 """The exec helper that runs INSIDE a sandbox (shipped as source with ``python3 -c``).
 
 One long-lived process per sandbox answers many concurrent commands over one byte stream, so a
-command costs a fork instead of a ``docker exec`` (~70 ms) or an SSH channel setup. Stdlib only
+command costs a fork instead of a ``docker exec`` or an SSH channel setup. Stdlib only
 and Python 3.6-compatible: it runs on whatever python3 the image has. Its package (`_reap`,
 whose ``kill_orphans``, ``reap_orphans``, ``has_strays`` and ``_container_main`` it calls,
 `_spawn`, `_command`: a command from its request to its answer, `_loop`: the state and `send`,
@@ -60,8 +60,8 @@ Why one thread and an event loop (SIGCHLD through a wakeup pipe, timeouts as sel
 three threads started per command (output, wait, timer) cost more than the fork itself, and a
 helper that starts no thread cannot be starved of one by a command that took every free pid.
 
-Why a child subreaper: the marker sweep reads every process's environment, which costs ~10 us
-per process on the host, after EVERY command. As a subreaper, the helper inherits every orphan
+Why a child subreaper: the marker sweep reads every process's environment, one read per
+process on the host, after EVERY command. As a subreaper, the helper inherits every orphan
 of its commands, so once a command's leader is reaped, none of its descendants can be alive
 unless the helper has a child that is not the leader of a running command: only then is /proc
 swept. Every command is swept without ctypes or ``/proc/.../children``, and under a small pids

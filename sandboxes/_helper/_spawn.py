@@ -3,9 +3,8 @@
 
 Two ways. Cold (`spawn`): ``/bin/sh -c command``, started when the command arrives. Warm
 (`WarmShell`): a ``/bin/sh -s`` the helper started once an earlier command like it was answered,
-waiting for this one on its stdin. Starting a shell is mostly exec and dynamic linking, not fork: in a
-loop on this project's test machine ``sh -c true`` costs 0.64 ms, a forked ``(true)`` 0.08 ms.
-A shell started ahead of time takes that out of the command's latency.
+waiting for this one on its stdin. Starting a shell is mostly exec and dynamic linking, not fork, so a
+shell started ahead of time takes that out of the command's latency.
 
 Which commands run warm (`warm_script`, `Spares.take`): only where ``/bin/sh`` is dash, for a
 command without stdin, in the same working directory (the same directory, not just the same
@@ -61,9 +60,7 @@ WARM_PREFIX = b"exec </dev/null; set +s; trap - INT; "
 SPARES = 2
 """Shells kept waiting. Two: a program running commands one after another sends the next one
 about as soon after an answer as a shell takes to start, so the shell started after that answer
-is often not ready yet, and the one started an answer earlier is. SSH, execute('true') right
-after another, medians of 380: cold 1.33-1.37 ms, one spare 1.05, two 0.92-1.01, against
-1.07-1.11 for a raw persistent shell."""
+is often not ready yet, and the one started an answer earlier is."""
 WARM_LIMIT = 4096
 """Bytes of a warm shell's script, prefix included: ``PIPE_BUF``, the most one atomic write puts
 in a pipe whole, well below the 8 KiB dash reads at once."""
@@ -109,7 +106,7 @@ def spawn(args: "list[str]", env: "dict[str, str]", with_stdin: bool) -> "tuple[
     """(pid, stdout fd, stderr fd, stdin fd or None) of ``/bin/sh`` + ``args`` in a new session,
     in the helper's working directory (the caller enters the command's first: `enter_cwd`).
 
-    posix_spawn (vfork + exec in C) where Python has it: Popen adds ~0.2 ms of Python per start.
+    posix_spawn (vfork + exec in C) where Python has it, without Popen's Python per start.
     The helper's own fds are all close-on-exec (PEP 446) and 0-2 are replaced, so nothing leaks."""
     out_r, out_w = os.pipe()
     in_r: "int | None" = None
@@ -312,8 +309,7 @@ class Spares(object):
     command before it was alike too (never for a marker, which is one command's). Not while that command runs: a start
     holds the helper (posix_spawn returns once the shell has exec'd) just when the command's
     output is likely to end, and in a sandbox of one CPU the shell's start competes with the
-    command. SSH, execute('true') right after another: 1.20-1.22 ms with shells started as the
-    command was handed over, 0.92-1.01 started after its answer. Room is made by ending the
+    command. Room is made by ending the
     oldest shell made for something else, so that commands alternating between two directories
     keep one shell each instead of ending and starting shells for every command."""
 

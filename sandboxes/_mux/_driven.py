@@ -2,15 +2,15 @@
 that fall back to one exec per command, commands too (`CommandsOnHelper`), on the one helper such
 a transport holds (`HeldHelper`).
 
-Why one module: Docker's and Kubernetes' ``execute_streaming`` were twins, and so were the
-``_run_native`` of those two and of the local jail: fill in the config's defaults, try the
+Why one module: ``execute_streaming`` (Docker's and Kubernetes') and ``_run_native`` (those
+two's and the local jail's) are one procedure: fill in the config's defaults, try the
 helper (`run_command_once`, `run_native_once`), fall back to the transport's own exec, then
 tell an out-of-memory kill from a plain exit 137. What differs is small and stays with each
 transport: its fallback and the failures it answers for (`CommandsOnHelper._run_alone`, or
 `CommandsOnHelper._run_command` wrapped when a helper's start fails in its own words too), its
 messages, and how it words its memory limit. The order of it all lives here alone.
 
-Docker and Kubernetes also held their helper alike: one at a time, started under a lock when a
+Docker and Kubernetes also hold their helper alike: one at a time, started under a lock when a
 call finds none alive, as `HelperStarts` allows, let go of when found broken (`HeldHelper`).
 How each starts it, what a failed start raises, and how each logs it stay with the transport.
 """

@@ -1,10 +1,8 @@
 """When a transport may try to start its exec helper again, after a start failed.
 
-Why one module: Docker gave up on a sandbox's helper for good after any failed start, the local
-jail too, and Kubernetes retried at every command. A passing failure (the pids limit full for a
-moment, a hello later than its timeout under load) then cost a sandbox its helper for its life
-(every command a fresh ``docker exec`` or jail: 35 ms or 13 ms instead of ~1), or made every
-command wait out a hanging start (the hello's 20 s). The rule is the same everywhere: only a
+Why one module: every transport follows one rule, so that a passing failure (the pids limit
+full for a moment, a hello later than its timeout under load) neither costs a sandbox its helper
+for its life nor makes every command wait out a hanging start (the hello's 20 s): only a
 sandbox whose shell says its python is missing gives up for good; any other failure waits
 `RETRY_AFTER`, doubled at each failure in a row up to `MAX_RETRY_AFTER` (a failure that always
 repeats, a python too old for the helper say, is neither retried nor logged every 30 s for the

@@ -79,8 +79,8 @@ def _is_remote(args: argparse.Namespace) -> bool:
 
 
 def _skip_httpx_cli() -> None:
-    """Keep httpx from importing its own command-line tool (click, rich, pygments: a third of
-    a remote subcommand's start), which it does unless that import fails; nothing here runs it.
+    """Keep httpx from importing its own command-line tool (click, rich, pygments: a large
+    share of a remote subcommand's start), which it does unless that import fails; nothing here runs it.
     Only in this process's CLI run, and only if httpx is not imported yet."""
     if "httpx" not in sys.modules:
         sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]

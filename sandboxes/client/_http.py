@@ -4,8 +4,8 @@ policy of `sandboxes.client._wire`. `RemoteSandbox` sends its calls through them
 `SandboxClient` (`sandboxes.client._clients`) adds what hands out a `RemoteSandbox`, so that
 imports run one way: this module < ``remote`` < ``_clients``.
 
-A call's first attempt is made outside tenacity's retry loop, whose machinery costs about
-15 us per call (as much as parsing the answer); the loop takes over only after a failure that
+A call's first attempt is made outside tenacity's retry loop, whose machinery would cost every
+call as much as parsing its answer; the loop takes over only after a failure that
 may be retried, on the same schedule (`_wire.retry_kwargs` counts the attempt made before it).
 """
 
@@ -279,8 +279,8 @@ class AsyncServiceConnection:
 
 class _Known:
     """The absolute URL of each path and the `httpx.Timeout` of each read timeout, made once per
-    client: httpx re-parses and merges a relative URL on every request (about 30 us, a fifth of
-    its whole cost per request). Bounded: a long-lived client sees many sandbox ids."""
+    client: httpx re-parses and merges a relative URL on every request, a large share of its
+    own cost per request. Bounded: a long-lived client sees many sandbox ids."""
 
     _MAX_URLS = 1024
 

@@ -139,8 +139,8 @@ def read_ahead(docker_socket: Any, sock: socket.socket) -> bytes:
     """The process's first bytes, if the HTTP client already read them: docker-py hands over
     the raw socket under the response's buffered reader, which read the upgrade's headers in
     one gulp of up to 8 KiB and, when the process had written by then (a loaded machine; a
-    command that prints at once), its first frames too. Read from the socket alone, they were
-    lost: an ``echo`` answered nothing with exit code 0, a small archive came back empty. Taken
+    command that prints at once), its first frames too. Read from the socket alone, they would
+    be lost (an ``echo`` answering nothing with exit code 0, a small archive coming back empty). Taken
     without waiting (the socket is non-blocking for that one read): nothing in hand is ``b""``."""
     try:
         reader = docker_socket._response.raw._fp.fp

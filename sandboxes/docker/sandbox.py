@@ -1,8 +1,8 @@
 """`DockerSandbox`: a sandbox in a Docker container, driven through the Docker API.
 
 How commands reach the container: one long-lived exec helper (`sandboxes._mux`) per sandbox,
-attached over a single ``docker exec`` stream, answers each command with a fork (~2 ms instead
-of ~70 ms for a fresh ``docker exec``). If the helper dies it is restarted on the next command;
+attached over a single ``docker exec`` stream, answers each command with a fork instead of a
+fresh ``docker exec``. If the helper dies it is restarted on the next command;
 if the image has no python3 to run it, each command falls back to its own ``docker exec``, with
 the same timeout semantics (the process tree is found by an environment marker and killed).
 
@@ -89,8 +89,8 @@ class _MayHaveRun(Exception):
 
 def _engine_errors() -> tuple[type[Exception], ...]:
     """What docker-py raises when the engine refuses or fails a call: an API error (a paused
-    container's 409, a removed one's 404) or no answer at all (requests' errors). Raised out of
-    the protocol's operations they were tracebacks; they answer in its vocabulary now."""
+    container's 409, a removed one's 404) or no answer at all (requests' errors). The protocol's operations answer
+    them in its vocabulary, never raise them."""
     import docker.errors
     import requests
 
@@ -383,8 +383,8 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     bulk_threshold = BULK_THRESHOLD
 
     def _bulk_eligible(self, path: str, size: int | None) -> bool:
-        """Only the workspace volume, where big files were always allowed (the engine's archive
-        API, used before, could reach nothing else); elsewhere they go inline."""
+        """Only the workspace volume, the one place bulk transfers write to; elsewhere big files
+        go inline."""
         return super()._bulk_eligible(path, size) and self._in_volume(path)
 
     def _bulk_put(self, files: list[tuple[str, bytes]]) -> list[p.ErrorCode | None]:
@@ -413,8 +413,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     def _staged_natively(self, staged: str, call: Call, answer: p.ExecuteResponse) -> p.ErrorCode | None:
         """The exec helper writes the staged file itself, as it writes any file (`sandboxes._mux.
         _files`): as the sandbox's user, no process started, each frame's bytes straight into
-        the file, so its memory stays one frame whatever the size. 64 MiB took 133 ms, where
-        ``put_archive`` took 131 and a ``docker exec`` of its own 155 (~40 ms of it to start).
+        the file, so its memory stays one frame whatever the size, and no process is started.
         This is its answer's file-level error, ``None`` once the staged file is whole. A write
         cut off (the helper died, or stopped taking the bytes: `sandboxes._mux._stall`) leaves
         the helper's own temporary file beside the staged name, which the commit does not
@@ -430,9 +429,8 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         """A file of more than one chunk streamed whole into the staging script's stdin, in a
         ``docker exec`` of its own (no native write: no helper, or native ops off): the same
         script, run by the same user, as the chunks through `execute`, so the kernel checks
-        every byte alike. The helper relaying a command's stdin to ``cat`` in frames held 64 MiB
-        uploads to ~260 MiB/s here, where the engine's own pipe into ``cat`` carries ~415
-        (``put_archive``: ~420). A transfer cut short leaves a short staged file, which the
+        every byte alike; its own exec, because the engine's pipe carries stdin faster than the
+        helper relays it in frames. A transfer cut short leaves a short staged file, which the
         commit's size check refuses."""
         command = _scripts.command(_scripts.STAGE_CHUNK, staged, "new")
         try:
@@ -481,8 +479,8 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 def _feed(stream: ExecSocket, stdin: bytes) -> None:
     """A command's stdin, then its end. Sent from a thread of its own: once the pipe and the
     engine's buffers are full, a command that does not read blocks the send, and a send on the
-    waiting thread kept its timeout from ever being checked (``sleep 20`` fed 16 MiB with a 2 s
-    timeout answered after 43 s, exit 0). The kill at the deadline, or `ExecSocket.close`, ends it."""
+    waiting thread would keep its timeout from ever being checked. The kill at the deadline,
+    or `ExecSocket.close`, ends it."""
     with contextlib.suppress(OSError):  # the command ended without reading it all, as a pipe allows
         stream.send(stdin)
     stream.shutdown_write()

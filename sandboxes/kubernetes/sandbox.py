@@ -1,16 +1,15 @@
 """`KubernetesSandbox`: a sandbox in a pod, driven through the pod exec subresource.
 
 How commands reach the pod: one long-lived exec helper (`sandboxes._mux`) per sandbox, over a
-single exec websocket, answers each command with a fork (a few ms instead of a fresh exec's
-~65 ms on a real cluster). The helper's source is too big for an exec URL's ``command``
-parameters (some proxies cap a request line at 8 KiB), so a one-line bootstrap reads exactly
-its length from stdin, then the same stdin carries the helper's frames. If the stream drops, the
-next command opens a new one; a command written to the old one answers ``connection_lost``
-(acknowledged or not, it may have run, so it is never run twice), one that could not be written
-is sent to the new helper (`sandboxes._mux.MuxBroken.may_resend`). If the image has no
-python3, each command gets its own exec with the same timeout semantics: its process tree is
-found by an environment marker and killed, and its exit status comes from the exec's error
-channel.
+single exec websocket, answers each command with a fork instead of a fresh exec. The helper's
+source is too big for an exec URL's ``command`` parameters (some proxies cap a request line at
+8 KiB), so a one-line bootstrap reads exactly its length from stdin, then the same stdin carries
+the helper's frames. If the stream drops, the next command opens a new one; a command written to
+the old one answers ``connection_lost`` (acknowledged or not, it may have run, so it is never
+run twice), one that could not be written is sent to the new helper
+(`sandboxes._mux.MuxBroken.may_resend`). If the image has no python3, each command gets its own
+exec with the same timeout semantics: its process tree is found by an environment marker and
+killed, and its exit status comes from the exec's error channel.
 
 Creating, pooling and sweeping pods is `sandboxes.kubernetes.provider`'s business; the pod
 manifest and the waits are `sandboxes.kubernetes._pods`'.

@@ -1,8 +1,9 @@
 """The exec helper of a `LocalSandbox`: one long-lived jail running `sandboxes._mux`'s helper,
 spoken to over its stdin and stdout.
 
-Why: one bwrap spawn per command costs ~10 ms (namespaces, mounts, seccomp, and started by root
-the drop to the jail uid), which every file operation paid. The helper inside one jail starts
+Why: a bwrap spawn (namespaces, mounts, seccomp, and started by root the drop to the jail uid)
+costs far more than a process start, and a spawn per command would make every file operation
+pay it. The helper inside one jail starts
 each command with a ``posix_spawn`` instead, under the same isolation (the jail is the same
 bwrap, with the same flags, seccomp filter, cgroup and rlimits) and with the same guarantees:
 a command's whole tree dies with it, timeouts included (the helper's job, as in Docker).

@@ -87,8 +87,8 @@ def run_process(
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float | None) -> bool:
     """Wait for the process to exit, at most ``timeout`` seconds; whether it did (unreaped
-    until then). ``Popen.wait(timeout)`` polls with sleeps growing to 50 ms, which made every
-    short command cost ~20 ms; a pidfd becomes readable the moment the process exits."""
+    until then). ``Popen.wait(timeout)`` polls with growing sleeps, which a short command would
+    wait out; a pidfd becomes readable the moment the process exits."""
     if timeout is None:
         proc.wait()
         return True

@@ -127,7 +127,7 @@ class ProviderBackend:
         service's state files add what the provider cannot record (a renewed expiry).
 
         Worked out once: the registry asks on every request, and ``isinstance`` of a runtime
-        protocol inspects the class's attributes each time (about 25 us on the event loop)."""
+        protocol inspects the class's attributes each time, on the event loop."""
         return isinstance(self.provider, SharedProvider)
 
     def create(
@@ -366,7 +366,7 @@ def _put_archive_through_sandbox(
 ) -> None:
     """Every member is recreated by the sandbox's own user (`extract_through_sandbox`). An
     engine's ``put_archive`` writes as root from outside: it cannot write a read-only root or
-    see tmpfs mounts (``/tmp``), and it followed symlinks the sandbox had made
+    see tmpfs mounts (``/tmp``), and it follows symlinks the sandbox made
     (``/workspace/sub -> /etc``), which no check of the archive can see. As the sandbox's user
     the kernel checks every write."""
     checked = checked_path(path)

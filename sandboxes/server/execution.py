@@ -57,7 +57,7 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
 WATCH_AFTER = 0.05
 """Seconds a plain execute runs before its connection is watched (a task reading the request's
 ``receive`` until the client leaves). Most commands end sooner and never need one: the task,
-the wait on it beside the command and its cancellation were the event loop's work on every
+the wait on it beside the command and its cancellation would be the event loop's work on every
 request. A client that leaves has its command killed at most this much later."""
 
 Receive = Callable[[], Awaitable[Mapping[str, Any]]]

@@ -24,9 +24,8 @@ def unique_id() -> str:
 
     Not ``uuid4`` on the request path: each call reads the kernel's random source, and the
     event-loop thread, having released the interpreter lock for that system call, then waits
-    to get it back behind the worker threads; with 20 clients that cost about 0.15 ms per
-    call, twice per execute (request id and kill marker), on the thread that bounds
-    throughput."""
+    to get it back behind the worker threads, twice per execute (request id and kill marker),
+    on the thread that bounds throughput."""
     return f"{_ID_PREFIX}{next(_ID_COUNTER):020x}"
 
 

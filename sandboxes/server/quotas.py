@@ -10,9 +10,9 @@ hands in how to read the first two; this module keeps the reservations and the r
 Why a module of its own: the counting is one concern with rules of its own (each sandbox counted
 once, wherever it is seen; a creation counted from its admission until it is recorded; a count
 that cannot be read admits nothing, a recount that cannot be read keeps what the first count
-let in), and the registry, which also does lookup, TTLs and reconciliation, had outgrown one
-module. All of it runs on the registry's event loop thread, so a check and the reservation that
-follows it cannot interleave with another request's.
+let in), kept apart from the registry's lookup, TTLs and reconciliation. All of it runs on the
+registry's event loop thread, so a check and the reservation that follows it cannot interleave
+with another request's.
 """
 
 from __future__ import annotations

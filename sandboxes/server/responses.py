@@ -51,8 +51,8 @@ async def parse_json_off_loop(raw: bytes) -> Any:
 def to_json(data: Any) -> bytes:
     """Compact JSON of a pydantic model, protocol dataclass, or lists/dicts of them.
 
-    pydantic-core serialises in Rust, several times faster than walking the dataclasses in
-    Python and ``json.dumps``, for the same bytes (compact, UTF-8 unescaped, as Starlette's
+    pydantic-core serialises in Rust, without walking the dataclasses in Python and
+    ``json.dumps``, for the same bytes (compact, UTF-8 unescaped, as Starlette's
     `JSONResponse` writes)."""
     return pydantic_core.to_json(data)
 

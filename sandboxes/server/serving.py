@@ -151,10 +151,8 @@ def collect_less() -> None:
     collector's generations (`gc.freeze`): no full collection walks them again. And the young
     generation is collected after `YOUNG_COLLECTION_THRESHOLD` net allocations instead of 700,
     which the requests in flight reached every few requests: each young collection walked
-    their objects, none of them garbage. Measured through ``bench_service`` (20 clients,
-    execute): ~610 young collections in 8 s, 0.13 ms each, ~4% of the service's CPU, and not one
-    object collected; the service's CPU per request went from 0.40 to 0.37 ms. Cycles are still
-    collected, later: what they hold is bounded by the threshold."""
+    their objects, none of them garbage. Cycles are still collected, later: what they hold is
+    bounded by the threshold."""
     gc.collect()
     gc.freeze()
     young, older, oldest = gc.get_threshold()

@@ -3,7 +3,7 @@ its output limit) and its result in this replica, so readers can follow it from 
 offset (a tenant at most its ``max_commands`` re-attached ones at once: `Readers`), and a
 client that lost its connection re-attaches where it was.
 
-A command no longer depends on its connection: it runs until it ends or its own timeout, and
+A command does not depend on its connection: it runs until it ends or its own timeout, and
 its record stays for `KEEP_FOR` seconds after (at most `KEEP_FINISHED` ended ones per sandbox,
 `KEEP_BYTES` for all).
 A stream sends ``output`` events, each with the byte offset its text ends at, then one ``exit``
@@ -349,7 +349,7 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
 
 
 def _output(text: str, stream: Stream, offset: int) -> bytes:
-    """An ``output`` event's line; stdout's without ``stream``, as before streams were told apart."""
+    """An ``output`` event's line; stdout's without ``stream``, the shape clients that predate it read."""
     return _line(StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream))
 
 

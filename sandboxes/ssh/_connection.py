@@ -235,7 +235,7 @@ class SSHConnection:
             raise SSHUnreachableError(f"cannot reach {where}: {exc}") from exc
         transport = client.get_transport()
         assert transport is not None
-        # Without it, Nagle's algorithm and delayed ACKs add ~40-200 ms to each small round trip.
+        # Without it, Nagle's algorithm holds each small write until the peer's delayed ACK of the last.
         with contextlib.suppress(OSError, AttributeError):  # not a TCP socket: nothing to tune
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if config.keepalive:

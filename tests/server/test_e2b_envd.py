@@ -1,7 +1,8 @@
-"""The real E2B SDK's ``files.*`` calls that go over envd's ``filesystem.Filesystem`` Connect
-RPCs (`sandboxes.server.e2b.filesystem`), sync and async, over the local jail and Docker:
-stat, exists, list with a depth, make_dir, rename and remove, E2B's errors, and paths that
-would be shell syntax if they were ever pasted into a command."""
+"""The real E2B SDK, sync and async, over the local jail and Docker, on the envd RPCs beyond a
+command's start: the ``files.*`` calls that go over ``filesystem.Filesystem``
+(`sandboxes.server.e2b.filesystem`: stat, exists, list with a depth, make_dir, rename and
+remove, E2B's errors, and paths that would be shell syntax if ever pasted into a command), and
+``commands.connect(pid)``, a running command reattached from several connections."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2b import AsyncSandbox, FileNotFoundException, FileType, InvalidArgumentException, Sandbox
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileNotFoundException,
+    FileType,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+)
 from service_harness import KEYS, Running, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
 
@@ -130,5 +139,51 @@ async def test_the_async_sdk_reaches_the_same_rpcs(service: Running) -> None:
         assert not await created.files.exists("d")
         with pytest.raises(FileNotFoundException):
             await created.files.get_info("d/g.txt")
+    finally:
+        await created.kill()
+
+
+_GATED = "echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second; echo late >&2; exit 4"
+"""A background command that says ``first``, then waits for the test to create ``gate`` (the
+command polls, the test does not), then says ``second`` and fails with 4."""
+
+
+def test_a_background_command_is_reattached_by_pid_from_several_connections(sandbox: Sandbox) -> None:
+    gate = f"/tmp/gate-{uuid.uuid4().hex[:8]}"
+    handle = sandbox.commands.run(_GATED.format(gate=gate), background=True)
+    again = sandbox.commands.connect(handle.pid)
+    twice = sandbox.commands.connect(handle.pid)
+    assert again.pid == handle.pid
+    sandbox.files.write(gate, "")
+    for attached in (again, twice, handle):
+        with pytest.raises(CommandExitException) as failed:
+            attached.wait()
+        assert failed.value.exit_code == 4
+        assert failed.value.stdout.endswith("second\n")
+        assert failed.value.stderr == "late\n"
+    assert handle.pid not in [process.pid for process in sandbox.commands.list()]
+    with pytest.raises(NotFoundException):
+        sandbox.commands.connect(handle.pid)
+    with pytest.raises(NotFoundException):
+        sandbox.commands.connect(999_999)
+
+
+async def test_the_async_sdk_reattaches_and_kills(service: Running) -> None:
+    created = await AsyncSandbox.create(**_opts(service))
+    try:
+        gate = f"/tmp/gate-{uuid.uuid4().hex[:8]}"
+        handle = await created.commands.run(_GATED.format(gate=gate), background=True)
+        seen: list[str] = []
+        attached = await created.commands.connect(handle.pid, on_stdout=seen.append)
+        await created.files.write(gate, "")
+        with pytest.raises(CommandExitException) as failed:
+            await attached.wait()
+        assert failed.value.exit_code == 4
+        assert "".join(seen).endswith("second\n")
+        sleeper = await created.commands.run("sleep 30", background=True)
+        watcher = await created.commands.connect(sleeper.pid)
+        assert await created.commands.kill(sleeper.pid) is True
+        with pytest.raises(CommandExitException):
+            await watcher.wait()
     finally:
         await created.kill()

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from e2b import (
     AsyncSandbox,
@@ -187,3 +188,25 @@ async def test_the_async_sdk_reattaches_and_kills(service: Running) -> None:
             await watcher.wait()
     finally:
         await created.kill()
+
+
+def test_access_tokens_survive_a_restart_of_the_service(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``SANDBOXES_E2B_TOKEN_SECRET``, a token handed out before a restart still opens
+    the sandbox's envd after it (the secret is kept in the data directory)."""
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    monkeypatch.delenv("SANDBOXES_E2B_TOKEN_SECRET", raising=False)
+    settings = settings_for(tmp_path_factory.mktemp("e2b-restart"))
+    with running(settings) as first:
+        created = Sandbox.create(timeout=600, **_opts(first))
+        token = created.connection_config.sandbox_headers["X-Access-Token"]
+    with running(settings) as second:
+        headers = {"E2b-Sandbox-Id": created.sandbox_id, "X-Access-Token": token}
+        assert httpx.get(f"{second.url}/e2b/envd/health", headers=headers).status_code == 204
+        again = Sandbox.connect(created.sandbox_id, **_opts(second))
+        try:
+            assert again.connection_config.sandbox_headers["X-Access-Token"] == token
+            assert again.commands.run("echo back").stdout == "back\n"
+        finally:
+            again.kill()

@@ -5,13 +5,16 @@ sandbox and cannot be bent to another."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
+from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
 from sandboxes.server.e2b.connect import ConnectError, end_of_stream, envelope, read_envelope
-from sandboxes.server.e2b.tokens import TokenSigner
+from sandboxes.server.e2b.tokens import SECRET_FILE, E2BSettings, TokenSigner, signing_secret
 
 
 def test_an_envelope_is_a_flag_a_big_endian_length_and_json() -> None:
@@ -57,3 +60,30 @@ def test_a_token_names_its_tenant_for_its_sandbox_only() -> None:
     assert TokenSigner(None).tenant_of(token, "sbx1") is None  # a random secret accepts none of these
     for garbage in ("", ".", "@@@.x", "YWxpY2U", "YWxpY2U.é"):
         assert signer.tenant_of(garbage, "sbx1") is None
+
+
+def test_the_default_secret_is_made_once_in_the_data_directory_readable_by_its_owner_only(tmp_path: Path) -> None:
+    unset = E2BSettings(token_secret=None)
+    first = signing_secret(unset, tmp_path / "data")
+    assert signing_secret(unset, tmp_path / "data").get_secret_value() == first.get_secret_value()
+    made = tmp_path / "data" / SECRET_FILE
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600
+    assert sorted(path.name for path in made.parent.iterdir()) == [SECRET_FILE]  # no temporary left
+    assert len(first.get_secret_value()) == 64
+    assert signing_secret(unset, tmp_path / "other").get_secret_value() != first.get_secret_value()
+    token = TokenSigner(first).token("alice", "sbx1")
+    assert TokenSigner(signing_secret(unset, tmp_path / "data")).tenant_of(token, "sbx1") == "alice"
+
+
+def test_an_explicit_secret_wins_and_a_secret_others_may_read_is_refused(tmp_path: Path) -> None:
+    shared = E2BSettings(token_secret=SecretStr("shared-by-every-replica"))
+    assert signing_secret(shared, tmp_path).get_secret_value() == "shared-by-every-replica"
+    assert not (tmp_path / SECRET_FILE).exists()
+    signing_secret(E2BSettings(token_secret=None), tmp_path)
+    os.chmod(tmp_path / SECRET_FILE, 0o644)
+    with pytest.raises(RuntimeError, match="may be read by others"):
+        signing_secret(E2BSettings(token_secret=None), tmp_path)
+    os.chmod(tmp_path / SECRET_FILE, 0o600)
+    (tmp_path / SECRET_FILE).write_text("short")
+    with pytest.raises(RuntimeError, match="holds no secret"):
+        signing_secret(E2BSettings(token_secret=None), tmp_path)

@@ -20,6 +20,7 @@ from e2b import (
     InvalidArgumentException,
     NotFoundException,
     Sandbox,
+    SandboxException,
 )
 from service_harness import KEYS, Running, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
@@ -167,6 +168,10 @@ def test_a_background_command_is_reattached_by_pid_from_several_connections(sand
         sandbox.commands.connect(handle.pid)
     with pytest.raises(NotFoundException):
         sandbox.commands.connect(999_999)
+    running = sandbox.commands.run("sleep 30", background=True)
+    with pytest.raises(SandboxException, match="UNIMPLEMENTED"):  # stdin is not served (docs/e2b.md)
+        running.send_stdin("x")
+    assert running.kill() is True
 
 
 async def test_the_async_sdk_reattaches_and_kills(service: Running) -> None:

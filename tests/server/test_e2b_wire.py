@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from sandboxes.server.e2b import filesystem
 from sandboxes.server.e2b.connect import ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.tokens import SECRET_FILE, E2BSettings, TokenSigner, signing_secret
 
@@ -87,3 +88,20 @@ def test_an_explicit_secret_wins_and_a_secret_others_may_read_is_refused(tmp_pat
     (tmp_path / SECRET_FILE).write_text("short")
     with pytest.raises(RuntimeError, match="holds no secret"):
         signing_secret(E2BSettings(token_secret=None), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "output",
+    ["", "81a4 5 1700000000\n", "zz 5 1700000000 0 0 a b\n", "81a4 5 " + "9" * 400 + " 0 0 a b\n", "81a4 x 1 0 0 a b"],
+)
+def test_a_malformed_stat_from_the_sandbox_is_an_internal_error(output: str) -> None:
+    with pytest.raises(ConnectError) as refused:
+        filesystem._one("/f", output)
+    assert refused.value.code == "internal"
+
+
+def test_a_listing_keeps_only_records_framed_as_the_script_frames_them() -> None:
+    listed = filesystem._listing("/d", "41ed 4096 1700000000 1000 1000 user user\n./a\0garbage\0")
+    assert [(entry["path"], entry["type"], entry["permissions"]) for entry in listed] == [
+        ("/d/a", "FILE_TYPE_DIRECTORY", "drwxr-xr-x")
+    ]

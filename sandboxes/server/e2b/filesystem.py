@@ -170,8 +170,9 @@ def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
         fields[6],
     )
     try:
-        mode, length, seconds = int(raw, 16), int(size), int(mtime)
-    except ValueError as exc:
+        mode, length = int(raw, 16), int(size)
+        modified = datetime.fromtimestamp(int(mtime), UTC)
+    except (ValueError, OverflowError, OSError) as exc:
         raise ConnectError("internal", f"the sandbox's stat of {path} is malformed") from exc
     info: dict[str, Any] = {
         "name": posixpath.basename(path) or "/",
@@ -182,7 +183,7 @@ def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
         "permissions": stat.filemode(mode),
         "owner": uid if owner == "UNKNOWN" else owner,
         "group": gid if group == "UNKNOWN" else group,
-        "modifiedTime": datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z"),
+        "modifiedTime": modified.isoformat().replace("+00:00", "Z"),
     }
     if target is not None and stat.S_ISLNK(mode):
         info["symlinkTarget"] = target

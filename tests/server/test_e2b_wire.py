@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
+from sandboxes import _scripts
 from sandboxes.server.e2b import filesystem
 from sandboxes.server.e2b.connect import ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.tokens import SECRET_FILE, E2BSettings, TokenSigner, signing_secret
@@ -105,3 +108,27 @@ def test_a_listing_keeps_only_records_framed_as_the_script_frames_them() -> None
     assert [(entry["path"], entry["type"], entry["permissions"]) for entry in listed] == [
         ("/d/a", "FILE_TYPE_DIRECTORY", "drwxr-xr-x")
     ]
+
+
+@pytest.mark.parametrize("batch_fails", [False, True], ids=["batched", "one-by-one"])
+def test_the_listing_script_frames_every_entry_even_when_a_batch_stat_fails(tmp_path: Path, batch_fails: bool) -> None:
+    """The ``ListDir`` script on the host's ``sh``: one ``stat`` per batch, or (a batch's
+    ``stat`` short of an entry, as when one vanished) one per entry; names are never syntax."""
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    names = ["plain", "new\nline", "$(touch pwned)", "sub/inner"]
+    for name in names:
+        (root / name).write_text("x")
+    env = dict(os.environ)
+    if batch_fails:
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        real = shutil.which("stat")
+        (fake / "stat").write_text(f'#!/bin/sh\n[ "$#" -gt 4 ] && exit 1\nexec {real} "$@"\n')
+        (fake / "stat").chmod(0o755)
+        env["PATH"] = f"{fake}:{env['PATH']}"
+    command = _scripts.command(filesystem.LIST, str(root), "2")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, env=env, check=True, timeout=30)
+    listed = filesystem._listing("/d", done.stdout.decode())
+    assert sorted(entry["path"] for entry in listed) == sorted(f"/d/{name}" for name in [*names, "sub"])
+    assert not (root / "pwned").exists()

@@ -60,14 +60,19 @@ LIST = r"""if [ ! -d "$1" ]; then
 fi
 cd -P -- "$1" 2>/dev/null || exit 12
 find . -mindepth 1 -maxdepth "$2" -exec sh -c '
-for f; do
-  s=$(stat -c "%f %s %Y %u %g %U %G" -- "$f" 2>/dev/null) || continue
-  printf "%s\n%s\0" "$s" "$f"
-done' sh {} + 2>/dev/null
+F="%f %s %Y %u %g %U %G"
+s=$(stat -c "$F" -- "$@" 2>/dev/null)
+n=$(printf "%s\n" "$s" | wc -l)
+if [ -n "$s" ] && [ $((n)) -eq $# ]; then
+  printf "%s\n" "$s" | for f; do IFS= read -r l; printf "%s\n%s\0" "$l" "$f"; done
+else
+  for f; do l=$(stat -c "$F" -- "$f" 2>/dev/null) && printf "%s\n%s\0" "$l" "$f"; done
+fi' sh {} + 2>/dev/null
 exit 0
 """
 """Each entry under ``$1`` (followed if a link) down to depth ``$2``, not following links: its
-stat line (as `_ENTRY`'s), a newline, its path relative to ``$1`` (``./a/b``), a NUL."""
+stat line (as `_ENTRY`'s), a newline, its path relative to ``$1`` (``./a/b``), a NUL. One
+``stat`` per batch of ``find``'s; a batch in which an entry vanished is stat-ed one by one."""
 
 MAKE_DIR = r"""if [ -d "$1" ]; then exit 11; fi
 if [ -e "$1" ] || [ -L "$1" ]; then exit 16; fi

@@ -165,15 +165,7 @@ def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
     fields = line.split(" ")
     if len(fields) < 7:
         raise ConnectError("internal", f"the sandbox's stat of {path} is malformed")
-    raw, size, mtime, uid, gid, owner, group = (
-        fields[0],
-        fields[1],
-        fields[2],
-        fields[3],
-        fields[4],
-        fields[5],
-        fields[6],
-    )
+    raw, size, mtime, uid, gid, owner, group = fields[:7]
     try:
         mode, length = int(raw, 16), int(size)
         modified = datetime.fromtimestamp(int(mtime), UTC)

@@ -155,7 +155,7 @@ def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running,
     with pytest.raises(SandboxException, match="not implemented"):
         sandbox.pause()
     with pytest.raises(SandboxException, match="UNIMPLEMENTED"):
-        sandbox.files.exists("anything")
+        sandbox.files.watch_dir("/tmp")
     with pytest.raises(SandboxException, match="unknown template 'nope'"):
         Sandbox.create("nope", **_opts(service))
     with pytest.raises(FileNotFoundException):
@@ -182,7 +182,10 @@ _ALICES = {
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
-_ENVD |= {("POST", f"/e2b/envd/process.Process/{rpc}") for rpc in ("Start", "List", "SendSignal")}
+_ENVD |= {("POST", f"/e2b/envd/process.Process/{rpc}") for rpc in ("Start", "Connect", "List", "SendSignal")}
+_ENVD |= {
+    ("POST", f"/e2b/envd/filesystem.Filesystem/{rpc}") for rpc in ("Stat", "ListDir", "MakeDir", "Move", "Remove")
+}
 _ENVD |= {(method, "/e2b/envd/{rest:path}") for method in ("GET", "POST", "PUT", "DELETE")}
 """envd routes: refused (401) without the sandbox's own access token."""
 _OWN = {
@@ -223,7 +226,7 @@ def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Runni
         assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**_opts(service, "bob")).next_items()]
         token = theirs.connection_config.sandbox_headers["X-Access-Token"]
         for method, path in sorted(_ENVD):
-            url = service.url + path.replace("{rest:path}", "filesystem.Filesystem/Stat")
+            url = service.url + path.replace("{rest:path}", "filesystem.Filesystem/WatchDir")
             for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
                 answer = httpx.request(method, url, headers={"E2b-Sandbox-Id": sandbox.sandbox_id, **headers})
                 assert answer.status_code == 401, (method, path, headers, answer.text)

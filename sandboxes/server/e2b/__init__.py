@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandboxes.server.e2b import control, envd, process
+from sandboxes.server.e2b import control, envd, filesystem, process
 from sandboxes.server.e2b.common import PREFIX, E2BState
-from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
+from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
 
 __all__ = ["PREFIX", "mount"]
 
 
 def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
-    """Serve the control plane under `PREFIX` and the envd plane under ``PREFIX/envd``."""
+    """Serve the control plane under `PREFIX` and the envd plane under ``PREFIX/envd``, on an
+    app whose ``state.service`` is set (its data directory keeps the default token secret)."""
     settings = settings or E2BSettings()
-    app.state.e2b = E2BState(settings, TokenSigner(settings.token_secret))
-    app.router.routes.extend([*envd.router.routes, *process.router.routes, *control.router.routes])  # no nesting
+    secret = signing_secret(settings, app.state.service.settings.data_dir)
+    app.state.e2b = E2BState(settings, TokenSigner(secret))
+    app.router.routes.extend(
+        [*envd.router.routes, *filesystem.router.routes, *process.router.routes, *control.router.routes]
+    )  # no nesting

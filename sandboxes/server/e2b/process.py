@@ -1,10 +1,11 @@
-"""envd's ``process.Process/Start`` over Connect (JSON codec, server streaming): the command
+"""envd's ``process.Process/Start`` and ``Connect`` over Connect (JSON codec, server streaming): the command
 runs as E2B runs it (``/bin/bash -l -c CMD``, with its cwd and envs) through the sandbox's
 streamed execute, and its events go out as they happen: ``start`` (a pid), ``data`` (stdout
 and stderr apart, base64), keep-alives while it is quiet, then ``end`` (exit code, status).
 A command's output past the service's ``max_output_bytes`` is not sent; its deadline is the
 call's ``Connect-Timeout-Ms`` (none, as the SDK's ``timeout=0`` sends: the service's maximum),
-capped by the service's maximum, and past it the command's tree is killed."""
+capped by the service's maximum, and past it the command's tree is killed. ``Connect`` by pid
+reattaches to a running command: its events from then on, on as many connections as ask."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from sandboxes._output import Stream
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
-from sandboxes.server.e2b.running import Running
+from sandboxes.server.e2b.running import Event, Running, outcome
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import command_for, run_detached
 from sandboxes.server.processes import Command
@@ -44,8 +45,6 @@ KILL_WAIT = 0.5
 this long for it each time: the ``start`` event goes out as the command is handed to the
 sandbox, so a kill right after it may come before its processes exist."""
 
-_Event = tuple[Stream, bytes] | p.ExecuteResponse | BaseException
-
 
 @router.post("/process.Process/Start")
 async def start(request: Request) -> Response:
@@ -57,23 +56,45 @@ async def start(request: Request) -> Response:
     except ConnectError as exc:
         return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
     release = await svc.take_command_slot(entry)
-    events: asyncio.Queue[_Event] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     budget = [svc.settings.max_output_bytes]
+    pid = e2b_state(request).commands.next_pid()
+
+    def publish(event: Event) -> None:  # on the loop, after `running` is bound below
+        running.publish(event)
 
     def on_output(data: bytes, stream: Stream = "merged") -> None:  # on a transport thread
         kept = data[: max(0, budget[0])]
         budget[0] -= len(data)
         if kept:
-            loop.call_soon_threadsafe(events.put_nowait, (stream, kept))
+            loop.call_soon_threadsafe(publish, (stream, kept))
 
     work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
-    work.add_done_callback(lambda done: events.put_nowait(_outcome(done)))
-    commands = e2b_state(request).commands
-    pid = commands.next_pid()
-    commands.add(entry.state.id, Running(pid, token, message["process"], work))
+    running = Running(pid, token, message["process"], work)
+    events = running.listen()
+    work.add_done_callback(lambda done: running.publish(outcome(done)))
+    e2b_state(request).commands.add(entry.state.id, running)
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(pid, events, interval), media_type=STREAM_MEDIA_TYPE)
+    return StreamingResponse(_stream(running, events, interval), media_type=STREAM_MEDIA_TYPE)
+
+
+@router.post("/process.Process/Connect")
+async def connect(request: Request) -> Response:
+    """A running command's events from now on (its output, then its end), to any number of
+    connections at once; an unknown or ended pid ends the stream with ``not_found``."""
+    entry = await access(request)
+    try:
+        message = read_envelope(await request.body())
+    except ConnectError as exc:
+        return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
+    selector = message.get("process")
+    pid = selector.get("pid") if isinstance(selector, dict) else None
+    running = e2b_state(request).commands.find(entry.state.id, pid) if isinstance(pid, int) else None
+    if running is None:
+        error = ConnectError("not_found", f"process with pid {pid} not found")
+        return StreamingResponse(_once(end_of_stream(error)), media_type=STREAM_MEDIA_TYPE)
+    interval = _keepalive(request.headers.get("keepalive-ping-interval"))
+    return StreamingResponse(_stream(running, running.listen(), interval), media_type=STREAM_MEDIA_TYPE)
 
 
 @router.post("/process.Process/List")
@@ -141,12 +162,6 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
         raise ConnectError("invalid_argument", str(exc).splitlines()[0]) from exc
 
 
-def _outcome(done: asyncio.Future[p.ExecuteResponse]) -> p.ExecuteResponse | BaseException:
-    if done.cancelled():
-        return asyncio.CancelledError()
-    return done.exception() or done.result()
-
-
 def _keepalive(header: str | None) -> float:
     if header is not None and header.isdigit() and int(header) > 0:
         return min(float(header), KEEPALIVE_CEILING)
@@ -157,21 +172,25 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _stream(pid: int, events: asyncio.Queue[_Event], interval: float) -> AsyncIterator[bytes]:
-    yield envelope({"event": {"start": {"pid": pid}}})
-    while True:
-        try:
-            event = await asyncio.wait_for(events.get(), interval)
-        except TimeoutError:
-            yield envelope({"event": {"keepalive": {}}})
-            continue
-        if isinstance(event, tuple):
-            stream, data = event
-            name = "stderr" if stream == "stderr" else "stdout"
-            yield envelope({"event": {"data": {name: base64.b64encode(data).decode("ascii")}}})
-            continue
-        yield _ending(event)
-        return
+async def _stream(running: Running, events: asyncio.Queue[Event], interval: float) -> AsyncIterator[bytes]:
+    """The command's events on one connection, which stops listening when it ends or leaves."""
+    try:
+        yield envelope({"event": {"start": {"pid": running.pid}}})
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), interval)
+            except TimeoutError:
+                yield envelope({"event": {"keepalive": {}}})
+                continue
+            if isinstance(event, tuple):
+                stream, data = event
+                name = "stderr" if stream == "stderr" else "stdout"
+                yield envelope({"event": {"data": {name: base64.b64encode(data).decode("ascii")}}})
+                continue
+            yield _ending(event)
+            return
+    finally:
+        running.listeners.discard(events)
 
 
 def _ending(event: p.ExecuteResponse | BaseException) -> bytes:

@@ -1,6 +1,7 @@
 """The commands started through envd's ``process.Process/Start``, per sandbox, while they run:
-what ``List`` answers and what ``SendSignal`` kills (the command's whole tree, through the
-marker the service gives every command). A pid is looked up in its own sandbox only."""
+what ``List`` answers, what ``SendSignal`` kills (the command's whole tree, through the marker
+the service gives every command) and what ``Connect`` reattaches to (each listener gets every
+event from the moment it joined). A pid is looked up in its own sandbox only."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxes import protocol as p
+from sandboxes._output import Stream
 
-__all__ = ["Running", "RunningCommands"]
+__all__ = ["Event", "Running", "RunningCommands", "outcome"]
+
+Event = tuple[Stream, bytes] | p.ExecuteResponse | BaseException
+"""What a listener receives: a chunk of output with its stream, then the command's outcome."""
 
 
 @dataclass
@@ -22,6 +27,28 @@ class Running:
     config: dict[str, Any]
     """The ``ProcessConfig`` it was started with, as ``List`` answers it."""
     work: asyncio.Future[p.ExecuteResponse]
+    listeners: set[asyncio.Queue[Event]] = field(default_factory=set)
+
+    def publish(self, event: Event) -> None:
+        """``event`` to every listener (on the event loop's thread)."""
+        for listener in self.listeners:
+            listener.put_nowait(event)
+
+    def listen(self) -> asyncio.Queue[Event]:
+        """A new listener's queue: the events from now on, the outcome already there if it ended."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        if self.work.done():
+            queue.put_nowait(outcome(self.work))
+        else:
+            self.listeners.add(queue)
+        return queue
+
+
+def outcome(done: asyncio.Future[p.ExecuteResponse]) -> p.ExecuteResponse | BaseException:
+    """How a command's work ended, as its listeners receive it."""
+    if done.cancelled():
+        return asyncio.CancelledError()
+    return done.exception() or done.result()
 
 
 @dataclass

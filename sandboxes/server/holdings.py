@@ -72,6 +72,8 @@ class Holdings:
         self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
         """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
 
+    # ------------------------------------------------------------------ reconciling and registering
+
     async def _reconcile(self, backends: dict[str, ProviderBackend], states: list[SandboxState], now: float) -> None:
         """Adopt what ``backends`` have of ``states`` and reap the rest (`reconcile`). The states
         of a template whose provider cannot list stay recorded and wait in `_unreconciled`: each

@@ -71,3 +71,15 @@ def test_no_shim_of_an_unshipped_release_remains(module: str) -> None:
     the re-exports kept for a release that never shipped are gone, so each name has one home."""
     package = Path(sandboxes.__file__).parent
     assert not (package / module).exists(), f"sandboxes/{module} is a shim of an unshipped release"
+
+
+MAX_MODULE_LINES = 650
+"""The project's bound on a module's length (a module past ~600 lines is split by responsibility)."""
+
+
+def test_no_module_of_the_package_nor_the_agent_is_over_the_bound() -> None:
+    root = Path(__file__).resolve().parent.parent
+    sources = [path for package in ("sandboxes", "agent") for path in sorted((root / package).rglob("*.py"))]
+    assert len(sources) > 50  # the walk found the code
+    lengths = {str(path.relative_to(root)): len(path.read_text(encoding="utf-8").splitlines()) for path in sources}
+    assert {path: n for path, n in lengths.items() if n > MAX_MODULE_LINES} == {}

@@ -26,69 +26,31 @@ live in its state files.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
 
 from sandboxes.api import CreateSandbox
 from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle, SandboxNameTaken, SandboxStartError
 from sandboxes.server import census, idempotency
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import ProviderBackend, workdir_of
-from sandboxes.server.clock import Clock, WallClock
+from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
-from sandboxes.server.metrics import Metrics
-from sandboxes.server.processes import ProcessTable
-from sandboxes.server.quotas import Quotas
-from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import LABEL_VALUE, ServiceSettings
-from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.holdings import Holdings
+from sandboxes.server.settings import LABEL_VALUE
+from sandboxes.server.store import SandboxState
 from sandboxes.server.validation import check_env, check_labels
 
 __all__ = ["Entry", "Registry"]
 
 logger = logging.getLogger(__name__)
 
-_States = list[SandboxState]
-_T = TypeVar("_T")
 
-
-class Registry:
-    def __init__(
-        self,
-        settings: ServiceSettings,
-        backends: dict[str, ProviderBackend],
-        metrics: Metrics,
-        clock: Clock | None = None,
-    ) -> None:
-        self.settings = settings
-        self.clock: Clock = clock or WallClock()
-        self.backends = backends
-        self.metrics = metrics
-        self.store = StateStore(settings.data_dir / "state")
-        self.ready = False
-        self._entries: dict[str, Entry] = {}
-        self._quotas = Quotas(self._counted, self._held, self.clock.now)
-        self._keys: idempotency.Idempotency[Entry] = idempotency.Idempotency()
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._doomed: dict[str, Entry] = {}
-        """Sandboxes whose destroy failed: the sweep tries again."""
-        self._sweeper: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._unreconciled: dict[str, list[SandboxState]] = {}
-        """Per template whose backend could not be reached: the states it keeps until it can."""
-        self._reconciling = asyncio.Lock()
-        self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
-        """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
-
+class Registry(Holdings):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -105,50 +67,6 @@ class Registry:
         self._update_gauge()
         self._sweeper = asyncio.create_task(self._sweep_forever())
         self.ready = True
-
-    async def _reconcile(self, backends: dict[str, ProviderBackend], states: list[SandboxState], now: float) -> None:
-        """Adopt what ``backends`` have of ``states`` and reap the rest (`reconcile`). The states
-        of a template whose provider cannot list stay recorded and wait in `_unreconciled`: each
-        sweep tries again, and until then their sandboxes answer ``backend_unavailable``."""
-        held = frozenset((entry.backend.name, entry.state.ref) for entry in self._entries.values())
-        adopted, unreachable = await asyncio.to_thread(reconcile, backends, states, now, held=held)
-        kept = set()
-        for state, sandbox in adopted:
-            backend = self._backend_of(state)
-            self._entries[state.id] = self._entry(state, sandbox, backend)
-            if not backend.shared:  # a shared backend's sandbox is its own record
-                kept.add(state.id)
-                await asyncio.to_thread(self.store.save, state)
-            self._schedule(state.id)
-        for template in backends:
-            self._unreconciled.pop(template, None)
-        for state in states:
-            if state.template in unreachable:
-                self._unreconciled.setdefault(state.template, []).append(state)
-            elif state.id not in kept:
-                await asyncio.to_thread(self.store.remove, state.id)
-        for template in unreachable:
-            self._unreconciled.setdefault(template, [])
-            logger.error("template %s: its backend cannot be reached; retrying at every sweep", template)
-        logger.info("reconciled: adopted %d sandboxes", len(adopted))
-
-    async def _reconcile_unreachable(self) -> None:
-        """Try again the templates whose backend could not be reached."""
-        async with self._reconciling:  # a sweep on demand may overlap the periodic one
-            if not self._unreconciled:
-                return
-            await self._reconcile_again()
-
-    async def _reconcile_again(self) -> None:
-        pending = dict(self._unreconciled)
-        backends = {name: self.backends[name] for name in pending if name in self.backends}
-        states = [state for waiting in pending.values() for state in waiting]
-        await self._reconcile(backends, states, self.clock.now())
-
-    def _unreachable(self, tenant: Tenant, sandbox_id: str) -> bool:
-        """Whether it is the tenant's sandbox on a backend that cannot be reached now."""
-        waiting = (state for states in self._unreconciled.values() for state in states)
-        return any(state.id == sandbox_id and state.tenant == tenant.id for state in waiting)
 
     async def close(self) -> None:
         """Stop enforcing; the sandboxes stay for the next start to adopt."""
@@ -257,23 +175,6 @@ class Registry:
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
 
-    def _entry(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
-        """What the service holds of a sandbox: its file operations are bounded by the service's
-        ``file_operation_timeout`` (when lower than the sandbox's own), its background processes
-        live in it (`sandboxes.server.processes`)."""
-        sandbox.operation_timeout = min(sandbox.operation_timeout, self.settings.file_operation_timeout)
-        processes = ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
-        return Entry(state, sandbox, backend, processes)
-
-    async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
-        entry = self._entry(state, sandbox, backend)
-        self._entries[state.id] = entry
-        self._schedule(state.id)
-        self._update_gauge()
-        if not backend.shared:
-            await asyncio.to_thread(self.store.save, state)
-        return entry
-
     def _adopt_late(self, done: asyncio.Future[tuple[SandboxState, BaseSandbox]], backend: ProviderBackend) -> None:
         if not done.cancelled() and done.exception() is None:
             state, sandbox = done.result()
@@ -350,259 +251,9 @@ class Registry:
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
         await self._remove(await self.find(tenant, sandbox_id))
 
-    # ------------------------------------------------------------------ other replicas' changes
-
-    @property
-    def _shared(self) -> bool:
-        return any(backend.shared for backend in self.backends.values())
-
-    def _trusted(self, entry: Entry) -> bool:
-        """Whether what is held of it may be used without reading its record again."""
-        return not entry.backend.shared or time.monotonic() - entry.confirmed < self.settings.confirm_interval
-
-    async def _confirm(self, entry: Entry) -> Entry:
-        """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
-        forgotten here; a new expiry (renewed by another) is taken.
-
-        One read for all the requests that find the same sandbox unconfirmed at once, as long as
-        it started within ``confirm_interval`` (no request is answered on an older read than it
-        would trust anyway). Once a second, 20 clients of one sandbox made 5-9 label-selected
-        lists of the engine (each ~4 ms of a worker thread, and the engine's CPU) where one
-        answers them all."""
-        now, sandbox_id = time.monotonic(), entry.state.id
-        flight = self._confirming.get(sandbox_id)
-        if flight is None or flight[1] is not entry or now - flight[0] >= self.settings.confirm_interval:
-            read = asyncio.ensure_future(self._read_record(entry))
-            flight = self._confirming[sandbox_id] = (now, entry, read)
-            read.add_done_callback(lambda done: self._landed(sandbox_id, done))
-        return await asyncio.shield(flight[2])  # a request that leaves does not cancel the others' read
-
-    def _landed(self, sandbox_id: str, read: asyncio.Future[Entry]) -> None:
-        if (flight := self._confirming.get(sandbox_id)) is not None and flight[2] is read:
-            del self._confirming[sandbox_id]
-        if not read.cancelled():
-            read.exception()  # retrieved: every request that waited has it, or none is left to
-
-    async def _read_record(self, entry: Entry) -> Entry:
-        checked = time.monotonic()
-        found = await self._read(entry.backend.select, sandbox_id=entry.state.id)
-        if not found or found[0].ref != entry.state.ref:
-            await self._forget(entry)
-            raise not_found(entry.state.id)
-        self._refresh(entry, found[0], checked)
-        return entry
-
-    def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
-        if checked < entry.confirmed:  # read before what is held was (a renewal here since)
-            return
-        entry.confirmed = checked
-        if recorded.expires_at != entry.state.expires_at:
-            entry.state.expires_at = recorded.expires_at
-            self._schedule(entry.state.id)
-
-    async def _adopt(self, state: SandboxState) -> Entry:
-        """A handle on a sandbox another replica made (or this one before a restart)."""
-        backend = self._backend_of(state)
-        try:
-            sandbox = await asyncio.to_thread(backend.attach, state)
-        except LookupError:
-            raise not_found(state.id) from None
-        except Exception as exc:
-            logger.warning("attaching to sandbox %s failed: %s", state.id, exc, exc_info=True)
-            raise ServiceError("backend_unavailable", f"sandbox {state.id} cannot be reached now") from exc
-        if state.id in self._entries:  # adopted meanwhile by a concurrent request
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(_close, sandbox)
-            return self._entries[state.id]
-        if not state.workdir:
-            state.workdir = workdir_of(sandbox)
-        logger.info("adopted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
-        return await self._register(state, sandbox, backend)
-
-    async def _forget(self, entry: Entry) -> None:
-        """Let go of a sandbox that is gone (removed elsewhere): its handle, not the sandbox."""
-        if self._entries.get(entry.state.id) is not entry:
-            return
-        del self._entries[entry.state.id]
-        timer = self._timers.pop(entry.state.id, None)
-        if timer is not None:
-            timer.cancel()
-        self._update_gauge()
-        entry.processes.close()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(_close, entry.sandbox)
-
-    # ------------------------------------------------------------------ what quotas count
-
-    async def _counted(self, tenant: Tenant) -> _States:
-        """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
-        if not self._shared:
-            return []
-        return await self._read(census.tenant_states, self.backends, tenant.id)
-
-    def _held(self, tenant: Tenant) -> _States:
-        """The tenant's sandboxes on the other backends: held here, or on a backend that cannot be
-        reached now (still the tenant's)."""
-        held = (entry.state for entry in self._entries.values() if not entry.backend.shared)
-        unreachable = (state for waiting in self._unreconciled.values() for state in waiting)
-        return [state for state in (*held, *unreachable) if state.tenant == tenant.id]
-
-    async def _read(self, read: Callable[..., _T], *args: Any, **labels: str) -> _T:
-        """A read of the shared backends' records, in a worker thread; one that fails (the
-        engine or the API server not answering) is a 503, as any backend failure is."""
-        try:
-            return await asyncio.to_thread(read, *args, **labels)
-        except Exception as exc:
-            logger.warning("reading the sandboxes' records failed: %s", exc, exc_info=True)
-            raise ServiceError(
-                "backend_unavailable", "the backend's records cannot be read now; the service log has the request id"
-            ) from exc
-
-    # ------------------------------------------------------------------ expiry and removal
-
-    def _schedule(self, sandbox_id: str) -> None:
-        entry = self._entries.get(sandbox_id)
-        old = self._timers.pop(sandbox_id, None)
-        if old is not None:
-            old.cancel()
-        if entry is None:
-            return
-        delay = max(0.0, entry.state.expires_at - self.clock.now())
-        loop = asyncio.get_running_loop()
-        self._timers[sandbox_id] = loop.call_later(delay, self._spawn, lambda: self._expire(sandbox_id))
-
-    def _spawn(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        task = asyncio.ensure_future(make())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _expire(self, sandbox_id: str) -> None:
-        entry = self._entries.get(sandbox_id)
-        # One reading of the clock for both checks: a timer fires a millisecond or so early
-        # (uvloop rounds its delay to milliseconds), and with a reading for each the expiry
-        # could pass between them, reaping a shared sandbox whose record (renewed by another
-        # replica) was never read.
-        now = self.clock.now()
-        if entry is not None and entry.state.expires_at <= now and entry.backend.shared:
-            try:
-                await self._confirm(entry)  # another replica may have renewed it
-            except ServiceError as exc:
-                if exc.code != "not_found":  # unknown whether it was renewed: not reaped now
-                    raise
-            entry = self._entries.get(sandbox_id)
-        if entry is None:
-            return
-        if entry.state.expires_at > now:  # renewed, or a timer a little early
-            self._schedule(sandbox_id)
-            return
-        logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
-        self.metrics.expired.inc()
-        await self._remove(entry)
-
-    async def sweep(self) -> None:
-        """Remove what expired; retry the destroys that failed. On shared backends, compare
-        what is held here with the records, and reap what expired whoever holds it."""
-        await self._reconcile_unreachable()
-        if self._shared:
-            try:
-                await self._sweep_shared()
-            except Exception:  # the other backends' sandboxes still expire
-                logger.exception("sweeping the shared backends failed; the next sweep retries")
-        now = self.clock.now()
-        for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
-            try:
-                await self._expire(entry.state.id)
-            except Exception:
-                logger.exception("expiring sandbox %s failed; the next sweep retries", entry.state.id)
-        for sandbox_id, entry in list(self._doomed.items()):
-            if await self._destroy(entry):
-                self._doomed.pop(sandbox_id, None)
-
-    def sweep_soon(self) -> concurrent.futures.Future[None]:
-        """Run `sweep` on the registry's loop now, from any other thread; done when the sweep
-        is (what it expired is then destroyed, not merely scheduled)."""
-        if self._loop is None:
-            raise RuntimeError("the registry has not started")
-        return asyncio.run_coroutine_threadsafe(self.sweep(), self._loop)
-
-    async def _sweep_shared(self) -> None:
-        listed_at = time.monotonic()
-        states = await asyncio.to_thread(census.all_states, self.backends)
-        now, recorded = self.clock.now(), {state.id: state for state in states}
-        for entry in [e for e in self._entries.values() if e.backend.shared]:
-            state = recorded.get(entry.state.id)
-            if state is None or state.ref != entry.state.ref:
-                if entry.confirmed < listed_at:  # not one created or adopted since the list
-                    await self._forget(entry)
-            else:
-                self._refresh(entry, state, listed_at)
-        for state in states:
-            if state.id not in self._entries and state.expires_at <= now:
-                backend = self._backend_of(state)
-                try:
-                    if not await asyncio.to_thread(census.expired_now, backend, state, now):
-                        continue  # renewed (or deleted) since the list
-                    logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
-                    self.metrics.expired.inc()
-                    await asyncio.to_thread(backend.destroy, state, None)
-                except Exception:
-                    logger.exception("destroying expired sandbox %s failed; the next sweep retries", state.id)
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.sweep_interval)
-            try:
-                await self.sweep()
-            except Exception:
-                logger.exception("sweep failed; trying again at the next interval")
-
-    async def _remove(self, entry: Entry) -> None:
-        """Idempotent: the first caller removes, concurrent ones find it gone."""
-        if self._entries.get(entry.state.id) is not entry:
-            return
-        del self._entries[entry.state.id]
-        timer = self._timers.pop(entry.state.id, None)
-        if timer is not None:
-            timer.cancel()
-        self._update_gauge()
-        if not entry.backend.shared:  # a shared backend's deletion is recorded by the backend
-            entry.state.deleting = True
-            await asyncio.to_thread(self.store.save, entry.state)
-        entry.processes.close()  # its background processes die with the sandbox
-        if not await self._destroy(entry):
-            self._doomed[entry.state.id] = entry
-
-    async def _destroy(self, entry: Entry) -> bool:
-        try:
-            await asyncio.to_thread(entry.backend.destroy, entry.state, entry.sandbox)
-        except Exception:
-            logger.exception("destroying sandbox %s failed; the sweep will retry", entry.state.id)
-            return False
-        if not entry.backend.shared:
-            await asyncio.to_thread(self.store.remove, entry.state.id)
-        return True
-
-    def _backend_of(self, state: SandboxState) -> ProviderBackend:
-        """The backend of the sandbox's template; one of the same kind if the template is gone."""
-        backend = self.backends.get(state.template)
-        if backend is not None and backend.name == state.backend:
-            return backend
-        return next(b for b in self.backends.values() if b.name == state.backend)
-
-    def _update_gauge(self) -> None:
-        for name in {backend.name for backend in self.backends.values()}:
-            self.metrics.sandboxes_live.labels(name).set(
-                sum(1 for entry in self._entries.values() if entry.backend.name == name)
-            )
-
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:
     """``ttl`` from now; on a shared backend in whole seconds (rounded up), as its labels
     record it, so that the replica that set it and the others read the same instant."""
     expires_at = now + ttl
     return float(math.ceil(expires_at)) if backend.shared else expires_at
-
-
-def _close(sandbox: BaseSandbox) -> None:
-    if isinstance(sandbox, Lifecycle):
-        sandbox.close()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import shlex
 import threading
 import time
@@ -33,7 +32,7 @@ import paramiko
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
-from sandboxes._helper._kill import KILL_MARKED_SH, MARKER_ENV
+from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
@@ -51,6 +50,7 @@ from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
+from sandboxes.ssh._channels import KILL_MARKED, RUN, ChannelStream, Relayed, channel_dead, feed, lost, sftp_error
 from sandboxes.ssh._connection import (
     ChannelOutput,
     SSHAuthenticationError,
@@ -81,43 +81,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_RUN = (
-    KILL_MARKED_SH
-    + r"""cwd=$1; marker=$2; cmd=$3; shift 3
-for pair do export "$pair"; done
-export SANDBOXES_EXEC_ID="$marker"
-cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
-exec 3>&2 2>/dev/null
-/bin/sh -c "$cmd" 2>&3 3>&-
-status=$?
-unset SANDBOXES_EXEC_ID
-kill_marked "$marker"
-cat >/dev/null
-exit "$status"
-"""
-)
-"""One command without the helper: environment pairs and cwd as quoted arguments.
-
-The command runs as a child, not by ``exec``: sshd reports a death by signal as ``exit-signal``,
-which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
-is muted so that it does not add a "Killed" line to the output. Whatever the command left
-running (marked by the environment variable) is killed when it exits (`sandboxes._helper._kill`), as the
-exec helper does.
-
-The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
-stdin (or its EOF) is still on the way: sshd reuses the number of a closed channel at once, and
-paramiko may send a message it prepared just before the close, which would then land in another
-command's stdin (or end the whole connection).
-
-A missing working directory prints the marker too, so that a command that itself exits 200 is
-not mistaken for it."""
-
-_KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
-"""Kill a timed-out command's processes (`sandboxes._helper._kill`)."""
-
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
-_STDERR_CHUNK = 1 << 16
 
 
 class SSHSandbox(StreamingSandbox, Sandbox):
@@ -328,7 +293,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
             channel = self._connection.open_session(self.config.host.connect_timeout, keep_free=_SPARE_SESSIONS)
             if channel is None:
                 return None
-            stream = _ChannelStream(self._connection, channel)
+            stream = ChannelStream(self._connection, channel)
             try:
                 channel.exec_command(
                     self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
@@ -382,7 +347,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         try:
             return self._converse(channel, command, marker, pairs, stdin, timeout, cwd, limit, started, on_output)
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
-            return _lost(f"the connection failed while the command ran: {type(exc).__name__}: {exc}")
+            return lost(f"the connection failed while the command ran: {type(exc).__name__}: {exc}")
         finally:
             self._connection.close_session(channel)
 
@@ -400,12 +365,12 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         channel.set_combine_stderr(True)
-        channel.exec_command(self._as_user(_scripts.command(_RUN, cwd, marker, command, *pairs)))
+        channel.exec_command(self._as_user(_scripts.command(RUN, cwd, marker, command, *pairs)))
         feeder = None
         if stdin:
             # From its own thread: a command that prints much before reading its input would
             # otherwise block on a full window while we block sending to it.
-            feeder = threading.Thread(target=_feed, args=(channel, stdin), name="ssh-stdin", daemon=True)
+            feeder = threading.Thread(target=feed, args=(channel, stdin), name="ssh-stdin", daemon=True)
             feeder.start()
         else:
             channel.shutdown_write()
@@ -413,7 +378,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
             return self._collect(channel, marker, timeout, cwd, limit, started, on_output)
         finally:
             if feeder is not None:
-                # Nothing may be sent once we close the channel (see `_RUN`); the host has read
+                # Nothing may be sent once we close the channel (see `RUN`); the host has read
                 # all of stdin by now unless the connection failed, which wakes the feeder too.
                 feeder.join(self.config.host.connect_timeout)
 
@@ -429,7 +394,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
     ) -> p.ExecuteResponse:
         """The command's answer, its output (stdout and stderr merged: `set_combine_stderr`)
         handed to ``on_output`` as it arrives."""
-        output = _Relayed(limit, on_output)
+        output = Relayed(limit, on_output)
         deadline = started + timeout if timeout else None
         channel.settimeout(0.1)
         eof = False
@@ -457,7 +422,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         if code == -1:  # the channel closed without an exit status
             transport = channel.get_transport()
             if transport is None or not transport.is_active():
-                return _lost("the connection dropped while the command ran")
+                return lost("the connection dropped while the command ran")
             return p.ExecuteResponse(
                 output.text(), error=p.BACKEND_ERROR, message="the command's shell ended without an exit status"
             )
@@ -471,10 +436,10 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         self, marker: str, output: OutputBuffer, timeout: float, started: float
     ) -> p.ExecuteResponse:
         try:
-            kill = self._as_user(_scripts.command(_KILL_MARKED, marker))
+            kill = self._as_user(_scripts.command(KILL_MARKED, marker))
             run_simple(self._connection, kill, timeout=self.config.host.connect_timeout)
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
-            return _lost(f"the command timed out after {timeout}s and could not be killed ({exc}): it may still run")
+            return lost(f"the command timed out after {timeout}s and could not be killed ({exc}): it may still run")
         return execute_response(
             output, None, timed_out=True, timeout=timeout, duration_ms=(time.monotonic() - started) * 1000
         )
@@ -506,9 +471,9 @@ class SSHSandbox(StreamingSandbox, Sandbox):
                             remote.write(data)
                         outcomes.append(None)
                     except OSError as exc:
-                        if _channel_dead(sftp):
+                        if channel_dead(sftp):
                             raise
-                        outcomes.append(_sftp_error(exc))
+                        outcomes.append(sftp_error(exc))
         except (SSHError, paramiko.SSHException, OSError, EOFError):
             # Files already written stay reported as written; the rest may be partly written.
             failed: list[p.ErrorCode | None] = [p.CONNECTION_LOST] * (len(files) - len(outcomes))
@@ -529,9 +494,9 @@ class SSHSandbox(StreamingSandbox, Sandbox):
                             data = bytes(remote.read(max_bytes + 1))
                             return p.FILE_TOO_LARGE if len(data) > max_bytes else data
                     except OSError as exc:
-                        if _channel_dead(sftp):
+                        if channel_dead(sftp):
                             raise
-                        return _sftp_error(exc)
+                        return sftp_error(exc)
             except (SSHError, paramiko.SSHException, OSError, EOFError):
                 if attempt:
                     return p.CONNECTION_LOST
@@ -548,91 +513,6 @@ class SSHSandbox(StreamingSandbox, Sandbox):
             self._connection.close_session(channel)
             raise
         return ChannelOutput(self._connection, channel)
-
-
-class _ChannelStream:
-    """`sandboxes._mux.TimedByteStream` over the helper's channel.
-
-    The bounded wait polls the channel's `fileno` (a pipe paramiko sets while the channel has
-    data or has ended), not `settimeout`: a channel has one timeout for reads AND writes, and
-    a request written meanwhile by another thread would inherit the reader's."""
-
-    def __init__(self, connection: SSHConnection, channel: paramiko.Channel) -> None:
-        self._connection = connection
-        self._channel = channel
-        self._ready = select.poll()
-        self._ready.register(channel.fileno(), select.POLLIN)
-
-    def send(self, data: bytes) -> None:
-        self._channel.sendall(data)
-
-    def recv(self, size: int) -> bytes:
-        return bytes(self._channel.recv(size))
-
-    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
-        channel = self._channel
-        if not self._readable():
-            if timeout == 0:
-                return None
-            events = self._ready.poll(None if timeout is None else timeout * 1000)
-            if not self._readable():
-                while channel.recv_stderr_ready():  # the helper's last words: nobody reads them
-                    channel.recv_stderr(_STDERR_CHUNK)
-                closed = any(event & (select.POLLHUP | select.POLLNVAL) for _, event in events)
-                return b"" if closed else None  # paramiko closed its pipe: the channel is closed
-        return bytes(channel.recv(size))
-
-    def _readable(self) -> bool:
-        """Whether `recv` returns at once: data, or the channel's end."""
-        channel = self._channel
-        return bool(channel.recv_ready() or channel.eof_received or channel.closed)
-
-    def close(self) -> None:
-        self._connection.close_session(self._channel)
-
-
-class _Relayed(OutputBuffer):
-    """An `OutputBuffer` that hands every chunk written to it on (``merged``) as it arrives."""
-
-    def __init__(self, limit: int, on_output: OutputHook | None) -> None:
-        super().__init__(limit)
-        self._on_output = on_output
-
-    def write(self, data: bytes) -> None:
-        super().write(data)
-        if self._on_output is not None and data:
-            self._on_output(data, "merged")
-
-
-def _feed(channel: paramiko.Channel, data: bytes) -> None:
-    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-        channel.sendall(data)
-        channel.shutdown_write()
-
-
-def _channel_dead(sftp: paramiko.SFTPClient) -> bool:
-    """Whether an SFTP ``OSError`` is the connection failing rather than a status from the server."""
-    channel = sftp.get_channel()
-    transport = channel.get_transport()
-    return bool(channel.closed) or transport is None or not transport.is_active()
-
-
-def _lost(message: str) -> p.ExecuteResponse:
-    return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=message)
-
-
-def _sftp_error(exc: OSError) -> p.ErrorCode:
-    import errno
-
-    codes: dict[int, p.ErrorCode] = {
-        errno.ENOENT: p.FILE_NOT_FOUND,
-        errno.EACCES: p.PERMISSION_DENIED,
-        errno.EPERM: p.PERMISSION_DENIED,
-        errno.EISDIR: p.IS_DIRECTORY,
-        errno.ENOTDIR: p.NOT_A_DIRECTORY,
-        errno.ENOSPC: p.NO_SPACE,
-    }
-    return codes.get(exc.errno or 0, p.BACKEND_ERROR)
 
 
 def _runner(connection: SSHConnection, timeout: float = 60.0) -> _ssh_users.Run:

@@ -25,20 +25,19 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from sandboxes import protocol as p
 from sandboxes.semantics import EDIT_MAX_BYTES, MAX_BINARY_READ_BYTES
-from sandboxes.state import StateBackend
-from sandboxes.testing import differential
-from sandboxes.testing.corpus import BINARY_SAMPLES, CANARY, HOSTILE_NAMES
+from sandboxes.testing._answers import grep_matches, listed_entries, whole_text
+from sandboxes.testing.corpus import BINARY_SAMPLES
 from sandboxes.testing.grep_conformance import GrepBounds
+from sandboxes.testing.hostile_conformance import BAD_PATHS, HostileInputs
+from sandboxes.testing.transfer_conformance import BatchTransfers
 
-BAD_PATHS = ("relative/path.txt", "", "/a/../b", "~/x", "/nul\x00byte", "C:\\windows")
+__all__ = ["BAD_PATHS", "BackendConformance"]
 
 
-class BackendConformance(GrepBounds):
+class BackendConformance(GrepBounds, BatchTransfers, HostileInputs):
     """File-operation behaviour shared by every backend (deepagents 0.7 semantics)."""
 
     large_file_bytes = 12 << 20
@@ -74,22 +73,22 @@ class BackendConformance(GrepBounds):
         path = f"{root}/f.txt"
         backend.write(path, "first version, longer")
         assert backend.write(path, "second").error is None
-        assert _text(backend, path) == "second"
+        assert whole_text(backend, path) == "second"
 
     def test_write_creates_parents_and_normalises_path(self, backend: p.BackendProtocol, root: str) -> None:
         result = backend.write(f"{root}//deep/./nested//dir/f.txt", "x")
         assert result.path == f"{root}/deep/nested/dir/f.txt"
-        assert _text(backend, f"{root}/deep/nested/dir/f.txt") == "x"
+        assert whole_text(backend, f"{root}/deep/nested/dir/f.txt") == "x"
 
     def test_write_onto_directory_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
         backend.write(f"{root}/d/f.txt", "x")
         assert backend.write(f"{root}/d", "y").error == p.IS_DIRECTORY
-        assert _text(backend, f"{root}/d/f.txt") == "x"
+        assert whole_text(backend, f"{root}/d/f.txt") == "x"
 
     def test_write_below_a_file_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
         backend.write(f"{root}/file", "x")
         assert backend.write(f"{root}/file/child.txt", "y").error == p.NOT_A_DIRECTORY
-        assert _text(backend, f"{root}/file") == "x"
+        assert whole_text(backend, f"{root}/file") == "x"
 
     def test_empty_and_whitespace_files(self, backend: p.BackendProtocol, root: str) -> None:
         backend.write(f"{root}/empty", "")
@@ -98,7 +97,7 @@ class BackendConformance(GrepBounds):
         assert empty.error is None
         assert empty.file_data is not None
         assert (empty.file_data.content, empty.file_data.encoding) == ("", "utf-8")
-        assert _text(backend, f"{root}/blank") == "\n\n\n"
+        assert whole_text(backend, f"{root}/blank") == "\n\n\n"
 
     def test_read_missing_and_directory(self, backend: p.BackendProtocol, root: str) -> None:
         assert backend.read(f"{root}/missing.txt").error == p.FILE_NOT_FOUND
@@ -141,7 +140,7 @@ class BackendConformance(GrepBounds):
     def test_unicode_content_roundtrip(self, backend: p.BackendProtocol, root: str) -> None:
         content = "héllo wörld\n日本語\n🦀 emoji\n\u200b zero-width\n"
         backend.write(f"{root}/u.txt", content)
-        assert _text(backend, f"{root}/u.txt") == content
+        assert whole_text(backend, f"{root}/u.txt") == content
         assert backend.download_files([f"{root}/u.txt"])[0].content == content.encode()
 
     @pytest.mark.parametrize("sample", BINARY_SAMPLES, ids=range(len(BINARY_SAMPLES)))
@@ -190,7 +189,7 @@ class BackendConformance(GrepBounds):
         path = f"{root}/e.txt"
         backend.write(path, "Hello world\nGoodbye world\n")
         assert backend.edit(path, "Goodbye", "Farewell") == p.EditResult(path=path, occurrences=1)
-        assert _text(backend, path) == "Hello world\nFarewell world\n"
+        assert whole_text(backend, path) == "Hello world\nFarewell world\n"
 
     def test_edit_errors(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/e.txt"
@@ -202,13 +201,13 @@ class BackendConformance(GrepBounds):
         assert "2" in many.message
         assert backend.edit(path, "", "y").error == p.INVALID_ARGUMENT
         assert backend.edit(f"{root}/missing", "a", "b").error == p.FILE_NOT_FOUND
-        assert _text(backend, path) == "a b a"
+        assert whole_text(backend, path) == "a b a"
 
     def test_edit_replace_all(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/e.txt"
         backend.write(path, "x.x.x")
         assert backend.edit(path, "x", "yy", replace_all=True).occurrences == 3
-        assert _text(backend, path) == "yy.yy.yy"
+        assert whole_text(backend, path) == "yy.yy.yy"
 
     def test_edit_of_a_file_over_the_bound_is_refused(self, backend: p.BackendProtocol, root: str) -> None:
         """Past `EDIT_MAX_BYTES` a file is ``file_too_large`` for ``edit`` (not pulled whole),
@@ -231,7 +230,7 @@ class BackendConformance(GrepBounds):
         backend.write(path, "a" * 1000 + "\n")
         grown = backend.edit(path, "a", "b" * (EDIT_MAX_BYTES // 1000 + 1), replace_all=True)
         assert grown.error == p.FILE_TOO_LARGE, grown
-        assert _text(backend, path) == "a" * 1000 + "\n"
+        assert whole_text(backend, path) == "a" * 1000 + "\n"
 
     def test_edit_is_literal_and_multiline(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/e.txt"
@@ -240,7 +239,7 @@ class BackendConformance(GrepBounds):
         result = backend.edit(path, "r'\\d+$', '$1'", "r'[a-z]*', '\\\\0'")
         assert result.error is None
         assert backend.edit(path, "second line\nthird", "2nd\n3rd").occurrences == 1
-        assert _text(backend, path) == "a = re.sub(r'[a-z]*', '\\\\0', s)  # (.*)\n2nd\n3rd\n"
+        assert whole_text(backend, path) == "a = re.sub(r'[a-z]*', '\\\\0', s)  # (.*)\n2nd\n3rd\n"
 
     def test_edit_keeps_crlf_files_crlf(self, backend: p.BackendProtocol, root: str) -> None:
         path = f"{root}/dos.txt"
@@ -261,7 +260,7 @@ class BackendConformance(GrepBounds):
         backend.write(f"{root}/tree/a/b.txt", "b")
         assert backend.delete(f"{root}/gone.txt") == p.DeleteResult(path=f"{root}/gone.txt")
         assert backend.delete(f"{root}/tree") == p.DeleteResult(path=f"{root}/tree")
-        assert [e.path for e in _entries(backend, root)] == [f"{root}/keep.txt"]
+        assert [e.path for e in listed_entries(backend, root)] == [f"{root}/keep.txt"]
         assert backend.delete(f"{root}/gone.txt").error == p.FILE_NOT_FOUND
         assert backend.delete("/").error == p.INVALID_PATH
 
@@ -269,7 +268,7 @@ class BackendConformance(GrepBounds):
         backend.write(f"{root}/d/only.txt", "x")
         backend.delete(f"{root}/d/only.txt")
         assert backend.ls(f"{root}/d") == p.LsResult(entries=[])
-        assert [e.path for e in _entries(backend, root)] == [f"{root}/d/"]
+        assert [e.path for e in listed_entries(backend, root)] == [f"{root}/d/"]
 
     # ------------------------------------------------------------------ ls
 
@@ -278,7 +277,7 @@ class BackendConformance(GrepBounds):
         backend.write(f"{root}/a.txt", "a")
         backend.write(f"{root}/.hidden", "h")
         backend.write(f"{root}/sub/inner.txt", "i")
-        entries = _entries(backend, root)
+        entries = listed_entries(backend, root)
         assert [(e.path, e.is_dir) for e in entries] == [
             (f"{root}/.hidden", False),
             (f"{root}/a.txt", False),
@@ -287,7 +286,7 @@ class BackendConformance(GrepBounds):
         ]
         assert entries[2].size == 2
         assert all(e.modified_at for e in entries if not e.is_dir)
-        assert _entries(backend, f"{root}/") == entries
+        assert listed_entries(backend, f"{root}/") == entries
 
     def test_ls_errors(self, backend: p.BackendProtocol, root: str) -> None:
         assert backend.ls(f"{root}/missing").error == p.FILE_NOT_FOUND
@@ -297,7 +296,7 @@ class BackendConformance(GrepBounds):
     def test_ls_many_entries(self, backend: p.BackendProtocol, root: str) -> None:
         files = [(f"{root}/many/file_{i:03d}.txt", b"%d" % i) for i in range(150)]
         assert all(r.error is None for r in backend.upload_files(files))
-        entries = _entries(backend, f"{root}/many")
+        entries = listed_entries(backend, f"{root}/many")
         assert [e.path for e in entries] == [path for path, _ in files]
         assert [e.size for e in entries] == [len(content) for _, content in files]
 
@@ -314,36 +313,36 @@ class BackendConformance(GrepBounds):
                 p.GrepMatch(f"{root}/sub/b.txt", 3, "TODO twice"),
             ]
         )
-        assert [m.line for m in _matches(backend.grep("(.*)", root))] == [3]
-        assert _matches(backend.grep("todo", root)) == []
+        assert [m.line for m in grep_matches(backend.grep("(.*)", root))] == [3]
+        assert grep_matches(backend.grep("todo", root)) == []
 
     def test_grep_glob_filter_and_max_count(self, backend: p.BackendProtocol, root: str) -> None:
         for name in ("a.py", "b.txt", "src/c.py", "src/deep/d.py"):
             backend.write(f"{root}/{name}", "needle\nneedle\n")
-        assert {m.path for m in _matches(backend.grep("needle", root, glob="*.py"))} == {
+        assert {m.path for m in grep_matches(backend.grep("needle", root, glob="*.py"))} == {
             f"{root}/a.py",
             f"{root}/src/c.py",
             f"{root}/src/deep/d.py",
         }
-        assert {m.path for m in _matches(backend.grep("needle", root, glob="src/**/*.py"))} == {
+        assert {m.path for m in grep_matches(backend.grep("needle", root, glob="src/**/*.py"))} == {
             f"{root}/src/c.py",
             f"{root}/src/deep/d.py",
         }
         capped = backend.grep("needle", root, max_count=3)
         assert capped.truncated
-        assert len(_matches(capped)) == 3
+        assert len(grep_matches(capped)) == 3
         exact = backend.grep("needle", root, glob="*.txt", max_count=2)
         assert not exact.truncated
-        assert len(_matches(exact)) == 2
+        assert len(grep_matches(exact)) == 2
 
     def test_grep_edge_cases(self, backend: p.BackendProtocol, root: str) -> None:
         backend.write(f"{root}/f.txt", "-e starts with dash\nütf-8 ✓\nsecond\n")
         backend.upload_files([(f"{root}/bin.dat", b"needle\x00needle")])
-        assert [m.line for m in _matches(backend.grep("-e", root))] == [1]
-        assert [m.text for m in _matches(backend.grep("✓", root))] == ["ütf-8 ✓"]
-        assert _matches(backend.grep("needle", root)) == []
-        assert _matches(backend.grep("starts\nsecond", root)) == []
-        assert [m.path for m in _matches(backend.grep("second", f"{root}/f.txt"))] == [f"{root}/f.txt"]
+        assert [m.line for m in grep_matches(backend.grep("-e", root))] == [1]
+        assert [m.text for m in grep_matches(backend.grep("✓", root))] == ["ütf-8 ✓"]
+        assert grep_matches(backend.grep("needle", root)) == []
+        assert grep_matches(backend.grep("starts\nsecond", root)) == []
+        assert [m.path for m in grep_matches(backend.grep("second", f"{root}/f.txt"))] == [f"{root}/f.txt"]
         assert backend.grep("x", f"{root}/missing").error == p.FILE_NOT_FOUND
 
     # ------------------------------------------------------------------ glob
@@ -374,151 +373,6 @@ class BackendConformance(GrepBounds):
         backend.write(f"{root}/f.txt", "x")
         assert backend.glob("../*", root).error == p.INVALID_ARGUMENT
         assert backend.glob("*", f"{root}/missing").error == p.FILE_NOT_FOUND
-
-    # ------------------------------------------------------------------ upload / download
-
-    def test_batches_keep_order_and_report_per_file(self, backend: p.BackendProtocol, root: str) -> None:
-        backend.write(f"{root}/dir/x", "x")
-        backend.write(f"{root}/file", "f")
-        uploads = backend.upload_files(
-            [
-                (f"{root}/ok1", b"1"),
-                ("relative.txt", b"r"),
-                (f"{root}/dir", b"onto a dir"),
-                (f"{root}/file/below", b"below a file"),
-                (f"{root}/new/dir/ok2", b"2"),
-            ]
-        )
-        assert [(u.path, u.error) for u in uploads] == [
-            (f"{root}/ok1", None),
-            ("relative.txt", p.INVALID_PATH),
-            (f"{root}/dir", p.IS_DIRECTORY),
-            (f"{root}/file/below", p.NOT_A_DIRECTORY),
-            (f"{root}/new/dir/ok2", None),
-        ]
-        downloads = backend.download_files(
-            [f"{root}/new/dir/ok2", f"{root}/missing", "../x", f"{root}/dir", f"{root}/ok1"]
-        )
-        assert [(d.path, d.content, d.error) for d in downloads] == [
-            (f"{root}/new/dir/ok2", b"2", None),
-            (f"{root}/missing", None, p.FILE_NOT_FOUND),
-            ("../x", None, p.INVALID_PATH),
-            (f"{root}/dir", None, p.IS_DIRECTORY),
-            (f"{root}/ok1", b"1", None),
-        ]
-        assert backend.upload_files([]) == []
-        assert backend.download_files([]) == []
-
-    def test_large_files_in_batches_report_per_file(self, backend: p.BackendProtocol, root: str) -> None:
-        """Backends may move big files by another transport (tar, SFTP); the answers must not change."""
-        big = bytes(range(256)) * (3 << 12)  # 3 MiB
-        backend.write(f"{root}/dir/x", "x")
-        backend.write(f"{root}/file", "f")
-        uploads = backend.upload_files(
-            [
-                (f"{root}/dir", big),
-                (f"{root}/small", b"s"),
-                (f"{root}/file/below", big),
-                (f"{root}/new/deep/big.bin", big),
-                ("relative", big),
-            ]
-        )
-        assert [(u.path, u.error) for u in uploads] == [
-            (f"{root}/dir", p.IS_DIRECTORY),
-            (f"{root}/small", None),
-            (f"{root}/file/below", p.NOT_A_DIRECTORY),
-            (f"{root}/new/deep/big.bin", None),
-            ("relative", p.INVALID_PATH),
-        ]
-        downloads = backend.download_files([f"{root}/new/deep/big.bin", f"{root}/dir", f"{root}/small", f"{root}/nope"])
-        assert [(d.content, d.error) for d in downloads] == [
-            (big, None),
-            (None, p.IS_DIRECTORY),
-            (b"s", None),
-            (None, p.FILE_NOT_FOUND),
-        ]
-        assert backend.edit(f"{root}/small", "s", "t").error is None
-        assert [e.path for e in _entries(backend, f"{root}/new/deep")] == [f"{root}/new/deep/big.bin"]
-
-    def test_batch_of_many_files(self, backend: p.BackendProtocol, root: str) -> None:
-        files = [(f"{root}/batch/{i}/f{i}.bin", bytes([i]) * (i * 100)) for i in range(60)]
-        assert all(r.error is None for r in backend.upload_files(files))
-        downloaded = backend.download_files([path for path, _ in files])
-        assert [(d.path, d.content) for d in downloaded] == files
-
-    # ------------------------------------------------------------------ hostile input
-
-    @pytest.mark.parametrize("bad", BAD_PATHS, ids=repr)
-    def test_invalid_paths_are_refused_everywhere(self, backend: p.BackendProtocol, bad: str) -> None:
-        assert backend.ls(bad).error == p.INVALID_PATH
-        assert backend.read(bad).error == p.INVALID_PATH
-        assert backend.write(bad, "x").error == p.INVALID_PATH
-        assert backend.edit(bad, "a", "b").error == p.INVALID_PATH
-        assert backend.delete(bad).error == p.INVALID_PATH
-        if bad:  # an empty search root means the default root, as in deepagents
-            assert backend.grep("x", bad).error == p.INVALID_PATH
-            assert backend.glob("*", bad).error == p.INVALID_PATH
-        assert backend.upload_files([(bad, b"x")])[0].error == p.INVALID_PATH
-        assert backend.download_files([bad])[0].error == p.INVALID_PATH
-
-    def test_hostile_names_survive_every_operation(self, backend: p.BackendProtocol, root: str) -> None:
-        for name in HOSTILE_NAMES:
-            path = f"{root}/{name}"
-            assert backend.write(path, f"content of {name}\n").error is None, name
-            assert _text(backend, path) == f"content of {name}\n", name
-            assert backend.edit(path, "content", "body").error is None, name
-        entries = {e.path for e in _entries(backend, root)}
-        assert entries == {f"{root}/{name}" for name in HOSTILE_NAMES}
-        grep = _matches(backend.grep("body of", root))
-        assert sorted(m.path for m in grep) == sorted(f"{root}/{name}" for name in HOSTILE_NAMES)
-        dirname = f"{root}/$(touch {CANARY}) -rf `x`\n"
-        assert backend.write(f"{dirname}/-n", "deep").error is None
-        assert [m.path for m in _matches(backend.grep("deep", dirname))] == [f"{dirname}/-n"]
-        assert [m.path for m in backend.glob("-n", root).matches or []] == sorted([f"{dirname}/-n", f"{root}/-n"])
-        for name in HOSTILE_NAMES:
-            assert backend.delete(f"{root}/{name}").error is None, name
-        assert [e.path for e in _entries(backend, root)] == [f"{dirname}/"]
-        assert backend.read(f"{root}/{CANARY}").error == p.FILE_NOT_FOUND
-
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(
-        name=st.text(st.characters(exclude_characters="/\x00", exclude_categories=["Cs"]), min_size=1, max_size=40)
-        .map(lambda s: s.encode("utf-8")[:200].decode("utf-8", "ignore") or "x")
-        .filter(lambda s: s not in (".", "..")),
-        content=st.binary(max_size=2048),
-    )
-    def test_fuzz_names_and_binary_content(
-        self, backend: p.BackendProtocol, root: str, name: str, content: bytes
-    ) -> None:
-        path = f"{root}/fuzz/{name}"
-        assert backend.upload_files([(path, content)]) == [p.FileUploadResponse(path)]
-        assert backend.download_files([path]) == [p.FileDownloadResponse(path, content)]
-        assert path in {e.path for e in _entries(backend, f"{root}/fuzz")}
-        assert [m.path for m in backend.glob("*", f"{root}/fuzz").matches or []] == (
-            [] if name.startswith(".") else [path]
-        )
-        assert backend.delete(path) == p.DeleteResult(path=path)
-        assert _entries(backend, f"{root}/fuzz") == []
-
-    # ------------------------------------------------------------------ differential
-
-    differential_examples = 40
-
-    def test_differential_against_state_backend(self, backend: p.BackendProtocol, root: str) -> None:
-        """Random operation sequences answer exactly as on the in-memory reference backend."""
-        counter = iter(range(1 << 30))
-
-        @settings(max_examples=self.differential_examples, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(ops=differential.operations())
-        def check(ops: list[tuple[str, tuple[object, ...]]]) -> None:
-            case_root = f"{root}/case{next(counter)}"
-            reference = StateBackend()
-            for step, (method, args) in enumerate(ops):
-                expected = differential.comparable(differential.apply(reference, case_root, method, args))
-                actual = differential.comparable(differential.apply(backend, case_root, method, args))
-                assert actual == expected, f"step {step}: {method}{args!r}"
-
-        check()
 
     # ------------------------------------------------------------------ concurrency & async
 
@@ -570,11 +424,11 @@ class BackendConformance(GrepBounds):
                 assert backend.download_files([path])[0].error is not None, path
                 continue
             try:
-                assert _text(backend, path) == content, path
+                assert whole_text(backend, path) == content, path
                 [uploaded] = backend.upload_files([(path, content.encode() * 2)])
                 assert uploaded.error is None, (path, uploaded)
                 assert backend.download_files([path])[0].content == content.encode() * 2, path
-                assert path in [entry.path for entry in _entries(backend, path.rsplit("/", 1)[0])], path
+                assert path in [entry.path for entry in listed_entries(backend, path.rsplit("/", 1)[0])], path
             finally:
                 if not path.startswith(root):
                     backend.delete(path)
@@ -586,24 +440,3 @@ class BackendConformance(GrepBounds):
             backend.delete(f"/conf-up-{tag}")
         else:
             assert upload.error == p.PERMISSION_DENIED, upload
-
-
-def _text(backend: p.BackendProtocol, path: str) -> str:
-    """The file's whole text via download (read paginates and normalises line endings)."""
-    [response] = backend.download_files([path])
-    assert response.error is None, response
-    assert response.content is not None
-    return response.content.decode("utf-8")
-
-
-def _entries(backend: p.BackendProtocol, path: str) -> list[p.FileInfo]:
-    result = backend.ls(path)
-    assert result.error is None, result
-    assert result.entries is not None
-    return result.entries
-
-
-def _matches(result: p.GrepResult) -> list[p.GrepMatch]:
-    assert result.error is None, result
-    assert result.matches is not None
-    return result.matches

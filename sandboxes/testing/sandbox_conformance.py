@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sandboxes import protocol as p
-from sandboxes.testing.conformance import BackendConformance, _text
+from sandboxes.testing._answers import whole_text
+from sandboxes.testing.conformance import BackendConformance
 from sandboxes.testing.corpus import CANARY, HOSTILE_NAMES
 
 
@@ -61,7 +62,7 @@ class SandboxConformance(BackendConformance):
         assert sandbox.execute(f"cat {shlex.quote(root)}/from-api.txt").output == "api\n"
         made = sandbox.execute(f"printf 'shell\\n' > {shlex.quote(root)}/from-shell.txt")
         assert made.exit_code == 0
-        assert _text(sandbox, f"{root}/from-shell.txt") == "shell\n"
+        assert whole_text(sandbox, f"{root}/from-shell.txt") == "shell\n"
 
     def test_output_is_capped_keeping_head_and_tail(self, sandbox: p.SandboxBackendProtocol) -> None:
         command = "echo START; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END"
@@ -96,9 +97,9 @@ class SandboxConformance(BackendConformance):
         time.sleep(0.5)
         # The files existing proves each loop ran (_text fails otherwise); a loop killed between
         # `>` truncating its file and `echo` writing it leaves the file empty, which is fine.
-        before = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
+        before = [whole_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
         time.sleep(1.0)
-        after = [_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
+        after = [whole_text(sandbox, f"{root}/hb{i}") for i in (1, 2, 3)]
         assert after == before, "a process of the timed-out command is still running"
         assert sandbox.execute("echo alive").output == "alive\n"
 

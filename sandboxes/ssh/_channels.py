@@ -1,0 +1,148 @@
+"""The pieces an `sandboxes.ssh.SSHSandbox` talks through on an SSH channel of its own: the script that runs
+one command without the exec helper, the byte stream the helper's frames travel on, the output
+buffer that relays each chunk as it arrives, and the reading of an SFTP failure."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import select
+
+import paramiko
+
+from sandboxes import protocol as p
+from sandboxes._helper._kill import KILL_MARKED_SH
+from sandboxes._output import OutputBuffer, OutputHook
+from sandboxes.ssh._connection import SSHConnection
+
+__all__ = [
+    "KILL_MARKED",
+    "RUN",
+    "STDERR_CHUNK",
+    "ChannelStream",
+    "Relayed",
+    "channel_dead",
+    "feed",
+    "lost",
+    "sftp_error",
+]
+
+RUN = (
+    KILL_MARKED_SH
+    + r"""cwd=$1; marker=$2; cmd=$3; shift 3
+for pair do export "$pair"; done
+export SANDBOXES_EXEC_ID="$marker"
+cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
+exec 3>&2 2>/dev/null
+/bin/sh -c "$cmd" 2>&3 3>&-
+status=$?
+unset SANDBOXES_EXEC_ID
+kill_marked "$marker"
+cat >/dev/null
+exit "$status"
+"""
+)
+"""One command without the helper: environment pairs and cwd as quoted arguments.
+
+The command runs as a child, not by ``exec``: sshd reports a death by signal as ``exit-signal``,
+which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
+is muted so that it does not add a "Killed" line to the output. Whatever the command left
+running (marked by the environment variable) is killed when it exits (`sandboxes._helper._kill`), as the
+exec helper does.
+
+The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
+stdin (or its EOF) is still on the way: sshd reuses the number of a closed channel at once, and
+paramiko may send a message it prepared just before the close, which would then land in another
+command's stdin (or end the whole connection).
+
+A missing working directory prints the marker too, so that a command that itself exits 200 is
+not mistaken for it."""
+
+KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
+"""Kill a timed-out command's processes (`sandboxes._helper._kill`)."""
+
+STDERR_CHUNK = 1 << 16
+"""What one read of the helper's stderr takes, to drain its last words."""
+
+
+class ChannelStream:
+    """`sandboxes._mux.TimedByteStream` over the helper's channel.
+
+    The bounded wait polls the channel's `fileno` (a pipe paramiko sets while the channel has
+    data or has ended), not `settimeout`: a channel has one timeout for reads AND writes, and
+    a request written meanwhile by another thread would inherit the reader's."""
+
+    def __init__(self, connection: SSHConnection, channel: paramiko.Channel) -> None:
+        self._connection = connection
+        self._channel = channel
+        self._ready = select.poll()
+        self._ready.register(channel.fileno(), select.POLLIN)
+
+    def send(self, data: bytes) -> None:
+        self._channel.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        return bytes(self._channel.recv(size))
+
+    def recv_within(self, size: int, timeout: float | None) -> bytes | None:
+        channel = self._channel
+        if not self._readable():
+            if timeout == 0:
+                return None
+            events = self._ready.poll(None if timeout is None else timeout * 1000)
+            if not self._readable():
+                while channel.recv_stderr_ready():  # the helper's last words: nobody reads them
+                    channel.recv_stderr(STDERR_CHUNK)
+                closed = any(event & (select.POLLHUP | select.POLLNVAL) for _, event in events)
+                return b"" if closed else None  # paramiko closed its pipe: the channel is closed
+        return bytes(channel.recv(size))
+
+    def _readable(self) -> bool:
+        """Whether `recv` returns at once: data, or the channel's end."""
+        channel = self._channel
+        return bool(channel.recv_ready() or channel.eof_received or channel.closed)
+
+    def close(self) -> None:
+        self._connection.close_session(self._channel)
+
+
+class Relayed(OutputBuffer):
+    """An `OutputBuffer` that hands every chunk written to it on (``merged``) as it arrives."""
+
+    def __init__(self, limit: int, on_output: OutputHook | None) -> None:
+        super().__init__(limit)
+        self._on_output = on_output
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if self._on_output is not None and data:
+            self._on_output(data, "merged")
+
+
+def feed(channel: paramiko.Channel, data: bytes) -> None:
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        channel.sendall(data)
+        channel.shutdown_write()
+
+
+def channel_dead(sftp: paramiko.SFTPClient) -> bool:
+    """Whether an SFTP ``OSError`` is the connection failing rather than a status from the server."""
+    channel = sftp.get_channel()
+    transport = channel.get_transport()
+    return bool(channel.closed) or transport is None or not transport.is_active()
+
+
+def lost(message: str) -> p.ExecuteResponse:
+    return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=message)
+
+
+def sftp_error(exc: OSError) -> p.ErrorCode:
+    codes: dict[int, p.ErrorCode] = {
+        errno.ENOENT: p.FILE_NOT_FOUND,
+        errno.EACCES: p.PERMISSION_DENIED,
+        errno.EPERM: p.PERMISSION_DENIED,
+        errno.EISDIR: p.IS_DIRECTORY,
+        errno.ENOTDIR: p.NOT_A_DIRECTORY,
+        errno.ENOSPC: p.NO_SPACE,
+    }
+    return codes.get(exc.errno or 0, p.BACKEND_ERROR)

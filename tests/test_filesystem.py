@@ -244,7 +244,7 @@ import json, os, sys
 from sandboxes import protocol as p
 from sandboxes.filesystem import FilesystemBackend
 from sandboxes.semantics import compile_glob
-compile_glob("*")  # the glob matcher is imported when first used: here, before the interpreter's files may be out of reach
+compile_glob("*")  # imports the glob matcher now, before the interpreter's files may be out of reach
 try:
     os.setgroups([]); os.setgid({uid}); os.setuid({uid})
 except PermissionError:

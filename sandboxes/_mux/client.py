@@ -83,8 +83,7 @@ class MuxClient(StreamReader):
     Who reads the stream: one thread at a time, the holder of the read token. Over a plain
     `ByteStream`, always the reader thread. Over a `TimedByteStream`, a caller that finds the
     token free (no other command is being read) takes it and reads its own answer, dispatching
-    whatever else arrives meanwhile: waking a thread for each answer costs about 0.06 ms over
-    SSH, a third of this client's share of a command's round trip. A caller that finds it taken
+    whatever else arrives meanwhile, so no thread is woken for its own answer. A caller that finds it taken
     waits, as on a plain stream, and the reader thread reads for it once the holder is done.
     Nobody reads an idle timed stream, so a caller that takes the token first reads what is
     there without waiting: a helper that died meanwhile is found before the request is written,

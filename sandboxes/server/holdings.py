@@ -151,9 +151,8 @@ class Holdings:
 
         One read for all the requests that find the same sandbox unconfirmed at once, as long as
         it started within ``confirm_interval`` (no request is answered on an older read than it
-        would trust anyway). Once a second, 20 clients of one sandbox made 5-9 label-selected
-        lists of the engine (each ~4 ms of a worker thread, and the engine's CPU) where one
-        answers them all."""
+        would trust anyway): each read is a label-selected list of the engine, a worker thread's
+        and the engine's time, and one answers them all."""
         now, sandbox_id = time.monotonic(), entry.state.id
         flight = self._confirming.get(sandbox_id)
         if flight is None or flight[1] is not entry or now - flight[0] >= self.settings.confirm_interval:

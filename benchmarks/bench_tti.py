@@ -431,7 +431,10 @@ def _local_rows(n: int, workdir: Path) -> list[Row]:
 
     rows = [_row("sequential", "library local: LocalSandbox + execute", _sequential(n, ours))]
     if shutil.which("bwrap"):
-        argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true"]
+        # The system's directories, not "/" recursively: a container's overlay mount that comes or
+        # goes while "/" is bound makes bwrap fail.
+        system = [arg for d in ("/usr", "/bin", "/lib", "/lib64", "/sbin") for arg in ("--ro-bind-try", d, d)]
+        argv = ["bwrap", *system, "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true"]
         rows.append(_row("sequential", "raw local: bwrap --unshare-all true", _sequential(
             n, lambda: subprocess.run(argv, check=True) and None)))  # fmt: skip
     return rows

@@ -377,15 +377,20 @@ class BackendConformance(GrepBounds, BatchTransfers, HostileInputs):
     # ------------------------------------------------------------------ concurrency & async
 
     def test_concurrent_operations(self, backend: p.BackendProtocol, root: str) -> None:
-        def worker(i: int) -> bytes | None:
+        def worker(i: int) -> tuple[bytes | None, list[str | None]]:
             path = f"{root}/conc/{i}.txt"
-            backend.write(path, f"worker {i}\n" * 100)
-            backend.edit(path, f"worker {i}\n", f"done {i}\n", replace_all=True)
-            return backend.download_files([path])[0].content
+            written = backend.write(path, f"worker {i}\n" * 100)
+            edited = backend.edit(path, f"worker {i}\n", f"done {i}\n", replace_all=True)
+            downloaded = backend.download_files([path])[0]
+            errors = [f"{r.error}: {r.message}" if r.error else None for r in (written, edited, downloaded)]
+            return downloaded.content, errors
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(worker, range(24)))
-        assert results == [f"done {i}\n".encode() * 100 for i in range(24)]
+        wrong = {i: errors for i, (content, errors) in enumerate(results) if content != f"done {i}\n".encode() * 100}
+        assert not wrong, (
+            f"workers whose file is not what they wrote and edited (write, edit, download errors): {wrong}"
+        )
 
     def test_async_twins(self, backend: p.BackendProtocol, root: str) -> None:
         async def scenario() -> None:

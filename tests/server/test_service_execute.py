@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -155,12 +157,19 @@ def test_a_client_leaving_a_plain_execute_kills_its_command(
     """Not left running until its (long) timeout: the service watches the connection."""
     sandbox_id, workdir = sandbox["id"], sandbox["workdir"]
     beat = f"{workdir}/beat-sync-{content_type.count(';')}"
-    body = json.dumps({"command": heartbeat(beat), "timeout": 120})
-    headers = {**client.headers, "content-type": content_type}
-    impatient = httpx.Client(base_url=service.url, headers=headers, timeout=httpx.Timeout(60, read=1.5))
-    with impatient, pytest.raises(httpx.ReadTimeout):
-        impatient.post(f"/v1/sandboxes/{sandbox_id}/execute", content=body)
-    assert execute(client, sandbox_id, f"test -s {shlex.quote(beat)}")["exit_code"] == 0, "the command never ran"
+    body = json.dumps({"command": heartbeat(beat), "timeout": 120}).encode()
+    target = urlsplit(service.url)
+    request = (
+        f"POST /v1/sandboxes/{sandbox_id}/execute HTTP/1.1\r\nHost: {target.netloc}\r\n"
+        f"Authorization: {client.headers['authorization']}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((target.hostname, target.port)) as impatient:
+        impatient.sendall(request)
+        deadline = time.monotonic() + 30  # the client leaves once its command is seen running
+        while execute(client, sandbox_id, f"test -s {shlex.quote(beat)}")["exit_code"] != 0:
+            assert time.monotonic() < deadline, "the command never ran"
+            time.sleep(0.05)
     deadline = time.monotonic() + 10
     while not heartbeat_stopped(client, sandbox_id, beat):
         assert time.monotonic() < deadline, "the abandoned command kept running"

@@ -181,7 +181,8 @@ class BackendConformance(GrepBounds, BatchTransfers, HostileInputs):
         assert tail.total_lines == total
         binary = bytes(range(256)) * (self.large_file_bytes // 256)
         assert backend.upload_files([(f"{root}/large.bin", binary)])[0].error is None
-        assert backend.download_files([f"{root}/large.bin"])[0].content == binary
+        got = backend.download_files([f"{root}/large.bin"])[0]
+        assert got.content == binary, (got.error, got.message, None if got.content is None else len(got.content))
 
     # ------------------------------------------------------------------ edit
 

@@ -1,6 +1,7 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux._capable import AwaitedDefaults, AwaitsOnHelper
+from sandboxes._mux._capable import AwaitedDefaults, AwaitsOnHelper, HoldsHelper
+from sandboxes._mux._channel import Channel, open_channel
 from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper, HeldHelper
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
@@ -14,17 +15,20 @@ __all__ = [
     "AwaitedDefaults",
     "AwaitsOnHelper",
     "ByteStream",
+    "Channel",
     "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
     "HeldHelper",
     "HelperStarts",
+    "HoldsHelper",
     "MuxBroken",
     "MuxClient",
     "TimedByteStream",
     "command_marker",
     "has_python_sh",
     "kill_tagged",
+    "open_channel",
     "python_missing",
     "run_command_once",
     "run_native_once",

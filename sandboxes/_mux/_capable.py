@@ -1,4 +1,5 @@
-"""What a sandbox offers a caller that awaits its commands on an event loop (`AwaitsOnHelper`)."""
+"""What a sandbox offers through its exec helper: the helper itself, for every capability built on
+it (`HoldsHelper`), and commands awaited on an event loop (`AwaitsOnHelper`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Protocol, runtime_checkable
 from sandboxes._mux._driven import CommandDefaults
 from sandboxes._mux.client import MuxClient
 
-__all__ = ["AwaitedDefaults", "AwaitsOnHelper"]
+__all__ = ["AwaitedDefaults", "AwaitsOnHelper", "HoldsHelper"]
 
 
 class AwaitedDefaults(CommandDefaults, Protocol):
@@ -15,6 +16,19 @@ class AwaitedDefaults(CommandDefaults, Protocol):
 
     @property
     def memory(self) -> str: ...
+
+
+@runtime_checkable
+class HoldsHelper(Protocol):
+    """A sandbox that runs the exec helper (Docker, Kubernetes, SSH, a local jail): the one driver
+    every capability beyond the protocol goes through (`sandboxes._mux._channel.open_channel`:
+    terminals, stdin as it goes, file watches, relayed ports), the same on every backend. Checked
+    with ``isinstance``; a sandbox without it answers such a capability ``unavailable``."""
+
+    def exec_helper(self) -> MuxClient | None:
+        """The running exec helper, started if none runs; ``None`` when none can run now (no
+        python3 in the sandbox, or its last start failed and the next is not due yet)."""
+        ...
 
 
 @runtime_checkable

@@ -104,6 +104,10 @@ class FileOpsOnHelper(StreamingSandbox):
     def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
         """Let go of ``mux``, found broken, so that the next call starts a new one."""
 
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands and file ops use."""
+        return self._helper()
+
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
         return run_native_once(

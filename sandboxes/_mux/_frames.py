@@ -111,8 +111,10 @@ def _request_frame(
     timeout: float | None,
     stdin: bool,
     next_marker: str | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> bytes:
-    """The R frame of a command (``next_marker``: see `MuxClient.marker`)."""
+    """The R frame of a command (``next_marker``: see `MuxClient.marker`; ``extra``: fields a
+    capability adds, `sandboxes._mux._channel.open_channel`)."""
     spec: dict[str, object] = {
         "command": command,
         "env": dict(env or {}),
@@ -122,6 +124,8 @@ def _request_frame(
     }
     if next_marker is not None:
         spec["next_marker"] = next_marker
+    if extra:
+        spec.update(extra)
     payload = wire_spec(spec)
     return HEADER.pack(RUN, ident, len(payload)) + payload
 

@@ -279,6 +279,10 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         the service's event loop, for a speed-up only."""
         return command_marker(self._mux, new)
 
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands use."""
+        return self._helper()
+
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel
         (no python3 on the host, or the connection's channel slots are nearly all taken)."""

@@ -145,6 +145,7 @@ if [ -s "$ca" ]; then cp "$ca" "$extra/build-ca.pem"; else : >"$extra/build-ca.p
 
 if wanted service; then
     log "docker build sandboxes/service:$version"
+    bash "$repo/console/build.sh"  # the web console the service serves, in the package it copies
     tar -c --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
         --exclude=__pycache__ --exclude='*.pyc' \
         -C "$repo" pyproject.toml README.md sandboxes images/service -C "$extra" build-ca.pem |

@@ -30,10 +30,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import responses
+from sandboxes.server import operator, responses
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
+from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
@@ -94,7 +95,10 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    app.router.routes.extend(operator.router.routes)
     mount_e2b(app)  # the E2B-compatible API under /e2b
+    if settings.console:
+        mount_console(app)
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)

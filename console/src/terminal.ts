@@ -1,6 +1,7 @@
 // A live terminal into the sandbox: xterm.js over the service's PTY WebSocket
-// (/v1/sandboxes/{id}/pty). Terminal bytes go both ways as binary messages; a resize goes as a
-// JSON text message; the session's end comes as a text message with its exit code.
+// (/v1/sandboxes/{id}/pty, subprotocol sandboxes.pty.v1). Terminal bytes go both ways as binary
+// messages; a resize goes as a JSON text message ({resize: {cols, rows}}); the service's text
+// messages say the session first ({session}) and how it ended last ({exit}).
 
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
@@ -10,7 +11,7 @@ import { h, notice, replace } from "./dom";
 
 /** The WebSocket subprotocols that carry the key: a browser cannot set headers on a WebSocket. */
 export function keyProtocols(key: string): string[] {
-  return ["sandboxes.pty", `bearer.${key}`];
+  return ["sandboxes.pty.v1", `bearer.${key}`];
 }
 
 export function openTerminal(api: Api, id: string): { element: HTMLElement; close: () => void } {
@@ -36,9 +37,13 @@ export function openTerminal(api: Api, id: string): { element: HTMLElement; clos
     };
     socket.onmessage = (event: MessageEvent) => {
       if (typeof event.data === "string") {
-        const control = JSON.parse(event.data) as { exit_code?: number | null; error?: string; message?: string };
-        if ("exit_code" in control) replace(status, notice(`The shell exited (${control.exit_code ?? "killed"})`));
-        if (control.error) replace(status, notice(`${control.error}: ${control.message ?? ""}`, "error"));
+        const message = JSON.parse(event.data) as {
+          session?: string | null;
+          exit?: { exit_code?: number | null; error?: string | null; message?: string | null } | null;
+        };
+        const ended = message.exit;
+        if (ended?.error) replace(status, notice(`${ended.error}: ${ended.message ?? ""}`, "error"));
+        else if (ended) replace(status, notice(`The shell exited (${ended.exit_code ?? "killed"})`));
         return;
       }
       terminal.write(new Uint8Array(event.data as ArrayBuffer));

@@ -1,0 +1,120 @@
+"""What the MCP tests share: a tool call's text, and `every_tool`, one session calling every tool
+of the server (and reading a file resource) on a new sandbox, whatever the transport."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from mcp import ClientSession
+from mcp.types import BlobResourceContents, CallToolResult, TextContent, TextResourceContents
+from pydantic import AnyUrl
+
+TOOLS = {
+    "create_sandbox",
+    "list_sandboxes",
+    "use_sandbox",
+    "destroy_sandbox",
+    "execute",
+    "start_process",
+    "poll_process",
+    "kill_process",
+    "read_file",
+    "write_file",
+    "edit_file",
+    "ls",
+    "glob",
+    "grep",
+    "upload_file",
+}
+
+
+def text_of(result: CallToolResult) -> str:
+    assert all(isinstance(block, TextContent) for block in result.content), result
+    return "".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+async def ok(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """The text of a call that must succeed."""
+    result = await session.call_tool(tool, arguments)
+    assert not result.isError, (tool, text_of(result))
+    return text_of(result)
+
+
+async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """The text of a call that must be a tool error: ``error: <code>: <message>``, no traceback."""
+    result = await session.call_tool(tool, arguments)
+    text = text_of(result)
+    assert result.isError, (tool, text)
+    assert "Traceback" not in text, text
+    return text
+
+
+async def create(session: ClientSession, template: str = "default", **arguments: Any) -> str:
+    """A new sandbox's id, now the session's sandbox."""
+    answer = await ok(session, "create_sandbox", template=template, ttl=600, **arguments)
+    assert answer.startswith("created "), answer
+    return answer.split()[1]
+
+
+async def poll_until_ended(session: ClientSession, process_id: str, limit: float = 20.0) -> str:
+    deadline = time.monotonic() + limit
+    while True:
+        answer = await ok(session, "poll_process", process_id=process_id)
+        if ": running" not in answer.splitlines()[0]:
+            return answer
+        assert time.monotonic() < deadline, f"process {process_id} still running after {limit}s: {answer}"
+
+
+async def every_tool(session: ClientSession, template: str = "default") -> None:
+    """Every tool and the file resource, on a sandbox of ``template`` it creates and destroys."""
+    listed = await session.list_tools()
+    assert {tool.name for tool in listed.tools} == TOOLS
+    templates = await session.list_resource_templates()
+    assert [t.uriTemplate for t in templates.resourceTemplates] == ["sandbox://{sandbox_id}/{path}"]
+    sandbox_id = await create(session, template)
+    destroyed = False
+    try:
+        assert f"* {sandbox_id}" in await ok(session, "list_sandboxes")
+        assert sandbox_id in await ok(session, "use_sandbox", sandbox_id=sandbox_id)
+        ran = await ok(session, "execute", command="echo $GREETING; pwd", env={"GREETING": "hi"})
+        assert ran.startswith("hi\n/"), ran
+        assert ran.endswith("\n[exit code 0]"), ran
+        workdir = ran.splitlines()[1]
+        assert await ok(session, "execute", command="echo err >&2") == "err\n[exit code 0]"
+        assert "[exit code 3]" in await ok(session, "execute", command="exit 3", cwd="/", timeout=30)
+        await ok(session, "write_file", file_path="notes.txt", content="one\ntwo\nthree\n")
+        page = await ok(session, "read_file", file_path="notes.txt", offset=1, limit=1)
+        assert page.startswith("     2\ttwo\n"), page
+        assert "offset=2" in page
+        assert "replaced 1 occurrence" in await ok(
+            session, "edit_file", file_path=f"{workdir}/notes.txt", old_string="two", new_string="TWO"
+        )
+        assert "notes.txt" in await ok(session, "ls")
+        assert "notes.txt" in await ok(session, "glob", pattern="*.txt")
+        assert await ok(session, "grep", pattern="TWO") == f"{workdir}/notes.txt:2:TWO"
+        blob = bytes(range(256))
+        uploaded = await ok(session, "upload_file", file_path="bin.dat", content_base64=base64.b64encode(blob).decode())
+        uri = uploaded.rsplit(" ", 1)[1]
+        assert uri == f"sandbox://{sandbox_id}{workdir}/bin.dat", uploaded
+        [contents] = (await session.read_resource(AnyUrl(uri))).contents
+        assert isinstance(contents, BlobResourceContents)
+        assert base64.b64decode(contents.blob) == blob
+        [text] = (await session.read_resource(AnyUrl(f"sandbox://{sandbox_id}{workdir}/notes.txt"))).contents
+        assert isinstance(text, TextResourceContents)
+        assert text.text == "one\nTWO\nthree\n"
+        started = await ok(session, "start_process", command="echo started; exec sleep 60")
+        process_id = started.split()[1].rstrip(":")
+        killed = await ok(session, "kill_process", process_id=process_id)
+        assert killed.startswith(f"process {process_id}: killed"), killed
+        finished = await ok(session, "start_process", command="echo finished; exit 4")
+        ended = await poll_until_ended(session, finished.split()[1].rstrip(":"))
+        assert ended.startswith(f"process {finished.split()[1].rstrip(':')}: exited, exit code 4"), ended
+        assert "finished" in ended
+        assert await ok(session, "destroy_sandbox") == f"destroyed {sandbox_id}"
+        destroyed = True
+        assert "no sandbox" in await refused(session, "execute", command="true")
+    finally:
+        if not destroyed:
+            await session.call_tool("destroy_sandbox", {"sandbox_id": sandbox_id})

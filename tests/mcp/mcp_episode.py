@@ -1,13 +1,25 @@
-"""What the MCP tests share: a tool call's text, and `every_tool`, one session calling every tool
-of the server (and reading a file resource) on a new sandbox, whatever the transport."""
+"""What the MCP tests share: the official SDK's client sessions over stdio (`stdio_session`, a
+spawned ``sandboxes mcp``) and streamable HTTP (`http_session`), a tool call's text, and
+`every_tool`, one session calling every tool of the server (and reading a file resource) on a
+new sandbox, whatever the transport."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from mcp import ClientSession
+import httpx
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import BlobResourceContents, CallToolResult, TextContent, TextResourceContents
 from pydantic import AnyUrl
 
@@ -118,3 +130,41 @@ async def every_tool(session: ClientSession, template: str = "default") -> None:
     finally:
         if not destroyed:
             await session.call_tool("destroy_sandbox", {"sandbox_id": sandbox_id})
+
+
+def _script() -> list[str]:
+    found = shutil.which("sandboxes") or shutil.which("sandboxes", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "sandboxes.cli"]
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(url: str | None, key: str | None, *args: str) -> AsyncIterator[ClientSession]:
+    """An SDK client session with ``sandboxes mcp ARGS`` spawned for ``url`` and ``key`` (as
+    SANDBOXES_URL and SANDBOXES_API_KEY); what it wrote to stderr is shown when the session fails."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SANDBOXES_")}
+    env.update({"SANDBOXES_URL": url} if url else {}, **({"SANDBOXES_API_KEY": key} if key else {}))
+    command, *first = _script()
+    params = StdioServerParameters(command=command, args=[*first, "mcp", *args], env=env)
+    with tempfile.TemporaryFile("w+") as errlog:
+        try:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
+        except BaseException:
+            errlog.seek(0)
+            sys.stderr.write(f"sandboxes mcp's stderr:\n{errlog.read()}")
+            raise
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, key: str | None, **headers: str) -> AsyncIterator[ClientSession]:
+    """An SDK client session over streamable HTTP to ``url`` (the service's ``/mcp``), bearing ``key``."""
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    async with (
+        httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(60, read=300)) as http,
+        streamable_http_client(url, http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session

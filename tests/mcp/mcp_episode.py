@@ -132,7 +132,8 @@ async def every_tool(session: ClientSession, template: str = "default") -> None:
             await session.call_tool("destroy_sandbox", {"sandbox_id": sandbox_id})
 
 
-def _script() -> list[str]:
+def script() -> list[str]:
+    """The ``sandboxes`` console script (``python -m sandboxes.cli`` without one)."""
     found = shutil.which("sandboxes") or shutil.which("sandboxes", path=str(Path(sys.executable).parent))
     return [found] if found else [sys.executable, "-m", "sandboxes.cli"]
 
@@ -143,7 +144,7 @@ async def stdio_session(url: str | None, key: str | None, *args: str) -> AsyncIt
     SANDBOXES_URL and SANDBOXES_API_KEY); what it wrote to stderr is shown when the session fails."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("SANDBOXES_")}
     env.update({"SANDBOXES_URL": url} if url else {}, **({"SANDBOXES_API_KEY": key} if key else {}))
-    command, *first = _script()
+    command, *first = script()
     params = StdioServerParameters(command=command, args=[*first, "mcp", *args], env=env)
     with tempfile.TemporaryFile("w+") as errlog:
         try:

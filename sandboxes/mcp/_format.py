@@ -2,7 +2,8 @@
 listings one entry a line, and a long command output as its head and tail around a marker.
 
 Every function here is linear in what it is given and bounds what it returns: a line longer
-than `MAX_LINE_CHARS` is cut with a note, a preview keeps `PREVIEW_LINES` lines at each end.
+than `MAX_LINE_CHARS` is cut with a note, an answer stops at a whole line past `ANSWER_CHARS`
+and says how to ask for the rest, a preview keeps `PREVIEW_LINES` lines at each end.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from sandboxes import protocol as p
 from sandboxes.client import ProcessStatus
 
 __all__ = [
+    "ANSWER_CHARS",
     "MAX_LINE_CHARS",
     "PREVIEW_LINES",
+    "PREVIEW_LINE_CHARS",
     "grep_text",
     "listing_text",
     "numbered",
@@ -32,6 +35,12 @@ MAX_LINE_CHARS = 2000
 PREVIEW_LINES = 20
 """Lines of a long output shown at its head, and as many at its tail."""
 
+PREVIEW_LINE_CHARS = 1000
+"""The longest line a preview shows (as deepagents' previews)."""
+
+ANSWER_CHARS = 100_000
+"""The most characters of lines a page of a file, a listing or a search answers."""
+
 
 def _clip(line: str, most: int = MAX_LINE_CHARS) -> str:
     if len(line) <= most:
@@ -46,10 +55,23 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def numbered(lines: Iterable[str], start_line: int) -> str:
+def numbered(lines: Iterable[str], start_line: int, most: int = MAX_LINE_CHARS) -> str:
     """``lines`` with their 1-based numbers from ``start_line`` in a right-aligned gutter and a
-    tab, as ``cat -n`` and deepagents' ``read_file`` show them."""
-    return "\n".join(f"{number:>6}\t{_clip(line)}" for number, line in enumerate(lines, start_line))
+    tab, as ``cat -n`` and deepagents' ``read_file`` show them, each cut at ``most`` characters."""
+    return "\n".join(f"{number:>6}\t{_clip(line, most)}" for number, line in enumerate(lines, start_line))
+
+
+def _bounded(lines: Iterable[str], budget: int = ANSWER_CHARS) -> tuple[list[str], int | None]:
+    """The first of ``lines`` that fit in ``budget`` characters, and the index of the first one
+    left out (``None``: all fit)."""
+    kept: list[str] = []
+    used = 0
+    for index, line in enumerate(lines):
+        used += len(line) + 1
+        if used > budget:
+            return kept, index
+        kept.append(line)
+    return kept, None
 
 
 def read_text(path: str, result: p.ReadResult, uri: str) -> str:
@@ -66,7 +88,13 @@ def read_text(path: str, result: p.ReadResult, uri: str) -> str:
     if result.no_lines_requested or not data.content:
         return f"{path} exists but is empty" if not result.total_lines else f"{path}: no lines requested"
     start = result.start_line or 1
-    text = numbered(_lines(data.content), start)
+    shown, cut = _bounded(numbered(_lines(data.content), start).split("\n"))
+    text = "\n".join(shown)
+    if cut is not None:
+        return (
+            f"{text}\n\n[lines {start}-{start + cut - 1} of {result.total_lines} (as many as an answer holds); "
+            f"call read_file with offset={start - 1 + cut} for the next lines]"
+        )
     if result.next_offset is None:
         return text
     return (
@@ -77,10 +105,8 @@ def read_text(path: str, result: p.ReadResult, uri: str) -> str:
 
 def listing_text(entries: Iterable[p.FileInfo], truncated: bool = False) -> str:
     """One entry a line: directories end with ``/``; files show their size when known."""
-    lines = [
-        entry.path if entry.is_dir or entry.size is None else f"{entry.path} ({entry.size} bytes)" for entry in entries
-    ]
-    if truncated:
+    lines, cut = _bounded(_entry(entry) for entry in entries)
+    if truncated or cut is not None:
         lines.append("[more entries exist: narrow the pattern or the path]")
     return "\n".join(lines) if lines else "(nothing)"
 
@@ -91,8 +117,8 @@ def _entry(entry: p.FileInfo) -> str:
 
 def grep_text(matches: Iterable[p.GrepMatch], truncated: bool = False) -> str:
     """``path:line:text``, one match a line, as ``grep -n`` prints them."""
-    lines = [f"{match.path}:{match.line}:{_clip(match.text)}" for match in matches]
-    if truncated:
+    lines, cut = _bounded(f"{match.path}:{match.line}:{_clip(match.text)}" for match in matches)
+    if truncated or cut is not None:
         lines.append("[more matches exist: narrow the pattern, the path or the glob]")
     return "\n".join(lines) if lines else "no matches"
 
@@ -102,10 +128,10 @@ def preview(text: str, lines: int = PREVIEW_LINES) -> str:
     out; all of it (numbered) when it has no more than twice that."""
     all_lines = _lines(text)
     if len(all_lines) <= 2 * lines:
-        return numbered(all_lines, 1)
+        return numbered(all_lines, 1, PREVIEW_LINE_CHARS)
     omitted = len(all_lines) - 2 * lines
-    head = numbered(all_lines[:lines], 1)
-    tail = numbered(all_lines[-lines:], len(all_lines) - lines + 1)
+    head = numbered(all_lines[:lines], 1, PREVIEW_LINE_CHARS)
+    tail = numbered(all_lines[-lines:], len(all_lines) - lines + 1, PREVIEW_LINE_CHARS)
     return f"{head}\n... [{omitted} lines left out] ...\n{tail}"
 
 

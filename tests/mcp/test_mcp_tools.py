@@ -133,3 +133,26 @@ async def test_a_session_started_on_a_sandbox_needs_no_id(service: Running) -> N
 async def test_a_wrong_key_is_unauthorized(service: Running, tmp_path: Path) -> None:
     async with session_on(service, key="not-a-key") as session:
         assert (await refused(session, "list_sandboxes")).startswith("error: unauthorized: ")
+
+
+async def test_answers_are_bounded_and_say_how_to_go_on(service: Running) -> None:
+    """A page of long lines, a search with many, and a long line in an output are cut at a whole
+    line (a line at its bound), and say how to ask for the rest."""
+    async with session_on(service, inline_output_chars=500) as session:
+        await create(session)
+        made = "for i in $(seq 1 300); do printf '%01000d\\n' $i; done > big.txt"
+        assert await ok(session, "execute", command=made) == "(no output)\n[exit code 0]"
+        page = await ok(session, "read_file", file_path="big.txt")
+        assert len(page) < 100_200
+        note = page.rsplit("\n", 1)[1]
+        assert note.startswith("[lines 1-99 of 300 (as many as an answer holds); call read_file with offset=99 ")
+        assert page.split("\n")[-3].startswith("    99\t" + "0" * 998 + "99")
+        following = await ok(session, "read_file", file_path="big.txt", offset=99)
+        assert following.startswith("   100\t" + "0" * 997 + "100\n")
+        found = await ok(session, "grep", pattern="00")
+        assert len(found) < 100_200
+        assert found.endswith("\n[more matches exist: narrow the pattern, the path or the glob]")
+        line = await ok(session, "execute", command="head -c 300000 /dev/zero | tr '\\0' y")
+        assert "     1\t" + "y" * 1000 + "... [line cut: 299000 more characters]" in line
+        assert len(line) < 2000
+        await ok(session, "destroy_sandbox")

@@ -62,7 +62,8 @@ class Inspector:
 
 
 # Slow: every Inspector run starts node twice and a `sandboxes mcp` (its own session: nothing is
-# shared between runs), 2-4 s each; 20 runs in 5 waves took 78 s on a loaded 2-core machine.
+# shared between runs), about 2.5 CPU-seconds each; 20 runs in 5 waves took 78-104 s on a 2-core
+# machine with a load average of 9.
 @pytest.mark.slow
 def test_the_inspector_lists_and_calls_every_tool(inspector: str, service: Running) -> None:
     run = Inspector(inspector, service.url)

@@ -151,6 +151,9 @@ class ServiceSettings(BaseSettings):
     metrics_access: Literal["key", "open"] = "key"
     """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
     (``open``: only behind a network that keeps strangers off the port)."""
+    mcp: bool = False
+    """Serve MCP over streamable HTTP at ``/mcp`` (the ``mcp`` extra): tools that call this API
+    as the tenant whose key each request bears (`sandboxes.mcp`)."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -22,40 +21,20 @@ from e2b import (
     Sandbox,
     SandboxException,
 )
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from e2b_harness import opts, service_fixture
+from service_harness import Running, running, settings_for
+from support import HAS_BWRAP, needs
 
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 HOSTILE = 'a b\'$(touch pwned)`touch pwned2`;"x"\n*'
 """A name every shell would read as syntax; it must arrive as a name and nothing else."""
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2bfs-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("e2bfs"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
-
-
-def _opts(service: Running) -> dict[str, Any]:
-    return {"api_key": KEYS["alice"], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+service = service_fixture("e2bfs")
 
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**_opts(service))
+    created = Sandbox.create(**opts(service))
     yield created
     created.kill()
 
@@ -128,7 +107,7 @@ def test_hostile_names_are_names(sandbox: Sandbox) -> None:
 
 
 async def test_the_async_sdk_reaches_the_same_rpcs(service: Running) -> None:
-    created = await AsyncSandbox.create(**_opts(service))
+    created = await AsyncSandbox.create(**opts(service))
     try:
         assert await created.files.make_dir("d/e") is True
         await created.files.write("d/e/f.txt", "abc")
@@ -175,7 +154,7 @@ def test_a_background_command_is_reattached_by_pid_from_several_connections(sand
 
 
 async def test_the_async_sdk_reattaches_and_kills(service: Running) -> None:
-    created = await AsyncSandbox.create(**_opts(service))
+    created = await AsyncSandbox.create(**opts(service))
     try:
         gate = f"/tmp/gate-{uuid.uuid4().hex[:8]}"
         handle = await created.commands.run(_GATED.format(gate=gate), background=True)
@@ -204,12 +183,12 @@ def test_access_tokens_survive_a_restart_of_the_service(
     monkeypatch.delenv("SANDBOXES_E2B_TOKEN_SECRET", raising=False)
     settings = settings_for(tmp_path_factory.mktemp("e2b-restart"))
     with running(settings) as first:
-        created = Sandbox.create(timeout=600, **_opts(first))
+        created = Sandbox.create(timeout=600, **opts(first))
         token = created.connection_config.sandbox_headers["X-Access-Token"]
     with running(settings) as second:
         headers = {"E2b-Sandbox-Id": created.sandbox_id, "X-Access-Token": token}
         assert httpx.get(f"{second.url}/e2b/envd/health", headers=headers).status_code == 204
-        again = Sandbox.connect(created.sandbox_id, **_opts(second))
+        again = Sandbox.connect(created.sandbox_id, **opts(second))
         try:
             assert again.connection_config.sandbox_headers["X-Access-Token"] == token
             assert again.commands.run("echo back").stdout == "back\n"

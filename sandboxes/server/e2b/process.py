@@ -26,6 +26,7 @@ from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, servic
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.running import Event, Running, outcome
+from sandboxes.server.e2b.stdin import open_with_stdin
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import command_for, run_detached
 from sandboxes.server.processes import Command
@@ -69,8 +70,13 @@ async def start(request: Request) -> Response:
         if kept:
             loop.call_soon_threadsafe(publish, (stream, kept))
 
-    work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
-    running = Running(pid, token, message["process"], work)
+    held = await open_with_stdin(entry, command, on_output, release) if message.get("stdin") is True else None
+    if held is None:
+        work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
+        channel = None
+    else:
+        work, token, channel = held
+    running = Running(pid, token, message["process"], work, channel=channel)
     events = running.listen()
     work.add_done_callback(lambda done: running.publish(outcome(done)))
     e2b_state(request).commands.add(entry.state.id, running)

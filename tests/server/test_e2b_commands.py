@@ -11,12 +11,14 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import toy_backend
-from e2b import AsyncSandbox, Sandbox, SandboxException
+from e2b import AsyncSandbox, Sandbox, SandboxException, TimeoutException
 from e2b_harness import opts, service_fixture
-from service_harness import Running, running, settings_for
+from service_harness import ManualClock, Running, running, settings_for
+from support import HAS_BWRAP, needs
 
 service = service_fixture("e2bcmd")
 
@@ -107,3 +109,135 @@ def test_a_sandbox_without_an_exec_helper_runs_the_command_with_its_stdin_closed
             assert handle.wait().stdout == "ran\n"
         finally:
             created.kill()
+
+
+_COUNT = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null | grep -c '^sleep 310[1-7] $'"
+"""How many of the tree's sleeps run, seen from inside the sandbox (this line is none of them)."""
+
+
+def _tree(ready: str) -> str:
+    """A command whose tree has a child, a grandchild in a session of its own (``setsid``), an
+    orphan (double fork), a ``nohup``'d child, one that ignores SIGTERM and one that dropped the
+    marker the service's kill looks for (`sandboxes._helper._kill`); once all seven sleeps
+    run it creates ``ready``, then waits."""
+    return (
+        "sleep 3101 & "
+        "setsid sh -c 'sleep 3102' & "
+        "(sleep 3103 &) ; "
+        "nohup sleep 3104 >/dev/null 2>&1 & "
+        "sh -c 'trap \"\" TERM HUP INT; sleep 3105' & "
+        "sleep 3106 & "
+        "env -u SANDBOXES_EXEC_ID setsid sleep 3107 & "
+        f'until [ "$({_COUNT})" = 7 ]; do sleep 0.05; done; touch {ready}; wait'
+    )
+
+
+def _sleepers(sandbox: Sandbox) -> int:
+    return int(sandbox.commands.run(f"{_COUNT} || true").stdout)
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["plain", "stdin"])
+def test_a_kill_leaves_nothing_of_the_commands_tree_running(sandbox: Sandbox, stdin: bool) -> None:
+    """E2B#1034: ``commands.kill(pid)`` (SendSignal SIGKILL) kills every process the command
+    started, wherever it went (a new session, an orphan, nohup, SIGTERM ignored, its marker
+    dropped), whether its stdin is held open or not."""
+    ready = f"/tmp/tree-{time.monotonic_ns()}"
+    handle = sandbox.commands.run(_tree(ready), background=True, timeout=0, stdin=stdin)
+    _until(lambda: sandbox.files.exists(ready), "the command's seven sleeps running")
+    assert sandbox.commands.kill(handle.pid) is True
+    assert _sleepers(sandbox) == 0
+    assert handle.pid not in [process.pid for process in sandbox.commands.list()]
+
+
+def test_the_sdks_timeout_kills_the_whole_tree_too(sandbox: Sandbox) -> None:
+    ready = f"/tmp/tree-{time.monotonic_ns()}"
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run(_tree(ready), timeout=3)
+    assert sandbox.files.exists(ready), "the tree never ran whole before the timeout"
+    _until(lambda: _sleepers(sandbox) == 0, "no sleep of the timed-out command left")
+
+
+_TICKS = "i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.1; done"
+"""A command that prints a numbered line every 100 ms until killed."""
+
+
+def _ticks_after(handle: Any, count: int) -> list[int]:
+    """The numbers of the next ``count`` ticks ``handle`` receives, then it is let go of."""
+    numbers: list[int] = []
+    for stdout, _, _ in handle:
+        numbers += [int(line.removeprefix("tick-")) for line in (stdout or "").split()]
+        if len(numbers) >= count:
+            break
+    handle.disconnect()
+    return numbers
+
+
+def test_output_keeps_flowing_after_each_reattach(service: Running, sandbox: Sandbox) -> None:
+    """E2B#1352: a command reattached by pid (``commands.connect``) keeps sending its output,
+    the second time as the first, also to a connection made by another SDK object."""
+    handle = sandbox.commands.run(_TICKS, background=True, timeout=0)
+    try:
+        first = _ticks_after(sandbox.commands.connect(handle.pid, timeout=0), 3)
+        elsewhere = Sandbox.connect(sandbox.sandbox_id, **opts(service))
+        second = _ticks_after(elsewhere.commands.connect(handle.pid, timeout=0), 3)
+        third = _ticks_after(sandbox.commands.connect(handle.pid, timeout=0), 3)
+        assert len(first) >= 3
+        assert first[-1] < second[0] <= second[-1] < third[0], (first, second, third)
+        assert handle.pid in [process.pid for process in sandbox.commands.list()]
+    finally:
+        assert sandbox.commands.kill(handle.pid) is True
+
+
+async def test_the_async_sdk_reattaches_twice_and_output_flows(service: Running) -> None:
+    created = await AsyncSandbox.create(**opts(service))
+    try:
+        handle = await created.commands.run(_TICKS, background=True, timeout=0)
+        await handle.disconnect()
+        for _ in range(2):
+            seen: list[str] = []
+            changed = asyncio.Event()
+
+            def heard(text: str, seen: list[str] = seen, changed: asyncio.Event = changed) -> None:
+                seen.append(text)
+                changed.set()
+
+            again = await created.commands.connect(handle.pid, timeout=0, on_stdout=heard)
+            async with asyncio.timeout(DEADLINE):
+                while "".join(seen).count("\n") < 3:
+                    changed.clear()
+                    await changed.wait()
+            await again.disconnect()
+        assert await created.commands.kill(handle.pid) is True
+    finally:
+        await created.kill()
+
+
+def test_a_running_command_stays_listed_and_reattachable_however_long_after_its_start(tmp_path: Path) -> None:
+    """E2B#1031 and #1074: a command started in the background is listed, from any connection,
+    for as long as it runs, and reattached by pid after its starting connection left and hours
+    passed on the service's clock (its sweeps run): no timer or cache expiry drops it."""
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    clock = ManualClock()
+    with running(settings_for(tmp_path, max_ttl=86_400), clock=clock) as timed:
+        created = Sandbox.create(timeout=86_400, **opts(timed))
+        try:
+            gate = f"/tmp/gate-{time.monotonic_ns()}"
+            handle = created.commands.run(_GATED.format(gate=gate), background=True, timeout=0)
+            assert next(iter(handle)) == ("first\n", None, None)
+            handle.disconnect()
+            for _ in range(8):  # sixteen hours, a sweep after each two
+                clock.advance(7200)
+                timed.sweep()
+                other = Sandbox.connect(created.sandbox_id, **opts(timed))
+                assert handle.pid in [process.pid for process in other.commands.list()]
+            again = Sandbox.connect(created.sandbox_id, **opts(timed)).commands.connect(handle.pid, timeout=0)
+            created.files.write(gate, "")
+            result = again.wait()
+            assert (result.stdout, result.exit_code) == ("second\n", 0)
+            assert handle.pid not in [process.pid for process in created.commands.list()]
+        finally:
+            created.kill()
+
+
+_GATED = "echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second"
+"""Says ``first``, waits for the test to create ``gate`` (the command polls), says ``second``."""

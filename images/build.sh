@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the sandboxes images: sandboxes/runtime, sandboxes/ssh-vm, sandboxes/service and
-# sandboxes/code-interpreter, tagged <VERSION> and latest.
+# Build the sandboxes images: sandboxes/runtime, sandboxes/ssh-vm, sandboxes/e2b, sandboxes/service
+# and sandboxes/code-interpreter, tagged <VERSION> and latest.
 #
 #   images/build.sh                              # offline: base debootstrapped from the apt mirror
 #   BASE=debian:bookworm-slim images/build.sh    # online: base pulled from a registry
@@ -21,9 +21,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(runtime ssh-vm service code-interpreter)
+[ ${#targets[@]} -gt 0 ] || targets=(runtime ssh-vm e2b service code-interpreter)
 for target in "${targets[@]}"; do
-    case "$target" in runtime | ssh-vm | service | code-interpreter) ;; *) echo "build.sh: unknown image $target" >&2; exit 2 ;; esac
+    case "$target" in runtime | ssh-vm | e2b | service | code-interpreter) ;; *) echo "build.sh: unknown image $target" >&2; exit 2 ;; esac
 done
 wanted() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 version=$(tr -d '[:space:]' <"$here/VERSION")
@@ -130,6 +130,12 @@ if wanted ssh-vm; then
     log "docker build sandboxes/ssh-vm:$version"
     docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
         -t "sandboxes/ssh-vm:$version" -t sandboxes/ssh-vm:latest "$here/ssh-vm"
+fi
+
+if wanted e2b; then
+    log "docker build sandboxes/e2b:$version"
+    docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+        -t "sandboxes/e2b:$version" -t sandboxes/e2b:latest "$here/e2b"
 fi
 
 # The service image's context is the repository, sent as a tar of only what the image needs:

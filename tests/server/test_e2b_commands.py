@@ -176,6 +176,7 @@ def test_output_keeps_flowing_after_each_reattach(service: Running, sandbox: San
     """E2B#1352: a command reattached by pid (``commands.connect``) keeps sending its output,
     the second time as the first, also to a connection made by another SDK object."""
     handle = sandbox.commands.run(_TICKS, background=True, timeout=0)
+    handle.disconnect()
     try:
         first = _ticks_after(sandbox.commands.connect(handle.pid, timeout=0), 3)
         elsewhere = Sandbox.connect(sandbox.sandbox_id, **opts(service))
@@ -184,6 +185,8 @@ def test_output_keeps_flowing_after_each_reattach(service: Running, sandbox: San
         assert len(first) >= 3
         assert first[-1] < second[0] <= second[-1] < third[0], (first, second, third)
         assert handle.pid in [process.pid for process in sandbox.commands.list()]
+        held = service.app.state.e2b.commands.find(sandbox.sandbox_id, handle.pid)
+        _until(lambda: not held.listeners, "every connection that left no longer listening")
     finally:
         assert sandbox.commands.kill(handle.pid) is True
 

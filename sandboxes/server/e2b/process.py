@@ -27,6 +27,7 @@ from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.running import Event, Running, outcome
 from sandboxes.server.e2b.stdin import open_with_stdin
+from sandboxes.server.e2b.stream import EventStream
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import command_for, run_detached
 from sandboxes.server.processes import Command
@@ -81,7 +82,7 @@ async def start(request: Request) -> Response:
     work.add_done_callback(lambda done: running.publish(outcome(done)))
     e2b_state(request).commands.add(entry.state.id, running)
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(running, events, interval), media_type=STREAM_MEDIA_TYPE)
+    return EventStream(_stream(running, events, interval))
 
 
 @router.post("/process.Process/Connect")
@@ -100,7 +101,7 @@ async def connect(request: Request) -> Response:
         error = ConnectError("not_found", f"process with pid {pid} not found")
         return StreamingResponse(_once(end_of_stream(error)), media_type=STREAM_MEDIA_TYPE)
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(running, running.listen(), interval), media_type=STREAM_MEDIA_TYPE)
+    return EventStream(_stream(running, running.listen(), interval))
 
 
 @router.post("/process.Process/List")

@@ -12,12 +12,14 @@ call so that drift in the machine's load hits both alike:
 * ``list a dir``: ``files.list`` (``filesystem.Filesystem/ListDir``) beside ``ls``.
 
 Each row gives p50 and p99 per call on both sides (ms) and the ratio of the p50s (E2B over
-ours); the target, reported and never asserted, is a ratio <= 1.5. ``--profile`` then runs
+ours); the target, reported and never asserted, is a ratio <= 1.5. On Docker the E2B side's
+sandbox is E2B's ``base`` as deployed (``scripts/demo.sh``): the ``sandboxes/e2b`` image in
+``/home/user``; ours is the service's default template (``sandboxes/runtime``). ``--profile`` then runs
 ``commands.run("true")`` under cProfile in this process (the SDK's side) and prints where its
 time goes, so the cost of the E2B path can be told apart from the service's.
 
     python benchmarks/bench_e2b.py [--iterations N] [--warmup N] [--backend docker|local]
-        [--image IMAGE] [--owner LABEL] [--json] [--save report.json] [--profile]
+        [--image IMAGE] [--e2b-image IMAGE] [--owner LABEL] [--json] [--save report.json] [--profile]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bench_service import IMAGE, _docker_available, _Service, _sweep
 
 from sandboxes.client import RemoteSandbox, SandboxClient
 
+E2B_IMAGE = "sandboxes/e2b:latest"
 RATIO_TARGET = 1.5
 PAYLOAD = bytes(range(256)) * 4
 """The 1 KiB both sides write and read."""
@@ -153,6 +156,7 @@ def run(
     image: str = IMAGE,
     owner: str | None = None,
     profile: bool = False,
+    e2b_image: str | None = E2B_IMAGE,
 ) -> dict[str, Any]:
     from e2b import Sandbox
 
@@ -161,10 +165,18 @@ def run(
         raise RuntimeError("the local backend isolates with bubblewrap, which is not installed")
     owner = owner or f"bench-{base64.b32encode(uuid.uuid4().bytes[:5]).decode().lower()}"
     started = time.monotonic()
-    report: dict[str, Any] = {"backend": backend, "image": image if backend == "docker" else None}
+    report: dict[str, Any] = {
+        "backend": backend,
+        "image": image if backend == "docker" else None,
+        "e2b_image": e2b_image if backend == "docker" else None,
+    }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-e2b-") as tmp:
-            service = _Service(Path(tmp), backend, image, owner, 2, False)
+            templates, env = {}, {}
+            if backend == "docker" and e2b_image:  # E2B's base as deployed (scripts/demo.sh): docs/e2b.md
+                templates = {"e2b": {"backend": "docker", "image": e2b_image, "workdir": "/home/user"}}
+                env = {"SANDBOXES_E2B_TEMPLATES": json.dumps({"base": "e2b"})}
+            service = _Service(Path(tmp), backend, image, owner, 2, False, templates=templates, env=env)
             try:
                 options = {"api_key": service.key, "api_url": f"{service.url}/e2b"}
                 theirs = Sandbox.create(sandbox_url=f"{service.url}/e2b/envd", **options)
@@ -191,7 +203,7 @@ def run(
 
 
 def format_table(report: dict[str, Any]) -> str:
-    image = f" ({report['image']})" if report["image"] else ""
+    image = f" ({report['image']}; E2B's base: {report['e2b_image'] or report['image']})" if report["image"] else ""
     head = ("op", "e2b p50", "p99", "ours p50", "p99", "ratio", "target", "met")
     lines: list[tuple[str, ...]] = [head]
     for r in report["rows"]:
@@ -217,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["docker", "local"], default=None,
                         help="default: docker when an engine answers, else local")  # fmt: skip
     parser.add_argument("--image", default=IMAGE, help=f"Docker sandbox image (default {IMAGE})")
+    parser.add_argument(
+        "--e2b-image", default=E2B_IMAGE, help=f"the E2B side's image on Docker (default {E2B_IMAGE}); '': --image"
+    )
     parser.add_argument("--owner", default=None, help="owner label of every container made (default: unique)")
     parser.add_argument("--profile", action="store_true", help="profile commands.run('true') on the SDK's side")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -225,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations < 1 or args.warmup < 0:
         parser.error("--iterations must be >= 1, --warmup >= 0")
     host = machine()  # before the run loads the machine
-    report = run(args.iterations, args.warmup, args.backend, args.image, args.owner, args.profile)
+    e2b_image = args.e2b_image or None
+    report = run(args.iterations, args.warmup, args.backend, args.image, args.owner, args.profile, e2b_image)
     report["machine"] = host
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:

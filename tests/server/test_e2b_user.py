@@ -62,6 +62,7 @@ def test_the_home_is_writable_and_where_relative_paths_land(sandbox: Sandbox) ->
     assert sandbox.commands.run("cat /home/user/notes.txt; touch made-here").stdout == "in the home\n"
     assert sandbox.files.exists("/home/user/made-here")
     assert sandbox.commands.run("pip --version >/dev/null && echo $PYTHONUSERBASE").stdout == "/home/user/.local\n"
+    assert sandbox.commands.run("echo $PATH").stdout.startswith("/home/user/.local/bin:")  # after the login's profile
 
 
 def test_there_is_no_root_to_reach(sandbox: Sandbox, tmp_path: Path) -> None:

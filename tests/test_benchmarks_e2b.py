@@ -15,7 +15,7 @@ import pytest
 from support import HAS_BWRAP, SESSION_OWNER
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_e2b.py"
-OPS = ["run true", "write 1 KiB", "read 1 KiB", "list a dir"]
+OPS = ["run true", "write 1 KiB", "read 1 KiB", "list a dir", "run true, as E2B runs it"]
 
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def _check_run(run: dict[str, Any], backend: str) -> None:
         assert 0 < row["e2b_p50"] <= row["e2b_p99"], row
         assert 0 < row["ours_p50"] <= row["ours_p99"], row
         assert row["ratio"] == pytest.approx(row["e2b_p50"] / row["ours_p50"]), row
-        assert row["met"] == (row["ratio"] <= 1.5), row
+        assert row["met"] == (row["ratio"] <= 1.5), row  # reported for the reference row, not printed
         assert f"{row['ratio']:.2f}x" in table
     assert table.startswith("machine: ")
 

@@ -191,3 +191,23 @@ def test_access_tokens_survive_a_restart_of_the_service(
             assert again.commands.run("echo back").stdout == "back\n"
         finally:
             again.kill()
+
+
+def test_multipart_uploads_name_their_files_and_malformed_ones_are_refused(service: Running, sandbox: Sandbox) -> None:
+    url = f"{service.url}/e2b/envd/files"
+    headers = sandbox.connection_config.sandbox_headers | {"E2b-Sandbox-Id": sandbox.sandbox_id}
+    files = [("file", ("/tmp/mp/one.txt", b"1")), ("file", ("/tmp/mp/two.bin", b"\x00\xff"))]
+    written = httpx.post(url, files=files, headers=headers)
+    assert [entry["path"] for entry in written.json()] == ["/tmp/mp/one.txt", "/tmp/mp/two.bin"]
+    assert bytes(sandbox.files.read("/tmp/mp/two.bin", format="bytes")) == b"\x00\xff"
+    nameless = [("file", (None, b"no filename"))]
+    plain = httpx.post(url, params={"path": "/tmp/mp/plain.txt"}, files=nameless, headers=headers)
+    assert plain.status_code == 200, plain.text
+    assert sandbox.files.read("/tmp/mp/plain.txt") == "no filename"
+    both = httpx.post(url, params={"path": "/tmp/mp/x"}, files=files, headers=headers)
+    assert (both.status_code, both.json()["code"]) == (400, 400)
+    broken = {**headers, "Content-Type": "multipart/form-data; boundary=xyz"}
+    refused = httpx.post(url, content=b"--xyz\r\nContent-Disposition: form-data; name=file", headers=broken)
+    assert (refused.status_code, refused.json()["code"]) == (400, 400)
+    unnamed = httpx.post(url, files=[("file", ("", b"data"))], headers=headers)
+    assert (unnamed.status_code, unnamed.json()["code"]) == (400, 400)

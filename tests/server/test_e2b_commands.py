@@ -20,6 +20,8 @@ from e2b_harness import opts, service_fixture
 from service_harness import ManualClock, Running, running, settings_for
 from support import HAS_BWRAP, needs
 
+from sandboxes.server.settings import TenantPolicy
+
 service = service_fixture("e2bcmd")
 
 DEADLINE = 20.0
@@ -244,3 +246,27 @@ def test_a_running_command_stays_listed_and_reattachable_however_long_after_its_
 
 _GATED = "echo first; while [ ! -e {gate} ]; do sleep 0.05; done; echo second"
 """Says ``first``, waits for the test to create ``gate`` (the command polls), says ``second``."""
+
+
+def test_a_helper_that_breaks_as_stdin_opens_fails_the_start_and_frees_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start answers ``unavailable`` and the tenant's one command slot is free again (the
+    next command runs at once, not after ``command_slot_wait`` nor refused)."""
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    from sandboxes._mux import MuxBroken
+    from sandboxes.server.e2b import stdin as e2b_stdin
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise MuxBroken("the stream broke while the request was written")
+
+    monkeypatch.setattr(e2b_stdin, "open_channel", broken)
+    tenants = {"alice": TenantPolicy(max_commands=1)}
+    with running(settings_for(tmp_path, tenants=tenants, command_slot_wait=0)) as one_slot:
+        created = Sandbox.create(**opts(one_slot))
+        try:
+            with pytest.raises(SandboxException, match="exec helper broke"):
+                created.commands.run("cat", background=True, stdin=True)
+            assert created.commands.run("echo next").stdout == "next\n"
+        finally:
+            created.kill()

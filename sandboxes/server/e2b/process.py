@@ -71,7 +71,10 @@ async def start(request: Request) -> Response:
         if kept:
             loop.call_soon_threadsafe(publish, (stream, kept))
 
-    held = await open_with_stdin(entry, command, on_output, release) if message.get("stdin") is True else None
+    try:
+        held = await open_with_stdin(entry, command, on_output, release) if message.get("stdin") is True else None
+    except ConnectError as exc:  # the slot was released
+        return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
     if held is None:
         work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
         channel = None

@@ -50,14 +50,28 @@ async def open_with_stdin(
 ) -> tuple[asyncio.Future[p.ExecuteResponse], str, Channel] | None:
     """``command`` on a channel of the sandbox's exec helper, marked (for a kill from outside
     the helper) by the token returned with it; ``None`` if the sandbox has no helper to hold one
-    (nothing ran). ``on_end`` runs once it ended."""
+    (nothing ran, ``on_end`` not called). ``on_end`` runs once it ended, or at once if it could
+    not start (`ConnectError` ``unavailable``)."""
+    try:
+        channel, token = await _opened(entry, command, on_output)
+    except BaseException:
+        on_end()
+        raise
+    if channel is None:
+        return None
+    work = asyncio.ensure_future(channel.wait_async())
+    work.add_done_callback(lambda _: on_end())
+    return work, token, channel
+
+
+async def _opened(entry: Entry, command: Command, on_output: OutputHook) -> tuple[Channel | None, str]:
     from sandboxes.server.backends import MARKER_ENV
 
     sandbox = entry.sandbox
     mux = await asyncio.to_thread(sandbox.exec_helper) if isinstance(sandbox, HoldsHelper) else None
-    if mux is None:
-        return None
     token = unique_id()
+    if mux is None:
+        return None, token
     try:
         channel = await asyncio.to_thread(
             open_channel,
@@ -70,12 +84,10 @@ async def open_with_stdin(
             on_output=on_output,
         )
     except MuxBroken as broken:
-        if not broken.may_resend:
-            raise
-        return None
-    work = asyncio.ensure_future(channel.wait_async())
-    work.add_done_callback(lambda _: on_end())
-    return work, token, channel
+        if broken.may_resend:  # nothing was sent: the service's own path runs it
+            return None, token
+        raise ConnectError("unavailable", f"the sandbox's exec helper broke: {broken}") from broken
+    return channel, token
 
 
 def _held(request: Request, entry: Entry, message: dict[str, Any]) -> Running:

@@ -270,3 +270,9 @@ def test_a_helper_that_breaks_as_stdin_opens_fails_the_start_and_frees_its_slot(
             assert created.commands.run("echo next").stdout == "next\n"
         finally:
             created.kill()
+
+
+def test_the_command_is_the_process_as_envd_starts_it(sandbox: Sandbox) -> None:
+    """``/bin/bash -l -c CMD`` is exec'd: no shell of the service's waits above it."""
+    parent = sandbox.commands.run("cat /proc/$PPID/comm").stdout.strip()
+    assert parent not in {"sh", "dash", "bash"}, parent

@@ -164,7 +164,8 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
     if deadline_ms is not None and deadline_ms.isdigit():
         timeout = max(1.0, int(deadline_ms) / 1000)
     try:
-        request = api.ExecuteRequest(command=shlex.join([process["cmd"], *args]), env=envs, cwd=cwd, timeout=timeout)
+        argv = shlex.join([process["cmd"], *args])  # exec'd, as envd starts it: no shell waits above it
+        request = api.ExecuteRequest(command=f"exec {argv}", env=envs, cwd=cwd, timeout=timeout)
         return command_for(request, entry.backend.template, svc.settings)
     except ServiceError as exc:
         raise ConnectError("invalid_argument", exc.message) from exc

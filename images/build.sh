@@ -162,10 +162,12 @@ fi
 # The code interpreter's kernels and libraries come from PyPI during the build, into a layer that
 # only a change to its requirements invalidates; the same CA bundle rule as the service's.
 if wanted code-interpreter; then
-    log "docker build sandboxes/code-interpreter:$version"
+    log "docker build sandboxes/code-interpreter:$version (on sandboxes/e2b: user \`user\` in /home/user)"
+    docker image inspect "sandboxes/e2b:$version" >/dev/null 2>&1 \
+        || die "sandboxes/e2b:$version is missing: build it first (images/build.sh e2b)"
     tar -c --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
         -C "$repo" images/code-interpreter -C "$extra" build-ca.pem |
-        docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+        docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/e2b:$version" \
             -f images/code-interpreter/Dockerfile \
             -t "sandboxes/code-interpreter:$version" -t sandboxes/code-interpreter:latest -
 fi

@@ -63,14 +63,14 @@ if docker info >/dev/null 2>&1; then
         say "building the sandbox image sandboxes/runtime:$version (offline, a few minutes the first time)"
         bash images/build.sh runtime
     fi
-    if ! docker image inspect "sandboxes/code-interpreter:$version" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] \
-        && docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1; then
-        say "building the code interpreter image sandboxes/code-interpreter:$version (its libraries from PyPI)"
-        bash images/build.sh code-interpreter || say "the code interpreter image did not build: E2B's code-interpreter-v1 is off"
-    fi
     if ! docker image inspect "sandboxes/e2b:$version" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] \
         && docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1; then
         bash images/build.sh e2b  # E2B's `base`: user `user` in /home/user (seconds, on the runtime image)
+    fi
+    if ! docker image inspect "sandboxes/code-interpreter:$version" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] \
+        && docker image inspect "sandboxes/e2b:$version" >/dev/null 2>&1; then
+        say "building the code interpreter image sandboxes/code-interpreter:$version (its libraries from PyPI)"
+        bash images/build.sh code-interpreter || say "the code interpreter image did not build: E2B's code-interpreter-v1 is off"
     fi
     if docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1; then
         backend=docker
@@ -109,7 +109,7 @@ digest=$(printf '%s\n' "$key" | "$python" -m sandboxes.server --hash-key)
             # E2B's code-interpreter-v1: a Jupyter server on port 49999, up before the create answers.
             printf '[templates.code-interpreter]\nbackend = "docker"\nimage = "sandboxes/code-interpreter:%s"\n' "$version"
             printf 'memory = "1g"\nstart = "/opt/code-interpreter/bin/python /opt/code-interpreter/server.py"\n'
-            printf 'ready_port = 49999\n\n'
+            printf 'ready_port = 49999\nworkdir = "/home/user"\n\n'
         fi
         if docker image inspect "sandboxes/e2b:$version" >/dev/null 2>&1; then
             # E2B's base as E2B runs it: user `user` in /home/user (docs/e2b.md).

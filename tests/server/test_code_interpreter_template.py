@@ -50,7 +50,13 @@ def service(
     owner = f"{SESSION_OWNER}-ci-{uuid.uuid4().hex[:6]}"
     templates = {
         "code-interpreter": DockerTemplate(
-            backend="docker", image=interpreter_image, memory="1g", labels=CLEANUP, start=START, ready_port=49999
+            backend="docker",
+            image=interpreter_image,
+            memory="1g",
+            labels=CLEANUP,
+            start=START,
+            ready_port=49999,
+            workdir="/home/user",
         ),
         "broken": DockerTemplate(
             backend="docker",
@@ -89,7 +95,9 @@ def test_the_interpreter_answers_as_soon_as_the_create_does(service: Running) ->
             assert failed.error is not None
             assert failed.error.name == "NameError"
             who = execute(client, sandbox["id"], "id -u; ps -o user= -C python3 | sort -u")
-            assert who["output"].split() == ["1000", "sandbox"]  # the server runs as the sandbox's user
+            assert who["output"].split() == ["1000", "user"]  # the server runs as the sandbox's user
+            cwd = _run_code(client, sandbox["id"], "import os; os.getcwd()")
+            assert cwd.text == "/home/user"  # as E2B's code interpreter starts its kernels
         finally:
             client.delete(f"/v1/sandboxes/{sandbox['id']}")
 

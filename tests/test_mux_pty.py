@@ -57,6 +57,19 @@ def _alive(pid: int) -> bool:
     return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
+def _wait_for_program(pid: int, program: bytes) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read().split(b"\0")[0].endswith(program):
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{pid} never ran {program!r}"
+        time.sleep(0.01)
+
+
 def test_the_command_runs_on_a_terminal_with_xterm_and_its_own_exit_code(client: MuxClient) -> None:
     seen = _Seen()
     answer = _terminal(client, 'tty; echo "term=$TERM"; [ -t 0 ] && [ -t 2 ] && echo all-tty; exit 3', seen).wait(10)
@@ -118,11 +131,14 @@ def test_input_is_echoed_and_ctrl_d_ends_a_reader(client: MuxClient) -> None:
 
 def test_ctrl_c_interrupts_a_sleep(client: MuxClient) -> None:
     seen = _Seen()
-    channel = _terminal(client, "echo ready; sleep 60", seen, timeout=120)
-    seen.wait_for(b"ready\r\n")
+    channel = _terminal(client, "echo pid=$$; exec sleep 60", seen, timeout=120)
+    seen.wait_until(lambda text: re.search(rb"pid=(\d+)\r\n", text) is not None)
+    match = re.search(rb"pid=(\d+)\r\n", seen.text())
+    assert match is not None
+    _wait_for_program(int(match[1]), b"sleep")  # the shell, until then, would take the SIGINT
     channel.write(b"\x03")
     answer = channel.wait(10)
-    assert answer is not None, "Ctrl-C did not end the sleep"
+    assert answer is not None, seen.chunks
     assert answer.exit_code == 130  # SIGINT
 
 

@@ -33,7 +33,6 @@ DEFAULT_TERM = "xterm-256color"
 """TERM of a terminal's command, unless its request's environment sets one."""
 MAX_SIDE = 10000
 """Columns or rows a size may have at most: a window size is two unsigned shorts."""
-_DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 
 
 def size_of(value: "Any") -> "tuple[int, int]":
@@ -79,8 +78,12 @@ def _child(command: str, env: "dict[str, str]", master: int, slave: int) -> None
             os.dup2(slave, fd)
         if slave > 2:
             os.close(slave)
-        for signum in _DEFAULT_SIGNALS:
-            signal.signal(signum, signal.SIG_DFL)
+        for signum in range(1, signal.NSIG):  # a terminal's: Ctrl-C must interrupt, whatever the helper ignores
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(signum, signal.SIG_DFL)
+                except (OSError, ValueError):  # not a signal here
+                    pass
         os.execve("/bin/sh", ["/bin/sh", "-c", command], env)  # noqa: S606 (the shell is the command's)
     except BaseException as exc:
         try:

@@ -100,12 +100,19 @@ class Terminal:
 
     def wait(self, timeout: float | None = None) -> p.ExecuteResponse | None:
         """The command's answer (its ``exit_code``; ``error`` if its timeout or a broken stream
-        ended it) once it ended within ``timeout`` seconds, else None."""
-        return self._channel.wait(timeout)
+        ended it: ``timeout``, ``connection_lost``) once it ended within ``timeout`` seconds,
+        else None."""
+        try:
+            return self._channel.wait(timeout)
+        except MuxBroken as broken:
+            return _lost(broken)
 
     async def wait_async(self) -> p.ExecuteResponse:
         """`wait` on an event loop, however long the command runs."""
-        return await self._channel.wait_async()
+        try:
+            return await self._channel.wait_async()
+        except MuxBroken as broken:
+            return _lost(broken)
 
     async def asend(self, data: bytes | str) -> None:
         """`send` off the event loop (a stream that stalls would hold it)."""
@@ -118,6 +125,12 @@ class Terminal:
     async def akill(self) -> None:
         """`kill` off the event loop."""
         await asyncio.to_thread(self.kill)
+
+
+def _lost(broken: MuxBroken) -> p.ExecuteResponse:
+    return p.ExecuteResponse(
+        "", error=p.CONNECTION_LOST, message=f"the sandbox's exec helper broke under the terminal: {broken}"
+    )
 
 
 def open_terminal(

@@ -182,7 +182,10 @@ _ALICES = {
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
-_ENVD |= {("POST", f"/e2b/envd/process.Process/{rpc}") for rpc in ("Start", "Connect", "List", "SendSignal")}
+_ENVD |= {
+    ("POST", f"/e2b/envd/process.Process/{rpc}")
+    for rpc in ("Start", "Connect", "List", "SendSignal", "SendInput", "Update")
+}
 _ENVD |= {
     ("POST", f"/e2b/envd/filesystem.Filesystem/{rpc}") for rpc in ("Stat", "ListDir", "MakeDir", "Move", "Remove")
 }

@@ -18,6 +18,7 @@ from support import HAS_BWRAP, SESSION_OWNER, needs
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
+from sandboxes.server.e2b.pty import MAX_QUEUED, FellBehind, PtyRunning
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
@@ -132,3 +133,22 @@ def test_an_async_terminal(service: Running) -> None:
     assert code == 5
     assert b"size=15 60\r\n" in seen
     assert b"exit 5" in again
+
+
+def test_a_connection_that_does_not_read_is_ended_not_queued_for_without_bound() -> None:
+    async def scenario() -> tuple[int, object, bool]:
+        work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        running = PtyRunning(1000, "token", {}, work)
+        slow, reading = running.listen(), running.listen()
+        for _ in range(MAX_QUEUED + 50):
+            running.publish(("stdout", b"x" * 1024))
+            while not reading.empty():
+                reading.get_nowait()
+        items = [slow.get_nowait() for _ in range(slow.qsize())]
+        work.cancel()
+        return len(items), items[-1], slow in running.listeners
+
+    queued, last, still_listening = asyncio.run(scenario())
+    assert queued == MAX_QUEUED + 1
+    assert isinstance(last, FellBehind)
+    assert not still_listening

@@ -26,7 +26,7 @@ from sandboxes.server.processes import Command
 from sandboxes.server.registry import Entry
 from sandboxes.terminal import MAX_SIDE, Terminal, TerminalError, aopen_terminal
 
-__all__ = ["PtyRunning", "router", "send_pty_input", "start_pty"]
+__all__ = ["MAX_QUEUED", "FellBehind", "PtyRunning", "router", "send_pty_input", "start_pty"]
 
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
@@ -43,11 +43,30 @@ EventStream = Callable[[Running, "asyncio.Queue[Event]"], AsyncIterator[bytes]]
 """How a command's events go out on one connection (`sandboxes.server.e2b.process._stream`)."""
 
 
+MAX_QUEUED = 256
+"""Chunks of a terminal's output queued for one connection at most (a chunk is one read of the
+terminal, at most 64 KiB): a connection that reads slower than its terminal writes is ended
+past it (`FellBehind`), and may reattach by pid."""
+
+
+class FellBehind(Exception):
+    """A connection's queue of a terminal's output outgrew `MAX_QUEUED`."""
+
+
 @dataclass
 class PtyRunning(Running):
-    """A command started on a terminal: its events' ``data`` are ``pty`` bytes."""
+    """A command started on a terminal: its events' ``data`` are ``pty`` bytes, queued for each
+    connection up to `MAX_QUEUED` chunks (a terminal has no output budget: it may run for hours)."""
 
     terminal: Terminal | None = None
+
+    def publish(self, event: Event) -> None:
+        for listener in list(self.listeners):
+            if isinstance(event, tuple) and listener.qsize() >= MAX_QUEUED:
+                self.listeners.discard(listener)
+                listener.put_nowait(FellBehind(f"more than {MAX_QUEUED} chunks of output unread"))
+                continue
+            listener.put_nowait(event)
 
 
 def _size(value: object) -> tuple[int, int]:

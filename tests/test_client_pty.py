@@ -182,6 +182,23 @@ def test_the_cli_shell_is_interactive_follows_the_size_and_exits_with_the_shells
         os.close(slave)
 
 
+def test_the_cli_shell_on_a_terminal_of_unknown_size_opens_80_by_24(service: Running, remote: RemoteSandbox) -> None:
+    master, slave = pty.openpty()  # a new pty's size is 0 x 0
+    process = _shell(service, remote, slave)
+    try:
+        screen = _Screen(master)
+        screen.until(rb"\$ ")
+        os.write(master, b'echo "size=$(stty size)"; exit\r')
+        screen.until(rb"size=24 80\r\n")
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+        os.close(slave)
+
+
 def test_the_cli_shell_without_a_terminal_says_so(service: Running, remote: RemoteSandbox) -> None:
     env = {**os.environ, "SANDBOXES_URL": service.url, "SANDBOXES_API_KEY": KEYS["alice"]}
     result = subprocess.run(

@@ -36,8 +36,7 @@ def cmd_shell(args: argparse.Namespace, client: SandboxClient) -> int:
             "shell needs a terminal on its stdin (an interactive shell, like `docker exec -it`); "
             "to run a command without one: sandboxes exec --sandbox ID CMD",
         )
-    cols, rows = os.get_terminal_size(stdin)
-    terminal = client.attach(args.target).pty(cols, rows, command=args.command)
+    terminal = client.attach(args.target).pty(*_size(stdin), command=args.command)
     with terminal, _raw(stdin), _following_size(terminal, stdin):
         threading.Thread(target=_forward_input, args=(stdin, terminal), name="shell-stdin", daemon=True).start()
         for chunk in terminal:
@@ -52,6 +51,12 @@ def cmd_shell(args: argparse.Namespace, client: SandboxClient) -> int:
         note(f"error: {ended.error}: {ended.message}")
         return EXIT_ERROR
     return ended.exit_code
+
+
+def _size(fd: int) -> tuple[int, int]:
+    """(cols, rows) of the terminal of ``fd``; 80 x 24 for a side it does not know (0)."""
+    size = os.get_terminal_size(fd)
+    return size.columns or 80, size.lines or 24
 
 
 @contextlib.contextmanager
@@ -71,7 +76,7 @@ def _following_size(terminal: RemoteTerminal, fd: int) -> Iterator[None]:
 
     def resized(_signum: int, _frame: FrameType | None) -> None:
         with contextlib.suppress(Exception):  # the socket closed meanwhile: the end is near
-            terminal.resize(*os.get_terminal_size(fd))
+            terminal.resize(*_size(fd))
 
     previous = signal.signal(signal.SIGWINCH, resized)
     try:

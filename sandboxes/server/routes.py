@@ -383,18 +383,9 @@ def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = No
 
 
 @router.websocket("/sandboxes/{sandbox_id}/pty")
-async def pty(
-    websocket: WebSocket,
-    sandbox_id: str,
-    cols: int = 80,
-    rows: int = 24,
-    command: str | None = None,
-    session: str | None = None,
-) -> None:
-    """A terminal in the sandbox over a WebSocket (`sandboxes.server.terminals`); ``session``
-    reattaches to one."""
-    svc: Service = websocket.app.state.service
-    await serve_pty(svc, websocket, sandbox_id, lambda: api.PtySize(cols=cols, rows=rows), command, session)
+async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+    """A terminal in the sandbox over a WebSocket (`sandboxes.server.terminals`)."""
+    await serve_pty(websocket.app.state.service, websocket, sandbox_id)
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)

@@ -222,25 +222,18 @@ class _Service(Protocol):
     def take_command_slot(self, entry: Entry) -> Awaitable[Callable[[], None]]: ...
 
 
-async def serve_pty(
-    svc: _Service,
-    websocket: WebSocket,
-    sandbox_id: str,
-    size: Callable[[], api.PtySize],
-    command: str | None,
-    session_id: str | None,
-) -> None:
-    """``GET /v1/sandboxes/{id}/pty``: authenticate (header, or a ``bearer.<key>``
-    subprotocol), find the sandbox, open a session or find the one to reattach, then relay
-    until the socket or the command ends. A refusal is an HTTP error answer (where the server
-    can send one), else a close with 1008 and the reason."""
+async def serve_pty(svc: _Service, websocket: WebSocket, sandbox_id: str) -> None:
+    """``GET /v1/sandboxes/{id}/pty?cols=&rows=[&command=][&session=]``: authenticate (header,
+    or a ``bearer.<key>`` subprotocol), find the sandbox, open a session (or find the one
+    ``session`` names, to reattach), then relay until the socket or the command ends. A refusal
+    is an HTTP error answer (where the server can send one), else a close with 1008 and the
+    reason."""
+    query = websocket.query_params
+    command, session_id = query.get("command"), query.get("session")
     try:
         tenant = websocket_tenant(svc.auth, websocket.scope)
         svc.limiter.check(tenant)
-        try:
-            wanted = size()
-        except pydantic.ValidationError as exc:
-            raise ServiceError("invalid_request", f"a terminal's cols and rows are 1 to 10000: {exc}") from exc
+        wanted = _size(query.get("cols"), query.get("rows"))
         entry = await svc.registry.find(tenant, sandbox_id)
         if session_id is not None:
             session = svc.terminals.find(tenant.id, sandbox_id, session_id)
@@ -253,6 +246,16 @@ async def serve_pty(
     offered = api.PTY_SUBPROTOCOL in websocket.scope.get("subprotocols", ())
     await websocket.accept(subprotocol=api.PTY_SUBPROTOCOL if offered else None)
     await _relay(websocket, session)
+
+
+def _size(cols: str | None, rows: str | None) -> api.PtySize:
+    """The query's size (80 x 24 where it says none); ``invalid_request`` for one out of bounds."""
+    try:
+        return api.PtySize(cols=int(cols or 80), rows=int(rows or 24))
+    except ValueError as exc:  # pydantic's too
+        raise ServiceError(
+            "invalid_request", f"a terminal's cols and rows are integers from 1 to 10000, not {cols!r} x {rows!r}"
+        ) from exc
 
 
 async def _deny(svc: _Service, websocket: WebSocket, exc: ServiceError) -> None:

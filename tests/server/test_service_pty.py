@@ -198,6 +198,8 @@ def test_a_terminal_counts_against_the_tenants_command_slots(service: Running, t
 
 
 def test_a_size_out_of_bounds_is_refused(service: Running, sandbox_id: str) -> None:
-    with pytest.raises(InvalidStatus) as refused:
-        _open(service, sandbox_id, "cols=0&rows=24")
-    assert refused.value.response.status_code == 422
+    for query in ("cols=0&rows=24", "cols=wide", "rows=10001"):
+        with pytest.raises(InvalidStatus) as refused:
+            _open(service, sandbox_id, query)
+        assert refused.value.response.status_code == 422
+        assert json.loads(refused.value.response.body or b"{}")["error"] == "invalid_request"

@@ -50,6 +50,8 @@ __all__ = [
     "API_PREFIX",
     "FILE_OPERATIONS",
     "FILE_RESULTS",
+    "PTY_BEARER_PREFIX",
+    "PTY_SUBPROTOCOL",
     "CreateSandbox",
     "DeleteRequest",
     "DownloadItem",
@@ -64,6 +66,10 @@ __all__ = [
     "LsRequest",
     "Overview",
     "ProcessInfo",
+    "PtyControl",
+    "PtyExit",
+    "PtyMessage",
+    "PtySize",
     "ReadRequest",
     "RenewSandbox",
     "SandboxInfo",
@@ -413,3 +419,46 @@ class Health(_Answer):
 
     status: Literal["ok", "ready", "unavailable"]
     problems: list[str] | None = None
+
+
+# ---------------------------------------------------------------------- terminals (WebSocket)
+
+PTY_SUBPROTOCOL = "sandboxes.pty.v1"
+"""The WebSocket subprotocol of ``GET /v1/sandboxes/{id}/pty``, which the service selects."""
+PTY_BEARER_PREFIX = "bearer."
+"""A client that cannot set headers (a browser) offers its API key as the subprotocol
+``bearer.<key>`` beside `PTY_SUBPROTOCOL`; the service never echoes it."""
+
+TerminalSide = Annotated[int, Field(ge=1, le=10000), BeforeValidator(_integral)]
+"""Columns or rows of a terminal."""
+
+
+class PtySize(_Request):
+    """A terminal's size."""
+
+    cols: TerminalSide
+    rows: TerminalSide
+
+
+class PtyControl(_Request):
+    """A text message from a terminal's client: resize it, or kill it (and all it started)."""
+
+    resize: PtySize | None = None
+    kill: bool = False
+
+
+class PtyExit(_Answer):
+    """How a terminal's command ended: its exit code, or the error that ended it (``timeout``,
+    ``connection_lost``)."""
+
+    exit_code: int | None = None
+    error: str | None = None
+    message: str | None = None
+
+
+class PtyMessage(_Answer):
+    """A text message from the service on a terminal's WebSocket: first its ``session`` (to
+    reattach with, ``?session=``), last its ``exit`` (then the socket closes)."""
+
+    session: str | None = None
+    exit: PtyExit | None = None

@@ -13,7 +13,9 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     M kill marked ({name, value}: every process of the sandbox whose
                     environment holds name=value, killed by the helper itself),
                     F file op (`_files`: a read or write without a process, its bytes as I/C;
-                    `_search`: a grep or glob, answered whole); specs are `marshal`'d dicts
+                    `_search`: a grep or glob, answered whole), Z a terminal's new size
+                    (`_pty`: an R spec with ``pty`` runs its command on one); specs are
+                    `marshal`'d dicts
   helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
                     counts from here. It goes out with the command's first output or answer,
                     or `HOLD` seconds later, see `send`. Its absence proves nothing: a request
@@ -108,6 +110,7 @@ from .frames import (
     KILL_MARKED,
     NOT_NATIVE,
     PING,
+    RESIZE,
     RUN,
     STDIN,
 )
@@ -237,6 +240,8 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command.feed(None)
     elif kind == KILL:
         command.stop()
+    elif kind == RESIZE:
+        command.resize(payload)
 
 
 def _start_native(ident: int, payload: bytes) -> None:

@@ -23,7 +23,10 @@ KILL_MARKED = b"M"
 """Kill every process of the sandbox carrying a marker (``{name, value}``, `marshal`'d)."""
 FILE_OP = b"F"
 """A file op without a process (``{"op": [name, args...]}``, `marshal`'d)."""
-CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP
+RESIZE = b"Z"
+"""A terminal's new size (``{cols, rows}``, `marshal`'d) for a command started on one (``pty``
+in its spec: `_pty`); nothing for another command."""
+CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + RESIZE
 """Every kind a client sends: anything else is a corrupt stream."""
 
 # helper -> client

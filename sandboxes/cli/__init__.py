@@ -222,6 +222,15 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
         help="run again with the same KEY (and options), answer the sandbox it made while that lives "
         "instead of making another (default: a fresh key, the same for this command's retries)",
     )
+
+    def shell(*args: Any) -> int:
+        from sandboxes.cli.shell import cmd_shell
+
+        return cmd_shell(*args)
+
+    cmd = add("shell", shell, "an interactive terminal in a sandbox of the service (like docker exec -it)", "service")
+    cmd.add_argument("target", metavar="SANDBOX", help="the sandbox's id")
+    cmd.add_argument("-c", "--command", default=None, help="what to run (default: a login shell, bash -i -l)")
     cmd = add("rm", lazy("cmd_rm"), "delete sandboxes of the service, and everything in them", "service")
     cmd.add_argument("ids", nargs="+", metavar="ID")
     cmd.add_argument("-f", "--force", action="store_true", help="an id that does not exist is not an error")

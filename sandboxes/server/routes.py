@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import pydantic_core
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, WebSocket
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -44,6 +44,7 @@ from sandboxes.server.responses import JSON, json_response, parse_json_off_loop,
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
+from sandboxes.server.terminals import Terminals, serve_pty
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,6 +70,8 @@ class Service:
     """Streamed commands, to re-attach to."""
     readers: Readers = field(default_factory=Readers)
     """Re-attached streams open, per tenant (at most its ``max_commands``)."""
+    terminals: Terminals = field(default_factory=Terminals)
+    """Terminal sessions (``/pty``), to reattach to."""
 
     async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
         """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most
@@ -385,6 +388,12 @@ async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:
     headers = {"X-Accel-Buffering": "no"}
     return StreamingResponse(events, media_type="application/x-ndjson", headers=headers, background=background)
+
+
+@router.websocket("/sandboxes/{sandbox_id}/pty")
+async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+    """A terminal in the sandbox over a WebSocket (`sandboxes.server.terminals`)."""
+    await serve_pty(websocket.app.state.service, websocket, sandbox_id)
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)

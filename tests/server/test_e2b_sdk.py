@@ -161,7 +161,7 @@ _ALICES = {
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
 _ENVD |= {
     ("POST", f"/e2b/envd/process.Process/{rpc}")
-    for rpc in ("Start", "Connect", "List", "SendSignal", "SendInput", "StreamInput", "CloseStdin")
+    for rpc in ("Start", "Connect", "List", "SendSignal", "SendInput", "StreamInput", "CloseStdin", "Update")
 }
 _ENVD |= {
     ("POST", f"/e2b/envd/filesystem.Filesystem/{rpc}") for rpc in ("Stat", "ListDir", "MakeDir", "Move", "Remove")

@@ -25,6 +25,7 @@ from sandboxes._output import Stream
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
+from sandboxes.server.e2b.pty import PtyRunning, start_pty
 from sandboxes.server.e2b.running import Event, Running, outcome
 from sandboxes.server.e2b.stdin import open_with_stdin
 from sandboxes.server.e2b.stream import EventStream
@@ -55,6 +56,9 @@ async def start(request: Request) -> Response:
     try:
         message = read_envelope(await request.body())
         command = _command(svc, entry, message, request.headers.get("connect-timeout-ms"))
+        if message.get("pty") is not None:
+            interval = _keepalive(request.headers.get("keepalive-ping-interval"))
+            return await start_pty(request, entry, command, message, lambda run, events: _stream(run, events, interval))
     except ConnectError as exc:
         return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
     release = await svc.take_command_slot(entry)
@@ -158,8 +162,6 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
         raise ConnectError("invalid_argument", "process.args must be strings")
     if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
         raise ConnectError("invalid_argument", "process.envs must map names to strings")
-    if message.get("pty"):
-        raise ConnectError("unimplemented", "a PTY is not supported yet")
     timeout = 0.0  # the service's maximum (`command_for`)
     if deadline_ms is not None and deadline_ms.isdigit():
         timeout = max(1.0, int(deadline_ms) / 1000)
@@ -195,7 +197,7 @@ async def _stream(running: Running, events: asyncio.Queue[Event], interval: floa
                 continue
             if isinstance(event, tuple):
                 stream, data = event
-                name = "stderr" if stream == "stderr" else "stdout"
+                name = "pty" if isinstance(running, PtyRunning) else "stderr" if stream == "stderr" else "stdout"
                 yield envelope({"event": {"data": {name: base64.b64encode(data).decode("ascii")}}})
                 continue
             yield _ending(event)

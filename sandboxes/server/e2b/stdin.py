@@ -30,6 +30,7 @@ from sandboxes.server.e2b.connect import (
     parse_message,
 )
 from sandboxes.server.e2b.envd import access
+from sandboxes.server.e2b.pty import send_pty_input
 from sandboxes.server.e2b.running import Running
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command
@@ -149,10 +150,14 @@ def _failed(exc: ConnectError) -> Response:
 
 @router.post("/process.Process/SendInput")
 async def send_input(request: Request) -> Response:
-    """One chunk of bytes for a running command's stdin."""
+    """One chunk of bytes for a running command's stdin, or typed into its terminal
+    (``input.pty``: `sandboxes.server.e2b.pty.send_pty_input`)."""
     entry = await access(request)
     try:
         message = await _unary(request)
+        value = message.get("input")
+        if isinstance(value, dict) and "pty" in value:
+            return await send_pty_input(request, entry, message)
         await _write(_held(request, entry, message), _stdin_of(message))
     except ConnectError as exc:
         return _failed(exc)

@@ -1,7 +1,7 @@
 """The web console in a real browser: Playwright driving Debian's Chromium headless against the
 service on loopback, the console built by console/build.sh. Signing in, creating a sandbox,
 running a command (stdout and stderr apart), uploading and downloading a file, a background
-process, deleting the sandbox; another tenant sees none of it; an operator sees every tenant.
+process, a terminal, deleting the sandbox; another tenant sees none of it; an operator sees every tenant.
 Screenshots of each page are saved under ``SANDBOXES_ARTIFACTS`` (default ``.cache/artifacts``).
 
 Chromium reaches nothing but loopback: every other host resolves to nothing and goes to a dead
@@ -133,6 +133,25 @@ def test_a_tenant_creates_runs_uploads_downloads_and_deletes(page: Page, service
     page.locator(f"tr[data-sandbox='{sandbox_id}']").get_by_role("button", name=f"Delete {sandbox_id}").click()
     expect(page.get_by_role("status")).to_contain_text(f"Deleted {sandbox_id}")
     expect(page.locator(f"tr[data-sandbox='{sandbox_id}']")).to_have_count(0)
+
+
+def test_the_terminal_runs_what_is_typed(page: Page, service: Running) -> None:
+    _sign_in(page, service, "alice")
+    page.get_by_role("button", name="Create sandbox").click()
+    created = page.get_by_role("status").filter(has_text="Created")
+    expect(created).to_be_visible()
+    sandbox_id = re.sub(r"^Created ", "", created.inner_text())
+    try:
+        page.locator(f"tr[data-sandbox='{sandbox_id}']").get_by_role("link", name=sandbox_id).click()
+        page.get_by_role("tab", name="Terminal").click()
+        expect(page.get_by_role("status")).to_contain_text("Connected")
+        page.locator(".xterm-helper-textarea").focus()
+        page.keyboard.type("echo hi-from-the-$((40+2))-terminal\n")
+        expect(page.locator(".xterm-rows")).to_contain_text("hi-from-the-42-terminal")
+        _shot(page, "terminal")
+    finally:
+        with service.client("alice") as alice:
+            alice.delete(f"/v1/sandboxes/{sandbox_id}")
 
 
 def test_another_tenant_sees_none_of_it_and_only_an_operator_sees_the_service(page: Page, service: Running) -> None:

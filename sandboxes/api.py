@@ -21,6 +21,7 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
            op in ls, read, write, edit, delete, grep, glob, upload, download
     PUT    /v1/sandboxes/{id}/archive?path=DIR          tar stream      -> 204 (extracted under DIR)
     GET    /v1/sandboxes/{id}/archive?path=PATH                         -> tar stream
+    GET    /v1/sandboxes/{id}/metrics                                  -> SandboxMetrics
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -62,11 +63,13 @@ __all__ = [
     "GrepRequest",
     "Health",
     "LsRequest",
+    "MetricsSample",
     "ProcessInfo",
     "ReadRequest",
     "RenewSandbox",
     "SandboxInfo",
     "SandboxList",
+    "SandboxMetrics",
     "ServiceErrorCode",
     "StreamEvent",
     "UploadItem",
@@ -372,3 +375,35 @@ class Health(_Answer):
 
     status: Literal["ok", "ready", "unavailable"]
     problems: list[str] | None = None
+
+
+class MetricsSample(_Answer):
+    """What a sandbox used at one instant, as its exec helper read it from the kernel; a value
+    that could not be read is ``None``, never a guess."""
+
+    timestamp: float
+    """Unix seconds."""
+    source: Literal["cgroup", "processes", "none"]
+    """``cgroup``: the sandbox's own cgroup (every process in it); ``processes``: the sum over
+    the processes of the sandbox's user (SSH, a jail without a cgroup); ``none``: neither."""
+    cpu_percent: float | None
+    """CPU used since the previous sample, in percent of one CPU (200: two CPUs busy)."""
+    cpu_limit: float | None
+    """CPUs the sandbox may use (its cgroup's bandwidth); ``None``: no limit known."""
+    cpus: int | None
+    """CPUs online where it runs."""
+    memory_used: int | None
+    memory_limit: int | None
+    disk_used: int | None
+    """Bytes used of the filesystem holding the workdir (its own where the backend gives it one)."""
+    disk_total: int | None
+
+
+class SandboxMetrics(_Answer):
+    """``GET /v1/sandboxes/{id}/metrics``: the samples kept of one sandbox, oldest first."""
+
+    sandbox_id: str
+    interval: float
+    """Seconds between samples (the service's ``metrics_interval``; 0: sampling is off)."""
+    latest: MetricsSample | None
+    samples: list[MetricsSample]

@@ -223,6 +223,8 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd = add("rm", lazy("cmd_rm"), "delete sandboxes of the service, and everything in them", "service")
     cmd.add_argument("ids", nargs="+", metavar="ID")
     cmd.add_argument("-f", "--force", action="store_true", help="an id that does not exist is not an error")
+    cmd = add("metrics", lazy("cmd_metrics"), "a sandbox's usage: CPU, memory, disk (--json: every sample)", "service")
+    cmd.add_argument("id", metavar="ID")
     cmd = add(
         "cp",
         None,

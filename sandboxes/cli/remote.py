@@ -102,6 +102,29 @@ def cmd_rm(args: argparse.Namespace, client: SandboxClient) -> int:
     return status
 
 
+def cmd_metrics(args: argparse.Namespace, client: SandboxClient) -> int:
+    """The latest sample in a line (``-`` where a value is unknown); every one with --json."""
+    metrics = client.metrics(args.id)
+    if args.json:
+        emit_json(metrics)
+        return 0
+    latest = metrics.latest
+    if latest is None:
+        out(f"{args.id}: no sample yet (taken every {metrics.interval:g} s while the sandbox's helper runs)\n")
+        return 0
+    cpu = "-" if latest.cpu_percent is None else f"{latest.cpu_percent:.1f}%"
+    memory = f"{_size(latest.memory_used)}/{_size(latest.memory_limit)}"
+    disk = f"{_size(latest.disk_used)}/{_size(latest.disk_total)}"
+    out(f"{args.id}  cpu {cpu}  memory {memory}  disk {disk}  at {_when(latest.timestamp)} ({latest.source})\n")
+    return 0
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "-"
+    return f"{count / (1 << 20):.1f}MiB"
+
+
 # ---------------------------------------------------------------------- cp
 
 

@@ -83,6 +83,10 @@ class ServiceConnection:
     def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return self.call(_ops.renew(sandbox_id, ttl))
 
+    def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        """The samples of the sandbox's usage (CPU, memory, disk) the service kept, oldest first."""
+        return self.call(_ops.metrics(sandbox_id))
+
     def delete(self, sandbox_id: str) -> None:
         self.call(_ops.delete(sandbox_id))
 
@@ -199,6 +203,9 @@ class AsyncServiceConnection:
 
     async def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return await self.call(_ops.renew(sandbox_id, ttl))
+
+    async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        return await self.call(_ops.metrics(sandbox_id))
 
     async def delete(self, sandbox_id: str) -> None:
         await self.call(_ops.delete(sandbox_id))

@@ -57,6 +57,10 @@ def renew(sandbox_id: str, ttl: float) -> w.Op[api.SandboxInfo]:
     return w.Op("POST", f"{_sandbox(sandbox_id)}/renew", w.sandbox_info, json=body, idempotent=True)
 
 
+def metrics(sandbox_id: str) -> w.Op[api.SandboxMetrics]:
+    return w.Op("GET", f"{_sandbox(sandbox_id)}/metrics", w.sandbox_metrics, idempotent=True)
+
+
 def delete(sandbox_id: str) -> w.Op[None]:
     return w.Op("DELETE", _sandbox(sandbox_id), w.no_content, idempotent=True, gone_is_done=True)
 

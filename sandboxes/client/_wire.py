@@ -222,6 +222,7 @@ class Answer(Generic[T]):
 
 sandbox_info: Answer[api.SandboxInfo] = Answer(api.SandboxInfo)
 _SANDBOX_LIST: Answer[api.SandboxList] = Answer(api.SandboxList)
+sandbox_metrics: Answer[api.SandboxMetrics] = Answer(api.SandboxMetrics)
 ls_result: Answer[p.LsResult] = Answer(api.FILE_RESULTS["ls"])
 read_result: Answer[p.ReadResult] = Answer(api.FILE_RESULTS["read"])
 write_result: Answer[p.WriteResult] = Answer(api.FILE_RESULTS["write"])

@@ -416,6 +416,11 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
 
     _file_op_lost = "the sandbox's jail died during the file operation"
 
+    def running_helper(self) -> MuxClient | None:
+        """The jail's exec helper if one is running now (none is started), without blocking."""
+        process = self._helper_process
+        return process.client if process is not None and process.client.alive else None
+
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands
         and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`).

@@ -14,7 +14,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from sandboxes.base import BaseSandbox
@@ -71,6 +71,11 @@ class Holdings:
         self._reconciling = asyncio.Lock()
         self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
         """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
+
+    @property
+    def entries(self) -> Mapping[str, Entry]:
+        """The sandboxes this replica holds, by id (read-only: only the registry changes it)."""
+        return self._entries
 
     # ------------------------------------------------------------------ reconciling and registering
 

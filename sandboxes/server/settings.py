@@ -146,6 +146,14 @@ class ServiceSettings(BaseSettings):
     metrics_access: Literal["key", "open"] = "key"
     """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
     (``open``: only behind a network that keeps strangers off the port)."""
+    sample_interval: float = Field(default=5.0, ge=0)
+    """Seconds between two samples of each running sandbox's usage (CPU, memory, disk) through
+    its exec helper, if one runs (none is started to sample); ``0``: no sampling."""
+    sample_history: int = Field(default=720, ge=1)
+    """Samples kept per sandbox while it lives (the oldest dropped first)."""
+    sample_gauges_per_sandbox: bool = False
+    """Whether ``/metrics`` has a gauge series per sandbox (labels ``sandbox``, ``tenant``), on
+    top of the sums per backend: one series each per live sandbox."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

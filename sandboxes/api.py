@@ -22,6 +22,9 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     PUT    /v1/sandboxes/{id}/archive?path=DIR          tar stream      -> 204 (extracted under DIR)
     GET    /v1/sandboxes/{id}/archive?path=PATH                         -> tar stream
     GET    /v1/sandboxes/{id}/metrics                                  -> SandboxMetrics
+    POST   /v1/volumes                                  CreateVolume    -> VolumeInfo (201)
+    GET    /v1/volumes                                                 -> VolumeList
+    DELETE /v1/volumes/{name}                                          -> 204 (refused while mounted)
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -52,6 +55,7 @@ __all__ = [
     "FILE_OPERATIONS",
     "FILE_RESULTS",
     "CreateSandbox",
+    "CreateVolume",
     "DeleteRequest",
     "DownloadItem",
     "DownloadRequest",
@@ -74,6 +78,9 @@ __all__ = [
     "StreamEvent",
     "UploadItem",
     "UploadRequest",
+    "VolumeInfo",
+    "VolumeList",
+    "VolumeMount",
     "WireErrorCode",
     "WriteRequest",
 ]
@@ -206,6 +213,18 @@ class ErrorBody(_Answer):
     request_id: str | None = None
 
 
+VOLUME_NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+
+class VolumeMount(_Request):
+    """A tenant's volume mounted in a new sandbox."""
+
+    name: str = Field(pattern=VOLUME_NAME)
+    path: str = Field(pattern=r"^/[^\x00]*$", max_length=1024)
+    """Absolute, in the sandbox; not ``/`` nor the sandbox's workdir itself."""
+    read_only: bool = False
+
+
 class CreateSandbox(_Request):
     template: str = "default"
     """One of the service's templates (the OpenAPI document lists this service's)."""
@@ -213,6 +232,8 @@ class CreateSandbox(_Request):
     ttl: float | None = Field(default=None, ge=1)
     """Seconds, at least one; ``None`` takes the template's default. Capped by the service's maximum."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
+    """The tenant's volumes (of this template's backend) to mount, each at its own path."""
 
 
 class RenewSandbox(_Request):
@@ -407,3 +428,27 @@ class SandboxMetrics(_Answer):
     """Seconds between samples (the service's ``metrics_interval``; 0: sampling is off)."""
     latest: MetricsSample | None
     samples: list[MetricsSample]
+
+
+class CreateVolume(_Request):
+    name: str = Field(pattern=VOLUME_NAME)
+    """Unique among the tenant's volumes."""
+    size_limit: PositiveInteger | None = None
+    """Bytes counted against the tenant's ``max_volume_bytes``; ``None``: the service's
+    ``default_volume_size``."""
+    template: str = "default"
+    """The template whose sandboxes mount it (its backend holds the volume)."""
+
+
+class VolumeInfo(_Answer):
+    name: str
+    template: str
+    backend: str
+    size_limit: int
+    created_at: float
+    mounted_by: list[str] = Field(default_factory=list)
+    """The tenant's sandboxes this service holds that mount it now."""
+
+
+class VolumeList(_Answer):
+    volumes: list[VolumeInfo]

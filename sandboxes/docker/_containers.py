@@ -70,7 +70,7 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
             security_opt=["no-new-privileges"],
             read_only=config.read_only_root,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={config.tmp_size},mode=1777"},
-            volumes={volume.name: {"bind": config.workdir, "mode": "rw"}},
+            volumes={volume.name: {"bind": config.workdir, "mode": "rw"}, **mounted(config)},
             mem_limit=memory_limit(config),
             memswap_limit=memory_limit(config),
             nano_cpus=int(config.cpus * 1e9),
@@ -87,6 +87,11 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         with contextlib.suppress(Exception):
             volume.remove(force=True)
         raise
+
+
+def mounted(config: DockerSandboxConfig) -> dict[str, dict[str, str]]:
+    """The engine's ``volumes`` entries of the config's named volumes."""
+    return {mount.volume: {"bind": mount.path, "mode": "ro" if mount.read_only else "rw"} for mount in config.mounts}
 
 
 def workspace_options(config: DockerSandboxConfig) -> dict[str, str]:

@@ -125,6 +125,7 @@ class Registry(Holdings):
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
         backend = self.backends[request.template]
+        mounts = self.volumes.mounts(tenant.id, request.template, request.volumes)
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
         reservation = await self._quotas.reserve(tenant, template)
@@ -138,6 +139,7 @@ class Registry(Holdings):
                 dict(request.env),
                 sandbox_id=reservation.sandbox_id,
                 keyed=None if keyed is None else (keyed.key, keyed.request),
+                mounts=mounts,
             )
         )
         try:
@@ -165,6 +167,7 @@ class Registry(Holdings):
             raise ServiceError(
                 "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
             ) from exc
+        state.volumes = [volume.name for volume in request.volumes]
         try:
             if backend.shared:
                 await self._quotas.recount(tenant, template, state, sandbox, backend)

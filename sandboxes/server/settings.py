@@ -42,6 +42,8 @@ class TenantPolicy(_Frozen):
     max_sandboxes: int = Field(default=10, ge=0)
     max_cpus: float = Field(default=8.0, ge=0)
     max_memory: str = "16g"
+    max_volume_bytes: int = Field(default=10 << 30, ge=0)
+    """Bytes of volumes (their ``size_limit``s) the tenant may hold."""
     rate: float = Field(default=100.0, gt=0)
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
@@ -146,6 +148,8 @@ class ServiceSettings(BaseSettings):
     metrics_access: Literal["key", "open"] = "key"
     """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
     (``open``: only behind a network that keeps strangers off the port)."""
+    default_volume_size: int = Field(default=1 << 30, gt=0)
+    """A volume's ``size_limit`` when its creator gives none (bytes)."""
     sample_interval: float = Field(default=5.0, ge=0)
     """Seconds between two samples of each running sandbox's usage (CPU, memory, disk) through
     its exec helper, if one runs (none is started to sample); ``0``: no sampling."""

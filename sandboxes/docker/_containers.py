@@ -70,7 +70,8 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
             security_opt=["no-new-privileges"],
             read_only=config.read_only_root,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={config.tmp_size},mode=1777"},
-            volumes={volume.name: {"bind": config.workdir, "mode": "rw"}, **mounted(config)},
+            volumes={volume.name: {"bind": config.workdir, "mode": "rw"}},
+            mounts=mounted(config),
             mem_limit=memory_limit(config),
             memswap_limit=memory_limit(config),
             nano_cpus=int(config.cpus * 1e9),
@@ -89,9 +90,11 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         raise
 
 
-def mounted(config: DockerSandboxConfig) -> dict[str, dict[str, str]]:
-    """The engine's ``volumes`` entries of the config's named volumes."""
-    return {mount.volume: {"bind": mount.path, "mode": "ro" if mount.read_only else "rw"} for mount in config.mounts}
+def mounted(config: DockerSandboxConfig) -> list[Any]:
+    """The engine's mounts of the config's named volumes (structured: a path may hold a colon)."""
+    from docker.types import Mount as EngineMount
+
+    return [EngineMount(m.path, m.volume, type="volume", read_only=m.read_only) for m in config.mounts]
 
 
 def workspace_options(config: DockerSandboxConfig) -> dict[str, str]:

@@ -129,7 +129,8 @@ def _describe_templates(app: FastAPI, templates: list[str]) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
-            schema["components"]["schemas"]["CreateSandbox"]["properties"]["template"]["enum"] = templates
+            for model in ("CreateSandbox", "CreateVolume"):
+                schema["components"]["schemas"][model]["properties"]["template"]["enum"] = templates
             _describe_lines(schema)
         return app.openapi_schema or {}
 

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from sandboxes import api
 from sandboxes.lifecycle import Mount, VolumeInUse, VolumeProvider
@@ -124,22 +123,27 @@ class Volumes:
             await asyncio.to_thread(self._remove, record)
 
     def mounts(self, tenant: str, template: str, wanted: Iterable[api.VolumeMount]) -> tuple[Mount, ...]:
-        """The backend's mounts for a new sandbox of ``template`` (`invalid_request` for a
-        volume the tenant does not have there, or a path that is not a fresh absolute one)."""
+        """The backend's mounts for a new sandbox of ``template``, each path normalized:
+        `not_found` for a volume the tenant does not have, `invalid_request` for one of another
+        template, `permission_denied` for ``/``, 409 for two volumes at one path."""
         wanted = list(wanted)
         if not wanted:
             return ()
         _volumes_of(self.backends[template])
         mounts, paths = [], set()
         for mount in wanted:
-            record = self._find(tenant, mount.name, code="invalid_request")
+            record = self._find(tenant, mount.name)
             if record.template != template:
                 raise ServiceError(
                     "invalid_request", f"volume {mount.name!r} is for template {record.template!r}, not {template!r}"
                 )
-            path = mount.path.rstrip("/") or "/"
-            if path == "/" or posixpath.normpath(path) != path or path in paths:
-                raise ServiceError("invalid_request", f"mount path {mount.path!r}: absolute, normal, not /, unique")
+            path = "/" + posixpath.normpath(mount.path).lstrip("/")
+            if path == "/":
+                raise ServiceError(
+                    "permission_denied", f"mount path {mount.path!r}: a volume cannot be the sandbox's /"
+                )
+            if path in paths:
+                raise ServiceError("invalid_request", f"mount path {path!r}: two volumes at one path", status=409)
             paths.add(path)
             mounts.append(Mount(volume=record.ref, path=path, read_only=mount.read_only))
         return tuple(mounts)
@@ -153,11 +157,12 @@ class Volumes:
                 found.append(VolumeRecord(**json.loads(path.read_text(encoding="utf-8"))))
         return [record for record in found if record.tenant == tenant]
 
-    def _find(self, tenant: str, name: str, code: Any = "not_found") -> VolumeRecord:
+    def _find(self, tenant: str, name: str) -> VolumeRecord:
+        """The tenant's volume ``name``; `not_found` for a missing one as for another tenant's."""
         for record in self.records(tenant):
             if record.name == name:
                 return record
-        raise ServiceError(code, f"no volume {name!r}")
+        raise ServiceError("not_found", f"no volume {name!r}")
 
     def _path(self, record: VolumeRecord) -> Path:
         return self.directory / _digest(record.tenant) / f"{record.name}.json"

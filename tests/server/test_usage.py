@@ -4,7 +4,9 @@ CPU percent from deltas, the bounded ring, and the Prometheus series."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,3 +148,44 @@ def test_prometheus_has_a_series_per_sandbox_only_when_asked(per_sandbox: bool) 
     assert 'sandboxes_usage_memory_bytes{backend="docker"} 200.0' in text
     assert ('sandboxes_sandbox_memory_bytes{sandbox="a",tenant="alice"} 100.0' in text) is per_sandbox
     assert ("sandboxes_sandbox_" in text) is per_sandbox
+
+
+class _SlowHelper:
+    """A running helper whose ``metrics`` answers only once released, counting the asks."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run_native(self, op: list[str], stdin: None, *, timeout: float, output_limit: int) -> p.ExecuteResponse:
+        self.asked += 1
+        self.started.set()
+        assert self.release.wait(10)
+        return p.ExecuteResponse(output=json.dumps(GOOD), exit_code=0, truncated=False)
+
+
+def test_a_sandbox_whose_sample_still_runs_is_skipped_and_a_gone_one_forgotten() -> None:
+    helper = _SlowHelper()
+    entry = _entry("a", "alice")
+    entry.sandbox = SimpleNamespace(running_helper=lambda: helper)
+    entry.state.workdir = "/w"
+    entry.backend.template.backend = "docker"
+    entries = {"a": entry}
+
+    async def rounds() -> Sampler:
+        sampler = Sampler(lambda: entries, 1.0, 10)
+        sampler.tick()
+        assert await asyncio.to_thread(helper.started.wait, 10)
+        sampler.tick()  # the first sample still runs: no second one
+        sampler.tick()
+        helper.release.set()
+        await asyncio.gather(*sampler._tasks)
+        assert len(sampler.samples("a").samples) == 1
+        entries.clear()  # the sandbox is gone: its ring goes at the next round
+        sampler.tick()
+        return sampler
+
+    sampler = asyncio.run(rounds())
+    assert helper.asked == 1
+    assert sampler.samples("a").samples == []

@@ -299,9 +299,9 @@ class VolumeProvider(Protocol):
     outlive them, made and removed here, named by the caller; what the backend calls each is
     its ref. Every volume is recorded on the backend (a label, a directory), never only here."""
 
-    def create_volume(self, name: str, labels: Mapping[str, str]) -> str:
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
         """A new empty volume the sandboxes' user can write (one there already: the same),
-        and its ref."""
+        and its ref; ``size`` bytes where the backend sizes volumes (a claim's request)."""
         ...
 
     def remove_volume(self, ref: str) -> None:

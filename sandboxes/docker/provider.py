@@ -117,7 +117,7 @@ class DockerProvider(WarmPool[DockerSandbox]):
         container = create_container(self.client, config, options.name if options else None)
         return DockerSandbox(container, self.client, config)
 
-    def create_volume(self, name: str, labels: Mapping[str, str]) -> str:
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
         """`sandboxes.lifecycle.VolumeProvider`: a named volume (`sandboxes.docker._volumes`)."""
         return create_volume(self.client, self.template, name, labels)
 

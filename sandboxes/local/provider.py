@@ -150,7 +150,7 @@ class LocalProvider:
     def _volumes(self) -> Path:
         return self.base / ".volumes"
 
-    def create_volume(self, name: str, labels: Mapping[str, str]) -> str:
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
         """`sandboxes.lifecycle.VolumeProvider`: ``<base>/.volumes/<name>``, made here (never
         through a path a sandbox could change), owned by the jails' host uid."""
         if not _VOLUME.match(name):

@@ -39,7 +39,6 @@ UNAVAILABLE = {
     "ssh": "an SSH sandbox is a pooled user of the VM, a different one each time: a directory one "
     "sandbox user owns cannot be handed to the next without root on the VM at every mount, which "
     "the SSH backend does not have",
-    "kubernetes": "PersistentVolumeClaims are not implemented for the Kubernetes backend yet",
 }
 """Why a backend has no volumes, in a sentence a tenant reads."""
 
@@ -99,7 +98,8 @@ class Volumes:
                     f"volumes over quota: {used} of {allowed} bytes held, {size} more asked (delete a volume first)",
                 )
             labels = {LABEL_VOLUME: body.name, LABEL_VOLUME_TENANT: _digest(tenant)}
-            ref = await asyncio.to_thread(provider.create_volume, self._backend_name(tenant, body.name), labels)
+            backend_name = self._backend_name(tenant, body.name)
+            ref = await asyncio.to_thread(provider.create_volume, backend_name, labels, size)
             record = VolumeRecord(tenant, body.name, body.template, backend.name, ref, size, time.time())
             await asyncio.to_thread(self._save, record)
         return record.info(mounted_by(tenant, body.name))

@@ -95,10 +95,11 @@ class Registry(Holdings):
         """A new sandbox, or with an ``Idempotency-Key`` the live one it made (``True``: see
         `sandboxes.server.idempotency`); nothing is held across a backend's create but a key's."""
         keyed = idempotency.keyed(tenant.id, key, request)
-        if keyed is None:
-            return await self._create(tenant, request, None), False
-        made_with = functools.partial(self._made_with, tenant, keyed.key)
-        return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
+        with self.volumes.mounting(tenant.id, [volume.name for volume in request.volumes]):
+            if keyed is None:
+                return await self._create(tenant, request, None), False
+            made_with = functools.partial(self._made_with, tenant, keyed.key)
+            return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
 
     async def _made_with(self, tenant: Tenant, key: str) -> tuple[Entry, str] | None:
         """The tenant's live sandbox created with the key digest ``key``: held here, else

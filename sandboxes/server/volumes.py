@@ -20,7 +20,8 @@ import json
 import os
 import posixpath
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,6 +78,8 @@ class Volumes:
         self.backends = backends
         self.directory = settings.data_dir / "volumes"
         self._lock = asyncio.Lock()
+        self._mounting: Counter[tuple[str, str]] = Counter()
+        """(tenant, name) -> creations in flight that mount it (not held yet, so not `MountedBy`)."""
 
     # ------------------------------------------------------------------ requests
 
@@ -113,6 +116,8 @@ class Volumes:
             users = mounted_by(tenant, name)
             if users:
                 raise _in_use(name, ", ".join(users))
+            if self._mounting[tenant, name]:
+                raise _in_use(name, "a sandbox being created")
             backend = self.backends.get(record.template)
             if backend is None:
                 raise ServiceError("backend_unavailable", f"volume {name!r} is on template {record.template!r}, gone")
@@ -121,6 +126,19 @@ class Volumes:
             except VolumeInUse as exc:
                 raise _in_use(name, "a sandbox") from exc
             await asyncio.to_thread(self._remove, record)
+
+    @contextlib.contextmanager
+    def mounting(self, tenant: str, names: list[str]) -> Iterator[None]:
+        """While a sandbox that mounts ``names`` is being created: none of them is deleted."""
+        keys = [(tenant, name) for name in set(names)]
+        self._mounting.update(keys)
+        try:
+            yield
+        finally:
+            self._mounting.subtract(keys)
+            for key in keys:
+                if self._mounting[key] <= 0:
+                    del self._mounting[key]
 
     def mounts(self, tenant: str, template: str, wanted: Iterable[api.VolumeMount]) -> tuple[Mount, ...]:
         """The backend's mounts for a new sandbox of ``template``, each path normalized:

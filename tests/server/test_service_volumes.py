@@ -134,6 +134,17 @@ def test_a_mounted_volume_is_not_deleted_and_the_quota_holds(service: Running) -
         assert client.delete(f"/v1/volumes/{twice['name']}").status_code == 204
 
 
+def test_a_volume_is_not_deleted_while_a_sandbox_that_mounts_it_is_being_created(service: Running) -> None:
+    """Such a sandbox is held by no one yet: the creation itself holds the volume."""
+    with service.client() as client:
+        volume = _volume(client)
+        with service.registry.volumes.mounting("alice", [volume["name"]]):  # as `Registry.create` does
+            refused = client.delete(f"/v1/volumes/{volume['name']}")
+            assert refused.status_code == 409, refused.text
+            assert "being created" in refused.json()["message"]
+        assert client.delete(f"/v1/volumes/{volume['name']}").status_code == 204
+
+
 def test_the_client_and_the_cli_manage_volumes(service: Running, capsys: pytest.CaptureFixture[str]) -> None:
     name = f"c{uuid.uuid4().hex[:10]}"
     flags = ["--url", service.url, "--api-key", KEYS["alice"]]

@@ -21,6 +21,10 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
            op in ls, read, write, edit, delete, grep, glob, upload, download
     PUT    /v1/sandboxes/{id}/archive?path=DIR          tar stream      -> 204 (extracted under DIR)
     GET    /v1/sandboxes/{id}/archive?path=PATH                         -> tar stream
+    GET    /v1/sandboxes/{id}/metrics                                  -> SandboxMetrics
+    POST   /v1/volumes                                  CreateVolume    -> VolumeInfo (201)
+    GET    /v1/volumes                                                 -> VolumeList
+    DELETE /v1/volumes/{name}                                          -> 204 (refused while mounted)
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -53,6 +57,7 @@ __all__ = [
     "PTY_BEARER_PREFIX",
     "PTY_SUBPROTOCOL",
     "CreateSandbox",
+    "CreateVolume",
     "DeleteRequest",
     "DownloadItem",
     "DownloadRequest",
@@ -64,6 +69,7 @@ __all__ = [
     "GrepRequest",
     "Health",
     "LsRequest",
+    "MetricsSample",
     "Overview",
     "ProcessInfo",
     "PtyControl",
@@ -74,6 +80,7 @@ __all__ = [
     "RenewSandbox",
     "SandboxInfo",
     "SandboxList",
+    "SandboxMetrics",
     "ServiceErrorCode",
     "StreamEvent",
     "TemplateInfo",
@@ -81,6 +88,9 @@ __all__ = [
     "TenantUsage",
     "UploadItem",
     "UploadRequest",
+    "VolumeInfo",
+    "VolumeList",
+    "VolumeMount",
     "WireErrorCode",
     "WriteRequest",
 ]
@@ -213,6 +223,18 @@ class ErrorBody(_Answer):
     request_id: str | None = None
 
 
+VOLUME_NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+
+class VolumeMount(_Request):
+    """A tenant's volume mounted in a new sandbox."""
+
+    name: str = Field(pattern=VOLUME_NAME)
+    path: str = Field(pattern=r"^/[^\x00]*$", max_length=1024)
+    """Absolute, in the sandbox; not ``/`` nor the sandbox's workdir itself."""
+    read_only: bool = False
+
+
 class CreateSandbox(_Request):
     template: str = "default"
     """One of the service's templates (the OpenAPI document lists this service's)."""
@@ -220,6 +242,8 @@ class CreateSandbox(_Request):
     ttl: float | None = Field(default=None, ge=1)
     """Seconds, at least one; ``None`` takes the template's default. Capped by the service's maximum."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
+    """The tenant's volumes (of this template's backend) to mount, each at its own path."""
 
 
 class RenewSandbox(_Request):
@@ -462,3 +486,59 @@ class PtyMessage(_Answer):
 
     session: str | None = None
     exit: PtyExit | None = None
+
+
+class MetricsSample(_Answer):
+    """What a sandbox used at one instant, as its exec helper read it from the kernel; a value
+    that could not be read is ``None``, never a guess."""
+
+    timestamp: float
+    """Unix seconds."""
+    source: Literal["cgroup", "processes", "none"]
+    """``cgroup``: the sandbox's own cgroup (every process in it); ``processes``: the sum over
+    the processes of the sandbox's user (SSH, a jail without a cgroup); ``none``: neither."""
+    cpu_percent: float | None
+    """CPU used since the previous sample, in percent of one CPU (200: two CPUs busy)."""
+    cpu_limit: float | None
+    """CPUs the sandbox may use (its cgroup's bandwidth); ``None``: no limit known."""
+    cpus: int | None
+    """CPUs online where it runs."""
+    memory_used: int | None
+    memory_limit: int | None
+    disk_used: int | None
+    """Bytes used of the filesystem holding the workdir (its own where the backend gives it one)."""
+    disk_total: int | None
+
+
+class SandboxMetrics(_Answer):
+    """``GET /v1/sandboxes/{id}/metrics``: the samples kept of one sandbox, oldest first."""
+
+    sandbox_id: str
+    interval: float
+    """Seconds between samples (the service's ``metrics_interval``; 0: sampling is off)."""
+    latest: MetricsSample | None
+    samples: list[MetricsSample]
+
+
+class CreateVolume(_Request):
+    name: str = Field(pattern=VOLUME_NAME)
+    """Unique among the tenant's volumes."""
+    size_limit: PositiveInteger | None = None
+    """Bytes counted against the tenant's ``max_volume_bytes``; ``None``: the service's
+    ``default_volume_size``."""
+    template: str = "default"
+    """The template whose sandboxes mount it (its backend holds the volume)."""
+
+
+class VolumeInfo(_Answer):
+    name: str
+    template: str
+    backend: str
+    size_limit: int
+    created_at: float
+    mounted_by: list[str] = Field(default_factory=list)
+    """The tenant's sandboxes this service holds that mount it now."""
+
+
+class VolumeList(_Answer):
+    volumes: list[VolumeInfo]

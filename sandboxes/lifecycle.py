@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_USER_IDS",
     "CreateOptions",
     "Lifecycle",
+    "Mount",
     "PooledProvider",
     "Provider",
     "ResumableProvider",
@@ -46,6 +47,8 @@ __all__ = [
     "SandboxStartError",
     "SharedProvider",
     "Sweep",
+    "VolumeInUse",
+    "VolumeProvider",
 ]
 
 
@@ -129,6 +132,16 @@ class SandboxNameTaken(RuntimeError):
     that name already (made by another process, perhaps still starting). Nothing was made."""
 
 
+class Mount(BaseModel):
+    """A volume (`VolumeProvider.create_volume`'s ref) mounted at ``path`` in a sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    volume: str
+    path: str = Field(pattern=r"^/[^\x00]*$")
+    read_only: bool = False
+
+
 class CreateOptions(BaseModel):
     """What one sandbox adds to its provider's template: the service's tenant labels, a
     lifetime, the client's environment. Everything else is the template's."""
@@ -147,6 +160,8 @@ class CreateOptions(BaseModel):
     the others, which one process alone drives, may ignore it. ``None``: a fresh one."""
     ttl: float | None = Field(default=None, gt=0)
     """Seconds until a sweep may reap it; ``None``: the template's."""
+    mounts: tuple[Mount, ...] = ()
+    """Volumes to mount: only a `VolumeProvider` honours them (the service gives none to another)."""
     expires_at: float | None = Field(default=None, gt=0)
     """An expiry (Unix seconds) that `SharedProvider.set_expiry` may move later, instead of
     ``ttl``: sweeps reap by it, but no deadline that cannot move is set (a pod's
@@ -271,4 +286,25 @@ class SharedProvider(Provider[S], Protocol[S]):
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry on the sandbox ``ref`` (its `SandboxRecord.expires_at` from now
         on, for every process's sweep). `LookupError` if there is none by that ref."""
+        ...
+
+
+class VolumeInUse(RuntimeError):
+    """A volume a sandbox still mounts: not removed."""
+
+
+@runtime_checkable
+class VolumeProvider(Protocol):
+    """A provider whose sandboxes can mount volumes (`CreateOptions.mounts`): directories that
+    outlive them, made and removed here, named by the caller; what the backend calls each is
+    its ref. Every volume is recorded on the backend (a label, a directory), never only here."""
+
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
+        """A new empty volume the sandboxes' user can write (one there already: the same),
+        and its ref; ``size`` bytes where the backend sizes volumes (a claim's request)."""
+        ...
+
+    def remove_volume(self, ref: str) -> None:
+        """Remove the volume and its files; gone already is fine; `VolumeInUse` while a
+        sandbox mounts it."""
         ...

@@ -76,9 +76,10 @@ async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
 def test_the_hello_names_the_ops_the_native_code_answers() -> None:
     """The hello's list (`_loop.NATIVE_OPS`) is written out beside the code it names, which is
     imported only at the first file op: the two must not drift apart."""
-    from sandboxes._helper import _listing, _loop, _search
+    from sandboxes._helper import _listing, _loop, _search, _usage
 
     names = ["write", "cas_write", "read_file", "download", "upload", *_search.SEARCH_OPS, *_listing.LISTING_OPS]
+    names += _usage.USAGE_OPS
     assert sorted(_loop.NATIVE_OPS) == sorted(names)
 
 

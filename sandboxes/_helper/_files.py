@@ -24,6 +24,7 @@ from ._reads import (
 )
 from ._search import SEARCH_OPS, search
 from ._uploads import NativeUpload, upload_spec
+from ._usage import USAGE_OPS, usage
 from .frames import ACCEPTED, ERROR, KILL, NOT_NATIVE, STDIN
 
 TYPE_CHECKING = False
@@ -47,6 +48,9 @@ def start_native_op(ident: int, payload: bytes) -> None:
             return
         if op[0] in LISTING_OPS:
             _answer_whole(ident, op, listing)
+            return
+        if op[0] in USAGE_OPS:  # `_usage`
+            _answer_whole(ident, op, usage)
             return
         if op[0] == "download":  # `_reads`
             stream_answer(ident, download_parts(*download_spec(op)))

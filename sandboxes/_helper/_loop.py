@@ -17,9 +17,9 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     Parts = Generator[bytes, None, int | None]  # a file op's answer, a piece at a time, then its exit code
     from typing import Any
 
-NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete"]
+NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete", "metrics"]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
-``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``), named in the hello before their code is
+``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_usage`'s ``USAGE_OPS``), named in the hello before their code is
 compiled (`_load_native`)."""
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2

@@ -216,6 +216,9 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd.add_argument("--env", type=key_value, action="append", default=[], metavar="K=V", help="environment variable")
     cmd.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V", help="label")
     cmd.add_argument(
+        "--volume", action="append", default=[], metavar="NAME:PATH[:ro]", help="mount a volume of yours at PATH"
+    )
+    cmd.add_argument(
         "--idempotency-key",
         default=None,
         metavar="KEY",
@@ -234,6 +237,13 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd = add("rm", lazy("cmd_rm"), "delete sandboxes of the service, and everything in them", "service")
     cmd.add_argument("ids", nargs="+", metavar="ID")
     cmd.add_argument("-f", "--force", action="store_true", help="an id that does not exist is not an error")
+    cmd = add("metrics", lazy("cmd_metrics"), "a sandbox's usage: CPU, memory, disk (--json: every sample)", "service")
+    cmd.add_argument("id", metavar="ID")
+    cmd = add("volume", lazy("cmd_volume"), "your volumes: volume create NAME, volume ls, volume rm NAME...", "service")
+    cmd.add_argument("action", choices=["create", "ls", "rm"])
+    cmd.add_argument("names", nargs="*", metavar="NAME")
+    cmd.add_argument("--size", type=int, default=None, help="create: bytes counted against your quota")
+    cmd.add_argument("--template", default="default", help="create: the template whose sandboxes mount it")
     cmd = add(
         "cp",
         None,

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.cli._common import EXIT_ERROR, Failed, Session, Usage, emit_json, note, out
 from sandboxes.client import NotFound, SandboxClient, SandboxServiceError
@@ -60,7 +61,12 @@ def open_sandbox(args: argparse.Namespace, sandbox_id: str) -> Iterator[Session]
 
 def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
     sandbox = client.create(
-        args.template, env=dict(args.env), ttl=args.ttl, labels=dict(args.label), idempotency_key=args.idempotency_key
+        args.template,
+        env=dict(args.env),
+        ttl=args.ttl,
+        labels=dict(args.label),
+        idempotency_key=args.idempotency_key,
+        volumes=[_mount(text) for text in args.volume],
     )
     if args.json:
         emit_json(sandbox.info)
@@ -100,6 +106,69 @@ def cmd_rm(args: argparse.Namespace, client: SandboxClient) -> int:
                 note(f"error: {exc.code}: {exc.message}")
                 status = EXIT_ERROR
     return status
+
+
+def cmd_metrics(args: argparse.Namespace, client: SandboxClient) -> int:
+    """The latest sample in a line (``-`` where a value is unknown); every one with --json."""
+    metrics = client.metrics(args.id)
+    if args.json:
+        emit_json(metrics)
+        return 0
+    latest = metrics.latest
+    if latest is None:
+        out(f"{args.id}: no sample yet (taken every {metrics.interval:g} s while the sandbox's helper runs)\n")
+        return 0
+    cpu = "-" if latest.cpu_percent is None else f"{latest.cpu_percent:.1f}%"
+    memory = f"{_size(latest.memory_used)}/{_size(latest.memory_limit)}"
+    disk = f"{_size(latest.disk_used)}/{_size(latest.disk_total)}"
+    out(f"{args.id}  cpu {cpu}  memory {memory}  disk {disk}  at {_when(latest.timestamp)} ({latest.source})\n")
+    return 0
+
+
+def _mount(text: str) -> api.VolumeMount:
+    name, _, rest = text.partition(":")
+    path, _, mode = rest.partition(":")
+    if not name or not path.startswith("/") or mode not in ("", "ro", "rw"):
+        raise Usage(f"--volume {text!r}: NAME:PATH or NAME:PATH:ro, PATH absolute")
+    return api.VolumeMount(name=name, path=path, read_only=mode == "ro")
+
+
+def cmd_volume(args: argparse.Namespace, client: SandboxClient) -> int:
+    """create NAME (one), ls, rm NAME... (every name tried)."""
+    if args.action == "ls":
+        volumes = client.volumes()
+        if args.json:
+            emit_json(volumes)
+        for volume in [] if args.json else volumes:
+            mounted = ",".join(volume.mounted_by) or "-"
+            size = _size(volume.size_limit)
+            out(f"{volume.name}  {volume.template}  {volume.backend}  {size}  mounted by {mounted}\n")
+        return 0
+    if args.action == "create":
+        if len(args.names) != 1:
+            raise Usage("volume create: one NAME")
+        volume = client.create_volume(args.names[0], size_limit=args.size, template=args.template)
+        if args.json:
+            emit_json(volume)
+        else:
+            out(volume.name + "\n")
+        return 0
+    if not args.names:
+        raise Usage("volume rm: which NAME?")
+    status = 0
+    for name in args.names:
+        try:
+            client.delete_volume(name)
+        except SandboxServiceError as exc:
+            note(f"error: {exc.code}: {exc.message}")
+            status = EXIT_ERROR
+    return status
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "-"
+    return f"{count / (1 << 20):.1f}MiB"
 
 
 # ---------------------------------------------------------------------- cp

@@ -10,7 +10,7 @@ module back: the client's imports run one way (``_http`` < ``remote`` < ``_clien
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sandboxes import api
 from sandboxes.client import _ops
@@ -36,12 +36,14 @@ class SandboxClient(ServiceConnection):
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        volumes: Sequence[api.VolumeMount] = (),
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
         call), and the service answers a retry with the sandbox the first attempt made. Pass
-        your own key to make a create repeatable across processes (a job that restarts)."""
-        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
+        your own key to make a create repeatable across processes (a job that restarts).
+        ``volumes``: the tenant's volumes to mount (`create_volume`)."""
+        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), volumes))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -60,8 +62,9 @@ class AsyncSandboxClient(AsyncServiceConnection):
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        volumes: Sequence[api.VolumeMount] = (),
     ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
+        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), volumes))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:

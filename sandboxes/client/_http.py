@@ -12,6 +12,7 @@ may be retried, on the same schedule (`_wire.retry_kwargs` counts the attempt ma
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Self, TypeVar
@@ -82,6 +83,21 @@ class ServiceConnection:
 
     def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return self.call(_ops.renew(sandbox_id, ttl))
+
+    def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        """The samples of the sandbox's usage (CPU, memory, disk) the service kept, oldest first."""
+        return self.call(_ops.metrics(sandbox_id))
+
+    def create_volume(self, name: str, *, size_limit: int | None = None, template: str = "default") -> api.VolumeInfo:
+        """A new empty volume of this tenant's, for the sandboxes of ``template`` to mount."""
+        return self.call(_ops.create_volume(name, size_limit, template))
+
+    def volumes(self) -> builtins.list[api.VolumeInfo]:
+        return self.call(_ops.list_volumes())
+
+    def delete_volume(self, name: str) -> None:
+        """Delete the volume and its files (refused while a sandbox mounts it); gone is fine."""
+        self.call(_ops.delete_volume(name))
 
     def delete(self, sandbox_id: str) -> None:
         self.call(_ops.delete(sandbox_id))
@@ -199,6 +215,20 @@ class AsyncServiceConnection:
 
     async def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return await self.call(_ops.renew(sandbox_id, ttl))
+
+    async def metrics(self, sandbox_id: str) -> api.SandboxMetrics:
+        return await self.call(_ops.metrics(sandbox_id))
+
+    async def create_volume(
+        self, name: str, *, size_limit: int | None = None, template: str = "default"
+    ) -> api.VolumeInfo:
+        return await self.call(_ops.create_volume(name, size_limit, template))
+
+    async def volumes(self) -> builtins.list[api.VolumeInfo]:
+        return await self.call(_ops.list_volumes())
+
+    async def delete_volume(self, name: str) -> None:
+        await self.call(_ops.delete_volume(name))
 
     async def delete(self, sandbox_id: str) -> None:
         await self.call(_ops.delete(sandbox_id))

@@ -9,7 +9,7 @@ not.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -34,10 +34,14 @@ def create(
     ttl: float | None,
     labels: Mapping[str, str] | None,
     idempotency_key: str | None = None,
+    volumes: Sequence[api.VolumeMount] = (),
 ) -> w.Op[api.SandboxInfo]:
     """With ``idempotency_key`` every retry is sent with the same key, so the service answers
     the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
-    body = w.model_json(api.CreateSandbox, template=template, env=dict(env or {}), ttl=ttl, labels=dict(labels or {}))
+    fields: dict[str, Any] = {"template": template, "env": dict(env or {}), "ttl": ttl, "labels": dict(labels or {})}
+    if volumes:
+        fields["volumes"] = list(volumes)
+    body = w.model_json(api.CreateSandbox, **fields)
     if idempotency_key is None:
         return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
     headers = {IDEMPOTENCY_HEADER: idempotency_key}
@@ -55,6 +59,26 @@ def get(sandbox_id: str) -> w.Op[api.SandboxInfo]:
 def renew(sandbox_id: str, ttl: float) -> w.Op[api.SandboxInfo]:
     body = w.model_json(api.RenewSandbox, ttl=ttl)
     return w.Op("POST", f"{_sandbox(sandbox_id)}/renew", w.sandbox_info, json=body, idempotent=True)
+
+
+def metrics(sandbox_id: str) -> w.Op[api.SandboxMetrics]:
+    return w.Op("GET", f"{_sandbox(sandbox_id)}/metrics", w.sandbox_metrics, idempotent=True)
+
+
+_VOLUMES = f"{api.API_PREFIX}/volumes"
+
+
+def create_volume(name: str, size_limit: int | None, template: str) -> w.Op[api.VolumeInfo]:
+    body = w.model_json(api.CreateVolume, name=name, size_limit=size_limit, template=template)
+    return w.Op("POST", _VOLUMES, w.volume_info, json=body)
+
+
+def list_volumes() -> w.Op[list[api.VolumeInfo]]:
+    return w.Op("GET", _VOLUMES, w.volume_list, idempotent=True)
+
+
+def delete_volume(name: str) -> w.Op[None]:
+    return w.Op("DELETE", f"{_VOLUMES}/{quote(name, safe='')}", w.no_content, idempotent=True, gone_is_done=True)
 
 
 def delete(sandbox_id: str) -> w.Op[None]:

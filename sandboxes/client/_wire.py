@@ -222,6 +222,15 @@ class Answer(Generic[T]):
 
 sandbox_info: Answer[api.SandboxInfo] = Answer(api.SandboxInfo)
 _SANDBOX_LIST: Answer[api.SandboxList] = Answer(api.SandboxList)
+sandbox_metrics: Answer[api.SandboxMetrics] = Answer(api.SandboxMetrics)
+volume_info: Answer[api.VolumeInfo] = Answer(api.VolumeInfo)
+_VOLUME_LIST: Answer[api.VolumeList] = Answer(api.VolumeList)
+
+
+def volume_list(response: httpx.Response) -> list[api.VolumeInfo]:
+    return _VOLUME_LIST(response).volumes
+
+
 ls_result: Answer[p.LsResult] = Answer(api.FILE_RESULTS["ls"])
 read_result: Answer[p.ReadResult] = Answer(api.FILE_RESULTS["read"])
 write_result: Answer[p.WriteResult] = Answer(api.FILE_RESULTS["write"])

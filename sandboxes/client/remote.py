@@ -131,6 +131,13 @@ class RemoteSandbox(Sandbox):
         self.info = self._sync().renew(self._id, ttl)
         return self.info
 
+    def metrics(self) -> api.SandboxMetrics:
+        """The samples of this sandbox's usage the service kept, oldest first."""
+        return self._sync().metrics(self._id)
+
+    async def ametrics(self) -> api.SandboxMetrics:
+        return await self._async().metrics(self._id)
+
     @property
     def workdir(self) -> str:
         """Where the sandbox's files live (``/workspace``, a local sandbox's root directory), as

@@ -71,6 +71,7 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
             read_only=config.read_only_root,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={config.tmp_size},mode=1777"},
             volumes={volume.name: {"bind": config.workdir, "mode": "rw"}},
+            mounts=mounted(client, config),
             mem_limit=memory_limit(config),
             memswap_limit=memory_limit(config),
             nano_cpus=int(config.cpus * 1e9),
@@ -87,6 +88,16 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         with contextlib.suppress(Exception):
             volume.remove(force=True)
         raise
+
+
+def mounted(client: Any, config: DockerSandboxConfig) -> list[Any]:
+    """The engine's mounts of the config's named volumes (structured: a path may hold a colon),
+    each of which must exist: the engine would make a missing one, empty and unlabelled."""
+    from docker.types import Mount as EngineMount
+
+    for mount in config.mounts:
+        client.volumes.get(mount.volume)  # NotFound if it went
+    return [EngineMount(m.path, m.volume, type="volume", read_only=m.read_only) for m in config.mounts]
 
 
 def workspace_options(config: DockerSandboxConfig) -> dict[str, str]:

@@ -10,6 +10,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes.lifecycle import Mount
 
 __all__ = [
     "LABEL_EXPIRES",
@@ -70,6 +71,8 @@ class DockerSandboxConfig(BaseModel):
     default_timeout: float = Field(default=120.0, ge=0)
     output_limit: int = Field(default=DEFAULT_OUTPUT_LIMIT, gt=0)
     use_exec_helper: bool = True
+    mounts: tuple[Mount, ...] = ()
+    """Named volumes (`sandboxes.docker._volumes`) mounted in the container."""
 
     @field_validator("memory", "tmp_size", "disk", "log_size")
     @classmethod

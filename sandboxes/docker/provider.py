@@ -37,6 +37,7 @@ from sandboxes.docker._containers import (
     remove_sandbox,
     workspace_in_memory,
 )
+from sandboxes.docker._volumes import create_volume, remove_volume
 from sandboxes.docker.config import (
     LABEL_EXPIRES,
     LABEL_MANAGED,
@@ -115,6 +116,13 @@ class DockerProvider(WarmPool[DockerSandbox]):
         config = _with_options(self.template, options)
         container = create_container(self.client, config, options.name if options else None)
         return DockerSandbox(container, self.client, config)
+
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
+        """`sandboxes.lifecycle.VolumeProvider`: a named volume (`sandboxes.docker._volumes`)."""
+        return create_volume(self.client, self.template, name, labels)
+
+    def remove_volume(self, ref: str) -> None:
+        remove_volume(self.client, self.template, ref)
 
     def check_ready(self) -> None:
         """Raise if the Docker engine does not answer a ping."""
@@ -321,6 +329,8 @@ def _with_options(template: DockerSandboxConfig, options: CreateOptions | None) 
         "labels": {**template.labels, **options.labels, LABEL_CALLER_KEYS: keys},
         "env": {**template.env, **options.env},
     }
+    if options.mounts:
+        update["mounts"] = options.mounts
     if options.ttl is not None:
         update["ttl"] = options.ttl
     if options.expires_at is not None:  # a label like the ttl's; `set_expiry` moves it

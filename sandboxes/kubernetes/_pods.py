@@ -181,6 +181,10 @@ def pod_manifest(
         "volumes": [
             {"name": "workspace", "emptyDir": _empty_dir(config, config.workspace_size)},
             {"name": "tmp", "emptyDir": _empty_dir(config, config.tmp_size)},
+            *(
+                {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": m.volume, "readOnly": m.read_only}}
+                for i, m in enumerate(config.mounts)
+            ),
         ],
     }
     if ttl is not None:
@@ -229,6 +233,10 @@ def _container(config: KubernetesSandboxConfig, env: Mapping[str, str]) -> dict[
         "volumeMounts": [
             {"name": "workspace", "mountPath": config.workdir},
             {"name": "tmp", "mountPath": "/tmp"},
+            *(
+                {"name": f"volume-{i}", "mountPath": m.path, "readOnly": m.read_only}
+                for i, m in enumerate(config.mounts)
+            ),
         ],
     }
 

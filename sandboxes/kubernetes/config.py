@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes.lifecycle import Mount
 
 __all__ = [
     "ANNOTATION_EXPIRES",
@@ -123,6 +124,11 @@ class KubernetesSandboxConfig(BaseModel):
     """``sizeLimit`` of the workspace ``emptyDir``."""
     tmp_size: str = "256Mi"
     """``sizeLimit`` of the ``/tmp`` ``emptyDir``."""
+    storage_class: str | None = None
+    """The ``storageClassName`` of volumes' claims (`sandboxes.kubernetes._volumes`); ``None``:
+    the cluster's default. It must offer ``ReadWriteMany`` for two pods to share a volume."""
+    mounts: tuple[Mount, ...] = ()
+    """Volumes' claims (`Mount.volume`: a claim's name) mounted in the pod."""
     memory_backed: bool = True
     """Workspace and ``/tmp`` as tmpfs (``medium: Memory``): a write past the size fails with
     ENOSPC (``no_space``), as in the Docker backend. On disk, the kubelet would instead evict

@@ -34,6 +34,7 @@ from sandboxes.kubernetes._pods import (
     pod_annotations,
     pod_record,
 )
+from sandboxes.kubernetes._volumes import create_claim, delete_claim
 from sandboxes.kubernetes.config import LABEL_EXPIRES, LABEL_POOL, KubernetesSandboxConfig
 from sandboxes.kubernetes.sandbox import KubernetesSandbox
 from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
@@ -90,9 +91,10 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
     def create(self, options: CreateOptions | None = None) -> KubernetesSandbox:
         """A new pod, Running and Ready; the caller owns it (``with`` deletes it)."""
         options = options or CreateOptions()
+        template = self.template.model_copy(update={"mounts": options.mounts}) if options.mounts else self.template
         pod: Any = create_pod(
             self.api,
-            self.template,
+            template,
             labels=options.labels,
             env=options.env,
             ttl=options.ttl,
@@ -100,8 +102,15 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
             fail_unschedulable=self.config.fail_unschedulable,
             name_hint=options.name,
         )
-        config = self.template.model_copy(update={"env": {**self.template.env, **options.env}})
+        config = template.model_copy(update={"env": {**self.template.env, **options.env}})
         return KubernetesSandbox(pod.metadata.name, self.api, config)
+
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
+        """`sandboxes.lifecycle.VolumeProvider`: a PersistentVolumeClaim (`sandboxes.kubernetes._volumes`)."""
+        return create_claim(self.api, self.template, name, labels, size)
+
+    def remove_volume(self, ref: str) -> None:
+        delete_claim(self.api, self.template, ref)
 
     def check_ready(self) -> None:
         """Ready whenever configured: a create that the API refuses says why."""

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes.lifecycle import Mount
 from sandboxes.local import _seccomp
 from sandboxes.local._tree import remove_tree
 
@@ -110,6 +111,7 @@ class Jail:
         network: bool,
         seccomp: bool,
         extra_ro_binds: Sequence[Path],
+        mounts: Sequence[Mount] = (),
         tmp_parent: Path | None = None,
     ) -> None:
         self.bwrap = bwrap
@@ -117,6 +119,7 @@ class Jail:
         self.uid, self.gid = uid, gid
         self.network = network
         self.extra_ro_binds = tuple(extra_ro_binds)
+        self.mounts = tuple(mounts)
         self.as_root = os.geteuid() == 0
         if self.as_root:
             self.host_ids = host_ids or (NOBODY, NOBODY)
@@ -131,7 +134,8 @@ class Jail:
         self.tmp = self.state / "tmp" if tmp_parent is None else self._fresh_tmp(tmp_parent)
         self.tmp.mkdir(mode=0o700)
         self._write_etc()
-        self._sources = {path: path for path in (self.root, *self.extra_ro_binds)}
+        volumes = [Path(mount.volume) for mount in self.mounts]
+        self._sources = {path: path for path in (self.root, *self.extra_ro_binds, *volumes)}
         """host path -> where bwrap finds it (started by root: an alias in the state dir)."""
         if tmp_parent is not None:  # the state dir's /tmp is open to the jail uid; this one may not be
             self._sources[self.tmp] = self.tmp
@@ -202,6 +206,8 @@ class Jail:
             argv += ["--ro-bind", str(self._sources[extra]), str(extra)]
         for source, target in ro_binds:
             argv += ["--ro-bind", source, target]
+        for mount in self.mounts:  # last: nothing above hides a volume
+            argv += ["--ro-bind" if mount.read_only else "--bind", str(self._sources[Path(mount.volume)]), mount.path]
         # bwrap's / is a tmpfs that vanishes with the jail: a write there would answer success
         # and be lost. Read-only, it answers permission_denied like any read-only system dir.
         argv += ["--remount-ro", "/"]

@@ -26,13 +26,15 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
 from pydantic import Field
 
-from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+from sandboxes.lifecycle import CreateOptions, Mount, SandboxRecord, SandboxStartError, Sweep, VolumeInUse
 from sandboxes.local._disk import release
+from sandboxes.local._jail import NOBODY
 from sandboxes.local._tree import remove_tree
 from sandboxes.local.sandbox import LocalSandbox, LocalSandboxConfig, LocalSandboxTemplate, reclaim_left_behind
 
@@ -75,7 +77,11 @@ class LocalProvider:
         sandbox_id = uuid.uuid4().hex[:16]
         now = time.time()
         ttl = options.ttl if options.ttl is not None else self.config.ttl
-        sandbox = _ProvidedSandbox.create(self._config(sandbox_id, options.env))
+        for mount in options.mounts:
+            self._volume_path(mount.volume)  # ours, or LookupError
+        if options.mounts and self.config.isolation != "bwrap":
+            raise SandboxStartError("volumes need a jail", reason="volumes are mounted only into a bubblewrap jail")
+        sandbox = _ProvidedSandbox.create(self._config(sandbox_id, options.env, options.mounts))
         sandbox.provider = self
         try:
             self._write_record(
@@ -83,6 +89,7 @@ class LocalProvider:
                 {
                     "labels": options.labels,
                     "env": options.env,
+                    "mounts": [mount.model_dump() for mount in options.mounts],
                     "created_at": now,
                     "expires_at": None if ttl is None else now + ttl,
                 },
@@ -99,8 +106,11 @@ class LocalProvider:
         root = self.base / sandbox_id
         if not root.is_dir() or root.is_symlink():
             raise LookupError(f"no local sandbox {ref!r} under {self.base}")
-        env = self._read_record(sandbox_id).get("env")
-        sandbox = _ProvidedSandbox(config=self._config(sandbox_id, env if isinstance(env, dict) else {}))
+        record = self._read_record(sandbox_id)
+        env = record.get("env")
+        sandbox = _ProvidedSandbox(
+            config=self._config(sandbox_id, env if isinstance(env, dict) else {}, _mounts(record.get("mounts")))
+        )
         sandbox.provider = self
         return sandbox
 
@@ -134,6 +144,43 @@ class LocalProvider:
                 report.removed.append(record.ref)
         return report
 
+    # ------------------------------------------------------------------ volumes
+
+    @property
+    def _volumes(self) -> Path:
+        return self.base / ".volumes"
+
+    def create_volume(self, name: str, labels: Mapping[str, str], size: int) -> str:
+        """`sandboxes.lifecycle.VolumeProvider`: ``<base>/.volumes/<name>``, made here (never
+        through a path a sandbox could change), owned by the jails' host uid."""
+        if not _VOLUME.match(name):
+            raise ValueError(f"not a volume name: {name!r}")
+        self._volumes.mkdir(mode=0o711, exist_ok=True)
+        path = self._volumes / name
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o755)
+        if os.geteuid() == 0:
+            uid = self.config.host_uid or NOBODY
+            os.chown(path, uid, self.config.host_gid or uid, follow_symlinks=False)
+        return str(path)
+
+    def remove_volume(self, ref: str) -> None:
+        """Remove the volume's directory; `VolumeInUse` while a sandbox of this provider's
+        records mounts it."""
+        path = self._volume_path(ref)
+        for record in self.list():
+            if record.running and ref in (
+                mount.volume for mount in _mounts(self._read_record(record.id).get("mounts"))
+            ):
+                raise VolumeInUse(f"volume {path.name} is mounted by sandbox {record.id}")
+        remove_tree(path)
+
+    def _volume_path(self, ref: str) -> Path:
+        path = Path(ref)
+        if path.parent != self._volumes or not _VOLUME.match(path.name):
+            raise LookupError(f"{ref!r} is not a volume of {self.base}")
+        return path
+
     def check_ready(self) -> None:
         """Always ready: its sandboxes are directories of this host."""
 
@@ -148,10 +195,10 @@ class LocalProvider:
 
     # ------------------------------------------------------------------ records
 
-    def _config(self, sandbox_id: str, env: dict[str, str]) -> LocalSandboxConfig:
+    def _config(self, sandbox_id: str, env: dict[str, str], mounts: tuple[Mount, ...] = ()) -> LocalSandboxConfig:
         fields = {name: getattr(self.config, name) for name in LocalSandboxTemplate.model_fields}
         fields["env"] = {**self.config.env, **env}
-        return LocalSandboxConfig(root_dir=self.base / sandbox_id, sandbox_id=sandbox_id, **fields)
+        return LocalSandboxConfig(root_dir=self.base / sandbox_id, sandbox_id=sandbox_id, mounts=mounts, **fields)
 
     def _id_of(self, ref: str) -> str:
         path = Path(ref)
@@ -201,3 +248,16 @@ class _ProvidedSandbox(LocalSandbox):
         super().destroy()
         if self.provider is not None:
             self.provider.destroy(str(self.root))
+
+
+_VOLUME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _mounts(recorded: object) -> tuple[Mount, ...]:
+    """The mounts a record lists (none if it lists none, or something else)."""
+    if not isinstance(recorded, list):
+        return ()
+    try:
+        return tuple(Mount.model_validate(mount) for mount in recorded)
+    except ValueError:
+        return ()

@@ -48,7 +48,7 @@ from sandboxes._mux import (
 )
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
 from sandboxes.base import Operation
-from sandboxes.lifecycle import Sandbox
+from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
@@ -118,6 +118,9 @@ class LocalSandboxTemplate(BaseModel):
 class LocalSandboxConfig(LocalSandboxTemplate):
     root_dir: Path
     sandbox_id: str | None = None
+    mounts: tuple[Mount, ...] = ()
+    """Host directories (`Mount.volume`: a path the caller made, never one a sandbox could
+    have replaced with a link) bound into the jail at `Mount.path`."""
 
 
 class LocalSandbox(FileOpsOnHelper, Sandbox):
@@ -198,6 +201,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
             network=self.config.network,
             seccomp=self.config.seccomp,
             extra_ro_binds=self.config.extra_ro_binds,
+            mounts=self.config.mounts,
             tmp_parent=self._disk.tmp if self._disk is not None else None,
         )
 
@@ -417,6 +421,11 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         return None if response is None else self._oom_checked(response, oom_before)
 
     _file_op_lost = "the sandbox's jail died during the file operation"
+
+    def running_helper(self) -> MuxClient | None:
+        """The jail's exec helper if one is running now (none is started), without blocking."""
+        process = self._helper_process
+        return process.client if process is not None and process.client.alive else None
 
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands

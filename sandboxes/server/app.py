@@ -14,6 +14,7 @@ path of their own (`sandboxes.server.routes`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -30,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import operator, responses
+from sandboxes.server import operator, resources, responses
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
@@ -44,6 +45,7 @@ from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, hot_routes, router
 from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.usage import Sampler, UsageCollector
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
@@ -67,6 +69,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+    sampler = Sampler(lambda: registry.entries, settings.sample_interval, settings.sample_history)
+    metrics.registry.register(UsageCollector(sampler, settings.sample_gauges_per_sandbox))
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
 
     @asynccontextmanager
@@ -78,11 +82,15 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         files = ThreadPoolExecutor(file_threads(settings), thread_name_prefix="sandboxes-files")
         service.file_lanes.executor = files
         await registry.start()
+        sampling = asyncio.create_task(sampler.run())
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
             async with mcp_sessions():
                 yield
         finally:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
             files.shutdown(wait=False, cancel_futures=True)
@@ -98,7 +106,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         redoc_url=None,
     )
     app.state.service = service
-    app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    app.state.usage = sampler
+    table = [*hot_routes(), *router.routes, *resources.router.routes, *health.routes]
+    app.router.routes.extend(table)  # one table, no nesting
     app.router.routes.extend(operator.router.routes)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
@@ -131,7 +141,8 @@ def _describe_templates(app: FastAPI, templates: list[str]) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
-            schema["components"]["schemas"]["CreateSandbox"]["properties"]["template"]["enum"] = templates
+            for model in ("CreateSandbox", "CreateVolume"):
+                schema["components"]["schemas"][model]["properties"]["template"]["enum"] = templates
             _describe_lines(schema)
         return app.openapi_schema or {}
 
@@ -159,7 +170,8 @@ _COMPONENT = "#/components/schemas/{model}"
 def _allowed_methods(path: str) -> str:
     """Every method the routes with the most specific template matching ``path`` (the fewest
     parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
-    routes = [route for route in (*router.routes, *health.routes) if isinstance(route, APIRoute)]
+    table = (*router.routes, *resources.router.routes, *health.routes)
+    routes = [route for route in table if isinstance(route, APIRoute)]
     matching = [route for route in routes if route.path_regex.match(path)]
     fewest = min((route.path.count("{") for route in matching), default=0)
     methods = [route.methods or set() for route in matching if route.path.count("{") == fewest]

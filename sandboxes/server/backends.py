@@ -40,7 +40,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 from sandboxes import _scripts
 from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
-from sandboxes.lifecycle import CreateOptions, Provider, Sandbox, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -140,6 +140,7 @@ class ProviderBackend:
         *,
         sandbox_id: str | None = None,
         keyed: tuple[str, str] | None = None,
+        mounts: tuple[Mount, ...] = (),
     ) -> Adopted:
         """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
         key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made."""
@@ -156,7 +157,8 @@ class ProviderBackend:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
-        options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None, name=name)
+        expires = expires_at if self.shared else None
+        options = CreateOptions(labels=recorded, env=env, expires_at=expires, name=name, mounts=mounts)
         made = self.provider.create(options)
         sandbox = _held(made)
         try:

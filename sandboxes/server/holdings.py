@@ -14,7 +14,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from sandboxes.base import BaseSandbox
@@ -31,6 +31,7 @@ from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.volumes import Volumes
 
 __all__ = ["Holdings"]
 
@@ -58,6 +59,7 @@ class Holdings:
         self.store = StateStore(settings.data_dir / "state")
         self.ready = False
         self._entries: dict[str, Entry] = {}
+        self.volumes = Volumes(settings, backends)
         self._quotas = Quotas(self._counted, self._held, self.clock.now)
         self._keys: idempotency.Idempotency[Entry] = idempotency.Idempotency()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -71,6 +73,17 @@ class Holdings:
         self._reconciling = asyncio.Lock()
         self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
         """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
+
+    @property
+    def entries(self) -> Mapping[str, Entry]:
+        """The sandboxes this replica holds, by id (read-only: only the registry changes it)."""
+        return self._entries
+
+    def mounted_by(self, tenant: str, volume: str) -> list[str]:
+        """The ids of the tenant's held sandboxes that mount ``volume``."""
+        return sorted(
+            e.state.id for e in self._entries.values() if e.state.tenant == tenant and volume in e.state.volumes
+        )
 
     # ------------------------------------------------------------------ reconciling and registering
 

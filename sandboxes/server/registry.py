@@ -95,10 +95,11 @@ class Registry(Holdings):
         """A new sandbox, or with an ``Idempotency-Key`` the live one it made (``True``: see
         `sandboxes.server.idempotency`); nothing is held across a backend's create but a key's."""
         keyed = idempotency.keyed(tenant.id, key, request)
-        if keyed is None:
-            return await self._create(tenant, request, None), False
-        made_with = functools.partial(self._made_with, tenant, keyed.key)
-        return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
+        with self.volumes.mounting(tenant.id, [volume.name for volume in request.volumes]):
+            if keyed is None:
+                return await self._create(tenant, request, None), False
+            made_with = functools.partial(self._made_with, tenant, keyed.key)
+            return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
 
     async def _made_with(self, tenant: Tenant, key: str) -> tuple[Entry, str] | None:
         """The tenant's live sandbox created with the key digest ``key``: held here, else
@@ -125,6 +126,7 @@ class Registry(Holdings):
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
         backend = self.backends[request.template]
+        mounts = self.volumes.mounts(tenant.id, request.template, request.volumes)
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
         reservation = await self._quotas.reserve(tenant, template)
@@ -138,6 +140,7 @@ class Registry(Holdings):
                 dict(request.env),
                 sandbox_id=reservation.sandbox_id,
                 keyed=None if keyed is None else (keyed.key, keyed.request),
+                mounts=mounts,
             )
         )
         try:
@@ -165,6 +168,7 @@ class Registry(Holdings):
             raise ServiceError(
                 "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
             ) from exc
+        state.volumes = [volume.name for volume in request.volumes]
         try:
             if backend.shared:
                 await self._quotas.recount(tenant, template, state, sandbox, backend)

@@ -221,8 +221,10 @@ _FAILURES = {
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
     404: "No such sandbox for this tenant (`not_found`), or no such process or path",
     413: "The request body is over the service's limit (`too_large`)",
+    409: "The volume is mounted, or exists already",
     422: "The request is malformed, names what does not exist, or reuses an idempotency key for another body",
     429: "Over the tenant's request rate or command slots (`rate_limited`); see `Retry-After`",
+    501: "The backend has no such capability (`unavailable`)",
     503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
     507: "The sandbox's disk is full (`no_space`)",
 }

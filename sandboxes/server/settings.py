@@ -42,6 +42,8 @@ class TenantPolicy(_Frozen):
     max_sandboxes: int = Field(default=10, ge=0)
     max_cpus: float = Field(default=8.0, ge=0)
     max_memory: str = "16g"
+    max_volume_bytes: int = Field(default=10 << 30, ge=0)
+    """Bytes of volumes (their ``size_limit``s) the tenant may hold."""
     rate: float = Field(default=100.0, gt=0)
     """Requests per second, sustained (token bucket refill rate)."""
     burst: int = Field(default=200, ge=1)
@@ -154,6 +156,16 @@ class ServiceSettings(BaseSettings):
     mcp: bool = False
     """Serve MCP over streamable HTTP at ``/mcp`` (the ``mcp`` extra): tools that call this API
     as the tenant whose key each request bears (`sandboxes.mcp`)."""
+    default_volume_size: int = Field(default=1 << 30, gt=0)
+    """A volume's ``size_limit`` when its creator gives none (bytes)."""
+    sample_interval: float = Field(default=5.0, ge=0)
+    """Seconds between two samples of each running sandbox's usage (CPU, memory, disk) through
+    its exec helper, if one runs (none is started to sample); ``0``: no sampling."""
+    sample_history: int = Field(default=720, ge=1)
+    """Samples kept per sandbox while it lives (the oldest dropped first)."""
+    sample_gauges_per_sandbox: bool = False
+    """Whether ``/metrics`` has a gauge series per sandbox (labels ``sandbox``, ``tenant``), on
+    top of the sums per backend: one series each per live sandbox."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

@@ -47,6 +47,8 @@ class SandboxState:
     idempotency`), also a label on the sandbox; empty: created without one."""
     request_digest: str = ""
     """The digest of the create request that made it, to tell a replay from a key reused."""
+    volumes: list[str] = field(default_factory=list)
+    """The tenant's volumes it mounts (`sandboxes.server.volumes`), by name."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

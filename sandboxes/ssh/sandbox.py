@@ -288,6 +288,11 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands use."""
         return self._helper()
 
+    def running_helper(self) -> MuxClient | None:
+        """The exec helper if one is running now (none is started), without blocking."""
+        mux = self._mux
+        return mux if mux is not None and mux.alive else None
+
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel
         (no python3 on the host, or the connection's channel slots are nearly all taken)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin
+from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, usage
 from sandboxes.server.e2b.common import PREFIX, E2BState
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
 
@@ -19,13 +19,5 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     settings = settings or E2BSettings()
     secret = signing_secret(settings, app.state.service.settings.data_dir)
     app.state.e2b = E2BState(settings, TokenSigner(secret))
-    app.router.routes.extend(
-        [
-            *envd.router.routes,
-            *filesystem.router.routes,
-            *stdin.router.routes,
-            *pty.router.routes,
-            *process.router.routes,
-            *control.router.routes,
-        ]
-    )  # no nesting
+    planes = [envd.router, filesystem.router, stdin.router, pty.router, process.router, usage.router, control.router]
+    app.router.routes.extend(route for plane in planes for route in plane.routes)  # no nesting

@@ -74,9 +74,13 @@ def _validate(pod: dict[str, Any]) -> None:
     if spec.get("restartPolicy", "Always") not in _RESTART:
         causes.append(("FieldValueNotSupported", "spec.restartPolicy", f'Unsupported value: "{spec["restartPolicy"]}"'))
     for i, v in enumerate(spec.get("volumes") or []):
-        if set(v) - {"name", "emptyDir"}:
+        if set(v) - {"name", "emptyDir"} and set(v) != {"name", "persistentVolumeClaim"}:
             causes.append(
-                ("FieldValueNotSupported", f"spec.volumes[{i}]", "the fake API server supports emptyDir only")
+                (
+                    "FieldValueNotSupported",
+                    f"spec.volumes[{i}]",
+                    "the fake API server supports emptyDir and persistentVolumeClaim only",
+                )
             )
     if causes:
         raise _invalid(name, causes)
@@ -313,8 +317,13 @@ def build_app(
         await serve_exec(websocket, kubelet, protocols, requests)
 
     pods = "/api/v1/namespaces/{namespace}/pods"
+    claims, claim_routes = kubelet.claims, "/api/v1/namespaces/{namespace}/persistentvolumeclaims"
     return Starlette(
         routes=[
+            Route(claim_routes, guarded(claims.list), methods=["GET"]),
+            Route(claim_routes, guarded(claims.create), methods=["POST"]),
+            Route(claim_routes + "/{name}", guarded(claims.get), methods=["GET"]),
+            Route(claim_routes + "/{name}", guarded(claims.delete), methods=["DELETE"]),
             Route("/version", version),
             Route("/api", api_versions),
             Route(pods, guarded(api.list), methods=["GET"]),

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .claims import Claims, docker_volume
 from .store import ApiError, Store, now
 
 __all__ = ["Kubelet", "NodeConfig", "quantity"]
@@ -76,6 +77,8 @@ class Kubelet:
         """(namespace, pod, event) per open exec stream; setting the event drops the stream."""
         self.stopped: set[tuple[str, str]] = set()
         """Pods being deleted whose containers are gone, held only by finalizers."""
+        self.claims = Claims(set(), docker)
+        """The API server's PersistentVolumeClaims (the server gives it its namespaces)."""
 
     async def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
@@ -304,9 +307,13 @@ class Kubelet:
         user = None if uid is None else (f"{uid}:{gid}" if gid is not None else str(uid))
         caps = csc.get("capabilities") or {}
         security_opt = ["no-new-privileges"] if csc.get("allowPrivilegeEscalation") is False else []
-        tmpfs = {}
+        tmpfs, claimed = {}, []
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         for mount in c.get("volumeMounts") or []:
+            if claim := volumes[mount["name"]].get("persistentVolumeClaim"):
+                owner_ids = (uid or 0, psc.get("fsGroup", gid) or 0)
+                claimed.append(self._claimed(meta["namespace"], claim, mount, c["image"], owner_ids))
+                continue
             empty_dir = volumes[mount["name"]].get("emptyDir") or {}
             size = f",size={int(quantity(empty_dir['sizeLimit']))}" if empty_dir.get("sizeLimit") else ""
             # A real emptyDir is a 0777 directory (group fsGroup). Docker copies the image
@@ -329,6 +336,7 @@ class Kubelet:
             cap_add=caps.get("add"),
             security_opt=security_opt or None,
             tmpfs=tmpfs or None,
+            mounts=claimed or None,
             mem_limit=memory,
             memswap_limit=memory,
             nano_cpus=int(quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
@@ -339,6 +347,26 @@ class Kubelet:
             stdin_open=bool(c.get("stdin")),
             tty=bool(c.get("tty")),
         )
+
+    def _claimed(self, ns: str, claim: dict[str, Any], mount: dict[str, Any], image: str, ids: tuple[int, int]) -> Any:
+        """The Docker mount of a claim's storage, made (and given to the pod's user and fsGroup,
+        as a real volume's fsGroup does) the first time a pod mounts it."""
+        import docker.errors
+        from docker.types import Mount
+
+        if not self.claims.bound(ns, claim["claimName"]):
+            raise RuntimeError(f'persistentvolumeclaim "{claim["claimName"]}" not found')
+        name = docker_volume(ns, claim["claimName"])
+        try:
+            self.docker.volumes.get(name)
+        except docker.errors.NotFound:
+            self.docker.volumes.create(name=name, labels={**self.labels, LABEL: "pvc"})
+            self.docker.containers.run(
+                image, ["chown", f"{ids[0]}:{ids[1]}", "/claim"], user="0:0", remove=True, network_mode="none",
+                labels=self.labels, volumes={name: {"bind": "/claim", "mode": "rw"}},
+            )  # fmt: skip
+        read_only = bool(mount.get("readOnly") or claim.get("readOnly"))
+        return Mount(mount["mountPath"], name, type="volume", read_only=read_only)
 
     # -- endings --------------------------------------------------------------------------------
     async def fail(self, ns: str, name: str, reason: str, message: str) -> None:

@@ -59,6 +59,7 @@ class FakeKubernetes:
         self.store = Store()
         self.kubelet = Kubelet(self.store, docker, node or NodeConfig(), self.labels)
         self.namespaces = set(namespaces)
+        self.kubelet.claims.namespaces = self.namespaces
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

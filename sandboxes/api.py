@@ -81,6 +81,7 @@ __all__ = [
     "TenantUsage",
     "UploadItem",
     "UploadRequest",
+    "WatchEvent",
     "WireErrorCode",
     "WriteRequest",
 ]
@@ -278,6 +279,20 @@ class StreamEvent(_Answer):
     stream: Literal["stderr", "merged"] | None = None
     """On ``output``: the stream the text came from; absent: stdout. ``merged``: the backend ran
     the command without the exec helper, and its stdout and stderr came through one pipe."""
+
+
+class WatchEvent(_Answer):
+    """One event of a file watch (`sandboxes.watching`, the service's watch routes): what
+    happened to ``name``, a path relative to the watched directory (``""``: the directory
+    itself), of envd's kinds; ``overflow``: events were lost here (no name). On the service's
+    stream only: ``start`` first, once the watch is in place, ``keepalive`` while nothing
+    happens, and ``end`` last when the watch ended by itself (``error`` and ``message`` say
+    why). Clients ignore types they do not know."""
+
+    type: Literal["create", "write", "remove", "rename", "chmod", "overflow", "start", "keepalive", "end"]
+    name: str | None = None
+    error: ErrorCode | None = None
+    message: str | None = None
 
 
 class ProcessInfo(_Answer):

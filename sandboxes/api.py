@@ -21,6 +21,10 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
            op in ls, read, write, edit, delete, grep, glob, upload, download
     PUT    /v1/sandboxes/{id}/archive?path=DIR          tar stream      -> 204 (extracted under DIR)
     GET    /v1/sandboxes/{id}/archive?path=PATH                         -> tar stream
+    GET    /v1/sandboxes/{id}/watch?path=DIR&recursive=B                -> NDJSON of WatchEvent
+    POST   /v1/sandboxes/{id}/watchers                  CreateWatcher   -> WatcherInfo (201)
+    GET    /v1/sandboxes/{id}/watchers/{wid}/events                     -> WatcherEvents (drained)
+    DELETE /v1/sandboxes/{id}/watchers/{wid}                            -> 204
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -53,6 +57,7 @@ __all__ = [
     "PTY_BEARER_PREFIX",
     "PTY_SUBPROTOCOL",
     "CreateSandbox",
+    "CreateWatcher",
     "DeleteRequest",
     "DownloadItem",
     "DownloadRequest",
@@ -82,6 +87,8 @@ __all__ = [
     "UploadItem",
     "UploadRequest",
     "WatchEvent",
+    "WatcherEvents",
+    "WatcherInfo",
     "WireErrorCode",
     "WriteRequest",
 ]
@@ -291,6 +298,26 @@ class WatchEvent(_Answer):
 
     type: Literal["create", "write", "remove", "rename", "chmod", "overflow", "start", "keepalive", "end"]
     name: str | None = None
+    error: ErrorCode | None = None
+    message: str | None = None
+
+
+class CreateWatcher(_Request):
+    path: str = Field(json_schema_extra={"pattern": "^/"})
+    """An absolute directory of the sandbox."""
+    recursive: bool = False
+
+
+class WatcherInfo(_Answer):
+    id: str
+
+
+class WatcherEvents(_Answer):
+    """What a polled watcher queued since the last poll (at most its bound, then one
+    ``overflow``), and whether it ended (``error`` and ``message`` say why)."""
+
+    events: list[WatchEvent]
+    ended: bool = False
     error: ErrorCode | None = None
     message: str | None = None
 

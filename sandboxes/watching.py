@@ -175,12 +175,21 @@ class Watcher:
                 if self._ended:
                     raise StopAsyncIteration
                 self._wakers.append(wake)
-            await arrived
+            try:
+                await arrived
+            finally:  # cancelled (a timeout around it): no waker left behind
+                with self._changed, contextlib.suppress(ValueError):
+                    self._wakers.remove(wake)
 
     @property
     def ended(self) -> bool:
         """Whether the watch ended (events may still be queued)."""
         return self._ended
+
+    def stop(self) -> None:
+        """End the watch without waiting for the helper to confirm (never blocks for long)."""
+        if self._channel is not None and not self._ended:
+            self._channel.kill()
 
     def close(self, timeout: float = 10.0) -> None:
         """End the watch (its queued events stay to be taken), waiting at most ``timeout``

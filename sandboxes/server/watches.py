@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from sandboxes import api
@@ -47,8 +47,17 @@ class Watches:
         self._open: dict[str, int] = {}
         self._polled: dict[str, _Polled] = {}
 
-    async def _start(self, tenant: str, cap: int, sandbox: object, path: str, recursive: bool, queued: int) -> Watcher:
-        """A watch counted against the tenant's ``cap`` until `_release`d."""
+    async def _start(
+        self,
+        tenant: str,
+        cap: int,
+        sandbox: object,
+        path: str,
+        recursive: bool,
+        queued: int,
+        lifetime: float | None = None,
+    ) -> Watcher:
+        """A watch counted against the tenant's ``cap`` until `_release`d, ending after ``lifetime`` seconds."""
         if self._open.get(tenant, 0) >= cap:
             raise ServiceError(
                 "rate_limited",
@@ -57,7 +66,7 @@ class Watches:
             )
         self._open[tenant] = self._open.get(tenant, 0) + 1
         try:
-            return await awatch(sandbox, path, recursive=recursive, max_queued=queued)
+            return await awatch(sandbox, path, recursive=recursive, timeout=lifetime, max_queued=queued)
         except WatchError as exc:
             self._release(tenant)
             raise ServiceError(exc.code, exc.message, status=_STATUS.get(exc.code)) from exc
@@ -74,22 +83,37 @@ class Watches:
         self, tenant: str, cap: int, sandbox: object, path: str, recursive: bool, keepalive: float
     ) -> AsyncIterator[bytes]:
         """NDJSON lines of the watch of ``path`` (see the module's docstring), once it is in place."""
-        watcher = await self._start(tenant, cap, sandbox, path, recursive, STREAMED_QUEUE)
-        return self._lines(tenant, watcher, keepalive)
+        return _lines(await self.follow(tenant, cap, sandbox, path, recursive, keepalive))
 
-    async def _lines(self, tenant: str, watcher: Watcher, keepalive: float) -> AsyncIterator[bytes]:
+    async def follow(
+        self,
+        tenant: str,
+        cap: int,
+        sandbox: object,
+        path: str,
+        recursive: bool,
+        keepalive: float,
+        lifetime: float | None = None,
+    ) -> AsyncGenerator[api.WatchEvent]:
+        """The events of a streamed watch of ``path``, once it is in place: ``start``, what
+        happens, a ``keepalive`` after ``keepalive`` quiet seconds, and ``end`` if it ended by
+        itself (after ``lifetime`` seconds, say). Closing the iteration ends the watch."""
+        watcher = await self._start(tenant, cap, sandbox, path, recursive, STREAMED_QUEUE, lifetime)
+        return self._events(tenant, watcher, keepalive)
+
+    async def _events(self, tenant: str, watcher: Watcher, keepalive: float) -> AsyncGenerator[api.WatchEvent]:
         try:
-            yield _line(api.WatchEvent(type="start"))
+            yield api.WatchEvent(type="start")
             while True:
                 try:
                     event = await asyncio.wait_for(anext(watcher, None), keepalive)
                 except TimeoutError:
-                    yield _line(api.WatchEvent(type="keepalive"))
+                    yield api.WatchEvent(type="keepalive")
                     continue
                 if event is None:
-                    yield _line(api.WatchEvent(type="end", error=watcher.error, message=watcher.message))
+                    yield api.WatchEvent(type="end", error=watcher.error, message=watcher.message)
                     return
-                yield _line(event)
+                yield event
         finally:  # the client left, or the watch ended
             watcher.stop()
             self._release(tenant)
@@ -143,6 +167,14 @@ class Watches:
     def polled(self, tenant: str) -> int:
         """How many polled watchers ``tenant`` holds."""
         return sum(polled.tenant == tenant for polled in self._polled.values())
+
+
+async def _lines(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            yield _line(event)
+    finally:  # at once, not when the generator is collected: the watch ends with its stream
+        await events.aclose()
 
 
 def _line(event: api.WatchEvent) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin
+from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, watch
 from sandboxes.server.e2b.common import PREFIX, E2BState
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
 
@@ -25,6 +25,7 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
             *filesystem.router.routes,
             *stdin.router.routes,
             *pty.router.routes,
+            *watch.router.routes,
             *process.router.routes,
             *control.router.routes,
         ]

@@ -1,0 +1,123 @@
+"""File watching through the E2B-compatible API with the real SDK: the sync SDK's polled watcher
+(``CreateWatcher``, ``GetWatcherEvents``, ``RemoveWatcher``) and the async SDK's ``WatchDir``
+stream, over the local jail and over Docker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, NotFoundException, Sandbox, SandboxException
+from service_harness import KEYS, Running, running, settings_for
+from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
+
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}  # moves to e2b_harness
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One service per backend (moves to e2b_harness: its ``service_fixture("e2b-watch")``)."""
+    if request.param == "local":
+        needs(HAS_BWRAP, "bubblewrap is not installed")
+        template: Any = LocalTemplate(default_timeout=30)
+        docker_client = None
+    else:
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-e2b-watch-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tmp_path_factory.mktemp("e2b-watch"), owner=owner, templates={"default": template})
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+def _opts(service: Running, tenant: str = "alice") -> dict[str, Any]:  # moves to e2b_harness (``opts``)
+    """What ``E2B_API_KEY``, ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` would say."""
+    return {"api_key": KEYS[tenant], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+
+
+@pytest.fixture(scope="module")
+def sandbox(service: Running) -> Iterator[Sandbox]:
+    created = Sandbox.create(**_opts(service))
+    yield created
+    created.kill()
+
+
+def test_the_sync_sdk_polls_a_watcher_for_every_kind_of_event(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("polled/nested")
+    handle = sandbox.files.watch_dir("polled", recursive=True)
+    script = "cd polled/nested && touch f && echo x >> f && chmod 600 f && mv f g && rm g && touch ../last"
+    sandbox.commands.run(script)
+    seen: list[FilesystemEvent] = []
+
+    def complete() -> bool:
+        seen.extend(handle.get_new_events())
+        return any(event.name == "last" for event in seen)
+
+    wait_for(complete, "the watcher never reported the last file")
+    kinds = {(event.name, event.type) for event in seen}
+    assert {
+        ("nested/f", FilesystemEventType.CREATE),
+        ("nested/f", FilesystemEventType.WRITE),
+        ("nested/f", FilesystemEventType.CHMOD),
+        ("nested/f", FilesystemEventType.RENAME),
+        ("nested/g", FilesystemEventType.CREATE),
+        ("nested/g", FilesystemEventType.REMOVE),
+        ("last", FilesystemEventType.CREATE),
+    } <= kinds
+    assert handle.get_new_events() == []  # drained
+    handle.stop()
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+
+
+def test_watching_a_file_or_a_missing_directory_fails_as_envd_does(sandbox: Sandbox) -> None:
+    sandbox.files.write("plain.txt", "x")
+    with pytest.raises(SandboxException) as file:
+        sandbox.files.watch_dir("plain.txt")
+    assert "not a directory" in str(file.value)
+    with pytest.raises(NotFoundException):
+        sandbox.files.watch_dir("no/such/dir")
+
+
+def test_the_async_sdk_streams_events_from_watch_dir(service: Running, sandbox: Sandbox) -> None:
+    async def scenario() -> list[FilesystemEvent]:
+        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **_opts(service))
+        await remote.files.make_dir("streamed")
+        seen: list[FilesystemEvent] = []
+        arrived = asyncio.Event()
+
+        def on_event(event: FilesystemEvent) -> None:
+            seen.append(event)
+            if event.name == "deep/file.txt" and event.type == FilesystemEventType.CREATE:
+                arrived.set()
+
+        handle = await remote.files.watch_dir("streamed", on_event=on_event, recursive=True)
+        await remote.files.write("streamed/deep/file.txt", "hello")
+        await asyncio.wait_for(arrived.wait(), 20)
+        await handle.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert ("deep", FilesystemEventType.CREATE) in {(event.name, event.type) for event in seen}
+
+
+def test_a_stopped_stream_frees_its_watch(service: Running, sandbox: Sandbox) -> None:
+    """The tenant's bound counts open watches: a stopped async watch is released (on the
+    service's side, once it sees the stream gone)."""
+    watches = service.app.state.service.watches
+
+    async def scenario() -> None:
+        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **_opts(service))
+        handle = await remote.files.watch_dir(".", on_event=lambda event: None)
+        assert watches._open.get("alice", 0) >= 1
+        await handle.stop()
+
+    asyncio.run(scenario())
+    wait_for(lambda: watches._open.get("alice", 0) == 0, "a stopped watch still counts against the tenant")

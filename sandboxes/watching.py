@@ -60,6 +60,7 @@ class Watcher:
         self._events: deque[WatchEvent] = deque()
         self._dropping = False
         self._partial = bytearray()
+        self._skipping = False
         self._changed = threading.Condition()
         self._wakers: list[Callable[[], None]] = []
         self._ended = False
@@ -74,17 +75,32 @@ class Watcher:
     # ------------------------------------------------------------ fed by the reader's thread
 
     def _take(self, chunk: bytes, stream: Stream = "stdout") -> None:
-        """The helper's output (on the reader's thread: never blocks)."""
+        """The helper's output (on the reader's thread: never blocks). Each byte is copied into
+        a line once: a chunk without an end of line only extends the partial line."""
         if stream != "stdout":
             return
-        *lines, rest = (bytes(self._partial) + chunk).split(b"\n")
+        if b"\n" not in chunk:
+            if not self._skipping:
+                self._partial += chunk
+                self._bound_partial()
+            return
+        first, *lines, rest = chunk.split(b"\n")
+        if self._skipping:  # the end of a line dropped as too long
+            self._skipping = False
+        else:
+            lines.insert(0, bytes(self._partial) + first)
         self._partial = bytearray(rest)
-        events = [event for event in (self._parse(line) for line in lines) if event is not None]
-        if len(self._partial) > MAX_LINE:
-            self._partial.clear()
-            events.append(WatchEvent(type="overflow"))
+        events = [event for event in (self._parse(line) for line in lines if line) if event is not None]
         if events:
             self._queue(events)
+        self._bound_partial()
+
+    def _bound_partial(self) -> None:
+        """A partial line past `MAX_LINE` is dropped, as an overflow, up to its end."""
+        if len(self._partial) > MAX_LINE:
+            self._partial.clear()
+            self._skipping = True
+            self._queue([WatchEvent(type="overflow")])
 
     def _parse(self, line: bytes) -> WatchEvent | None:
         if len(line) > MAX_LINE:

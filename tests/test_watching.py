@@ -132,7 +132,9 @@ def test_the_queue_is_bounded_and_a_flood_leaves_one_overflow() -> None:
 def test_hostile_lines_are_bounded_and_dropped_as_overflows() -> None:
     watcher = Watcher()
     watcher._take(b"not json\n" + b'{"type": "explode"}\n')
-    watcher._take(b"x" * (MAX_LINE + 1))  # no end of line in sight: dropped, not buffered on
-    watcher._take(b'{"type": "write", "name": "ok"}\n')
+    for _ in range(4):  # a line longer than the bound, in chunks without an end of line
+        watcher._take(b"x" * (MAX_LINE // 2))
+    assert len(watcher._partial) <= MAX_LINE  # dropped, not buffered on
+    watcher._take(b'{"type": "create", "name": "the end of the long line"}\n{"type": "write", "name": "ok"}\n')
     watcher._end()
     assert list(watcher) == [WatchEvent(type="overflow"), WatchEvent(type="write", name="ok")]

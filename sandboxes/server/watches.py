@@ -99,7 +99,9 @@ class Watches:
         happens, a ``keepalive`` after ``keepalive`` quiet seconds, and ``end`` if it ended by
         itself (after ``lifetime`` seconds, say). Closing the iteration ends the watch."""
         watcher = await self._start(tenant, cap, sandbox, path, recursive, STREAMED_QUEUE, lifetime)
-        return self._events(tenant, watcher, keepalive)
+        events = self._events(tenant, watcher, keepalive)
+        first = await anext(events)  # inside its ``try``: its ``finally`` now runs however it ends
+        return _chained(first, events)
 
     async def _events(self, tenant: str, watcher: Watcher, keepalive: float) -> AsyncGenerator[api.WatchEvent]:
         try:
@@ -167,6 +169,15 @@ class Watches:
     def polled(self, tenant: str) -> int:
         """How many polled watchers ``tenant`` holds."""
         return sum(polled.tenant == tenant for polled in self._polled.values())
+
+
+async def _chained(first: api.WatchEvent, rest: AsyncGenerator[api.WatchEvent]) -> AsyncGenerator[api.WatchEvent]:
+    try:
+        yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()
 
 
 async def _lines(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes]:

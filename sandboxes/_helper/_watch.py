@@ -230,17 +230,18 @@ class Watch(object):
             self.lines.append('{"type": "overflow"}')
 
     def flush(self) -> None:
-        """The queued lines, in O frames of at most about `FRAME_BYTES`."""
+        """The queued lines, in O frames of at most about `FRAME_BYTES`, out at the end of this
+        turn of the loop (a read's or a scan's events are one batch already: none is held)."""
         frame: "list[str]" = []
         size = 0
         for line in self.lines:
             frame.append(line)
             size += len(line) + 1
             if size >= FRAME_BYTES:
-                send(OUTPUT, self.ident, ("\n".join(frame) + "\n").encode())
+                send(OUTPUT, self.ident, ("\n".join(frame) + "\n").encode(), answer=True)
                 frame, size = [], 0
         if frame:
-            send(OUTPUT, self.ident, ("\n".join(frame) + "\n").encode())
+            send(OUTPUT, self.ident, ("\n".join(frame) + "\n").encode(), answer=True)
         self.lines = []
         self.counted = 0
         self.dropping = False

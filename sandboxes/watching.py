@@ -264,7 +264,7 @@ def watch(
     except MuxBroken as broken:
         raise WatchError(p.CONNECTION_LOST, f"the exec helper broke: {broken}") from broken
     watcher._channel = channel
-    channel.on_end(lambda: _ended(watcher, channel))
+    channel.on_end(lambda: _ended(watcher, channel, timeout))
     if not watcher._started.wait(START_TIMEOUT):
         channel.kill()
         raise WatchError(p.TIMEOUT, f"the watch of {path} did not start within {START_TIMEOUT:g} s")
@@ -306,13 +306,15 @@ _REFUSALS: tuple[tuple[str, p.ErrorCode], ...] = (
 )
 
 
-def _ended(watcher: Watcher, channel: Channel) -> None:
+def _ended(watcher: Watcher, channel: Channel, timeout: float | None) -> None:
     """The watch ended (on the reader's thread): why, when it was not asked to, then its end."""
     try:
         answer = channel.wait(0)
     except MuxBroken as broken:
         watcher.error, watcher.message = p.CONNECTION_LOST, f"the exec helper broke: {broken}"
     else:
-        if answer is not None and answer.error is not None:
+        if answer is not None and answer.error == p.TIMEOUT:
+            watcher.error, watcher.message = p.TIMEOUT, f"the watch reached its timeout ({timeout or 0:g} s)"
+        elif answer is not None and answer.error is not None:
             watcher.error, watcher.message = answer.error, answer.message
     watcher._end()

@@ -5,10 +5,12 @@ stream, over the local jail and over Docker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, NotFoundException, Sandbox, SandboxException
 from service_harness import KEYS, Running, running, settings_for
@@ -121,3 +123,43 @@ def test_a_stopped_stream_frees_its_watch(service: Running, sandbox: Sandbox) ->
 
     asyncio.run(scenario())
     wait_for(lambda: watches._open.get("alice", 0) == 0, "a stopped watch still counts against the tenant")
+
+
+def _envelopes(stream: Iterator[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Connect envelopes (flags, message) as they arrive."""
+    buffer = b""
+    for chunk in stream:
+        buffer += chunk
+        while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
+            end = 5 + int.from_bytes(buffer[1:5], "big")
+            yield buffer[0], json.loads(buffer[5:end])
+            buffer = buffer[end:]
+
+
+def test_watch_dir_speaks_envds_json(service: Running, sandbox: Sandbox) -> None:
+    """The stream's messages on the wire: ``start``, a ``keepalive`` once quiet for the
+    interval the client asked, ``filesystem`` events with envd's enum names, and its deadline
+    (``Connect-Timeout-Ms``) ending it with ``deadline_exceeded``."""
+    sandbox.files.make_dir("wire")
+    headers = {
+        **sandbox.connection_config.sandbox_headers,
+        "Content-Type": "application/connect+json",
+        "Keepalive-Ping-Interval": "1",
+        "Connect-Timeout-Ms": "3000",
+    }
+    body = json.dumps({"path": "wire", "recursive": True}).encode()
+    request = b"\x00" + len(body).to_bytes(4, "big") + body
+    url = f"{service.url}/e2b/envd/filesystem.Filesystem/WatchDir"
+    with httpx.stream("POST", url, content=request, headers=headers, timeout=30) as answer:
+        messages = _envelopes(answer.iter_bytes())
+        assert next(messages) == (0, {"start": {}})
+        assert next(messages) == (0, {"keepalive": {}})
+        sandbox.commands.run("touch wire/new")
+        assert next(messages) == (0, {"filesystem": {"name": "new", "type": "EVENT_TYPE_CREATE"}})
+        rest = list(messages)
+    assert rest[-1][0] == 2
+    assert rest[-1][1]["error"] == {"code": "deadline_exceeded", "message": "the watch reached its timeout (3 s)"}
+    assert all(
+        message in ({"keepalive": {}}, {"filesystem": {"name": "new", "type": "EVENT_TYPE_CHMOD"}})
+        for _, message in rest[:-1]
+    ), rest  # touch sets its times: CHMOD, as envd says

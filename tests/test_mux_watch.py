@@ -212,3 +212,33 @@ def test_watches_and_commands_share_the_helper(helper: _Helper, tmp_path: Path) 
     seen_second.wait_event("create", "h")  # the other watch outlives the first
     second.kill()
     assert second.wait(10) is not None
+
+
+_NO_INSTANCE_LEFT = """import ctypes
+class _Libc(object):
+    def __init__(self, real):
+        self.real = real
+    def __getattr__(self, name):
+        if name == "inotify_init1":
+            return lambda flags: -1  # as at the user's max_user_instances (EMFILE)
+        return getattr(self.real, name)
+_real_cdll = ctypes.CDLL
+ctypes.CDLL = lambda *args, **kwargs: _Libc(_real_cdll(*args, **kwargs))
+"""
+
+
+def test_a_kernel_without_an_inotify_instance_left_is_polled(tmp_path: Path) -> None:
+    pipe = _PipeStream(_NO_INSTANCE_LEFT)
+    mux = MuxClient(pipe)
+    try:
+        channel, events = _watch(_Helper(mux, pipe, "no inotify instance"), tmp_path, recursive=True)
+        assert events.events[0] == {"type": "start", "method": "poll"}
+        (tmp_path / "sub").mkdir()
+        events.wait_event("create", "sub")
+        (tmp_path / "sub" / "f").write_text("x")
+        events.wait_event("create", "sub/f")
+        channel.kill()
+        assert channel.wait(10) is not None
+    finally:
+        mux.close()
+        pipe.close()

@@ -6,47 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, FilesystemEvent, FilesystemEventType, NotFoundException, Sandbox, SandboxException
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
+from e2b_harness import opts, service_fixture
+from service_harness import Running
+from support import wait_for
 
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}  # moves to e2b_harness
-
-
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    """One service per backend (moves to e2b_harness: its ``service_fixture("e2b-watch")``)."""
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2b-watch-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("e2b-watch"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
-
-
-def _opts(service: Running, tenant: str = "alice") -> dict[str, Any]:  # moves to e2b_harness (``opts``)
-    """What ``E2B_API_KEY``, ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` would say."""
-    return {"api_key": KEYS[tenant], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+service = service_fixture("e2b-watch")
 
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**_opts(service))
+    created = Sandbox.create(**opts(service))
     yield created
     created.kill()
 
@@ -90,7 +65,7 @@ def test_watching_a_file_or_a_missing_directory_fails_as_envd_does(sandbox: Sand
 
 def test_the_async_sdk_streams_events_from_watch_dir(service: Running, sandbox: Sandbox) -> None:
     async def scenario() -> list[FilesystemEvent]:
-        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **_opts(service))
+        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
         await remote.files.make_dir("streamed")
         seen: list[FilesystemEvent] = []
         arrived = asyncio.Event()
@@ -116,7 +91,7 @@ def test_a_stopped_stream_frees_its_watch(service: Running, sandbox: Sandbox) ->
     watches = service.app.state.service.watches
 
     async def scenario() -> None:
-        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **_opts(service))
+        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
         handle = await remote.files.watch_dir(".", on_event=lambda event: None)
         assert watches._open.get("alice", 0) >= 1
         await handle.stop()

@@ -195,6 +195,9 @@ class Watch(object):
     def close_stdin(self) -> None:
         """A watch has no stdin."""
 
+    def resize(self, payload: bytes) -> None:
+        """A watch has no terminal."""
+
     def close(self) -> None:
         if self.inotify is not None:
             if self.registered:

@@ -166,10 +166,6 @@ class Watches:
             polled.watcher.stop()
         self._release(polled.tenant)
 
-    def polled(self, tenant: str) -> int:
-        """How many polled watchers ``tenant`` holds."""
-        return sum(polled.tenant == tenant for polled in self._polled.values())
-
 
 async def _chained(first: api.WatchEvent, rest: AsyncGenerator[api.WatchEvent]) -> AsyncGenerator[api.WatchEvent]:
     try:

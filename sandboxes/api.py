@@ -25,6 +25,10 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     POST   /v1/volumes                                  CreateVolume    -> VolumeInfo (201)
     GET    /v1/volumes                                                 -> VolumeList
     DELETE /v1/volumes/{name}                                          -> 204 (refused while mounted)
+    GET    /v1/sandboxes/{id}/watch?path=DIR&recursive=B                -> NDJSON of WatchEvent
+    POST   /v1/sandboxes/{id}/watchers                  CreateWatcher   -> WatcherInfo (201)
+    GET    /v1/sandboxes/{id}/watchers/{wid}/events                     -> WatcherEvents (drained)
+    DELETE /v1/sandboxes/{id}/watchers/{wid}                            -> 204
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -58,6 +62,7 @@ __all__ = [
     "PTY_SUBPROTOCOL",
     "CreateSandbox",
     "CreateVolume",
+    "CreateWatcher",
     "DeleteRequest",
     "DownloadItem",
     "DownloadRequest",
@@ -91,6 +96,9 @@ __all__ = [
     "VolumeInfo",
     "VolumeList",
     "VolumeMount",
+    "WatchEvent",
+    "WatcherEvents",
+    "WatcherInfo",
     "WireErrorCode",
     "WriteRequest",
 ]
@@ -302,6 +310,40 @@ class StreamEvent(_Answer):
     stream: Literal["stderr", "merged"] | None = None
     """On ``output``: the stream the text came from; absent: stdout. ``merged``: the backend ran
     the command without the exec helper, and its stdout and stderr came through one pipe."""
+
+
+class WatchEvent(_Answer):
+    """One event of a file watch (`sandboxes.watching`, the service's watch routes): what
+    happened to ``name``, a path relative to the watched directory (``""``: the directory
+    itself), of envd's kinds; ``overflow``: events were lost here (no name). On the service's
+    stream only: ``start`` first, once the watch is in place, ``keepalive`` while nothing
+    happens, and ``end`` last when the watch ended by itself (``error`` and ``message`` say
+    why). Clients ignore types they do not know."""
+
+    type: Literal["create", "write", "remove", "rename", "chmod", "overflow", "start", "keepalive", "end"]
+    name: str | None = None
+    error: ErrorCode | None = None
+    message: str | None = None
+
+
+class CreateWatcher(_Request):
+    path: str = Field(json_schema_extra={"pattern": "^/"})
+    """An absolute directory of the sandbox."""
+    recursive: bool = False
+
+
+class WatcherInfo(_Answer):
+    id: str
+
+
+class WatcherEvents(_Answer):
+    """What a polled watcher queued since the last poll (at most its bound, then one
+    ``overflow``), and whether it ended (``error`` and ``message`` say why)."""
+
+    events: list[WatchEvent]
+    ended: bool = False
+    error: ErrorCode | None = None
+    message: str | None = None
 
 
 class ProcessInfo(_Answer):

@@ -17,10 +17,13 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
 
 def install(sources: "dict[str, str]", package: str) -> "ModuleType":
     """Serve ``package`` and its modules (``sources``: module name -> source, ``__init__`` the
-    package's own) from ``sources``, first on ``sys.meta_path``; answer its `_server` module."""
+    package's own) from ``sources``, first on ``sys.meta_path``; answer its `_server` module.
+    The finder's ``sources`` is that dict: modules shipped later are added to it."""
     spec_type = sys.modules["_frozen_importlib"].ModuleSpec  # importlib's, loaded in every interpreter
 
     class Finder:
+        shipped = sources
+
         @classmethod
         def find_spec(
             cls, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None

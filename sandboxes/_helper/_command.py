@@ -38,11 +38,12 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     import signal
     from typing import Any
 
+    from ._loop import Running
     from ._spawn import WarmKey
 else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
     import _signal as signal
 
-_commands: "dict[int, Command]" = {}  # id -> Command, until its exit is sent
+_commands: "dict[int, Running]" = {}  # id -> Command (or `_watch.Watch`), until its exit is sent
 _leaders: "dict[int, Command | WarmShell]" = {}  # pid -> its leader, while UNREAPED (so still ours to signal)
 _ended: "list[Command]" = []  # commands answered this turn, whose leftovers are swept once the answers are out
 

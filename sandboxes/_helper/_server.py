@@ -9,7 +9,8 @@ whose ``kill_orphans``, ``reap_orphans``, ``has_strays`` and ``_container_main``
 (`sandboxes._mux._shipped`); `main` runs it.
 
 Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), payload.
-  client -> helper: P ping, R run (a spec), I stdin bytes, C close stdin, K kill,
+  client -> helper: P ping, R run (a spec; one holding ``watch``: a file watch, `_watch`),
+                    I stdin bytes, C close stdin, K kill,
                     M kill marked ({name, value}: every process of the sandbox whose
                     environment holds name=value, killed by the helper itself),
                     F file op (`_files`: a read or write without a process, its bytes as I/C;
@@ -119,6 +120,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     import signal
     from typing import Any
+
+    from ._loop import Running
+    from ._watch import Watch
 else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
     import _signal as signal
 
@@ -208,9 +212,10 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         return
     if kind == RUN:
         send(ACCEPTED, ident)
-        command: "Command | None" = None
+        command: "Running | None" = None
         try:
-            command = Command(ident, marshal.loads(payload))  # noqa: S302 (the client's own request, `wire_spec`)
+            spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
+            command = _watch(ident, spec) if "watch" in spec else Command(ident, spec)
             command.start()
         except Exception as exc:  # bad cwd, no pid left for a fork: report, keep serving
             if command is not None:
@@ -242,6 +247,24 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command.stop()
     elif kind == RESIZE:
         command.resize(payload)
+
+
+def _watch(ident: int, spec: "dict[str, Any]") -> "Watch":
+    """R with ``watch``: a file watch instead of a process (`_watch`, whose modules come with
+    the request, ``sources``: not in the bootstrap, they are added to what its importer serves)."""
+    if spec.get("sources"):
+        import binascii
+        import zlib
+
+        for finder in sys.meta_path:
+            shipped = getattr(finder, "shipped", None)
+            if isinstance(shipped, dict):
+                packed = zlib.decompress(binascii.a2b_base64(spec["sources"]))
+                for name, source in marshal.loads(packed).items():  # noqa: S302 (the client's own, `ON_DEMAND`)
+                    shipped.setdefault(name, source)
+    from ._watch import Watch
+
+    return Watch(ident, spec)
 
 
 def _start_native(ident: int, payload: bytes) -> None:

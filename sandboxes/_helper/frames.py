@@ -12,7 +12,7 @@ HEADER = struct.Struct(">cII")
 PING = b"P"
 """Answered by `HELLO`; the helper never speaks first."""
 RUN = b"R"
-"""Run a command: its spec, `marshal`'d."""
+"""Run a command: its spec, `marshal`'d (with ``watch``: a file watch instead, `_watch`)."""
 STDIN = b"I"
 """Bytes for a command's stdin, or a file op's upload."""
 CLOSE_STDIN = b"C"

@@ -6,6 +6,7 @@ from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
+from sandboxes._mux._watched import watch_spec
 from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, command_marker, kill_tagged
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "python_missing",
     "run_command_once",
     "run_native_once",
+    "watch_spec",
 ]

@@ -18,7 +18,15 @@ from pathlib import Path
 
 from sandboxes import _helper
 
-__all__ = ["HELPER_SOURCES", "PYTHON_FLAGS", "SERVER_SOURCE", "SHIPPED_PACKAGE", "bootstrap"]
+__all__ = [
+    "HELPER_SOURCES",
+    "ON_DEMAND",
+    "ON_DEMAND_SOURCES",
+    "PYTHON_FLAGS",
+    "SERVER_SOURCE",
+    "SHIPPED_PACKAGE",
+    "bootstrap",
+]
 
 _HERE = Path(_helper.__file__).parent
 
@@ -29,12 +37,22 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
+ON_DEMAND = ("_watch", "_snapshots")
+"""Modules left out of the bootstrap: they come with the first request that needs them
+(`ON_DEMAND_SOURCES`), so that a capability few sandboxes use does not lengthen every start."""
+
+ON_DEMAND_SOURCES = binascii.b2a_base64(
+    zlib.compress(marshal.dumps({name: HELPER_SOURCES[name] for name in ON_DEMAND}, 4), 9), newline=False
+).decode("ascii")
+"""The `ON_DEMAND` modules, as a request's ``sources`` carries them (``_server._watch`` adds them
+to what the helper's importer serves)."""
+
 
 def bootstrap(sources: Mapping[str, str]) -> str:
     """One line of Python that runs the helper made of ``sources`` (`HELPER_SOURCES` or a
     variant of it): no quote in it to escape, compressed to a fraction of the sources."""
     boot = sources["_boot"]
-    modules = {name: source for name, source in sources.items() if name != "_boot"}
+    modules = {name: source for name, source in sources.items() if name != "_boot" and name not in ON_DEMAND}
     packed = zlib.compress(marshal.dumps((boot, modules), 4), 9)
     text = binascii.b2a_base64(packed, newline=False).decode("ascii")
     return (

@@ -17,6 +17,7 @@ from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
 from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
 from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
+from sandboxes.client._watches import AsyncWatchStream, WatchStream
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
     BackendUnavailable,
@@ -37,6 +38,7 @@ __all__ = [
     "AsyncCommandStream",
     "AsyncRemoteTerminal",
     "AsyncSandboxClient",
+    "AsyncWatchStream",
     "BackendUnavailable",
     "ClientConfig",
     "CommandStream",
@@ -56,4 +58,5 @@ __all__ = [
     "ServiceUnreachable",
     "TooLarge",
     "Unauthorized",
+    "WatchStream",
 ]

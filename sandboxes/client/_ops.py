@@ -257,3 +257,28 @@ def upload_archive(sandbox_id: str, directory: str) -> w.Op[None]:
 
 def download_archive(sandbox_id: str, path: str) -> w.Op[None]:
     return w.Op("GET", f"{_sandbox(sandbox_id)}/archive", w.no_content, params={"path": path}, idempotent=True)
+
+
+# ---------------------------------------------------------------------- file watches
+
+
+def watch(sandbox_id: str, path: str, recursive: bool) -> w.Op[None]:
+    """The request only: its NDJSON lines are read by the caller (`sandboxes.client._watches`)."""
+    params = {"path": path, "recursive": "true" if recursive else "false"}
+    return w.Op("GET", f"{_sandbox(sandbox_id)}/watch", w.no_content, params=params, idempotent=True)
+
+
+def create_watcher(sandbox_id: str, path: str, recursive: bool) -> w.Op[api.WatcherInfo]:
+    body = w.model_json(api.CreateWatcher, path=path, recursive=recursive)
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/watchers", w.Answer(api.WatcherInfo), json=body)
+
+
+def watcher_events(sandbox_id: str, watcher_id: str) -> w.Op[api.WatcherEvents]:
+    """Not idempotent: an answer lost on the way took its events with it; a retry would hide that."""
+    path = f"{_sandbox(sandbox_id)}/watchers/{quote(watcher_id, safe='')}/events"
+    return w.Op("GET", path, w.Answer(api.WatcherEvents))
+
+
+def remove_watcher(sandbox_id: str, watcher_id: str) -> w.Op[None]:
+    path = f"{_sandbox(sandbox_id)}/watchers/{quote(watcher_id, safe='')}"
+    return w.Op("DELETE", path, w.no_content, idempotent=True, gone_is_done=True)

@@ -45,6 +45,7 @@ from sandboxes.client._bulk import (
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal, aopen_pty, open_pty
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
+from sandboxes.client._watches import AsyncWatchStream, WatchStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Sandbox
 from sandboxes.semantics import download_share, message_for, share_refusal
@@ -265,6 +266,39 @@ class RemoteSandbox(Sandbox):
     ) -> AsyncRemoteTerminal:
         """`pty` on an event loop."""
         return await aopen_pty(self.config, self._id, api.PtySize(cols=cols, rows=rows), command, session)
+
+    # ------------------------------------------------------------------ file watches
+
+    def watch(self, path: str, *, recursive: bool = False) -> WatchStream:
+        """Watch the directory ``path`` (``GET .../watch``): its `api.WatchEvent`s as they come,
+        once the watch is in place, until the stream is closed; `OperationFailed` if it cannot
+        start (``file_not_found``, ``not_a_directory``...)."""
+        return WatchStream(self._sync(), self._id, path, recursive)
+
+    async def awatch(self, path: str, *, recursive: bool = False) -> AsyncWatchStream:
+        """`watch`'s async twin."""
+        return await AsyncWatchStream.open(self._async(), self._id, path, recursive)
+
+    def create_watcher(self, path: str, *, recursive: bool = False) -> str:
+        """A polled watcher of the directory ``path``, in place once answered: its id, for
+        `watcher_events`. The service removes it after a while without a poll."""
+        return self._sync().call(_ops.create_watcher(self._id, path, recursive)).id
+
+    def watcher_events(self, watcher_id: str) -> api.WatcherEvents:
+        """The events the watcher queued since the last call (taken from it)."""
+        return self._sync().call(_ops.watcher_events(self._id, watcher_id))
+
+    def remove_watcher(self, watcher_id: str) -> None:
+        self._sync().call(_ops.remove_watcher(self._id, watcher_id))
+
+    async def acreate_watcher(self, path: str, *, recursive: bool = False) -> str:
+        return (await self._async().call(_ops.create_watcher(self._id, path, recursive))).id
+
+    async def awatcher_events(self, watcher_id: str) -> api.WatcherEvents:
+        return await self._async().call(_ops.watcher_events(self._id, watcher_id))
+
+    async def aremove_watcher(self, watcher_id: str) -> None:
+        await self._async().call(_ops.remove_watcher(self._id, watcher_id))
 
     # ------------------------------------------------------------------ background processes
 

@@ -45,6 +45,7 @@ from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 from sandboxes.server.terminals import Terminals, serve_pty
+from sandboxes.server.watches import Watches
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class Service:
     """Re-attached streams open, per tenant (at most its ``max_commands``)."""
     terminals: Terminals = field(default_factory=Terminals)
     """Terminal sessions (``/pty``), to reattach to."""
+    watches: Watches = field(default_factory=Watches)
+    """File watches open, per tenant (at most its ``max_watchers``), and the polled ones."""
 
     async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
         """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most
@@ -419,6 +422,45 @@ async def poll_process(request: Request, sandbox_id: str, process_id: str, tenan
 async def kill_process(request: Request, sandbox_id: str, process_id: str, tenant: Authed) -> api.ProcessInfo:
     entry = (await _entry(request, tenant, sandbox_id))[1]
     return await _backend(entry.processes.kill, process_id)
+
+
+# ---------------------------------------------------------------------- file watches
+
+_AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": "^/"})]
+"""An absolute directory in the sandbox."""
+
+
+@router.get("/sandboxes/{sandbox_id}/watch", response_class=StreamingResponse, responses=_NDJSON)
+async def watch_stream(
+    request: Request, sandbox_id: str, tenant: Authed, path: _AbsolutePath, recursive: bool = False
+) -> Response:
+    """Watch a directory of the sandbox: NDJSON of `api.WatchEvent` (`sandboxes.server.watches`)."""
+    svc, entry = await _entry(request, tenant, sandbox_id)
+    cap, keepalive = svc.settings.policy_for(tenant.id).max_watchers, svc.settings.stream_keepalive
+    return _ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive))
+
+
+@router.post("/sandboxes/{sandbox_id}/watchers", status_code=201, response_model=api.WatcherInfo)
+async def create_watcher(request: Request, sandbox_id: str, body: api.CreateWatcher, tenant: Authed) -> api.WatcherInfo:
+    svc, entry = await _entry(request, tenant, sandbox_id)
+    cap = svc.settings.policy_for(tenant.id).max_watchers
+    return await svc.watches.create(tenant.id, cap, sandbox_id, entry.sandbox, body, svc.settings.watcher_idle)
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/watchers/{watcher_id}/events",
+    response_model=api.WatcherEvents,
+    response_model_exclude_none=True,
+)
+async def watcher_events(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> api.WatcherEvents:
+    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
+    return svc.watches.drain(tenant.id, sandbox_id, watcher_id, svc.settings.watcher_idle)
+
+
+@router.delete("/sandboxes/{sandbox_id}/watchers/{watcher_id}", status_code=204, response_class=Response)
+async def remove_watcher(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> Response:
+    (await _entry(request, tenant, sandbox_id))[0].watches.remove(tenant.id, sandbox_id, watcher_id)
+    return Response(status_code=204)
 
 
 # ---------------------------------------------------------------------- files

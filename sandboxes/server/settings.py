@@ -54,6 +54,9 @@ class TenantPolicy(_Frozen):
     ``rate_limited`` (429, ``Retry-After``) once none ended for ``command_slot_wait``. Also
     the most re-attached streams of streamed commands it may have open at once (one more is
     refused the same way)."""
+    max_watchers: int = Field(default=16, ge=1)
+    """File watches of the tenant open at once, in all its sandboxes, streamed and polled; one
+    more is refused with ``rate_limited`` (429)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -108,6 +111,8 @@ class ServiceSettings(BaseSettings):
     stream_keepalive: float = Field(default=15.0, gt=0)
     """Seconds without output after which a streamed execute sends a keep-alive (an ``output``
     event with no text), so that proxies which cut idle connections keep a quiet command's stream."""
+    watcher_idle: float = Field(default=60.0, gt=0)
+    """Seconds a polled file watcher lives without a poll: then it is removed."""
     max_body_bytes: int = Field(default=64 << 20, gt=0)
     """Largest JSON request body (uploads travel base64 in it)."""
     max_inline_download_bytes: int = Field(default=8 << 20, gt=0)

@@ -251,6 +251,10 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("GET", "/processes/{process_id}"): ({}, None),
         ("DELETE", "/processes/{process_id}"): ({}, None),
         **{("POST", f"/files/{op}"): ({}, body) for op, body in files.items()},
+        ("GET", "/watch"): ({"path": workdir}, None),
+        ("POST", "/watchers"): ({}, {"path": workdir}),
+        ("GET", "/watchers/{watcher_id}/events"): ({}, None),
+        ("DELETE", "/watchers/{watcher_id}"): ({}, None),
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
     }
@@ -278,6 +282,7 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
     process = alice.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": "sleep 30"}).json()
     with alice.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": "echo hi"}) as streamed:
         command_id = json.loads(next(streamed.iter_lines()))["id"]
+    watcher_id = alice.post(f"/v1/sandboxes/{sandbox_id}/watchers", json={"path": workdir}).json()["id"]
     try:
         # DELETE of the sandbox last: were it to succeed for bob, every later check would be moot
         requests = _requests(workdir)
@@ -285,7 +290,9 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
             params, body = requests[(method, suffix)]
             kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
             for client, named in ((bob, sandbox_id), (alice, "0" * 16)):
-                path = (_SANDBOX + suffix).format(sandbox_id=named, process_id=process["id"], command_id=command_id)
+                path = (_SANDBOX + suffix).format(
+                    sandbox_id=named, process_id=process["id"], command_id=command_id, watcher_id=watcher_id
+                )
                 response = client.request(method, path, params=params, **kwargs)
                 assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
                 assert error_of(response) == "not_found"
@@ -296,6 +303,7 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
         assert read.json()["file_data"]["content"] == "alice"
         poll = alice.get(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}").json()
         assert poll["status"] == "running"
+        assert alice.get(f"/v1/sandboxes/{sandbox_id}/watchers/{watcher_id}/events").status_code == 200
     finally:
         alice.delete(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}")
         assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204

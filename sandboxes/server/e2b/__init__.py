@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, usage
+from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, usage, watch
 from sandboxes.server.e2b.common import PREFIX, E2BState
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
 
@@ -19,5 +19,6 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     settings = settings or E2BSettings()
     secret = signing_secret(settings, app.state.service.settings.data_dir)
     app.state.e2b = E2BState(settings, TokenSigner(secret))
-    planes = [envd.router, filesystem.router, stdin.router, pty.router, process.router, usage.router, control.router]
+    planes = [envd.router, filesystem.router, stdin.router, pty.router, watch.router, process.router]
+    planes += [usage.router, control.router]
     app.router.routes.extend(route for plane in planes for route in plane.routes)  # no nesting

@@ -16,6 +16,7 @@ from sandboxes import protocol as p
 from sandboxes._helper.frames import RESIZE
 from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel
 from sandboxes._mux._frames import wire_spec
+from sandboxes._mux._shipped import ON_DEMAND_SOURCES
 from sandboxes._output import as_output_hook
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "TerminalError",
     "aopen_terminal",
     "open_terminal",
+    "pty_spec",
 ]
 
 DEFAULT_COMMAND = "bash -i -l"
@@ -36,6 +38,12 @@ MAX_SIDE = 10000
 DataHook = Callable[[bytes], None]
 """Takes the terminal's output as it arrives, on the exec helper's reader thread: it must
 neither block nor raise."""
+
+
+def pty_spec(cols: int, rows: int) -> dict[str, object]:
+    """The fields of a request that runs its command on a terminal of ``cols`` x ``rows``, with
+    the helper's terminal module (not in its bootstrap: `sandboxes._mux._shipped.ON_DEMAND`)."""
+    return {"pty": {"cols": cols, "rows": rows}, "sources": ON_DEMAND_SOURCES}
 
 
 class TerminalError(Exception):
@@ -164,7 +172,7 @@ def open_terminal(
             env={**base_env, **(env or {})},
             cwd=cwd or base_cwd,
             on_output=as_output_hook(on_data),
-            spec={"pty": {"cols": cols, "rows": rows}},
+            spec=pty_spec(cols, rows),
         )
     except MuxBroken as broken:
         raise TerminalError(p.UNAVAILABLE, f"the sandbox's exec helper broke: {broken}") from broken

@@ -14,6 +14,7 @@ from test_mux_channel import _Seen as _Chunks
 from sandboxes._helper.frames import RESIZE
 from sandboxes._mux import Channel, MuxClient, open_channel
 from sandboxes._mux._frames import wire_spec
+from sandboxes.terminal import pty_spec
 
 
 class _Seen(_Chunks):
@@ -42,7 +43,7 @@ def _terminal(
         timeout=timeout,  # type: ignore[arg-type]
         on_output=seen,
         output_limit=1 << 16,
-        spec={"pty": {"cols": cols, "rows": rows}},
+        spec=pty_spec(cols, rows),
         **options,  # type: ignore[arg-type]
     )
 

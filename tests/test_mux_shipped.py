@@ -66,7 +66,8 @@ def test_the_shipped_helper_compiles_its_file_ops_only_when_they_are_imported() 
     loaded, later = (set(line.split()) for line in result.stdout.splitlines())
     names = {f"{SHIPPED_PACKAGE}.{name}" for name in HELPER_SOURCES if name not in ("__init__", "_boot", *ON_DEMAND)}
     native = {
-        f"{SHIPPED_PACKAGE}.{name}" for name in ("_files", "_native", "_reads", "_uploads", "_search", "_listing")
+        f"{SHIPPED_PACKAGE}.{name}"
+        for name in ("_files", "_native", "_reads", "_uploads", "_search", "_listing", "_usage")
     }
     assert loaded == (names - native) | {SHIPPED_PACKAGE}
     assert later == names | {SHIPPED_PACKAGE}

@@ -215,6 +215,8 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command: "Running | None" = None
         try:
             spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
+            if spec.get("sources"):
+                _add_sources(spec["sources"])
             command = _watch(ident, spec) if "watch" in spec else Command(ident, spec)
             command.start()
         except Exception as exc:  # bad cwd, no pid left for a fork: report, keep serving
@@ -249,19 +251,23 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command.resize(payload)
 
 
+def _add_sources(sources: str) -> None:
+    """An R request's ``sources``: modules left out of the bootstrap (`_watch`, `_pty`...), added
+    to what the helper's importer serves, for this request and every later one."""
+    import binascii
+    import zlib
+
+    for finder in sys.meta_path:
+        shipped = getattr(finder, "shipped", None)
+        if isinstance(shipped, dict):
+            packed = zlib.decompress(binascii.a2b_base64(sources))
+            for name, source in marshal.loads(packed).items():  # noqa: S302 (the client's own, `ON_DEMAND`)
+                shipped.setdefault(name, source)
+
+
 def _watch(ident: int, spec: "dict[str, Any]") -> "Watch":
     """R with ``watch``: a file watch instead of a process (`_watch`, whose modules come with
-    the request, ``sources``: not in the bootstrap, they are added to what its importer serves)."""
-    if spec.get("sources"):
-        import binascii
-        import zlib
-
-        for finder in sys.meta_path:
-            shipped = getattr(finder, "shipped", None)
-            if isinstance(shipped, dict):
-                packed = zlib.decompress(binascii.a2b_base64(spec["sources"]))
-                for name, source in marshal.loads(packed).items():  # noqa: S302 (the client's own, `ON_DEMAND`)
-                    shipped.setdefault(name, source)
+    the request's ``sources``)."""
     from ._watch import Watch
 
     return Watch(ident, spec)

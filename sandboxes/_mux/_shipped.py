@@ -37,7 +37,7 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
-ON_DEMAND = ("_watch", "_snapshots")
+ON_DEMAND = ("_watch", "_snapshots", "_pty")
 """Modules left out of the bootstrap: they come with the first request that needs them
 (`ON_DEMAND_SOURCES`), so that a capability few sandboxes use does not lengthen every start."""
 

@@ -17,6 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets.exceptions
+import websockets.sync.client
+from fastapi.routing import APIWebSocketRoute
 from service_harness import KEYS, Running, create, error_of, execute, running, settings_for
 
 from sandboxes.api import FILE_OPERATIONS
@@ -204,6 +207,9 @@ def _served_routes(routes: Any) -> Iterator[tuple[str, str]]:
             continue
         path, methods = getattr(route, "path", None), getattr(route, "methods", None)
         assert path, f"a route this test cannot read, so cannot check: {route!r}"
+        if isinstance(route, APIWebSocketRoute):
+            yield "WEBSOCKET", path
+            continue
         assert methods, f"a route this test cannot read, so cannot check: {route!r}"
         for method in sorted(methods - {"HEAD"}):
             yield method, path
@@ -216,6 +222,14 @@ _NO_SANDBOX_IN_PATH = {
     ("GET", "/healthz"): "liveness, no tenant data",
     ("GET", "/readyz"): "readiness, no tenant data",
     ("GET", "/metrics"): "aggregate counters, no sandbox ids (an operator's, see test_health_needs_no_key_metrics_do)",
+    ("GET", "/v1/templates"): "the service's templates, the same for every tenant",
+    (
+        "GET",
+        "/v1/operator/overview",
+    ): "an operator key's only: others get 403 (test_console.py, test_operator_overview)",
+    ("POST", "/v1/volumes"): "creates a volume of the caller's own (other tenants' volumes: test_service_volumes.py)",
+    ("GET", "/v1/volumes"): "lists the caller's own volumes (test_service_volumes.py checks bob sees none of alice's)",
+    ("DELETE", "/v1/volumes/{name}"): "names a volume of the caller's own (test_service_volumes.py: bob cannot delete)",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 
@@ -255,9 +269,20 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("POST", "/watchers"): ({}, {"path": workdir}),
         ("GET", "/watchers/{watcher_id}/events"): ({}, None),
         ("DELETE", "/watchers/{watcher_id}"): ({}, None),
+        ("GET", "/metrics"): ({}, None),
+        ("WEBSOCKET", "/pty"): ({}, None),
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
     }
+
+
+def _assert_websocket_refused(service: Running, path: str, authorization: str) -> None:
+    """A WebSocket upgrade to ``path`` is answered 404 (no such sandbox for this key), never
+    accepted."""
+    url = service.url.replace("http://", "ws://") + path
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        websockets.sync.client.connect(url, additional_headers={"Authorization": authorization}, open_timeout=10)
+    assert refused.value.response.status_code == 404, (path, refused.value.response.body)
 
 
 def test_another_tenants_sandbox_is_not_found_on_every_route(
@@ -293,6 +318,9 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
                 path = (_SANDBOX + suffix).format(
                     sandbox_id=named, process_id=process["id"], command_id=command_id, watcher_id=watcher_id
                 )
+                if method == "WEBSOCKET":
+                    _assert_websocket_refused(service, path, client.headers["authorization"])
+                    continue
                 response = client.request(method, path, params=params, **kwargs)
                 assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
                 assert error_of(response) == "not_found"

@@ -36,6 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
+    AwaitedCommand,
+    AwaitsCommands,
+    CommandRun,
     FileOpsOnHelper,
     HelperStarts,
     MuxBroken,
@@ -120,7 +123,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     sandbox_id: str | None = None
 
 
-class LocalSandbox(FileOpsOnHelper, Sandbox):
+class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -289,29 +292,57 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        run = self._command_run(
+            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        if isinstance(run, p.ExecuteResponse):
+            return run
+        args = (run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+        if not self._starts.unavailable:
+            response = self._execute_in_helper(*args)
+            if response is not None:
+                return response
+        return self._execute_spawned(*args)
+
+    def _command_run(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun | p.ExecuteResponse:
+        """`execute_streaming`'s arguments, what they leave out filled in (the helper's environment
+        under the caller's); its answer where nothing runs (closed, or no such working directory)."""
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
-        on_output = as_output_hook(on_output)
         workdir = cwd or str(self.root)
-        environment = {
-            "PATH": _DEFAULT_PATH,
-            "HOME": str(self.root),
-            "LANG": "C.UTF-8",
-            **self.config.env,
-            **(env or {}),
-        }
         if not self._host_view(workdir).is_dir():
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        timeout = self.config.default_timeout if timeout is None else timeout
-        limit = self.config.output_limit if output_limit is None else output_limit
-        if not self._starts.unavailable:
-            response = self._execute_in_helper(command, timeout, data, environment, workdir, limit, on_output)
-            if response is not None:
-                return response
-        return self._execute_spawned(command, timeout, data, environment, workdir, limit, on_output)
+        return CommandRun(
+            command,
+            as_output_hook(on_output),
+            timeout=self.config.default_timeout if timeout is None else timeout,
+            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
+            env={**self._helper_env(), **(env or {})},
+            cwd=workdir,
+            output_limit=self.config.output_limit if output_limit is None else output_limit,
+        )
+
+    def _awaited(self, run: CommandRun) -> AwaitedCommand:
+        """Its out-of-memory kills counted from now, as `_execute_in_helper` counts them."""
+        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        return AwaitedCommand(run, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`: the jail's helper if one is running now (none is started)."""
+        helper = self._helper_process
+        return helper.client if helper is not None and helper.client.alive else None
 
     def _execute_spawned(
         self,
@@ -410,10 +441,11 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
             cwd=workdir,
             output_limit=output_limit,
             on_output=on_output,
-            lost="the sandbox's jail died during the command",
+            lost=self._command_lost,
         )
         return None if response is None else self._oom_checked(response, oom_before)
 
+    _command_lost = "the sandbox's jail died during the command"
     _file_op_lost = "the sandbox's jail died during the file operation"
 
     def _helper(self) -> MuxClient | None:

@@ -1,5 +1,5 @@
-"""The service's awaited path (`sandboxes.server.waiting`) on the local jail, SSH and Kubernetes
-(the fake API server), one service holding a template of each: with the sandbox's helper up, a
+"""The service's awaited path (`sandboxes.server.waiting`) on the local jail, SSH, Kubernetes (the
+fake API server) and Docker, one service holding a template of each: with the sandbox's helper up, a
 command through the service runs on no thread (the thread path, `run_marked`, is never entered,
 and more commands run at once than the service has command threads), and answers exactly what
 the sandbox's own ``execute_streaming`` (the thread path) answers for the same command: env and
@@ -33,7 +33,7 @@ from sandboxes.server.settings import TenantPolicy
 sys.path.append(str(Path(__file__).parent.parent / "kubernetes"))
 from fake_apiserver import LABEL, FakeKubernetes
 
-BACKENDS = ("local", "ssh", "kubernetes")
+BACKENDS = ("local", "ssh", "kubernetes", "docker")
 THREADS = 2
 """The service's command threads: fewer than the commands `test_running_commands_hold_no_thread`
 runs at once."""
@@ -74,6 +74,14 @@ def service(
             "backend": "ssh",
             "hosts": [host],
             "workspace_root": f"/tmp/svc-{uuid.uuid4().hex[:8]}",
+            "env": sandbox_env,
+        },
+        "docker": {
+            "backend": "docker",
+            "image": runtime_image,
+            "cpus": 0.5,
+            "memory": "256m",
+            "labels": {"io.sandboxes.test-session": SESSION_OWNER},
             "env": sandbox_env,
         },
         "kubernetes": {

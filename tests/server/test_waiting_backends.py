@@ -69,7 +69,7 @@ def service(
     host = {**vm.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
     sandbox_env = {"FROM_SANDBOX": "template", "SHADOWED": "template"}
     templates = {
-        "local": {"backend": "local", "default_timeout": 30, "env": sandbox_env},
+        "local": {"backend": "local", "default_timeout": 30, "memory": "256m", "env": sandbox_env},
         "ssh": {
             "backend": "ssh",
             "hosts": [host],
@@ -290,3 +290,19 @@ def test_a_helper_killed_under_a_command_as_on_the_thread_path(
     direct = _direct(sandbox, command)
     _same(answer, direct)
     assert execute(client, made["id"], f"cat {ran}")["output"] == "ran\nran\n"
+
+
+def test_an_out_of_memory_kill_as_on_the_thread_path(
+    service: Running, client: httpx.Client, made: dict[str, Any], threaded: list[str]
+) -> None:
+    """A command past the memory limit answers alike: ``out_of_memory`` where the backend tells an
+    OOM kill from a plain exit 137 (SSH has no such check: whatever it answers, it answers alike)."""
+    sandbox = _sandbox(service, made)
+    _up(client, made)
+    threaded.clear()
+    command = "python3 -c \"b = b'x' * (1 << 30); print(len(b))\""
+    answer = execute(client, made["id"], command)
+    assert threaded == []
+    _same(answer, _direct(sandbox, command))
+    if getattr(sandbox, "_cgroup", None) is not None:  # a local jail in a memory cgroup of its own
+        assert answer["error"] == p.OUT_OF_MEMORY, answer

@@ -8,6 +8,7 @@ from sandboxes._mux._driven import (
     CommandRun,
     CommandsOnHelper,
     FileOpsOnHelper,
+    GivenDefaults,
     HeldHelper,
 )
 from sandboxes._mux._resend import run_command_once, run_native_once
@@ -27,6 +28,7 @@ __all__ = [
     "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
+    "GivenDefaults",
     "HeldHelper",
     "HelperStarts",
     "HoldsHelper",

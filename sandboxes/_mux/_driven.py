@@ -38,6 +38,7 @@ __all__ = [
     "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
+    "GivenDefaults",
     "HeldHelper",
 ]
 
@@ -53,6 +54,16 @@ class CommandDefaults(Protocol):
     def env(self) -> Mapping[str, str]: ...
     @property
     def workdir(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class GivenDefaults:
+    """`CommandDefaults` as values, for a transport whose defaults are not all its config's."""
+
+    default_timeout: float
+    output_limit: int
+    env: Mapping[str, str]
+    workdir: str
 
 
 @dataclass(frozen=True)

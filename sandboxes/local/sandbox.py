@@ -40,6 +40,7 @@ from sandboxes._mux import (
     AwaitsCommands,
     CommandRun,
     FileOpsOnHelper,
+    GivenDefaults,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -49,7 +50,7 @@ from sandboxes._mux import (
     python_missing,
     run_command_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Sandbox
 from sandboxes.local import _disk
@@ -324,14 +325,11 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
-        return CommandRun(
-            command,
-            as_output_hook(on_output),
-            timeout=self.config.default_timeout if timeout is None else timeout,
-            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
-            env={**self._helper_env(), **(env or {})},
-            cwd=workdir,
-            output_limit=self.config.output_limit if output_limit is None else output_limit,
+        defaults = GivenDefaults(
+            self.config.default_timeout, self.config.output_limit, self._helper_env(), self.workdir
+        )
+        return CommandRun.resolve(
+            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
 
     def _awaited(self, run: CommandRun) -> AwaitedCommand:

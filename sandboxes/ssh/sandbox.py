@@ -39,6 +39,7 @@ from sandboxes._mux import (
     AwaitedCommand,
     AwaitsCommands,
     CommandRun,
+    GivenDefaults,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -47,7 +48,7 @@ from sandboxes._mux import (
     run_command_once,
     run_native_once,
 )
-from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
@@ -258,14 +259,9 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         """`execute_streaming`'s arguments, what they leave out filled in; ``unavailable`` once closed."""
         if self._closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
-        return CommandRun(
-            command,
-            as_output_hook(on_output),
-            timeout=self.config.default_timeout if timeout is None else timeout,
-            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
-            env={**self.config.env, **(env or {})},
-            cwd=cwd or self.workspace,
-            output_limit=self.config.output_limit if output_limit is None else output_limit,
+        defaults = GivenDefaults(self.config.default_timeout, self.config.output_limit, self.config.env, self.workspace)
+        return CommandRun.resolve(
+            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
 
     def _awaited(self, run: CommandRun) -> AwaitedCommand:

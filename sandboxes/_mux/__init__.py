@@ -1,8 +1,16 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux._capable import AwaitedDefaults, AwaitsOnHelper, HoldsHelper
+from sandboxes._mux._capable import AwaitsOnHelper, HoldsHelper
 from sandboxes._mux._channel import Channel, open_channel
-from sandboxes._mux._driven import CommandRun, CommandsOnHelper, FileOpsOnHelper, HeldHelper
+from sandboxes._mux._driven import (
+    AwaitedCommand,
+    AwaitsCommands,
+    CommandRun,
+    CommandsOnHelper,
+    FileOpsOnHelper,
+    GivenDefaults,
+    HeldHelper,
+)
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
@@ -13,13 +21,15 @@ __all__ = [
     "HAS_PYTHON_SH",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
-    "AwaitedDefaults",
+    "AwaitedCommand",
+    "AwaitsCommands",
     "AwaitsOnHelper",
     "ByteStream",
     "Channel",
     "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
+    "GivenDefaults",
     "HeldHelper",
     "HelperStarts",
     "HoldsHelper",

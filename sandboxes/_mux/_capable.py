@@ -3,19 +3,16 @@ it (`HoldsHelper`), and commands awaited on an event loop (`AwaitsOnHelper`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from sandboxes._mux._driven import CommandDefaults
+from sandboxes import protocol as p
+from sandboxes._mux._driven import AwaitedCommand
+from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
+from sandboxes._output import OutputHook
 
-__all__ = ["AwaitedDefaults", "AwaitsOnHelper", "HoldsHelper"]
-
-
-class AwaitedDefaults(CommandDefaults, Protocol):
-    """What fills in a command awaited on a helper, and the memory limit an OOM kill names."""
-
-    @property
-    def memory(self) -> str: ...
+__all__ = ["AwaitedCommand", "AwaitsOnHelper", "HoldsHelper"]
 
 
 @runtime_checkable
@@ -34,23 +31,32 @@ class HoldsHelper(Protocol):
 @runtime_checkable
 class AwaitsOnHelper(Protocol):
     """A sandbox whose running exec helper a caller may await a command on
-    (`sandboxes._mux._awaited.arun`) instead of holding a thread, as its own
-    ``execute_streaming`` would run it: `awaited_defaults` filled in, a helper that broke let go
-    of with `drop_helper`, an exit 137 checked with `oom_killed`. Methods only, so that a class
-    can be checked once (``issubclass``)."""
-
-    def awaited_defaults(self) -> AwaitedDefaults:
-        """What fills in what an awaited command leaves out (the sandbox's config)."""
-        ...
+    (`sandboxes._mux._awaited.arun`) instead of holding a thread, with the same answer as its own
+    ``execute_streaming``: `awaited_command` prepares it (or answers it without running it), a
+    helper that broke is let go of with `drop_helper`, an exit 137 is checked with
+    `AwaitedCommand.checked`. Methods only, so that a class can be checked once (``issubclass``)."""
 
     def running_helper(self) -> MuxClient | None:
         """The exec helper if one is running now (none is started), without blocking."""
         ...
 
-    def drop_helper(self, mux: MuxClient) -> None:
-        """Let go of ``mux``, found broken: the next command starts a new helper."""
+    def awaited_command(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> AwaitedCommand | p.ExecuteResponse:
+        """``execute_streaming``'s arguments made the command it sends its helper, or its answer
+        where it answers without running anything (a working directory that is not there);
+        without blocking."""
         ...
 
-    def oom_killed(self) -> bool:
-        """Whether the sandbox's memory limit killed something since the last look."""
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """Let go of ``mux``, found ``broken``, as ``execute_streaming`` does: the next command
+        starts a new helper."""
         ...

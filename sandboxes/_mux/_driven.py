@@ -31,7 +31,16 @@ from sandboxes._mux.client import MuxClient, command_marker, kill_tagged
 from sandboxes._output import OutputHook, as_output_hook, out_of_memory
 from sandboxes.base import Call, StreamingSandbox
 
-__all__ = ["CommandDefaults", "CommandRun", "CommandsOnHelper", "FileOpsOnHelper", "HeldHelper"]
+__all__ = [
+    "AwaitedCommand",
+    "AwaitsCommands",
+    "CommandDefaults",
+    "CommandRun",
+    "CommandsOnHelper",
+    "FileOpsOnHelper",
+    "GivenDefaults",
+    "HeldHelper",
+]
 
 
 class CommandDefaults(Protocol):
@@ -45,6 +54,16 @@ class CommandDefaults(Protocol):
     def env(self) -> Mapping[str, str]: ...
     @property
     def workdir(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class GivenDefaults:
+    """`CommandDefaults` as values, for a transport whose defaults are not all its config's."""
+
+    default_timeout: float
+    output_limit: int
+    env: Mapping[str, str]
+    workdir: str
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,63 @@ class CommandRun:
         )
 
 
+@dataclass(frozen=True)
+class AwaitedCommand:
+    """A command as the sandbox's own ``execute_streaming`` would send it to its helper."""
+
+    run: CommandRun
+    """Its defaults filled in (environment, working directory, timeout, output limit)."""
+    lost: str
+    """``connection_lost``'s message (then ``: `` and why) when the helper broke once it was sent."""
+    checked: Callable[[p.ExecuteResponse], p.ExecuteResponse]
+    """Its answer for an exit 137, as ``execute_streaming`` gives it: ``out_of_memory`` when the
+    sandbox's memory limit killed it; may block (it may ask the sandbox)."""
+
+
+class AwaitsCommands(abc.ABC):
+    """A sandbox whose commands a caller may await on its running helper
+    (`sandboxes._mux.AwaitsOnHelper`), prepared by the very steps its ``execute_streaming``
+    takes: `_command_run` fills in what a command leaves out, `_awaited` adds how its helper's
+    loss is worded and how an exit 137 is checked for an out-of-memory kill."""
+
+    @abc.abstractmethod
+    def _command_run(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun | p.ExecuteResponse:
+        """``execute_streaming``'s arguments, what they leave out filled in; its answer instead
+        where it runs nothing (closed, say). Without blocking."""
+
+    @abc.abstractmethod
+    def _awaited(self, run: CommandRun) -> AwaitedCommand:
+        """``run`` as awaited: `AwaitedCommand.lost` and `AwaitedCommand.checked` as
+        ``execute_streaming`` has them. Without blocking."""
+
+    def awaited_command(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> AwaitedCommand | p.ExecuteResponse:
+        """`sandboxes._mux.AwaitsOnHelper`: the command ``execute_streaming`` sends the helper."""
+        run = self._command_run(
+            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        return run if isinstance(run, p.ExecuteResponse) else self._awaited(run)
+
+
 class FileOpsOnHelper(StreamingSandbox):
     """A sandbox whose file ops go to its exec helper first (`sandboxes.base.BaseSandbox.
     native_file_ops`), by `run_native_once`: the helper the transport has or starts
@@ -107,6 +183,11 @@ class FileOpsOnHelper(StreamingSandbox):
     def exec_helper(self) -> MuxClient | None:
         """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands and file ops use."""
         return self._helper()
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`: ``mux``, found broken under an awaited command, let
+        go of as under one of this sandbox's own (`_drop_broken`)."""
+        self._drop_broken(mux, broken)
 
     def _run_native(self, call: Call) -> p.ExecuteResponse | None:
         """`sandboxes.base.BaseSandbox._run_native` on the exec helper this sandbox's commands use."""
@@ -164,6 +245,13 @@ class HeldHelper(FileOpsOnHelper):
                 self._mux.close()
                 self._mux = None
 
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`: the helper if one is running now (none is started).
+        Read without the lock, which a helper's start holds for up to its hello's timeout: the
+        caller is an event loop, and falls back to a thread."""
+        mux = self._mux
+        return mux if mux is not None and mux.alive else None
+
     def kill_tagged(self, name: str, value: str) -> bool:
         """`sandboxes.base.KillsTagged`: through the running exec helper (none is started), so
         it works when the sandbox's pids limit is reached. ``False`` without a helper: the
@@ -203,7 +291,7 @@ class HeldHelper(FileOpsOnHelper):
                 self._mux = None
 
 
-class CommandsOnHelper(FileOpsOnHelper):
+class CommandsOnHelper(AwaitsCommands, FileOpsOnHelper):
     """A sandbox whose commands run on its exec helper, and each in an exec of its own
     (`_run_alone`) where it has none: `execute_streaming` for Docker and Kubernetes.
 
@@ -241,10 +329,31 @@ class CommandsOnHelper(FileOpsOnHelper):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
-        run = CommandRun.resolve(
+        run = self._command_run(
+            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        return self._oom_checked(self._run_command(run))
+
+    def _command_run(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun:
+        return CommandRun.resolve(
             self.config, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
-        response = self._run_command(run)
+
+    def _awaited(self, run: CommandRun) -> AwaitedCommand:
+        return AwaitedCommand(run, self._command_lost, self._oom_checked)
+
+    def _oom_checked(self, response: p.ExecuteResponse) -> p.ExecuteResponse:
+        """``response``, ``out_of_memory`` if it is an exit 137 the memory cgroup caused."""
         if response.exit_code == 137 and self._oom_killed():
             return out_of_memory(response, self._memory_limit)
         return response

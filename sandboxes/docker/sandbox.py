@@ -201,27 +201,6 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
-    def running_helper(self) -> MuxClient | None:
-        """The exec helper if one is running now (none is started), for a caller that awaits a
-        command on it (`sandboxes._mux._awaited.arun`) instead of a thread; such a caller reports
-        a helper that broke with `drop_helper` and checks exit 137 with `oom_killed`, as
-        `execute_streaming` does. Read without the lock, which a helper's start holds for up to
-        its hello's timeout: the caller is an event loop, and falls back to a thread."""
-        mux = self._mux
-        return mux if mux is not None and mux.alive else None
-
-    def awaited_defaults(self) -> DockerSandboxConfig:
-        """What fills in what a command awaited on `running_helper` leaves out."""
-        return self.config
-
-    def drop_helper(self, mux: MuxClient) -> None:
-        """Let go of ``mux``, found broken: the next command starts a new helper."""
-        self._drop_helper(mux)
-
-    def oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since the last look."""
-        return self._oom_killed()
-
     def _report_failed_start(self, error: Exception) -> None:
         self._starts.report(logger, self.id[:12], error, "one docker exec per command")
 

@@ -36,7 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
+    AwaitedCommand,
+    AwaitsCommands,
+    CommandRun,
     FileOpsOnHelper,
+    GivenDefaults,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -46,7 +50,7 @@ from sandboxes._mux import (
     python_missing,
     run_command_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
@@ -123,7 +127,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     have replaced with a link) bound into the jail at `Mount.path`."""
 
 
-class LocalSandbox(FileOpsOnHelper, Sandbox):
+class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -286,8 +290,7 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         """(environment, working directory) a command that names neither starts with
         (`sandboxes.terminal.HasCommandContext`): the jail's root, and the config's env over
         a PATH, HOME and LANG of the jail's."""
-        env = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
-        return env, str(self.root)
+        return self._helper_env(), str(self.root)
 
     def execute_streaming(
         self,
@@ -300,24 +303,54 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
+        run = self._command_run(
+            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        if isinstance(run, p.ExecuteResponse):
+            return run
+        args = (run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+        if not self._starts.unavailable:
+            response = self._execute_in_helper(*args)
+            if response is not None:
+                return response
+        return self._execute_spawned(*args)
+
+    def _command_run(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun | p.ExecuteResponse:
+        """`execute_streaming`'s arguments, what they leave out filled in (the helper's environment
+        under the caller's); its answer where nothing runs (closed, or no such working directory)."""
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
-        on_output = as_output_hook(on_output)
-        base_env, root = self.command_context()
-        workdir = cwd or root
-        environment = {**base_env, **(env or {})}
+        workdir = cwd or str(self.root)
         if not self._host_view(workdir).is_dir():
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
             )
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        timeout = self.config.default_timeout if timeout is None else timeout
-        limit = self.config.output_limit if output_limit is None else output_limit
-        if not self._starts.unavailable:
-            response = self._execute_in_helper(command, timeout, data, environment, workdir, limit, on_output)
-            if response is not None:
-                return response
-        return self._execute_spawned(command, timeout, data, environment, workdir, limit, on_output)
+        defaults = GivenDefaults(
+            self.config.default_timeout, self.config.output_limit, self._helper_env(), self.workdir
+        )
+        return CommandRun.resolve(
+            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+
+    def _awaited(self, run: CommandRun) -> AwaitedCommand:
+        """Its out-of-memory kills counted from now, as `_execute_in_helper` counts them."""
+        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
+        return AwaitedCommand(run, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`: the jail's helper if one is running now (none is started)."""
+        helper = self._helper_process
+        return helper.client if helper is not None and helper.client.alive else None
 
     def _execute_spawned(
         self,
@@ -416,16 +449,12 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
             cwd=workdir,
             output_limit=output_limit,
             on_output=on_output,
-            lost="the sandbox's jail died during the command",
+            lost=self._command_lost,
         )
         return None if response is None else self._oom_checked(response, oom_before)
 
+    _command_lost = "the sandbox's jail died during the command"
     _file_op_lost = "the sandbox's jail died during the file operation"
-
-    def running_helper(self) -> MuxClient | None:
-        """The jail's exec helper if one is running now (none is started), without blocking."""
-        process = self._helper_process
-        return process.client if process is not None and process.client.alive else None
 
     def _helper(self) -> MuxClient | None:
         """The client of the jail's exec helper, the jail started if none runs: what commands

@@ -2,9 +2,10 @@
 
 A command waited on by a worker thread holds that thread for as long as it runs: a few long
 commands of one tenant can take every thread, and everyone else's commands queue behind them.
-A sandbox with the `AwaitsOnHelper` capability (Docker's) runs its commands through its exec
-helper, whose reader thread learns when each one ends; `sandboxes._mux._awaited.arun` completes
-an asyncio future from there, so a running command costs the service no thread at all.
+A sandbox with the `AwaitsOnHelper` capability (Docker, Kubernetes, SSH, the local jail) runs its
+commands through its exec helper, whose reader thread learns when each one ends;
+`sandboxes._mux._awaited.arun` completes an asyncio future from there, so a running command
+costs the service no thread at all, and answers as the sandbox's own ``execute_streaming``.
 
 Only the common case is awaited: a helper already running. Anything else (no helper yet, a
 helper found broken before the command was written to it, a sandbox without the capability)
@@ -24,9 +25,9 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 from sandboxes import protocol as p
-from sandboxes._mux import AwaitsOnHelper, CommandRun, MuxBroken, MuxClient
+from sandboxes._mux import AwaitedCommand, AwaitsOnHelper, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
-from sandboxes._output import OutputHook, out_of_memory
+from sandboxes._output import OutputHook
 from sandboxes.base import BaseSandbox
 from sandboxes.server.processes import Command
 
@@ -60,13 +61,11 @@ async def run_awaited(
     on_output: OutputHook | None,
     fallback: Fallback,
 ) -> p.ExecuteResponse:
-    """``command`` through ``mux``, as the sandbox's own ``execute_streaming`` would run it."""
+    """``command`` through ``mux``, answered as the sandbox's own ``execute_streaming`` answers it."""
     capable = _capable(sandbox)
     assert capable is not None  # the only ones `awaitable_helper` answers for
-    config = capable.awaited_defaults()
     try:
-        run = CommandRun.resolve(  # the config's defaults, as `CommandsOnHelper.execute_streaming` fills them in
-            config,
+        awaited = capable.awaited_command(
             command.command,
             on_output,
             timeout=command.timeout,
@@ -75,7 +74,27 @@ async def run_awaited(
             cwd=command.cwd,
             output_limit=command.output_limit,
         )
-        response = await arun(
+        if isinstance(awaited, p.ExecuteResponse):  # answered without running anything
+            return awaited
+        response = await _awaited(capable, mux, awaited)
+        if response is None:  # never written: the thread path starts a new helper
+            return await fallback()
+        if response.exit_code == 137:
+            response = await asyncio.to_thread(awaited.checked, response)
+    except Exception:
+        logger.exception("execute failed in %s", sandbox.id)
+        return p.ExecuteResponse(
+            "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
+        )
+    return response
+
+
+async def _awaited(capable: AwaitsOnHelper, mux: MuxClient, awaited: AwaitedCommand) -> p.ExecuteResponse | None:
+    """``awaited``'s answer on ``mux``; a helper that broke is let go of, and the command answers
+    ``connection_lost`` if it was written (it may have run), ``None`` if it was not."""
+    run = awaited.run
+    try:
+        return await arun(
             mux,
             run.command,
             timeout=run.timeout,
@@ -86,16 +105,7 @@ async def run_awaited(
             on_output=run.on_output,
         )
     except MuxBroken as broken:
-        logger.warning("exec helper of %s failed (%s); restarting it", sandbox.id[:12], broken)
-        await asyncio.to_thread(capable.drop_helper, mux)
+        await asyncio.to_thread(capable.drop_helper, mux, broken)
         if not broken.may_resend:  # it may have run: running it again could do it twice
-            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message="the exec helper died during the command")
-        return await fallback()
-    except Exception:
-        logger.exception("execute failed in %s", sandbox.id)
-        return p.ExecuteResponse(
-            "", error=p.UNAVAILABLE, message="the sandbox's backend failed; the service log has the request id"
-        )
-    if response.exit_code == 137 and await asyncio.to_thread(capable.oom_killed):
-        return out_of_memory(response, config.memory)
-    return response
+            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=f"{awaited.lost}: {broken}")
+        return None

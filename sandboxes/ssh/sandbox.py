@@ -36,6 +36,10 @@ from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    AwaitedCommand,
+    AwaitsCommands,
+    CommandRun,
+    GivenDefaults,
     HelperStarts,
     MuxBroken,
     MuxClient,
@@ -44,7 +48,7 @@ from sandboxes._mux import (
     run_command_once,
     run_native_once,
 )
-from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
@@ -81,11 +85,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_COMMAND_LOST = "the connection dropped while the command ran"
+"""``connection_lost``'s message for a command whose helper broke after it was sent."""
+
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
-class SSHSandbox(StreamingSandbox, Sandbox):
+class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -213,37 +220,69 @@ class SSHSandbox(StreamingSandbox, Sandbox):
     ) -> p.ExecuteResponse:
         """`StreamingSandbox.execute_streaming`: through the exec helper, stdout and stderr
         apart; on a channel of its own (no helper), merged."""
-        on_output = as_output_hook(on_output)
-        data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        if self.config.env:
-            env = {**self.config.env, **(env or {})}
-        timeout = self.config.default_timeout if timeout is None else timeout
-        limit = self.config.output_limit if output_limit is None else output_limit
-        workdir = cwd or self.workspace
-        if self._closed:
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
+        run = self._command_run(
+            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        if isinstance(run, p.ExecuteResponse):
+            return run
         try:
             response = run_command_once(
                 self._helper,
-                lambda mux, _broken: self._drop_helper(mux),
+                self.drop_helper,
                 command,
-                timeout=timeout,
-                stdin=data,
-                env=env,
-                cwd=workdir,
-                output_limit=limit,
-                on_output=on_output,
-                lost="the connection dropped while the command ran",
+                timeout=run.timeout,
+                stdin=run.stdin,
+                env=run.env,
+                cwd=run.cwd,
+                output_limit=run.output_limit,
+                on_output=run.on_output,
+                lost=_COMMAND_LOST,
                 unsent=p.ExecuteResponse(  # never written: it did not run
                     "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
                 ),
             )
             if response is None:
-                return self._exec_once(command, timeout, data, dict(env or {}), workdir, limit, on_output)
+                return self._exec_once(
+                    command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output
+                )
             return response
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
+
+    def _command_run(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None,
+        stdin: bytes | str | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int | None,
+    ) -> CommandRun | p.ExecuteResponse:
+        """`execute_streaming`'s arguments, what they leave out filled in; ``unavailable`` once closed."""
+        if self._closed:
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
+        defaults = GivenDefaults(self.config.default_timeout, self.config.output_limit, self.config.env, self.workspace)
+        return CommandRun.resolve(
+            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+
+    def _awaited(self, run: CommandRun) -> AwaitedCommand:
+        """As the helper runs it (as the sandbox's user); no out-of-memory check, which this
+        backend has none of: an exit 137 stays one."""
+        return AwaitedCommand(run, _COMMAND_LOST, lambda response: response)
+
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`: the helper if one is running now (none is started).
+        Read without the lock, which a helper's start holds for up to its hello's timeout."""
+        mux = self._mux
+        return mux if mux is not None and mux.alive and not self._closed else None
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`: let go of ``mux``, found ``broken``."""
+        self._drop_helper(mux)
 
     native_file_ops = True
 
@@ -255,7 +294,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         try:
             return run_native_once(
                 self._helper,
-                lambda mux, _broken: self._drop_helper(mux),
+                self.drop_helper,
                 call,
                 timeout=self.operation_timeout,
                 lost="the connection dropped during the file operation",
@@ -287,11 +326,6 @@ class SSHSandbox(StreamingSandbox, Sandbox):
     def exec_helper(self) -> MuxClient | None:
         """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands use."""
         return self._helper()
-
-    def running_helper(self) -> MuxClient | None:
-        """The exec helper if one is running now (none is started), without blocking."""
-        mux = self._mux
-        return mux if mux is not None and mux.alive else None
 
     def _helper(self) -> MuxClient | None:
         """The live exec helper, started if needed; ``None``: run this command on its own channel

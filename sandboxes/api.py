@@ -10,6 +10,8 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     GET    /v1/sandboxes/{id}                                          -> SandboxInfo
     POST   /v1/sandboxes/{id}/renew                     RenewSandbox    -> SandboxInfo
     DELETE /v1/sandboxes/{id}                                          -> 204
+    POST   /v1/sandboxes/{id}/pause                     PauseSandbox    -> SandboxInfo (paused)
+    POST   /v1/sandboxes/{id}/resume                                    -> SandboxInfo (running)
     POST   /v1/sandboxes/{id}/execute                   ExecuteRequest  -> ExecuteResult
     POST   /v1/sandboxes/{id}/execute/stream            ExecuteRequest  -> NDJSON of StreamEvent
     GET    /v1/sandboxes/{id}/execute/{cid}/stream?offset=N             -> NDJSON of StreamEvent
@@ -62,6 +64,7 @@ __all__ = [
     "GrepRequest",
     "Health",
     "LsRequest",
+    "PauseSandbox",
     "ProcessInfo",
     "ReadRequest",
     "RenewSandbox",
@@ -210,10 +213,18 @@ class CreateSandbox(_Request):
     ttl: float | None = Field(default=None, ge=1)
     """Seconds, at least one; ``None`` takes the template's default. Capped by the service's maximum."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
+    auto_resume: bool = False
+    """Paused, an operation on it resumes it first instead of answering ``paused``."""
 
 
 class RenewSandbox(_Request):
     ttl: float = Field(ge=1)
+
+
+class PauseSandbox(_Request):
+    ttl: Literal["keep", "stop"] = "keep"
+    """Whether the sandbox's TTL runs while it is paused (``keep``: it may expire paused) or
+    stops (``stop``: what was left is given back at resume)."""
 
 
 class SandboxInfo(_Answer):
@@ -227,6 +238,8 @@ class SandboxInfo(_Answer):
     workdir: str | None = None
     """Where the sandbox's files live in its path namespace (``/workspace`` in a container, the
     root directory of a local sandbox): the place to write files and run commands."""
+    state: Literal["running", "paused"] = "running"
+    """``paused``: frozen (``POST .../pause``); operations answer ``paused`` until it resumes."""
 
 
 class SandboxList(_Answer):

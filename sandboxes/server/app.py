@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import responses
+from sandboxes.server import responses, state_routes
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
@@ -93,7 +93,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         redoc_url=None,
     )
     app.state.service = service
-    app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    routes = [*hot_routes(), *router.routes, *state_routes.router.routes, *health.routes]
+    app.router.routes.extend(routes)  # one table, no nesting
     mount_e2b(app)  # the E2B-compatible API under /e2b
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
@@ -147,7 +148,7 @@ _COMPONENT = "#/components/schemas/{model}"
 def _allowed_methods(path: str) -> str:
     """Every method the routes with the most specific template matching ``path`` (the fewest
     parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
-    routes = [route for route in (*router.routes, *health.routes) if isinstance(route, APIRoute)]
+    routes = [r for r in (*router.routes, *state_routes.router.routes, *health.routes) if isinstance(r, APIRoute)]
     matching = [route for route in routes if route.path_regex.match(path)]
     fewest = min((route.path.count("{") for route in matching), default=0)
     methods = [route.methods or set() for route in matching if route.path.count("{") == fewest]

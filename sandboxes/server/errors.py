@@ -26,6 +26,8 @@ _STATUS: dict[WireErrorCode, int] = {
     "not_a_directory": 422,
     "is_directory": 422,
     "no_space": 507,
+    "paused": 409,
+    "unavailable": 501,
 }
 
 

@@ -274,7 +274,7 @@ class Holdings:
                 if exc.code != "not_found":  # unknown whether it was renewed: not reaped now
                     raise
             entry = self._entries.get(sandbox_id)
-        if entry is None:
+        if entry is None or entry.state.paused == "stop":  # paused with its clock stopped
             return
         if entry.state.expires_at > now:  # renewed, or a timer a little early
             self._schedule(sandbox_id)

@@ -40,7 +40,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
-from sandboxes.server.holdings import Holdings
+from sandboxes.server.pausing import Pausing
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
 from sandboxes.server.validation import check_env, check_labels
@@ -50,7 +50,7 @@ __all__ = ["Entry", "Registry"]
 logger = logging.getLogger(__name__)
 
 
-class Registry(Holdings):
+class Registry(Pausing):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -138,6 +138,7 @@ class Registry(Holdings):
                 dict(request.env),
                 sandbox_id=reservation.sandbox_id,
                 keyed=None if keyed is None else (keyed.key, keyed.request),
+                auto_resume=request.auto_resume,
             )
         )
         try:

@@ -47,6 +47,13 @@ class SandboxState:
     idempotency`), also a label on the sandbox; empty: created without one."""
     request_digest: str = ""
     """The digest of the create request that made it, to tell a replay from a key reused."""
+    paused: str = ""
+    """``keep`` or ``stop`` while paused (whether its TTL clock runs, `sandboxes.server.
+    pausing`); empty while it runs."""
+    paused_remaining: float = 0.0
+    """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
+    auto_resume: bool = False
+    """An operation on it while paused resumes it first, instead of answering ``paused``."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

@@ -38,6 +38,7 @@ from sandboxes.cli._common import (
     non_negative,
     note,
 )
+from sandboxes.cli._state_args import add_state_commands
 from sandboxes.semantics import message_for
 
 __all__ = ["BACKENDS", "EXIT_ERROR", "EXIT_TIMEOUT", "EXIT_USAGE", "main"]
@@ -232,6 +233,17 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     )
     cmd.add_argument("source", metavar="SOURCE")
     cmd.add_argument("target", metavar="TARGET")
+
+    def stateful(name: str) -> Callable[..., int]:
+        def run(*args: Any) -> int:
+            from sandboxes.cli import state
+
+            code: int = getattr(state, name)(*args)
+            return code
+
+        return run
+
+    add_state_commands(add, stateful)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,12 +36,14 @@ class SandboxClient(ServiceConnection):
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        auto_resume: bool = False,
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
         call), and the service answers a retry with the sandbox the first attempt made. Pass
-        your own key to make a create repeatable across processes (a job that restarts)."""
-        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
+        your own key to make a create repeatable across processes (a job that restarts).
+        ``auto_resume``: paused, an operation resumes it instead of raising `Paused`."""
+        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -60,8 +62,9 @@ class AsyncSandboxClient(AsyncServiceConnection):
         ttl: float | None = None,
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
+        auto_resume: bool = False,
     ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key()))
+        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:

@@ -83,6 +83,12 @@ class ServiceConnection:
     def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return self.call(_ops.renew(sandbox_id, ttl))
 
+    def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
+        return self.call(_ops.pause(sandbox_id, ttl))
+
+    def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        return self.call(_ops.resume(sandbox_id))
+
     def delete(self, sandbox_id: str) -> None:
         self.call(_ops.delete(sandbox_id))
 
@@ -199,6 +205,12 @@ class AsyncServiceConnection:
 
     async def renew(self, sandbox_id: str, ttl: float) -> api.SandboxInfo:
         return await self.call(_ops.renew(sandbox_id, ttl))
+
+    async def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
+        return await self.call(_ops.pause(sandbox_id, ttl))
+
+    async def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        return await self.call(_ops.resume(sandbox_id))
 
     async def delete(self, sandbox_id: str) -> None:
         await self.call(_ops.delete(sandbox_id))

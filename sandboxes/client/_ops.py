@@ -34,10 +34,14 @@ def create(
     ttl: float | None,
     labels: Mapping[str, str] | None,
     idempotency_key: str | None = None,
+    auto_resume: bool = False,
 ) -> w.Op[api.SandboxInfo]:
     """With ``idempotency_key`` every retry is sent with the same key, so the service answers
     the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
-    body = w.model_json(api.CreateSandbox, template=template, env=dict(env or {}), ttl=ttl, labels=dict(labels or {}))
+    fields: dict[str, Any] = {"template": template, "env": dict(env or {}), "ttl": ttl, "labels": dict(labels or {})}
+    if auto_resume:  # only when asked: the same create hashes the same for an older service
+        fields["auto_resume"] = True
+    body = w.model_json(api.CreateSandbox, **fields)
     if idempotency_key is None:
         return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
     headers = {IDEMPOTENCY_HEADER: idempotency_key}
@@ -55,6 +59,16 @@ def get(sandbox_id: str) -> w.Op[api.SandboxInfo]:
 def renew(sandbox_id: str, ttl: float) -> w.Op[api.SandboxInfo]:
     body = w.model_json(api.RenewSandbox, ttl=ttl)
     return w.Op("POST", f"{_sandbox(sandbox_id)}/renew", w.sandbox_info, json=body, idempotent=True)
+
+
+def pause(sandbox_id: str, ttl: str) -> w.Op[api.SandboxInfo]:
+    """Not repeated: a second pause of a paused sandbox answers ``paused``."""
+    body = w.model_json(api.PauseSandbox, ttl=ttl)
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/pause", w.sandbox_info, json=body)
+
+
+def resume(sandbox_id: str) -> w.Op[api.SandboxInfo]:
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/resume", w.sandbox_info, idempotent=True)
 
 
 def delete(sandbox_id: str) -> w.Op[None]:

@@ -135,6 +135,12 @@ class OperationFailed(SandboxServiceError):
     default_code = "backend_error"
 
 
+class Paused(SandboxServiceError):
+    """The sandbox is paused: `RemoteSandbox.resume` it first (or create it with ``auto_resume``)."""
+
+    default_code = "paused"
+
+
 class ServiceUnreachable(SandboxServiceError):
     """The request never reached the service (refused connection, DNS, connect timeout)."""
 
@@ -158,6 +164,7 @@ _BY_CODE: dict[str, type[SandboxServiceError]] = {
         InvalidRequest,
         BackendUnavailable,
         InternalError,
+        Paused,
     )
 }
 

@@ -130,6 +130,17 @@ class RemoteSandbox(Sandbox):
         self.info = self._sync().renew(self._id, ttl)
         return self.info
 
+    def pause(self, ttl: str = "keep") -> api.SandboxInfo:
+        """Freeze the sandbox's processes where they are; ``ttl``: ``keep`` (its expiry runs on)
+        or ``stop`` (what is left of it is given back at `resume`). `Paused` if it is already."""
+        self.info = self._sync().pause(self._id, ttl)
+        return self.info
+
+    def resume(self) -> api.SandboxInfo:
+        """Let a paused sandbox's processes run again (one that runs: as it is)."""
+        self.info = self._sync().resume(self._id)
+        return self.info
+
     @property
     def workdir(self) -> str:
         """Where the sandbox's files live (``/workspace``, a local sandbox's root directory), as
@@ -153,6 +164,14 @@ class RemoteSandbox(Sandbox):
 
     async def arenew(self, ttl: float) -> api.SandboxInfo:
         self.info = await self._async().renew(self._id, ttl)
+        return self.info
+
+    async def apause(self, ttl: str = "keep") -> api.SandboxInfo:
+        self.info = await self._async().pause(self._id, ttl)
+        return self.info
+
+    async def aresume(self) -> api.SandboxInfo:
+        self.info = await self._async().resume(self._id)
         return self.info
 
     async def adestroy(self) -> None:

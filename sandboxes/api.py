@@ -12,6 +12,11 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     DELETE /v1/sandboxes/{id}                                          -> 204
     POST   /v1/sandboxes/{id}/pause                     PauseSandbox    -> SandboxInfo (paused)
     POST   /v1/sandboxes/{id}/resume                                    -> SandboxInfo (running)
+    POST   /v1/sandboxes/{id}/snapshots                 CreateSnapshot  -> SnapshotInfo (201)
+    POST   /v1/sandboxes/{id}/fork                      ForkSandbox     -> ForkResult (201)
+    GET    /v1/snapshots                                               -> SnapshotList
+    GET    /v1/snapshots/{sid}                                         -> SnapshotInfo
+    DELETE /v1/snapshots/{sid}                                         -> 204
     POST   /v1/sandboxes/{id}/execute                   ExecuteRequest  -> ExecuteResult
     POST   /v1/sandboxes/{id}/execute/stream            ExecuteRequest  -> NDJSON of StreamEvent
     GET    /v1/sandboxes/{id}/execute/{cid}/stream?offset=N             -> NDJSON of StreamEvent
@@ -53,6 +58,7 @@ __all__ = [
     "FILE_OPERATIONS",
     "FILE_RESULTS",
     "CreateSandbox",
+    "CreateSnapshot",
     "DeleteRequest",
     "DownloadItem",
     "DownloadRequest",
@@ -60,6 +66,8 @@ __all__ = [
     "ErrorBody",
     "ExecuteRequest",
     "ExecuteResult",
+    "ForkResult",
+    "ForkSandbox",
     "GlobRequest",
     "GrepRequest",
     "Health",
@@ -71,6 +79,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxList",
     "ServiceErrorCode",
+    "SnapshotInfo",
+    "SnapshotList",
     "StreamEvent",
     "UploadItem",
     "UploadRequest",
@@ -89,6 +99,7 @@ ServiceErrorCode = Literal[
     "invalid_request",
     "backend_unavailable",
     "internal",
+    "snapshot_mismatch",
 ]
 
 WireErrorCode = ServiceErrorCode | ErrorCode
@@ -215,10 +226,50 @@ class CreateSandbox(_Request):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
     auto_resume: bool = False
     """Paused, an operation on it resumes it first instead of answering ``paused``."""
+    snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
+    """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
+    its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""
 
 
 class RenewSandbox(_Request):
     ttl: float = Field(ge=1)
+
+
+class CreateSnapshot(_Request):
+    workspace: bool = True
+    """Keep the sandbox's workspace (its ``workdir``), restored into the new sandbox's own."""
+    paths: list[Annotated[str, Field(min_length=1, pattern="^/")]] = Field(default_factory=list, max_length=64)
+    """Absolute paths besides, each restored where it was."""
+
+
+class SnapshotInfo(_Answer):
+    id: str
+    sandbox_id: str
+    """The sandbox it was taken of."""
+    template: str
+    backend: str
+    created_at: float
+    bytes: int
+    """What it costs of the tenant's ``max_snapshot_bytes``."""
+    files: int
+    """Entries (files, directories, symbolic links) in its manifest."""
+    paths: list[str]
+    """What it kept: the sandbox's workspace first, if it did."""
+
+
+class SnapshotList(_Answer):
+    snapshots: list[SnapshotInfo]
+
+
+class ForkSandbox(_Request):
+    count: Integer = Field(default=1, ge=1, le=64)
+    """New sandboxes, each with the files of the one forked."""
+
+
+class ForkResult(_Answer):
+    snapshot: str
+    """The snapshot they were restored from (the tenant's, to delete or use again)."""
+    sandboxes: list[SandboxInfo]
 
 
 class PauseSandbox(_Request):

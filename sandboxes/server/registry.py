@@ -40,7 +40,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
-from sandboxes.server.pausing import Pausing
+from sandboxes.server.keeping import Keeping
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
 from sandboxes.server.validation import check_env, check_labels
@@ -50,7 +50,7 @@ __all__ = ["Entry", "Registry"]
 logger = logging.getLogger(__name__)
 
 
-class Registry(Pausing):
+class Registry(Keeping):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -61,6 +61,8 @@ class Registry(Pausing):
         kinds = {backend.name for backend in self.backends.values()}
         mine = [state for state in states if state.backend in kinds]
         await self._reconcile(self.backends, mine, now)
+        for left in await asyncio.to_thread(self.snapshots.sweep):
+            logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
         for state in states:
             if state.backend not in kinds:
                 logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
@@ -124,6 +126,8 @@ class Registry(Pausing):
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
+        if request.snapshot is not None:  # the tenant's, or a 404 before anything is made
+            await asyncio.to_thread(self.snapshots.get, tenant.id, request.snapshot)
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
@@ -172,6 +176,8 @@ class Registry(Pausing):
         finally:
             self._quotas.release(reservation)
         entry = await self._register(state, sandbox, backend)
+        if request.snapshot is not None:
+            entry = await self.restored(entry, request.snapshot)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry

@@ -214,6 +214,7 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd.add_argument("--ttl", type=float, default=None, help="seconds to live (default: the template's)")
     cmd.add_argument("--env", type=key_value, action="append", default=[], metavar="K=V", help="environment variable")
     cmd.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V", help="label")
+    cmd.add_argument("--snapshot", default=None, metavar="SNAPSHOT", help="restore this snapshot in it, verified")
     cmd.add_argument(
         "--idempotency-key",
         default=None,

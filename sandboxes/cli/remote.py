@@ -60,7 +60,12 @@ def open_sandbox(args: argparse.Namespace, sandbox_id: str) -> Iterator[Session]
 
 def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
     sandbox = client.create(
-        args.template, env=dict(args.env), ttl=args.ttl, labels=dict(args.label), idempotency_key=args.idempotency_key
+        args.template,
+        env=dict(args.env),
+        ttl=args.ttl,
+        labels=dict(args.label),
+        idempotency_key=args.idempotency_key,
+        snapshot=args.snapshot,
     )
     if args.json:
         emit_json(sandbox.info)

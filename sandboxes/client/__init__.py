@@ -28,6 +28,7 @@ from sandboxes.client.errors import (
     RateLimited,
     SandboxServiceError,
     ServiceUnreachable,
+    SnapshotMismatch,
     TooLarge,
     Unauthorized,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxServiceError",
     "ServiceUnreachable",
+    "SnapshotMismatch",
     "TooLarge",
     "Unauthorized",
 ]

@@ -37,13 +37,15 @@ class SandboxClient(ServiceConnection):
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
         call), and the service answers a retry with the sandbox the first attempt made. Pass
         your own key to make a create repeatable across processes (a job that restarts).
-        ``auto_resume``: paused, an operation resumes it instead of raising `Paused`."""
-        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume))
+        ``auto_resume``: paused, an operation resumes it instead of raising `Paused`.
+        ``snapshot``: restore that snapshot in it, verified (`SnapshotMismatch` if it cannot be)."""
+        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume, snapshot))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -63,8 +65,11 @@ class AsyncSandboxClient(AsyncServiceConnection):
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         auto_resume: bool = False,
+        snapshot: str | None = None,
     ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume))
+        info = await self.call(
+            _ops.create(template, env, ttl, labels, idempotency_key or _new_key(), auto_resume, snapshot)
+        )
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:

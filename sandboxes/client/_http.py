@@ -12,6 +12,7 @@ may be retried, on the same schedule (`_wire.retry_kwargs` counts the attempt ma
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Self, TypeVar
@@ -20,7 +21,7 @@ import httpx
 from tenacity import AsyncRetrying, Retrying
 
 from sandboxes import api
-from sandboxes.client import _ops
+from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
 from sandboxes.client.errors import (
     ConnectionLost,
@@ -88,6 +89,15 @@ class ServiceConnection:
 
     def resume(self, sandbox_id: str) -> api.SandboxInfo:
         return self.call(_ops.resume(sandbox_id))
+
+    def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        return self.call(_state_ops.list_snapshots())
+
+    def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo:
+        return self.call(_state_ops.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.call(_state_ops.delete_snapshot(snapshot_id))
 
     def delete(self, sandbox_id: str) -> None:
         self.call(_ops.delete(sandbox_id))
@@ -211,6 +221,15 @@ class AsyncServiceConnection:
 
     async def resume(self, sandbox_id: str) -> api.SandboxInfo:
         return await self.call(_ops.resume(sandbox_id))
+
+    async def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        return await self.call(_state_ops.list_snapshots())
+
+    async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo:
+        return await self.call(_state_ops.get_snapshot(snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.call(_state_ops.delete_snapshot(snapshot_id))
 
     async def delete(self, sandbox_id: str) -> None:
         await self.call(_ops.delete(sandbox_id))

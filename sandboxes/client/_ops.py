@@ -35,12 +35,15 @@ def create(
     labels: Mapping[str, str] | None,
     idempotency_key: str | None = None,
     auto_resume: bool = False,
+    snapshot: str | None = None,
 ) -> w.Op[api.SandboxInfo]:
     """With ``idempotency_key`` every retry is sent with the same key, so the service answers
     the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
     fields: dict[str, Any] = {"template": template, "env": dict(env or {}), "ttl": ttl, "labels": dict(labels or {})}
     if auto_resume:  # only when asked: the same create hashes the same for an older service
         fields["auto_resume"] = True
+    if snapshot is not None:
+        fields["snapshot"] = snapshot
     body = w.model_json(api.CreateSandbox, **fields)
     if idempotency_key is None:
         return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)

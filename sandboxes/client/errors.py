@@ -141,6 +141,13 @@ class Paused(SandboxServiceError):
     default_code = "paused"
 
 
+class SnapshotMismatch(SandboxServiceError):
+    """A snapshot, or the sandbox restored from it, differs from its manifest; the message
+    names what differs. No sandbox was left."""
+
+    default_code = "snapshot_mismatch"
+
+
 class ServiceUnreachable(SandboxServiceError):
     """The request never reached the service (refused connection, DNS, connect timeout)."""
 
@@ -165,6 +172,7 @@ _BY_CODE: dict[str, type[SandboxServiceError]] = {
         BackendUnavailable,
         InternalError,
         Paused,
+        SnapshotMismatch,
     )
 }
 

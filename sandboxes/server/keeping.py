@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from sandboxes import api
@@ -64,9 +65,28 @@ class Keeping(Pausing):
         logger.info("snapshot taken", extra={"sandbox": state.id, "tenant": state.tenant, "snapshot": snapshot.id})
         return snapshot
 
+    @functools.cached_property
+    def restoring(self) -> Path:
+        """One empty file per sandbox being restored here, named by its id, removed once it is
+        verified or destroyed: what a killed service left there, its next start destroys
+        (`reap_unverified`), so no sandbox restored halfway is ever adopted and handed out."""
+        directory = self.settings.data_dir / "restoring"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    async def reap_unverified(self) -> None:
+        """Destroy the sandboxes whose restore a killed service left unfinished."""
+        for mark in await asyncio.to_thread(lambda: list(self.restoring.iterdir())):
+            entry = self._entries.get(mark.name)
+            if entry is not None:
+                logger.warning("destroying sandbox %s: its restore from a snapshot never finished", mark.name)
+                await self._remove(entry)
+            await asyncio.to_thread(mark.unlink, True)
+
     async def restored(self, entry: Entry, snapshot_id: str) -> Entry:
         """``entry``, a sandbox just made, with the snapshot's files, verified; on any failure
         it is destroyed, and the failure raised."""
+        mark = self.restoring / entry.state.id  # made before the sandbox was (`Registry._create`)
         try:
             snapshot = await asyncio.to_thread(self.snapshots.get, entry.state.tenant, snapshot_id)
             args = (entry.backend, entry.sandbox, snapshot, entry.state.workdir, self.settings)
@@ -77,6 +97,8 @@ class Keeping(Pausing):
                 logger.warning("restoring snapshot %s failed: %s", snapshot_id, exc, exc_info=True)
                 raise ServiceError("backend_unavailable", f"restoring snapshot {snapshot_id} failed") from exc
             raise
+        finally:
+            await asyncio.to_thread(mark.unlink, True)
         return entry
 
     async def fork(self, tenant: Tenant, entry: Entry, count: int, key: str | None) -> tuple[Snapshot, list[Entry]]:

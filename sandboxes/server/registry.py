@@ -63,6 +63,7 @@ class Registry(Keeping):
         await self._reconcile(self.backends, mine, now)
         for left in await asyncio.to_thread(self.snapshots.sweep):
             logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
+        await self.reap_unverified()
         for state in states:
             if state.backend not in kinds:
                 logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
@@ -132,6 +133,8 @@ class Registry(Keeping):
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
         reservation = await self._quotas.reserve(tenant, template)
+        if request.snapshot is not None:  # a kill -9 from here on leaves it to reap (`reap_unverified`)
+            await asyncio.to_thread((self.restoring / reservation.sandbox_id).touch)
         started = time.perf_counter()
         work = asyncio.ensure_future(
             asyncio.to_thread(

@@ -173,6 +173,13 @@ class Cgroup:
     def freeze(self) -> bool:
         """Stop every process in the cgroup with the kernel's freezer; ``False`` where there is
         none to use (v1 without a ``freezer`` hierarchy)."""
+        try:
+            return self._freeze()
+        except OSError:
+            self.thaw()  # not left half frozen
+            raise
+
+    def _freeze(self) -> bool:
         if self.version == 2:
             _write(self.directories[0] / "cgroup.freeze", "1")
             return _settled(self.directories[0] / "cgroup.events", "frozen 1")
@@ -301,8 +308,9 @@ def _read_pids(procs: Path) -> list[int]:
         return []
 
 
-def _settled(path: Path, wanted: str, deadline: float = 5.0) -> bool:
-    """Wait (bounded) until ``path`` says ``wanted``: a freezer takes a moment to stop everything."""
+def _settled(path: Path, wanted: str, deadline: float = 30.0) -> bool:
+    """Wait (bounded) until ``path`` says ``wanted``: a freezer stops each process once it is
+    scheduled, which on a loaded machine, under the cgroup's CPU bound, can take seconds."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         with contextlib.suppress(OSError):

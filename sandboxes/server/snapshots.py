@@ -5,8 +5,9 @@ directory per tenant (named by a digest of its id) holding one directory per sna
 A snapshot is complete or absent: it is written in a temporary directory beside its final
 place, every file flushed to disk, then renamed there in one step; a deletion renames it away
 first. `SnapshotStore.sweep` (at every start) removes what a killed service left of either.
-Bytes are counted per tenant against its ``max_snapshot_bytes``, with what snapshots being
-written have reserved.
+Bytes are counted per tenant against its ``max_snapshot_bytes``: a snapshot being written is
+bounded by what was left when it began, and counted again when it is made visible (one at a
+time), so snapshots written at once may be refused, never all kept over the quota.
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ class Snapshot:
 
 
 class Writing:
-    """A snapshot being written in its temporary directory; `SnapshotStore.commit` or
-    `SnapshotStore.abandon` ends it."""
+    """A snapshot being written in its temporary directory, in at most ``bound`` bytes (what was
+    left of its tenant's quota); `SnapshotStore.commit` or `SnapshotStore.abandon` ends it."""
 
-    def __init__(self, snapshot: Snapshot, reserved: int) -> None:
+    def __init__(self, snapshot: Snapshot, bound: int, quota: int) -> None:
         self.snapshot = snapshot
-        self.reserved = reserved
+        self.bound = bound
+        self.quota = quota
 
     def path(self, name: str) -> Path:
         return self.snapshot.directory / name
@@ -99,7 +101,6 @@ class SnapshotStore:
         directory.mkdir(parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
         self._lock = threading.Lock()
-        self._reserved: dict[str, int] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -125,26 +126,24 @@ class SnapshotStore:
         return sorted(found, key=lambda snapshot: (snapshot.created_at, snapshot.id))
 
     def used(self, tenant: str) -> int:
-        """The tenant's bytes: its snapshots', and what snapshots being written reserved."""
-        return sum(snapshot.bytes for snapshot in self.of_tenant(tenant)) + self._reserved.get(tenant, 0)
+        """The bytes of the tenant's snapshots."""
+        return sum(snapshot.bytes for snapshot in self.of_tenant(tenant))
 
     # ------------------------------------------------------------------ writing
 
     def begin(self, tenant: str, quota: int, head: dict[str, Any], snapshot_id: str | None = None) -> Writing:
-        """A snapshot to write, its temporary directory made; reserves what is left of the
-        tenant's ``quota``, which `grow` draws on."""
+        """A snapshot to write, its temporary directory made, bounded by what is left of the
+        tenant's ``quota``."""
         snapshot_id = snapshot_id or secrets.token_hex(8)
-        with self._lock:
-            left = quota - self.used(tenant)
-            if left <= 0:
-                raise ServiceError("quota_exceeded", f"the tenant's snapshots use their {quota} bytes; delete some")
-            self._reserved[tenant] = self._reserved.get(tenant, 0) + left
+        left = quota - self.used(tenant)
+        if left <= 0:
+            raise _over(quota)
         tenant_dir = self._tenant_dir(tenant)
         tenant_dir.mkdir(mode=0o700, exist_ok=True)
         directory = tenant_dir / f"{_TEMP}{snapshot_id}-{secrets.token_hex(4)}"
         directory.mkdir(mode=0o700)
         snapshot = Snapshot(snapshot_id, tenant, parts=[], directory=directory, bytes=0, created_at=time.time(), **head)
-        return Writing(snapshot, left)
+        return Writing(snapshot, left, quota)
 
     def commit(self, writing: Writing) -> Snapshot:
         """Make the written snapshot whole and visible, in one rename."""
@@ -155,24 +154,19 @@ class SnapshotStore:
             for part in snapshot.parts:
                 _sync(writing.path(part.tar))
             final = snapshot.directory.parent / snapshot.id
-            os.rename(snapshot.directory, final)  # refused if one by that id exists: it stays
+            with self._lock:  # counted with the others made visible meanwhile
+                if self.used(snapshot.tenant) + snapshot.bytes > writing.quota:
+                    raise _over(writing.quota)
+                os.rename(snapshot.directory, final)  # refused if one by that id exists: it stays
             _sync(final.parent)
             snapshot.directory = final
         except BaseException:
             self.abandon(writing)
             raise
-        self._release(writing)
         return snapshot
 
     def abandon(self, writing: Writing) -> None:
         shutil.rmtree(writing.snapshot.directory, ignore_errors=True)
-        self._release(writing)
-
-    def _release(self, writing: Writing) -> None:
-        with self._lock:
-            tenant = writing.snapshot.tenant
-            self._reserved[tenant] = self._reserved.get(tenant, 0) - writing.reserved
-            writing.reserved = 0
 
     def delete(self, tenant: str, snapshot_id: str) -> None:
         """Remove the snapshot: renamed out of sight first, so it is whole or gone."""
@@ -202,6 +196,10 @@ class SnapshotStore:
         tenant_dir = self._tenant_dir(tenant)
         if tenant_dir.is_dir():
             yield from (d for d in tenant_dir.iterdir() if _SAFE_ID.match(d.name))
+
+
+def _over(quota: int) -> ServiceError:
+    return ServiceError("quota_exceeded", f"the tenant's snapshots would be over their {quota} bytes; delete some")
 
 
 def _missing(snapshot_id: str) -> ServiceError:

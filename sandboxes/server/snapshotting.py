@@ -41,7 +41,7 @@ def take(
     settings: ServiceSettings,
 ) -> None:
     """Keep each of ``paths`` (path, whether it is the workspace) in ``writing``'s directory."""
-    left = writing.reserved
+    left = writing.bound
     for index, (path, workspace) in enumerate(paths):
         top = _top(path)
         raw_path, tar = writing.path(f"raw-{index}"), f"{index}.tar"

@@ -11,6 +11,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,12 @@ def test_a_docker_snapshot_restores_on_the_local_jail_and_back(mixed: Running) -
         assert _listing(client, on_local) == expected
         back = _restored(client, _snapshot(client, on_local)["id"], "docker")
         assert _listing(client, back) == expected
+
+
+def test_snapshots_taken_at_once_are_all_kept_within_the_quota(service: Running, client: httpx.Client) -> None:
+    source = _made(client, small_files=10)
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: client.post(f"/v1/sandboxes/{source}/snapshots", json={}), range(3)))
+    assert [answer.status_code for answer in answers] == [201, 201, 201], [answer.text for answer in answers]
+    for answer in answers:
+        assert client.delete(f"/v1/snapshots/{answer.json()['id']}").status_code == 204

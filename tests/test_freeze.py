@@ -22,6 +22,7 @@ from sandboxes.jobs import JobRunner
 from sandboxes.kubernetes import KubernetesSandbox
 from sandboxes.lifecycle import Freezable, FreezeUnavailable
 from sandboxes.local import LocalSandbox, NotIsolatedWarning
+from sandboxes.local._freezer import _descendants, freeze_jail, thaw_jail
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
 COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp count; sleep 0.02; done"
@@ -127,3 +128,28 @@ def test_a_kubernetes_sandbox_is_not_freezable() -> None:
     """The pod API has no freezer (no pause of a container's cgroup, in the real API or the
     fake): the service answers ``unavailable`` for it (tests/server/test_service_pause.py)."""
     assert not issubclass(KubernetesSandbox, Freezable)
+
+
+@pytest.mark.needs(HAS_BWRAP, "bubblewrap is not installed")
+def test_without_a_cgroup_a_local_jail_is_stopped_by_signals_whole(tmp_path: Path) -> None:
+    """The fallback where no cgroup can be written: SIGSTOP of the jail's launch process and every
+    descendant (`freeze_jail` with no cgroup), SIGCONT back."""
+    with LocalSandbox.create() as sandbox:
+        sandbox.execute("true")
+        process = sandbox._helper_process
+        assert process is not None
+        launcher = process.process.pid
+        root = Path(sandbox.root)
+        JobRunner(sandbox).start(COUNTER, cwd=sandbox.workdir)
+        wait_for(lambda: (root / "count").exists() and (root / "count").read_text().strip() != "", "the counter")
+        freeze_jail(None, launcher)
+        try:
+            tree = [launcher, *_descendants(launcher)]
+            assert len(tree) > 3  # bwrap, the jail's init, the helper, the job's processes
+            assert {_state(pid) for pid in tree} - {"", "Z"} == {"T"}
+            frozen_at = int((root / "count").read_text())
+            time.sleep(0.3)  # an observation window: a running counter moves ~15 times in it
+            assert int((root / "count").read_text()) == frozen_at
+        finally:
+            thaw_jail(None, launcher)
+        wait_for(lambda: int(sandbox.execute("cat count").output) > frozen_at + 2, "the counter to go on")

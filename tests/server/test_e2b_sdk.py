@@ -153,7 +153,7 @@ def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: R
 
 def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="not implemented"):
-        sandbox.pause()
+        sandbox.create_snapshot()
     with pytest.raises(SandboxException, match="UNIMPLEMENTED"):
         sandbox.files.watch_dir("/tmp")
     with pytest.raises(SandboxException, match="unknown template 'nope'"):

@@ -273,6 +273,10 @@ class ForkResult(_Answer):
 
 
 class PauseSandbox(_Request):
+    mode: Literal["freeze", "hibernate"] = "freeze"
+    """``freeze``: its processes stop where they are, memory kept; ``hibernate``: its workspace
+    is kept in a snapshot and its container or jail released (processes end), to be made again
+    from the snapshot, verified, at resume."""
     ttl: Literal["keep", "stop"] = "keep"
     """Whether the sandbox's TTL runs while it is paused (``keep``: it may expire paused) or
     stops (``stop``: what was left is given back at resume)."""

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from sandboxes.server.archive import checked_path
 from sandboxes.server.auth import Tenant
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.pausing import Pausing
+from sandboxes.server.pausing import Pausing, TtlChoice
 from sandboxes.server.snapshots import Snapshot, SnapshotStore
 from sandboxes.server.snapshotting import restore, take
 
@@ -100,6 +101,81 @@ class Keeping(Pausing):
         finally:
             await asyncio.to_thread(mark.unlink, True)
         return entry
+
+    async def hibernate(self, entry: Entry, ttl: TtlChoice) -> Entry:
+        """Keep the sandbox's workspace in a snapshot, then release its container or jail; its
+        id, labels and tokens stay, and `resume` makes it again from the snapshot."""
+        async with entry.pausing:
+            state = entry.state
+            if state.paused:
+                raise ServiceError("paused", f"sandbox {state.id} is already paused")
+            snapshot = await self.snapshot(entry, api.CreateSnapshot())
+            state.hibernated, state.paused = snapshot.id, ttl
+            if ttl == "stop":
+                state.paused_remaining = max(0.0, state.expires_at - self.clock.now())
+                timer = self._timers.pop(state.id, None)
+                if timer is not None:
+                    timer.cancel()
+            await self._saved(entry)
+            entry.processes.close()
+            try:
+                await asyncio.to_thread(entry.backend.destroy, state, entry.sandbox)
+            except Exception as exc:  # it still runs, with its files: not hibernated after all
+                state.hibernated, state.paused, state.paused_remaining = "", "", 0.0
+                await self._saved(entry)
+                self._schedule(state.id)
+                await asyncio.to_thread(self.snapshots.delete, state.tenant, snapshot.id)
+                raise ServiceError("backend_unavailable", f"sandbox {state.id} could not be released") from exc
+            logger.info("sandbox hibernated", extra={"sandbox": state.id, "tenant": state.tenant})
+            return entry
+
+    async def resume(self, entry: Entry) -> Entry:
+        """A frozen sandbox thawed; a hibernated one made again from its snapshot, verified."""
+        if not entry.state.hibernated:
+            return await super().resume(entry)
+        async with entry.pausing:
+            if entry.state.hibernated:
+                await self._wake(entry)
+            return entry
+
+    async def _wake(self, entry: Entry) -> None:
+        state, backend = entry.state, entry.backend
+        now = self.clock.now()
+        expires_at = now + state.paused_remaining if state.paused == "stop" else state.expires_at
+        expires_at = float(math.ceil(expires_at)) if backend.shared else expires_at
+        await asyncio.to_thread((self.restoring / state.id).touch)
+        try:
+            made, sandbox = await asyncio.to_thread(
+                backend.create, state.tenant, expires_at, dict(state.labels), dict(state.env),
+                sandbox_id=state.id, auto_resume=state.auto_resume,
+            )  # fmt: skip
+        except Exception as exc:
+            logger.warning("making hibernated sandbox %s again failed: %s", state.id, exc, exc_info=True)
+            raise ServiceError("backend_unavailable", f"the {backend.name} backend could not make it again") from exc
+        try:
+            snapshot = await asyncio.to_thread(self.snapshots.get, state.tenant, state.hibernated)
+            await asyncio.to_thread(restore, backend, sandbox, snapshot, made.workdir, self.settings)
+        except BaseException:
+            await asyncio.to_thread(backend.destroy, made, sandbox)
+            raise
+        finally:
+            await asyncio.to_thread((self.restoring / state.id).unlink, True)
+        fresh = self._entry(made, sandbox, backend)
+        entry.sandbox, entry.processes, entry.confirmed = fresh.sandbox, fresh.processes, fresh.confirmed
+        kept, state.ref, state.workdir, state.expires_at = state.hibernated, made.ref, made.workdir, expires_at
+        state.paused, state.paused_remaining, state.hibernated = "", 0.0, ""
+        await self._saved(entry)
+        self._schedule(state.id)
+        await asyncio.to_thread(self.snapshots.delete, state.tenant, kept)
+        logger.info("sandbox resumed from hibernation", extra={"sandbox": state.id, "tenant": state.tenant})
+
+    async def _remove(self, entry: Entry) -> None:
+        """`Holdings._remove`, and a hibernated sandbox's snapshot with it."""
+        kept = entry.state.hibernated
+        await super()._remove(entry)
+        if kept:
+            with contextlib.suppress(ServiceError, OSError):
+                await asyncio.to_thread(self.snapshots.delete, entry.state.tenant, kept)
 
     async def fork(self, tenant: Tenant, entry: Entry, count: int, key: str | None) -> tuple[Snapshot, list[Entry]]:
         """``count`` new sandboxes with ``entry``'s files (its workspace), made at once."""

@@ -20,7 +20,7 @@ from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.holdings import Holdings
 
-__all__ = ["Pausing"]
+__all__ = ["Pausing", "TtlChoice"]
 
 TtlChoice = Literal["keep", "stop"]
 

@@ -234,7 +234,8 @@ class Registry(Keeping):
             states = await self._read(census.tenant_states, self.backends, tenant.id)
             now, recorded = self.clock.now(), {state.id: state for state in states}
             for sandbox_id, entry in list(mine.items()):
-                if entry.backend.shared and sandbox_id not in recorded and entry.confirmed < listed_at:
+                gone = sandbox_id not in recorded and not entry.state.hibernated
+                if entry.backend.shared and gone and entry.confirmed < listed_at:
                     del mine[sandbox_id]
             for state in states:
                 if state.id in mine:

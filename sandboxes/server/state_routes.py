@@ -34,8 +34,11 @@ async def pause_sandbox(
 ) -> api.SandboxInfo:
     """Freeze every process of the sandbox where it is; its files, memory, id and tokens stay."""
     registry = service_of(request).registry
-    entry = await registry.pause(await registry.find(tenant, sandbox_id), (body or api.PauseSandbox()).ttl)
-    return entry.info()
+    body = body or api.PauseSandbox()
+    entry = await registry.find(tenant, sandbox_id)
+    if body.mode == "hibernate":
+        return (await registry.hibernate(entry, body.ttl)).info()
+    return (await registry.pause(entry, body.ttl)).info()
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", response_model=api.SandboxInfo, responses=_PAUSE_ERRORS)

@@ -52,6 +52,9 @@ class SandboxState:
     pausing`); empty while it runs."""
     paused_remaining: float = 0.0
     """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
+    hibernated: str = ""
+    """Paused by hibernation: the snapshot its workspace was kept in, its container or jail
+    released (`sandboxes.server.keeping`); empty otherwise."""
     auto_resume: bool = False
     """An operation on it while paused resumes it first, instead of answering ``paused``."""
     deleting: bool = False

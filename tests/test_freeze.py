@@ -21,7 +21,7 @@ from sandboxes.docker import DockerSandbox, DockerSandboxConfig
 from sandboxes.jobs import JobRunner
 from sandboxes.kubernetes import KubernetesSandbox
 from sandboxes.lifecycle import Freezable, FreezeUnavailable
-from sandboxes.local import LocalSandbox, NotIsolatedWarning
+from sandboxes.local import LocalSandbox, NotIsolatedWarning, _limits
 from sandboxes.local._freezer import _descendants, freeze_jail, thaw_jail
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -152,4 +152,31 @@ def test_without_a_cgroup_a_local_jail_is_stopped_by_signals_whole(tmp_path: Pat
             assert int((root / "count").read_text()) == frozen_at
         finally:
             thaw_jail(None, launcher)
+        wait_for(lambda: int(sandbox.execute("cat count").output) > frozen_at + 2, "the counter to go on")
+
+
+@pytest.mark.needs(HAS_BWRAP, "bubblewrap is not installed")
+def test_a_cgroup_freezer_that_does_not_settle_falls_back_to_signals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under cgroup v1 a shell's ``vfork`` whose child the freezer took first never settles
+    (the parent waits in the kernel for a child that cannot run): the freezer is thawed again
+    and the jail stopped by signals instead. Here the freezer is made never to settle."""
+
+    def never(path: Path, wanted: str, deadline: float = 0.0) -> bool:
+        raise OSError(f"{path} did not reach {wanted!r}")
+
+    monkeypatch.setattr(_limits, "_settled", never)
+    with LocalSandbox.create() as sandbox:
+        root = Path(sandbox.root)
+        assert sandbox._cgroup is not None
+        JobRunner(sandbox).start(COUNTER, cwd=sandbox.workdir)
+        wait_for(lambda: (root / "count").exists() and (root / "count").read_text().strip() != "", "the counter")
+        sandbox.freeze()
+        try:
+            cgroup = sandbox._cgroup
+            assert {_state(pid) for pid in cgroup.pids()} - {"", "Z"} == {"T"}
+            frozen_at = int((root / "count").read_text())
+            time.sleep(0.3)  # an observation window: a running counter moves ~15 times in it
+            assert int((root / "count").read_text()) == frozen_at
+        finally:
+            sandbox.thaw()
         wait_for(lambda: int(sandbox.execute("cat count").output) > frozen_at + 2, "the counter to go on")

@@ -308,9 +308,10 @@ def _read_pids(procs: Path) -> list[int]:
         return []
 
 
-def _settled(path: Path, wanted: str, deadline: float = 30.0) -> bool:
+def _settled(path: Path, wanted: str, deadline: float = 5.0) -> bool:
     """Wait (bounded) until ``path`` says ``wanted``: a freezer stops each process once it is
-    scheduled, which on a loaded machine, under the cgroup's CPU bound, can take seconds."""
+    scheduled, which on a loaded machine, under the cgroup's CPU bound, can take a while (a
+    freezer that never settles is a caller's to fall back from)."""
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import math
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ class Keeping(Pausing):
 
     @functools.cached_property
     def snapshots(self) -> SnapshotStore:
-        return SnapshotStore(self.settings.snapshot_dir or self.settings.data_dir / "snapshots")
+        directory = self.settings.snapshot_dir or self.settings.data_dir / "snapshots"
+        return SnapshotStore(directory, writer=f"{socket.gethostname()}:{self.settings.data_dir.resolve()}")
 
     async def snapshot(self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None) -> Snapshot:
         """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all."""

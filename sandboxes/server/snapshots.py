@@ -4,7 +4,9 @@ directory per tenant (named by a digest of its id) holding one directory per sna
 
 A snapshot is complete or absent: it is written in a temporary directory beside its final
 place, every file flushed to disk, then renamed there in one step; a deletion renames it away
-first. `SnapshotStore.sweep` (at every start) removes what a killed service left of either.
+first. `SnapshotStore.sweep` (at every start) removes what a killed service left of either:
+the temporary directories of this replica only (their names carry its ``writer`` tag, from its
+own data directory), never those another replica sharing the store is writing now.
 Bytes are counted per tenant against its ``max_snapshot_bytes``: a snapshot being written is
 bounded by what was left when it began, and counted again when it is made visible (one at a
 time), so snapshots written at once may be refused, never all kept over the quota.
@@ -96,8 +98,10 @@ class Writing:
 
 
 class SnapshotStore:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, writer: str = "") -> None:
         self.directory = directory
+        self.writer = hashlib.sha256(writer.encode()).hexdigest()[:8]
+        """Names this replica's temporary directories (`sweep`)."""
         directory.mkdir(parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
         self._lock = threading.Lock()
@@ -140,7 +144,7 @@ class SnapshotStore:
             raise _over(quota)
         tenant_dir = self._tenant_dir(tenant)
         tenant_dir.mkdir(mode=0o700, exist_ok=True)
-        directory = tenant_dir / f"{_TEMP}{snapshot_id}-{secrets.token_hex(4)}"
+        directory = tenant_dir / f"{_TEMP}{self.writer}-{snapshot_id}-{secrets.token_hex(4)}"
         directory.mkdir(mode=0o700)
         snapshot = Snapshot(snapshot_id, tenant, parts=[], directory=directory, bytes=0, created_at=time.time(), **head)
         return Writing(snapshot, left, quota)
@@ -176,13 +180,14 @@ class SnapshotStore:
         shutil.rmtree(gone, ignore_errors=True)
 
     def sweep(self) -> list[Path]:
-        """Remove what a killed service left half written or half deleted."""
+        """Remove what this replica, killed, left half written, and any snapshot left half
+        deleted."""
         removed = []
         for tenant_dir in self.directory.iterdir():
             if not tenant_dir.is_dir():
                 continue
             for directory in tenant_dir.iterdir():
-                if directory.name.startswith((_TEMP, _GONE)):
+                if directory.name.startswith((f"{_TEMP}{self.writer}-", _GONE)):
                     shutil.rmtree(directory, ignore_errors=True)
                     removed.append(directory)
         return removed

@@ -87,3 +87,16 @@ def test_a_backend_without_a_freezer_answers_unavailable(service: Running, tmp_p
             assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
         finally:
             client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_filesystem_pause_hibernates_and_connect_brings_the_files_back(service: Running) -> None:
+    sandbox = Sandbox.create(**_opts(service))
+    try:
+        sandbox.files.write("kept.txt", "on disk\n")
+        assert sandbox.pause(mode="filesystem") is True
+        assert sandbox.get_info().state == SandboxState.PAUSED
+        assert service.registry._entries[sandbox.sandbox_id].state.hibernated
+        connected = Sandbox.connect(sandbox.sandbox_id, **_opts(service))
+        assert connected.files.read("kept.txt") == "on disk\n"
+    finally:
+        sandbox.kill()

@@ -15,7 +15,14 @@ from pydantic import BaseModel
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
-from sandboxes.server.e2b.models import ConnectSandbox, NewSandbox, SandboxCreated, SandboxDetail, TimeoutRequest
+from sandboxes.server.e2b.models import (
+    ConnectSandbox,
+    NewSandbox,
+    PauseRequest,
+    SandboxCreated,
+    SandboxDetail,
+    TimeoutRequest,
+)
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 from sandboxes.templates import parse_memory
@@ -214,10 +221,16 @@ async def connect(request: Request, sandbox_id: str, api_key: _ApiKey = None) ->
 @router.post("/sandboxes/{sandbox_id}/pause")
 async def pause(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     """Paused until a connect or a resume; its timeout stops meanwhile, as E2B's does (204; 409
-    if it is paused already)."""
+    if it is paused already). ``memory: false`` (the SDK's ``mode="filesystem"``) hibernates
+    it: its files kept, its processes ended, its container or jail released."""
     tenant = _tenant(request, api_key)
+    body = await _body(request, PauseRequest, empty=True)
     registry = service(request).registry
-    await registry.pause(await registry.find(tenant, sandbox_id), "stop")
+    entry = await registry.find(tenant, sandbox_id)
+    if body.memory is False:
+        await registry.hibernate(entry, "stop")
+    else:
+        await registry.pause(entry, "stop")
     return Response(status_code=204)
 
 

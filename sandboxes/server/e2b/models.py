@@ -48,6 +48,12 @@ class AutoResume(_Wire):
     enabled: bool = False
 
 
+class PauseRequest(_Wire):
+    """``POST /sandboxes/{id}/pause``: ``memory: false`` keeps the filesystem alone."""
+
+    memory: bool | None = None
+
+
 class ConnectSandbox(_Wire):
     """``POST /v2/sandboxes/{id}/connect`` (and the v1 path)."""
 

@@ -179,6 +179,8 @@ _ALICES = {
     ("POST", "/e2b/sandboxes/{sandbox_id}/timeout"): {"timeout": 100},
     ("POST", "/e2b/sandboxes/{sandbox_id}/connect"): {},
     ("POST", "/e2b/v2/sandboxes/{sandbox_id}/connect"): {},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/pause"): {},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/resume"): {},
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}

@@ -216,6 +216,9 @@ _NO_SANDBOX_IN_PATH = {
     ("GET", "/healthz"): "liveness, no tenant data",
     ("GET", "/readyz"): "readiness, no tenant data",
     ("GET", "/metrics"): "aggregate counters, no sandbox ids (an operator's, see test_health_needs_no_key_metrics_do)",
+    ("GET", "/v1/snapshots"): "lists the caller's own snapshots (test_service_snapshots.py: bob's stays empty)",
+    ("GET", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: test_service_snapshots.py, 404 to another",
+    ("DELETE", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: found as the GET finds it (get first)",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 
@@ -253,6 +256,10 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         **{("POST", f"/files/{op}"): ({}, body) for op, body in files.items()},
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
+        ("POST", "/pause"): ({}, {}),
+        ("POST", "/resume"): ({}, None),
+        ("POST", "/snapshots"): ({}, {}),
+        ("POST", "/fork"): ({}, {"count": 1}),
     }
 
 

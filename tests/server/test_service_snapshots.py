@@ -159,6 +159,7 @@ def test_snapshots_are_the_tenants_own_and_count_against_its_bytes(service: Runn
     snapshot = _snapshot(client, _made(client))
     with service.client("bob") as bob:
         assert bob.get(f"/v1/snapshots/{snapshot['id']}").status_code == 404
+        assert bob.delete(f"/v1/snapshots/{snapshot['id']}").status_code == 404
         assert bob.post("/v1/sandboxes", json={"snapshot": snapshot["id"]}).status_code == 404
         big = _made(bob)
         over = bob.post(f"/v1/sandboxes/{big}/snapshots", json={})

@@ -10,6 +10,13 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     GET    /v1/sandboxes/{id}                                          -> SandboxInfo
     POST   /v1/sandboxes/{id}/renew                     RenewSandbox    -> SandboxInfo
     DELETE /v1/sandboxes/{id}                                          -> 204
+    POST   /v1/sandboxes/{id}/pause                     PauseSandbox    -> SandboxInfo (paused)
+    POST   /v1/sandboxes/{id}/resume                                    -> SandboxInfo (running)
+    POST   /v1/sandboxes/{id}/snapshots                 CreateSnapshot  -> SnapshotInfo (201)
+    POST   /v1/sandboxes/{id}/fork                      ForkSandbox     -> ForkResult (201)
+    GET    /v1/snapshots                                               -> SnapshotList
+    GET    /v1/snapshots/{sid}                                         -> SnapshotInfo
+    DELETE /v1/snapshots/{sid}                                         -> 204
     POST   /v1/sandboxes/{id}/execute                   ExecuteRequest  -> ExecuteResult
     POST   /v1/sandboxes/{id}/execute/stream            ExecuteRequest  -> NDJSON of StreamEvent
     GET    /v1/sandboxes/{id}/execute/{cid}/stream?offset=N             -> NDJSON of StreamEvent
@@ -61,6 +68,7 @@ __all__ = [
     "PTY_BEARER_PREFIX",
     "PTY_SUBPROTOCOL",
     "CreateSandbox",
+    "CreateSnapshot",
     "CreateVolume",
     "CreateWatcher",
     "DeleteRequest",
@@ -70,12 +78,15 @@ __all__ = [
     "ErrorBody",
     "ExecuteRequest",
     "ExecuteResult",
+    "ForkResult",
+    "ForkSandbox",
     "GlobRequest",
     "GrepRequest",
     "Health",
     "LsRequest",
     "MetricsSample",
     "Overview",
+    "PauseSandbox",
     "ProcessInfo",
     "PtyControl",
     "PtyExit",
@@ -87,6 +98,8 @@ __all__ = [
     "SandboxList",
     "SandboxMetrics",
     "ServiceErrorCode",
+    "SnapshotInfo",
+    "SnapshotList",
     "StreamEvent",
     "TemplateInfo",
     "TemplateList",
@@ -114,6 +127,7 @@ ServiceErrorCode = Literal[
     "invalid_request",
     "backend_unavailable",
     "internal",
+    "snapshot_mismatch",
 ]
 
 WireErrorCode = ServiceErrorCode | ErrorCode
@@ -252,10 +266,62 @@ class CreateSandbox(_Request):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
     """The tenant's volumes (of this template's backend) to mount, each at its own path."""
+    auto_resume: bool = False
+    """Paused, an operation on it resumes it first instead of answering ``paused``."""
+    snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
+    """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
+    its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""
 
 
 class RenewSandbox(_Request):
     ttl: float = Field(ge=1)
+
+
+class CreateSnapshot(_Request):
+    workspace: bool = True
+    """Keep the sandbox's workspace (its ``workdir``), restored into the new sandbox's own."""
+    paths: list[Annotated[str, Field(min_length=1, pattern="^/")]] = Field(default_factory=list, max_length=64)
+    """Absolute paths besides, each restored where it was."""
+
+
+class SnapshotInfo(_Answer):
+    id: str
+    sandbox_id: str
+    """The sandbox it was taken of."""
+    template: str
+    backend: str
+    created_at: float
+    bytes: int
+    """What it costs of the tenant's ``max_snapshot_bytes``."""
+    files: int
+    """Entries (files, directories, symbolic links) in its manifest."""
+    paths: list[str]
+    """What it kept: the sandbox's workspace first, if it did."""
+
+
+class SnapshotList(_Answer):
+    snapshots: list[SnapshotInfo]
+
+
+class ForkSandbox(_Request):
+    count: Integer = Field(default=1, ge=1, le=64)
+    """New sandboxes, each with the files of the one forked."""
+
+
+class ForkResult(_Answer):
+    snapshot: str
+    """The snapshot they were restored from (the tenant's, to delete or use again)."""
+    sandboxes: list[SandboxInfo]
+
+
+class PauseSandbox(_Request):
+    mode: Literal["freeze", "hibernate"] = "freeze"
+    """``freeze``: its processes stop where they are, memory kept; ``hibernate``: its workspace
+    is kept in a snapshot and its container or jail released (processes end), to be made again
+    from the snapshot, verified, at resume."""
+    ttl: Literal["keep", "stop"] = "keep"
+    """Whether the sandbox's TTL runs while it is paused (``keep``: it may expire paused) or
+    stops (``stop``: what was left is given back at resume)."""
 
 
 class SandboxInfo(_Answer):
@@ -269,6 +335,8 @@ class SandboxInfo(_Answer):
     workdir: str | None = None
     """Where the sandbox's files live in its path namespace (``/workspace`` in a container, the
     root directory of a local sandbox): the place to write files and run commands."""
+    state: Literal["running", "paused"] = "running"
+    """``paused``: frozen (``POST .../pause``); operations answer ``paused`` until it resumes."""
 
 
 class SandboxList(_Answer):

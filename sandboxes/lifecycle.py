@@ -36,6 +36,8 @@ from sandboxes import protocol as p
 __all__ = [
     "DEFAULT_USER_IDS",
     "CreateOptions",
+    "Freezable",
+    "FreezeUnavailable",
     "Lifecycle",
     "Mount",
     "PooledProvider",
@@ -189,6 +191,8 @@ class SandboxRecord:
     expires_at: float | None = None
     running: bool = True
     """Whether commands can run in it now (a stopped container, a pending or failed pod: not)."""
+    frozen: bool = False
+    """Whether its processes are frozen in place (`Freezable.freeze`): alive, not running."""
     starting: bool = False
     """Not running yet, but not stopped either: being made (a pending pod, a container created
     and not started), perhaps by another process, which will run or remove it. Neither adopt
@@ -307,4 +311,23 @@ class VolumeProvider(Protocol):
     def remove_volume(self, ref: str) -> None:
         """Remove the volume and its files; gone already is fine; `VolumeInUse` while a
         sandbox mounts it."""
+        ...
+
+
+class FreezeUnavailable(RuntimeError):
+    """This sandbox cannot be frozen (its backend has no freezer, or it has no processes of
+    its own to stop); the message says why. Nothing was changed."""
+
+
+@runtime_checkable
+class Freezable(Protocol):
+    """A sandbox whose processes can all be stopped where they are, keeping their memory, and
+    let run again: every process of the sandbox, its exec helper's included, or none."""
+
+    def freeze(self) -> None:
+        """Stop every process of the sandbox; idempotent. `FreezeUnavailable` if it cannot."""
+        ...
+
+    def thaw(self) -> None:
+        """Let the sandbox's processes run again, where they stopped; idempotent."""
         ...

@@ -48,6 +48,7 @@ ErrorCode = Literal[
     "out_of_memory",
     "connection_lost",
     "unavailable",
+    "paused",
     "backend_error",
 ]
 """Every error a backend may report. ``backend_error`` is the catch-all for failures the backend
@@ -70,6 +71,8 @@ TIMEOUT: Final = "timeout"
 OUT_OF_MEMORY: Final = "out_of_memory"
 CONNECTION_LOST: Final = "connection_lost"
 UNAVAILABLE: Final = "unavailable"
+PAUSED: Final = "paused"
+"""The sandbox is paused (frozen): resume it first."""
 BACKEND_ERROR: Final = "backend_error"
 
 Encoding = Literal["utf-8", "base64"]

@@ -38,6 +38,7 @@ from sandboxes.cli._common import (
     non_negative,
     note,
 )
+from sandboxes.cli._state_args import add_state_commands
 from sandboxes.semantics import message_for
 
 __all__ = ["BACKENDS", "EXIT_ERROR", "EXIT_TIMEOUT", "EXIT_USAGE", "main"]
@@ -215,6 +216,7 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     cmd.add_argument("--ttl", type=float, default=None, help="seconds to live (default: the template's)")
     cmd.add_argument("--env", type=key_value, action="append", default=[], metavar="K=V", help="environment variable")
     cmd.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V", help="label")
+    cmd.add_argument("--snapshot", default=None, metavar="SNAPSHOT", help="restore this snapshot in it, verified")
     cmd.add_argument(
         "--volume", action="append", default=[], metavar="NAME:PATH[:ro]", help="mount a volume of yours at PATH"
     )
@@ -260,6 +262,17 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
         "(--sandbox ID: the sandbox calls act on when they name none)",
         "mcp",
     )
+
+    def stateful(name: str) -> Callable[..., int]:
+        def run(*args: Any) -> int:
+            from sandboxes.cli import state
+
+            code: int = getattr(state, name)(*args)
+            return code
+
+        return run
+
+    add_state_commands(add, stateful)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,7 @@ def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
         labels=dict(args.label),
         idempotency_key=args.idempotency_key,
         volumes=[_mount(text) for text in args.volume],
+        snapshot=args.snapshot,
     )
     if args.json:
         emit_json(sandbox.info)

@@ -37,13 +37,18 @@ class SandboxClient(ServiceConnection):
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         volumes: Sequence[api.VolumeMount] = (),
+        auto_resume: bool = False,
+        snapshot: str | None = None,
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
         call), and the service answers a retry with the sandbox the first attempt made. Pass
         your own key to make a create repeatable across processes (a job that restarts).
-        ``volumes``: the tenant's volumes to mount (`create_volume`)."""
-        info = self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), volumes))
+        ``volumes``: the tenant's volumes to mount (`create_volume`).
+        ``auto_resume``: paused, an operation resumes it instead of raising `Paused`.
+        ``snapshot``: restore that snapshot in it, verified (`SnapshotMismatch` if it cannot be)."""
+        key = idempotency_key or _new_key()
+        info = self.call(_ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -63,8 +68,11 @@ class AsyncSandboxClient(AsyncServiceConnection):
         labels: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         volumes: Sequence[api.VolumeMount] = (),
+        auto_resume: bool = False,
+        snapshot: str | None = None,
     ) -> RemoteSandbox:
-        info = await self.call(_ops.create(template, env, ttl, labels, idempotency_key or _new_key(), volumes))
+        key = idempotency_key or _new_key()
+        info = await self.call(_ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot))
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:

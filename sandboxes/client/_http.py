@@ -21,7 +21,7 @@ import httpx
 from tenacity import AsyncRetrying, Retrying
 
 from sandboxes import api
-from sandboxes.client import _ops
+from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
 from sandboxes.client.errors import (
     ConnectionLost,
@@ -98,6 +98,21 @@ class ServiceConnection:
     def delete_volume(self, name: str) -> None:
         """Delete the volume and its files (refused while a sandbox mounts it); gone is fine."""
         self.call(_ops.delete_volume(name))
+
+    def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
+        return self.call(_ops.pause(sandbox_id, ttl))
+
+    def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        return self.call(_ops.resume(sandbox_id))
+
+    def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        return self.call(_state_ops.list_snapshots())
+
+    def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo:
+        return self.call(_state_ops.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.call(_state_ops.delete_snapshot(snapshot_id))
 
     def delete(self, sandbox_id: str) -> None:
         self.call(_ops.delete(sandbox_id))
@@ -229,6 +244,21 @@ class AsyncServiceConnection:
 
     async def delete_volume(self, name: str) -> None:
         await self.call(_ops.delete_volume(name))
+
+    async def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
+        return await self.call(_ops.pause(sandbox_id, ttl))
+
+    async def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        return await self.call(_ops.resume(sandbox_id))
+
+    async def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        return await self.call(_state_ops.list_snapshots())
+
+    async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo:
+        return await self.call(_state_ops.get_snapshot(snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.call(_state_ops.delete_snapshot(snapshot_id))
 
     async def delete(self, sandbox_id: str) -> None:
         await self.call(_ops.delete(sandbox_id))

@@ -35,12 +35,18 @@ def create(
     labels: Mapping[str, str] | None,
     idempotency_key: str | None = None,
     volumes: Sequence[api.VolumeMount] = (),
+    auto_resume: bool = False,
+    snapshot: str | None = None,
 ) -> w.Op[api.SandboxInfo]:
     """With ``idempotency_key`` every retry is sent with the same key, so the service answers
     the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
     fields: dict[str, Any] = {"template": template, "env": dict(env or {}), "ttl": ttl, "labels": dict(labels or {})}
     if volumes:
         fields["volumes"] = list(volumes)
+    if auto_resume:  # only when asked: the same create hashes the same for an older service
+        fields["auto_resume"] = True
+    if snapshot is not None:
+        fields["snapshot"] = snapshot
     body = w.model_json(api.CreateSandbox, **fields)
     if idempotency_key is None:
         return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
@@ -79,6 +85,16 @@ def list_volumes() -> w.Op[list[api.VolumeInfo]]:
 
 def delete_volume(name: str) -> w.Op[None]:
     return w.Op("DELETE", f"{_VOLUMES}/{quote(name, safe='')}", w.no_content, idempotent=True, gone_is_done=True)
+
+
+def pause(sandbox_id: str, ttl: str) -> w.Op[api.SandboxInfo]:
+    """Not repeated: a second pause of a paused sandbox answers ``paused``."""
+    body = w.model_json(api.PauseSandbox, ttl=ttl)
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/pause", w.sandbox_info, json=body)
+
+
+def resume(sandbox_id: str) -> w.Op[api.SandboxInfo]:
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/resume", w.sandbox_info, idempotent=True)
 
 
 def delete(sandbox_id: str) -> w.Op[None]:

@@ -135,6 +135,19 @@ class OperationFailed(SandboxServiceError):
     default_code = "backend_error"
 
 
+class Paused(SandboxServiceError):
+    """The sandbox is paused: `RemoteSandbox.resume` it first (or create it with ``auto_resume``)."""
+
+    default_code = "paused"
+
+
+class SnapshotMismatch(SandboxServiceError):
+    """A snapshot, or the sandbox restored from it, differs from its manifest; the message
+    names what differs. No sandbox was left."""
+
+    default_code = "snapshot_mismatch"
+
+
 class ServiceUnreachable(SandboxServiceError):
     """The request never reached the service (refused connection, DNS, connect timeout)."""
 
@@ -158,6 +171,8 @@ _BY_CODE: dict[str, type[SandboxServiceError]] = {
         InvalidRequest,
         BackendUnavailable,
         InternalError,
+        Paused,
+        SnapshotMismatch,
     )
 }
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 import weakref
 from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, cast, get_args
 
@@ -30,7 +31,7 @@ import httpx
 
 from sandboxes import api
 from sandboxes import protocol as p
-from sandboxes.client import _ops
+from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
 from sandboxes.client._bulk import (
     TAR_OVERHEAD,
@@ -139,6 +140,29 @@ class RemoteSandbox(Sandbox):
     async def ametrics(self) -> api.SandboxMetrics:
         return await self._async().metrics(self._id)
 
+    def pause(self, ttl: str = "keep") -> api.SandboxInfo:
+        """Freeze the sandbox's processes where they are; ``ttl``: ``keep`` (its expiry runs on)
+        or ``stop`` (what is left of it is given back at `resume`). `Paused` if it is already."""
+        self.info = self._sync().pause(self._id, ttl)
+        return self.info
+
+    def resume(self) -> api.SandboxInfo:
+        """Let a paused sandbox's processes run again (one that runs: as it is)."""
+        self.info = self._sync().resume(self._id)
+        return self.info
+
+    def snapshot(self, paths: Sequence[str] = (), *, workspace: bool = True) -> api.SnapshotInfo:
+        """Keep the sandbox's workspace (unless ``workspace=False``) and ``paths`` in the
+        service's snapshot store; ``client.create(snapshot=info.id)`` restores it, verified."""
+        return self._sync().call(_state_ops.take_snapshot(self._id, workspace, paths))
+
+    def fork(self, count: int = 1, *, idempotency_key: str | None = None) -> list[RemoteSandbox]:
+        """``count`` new sandboxes with this one's workspace, owned by the caller; retried with
+        one ``Idempotency-Key`` (``idempotency_key``, else a fresh one), so a retry answers the
+        same sandboxes."""
+        forked = self._sync().call(_state_ops.fork(self._id, count, idempotency_key or str(uuid.uuid4())))
+        return [RemoteSandbox(info.id, self._sync(), info=info, owned=True) for info in forked.sandboxes]
+
     @property
     def workdir(self) -> str:
         """Where the sandbox's files live (``/workspace``, a local sandbox's root directory), as
@@ -163,6 +187,22 @@ class RemoteSandbox(Sandbox):
     async def arenew(self, ttl: float) -> api.SandboxInfo:
         self.info = await self._async().renew(self._id, ttl)
         return self.info
+
+    async def apause(self, ttl: str = "keep") -> api.SandboxInfo:
+        self.info = await self._async().pause(self._id, ttl)
+        return self.info
+
+    async def aresume(self) -> api.SandboxInfo:
+        self.info = await self._async().resume(self._id)
+        return self.info
+
+    async def asnapshot(self, paths: Sequence[str] = (), *, workspace: bool = True) -> api.SnapshotInfo:
+        return await self._async().call(_state_ops.take_snapshot(self._id, workspace, paths))
+
+    async def afork(self, count: int = 1, *, idempotency_key: str | None = None) -> list[RemoteSandbox]:
+        key = idempotency_key or str(uuid.uuid4())
+        forked = await self._async().call(_state_ops.fork(self._id, count, key))
+        return [RemoteSandbox(info.id, self._async(), info=info, owned=True) for info in forked.sandboxes]
 
     async def adestroy(self) -> None:
         try:

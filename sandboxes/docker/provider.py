@@ -222,7 +222,8 @@ class DockerProvider(WarmPool[DockerSandbox]):
             labels=caller,
             created_at=float(created) if isinstance(created, int | float) else 0.0,
             expires_at=expires_at,
-            running=attrs.get("State") == "running",
+            running=attrs.get("State") in ("running", "paused"),
+            frozen=attrs.get("State") == "paused",
             starting=attrs.get("State") == "created",
         )
 

@@ -160,6 +160,26 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         with contextlib.suppress(docker.errors.NotFound):
             self.container.stop(timeout=1)
 
+    def freeze(self) -> None:
+        """``docker pause``: the container's cgroup freezer stops every process in it."""
+        import docker.errors
+
+        try:
+            self.container.pause()
+        except docker.errors.APIError as exc:
+            if "already paused" not in str(exc.explanation):  # the engine's 409 or 500 alike
+                raise
+
+    def thaw(self) -> None:
+        """``docker unpause``; a container that is not paused is left as it is."""
+        import docker.errors
+
+        try:
+            self.container.unpause()
+        except docker.errors.APIError as exc:
+            if "not paused" not in str(exc.explanation):
+                raise
+
     def destroy(self) -> None:
         """Remove the container and its workspace volume. Idempotent; other errors surface.
 

@@ -54,6 +54,7 @@ from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
+from sandboxes.local._freezer import freeze_jail, thaw_jail
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
 from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
@@ -133,6 +134,8 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
     (stops the jail); `destroy` removes the directory. `LocalSandbox.create` (and
     `sandboxes.local.provider.LocalProvider`) make one the caller owns: ``with`` destroys it."""
+
+    _frozen = False
 
     def __init__(
         self, root_dir: str | Path | None = None, config: LocalSandboxConfig | None = None, *, owned: bool = False
@@ -244,6 +247,8 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
     def close(self) -> None:
         """Stop the jail and remove the private /tmp; the root directory belongs to the caller
         and stays."""
+        if self._frozen:  # a stopped process takes its SIGKILL only once let go
+            self.thaw()
         with self._helper_lock:
             if self._helper_process is not None:
                 self._helper_process.close()
@@ -253,6 +258,19 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
+
+    def freeze(self) -> None:
+        """Stop the jail's every process, its exec helper's included (`freeze_jail`)."""
+        with self._helper_lock:
+            process = self._helper_process
+            self._frozen = True
+            freeze_jail(self._cgroup, None if process is None else process.process.pid)
+
+    def thaw(self) -> None:
+        with self._helper_lock:
+            process = self._helper_process
+            thaw_jail(self._cgroup, None if process is None else process.process.pid)
+            self._frozen = False
 
     @classmethod
     def create(cls, config: LocalSandboxConfig | None = None) -> Self:

@@ -65,6 +65,8 @@ LABEL_IDEMPOTENCY_KEY = "io.sandboxes.idempotency-key"
 """The digest of the tenant's ``Idempotency-Key`` that created it, for a retry to find it."""
 LABEL_REQUEST_DIGEST = "io.sandboxes.request-digest"
 """The digest of the create request that made it: a key reused for another request is refused."""
+LABEL_AUTO_RESUME = "io.sandboxes.auto-resume"
+"""Present (``true``) on a sandbox created with ``auto_resume``."""
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the sandbox so a restart without state recovers them."""
 MARKER_ENV = _kill.MARKER_ENV
@@ -141,6 +143,7 @@ class ProviderBackend:
         sandbox_id: str | None = None,
         keyed: tuple[str, str] | None = None,
         mounts: tuple[Mount, ...] = (),
+        auto_resume: bool = False,
     ) -> Adopted:
         """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
         key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made."""
@@ -155,6 +158,8 @@ class ProviderBackend:
         }
         if keyed is not None:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
+        if auto_resume:
+            recorded[LABEL_AUTO_RESUME] = "true"
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
         expires = expires_at if self.shared else None
@@ -179,6 +184,7 @@ class ProviderBackend:
             workdir=made.workdir,
             labels=dict(labels),
             env=dict(env),
+            auto_resume=auto_resume,
         )
         if keyed is not None:
             state.idempotency_key, state.request_digest = keyed
@@ -314,6 +320,8 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         labels={k[len(LABEL_USER_PREFIX) :]: v for k, v in labels.items() if k.startswith(LABEL_USER_PREFIX)},
         idempotency_key=labels.get(LABEL_IDEMPOTENCY_KEY, ""),
         request_digest=labels.get(LABEL_REQUEST_DIGEST, ""),
+        paused="keep" if record.frozen else "",
+        auto_resume=labels.get(LABEL_AUTO_RESUME) == "true",
     )
 
 

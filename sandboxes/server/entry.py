@@ -3,6 +3,7 @@ what routes answer about it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ class Entry:
     processes: ProcessTable
     confirmed: float = field(default_factory=time.monotonic)
     """When its record was last read from a shared backend (`time.monotonic`)."""
+    pausing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held across a pause or a resume of it, so they happen one at a time."""
 
     def info(self) -> SandboxInfo:
         return SandboxInfo(
@@ -33,6 +36,7 @@ class Entry:
             expires_at=self.state.expires_at,
             labels=self.state.labels,
             workdir=self.state.workdir,
+            state="paused" if self.state.paused else "running",
         )
 
     def kill_marked(self, token: str) -> None:

@@ -19,6 +19,7 @@ _STATUS: dict[WireErrorCode, int] = {
     "invalid_request": 422,
     "backend_unavailable": 503,
     "internal": 500,
+    "snapshot_mismatch": 422,
     # protocol codes that a route may answer with outside a 200 (archives, cwd checks)
     "file_not_found": 404,
     "invalid_path": 422,
@@ -26,6 +27,8 @@ _STATUS: dict[WireErrorCode, int] = {
     "not_a_directory": 422,
     "is_directory": 422,
     "no_space": 507,
+    "paused": 409,
+    "unavailable": 501,
 }
 
 

@@ -30,11 +30,15 @@ __all__ = ["extract_through_sandbox"]
 
 
 def extract_through_sandbox(sandbox: BaseSandbox, dest: str, archive: IO[bytes]) -> None:
-    """Recreate every member of the tar ``archive`` under ``dest`` as the sandbox's user."""
+    """Recreate every member of the tar ``archive`` under ``dest`` as the sandbox's user, with
+    its mode (`_set_modes`)."""
+    modes: dict[int, list[str]] = {}
     try:
         with tarfile.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
                 target = dest.rstrip("/") + "/" + member.name
+                if member.isdir() or member.isreg():
+                    modes.setdefault(member.mode & 0o777, []).append(target)
                 if member.isdir():
                     _run(
                         sandbox,
@@ -55,6 +59,16 @@ def extract_through_sandbox(sandbox: BaseSandbox, dest: str, archive: IO[bytes])
                     _put_file(sandbox, target, content, member.size)
     except tarfile.TarError as exc:
         raise ServiceError("invalid_request", "not a readable tar stream") from exc
+    _set_modes(sandbox, modes)
+
+
+def _set_modes(sandbox: BaseSandbox, modes: dict[int, list[str]]) -> None:
+    """``chmod`` every extracted file and directory to its member's mode, one command per mode
+    (the names on stdin, NUL-separated: any byte may be in them), directories after what they
+    hold was written (the archive's rewrite gave each its owner's ``rwx``)."""
+    for mode, targets in sorted(modes.items()):
+        names = b"\0".join(target.encode("utf-8", "surrogateescape") for target in targets)
+        _run(sandbox, _scripts.command('xargs -0 chmod "$1" --', f"{mode:o}"), targets[0], stdin=names)
 
 
 def _put_file(sandbox: BaseSandbox, target: str, content: IO[bytes], size: int) -> None:

@@ -155,8 +155,11 @@ class Holdings:
         return any(backend.shared for backend in self.backends.values())
 
     def _trusted(self, entry: Entry) -> bool:
-        """Whether what is held of it may be used without reading its record again."""
-        return not entry.backend.shared or time.monotonic() - entry.confirmed < self.settings.confirm_interval
+        """Whether what is held of it may be used without reading its record again (a hibernated
+        sandbox has no record on the backend: this replica's is all there is)."""
+        if not entry.backend.shared or entry.state.hibernated:
+            return True
+        return time.monotonic() - entry.confirmed < self.settings.confirm_interval
 
     async def _confirm(self, entry: Entry) -> Entry:
         """Read a held sandbox's record again: gone (deleted by another replica) is a 404 and
@@ -280,14 +283,14 @@ class Holdings:
         # could pass between them, reaping a shared sandbox whose record (renewed by another
         # replica) was never read.
         now = self.clock.now()
-        if entry is not None and entry.state.expires_at <= now and entry.backend.shared:
+        if entry is not None and entry.state.expires_at <= now and entry.backend.shared and not entry.state.hibernated:
             try:
                 await self._confirm(entry)  # another replica may have renewed it
             except ServiceError as exc:
                 if exc.code != "not_found":  # unknown whether it was renewed: not reaped now
                     raise
             entry = self._entries.get(sandbox_id)
-        if entry is None:
+        if entry is None or entry.state.paused == "stop":  # paused with its clock stopped
             return
         if entry.state.expires_at > now:  # renewed, or a timer a little early
             self._schedule(sandbox_id)
@@ -329,7 +332,7 @@ class Holdings:
         for entry in [e for e in self._entries.values() if e.backend.shared]:
             state = recorded.get(entry.state.id)
             if state is None or state.ref != entry.state.ref:
-                if entry.confirmed < listed_at:  # not one created or adopted since the list
+                if entry.confirmed < listed_at and not entry.state.hibernated:  # nor one hibernated
                     await self._forget(entry)
             else:
                 self._refresh(entry, state, listed_at)

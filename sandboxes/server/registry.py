@@ -40,7 +40,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
-from sandboxes.server.holdings import Holdings
+from sandboxes.server.keeping import Keeping
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
 from sandboxes.server.validation import check_env, check_labels
@@ -50,7 +50,7 @@ __all__ = ["Entry", "Registry"]
 logger = logging.getLogger(__name__)
 
 
-class Registry(Holdings):
+class Registry(Keeping):
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -61,6 +61,9 @@ class Registry(Holdings):
         kinds = {backend.name for backend in self.backends.values()}
         mine = [state for state in states if state.backend in kinds]
         await self._reconcile(self.backends, mine, now)
+        for left in await asyncio.to_thread(self.snapshots.sweep):
+            logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
+        await self.reap_unverified()
         for state in states:
             if state.backend not in kinds:
                 logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
@@ -125,11 +128,15 @@ class Registry(Holdings):
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
+        if request.snapshot is not None:  # the tenant's, or a 404 before anything is made
+            await asyncio.to_thread(self.snapshots.get, tenant.id, request.snapshot)
         backend = self.backends[request.template]
         mounts = self.volumes.mounts(tenant.id, request.template, request.volumes)
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
         reservation = await self._quotas.reserve(tenant, template)
+        if request.snapshot is not None:  # a kill -9 from here on leaves it to reap (`reap_unverified`)
+            await asyncio.to_thread((self.restoring / reservation.sandbox_id).touch)
         started = time.perf_counter()
         work = asyncio.ensure_future(
             asyncio.to_thread(
@@ -141,6 +148,7 @@ class Registry(Holdings):
                 sandbox_id=reservation.sandbox_id,
                 keyed=None if keyed is None else (keyed.key, keyed.request),
                 mounts=mounts,
+                auto_resume=request.auto_resume,
             )
         )
         try:
@@ -175,6 +183,8 @@ class Registry(Holdings):
         finally:
             self._quotas.release(reservation)
         entry = await self._register(state, sandbox, backend)
+        if request.snapshot is not None:
+            entry = await self.restored(entry, request.snapshot)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
@@ -228,7 +238,8 @@ class Registry(Holdings):
             states = await self._read(census.tenant_states, self.backends, tenant.id)
             now, recorded = self.clock.now(), {state.id: state for state in states}
             for sandbox_id, entry in list(mine.items()):
-                if entry.backend.shared and sandbox_id not in recorded and entry.confirmed < listed_at:
+                gone = sandbox_id not in recorded and not entry.state.hibernated
+                if entry.backend.shared and gone and entry.confirmed < listed_at:
                     del mine[sandbox_id]
             for state in states:
                 if state.id in mine:

@@ -124,15 +124,17 @@ class Hot:
 
     model: type[BaseModel] | None
     serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+    awake: bool = True
+    """Whether the sandbox must be running (`Registry.awake`), not merely exist."""
 
 
 def _hot(
-    model: type[BaseModel] | None, serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]]
+    model: type[BaseModel] | None, serve: Callable[[Service, Entry, Any, Receive], Awaitable[bytes]], awake: bool = True
 ) -> Callable[[T], T]:
     """Give the decorated endpoint a fast path (`hot_routes`)."""
 
     def mark(endpoint: T) -> T:
-        endpoint.hot = Hot(model, serve)  # type: ignore[attr-defined]
+        endpoint.hot = Hot(model, serve, awake)  # type: ignore[attr-defined]
         return endpoint
 
     return mark
@@ -208,6 +210,8 @@ async def _served(hot: Hot, request: Request) -> bytes | None:
             return None
     svc = service_of(request)
     entry = await svc.registry.find(admitted(request), request.path_params["sandbox_id"])
+    if hot.awake:
+        entry = await svc.registry.awake(entry)
     return await hot.serve(svc, entry, body, request.receive)
 
 
@@ -223,8 +227,8 @@ _FAILURES = {
     401: "No valid API key (`unauthorized`)",
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
     404: "No such sandbox for this tenant (`not_found`), or no such process or path",
+    409: "The sandbox is paused (`paused`): resume it first; or a volume is mounted, or exists already",
     413: "The request body is over the service's limit (`too_large`)",
-    409: "The volume is mounted, or exists already",
     422: "The request is malformed, names what does not exist, or reuses an idempotency key for another body",
     429: "Over the tenant's request rate or command slots (`rate_limited`); see `Retry-After`",
     501: "The backend has no such capability (`unavailable`)",
@@ -236,7 +240,7 @@ _FAILURES = {
 def api_router() -> APIRouter:
     """A router for the service's public API (this module's `router`, and modules that add
     to it): its prefix, its route class and its documented failures."""
-    return APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
+    return APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 409, 413, 422, 429, 503))
 
 
 router = api_router()
@@ -244,8 +248,9 @@ health = APIRouter()
 
 
 async def _entry(request: Request, tenant: Tenant, sandbox_id: str) -> tuple[Service, Entry]:
+    """The tenant's sandbox, running (a paused one resumed or refused: `Registry.awake`)."""
     svc = service_of(request)
-    return svc, await svc.registry.find(tenant, sandbox_id)
+    return svc, await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
 
 
 def _template(svc: Service, entry: Entry) -> Template:
@@ -299,9 +304,9 @@ async def _info(svc: Service, entry: Entry, body: None, receive: Receive) -> byt
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=api.SandboxInfo)
-@_hot(None, _info)
+@_hot(None, _info, awake=False)
 async def get_sandbox(request: Request, sandbox_id: str, tenant: Authed) -> Response:
-    return json_response(info_json((await _entry(request, tenant, sandbox_id))[1]))
+    return json_response(info_json(await service_of(request).registry.find(tenant, sandbox_id)))
 
 
 def info_json(entry: Entry) -> bytes:

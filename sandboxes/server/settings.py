@@ -57,6 +57,8 @@ class TenantPolicy(_Frozen):
     max_watchers: int = Field(default=16, ge=1)
     """File watches of the tenant open at once, in all its sandboxes, streamed and polled; one
     more is refused with ``rate_limited`` (429)."""
+    max_snapshot_bytes: int = Field(default=10 << 30, ge=0)
+    """Bytes the tenant's snapshots may take in the snapshot store, in all."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -102,6 +104,9 @@ class ServiceSettings(BaseSettings):
     (``GET /v1/operator/overview``, the console's operator page)."""
     docker_url: str | None = None
     """Docker engine to use; ``None``: the environment's (``DOCKER_HOST`` or the local socket)."""
+    snapshot_dir: Path | None = None
+    """The snapshot store (`sandboxes.server.snapshots`), shared by the service's replicas;
+    ``None``: ``<data_dir>/snapshots``."""
     max_ttl: float = Field(default=24 * 3600.0, gt=0)
     max_execute_timeout: float = Field(default=3600.0, gt=0)
     """Ceiling on a command's timeout; a request for none (0) gets this."""

@@ -49,6 +49,16 @@ class SandboxState:
     """The digest of the create request that made it, to tell a replay from a key reused."""
     volumes: list[str] = field(default_factory=list)
     """The tenant's volumes it mounts (`sandboxes.server.volumes`), by name."""
+    paused: str = ""
+    """``keep`` or ``stop`` while paused (whether its TTL clock runs, `sandboxes.server.
+    pausing`); empty while it runs."""
+    paused_remaining: float = 0.0
+    """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
+    hibernated: str = ""
+    """Paused by hibernation: the snapshot its workspace was kept in, its container or jail
+    released (`sandboxes.server.keeping`); empty otherwise."""
+    auto_resume: bool = False
+    """An operation on it while paused resumes it first, instead of answering ``paused``."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

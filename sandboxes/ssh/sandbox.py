@@ -50,7 +50,7 @@ from sandboxes._mux import (
 )
 from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes.base import Call, StreamingSandbox
-from sandboxes.lifecycle import Sandbox
+from sandboxes.lifecycle import FreezeUnavailable, Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
@@ -171,6 +171,20 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         self._closed = True
         self._drop_helper()
         connections.release(self._connection)
+
+    def freeze(self) -> None:
+        """``SIGSTOP`` to every process of the sandbox's user, its exec helper's included (a
+        helper left running would start new processes); only a sandbox with a user of its own."""
+        self._signal_all("STOP")
+
+    def thaw(self) -> None:
+        self._signal_all("CONT")
+
+    def _signal_all(self, signal: str) -> None:
+        """``kill -SIG -1`` as the sandbox's user: every process of the user but that shell."""
+        if self.config.isolation != "user" or self.user is None:
+            raise FreezeUnavailable(f"sandbox {self.id} has no user of its own on {self.config.host.host} to freeze")
+        run_status(self._connection, _ssh_users.as_user(f"kill -{signal} -1 2>/dev/null; :", self.user, None), 30)
 
     def destroy(self) -> None:
         """Remove the workspace (idempotent), then close. An isolated sandbox's user is emptied

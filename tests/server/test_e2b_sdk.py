@@ -130,7 +130,7 @@ def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: R
 
 def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running, sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="not implemented"):
-        sandbox.pause()
+        sandbox.create_snapshot()
     with pytest.raises(SandboxException, match="unknown template 'nope'"):
         Sandbox.create("nope", **opts(service))
     with pytest.raises(FileNotFoundException):
@@ -155,6 +155,8 @@ _ALICES = {
     ("POST", "/e2b/sandboxes/{sandbox_id}/connect"): {},
     ("POST", "/e2b/v2/sandboxes/{sandbox_id}/connect"): {},
     ("GET", "/e2b/sandboxes/{sandbox_id}/metrics"): None,
+    ("POST", "/e2b/sandboxes/{sandbox_id}/pause"): {},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/resume"): {},
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}

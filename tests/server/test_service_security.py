@@ -230,6 +230,9 @@ _NO_SANDBOX_IN_PATH = {
     ("POST", "/v1/volumes"): "creates a volume of the caller's own (other tenants' volumes: test_service_volumes.py)",
     ("GET", "/v1/volumes"): "lists the caller's own volumes (test_service_volumes.py checks bob sees none of alice's)",
     ("DELETE", "/v1/volumes/{name}"): "names a volume of the caller's own (test_service_volumes.py: bob cannot delete)",
+    ("GET", "/v1/snapshots"): "lists the caller's own snapshots (test_service_snapshots.py: bob's stays empty)",
+    ("GET", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: test_service_snapshots.py, 404 to another",
+    ("DELETE", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: found as the GET finds it (get first)",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 
@@ -273,6 +276,10 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("WEBSOCKET", "/pty"): ({}, None),
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
+        ("POST", "/pause"): ({}, {}),
+        ("POST", "/resume"): ({}, None),
+        ("POST", "/snapshots"): ({}, {}),
+        ("POST", "/fork"): ({}, {"count": 1}),
     }
 
 

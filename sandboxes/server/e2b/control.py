@@ -15,7 +15,14 @@ from pydantic import BaseModel
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
-from sandboxes.server.e2b.models import ConnectSandbox, NewSandbox, SandboxCreated, SandboxDetail, TimeoutRequest
+from sandboxes.server.e2b.models import (
+    ConnectSandbox,
+    NewSandbox,
+    PauseRequest,
+    SandboxCreated,
+    SandboxDetail,
+    TimeoutRequest,
+)
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 from sandboxes.templates import parse_memory
@@ -71,6 +78,7 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         memory_mb=_megabytes(getattr(template, "memory", None)),
         disk_size_mb=0,
         metadata=dict(entry.state.labels),
+        state="paused" if entry.state.paused else "running",
     )
 
 
@@ -107,7 +115,11 @@ async def create(
     e2b = e2b_state(request)
     ttl = None if body.timeout is None else max(1, body.timeout)
     wanted = CreateSandbox(
-        template=e2b.ours(body.template_id), env=body.env_vars or {}, ttl=ttl, labels=body.metadata or {}
+        template=e2b.ours(body.template_id),
+        env=body.env_vars or {},
+        ttl=ttl,
+        labels=body.metadata or {},
+        auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
     )
     if wanted.template not in service(request).settings.templates:
         return e2b_error(400, f"unknown template {body.template_id!r}")
@@ -137,8 +149,9 @@ async def list_sandboxes(
     """Newest first unless ``order=asc``; a page of ``limit``, and ``x-next-token`` while more remain."""
     tenant = _tenant(request, api_key)
     entries = await service(request).registry.list(tenant)
-    if state is not None and "running" not in state.split(","):
-        entries = []
+    if state is not None:
+        states = state.split(",")
+        entries = [entry for entry in entries if ("paused" if entry.state.paused else "running") in states]
     wanted = _metadata_filter(metadata)
     e2b = e2b_state(request)
     kept = [
@@ -195,11 +208,45 @@ async def connect(request: Request, sandbox_id: str, api_key: _ApiKey = None) ->
     body = await _body(request, ConnectSandbox, empty=True)
     registry = service(request).registry
     entry = await registry.find(tenant, sandbox_id)
+    paused = bool(entry.state.paused)
+    if paused:
+        entry = await registry.resume(entry)
     if body.timeout:
         ends = registry.clock.now() + body.timeout
         if entry.state.expires_at is None or ends > entry.state.expires_at:
             entry = await registry.renew(tenant, sandbox_id, body.timeout)
-    return _json(_created(request, entry))
+    return _json(_created(request, entry), 201 if paused else 200)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+async def pause(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
+    """Paused until a connect or a resume; its timeout stops meanwhile, as E2B's does (204; 409
+    if it is paused already). ``memory: false`` (the SDK's ``mode="filesystem"``) hibernates
+    it: its files kept, its processes ended, its container or jail released."""
+    tenant = _tenant(request, api_key)
+    body = await _body(request, PauseRequest, empty=True)
+    registry = service(request).registry
+    entry = await registry.find(tenant, sandbox_id)
+    if body.memory is False:
+        await registry.hibernate(entry, "stop")
+    else:
+        await registry.pause(entry, "stop")
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume")
+async def resume(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
+    """A paused sandbox running again (201); 409 if it runs already."""
+    tenant = _tenant(request, api_key)
+    body = await _body(request, ConnectSandbox, empty=True)
+    registry = service(request).registry
+    entry = await registry.find(tenant, sandbox_id)
+    if not entry.state.paused:
+        return e2b_error(409, f"sandbox {sandbox_id} is not paused")
+    entry = await registry.resume(entry)
+    if body.timeout:
+        entry = await registry.renew(tenant, sandbox_id, body.timeout)
+    return _json(_created(request, entry), 201)
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

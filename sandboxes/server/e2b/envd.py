@@ -47,10 +47,12 @@ async def access(request: Request) -> Entry:
     request.scope.setdefault("state", {})["tenant"] = tenant_id
     svc.limiter.check(tenant)
     try:
-        return await svc.registry.find(tenant, sandbox_id)
+        return await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
     except ServiceError as exc:
         if exc.code == "not_found":
             raise ServiceError("not_found", f"The sandbox {sandbox_id} was not found", status=502) from None
+        if exc.code == "paused":  # what envd answers for a paused sandbox: the SDK's is_running() is False
+            raise ServiceError("paused", exc.message, status=502) from None
         raise
 
 

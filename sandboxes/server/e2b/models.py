@@ -39,6 +39,19 @@ class NewSandbox(_Wire):
     timeout: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+
+
+class AutoResume(_Wire):
+    """``autoResume`` of a create: activity on a paused sandbox resumes it."""
+
+    enabled: bool = False
+
+
+class PauseRequest(_Wire):
+    """``POST /sandboxes/{id}/pause``: ``memory: false`` keeps the filesystem alone."""
+
+    memory: bool | None = None
 
 
 class ConnectSandbox(_Wire):

@@ -1,0 +1,223 @@
+"""Snapshots and forks of the sandboxes a replica holds, on top of pausing: a snapshot taken
+into the store (`sandboxes.server.snapshots`, `sandboxes.server.snapshotting`), a new sandbox
+restored from one (verified, or destroyed and refused), and a fork: one snapshot of a running
+sandbox, then as many sandboxes restored from it at once.
+
+A fork with an ``Idempotency-Key`` is a snapshot and creates that its key names: the snapshot's
+id and each new sandbox's key are derived from it, so a retry finds the snapshot and the
+sandboxes the first attempt made (each create is idempotent as any keyed create is) and makes
+only what is missing; a killed service leaves each new sandbox labelled with its creation, to
+adopt or reap like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import math
+import socket
+from pathlib import Path
+from typing import Any
+
+from sandboxes import api
+from sandboxes.server.archive import checked_path
+from sandboxes.server.auth import Tenant
+from sandboxes.server.entry import Entry
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.pausing import Pausing, TtlChoice
+from sandboxes.server.snapshots import Snapshot, SnapshotStore
+from sandboxes.server.snapshotting import restore, take
+
+__all__ = ["Keeping", "snapshot_info"]
+
+logger = logging.getLogger("sandboxes.server.registry")
+
+
+class Keeping(Pausing):
+    """`Pausing` with snapshots, restores and forks."""
+
+    async def create(self, tenant: Tenant, request: api.CreateSandbox, key: str | None = None) -> tuple[Entry, bool]:
+        """A new sandbox (`sandboxes.server.registry.Registry.create`)."""
+        raise NotImplementedError
+
+    @functools.cached_property
+    def snapshots(self) -> SnapshotStore:
+        directory = self.settings.snapshot_dir or self.settings.data_dir / "snapshots"
+        return SnapshotStore(directory, writer=f"{socket.gethostname()}:{self.settings.data_dir.resolve()}")
+
+    async def snapshot(self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None) -> Snapshot:
+        """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all."""
+        state = entry.state
+        paths = [(state.workdir, True)] if body.workspace else []
+        paths += [(checked_path(path), False) for path in body.paths]
+        quota = self.settings.policy_for(state.tenant).max_snapshot_bytes
+        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name}
+        writing = await asyncio.to_thread(self.snapshots.begin, state.tenant, quota, head, snapshot_id)
+        try:
+            await asyncio.to_thread(take, entry.backend, entry.sandbox, writing, paths, self.settings)
+        except BaseException as exc:
+            await asyncio.to_thread(self.snapshots.abandon, writing)
+            if isinstance(exc, Exception) and not isinstance(exc, ServiceError):
+                logger.warning("snapshot of %s failed: %s", state.id, exc, exc_info=True)
+                raise ServiceError("backend_unavailable", f"the snapshot of sandbox {state.id} failed") from exc
+            raise
+        snapshot = await asyncio.to_thread(self.snapshots.commit, writing)
+        logger.info("snapshot taken", extra={"sandbox": state.id, "tenant": state.tenant, "snapshot": snapshot.id})
+        return snapshot
+
+    @functools.cached_property
+    def restoring(self) -> Path:
+        """One empty file per sandbox being restored here, named by its id, removed once it is
+        verified or destroyed: what a killed service left there, its next start destroys
+        (`reap_unverified`), so no sandbox restored halfway is ever adopted and handed out."""
+        directory = self.settings.data_dir / "restoring"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    async def reap_unverified(self) -> None:
+        """Destroy the sandboxes whose restore a killed service left unfinished."""
+        for mark in await asyncio.to_thread(lambda: list(self.restoring.iterdir())):
+            entry = self._entries.get(mark.name)
+            if entry is not None:
+                logger.warning("destroying sandbox %s: its restore from a snapshot never finished", mark.name)
+                await self._remove(entry)
+            await asyncio.to_thread(mark.unlink, True)
+
+    async def restored(self, entry: Entry, snapshot_id: str) -> Entry:
+        """``entry``, a sandbox just made, with the snapshot's files, verified; on any failure
+        it is destroyed, and the failure raised."""
+        mark = self.restoring / entry.state.id  # made before the sandbox was (`Registry._create`)
+        try:
+            snapshot = await asyncio.to_thread(self.snapshots.get, entry.state.tenant, snapshot_id)
+            args = (entry.backend, entry.sandbox, snapshot, entry.state.workdir, self.settings)
+            await asyncio.to_thread(restore, *args)
+        except BaseException as exc:
+            await self._remove(entry)
+            if isinstance(exc, Exception) and not isinstance(exc, ServiceError):
+                logger.warning("restoring snapshot %s failed: %s", snapshot_id, exc, exc_info=True)
+                raise ServiceError("backend_unavailable", f"restoring snapshot {snapshot_id} failed") from exc
+            raise
+        finally:
+            await asyncio.to_thread(mark.unlink, True)
+        return entry
+
+    async def hibernate(self, entry: Entry, ttl: TtlChoice) -> Entry:
+        """Keep the sandbox's workspace in a snapshot, then release its container or jail; its
+        id, labels and tokens stay, and `resume` makes it again from the snapshot."""
+        async with entry.pausing:
+            state = entry.state
+            if state.paused:
+                raise ServiceError("paused", f"sandbox {state.id} is already paused")
+            snapshot = await self.snapshot(entry, api.CreateSnapshot())
+            state.hibernated, state.paused = snapshot.id, ttl
+            if ttl == "stop":
+                state.paused_remaining = max(0.0, state.expires_at - self.clock.now())
+                timer = self._timers.pop(state.id, None)
+                if timer is not None:
+                    timer.cancel()
+            await self._saved(entry)
+            entry.processes.close()
+            try:
+                await asyncio.to_thread(entry.backend.destroy, state, entry.sandbox)
+            except Exception as exc:  # it still runs, with its files: not hibernated after all
+                state.hibernated, state.paused, state.paused_remaining = "", "", 0.0
+                await self._saved(entry)
+                self._schedule(state.id)
+                await asyncio.to_thread(self.snapshots.delete, state.tenant, snapshot.id)
+                raise ServiceError("backend_unavailable", f"sandbox {state.id} could not be released") from exc
+            logger.info("sandbox hibernated", extra={"sandbox": state.id, "tenant": state.tenant})
+            return entry
+
+    async def resume(self, entry: Entry) -> Entry:
+        """A frozen sandbox thawed; a hibernated one made again from its snapshot, verified."""
+        if not entry.state.hibernated:
+            return await super().resume(entry)
+        async with entry.pausing:
+            if entry.state.hibernated:
+                await self._wake(entry)
+            return entry
+
+    async def _wake(self, entry: Entry) -> None:
+        state, backend = entry.state, entry.backend
+        now = self.clock.now()
+        expires_at = now + state.paused_remaining if state.paused == "stop" else state.expires_at
+        expires_at = float(math.ceil(expires_at)) if backend.shared else expires_at
+        await asyncio.to_thread((self.restoring / state.id).touch)
+        try:
+            made, sandbox = await asyncio.to_thread(
+                backend.create, state.tenant, expires_at, dict(state.labels), dict(state.env),
+                sandbox_id=state.id, auto_resume=state.auto_resume,
+            )  # fmt: skip
+        except Exception as exc:
+            logger.warning("making hibernated sandbox %s again failed: %s", state.id, exc, exc_info=True)
+            raise ServiceError("backend_unavailable", f"the {backend.name} backend could not make it again") from exc
+        try:
+            snapshot = await asyncio.to_thread(self.snapshots.get, state.tenant, state.hibernated)
+            await asyncio.to_thread(restore, backend, sandbox, snapshot, made.workdir, self.settings)
+        except BaseException:
+            await asyncio.to_thread(backend.destroy, made, sandbox)
+            raise
+        finally:
+            await asyncio.to_thread((self.restoring / state.id).unlink, True)
+        fresh = self._entry(made, sandbox, backend)
+        entry.sandbox, entry.processes, entry.confirmed = fresh.sandbox, fresh.processes, fresh.confirmed
+        kept, state.ref, state.workdir, state.expires_at = state.hibernated, made.ref, made.workdir, expires_at
+        state.paused, state.paused_remaining, state.hibernated = "", 0.0, ""
+        await self._saved(entry)
+        self._schedule(state.id)
+        await asyncio.to_thread(self.snapshots.delete, state.tenant, kept)
+        logger.info("sandbox resumed from hibernation", extra={"sandbox": state.id, "tenant": state.tenant})
+
+    async def _remove(self, entry: Entry) -> None:
+        """`Holdings._remove`, and a hibernated sandbox's snapshot with it."""
+        kept = entry.state.hibernated
+        await super()._remove(entry)
+        if kept:
+            with contextlib.suppress(ServiceError, OSError):
+                await asyncio.to_thread(self.snapshots.delete, entry.state.tenant, kept)
+
+    async def fork(self, tenant: Tenant, entry: Entry, count: int, key: str | None) -> tuple[Snapshot, list[Entry]]:
+        """``count`` new sandboxes with ``entry``'s files (its workspace), made at once."""
+        state = entry.state
+        snapshot_id = None if key is None else _derived(tenant.id, key, "snapshot")
+        snapshot = None
+        if snapshot_id is not None:  # a retry's, taken already
+            with contextlib.suppress(ServiceError):
+                snapshot = await asyncio.to_thread(self.snapshots.get, tenant.id, snapshot_id)
+        if snapshot is None:
+            snapshot = await self.snapshot(entry, api.CreateSnapshot(), snapshot_id)
+        labels = {**state.labels, "forked-from": state.id}
+        request = api.CreateSandbox(template=state.template, env=state.env, labels=labels, snapshot=snapshot.id)
+        creates = [
+            self.create(tenant, request, None if key is None else _derived(tenant.id, key, str(index)))
+            for index in range(count)
+        ]
+        made: list[Any] = await asyncio.gather(*creates, return_exceptions=True)
+        failed = [result for result in made if isinstance(result, BaseException)]
+        if failed:
+            for result in made:
+                if not isinstance(result, BaseException):
+                    await self._remove(result[0])
+            raise failed[0]
+        return snapshot, [result[0] for result in made]
+
+
+def _derived(tenant: str, key: str, what: str) -> str:
+    """An id (or key) named by a fork's key: the same on every retry of that fork."""
+    return hashlib.sha256(f"{tenant}\0{key}\0{what}".encode()).hexdigest()[:32]
+
+
+def snapshot_info(snapshot: Snapshot) -> api.SnapshotInfo:
+    return api.SnapshotInfo(
+        id=snapshot.id,
+        sandbox_id=snapshot.sandbox_id,
+        template=snapshot.template,
+        backend=snapshot.backend,
+        created_at=snapshot.created_at,
+        bytes=snapshot.bytes,
+        files=snapshot.files,
+        paths=[part.path for part in snapshot.parts],
+    )

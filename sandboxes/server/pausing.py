@@ -1,0 +1,98 @@
+"""Pausing and resuming the sandboxes a replica holds: their processes frozen where they are
+(`sandboxes.lifecycle.Freezable`), their files and memory kept, their id, labels and tokens
+unchanged; and the rule for an operation on a paused sandbox (`Pausing.awake`).
+
+A pause says what happens to the TTL: ``keep``, the clock runs (a sandbox may expire while
+paused, and is removed as any other); ``stop``, the seconds left are recorded and given back at
+resume, and no expiry removes it meanwhile. On a shared backend the sandbox's recorded expiry
+is moved ``max_ttl`` past the pause, so another replica (or this one after a restart, which
+reads a frozen container back as paused with ``keep``) does not reap it early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Literal
+
+from sandboxes.lifecycle import Freezable, FreezeUnavailable
+from sandboxes.server.entry import Entry
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.holdings import Holdings
+
+__all__ = ["Pausing", "TtlChoice"]
+
+TtlChoice = Literal["keep", "stop"]
+
+
+class Pausing(Holdings):
+    """`Holdings` with pause, resume, and the check every operation on a sandbox makes."""
+
+    async def pause(self, entry: Entry, ttl: TtlChoice) -> Entry:
+        """Freeze the sandbox; ``paused`` (409) if it is already."""
+        async with entry.pausing:
+            if entry.state.paused:
+                raise ServiceError("paused", f"sandbox {entry.state.id} is already paused")
+            await self._call(entry, "freeze")
+            state, now = entry.state, self.clock.now()
+            state.paused = ttl
+            if ttl == "stop":
+                state.paused_remaining = max(0.0, state.expires_at - now)
+                timer = self._timers.pop(state.id, None)
+                if timer is not None:
+                    timer.cancel()
+                if entry.backend.shared:  # guards it from other replicas' sweeps meanwhile
+                    await asyncio.to_thread(entry.backend.renew, state, float(math.ceil(now + self.settings.max_ttl)))
+            await self._saved(entry)
+            return entry
+
+    async def resume(self, entry: Entry) -> Entry:
+        """Thaw the sandbox; one that runs already is left as it is."""
+        async with entry.pausing:
+            state = entry.state
+            if not state.paused:
+                return entry
+            await self._call(entry, "thaw")
+            if state.paused == "stop":
+                expires_at = self.clock.now() + state.paused_remaining
+                if entry.backend.shared:
+                    expires_at = float(math.ceil(expires_at))
+                    await asyncio.to_thread(entry.backend.renew, state, expires_at)
+                state.expires_at = expires_at
+            state.paused, state.paused_remaining = "", 0.0
+            await self._saved(entry)
+            self._schedule(state.id)
+            return entry
+
+    async def awake(self, entry: Entry) -> Entry:
+        """The sandbox, running: resumed first if paused and created with ``auto_resume``;
+        ``paused`` (409) if paused otherwise."""
+        if not entry.state.paused:
+            return entry
+        if entry.state.auto_resume:
+            return await self.resume(entry)
+        sandbox_id = entry.state.id
+        raise ServiceError(
+            "paused",
+            f"sandbox {sandbox_id} is paused: resume it first (POST /v1/sandboxes/{sandbox_id}/resume), "
+            "or create it with auto_resume",
+        )
+
+    async def _call(self, entry: Entry, action: Literal["freeze", "thaw"]) -> None:
+        sandbox = entry.sandbox
+        if not isinstance(sandbox, Freezable):
+            raise ServiceError(
+                "unavailable", f"the {entry.backend.name} backend cannot pause a sandbox: it has no freezer to use"
+            )
+        try:
+            await asyncio.to_thread(getattr(sandbox, action))
+        except FreezeUnavailable as exc:
+            raise ServiceError("unavailable", str(exc)) from exc
+        except Exception as exc:
+            raise ServiceError(
+                "backend_unavailable", f"the {entry.backend.name} backend failed to {action} sandbox {entry.state.id}"
+            ) from exc
+
+    async def _saved(self, entry: Entry) -> None:
+        if not entry.backend.shared:
+            await asyncio.to_thread(self.store.save, entry.state)

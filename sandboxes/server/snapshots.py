@@ -1,0 +1,226 @@
+"""The snapshot store: a directory (``snapshot_dir``, by default ``<data_dir>/snapshots``), one
+directory per tenant (named by a digest of its id) holding one directory per snapshot: its
+``manifest.json`` and one tar per path it kept (`sandboxes.server.manifest`).
+
+A snapshot is complete or absent: it is written in a temporary directory beside its final
+place, every file flushed to disk, then renamed there in one step; a deletion renames it away
+first. `SnapshotStore.sweep` (at every start) removes what a killed service left of either:
+the temporary directories of this replica only (their names carry its ``writer`` tag, from its
+own data directory), never those another replica sharing the store is writing now.
+Bytes are counted per tenant against its ``max_snapshot_bytes``: a snapshot being written is
+bounded by what was left when it began, and counted again when it is made visible (one at a
+time), so snapshots written at once may be refused, never all kept over the quota.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.manifest import FileEntry
+
+__all__ = ["Part", "Snapshot", "SnapshotStore", "Writing"]
+
+MANIFEST = "manifest.json"
+_TEMP = ".tmp-"
+_GONE = ".gone-"
+_SAFE_ID = re.compile(r"^[a-z0-9]{1,64}$")
+
+
+@dataclass
+class Part:
+    """One path a snapshot kept: ``workspace`` (restored into the new sandbox's own), or an
+    absolute path (restored where it was); its tar in the snapshot's directory."""
+
+    path: str
+    workspace: bool
+    tar: str
+    entries: list[FileEntry] = field(default_factory=list)
+
+
+@dataclass
+class Snapshot:
+    id: str
+    tenant: str
+    sandbox_id: str
+    template: str
+    backend: str
+    created_at: float
+    bytes: int
+    parts: list[Part]
+    directory: Path
+
+    @property
+    def files(self) -> int:
+        return sum(len(part.entries) for part in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        head = {key: getattr(self, key) for key in ("id", "tenant", "sandbox_id", "template", "backend", "created_at")}
+        parts = [
+            {"path": p.path, "workspace": p.workspace, "tar": p.tar, "entries": [e.to_json() for e in p.entries]}
+            for p in self.parts
+        ]
+        return {**head, "bytes": self.bytes, "parts": parts}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], directory: Path) -> Snapshot:
+        parts = [
+            Part(p["path"], p["workspace"], p["tar"], [FileEntry.from_json(e) for e in p["entries"]])
+            for p in data["parts"]
+        ]
+        head = {key: data[key] for key in ("id", "tenant", "sandbox_id", "template", "backend", "created_at", "bytes")}
+        return cls(**head, parts=parts, directory=directory)
+
+
+class Writing:
+    """A snapshot being written in its temporary directory, in at most ``bound`` bytes (what was
+    left of its tenant's quota); `SnapshotStore.commit` or `SnapshotStore.abandon` ends it."""
+
+    def __init__(self, snapshot: Snapshot, bound: int, quota: int) -> None:
+        self.snapshot = snapshot
+        self.bound = bound
+        self.quota = quota
+
+    def path(self, name: str) -> Path:
+        return self.snapshot.directory / name
+
+
+class SnapshotStore:
+    def __init__(self, directory: Path, writer: str = "") -> None:
+        self.directory = directory
+        self.writer = hashlib.sha256(writer.encode()).hexdigest()[:8]
+        """Names this replica's temporary directories (`sweep`)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, tenant: str, snapshot_id: str) -> Snapshot:
+        """The tenant's snapshot; `not_found` if it has none by that id."""
+        if not _SAFE_ID.match(snapshot_id):
+            raise _missing(snapshot_id)
+        directory = self._tenant_dir(tenant) / snapshot_id
+        try:
+            data = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise _missing(snapshot_id) from None
+        snapshot = Snapshot.from_json(data, directory)
+        if snapshot.tenant != tenant:
+            raise _missing(snapshot_id)
+        return snapshot
+
+    def of_tenant(self, tenant: str) -> list[Snapshot]:
+        found = []
+        for directory in self._complete(tenant):
+            with contextlib.suppress(ServiceError, OSError, ValueError, KeyError):
+                found.append(self.get(tenant, directory.name))
+        return sorted(found, key=lambda snapshot: (snapshot.created_at, snapshot.id))
+
+    def used(self, tenant: str) -> int:
+        """The bytes of the tenant's snapshots."""
+        return sum(snapshot.bytes for snapshot in self.of_tenant(tenant))
+
+    # ------------------------------------------------------------------ writing
+
+    def begin(self, tenant: str, quota: int, head: dict[str, Any], snapshot_id: str | None = None) -> Writing:
+        """A snapshot to write, its temporary directory made, bounded by what is left of the
+        tenant's ``quota``."""
+        snapshot_id = snapshot_id or secrets.token_hex(8)
+        left = quota - self.used(tenant)
+        if left <= 0:
+            raise _over(quota)
+        tenant_dir = self._tenant_dir(tenant)
+        tenant_dir.mkdir(mode=0o700, exist_ok=True)
+        directory = tenant_dir / f"{_TEMP}{self.writer}-{snapshot_id}-{secrets.token_hex(4)}"
+        directory.mkdir(mode=0o700)
+        snapshot = Snapshot(snapshot_id, tenant, parts=[], directory=directory, bytes=0, created_at=time.time(), **head)
+        return Writing(snapshot, left, quota)
+
+    def commit(self, writing: Writing) -> Snapshot:
+        """Make the written snapshot whole and visible, in one rename."""
+        snapshot = writing.snapshot
+        try:
+            snapshot.bytes = sum(os.path.getsize(writing.path(part.tar)) for part in snapshot.parts)
+            _write_synced(writing.path(MANIFEST), json.dumps(snapshot.to_json()).encode())
+            for part in snapshot.parts:
+                _sync(writing.path(part.tar))
+            final = snapshot.directory.parent / snapshot.id
+            with self._lock:  # counted with the others made visible meanwhile
+                if self.used(snapshot.tenant) + snapshot.bytes > writing.quota:
+                    raise _over(writing.quota)
+                os.rename(snapshot.directory, final)  # refused if one by that id exists: it stays
+            _sync(final.parent)
+            snapshot.directory = final
+        except BaseException:
+            self.abandon(writing)
+            raise
+        return snapshot
+
+    def abandon(self, writing: Writing) -> None:
+        shutil.rmtree(writing.snapshot.directory, ignore_errors=True)
+
+    def delete(self, tenant: str, snapshot_id: str) -> None:
+        """Remove the snapshot: renamed out of sight first, so it is whole or gone."""
+        snapshot = self.get(tenant, snapshot_id)
+        gone = snapshot.directory.with_name(f"{_GONE}{snapshot_id}-{secrets.token_hex(4)}")
+        os.rename(snapshot.directory, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def sweep(self) -> list[Path]:
+        """Remove what this replica, killed, left half written, and any snapshot left half
+        deleted."""
+        removed = []
+        for tenant_dir in self.directory.iterdir():
+            if not tenant_dir.is_dir():
+                continue
+            for directory in tenant_dir.iterdir():
+                if directory.name.startswith((f"{_TEMP}{self.writer}-", _GONE)):
+                    shutil.rmtree(directory, ignore_errors=True)
+                    removed.append(directory)
+        return removed
+
+    # ------------------------------------------------------------------ paths
+
+    def _tenant_dir(self, tenant: str) -> Path:
+        return self.directory / hashlib.sha256(tenant.encode()).hexdigest()[:32]
+
+    def _complete(self, tenant: str) -> Iterator[Path]:
+        tenant_dir = self._tenant_dir(tenant)
+        if tenant_dir.is_dir():
+            yield from (d for d in tenant_dir.iterdir() if _SAFE_ID.match(d.name))
+
+
+def _over(quota: int) -> ServiceError:
+    return ServiceError("quota_exceeded", f"the tenant's snapshots would be over their {quota} bytes; delete some")
+
+
+def _missing(snapshot_id: str) -> ServiceError:
+    return ServiceError("not_found", f"no snapshot {snapshot_id!r}")
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

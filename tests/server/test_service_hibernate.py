@@ -1,0 +1,107 @@
+"""Hibernation through the service, on the local jail and on Docker: the workspace is kept in a
+snapshot and the container or jail released; the sandbox stays listed, paused, with its id and
+labels (a shared backend's record is gone, and re-reading records every time loses nothing);
+resume makes it again from the snapshot, verified, with every byte and mode back; one that
+expires while hibernated is removed with its snapshot."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import ManualClock, Running, create, execute, running, settings_for
+from support import HAS_BWRAP, SESSION_OWNER, needs
+
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+BINARY = bytes(range(256)) * 300
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    if request.param == "local":
+        needs(HAS_BWRAP, "bubblewrap is not installed")
+        template: Any = LocalTemplate(default_timeout=30)
+        docker_client = None
+    else:
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-hib-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(
+        tmp_path_factory.mktemp("hib"), owner=owner, templates={"default": template}, confirm_interval=0
+    )
+    with running(settings, docker_client=docker_client, clock=ManualClock()) as svc:
+        yield svc
+
+
+def _hibernate(client: httpx.Client, sandbox_id: str, ttl: str = "keep") -> dict[str, Any]:
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/pause", json={"mode": "hibernate", "ttl": ttl})
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def _released(service: Running, ref: str) -> bool:
+    """Whether the backend has nothing left of the sandbox ``ref``."""
+    backend = next(iter(service.registry.backends.values()))
+    return all(record.ref != ref for record in backend.provider.list())
+
+
+def test_a_hibernated_sandbox_is_released_and_comes_back_whole(service: Running) -> None:
+    with service.client("alice") as client:
+        sandbox = create(client, labels={"team": "qa"})
+        sid, workdir = sandbox["id"], sandbox["workdir"]
+        upload = {"files": [{"path": f"{workdir}/blob.bin", "content_b64": base64.b64encode(BINARY).decode()}]}
+        assert client.post(f"/v1/sandboxes/{sid}/files/upload", json=upload).status_code == 200
+        assert execute(client, sid, "mkdir -p d && echo s > d/secret && chmod 600 d/secret")["exit_code"] == 0
+        ref = service.registry._entries[sid].state.ref
+        try:
+            assert _hibernate(client, sid)["state"] == "paused"
+            assert _released(service, ref)
+            shown = client.get(f"/v1/sandboxes/{sid}").json()
+            assert (shown["state"], shown["labels"]) == ("paused", {"team": "qa"})
+            assert [item["id"] for item in client.get("/v1/sandboxes").json()["sandboxes"]] == [sid]
+            refused = client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "true"})
+            assert (refused.status_code, refused.json()["error"]) == (409, "paused")
+            assert len(client.get("/v1/snapshots").json()["snapshots"]) == 1  # the workspace, kept
+
+            resumed = client.post(f"/v1/sandboxes/{sid}/resume")
+            assert (resumed.status_code, resumed.json()["state"]) == (200, "running")
+            assert service.registry._entries[sid].state.ref != ref
+            assert execute(client, sid, "cat d/secret; stat -c %a d/secret")["output"] == "s\n600\n"
+            again = resumed.json()["workdir"]  # a local sandbox's root is a new directory
+            download = client.post(f"/v1/sandboxes/{sid}/files/download", json={"paths": [f"{again}/blob.bin"]})
+            assert base64.b64decode(download.json()[0]["content_b64"]) == BINARY
+            assert client.get("/v1/snapshots").json()["snapshots"] == []
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_expiring_while_hibernated_is_removed_with_its_snapshot(service: Running) -> None:
+    with service.client("alice") as client:
+        sid = create(client, ttl=100)["id"]
+        _hibernate(client, sid, "keep")
+        service.registry.clock.advance(101)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").status_code == 404
+        assert client.get("/v1/snapshots").json()["snapshots"] == []
+
+
+def test_paths_of_the_local_sandbox_are_gone_once_hibernated(service: Running, tmp_path: Path) -> None:
+    with service.client("alice") as client:
+        sandbox = create(client)
+        try:
+            _hibernate(client, sandbox["id"], "stop")
+            if sandbox["backend"] == "local":
+                assert not Path(sandbox["workdir"]).exists()
+            assert client.post(f"/v1/sandboxes/{sandbox['id']}/resume").json()["state"] == "running"
+        finally:
+            client.delete(f"/v1/sandboxes/{sandbox['id']}")

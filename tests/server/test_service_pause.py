@@ -1,0 +1,154 @@
+"""Pause and resume through the service, on the local jail and on Docker: a running process's
+counter stops while the sandbox is frozen and goes on after it resumes, its files come back
+whole, an operation on a paused sandbox answers ``paused`` (or resumes it, with
+``auto_resume``), and the TTL keeps running or stops as the pause asked, on the service's
+clock (a `ManualClock`: no waiting for a TTL)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import ManualClock, Running, create, execute, running, settings_for, start_process
+from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
+
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp count; sleep 0.02; done"
+"""Counts, about fifty a second, into ``count`` of its working directory (renamed whole: a read
+never sees half a number)."""
+BINARY = bytes(range(256)) * 64
+
+
+@pytest.fixture(scope="module", params=["local", "docker"])
+def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    if request.param == "local":
+        needs(HAS_BWRAP, "bubblewrap is not installed")
+        template: Any = LocalTemplate(default_timeout=30)
+        docker_client = None
+    else:
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-pause-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tmp_path_factory.mktemp("pause"), owner=owner, templates={"default": template})
+    with running(settings, docker_client=docker_client, clock=ManualClock()) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+def _count_outside(service: Running, sandbox_id: str) -> int:
+    """The counter's last number, read from outside the sandbox (a frozen one answers nothing)."""
+    sandbox = service.registry._entries[sandbox_id].sandbox
+    if hasattr(sandbox, "container"):
+        chunks, _ = sandbox.container.get_archive(f"{sandbox.workdir}/count")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.extractfile("count")
+            assert member is not None
+            return int(member.read())
+    return int((Path(sandbox.root) / "count").read_text())
+
+
+def _count_inside(client: httpx.Client, sandbox_id: str) -> int:
+    return int(execute(client, sandbox_id, "cat count")["output"])
+
+
+def _pause(client: httpx.Client, sandbox_id: str, ttl: str = "keep") -> dict[str, Any]:
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/pause", json={"ttl": ttl})
+    assert response.status_code == 200, response.text
+    paused: dict[str, Any] = response.json()
+    return paused
+
+
+def test_a_paused_sandbox_stops_counting_keeps_its_files_and_goes_on_after_resume(
+    service: Running, client: httpx.Client
+) -> None:
+    sandbox = create(client)
+    sid = sandbox["id"]
+    try:
+        upload = {
+            "files": [{"path": f"{sandbox['workdir']}/blob.bin", "content_b64": base64.b64encode(BINARY).decode()}]
+        }
+        assert client.post(f"/v1/sandboxes/{sid}/files/upload", json=upload).status_code == 200
+        start_process(client, sid, COUNTER)
+        wait_for(lambda: execute(client, sid, "cat count 2>/dev/null")["output"].strip() != "", "the counter")
+
+        paused = _pause(client, sid)
+        assert paused["state"] == "paused"
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+        listed = {item["id"]: item["state"] for item in client.get("/v1/sandboxes").json()["sandboxes"]}
+        assert listed[sid] == "paused"
+        frozen_at = _count_outside(service, sid)
+        time.sleep(0.3)  # an observation window: a running counter moves ~15 times in it
+        assert _count_outside(service, sid) == frozen_at, "the counter moved while the sandbox was paused"
+
+        refused = client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "echo hi"})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "paused"
+        assert "resume" in refused.json()["message"]
+        again = client.post(f"/v1/sandboxes/{sid}/pause", json={})
+        assert (again.status_code, again.json()["error"]) == (409, "paused")
+
+        resumed = client.post(f"/v1/sandboxes/{sid}/resume")
+        assert (resumed.status_code, resumed.json()["state"]) == (200, "running")
+        wait_for(lambda: _count_inside(client, sid) > frozen_at + 2, "the counter to go on after resume")
+        download = client.post(
+            f"/v1/sandboxes/{sid}/files/download", json={"paths": [f"{sandbox['workdir']}/blob.bin"]}
+        )
+        assert base64.b64decode(download.json()[0]["content_b64"]) == BINARY
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_an_auto_resume_sandbox_is_resumed_by_an_operation(client: httpx.Client) -> None:
+    sid = create(client, auto_resume=True)["id"]
+    try:
+        _pause(client, sid)
+        assert execute(client, sid, "echo awake")["output"] == "awake\n"
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_the_ttl_runs_while_paused_with_keep(service: Running, client: httpx.Client) -> None:
+    sid = create(client, ttl=100)["id"]
+    _pause(client, sid, "keep")
+    service.registry.clock.advance(101)
+    service.sweep()
+    assert client.get(f"/v1/sandboxes/{sid}").status_code == 404
+
+
+def test_the_ttl_stops_while_paused_with_stop_and_what_was_left_is_given_back(
+    service: Running, client: httpx.Client
+) -> None:
+    clock = service.registry.clock
+    created = create(client, ttl=100)
+    sid = created["id"]
+    try:
+        left = created["expires_at"] - clock.now()
+        _pause(client, sid, "stop")
+        clock.advance(500)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+        resumed = client.post(f"/v1/sandboxes/{sid}/resume").json()
+        assert resumed["expires_at"] - clock.now() == pytest.approx(left, abs=1.5)  # a shared backend's: whole s
+        clock.advance(left + 2)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").status_code == 404
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")

@@ -1,0 +1,43 @@
+"""The snapshot store shared by replicas (`sandboxes.server.snapshots`): a snapshot is visible
+only once whole; a restart's sweep removes what its own replica left half written, never what
+another replica sharing the store is writing now; a deletion is whole or not at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.snapshots import Part, SnapshotStore
+
+HEAD = {"sandbox_id": "s1", "template": "default", "backend": "local"}
+
+
+def test_a_sweep_removes_its_own_replicas_leftovers_only(tmp_path: Path) -> None:
+    mine, theirs = SnapshotStore(tmp_path, writer="a:/data"), SnapshotStore(tmp_path, writer="b:/data")
+    left = mine.begin("alice", 1 << 20, HEAD)  # killed while writing it
+    writing = theirs.begin("alice", 1 << 20, HEAD)  # another replica, still at it
+    assert mine.of_tenant("alice") == []
+    assert mine.sweep() == [left.snapshot.directory]
+    assert writing.snapshot.directory.is_dir()
+    writing.path("0.tar").write_bytes(b"\0" * 1024)
+    writing.snapshot.parts.append(Part("/workspace", True, "0.tar"))
+    made = theirs.commit(writing)
+    assert [s.id for s in mine.of_tenant("alice")] == [made.id]
+    assert mine.get("alice", made.id).bytes == 1024
+    with pytest.raises(ServiceError, match="no snapshot"):
+        mine.get("bob", made.id)
+    mine.delete("alice", made.id)
+    assert mine.of_tenant("alice") == []
+    assert [p.name for p in tmp_path.glob("*/*")] == []
+
+
+def test_a_snapshot_over_the_quota_is_not_kept(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path, writer="a")
+    writing = store.begin("alice", 100, HEAD)
+    writing.path("0.tar").write_bytes(b"\0" * 1024)
+    writing.snapshot.parts.append(Part("/workspace", True, "0.tar"))
+    with pytest.raises(ServiceError, match="over their 100 bytes"):
+        store.commit(writing)
+    assert [p.name for p in tmp_path.glob("*/*")] == []

@@ -23,7 +23,11 @@ KILL_MARKED = b"M"
 """Kill every process of the sandbox carrying a marker (``{name, value}``, `marshal`'d)."""
 FILE_OP = b"F"
 """A file op without a process (``{"op": [name, args...]}``, `marshal`'d)."""
-CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP
+GRANT = b"G"
+"""A relayed connection's bytes taken (4 bytes, big endian): from the client, what its consumer
+took of the helper's O frames; from the helper, what it wrote to the socket of the client's I
+frames, and first the window the client may send ahead once connected (`_relay`)."""
+CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + GRANT
 """Every kind a client sends: anything else is a corrupt stream."""
 
 # helper -> client
@@ -42,5 +46,5 @@ ERROR = b"E"
 """A request the helper could not run: its reason, as text."""
 NOT_NATIVE = b"N"
 """A file op the helper hands back: nothing was done, the client runs the script."""
-HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + STDERR + EXIT + ERROR + NOT_NATIVE
+HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + STDERR + EXIT + ERROR + NOT_NATIVE + GRANT
 """Every kind a helper sends: anything else is a corrupt (or forged) stream."""

@@ -303,6 +303,11 @@ class RelayReader:
     def at_eof(self) -> bool:
         return self._eof
 
+    def has_news(self) -> bool:
+        """Whether a read would answer at once (bytes, their end, or the connection's failure):
+        for an idle pooled connection, that it was closed or broke."""
+        return self._relayed.ready_to_read()
+
 
 class RelayWriter:
     """The writing half of a relayed connection on an event loop (as `asyncio.StreamWriter`):

@@ -35,10 +35,13 @@ from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.e2b import mount as mount_e2b
+from sandboxes.server.e2b.tokens import kept_secret
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
+from sandboxes.server.preview_proxy import HostedRoute, PreviewHosts, Previews
+from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, PreviewAccess
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, hot_routes, router
@@ -64,6 +67,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+    secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
+    previews = service.previews = Previews(PreviewAccess(secret, clock))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,6 +83,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         try:
             yield
         finally:
+            await previews.aclose()
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
             files.shutdown(wait=False, cancel_futures=True)
@@ -98,6 +104,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)
+    if settings.preview_domain:  # a Host of {port}-{id}.{domain}: that port's preview, whatever the path
+        app.router.routes.insert(0, HostedRoute(api.API_PREFIX))
+        app.add_middleware(PreviewHosts, domain=settings.preview_domain)
     return app
 
 
@@ -204,7 +213,7 @@ class _RequestMiddleware:
         status = [0]
         started = time.perf_counter()
         try:
-            if self._needs_key(scope["path"]):
+            if self._needs_key(scope["path"]) and "preview_target" not in scope:  # a preview checks its own
                 try:
                     request_tenant(self.service.auth, scope)
                 except ServiceError as exc:  # refused on its headers: the body is never read
@@ -247,8 +256,8 @@ class _RequestMiddleware:
 
     def _needs_key(self, path: str) -> bool:
         """Every ``/v1`` route but the OpenAPI description; ``/metrics`` unless configured open."""
-        if path.startswith(f"{api.API_PREFIX}/"):
-            return path != f"{api.API_PREFIX}/openapi.json"
+        if path.startswith(f"{api.API_PREFIX}/"):  # a preview path checks its key, token or publicity itself
+            return path != f"{api.API_PREFIX}/openapi.json" and not PREVIEW_PATH.match(path)
         return path == "/metrics" and self.service.settings.metrics_access == "key"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from typing import Any
 import httpx
 import pytest
 from service_harness import KEYS, Running, create, error_of, execute, running, settings_for
+from starlette.routing import WebSocketRoute
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
 
 from sandboxes.api import FILE_OPERATIONS
 
@@ -203,10 +207,15 @@ def _served_routes(routes: Any) -> Iterator[tuple[str, str]]:
             yield from _served_routes(candidates())
             continue
         path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if isinstance(route, WebSocketRoute):  # a WebSocket's handshake: checked as one below
+            methods = {_WEBSOCKET}
         assert path, f"a route this test cannot read, so cannot check: {route!r}"
         assert methods, f"a route this test cannot read, so cannot check: {route!r}"
         for method in sorted(methods - {"HEAD"}):
-            yield method, path
+            yield method, re.sub(r"\{(\w+):\w+\}", r"{\1}", path)  # {port:int} as {port}
+
+
+_WEBSOCKET = "WEBSOCKET"
 
 
 _NO_SANDBOX_IN_PATH = {
@@ -253,6 +262,15 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         **{("POST", f"/files/{op}"): ({}, body) for op, body in files.items()},
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
+        ("PUT", "/ports/{port}"): ({}, {"public": True}),
+        ("POST", "/ports/{port}/tokens"): ({}, {}),
+        ("DELETE", "/ports/{port}/tokens/{token_id}"): ({}, None),
+        **{
+            (method, "/ports/{port}/{path}"): ({}, None)
+            for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+        },
+        (_WEBSOCKET, "/ports/{port}/{path}"): ({}, None),
+        (_WEBSOCKET, "/ports/{port}/connect"): ({}, None),
     }
 
 
@@ -285,7 +303,12 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
             params, body = requests[(method, suffix)]
             kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
             for client, named in ((bob, sandbox_id), (alice, "0" * 16)):
-                path = (_SANDBOX + suffix).format(sandbox_id=named, process_id=process["id"], command_id=command_id)
+                path = (_SANDBOX + suffix).format(
+                    sandbox_id=named, process_id=process["id"], command_id=command_id, port=8000, path="x", token_id="t"
+                )
+                if method == _WEBSOCKET:
+                    _assert_websocket_not_found(service, client, path)
+                    continue
                 response = client.request(method, path, params=params, **kwargs)
                 assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
                 assert error_of(response) == "not_found"
@@ -299,6 +322,13 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
     finally:
         alice.delete(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}")
         assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def _assert_websocket_not_found(service: Running, client: httpx.Client, path: str) -> None:
+    url = service.url.replace("http://", "ws://") + path
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(url, additional_headers={"Authorization": client.headers["authorization"]}).close()
+    assert refused.value.response.status_code == 404, (client.headers["authorization"], path)
 
 
 # ---------------------------------------------------------------------- quotas and rates

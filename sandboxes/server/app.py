@@ -40,6 +40,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
+from sandboxes.server.port_routes import ports
 from sandboxes.server.preview_proxy import HostedRoute, PreviewHosts, Previews
 from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, PreviewAccess
 from sandboxes.server.registry import Registry
@@ -99,7 +100,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         redoc_url=None,
     )
     app.state.service = service
-    app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    app.router.routes.extend([*hot_routes(), *router.routes, *ports.routes, *health.routes])  # one table, no nesting
     mount_e2b(app)  # the E2B-compatible API under /e2b
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
@@ -156,7 +157,7 @@ _COMPONENT = "#/components/schemas/{model}"
 def _allowed_methods(path: str) -> str:
     """Every method the routes with the most specific template matching ``path`` (the fewest
     parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
-    routes = [route for route in (*router.routes, *health.routes) if isinstance(route, APIRoute)]
+    routes = [route for route in (*router.routes, *ports.routes, *health.routes) if isinstance(route, APIRoute)]
     matching = [route for route in routes if route.path_regex.match(path)]
     fewest = min((route.path.count("{") for route in matching), default=0)
     methods = [route.methods or set() for route in matching if route.path.count("{") == fewest]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import pydantic_core
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -39,7 +39,7 @@ from sandboxes.server.execution import Receive, command_for, run_abandonable, ru
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
-from sandboxes.server.preview_proxy import Previews, preview_routes
+from sandboxes.server.preview_proxy import Previews
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
@@ -549,58 +549,6 @@ async def put_archive(request: Request, sandbox_id: str, tenant: Authed, path: _
     body = buffered_body(request.stream(), asyncio.get_running_loop())
     await _backend(entry.backend.put_archive, entry.sandbox, path, body)
     return Response(status_code=204)
-
-
-# ---------------------------------------------------------------------- ports
-
-
-def _previews(svc: Service) -> Previews:
-    assert svc.previews is not None  # set by the app
-    return svc.previews
-
-
-Port = Annotated[int, Path(ge=1, le=65535, description="A TCP port inside the sandbox")]
-
-
-@router.put("/sandboxes/{sandbox_id}/ports/{port}", response_model=api.PortInfo)
-async def set_port_access(
-    request: Request, sandbox_id: str, port: Port, body: api.PortAccess, tenant: Authed
-) -> api.PortInfo:
-    """Make the port's preview URL public (anyone may reach it, no key nor token) or not."""
-    svc, _ = await _entry(request, tenant, sandbox_id)
-    _previews(svc).access.set_public(tenant.id, sandbox_id, port, body.public)
-    return api.PortInfo(sandbox_id=sandbox_id, port=port, public=body.public)
-
-
-@router.post("/sandboxes/{sandbox_id}/ports/{port}/tokens", status_code=201, response_model=api.PreviewToken)
-async def mint_preview_token(
-    request: Request, sandbox_id: str, port: Port, body: api.PreviewTokenRequest, tenant: Authed
-) -> api.PreviewToken:
-    """A token granting the port's preview URL alone, until it expires or is revoked."""
-    svc, _ = await _entry(request, tenant, sandbox_id)
-    minted = _previews(svc).access.mint(tenant.id, sandbox_id, port, body.ttl)
-    url = f"{api.API_PREFIX}/sandboxes/{sandbox_id}/ports/{port}/?preview_token={minted.token}"
-    return api.PreviewToken(
-        token=minted.token,
-        token_id=minted.token_id,
-        sandbox_id=sandbox_id,
-        port=port,
-        expires_at=minted.expires_at,
-        url=url,
-    )
-
-
-@router.delete("/sandboxes/{sandbox_id}/ports/{port}/tokens/{token_id}", status_code=204, response_class=Response)
-async def revoke_preview_token(
-    request: Request, sandbox_id: str, port: Port, token_id: str, tenant: Authed
-) -> Response:
-    """Revoke a preview token of the sandbox: it grants nothing from now on."""
-    svc, _ = await _entry(request, tenant, sandbox_id)
-    _previews(svc).access.revoke(token_id)
-    return Response(status_code=204)
-
-
-router.routes.extend(preview_routes(api.API_PREFIX))  # after the routes above: they come first
 
 
 # ---------------------------------------------------------------------- health

@@ -15,6 +15,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
+from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
 from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
@@ -34,6 +35,7 @@ from sandboxes.client.remote import RemoteSandbox
 
 __all__ = [
     "AsyncCommandStream",
+    "AsyncPortConnection",
     "AsyncSandboxClient",
     "BackendUnavailable",
     "ClientConfig",
@@ -43,6 +45,9 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "OutputChunk",
+    "PortConnection",
+    "PortForward",
+    "PortUnreachable",
     "ProcessStatus",
     "QuotaExceeded",
     "RateLimited",

@@ -5,8 +5,14 @@ sent; who may reach it (the key, a preview token, a public port) and who may not
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import os
+import select
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +25,8 @@ from service_harness import KEYS, ManualClock, Running, create, running, setting
 from support import HAS_BWRAP, needs
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
+
+from sandboxes.client import PortUnreachable, SandboxClient
 
 APP_PORT = 8000
 DOMAIN = "preview.test"
@@ -198,3 +206,46 @@ def test_the_tcp_tunnel_carries_bytes_both_ways(preview: Preview) -> None:
     with pytest.raises(InvalidStatus) as refused:  # no key, no tunnel: a token is for browsers
         ws_connect(url).close()
     assert refused.value.response.status_code == 401
+
+
+def test_a_forwarded_port_carries_real_http_requests(preview: Preview) -> None:
+    with SandboxClient(preview.service.url, KEYS["alice"]) as client:
+        sandbox = client.attach(preview.sandbox_id)
+        with sandbox.forward_port(APP_PORT, 0) as forward, httpx.Client(timeout=30) as local:
+            url = f"http://127.0.0.1:{forward.local_port}"
+            assert local.get(f"{url}/health").text == "ok"
+            big = local.get(f"{url}/big", params={"n": 3 << 20})
+            assert len(big.content) == 3 << 20
+            body = b"z" * 500_000
+            assert local.post(f"{url}/echo", content=body).json()["length"] == len(body)
+
+        async def over_a_loop() -> bytes:
+            async with await sandbox.aconnect_port(APP_PORT) as conn:
+                await conn.send(b"GET /health HTTP/1.0\r\n\r\n")
+                parts = []
+                while chunk := await conn.recv():
+                    parts.append(chunk)
+            return b"".join(parts)
+
+        assert asyncio.run(over_a_loop()).endswith(b"\r\n\r\nok")
+        with pytest.raises(PortUnreachable) as refused:
+            sandbox.connect_port(APP_PORT + 1)
+        assert refused.value.status == 502
+
+
+def test_the_cli_forwards_a_port_until_interrupted(preview: Preview) -> None:
+    env = {**os.environ, "SANDBOXES_URL": preview.service.url, "SANDBOXES_API_KEY": KEYS["alice"]}
+    argv = [sys.executable, "-m", "sandboxes.cli", "ports", "forward", preview.sandbox_id, str(APP_PORT)]
+    process = subprocess.Popen([*argv, "--local-port", "0"], stdout=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout is not None
+        ready = select.select([process.stdout], [], [], 30)[0]
+        assert ready, "the forward never said where it listens"
+        line = process.stdout.readline().decode()
+        assert line.startswith("Forwarding from 127.0.0.1:"), line
+        local_port = int(line.split(":")[1].split()[0])
+        answer = httpx.get(f"http://127.0.0.1:{local_port}/health", timeout=30)
+        assert answer.text == "ok"
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 130

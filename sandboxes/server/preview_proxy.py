@@ -37,7 +37,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.previews import PREVIEW_COOKIE, PreviewAccess
 from sandboxes.server.registry import Entry
 
-__all__ = ["HostedRoute", "PreviewHosts", "Previews", "RelayBackend", "preview_routes"]
+__all__ = ["HostedRoute", "PreviewHosts", "Previews", "RelayBackend", "preview_routes", "relay_http"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ _HOP_BY_HOP = frozenset(
         b"content-length",
         b"authorization",
         b"x-preview-token",
+        b"x-access-token",
+        b"e2b-traffic-access-token",
     }
 )
 """Request headers the service does not pass on as they came (hop-by-hop ones, those it sets
@@ -228,9 +230,21 @@ async def preview_http(request: Request) -> Response:
     sandbox_id, port = request.path_params["sandbox_id"], int(request.path_params["port"])
     if scope.get("preview_target") is None and request.path_params["path"].split("/", 1)[0] == "tokens":
         raise HTTPException(405, "under a port's path, tokens/ is the service's (the Host form reaches the app's)")
-    svc, entry = await _admitted(scope, sandbox_id, port)
-    previews: Previews = svc.previews
-    headers = _forwarded(scope, scope["headers"])
+    _, entry = await _admitted(scope, sandbox_id, port)
+    response = await relay_http(request, entry, port, _upstream_target(scope))
+    token = request.query_params.get("preview_token")
+    if token is not None:  # a browser's first visit: later requests under the port's path carry it
+        path = f"/v1/sandboxes/{sandbox_id}/ports/{port}/" if scope.get("preview_target") is None else "/"
+        cookie = f"{PREVIEW_COOKIE}={token}; Path={path}; HttpOnly; SameSite=Lax"
+        response.raw_headers.append((b"set-cookie", cookie.encode("latin-1")))
+    return response
+
+
+async def relay_http(request: Request, entry: Entry, port: int, target: bytes) -> StreamingResponse:
+    """The request, for ``target`` (path and query), relayed to ``port`` of the admitted
+    sandbox, its answer streamed back; a 502 when nothing answers there."""
+    previews: Previews = _service(request.scope).previews
+    headers = _forwarded(request.scope, request.scope["headers"])
     length = request.headers.get("content-length")
     content: AsyncIterator[bytes] | bytes = b""
     if length is not None:
@@ -239,12 +253,8 @@ async def preview_http(request: Request) -> Response:
     elif "transfer-encoding" in request.headers:
         headers.append((b"transfer-encoding", b"chunked"))
         content = _body(request)
-    url = httpcore.URL(
-        scheme=b"http",
-        host=previews.backend.key_for(sandbox_id, entry.sandbox),
-        port=port,
-        target=_upstream_target(scope),
-    )
+    host = previews.backend.key_for(entry.state.id, entry.sandbox)
+    url = httpcore.URL(scheme=b"http", host=host, port=port, target=target)
     upstream = httpcore.Request(
         request.method, url, headers=headers, content=content, extensions={"timeout": _TIMEOUTS}
     )
@@ -252,17 +262,11 @@ async def preview_http(request: Request) -> Response:
         response = await previews.pool.handle_async_request(upstream)
     except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError) as exc:
         what = "broke the HTTP exchange" if isinstance(exc, httpcore.ProtocolError) else "failed"
-        message = f"port {port} of sandbox {sandbox_id} {what}: {exc}"
+        message = f"port {port} of sandbox {entry.state.id} {what}: {exc}"
         raise ServiceError("backend_unavailable", message, status=502) from exc
-    answer = [(key, value) for key, value in response.headers if key.lower() not in _RESPONSE_DROPPED]
-    token = request.query_params.get("preview_token")
-    if token is not None:  # a browser's first visit: later requests under the port's path carry it
-        path = f"/v1/sandboxes/{sandbox_id}/ports/{port}/" if scope.get("preview_target") is None else "/"
-        answer.append(
-            (b"set-cookie", f"{PREVIEW_COOKIE}={token}; Path={path}; HttpOnly; SameSite=Lax".encode("latin-1"))
-        )
     streamed = StreamingResponse(_relayed(response), status_code=response.status)
-    streamed.raw_headers = [(key.lower(), value) for key, value in answer]
+    kept = [(key.lower(), value) for key, value in response.headers if key.lower() not in _RESPONSE_DROPPED]
+    streamed.raw_headers = kept
     return streamed
 
 

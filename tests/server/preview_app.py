@@ -5,7 +5,9 @@
 - ``POST /echo``: the body's length and SHA-256; ``GET /headers``: the request's headers as JSON;
 - ``GET /sse``: one event, then the rest once ``GET /release`` came (proving the first was not
   held back), then the end;
-- ``GET /ws``: a WebSocket echoing every message (text or binary) until the client closes.
+- ``GET /ws``: a WebSocket echoing every message (text or binary) until the client closes;
+- ``POST /execute``: as the E2B code interpreter's server answers ``{"code": "1+1"}``, NDJSON
+  lines: the code's arithmetic as a result, then the end of the execution.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(404)
 
     def do_POST(self) -> None:
+        if urlsplit(self.path).path == "/execute":
+            self._execute()
+            return
         length = int(self.headers.get("Content-Length", "0"))
         digest, left = hashlib.sha256(), length
         while left:
@@ -65,6 +70,17 @@ class Handler(BaseHTTPRequestHandler):
             digest.update(chunk)
             left -= len(chunk)
         self._answer(json.dumps({"length": length - left, "sha256": digest.hexdigest()}).encode(), "application/json")
+
+    def _execute(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        left, _, right = request["code"].partition("+")
+        lines = [
+            {"type": "stdout", "text": "computing\n", "timestamp": 0},
+            {"type": "result", "text": str(int(left) + int(right)), "is_main_result": True},
+            {"type": "end_of_execution"},
+        ]
+        body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        self._answer(body, "application/x-ndjson")
 
     def _big(self, size: int) -> None:
         self.send_response(200)

@@ -124,9 +124,10 @@ class PreviewAccess:
         sandbox_id: str,
         port: int,
     ) -> tuple[Entry, Tenant]:
-        """The sandbox a preview request may reach, and its tenant: by the request's key when it
-        carries one, else its preview token, else the port being public; ``unauthorized``
-        otherwise, ``not_found`` for a sandbox that is not the tenant's."""
+        """The sandbox a preview request may reach, and whose rate bucket it takes from: by the
+        request's key (its tenant's) when it carries one, else its preview token, else the port
+        being public (a bucket of the tenant's apart: strangers on a shared link cannot spend
+        its API's); ``unauthorized`` otherwise, ``not_found`` for a sandbox not the tenant's."""
         headers = scope["headers"]
         if any(key == b"authorization" for key, _ in headers):
             tenant = request_tenant(auth, scope)
@@ -142,7 +143,8 @@ class PreviewAccess:
                 raise ServiceError("unauthorized", "an API key or a preview token is needed (this port is not public)")
         tenant = Tenant(tenant_id, settings.policy_for(tenant_id))
         scope.setdefault("state", {})["tenant"] = tenant_id
-        return await registry.find(tenant, sandbox_id), tenant
+        entry = await registry.find(tenant, sandbox_id)
+        return entry, Tenant(f"{tenant_id} (previews)", tenant.policy)  # a rate bucket apart from its API's
 
 
 def preview_token_of(scope: Mapping[str, Any]) -> str | None:

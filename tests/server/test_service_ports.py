@@ -249,3 +249,13 @@ def test_the_cli_forwards_a_port_until_interrupted(preview: Preview) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 130
+
+
+def test_token_and_public_requests_take_from_a_bucket_apart_from_the_tenants_api(preview: Preview) -> None:
+    """Strangers on a shared link cannot spend the tenant's own API rate."""
+    buckets = preview.service.app.state.service.limiter._buckets
+    buckets.pop("alice (previews)", None)
+    token = preview.alice.post(f"{preview.base}/tokens", json={}).json()["token"]
+    with preview.anonymous() as browser:
+        assert browser.get(f"{preview.base}/health", headers={"X-Preview-Token": token}).status_code == 200
+    assert "alice (previews)" in buckets

@@ -1,5 +1,5 @@
 """Preview URLs (`sandboxes.server.preview_proxy`): a web app started INSIDE a sandbox (a local
-jail, no network but its loopback) is reached through the service, a real uvicorn on 127.0.0.1,
+jail or a Docker container, no network but its loopback) is reached through the service, a real uvicorn on 127.0.0.1,
 by path and by Host; bodies stream both ways, a WebSocket echoes, server-sent events arrive as
 sent; who may reach it (the key, a preview token, a public port) and who may not."""
 
@@ -14,22 +14,27 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from service_harness import KEYS, ManualClock, Running, create, running, settings_for, start_process
-from support import HAS_BWRAP, needs
+from support import HAS_BWRAP, SESSION_OWNER, needs
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from sandboxes.client import PortUnreachable, SandboxClient
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
 
 APP_PORT = 8000
 DOMAIN = "preview.test"
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
 @dataclass
@@ -47,20 +52,34 @@ class Preview:
         return self.service.client(None)
 
 
-@pytest.fixture(scope="module")
-def preview(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preview]:
-    needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+@pytest.fixture(scope="module", params=["local", "docker"])
+def preview(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preview]:
+    """The app running in a sandbox of the service, on a local jail or in a Docker container."""
+    docker_client = None
+    if request.param == "local":
+        needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+        template: Any = LocalTemplate(default_timeout=30)
+    else:
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template = DockerTemplate(backend="docker", image=image, cpus=1, memory="512m", labels=CLEANUP)
     clock = ManualClock()
-    settings = settings_for(tmp_path_factory.mktemp("ports"), preview_domain=DOMAIN)
-    with running(settings, clock=clock) as service, service.client("alice") as alice:
+    owner = f"{SESSION_OWNER}-ports-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(
+        tmp_path_factory.mktemp("ports"), owner=owner, templates={"default": template}, preview_domain=DOMAIN
+    )
+    with running(settings, clock=clock, docker_client=docker_client) as service, service.client("alice") as alice:
         sandbox = create(alice, template="default")
         app = (Path(__file__).parent / "preview_app.py").read_text()
         upload = {"files": [{"path": f"{sandbox['workdir']}/app.py", "content_b64": _b64(app.encode())}]}
         assert alice.post(f"/v1/sandboxes/{sandbox['id']}/files/upload", json=upload).status_code == 200
         start_process(alice, sandbox["id"], f"exec python3 app.py {APP_PORT}")
         ready = Preview(service, clock, sandbox["id"], alice)
-        _wait_listening(ready)
-        yield ready
+        try:
+            _wait_listening(ready)
+            yield ready
+        finally:
+            alice.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def _b64(data: bytes) -> str:

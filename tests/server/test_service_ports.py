@@ -183,6 +183,8 @@ def test_a_revoked_preview_token_grants_nothing(preview: Preview) -> None:
 def test_a_port_is_public_only_once_made_so(preview: Preview) -> None:
     with preview.anonymous() as stranger:
         assert stranger.get(f"{preview.base}/health").status_code == 401
+        assert stranger.put(preview.base, json={"public": True}).status_code == 401  # the key's alone
+        assert stranger.post(f"{preview.base}/tokens", json={}).status_code == 401
         made = preview.alice.put(preview.base, json={"public": True})
         assert made.json() == {"sandbox_id": preview.sandbox_id, "port": APP_PORT, "public": True}
         assert stranger.get(f"{preview.base}/health").status_code == 200

@@ -46,7 +46,8 @@ def _get(sandbox: Any, path: str) -> bytes:
     return b"".join(parts)
 
 
-def _check(sandbox: Any, directory: str) -> None:
+def check_a_server_answers_through_the_relay(sandbox: Any, directory: str) -> None:
+    """Nothing listens, then a server started in the sandbox answers, blocking and on a loop."""
     with pytest.raises(PortRefused, match=f"nothing listens on port {PORT}"):
         connect_port(sandbox, PORT, timeout=10)
     job_id = _serve(sandbox, directory)
@@ -79,11 +80,11 @@ def docker_sandbox(docker_client: Any, runtime_image: str) -> Iterator[DockerSan
 
 def test_a_server_in_a_local_jail_answers_through_the_relay(jail: LocalSandbox) -> None:
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
-    _check(jail, str(jail.root))
+    check_a_server_answers_through_the_relay(jail, str(jail.root))
 
 
 def test_a_server_in_a_docker_container_answers_through_the_relay(docker_sandbox: DockerSandbox) -> None:
-    _check(docker_sandbox, "/workspace")
+    check_a_server_answers_through_the_relay(docker_sandbox, "/workspace")
 
 
 def test_a_sandbox_without_an_exec_helper_answers_unavailable() -> None:

@@ -129,7 +129,8 @@ class _Service:
     """``python -m sandboxes.server`` on a free loopback port, configured by a JSON file."""
 
     def __init__(self, workdir: Path, backend: str, image: str, owner: str, sandboxes: int, profile: bool,
-                 limits: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 limits: Mapping[str, Any] | None = None, templates: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self.key = "sbx_" + secrets.token_urlsafe(24)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -154,12 +155,12 @@ class _Service:
                     **(limits or {}),
                 }
             },
-            "templates": {"default": template},
+            "templates": {"default": template, **(templates or {})},
             "log_level": "INFO",  # as deployed: one JSON access line per request is part of the cost
         }
         config_path = workdir / "service.json"
         config_path.write_text(json.dumps(config))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}, **(env or {})}
         if self.profile_path is None:
             argv = [sys.executable, "-m", "sandboxes.server", "--config", str(config_path)]
         else:

@@ -56,6 +56,8 @@ __all__ = [
     "API_PREFIX",
     "FILE_OPERATIONS",
     "FILE_RESULTS",
+    "PTY_BEARER_PREFIX",
+    "PTY_SUBPROTOCOL",
     "CreateSandbox",
     "DeleteRequest",
     "DownloadItem",
@@ -68,17 +70,25 @@ __all__ = [
     "GrepRequest",
     "Health",
     "LsRequest",
+    "Overview",
     "PortAccess",
     "PortInfo",
     "PreviewToken",
     "PreviewTokenRequest",
     "ProcessInfo",
+    "PtyControl",
+    "PtyExit",
+    "PtyMessage",
+    "PtySize",
     "ReadRequest",
     "RenewSandbox",
     "SandboxInfo",
     "SandboxList",
     "ServiceErrorCode",
     "StreamEvent",
+    "TemplateInfo",
+    "TemplateList",
+    "TenantUsage",
     "UploadItem",
     "UploadRequest",
     "WireErrorCode",
@@ -406,9 +416,89 @@ class PreviewToken(_Answer):
     """The preview URL's path with the token in its query."""
 
 
+class TemplateInfo(_Answer):
+    """A template a tenant may create sandboxes from (``GET /v1/templates``)."""
+
+    name: str
+    backend: str
+    cpus: float
+    memory: str
+    ttl: float
+
+
+class TemplateList(_Answer):
+    templates: list[TemplateInfo]
+
+
+class TenantUsage(_Answer):
+    """One tenant's sandboxes held by this replica, against its quotas."""
+
+    tenant: str
+    sandboxes: int
+    cpus: float
+    memory: int
+    """Bytes."""
+    max_sandboxes: int
+    max_cpus: float
+    max_memory: int
+    """Bytes."""
+
+
+class Overview(_Answer):
+    """``GET /v1/operator/overview``, for an operator's key only: every tenant's usage, the
+    templates, and the service's health."""
+
+    tenants: list[TenantUsage]
+    templates: list[TemplateInfo]
+    health: Health
+
+
 class Health(_Answer):
     """``GET /healthz`` (``ok``) and ``GET /readyz`` (``ready``, or ``unavailable`` in a 503
     with the ``problems`` found)."""
 
     status: Literal["ok", "ready", "unavailable"]
     problems: list[str] | None = None
+
+
+# ---------------------------------------------------------------------- terminals (WebSocket)
+
+PTY_SUBPROTOCOL = "sandboxes.pty.v1"
+"""The WebSocket subprotocol of ``GET /v1/sandboxes/{id}/pty``, which the service selects."""
+PTY_BEARER_PREFIX = "bearer."
+"""A client that cannot set headers (a browser) offers its API key as the subprotocol
+``bearer.<key>`` beside `PTY_SUBPROTOCOL`; the service never echoes it."""
+
+TerminalSide = Annotated[int, Field(ge=1, le=10000), BeforeValidator(_integral)]
+"""Columns or rows of a terminal."""
+
+
+class PtySize(_Request):
+    """A terminal's size."""
+
+    cols: TerminalSide
+    rows: TerminalSide
+
+
+class PtyControl(_Request):
+    """A text message from a terminal's client: resize it, or kill it (and all it started)."""
+
+    resize: PtySize | None = None
+    kill: bool = False
+
+
+class PtyExit(_Answer):
+    """How a terminal's command ended: its exit code, or the error that ended it (``timeout``,
+    ``connection_lost``)."""
+
+    exit_code: int | None = None
+    error: str | None = None
+    message: str | None = None
+
+
+class PtyMessage(_Answer):
+    """A text message from the service on a terminal's WebSocket: first its ``session`` (to
+    reattach with, ``?session=``), last its ``exit`` (then the socket closes)."""
+
+    session: str | None = None
+    exit: PtyExit | None = None

@@ -164,7 +164,7 @@ def test_a_request_not_written_whole_is_resendable_and_never_runs(stream: _PipeS
 
 def test_a_corrupt_frame_ends_the_stream_instead_of_hanging(stream: _PipeStream) -> None:
     client = MuxClient(stream)
-    stream.send(b"Z" + b"\x00" * 8)  # an unknown frame kind: the helper must hang up
+    stream.send(b"\x7f" + b"\x00" * 8)  # an unknown frame kind (no kind is a control byte): the helper must hang up
     deadline = time.monotonic() + 10
     while client.alive:
         assert time.monotonic() < deadline, "the helper kept waiting on a corrupt stream"

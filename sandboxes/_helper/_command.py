@@ -10,6 +10,7 @@ a command's life is a unit of its own: the loop only hands it events (its output
 stdin writable, its leader exited, a deadline passed) and it decides what they mean.
 """
 
+import marshal
 import os
 import time
 
@@ -63,7 +64,8 @@ class Command(object):
         self.deadline: "float | None" = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         spec_env, self.job_needle = _job_start(spec_env)
-        script = warm_script(spec["command"], spec_env, with_stdin)
+        self.pty = spec.get("pty")  # None, or the size of the terminal it runs on (`_pty`)
+        script = None if self.pty is not None else warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
         self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
@@ -84,15 +86,18 @@ class Command(object):
         else:
             self.marker = spec_env.get(MARKER_ENV) or "%s-%d" % (_session, ident)  # the caller's own, when it gave one
             env = _command_env(spec_env, self.marker)
-            self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
+            if self.pty is not None:
+                self.pid, self.out_fd, self.err_fd, self.in_fd = _on_pty(spec["command"], env, spec_env, self.pty)
+            else:
+                self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends
-        assert self.err_fd is not None
         _poller.register(self.out_fd, _Poller.READ, self.on_output)
-        _poller.register(self.err_fd, _Poller.READ, self.on_stderr)
+        if self.err_fd is not None:  # None on a terminal: stdout and stderr are its one output
+            _poller.register(self.err_fd, _Poller.READ, self.on_stderr)
         _commands[self.ident] = self
 
     def on_output(self, _mask: int) -> None:
@@ -109,7 +114,9 @@ class Command(object):
             return
         try:
             chunk = os.read(fd, 65536)
-        except OSError:
+        except BlockingIOError:  # a terminal's master (non-blocking, as its writes are): nothing yet
+            return
+        except OSError:  # EIO: a terminal's every slave is closed
             chunk = b""
         if chunk:
             send(kind, self.ident, chunk)
@@ -189,7 +196,23 @@ class Command(object):
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
+            if self.pty is not None:  # a job-control shell's jobs are groups of their own
+                from ._pty import kill_session
+
+                kill_session(self.pid)
         kill_marked(self.marker)
+
+    def resize(self, payload: bytes) -> None:
+        """Z: the terminal's new size (``{cols, rows}``, `marshal`'d); nothing for a command
+        without a terminal, or a size that is none."""
+        if self.pty is None or self.out_fd is None:
+            return
+        from ._pty import set_size, size_of
+
+        try:
+            set_size(self.out_fd, size_of(marshal.loads(payload)))  # noqa: S302 (the client's own, `wire_spec`)
+        except (ValueError, EOFError, TypeError, OSError):
+            pass
 
     def expire(self) -> None:
         self.timed_out = True
@@ -246,6 +269,22 @@ class Command(object):
             self.finish()
         elif self.deadline is not None and now >= self.deadline:
             self.expire()
+
+
+def _on_pty(
+    command: str, env: "dict[str, str]", spec_env: "dict[str, str]", size: object
+) -> "tuple[int, int, None, int]":
+    """(pid, output fd, no stderr, stdin fd) of ``command`` on a terminal of ``size`` (`_pty`):
+    its output and its stdin are the one master (stdin a non-blocking duplicate of it, closed
+    apart); ``TERM`` is `_pty.DEFAULT_TERM` unless the request's ``spec_env`` sets one."""
+    from ._pty import DEFAULT_TERM, size_of, spawn_pty
+
+    if "TERM" not in spec_env:
+        env["TERM"] = DEFAULT_TERM
+    pid, master = spawn_pty(command, env, size_of(size))
+    writer = os.dup(master)
+    os.set_blocking(writer, False)
+    return pid, master, None, writer
 
 
 def _job_start(spec_env: "dict[str, str]") -> "tuple[dict[str, str], bytes | None]":

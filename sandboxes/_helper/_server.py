@@ -13,8 +13,10 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     M kill marked ({name, value}: every process of the sandbox whose
                     environment holds name=value, killed by the helper itself),
                     F file op (`_files`: a read or write without a process, its bytes as I/C;
-                    `_search`: a grep or glob, answered whole), G a relay's bytes taken (R with
-                    ``relay: {port}``: a TCP connection inside the sandbox, `_relay`); specs are
+                    `_search`: a grep or glob, answered whole), Z a terminal's new size
+                    (`_pty`: an R spec with ``pty`` runs its command on one), G a relay's bytes
+                    taken (R with ``relay: {port}``: a TCP connection inside the sandbox,
+                    `_relay`); specs are
                     `marshal`'d dicts
   helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
                     counts from here. It goes out with the command's first output or answer,
@@ -111,6 +113,7 @@ from .frames import (
     KILL_MARKED,
     NOT_NATIVE,
     PING,
+    RESIZE,
     RUN,
     STDIN,
 )
@@ -247,6 +250,8 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command.feed(None)
     elif kind == KILL:
         command.stop()
+    elif kind == RESIZE:
+        command.resize(payload)
 
 
 def _open_relay(ident: int, spec: "dict[str, Any]") -> None:

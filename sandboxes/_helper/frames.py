@@ -23,11 +23,14 @@ KILL_MARKED = b"M"
 """Kill every process of the sandbox carrying a marker (``{name, value}``, `marshal`'d)."""
 FILE_OP = b"F"
 """A file op without a process (``{"op": [name, args...]}``, `marshal`'d)."""
+RESIZE = b"Z"
+"""A terminal's new size (``{cols, rows}``, `marshal`'d) for a command started on one (``pty``
+in its spec: `_pty`); nothing for another command."""
 GRANT = b"G"
 """A relayed connection's bytes taken (4 bytes, big endian): from the client, what its consumer
 took of the helper's O frames; from the helper, what it wrote to the socket of the client's I
 frames, and first the window the client may send ahead once connected (`_relay`)."""
-CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + GRANT
+CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + RESIZE + GRANT
 """Every kind a client sends: anything else is a corrupt stream."""
 
 # helper -> client

@@ -249,6 +249,11 @@ class CommandsOnHelper(FileOpsOnHelper):
             return out_of_memory(response, self._memory_limit)
         return response
 
+    def command_context(self) -> tuple[dict[str, str], str]:
+        """(environment, working directory) a command that names neither starts with: the
+        config's (`sandboxes.terminal.HasCommandContext`)."""
+        return dict(self.config.env), self.config.workdir
+
     def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
         """``run`` on the helper, else `_run_alone`. A transport whose helper's start fails in
         its own words too wraps this, to answer for both."""

@@ -7,8 +7,8 @@ rooted at ``--root``) and a remote one (``--sandbox ID`` of the service at ``--u
 a `SandboxBackendProtocol`.
 
 Mode: ``--url`` or ``--sandbox`` means the service, ``--root`` a local sandbox; with neither,
-``SANDBOXES_URL`` in the environment means the service, else local. ``create``, ``rm`` and ``cp``
-only exist against a service; ``serve`` runs one.
+``SANDBOXES_URL`` in the environment means the service, else local. ``create``, ``rm``, ``cp``
+and ``mcp`` (an MCP server on stdio) only exist against a service; ``serve`` runs one.
 
 Exit status: 0 on success, 1 when the backend or the service reports an error (``error: <code>:
 <message>`` on stderr), 2 for usage errors; ``exec`` exits with the command's own status (124 on
@@ -104,6 +104,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return remote.cmd_cp(args)
     if args.kind == "ports":
         return remote.cmd_ports_forward(args)
+    if args.kind == "mcp":
+        return remote.cmd_mcp(args)
     if args.kind == "service":
         with remote.connect(args) as client:
             code = args.handler(args, client)
@@ -225,6 +227,15 @@ def _add_service_commands(
         help="run again with the same KEY (and options), answer the sandbox it made while that lives "
         "instead of making another (default: a fresh key, the same for this command's retries)",
     )
+
+    def shell(*args: Any) -> int:
+        from sandboxes.cli.shell import cmd_shell
+
+        return cmd_shell(*args)
+
+    cmd = add("shell", shell, "an interactive terminal in a sandbox of the service (like docker exec -it)", "service")
+    cmd.add_argument("target", metavar="SANDBOX", help="the sandbox's id")
+    cmd.add_argument("-c", "--command", default=None, help="what to run (default: a login shell, bash -i -l)")
     cmd = add("rm", lazy("cmd_rm"), "delete sandboxes of the service, and everything in them", "service")
     cmd.add_argument("ids", nargs="+", metavar="ID")
     cmd.add_argument("-f", "--force", action="store_true", help="an id that does not exist is not an error")
@@ -247,6 +258,13 @@ def _add_service_commands(
     forward.add_argument("ports_port", type=int, metavar="PORT")
     forward.add_argument(
         "--local-port", type=int, default=None, help="the local port (default: PORT, else any free one)"
+    )
+    add(
+        "mcp",
+        None,
+        "serve the service's sandboxes to an agent as an MCP server on stdin and stdout "
+        "(--sandbox ID: the sandbox calls act on when they name none)",
+        "mcp",
     )
 
 

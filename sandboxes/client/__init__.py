@@ -16,6 +16,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
 from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
+from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
 from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
 from sandboxes.client._wire import ClientConfig, ProcessStatus
 from sandboxes.client.errors import (
@@ -36,6 +37,7 @@ from sandboxes.client.remote import RemoteSandbox
 __all__ = [
     "AsyncCommandStream",
     "AsyncPortConnection",
+    "AsyncRemoteTerminal",
     "AsyncSandboxClient",
     "BackendUnavailable",
     "ClientConfig",
@@ -52,6 +54,7 @@ __all__ = [
     "QuotaExceeded",
     "RateLimited",
     "RemoteSandbox",
+    "RemoteTerminal",
     "SandboxClient",
     "SandboxInfo",
     "SandboxServiceError",

@@ -44,6 +44,7 @@ from sandboxes.client._bulk import (
 )
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward
+from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal, aopen_pty, open_pty
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Sandbox
@@ -256,6 +257,22 @@ class RemoteSandbox(Sandbox):
     async def akill_stream(self, command_id: str) -> p.ExecuteResponse:
         """`kill_stream`'s async twin."""
         return await self._async().call(_ops.kill_stream(self._id, command_id))
+
+    # ------------------------------------------------------------------ terminals
+
+    def pty(
+        self, cols: int = 80, rows: int = 24, command: str | None = None, *, session: str | None = None
+    ) -> RemoteTerminal:
+        """A terminal in the sandbox running ``command`` (a login shell by default), or the
+        one of ``session`` reattached (its scrollback first); `pydantic.ValidationError` for
+        a size out of bounds."""
+        return open_pty(self.config, self._id, api.PtySize(cols=cols, rows=rows), command, session)
+
+    async def apty(
+        self, cols: int = 80, rows: int = 24, command: str | None = None, *, session: str | None = None
+    ) -> AsyncRemoteTerminal:
+        """`pty` on an event loop."""
+        return await aopen_pty(self.config, self._id, api.PtySize(cols=cols, rows=rows), command, session)
 
     # ------------------------------------------------------------------ background processes
 

@@ -28,6 +28,9 @@ class DockerTemplate(TemplateConfig):
     persistent volume on the engine's disk, unbounded."""
     labels: dict[str, str] = Field(default_factory=dict)
     """The operator's own labels on every container and volume of the template."""
+    workdir: str = "/workspace"
+    """Where the workspace is mounted, and where commands start (``/home/user`` for the
+    ``sandboxes/e2b`` image, as E2B's ``base`` template runs them)."""
 
     @field_validator("disk")
     @classmethod
@@ -45,6 +48,7 @@ class DockerTemplate(TemplateConfig):
             disk=self.disk,
             env=self.env,
             labels=self.labels,
+            workdir=self.workdir,
             ttl=self.ttl if context.own_expiry else None,
             default_timeout=self.default_timeout,
             output_limit=context.output_limit,

@@ -278,6 +278,13 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
+    def command_context(self) -> tuple[dict[str, str], str]:
+        """(environment, working directory) a command that names neither starts with
+        (`sandboxes.terminal.HasCommandContext`): the jail's root, and the config's env over
+        a PATH, HOME and LANG of the jail's."""
+        env = {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
+        return env, str(self.root)
+
     def execute_streaming(
         self,
         command: str,
@@ -292,14 +299,9 @@ class LocalSandbox(FileOpsOnHelper, Sandbox):
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
         on_output = as_output_hook(on_output)
-        workdir = cwd or str(self.root)
-        environment = {
-            "PATH": _DEFAULT_PATH,
-            "HOME": str(self.root),
-            "LANG": "C.UTF-8",
-            **self.config.env,
-            **(env or {}),
-        }
+        base_env, root = self.command_context()
+        workdir = cwd or root
+        environment = {**base_env, **(env or {})}
         if not self._host_view(workdir).is_dir():
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")

@@ -17,9 +17,9 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -30,10 +30,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import responses
+from sandboxes.server import operator, responses
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
+from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.e2b.tokens import kept_secret
 from sandboxes.server.errors import ServiceError
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MCP_PATH = "/mcp"
+"""Where the service serves MCP over streamable HTTP when ``settings.mcp`` is on (`sandboxes.mcp.mount`)."""
 
 
 class BodyTooLarge(HTTPException):
@@ -68,6 +71,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+    mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
     previews = service.previews = Previews(PreviewAccess(secret, clock))
 
@@ -82,7 +86,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         await registry.start()
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
-            yield
+            async with mcp_sessions():
+                yield
         finally:
             await previews.aclose()
             await registry.close()
@@ -101,7 +106,14 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.router.routes.extend([*hot_routes(), *router.routes, *ports.routes, *health.routes])  # one table, no nesting
+    app.router.routes.extend(operator.router.routes)
     mount_e2b(app)  # the E2B-compatible API under /e2b
+    if settings.console:
+        mount_console(app)
+    if settings.mcp:
+        from sandboxes.mcp import mount as mount_mcp  # the mcp extra, only when asked for
+
+        mcp_sessions = mount_mcp(app)  # MCP over streamable HTTP at /mcp, calling this app as its caller
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)
@@ -256,9 +268,13 @@ class _RequestMiddleware:
             REQUEST_ID.reset(token)
 
     def _needs_key(self, path: str) -> bool:
-        """Every ``/v1`` route but the OpenAPI description; ``/metrics`` unless configured open."""
-        if path.startswith(f"{api.API_PREFIX}/"):  # a preview path checks its key, token or publicity itself
+        """Every ``/v1`` route but the OpenAPI description and the preview paths (which check
+        their key, token or publicity themselves); ``/mcp`` when served; ``/metrics`` unless
+        configured open."""
+        if path.startswith(f"{api.API_PREFIX}/"):
             return path != f"{api.API_PREFIX}/openapi.json" and not PREVIEW_PATH.match(path)
+        if path.rstrip("/") == MCP_PATH:
+            return self.service.settings.mcp
         return path == "/metrics" and self.service.settings.metrics_access == "key"
 
 

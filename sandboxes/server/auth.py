@@ -21,6 +21,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxes.api import PTY_BEARER_PREFIX
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.settings import ServiceSettings, TenantPolicy
 
@@ -81,6 +82,21 @@ def request_tenant(auth: Authenticator, scope: MutableMapping[str, Any]) -> Tena
         return tenant
     header = next((value for key, value in scope["headers"] if key == b"authorization"), None)
     tenant = auth.authenticate(None if header is None else header.decode("latin-1"))
+    state[AUTHENTICATED] = tenant
+    state["tenant"] = tenant.id
+    return tenant
+
+
+def websocket_tenant(auth: Authenticator, scope: MutableMapping[str, Any]) -> Tenant:
+    """The tenant of a WebSocket request: its ``Authorization`` header, else the key a client
+    that cannot set headers (a browser) offers as a ``bearer.<key>`` subprotocol; never the
+    URL's query, which logs and proxies keep."""
+    header = next((value.decode("latin-1") for key, value in scope["headers"] if key == b"authorization"), None)
+    if header is None:
+        offered = [name for name in scope.get("subprotocols", ()) if name.startswith(PTY_BEARER_PREFIX)]
+        header = f"Bearer {offered[0][len(PTY_BEARER_PREFIX) :]}" if offered else None
+    tenant = auth.authenticate(header)
+    state = scope.setdefault("state", {})
     state[AUTHENTICATED] = tenant
     state["tenant"] = tenant.id
     return tenant

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import pydantic_core
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, WebSocket
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -45,6 +45,7 @@ from sandboxes.server.responses import JSON, json_response, parse_json_off_loop,
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
+from sandboxes.server.terminals import Terminals, serve_pty
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +71,8 @@ class Service:
     """Streamed commands, to re-attach to."""
     readers: Readers = field(default_factory=Readers)
     """Re-attached streams open, per tenant (at most its ``max_commands``)."""
+    terminals: Terminals = field(default_factory=Terminals)
+    """Terminal sessions (``/pty``), to reattach to."""
     previews: Previews | None = None
     """The preview plane (`sandboxes.server.preview_proxy`); set by the app."""
 
@@ -226,7 +229,15 @@ _FAILURES = {
     503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
     507: "The sandbox's disk is full (`no_space`)",
 }
-router = APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
+
+
+def api_router() -> APIRouter:
+    """A router for the service's public API (this module's `router`, and modules that add
+    to it): its prefix, its route class and its documented failures."""
+    return APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
+
+
+router = api_router()
 health = APIRouter()
 
 
@@ -380,6 +391,12 @@ async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:
     headers = {"X-Accel-Buffering": "no"}
     return StreamingResponse(events, media_type="application/x-ndjson", headers=headers, background=background)
+
+
+@router.websocket("/sandboxes/{sandbox_id}/pty")
+async def pty(websocket: WebSocket, sandbox_id: str) -> None:
+    """A terminal in the sandbox over a WebSocket (`sandboxes.server.terminals`)."""
+    await serve_pty(websocket.app.state.service, websocket, sandbox_id)
 
 
 @router.post("/sandboxes/{sandbox_id}/processes", status_code=202, response_model=api.ProcessInfo)

@@ -195,6 +195,11 @@ class SSHSandbox(StreamingSandbox, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
+    def command_context(self) -> tuple[dict[str, str], str]:
+        """(environment, working directory) a command that names neither starts with
+        (`sandboxes.terminal.HasCommandContext`): the config's env, the workspace."""
+        return dict(self.config.env or {}), self.workspace
+
     def execute_streaming(
         self,
         command: str,

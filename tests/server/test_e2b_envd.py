@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -20,42 +19,21 @@ from e2b import (
     InvalidArgumentException,
     NotFoundException,
     Sandbox,
-    SandboxException,
 )
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from e2b_harness import opts, service_fixture
+from service_harness import Running, running, settings_for
+from support import HAS_BWRAP, needs
 
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 HOSTILE = 'a b\'$(touch pwned)`touch pwned2`;"x"\n*'
 """A name every shell would read as syntax; it must arrive as a name and nothing else."""
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2bfs-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("e2bfs"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
-
-
-def _opts(service: Running) -> dict[str, Any]:
-    return {"api_key": KEYS["alice"], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+service = service_fixture("e2bfs")
 
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**_opts(service))
+    created = Sandbox.create(**opts(service))
     yield created
     created.kill()
 
@@ -128,7 +106,7 @@ def test_hostile_names_are_names(sandbox: Sandbox) -> None:
 
 
 async def test_the_async_sdk_reaches_the_same_rpcs(service: Running) -> None:
-    created = await AsyncSandbox.create(**_opts(service))
+    created = await AsyncSandbox.create(**opts(service))
     try:
         assert await created.files.make_dir("d/e") is True
         await created.files.write("d/e/f.txt", "abc")
@@ -169,13 +147,11 @@ def test_a_background_command_is_reattached_by_pid_from_several_connections(sand
     with pytest.raises(NotFoundException):
         sandbox.commands.connect(999_999)
     running = sandbox.commands.run("sleep 30", background=True)
-    with pytest.raises(SandboxException, match="UNIMPLEMENTED"):  # stdin is not served (docs/e2b.md)
-        running.send_stdin("x")
     assert running.kill() is True
 
 
 async def test_the_async_sdk_reattaches_and_kills(service: Running) -> None:
-    created = await AsyncSandbox.create(**_opts(service))
+    created = await AsyncSandbox.create(**opts(service))
     try:
         gate = f"/tmp/gate-{uuid.uuid4().hex[:8]}"
         handle = await created.commands.run(_GATED.format(gate=gate), background=True)
@@ -204,14 +180,34 @@ def test_access_tokens_survive_a_restart_of_the_service(
     monkeypatch.delenv("SANDBOXES_E2B_TOKEN_SECRET", raising=False)
     settings = settings_for(tmp_path_factory.mktemp("e2b-restart"))
     with running(settings) as first:
-        created = Sandbox.create(timeout=600, **_opts(first))
+        created = Sandbox.create(timeout=600, **opts(first))
         token = created.connection_config.sandbox_headers["X-Access-Token"]
     with running(settings) as second:
         headers = {"E2b-Sandbox-Id": created.sandbox_id, "X-Access-Token": token}
         assert httpx.get(f"{second.url}/e2b/envd/health", headers=headers).status_code == 204
-        again = Sandbox.connect(created.sandbox_id, **_opts(second))
+        again = Sandbox.connect(created.sandbox_id, **opts(second))
         try:
             assert again.connection_config.sandbox_headers["X-Access-Token"] == token
             assert again.commands.run("echo back").stdout == "back\n"
         finally:
             again.kill()
+
+
+def test_multipart_uploads_name_their_files_and_malformed_ones_are_refused(service: Running, sandbox: Sandbox) -> None:
+    url = f"{service.url}/e2b/envd/files"
+    headers = sandbox.connection_config.sandbox_headers | {"E2b-Sandbox-Id": sandbox.sandbox_id}
+    files = [("file", ("/tmp/mp/one.txt", b"1")), ("file", ("/tmp/mp/two.bin", b"\x00\xff"))]
+    written = httpx.post(url, files=files, headers=headers)
+    assert [entry["path"] for entry in written.json()] == ["/tmp/mp/one.txt", "/tmp/mp/two.bin"]
+    assert bytes(sandbox.files.read("/tmp/mp/two.bin", format="bytes")) == b"\x00\xff"
+    nameless = [("file", (None, b"no filename"))]
+    plain = httpx.post(url, params={"path": "/tmp/mp/plain.txt"}, files=nameless, headers=headers)
+    assert plain.status_code == 200, plain.text
+    assert sandbox.files.read("/tmp/mp/plain.txt") == "no filename"
+    both = httpx.post(url, params={"path": "/tmp/mp/x"}, files=files, headers=headers)
+    assert (both.status_code, both.json()["code"]) == (400, 400)
+    broken = {**headers, "Content-Type": "multipart/form-data; boundary=xyz"}
+    refused = httpx.post(url, content=b"--xyz\r\nContent-Disposition: form-data; name=file", headers=broken)
+    assert (refused.status_code, refused.json()["code"]) == (400, 400)
+    unnamed = httpx.post(url, files=[("file", ("", b"data"))], headers=headers)
+    assert (unnamed.status_code, unnamed.json()["code"]) == (400, 400)

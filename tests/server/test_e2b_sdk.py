@@ -24,39 +24,16 @@ from e2b import (
     SandboxQuery,
     TimeoutException,
 )
+from e2b_harness import opts, service_fixture
 from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from support import HAS_BWRAP, needs
 
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
-
-
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2b-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("e2b"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
-
-
-def _opts(service: Running, tenant: str = "alice") -> dict[str, Any]:
-    """What ``E2B_API_KEY``, ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` would say."""
-    return {"api_key": KEYS[tenant], "api_url": f"{service.url}/e2b", "sandbox_url": f"{service.url}/e2b/envd"}
+service = service_fixture("e2b")
 
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**_opts(service))
+    created = Sandbox.create(**opts(service))
     yield created
     created.kill()
 
@@ -85,8 +62,8 @@ def test_files_are_written_and_read_as_text_and_bytes(sandbox: Sandbox) -> None:
 
 
 def test_a_sandbox_is_listed_timed_and_killed(service: Running) -> None:
-    opts = _opts(service)
-    created = Sandbox.create(metadata={"case": "lifecycle"}, timeout=120, **opts)
+    options = opts(service)
+    created = Sandbox.create(metadata={"case": "lifecycle"}, timeout=120, **options)
     try:
         info = created.get_info()
         assert info.template_id == "base"
@@ -95,32 +72,32 @@ def test_a_sandbox_is_listed_timed_and_killed(service: Running) -> None:
         created.set_timeout(600)
         assert abs((created.get_info().end_at - datetime.now(UTC)).total_seconds() - 600) < 30
         query = SandboxQuery(metadata={"case": "lifecycle"})
-        assert [s.sandbox_id for s in Sandbox.list(query=query, **opts).next_items()] == [created.sandbox_id]
+        assert [s.sandbox_id for s in Sandbox.list(query=query, **options).next_items()] == [created.sandbox_id]
         assert created.is_running()
     finally:
         assert created.kill() is True
     assert not created.is_running()  # envd answers 502 for a killed sandbox
     with pytest.raises(SandboxNotRunningException):
         created.commands.run("echo too late")
-    assert Sandbox.kill(created.sandbox_id, **opts) is False
+    assert Sandbox.kill(created.sandbox_id, **options) is False
     with pytest.raises(SandboxNotFoundException):
-        Sandbox.get_info(created.sandbox_id, **opts)
+        Sandbox.get_info(created.sandbox_id, **options)
 
 
 def test_the_list_pages_with_a_next_token_newest_first(service: Running) -> None:
-    opts, tag = _opts(service), uuid.uuid4().hex[:8]
-    made = [Sandbox.create(metadata={"page": tag}, **opts) for _ in range(3)]
+    options, tag = opts(service), uuid.uuid4().hex[:8]
+    made = [Sandbox.create(metadata={"page": tag}, **options) for _ in range(3)]
     try:
-        paginator = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), limit=2, **opts)
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), limit=2, **options)
         first = paginator.next_items()
         assert paginator.has_next
         second = paginator.next_items()
         assert not paginator.has_next
         assert [s.sandbox_id for s in first + second] == [s.sandbox_id for s in reversed(made)]
-        oldest = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), order="asc", limit=1, **opts).next_items()
+        oldest = Sandbox.list(query=SandboxQuery(metadata={"page": tag}), order="asc", limit=1, **options).next_items()
         assert [s.sandbox_id for s in oldest] == [made[0].sandbox_id]
         since = SandboxQuery(metadata={"page": tag}, started_after=made[1].get_info().started_at)
-        assert {s.sandbox_id for s in Sandbox.list(query=since, **opts).next_items()} == {
+        assert {s.sandbox_id for s in Sandbox.list(query=since, **options).next_items()} == {
             s.sandbox_id for s in made[1:]
         }
     finally:
@@ -129,7 +106,7 @@ def test_the_list_pages_with_a_next_token_newest_first(service: Running) -> None
 
 
 async def test_the_async_sdk_runs_commands_and_files(service: Running) -> None:
-    created = await AsyncSandbox.create(**_opts(service))
+    created = await AsyncSandbox.create(**opts(service))
     try:
         result = await created.commands.run("echo hi; echo err >&2")
         assert (result.stdout, result.stderr) == ("hi\n", "err\n")
@@ -137,7 +114,7 @@ async def test_the_async_sdk_runs_commands_and_files(service: Running) -> None:
             await created.commands.run("exit 7")
         await created.files.write("a.bin", b"\x00\xff")
         assert bytes(await created.files.read("a.bin", format="bytes")) == b"\x00\xff"
-        assert created.sandbox_id in [s.sandbox_id for s in await AsyncSandbox.list(**_opts(service)).next_items()]
+        assert created.sandbox_id in [s.sandbox_id for s in await AsyncSandbox.list(**opts(service)).next_items()]
     finally:
         assert await created.kill() is True
     assert not await created.is_running()
@@ -145,7 +122,7 @@ async def test_the_async_sdk_runs_commands_and_files(service: Running) -> None:
 
 def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: Running, sandbox: Sandbox) -> None:
     before = sandbox.get_info().end_at
-    again = Sandbox.connect(sandbox.sandbox_id, timeout=1, **_opts(service))
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=1, **opts(service))
     assert again.commands.run("echo back").stdout == "back\n"
     assert sandbox.get_info().end_at == before
     assert again.is_running()
@@ -157,7 +134,7 @@ def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running,
     with pytest.raises(SandboxException, match="UNIMPLEMENTED"):
         sandbox.files.watch_dir("/tmp")
     with pytest.raises(SandboxException, match="unknown template 'nope'"):
-        Sandbox.create("nope", **_opts(service))
+        Sandbox.create("nope", **opts(service))
     with pytest.raises(FileNotFoundException):
         sandbox.files.read("/no/such/file")
     with pytest.raises(TimeoutException):
@@ -166,9 +143,9 @@ def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running,
 
 def test_an_idempotency_key_makes_one_sandbox(service: Running) -> None:
     key = uuid.uuid4().hex
-    first = Sandbox.create(idempotency_key=key, **_opts(service))
+    first = Sandbox.create(idempotency_key=key, **opts(service))
     try:
-        assert Sandbox.create(idempotency_key=key, **_opts(service)).sandbox_id == first.sandbox_id
+        assert Sandbox.create(idempotency_key=key, **opts(service)).sandbox_id == first.sandbox_id
     finally:
         first.kill()
 
@@ -182,7 +159,10 @@ _ALICES = {
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
-_ENVD |= {("POST", f"/e2b/envd/process.Process/{rpc}") for rpc in ("Start", "Connect", "List", "SendSignal")}
+_ENVD |= {
+    ("POST", f"/e2b/envd/process.Process/{rpc}")
+    for rpc in ("Start", "Connect", "List", "SendSignal", "SendInput", "StreamInput", "CloseStdin", "Update")
+}
 _ENVD |= {
     ("POST", f"/e2b/envd/filesystem.Filesystem/{rpc}") for rpc in ("Stat", "ListDir", "MakeDir", "Move", "Remove")
 }
@@ -216,14 +196,14 @@ def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Runni
             url = service.url + path.format(sandbox_id=sandbox_id)
             answer = httpx.request(method, url, json=body, headers=headers)
             assert (answer.status_code, answer.json()["code"]) == (404, 404), (method, path, answer.text)
-    assert Sandbox.kill(sandbox.sandbox_id, **_opts(service, "bob")) is False
+    assert Sandbox.kill(sandbox.sandbox_id, **opts(service, "bob")) is False
     with pytest.raises(SandboxNotFoundException):
-        Sandbox.connect(sandbox.sandbox_id, **_opts(service, "bob"))
+        Sandbox.connect(sandbox.sandbox_id, **opts(service, "bob"))
     stranger = httpx.post(f"{service.url}/e2b/sandboxes/{sandbox.sandbox_id}/pause", json={})
     assert stranger.status_code == 401
-    theirs = Sandbox.create(**_opts(service, "bob"))
+    theirs = Sandbox.create(**opts(service, "bob"))
     try:
-        assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**_opts(service, "bob")).next_items()]
+        assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**opts(service, "bob")).next_items()]
         token = theirs.connection_config.sandbox_headers["X-Access-Token"]
         for method, path in sorted(_ENVD):
             url = service.url + path.replace("{rest:path}", "filesystem.Filesystem/WatchDir")
@@ -259,7 +239,7 @@ def test_a_commands_output_is_bounded_by_the_services_limit(tmp_path_factory: py
     needs(HAS_BWRAP, "bubblewrap is not installed")
     settings = settings_for(tmp_path_factory.mktemp("e2b-bounded"), max_output_bytes=5000)
     with running(settings) as bounded:
-        created = Sandbox.create(**_opts(bounded))
+        created = Sandbox.create(**opts(bounded))
         try:
             result = created.commands.run("head -c 200000 /dev/zero | tr '\\0' x; echo; echo done >&2")
             assert len(result.stdout) == 5000  # the first 5000 bytes, the rest not sent

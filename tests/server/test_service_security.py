@@ -225,6 +225,8 @@ _NO_SANDBOX_IN_PATH = {
     ("GET", "/healthz"): "liveness, no tenant data",
     ("GET", "/readyz"): "readiness, no tenant data",
     ("GET", "/metrics"): "aggregate counters, no sandbox ids (an operator's, see test_health_needs_no_key_metrics_do)",
+    ("GET", "/v1/templates"): "the service's templates, the same for every tenant",
+    ("GET", "/v1/operator/overview"): "every tenant's usage, for an operator's key only (sandboxes.server.operator)",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 
@@ -271,6 +273,7 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         },
         (_WEBSOCKET, "/ports/{port}/{path}"): ({}, None),
         (_WEBSOCKET, "/ports/{port}/connect"): ({}, None),
+        (_WEBSOCKET, "/pty"): ({}, None),
     }
 
 

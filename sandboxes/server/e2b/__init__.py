@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandboxes.server.e2b import control, envd, filesystem, process
+from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin
 from sandboxes.server.e2b.common import PREFIX, E2BState
 from sandboxes.server.e2b.ports import EnvdPortRoute
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
@@ -21,6 +21,13 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     secret = signing_secret(settings, app.state.service.settings.data_dir)
     app.state.e2b = E2BState(settings, TokenSigner(secret))
     app.router.routes.extend(
-        [*envd.router.routes, *filesystem.router.routes, *process.router.routes, *control.router.routes]
+        [
+            *envd.router.routes,
+            *filesystem.router.routes,
+            *stdin.router.routes,
+            *pty.router.routes,
+            *process.router.routes,
+            *control.router.routes,
+        ]
     )  # no nesting
     app.router.routes.insert(0, EnvdPortRoute())  # a sandbox's other ports, whatever their paths

@@ -28,10 +28,11 @@ PREFIX = "/e2b"
 """Where the control plane is served; the envd plane is under `ENVD_PREFIX`."""
 ENVD_PREFIX = f"{PREFIX}/envd"
 
-ENVD_VERSION = "0.4.0"
+ENVD_VERSION = "0.5.2"
 """The envd version advertised: the SDK then sends no user (the template's applies), and
-multipart uploads; features the SDK gates behind later versions (octet-stream uploads,
-close_stdin, file metadata) are refused by the SDK itself rather than failing here."""
+multipart uploads, and closes a command's stdin (0.5.2); features the SDK gates behind later
+versions (octet-stream uploads, file metadata) are refused by the SDK itself rather than
+failing here."""
 
 
 @dataclass

@@ -9,12 +9,23 @@ import json
 import struct
 from typing import Any
 
-__all__ = ["ConnectError", "end_of_stream", "envelope", "read_envelope"]
+__all__ = ["HTTP_STATUS", "ConnectError", "end_of_stream", "envelope", "parse_message", "read_envelope"]
 
 _HEADER = struct.Struct(">BI")
 _COMPRESSED = 0x01
 _END_STREAM = 0x02
 STREAM_MEDIA_TYPE = "application/connect+json"
+
+HTTP_STATUS = {
+    "invalid_argument": 400,
+    "failed_precondition": 400,
+    "not_found": 404,
+    "resource_exhausted": 429,
+    "unimplemented": 501,
+    "unavailable": 503,
+    "deadline_exceeded": 504,
+}
+"""The HTTP status of a unary call that fails with a Connect code (Connect's own mapping)."""
 
 
 class ConnectError(Exception):
@@ -41,12 +52,17 @@ def read_envelope(body: bytes) -> dict[str, Any]:
     if len(body) < _HEADER.size:
         raise ConnectError("invalid_argument", "the request is not a Connect envelope")
     flags, length = _HEADER.unpack_from(body)
-    if flags & _COMPRESSED:
-        raise ConnectError("unimplemented", "compressed messages are not supported")
     if length != len(body) - _HEADER.size:
         raise ConnectError("invalid_argument", "the envelope's length does not match the request body")
+    return parse_message(flags, body[_HEADER.size :])
+
+
+def parse_message(flags: int, data: bytes) -> dict[str, Any]:
+    """One envelope's JSON message (its ``flags`` and the bytes after its header)."""
+    if flags & _COMPRESSED:
+        raise ConnectError("unimplemented", "compressed messages are not supported")
     try:
-        message = json.loads(body[_HEADER.size :])
+        message = json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ConnectError("invalid_argument", "the message is not JSON") from exc
     if not isinstance(message, dict):

@@ -8,13 +8,11 @@ from __future__ import annotations
 import functools
 import posixpath
 from collections.abc import Callable
-from email import policy
-from email.message import EmailMessage
-from email.parser import BytesParser
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.formparsers import MultiPartException
 
 from sandboxes import protocol as p
 from sandboxes.server.auth import Tenant
@@ -27,6 +25,8 @@ __all__ = ["access", "in_lane", "router"]
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
 ENVD_PORT = "49983"
+MAX_FILES = 1000
+"""The most parts a multipart upload may have (Starlette's default)."""
 _T = TypeVar("_T")
 
 
@@ -114,12 +114,11 @@ async def write_files(request: Request, path: str | None = None) -> Response:
     """Multipart (field ``file``, its filename the path unless ``?path=`` names the one file)
     or one ``application/octet-stream`` body to ``?path=``; parent directories are created."""
     entry = await access(request)
-    body = await request.body()
     media = request.headers.get("content-type", "")
     if media.startswith("multipart/form-data"):
-        files = _multipart(media, body, path)
+        files = await _multipart(request, path)
     elif media.startswith("application/octet-stream"):
-        files = [(path or "", body)]
+        files = [(path or "", await request.body())]
     else:
         raise ServiceError("invalid_request", f"unsupported Content-Type {media!r}", status=400)
     files = [(_absolute(entry, name), data) for name, data in files]
@@ -133,21 +132,27 @@ async def write_files(request: Request, path: str | None = None) -> Response:
     return JSONResponse(answer)
 
 
-def _multipart(media: str, body: bytes, path: str | None) -> list[tuple[str, bytes]]:
-    head = f"Content-Type: {media}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
-    message = BytesParser(policy=policy.HTTP).parsebytes(head + body)
-    if not isinstance(message, EmailMessage) or not message.is_multipart():
-        raise ServiceError("invalid_request", "malformed multipart body", status=400)
-    parts = [part for part in message.iter_parts() if part.get_param("name", header="content-disposition") == "file"]
-    if path is not None and len(parts) != 1:
-        raise ServiceError("invalid_request", "?path= names one file, the body has several", status=400)
-    files: list[tuple[str, bytes]] = []
-    for part in parts:
-        name = path if path is not None else part.get_filename()
-        data = part.get_payload(decode=True)
-        if not name or not isinstance(data, bytes):
-            raise ServiceError("invalid_request", "a file part without a path", status=400)
-        files.append((name, data))
+async def _multipart(request: Request, path: str | None) -> list[tuple[str, bytes]]:
+    """The ``file`` parts of a multipart body, each with its path (its filename, or ``path``)."""
+    try:
+        form = await request.form(max_files=MAX_FILES, max_fields=MAX_FILES)
+    except (MultiPartException, AssertionError) as exc:
+        raise ServiceError("invalid_request", f"malformed multipart body: {exc}", status=400) from exc
+    try:
+        parts = form.getlist("file")
+        if path is not None and len(parts) != 1:
+            raise ServiceError("invalid_request", "?path= names one file, the body has several", status=400)
+        files: list[tuple[str, bytes]] = []
+        for part in parts:
+            if isinstance(part, str):  # a part without a filename
+                name, data = path, part.encode("utf-8")
+            else:
+                name, data = path if path is not None else part.filename, await part.read()
+            if not name:
+                raise ServiceError("invalid_request", "a file part without a path", status=400)
+            files.append((name, data))
+    finally:
+        await form.close()
     if not files:
         raise ServiceError("invalid_request", "no file part in the multipart body", status=400)
     return files

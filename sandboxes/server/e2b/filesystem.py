@@ -59,6 +59,10 @@ LIST = r"""if [ ! -d "$1" ]; then
   why "$1"; exit "$c"
 fi
 cd -P -- "$1" 2>/dev/null || exit 12
+if find . -maxdepth 0 -printf "" 2>/dev/null; then
+  find . -mindepth 1 -maxdepth "$2" -printf "=%y%m %s %T@ %U %G %u %g\n%p\0" 2>/dev/null
+  exit 0
+fi
 find . -mindepth 1 -maxdepth "$2" -exec sh -c '
 F="%f %s %Y %u %g %U %G"
 s=$(stat -c "$F" -- "$@" 2>/dev/null)
@@ -71,8 +75,11 @@ fi' sh {} + 2>/dev/null
 exit 0
 """
 """Each entry under ``$1`` (followed if a link) down to depth ``$2``, not following links: its
-stat line (as `_ENTRY`'s), a newline, its path relative to ``$1`` (``./a/b``), a NUL. One
-``stat`` per batch of ``find``'s; a batch in which an entry vanished is stat-ed one by one."""
+stat line, a newline, its path relative to ``$1`` (``./a/b``), a NUL. A ``find`` that prints
+(GNU's) writes each line itself, in one process: ``=``, the type letter and the octal
+permissions, then as `_ENTRY`'s (mtime with a fraction); another's entries are stat-ed, one
+``stat`` per batch of ``find``'s (a batch in which an entry vanished, one by one), in
+`_ENTRY`'s format."""
 
 MAKE_DIR = r"""if [ -d "$1" ]; then exit 11; fi
 if [ -e "$1" ] || [ -L "$1" ]; then exit 16; fi
@@ -110,6 +117,16 @@ _STATUSES: Mapping[int, tuple[str, str]] = {
     _scripts.EXIT_IS_DIRECTORY: ("already_exists", "a directory is already there"),
     _scripts.EXIT_NOT_REGULAR: ("invalid_argument", "not a directory"),
 }
+_FOUND_TYPES = {
+    "f": stat.S_IFREG,
+    "d": stat.S_IFDIR,
+    "l": stat.S_IFLNK,
+    "p": stat.S_IFIFO,
+    "s": stat.S_IFSOCK,
+    "c": stat.S_IFCHR,
+    "b": stat.S_IFBLK,
+}
+"""``find -printf``'s ``%y`` letters, as file types."""
 _TYPES = {stat.S_IFREG: "FILE_TYPE_FILE", stat.S_IFDIR: "FILE_TYPE_DIRECTORY", stat.S_IFLNK: "FILE_TYPE_SYMLINK"}
 
 
@@ -167,9 +184,10 @@ def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
         raise ConnectError("internal", f"the sandbox's stat of {path} is malformed")
     raw, size, mtime, uid, gid, owner, group = fields[:7]
     try:
-        mode, length = int(raw, 16), int(size)
-        modified = datetime.fromtimestamp(int(mtime), UTC)
-    except (ValueError, OverflowError, OSError) as exc:
+        mode = _FOUND_TYPES[raw[1]] | int(raw[2:], 8) if raw.startswith("=") else int(raw, 16)
+        length = int(size)
+        modified = datetime.fromtimestamp(int(mtime.partition(".")[0]), UTC)
+    except (ValueError, KeyError, IndexError, OverflowError, OSError) as exc:
         raise ConnectError("internal", f"the sandbox's stat of {path} is malformed") from exc
     info: dict[str, Any] = {
         "name": posixpath.basename(path) or "/",

@@ -25,7 +25,10 @@ from sandboxes._output import Stream
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
+from sandboxes.server.e2b.pty import PtyRunning, start_pty
 from sandboxes.server.e2b.running import Event, Running, outcome
+from sandboxes.server.e2b.stdin import open_with_stdin
+from sandboxes.server.e2b.stream import EventStream
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.execution import command_for, run_detached
 from sandboxes.server.processes import Command
@@ -53,6 +56,9 @@ async def start(request: Request) -> Response:
     try:
         message = read_envelope(await request.body())
         command = _command(svc, entry, message, request.headers.get("connect-timeout-ms"))
+        if message.get("pty") is not None:
+            interval = _keepalive(request.headers.get("keepalive-ping-interval"))
+            return await start_pty(request, entry, command, message, lambda run, events: _stream(run, events, interval))
     except ConnectError as exc:
         return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
     release = await svc.take_command_slot(entry)
@@ -69,13 +75,21 @@ async def start(request: Request) -> Response:
         if kept:
             loop.call_soon_threadsafe(publish, (stream, kept))
 
-    work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
-    running = Running(pid, token, message["process"], work)
+    try:
+        held = await open_with_stdin(entry, command, on_output, release) if message.get("stdin") is True else None
+    except ConnectError as exc:  # the slot was released
+        return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
+    if held is None:
+        work, token = run_detached(entry.sandbox, command, on_output, svc.command_pool, release)
+        channel = None
+    else:
+        work, token, channel = held
+    running = Running(pid, token, message["process"], work, channel=channel)
     events = running.listen()
     work.add_done_callback(lambda done: running.publish(outcome(done)))
     e2b_state(request).commands.add(entry.state.id, running)
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(running, events, interval), media_type=STREAM_MEDIA_TYPE)
+    return EventStream(_stream(running, events, interval))
 
 
 @router.post("/process.Process/Connect")
@@ -94,7 +108,7 @@ async def connect(request: Request) -> Response:
         error = ConnectError("not_found", f"process with pid {pid} not found")
         return StreamingResponse(_once(end_of_stream(error)), media_type=STREAM_MEDIA_TYPE)
     interval = _keepalive(request.headers.get("keepalive-ping-interval"))
-    return StreamingResponse(_stream(running, running.listen(), interval), media_type=STREAM_MEDIA_TYPE)
+    return EventStream(_stream(running, running.listen(), interval))
 
 
 @router.post("/process.Process/List")
@@ -148,13 +162,12 @@ def _command(svc: Service, entry: Entry, message: dict[str, Any], deadline_ms: s
         raise ConnectError("invalid_argument", "process.args must be strings")
     if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
         raise ConnectError("invalid_argument", "process.envs must map names to strings")
-    if message.get("pty"):
-        raise ConnectError("unimplemented", "a PTY is not supported yet")
     timeout = 0.0  # the service's maximum (`command_for`)
     if deadline_ms is not None and deadline_ms.isdigit():
         timeout = max(1.0, int(deadline_ms) / 1000)
     try:
-        request = api.ExecuteRequest(command=shlex.join([process["cmd"], *args]), env=envs, cwd=cwd, timeout=timeout)
+        argv = shlex.join([process["cmd"], *args])  # exec'd, as envd starts it: no shell waits above it
+        request = api.ExecuteRequest(command=f"exec {argv}", env=envs, cwd=cwd, timeout=timeout)
         return command_for(request, entry.backend.template, svc.settings)
     except ServiceError as exc:
         raise ConnectError("invalid_argument", exc.message) from exc
@@ -184,7 +197,7 @@ async def _stream(running: Running, events: asyncio.Queue[Event], interval: floa
                 continue
             if isinstance(event, tuple):
                 stream, data = event
-                name = "stderr" if stream == "stderr" else "stdout"
+                name = "pty" if isinstance(running, PtyRunning) else "stderr" if stream == "stderr" else "stdout"
                 yield envelope({"event": {"data": {name: base64.b64encode(data).decode("ascii")}}})
                 continue
             yield _ending(event)

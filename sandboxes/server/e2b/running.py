@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxes import protocol as p
+from sandboxes._mux import Channel
 from sandboxes._output import Stream
 
 __all__ = ["Event", "Running", "RunningCommands", "outcome"]
@@ -28,6 +29,8 @@ class Running:
     """The ``ProcessConfig`` it was started with, as ``List`` answers it."""
     work: asyncio.Future[p.ExecuteResponse]
     listeners: set[asyncio.Queue[Event]] = field(default_factory=set)
+    channel: Channel | None = None
+    """Its stdin, held open, when it was started with ``stdin: true`` on the sandbox's helper."""
 
     def publish(self, event: Event) -> None:
         """``event`` to every listener (on the event loop's thread)."""

@@ -34,8 +34,11 @@ WINDOW = 256 << 10
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""
-CHUNK = 64 << 10
-"""The most bytes read from a socket at a time (one O frame)."""
+CHUNK = (64 << 10) - 9
+"""The most bytes read from a socket at a time (one O frame: with its header, 64 KiB, what the
+client reads at a time)."""
+READS = 4
+"""Reads of a socket per event at most (their frames leave in one write)."""
 _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
@@ -124,22 +127,25 @@ class Relay(object):
         self.update()
 
     def read(self) -> None:
-        if not self.reading or self.unacked >= self.window or self.ident not in _relays:
-            return
-        try:
-            data = self.sock.recv(min(CHUNK, self.window - self.unacked))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self.fail("connection to port %d broke: %s" % (self.port, exc))
-            return
-        if data:
+        for _ in range(READS):
+            if not self.reading or self.unacked >= self.window or self.ident not in _relays:
+                return
+            try:
+                data = self.sock.recv(min(CHUNK, self.window - self.unacked))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.fail("connection to port %d broke: %s" % (self.port, exc))
+                return
+            if not data:
+                self.reading = False
+                send(OUTPUT, self.ident, b"", answer=True)  # the end of the socket's bytes
+                self.end_if_done()
+                return
             self.unacked += len(data)
             send(OUTPUT, self.ident, data, answer=True)  # at the end of this turn: no hold on a reply
-            return
-        self.reading = False
-        send(OUTPUT, self.ident, b"", answer=True)  # the end of the socket's bytes
-        self.end_if_done()
+            if len(data) < CHUNK:  # nothing more for now
+                return
 
     def write(self) -> None:
         granted = 0

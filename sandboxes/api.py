@@ -36,6 +36,12 @@ Routes (all under ``/v1``, all but health/metrics need ``Authorization: Bearer <
     POST   /v1/sandboxes/{id}/watchers                  CreateWatcher   -> WatcherInfo (201)
     GET    /v1/sandboxes/{id}/watchers/{wid}/events                     -> WatcherEvents (drained)
     DELETE /v1/sandboxes/{id}/watchers/{wid}                            -> 204
+    PUT    /v1/sandboxes/{id}/ports/{port}              PortAccess      -> PortInfo (public or not)
+    POST   /v1/sandboxes/{id}/ports/{port}/tokens       PreviewTokenRequest -> PreviewToken (201)
+    DELETE /v1/sandboxes/{id}/ports/{port}/tokens/{tid}                 -> 204 (revoked)
+    ANY    /v1/sandboxes/{id}/ports/{port}/{path}       relayed to 127.0.0.1:port in the sandbox
+           (the key, a preview token or a public port; WebSockets too)
+    GET    /v1/sandboxes/{id}/ports/{port}/connect      WebSocket: a raw TCP tunnel (the key)
     GET    /healthz  /readyz                                           -> Health
     GET    /metrics                                                    -> Prometheus text
 
@@ -87,6 +93,10 @@ __all__ = [
     "MetricsSample",
     "Overview",
     "PauseSandbox",
+    "PortAccess",
+    "PortInfo",
+    "PreviewToken",
+    "PreviewTokenRequest",
     "ProcessInfo",
     "PtyControl",
     "PtyExit",
@@ -508,6 +518,36 @@ FILE_RESULTS: dict[str, Any] = {
 }
 """Response type per ``/files/{op}``: the protocol's result (its dataclass as JSON), a list of
 them for upload, and for download a list of `DownloadItem` (content in base64)."""
+
+
+class PortAccess(_Request):
+    public: bool
+    """Whether anyone may reach the port's preview URL without a key or a token."""
+
+
+class PortInfo(_Answer):
+    sandbox_id: str
+    port: int
+    public: bool
+
+
+class PreviewTokenRequest(_Request):
+    ttl: float = Field(default=3600.0, ge=1, le=7 * 24 * 3600.0)
+    """Seconds the token is valid (at most a week)."""
+
+
+class PreviewToken(_Answer):
+    """A link to share: the token grants the port's preview URL alone, until it expires or is
+    revoked (``DELETE .../tokens/{token_id}``). A browser passes it as ``?preview_token=``
+    once; the service then sets it as a cookie for that port's path."""
+
+    token: str
+    token_id: str
+    sandbox_id: str
+    port: int
+    expires_at: float
+    url: str
+    """The preview URL's path with the token in its query."""
 
 
 class TemplateInfo(_Answer):

@@ -52,8 +52,8 @@ def test_a_literal_kind_is_caught(tmp_path: Path) -> None:
 
 def test_the_kinds_are_one_byte_each_and_both_sides_agree() -> None:
     client, helper = frames.CLIENT_KINDS, frames.HELPER_KINDS
-    assert len(set(client)) == len(client) == 8  # RESIZE, a terminal's (`_pty`)
-    assert len(set(helper)) == len(helper) == 7
-    assert not set(client) & set(helper)
+    assert len(set(client)) == len(client) == 9  # RESIZE, a terminal's (`_pty`); GRANT, a relay's
+    assert len(set(helper)) == len(helper) == 8
+    assert set(client) & set(helper) == set(frames.GRANT)  # a relay's grants go both ways
     assert frozenset(helper) == _frames._KINDS
     assert _frames.HEADER is frames.HEADER

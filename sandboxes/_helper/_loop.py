@@ -80,6 +80,9 @@ class _Poller:
         self.poller.register(fd, events)
         self.callbacks[fd] = callback
 
+    def modify(self, fd: int, events: int) -> None:
+        self.poller.modify(fd, events)
+
     def unregister(self, fd: int) -> None:
         self.poller.unregister(fd)
         del self.callbacks[fd]

@@ -15,7 +15,9 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     environment holds name=value, killed by the helper itself),
                     F file op (`_files`: a read or write without a process, its bytes as I/C;
                     `_search`: a grep or glob, answered whole), Z a terminal's new size
-                    (`_pty`: an R spec with ``pty`` runs its command on one); specs are
+                    (`_pty`: an R spec with ``pty`` runs its command on one), G a relay's bytes
+                    taken (R with ``relay: {port}``: a TCP connection inside the sandbox,
+                    `_relay`); specs are
                     `marshal`'d dicts
   helper -> client: H hello (JSON), A accepted (queued BEFORE the command is started; its timeout
                     counts from here. It goes out with the command's first output or answer,
@@ -24,7 +26,8 @@ Frames both ways: 1 byte type, 4 bytes command id, 4 bytes length (big endian), 
                     client never resends a written request, acknowledged or not), O output
                     bytes, X exit (JSON {code, timed_out}; for M: code 0 when none was left),
                     S stderr bytes (O: stdout's; in the order the helper read them),
-                    E error text, N not native here (`_files`: the client runs the script)
+                    E error text, N not native here (`_files`: the client runs the script),
+                    G a relay's window, then its bytes written (`_relay`)
 Every command runs in its own session with a marker in its environment (``SANDBOXES_EXEC_ID``;
 the caller's value when its env has one, as the service's does; such a caller may announce,
 as ``next_marker`` in an R spec, the marker its next command will carry: `_command._next_key`);
@@ -137,6 +140,7 @@ agent's sandbox between two turns, a pool's spare), or by the first file op that
 (`_load_native`)."""
 _last_event = [0.0]  # monotonic time the loop last had something to do
 _wakeup = (-1, -1)  # the pipe SIGCHLD wakes the loop through (`main`)
+_relay: "list[Any]" = [None]  # `_relay`, once a relay was asked for
 
 # ------------------------------------------------------------------ processes
 
@@ -217,6 +221,9 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
             spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
             if spec.get("sources"):
                 _add_sources(spec["sources"])
+            if isinstance(spec, dict) and isinstance(spec.get("relay"), dict):
+                _open_relay(ident, spec["relay"])
+                return
             command = _watch(ident, spec) if "watch" in spec else Command(ident, spec)
             command.start()
         except Exception as exc:  # bad cwd, no pid left for a fork: report, keep serving
@@ -236,6 +243,8 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         return
     command = _commands.get(ident)
     if command is None:
+        if _relay[0] is not None and _relay[0].feed_relay(kind, ident, payload):
+            return
         if _native_loaded[0]:  # else no file op was ever started: nothing to feed
             _native[0].feed_native_op(kind, ident, payload)
         return
@@ -271,6 +280,16 @@ def _watch(ident: int, spec: "dict[str, Any]") -> "Watch":
     from ._watch import Watch
 
     return Watch(ident, spec)
+
+
+def _open_relay(ident: int, spec: "dict[str, Any]") -> None:
+    """R with a ``relay`` spec: a TCP connection to a port inside the sandbox (`_relay`, imported
+    by the first)."""
+    if _relay[0] is None:
+        from . import _relay as relay
+
+        _relay[0] = relay
+    _relay[0].open_relay(ident, spec)
 
 
 def _start_native(ident: int, payload: bytes) -> None:
@@ -390,6 +409,8 @@ def main() -> None:
     _spares.drop(lambda shell: True)
     if _native_loaded[0]:
         _native[0].abort_native_ops()
+    if _relay[0] is not None:
+        _relay[0].close_relays()
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         command.finished = True
         command.kill()

@@ -26,7 +26,11 @@ FILE_OP = b"F"
 RESIZE = b"Z"
 """A terminal's new size (``{cols, rows}``, `marshal`'d) for a command started on one (``pty``
 in its spec: `_pty`); nothing for another command."""
-CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + RESIZE
+GRANT = b"G"
+"""A relayed connection's bytes taken (4 bytes, big endian): from the client, what its consumer
+took of the helper's O frames; from the helper, what it wrote to the socket of the client's I
+frames, and first the window the client may send ahead once connected (`_relay`)."""
+CLIENT_KINDS = PING + RUN + STDIN + CLOSE_STDIN + KILL + KILL_MARKED + FILE_OP + RESIZE + GRANT
 """Every kind a client sends: anything else is a corrupt stream."""
 
 # helper -> client
@@ -45,5 +49,5 @@ ERROR = b"E"
 """A request the helper could not run: its reason, as text."""
 NOT_NATIVE = b"N"
 """A file op the helper hands back: nothing was done, the client runs the script."""
-HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + STDERR + EXIT + ERROR + NOT_NATIVE
+HELPER_KINDS = HELLO + ACCEPTED + OUTPUT + STDERR + EXIT + ERROR + NOT_NATIVE + GRANT
 """Every kind a helper sends: anything else is a corrupt (or forged) stream."""

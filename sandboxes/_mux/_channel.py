@@ -75,6 +75,12 @@ class Channel:
         """Whether the command ended (or its stream broke)."""
         return self._pending.done.is_set()
 
+    @property
+    def error(self) -> str | None:
+        """Why the channel ended without an answer of its own: its stream broke, or the helper
+        could not run it (its reason); ``None`` otherwise (still running, or answered)."""
+        return self._pending.failure or self._pending.start_error
+
     def write(self, data: bytes) -> None:
         """Bytes for the command's stdin, in frames the helper writes as the command reads them;
         `MuxBroken` if the stream broke, ValueError once stdin was closed."""
@@ -171,12 +177,16 @@ def open_channel(
     output_limit: int = 0,
     on_output: OutputHook | None = None,
     spec: Mapping[str, object] | None = None,
+    on_frame: Callable[[bytes, bytes], None] | None = None,
 ) -> Channel:
     """Start ``command`` with its stdin open; its output goes to ``on_output`` as it arrives (on
     the reader's thread: it must neither block nor raise), and the last ``output_limit`` bytes
-    of it, head and tail, make its answer. ``spec``: fields a capability adds to the request.
+    of it, head and tail, make its answer. ``spec``: fields a capability adds to the request;
+    ``on_frame``: its own kinds of frames (kind, payload), as ``on_output`` is called.
     `MuxBroken` if it could not be sent (``may_resend``: nothing was written)."""
-    pending = _Pending(OutputBuffer(output_limit), done=_EndEvent(), on_output=on_output, env=dict(env or {}))
+    pending = _Pending(
+        OutputBuffer(output_limit), done=_EndEvent(), on_output=on_output, env=dict(env or {}), on_frame=on_frame
+    )
     ident, pending = client.register(pending)
     frame = _request_frame(ident, command, env, cwd, timeout, True, None, spec)
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import marshal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +73,8 @@ class _Pending:
     on_output: OutputHook | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """The environment the caller gave the command: what `MuxClient.kill_tagged` matches."""
+    on_frame: Callable[[bytes, bytes], None] | None = None
+    """Frames of a capability's own kinds (kind, payload), for a channel (`open_channel`)."""
 
 
 def wire_spec(spec: Mapping[str, object]) -> bytes:

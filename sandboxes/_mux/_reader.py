@@ -169,6 +169,8 @@ class StreamReader:
         elif kind == NOT_NATIVE:
             pending.not_native = True
             pending.done.set()
+        elif pending.on_frame is not None:  # a capability's own kind, for its channel
+            pending.on_frame(kind, payload)
 
     def _break(self, reason: str) -> None:
         if self.broken is None:

@@ -103,6 +103,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise Failed(p.BACKEND_ERROR, f"the service needs the server extra ({hint}): {exc}") from exc
     if args.kind == "cp":
         return remote.cmd_cp(args)
+    if args.kind == "ports":
+        return remote.cmd_ports_forward(args)
     if args.kind == "mcp":
         return remote.cmd_mcp(args)
     if args.kind == "service":
@@ -196,11 +198,14 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("pattern", metavar="PATTERN")
     cmd.add_argument("path", nargs="?", metavar="PATH")
 
-    _add_service_commands(add)
+    _add_service_commands(add, common)
     return parser
 
 
-def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, str], argparse.ArgumentParser]) -> None:
+def _add_service_commands(
+    add: Callable[[str, Callable[..., int] | None, str, str], argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
     # Handlers are looked up when run: the remote module needs the server extra.
     def lazy(name: str) -> Callable[..., int]:
         def run(*args: Any) -> int:
@@ -255,6 +260,17 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     )
     cmd.add_argument("source", metavar="SOURCE")
     cmd.add_argument("target", metavar="TARGET")
+    cmd = add("ports", None, "reach a port inside a sandbox of the service", "ports")
+    forward = cmd.add_subparsers(dest="ports_action", required=True, metavar="ACTION").add_parser(
+        "forward",
+        parents=[common],
+        help="listen on 127.0.0.1 and forward each connection to PORT inside the sandbox (until interrupted)",
+    )
+    forward.add_argument("ports_sandbox", metavar="SANDBOX")
+    forward.add_argument("ports_port", type=int, metavar="PORT")
+    forward.add_argument(
+        "--local-port", type=int, default=None, help="the local port (default: PORT, else any free one)"
+    )
     add(
         "mcp",
         None,

@@ -172,6 +172,31 @@ def _size(count: int | None) -> str:
     return f"{count / (1 << 20):.1f}MiB"
 
 
+# ---------------------------------------------------------------------- ports
+
+
+def cmd_ports_forward(args: argparse.Namespace) -> int:
+    """``ports forward SANDBOX PORT``: 127.0.0.1:LOCAL forwarded to PORT in the sandbox until
+    interrupted (as ``kubectl port-forward``); the local port is PORT unless taken or given."""
+    port = args.ports_port
+    if not 0 < port < 65536:
+        raise Usage(f"ports forward: a port is 1 to 65535, not {port}")
+    with connect(args) as client:
+        sandbox = client.attach(args.ports_sandbox)
+        sandbox.refresh()  # a wrong id or key is said here, before anything listens
+        try:
+            forward = sandbox.forward_port(port, port if args.local_port is None else args.local_port)
+        except OSError:
+            if args.local_port is not None:
+                raise Failed(p.UNAVAILABLE, f"127.0.0.1:{args.local_port} is taken") from None
+            forward = sandbox.forward_port(port, 0)
+        with forward:
+            out(f"Forwarding from 127.0.0.1:{forward.local_port} -> {port}\n")
+            sys.stdout.flush()
+            forward.wait()
+    return 0
+
+
 # ---------------------------------------------------------------------- cp
 
 

@@ -15,6 +15,7 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
+from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
 from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
 from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
@@ -38,6 +39,7 @@ from sandboxes.client.remote import RemoteSandbox
 
 __all__ = [
     "AsyncCommandStream",
+    "AsyncPortConnection",
     "AsyncRemoteTerminal",
     "AsyncSandboxClient",
     "AsyncWatchStream",
@@ -50,6 +52,9 @@ __all__ = [
     "NotFound",
     "OutputChunk",
     "Paused",
+    "PortConnection",
+    "PortForward",
+    "PortUnreachable",
     "ProcessStatus",
     "QuotaExceeded",
     "RateLimited",

@@ -44,6 +44,7 @@ from sandboxes.client._bulk import (
     tar_of_one,
 )
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
+from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward
 from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal, aopen_pty, open_pty
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
@@ -121,6 +122,20 @@ class RemoteSandbox(Sandbox):
             owned, self._owned = self._owned, None
         if owned is not None:
             owned.close()
+
+    # ------------------------------------------------------------------ ports
+
+    def connect_port(self, port: int) -> PortConnection:
+        """A TCP connection to 127.0.0.1:``port`` inside the sandbox, over the service's tunnel."""
+        return PortConnection(self.config, self._id, port)
+
+    async def aconnect_port(self, port: int) -> AsyncPortConnection:
+        return await AsyncPortConnection.open(self.config, self._id, port)
+
+    def forward_port(self, port: int, local_port: int = 0) -> PortForward:
+        """Listen on 127.0.0.1:``local_port`` (0: any free one) and forward each connection to
+        ``port`` inside the sandbox, until closed (``with`` closes it)."""
+        return PortForward(self.config, self._id, port, local_port)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -37,10 +37,14 @@ from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
+from sandboxes.server.e2b.tokens import kept_secret
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
+from sandboxes.server.port_routes import ports
+from sandboxes.server.preview_proxy import HostedRoute, PreviewHosts, Previews
+from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, PreviewAccess
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, hot_routes, router
@@ -72,6 +76,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     sampler = Sampler(lambda: registry.entries, settings.sample_interval, settings.sample_history)
     metrics.registry.register(UsageCollector(sampler, settings.sample_gauges_per_sandbox))
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
+    secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
+    previews = service.previews = Previews(PreviewAccess(secret, clock))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -91,6 +97,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
+            await previews.aclose()
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
             files.shutdown(wait=False, cancel_futures=True)
@@ -107,8 +114,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.state.usage = sampler
-    table = [*hot_routes(), *router.routes, *resources.router.routes, *state_routes.router.routes, *health.routes]
-    app.router.routes.extend(table)  # one table, no nesting
+    table = [*hot_routes(), *router.routes, *resources.router.routes, *state_routes.router.routes, *ports.routes]
+    app.router.routes.extend([*table, *health.routes])  # one table, no nesting
     app.router.routes.extend(operator.router.routes)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
@@ -120,6 +127,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)
+    if settings.preview_domain:  # a Host of {port}-{id}.{domain}: that port's preview, whatever the path
+        app.router.routes.insert(0, HostedRoute(api.API_PREFIX))
+        app.add_middleware(PreviewHosts, domain=settings.preview_domain)
     return app
 
 
@@ -170,7 +180,7 @@ _COMPONENT = "#/components/schemas/{model}"
 def _allowed_methods(path: str) -> str:
     """Every method the routes with the most specific template matching ``path`` (the fewest
     parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
-    table = (*router.routes, *resources.router.routes, *state_routes.router.routes, *health.routes)
+    table = (*router.routes, *resources.router.routes, *state_routes.router.routes, *ports.routes, *health.routes)
     routes = [route for route in table if isinstance(route, APIRoute)]
     matching = [route for route in routes if route.path_regex.match(path)]
     fewest = min((route.path.count("{") for route in matching), default=0)
@@ -228,7 +238,7 @@ class _RequestMiddleware:
         status = [0]
         started = time.perf_counter()
         try:
-            if self._needs_key(scope["path"]):
+            if self._needs_key(scope["path"]) and "preview_target" not in scope:  # a preview checks its own
                 try:
                     request_tenant(self.service.auth, scope)
                 except ServiceError as exc:  # refused on its headers: the body is never read
@@ -270,10 +280,11 @@ class _RequestMiddleware:
             REQUEST_ID.reset(token)
 
     def _needs_key(self, path: str) -> bool:
-        """Every ``/v1`` route but the OpenAPI description; ``/mcp`` when served; ``/metrics``
-        unless configured open."""
+        """Every ``/v1`` route but the OpenAPI description and the preview paths (which check
+        their key, token or publicity themselves); ``/mcp`` when served; ``/metrics`` unless
+        configured open."""
         if path.startswith(f"{api.API_PREFIX}/"):
-            return path != f"{api.API_PREFIX}/openapi.json"
+            return path != f"{api.API_PREFIX}/openapi.json" and not PREVIEW_PATH.match(path)
         if path.rstrip("/") == MCP_PATH:
             return self.service.settings.mcp
         return path == "/metrics" and self.service.settings.metrics_access == "key"

@@ -39,6 +39,7 @@ from sandboxes.server.execution import Receive, command_for, run_abandonable, ru
 from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
+from sandboxes.server.preview_proxy import Previews
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
@@ -75,6 +76,8 @@ class Service:
     """Terminal sessions (``/pty``), to reattach to."""
     watches: Watches = field(default_factory=Watches)
     """File watches open, per tenant (at most its ``max_watchers``), and the polled ones."""
+    previews: Previews | None = None
+    """The preview plane (`sandboxes.server.preview_proxy`); set by the app."""
 
     async def take_command_slot(self, entry: Entry) -> Callable[[], None]:
         """One of the sandbox's tenant's command slots, waiting ``command_slot_wait`` at most

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -178,6 +178,11 @@ class ServiceSettings(BaseSettings):
     top of the sums per backend: one series each per live sandbox."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
+    preview_domain: str | None = Field(default=None, pattern=r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+    """A wildcard domain routed to this service (``*.preview.example``): a request whose Host is
+    ``{port}-{sandbox id}.{domain}`` is a preview of that port (`sandboxes.server.previews`)."""
+    preview_token_secret: SecretStr | None = None
+    """Signs preview tokens; replicas must share it. Unset: one kept in the data directory."""
     log_level: str = "INFO"
 
     @field_validator("api_keys")

@@ -172,7 +172,9 @@ _ENVD |= {
     for rpc in ("WatchDir", "CreateWatcher", "GetWatcherEvents", "RemoveWatcher")
 }
 _ENVD |= {(method, "/e2b/envd/{rest:path}") for method in ("GET", "POST", "PUT", "DELETE")}
-"""envd routes: refused (401) without the sandbox's own access token."""
+_ENVD |= {(m, "/e2b/envd/{path:path}") for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
+"""envd routes: refused (401) without the sandbox's own access token; ``{path:path}``: a port
+other than envd's (`sandboxes.server.e2b.ports`), asked for with ``E2b-Sandbox-Port``."""
 _OWN = {
     ("GET", "/e2b/sandboxes"): "lists the caller's own (checked below)",
     ("GET", "/e2b/v2/sandboxes"): "lists the caller's own (checked below)",
@@ -212,8 +214,11 @@ def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Runni
         token = theirs.connection_config.sandbox_headers["X-Access-Token"]
         for method, path in sorted(_ENVD):
             url = service.url + path.replace("{rest:path}", "filesystem.Filesystem/WatchDir")
+            url = url.replace("{path:path}", "health")
+            port = {"E2b-Sandbox-Port": "49999"} if "{path:path}" in path else {}
             for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
-                answer = httpx.request(method, url, headers={"E2b-Sandbox-Id": sandbox.sandbox_id, **headers})
+                sent = {"E2b-Sandbox-Id": sandbox.sandbox_id, **port, **headers}
+                answer = httpx.request(method, url, headers=sent)
                 assert answer.status_code == 401, (method, path, headers, answer.text)
     finally:
         theirs.kill()

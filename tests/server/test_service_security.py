@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -17,10 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-import websockets.exceptions
-import websockets.sync.client
-from fastapi.routing import APIWebSocketRoute
 from service_harness import KEYS, Running, create, error_of, execute, running, settings_for
+from starlette.routing import WebSocketRoute
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
 
 from sandboxes.api import FILE_OPERATIONS
 
@@ -206,13 +207,15 @@ def _served_routes(routes: Any) -> Iterator[tuple[str, str]]:
             yield from _served_routes(candidates())
             continue
         path, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if isinstance(route, WebSocketRoute):  # a WebSocket's handshake: checked as one below
+            methods = {_WEBSOCKET}
         assert path, f"a route this test cannot read, so cannot check: {route!r}"
-        if isinstance(route, APIWebSocketRoute):
-            yield "WEBSOCKET", path
-            continue
         assert methods, f"a route this test cannot read, so cannot check: {route!r}"
         for method in sorted(methods - {"HEAD"}):
-            yield method, path
+            yield method, re.sub(r"\{(\w+):\w+\}", r"{\1}", path)  # {port:int} as {port}
+
+
+_WEBSOCKET = "WEBSOCKET"
 
 
 _NO_SANDBOX_IN_PATH = {
@@ -223,16 +226,13 @@ _NO_SANDBOX_IN_PATH = {
     ("GET", "/readyz"): "readiness, no tenant data",
     ("GET", "/metrics"): "aggregate counters, no sandbox ids (an operator's, see test_health_needs_no_key_metrics_do)",
     ("GET", "/v1/templates"): "the service's templates, the same for every tenant",
-    (
-        "GET",
-        "/v1/operator/overview",
-    ): "an operator key's only: others get 403 (test_console.py, test_operator_overview)",
     ("POST", "/v1/volumes"): "creates a volume of the caller's own (other tenants' volumes: test_service_volumes.py)",
     ("GET", "/v1/volumes"): "lists the caller's own volumes (test_service_volumes.py checks bob sees none of alice's)",
     ("DELETE", "/v1/volumes/{name}"): "names a volume of the caller's own (test_service_volumes.py: bob cannot delete)",
     ("GET", "/v1/snapshots"): "lists the caller's own snapshots (test_service_snapshots.py: bob's stays empty)",
     ("GET", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: test_service_snapshots.py, 404 to another",
     ("DELETE", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: found as the GET finds it (get first)",
+    ("GET", "/v1/operator/overview"): "every tenant's usage, an operator key's only: others get 403 (test_operator.py)",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 
@@ -273,23 +273,23 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("GET", "/watchers/{watcher_id}/events"): ({}, None),
         ("DELETE", "/watchers/{watcher_id}"): ({}, None),
         ("GET", "/metrics"): ({}, None),
-        ("WEBSOCKET", "/pty"): ({}, None),
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
         ("POST", "/pause"): ({}, {}),
         ("POST", "/resume"): ({}, None),
         ("POST", "/snapshots"): ({}, {}),
         ("POST", "/fork"): ({}, {"count": 1}),
+        ("PUT", "/ports/{port}"): ({}, {"public": True}),
+        ("POST", "/ports/{port}/tokens"): ({}, {}),
+        ("DELETE", "/ports/{port}/tokens/{token_id}"): ({}, None),
+        **{
+            (method, "/ports/{port}/{path}"): ({}, None)
+            for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+        },
+        (_WEBSOCKET, "/ports/{port}/{path}"): ({}, None),
+        (_WEBSOCKET, "/ports/{port}/connect"): ({}, None),
+        (_WEBSOCKET, "/pty"): ({}, None),
     }
-
-
-def _assert_websocket_refused(service: Running, path: str, authorization: str) -> None:
-    """A WebSocket upgrade to ``path`` is answered 404 (no such sandbox for this key), never
-    accepted."""
-    url = service.url.replace("http://", "ws://") + path
-    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
-        websockets.sync.client.connect(url, additional_headers={"Authorization": authorization}, open_timeout=10)
-    assert refused.value.response.status_code == 404, (path, refused.value.response.body)
 
 
 def test_another_tenants_sandbox_is_not_found_on_every_route(
@@ -323,10 +323,16 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
             kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
             for client, named in ((bob, sandbox_id), (alice, "0" * 16)):
                 path = (_SANDBOX + suffix).format(
-                    sandbox_id=named, process_id=process["id"], command_id=command_id, watcher_id=watcher_id
+                    sandbox_id=named,
+                    process_id=process["id"],
+                    command_id=command_id,
+                    watcher_id=watcher_id,
+                    port=8000,
+                    path="x",
+                    token_id="t",
                 )
-                if method == "WEBSOCKET":
-                    _assert_websocket_refused(service, path, client.headers["authorization"])
+                if method == _WEBSOCKET:
+                    _assert_websocket_not_found(service, client, path)
                     continue
                 response = client.request(method, path, params=params, **kwargs)
                 assert response.status_code == 404, (client.headers["authorization"], method, path, response.text)
@@ -342,6 +348,13 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
     finally:
         alice.delete(f"/v1/sandboxes/{sandbox_id}/processes/{process['id']}")
         assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def _assert_websocket_not_found(service: Running, client: httpx.Client, path: str) -> None:
+    url = service.url.replace("http://", "ws://") + path
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(url, additional_headers={"Authorization": client.headers["authorization"]}).close()
+    assert refused.value.response.status_code == 404, (client.headers["authorization"], path)
 
 
 # ---------------------------------------------------------------------- quotas and rates

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, usage, watch
 from sandboxes.server.e2b.common import PREFIX, E2BState
+from sandboxes.server.e2b.ports import EnvdPortRoute
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
 
 __all__ = ["PREFIX", "mount"]
@@ -22,3 +23,4 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     planes = [envd.router, filesystem.router, stdin.router, pty.router, watch.router, process.router]
     planes += [usage.router, control.router]
     app.router.routes.extend(route for plane in planes for route in plane.routes)  # no nesting
+    app.router.routes.insert(0, EnvdPortRoute())  # a sandbox's other ports, whatever their paths

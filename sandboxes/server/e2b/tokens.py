@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["SECRET_FILE", "E2BSettings", "TokenSigner", "signing_secret"]
+__all__ = ["SECRET_FILE", "E2BSettings", "TokenSigner", "kept_secret", "signing_secret"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,15 @@ def signing_secret(settings: E2BSettings, data_dir: Path) -> SecretStr:
     """The configured secret, else the data directory's `SECRET_FILE`, made the first time:
     written whole under a temporary name, then linked into place, so concurrent first starts
     agree on one and none reads it half written. A file others may read is refused."""
-    if settings.token_secret is not None:
-        return settings.token_secret
-    path = data_dir / SECRET_FILE
+    return kept_secret(settings.token_secret, data_dir / SECRET_FILE)
+
+
+def kept_secret(configured: SecretStr | None, path: Path) -> SecretStr:
+    """``configured``, else the secret kept in ``path`` (made the first time, as `signing_secret`
+    says): the E2B tokens' and the preview tokens' (`sandboxes.server.previews`)."""
+    if configured is not None:
+        return configured
+    data_dir = path.parent
     if not path.exists():
         data_dir.mkdir(parents=True, exist_ok=True)
         _create(path)

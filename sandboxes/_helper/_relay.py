@@ -1,0 +1,231 @@
+"""A relayed connection in the exec helper (`_server`): an R request whose spec carries
+``relay: {"port": P}`` opens a TCP connection to 127.0.0.1:P inside the sandbox instead of
+starting a process, and its bytes go both ways over the helper's stream. Stdlib only, Python
+3.6-compatible; imported by the first such request.
+
+Frames of a relay (its command id is the request's):
+  client -> helper: I bytes for the socket, C the end of them (shutdown(SHUT_WR) once written),
+                    K close it now, G bytes of O frames the client's consumer took (4 bytes)
+  helper -> client: G once connected, the window the client may send ahead, then what was
+                    written to the socket of its I frames; O the socket's bytes, an empty O
+                    the end of them (the peer shut down writing); X (code 0) once both
+                    directions ended, (code null) after K; E the reason it failed (nothing
+                    listens on the port, a reset)
+Flow control both ways: the helper sends at most ``window`` bytes the client has not granted
+back, and stops polling the socket for reading while they are spent; the client sends at most
+`WINDOW` bytes the helper has not granted back (more is a broken client: the relay fails). So
+neither side ever buffers more than a window of a connection, however slow the other reads,
+and a stalled connection holds nothing but its own socket: commands and other relays go on.
+"""
+
+import errno
+import os
+import socket
+import struct
+
+from ._loop import _poller, send, send_exit
+from .frames import CLOSE_STDIN, ERROR, GRANT, KILL, OUTPUT, STDIN
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from typing import Any
+
+WINDOW = 256 << 10
+"""Bytes of the client's I frames the helper queues toward a socket before granting them back."""
+MAX_WINDOW = 16 << 20
+"""The largest window a client may ask the helper to send ahead."""
+CHUNK = (64 << 10) - 9
+"""The most bytes read from a socket at a time (one O frame: with its header, 64 KiB, what the
+client reads at a time)."""
+READS = 4
+"""Reads of a socket per event at most (their frames leave in one write)."""
+_COUNT = struct.Struct(">I")
+_IN = 0x001  # select.POLLIN (and EPOLLIN)
+_OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
+_relays: "dict[int, Relay]" = {}  # id -> Relay, until it ended
+
+
+def _reason(code: int, port: int) -> str:
+    if code == errno.ECONNREFUSED:
+        return "connection refused: nothing listens on port %d in the sandbox" % port
+    return "connection to port %d failed: %s" % (port, os.strerror(code))
+
+
+class Relay(object):
+    """One TCP connection to 127.0.0.1:port, its bytes relayed both ways within their windows."""
+
+    def __init__(self, ident: int, spec: "dict[str, Any]") -> None:
+        port, window = spec.get("port"), spec.get("window", WINDOW)
+        if type(port) is not int or not 0 < port < 65536:
+            raise ValueError("a relay needs a port from 1 to 65535, not %r" % (port,))
+        if type(window) is not int or not 0 < window <= MAX_WINDOW:
+            raise ValueError("a relay's window is 1 to %d bytes, not %r" % (MAX_WINDOW, window))
+        self.ident, self.port, self.window = ident, port, window
+        self.unacked = 0  # bytes sent the client has not granted back
+        self.queue: "list[memoryview]" = []  # the client's bytes toward the socket
+        self.queued = 0
+        self.connected = False
+        self.reading = True  # the socket's bytes may still come
+        self.writing = True  # the client's may still go (until C is written and shut down)
+        self.closing = False  # C came
+        self.hung_up = False  # the socket reported a hang-up: polled only to read what is left
+        self.events = -1  # as registered with the poller; -1: not registered
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        code = self.sock.connect_ex(("127.0.0.1", port))
+        if code not in (0, errno.EINPROGRESS):
+            self.sock.close()
+            raise ConnectionError(_reason(code, port))
+        self.fd = self.sock.fileno()
+        _relays[ident] = self
+        self.update()
+
+    def update(self) -> None:
+        """Poll the socket for what the relay can take now: its connection's end, its bytes while
+        the window allows, room for queued bytes. Not at all when none: a half-closed socket
+        would report its hang-up on every turn."""
+        if self.ident not in _relays:
+            return
+        events = 0 if self.connected else _OUT
+        if self.connected and self.reading and self.unacked < self.window:
+            events |= _IN
+        if self.connected and self.queue and not self.hung_up:
+            events |= _OUT
+        if events == self.events or (events == 0 and self.events == -1):
+            return
+        if events == 0:
+            _poller.unregister(self.fd)
+            self.events = -1
+        elif self.events == -1:
+            _poller.register(self.fd, events, self.on_event)
+            self.events = events
+        else:
+            _poller.modify(self.fd, events)
+            self.events = events
+
+    def on_event(self, mask: int) -> None:
+        if not self.connected:
+            code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self.fail(_reason(code, self.port))
+                return
+            self.connected = True
+            send(GRANT, self.ident, _COUNT.pack(WINDOW), answer=True)  # connected: the client's credit
+            self.write()
+        elif mask & ~(_IN | _OUT) and not mask & _IN:  # a hang-up or an error, and nothing to read now
+            code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                self.fail("connection to port %d broke: %s" % (self.port, os.strerror(code)))
+                return
+            self.hung_up = True  # what is left is read once the window allows
+            self.read()
+        else:
+            if mask & _IN:
+                self.read()
+            if mask & _OUT:
+                self.write()
+        self.update()
+
+    def read(self) -> None:
+        for _ in range(READS):
+            if not self.reading or self.unacked >= self.window or self.ident not in _relays:
+                return
+            try:
+                data = self.sock.recv(min(CHUNK, self.window - self.unacked))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.fail("connection to port %d broke: %s" % (self.port, exc))
+                return
+            if not data:
+                self.reading = False
+                send(OUTPUT, self.ident, b"", answer=True)  # the end of the socket's bytes
+                self.end_if_done()
+                return
+            self.unacked += len(data)
+            send(OUTPUT, self.ident, data, answer=True)  # at the end of this turn: no hold on a reply
+            if len(data) < CHUNK:  # nothing more for now
+                return
+
+    def write(self) -> None:
+        granted = 0
+        while self.queue and self.ident in _relays:
+            try:
+                written = self.sock.send(self.queue[0])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.fail("connection to port %d broke: %s" % (self.port, exc))
+                return
+            granted += written
+            if written < len(self.queue[0]):
+                self.queue[0] = self.queue[0][written:]
+                break
+            self.queue.pop(0)
+        self.queued -= granted
+        if granted:
+            send(GRANT, self.ident, _COUNT.pack(granted), answer=True)
+        if not self.queue and self.closing and self.writing:
+            self.writing = False
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:  # the peer is gone already: so is this direction
+                pass
+            self.end_if_done()
+
+    def feed(self, kind: bytes, payload: bytes) -> None:
+        """A client's frame for this relay."""
+        if kind == STDIN and self.writing and not self.closing:
+            if self.queued + len(payload) > WINDOW:
+                self.fail("the client sent more than its window of %d bytes" % WINDOW)
+                return
+            self.queue.append(memoryview(payload))
+            self.queued += len(payload)
+        elif kind == CLOSE_STDIN:
+            self.closing = True
+        elif kind == GRANT and len(payload) == _COUNT.size:
+            self.unacked = max(0, self.unacked - _COUNT.unpack(payload)[0])
+        elif kind == KILL:
+            self.close()
+            send_exit(self.ident, None)
+            return
+        if self.connected:
+            self.write()
+        self.update()
+
+    def end_if_done(self) -> None:
+        if not self.reading and not self.writing and self.ident in _relays:
+            self.close()
+            send_exit(self.ident, 0)
+
+    def fail(self, reason: str) -> None:
+        if self.ident in _relays:
+            self.close()
+            send(ERROR, self.ident, reason.encode("utf-8", "replace"), answer=True)
+
+    def close(self) -> None:
+        if self.events != -1:
+            _poller.unregister(self.fd)
+            self.events = -1
+        _relays.pop(self.ident, None)
+        self.sock.close()
+
+
+def open_relay(ident: int, spec: "dict[str, Any]") -> None:
+    """R with a ``relay`` spec: connect (its answer: G once connected, E if it failed)."""
+    Relay(ident, spec)
+
+
+def feed_relay(kind: bytes, ident: int, payload: bytes) -> bool:
+    """Whether the frame was a relay's (and handed to it)."""
+    relay = _relays.get(ident)
+    if relay is None:
+        return False
+    relay.feed(kind, payload)
+    return True
+
+
+def close_relays() -> None:
+    """The client is gone: every relayed connection closes."""
+    for relay in list(_relays.values()):
+        relay.close()

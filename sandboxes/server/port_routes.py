@@ -1,0 +1,67 @@
+"""The routes of a sandbox's ports (`sandboxes.api`): making one public, minting and revoking
+preview tokens, and the preview plane's own (`sandboxes.server.preview_proxy`) after them, for
+the service's one route table (`sandboxes.server.app`). Authenticated as every ``/v1`` route
+(`sandboxes.server.routes`); a sandbox of another tenant is not found."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
+
+from sandboxes import api
+from sandboxes.server.preview_proxy import Previews, preview_routes
+from sandboxes.server.routes import Authed, Service, _entry, _errors, _Route
+
+__all__ = ["ports"]
+
+ports = APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 422, 429, 503))
+
+
+def _previews(svc: Service) -> Previews:
+    assert svc.previews is not None  # set by the app
+    return svc.previews
+
+
+Port = Annotated[int, Path(ge=1, le=65535, description="A TCP port inside the sandbox")]
+
+
+@ports.put("/sandboxes/{sandbox_id}/ports/{port}", response_model=api.PortInfo)
+async def set_port_access(
+    request: Request, sandbox_id: str, port: Port, body: api.PortAccess, tenant: Authed
+) -> api.PortInfo:
+    """Make the port's preview URL public (anyone may reach it, no key nor token) or not."""
+    svc, _ = await _entry(request, tenant, sandbox_id)
+    _previews(svc).access.set_public(tenant.id, sandbox_id, port, body.public)
+    return api.PortInfo(sandbox_id=sandbox_id, port=port, public=body.public)
+
+
+@ports.post("/sandboxes/{sandbox_id}/ports/{port}/tokens", status_code=201, response_model=api.PreviewToken)
+async def mint_preview_token(
+    request: Request, sandbox_id: str, port: Port, body: api.PreviewTokenRequest, tenant: Authed
+) -> api.PreviewToken:
+    """A token granting the port's preview URL alone, until it expires or is revoked."""
+    svc, _ = await _entry(request, tenant, sandbox_id)
+    minted = _previews(svc).access.mint(tenant.id, sandbox_id, port, body.ttl)
+    url = f"{api.API_PREFIX}/sandboxes/{sandbox_id}/ports/{port}/?preview_token={minted.token}"
+    return api.PreviewToken(
+        token=minted.token,
+        token_id=minted.token_id,
+        sandbox_id=sandbox_id,
+        port=port,
+        expires_at=minted.expires_at,
+        url=url,
+    )
+
+
+@ports.delete("/sandboxes/{sandbox_id}/ports/{port}/tokens/{token_id}", status_code=204, response_class=Response)
+async def revoke_preview_token(
+    request: Request, sandbox_id: str, port: Port, token_id: str, tenant: Authed
+) -> Response:
+    """Revoke a preview token of the sandbox: it grants nothing from now on."""
+    svc, _ = await _entry(request, tenant, sandbox_id)
+    _previews(svc).access.revoke(token_id)
+    return Response(status_code=204)
+
+
+ports.routes.extend(preview_routes(api.API_PREFIX))  # after the routes above: they come first

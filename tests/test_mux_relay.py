@@ -1,0 +1,246 @@
+"""A relayed connection (`sandboxes._mux._relay`): the exec helper connects to a port on
+127.0.0.1 and relays the bytes both ways over its stream, flow-controlled, on every stream
+variant of the helper. The pipe helper runs on the host, so the servers here are the test's own,
+on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
+
+from sandboxes._mux import MuxClient
+from sandboxes._mux._relay import WINDOW, connect_relay, open_relay
+
+Handler = Callable[[socket.socket], None]
+
+
+@pytest.fixture(params=[*_VARIANTS, _TIMED])
+def pipe(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
+    stream = _TimedPipeStream() if request.param == _TIMED else _PipeStream(_VARIANTS[request.param])
+    yield stream
+    stream.close()
+
+
+@pytest.fixture(params=["posix_spawn+subreaper", _TIMED])
+def big_pipe(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
+    """The two ways the client reads (its reader thread always, or callers in turn): what the
+    flow control depends on. The spawn variants only change how commands start."""
+    stream = _TimedPipeStream() if request.param == _TIMED else _PipeStream()
+    yield stream
+    stream.close()
+
+
+@pytest.fixture
+def client(pipe: _PipeStream) -> Iterator[MuxClient]:
+    mux = MuxClient(pipe)
+    yield mux
+    mux.close()
+
+
+class _Server:
+    """A TCP server on 127.0.0.1 serving each connection with ``handler`` on a thread of its own."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._handler = handler
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            self._handler(conn)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not)
+        self.listener.close()
+        self._accepting.join(10)
+        for thread in self._threads:
+            thread.join(10)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Handler], _Server]]:
+    servers: list[_Server] = []
+
+    def start(handler: Handler) -> _Server:
+        servers.append(_Server(handler))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _echo(conn: socket.socket) -> None:
+    while data := conn.recv(65536):
+        conn.sendall(data)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pattern(size: int, seed: bytes) -> bytes:
+    block = hashlib.sha256(seed).digest() * 2048  # 64 KiB
+    return (block * (size // len(block) + 1))[:size]
+
+
+def _hwm_kib(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_bytes_echo_both_ways_and_the_ends_close_in_order(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    server = serve(_echo)
+    with connect_relay(client, server.port, timeout=10) as conn:
+        conn.sendall(b"hello relay")
+        got = b""
+        while len(got) < 11:
+            got += conn.recv(100)
+        assert got == b"hello relay"
+        conn.shutdown_write()  # the server sees EOF, closes: the relay's read ends
+        assert conn.recv(100) == b""
+    assert client.alive
+
+
+def test_a_port_nothing_listens_on_is_refused_clearly(client: MuxClient) -> None:
+    port = _free_port()
+    with pytest.raises(ConnectionRefusedError, match=f"nothing listens on port {port}"):
+        connect_relay(client, port, timeout=10)
+    assert client.run("echo still", timeout=10, stdin=None, env=None, cwd=None, output_limit=100).output == "still\n"
+
+
+def test_a_relay_on_an_event_loop(client: MuxClient, serve: Callable[[Handler], _Server]) -> None:
+    server = serve(_echo)
+
+    async def scenario() -> bytes:
+        reader, writer = await open_relay(client, server.port)
+        writer.write(b"x" * 300_000)
+        await writer.drain()
+        got = await reader.readexactly(300_000)
+        writer.write_eof()
+        assert await reader.read() == b""
+        writer.close()
+        return got
+
+    assert asyncio.run(scenario()) == b"x" * 300_000
+
+
+def test_twenty_mib_both_ways_with_slow_readers_stay_within_the_windows(
+    big_pipe: _PipeStream, serve: Callable[[Handler], _Server]
+) -> None:
+    """Each side reads slowly; the other side's writes wait for its grants: the helper (whose
+    memory is measured) and the client never hold more than a window of the connection."""
+    size = 20 << 20
+    down, up = _pattern(size, b"down"), _pattern(size, b"up")
+    received = hashlib.sha256()
+    all_received = threading.Event()
+
+    def handler(conn: socket.socket) -> None:
+        sender = threading.Thread(target=lambda: (conn.sendall(down), conn.shutdown(socket.SHUT_WR)))
+        sender.start()
+        while data := conn.recv(16384):
+            received.update(data)
+            time.sleep(0.0005)  # a slow consumer, not a wait for an event
+        all_received.set()
+        sender.join()
+
+    server, echoing = serve(handler), serve(_echo)
+    mux = MuxClient(big_pipe)
+    try:
+        with connect_relay(mux, echoing.port, timeout=10) as warm:  # the helper's relay code, loaded
+            warm.shutdown_write()
+            assert warm.recv(1) == b""
+        baseline = _hwm_kib(big_pipe.process.pid)
+        conn = connect_relay(mux, server.port, timeout=30)
+        writer = threading.Thread(target=lambda: (conn.sendall(up), conn.shutdown_write()))
+        writer.start()
+        got, most_buffered = hashlib.sha256(), 0
+        total = 0
+        while chunk := conn.recv(16384):
+            got.update(chunk)
+            total += len(chunk)
+            most_buffered = max(most_buffered, conn._relayed._buffered)
+            time.sleep(0.0005)  # a slow consumer
+        writer.join(60)
+        conn.close()
+        assert total == size
+        assert got.digest() == hashlib.sha256(down).digest()
+        assert all_received.wait(30)
+        assert received.digest() == hashlib.sha256(up).digest()
+        assert most_buffered <= WINDOW
+        grown = _hwm_kib(big_pipe.process.pid) - baseline
+        assert grown < 8 << 10, f"the helper grew by {grown} KiB relaying 20 MiB each way"
+    finally:
+        mux.close()
+
+
+def test_fifty_connections_at_once(client: MuxClient, serve: Callable[[Handler], _Server]) -> None:
+    server = serve(_echo)
+
+    def one(index: int) -> bytes:
+        payload = _pattern(100_000 + index, str(index).encode())
+        with connect_relay(client, server.port, timeout=30) as conn:
+            conn.sendall(payload)
+            conn.shutdown_write()
+            parts = []
+            while chunk := conn.recv(65536):
+                parts.append(chunk)
+        assert b"".join(parts) == payload
+        return payload
+
+    with ThreadPoolExecutor(50) as pool:
+        assert len(list(pool.map(one, range(50)))) == 50
+
+
+def test_a_stalled_relay_stalls_neither_commands_nor_other_relays(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    def flood(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(b"z" * (8 << 20))
+
+    flooding = serve(flood)
+    echoing = serve(_echo)
+    stalled = connect_relay(client, flooding.port, timeout=10)
+    relayed = stalled._relayed
+    relayed.wait(lambda: relayed._buffered >= WINDOW - 65536, time.monotonic() + 10)  # its window is spent
+    started = time.monotonic()
+    answer = client.run("echo beside", timeout=10, stdin=None, env=None, cwd=None, output_limit=100)
+    assert answer.output == "beside\n"
+    with connect_relay(client, echoing.port, timeout=10) as other:
+        other.sendall(b"ping")
+        assert other.recv(4) == b"ping"
+    assert time.monotonic() - started < 5
+    assert relayed._buffered <= WINDOW
+    stalled.close()

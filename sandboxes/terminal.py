@@ -16,7 +16,7 @@ from sandboxes import protocol as p
 from sandboxes._helper.frames import RESIZE
 from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel
 from sandboxes._mux._frames import wire_spec
-from sandboxes._mux._shipped import ON_DEMAND_SOURCES
+from sandboxes._mux._shipped import sources_of
 from sandboxes._output import as_output_hook
 
 __all__ = [
@@ -43,7 +43,7 @@ neither block nor raise."""
 def pty_spec(cols: int, rows: int) -> dict[str, object]:
     """The fields of a request that runs its command on a terminal of ``cols`` x ``rows``, with
     the helper's terminal module (not in its bootstrap: `sandboxes._mux._shipped.ON_DEMAND`)."""
-    return {"pty": {"cols": cols, "rows": rows}, "sources": ON_DEMAND_SOURCES}
+    return {"pty": {"cols": cols, "rows": rows}, "sources": sources_of("_pty")}
 
 
 class TerminalError(Exception):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from sandboxes._helper.frames import GRANT, STDIN
 from sandboxes._mux._channel import Channel, open_channel
+from sandboxes._mux._shipped import sources_of
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
 from sandboxes._output import Stream
@@ -57,7 +58,7 @@ class _Relayed:
             mux,
             "",
             timeout=None,
-            spec={"relay": {"port": port, "window": WINDOW}},
+            spec={"relay": {"port": port, "window": WINDOW}, "sources": sources_of("_relay")},
             on_output=self._arrived,
             on_frame=self._framed,
         )

@@ -11,6 +11,7 @@ imported: the file ops (`_files` and its imports) once the helper idles or at it
 from __future__ import annotations
 
 import binascii
+import functools
 import marshal
 import zlib
 from collections.abc import Mapping
@@ -21,11 +22,11 @@ from sandboxes import _helper
 __all__ = [
     "HELPER_SOURCES",
     "ON_DEMAND",
-    "ON_DEMAND_SOURCES",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "SHIPPED_PACKAGE",
     "bootstrap",
+    "sources_of",
 ]
 
 _HERE = Path(_helper.__file__).parent
@@ -37,15 +38,20 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
-ON_DEMAND = ("_watch", "_snapshots", "_pty")
-"""Modules left out of the bootstrap: they come with the first request that needs them
-(`ON_DEMAND_SOURCES`), so that a capability few sandboxes use does not lengthen every start."""
+ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay")
+"""Modules left out of the bootstrap: they come with each request that needs them (`sources_of`),
+so that a capability few sandboxes use does not lengthen every start."""
 
-ON_DEMAND_SOURCES = binascii.b2a_base64(
-    zlib.compress(marshal.dumps({name: HELPER_SOURCES[name] for name in ON_DEMAND}, 4), 9), newline=False
-).decode("ascii")
-"""The `ON_DEMAND` modules, as a request's ``sources`` carries them (``_server._watch`` adds them
-to what the helper's importer serves)."""
+
+@functools.cache
+def sources_of(*names: str) -> str:
+    """The ``sources`` of a request that needs the `ON_DEMAND` modules ``names`` (the helper's
+    ``_server._add_sources`` adds them to what its importer serves)."""
+    unknown = set(names) - set(ON_DEMAND)
+    if unknown:
+        raise ValueError(f"not modules shipped on demand: {sorted(unknown)}")
+    packed = zlib.compress(marshal.dumps({name: HELPER_SOURCES[name] for name in names}, 4), 9)
+    return binascii.b2a_base64(packed, newline=False).decode("ascii")
 
 
 def bootstrap(sources: Mapping[str, str]) -> str:

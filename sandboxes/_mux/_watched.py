@@ -4,7 +4,7 @@ docstring."""
 
 from __future__ import annotations
 
-from sandboxes._mux._shipped import ON_DEMAND_SOURCES
+from sandboxes._mux._shipped import sources_of
 
 __all__ = ["watch_spec"]
 
@@ -13,4 +13,4 @@ def watch_spec(path: str, *, recursive: bool = False, **bounds: float) -> dict[s
     """The ``spec`` of a channel that watches the directory ``path`` (``bounds``: the helper's
     ``max_watches``, ``max_events``, ``max_entries``, ``poll_interval``), its modules with it
     (`sandboxes._mux._shipped.ON_DEMAND`)."""
-    return {"watch": {"path": path, "recursive": recursive, **bounds}, "sources": ON_DEMAND_SOURCES}
+    return {"watch": {"path": path, "recursive": recursive, **bounds}, "sources": sources_of("_watch", "_snapshots")}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the sandboxes images: sandboxes/runtime, sandboxes/ssh-vm and sandboxes/service, tagged
-# <VERSION> and latest.
+# Build the sandboxes images: sandboxes/runtime, sandboxes/ssh-vm, sandboxes/service and
+# sandboxes/code-interpreter, tagged <VERSION> and latest.
 #
 #   images/build.sh                              # offline: base debootstrapped from the apt mirror
 #   BASE=debian:bookworm-slim images/build.sh    # online: base pulled from a registry
@@ -21,9 +21,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(runtime ssh-vm service)
+[ ${#targets[@]} -gt 0 ] || targets=(runtime ssh-vm service code-interpreter)
 for target in "${targets[@]}"; do
-    case "$target" in runtime | ssh-vm | service) ;; *) echo "build.sh: unknown image $target" >&2; exit 2 ;; esac
+    case "$target" in runtime | ssh-vm | service | code-interpreter) ;; *) echo "build.sh: unknown image $target" >&2; exit 2 ;; esac
 done
 wanted() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 version=$(tr -d '[:space:]' <"$here/VERSION")
@@ -138,17 +138,30 @@ fi
 # only a change to pyproject.toml invalidates), over HTTPS checked against this machine's CA
 # bundle (a TLS-inspecting proxy's CA is in it, not in the image's); the bundle is used in the
 # build stage only and does not reach the image.
+extra=$(mktemp -d)
+trap 'rm -rf "$extra"' EXIT
+ca=${BUILD_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
+if [ -s "$ca" ]; then cp "$ca" "$extra/build-ca.pem"; else : >"$extra/build-ca.pem"; fi
+
 if wanted service; then
     log "docker build sandboxes/service:$version"
-    extra=$(mktemp -d)
-    trap 'rm -rf "$extra"' EXIT
-    ca=${BUILD_CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
-    if [ -s "$ca" ]; then cp "$ca" "$extra/build-ca.pem"; else : >"$extra/build-ca.pem"; fi
+    bash "$repo/console/build.sh"  # the web console the service serves, in the package it copies
     tar -c --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
         --exclude=__pycache__ --exclude='*.pyc' \
         -C "$repo" pyproject.toml README.md sandboxes images/service -C "$extra" build-ca.pem |
         docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
             -f images/service/Dockerfile -t "sandboxes/service:$version" -t sandboxes/service:latest -
+fi
+
+# The code interpreter's kernels and libraries come from PyPI during the build, into a layer that
+# only a change to its requirements invalidates; the same CA bundle rule as the service's.
+if wanted code-interpreter; then
+    log "docker build sandboxes/code-interpreter:$version"
+    tar -c --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+        -C "$repo" images/code-interpreter -C "$extra" build-ca.pem |
+        docker build "${build_args[@]}" --build-arg "RUNTIME=sandboxes/runtime:$version" \
+            -f images/code-interpreter/Dockerfile \
+            -t "sandboxes/code-interpreter:$version" -t sandboxes/code-interpreter:latest -
 fi
 
 docker image ls --filter reference='sandboxes/*' >&2

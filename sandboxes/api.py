@@ -62,6 +62,7 @@ __all__ = [
     "GrepRequest",
     "Health",
     "LsRequest",
+    "Overview",
     "ProcessInfo",
     "ReadRequest",
     "RenewSandbox",
@@ -69,6 +70,9 @@ __all__ = [
     "SandboxList",
     "ServiceErrorCode",
     "StreamEvent",
+    "TemplateInfo",
+    "TemplateList",
+    "TenantUsage",
     "UploadItem",
     "UploadRequest",
     "WireErrorCode",
@@ -364,6 +368,43 @@ FILE_RESULTS: dict[str, Any] = {
 }
 """Response type per ``/files/{op}``: the protocol's result (its dataclass as JSON), a list of
 them for upload, and for download a list of `DownloadItem` (content in base64)."""
+
+
+class TemplateInfo(_Answer):
+    """A template a tenant may create sandboxes from (``GET /v1/templates``)."""
+
+    name: str
+    backend: str
+    cpus: float
+    memory: str
+    ttl: float
+
+
+class TemplateList(_Answer):
+    templates: list[TemplateInfo]
+
+
+class TenantUsage(_Answer):
+    """One tenant's sandboxes held by this replica, against its quotas."""
+
+    tenant: str
+    sandboxes: int
+    cpus: float
+    memory: int
+    """Bytes."""
+    max_sandboxes: int
+    max_cpus: float
+    max_memory: int
+    """Bytes."""
+
+
+class Overview(_Answer):
+    """``GET /v1/operator/overview``, for an operator's key only: every tenant's usage, the
+    templates, and the service's health."""
+
+    tenants: list[TenantUsage]
+    templates: list[TemplateInfo]
+    health: Health
 
 
 class Health(_Answer):

@@ -101,6 +101,14 @@ class TemplateConfig(BaseModel, abc.ABC):
     """Default lifetime in seconds when the client asks for none."""
     env: dict[str, str] = Field(default_factory=dict)
     default_timeout: float = Field(default=120.0, ge=0)
+    start: str | None = None
+    """A command each new sandbox of this template starts in the background (a job, as
+    `sandboxes.jobs` runs them) before its create answers: a server the template offers, such
+    as the code interpreter's (`sandboxes.server.startup`)."""
+    ready_port: int | None = Field(default=None, ge=1, le=65535)
+    """The port inside the sandbox that ``start`` listens on: the create answers once it accepts
+    connections, and fails (the sandbox removed) if it does not within ``ready_timeout``."""
+    ready_timeout: float = Field(default=60.0, gt=0)
 
     label_values_only: ClassVar[bool] = False
     """Whether tenants and clients' labels are recorded where only label values fit

@@ -63,6 +63,11 @@ if docker info >/dev/null 2>&1; then
         say "building the sandbox image sandboxes/runtime:$version (offline, a few minutes the first time)"
         bash images/build.sh runtime
     fi
+    if ! docker image inspect "sandboxes/code-interpreter:$version" >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ] \
+        && docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1; then
+        say "building the code interpreter image sandboxes/code-interpreter:$version (its libraries from PyPI)"
+        bash images/build.sh code-interpreter || say "the code interpreter image did not build: E2B's code-interpreter-v1 is off"
+    fi
     if docker image inspect "sandboxes/runtime:$version" >/dev/null 2>&1; then
         backend=docker
     else
@@ -96,6 +101,12 @@ digest=$(printf '%s\n' "$key" | "$python" -m sandboxes.server --hash-key)
     printf 'host = "127.0.0.1"\nport = %s\ndata_dir = "%s/data"\nowner = "sandboxes-demo"\n\n' "$port" "$state"
     if [ "$backend" = docker ]; then
         printf '[templates.default]\nbackend = "docker"\nimage = "sandboxes/runtime:%s"\n\n' "$version"
+        if docker image inspect "sandboxes/code-interpreter:$version" >/dev/null 2>&1; then
+            # E2B's code-interpreter-v1: a Jupyter server on port 49999, up before the create answers.
+            printf '[templates.code-interpreter]\nbackend = "docker"\nimage = "sandboxes/code-interpreter:%s"\n' "$version"
+            printf 'memory = "1g"\nstart = "/opt/code-interpreter/bin/python /opt/code-interpreter/server.py"\n'
+            printf 'ready_port = 49999\n\n'
+        fi
     else
         printf '[templates.default]\nbackend = "local"\n\n'
     fi

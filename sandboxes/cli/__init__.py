@@ -7,8 +7,8 @@ rooted at ``--root``) and a remote one (``--sandbox ID`` of the service at ``--u
 a `SandboxBackendProtocol`.
 
 Mode: ``--url`` or ``--sandbox`` means the service, ``--root`` a local sandbox; with neither,
-``SANDBOXES_URL`` in the environment means the service, else local. ``create``, ``rm`` and ``cp``
-only exist against a service; ``serve`` runs one.
+``SANDBOXES_URL`` in the environment means the service, else local. ``create``, ``rm``, ``cp``
+and ``mcp`` (an MCP server on stdio) only exist against a service; ``serve`` runs one.
 
 Exit status: 0 on success, 1 when the backend or the service reports an error (``error: <code>:
 <message>`` on stderr), 2 for usage errors; ``exec`` exits with the command's own status (124 on
@@ -102,6 +102,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise Failed(p.BACKEND_ERROR, f"the service needs the server extra ({hint}): {exc}") from exc
     if args.kind == "cp":
         return remote.cmd_cp(args)
+    if args.kind == "mcp":
+        return remote.cmd_mcp(args)
     if args.kind == "service":
         with remote.connect(args) as client:
             code = args.handler(args, client)
@@ -232,6 +234,13 @@ def _add_service_commands(add: Callable[[str, Callable[..., int] | None, str, st
     )
     cmd.add_argument("source", metavar="SOURCE")
     cmd.add_argument("target", metavar="TARGET")
+    add(
+        "mcp",
+        None,
+        "serve the service's sandboxes to an agent as an MCP server on stdin and stdout "
+        "(--sandbox ID: the sandbox calls act on when they name none)",
+        "mcp",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,3 +182,19 @@ def _download(session: Session, raw_source: str, local: str) -> None:
     from sandboxes.cli import _transfer
 
     _transfer.extract(chunks, into, rename=name)
+
+
+# ---------------------------------------------------------------------- MCP
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve MCP on stdio until stdin ends, as the key's tenant of the service at ``--url``."""
+    url = service_url(args)
+    try:
+        from sandboxes.mcp import run_stdio
+    except ImportError as exc:
+        raise Failed(
+            p.BACKEND_ERROR, f"the MCP server needs the mcp extra (pip install 'sandboxes[mcp]'): {exc}"
+        ) from exc
+    run_stdio(url, args.api_key or os.environ.get(KEY_ENV) or None, sandbox_id=args.sandbox)
+    return 0

@@ -17,9 +17,9 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -30,10 +30,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import responses
+from sandboxes.server import operator, responses
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
+from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MCP_PATH = "/mcp"
+"""Where the service serves MCP over streamable HTTP when ``settings.mcp`` is on (`sandboxes.mcp.mount`)."""
 
 
 class BodyTooLarge(HTTPException):
@@ -64,6 +67,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+    mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,7 +80,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         await registry.start()
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})
         try:
-            yield
+            async with mcp_sessions():
+                yield
         finally:
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
@@ -94,7 +99,14 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
+    app.router.routes.extend(operator.router.routes)
     mount_e2b(app)  # the E2B-compatible API under /e2b
+    if settings.console:
+        mount_console(app)
+    if settings.mcp:
+        from sandboxes.mcp import mount as mount_mcp  # the mcp extra, only when asked for
+
+        mcp_sessions = mount_mcp(app)  # MCP over streamable HTTP at /mcp, calling this app as its caller
     _describe_templates(app, sorted(settings.templates))
     _install_error_handlers(app, metrics)
     app.add_middleware(_RequestMiddleware, service=service)
@@ -246,9 +258,12 @@ class _RequestMiddleware:
             REQUEST_ID.reset(token)
 
     def _needs_key(self, path: str) -> bool:
-        """Every ``/v1`` route but the OpenAPI description; ``/metrics`` unless configured open."""
+        """Every ``/v1`` route but the OpenAPI description; ``/mcp`` when served; ``/metrics``
+        unless configured open."""
         if path.startswith(f"{api.API_PREFIX}/"):
             return path != f"{api.API_PREFIX}/openapi.json"
+        if path.rstrip("/") == MCP_PATH:
+            return self.service.settings.mcp
         return path == "/metrics" and self.service.settings.metrics_access == "key"
 
 

@@ -45,6 +45,7 @@ from sandboxes.server.archive import checked_path, extract_local, open_local_arc
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
 from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.startup import start_template
 from sandboxes.server.store import SandboxState
 from sandboxes.server.streams import CHUNK, ChunkSink, Emit
 from sandboxes.templates import ProviderContext, Template
@@ -158,6 +159,11 @@ class ProviderBackend:
         options = CreateOptions(labels=recorded, env=env, expires_at=expires_at if self.shared else None, name=name)
         made = self.provider.create(options)
         sandbox = _held(made)
+        try:
+            start_template(sandbox, self.template)
+        except BaseException:
+            made.destroy()
+            raise
         state = SandboxState(
             id=sandbox_id,
             tenant=tenant,

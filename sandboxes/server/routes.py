@@ -223,7 +223,15 @@ _FAILURES = {
     503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
     507: "The sandbox's disk is full (`no_space`)",
 }
-router = APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
+
+
+def api_router() -> APIRouter:
+    """A router for the service's public API (this module's `router`, and modules that add
+    to it): its prefix, its route class and its documented failures."""
+    return APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 413, 422, 429, 503))
+
+
+router = api_router()
 health = APIRouter()
 
 

@@ -90,6 +90,11 @@ class ServiceSettings(BaseSettings):
     insecure: bool = False
     """Start without API keys (every request is tenant ``anonymous``) and allow unisolated
     local templates. Only for a laptop."""
+    console: bool = False
+    """Serve the web console at ``/console`` (built by ``console/build.sh``; the same keys as the API)."""
+    operators: list[str] = Field(default_factory=list)
+    """Tenants whose keys are also an operator's: they see every tenant's usage
+    (``GET /v1/operator/overview``, the console's operator page)."""
     docker_url: str | None = None
     """Docker engine to use; ``None``: the environment's (``DOCKER_HOST`` or the local socket)."""
     max_ttl: float = Field(default=24 * 3600.0, gt=0)
@@ -146,6 +151,9 @@ class ServiceSettings(BaseSettings):
     metrics_access: Literal["key", "open"] = "key"
     """``/metrics`` needs an API key (``key``, like every ``/v1`` route) or answers anyone
     (``open``: only behind a network that keeps strangers off the port)."""
+    mcp: bool = False
+    """Serve MCP over streamable HTTP at ``/mcp`` (the ``mcp`` extra): tools that call this API
+    as the tenant whose key each request bears (`sandboxes.mcp`)."""
     drain_timeout: float = Field(default=30.0, ge=0)
     """Seconds a shutdown waits for in-flight requests."""
     log_level: str = "INFO"

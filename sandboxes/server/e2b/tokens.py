@@ -37,8 +37,10 @@ class E2BSettings(BaseSettings):
     token_secret: SecretStr | None = None
     """Signs the envd access tokens; replicas must share it. Unset: the one kept in the service's
     data directory (`signing_secret`)."""
-    templates: dict[str, str] = {"base": "default"}
-    """E2B template name -> one of the service's templates; a name not here is looked up as is."""
+    templates: dict[str, str] = {"base": "default", "code-interpreter-v1": "code-interpreter"}
+    """E2B template name -> one of the service's templates; a name not here is looked up as is.
+    ``code-interpreter-v1`` (what `e2b_code_interpreter.Sandbox` creates) needs a service template
+    named ``code-interpreter`` (the image ``sandboxes/code-interpreter``, see docs/e2b.md)."""
 
 
 SECRET_FILE = "e2b-token-secret"  # noqa: S105 (a file name, not a secret)

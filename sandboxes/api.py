@@ -55,6 +55,7 @@ __all__ = [
     "DownloadItem",
     "DownloadRequest",
     "EditRequest",
+    "EgressRules",
     "ErrorBody",
     "ExecuteRequest",
     "ExecuteResult",
@@ -207,6 +208,9 @@ class ErrorBody(_Answer):
     request_id: str | None = None
 
 
+EgressRule = Annotated[str, Field(min_length=1, max_length=300)]
+
+
 class CreateSandbox(_Request):
     template: str = "default"
     """One of the service's templates (the OpenAPI document lists this service's)."""
@@ -214,6 +218,19 @@ class CreateSandbox(_Request):
     ttl: float | None = Field(default=None, ge=1)
     """Seconds, at least one; ``None`` takes the template's default. Capped by the service's maximum."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, json_schema_extra=_CLOSED)
+    egress: list[EgressRule] | None = Field(default=None, max_length=1000)
+    """The sandbox's egress allow-list, on a template with egress; ``None``: the template's."""
+
+
+class EgressRules(_Model):
+    """``GET``/``PUT /v1/sandboxes/{id}/egress``: the destinations the sandbox's egress proxy lets
+    through (``example.com``, ``*.example.com``, ``*``, ``10.0.0.0/8``, each with optional
+    ``:port,port``), checked on the addresses a name resolves to. A change applies to the next
+    connection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[EgressRule] = Field(max_length=1000)
 
 
 class RenewSandbox(_Request):

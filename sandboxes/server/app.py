@@ -36,6 +36,8 @@ from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
+from sandboxes.server.egress import routes as egress_routes
+from sandboxes.server.egress.hub import EgressHub
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
@@ -67,6 +69,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     metrics = Metrics()
     registry = Registry(settings, make_backends(settings, docker_client), metrics, clock)
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
+    egress = EgressHub(settings, registry.holds)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
 
     @asynccontextmanager
@@ -83,6 +86,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
             async with mcp_sessions():
                 yield
         finally:
+            await egress.close()
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
             files.shutdown(wait=False, cancel_futures=True)
@@ -99,7 +103,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.router.routes.extend([*hot_routes(), *router.routes, *health.routes])  # one table, no nesting
-    app.router.routes.extend(operator.router.routes)
+    app.router.routes.extend([*operator.router.routes, *egress_routes.router.routes])
+    app.state.egress = egress
+    registry.on_register.append(egress.attach)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
         mount_console(app)

@@ -43,7 +43,7 @@ from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.holdings import Holdings
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
-from sandboxes.server.validation import check_env, check_labels
+from sandboxes.server.validation import check_egress, check_env, check_labels
 
 __all__ = ["Entry", "Registry"]
 
@@ -124,6 +124,7 @@ class Registry(Holdings):
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
+        check_egress(template, request.egress)
         backend = self.backends[request.template]
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
@@ -142,6 +143,7 @@ class Registry(Holdings):
         )
         try:
             state, sandbox = await asyncio.shield(work)
+            state.egress = request.egress
         except asyncio.CancelledError:
             # The request is abandoned (shutdown) but the sandbox is being made all the same:
             # track it, so its TTL reaps it, rather than leaking it until the next restart.

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -38,6 +38,14 @@ def _default_templates() -> dict[str, Template]:
     return {"default": validate_template({})}
 
 
+class EgressCredential(_Frozen):
+    """Headers the egress proxy adds to a tenant's plain-HTTP requests for ``host`` (exact, or
+    ``*.domain``): a token its sandboxes use without ever holding it."""
+
+    host: str = Field(min_length=1, max_length=253)
+    headers: dict[str, SecretStr]
+
+
 class TenantPolicy(_Frozen):
     max_sandboxes: int = Field(default=10, ge=0)
     max_cpus: float = Field(default=8.0, ge=0)
@@ -52,6 +60,8 @@ class TenantPolicy(_Frozen):
     ``rate_limited`` (429, ``Retry-After``) once none ended for ``command_slot_wait``. Also
     the most re-attached streams of streamed commands it may have open at once (one more is
     refused the same way)."""
+    egress_credentials: list[EgressCredential] = Field(default_factory=list)
+    """Added by the egress proxy to the tenant's sandboxes' requests (`EgressCredential`)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -174,6 +184,12 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.templates:
             raise ValueError("at least one template is needed")
+        for name, template in self.templates.items():
+            if template.egress and not template.own_loopback:
+                raise ValueError(
+                    f"template {name!r}: egress needs sandboxes with a loopback of their own, and these share "
+                    "their host's (another sandbox could use their proxy)"
+                )
         tenants = {*self.api_keys.values(), *self.tenants}
         for name, template in self.templates.items():
             try:

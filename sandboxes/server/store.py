@@ -47,6 +47,9 @@ class SandboxState:
     idempotency`), also a label on the sandbox; empty: created without one."""
     request_digest: str = ""
     """The digest of the create request that made it, to tell a replay from a key reused."""
+    egress: list[str] | None = None
+    """The egress allow-list its create asked for (``None``: its template's); a change at run
+    time is the replica's own (`sandboxes.server.egress.hub`)."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 
 from sandboxes.server.backends import LABEL_USER_PREFIX
+from sandboxes.server.egress.policy import EgressPolicy
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.settings import LABEL_VALUE
+from sandboxes.templates import TemplateConfig
 
-__all__ = ["check_env", "check_labels"]
+__all__ = ["check_egress", "check_env", "check_labels"]
 
 
 def check_env(env: dict[str, str]) -> None:
@@ -38,3 +40,15 @@ def check_labels(labels: dict[str, str], *, pod_labels: bool = False) -> None:
                 f"invalid label {key!r} for a pod (name: {longest} characters max; value: 63 max, "
                 "[A-Za-z0-9._-], starting and ending alphanumeric)",
             )
+
+
+def check_egress(template: TemplateConfig, allow: list[str] | None) -> None:
+    """A create's egress allow-list: only on a template with egress, and every rule parses."""
+    if allow is None:
+        return
+    if not template.egress:
+        raise ServiceError("invalid_request", "this template's sandboxes have no egress: egress is not allowed")
+    try:
+        EgressPolicy(allow=allow)
+    except ValueError as exc:
+        raise ServiceError("invalid_request", f"egress: {exc}") from exc

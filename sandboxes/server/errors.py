@@ -26,6 +26,7 @@ _STATUS: dict[WireErrorCode, int] = {
     "not_a_directory": 422,
     "is_directory": 422,
     "no_space": 507,
+    "unavailable": 409,
 }
 
 

@@ -213,6 +213,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": api.ErrorBody, "description": _FAILURES[status]} for status in statuses}
 
 
+errors_documented = _errors
+
+
 _FAILURES = {
     401: "No valid API key (`unauthorized`)",
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
@@ -220,6 +223,7 @@ _FAILURES = {
     413: "The request body is over the service's limit (`too_large`)",
     422: "The request is malformed, names what does not exist, or reuses an idempotency key for another body",
     429: "Over the tenant's request rate or command slots (`rate_limited`); see `Retry-After`",
+    409: "What was asked for is not available for this sandbox or template (`unavailable`)",
     503: "The sandbox's backend failed or is unreachable (`backend_unavailable`)",
     507: "The sandbox's disk is full (`no_space`)",
 }
@@ -264,7 +268,7 @@ async def _backend(function: Callable[..., T], *args: Any, lane: Lane | None = N
 # ---------------------------------------------------------------------- lifecycle
 
 
-@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403))
+@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403, 409))
 async def create_sandbox(
     request: Request,
     response: Response,

@@ -47,7 +47,7 @@ def check_egress(template: TemplateConfig, allow: list[str] | None) -> None:
     if allow is None:
         return
     if not template.egress:
-        raise ServiceError("invalid_request", "this template's sandboxes have no egress: egress is not allowed")
+        raise ServiceError("unavailable", "this template's sandboxes have no egress: an allow-list cannot apply")
     try:
         EgressPolicy(allow=allow)
     except ValueError as exc:

@@ -230,5 +230,5 @@ def test_a_template_without_egress_refuses_an_allow_list(tmp_path_factory: pytes
     settings = settings_for(tmp_path_factory.mktemp("noegress"))
     with running(settings) as svc, svc.client() as client:
         answer = client.post("/v1/sandboxes", json={"egress": ["example.com"]})
-    assert answer.status_code == 422
+    assert answer.status_code == 409
     assert "no egress" in answer.text

@@ -1,6 +1,6 @@
 """``GET``/``PUT /v1/sandboxes/{id}/egress``: a sandbox's egress allow-list, read and changed
 at run time (`sandboxes.server.egress.hub.EgressHub`); a sandbox without egress answers
-``invalid_request``."""
+``unavailable`` (409)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from fastapi import Request
 from sandboxes import api
 from sandboxes.server.egress.hub import EgressHub
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.routes import Authed, api_router, service_of
+from sandboxes.server.routes import Authed, api_router, errors_documented, service_of
 
 __all__ = ["router"]
 
 router = api_router()
+_UNAVAILABLE = errors_documented(409)
 
 
 def _hub(request: Request) -> EgressHub:
@@ -21,16 +22,16 @@ def _hub(request: Request) -> EgressHub:
     return hub
 
 
-@router.get("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
+@router.get("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules, responses=_UNAVAILABLE)
 async def get_egress(request: Request, sandbox_id: str, tenant: Authed) -> api.EgressRules:
     await service_of(request).registry.find(tenant, sandbox_id)
     allow = _hub(request).allow_list(sandbox_id)
     if allow is None:
-        raise ServiceError("invalid_request", f"sandbox {sandbox_id} has no egress here")
+        raise ServiceError("unavailable", f"sandbox {sandbox_id} has no egress (its template has none)")
     return api.EgressRules(allow=allow)
 
 
-@router.put("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
+@router.put("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules, responses=_UNAVAILABLE)
 async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: api.EgressRules) -> api.EgressRules:
     await service_of(request).registry.find(tenant, sandbox_id)
     try:
@@ -38,5 +39,5 @@ async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: ap
     except ValueError as exc:
         raise ServiceError("invalid_request", f"egress: {exc}") from exc
     if not changed:
-        raise ServiceError("invalid_request", f"sandbox {sandbox_id} has no egress here")
+        raise ServiceError("unavailable", f"sandbox {sandbox_id} has no egress (its template has none)")
     return body

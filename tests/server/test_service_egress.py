@@ -184,6 +184,18 @@ def test_an_allowed_destination_answers_with_the_tenants_credential(
     assert "HTTP_PROXY=http://127.0.0.1:3128" in looked["output"]
 
 
+def test_curl_goes_through_the_proxy_forwarded_and_tunnelled(service: Running, sandbox: str, allowed: Target) -> None:
+    _until_listening(service, sandbox, allowed)
+    url = f"http://127.0.0.2:{allowed.port}/curl"
+    forwarded = _run(service, sandbox, f"curl -sS --max-time 20 {url}")
+    tunnelled = _run(service, sandbox, f"curl -sS --max-time 20 --proxytunnel {url}")
+    refused = _run(service, sandbox, "curl -sS --max-time 20 --proxytunnel http://169.254.169.254/latest/meta-data/")
+    assert forwarded["output"] == "hello from 127.0.0.2"
+    assert tunnelled["output"] == "hello from 127.0.0.2"
+    assert refused["exit_code"] != 0
+    assert "403" in refused["output"]
+
+
 def test_pip_downloads_through_the_proxy(service: Running, sandbox: str, allowed: Target) -> None:
     _until_listening(service, sandbox, allowed)
     command = (

@@ -81,6 +81,7 @@ __all__ = [
     "DownloadItem",
     "DownloadRequest",
     "EditRequest",
+    "EgressRules",
     "ErrorBody",
     "ExecuteRequest",
     "ExecuteResult",
@@ -267,6 +268,9 @@ class VolumeMount(_Request):
     read_only: bool = False
 
 
+EgressRule = Annotated[str, Field(min_length=1, max_length=300)]
+
+
 class CreateSandbox(_Request):
     template: str = "default"
     """One of the service's templates (the OpenAPI document lists this service's)."""
@@ -281,6 +285,17 @@ class CreateSandbox(_Request):
     snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
     """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
     its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""
+
+
+class EgressRules(_Model):
+    """``GET``/``PUT /v1/sandboxes/{id}/egress``: the destinations the sandbox's egress proxy lets
+    through (``example.com``, ``*.example.com``, ``*``, ``10.0.0.0/8``, each with optional
+    ``:port,port``), checked on the addresses a name resolves to. A change applies to the next
+    connection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[EgressRule] = Field(max_length=1000)
 
 
 class RenewSandbox(_Request):

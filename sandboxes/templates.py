@@ -109,6 +109,20 @@ class TemplateConfig(BaseModel, abc.ABC):
     """The port inside the sandbox that ``start`` listens on: the create answers once it accepts
     connections, and fails (the sandbox removed) if it does not within ``ready_timeout``."""
     ready_timeout: float = Field(default=60.0, gt=0)
+    egress: bool = False
+    """Whether its sandboxes may reach out, through the service's egress proxy only
+    (`sandboxes.server.egress`): their commands get ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``
+    pointing at `egress_port` inside the sandbox, which the exec helper relays to the service;
+    every destination is checked against the sandbox's allow-list. The sandbox still has no
+    network of its own."""
+    egress_allow: list[str] = Field(default_factory=list)
+    """The allow-list a sandbox starts with (`sandboxes.server.egress.policy.parse_rule`), unless
+    its create asks for another; changed at run time through the API."""
+    egress_open_ranges: list[str] = Field(default_factory=list)
+    """Non-public address ranges (``10.0.0.0/8``, ``127.0.0.0/8``) an allow-list may name; every
+    other non-public address (private, loopback, link-local, the metadata address) is refused."""
+    egress_port: int = Field(default=3128, ge=1, le=65535)
+    """The port inside the sandbox its proxy variables point at."""
 
     label_values_only: ClassVar[bool] = False
     """Whether tenants and clients' labels are recorded where only label values fit
@@ -123,6 +137,12 @@ class TemplateConfig(BaseModel, abc.ABC):
     @property
     def memory_bytes(self) -> int:
         return parse_memory(self.memory)
+
+    @property
+    def own_loopback(self) -> bool:
+        """Whether each sandbox has a loopback interface of its own (its own network namespace):
+        then a port there is its alone, which egress needs (another sandbox could use its proxy)."""
+        return True
 
     @abc.abstractmethod
     def provider(self, context: ProviderContext) -> Provider[Sandbox]:

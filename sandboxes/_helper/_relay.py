@@ -56,6 +56,11 @@ class Relay(object):
 
     def __init__(self, ident: int, spec: "dict[str, Any]") -> None:
         port, window = spec.get("port"), spec.get("window", WINDOW)
+        accepted = spec.get("accepted")
+        if accepted is not None:  # a connection a listener took (`Listener`): already connected
+            if type(accepted) is not int or accepted not in _accepted:
+                raise ValueError("no accepted connection %r waits" % (accepted,))
+            sock, port = _accepted.pop(accepted)
         if type(port) is not int or not 0 < port < 65536:
             raise ValueError("a relay needs a port from 1 to 65535, not %r" % (port,))
         if type(window) is not int or not 0 < window <= MAX_WINDOW:
@@ -70,14 +75,21 @@ class Relay(object):
         self.closing = False  # C came
         self.hung_up = False  # the socket reported a hang-up: polled only to read what is left
         self.events = -1  # as registered with the poller; -1: not registered
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setblocking(False)
-        code = self.sock.connect_ex(("127.0.0.1", port))
-        if code not in (0, errno.EINPROGRESS):
-            self.sock.close()
-            raise ConnectionError(_reason(code, port))
+        if accepted is not None:
+            self.sock = sock
+            self.sock.setblocking(False)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setblocking(False)
+            code = self.sock.connect_ex(("127.0.0.1", port))
+            if code not in (0, errno.EINPROGRESS):
+                self.sock.close()
+                raise ConnectionError(_reason(code, port))
         self.fd = self.sock.fileno()
         _relays[ident] = self
+        if accepted is not None:
+            self.connected = True
+            send(GRANT, ident, _COUNT.pack(WINDOW), answer=True)  # connected: the client's credit
         self.update()
 
     def update(self) -> None:
@@ -211,21 +223,101 @@ class Relay(object):
         self.sock.close()
 
 
+class Listener(object):
+    """A TCP listener on 127.0.0.1:port inside the sandbox (an R request whose spec carries
+    ``listen: {"port": P}``): each connection it accepts waits, at most `MAX_PENDING` at once
+    (more are closed at once), until the client adopts it as a relay (``relay: {"accepted":
+    N}``); the client learns of it by an O line ``{"accepted": N}`` (the first line,
+    ``{"listening": P}``, says the port is bound). K closes it and the connections still waiting."""
+
+    def __init__(self, ident: int, spec: "dict[str, Any]") -> None:
+        port = spec.get("port")
+        if type(port) is not int or not 0 < port < 65536:
+            raise ValueError("a listener needs a port from 1 to 65535, not %r" % (port,))
+        self.ident, self.port = ident, port
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind(("127.0.0.1", port))
+            self.sock.listen(MAX_PENDING)
+        except OSError:
+            self.sock.close()
+            raise
+        self.sock.setblocking(False)
+        self.fd = self.sock.fileno()
+        self.waiting = []  # type: list[int]
+        _listeners[ident] = self
+        _poller.register(self.fd, _IN, self.on_event)
+        send(OUTPUT, ident, b'{"listening": %d}\n' % port, answer=True)
+
+    def on_event(self, _mask: int) -> None:
+        while self.ident in _listeners:
+            try:
+                conn, _address = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.close()
+                send(ERROR, self.ident, ("listener on port %d failed: %s" % (self.port, exc)).encode(), answer=True)
+                return
+            self.waiting = [number for number in self.waiting if number in _accepted]
+            if len(self.waiting) >= MAX_PENDING:
+                conn.close()  # nobody adopts them: the sandbox's client sees a reset, not a hang
+                continue
+            _next_accepted[0] += 1
+            number = _next_accepted[0]
+            _accepted[number] = (conn, self.port)
+            self.waiting.append(number)
+            send(OUTPUT, self.ident, b'{"accepted": %d}\n' % number, answer=True)
+
+    def feed(self, kind: bytes, payload: bytes) -> None:
+        if kind == KILL:
+            self.close()
+            send_exit(self.ident, None)
+
+    def close(self) -> None:
+        if _listeners.pop(self.ident, None) is None:
+            return
+        _poller.unregister(self.fd)
+        self.sock.close()
+        for number in self.waiting:
+            waiting = _accepted.pop(number, None)
+            if waiting is not None:
+                waiting[0].close()
+
+
+MAX_PENDING = 64
+"""Accepted connections a listener holds for the client to adopt."""
+_listeners: "dict[int, Listener]" = {}  # id -> Listener, until closed
+_accepted: "dict[int, Any]" = {}  # number -> (socket, port): accepted, not yet adopted
+_next_accepted = [0]
+
+
 def open_relay(ident: int, spec: "dict[str, Any]") -> None:
-    """R with a ``relay`` spec: connect (its answer: G once connected, E if it failed)."""
-    Relay(ident, spec)
+    """R with a ``relay`` spec: connect (its answer: G once connected, E if it failed), or with a
+    ``listen`` spec: listen (`Listener`)."""
+    if isinstance(spec.get("listen"), dict):
+        Listener(ident, spec["listen"])
+    else:
+        Relay(ident, spec["relay"])
 
 
 def feed_relay(kind: bytes, ident: int, payload: bytes) -> bool:
-    """Whether the frame was a relay's (and handed to it)."""
+    """Whether the frame was a relay's or a listener's (and handed to it)."""
     relay = _relays.get(ident)
-    if relay is None:
-        return False
-    relay.feed(kind, payload)
-    return True
+    if relay is not None:
+        relay.feed(kind, payload)
+        return True
+    listener = _listeners.get(ident)
+    if listener is not None:
+        listener.feed(kind, payload)
+        return True
+    return False
 
 
 def close_relays() -> None:
-    """The client is gone: every relayed connection closes."""
+    """The client is gone: every relayed connection and listener closes."""
     for relay in list(_relays.values()):
         relay.close()
+    for listener in list(_listeners.values()):
+        listener.close()

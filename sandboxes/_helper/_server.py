@@ -221,8 +221,8 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
             spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
             if spec.get("sources"):
                 _add_sources(spec["sources"])
-            if isinstance(spec, dict) and isinstance(spec.get("relay"), dict):
-                _open_relay(ident, spec["relay"])
+            if isinstance(spec, dict) and (isinstance(spec.get("relay"), dict) or isinstance(spec.get("listen"), dict)):
+                _open_relay(ident, spec)
                 return
             command = _watch(ident, spec) if "watch" in spec else Command(ident, spec)
             command.start()
@@ -283,8 +283,8 @@ def _watch(ident: int, spec: "dict[str, Any]") -> "Watch":
 
 
 def _open_relay(ident: int, spec: "dict[str, Any]") -> None:
-    """R with a ``relay`` spec: a TCP connection to a port inside the sandbox (`_relay`, imported
-    by the first)."""
+    """R with a ``relay`` spec (a TCP connection to a port inside the sandbox) or a ``listen``
+    spec (a listener there): `_relay`, imported by the first."""
     if _relay[0] is None:
         from . import _relay as relay
 

@@ -42,7 +42,7 @@ class _Relayed:
     frames) and its users (which take and put bytes without blocking; `RelayedSocket` and the
     asyncio halves wait around that). Every change wakes whoever waits."""
 
-    def __init__(self, mux: MuxClient, port: int) -> None:
+    def __init__(self, mux: MuxClient, port: int, accepted: int | None = None) -> None:
         self._cond = threading.Condition()
         self._inbox: deque[bytes] = deque()
         self._buffered = 0
@@ -58,7 +58,12 @@ class _Relayed:
             mux,
             "",
             timeout=None,
-            spec={"relay": {"port": port, "window": WINDOW}, "sources": sources_of("_relay")},
+            spec={
+                "relay": {"port": port, "window": WINDOW}
+                if accepted is None
+                else {"accepted": accepted, "window": WINDOW},
+                "sources": sources_of("_relay"),
+            },
             on_output=self._arrived,
             on_frame=self._framed,
         )
@@ -332,6 +337,9 @@ class RelayWriter:
                     await self._relayed.until(self._relayed.ready_to_write)
         self._queued.clear()
 
+    def can_write_eof(self) -> bool:
+        return True
+
     def write_eof(self) -> None:
         """The end of the bytes toward the sandbox's server, once the queued ones went
         (call after `drain`)."""
@@ -348,10 +356,11 @@ class RelayWriter:
         await self._relayed.until(lambda: self._relayed._ended)
 
 
-async def open_relay(mux: MuxClient, port: int) -> tuple[RelayReader, RelayWriter]:
+async def open_relay(mux: MuxClient, port: int, *, accepted: int | None = None) -> tuple[RelayReader, RelayWriter]:
     """A connection to 127.0.0.1:``port`` inside the sandbox, as asyncio stream halves, once
-    connected (`ConnectionRefusedError` when nothing listens there)."""
-    relayed = _Relayed(mux, port)
+    connected (`ConnectionRefusedError` when nothing listens there); ``accepted``: instead, the
+    connection a listener of the helper accepted under that number (`sandboxes._mux._listen`)."""
+    relayed = _Relayed(mux, port, accepted)
     try:
         await relayed.until(relayed.ready_to_use)
         relayed.connected()

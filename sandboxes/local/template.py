@@ -34,6 +34,11 @@ class LocalTemplate(TemplateConfig):
             )
         )
 
+    @property
+    def own_loopback(self) -> bool:
+        """Only a jail with its own network namespace (isolated, without the host's network)."""
+        return self.isolation != "none"
+
     def check_service(self, *, insecure: bool, tenants: Iterable[str]) -> None:
         if self.isolation == "none" and not insecure:
             raise ValueError("it has isolation 'none': allowed only with insecure")

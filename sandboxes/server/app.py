@@ -38,6 +38,8 @@ from sandboxes.server.clock import Clock
 from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
 from sandboxes.server.e2b.tokens import kept_secret
+from sandboxes.server.egress import routes as egress_routes
+from sandboxes.server.egress.hub import EgressHub
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.fairness import file_threads
 from sandboxes.server.logs import REQUEST_ID, unique_id
@@ -75,6 +77,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
     sampler = Sampler(lambda: registry.entries, settings.sample_interval, settings.sample_history)
     metrics.registry.register(UsageCollector(sampler, settings.sample_gauges_per_sandbox))
+    egress = EgressHub(settings, registry.holds)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
     previews = service.previews = Previews(PreviewAccess(secret, clock))
@@ -98,6 +101,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
             await previews.aclose()
+            await egress.close()
             await registry.close()
             service.command_pool.shutdown(wait=False, cancel_futures=True)
             files.shutdown(wait=False, cancel_futures=True)
@@ -117,6 +121,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     table = [*hot_routes(), *router.routes, *resources.router.routes, *state_routes.router.routes, *ports.routes]
     app.router.routes.extend([*table, *health.routes])  # one table, no nesting
     app.router.routes.extend(operator.router.routes)
+    app.router.routes.extend(egress_routes.router.routes)
+    app.state.egress = egress
+    registry.on_register.append(egress.attach)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
         mount_console(app)

@@ -42,6 +42,7 @@ from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
+from sandboxes.server.egress.policy import proxy_env
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
 from sandboxes.server.settings import ServiceSettings
@@ -162,6 +163,8 @@ class ProviderBackend:
             recorded[LABEL_AUTO_RESUME] = "true"
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
+        if self.template.egress:  # every command's proxy: the helper's listener (`sandboxes.server.egress`)
+            env = {**proxy_env(self.template.egress_port), **env}
         expires = expires_at if self.shared else None
         options = CreateOptions(labels=recorded, env=env, expires_at=expires, name=name, mounts=mounts)
         made = self.provider.create(options)

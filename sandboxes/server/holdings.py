@@ -58,6 +58,8 @@ class Holdings:
         self.metrics = metrics
         self.store = StateStore(settings.data_dir / "state")
         self.ready = False
+        self.on_register: list[Callable[[Entry], None]] = []
+        """Called (on the event loop) with each sandbox this replica starts to hold."""
         self._entries: dict[str, Entry] = {}
         self.volumes = Volumes(settings, backends)
         self._quotas = Quotas(self._counted, self._held, self.clock.now)
@@ -146,7 +148,13 @@ class Holdings:
         self._update_gauge()
         if not backend.shared:
             await asyncio.to_thread(self.store.save, state)
+        for hook in self.on_register:
+            hook(entry)
         return entry
+
+    def holds(self, sandbox_id: str) -> bool:
+        """Whether this replica holds the sandbox now."""
+        return sandbox_id in self._entries
 
     # ------------------------------------------------------------------ other replicas' changes
 

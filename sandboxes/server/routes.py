@@ -226,6 +226,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": api.ErrorBody, "description": _FAILURES[status]} for status in statuses}
 
 
+errors_documented = _errors
+
+
 _FAILURES = {
     401: "No valid API key (`unauthorized`)",
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
@@ -280,7 +283,7 @@ async def _backend(function: Callable[..., T], *args: Any, lane: Lane | None = N
 # ---------------------------------------------------------------------- lifecycle
 
 
-@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403))
+@router.post("/sandboxes", status_code=201, response_model=api.SandboxInfo, responses=_errors(403, 409))
 async def create_sandbox(
     request: Request,
     response: Response,

@@ -38,6 +38,14 @@ def _default_templates() -> dict[str, Template]:
     return {"default": validate_template({})}
 
 
+class EgressCredential(_Frozen):
+    """Headers the egress proxy adds to a tenant's plain-HTTP requests for ``host`` (exact, or
+    ``*.domain``): a token its sandboxes use without ever holding it."""
+
+    host: str = Field(min_length=1, max_length=253)
+    headers: dict[str, SecretStr]
+
+
 class TenantPolicy(_Frozen):
     max_sandboxes: int = Field(default=10, ge=0)
     max_cpus: float = Field(default=8.0, ge=0)
@@ -59,6 +67,8 @@ class TenantPolicy(_Frozen):
     more is refused with ``rate_limited`` (429)."""
     max_snapshot_bytes: int = Field(default=10 << 30, ge=0)
     """Bytes the tenant's snapshots may take in the snapshot store, in all."""
+    egress_credentials: list[EgressCredential] = Field(default_factory=list)
+    """Added by the egress proxy to the tenant's sandboxes' requests (`EgressCredential`)."""
     max_file_operations: int = Field(default=16, ge=1)
     """File operations of the tenant running at once, in all its sandboxes; one more waits for
     one of them to end, and is refused with ``rate_limited`` (429) if none does soon
@@ -201,6 +211,12 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.templates:
             raise ValueError("at least one template is needed")
+        for name, template in self.templates.items():
+            if template.egress and not template.own_loopback:
+                raise ValueError(
+                    f"template {name!r}: egress needs sandboxes with a loopback of their own, and these share "
+                    "their host's (another sandbox could use their proxy)"
+                )
         tenants = {*self.api_keys.values(), *self.tenants}
         for name, template in self.templates.items():
             try:

@@ -20,6 +20,11 @@ class SSHTemplate(TemplateConfig):
     by it when the config is loaded. ``cpus`` and ``memory`` are only counted against quotas:
     an SSH host enforces neither per sandbox."""
 
+    @property
+    def own_loopback(self) -> bool:
+        """No: a host's sandboxes share its network namespace."""
+        return False
+
     model_config = ConfigDict(frozen=True, extra="allow")
 
     backend: Literal["ssh"]

@@ -17,11 +17,20 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Decision", "EgressPolicy", "Rule", "decide", "parse_rule"]
+__all__ = ["Decision", "EgressPolicy", "Rule", "decide", "parse_rule", "proxy_env"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _MAX_RULES = 1000
+
+
+def proxy_env(port: int) -> dict[str, str]:
+    """What points a sandbox's commands at its egress proxy (inside it, on ``port``): the
+    variables curl, pip, requests, httpx and most tools read, in both cases."""
+    proxy = f"http://127.0.0.1:{port}"
+    names = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"]
+    env = {name: proxy for name in names} | {name.lower(): proxy for name in names}
+    return env | {"NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1"}
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import h11
 
 from sandboxes.server.egress.policy import Decision, EgressPolicy, decide
 
-__all__ = ["Credential", "EgressContext", "EgressProxy"]
+__all__ = ["ByteReader", "ByteWriter", "Credential", "EgressContext", "EgressProxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,26 @@ _CHUNK = 64 << 10
 _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"upgrade"}
 )
+
+
+class ByteReader(Protocol):
+    """What the proxy reads a connection through (`asyncio.StreamReader`, a relay's reader)."""
+
+    async def read(self, size: int, /) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """What the proxy writes a connection through (`asyncio.StreamWriter`, a relay's writer)."""
+
+    def write(self, data: bytes, /) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def can_write_eof(self) -> bool: ...
+
+    def write_eof(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +110,7 @@ class EgressProxy:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: EgressContext) -> None:
+    async def serve(self, reader: ByteReader, writer: ByteWriter, context: EgressContext) -> None:
         """One client connection, to its end; never raises for what the client or the
         destination does."""
         tally = _Tally()
@@ -117,9 +138,7 @@ class EgressProxy:
                     },
                 )
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: EgressContext, tally: _Tally
-    ) -> None:
+    async def _serve(self, reader: ByteReader, writer: ByteWriter, context: EgressContext, tally: _Tally) -> None:
         client = h11.Connection(h11.SERVER, max_incomplete_event_size=_HEAD_LIMIT)
         request = await _next_event(client, reader)
         if not isinstance(request, h11.Request):
@@ -177,13 +196,13 @@ class EgressProxy:
     async def _forward(
         self,
         client: h11.Connection,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: ByteReader,
+        writer: ByteWriter,
         request: h11.Request,
         host: str,
         port: int,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
+        up_reader: ByteReader,
+        up_writer: ByteWriter,
         context: EgressContext,
         tally: _Tally,
     ) -> None:
@@ -233,15 +252,15 @@ class EgressProxy:
 
     async def _splice(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        up_reader: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
+        reader: ByteReader,
+        writer: ByteWriter,
+        up_reader: ByteReader,
+        up_writer: ByteWriter,
         tally: _Tally,
     ) -> None:
         """Bytes both ways until either side ends or both are quiet for ``idle_timeout``."""
 
-        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, up: bool) -> None:
+        async def pump(source: ByteReader, sink: ByteWriter, up: bool) -> None:
             while data := await asyncio.wait_for(source.read(_CHUNK), self.idle_timeout):
                 if up:
                     tally.sent += len(data)
@@ -267,7 +286,7 @@ class EgressProxy:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _next_event(connection: h11.Connection, reader: asyncio.StreamReader) -> object:
+async def _next_event(connection: h11.Connection, reader: ByteReader) -> object:
     """The next event of ``connection``, reading as it needs (bounded by h11's limit)."""
     while True:
         event = connection.next_event()
@@ -276,14 +295,14 @@ async def _next_event(connection: h11.Connection, reader: asyncio.StreamReader) 
         connection.receive_data(await reader.read(_CHUNK))
 
 
-async def _send(connection: h11.Connection, writer: asyncio.StreamWriter, event: h11.Event) -> None:
+async def _send(connection: h11.Connection, writer: ByteWriter, event: h11.Event) -> None:
     data = connection.send(event)
     if data:
         writer.write(data)
         await writer.drain()
 
 
-async def _refuse(connection: h11.Connection, writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+async def _refuse(connection: h11.Connection, writer: ByteWriter, status: int, reason: str) -> None:
     """Answer ``status`` with ``reason`` as its text, then close: what curl or pip show."""
     body = (reason + "\n").encode()
     headers = [

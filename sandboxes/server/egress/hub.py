@@ -1,0 +1,158 @@
+"""Every egress sandbox's proxy port, served (`EgressHub`): the exec helper listens on the
+template's ``egress_port`` inside the sandbox (`sandboxes._mux._listen`), each connection a
+command makes there is adopted as a relay, and the service's `EgressProxy` serves it with the
+sandbox's allow-list and its tenant's credentials. The sandbox has no network interface: the
+helper's stream is its only way out, the same on every backend that holds a helper.
+
+A listener lives as long as its helper: when the helper is restarted, it is listened on again;
+when the sandbox is no longer held here (deleted, expired), it stops. The allow-list a sandbox
+starts with is its create's or its template's; a change through the API (`set_allow`) is this
+replica's and applies to the next connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from sandboxes._mux import HoldsHelper, MuxBroken, MuxClient
+from sandboxes._mux._listen import listen
+from sandboxes._mux._relay import open_relay
+from sandboxes.server.egress.policy import EgressPolicy
+from sandboxes.server.egress.proxy import Credential, EgressContext, EgressProxy
+from sandboxes.server.entry import Entry
+from sandboxes.server.settings import ServiceSettings
+
+__all__ = ["EgressHub"]
+
+logger = logging.getLogger(__name__)
+
+_RETRY_FIRST = 0.5
+_RETRY_MAX = 30.0
+"""Seconds between tries to listen again (no helper now, its port taken by another replica)."""
+
+
+class _Served:
+    """One sandbox's listener, re-made on each new helper, and the connections it took."""
+
+    def __init__(self, entry: Entry, policy: EgressPolicy, context: EgressContext, proxy: EgressProxy) -> None:
+        self.entry = entry
+        self.policy = policy
+        self.context = context
+        self.proxy = proxy
+        self.port = entry.backend.template.egress_port
+        self.connections: set[asyncio.Task[None]] = set()
+
+    async def run(self, held: Callable[[str], bool]) -> None:
+        sandbox = self.entry.sandbox
+        assert isinstance(sandbox, HoldsHelper)
+        delay = _RETRY_FIRST
+        while held(self.entry.state.id):
+            mux = await asyncio.to_thread(sandbox.exec_helper)
+            why: str | None = "no exec helper runs"
+            if mux is not None:
+                why = await self._listen_on(mux)
+                if why is None:  # it listened, then its helper went: listen on the next one at once
+                    delay = _RETRY_FIRST
+                    continue
+            logger.info("egress of sandbox %s not listening: %s", self.entry.state.id, why)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+
+    async def _listen_on(self, mux: MuxClient) -> str | None:
+        """Listen through ``mux`` until it ends: ``None`` once it listened (and its helper went or
+        it was stopped), else why it could not."""
+        loop = asyncio.get_running_loop()
+
+        def on_accept(number: int) -> None:
+            loop.call_soon_threadsafe(self._adopt, mux, number)
+
+        try:
+            listening = listen(mux, self.port, on_accept)
+        except MuxBroken as broken:
+            return str(broken)
+        assert listening.channel is not None
+        try:
+            answer = await listening.channel.wait_async()
+        except MuxBroken:
+            return None if listening.bound.is_set() else "its helper broke"
+        except asyncio.CancelledError:
+            listening.close()
+            raise
+        return None if answer.error is None and listening.failure is None else (answer.message or listening.failure)
+
+    def _adopt(self, mux: MuxClient, number: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(mux, number))
+        self.connections.add(task)
+        task.add_done_callback(self.connections.discard)
+
+    async def _serve(self, mux: MuxClient, number: int) -> None:
+        try:
+            reader, writer = await open_relay(mux, self.port, accepted=number)
+        except (MuxBroken, OSError) as exc:
+            logger.info("egress connection of sandbox %s lost before it was served: %s", self.entry.state.id, exc)
+            return
+        await self.proxy.serve(reader, writer, self.context)
+
+
+class EgressHub:
+    """The egress of every sandbox this replica holds whose template has egress."""
+
+    def __init__(
+        self, settings: ServiceSettings, held: Callable[[str], bool], proxy: EgressProxy | None = None
+    ) -> None:
+        self._settings = settings
+        self._held = held
+        self._proxy = proxy or EgressProxy()
+        self._served: dict[str, tuple[_Served, asyncio.Task[None]]] = {}
+
+    def attach(self, entry: Entry) -> None:
+        """Serve ``entry``'s egress if its template has it (on the event loop, once per sandbox)."""
+        template = entry.backend.template
+        sandbox_id = entry.state.id
+        if not template.egress or sandbox_id in self._served:
+            return
+        if not isinstance(entry.sandbox, HoldsHelper):
+            logger.warning("sandbox %s has egress but no exec helper to relay it: it has none", sandbox_id)
+            return
+        policy = EgressPolicy(allow=template.egress_allow, open_ranges=template.egress_open_ranges)
+        tenant = entry.state.tenant
+        credentials = [
+            Credential(item.host, {name: value.get_secret_value() for name, value in item.headers.items()})
+            for item in self._settings.policy_for(tenant).egress_credentials
+        ]
+        served: _Served
+        context = EgressContext(
+            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials
+        )
+        served = _Served(entry, policy, context, self._proxy)
+        task = asyncio.get_running_loop().create_task(served.run(self._held))
+        task.add_done_callback(lambda _: self._served.pop(sandbox_id, None))
+        self._served[sandbox_id] = (served, task)
+
+    def allow_list(self, sandbox_id: str) -> list[str] | None:
+        """The sandbox's allow-list now; ``None``: it has no egress here."""
+        found = self._served.get(sandbox_id)
+        return None if found is None else list(found[0].policy.allow)
+
+    def set_allow(self, sandbox_id: str, allow: list[str]) -> bool:
+        """Replace the sandbox's allow-list (from its next connection on); whether it has egress
+        here. ValueError for a rule that does not parse."""
+        found = self._served.get(sandbox_id)
+        if found is None:
+            return False
+        served = found[0]
+        served.policy = EgressPolicy(allow=allow, open_ranges=served.policy.open_ranges)
+        return True
+
+    async def close(self) -> None:
+        """Stop every listener and the connections they took."""
+        tasks = [task for _, task in self._served.values()]
+        tasks += [connection for served, _ in self._served.values() for connection in served.connections]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._served.clear()

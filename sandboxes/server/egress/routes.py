@@ -1,0 +1,42 @@
+"""``GET``/``PUT /v1/sandboxes/{id}/egress``: a sandbox's egress allow-list, read and changed
+at run time (`sandboxes.server.egress.hub.EgressHub`); a sandbox without egress has no such
+resource (``not_found``)."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from sandboxes import api
+from sandboxes.server.egress.hub import EgressHub
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.routes import Authed, api_router, service_of
+
+__all__ = ["router"]
+
+router = api_router()
+
+
+def _hub(request: Request) -> EgressHub:
+    hub: EgressHub = request.app.state.egress
+    return hub
+
+
+@router.get("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
+async def get_egress(request: Request, sandbox_id: str, tenant: Authed) -> api.EgressRules:
+    await service_of(request).registry.find(tenant, sandbox_id)
+    allow = _hub(request).allow_list(sandbox_id)
+    if allow is None:
+        raise ServiceError("not_found", f"sandbox {sandbox_id} has no egress (its template has none)")
+    return api.EgressRules(allow=allow)
+
+
+@router.put("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
+async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: api.EgressRules) -> api.EgressRules:
+    await service_of(request).registry.find(tenant, sandbox_id)
+    try:
+        changed = _hub(request).set_allow(sandbox_id, body.allow)
+    except ValueError as exc:
+        raise ServiceError("invalid_request", f"egress: {exc}") from exc
+    if not changed:
+        raise ServiceError("not_found", f"sandbox {sandbox_id} has no egress (its template has none)")
+    return body

@@ -1,0 +1,237 @@
+"""Egress through the service, end to end, on sandboxes without a network: a command's
+``HTTP_PROXY`` leads to the exec helper's listener inside the sandbox, the helper relays the
+connection to the service, and the service's egress proxy checks it against the sandbox's
+allow-list. On Docker and in a local jail, with Python's urllib and with ``pip download`` as the
+sandbox's clients, against servers this test starts on 127.0.0.2 and 127.0.0.3 (loopback only).
+The tenant's credential reaches the server and is found nowhere in the sandbox."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import KEYS, UNTHROTTLED, Running, create, execute, running, settings_for
+from support import HAS_BWRAP, SESSION_OWNER, needs
+
+from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+from sandboxes.server.settings import EgressCredential, TenantPolicy
+
+SECRET = "s3cret-token-never-in-the-sandbox"
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+
+
+def _wheel() -> bytes:
+    """A minimal wheel of ``tinypkg`` 1.0, for pip to download."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        info = "tinypkg-1.0.dist-info"
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+        wheel.writestr("tinypkg/__init__.py", "")
+    return buffer.getvalue()
+
+
+WHEEL = _wheel()
+
+
+@dataclass
+class Target:
+    """An HTTP server on a loopback address: a greeting, and a one-package simple index."""
+
+    host: str
+    server: ThreadingHTTPServer
+    seen: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+
+def _serve(host: str) -> Iterator[Target]:
+    box: list[Target] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+        def do_GET(self) -> None:
+            box[0].seen.append({k.lower(): v for k, v in self.headers.items()} | {"path": self.path})
+            if self.path.startswith("/simple/tinypkg"):
+                name = "tinypkg-1.0-py3-none-any.whl"
+                body = f'<html><body><a href="/packages/{name}">{name}</a></body></html>'.encode()
+                kind = "text/html"
+            elif self.path.startswith("/packages/"):
+                body, kind = WHEEL, "application/octet-stream"
+            else:
+                body, kind = f"hello from {host}".encode(), "text/plain"
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    server.daemon_threads = True
+    box.append(Target(host, server))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield box[0]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def allowed() -> Iterator[Target]:
+    yield from _serve("127.0.0.2")
+
+
+@pytest.fixture(scope="module")
+def refused() -> Iterator[Target]:
+    yield from _serve("127.0.0.3")
+
+
+@pytest.fixture(scope="module", params=["docker", "local"])
+def service(
+    request: pytest.FixtureRequest, allowed: Target, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    egress: dict[str, Any] = {
+        "egress": True,
+        "egress_allow": [f"127.0.0.2:{allowed.port}"],
+        "egress_open_ranges": ["127.0.0.0/8"],
+    }
+    docker_client = None
+    if request.param == "docker":
+        docker_client = request.getfixturevalue("docker_client")
+        image = request.getfixturevalue("runtime_image")
+        template: Any = DockerTemplate(backend="docker", image=image, memory="512m", labels=CLEANUP, **egress)
+    else:
+        needs(HAS_BWRAP, "bubblewrap is not installed")
+        template = LocalTemplate(default_timeout=60, **egress)
+    credential = EgressCredential(host="127.0.0.2", headers={"Authorization": f"Bearer {SECRET}"})
+    tenants = {**UNTHROTTLED, "alice": TenantPolicy(rate=10_000, burst=10_000, egress_credentials=[credential])}
+    owner = f"{SESSION_OWNER}-egress-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(
+        tmp_path_factory.mktemp("egress"), owner=owner, templates={"default": template}, tenants=tenants
+    )
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def sandbox(service: Running) -> Iterator[str]:
+    with service.client() as client:
+        made = create(client)["id"]
+        yield made
+        client.delete(f"/v1/sandboxes/{made}")
+
+
+def _fetch(url: str) -> str:
+    """A command that prints what urllib (through the sandbox's proxy variables) gets at ``url``."""
+    script = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen({url!r}, timeout=20).read().decode())\n"
+        "except urllib.error.HTTPError as exc:\n"
+        "    print(exc.code, exc.read().decode().strip())\n"
+        "    sys.exit(1)\n"
+    )
+    return f"python3 -c {shlex.quote(script)}"
+
+
+def _run(service: Running, sandbox: str, command: str) -> dict[str, Any]:
+    with service.client() as client:
+        return execute(client, sandbox, command, timeout=60)
+
+
+def _until_listening(service: Running, sandbox: str, allowed: Target) -> None:
+    """The listener is started when the sandbox is registered; the first command may come first."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = _run(service, sandbox, _fetch(f"http://127.0.0.2:{allowed.port}/ready"))
+        if answer["exit_code"] == 0 or time.monotonic() > deadline:
+            assert answer["exit_code"] == 0, answer
+            return
+        time.sleep(0.2)
+
+
+def test_an_allowed_destination_answers_with_the_tenants_credential(
+    service: Running, sandbox: str, allowed: Target
+) -> None:
+    _until_listening(service, sandbox, allowed)
+    answer = _run(service, sandbox, _fetch(f"http://127.0.0.2:{allowed.port}/hello"))
+    assert answer["output"].strip() == "hello from 127.0.0.2"
+    assert allowed.seen[-1]["path"] == "/hello"
+    assert allowed.seen[-1]["authorization"] == f"Bearer {SECRET}"
+    half = len(SECRET) // 2  # the search's own command line must not hold the secret whole
+    search = f'grep -rls -e "$(printf %s {SECRET[:half]} {SECRET[half:]})" ~ /tmp . 2>/dev/null'
+    looked = _run(service, sandbox, f"env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; ps aux; {search}; true")
+    assert SECRET not in looked["output"]
+    assert "HTTP_PROXY=http://127.0.0.1:3128" in looked["output"]
+
+
+def test_curl_goes_through_the_proxy_forwarded_and_tunnelled(service: Running, sandbox: str, allowed: Target) -> None:
+    _until_listening(service, sandbox, allowed)
+    url = f"http://127.0.0.2:{allowed.port}/curl"
+    forwarded = _run(service, sandbox, f"curl -sS --max-time 20 {url}")
+    tunnelled = _run(service, sandbox, f"curl -sS --max-time 20 --proxytunnel {url}")
+    refused = _run(service, sandbox, "curl -sS --max-time 20 --proxytunnel http://169.254.169.254/latest/meta-data/")
+    assert forwarded["output"] == "hello from 127.0.0.2"
+    assert tunnelled["output"] == "hello from 127.0.0.2"
+    assert refused["exit_code"] != 0
+    assert "403" in refused["output"]
+
+
+def test_pip_downloads_through_the_proxy(service: Running, sandbox: str, allowed: Target) -> None:
+    _until_listening(service, sandbox, allowed)
+    command = (
+        f"python3 -m pip download --no-deps --disable-pip-version-check -q -d /tmp/dl "
+        f"--index-url http://127.0.0.2:{allowed.port}/simple --trusted-host 127.0.0.2 tinypkg && ls /tmp/dl"
+    )
+    answer = _run(service, sandbox, command)
+    assert answer["exit_code"] == 0, answer
+    assert "tinypkg-1.0-py3-none-any.whl" in answer["output"]
+
+
+def test_a_refused_destination_fails_fast_with_the_reason_and_a_change_applies_next(
+    service: Running, sandbox: str, allowed: Target, refused: Target
+) -> None:
+    _until_listening(service, sandbox, allowed)
+    reached = len(refused.seen)
+    started = time.monotonic()
+    answer = _run(service, sandbox, _fetch(f"http://127.0.0.3:{refused.port}/"))
+    assert time.monotonic() - started < 15
+    assert answer["exit_code"] == 1
+    assert "403 egress refused" in answer["output"]
+    assert len(refused.seen) == reached  # never connected to
+    with service.client() as client:
+        assert client.get(f"/v1/sandboxes/{sandbox}/egress").json() == {"allow": [f"127.0.0.2:{allowed.port}"]}
+        changed = client.put(f"/v1/sandboxes/{sandbox}/egress", json={"allow": [f"127.0.0.3:{refused.port}"]})
+        assert changed.status_code == 200, changed.text
+        assert client.put(f"/v1/sandboxes/{sandbox}/egress", json={"allow": ["not a rule"]}).status_code == 422
+    answer = _run(service, sandbox, _fetch(f"http://127.0.0.3:{refused.port}/now"))
+    assert answer["output"].strip() == "hello from 127.0.0.3"
+    answer = _run(service, sandbox, _fetch(f"http://127.0.0.2:{allowed.port}/"))
+    assert "403" in answer["output"]
+    with service.client() as client:
+        client.put(f"/v1/sandboxes/{sandbox}/egress", json={"allow": [f"127.0.0.2:{allowed.port}"]})
+
+
+def test_another_tenant_cannot_see_or_change_the_allow_list(service: Running, sandbox: str) -> None:
+    with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {KEYS['bob']}"}) as bob:
+        assert bob.get(f"/v1/sandboxes/{sandbox}/egress").status_code == 404
+        assert bob.put(f"/v1/sandboxes/{sandbox}/egress", json={"allow": ["*"]}).status_code == 404

@@ -31,8 +31,6 @@ class Sender(Protocol):
 
     def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None: ...
 
-    def _read_what_is_there(self) -> None: ...
-
     def close(self, reason: str = ...) -> None: ...
 
 
@@ -132,13 +130,10 @@ def _request_frame(
     return HEADER.pack(RUN, ident, len(payload)) + payload
 
 
-def _send_stdin(
-    client: Sender, ident: int, stdin: bytes, answered: threading.Event | None = None, leading: bool = False
-) -> None:
+def _send_stdin(client: Sender, ident: int, stdin: bytes, answered: threading.Event | None = None) -> None:
     """Stdin in chunks, then its end; stops early once ``answered`` (a file op the helper already
-    answered or handed back: it drops the rest, as when a write failed on a full disk). A
-    ``leading`` caller holds the read token, so nobody else reads: it looks at what came
-    between its frames (without waiting), or an early answer would be seen only at the end.
+    answered or handed back: it drops the rest, as when a write failed on a full disk). The
+    caller holds no read token meanwhile, and has the reader thread read (`MuxClient._lead`).
     More than a frame is watched (`SendWatch`): a helper that stops taking it closes the
     client, and the send raises `MuxBroken`."""
     if len(stdin) <= _STDIN_CHUNK:  # one frame: the buffers on the way hold it
@@ -148,11 +143,8 @@ def _send_stdin(
         return
     with SendWatch(client.close) as watch:
         for offset in range(0, len(stdin), _STDIN_CHUNK):
-            if answered is not None:
-                if leading:
-                    client._read_what_is_there()
-                if answered.is_set():
-                    return
+            if answered is not None and answered.is_set():
+                return
             client._send(STDIN, ident, stdin[offset : offset + _STDIN_CHUNK])
             watch.sent()
         client._send(CLOSE_STDIN, ident)

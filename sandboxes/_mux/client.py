@@ -82,9 +82,11 @@ class MuxClient(StreamReader):
 
     Who reads the stream: one thread at a time, the holder of the read token. Over a plain
     `ByteStream`, always the reader thread. Over a `TimedByteStream`, a caller that finds the
-    token free (no other command is being read) takes it and reads its own answer, dispatching
-    whatever else arrives meanwhile, so no thread is woken for its own answer. A caller that finds it taken
-    waits, as on a plain stream, and the reader thread reads for it once the holder is done.
+    token free once its command is written (no other command is being read) takes it and reads
+    its own answer, dispatching whatever else arrives meanwhile, so no thread is woken for its
+    own answer. A caller that finds it taken waits, as on a plain stream, and the reader thread
+    reads for it once the holder is done. Nobody holds the token while sending, and a caller
+    that sends stdin has the reader thread read meanwhile: the helper writes blocking.
     Nobody reads an idle timed stream, so a caller that takes the token first reads what is
     there without waiting: a helper that died meanwhile is found before the request is written,
     and the command can go to a fresh one (`MuxBroken.may_resend`), as when the reader thread
@@ -160,14 +162,17 @@ class MuxClient(StreamReader):
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
         for every command: it must neither block nor raise."""
+        self._look()
         ident, pending = self.register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
         started = time.monotonic()
         leading = False
         try:
-            leading = self._lead()
+            if stdin is not None:
+                self._want_reader()  # someone must read while this thread sends
             self.request(ident, command, env, cwd, timeout, stdin)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
+            leading = self._lead()
             self._await(ident, pending, time.monotonic(), timeout, leading)
         finally:
             self._done_with(ident, leading)
@@ -184,17 +189,20 @@ class MuxClient(StreamReader):
         names = self.info.get("native")
         if not isinstance(names, list) or not op or op[0] not in names:
             return None
+        self._look()
         ident, pending = self.register(_Pending(OutputBuffer(output_limit)))
         started = time.monotonic()
         leading = False
         try:
-            leading = self._lead()
+            if stdin is not None:  # a write's bytes; a read has none
+                self._want_reader()  # someone must read while this thread sends
             try:
                 self._send(FILE_OP, ident, wire_spec({"op": list(op)}))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
-            if stdin is not None:  # a write's bytes; a read has none
-                _send_stdin(self, ident, stdin, pending.done, leading)
+            if stdin is not None:
+                _send_stdin(self, ident, stdin, pending.done)
+            leading = self._lead()
             self._await(ident, pending, time.monotonic(), timeout, leading)
         finally:
             self._done_with(ident, leading)
@@ -255,21 +263,29 @@ class MuxClient(StreamReader):
             raise MuxBroken(self.broken, may_resend=True)
         return ident, pending
 
+    def _look(self) -> None:
+        """Before a request is written: over an idle timed stream (the read token free), read
+        what came meanwhile, without waiting (an end, most likely), so that a helper that died
+        is found while the command can still go to a fresh one (`MuxBroken`, resendable). The
+        token is given back at once: nobody holds it while sending (see `_lead`)."""
+        if self._always_read or not self._reading.acquire(blocking=False):
+            return
+        try:
+            self._read_what_is_there()
+        finally:
+            self._hand_on()
+        if self.broken is not None:
+            raise MuxBroken(self.broken, may_resend=True)
+
     def _lead(self) -> bool:
-        """Whether this caller reads the stream itself until its command is answered: it took
-        the free read token of a timed stream, and found the stream alive (else `MuxBroken`,
-        resendable: nothing of its command was written yet). If not, the reader thread is
-        asked to read for it."""
+        """Whether this caller, done sending, reads the stream itself until its command is
+        answered: it took the free read token of a timed stream. If not, the reader thread is
+        asked to read for it. The token is taken only once every frame of the command is
+        written: the helper writes its answers blocking, so a sender that held it could wait
+        for the helper while the helper waits for a reader, which only the token's holder is."""
         if self._always_read or not self._reading.acquire(blocking=False):
             self._want_reader()
             return False
-        try:
-            self._read_what_is_there()  # what came while idle: an end, most likely
-            if self.broken is not None:
-                raise MuxBroken(self.broken, may_resend=True)
-        except BaseException:
-            self._hand_on()
-            raise
         return True
 
     def _done_with(self, ident: int, leading: bool) -> None:
@@ -326,13 +342,14 @@ class MuxClient(StreamReader):
         if not name or not value:
             raise ValueError("an empty marker would match every command's processes")
         try:
+            self._look()
             ident, pending = self.register(_Pending(OutputBuffer(0)))
         except MuxBroken:
             return False
         leading = False
         try:
-            leading = self._lead()
             self._send(KILL_MARKED, ident, wire_spec({"name": name, "value": value}))
+            leading = self._lead()
             self._wait_for(pending, timeout, leading)
         except MuxBroken:
             return False

@@ -20,6 +20,7 @@ __all__ = [
     "RUN",
     "STDERR_CHUNK",
     "ChannelStream",
+    "EndScan",
     "Relayed",
     "channel_dead",
     "feed",
@@ -29,7 +30,7 @@ __all__ = [
 
 RUN = (
     KILL_MARKED_SH
-    + r"""cwd=$1; marker=$2; cmd=$3; shift 3
+    + r"""cwd=$1; marker=$2; cmd=$3; end=$4; shift 4
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
 cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
@@ -38,6 +39,7 @@ exec 3>&2 2>/dev/null
 status=$?
 unset SANDBOXES_EXEC_ID
 kill_marked "$marker"
+printf %s "$end"
 cat >/dev/null
 exit "$status"
 """
@@ -55,7 +57,12 @@ stdin (or its EOF) is still on the way: sshd reuses the number of a closed chann
 paramiko may send a message it prepared just before the close, which would then land in another
 command's stdin (or end the whole connection).
 
-A missing working directory prints the marker too, so that a command that itself exits 200 is
+sshd sends the exit status as soon as the shell exits, before what is still in the output pipe
+(the channel's window allows it later), so the end of the output is marked in the output itself:
+the shell prints ``end``, a token of the caller's, once the command and what it left are gone
+(`EndScan`). A command can print it too, and so cut only its own output short.
+
+A missing working directory prints the marker, so that a command that itself exits 200 is
 not mistaken for it."""
 
 KILL_MARKED = KILL_MARKED_SH + 'kill_marked "$1"\n'
@@ -104,6 +111,38 @@ class ChannelStream:
 
     def close(self) -> None:
         self._connection.close_session(self._channel)
+
+
+class EndScan:
+    """Finds the end token in a stream of chunks, holding back only the bytes that may start it,
+    so that what it passes on is output and never the token."""
+
+    def __init__(self, token: bytes) -> None:
+        self._token = token
+        self._held = b""
+        self.found = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of ``chunk`` is output; nothing once the token was found (what follows it was
+        printed after the command's end by something that escaped its kill)."""
+        if self.found:
+            return b""
+        data = self._held + chunk
+        at = data.find(self._token)
+        if at >= 0:
+            self.found = True
+            self._held = b""
+            return data[:at]
+        keep = next(
+            (k for k in range(min(len(self._token) - 1, len(data)), 0, -1) if data.endswith(self._token[:k])), 0
+        )
+        self._held = data[len(data) - keep :]
+        return data[: len(data) - keep]
+
+    def rest(self) -> bytes:
+        """The bytes held back, at the end of a stream that never held the token."""
+        held, self._held = self._held, b""
+        return held
 
 
 class Relayed(OutputBuffer):

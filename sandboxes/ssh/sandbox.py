@@ -54,7 +54,17 @@ from sandboxes.lifecycle import FreezeUnavailable, Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
 from sandboxes.ssh import _users as _ssh_users
-from sandboxes.ssh._channels import KILL_MARKED, RUN, ChannelStream, Relayed, channel_dead, feed, lost, sftp_error
+from sandboxes.ssh._channels import (
+    KILL_MARKED,
+    RUN,
+    ChannelStream,
+    EndScan,
+    Relayed,
+    channel_dead,
+    feed,
+    lost,
+    sftp_error,
+)
 from sandboxes.ssh._connection import (
     ChannelOutput,
     SSHAuthenticationError,
@@ -427,7 +437,8 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         channel.set_combine_stderr(True)
-        channel.exec_command(self._as_user(_scripts.command(RUN, cwd, marker, command, *pairs)))
+        end = uuid.uuid4().hex
+        channel.exec_command(self._as_user(_scripts.command(RUN, cwd, marker, command, end, *pairs)))
         feeder = None
         if stdin:
             # From its own thread: a command that prints much before reading its input would
@@ -437,7 +448,7 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         else:
             channel.shutdown_write()
         try:
-            return self._collect(channel, marker, timeout, cwd, limit, started, on_output)
+            return self._collect(channel, marker, EndScan(end.encode()), timeout, cwd, limit, started, on_output)
         finally:
             if feeder is not None:
                 # Nothing may be sent once we close the channel (see `RUN`); the host has read
@@ -448,6 +459,7 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         self,
         channel: paramiko.Channel,
         marker: str,
+        scan: EndScan,
         timeout: float,
         cwd: str,
         limit: int,
@@ -455,30 +467,30 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         """The command's answer, its output (stdout and stderr merged: `set_combine_stderr`)
-        handed to ``on_output`` as it arrives."""
+        handed to ``on_output`` as it arrives, up to the end token (`RUN`) or the channel's end,
+        whichever comes first: never up to the exit status, which may come before the output."""
         output = Relayed(limit, on_output)
         deadline = started + timeout if timeout else None
         channel.settimeout(0.1)
         eof = False
         while True:
-            if not eof:
+            if not (eof or scan.found):
                 try:
                     chunk: bytes | None = channel.recv(65536)
                 except TimeoutError:
                     chunk = None
                 if chunk:
-                    output.write(chunk)
+                    output.write(scan.feed(chunk))
                     continue
-                eof = chunk == b""
-            if channel.exit_status_ready():
-                # Exited (a background job may still hold its output open). Output sent before
-                # the exit status is already buffered, but may have landed after recv gave up.
-                while channel.recv_ready():
-                    output.write(channel.recv(65536))
-                break
-            if eof:
+                if chunk == b"":
+                    eof = True
+                    output.write(scan.rest())
+            if (eof or scan.found) and channel.exit_status_ready():
+                break  # the end token or the channel's end: a job left behind may still hold its output open
+            if eof or scan.found:
                 channel.status_event.wait(0.1)
             if deadline is not None and time.monotonic() > deadline:
+                output.write(scan.rest())
                 return self._kill_after_timeout(marker, output, timeout, started)
         code = channel.exit_status
         if code == -1:  # the channel closed without an exit status

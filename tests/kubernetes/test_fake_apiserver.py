@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import uuid
 from collections.abc import Iterator
@@ -472,3 +473,44 @@ def test_the_servers_sockets_do_not_delay_small_writes(core_v1: Any, fake_kubern
         assert all(flags), flags
     finally:
         ws.close()
+
+
+def test_an_exec_left_with_output_unread_does_not_hold_up_the_next(core_v1: Any, pod: str) -> None:
+    """The engine (dockerd 20.10) handles a container's events one at a time, and an exec's exit
+    only once its output was copied out: a command left by its client with output still on the
+    way must have its engine connection closed at once (not whenever the garbage collector
+    frees it), or every later exec in the pod never ends. With the collector off, the old
+    bridge held the connection for good."""
+    gc.collect()
+    gc.disable()
+    try:
+        left = stream(
+            core_v1.connect_get_namespaced_pod_exec,
+            pod,
+            NS,
+            command=["sh", "-c", "head -c 16777216 /dev/zero"],
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+            _preload_content=False,
+            binary=True,
+        )
+        assert left.read_stdout(timeout=30)
+        left.close()
+        after = stream(
+            core_v1.connect_get_namespaced_pod_exec,
+            pod,
+            NS,
+            command=["echo", "next"],
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            tty=False,
+            _preload_content=False,
+            binary=True,
+        )
+        after.run_forever(timeout=30)
+        assert (after.returncode, after.read_stdout()) == (0, b"next\n"), "the next exec never ended"
+    finally:
+        gc.enable()

@@ -106,8 +106,7 @@ async def serve_exec(
     if inspect["Running"] and inspect.get("Pid"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(inspect["Pid"], signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        raw.close()
+    _close_engine_connection(holder, raw)
     if dropped:
         with contextlib.suppress(Exception):
             await websocket.close(1011)
@@ -116,6 +115,19 @@ async def serve_exec(
     with contextlib.suppress(Exception):
         await websocket.send_bytes(b"\x03" + json.dumps(_exit_status(command, inspect)).encode())
         await websocket.close(1000)
+
+
+def _close_engine_connection(holder: Any, raw: socket.socket) -> None:
+    """Shut the exec's engine connection down now: closing ``raw`` alone leaves its descriptor
+    open while docker-py's reader (``holder``) still refers to it, until the garbage collector
+    frees that; meanwhile the engine, stuck writing the output nobody reads, handles no other
+    event of the container, so none of its later execs ends."""
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        raw.close()
+    with contextlib.suppress(Exception):
+        holder.close()
 
 
 def _running_container(kubelet: Kubelet, ns: str, name: str, container: str | None) -> str:

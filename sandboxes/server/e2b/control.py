@@ -58,12 +58,14 @@ async def _body(request: Request, model: type[_M], *, empty: bool = False) -> _M
 
 def _created(request: Request, entry: Entry) -> SandboxCreated:
     e2b = e2b_state(request)
+    token = e2b.signer.token(entry.state.tenant, entry.state.id)
     return SandboxCreated(
         template_id=e2b.theirs(entry.state.template),
         sandbox_id=entry.state.id,
         client_id=CLIENT_ID,
         envd_version=ENVD_VERSION,
-        envd_access_token=e2b.signer.token(entry.state.tenant, entry.state.id),
+        envd_access_token=token,
+        traffic_access_token=token,
     )
 
 

@@ -74,6 +74,9 @@ class SandboxCreated(_Wire):
     client_id: str = Field(serialization_alias="clientID")
     envd_version: str = Field(serialization_alias="envdVersion")
     envd_access_token: str = Field(serialization_alias="envdAccessToken")
+    traffic_access_token: str = Field(serialization_alias="trafficAccessToken")
+    """What the SDK sends to reach the sandbox's other ports (the code interpreter's): the same
+    token, which the port route accepts as the envd routes do."""
     alias: str | None = None
 
 

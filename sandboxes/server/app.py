@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxes import api
-from sandboxes.server import operator, resources, responses, state_routes
+from sandboxes.server import operator, resources, responses, state_routes, watch_routes
 from sandboxes.server.auth import Authenticator, RateLimiter, request_tenant
 from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
@@ -118,7 +118,8 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     )
     app.state.service = service
     app.state.usage = sampler
-    table = [*hot_routes(), *router.routes, *resources.router.routes, *state_routes.router.routes, *ports.routes]
+    table = [*hot_routes(), *router.routes, *watch_routes.router.routes, *resources.router.routes]
+    table += [*state_routes.router.routes, *ports.routes]
     app.router.routes.extend([*table, *health.routes])  # one table, no nesting
     app.router.routes.extend(operator.router.routes)
     app.router.routes.extend(egress_routes.router.routes)
@@ -187,7 +188,8 @@ _COMPONENT = "#/components/schemas/{model}"
 def _allowed_methods(path: str) -> str:
     """Every method the routes with the most specific template matching ``path`` (the fewest
     parameters: ``/execute/stream`` is not ``/execute/{command_id}``) serve, for a 405's ``Allow``."""
-    table = (*router.routes, *resources.router.routes, *state_routes.router.routes, *ports.routes, *health.routes)
+    table = (*router.routes, *watch_routes.router.routes, *resources.router.routes, *state_routes.router.routes)
+    table += (*ports.routes, *health.routes)
     routes = [route for route in table if isinstance(route, APIRoute)]
     matching = [route for route in routes if route.path_regex.match(path)]
     fewest = min((route.path.count("{") for route in matching), default=0)

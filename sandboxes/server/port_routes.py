@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import Path, Request, Response
 
 from sandboxes import api
 from sandboxes.server.preview_proxy import Previews, preview_routes
-from sandboxes.server.routes import Authed, Service, _entry, _errors, _Route
+from sandboxes.server.routes import Authed, Service, _entry, api_router
 
 __all__ = ["ports"]
 
-ports = APIRouter(prefix=api.API_PREFIX, route_class=_Route, responses=_errors(401, 404, 422, 429, 503))
+ports = api_router()
 
 
 def _previews(svc: Service) -> Previews:

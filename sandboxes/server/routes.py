@@ -435,45 +435,6 @@ async def kill_process(request: Request, sandbox_id: str, process_id: str, tenan
     return await _backend(entry.processes.kill, process_id)
 
 
-# ---------------------------------------------------------------------- file watches
-
-_AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": "^/"})]
-"""An absolute directory in the sandbox."""
-
-
-@router.get("/sandboxes/{sandbox_id}/watch", response_class=StreamingResponse, responses=_NDJSON)
-async def watch_stream(
-    request: Request, sandbox_id: str, tenant: Authed, path: _AbsolutePath, recursive: bool = False
-) -> Response:
-    """Watch a directory of the sandbox: NDJSON of `api.WatchEvent` (`sandboxes.server.watches`)."""
-    svc, entry = await _entry(request, tenant, sandbox_id)
-    cap, keepalive = svc.settings.policy_for(tenant.id).max_watchers, svc.settings.stream_keepalive
-    return _ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive))
-
-
-@router.post("/sandboxes/{sandbox_id}/watchers", status_code=201, response_model=api.WatcherInfo)
-async def create_watcher(request: Request, sandbox_id: str, body: api.CreateWatcher, tenant: Authed) -> api.WatcherInfo:
-    svc, entry = await _entry(request, tenant, sandbox_id)
-    cap = svc.settings.policy_for(tenant.id).max_watchers
-    return await svc.watches.create(tenant.id, cap, sandbox_id, entry.sandbox, body, svc.settings.watcher_idle)
-
-
-@router.get(
-    "/sandboxes/{sandbox_id}/watchers/{watcher_id}/events",
-    response_model=api.WatcherEvents,
-    response_model_exclude_none=True,
-)
-async def watcher_events(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> api.WatcherEvents:
-    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
-    return svc.watches.drain(tenant.id, sandbox_id, watcher_id, svc.settings.watcher_idle)
-
-
-@router.delete("/sandboxes/{sandbox_id}/watchers/{watcher_id}", status_code=204, response_class=Response)
-async def remove_watcher(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> Response:
-    (await _entry(request, tenant, sandbox_id))[0].watches.remove(tenant.id, sandbox_id, watcher_id)
-    return Response(status_code=204)
-
-
 # ---------------------------------------------------------------------- files
 
 
@@ -654,3 +615,9 @@ def _health(answer: api.Health, status: int = 200) -> Response:
 @health.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     return PlainTextResponse(service_of(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+find_entry = _entry
+"""For route modules beside this one: the tenant's sandbox (a 404 otherwise), with the service."""
+ndjson = _ndjson
+NDJSON_RESPONSES = _NDJSON

@@ -1,7 +1,27 @@
-// The tenant's sandboxes: state, template, backend, age, TTL left; create, renew, delete.
+// The tenant's sandboxes: state, template, backend, age, TTL left, CPU, memory and disk where
+// metrics exist; create, renew, pause and resume, delete.
 
 import { Api, ApiError, SandboxInfo } from "./api";
 import { duration, h, notice, replace } from "./dom";
+
+interface Sample {
+  cpu_percent: number | null;
+  memory_used: number | null;
+  memory_limit: number | null;
+  disk_used: number | null;
+  disk_total: number | null;
+}
+
+function mib(bytes: number | null): string {
+  return bytes === null ? "?" : `${Math.round(bytes / (1 << 20))} MiB`;
+}
+
+/** "CPU 3% · 40/512 MiB · disk 1/1024 MiB", or "-" before the first sample. */
+function usage(sample: Sample | null): string {
+  if (sample === null) return "-";
+  const cpu = sample.cpu_percent === null ? "?" : `${sample.cpu_percent.toFixed(0)}%`;
+  return `CPU ${cpu} · ${mib(sample.memory_used)}/${mib(sample.memory_limit)} · disk ${mib(sample.disk_used)}/${mib(sample.disk_total)}`;
+}
 
 interface Template {
   name: string;
@@ -15,10 +35,18 @@ export async function sandboxesView(api: Api): Promise<HTMLElement> {
 
   async function refresh(): Promise<void> {
     const { sandboxes } = await api.call<{ sandboxes: SandboxInfo[] }>("GET", "/v1/sandboxes");
+    const samples = await Promise.all(
+      sandboxes.map((sandbox) =>
+        api
+          .call<{ latest: Sample | null }>("GET", `/v1/sandboxes/${sandbox.id}/metrics`)
+          .then((metrics) => metrics.latest)
+          .catch(() => null),
+      ),
+    );
     const now = Date.now() / 1000;
     replace(
       rows,
-      ...sandboxes.map((sandbox) =>
+      ...sandboxes.map((sandbox, index) =>
         h(
           "tr",
           { "data-sandbox": sandbox.id },
@@ -28,16 +56,20 @@ export async function sandboxesView(api: Api): Promise<HTMLElement> {
           h("td", {}, sandbox.backend),
           h("td", {}, duration(now - sandbox.created_at)),
           h("td", {}, sandbox.expires_at === null ? "none" : duration(sandbox.expires_at - now)),
+          h("td", { class: "usage" }, usage(samples[index] ?? null)),
           h(
             "td",
             { class: "actions" },
             h("button", { type: "button", "aria-label": `Renew ${sandbox.id} for an hour`, onclick: () => act(() => api.call("POST", `/v1/sandboxes/${sandbox.id}/renew`, { ttl: 3600 }), `Renewed ${sandbox.id}`) }, "Renew"),
+            sandbox.state === "paused"
+              ? h("button", { type: "button", "aria-label": `Resume ${sandbox.id}`, onclick: () => act(() => api.call("POST", `/v1/sandboxes/${sandbox.id}/resume`), `Resumed ${sandbox.id}`) }, "Resume")
+              : h("button", { type: "button", "aria-label": `Pause ${sandbox.id}`, onclick: () => act(() => api.call("POST", `/v1/sandboxes/${sandbox.id}/pause`, { ttl: "keep" }), `Paused ${sandbox.id}`) }, "Pause"),
             h("button", { type: "button", class: "danger", "aria-label": `Delete ${sandbox.id}`, onclick: () => act(() => api.call("DELETE", `/v1/sandboxes/${sandbox.id}`), `Deleted ${sandbox.id}`) }, "Delete"),
           ),
         ),
       ),
     );
-    if (sandboxes.length === 0) replace(rows, h("tr", {}, h("td", { colspan: "7" }, "No sandboxes yet.")));
+    if (sandboxes.length === 0) replace(rows, h("tr", {}, h("td", { colspan: "8" }, "No sandboxes yet.")));
   }
 
   async function act(call: () => Promise<unknown>, done: string | (() => string)): Promise<void> {
@@ -94,7 +126,7 @@ export async function sandboxesView(api: Api): Promise<HTMLElement> {
         "table",
         { class: "sandboxes" },
         h("caption", { class: "visually-hidden" }, "Your sandboxes"),
-        h("thead", {}, h("tr", {}, ...["Sandbox", "State", "Template", "Backend", "Age", "TTL left", "Actions"].map((name) => h("th", { scope: "col" }, name)))),
+        h("thead", {}, h("tr", {}, ...["Sandbox", "State", "Template", "Backend", "Age", "TTL left", "Usage", "Actions"].map((name) => h("th", { scope: "col" }, name)))),
         rows,
       ),
     ),

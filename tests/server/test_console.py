@@ -39,7 +39,9 @@ ARTIFACTS = Path(os.environ.get("SANDBOXES_ARTIFACTS", REPO / ".cache" / "artifa
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     subprocess.run(["bash", str(REPO / "console" / "build.sh")], check=True)
-    settings = settings_for(tmp_path_factory.mktemp("console"), console=True, operators=["alice"], tenants=UNTHROTTLED)
+    settings = settings_for(
+        tmp_path_factory.mktemp("console"), console=True, operators=["alice"], tenants=UNTHROTTLED, sample_interval=0.2
+    )
     with running(settings) as svc:
         yield svc
 
@@ -130,7 +132,14 @@ def test_a_tenant_creates_runs_uploads_downloads_and_deletes(page: Page, service
     _shot(page, "processes")
 
     page.get_by_role("link", name="Sandboxes", exact=True).click()
-    page.locator(f"tr[data-sandbox='{sandbox_id}']").get_by_role("button", name=f"Delete {sandbox_id}").click()
+    row = page.locator(f"tr[data-sandbox='{sandbox_id}']")
+    row.get_by_role("button", name=f"Pause {sandbox_id}").click()
+    expect(row.get_by_role("cell", name="paused", exact=True)).to_be_visible()
+    row.get_by_role("button", name=f"Resume {sandbox_id}").click()
+    expect(row.get_by_role("cell", name="running", exact=True)).to_be_visible()
+    expect(row.locator("td.usage")).to_contain_text("MiB")  # sampled once its helper ran the commands above
+    _shot(page, "sandboxes-usage")
+    row.get_by_role("button", name=f"Delete {sandbox_id}").click()
     expect(page.get_by_role("status")).to_contain_text(f"Deleted {sandbox_id}")
     expect(page.locator(f"tr[data-sandbox='{sandbox_id}']")).to_have_count(0)
 

@@ -67,6 +67,12 @@ def renew(sandbox_id: str, ttl: float) -> w.Op[api.SandboxInfo]:
     return w.Op("POST", f"{_sandbox(sandbox_id)}/renew", w.sandbox_info, json=body, idempotent=True)
 
 
+def preview_token(sandbox_id: str, port: int, ttl: float) -> w.Op[api.PreviewToken]:
+    """Not repeated: each call mints a token of its own."""
+    body = w.model_json(api.PreviewTokenRequest, ttl=ttl)
+    return w.Op("POST", f"{_sandbox(sandbox_id)}/ports/{int(port)}/tokens", w.preview_token, json=body)
+
+
 def metrics(sandbox_id: str) -> w.Op[api.SandboxMetrics]:
     return w.Op("GET", f"{_sandbox(sandbox_id)}/metrics", w.sandbox_metrics, idempotent=True)
 

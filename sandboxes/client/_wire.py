@@ -223,6 +223,7 @@ class Answer(Generic[T]):
 sandbox_info: Answer[api.SandboxInfo] = Answer(api.SandboxInfo)
 _SANDBOX_LIST: Answer[api.SandboxList] = Answer(api.SandboxList)
 sandbox_metrics: Answer[api.SandboxMetrics] = Answer(api.SandboxMetrics)
+preview_token: Answer[api.PreviewToken] = Answer(api.PreviewToken)
 volume_info: Answer[api.VolumeInfo] = Answer(api.VolumeInfo)
 _VOLUME_LIST: Answer[api.VolumeList] = Answer(api.VolumeList)
 

@@ -137,6 +137,15 @@ class RemoteSandbox(Sandbox):
         ``port`` inside the sandbox, until closed (``with`` closes it)."""
         return PortForward(self.config, self._id, port, local_port)
 
+    def preview_url(self, port: int, ttl: float = 3600.0) -> api.PreviewToken:
+        """A link to ``port``'s preview URL that anyone holding it may open (a browser, a
+        colleague) until ``ttl`` seconds pass or it is revoked; ``.url`` is its path on the
+        service (the token in its query)."""
+        return self._sync().call(_ops.preview_token(self._id, port, ttl))
+
+    async def apreview_url(self, port: int, ttl: float = 3600.0) -> api.PreviewToken:
+        return await self._async().call(_ops.preview_token(self._id, port, ttl))
+
     # ------------------------------------------------------------------ lifecycle
 
     def refresh(self) -> api.SandboxInfo:

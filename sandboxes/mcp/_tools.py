@@ -142,7 +142,21 @@ def _commands(server: FastMCP[Any], tools: Tools) -> None:
         """Kill a background process and everything it started; answers its final state."""
         return _ok(tools.process_text(await tools.sandbox(ctx, sandbox_id).akill_process(process_id)))
 
-    for fn in (execute, start_process, kill_process):
+    async def preview_url(
+        ctx: Ctx,
+        port: Annotated[int, Field(ge=1, le=65535, description="The port a server listens on in the sandbox.")],
+        ttl: Annotated[float, Field(ge=1, le=604800, description="Seconds the link works (a week at most).")] = 3600,
+        sandbox_id: SandboxId = None,
+    ) -> CallToolResult:
+        """A link to a server running in the sandbox (a web app started with start_process),
+        for a browser or a person: it opens that port's pages until it expires. The sandbox has
+        no network: the service relays the link's requests to the port."""
+        sandbox = tools.sandbox(ctx, sandbox_id)
+        token = await sandbox.apreview_url(port, ttl)
+        base = tools.access.client(ctx).config.base_url().rstrip("/")
+        return _ok(f"{base}{token.url} (port {port} of sandbox {sandbox.id}, for {ttl:g} s)")
+
+    for fn in (execute, start_process, kill_process, preview_url):
         add(server, fn)
     add(server, poll_process, read_only=True)
 

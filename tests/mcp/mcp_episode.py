@@ -32,6 +32,7 @@ TOOLS = {
     "start_process",
     "poll_process",
     "kill_process",
+    "preview_url",
     "read_file",
     "write_file",
     "edit_file",
@@ -120,6 +121,9 @@ async def every_tool(session: ClientSession, template: str = "default") -> None:
         process_id = started.split()[1].rstrip(":")
         killed = await ok(session, "kill_process", process_id=process_id)
         assert killed.startswith(f"process {process_id}: killed"), killed
+        link = await ok(session, "preview_url", port=8000, ttl=60)
+        assert f"/v1/sandboxes/{sandbox_id}/ports/8000/" in link, link
+        assert "preview_token=" in link, link
         finished = await ok(session, "start_process", command="echo finished; exit 4")
         ended = await poll_until_ended(session, finished.split()[1].rstrip(":"))
         assert ended.startswith(f"process {finished.split()[1].rstrip(':')}: exited, exit code 4"), ended

@@ -4,11 +4,13 @@ in a file, errors in the protocol's vocabulary, and each session's own sandbox."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import ClientSession
 from mcp.shared.exceptions import McpError
@@ -156,3 +158,23 @@ async def test_answers_are_bounded_and_say_how_to_go_on(service: Running) -> Non
         assert "     1\t" + "y" * 1000 + "... [line cut: 299000 more characters]" in line
         assert len(line) < 2000
         await ok(session, "destroy_sandbox")
+
+
+async def test_a_preview_url_opens_a_server_started_in_the_sandbox(service: Running) -> None:
+    async with session_on(service) as session:
+        sandbox_id = await create(session)
+        try:
+            await ok(session, "execute", command="mkdir -p site && echo 'made by the agent' > site/index.html")
+            await ok(session, "start_process", command="cd site && exec python3 -m http.server 8000 --bind 127.0.0.1")
+            link = (await ok(session, "preview_url", port=8000)).split()[0]
+            async with httpx.AsyncClient(timeout=10) as browser:  # a person's browser: no key, only the link
+                deadline = asyncio.get_running_loop().time() + 30
+                while True:  # the server in the sandbox may not listen yet: a readiness probe
+                    page = await browser.get(link)
+                    if page.status_code == 200 or asyncio.get_running_loop().time() > deadline:
+                        break
+                    await asyncio.sleep(0.2)
+            assert page.status_code == 200, page.text
+            assert page.text == "made by the agent\n"
+        finally:
+            await session.call_tool("destroy_sandbox", {"sandbox_id": sandbox_id})

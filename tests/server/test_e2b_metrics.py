@@ -4,38 +4,19 @@ local jail and over Docker: the samples the service keeps, in E2B's shape."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxNotFoundException
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
-
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
+from e2b_harness import service_fixture
+from service_harness import KEYS, Running
+from support import SESSION_OWNER, wait_for
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=2, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2bm-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(
-        tmp_path_factory.mktemp("e2bm"), owner=owner, templates={"default": template}, sample_interval=0.2
-    )
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
+service = service_fixture("e2bm", cpus=2, sample_interval=0.2)
 
 
 def _opts(service: Running, tenant: str = "alice") -> dict[str, Any]:

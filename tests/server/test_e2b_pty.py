@@ -6,37 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from e2b import AsyncSandbox, CommandExitException, PtySize, Sandbox
 from e2b.sandbox_sync.commands.command_handle import CommandHandle
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from e2b_harness import service_fixture
+from service_harness import KEYS, Running
+from support import SESSION_OWNER
 
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
 from sandboxes.server.e2b.pty import MAX_QUEUED, FellBehind, PtyRunning
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-e2bpty-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("e2b-pty"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
+service = service_fixture("e2bpty")
 
 
 def _opts(service: Running) -> dict[str, Any]:

@@ -7,39 +7,19 @@ expires while hibernated is removed with its snapshot."""
 from __future__ import annotations
 
 import base64
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from service_harness import ManualClock, Running, create, execute, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
-
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
+from e2b_harness import service_fixture
+from service_harness import Running, create, execute
+from support import SESSION_OWNER
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 BINARY = bytes(range(256)) * 300
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-hib-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(
-        tmp_path_factory.mktemp("hib"), owner=owner, templates={"default": template}, confirm_interval=0
-    )
-    with running(settings, docker_client=docker_client, clock=ManualClock()) as svc:
-        yield svc
+service = service_fixture("hib", manual_clock=True, confirm_interval=0)
 
 
 def _hibernate(client: httpx.Client, sandbox_id: str, ttl: str = "keep") -> dict[str, Any]:

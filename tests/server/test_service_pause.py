@@ -10,18 +10,15 @@ import base64
 import io
 import tarfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_harness import ManualClock, Running, create, execute, running, settings_for, start_process
-from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
-
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
+from e2b_harness import service_fixture
+from service_harness import Running, create, execute, start_process
+from support import SESSION_OWNER, wait_for
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp count; sleep 0.02; done"
@@ -30,20 +27,7 @@ never sees half a number)."""
 BINARY = bytes(range(256)) * 64
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-pause-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("pause"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client, clock=ManualClock()) as svc:
-        yield svc
+service = service_fixture("pause", manual_clock=True)
 
 
 @pytest.fixture

@@ -6,40 +6,25 @@ through the HTTP API, the client and the CLI. A backend without volumes says why
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-from service_harness import KEYS, Running, create, execute, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from e2b_harness import service_fixture
+from service_harness import KEYS, Running, create, execute
+from support import SESSION_OWNER
 
 from sandboxes import api
 from sandboxes.cli import main as cli_main
 from sandboxes.client import SandboxClient
-from sandboxes.docker import DockerTemplate
-from sandboxes.local import LocalTemplate
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.volumes import _volumes_of
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
-@pytest.fixture(scope="module", params=["local", "docker"])
-def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    if request.param == "local":
-        needs(HAS_BWRAP, "bubblewrap is not installed")
-        template: Any = LocalTemplate(default_timeout=30)
-        docker_client = None
-    else:
-        docker_client = request.getfixturevalue("docker_client")
-        image = request.getfixturevalue("runtime_image")
-        template = DockerTemplate(backend="docker", image=image, cpus=0.5, memory="256m", labels=CLEANUP)
-    owner = f"{SESSION_OWNER}-vol-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(tmp_path_factory.mktemp("volumes"), owner=owner, templates={"default": template})
-    with running(settings, docker_client=docker_client) as svc:
-        yield svc
+service = service_fixture("vol")
 
 
 def _volume(client: httpx.Client, **body: Any) -> dict[str, Any]:

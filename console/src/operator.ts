@@ -16,7 +16,7 @@ interface TenantUsage {
 
 interface Overview {
   tenants: TenantUsage[];
-  templates: { name: string; backend: string; warm: number }[];
+  templates: { name: string; backend: string; cpus: number; memory: string; ttl: number }[];
   health: { status: string; backends?: Record<string, string> };
 }
 
@@ -60,7 +60,9 @@ export async function operatorView(api: Api): Promise<HTMLElement> {
     h(
       "ul",
       {},
-      ...overview.templates.map((template) => h("li", {}, `${template.name}: ${template.backend}, warm pool ${template.warm}`)),
+      ...overview.templates.map((template) =>
+        h("li", {}, `${template.name}: ${template.backend}, ${template.cpus} CPU, ${template.memory}, TTL ${template.ttl} s`),
+      ),
     ),
   );
 }

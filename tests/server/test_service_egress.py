@@ -235,3 +235,20 @@ def test_another_tenant_cannot_see_or_change_the_allow_list(service: Running, sa
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {KEYS['bob']}"}) as bob:
         assert bob.get(f"/v1/sandboxes/{sandbox}/egress").status_code == 404
         assert bob.put(f"/v1/sandboxes/{sandbox}/egress", json={"allow": ["*"]}).status_code == 404
+
+
+def test_a_sandbox_without_egress_allows_nothing_and_refuses_a_list(tmp_path_factory: pytest.TempPathFactory) -> None:
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    settings = settings_for(tmp_path_factory.mktemp("noegress"))
+    with running(settings) as svc, svc.client() as client:
+        made = create(client)["id"]
+        try:
+            looked = client.get(f"/v1/sandboxes/{made}/egress")
+            changed = client.put(f"/v1/sandboxes/{made}/egress", json={"allow": ["example.com"]})
+            proxy = execute(client, made, "env | grep -ci _proxy; true")
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+    assert looked.json() == {"allow": []}
+    assert changed.status_code == 409
+    assert "no egress" in changed.text
+    assert proxy["output"].strip() == "0"  # no proxy variables: nothing to reach

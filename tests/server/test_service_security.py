@@ -273,6 +273,8 @@ def _requests(workdir: str) -> dict[tuple[str, str], tuple[dict[str, str], Any]]
         ("GET", "/watchers/{watcher_id}/events"): ({}, None),
         ("DELETE", "/watchers/{watcher_id}"): ({}, None),
         ("GET", "/metrics"): ({}, None),
+        ("GET", "/egress"): ({}, None),
+        ("PUT", "/egress"): ({}, {"allow": ["example.com"]}),
         ("GET", "/archive"): ({"path": workdir}, None),
         ("PUT", "/archive"): ({"path": workdir}, _tar({"x": b"x"})),
         ("POST", "/pause"): ({}, {}),

@@ -1,6 +1,6 @@
 """``GET``/``PUT /v1/sandboxes/{id}/egress``: a sandbox's egress allow-list, read and changed
-at run time (`sandboxes.server.egress.hub.EgressHub`); a sandbox without egress has no such
-resource (``not_found``)."""
+at run time (`sandboxes.server.egress.hub.EgressHub`). A sandbox without egress allows
+nothing (``GET`` answers an empty list) and refuses a list (409)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ def _hub(request: Request) -> EgressHub:
 async def get_egress(request: Request, sandbox_id: str, tenant: Authed) -> api.EgressRules:
     await service_of(request).registry.find(tenant, sandbox_id)
     allow = _hub(request).allow_list(sandbox_id)
-    if allow is None:
-        raise ServiceError("not_found", f"sandbox {sandbox_id} has no egress (its template has none)")
-    return api.EgressRules(allow=allow)
+    return api.EgressRules(allow=allow or [])  # without egress (its template has none): nothing
 
 
 @router.put("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
@@ -38,5 +36,6 @@ async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: ap
     except ValueError as exc:
         raise ServiceError("invalid_request", f"egress: {exc}") from exc
     if not changed:
-        raise ServiceError("not_found", f"sandbox {sandbox_id} has no egress (its template has none)")
+        message = f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies"
+        raise ServiceError("invalid_request", message, status=409)
     return body

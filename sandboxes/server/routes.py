@@ -226,9 +226,6 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": api.ErrorBody, "description": _FAILURES[status]} for status in statuses}
 
 
-errors_documented = _errors
-
-
 _FAILURES = {
     401: "No valid API key (`unauthorized`)",
     403: "Over a quota that waiting does not lift (`quota_exceeded`), or a path the sandbox refuses",
@@ -615,9 +612,3 @@ def _health(answer: api.Health, status: int = 200) -> Response:
 @health.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     return PlainTextResponse(service_of(request).metrics.render(), media_type=CONTENT_TYPE)
-
-
-find_entry = _entry
-"""For route modules beside this one: the tenant's sandbox (a 404 otherwise), with the service."""
-ndjson = _ndjson
-NDJSON_RESPONSES = _NDJSON

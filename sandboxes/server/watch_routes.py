@@ -9,7 +9,7 @@ from fastapi import Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandboxes import api
-from sandboxes.server.routes import NDJSON_RESPONSES, Authed, api_router, find_entry, ndjson
+from sandboxes.server.routes import _NDJSON, Authed, _entry, _ndjson, api_router
 
 __all__ = ["router"]
 
@@ -19,19 +19,19 @@ _AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern":
 """An absolute directory in the sandbox."""
 
 
-@router.get("/sandboxes/{sandbox_id}/watch", response_class=StreamingResponse, responses=NDJSON_RESPONSES)
+@router.get("/sandboxes/{sandbox_id}/watch", response_class=StreamingResponse, responses=_NDJSON)
 async def watch_stream(
     request: Request, sandbox_id: str, tenant: Authed, path: _AbsolutePath, recursive: bool = False
 ) -> Response:
     """Watch a directory of the sandbox: NDJSON of `api.WatchEvent` (`sandboxes.server.watches`)."""
-    svc, entry = await find_entry(request, tenant, sandbox_id)
+    svc, entry = await _entry(request, tenant, sandbox_id)
     cap, keepalive = svc.settings.policy_for(tenant.id).max_watchers, svc.settings.stream_keepalive
-    return ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive))
+    return _ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive))
 
 
 @router.post("/sandboxes/{sandbox_id}/watchers", status_code=201, response_model=api.WatcherInfo)
 async def create_watcher(request: Request, sandbox_id: str, body: api.CreateWatcher, tenant: Authed) -> api.WatcherInfo:
-    svc, entry = await find_entry(request, tenant, sandbox_id)
+    svc, entry = await _entry(request, tenant, sandbox_id)
     cap = svc.settings.policy_for(tenant.id).max_watchers
     return await svc.watches.create(tenant.id, cap, sandbox_id, entry.sandbox, body, svc.settings.watcher_idle)
 
@@ -42,11 +42,11 @@ async def create_watcher(request: Request, sandbox_id: str, body: api.CreateWatc
     response_model_exclude_none=True,
 )
 async def watcher_events(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> api.WatcherEvents:
-    svc = (await find_entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
+    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
     return svc.watches.drain(tenant.id, sandbox_id, watcher_id, svc.settings.watcher_idle)
 
 
 @router.delete("/sandboxes/{sandbox_id}/watchers/{watcher_id}", status_code=204, response_class=Response)
 async def remove_watcher(request: Request, sandbox_id: str, watcher_id: str, tenant: Authed) -> Response:
-    (await find_entry(request, tenant, sandbox_id))[0].watches.remove(tenant.id, sandbox_id, watcher_id)
+    (await _entry(request, tenant, sandbox_id))[0].watches.remove(tenant.id, sandbox_id, watcher_id)
     return Response(status_code=204)

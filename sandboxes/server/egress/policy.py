@@ -17,11 +17,20 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Decision", "EgressPolicy", "Rule", "decide", "parse_rule", "proxy_env"]
+__all__ = ["Decision", "EgressPolicy", "Rule", "decide", "host_matches", "parse_rule", "proxy_env"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _MAX_RULES = 1000
+
+
+def host_matches(pattern: str, name: str) -> bool:
+    """Whether host ``name`` (lower case) is ``pattern``, or one of its subdomains when the
+    pattern is ``*.domain`` (the domain itself is not)."""
+    pattern = pattern.lower()
+    if pattern.startswith("*."):
+        return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
+    return name == pattern
 
 
 def proxy_env(port: int) -> dict[str, str]:
@@ -44,13 +53,7 @@ class Rule:
     ports: frozenset[int]
 
     def covers_name(self, name: str) -> bool:
-        if self.host is None:
-            return False
-        if self.host == "*":
-            return True
-        if self.host.startswith("*."):
-            return name.endswith(self.host[1:]) and len(name) > len(self.host) - 1
-        return name == self.host
+        return self.host is not None and (self.host == "*" or host_matches(self.host, name))
 
     def covers_port(self, port: int) -> bool:
         return not self.ports or port in self.ports

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from sandboxes.server.egress.policy import Decision, EgressPolicy, decide
+from sandboxes.server.egress.policy import Decision, EgressPolicy, decide, host_matches
 
 __all__ = ["ByteReader", "ByteWriter", "Credential", "EgressContext", "EgressProxy"]
 
@@ -67,10 +67,7 @@ class Credential:
     headers: dict[str, str]
 
     def covers(self, name: str) -> bool:
-        pattern = self.host.lower()
-        if pattern.startswith("*."):
-            return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
-        return name == pattern
+        return host_matches(self.host, name)
 
 
 @dataclass

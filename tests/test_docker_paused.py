@@ -102,3 +102,30 @@ def test_a_command_whose_container_is_paused_under_it_answers_connection_lost(
     assert answers[0].error == p.CONNECTION_LOST, answers[0]
     sandbox.container.unpause()
     assert sandbox.execute("echo back").output == "back\n"
+
+
+def test_freeze_tries_again_when_the_runtime_gave_up_freezing(
+    docker_client: Any, runtime_image: str, paused_later: list[DockerSandbox], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runc answers "unable to freeze" when a process does not reach the frozen state in its time
+    (a loaded host); `freeze` tries again instead of failing the pause. The first try's failure is
+    injected in front of the real engine's pause, which the second try reaches."""
+    import docker.errors
+
+    sandbox = _create(docker_client, runtime_image, paused_later)
+    real_pause = sandbox.container.pause
+    tries: list[int] = []
+
+    def pause_that_gives_up_once() -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise docker.errors.APIError(
+                "500 Server Error",
+                explanation="Cannot pause container: OCI runtime pause failed: unable to freeze: unknown",
+            )
+        real_pause()
+
+    monkeypatch.setattr(sandbox.container, "pause", pause_that_gives_up_once)
+    sandbox.freeze()
+    sandbox.container.reload()
+    assert (len(tries), sandbox.container.status) == (2, "paused")

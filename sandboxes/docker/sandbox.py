@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
 from sandboxes import _parse, _scripts
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
@@ -60,6 +62,17 @@ logger = logging.getLogger(__name__)
 
 BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
+
+
+_FREEZE_ATTEMPTS = 4
+"""Tries of ``docker pause`` when the runtime gave up freezing (`DockerSandbox.freeze`)."""
+
+
+def _freeze_gave_up(exc: BaseException) -> bool:
+    """Whether ``exc`` is the runtime's "unable to freeze", which a later try may not meet."""
+    import docker.errors
+
+    return isinstance(exc, docker.errors.APIError) and "unable to freeze" in str(exc.explanation)
 
 
 _SMALL_OUTPUT = 4096
@@ -161,7 +174,20 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
             self.container.stop(timeout=1)
 
     def freeze(self) -> None:
-        """``docker pause``: the container's cgroup freezer stops every process in it."""
+        """``docker pause``: the container's cgroup freezer stops every process in it.
+
+        The runtime gives up ("unable to freeze") when a process does not reach the frozen
+        state in its time, which a loaded host brings about; that is retried a few times."""
+        for attempt in Retrying(
+            retry=retry_if_exception(_freeze_gave_up),
+            stop=stop_after_attempt(_FREEZE_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.1, max=1.0),
+            reraise=True,
+        ):
+            with attempt:
+                self._pause_once()
+
+    def _pause_once(self) -> None:
         import docker.errors
 
         try:

@@ -116,12 +116,17 @@ async def create(
     body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
     ttl = None if body.timeout is None else max(1, body.timeout)
+    try:
+        egress_allow = body.egress_allow()
+    except ValueError as exc:
+        return e2b_error(400, f"network: {exc}")
     wanted = CreateSandbox(
         template=e2b.ours(body.template_id),
         env=body.env_vars or {},
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
+        egress_allow=egress_allow,
     )
     if wanted.template not in service(request).settings.templates:
         return e2b_error(400, f"unknown template {body.template_id!r}")

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ConnectSandbox",
     "E2BError",
+    "Network",
     "NewSandbox",
     "SandboxCreated",
     "SandboxDetail",
@@ -40,6 +41,33 @@ class NewSandbox(_Wire):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    allow_internet_access: bool | None = None
+    """``False``: no egress at all (E2B: the same as ``denyOut: ["0.0.0.0/0"]``)."""
+    network: Network | None = None
+
+    def egress_allow(self) -> list[str] | None:
+        """The service's allow-list for what E2B asks: everything denied but ``allowOut`` (its
+        entries are the service's rules: addresses, networks, names, ``*.`` names); ``None``
+        when E2B's default (all traffic) stands, which here is the template's list.
+        ValueError for a deny-list narrower than all traffic, which an allow-list cannot say."""
+        network = self.network or Network()
+        deny = network.deny_out or []
+        if self.allow_internet_access is False or any(entry in _ALL_TRAFFIC for entry in deny):
+            return list(network.allow_out or [])
+        if deny:
+            raise ValueError("denyOut is served only as all traffic (0.0.0.0/0) with allowOut for the exceptions")
+        return None
+
+
+_ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
+
+
+class Network(_Wire):
+    """``network`` of a create: the egress filter (``allowOut`` wins over ``denyOut``); the
+    rest of E2B's network options are not acted on."""
+
+    allow_out: list[str] | None = Field(default=None, alias="allowOut", max_length=1000)
+    deny_out: list[str] | None = Field(default=None, alias="denyOut", max_length=1000)
 
 
 class AutoResume(_Wire):

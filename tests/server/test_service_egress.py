@@ -94,6 +94,8 @@ def _serve(host: str) -> Iterator[Target]:
                 kind = "text/html"
             elif self.path.startswith("/packages/"):
                 body, kind = WHEEL, "application/octet-stream"
+            elif self.path.startswith("/bytes/"):
+                body, kind = b"x" * int(self.path.rsplit("/", 1)[-1]), "application/octet-stream"
             else:
                 body, kind = f"hello from {host}".encode(), "text/plain"
             self.send_response(200)
@@ -380,3 +382,28 @@ def test_a_list_that_a_record_cannot_hold_reads_back_as_nothing() -> None:
         for extra in ({}, {LABEL_EGRESS_ALLOW: '["example.com:443"]'}, {LABEL_EGRESS_ALLOW: EGRESS_NOT_RECORDED})
     ]
     assert [state.egress_allow if state else "?" for state in found] == [None, ["example.com:443"], []]
+
+
+def test_the_templates_bandwidth_paces_a_sandboxs_egress(tmp_path: Path, allowed: Target) -> None:
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    rate = 128 << 10
+    template = LocalTemplate(
+        default_timeout=60,
+        egress=True,
+        egress_allow=[f"127.0.0.2:{allowed.port}"],
+        egress_open_ranges=["127.0.0.0/8"],
+        egress_bytes_per_second=rate,
+    )
+    settings = settings_for(tmp_path, templates={"default": template})
+    size = 3 * rate  # three seconds of the rate, less its one-second burst
+    with running(settings) as svc, svc.client() as client:
+        made = create(client)["id"]
+        try:
+            _until_listening(svc, made, allowed)
+            started = time.monotonic()
+            answer = _run(svc, made, f"curl -sS --max-time 30 http://127.0.0.2:{allowed.port}/bytes/{size} | wc -c")
+            took = time.monotonic() - started
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+    assert answer["output"].strip() == str(size)
+    assert took >= (size - rate) / rate * 0.9, took

@@ -22,6 +22,7 @@ from sandboxes._mux._listen import listen
 from sandboxes._mux._relay import open_relay
 from sandboxes.server.egress.policy import EgressPolicy
 from sandboxes.server.egress.proxy import Credential, EgressContext, EgressProxy
+from sandboxes.server.egress.rate import ByteRate
 from sandboxes.server.entry import Entry
 from sandboxes.server.settings import ServiceSettings
 
@@ -136,8 +137,9 @@ class EgressHub:
             for item in self._settings.policy_for(tenant).egress_credentials
         ]
         served: _Served
+        rate = None if template.egress_bytes_per_second is None else ByteRate(template.egress_bytes_per_second)
         context = EgressContext(
-            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials
+            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials, rate=rate
         )
         served = _Served(entry, policy, context, self._proxy)
         task = asyncio.get_running_loop().create_task(served.run(self._held))

@@ -327,6 +327,16 @@ def test_e2b_allow_internet_access_false_means_no_egress_and_allow_out_is_the_li
             ]
         assert lists == [[], network["allow_out"], [f"127.0.0.2:{allowed.port}"]]
         _until_refused(service, closed.sandbox_id, f"http://127.0.0.2:{allowed.port}/closed")
+        closed.update_network({"allow_out": [f"127.0.0.2:{allowed.port}"], "deny_out": [ALL_TRAFFIC]})
+        answer = _run(service, closed.sandbox_id, _fetch(f"http://127.0.0.2:{allowed.port}/opened"))
+        assert answer["output"].strip() == "hello from 127.0.0.2"  # the next connection
+        listed.update_network({})  # E2B's default, all traffic: the template's list
+        closed.update_network({"allow_internet_access": False})
+        with service.client() as client:
+            after = [client.get(f"/v1/sandboxes/{made.sandbox_id}/egress").json()["allow"] for made in (closed, listed)]
+        assert after == [[], [f"127.0.0.2:{allowed.port}"]]
+        with pytest.raises(SandboxException, match="denyOut"):
+            closed.update_network({"deny_out": ["10.0.0.0/8"]})
         with pytest.raises(SandboxException, match="denyOut"):  # a partial deny-list cannot be an allow-list
             Sandbox.create(network={"deny_out": ["10.0.0.0/8"]}, **opts(service))
     finally:
@@ -351,6 +361,13 @@ def test_a_create_without_egress_takes_no_list_and_its_rules_must_parse(
                 assert sdk.create(egress_allow=[], idempotency_key=key).id == empty.id  # a replay
                 with pytest.raises(InvalidRequest, match="another body"):  # the list is in the digest
                     sdk.create(idempotency_key=key)
+        e2b = Sandbox.create(allow_internet_access=False, **opts(svc))  # nothing: what it has anyway
+        try:
+            e2b.update_network({"allow_internet_access": False})
+            with pytest.raises(SandboxException, match="has no egress"):
+                e2b.update_network({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]})
+        finally:
+            e2b.kill()
     assert listed.status_code == 409
     assert "has no egress" in listed.json()["message"]
     assert malformed.status_code == 422

@@ -276,6 +276,11 @@ class CreateSandbox(_Request):
     snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
     """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
     its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""
+    egress_allow: list[EgressRule] | None = Field(default=None, max_length=1000)
+    """The egress allow-list it starts with instead of its template's (rules as in
+    `EgressRules`; ``[]``: nothing is reached), on a template with egress only; ``None``: the
+    template's. It may name any destination, as ``PUT .../egress`` may; non-public ranges stay
+    the operator's (the template's ``egress_open_ranges``)."""
 
 
 class EgressRules(_Model):

@@ -123,6 +123,9 @@ class TemplateConfig(BaseModel, abc.ABC):
     other non-public address (private, loopback, link-local, the metadata address) is refused."""
     egress_port: int = Field(default=3128, ge=1, le=65535)
     """The port inside the sandbox its proxy variables point at."""
+    egress_bytes_per_second: int | None = Field(default=None, ge=1)
+    """Each sandbox's egress bandwidth: bytes a second through its proxy, both directions of
+    all its connections together (a second's worth may pass at once); ``None``: unbounded."""
 
     label_values_only: ClassVar[bool] = False
     """Whether tenants and clients' labels are recorded where only label values fit

@@ -162,6 +162,17 @@ def test_create_with_an_idempotency_key_makes_one_sandbox(cli: Cli) -> None:
         cli("rm", "-f", first)
 
 
+def test_create_sends_its_egress_allow_list(cli: Cli) -> None:
+    listed = cli("create", "--egress", "example.com:443", "--egress", "10.0.0.0/8")
+    assert (listed.returncode, _err(listed).split(":")[:2]) == (1, ["error", " invalid_request"])
+    assert "has no egress" in _err(listed)  # the list reached the service, whose template has none
+    sandbox_id = cli.ok("create", "--no-egress").strip()  # an empty list: what it has anyway
+    cli.ok("rm", sandbox_id)
+    with pytest.raises(SystemExit) as both:  # argparse's refusal: one or the other
+        cli("create", "--egress", "example.com", "--no-egress")
+    assert both.value.code == 2
+
+
 def test_create_env_reaches_commands(cli: Cli) -> None:
     sandbox_id = cli.ok("create", "--env", "GREETING=hello there").strip()
     try:

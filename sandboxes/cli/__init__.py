@@ -222,6 +222,12 @@ def _add_service_commands(
     cmd.add_argument("--env", type=key_value, action="append", default=[], metavar="K=V", help="environment variable")
     cmd.add_argument("--label", type=key_value, action="append", default=[], metavar="K=V", help="label")
     cmd.add_argument("--snapshot", default=None, metavar="SNAPSHOT", help="restore this snapshot in it, verified")
+    egress = cmd.add_mutually_exclusive_group()
+    egress.add_argument(
+        "--egress", action="append", default=None, metavar="RULE",
+        help="allow egress to RULE (host, *.domain, CIDR, with optional :PORTS) instead of the template's list",
+    )  # fmt: skip
+    egress.add_argument("--no-egress", action="store_true", help="allow no egress at all (an empty allow-list)")
     cmd.add_argument(
         "--volume", action="append", default=[], metavar="NAME:PATH[:ro]", help="mount a volume of yours at PATH"
     )

@@ -68,6 +68,7 @@ def cmd_create(args: argparse.Namespace, client: SandboxClient) -> int:
         idempotency_key=args.idempotency_key,
         volumes=[_mount(text) for text in args.volume],
         snapshot=args.snapshot,
+        egress_allow=[] if args.no_egress else args.egress,
     )
     if args.json:
         emit_json(sandbox.info)

@@ -39,6 +39,7 @@ class SandboxClient(ServiceConnection):
         volumes: Sequence[api.VolumeMount] = (),
         auto_resume: bool = False,
         snapshot: str | None = None,
+        egress_allow: Sequence[str] | None = None,
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
@@ -46,9 +47,12 @@ class SandboxClient(ServiceConnection):
         your own key to make a create repeatable across processes (a job that restarts).
         ``volumes``: the tenant's volumes to mount (`create_volume`).
         ``auto_resume``: paused, an operation resumes it instead of raising `Paused`.
-        ``snapshot``: restore that snapshot in it, verified (`SnapshotMismatch` if it cannot be)."""
+        ``snapshot``: restore that snapshot in it, verified (`SnapshotMismatch` if it cannot be).
+        ``egress_allow``: its egress allow-list instead of its template's (``[]``: nothing);
+        only a template with egress takes one (`InvalidRequest` otherwise)."""
         key = idempotency_key or _new_key()
-        info = self.call(_ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot))
+        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow)
+        info = self.call(op)
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:
@@ -70,9 +74,11 @@ class AsyncSandboxClient(AsyncServiceConnection):
         volumes: Sequence[api.VolumeMount] = (),
         auto_resume: bool = False,
         snapshot: str | None = None,
+        egress_allow: Sequence[str] | None = None,
     ) -> RemoteSandbox:
         key = idempotency_key or _new_key()
-        info = await self.call(_ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot))
+        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow)
+        info = await self.call(op)
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
     def attach(self, sandbox_id: str, *, info: api.SandboxInfo | None = None) -> RemoteSandbox:

@@ -29,6 +29,7 @@ import base64
 import binascii
 import functools
 import hashlib
+import json
 import logging
 import os
 import time
@@ -68,6 +69,11 @@ LABEL_REQUEST_DIGEST = "io.sandboxes.request-digest"
 """The digest of the create request that made it: a key reused for another request is refused."""
 LABEL_AUTO_RESUME = "io.sandboxes.auto-resume"
 """Present (``true``) on a sandbox created with ``auto_resume``."""
+LABEL_EGRESS_ALLOW = "io.sandboxes.egress-allow"
+"""On a sandbox whose create gave its own egress allow-list: the list as JSON, or where labels
+hold only short values (pods) `EGRESS_NOT_RECORDED`, which a replica that adopts it reads as
+nothing allowed (a list that cannot be read back is never widened to the template's)."""
+EGRESS_NOT_RECORDED = "own"
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the sandbox so a restart without state recovers them."""
 MARKER_ENV = _kill.MARKER_ENV
@@ -145,9 +151,11 @@ class ProviderBackend:
         keyed: tuple[str, str] | None = None,
         mounts: tuple[Mount, ...] = (),
         auto_resume: bool = False,
+        egress_allow: list[str] | None = None,
     ) -> Adopted:
         """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
-        key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made."""
+        key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made.
+        ``egress_allow``: its own egress allow-list, recorded on it (`LABEL_EGRESS_ALLOW`)."""
         sandbox_id = sandbox_id or new_sandbox_id()
         created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
@@ -161,6 +169,8 @@ class ProviderBackend:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
         if auto_resume:
             recorded[LABEL_AUTO_RESUME] = "true"
+        if egress_allow is not None:
+            recorded[LABEL_EGRESS_ALLOW] = _egress_label(egress_allow, self.template.label_values_only)
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
         if self.template.egress:  # every command's proxy: the helper's listener (`sandboxes.server.egress`)
@@ -188,6 +198,7 @@ class ProviderBackend:
             labels=dict(labels),
             env=dict(env),
             auto_resume=auto_resume,
+            egress_allow=None if egress_allow is None else list(egress_allow),
         )
         if keyed is not None:
             state.idempotency_key, state.request_digest = keyed
@@ -325,7 +336,24 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         request_digest=labels.get(LABEL_REQUEST_DIGEST, ""),
         paused="keep" if record.frozen else "",
         auto_resume=labels.get(LABEL_AUTO_RESUME) == "true",
+        egress_allow=_egress_from_label(labels.get(LABEL_EGRESS_ALLOW)),
     )
+
+
+def _egress_label(allow: list[str], short_values: bool) -> str:
+    return EGRESS_NOT_RECORDED if short_values else json.dumps(allow, separators=(",", ":"))
+
+
+def _egress_from_label(value: str | None) -> list[str] | None:
+    """The allow-list a label recorded: ``None`` without one, nothing allowed for one that does
+    not read back as a list of rule texts."""
+    if value is None:
+        return None
+    try:
+        allow = json.loads(value)
+    except ValueError:
+        return []
+    return allow if isinstance(allow, list) and all(isinstance(rule, str) for rule in allow) else []
 
 
 # ---------------------------------------------------------------------- processes

@@ -98,11 +98,13 @@ class Holdings:
         kept = set()
         for state, sandbox in adopted:
             backend = self._backend_of(state)
-            self._entries[state.id] = self._entry(state, sandbox, backend)
+            entry = self._entries[state.id] = self._entry(state, sandbox, backend)
             if not backend.shared:  # a shared backend's sandbox is its own record
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
+            for hook in self.on_register:  # what it was served before a restart (its egress)
+                hook(entry)
         for template in backends:
             self._unreconciled.pop(template, None)
         for state in states:

@@ -68,8 +68,12 @@ def key_digest(tenant: str, key: str) -> str:
 
 
 def request_digest(request: CreateSandbox) -> str:
-    """The same for two bodies that ask for the same sandbox, whatever their key order."""
-    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The same for two bodies that ask for the same sandbox, whatever their key order (a
+    create without an egress allow-list hashes as it did before there was one)."""
+    fields = request.model_dump(mode="json")
+    if fields.get("egress_allow") is None:
+        fields.pop("egress_allow", None)
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 

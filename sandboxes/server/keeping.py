@@ -149,7 +149,7 @@ class Keeping(Pausing):
         try:
             made, sandbox = await asyncio.to_thread(
                 backend.create, state.tenant, expires_at, dict(state.labels), dict(state.env),
-                sandbox_id=state.id, auto_resume=state.auto_resume,
+                sandbox_id=state.id, auto_resume=state.auto_resume, egress_allow=state.egress_allow,
             )  # fmt: skip
         except Exception as exc:
             logger.warning("making hibernated sandbox %s again failed: %s", state.id, exc, exc_info=True)

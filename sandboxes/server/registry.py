@@ -43,7 +43,7 @@ from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.keeping import Keeping
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
-from sandboxes.server.validation import check_env, check_labels
+from sandboxes.server.validation import check_egress, check_env, check_labels
 
 __all__ = ["Entry", "Registry"]
 
@@ -128,6 +128,7 @@ class Registry(Keeping):
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
+        check_egress(request.template, template, request.egress_allow)
         if request.snapshot is not None:  # the tenant's, or a 404 before anything is made
             await asyncio.to_thread(self.snapshots.get, tenant.id, request.snapshot)
         backend = self.backends[request.template]
@@ -149,6 +150,7 @@ class Registry(Keeping):
                 keyed=None if keyed is None else (keyed.key, keyed.request),
                 mounts=mounts,
                 auto_resume=request.auto_resume,
+                egress_allow=request.egress_allow,
             )
         )
         try:

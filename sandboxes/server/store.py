@@ -59,6 +59,8 @@ class SandboxState:
     released (`sandboxes.server.keeping`); empty otherwise."""
     auto_resume: bool = False
     """An operation on it while paused resumes it first, instead of answering ``paused``."""
+    egress_allow: list[str] | None = None
+    """The egress allow-list its create asked for instead of its template's; ``None``: none."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""

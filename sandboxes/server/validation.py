@@ -1,16 +1,19 @@
 """What a creation request may carry: environment variables and labels that every backend
-accepts as they are recorded (container labels, pod labels), refused otherwise with a clear
-``invalid_request`` rather than a backend's error."""
+accepts as they are recorded (container labels, pod labels), and an egress allow-list its
+template can serve, refused otherwise with a clear ``invalid_request`` rather than a backend's
+error."""
 
 from __future__ import annotations
 
 import re
 
 from sandboxes.server.backends import LABEL_USER_PREFIX
+from sandboxes.server.egress.policy import parse_rule
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.settings import LABEL_VALUE
+from sandboxes.templates import Template
 
-__all__ = ["check_env", "check_labels"]
+__all__ = ["check_egress", "check_env", "check_labels"]
 
 
 def check_env(env: dict[str, str]) -> None:
@@ -38,3 +41,18 @@ def check_labels(labels: dict[str, str], *, pod_labels: bool = False) -> None:
                 f"invalid label {key!r} for a pod (name: {longest} characters max; value: 63 max, "
                 "[A-Za-z0-9._-], starting and ending alphanumeric)",
             )
+
+
+def check_egress(name: str, template: Template, allow: list[str] | None) -> None:
+    """A create's own allow-list: every rule parses (422), and a non-empty list only on a
+    template with egress (409: nothing would serve it)."""
+    if allow is None:
+        return
+    for text in allow:
+        try:
+            parse_rule(text)
+        except ValueError as exc:
+            raise ServiceError("invalid_request", f"egress_allow: {exc}") from exc
+    if allow and not template.egress:
+        message = f"template {name!r} has no egress: a sandbox of it reaches nothing, whatever its allow-list"
+        raise ServiceError("invalid_request", message, status=409)

@@ -157,6 +157,7 @@ _ALICES = {
     ("GET", "/e2b/sandboxes/{sandbox_id}/metrics"): None,
     ("POST", "/e2b/sandboxes/{sandbox_id}/pause"): {},
     ("POST", "/e2b/sandboxes/{sandbox_id}/resume"): {},
+    ("PUT", "/e2b/sandboxes/{sandbox_id}/network"): {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]},
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}

@@ -6,9 +6,12 @@ servers this test starts on 127.0.0.2 and 127.0.0.3."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandboxes.server.egress import Credential, EgressContext, EgressPolicy, EgressProxy
+from sandboxes.server.egress import ByteRate, Credential, EgressContext, EgressPolicy, EgressProxy
 
 
 @dataclass
@@ -87,27 +90,25 @@ class Proxy:
     policy: list[EgressPolicy]
 
 
-@pytest.fixture
-def proxy(allowed: Target) -> Iterator[Proxy]:
-    policy = [EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])]
+@contextlib.contextmanager
+def _serving(*contexts: Callable[[], EgressContext]) -> Iterator[list[str]]:
+    """One proxy server per context (each made on the proxies' event loop), their URLs."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box: dict[str, Any] = {}
 
     async def main() -> None:
-        context = EgressContext(
-            sandbox="sbx-1",
-            tenant="alice",
-            policy=lambda: policy[0],
-            credentials=[Credential(host="127.0.0.2", headers={"Authorization": "Bearer secret-token"})],
-        )
         egress = EgressProxy(connect_timeout=5)
-        server = await asyncio.start_server(lambda r, w: egress.serve(r, w, context), "127.0.0.1", 0)
-        box["port"] = server.sockets[0].getsockname()[1]
+        servers = []
+        for make in contexts:
+            context = make()
+            servers.append(await asyncio.start_server(functools.partial(egress.serve, context=context), "127.0.0.1", 0))
+        box["urls"] = [f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}" for server in servers]
         box["stop"] = asyncio.Event()
         ready.set()
-        async with server:
-            await box["stop"].wait()
+        await box["stop"].wait()
+        for server in servers:
+            server.close()
         others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in others:  # connections still being served
             task.cancel()
@@ -116,10 +117,26 @@ def proxy(allowed: Target) -> Iterator[Proxy]:
     thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
     thread.start()
     assert ready.wait(10)
-    yield Proxy(f"http://127.0.0.1:{box['port']}", policy)
+    yield box["urls"]
     loop.call_soon_threadsafe(box["stop"].set)
     thread.join(10)
     loop.close()
+
+
+@pytest.fixture
+def proxy(allowed: Target) -> Iterator[Proxy]:
+    policy = [EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])]
+
+    def context() -> EgressContext:
+        return EgressContext(
+            sandbox="sbx-1",
+            tenant="alice",
+            policy=lambda: policy[0],
+            credentials=[Credential(host="127.0.0.2", headers={"Authorization": "Bearer secret-token"})],
+        )
+
+    with _serving(context) as urls:
+        yield Proxy(urls[0], policy)
 
 
 def test_a_forwarded_request_carries_the_tenants_credentials(proxy: Proxy, allowed: Target) -> None:
@@ -181,3 +198,58 @@ def test_a_change_of_the_allow_list_applies_to_the_next_connection(
 def test_what_is_not_a_proxy_request_is_refused(proxy: Proxy) -> None:
     direct = httpx.get(f"{proxy.url}/not-absolute", timeout=10)
     assert direct.status_code == 400
+
+
+RATE = 512 << 10
+"""The throttled sandbox's bytes a second (and its burst)."""
+
+
+def test_a_sandboxs_rate_bounds_all_its_connections_together_and_no_other_sandbox(allowed: Target) -> None:
+    policy = EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])
+
+    def throttled() -> EgressContext:
+        return EgressContext(sandbox="slow", tenant="alice", policy=lambda: policy, rate=ByteRate(RATE))
+
+    def free() -> EgressContext:
+        return EgressContext(sandbox="free", tenant="alice", policy=lambda: policy)
+
+    size = 3 * RATE // 2  # two of them: three seconds of the rate, less its one-second burst
+    url = f"http://127.0.0.2:{allowed.port}/bytes/{size}"
+    results: dict[str, Any] = {}
+
+    def fetch(name: str, proxy_url: str) -> None:
+        with httpx.Client(proxy=proxy_url, timeout=30) as client:
+            results[name] = client.get(url)
+        results[f"{name} done"] = time.monotonic()
+
+    with _serving(throttled, free) as (slow_url, free_url):
+        started = time.monotonic()
+        threads = [threading.Thread(target=fetch, args=(f"slow {i}", slow_url)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        fetch("free", free_url)  # meanwhile, another sandbox's egress
+        for thread in threads:
+            thread.join(30)
+    assert [len(results[name].content) for name in ("slow 0", "slow 1", "free")] == [size] * 3
+    slow_done = [results["slow 0 done"], results["slow 1 done"]]
+    assert max(slow_done) - started >= (2 * size - RATE) / RATE * 0.9  # the two shared one rate
+    assert results["free done"] < min(slow_done)  # the other sandbox did not wait for them
+
+
+async def test_a_byte_rate_lets_a_burst_through_then_paces_the_rest() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    rate = ByteRate(1000, clock=lambda: now[0], sleep=sleep)
+    await rate.take(1000)  # the burst
+    await rate.take(500)  # half a second of debt
+    now[0] += 2.0  # idle: the bucket refills to its burst, no more
+    await rate.take(1000)
+    await rate.take(3000)  # larger than the burst: passes, three seconds of debt
+    assert slept == [0.5, 3.0]
+    with pytest.raises(ValueError):
+        ByteRate(0)

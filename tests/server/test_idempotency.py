@@ -5,9 +5,12 @@ instead of making another."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 
 import pytest
 
+from sandboxes.api import CreateSandbox
 from sandboxes.lifecycle import SandboxNameTaken
 from sandboxes.server import idempotency
 from sandboxes.server.errors import ServiceError
@@ -135,3 +138,18 @@ async def test_a_name_freed_by_a_failed_winner_is_taken() -> None:
 
     keys: Idempotency[str] = Idempotency()
     assert await asyncio.wait_for(keys.create(KEYED, find, make), 10) == ("mine", False)
+
+
+def test_the_request_digest_holds_the_egress_allow_list_only_when_given() -> None:
+    plain = CreateSandbox(template="default")
+    before = hashlib.sha256(
+        json.dumps(
+            plain.model_dump(mode="json", exclude={"egress_allow"}), sort_keys=True, separators=(",", ":")
+        ).encode()
+    ).hexdigest()[:32]
+    assert idempotency.request_digest(plain) == before  # what a create without one hashed to before
+    digests = {
+        idempotency.request_digest(CreateSandbox(egress_allow=allow))
+        for allow in (None, [], ["example.com"], ["example.com:443"])
+    }
+    assert len(digests) == 4

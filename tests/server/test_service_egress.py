@@ -3,7 +3,9 @@
 connection to the service, and the service's egress proxy checks it against the sandbox's
 allow-list. On Docker and in a local jail, with Python's urllib and with ``pip download`` as the
 sandbox's clients, against servers this test starts on 127.0.0.2 and 127.0.0.3 (loopback only).
-The tenant's credential reaches the server and is found nowhere in the sandbox."""
+The tenant's credential reaches the server and is found nowhere in the sandbox. A create may
+carry its own allow-list (the API, the Python client, the E2B SDK's ``allow_internet_access`` and
+``network``), which the sandbox starts with instead of its template's."""
 
 from __future__ import annotations
 
@@ -16,16 +18,30 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from e2b import ALL_TRAFFIC, Sandbox, SandboxException
+from e2b_harness import opts
 from service_harness import KEYS, UNTHROTTLED, Running, create, execute, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
 
+from sandboxes.client import InvalidRequest, SandboxClient
 from sandboxes.docker import DockerTemplate
+from sandboxes.lifecycle import SandboxRecord
 from sandboxes.local import LocalTemplate
-from sandboxes.server.settings import EgressCredential, TenantPolicy
+from sandboxes.server.backends import (
+    EGRESS_NOT_RECORDED,
+    LABEL_EGRESS_ALLOW,
+    LABEL_SERVICE_EXPIRES,
+    LABEL_SERVICE_ID,
+    LABEL_TENANT,
+    ProviderBackend,
+    state_from_record,
+)
+from sandboxes.server.settings import EgressCredential, ServiceSettings, TenantPolicy
 
 SECRET = "s3cret-token-never-in-the-sandbox"
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
@@ -78,6 +94,8 @@ def _serve(host: str) -> Iterator[Target]:
                 kind = "text/html"
             elif self.path.startswith("/packages/"):
                 body, kind = WHEEL, "application/octet-stream"
+            elif self.path.startswith("/bytes/"):
+                body, kind = b"x" * int(self.path.rsplit("/", 1)[-1]), "application/octet-stream"
             else:
                 body, kind = f"hello from {host}".encode(), "text/plain"
             self.send_response(200)
@@ -105,17 +123,18 @@ def refused() -> Iterator[Target]:
     yield from _serve("127.0.0.3")
 
 
-@pytest.fixture(scope="module", params=["docker", "local"])
-def service(
-    request: pytest.FixtureRequest, allowed: Target, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Running]:
+def _settings(
+    kind: str, request: pytest.FixtureRequest, allowed: Target, data_dir: Path
+) -> tuple[ServiceSettings, Any]:
+    """An egress service's settings over ``kind`` (its template allows ``allowed``), and the
+    Docker client it needs."""
     egress: dict[str, Any] = {
         "egress": True,
         "egress_allow": [f"127.0.0.2:{allowed.port}"],
         "egress_open_ranges": ["127.0.0.0/8"],
     }
     docker_client = None
-    if request.param == "docker":
+    if kind == "docker":
         docker_client = request.getfixturevalue("docker_client")
         image = request.getfixturevalue("runtime_image")
         template: Any = DockerTemplate(backend="docker", image=image, memory="512m", labels=CLEANUP, **egress)
@@ -125,9 +144,14 @@ def service(
     credential = EgressCredential(host="127.0.0.2", headers={"Authorization": f"Bearer {SECRET}"})
     tenants = {**UNTHROTTLED, "alice": TenantPolicy(rate=10_000, burst=10_000, egress_credentials=[credential])}
     owner = f"{SESSION_OWNER}-egress-{uuid.uuid4().hex[:6]}"
-    settings = settings_for(
-        tmp_path_factory.mktemp("egress"), owner=owner, templates={"default": template}, tenants=tenants
-    )
+    return settings_for(data_dir, owner=owner, templates={"default": template}, tenants=tenants), docker_client
+
+
+@pytest.fixture(scope="module", params=["docker", "local"])
+def service(
+    request: pytest.FixtureRequest, allowed: Target, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    settings, docker_client = _settings(request.param, request, allowed, tmp_path_factory.mktemp("egress"))
     with running(settings, docker_client=docker_client) as svc:
         yield svc
 
@@ -252,3 +276,151 @@ def test_a_sandbox_without_egress_allows_nothing_and_refuses_a_list(tmp_path_fac
     assert changed.status_code == 409
     assert "no egress" in changed.text
     assert proxy["output"].strip() == "0"  # no proxy variables: nothing to reach
+
+
+def _until_refused(service: Running, sandbox: str, url: str) -> dict[str, Any]:
+    """The answer of a fetch of ``url`` once the proxy serves it (a refusal by the policy, not a
+    listener not yet started)."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = _run(service, sandbox, _fetch(url))
+        if "403 egress refused" in answer["output"] or time.monotonic() > deadline:
+            assert "403 egress refused" in answer["output"], answer
+            return answer
+        time.sleep(0.2)
+
+
+def test_a_creates_own_allow_list_replaces_the_templates(service: Running, allowed: Target, refused: Target) -> None:
+    own = [f"127.0.0.3:{refused.port}"]
+    with SandboxClient(service.url, KEYS["alice"]) as client, client.create(egress_allow=own) as sandbox:
+        with service.client() as raw:
+            assert raw.get(f"/v1/sandboxes/{sandbox.id}/egress").json() == {"allow": own}
+        _until_refused(service, sandbox.id, f"http://127.0.0.2:{allowed.port}/template")  # the template's: out
+        answer = _run(service, sandbox.id, _fetch(f"http://127.0.0.3:{refused.port}/own"))
+        assert answer["output"].strip() == "hello from 127.0.0.3"
+
+
+def test_an_empty_allow_list_reaches_nothing(service: Running, allowed: Target) -> None:
+    reached = len(allowed.seen)
+    with service.client() as client:
+        made = create(client, egress_allow=[])["id"]
+        try:
+            assert client.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": []}
+            _until_refused(service, made, f"http://127.0.0.2:{allowed.port}/none")
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+    assert len(allowed.seen) == reached
+
+
+def test_e2b_allow_internet_access_false_means_no_egress_and_allow_out_is_the_list(
+    service: Running, allowed: Target
+) -> None:
+    closed = Sandbox.create(allow_internet_access=False, **opts(service))
+    network: Any = {"allow_out": [f"127.0.0.2:{allowed.port}", "*.example.com"], "deny_out": [ALL_TRAFFIC]}
+    listed = Sandbox.create(network=network, **opts(service))
+    default = Sandbox.create(**opts(service))
+    try:
+        with service.client() as client:
+            lists = [
+                client.get(f"/v1/sandboxes/{made.sandbox_id}/egress").json()["allow"]
+                for made in (closed, listed, default)
+            ]
+        assert lists == [[], network["allow_out"], [f"127.0.0.2:{allowed.port}"]]
+        _until_refused(service, closed.sandbox_id, f"http://127.0.0.2:{allowed.port}/closed")
+        closed.update_network({"allow_out": [f"127.0.0.2:{allowed.port}"], "deny_out": [ALL_TRAFFIC]})
+        answer = _run(service, closed.sandbox_id, _fetch(f"http://127.0.0.2:{allowed.port}/opened"))
+        assert answer["output"].strip() == "hello from 127.0.0.2"  # the next connection
+        listed.update_network({})  # E2B's default, all traffic: the template's list
+        closed.update_network({"allow_internet_access": False})
+        with service.client() as client:
+            after = [client.get(f"/v1/sandboxes/{made.sandbox_id}/egress").json()["allow"] for made in (closed, listed)]
+        assert after == [[], [f"127.0.0.2:{allowed.port}"]]
+        with pytest.raises(SandboxException, match="denyOut"):
+            closed.update_network({"deny_out": ["10.0.0.0/8"]})
+        with pytest.raises(SandboxException, match="denyOut"):  # a partial deny-list cannot be an allow-list
+            Sandbox.create(network={"deny_out": ["10.0.0.0/8"]}, **opts(service))
+    finally:
+        for made in (closed, listed, default):
+            made.kill()
+
+
+def test_a_create_without_egress_takes_no_list_and_its_rules_must_parse(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    settings = settings_for(tmp_path_factory.mktemp("noegress-create"))
+    with running(settings) as svc, svc.client() as client:
+        listed = client.post("/v1/sandboxes", json={"egress_allow": ["example.com"]})
+        malformed = client.post("/v1/sandboxes", json={"egress_allow": ["not a rule"]})
+        with SandboxClient(svc.url, KEYS["alice"]) as sdk:
+            with pytest.raises(InvalidRequest, match="has no egress"):
+                sdk.create(egress_allow=["example.com"])
+            key = f"egress-{uuid.uuid4()}"
+            with sdk.create(egress_allow=[], idempotency_key=key) as empty:  # nothing: what it has anyway
+                assert client.get(f"/v1/sandboxes/{empty.id}/egress").json() == {"allow": []}
+                assert sdk.create(egress_allow=[], idempotency_key=key).id == empty.id  # a replay
+                with pytest.raises(InvalidRequest, match="another body"):  # the list is in the digest
+                    sdk.create(idempotency_key=key)
+        e2b = Sandbox.create(allow_internet_access=False, **opts(svc))  # nothing: what it has anyway
+        try:
+            e2b.update_network({"allow_internet_access": False})
+            with pytest.raises(SandboxException, match="has no egress"):
+                e2b.update_network({"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]})
+        finally:
+            e2b.kill()
+    assert listed.status_code == 409
+    assert "has no egress" in listed.json()["message"]
+    assert malformed.status_code == 422
+    assert "not a host name" in malformed.json()["message"]
+
+
+@pytest.mark.parametrize("kind", ["docker", "local"])
+def test_a_creates_own_allow_list_outlives_a_restart(
+    kind: str, request: pytest.FixtureRequest, allowed: Target, refused: Target, tmp_path: Path
+) -> None:
+    """Docker's from the container's labels, the local jail's from its state file."""
+    settings, docker_client = _settings(kind, request, allowed, tmp_path)
+    own = [f"127.0.0.3:{refused.port}"]
+    with running(settings, docker_client=docker_client) as svc, svc.client() as client:
+        made = create(client, egress_allow=own)["id"]
+    with running(settings, docker_client=docker_client) as svc, svc.client() as client:
+        try:
+            assert client.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": own}
+            _until_refused(svc, made, f"http://127.0.0.2:{allowed.port}/after")
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+
+
+def test_a_list_that_a_record_cannot_hold_reads_back_as_nothing() -> None:
+    backend = ProviderBackend("default", LocalTemplate(egress=True), provider=None, settings=None)  # type: ignore[arg-type]
+    base = {LABEL_TENANT: "alice", LABEL_SERVICE_ID: "s1", LABEL_SERVICE_EXPIRES: "9999999999"}
+    found = [
+        state_from_record(SandboxRecord(id="s1", ref="r", labels={**base, **extra}), backend)
+        for extra in ({}, {LABEL_EGRESS_ALLOW: '["example.com:443"]'}, {LABEL_EGRESS_ALLOW: EGRESS_NOT_RECORDED})
+    ]
+    assert [state.egress_allow if state else "?" for state in found] == [None, ["example.com:443"], []]
+
+
+def test_the_templates_bandwidth_paces_a_sandboxs_egress(tmp_path: Path, allowed: Target) -> None:
+    needs(HAS_BWRAP, "bubblewrap is not installed")
+    rate = 128 << 10
+    template = LocalTemplate(
+        default_timeout=60,
+        egress=True,
+        egress_allow=[f"127.0.0.2:{allowed.port}"],
+        egress_open_ranges=["127.0.0.0/8"],
+        egress_bytes_per_second=rate,
+    )
+    settings = settings_for(tmp_path, templates={"default": template})
+    size = 3 * rate  # three seconds of the rate, less its one-second burst
+    with running(settings) as svc, svc.client() as client:
+        made = create(client)["id"]
+        try:
+            _until_listening(svc, made, allowed)
+            started = time.monotonic()
+            answer = _run(svc, made, f"curl -sS --max-time 30 http://127.0.0.2:{allowed.port}/bytes/{size} | wc -c")
+            took = time.monotonic() - started
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+    assert answer["output"].strip() == str(size)
+    assert took >= (size - rate) / rate * 0.9, took

@@ -111,6 +111,9 @@ own (where it listens, its data directory) is set last and wins.
 {{- $_ := set $config "host" "0.0.0.0" -}}
 {{- $_ := set $config "port" (int .Values.containerPort) -}}
 {{- $_ := set $config "data_dir" "/var/lib/sandboxes" -}}
+{{- if and .Values.ingress.enabled .Values.ingress.previews.domain -}}
+{{- $_ := set $config "preview_domain" .Values.ingress.previews.domain -}}
+{{- end -}}
 {{- if not (hasKey $config "owner") -}}
 {{- $_ := set $config "owner" (printf "%s.%s" .Release.Namespace (include "sandboxes.fullname" .) | trunc 63 | trimSuffix "-" | trimSuffix ".") -}}
 {{- end -}}
@@ -122,6 +125,18 @@ own (where it listens, its data directory) is set last and wins.
 {{- $_ := set $config "tenants" $tenants -}}
 {{- end -}}
 {{- toPrettyJson $config -}}
+{{- end -}}
+
+{{/* An Ingress rule's paths: everything, to the Service's http port. */}}
+{{- define "sandboxes.ingressPaths" -}}
+paths:
+  - path: /
+    pathType: Prefix
+    backend:
+      service:
+        name: {{ include "sandboxes.fullname" . }}
+        port:
+          name: http
 {{- end -}}
 
 {{/* The fixed hardening of every container the chart runs. */}}
@@ -172,6 +187,9 @@ seccompProfile:
 {{- end -}}
 {{- if and .Values.serviceMonitor.enabled (ne (toString (dig "metrics_access" "key" .Values.config)) "open") (not .Values.serviceMonitor.bearerTokenSecret) -}}
 {{- fail "sandboxes: serviceMonitor.enabled needs serviceMonitor.bearerTokenSecret ({name, key} of a Secret holding an API key), or config.metrics_access: open" -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled .Values.ingress.previews.domain (hasKey .Values.config "preview_domain") (ne (toString .Values.config.preview_domain) .Values.ingress.previews.domain) -}}
+{{- fail (printf "sandboxes: config.preview_domain (%s) differs from ingress.previews.domain (%s): set the domain once, in ingress.previews.domain" (toString .Values.config.preview_domain) .Values.ingress.previews.domain) -}}
 {{- end -}}
 {{- $drain := int (dig "drain_timeout" 30 .Values.config) -}}
 {{- if le (int .Values.terminationGracePeriodSeconds) (add $drain (int .Values.preStopSleepSeconds)) -}}

@@ -17,6 +17,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
 from sandboxes.server.e2b.models import (
     ConnectSandbox,
+    NetworkUpdate,
     NewSandbox,
     PauseRequest,
     SandboxCreated,
@@ -116,12 +117,17 @@ async def create(
     body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
     ttl = None if body.timeout is None else max(1, body.timeout)
+    try:
+        egress_allow = body.egress_allow()
+    except ValueError as exc:
+        return e2b_error(400, f"network: {exc}")
     wanted = CreateSandbox(
         template=e2b.ours(body.template_id),
         env=body.env_vars or {},
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
+        egress_allow=egress_allow,
     )
     if wanted.template not in service(request).settings.templates:
         return e2b_error(400, f"unknown template {body.template_id!r}")
@@ -249,6 +255,26 @@ async def resume(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> 
     if body.timeout:
         entry = await registry.renew(tenant, sandbox_id, body.timeout)
     return _json(_created(request, entry), 201)
+
+
+@router.put("/sandboxes/{sandbox_id}/network")
+async def update_network(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
+    """The sandbox's egress allow-list replaced (204), as a create's ``network`` sets it (E2B's
+    default, all traffic: its template's list), from its next connection on; 409 for a list on
+    a sandbox without egress."""
+    tenant = _tenant(request, api_key)
+    body = await _body(request, NetworkUpdate)
+    entry = await service(request).registry.find(tenant, sandbox_id)
+    try:
+        allow = body.egress_allow()
+        if allow is None:
+            allow = list(entry.backend.template.egress_allow)
+        changed = request.app.state.egress.set_allow(sandbox_id, allow)
+    except ValueError as exc:
+        return e2b_error(400, f"network: {exc}")
+    if not changed and allow:
+        return e2b_error(409, f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies")
+    return Response(status_code=204)
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

@@ -11,10 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ConnectSandbox",
     "E2BError",
+    "Network",
+    "NetworkUpdate",
     "NewSandbox",
     "SandboxCreated",
     "SandboxDetail",
     "TimeoutRequest",
+    "egress_allow",
 ]
 
 MAX_TIMEOUT = 86_400 * 30
@@ -40,6 +43,46 @@ class NewSandbox(_Wire):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    allow_internet_access: bool | None = None
+    """``False``: no egress at all (E2B: the same as ``denyOut: ["0.0.0.0/0"]``)."""
+    network: Network | None = None
+
+    def egress_allow(self) -> list[str] | None:
+        """The service's allow-list for this create (`egress_allow`)."""
+        return egress_allow(self.allow_internet_access, self.network or Network())
+
+
+_ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
+
+
+class Network(_Wire):
+    """``network`` of a create: the egress filter (``allowOut`` wins over ``denyOut``); the
+    rest of E2B's network options are not acted on."""
+
+    allow_out: list[str] | None = Field(default=None, alias="allowOut", max_length=1000)
+    deny_out: list[str] | None = Field(default=None, alias="denyOut", max_length=1000)
+
+
+class NetworkUpdate(Network):
+    """``PUT /sandboxes/{id}/network``: the egress filter replaced whole (what it omits is cleared)."""
+
+    allow_internet_access: bool | None = None
+
+    def egress_allow(self) -> list[str] | None:
+        return egress_allow(self.allow_internet_access, self)
+
+
+def egress_allow(allow_internet_access: bool | None, network: Network) -> list[str] | None:
+    """The service's allow-list for what E2B asks: everything denied but ``allowOut`` (its
+    entries are the service's rules: addresses, networks, names, ``*.`` names); ``None`` when
+    E2B's default (all traffic) stands, which here is the template's list. ValueError for a
+    deny-list narrower than all traffic, which an allow-list cannot say."""
+    deny = network.deny_out or []
+    if allow_internet_access is False or any(entry in _ALL_TRAFFIC for entry in deny):
+        return list(network.allow_out or [])
+    if deny:
+        raise ValueError("denyOut is served only as all traffic (0.0.0.0/0) with allowOut for the exceptions")
+    return None
 
 
 class AutoResume(_Wire):

@@ -22,6 +22,7 @@ from sandboxes._mux._listen import listen
 from sandboxes._mux._relay import open_relay
 from sandboxes.server.egress.policy import EgressPolicy
 from sandboxes.server.egress.proxy import Credential, EgressContext, EgressProxy
+from sandboxes.server.egress.rate import ByteRate
 from sandboxes.server.entry import Entry
 from sandboxes.server.settings import ServiceSettings
 
@@ -97,6 +98,18 @@ class _Served:
         await self.proxy.serve(reader, writer, self.context)
 
 
+def _starting_policy(entry: Entry) -> EgressPolicy:
+    """The create's allow-list if it gave one, else the template's; a recorded list that no
+    longer parses allows nothing."""
+    template = entry.backend.template
+    allow = template.egress_allow if entry.state.egress_allow is None else entry.state.egress_allow
+    try:
+        return EgressPolicy(allow=allow, open_ranges=template.egress_open_ranges)
+    except ValueError as exc:
+        logger.warning("sandbox %s: its egress allow-list does not parse, nothing allowed: %s", entry.state.id, exc)
+        return EgressPolicy(allow=[], open_ranges=template.egress_open_ranges)
+
+
 class EgressHub:
     """The egress of every sandbox this replica holds whose template has egress."""
 
@@ -117,15 +130,16 @@ class EgressHub:
         if not isinstance(entry.sandbox, HoldsHelper):
             logger.warning("sandbox %s has egress but no exec helper to relay it: it has none", sandbox_id)
             return
-        policy = EgressPolicy(allow=template.egress_allow, open_ranges=template.egress_open_ranges)
+        policy = _starting_policy(entry)
         tenant = entry.state.tenant
         credentials = [
             Credential(item.host, {name: value.get_secret_value() for name, value in item.headers.items()})
             for item in self._settings.policy_for(tenant).egress_credentials
         ]
         served: _Served
+        rate = None if template.egress_bytes_per_second is None else ByteRate(template.egress_bytes_per_second)
         context = EgressContext(
-            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials
+            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials, rate=rate
         )
         served = _Served(entry, policy, context, self._proxy)
         task = asyncio.get_running_loop().create_task(served.run(self._held))

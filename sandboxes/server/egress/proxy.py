@@ -7,8 +7,9 @@ It speaks HTTP/1.1 as a proxy (parsed by h11, bounded): ``CONNECT host:port`` op
 the way (`Credential`: the secret never enters the sandbox). Every destination is resolved here
 and decided on its addresses (`sandboxes.server.egress.policy.decide`), then reached at the very
 address that was checked; the sandbox's policy is read anew for each connection, so a change
-applies to the next one. A refusal answers 403 with the reason in its body, at once. Every
-connection is logged: sandbox, tenant, destination, address, allowed or not, bytes each way.
+applies to the next one. Bytes pass at the sandbox's rate (`EgressContext.rate`). A refusal
+answers 403 with the reason in its body, at once. Every connection is logged: sandbox, tenant,
+destination, address, allowed or not, bytes each way.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sandboxes.server.egress.policy import Decision, EgressPolicy, decide, host_matches
+from sandboxes.server.egress.rate import ByteRate
 
 __all__ = ["ByteReader", "ByteWriter", "Credential", "EgressContext", "EgressProxy"]
 
@@ -81,6 +83,13 @@ class EgressContext:
     credentials: Sequence[Credential] = ()
     connections: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(64))
     """The sandbox's connections open at once; one more waits."""
+    rate: ByteRate | None = None
+    """The sandbox's bandwidth, both directions of all its connections together; ``None``: unbounded."""
+
+    async def paced(self, size: int) -> None:
+        """Return once ``size`` more bytes may pass (at once without a rate)."""
+        if self.rate is not None:
+            await self.rate.take(size)
 
 
 @dataclass
@@ -174,9 +183,10 @@ class EgressProxy:
                 await _send(client, writer, h11.Response(status_code=200, headers=[], reason=b"Connection established"))
                 leftover, _ = client.trailing_data
                 if leftover:
+                    await context.paced(len(leftover))
                     up_writer.write(leftover)
                     tally.sent += len(leftover)
-                await self._splice(reader, writer, up_reader, up_writer, tally)
+                await self._splice(reader, writer, up_reader, up_writer, tally, context)
             else:
                 await self._forward(client, reader, writer, request, host, port, up_reader, up_writer, context, tally)
         finally:
@@ -220,6 +230,7 @@ class EgressProxy:
             event = await _next_event(client, reader)
             if isinstance(event, h11.Data):
                 tally.sent += len(event.data)
+                await context.paced(len(event.data))
                 await _send(upstream, up_writer, event)
             elif isinstance(event, h11.EndOfMessage):
                 await _send(upstream, up_writer, h11.EndOfMessage())
@@ -242,6 +253,7 @@ class EgressProxy:
             event = await _next_event(upstream, up_reader)
             if isinstance(event, h11.Data):
                 tally.received += len(event.data)
+                await context.paced(len(event.data))
                 await _send(client, writer, event)
             else:
                 await _send(client, writer, h11.EndOfMessage())
@@ -254,8 +266,10 @@ class EgressProxy:
         up_reader: ByteReader,
         up_writer: ByteWriter,
         tally: _Tally,
+        context: EgressContext,
     ) -> None:
-        """Bytes both ways until either side ends or both are quiet for ``idle_timeout``."""
+        """Bytes both ways, at the sandbox's rate, until either side ends or both are quiet for
+        ``idle_timeout``."""
 
         async def pump(source: ByteReader, sink: ByteWriter, up: bool) -> None:
             while data := await asyncio.wait_for(source.read(_CHUNK), self.idle_timeout):
@@ -263,6 +277,7 @@ class EgressProxy:
                     tally.sent += len(data)
                 else:
                     tally.received += len(data)
+                await context.paced(len(data))
                 sink.write(data)
                 await sink.drain()
             with contextlib.suppress(OSError):

@@ -123,6 +123,11 @@ class TemplateConfig(BaseModel, abc.ABC):
     other non-public address (private, loopback, link-local, the metadata address) is refused."""
     egress_port: int = Field(default=3128, ge=1, le=65535)
     """The port inside the sandbox its proxy variables point at."""
+    pool_size: int = Field(default=0, ge=0, le=1000)
+    """Sandboxes of this template the service keeps started and tenant-less, so that a create
+    without per-sandbox options claims one instead of making one (`sandboxes.server.pool`);
+    ``0``: none, every create is cold. Only a backend whose sandboxes several processes can
+    select by label and whose expiry can move (Docker, Kubernetes) pools."""
 
     label_values_only: ClassVar[bool] = False
     """Whether tenants and clients' labels are recorded where only label values fit

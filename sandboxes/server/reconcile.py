@@ -1,7 +1,8 @@
 """Reconciliation: what the service remembers (its state files) against what the providers
 really have, at start-up and for a template whose backend comes back. The live sandboxes are
 adopted; the expired, the deleted, the orphaned and the stopped that cannot come back whole are
-destroyed; then every provider sweeps its own leftovers. This is what makes a ``kill -9`` of the
+destroyed (this service's unclaimed pooled ones too: its pool makes new ones,
+`sandboxes.server.pool`); then every provider sweeps its own leftovers. This is what makes a ``kill -9`` of the
 service lose nothing.
 
 Everything here blocks (provider calls); the registry calls it from a worker thread.
@@ -13,7 +14,7 @@ import logging
 import math
 
 from sandboxes.lifecycle import ResumableProvider, SandboxRecord, SharedProvider
-from sandboxes.server.backends import Adopted, ProviderBackend, state_from_record, workdir_of
+from sandboxes.server.backends import Adopted, ProviderBackend, pooled_elsewhere, state_from_record, workdir_of
 from sandboxes.server.store import SandboxState
 
 __all__ = ["reconcile"]
@@ -55,6 +56,8 @@ def reconcile(
                 continue
             seen.add(key)
             state = remembered.get(key) or state_from_record(record, backend)
+            if state is None and pooled_elsewhere(record, backend):  # its service's, its expiry bounds it
+                continue
             try:
                 found = _adopt(backends, backend, record, state, now)
             except Exception:

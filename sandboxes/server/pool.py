@@ -54,6 +54,9 @@ STALE_MARGIN = 600.0
 """A member whose recorded expiry is nearer than this is replaced rather than handed out."""
 REFILL_WORKERS = 2
 """Pooled sandboxes made at once, in threads of the pools' own."""
+CLAIM_GRACE = 60.0
+"""Seconds a claim may wait to be registered (the create's quota recount) before a sweep that
+finds its sandbox held nowhere forgets it."""
 RETRY_AFTER_FAILURE = 5.0
 """Seconds before a template whose pooled sandbox could not be made is refilled again."""
 
@@ -110,14 +113,23 @@ class Pools:
     def start(self, held: Iterable[str], unreachable: Iterable[str]) -> None:
         """Forget the claims of sandboxes that are gone (not ``held`` by the registry once it has
         reconciled, nor of a template in ``unreachable``), and start filling every pool."""
+        self._drop_gone(held, unreachable, time.time())
+        for name in self._backends:
+            self._refill(name)
+
+    def _drop_gone(self, held: Iterable[str], unreachable: Iterable[str], before: float) -> None:
+        """Forget the claims made before ``before`` of sandboxes the registry does not hold
+        (removed from under it, or reaped while it was down), unless their backend is unreachable."""
         held, waiting = set(held), set(unreachable)
         for sandbox_id in self.claims.ids() - held:
             claim = self.claims.get(sandbox_id)
-            if claim is not None and claim.template not in waiting:
+            if claim is not None and claim.template not in waiting and claim.created_at < before:
                 logger.info("dropping the claim of pooled sandbox %s: it is gone", sandbox_id)
                 self.claims.drop(sandbox_id)
-        for name in self._backends:
-            self._refill(name)
+
+    def refs(self) -> frozenset[tuple[str, str]]:
+        """The members ready now, as (backend kind, ref)."""
+        return frozenset((m.state.backend, m.state.ref) for members in self._ready.values() for m in members)
 
     async def close(self) -> None:
         """Stop refilling, and destroy every unclaimed member (the claimed ones are tenants')."""
@@ -134,8 +146,11 @@ class Pools:
         self._update_gauge()
         self._executor.shutdown(wait=True)
 
-    async def sweep(self) -> None:
-        """Replace the members whose recorded expiry is near (`STALE_MARGIN`)."""
+    async def sweep(self, held: Iterable[str], unreachable: Iterable[str]) -> None:
+        """Replace the members whose recorded expiry is near (`STALE_MARGIN`); forget the claims
+        of sandboxes gone from under the registry (`_drop_gone`), leaving alone those too recent
+        to be registered yet."""
+        self._drop_gone(held, unreachable, time.time() - CLAIM_GRACE)
         for name, members in self._ready.items():
             stale = [member for member in members if self._stale(member)]
             for member in stale:

@@ -304,7 +304,10 @@ class Registry(Keeping):
     async def sweep(self) -> None:
         """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
         await super().sweep()
-        await self.pools.sweep()
+        await self.pools.sweep(self._entries, self._unreconciled)
+
+    def _pooled(self) -> frozenset[tuple[str, str]]:
+        return self.pools.refs()
 
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:

@@ -194,7 +194,7 @@ class Pools:
             self._spawn(self._discard_async(name, member))
             return None
         self._spawn(self._record_expiry(backend, state))
-        logger.info("claimed a pooled sandbox", extra={"sandbox": state.id, "tenant": tenant, "template": name})
+        logger.debug("claimed a pooled sandbox", extra={"sandbox": state.id, "tenant": tenant, "template": name})
         return dataclasses.replace(state), member.sandbox
 
     def _take(self, name: str) -> _Member | None:

@@ -157,10 +157,9 @@ class Registry(Keeping):
             state, sandbox = await self._make(tenant, request, keyed, backend, expires_at, mounts, reservation)
         else:
             state, sandbox = claimed
-            reservation.sandbox_id = state.id  # counted once by the recount, as its own
         state.volumes = [volume.name for volume in request.volumes]
         try:
-            if backend.shared:
+            if backend.shared and claimed is None:  # claims are one service's: no recount makes them replica-safe
                 await self._quotas.recount(tenant, template, state, sandbox, backend)
         finally:
             self._quotas.release(reservation)

@@ -14,7 +14,14 @@ import logging
 import math
 
 from sandboxes.lifecycle import ResumableProvider, SandboxRecord, SharedProvider
-from sandboxes.server.backends import Adopted, ProviderBackend, pooled_elsewhere, state_from_record, workdir_of
+from sandboxes.server.backends import (
+    LABEL_POOL_MEMBER,
+    Adopted,
+    ProviderBackend,
+    pooled_elsewhere,
+    state_from_record,
+    workdir_of,
+)
 from sandboxes.server.store import SandboxState
 
 __all__ = ["reconcile"]
@@ -91,7 +98,8 @@ def _adopt(
     if record.starting:  # another replica may be making it; its expiry and sweeps bound it
         return None
     shared = isinstance(provider, SharedProvider)
-    if state is not None and shared and record.expires_at is not None:
+    claimed = bool(record.labels.get(LABEL_POOL_MEMBER))  # its claim's expiry is the one
+    if state is not None and shared and record.expires_at is not None and not claimed:
         state.expires_at = max(state.expires_at, record.expires_at)  # renewed by another replica
     if state is not None and shared and not state.deleting and state.expires_at <= now:
         now_recorded = [found for found in backend.select(sandbox_id=state.id) if found.ref == record.ref]

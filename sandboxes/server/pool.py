@@ -34,12 +34,15 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT
 from sandboxes.api import CreateSandbox
-from sandboxes.base import BaseSandbox
+from sandboxes.base import BaseSandbox, MarksAhead
 from sandboxes.server import idempotency
 from sandboxes.server.backends import Adopted, ProviderBackend
 from sandboxes.server.claims import Claims, pool_id_of
+from sandboxes.server.logs import unique_id
 from sandboxes.server.metrics import Metrics
+from sandboxes.server.processes import Command, run_marked
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import SandboxState
 
@@ -248,11 +251,15 @@ class Pools:
         self._update_gauge()
 
     def _make(self, backend: ProviderBackend) -> _Member:
-        """A new member, its exec helper started by a first command (blocks)."""
+        """A new member, its exec helper started by a first command and a second one marked as
+        the service marks its commands, so that a helper that starts shells ahead has one
+        waiting for its tenant's first command (blocks)."""
         expires_at = float(math.ceil(self._now() + MEMBER_LIFETIME))
         state, sandbox = backend.create("", expires_at, {}, {}, pool=self.claims.pool_id)
         try:
-            warm = sandbox.execute("true", timeout=60)
+            sandbox.execute("true", timeout=60)  # starts the helper; the next command announces
+            token = sandbox.command_marker(unique_id) if isinstance(sandbox, MarksAhead) else unique_id()
+            warm = run_marked(sandbox, Command("true", 60.0, None, {}, None, DEFAULT_OUTPUT_LIMIT), token, None)
             if warm.exit_code != 0:
                 raise RuntimeError(f"warming it failed: {warm.error or warm.exit_code} {warm.message}")
         except BaseException:

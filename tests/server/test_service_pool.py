@@ -29,6 +29,10 @@ from service_harness import (
 from support import SESSION_OWNER
 
 from sandboxes.docker import DockerTemplate
+from sandboxes.local import LocalTemplate
+from sandboxes.server.backends import make_backends
+from sandboxes.server.metrics import Metrics
+from sandboxes.server.pool import Pools
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 POOL_LABEL = "io.sandboxes.service-pool"
@@ -227,3 +231,9 @@ def test_kill_9_then_restart_adopts_claimed_sandboxes_and_makes_the_pool_again(
         service.stop()
         for container in docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}):
             container.remove(force=True)
+
+
+def test_a_pool_on_a_backend_that_cannot_record_claims_is_refused(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, templates={"default": LocalTemplate(pool_size=1)})
+    with pytest.raises(ValueError, match="template 'default': pool_size needs a backend"):
+        Pools(settings, make_backends(settings), Metrics(), time.time)

@@ -220,13 +220,7 @@ def test_kill_9_then_restart_adopts_claimed_sandboxes_and_makes_the_pool_again(
             assert everything() == {claimed["id"], *pool}
         service.stop()  # a shutdown destroys the pool; the tenant's sandbox stays
         assert everything() == {claimed["id"]}
-        service.start()
-        with service.client("alice") as alice:
-            assert execute(alice, claimed["id"], "cat /workspace/file.txt")["output"] == "kept\n"
-            assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
-        service.stop()
-        assert not everything()
-        assert not list((tmp_path / "data" / "claims").glob("*.json"))
+        assert [path.stem for path in (tmp_path / "data" / "claims").glob("*.json")] == [claimed["id"]]
     finally:
         service.stop()
         for container in docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}):

@@ -5,8 +5,9 @@ One run measures, per backend, with every figure's baseline taken in the same ru
 * sequential (``--n`` each, default 100; p50/p95/p99 in ms), one create + ``execute("true")``
   after another, the sandbox destroyed (untimed) before the next:
   - through the SERVICE (``python -m sandboxes.server`` started here on 127.0.0.1, called
-    through ``sandboxes.client.SandboxClient``): Docker and Local templates. The service keeps
-    no warm pool (``provider_for`` builds providers with none), so its creates are cold;
+    through ``sandboxes.client.SandboxClient``): Docker and Local templates, cold; and for
+    Docker a template with ``pool_size = 2`` (`sandboxes.server.pool`), each create claiming a
+    pooled sandbox once the pool has refilled, untimed (warm);
   - through the LIBRARY: ``DockerSandbox.create`` (cold) and ``DockerProvider(pool_size=2)
     .acquire()`` once the pool has refilled, untimed (warm); ``LocalSandbox``; ``SSHSandbox``
     on one ``sandboxes/ssh-vm`` container (as ``bench_ssh``); ``KubernetesSandbox`` on the
@@ -58,6 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from _common import machine, percentile
 from _tti_table import format_table
 from bench_service import _Service, _sweep
@@ -68,6 +70,8 @@ IMAGE = "sandboxes/runtime:latest"
 WARM_P50_MS, WARM_P99_MS = 10.0, 50.0
 POOL_BURST_P99_MS = 500.0
 COLD_RATIO, COLD_BURST_RATIO = 1.1, 1.2
+POOLED, POOL_SIZE = "pooled", 2
+"""The service's pooled Docker template, and its ``pool_size``."""
 
 
 @dataclass
@@ -222,7 +226,7 @@ def _service_rows(service: _Service, backend: str, n: int, raw: One | None) -> l
 
         samples = _interleaved(n, {"service": one} | ({"raw": raw} if raw else {}))
     row = _row("sequential", f"service {backend}: create + execute (cold)", samples["service"],
-               "SandboxClient.create + RemoteSandbox.execute; the service pools nothing")  # fmt: skip
+               "SandboxClient.create + RemoteSandbox.execute; a template without pool_size")  # fmt: skip
     if not raw or row.p50 is None:
         return [row]
     raw_p50 = statistics.median(samples["raw"])
@@ -230,6 +234,47 @@ def _service_rows(service: _Service, backend: str, n: int, raw: One | None) -> l
     row.note += f"; {row.p50 / raw_p50:.2f}x raw SDK run + exec of the same loop"
     return [row, _row("sequential", "raw docker: containers.run + exec_run (cold, SDK), beside the service",
                       samples["raw"])]  # fmt: skip
+
+
+def _pool_ready(service: _Service) -> float:
+    """The service's ready pooled sandboxes of the ``pooled`` template, as ``/metrics`` says."""
+    headers = {"Authorization": f"Bearer {service.key}"}
+    for line in httpx.get(f"{service.url}/metrics", headers=headers, timeout=30).text.splitlines():
+        if line.startswith(f'sandboxes_pool_ready{{template="{POOLED}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _service_warm_rows(service: _Service, n: int) -> list[Row]:
+    """Creates that claim a pooled sandbox through the service, the pool refilled (untimed) before each."""
+
+    def refilled() -> None:
+        deadline = time.monotonic() + 120
+        while _pool_ready(service) < POOL_SIZE:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the service's warm pool did not refill within 120 s")
+            time.sleep(0.05)
+
+    with SandboxClient(service.url, service.key, retries=0) as client:
+
+        def one() -> Callable[[], None]:
+            sandbox = client.create(POOLED)
+            _checked(sandbox.execute("true"))
+
+            def cleanup() -> None:
+                client.delete(sandbox.id)
+                refilled()
+
+            return cleanup
+
+        refilled()
+        samples = _sequential(n, one)
+    row = _row("sequential", "service docker: create from warm pool + execute (warm)", samples,
+               f"SandboxClient.create + RemoteSandbox.execute; pool_size={POOL_SIZE}, refilled untimed")  # fmt: skip
+    if row.p50 is not None and row.p99 is not None:
+        row.target = f"p50 <= {WARM_P50_MS:g} ms, p99 <= {WARM_P99_MS:g} ms"
+        row.met = row.p50 <= WARM_P50_MS and row.p99 <= WARM_P99_MS
+    return [row]
 
 
 def _service_crowds(service: _Service, burst: int, stagger_ms: float, extra: int) -> list[Row]:
@@ -497,7 +542,10 @@ def _kubernetes_rows(n: int, owner: str) -> list[Row]:
 @contextlib.contextmanager
 def _service(workdir: Path, backend: str, owner: str, capacity: int) -> Iterator[_Service]:
     limits = {"max_sandboxes": capacity, "max_cpus": 4 * capacity, "max_memory": f"{capacity}g"}
-    service = _Service(workdir / backend, backend, IMAGE, owner, capacity, False, limits=limits)
+    pooled = {"backend": "docker", "default_timeout": 30, "image": IMAGE, "cpus": 1.0, "memory": "512m",
+              "pool_size": POOL_SIZE}  # fmt: skip
+    templates = {POOLED: pooled} if backend == "docker" else None
+    service = _Service(workdir / backend, backend, IMAGE, owner, capacity, False, limits=limits, templates=templates)
     try:
         yield service
     finally:
@@ -521,6 +569,8 @@ def run(n: int, burst: int, stagger_ms: float, extra: int, backends: list[str], 
                 with _service(workdir, backend, owner, burst) as service:
                     raw = raw_docker(client, owner) if backend == "docker" else None
                     rows += _service_rows(service, backend, n, raw)
+                    if backend == "docker":
+                        rows += _service_warm_rows(service, n)
                     if backend == "docker":
                         rows += _cli_rows(service, cli_n)
                         if crowds:

@@ -126,6 +126,11 @@ class TemplateConfig(BaseModel, abc.ABC):
     egress_bytes_per_second: int | None = Field(default=None, ge=1)
     """Each sandbox's egress bandwidth: bytes a second through its proxy, both directions of
     all its connections together (a second's worth may pass at once); ``None``: unbounded."""
+    pool_size: int = Field(default=0, ge=0, le=1000)
+    """Sandboxes of this template the service keeps started and tenant-less, so that a create
+    without per-sandbox options claims one instead of making one (`sandboxes.server.pool`);
+    ``0``: none, every create is cold. Only a backend whose sandboxes several processes can
+    select by label and whose expiry can move (Docker, Kubernetes) pools."""
 
     label_values_only: ClassVar[bool] = False
     """Whether tenants and clients' labels are recorded where only label values fit

@@ -51,6 +51,8 @@ def test_tti_crowds_count_what_past_capacity_gets(tmp_path: Path, docker_client:
     assert past["ok"] == 0, past
     assert past["failures"] == {"HTTP 429": 1, "of which with Retry-After": 1}, past
     assert by_op["sandboxes exec true (new process)"]["n"] == 1
+    warm = by_op["service docker: create from warm pool + execute (warm)"]
+    assert (warm["n"], warm["target"]) == (1, "p50 <= 10 ms, p99 <= 50 ms"), warm
     assert report["leftovers_swept"] == 0
 
 

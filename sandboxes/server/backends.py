@@ -43,6 +43,7 @@ from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
+from sandboxes.server.claims import Claims
 from sandboxes.server.egress.policy import proxy_env
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
@@ -74,6 +75,9 @@ LABEL_EGRESS_ALLOW = "io.sandboxes.egress-allow"
 hold only short values (pods) `EGRESS_NOT_RECORDED`, which a replica that adopts it reads as
 nothing allowed (a list that cannot be read back is never widened to the template's)."""
 EGRESS_NOT_RECORDED = "own"
+LABEL_POOL_MEMBER = "io.sandboxes.service-pool"
+"""On a sandbox made for a warm pool, tenant-less (`sandboxes.server.pool`): the pool's id
+(`sandboxes.server.claims.Claims.pool_id`); its tenant, once claimed, is in its claim."""
 LABEL_USER_PREFIX = "io.sandboxes.label."
 """Clients' own labels, carried on the sandbox so a restart without state recovers them."""
 MARKER_ENV = _kill.MARKER_ENV
@@ -129,6 +133,9 @@ class ProviderBackend:
         self.settings = settings
         self.name: str = template.backend
         """The backend's kind, as `SandboxInfo.backend` and the metrics say it."""
+        self.claims: Claims | None = None
+        """The service's claims of pooled sandboxes (`sandboxes.server.claims`), on a shared
+        backend: their states, where their labels name no tenant."""
 
     @functools.cached_property
     def shared(self) -> bool:
@@ -152,10 +159,12 @@ class ProviderBackend:
         mounts: tuple[Mount, ...] = (),
         auto_resume: bool = False,
         egress_allow: list[str] | None = None,
+        pool: str | None = None,
     ) -> Adopted:
         """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
         key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made.
-        ``egress_allow``: its own egress allow-list, recorded on it (`LABEL_EGRESS_ALLOW`)."""
+        ``egress_allow``: its own egress allow-list, recorded on it (`LABEL_EGRESS_ALLOW`).
+        ``pool``: made for the warm pool of that id, labelled with no tenant (``tenant`` unused)."""
         sandbox_id = sandbox_id or new_sandbox_id()
         created_at = float(f"{time.time():.6f}")  # as its label says it, to every replica
         recorded = {
@@ -167,6 +176,9 @@ class ProviderBackend:
         }
         if keyed is not None:
             recorded[LABEL_IDEMPOTENCY_KEY], recorded[LABEL_REQUEST_DIGEST] = keyed
+        if pool is not None:
+            del recorded[LABEL_TENANT]
+            recorded[LABEL_POOL_MEMBER] = pool
         if auto_resume:
             recorded[LABEL_AUTO_RESUME] = "true"
         if egress_allow is not None:
@@ -209,6 +221,8 @@ class ProviderBackend:
         the others' renewals live in the service's state files). `LookupError` if it is gone."""
         if isinstance(self.provider, SharedProvider):
             self.provider.set_expiry(state.ref, expires_at)
+        if self.claims is not None:
+            self.claims.renew(state.id, expires_at)
 
     def select(self, **labels: str) -> list[SandboxState]:
         """The service's sandboxes of a shared provider whose service labels match, e.g.
@@ -217,7 +231,10 @@ class ProviderBackend:
             return []
         keys = {"tenant": LABEL_TENANT, "sandbox_id": LABEL_SERVICE_ID, "idempotency_key": LABEL_IDEMPOTENCY_KEY}
         records = self.provider.select({keys[name]: value for name, value in labels.items()})
-        return [state for record in records if (state := self.state_of(record)) is not None]
+        states = [state for record in records if (state := self.state_of(record)) is not None]
+        if self.claims is not None and labels and "sandbox_id" not in labels:  # no label names their tenant
+            states += self.claims.matching(self.name, labels.get("tenant"), labels.get("idempotency_key"))
+        return states
 
     def state_of(self, record: SandboxRecord) -> SandboxState | None:
         """The service's state of a sandbox, from its record alone; ``None`` for a sandbox of
@@ -234,6 +251,8 @@ class ProviderBackend:
         if sandbox is not None:
             _as_sandbox(sandbox).close()
         self.provider.destroy(state.ref)
+        if self.claims is not None:
+            self.claims.drop(state.id)
 
     def kill_marked(self, sandbox: BaseSandbox, token: str) -> None:
         """Kill every process of the sandbox carrying ``MARKER_ENV=token``."""
@@ -308,6 +327,8 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
     write)."""
     labels = record.labels
     tenant, sandbox_id = labels.get(LABEL_TENANT), labels.get(LABEL_SERVICE_ID)
+    if not tenant and sandbox_id and labels.get(LABEL_POOL_MEMBER):
+        return _claimed(record, backend, sandbox_id)
     if not tenant or not sandbox_id:
         return None
     expires_at = record.expires_at  # a shared provider's, renewed; else the service's label
@@ -354,6 +375,25 @@ def _egress_from_label(value: str | None) -> list[str] | None:
     except ValueError:
         return []
     return allow if isinstance(allow, list) and all(isinstance(rule, str) for rule in allow) else []
+
+
+def _claimed(record: SandboxRecord, backend: ProviderBackend, sandbox_id: str) -> SandboxState | None:
+    """A pooled sandbox's state: its claim's (`sandboxes.server.claims`); ``None`` while it is
+    unclaimed, or another service's pool's."""
+    claims = backend.claims
+    if claims is None or record.labels.get(LABEL_POOL_MEMBER) != claims.pool_id:
+        return None
+    state = claims.get(sandbox_id)
+    if state is None or state.ref != record.ref:
+        return None
+    state.paused = "keep" if record.frozen else ""
+    return state
+
+
+def pooled_elsewhere(record: SandboxRecord, backend: ProviderBackend) -> bool:
+    """Whether ``record`` is a sandbox another service pooled (not this one's to claim or reap)."""
+    pool = record.labels.get(LABEL_POOL_MEMBER)
+    return bool(pool) and (backend.claims is None or pool != backend.claims.pool_id)
 
 
 # ---------------------------------------------------------------------- processes

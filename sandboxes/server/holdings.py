@@ -93,7 +93,7 @@ class Holdings:
         """Adopt what ``backends`` have of ``states`` and reap the rest (`reconcile`). The states
         of a template whose provider cannot list stay recorded and wait in `_unreconciled`: each
         sweep tries again, and until then their sandboxes answer ``backend_unavailable``."""
-        held = frozenset((entry.backend.name, entry.state.ref) for entry in self._entries.values())
+        held = frozenset((entry.backend.name, entry.state.ref) for entry in self._entries.values()) | self._pooled()
         adopted, unreachable = await asyncio.to_thread(reconcile, backends, states, now, held=held)
         kept = set()
         for state, sandbox in adopted:
@@ -116,6 +116,10 @@ class Holdings:
             self._unreconciled.setdefault(template, [])
             logger.error("template %s: its backend cannot be reached; retrying at every sweep", template)
         logger.info("reconciled: adopted %d sandboxes", len(adopted))
+
+    def _pooled(self) -> frozenset[tuple[str, str]]:
+        """The sandboxes a warm pool holds now (backend kind, ref): neither adopted nor reaped."""
+        return frozenset()
 
     async def _reconcile_unreachable(self) -> None:
         """Try again the templates whose backend could not be reached."""

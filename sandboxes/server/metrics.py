@@ -40,6 +40,12 @@ class Metrics:
         self.requests = Counter(
             "sandboxes_requests_total", "Requests answered, by status class", ["status"], registry=self.registry
         )
+        self.pool_ready = Gauge(
+            "sandboxes_pool_ready",
+            "Pooled sandboxes ready to be claimed, by template",
+            ["template"],
+            registry=self.registry,
+        )
         self.expired = Counter("sandboxes_expired_total", "Sandboxes deleted by their TTL", registry=self.registry)
 
     def render(self) -> bytes:

@@ -1,7 +1,8 @@
 """Reconciliation: what the service remembers (its state files) against what the providers
 really have, at start-up and for a template whose backend comes back. The live sandboxes are
 adopted; the expired, the deleted, the orphaned and the stopped that cannot come back whole are
-destroyed; then every provider sweeps its own leftovers. This is what makes a ``kill -9`` of the
+destroyed (this service's unclaimed pooled ones too: its pool makes new ones,
+`sandboxes.server.pool`); then every provider sweeps its own leftovers. This is what makes a ``kill -9`` of the
 service lose nothing.
 
 Everything here blocks (provider calls); the registry calls it from a worker thread.
@@ -13,7 +14,14 @@ import logging
 import math
 
 from sandboxes.lifecycle import ResumableProvider, SandboxRecord, SharedProvider
-from sandboxes.server.backends import Adopted, ProviderBackend, state_from_record, workdir_of
+from sandboxes.server.backends import (
+    LABEL_POOL_MEMBER,
+    Adopted,
+    ProviderBackend,
+    pooled_elsewhere,
+    state_from_record,
+    workdir_of,
+)
 from sandboxes.server.store import SandboxState
 
 __all__ = ["reconcile"]
@@ -55,6 +63,8 @@ def reconcile(
                 continue
             seen.add(key)
             state = remembered.get(key) or state_from_record(record, backend)
+            if state is None and pooled_elsewhere(record, backend):  # its service's, its expiry bounds it
+                continue
             try:
                 found = _adopt(backends, backend, record, state, now)
             except Exception:
@@ -88,7 +98,8 @@ def _adopt(
     if record.starting:  # another replica may be making it; its expiry and sweeps bound it
         return None
     shared = isinstance(provider, SharedProvider)
-    if state is not None and shared and record.expires_at is not None:
+    claimed = bool(record.labels.get(LABEL_POOL_MEMBER))  # its claim's expiry is the one
+    if state is not None and shared and record.expires_at is not None and not claimed:
         state.expires_at = max(state.expires_at, record.expires_at)  # renewed by another replica
     if state is not None and shared and not state.deleting and state.expires_at <= now:
         now_recorded = [found for found in backend.select(sandbox_id=state.id) if found.ref == record.ref]

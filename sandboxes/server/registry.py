@@ -34,13 +34,15 @@ import time
 
 from sandboxes.api import CreateSandbox
 from sandboxes.base import BaseSandbox
-from sandboxes.lifecycle import Lifecycle, SandboxNameTaken, SandboxStartError
+from sandboxes.lifecycle import Lifecycle, Mount, SandboxNameTaken, SandboxStartError
 from sandboxes.server import census, idempotency
 from sandboxes.server.auth import Tenant
-from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.backends import Adopted, ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.keeping import Keeping
+from sandboxes.server.pool import Pools
+from sandboxes.server.quotas import Reservation
 from sandboxes.server.settings import LABEL_VALUE
 from sandboxes.server.store import SandboxState
 from sandboxes.server.validation import check_egress, check_env, check_labels
@@ -53,9 +55,17 @@ logger = logging.getLogger(__name__)
 class Registry(Keeping):
     # ------------------------------------------------------------------ lifecycle
 
+    @functools.cached_property
+    def pools(self) -> Pools:
+        """The templates' warm pools (`sandboxes.server.pool`), and the claims of what they
+        handed out, which the backends read a claimed sandbox's state from."""
+        return Pools(self.settings, self.backends, self.metrics, self.clock.now)
+
     async def start(self) -> None:
-        """Adopt what the backends really have, reap the rest, then start enforcing TTLs."""
+        """Adopt what the backends really have, reap the rest, then start enforcing TTLs and
+        filling the warm pools."""
         self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(lambda: self.pools)  # its claims are read before any record is
         now = self.clock.now()
         states = await asyncio.to_thread(self.store.load_all)
         kinds = {backend.name for backend in self.backends.values()}
@@ -68,6 +78,7 @@ class Registry(Keeping):
             if state.backend not in kinds:
                 logger.warning("sandbox %s is on backend %s, which no template uses now", state.id, state.backend)
         self._update_gauge()
+        self.pools.start(self._entries, self._unreconciled)
         self._sweeper = asyncio.create_task(self._sweep_forever())
         self.ready = True
 
@@ -84,6 +95,7 @@ class Registry(Keeping):
         for task in list(self._tasks):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
+        await self.pools.close()
         for entry in self._entries.values():
             entry.processes.close()  # its background processes keep running in the sandbox
             if isinstance(entry.sandbox, Lifecycle):
@@ -136,9 +148,42 @@ class Registry(Keeping):
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
         reservation = await self._quotas.reserve(tenant, template)
+        started = time.perf_counter()
+        try:
+            claimed = await self.pools.claim(backend, request, tenant.id, expires_at, keyed)
+        except BaseException:
+            self._quotas.release(reservation)
+            raise
+        if claimed is None:
+            state, sandbox = await self._make(tenant, request, keyed, backend, expires_at, mounts, reservation)
+        else:
+            state, sandbox = claimed
+        state.volumes = [volume.name for volume in request.volumes]
+        try:
+            if backend.shared and claimed is None:  # claims are one service's: no recount makes them replica-safe
+                await self._quotas.recount(tenant, template, state, sandbox, backend)
+        finally:
+            self._quotas.release(reservation)
+        entry = await self._register(state, sandbox, backend)
+        if request.snapshot is not None:
+            entry = await self.restored(entry, request.snapshot)
+        self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
+        logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
+        return entry
+
+    async def _make(
+        self,
+        tenant: Tenant,
+        request: CreateSandbox,
+        keyed: idempotency.Keyed | None,
+        backend: ProviderBackend,
+        expires_at: float,
+        mounts: tuple[Mount, ...],
+        reservation: Reservation,
+    ) -> Adopted:
+        """A new sandbox from the backend (cold); the reservation is released if none is made."""
         if request.snapshot is not None:  # a kill -9 from here on leaves it to reap (`reap_unverified`)
             await asyncio.to_thread((self.restoring / reservation.sandbox_id).touch)
-        started = time.perf_counter()
         work = asyncio.ensure_future(
             asyncio.to_thread(
                 backend.create,
@@ -178,18 +223,7 @@ class Registry(Keeping):
             raise ServiceError(
                 "backend_unavailable", f"the {backend.name} backend failed; the service log has the request id"
             ) from exc
-        state.volumes = [volume.name for volume in request.volumes]
-        try:
-            if backend.shared:
-                await self._quotas.recount(tenant, template, state, sandbox, backend)
-        finally:
-            self._quotas.release(reservation)
-        entry = await self._register(state, sandbox, backend)
-        if request.snapshot is not None:
-            entry = await self.restored(entry, request.snapshot)
-        self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
-        logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
-        return entry
+        return state, sandbox
 
     def _adopt_late(self, done: asyncio.Future[tuple[SandboxState, BaseSandbox]], backend: ProviderBackend) -> None:
         if not done.cancelled() and done.exception() is None:
@@ -267,6 +301,14 @@ class Registry(Keeping):
 
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
         await self._remove(await self.find(tenant, sandbox_id))
+
+    async def sweep(self) -> None:
+        """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
+        await super().sweep()
+        await self.pools.sweep(self._entries, self._unreconciled)
+
+    def _pooled(self) -> frozenset[tuple[str, str]]:
+        return self.pools.refs()
 
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,20 @@ class StateStore:
         temporary = path.with_name(f".{path.name}.tmp")
         temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
         os.replace(temporary, path)
+
+    def save_new(self, state: SandboxState) -> bool:
+        """`save`, only if no state of that id is saved: ``False`` (nothing written) if one is.
+        The file appears whole or not at all, and of two concurrent callers one alone writes it."""
+        path = self._path(state.id)
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+        finally:
+            temporary.unlink()
+        return True
 
     def remove(self, sandbox_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -109,6 +109,11 @@ class BaseSandbox(FileOperations, p.SandboxBackendProtocol):
 
     # ----------------------------------------------------------------- driving operations
 
+    def run_call(self, call: Call) -> p.ExecuteResponse:
+        """One `Call` as this sandbox's own file operations run theirs: its native form through
+        the exec helper where the transport has one and it answers, else its script."""
+        return self._run_call(call)
+
     def _run_call(self, call: Call) -> p.ExecuteResponse:
         """One round trip; transports with retry policies (reconnecting SSH) override this."""
         if call.native is not None and self.native_file_ops and (answer := self._run_native(call)) is not None:

@@ -1,5 +1,5 @@
 """The dispatch of every native file op in the exec helper (`_native`'s writes, `_reads`' reads
-and downloads, `_uploads`, `_search`, `_listing`), imported by `_server` when it idles or at its
+and downloads, `_uploads`, `_search`, `_listing`, `_listdir`), imported by `_server` when it idles or at its
 first file op: stdlib only, Python 3.6-compatible.
 
 Frames (see `_server`): F starts an op (``{"op": [name, args...]}``, `marshal`'d: the script's
@@ -9,6 +9,7 @@ bytes go to the file as they arrive (memory stays one frame), and a client that 
 no temporary file behind (`abort_native_ops`).
 """
 
+from ._listdir import LIST_DIR_OPS, list_dir
 from ._listing import LISTING_OPS, listing
 from ._loop import _streaming, send
 from ._native import _Answer, _answer, _NativeWrite, _NotNative, _op, _spec
@@ -48,6 +49,9 @@ def start_native_op(ident: int, payload: bytes) -> None:
             return
         if op[0] in LISTING_OPS:
             _answer_whole(ident, op, listing)
+            return
+        if op[0] in LIST_DIR_OPS:  # `_listdir`
+            _answer_whole(ident, op, list_dir)
             return
         if op[0] in USAGE_OPS:  # `_usage`
             _answer_whole(ident, op, usage)

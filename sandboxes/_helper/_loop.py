@@ -35,10 +35,22 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
         def on_deadline(self, now: float) -> None: ...
 
 
-NATIVE_OPS = ["write", "cas_write", "read_file", "download", "upload", "grep", "find_files", "ls", "delete", "metrics"]
+NATIVE_OPS = [
+    "write",
+    "cas_write",
+    "read_file",
+    "download",
+    "upload",
+    "grep",
+    "find_files",
+    "ls",
+    "delete",
+    "metrics",
+    "list_dir",
+]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
-``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_usage`'s ``USAGE_OPS``), named in the hello before their code is
-compiled (`_load_native`)."""
+``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_listdir`'s ``LIST_DIR_OPS``, `_usage`'s
+``USAGE_OPS``), named in the hello before their code is compiled (`_load_native`)."""
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0

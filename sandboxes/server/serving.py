@@ -8,10 +8,10 @@ service's bottleneck, several times more per request. The choice is logged at st
 uvicorn writes a response's head (status line and headers) as soon as the app sends it, and the
 body in a second write. On loopback or a LAN each write is a packet: the client wakes up for
 the head, parses it, sleeps again until the body arrives, and the server makes two system calls
-where one would do. `_OnePiece` holds a head that declares a ``Content-Length`` until the
-body's first write and sends both together; a head not followed by a body in the same turn of
-the event loop (a ``HEAD`` request) is sent at the end of that turn, as are heads of streamed
-(chunked) responses at once, so a stream's headers are never held back waiting for its output.
+where one would do. `_OnePiece` holds a head that declares a ``Content-Length`` or a chunked
+body until the body's first write and sends both together; a head not followed by a body in
+the same turn of the event loop (a ``HEAD`` request, a stream whose output is not there yet) is
+sent at the end of that turn, so a stream's headers are never held back waiting for its output.
 
 The cyclic garbage collector runs less often (`collect_less`): the event loop's requests allocate
 thousands of short-lived containers a second, and each young collection walked the objects of
@@ -38,6 +38,8 @@ logger = logging.getLogger("sandboxes.server")
 _SIZED = b"\r\ncontent-length: "
 """How a head declaring its body's length reads on the wire: uvicorn writes header names in
 lower case."""
+_CHUNKED = b"\r\ntransfer-encoding: chunked\r\n"
+"""How a head of a streamed body reads on the wire."""
 
 
 _JOIN_LIMIT = 64 << 10
@@ -63,7 +65,12 @@ class _OnePiece:
                 self._transport.write(head)
             else:
                 data = head + data
-        elif isinstance(data, bytes) and data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n") and _SIZED in data:
+        elif (
+            isinstance(data, bytes)
+            and data.startswith(b"HTTP/")
+            and data.endswith(b"\r\n\r\n")
+            and (_SIZED in data or _CHUNKED in data)
+        ):
             self._head = data
             self._flush = asyncio.get_running_loop().call_soon(self.flush)
             return

@@ -21,6 +21,7 @@ from e2b import (
     Sandbox,
 )
 from e2b_harness import opts, service_fixture
+from native_writes import helper_client
 from service_harness import Running, running, settings_for
 from support import HAS_BWRAP, needs
 
@@ -59,7 +60,10 @@ def test_stat_and_exists_describe_files_directories_and_missing_paths(sandbox: S
     assert (link.type, link.symlink_target) == (FileType.SYMLINK, "one.txt")
 
 
-def test_list_goes_as_deep_as_asked(sandbox: Sandbox) -> None:
+def test_list_goes_as_deep_as_asked(service: Running, sandbox: Sandbox) -> None:
+    """Each listing answered by the sandbox's exec helper itself (its ``list_dir``: no process)."""
+    mux = helper_client(service.registry._entries[sandbox.sandbox_id].sandbox)
+    before = mux.native_answers
     sandbox.files.write_files([{"path": "/tmp/ls/a/b/deep.txt", "data": "x"}, {"path": "/tmp/ls/top.txt", "data": "y"}])
     shallow = {(e.path, e.type) for e in sandbox.files.list("/tmp/ls")}
     assert shallow == {("/tmp/ls/a", FileType.DIR), ("/tmp/ls/top.txt", FileType.FILE)}
@@ -69,6 +73,7 @@ def test_list_goes_as_deep_as_asked(sandbox: Sandbox) -> None:
         sandbox.files.list("/tmp/ls/none")
     with pytest.raises(InvalidArgumentException):
         sandbox.files.list("/tmp/ls/top.txt")
+    assert mux.native_answers == before + 1 + 5  # the upload, then every listing
 
 
 def test_make_dir_rename_and_remove(sandbox: Sandbox) -> None:

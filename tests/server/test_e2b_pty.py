@@ -1,6 +1,7 @@
 """E2B terminals through the real SDK, sync and async, against the service on loopback, over the
 local jail and Docker: ``sandbox.pty.create`` (a login shell on a pseudo-terminal, through the
-exec helper), ``send_stdin``, ``resize``, ``connect`` by pid, ``kill``, and the exit code."""
+exec helper), ``send_stdin``, ``stream_input``, ``resize``, ``connect`` by pid, ``kill``, and the
+exit code."""
 
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ def test_a_terminal_typed_into_resized_reattached_and_exited(sandbox: Sandbox) -
     assert exited.value.exit_code == 3
 
 
+def test_keys_streamed_into_a_terminal(sandbox: Sandbox) -> None:
+    """``pty.stream_input``: one ``StreamInput`` stream, its chunks typed in order."""
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.stream_input(terminal.pid, [b"echo str", "eam", b"ed-$((6*7))\n"])
+    _until(terminal, bytearray(), rb"streamed-42\r\n")
+    with pytest.raises(Exception, match="not found"):
+        sandbox.pty.stream_input(999_999, [b"x"])
+    sandbox.pty.stream_input(terminal.pid, [b"exit 4\n"])
+    with pytest.raises(CommandExitException) as exited:
+        terminal.wait()
+    assert exited.value.exit_code == 4
+
+
 def test_a_kill_ends_the_terminal_and_its_jobs(sandbox: Sandbox) -> None:
     terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
     sandbox.pty.send_stdin(terminal.pid, b"sleep 987 & echo job-started\n")
@@ -107,6 +121,13 @@ def test_an_async_terminal(service: Running) -> None:
             while b"size=15 60" not in seen:
                 await asyncio.wait_for(changed.wait(), 20)
                 changed.clear()
+            typing = sandbox.pty.stream_input(terminal.pid)
+            await typing.send(b"echo ty")
+            await typing.send("ped-$((6*7))\n")
+            await typing.close()
+            while b"typed-42\r\n" not in seen:
+                await asyncio.wait_for(changed.wait(), 20)
+                changed.clear()
             await terminal.disconnect()
             reattached = await sandbox.pty.connect(terminal.pid, on_data=again.extend)
             await sandbox.pty.send_stdin(terminal.pid, b"exit 5\n")
@@ -119,6 +140,7 @@ def test_an_async_terminal(service: Running) -> None:
     code, seen, again = asyncio.run(scenario())
     assert code == 5
     assert b"size=15 60\r\n" in seen
+    assert b"typed-42\r\n" in seen
     assert b"exit 5" in again
 
 

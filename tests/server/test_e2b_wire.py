@@ -13,9 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fastapi.routing import APIRoute
 from pydantic import SecretStr
+from service_harness import settings_for
+from starlette.routing import Match
 
 from sandboxes import _scripts
+from sandboxes.local import LocalTemplate
+from sandboxes.server.app import create_app
 from sandboxes.server.e2b import filesystem
 from sandboxes.server.e2b.connect import ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.tokens import SECRET_FILE, E2BSettings, TokenSigner, signing_secret
@@ -132,3 +137,30 @@ def test_the_listing_script_frames_every_entry_even_when_a_batch_stat_fails(tmp_
     listed = filesystem._listing("/d", done.stdout.decode())
     assert sorted(entry["path"] for entry in listed) == sorted(f"/d/{name}" for name in [*names, "sub"])
     assert not (root / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "endpoint"),
+    [
+        ("POST", "/e2b/envd/process.Process/Start", "start"),
+        ("GET", "/e2b/envd/files", "read_file"),
+        ("POST", "/e2b/envd/files", "write_files"),
+        ("POST", "/e2b/envd/filesystem.Filesystem/ListDir", "list_dir"),
+        ("POST", "/e2b/envd/filesystem.Filesystem/Stat", "stat_entry"),
+        ("POST", "/e2b/envd/process.Process/Nope", "not_served"),
+    ],
+)
+def test_the_hot_envd_routes_are_matched_before_the_documented_ones(
+    tmp_path: Path, method: str, path: str, endpoint: str
+) -> None:
+    """The envd routes of nearly every SDK call come right behind the service's own fast paths
+    (each request is matched against the table's routes in order), and each path still reaches
+    the route it did; the others stay behind the service's routes."""
+    app = create_app(settings_for(tmp_path, owner="wire", templates={"default": LocalTemplate()}))
+    table = app.router.routes
+    documented = next(i for i, r in enumerate(table) if isinstance(r, APIRoute) and r.path.startswith("/v1/"))
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+    index, route = next((i, r) for i, r in enumerate(table) if r.matches(scope)[0] == Match.FULL)
+    assert isinstance(route, APIRoute)
+    assert route.endpoint.__name__ == endpoint
+    assert (index < documented) == (endpoint != "not_served"), (index, documented)

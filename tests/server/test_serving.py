@@ -61,7 +61,22 @@ async def _stream(request: Request) -> Response:
     return StreamingResponse(chunks(), media_type="text/plain")
 
 
-APP = Starlette(routes=[Route("/json", _json, methods=["GET", "HEAD"]), Route("/stream", _stream)])
+async def _ready_stream(request: Request) -> Response:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"first\n"  # at once, as a Connect stream's first envelope
+        await asyncio.sleep(0.1)
+        yield b"second\n"
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
+APP = Starlette(
+    routes=[
+        Route("/json", _json, methods=["GET", "HEAD"]),
+        Route("/stream", _stream),
+        Route("/ready-stream", _ready_stream),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +175,16 @@ def test_the_collector_leaves_the_set_up_service_alone() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == [str(serving.YOUNG_COLLECTION_THRESHOLD), "True", "0"]
+
+
+def test_a_streamed_head_goes_with_output_already_there(url: str) -> None:
+    """A stream whose first chunk is ready in the same turn: the head and that chunk in one write."""
+    with httpx.Client(base_url=url) as client:
+        WRITES.clear()
+        with client.stream("GET", "/ready-stream") as response:
+            assert response.headers["transfer-encoding"] == "chunked"
+            body = response.read()
+    assert body == b"first\nsecond\n"
+    assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert WRITES[0].endswith(b"\r\n\r\n6\r\nfirst\n\r\n")
+    assert WRITES[1:] == [b"7\r\nsecond\n\r\n", b"0\r\n\r\n"]

@@ -1,7 +1,9 @@
 """envd's ``filesystem.Filesystem`` unary RPCs over Connect (JSON codec): ``Stat``, ``ListDir``
 (with a depth), ``MakeDir``, ``Move`` and ``Remove``, each one constant script run through the
 sandbox's ``execute`` with every path bound as a quoted positional parameter
-(`sandboxes._scripts.command`), so no path can become shell syntax. Failures are Connect's
+(`sandboxes._scripts.command`), so no path can become shell syntax; ``ListDir``'s is answered
+by the sandbox's exec helper itself where it has one (its native ``list_dir``, the same bytes
+without a process). Failures are Connect's
 ``{code, message}`` with its HTTP status (``not_found``: the SDK's ``FileNotFoundException``).
 A relative path is under the sandbox's workdir, as ``/files`` resolves it."""
 
@@ -20,6 +22,7 @@ from fastapi.responses import JSONResponse
 
 from sandboxes import _scripts
 from sandboxes import protocol as p
+from sandboxes.base import Call
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute
 from sandboxes.server.e2b.connect import ConnectError
@@ -79,7 +82,8 @@ stat line, a newline, its path relative to ``$1`` (``./a/b``), a NUL. A ``find``
 (GNU's) writes each line itself, in one process: ``=``, the type letter and the octal
 permissions, then as `_ENTRY`'s (mtime with a fraction); another's entries are stat-ed, one
 ``stat`` per batch of ``find``'s (a batch in which an entry vanished, one by one), in
-`_ENTRY`'s format."""
+`_ENTRY`'s format. The exec helper's native ``list_dir`` (`sandboxes._helper._listdir`)
+answers the same exit codes and GNU ``find``'s bytes."""
 
 MAKE_DIR = r"""if [ -d "$1" ]; then exit 11; fi
 if [ -e "$1" ] || [ -L "$1" ]; then exit 16; fi
@@ -155,12 +159,14 @@ def _path(entry: Entry, message: dict[str, Any], field: str = "path") -> str:
         raise ConnectError("invalid_argument", str(exc)) from exc
 
 
-async def _run(request: Request, entry: Entry, script: str, args: tuple[str, ...], limit: int) -> str:
-    """The script's output on success; its status as Connect's error about ``args[0]`` else."""
-    sandbox = entry.sandbox
-    run = functools.partial(
-        sandbox.execute, _scripts.command(script, *args), timeout=sandbox.operation_timeout, output_limit=limit
-    )
+async def _run(
+    request: Request, entry: Entry, script: str, args: tuple[str, ...], limit: int, native: str | None = None
+) -> str:
+    """The script's output on success (or its ``native`` op's, the exec helper's same answer
+    without a process, where the sandbox's helper does it); its status as Connect's error about
+    ``args[0]`` else."""
+    call = Call(_scripts.command(script, *args), output_limit=limit, native=None if native is None else (native, *args))
+    run = functools.partial(entry.sandbox.run_call, call)
     try:
         response: p.ExecuteResponse = await in_lane(request, entry, run)
     except ServiceError as exc:
@@ -249,7 +255,7 @@ async def list_dir(request: Request, entry: Entry, message: dict[str, Any]) -> d
     depth = message.get("depth") or 1
     if not isinstance(depth, int) or depth < 1:
         raise ConnectError("invalid_argument", "depth must be a positive integer")
-    output = await _run(request, entry, LIST, (path, str(min(depth, MAX_DEPTH))), LIST_OUTPUT_LIMIT)
+    output = await _run(request, entry, LIST, (path, str(min(depth, MAX_DEPTH))), LIST_OUTPUT_LIMIT, "list_dir")
     return {"entries": _listing(path, output)}
 
 

@@ -26,7 +26,7 @@ from sandboxes.server.processes import Command
 from sandboxes.server.registry import Entry
 from sandboxes.terminal import MAX_SIDE, Terminal, TerminalError, aopen_terminal
 
-__all__ = ["MAX_QUEUED", "FellBehind", "PtyRunning", "router", "send_pty_input", "start_pty"]
+__all__ = ["MAX_QUEUED", "FellBehind", "PtyRunning", "router", "send_pty_input", "start_pty", "terminal_of"]
 
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
@@ -135,6 +135,15 @@ async def start_pty(
     work.add_done_callback(lambda done: running.publish(outcome(done)))
     e2b_state(request).commands.add(entry.state.id, running)
     return StreamingResponse(stream(running, events), media_type=STREAM_MEDIA_TYPE)
+
+
+def terminal_of(request: Request, entry: Entry, message: dict[str, Any]) -> Terminal | None:
+    """The terminal of the command ``message``'s ``process`` names, ``None`` if that command
+    runs on none (or is not found: the caller says so)."""
+    selector = message.get("process")
+    pid = selector.get("pid") if isinstance(selector, dict) else None
+    running = e2b_state(request).commands.find(entry.state.id, pid) if isinstance(pid, int) else None
+    return running.terminal if isinstance(running, PtyRunning) else None
 
 
 def _terminal_of(request: Request, entry: Entry, message: dict[str, Any]) -> Terminal:

@@ -2,7 +2,9 @@
 channel of the sandbox's exec helper (`sandboxes._mux.open_channel`), its stdin held open,
 and ``SendInput`` (one chunk), ``StreamInput`` (chunks as a client stream sends them) and
 ``CloseStdin`` (its end) reach it by pid. A sandbox without a helper runs the command on the
-service's own path with its stdin closed, and its input calls answer ``failed_precondition``."""
+service's own path with its stdin closed, and its input calls answer ``failed_precondition``.
+A terminal's (``Start`` with a ``pty``) takes ``SendInput`` and ``StreamInput`` as typed keys
+(``input.pty``, `sandboxes.server.e2b.pty`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import base64
 import binascii
 import json
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -30,7 +32,7 @@ from sandboxes.server.e2b.connect import (
     parse_message,
 )
 from sandboxes.server.e2b.envd import access
-from sandboxes.server.e2b.pty import send_pty_input
+from sandboxes.server.e2b.pty import send_pty_input, terminal_of
 from sandboxes.server.e2b.running import Running
 from sandboxes.server.logs import unique_id
 from sandboxes.server.processes import Command
@@ -109,15 +111,38 @@ def _held(request: Request, entry: Entry, message: dict[str, Any]) -> Running:
     return running
 
 
-def _stdin_of(message: dict[str, Any]) -> bytes:
+def _stdin_of(message: dict[str, Any], kind: str = "stdin") -> bytes:
+    """The bytes of ``message``'s ``input.<kind>`` (``stdin``, or ``pty``: keys typed)."""
     value = message.get("input")
-    data = value.get("stdin", "") if isinstance(value, dict) else None
+    data = value.get(kind, "") if isinstance(value, dict) else None
     if not isinstance(data, str):
-        raise ConnectError("invalid_argument", "input.stdin (base64 bytes) is required")
+        raise ConnectError("invalid_argument", f"input.{kind} (base64 bytes) is required")
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ConnectError("invalid_argument", "input.stdin is not base64") from exc
+        raise ConnectError("invalid_argument", f"input.{kind} is not base64") from exc
+
+
+def _input_to(request: Request, entry: Entry, start: dict[str, Any]) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """Where a ``StreamInput``'s ``data`` messages go: typed into the terminal of the command
+    ``start`` names (``input.pty``), else written to its held stdin (``input.stdin``)."""
+    terminal = terminal_of(request, entry, start)
+    if terminal is not None:
+        typing = terminal
+
+        async def typed(data: dict[str, Any]) -> None:
+            try:
+                await typing.asend(_stdin_of(data, "pty"))
+            except MuxBroken as exc:
+                raise ConnectError("unavailable", f"the sandbox's exec helper broke: {exc}") from exc
+
+        return typed
+    running = _held(request, entry, start)
+
+    async def written(data: dict[str, Any]) -> None:
+        await _write(running, _stdin_of(data))
+
+    return written
 
 
 async def _write(running: Running, data: bytes) -> None:
@@ -182,21 +207,22 @@ async def close_stdin(request: Request) -> Response:
 @router.post("/process.Process/StreamInput")
 async def stream_input(request: Request) -> Response:
     """A client stream: a ``start`` message naming the command, then ``data`` messages, each
-    written to its stdin as it arrives; answered once the stream ends (the stdin stays open)."""
+    written to its stdin (or typed into its terminal) as it arrives; answered once the stream
+    ends (the stdin stays open)."""
     entry = await access(request)
     try:
-        running: Running | None = None
+        send: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         async for message in _messages(request.stream()):
             start, data = message.get("start"), message.get("data")
-            if running is None:
+            if send is None:
                 if not isinstance(start, dict):
                     raise ConnectError("invalid_argument", "the stream's first message must be a start event")
-                running = _held(request, entry, start)
+                send = _input_to(request, entry, start)
             elif isinstance(data, dict):
-                await _write(running, _stdin_of(data))
+                await send(data)
             elif "keepalive" not in message:
                 raise ConnectError("invalid_argument", "a stream input message is a data or keepalive event")
-        if running is None:
+        if send is None:
             raise ConnectError("invalid_argument", "the stream named no process")
         answer = envelope({}) + end_of_stream()
     except ConnectError as exc:

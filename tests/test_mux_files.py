@@ -22,7 +22,7 @@ from support import HAS_BWRAP, needs, wait_for
 
 from sandboxes import protocol as p
 from sandboxes._mux._frames import _Pending, wire_spec
-from sandboxes._mux._shipped import HELPER_SOURCES, bootstrap
+from sandboxes._mux._shipped import HELPER_SOURCES, ON_DEMAND_OPS, bootstrap
 from sandboxes._output import OutputBuffer
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.local import _helper as local_helper
@@ -76,11 +76,15 @@ async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
 def test_the_hello_names_the_ops_the_native_code_answers() -> None:
     """The hello's list (`_loop.NATIVE_OPS`) is written out beside the code it names, which is
     imported only at the first file op: the two must not drift apart."""
-    from sandboxes._helper import _listing, _loop, _search, _usage
+    from sandboxes._helper import _listdir, _listing, _loop, _search, _usage
 
     names = ["write", "cas_write", "read_file", "download", "upload", *_search.SEARCH_OPS, *_listing.LISTING_OPS]
-    names += _usage.USAGE_OPS
+    names += _usage.USAGE_OPS + _listdir.LIST_DIR_OPS
     assert sorted(_loop.NATIVE_OPS) == sorted(names)
+    # The ops whose modules are shipped with their first request, named by those modules.
+    assert {name: ("_listdir",) for name in _listdir.LIST_DIR_OPS} | {
+        name: ("_usage",) for name in _usage.USAGE_OPS
+    } == ON_DEMAND_OPS
 
 
 def test_the_file_ops_compile_while_the_helper_idles_and_a_failure_hands_them_back(

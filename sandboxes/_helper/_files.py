@@ -1,6 +1,7 @@
 """The dispatch of every native file op in the exec helper (`_native`'s writes, `_reads`' reads
-and downloads, `_uploads`, `_search`, `_listing`, `_listdir`), imported by `_server` when it idles or at its
-first file op: stdlib only, Python 3.6-compatible.
+and downloads, `_uploads`, `_search`, `_listing`; `_listdir` and `_usage`, whose modules come
+with the op's request: `ON_DEMAND_OPS`), imported by `_server` when it idles or at its first file
+op: stdlib only, Python 3.6-compatible.
 
 Frames (see `_server`): F starts an op (``{"op": [name, args...]}``, `marshal`'d: the script's
 arguments), I/C carry a write's bytes as they would a command's stdin, K aborts it; the answer
@@ -9,7 +10,6 @@ bytes go to the file as they arrive (memory stays one frame), and a client that 
 no temporary file behind (`abort_native_ops`).
 """
 
-from ._listdir import LIST_DIR_OPS, list_dir
 from ._listing import LISTING_OPS, listing
 from ._loop import _streaming, send
 from ._native import _Answer, _answer, _NativeWrite, _NotNative, _op, _spec
@@ -25,7 +25,6 @@ from ._reads import (
 )
 from ._search import SEARCH_OPS, search
 from ._uploads import NativeUpload, upload_spec
-from ._usage import USAGE_OPS, usage
 from .frames import ACCEPTED, ERROR, KILL, NOT_NATIVE, STDIN
 
 TYPE_CHECKING = False
@@ -50,10 +49,14 @@ def start_native_op(ident: int, payload: bytes) -> None:
         if op[0] in LISTING_OPS:
             _answer_whole(ident, op, listing)
             return
-        if op[0] in LIST_DIR_OPS:  # `_listdir`
+        if op[0] == "list_dir":  # `_listdir`, shipped with the request
+            from ._listdir import list_dir
+
             _answer_whole(ident, op, list_dir)
             return
-        if op[0] in USAGE_OPS:  # `_usage`
+        if op[0] == "metrics":  # `_usage`, shipped with the request
+            from ._usage import usage
+
             _answer_whole(ident, op, usage)
             return
         if op[0] == "download":  # `_reads`

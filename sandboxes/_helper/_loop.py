@@ -49,8 +49,8 @@ NATIVE_OPS = [
     "list_dir",
 ]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
-``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_listdir`'s ``LIST_DIR_OPS``, `_usage`'s
-``USAGE_OPS``), named in the hello before their code is compiled (`_load_native`)."""
+``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_listdir`'s ``list_dir``, `_usage`'s
+``metrics``), named in the hello before their code is compiled (`_load_native`)."""
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2
 TIMED_OUT_DRAIN = 2.0

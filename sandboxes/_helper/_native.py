@@ -159,7 +159,12 @@ def _writes_in_place(path: str) -> bool:
 def _op(payload: bytes) -> "list[str]":
     """The ``[name, args...]`` of an F frame; ValueError when malformed."""
     try:
-        op = marshal.loads(payload)["op"]  # noqa: S302 (the client's own request, `wire_spec`)
+        spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
+        op = spec["op"]
+        if isinstance(spec.get("sources"), str):  # the modules of an op left out of the bootstrap
+            from ._server import _add_sources
+
+            _add_sources(spec["sources"])
     except Exception:  # cut short (EOFError), too big (MemoryError), a bad code object (SystemError)...
         raise ValueError("malformed file op") from None
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):

@@ -22,6 +22,7 @@ from sandboxes import _helper
 __all__ = [
     "HELPER_SOURCES",
     "ON_DEMAND",
+    "ON_DEMAND_OPS",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "SHIPPED_PACKAGE",
@@ -38,9 +39,13 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
-ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay")
+ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay", "_listdir", "_usage")
 """Modules left out of the bootstrap: they come with each request that needs them (`sources_of`),
 so that a capability few sandboxes use does not lengthen every start."""
+
+ON_DEMAND_OPS = {"list_dir": ("_listdir",), "metrics": ("_usage",)}
+"""The native file ops whose modules are `ON_DEMAND`: the first such op a helper gets carries
+them (`sandboxes._mux.client.MuxClient.run_native`)."""
 
 
 @functools.cache

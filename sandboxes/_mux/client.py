@@ -48,7 +48,7 @@ from sandboxes._mux._frames import (
 )
 from sandboxes._mux._outbox import Outbox, Queued
 from sandboxes._mux._reader import StreamReader
-from sandboxes._mux._shipped import PYTHON_FLAGS, SERVER_SOURCE
+from sandboxes._mux._shipped import ON_DEMAND_OPS, PYTHON_FLAGS, SERVER_SOURCE, sources_of
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._output import OutputBuffer, OutputHook
 
@@ -121,6 +121,8 @@ class MuxClient(StreamReader):
         """File ops the helper answered itself (`run_native`), so a test can prove which path ran."""
         self.native_declined = 0
         """File ops the helper handed back to the script (``N``)."""
+        self._shipped_ops: set[str] = set()
+        """The `ON_DEMAND_OPS` whose modules this helper was sent (`run_native`)."""
         self._reader = threading.Thread(target=self._read_loop, name="mux-reader", daemon=True)
         self._reader.start()
         self._send(PING, 0)
@@ -197,9 +199,10 @@ class MuxClient(StreamReader):
             if stdin is not None:  # a write's bytes; a read has none
                 self._want_reader()  # someone must read while this thread sends
             try:
-                self._send(FILE_OP, ident, wire_spec({"op": list(op)}))
+                self._send(FILE_OP, ident, wire_spec(self._file_op_spec(op)))
             except MuxBroken as broken:  # no whole F frame was written: nothing can have been done
                 raise MuxBroken(str(broken), may_resend=True) from broken
+            self._shipped_ops.add(op[0])
             if stdin is not None:
                 _send_stdin(self, ident, stdin, pending.done)
             leading = self._lead()
@@ -212,6 +215,14 @@ class MuxClient(StreamReader):
         response = _response(pending, timeout, started, latin1=op[0] in _BINARY_ANSWERS)
         self.native_answers += 1
         return response
+
+    def _file_op_spec(self, op: Sequence[str]) -> dict[str, object]:
+        """An F request: the op, and the modules it needs when they are `ON_DEMAND` and this
+        helper was not sent them yet."""
+        modules = ON_DEMAND_OPS.get(op[0])
+        if modules is None or op[0] in self._shipped_ops:
+            return {"op": list(op)}
+        return {"op": list(op), "sources": sources_of(*modules)}
 
     def marker(self, new: Callable[[], str]) -> str:
         """A marker (the value of ``SANDBOXES_EXEC_ID``) for a caller that marks its commands

@@ -30,6 +30,7 @@ from ._loop import (
     send_exit,
 )
 from ._reap import kill_orphans, now_ticks
+from ._record import open_record, take_record
 from ._spawn import Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
 from .frames import OUTPUT, STDERR
 
@@ -65,6 +66,7 @@ class Command(object):
         self.deadline: "float | None" = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         spec_env, self.job_needle = _job_start(spec_env)
+        spec_env, recording = take_record(spec_env)  # before the spares' match: a record's id is unique
         self.pty = spec.get("pty")  # None, or the size of the terminal it runs on (`_pty`)
         script = None if self.pty is not None else warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
@@ -93,6 +95,7 @@ class Command(object):
                 self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
+        self.record = open_record(recording)
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends
@@ -120,6 +123,8 @@ class Command(object):
         except OSError:  # EIO: a terminal's every slave is closed
             chunk = b""
         if chunk:
+            if self.record is not None:
+                self.record.write(chunk)
             send(kind, self.ident, chunk)
             return
         _poller.unregister(fd)
@@ -255,6 +260,8 @@ class Command(object):
         self.close_output()
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
+        if self.record is not None:
+            self.record.end(code, self.timed_out)
         send_exit(self.ident, code, self.timed_out)
         if self.warm_key is not None:
             _spares.wanted = self.warm_key

@@ -40,6 +40,7 @@ from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.preview_proxy import Previews
+from sandboxes.server.recorded import recorded_events, with_record
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
@@ -373,6 +374,7 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
         histogram.observe(time.perf_counter() - started)
 
     record = StreamedCommand(sandbox_id, command.output_limit, asyncio.get_running_loop())
+    command = with_record(command, record.id)  # the sandbox's record, for a replica that does not hold this one
     work, token = run_detached(entry.sandbox, command, record.write, svc.command_pool, ended)
     record.follow(work, functools.partial(entry.kill_marked, token))
     svc.streamed.add(record)
@@ -383,9 +385,16 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
 async def attach_stream(
     request: Request, sandbox_id: str, command_id: str, tenant: Authed, offset: Annotated[int, Query(ge=0)] = 0
 ) -> Response:
-    """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last)."""
-    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
-    events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, svc.settings.stream_keepalive)
+    """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last);
+    one this replica does not hold, from the sandbox's record of it (`recorded_events`)."""
+    svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
+    keepalive = svc.settings.stream_keepalive
+    try:
+        events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, keepalive)
+    except ServiceError as missing:
+        if missing.code != "not_found":
+            raise
+        events = await recorded_events(entry.sandbox, command_id, offset, keepalive, missing)
     cap = svc.settings.policy_for(tenant.id).max_commands
     followed, close = await svc.readers.follow(tenant.id, cap, events)
     return _ndjson(followed, BackgroundTask(close))

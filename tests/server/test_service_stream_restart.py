@@ -1,0 +1,113 @@
+"""A streamed command outlives a ``kill -9`` of the service (Docker): it runs on in the sandbox
+meanwhile, and the restarted service re-streams the rest of its output, exactly once, and its
+exit from the sandbox's record of it (`sandboxes.server.recorded`), through the HTTP route and
+through the client's `RemoteSandbox.attach_stream`. A local jail dies with the service that
+holds it: there the re-attach says it is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import KEYS, ServiceProcess, create, error_of, execute, subprocess_config
+from support import SESSION_OWNER
+
+from sandboxes import protocol as p
+from sandboxes.client import SandboxClient
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+GO = "/tmp/go-on"
+COMMAND = f"echo one; echo err >&2; until [ -e {GO} ]; do sleep 0.05; done; echo two; exit 7"
+"""Prints, waits for the test (after the restart) to let it go on, prints again."""
+
+
+def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    assert response.status_code == 200, response.read()
+    for line in response.iter_lines():
+        if line:
+            yield json.loads(line)
+
+
+def _start(client: httpx.Client, sandbox_id: str) -> tuple[str, int, str]:
+    """Start `COMMAND` streamed; (its id, the offset after its first two lines, their text), read
+    off the stream, which stays open (the service is killed under it)."""
+    seen, offset, command_id = "", 0, None
+    with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": COMMAND}) as response:
+        for event in _events(response):
+            command_id = event.get("id", command_id)
+            seen += event.get("data") or ""
+            offset = event.get("offset", offset)
+            if "one\n" in seen and "err\n" in seen:
+                break
+    assert command_id is not None
+    return command_id, offset, seen
+
+
+@contextlib.contextmanager
+def _restarted(tmp_path: Path, template: dict[str, Any]) -> Iterator[tuple[ServiceProcess, dict[str, Any], str, int]]:
+    owner = f"{SESSION_OWNER}-rs-{uuid.uuid4().hex[:6]}"
+    config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": template}, stream_keepalive=0.5)
+    service = ServiceProcess(config, tmp_path)
+    service.start()
+    try:
+        with service.client("alice") as alice:
+            sandbox = create(alice, ttl=300)
+            command_id, offset, seen = _start(alice, sandbox["id"])
+        assert seen == "one\nerr\n"
+        service.kill()
+        service.start()
+        yield service, sandbox, command_id, offset
+    finally:
+        service.stop()
+
+
+@pytest.fixture
+def docker_template(docker_client: Any, runtime_image: str) -> dict[str, Any]:
+    return {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
+
+
+def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
+    tmp_path: Path, docker_template: dict[str, Any]
+) -> None:
+    # The command waits for a file made after the restart: "two" proves it ran on meanwhile.
+    with _restarted(tmp_path, docker_template) as (service, sandbox, command_id, offset):
+        sandbox_id = sandbox["id"]
+        url = f"/v1/sandboxes/{sandbox_id}/execute/{command_id}/stream"
+        with service.client("alice") as alice:
+            assert execute(alice, sandbox_id, f"touch {GO}")["exit_code"] == 0
+            with alice.stream("GET", url, params={"offset": offset}) as response:
+                events = list(_events(response))
+            assert events[0] == {"type": "output", "data": "", "id": command_id, "offset": offset}
+            assert "".join(event.get("data") or "" for event in events) == "two\n"  # the rest, exactly once
+            assert {event.get("stream") for event in events if event.get("data")} == {"merged"}
+            assert events[-1]["type"] == "exit"
+            result = events[-1]["result"]
+            assert result["exit_code"] == 7, result
+            assert sorted(result["output"].splitlines()) == ["err", "one", "two"]
+            # Read again from the start, through the client.
+            with SandboxClient(service.url, KEYS["alice"]) as client:
+                stream = client.attach(sandbox_id).attach_stream(command_id, 0)
+                items = list(stream)
+            final = items[-1]
+            assert isinstance(final, p.ExecuteResponse)
+            assert final.exit_code == 7
+            assert sorted("".join(str(item) for item in items[:-1]).splitlines()) == ["err", "one", "two"]
+            missing = alice.get(f"/v1/sandboxes/{sandbox_id}/execute/{'0' * 32}/stream")
+            assert (missing.status_code, error_of(missing)) == (404, "not_found")
+            assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def test_a_local_jails_streamed_command_dies_with_the_service(tmp_path: Path) -> None:
+    """The jail is the service's child (``bwrap --die-with-parent``): nothing ran on to re-attach to."""
+    with _restarted(tmp_path, {"default_timeout": 30}) as (service, sandbox, command_id, offset):
+        url = f"/v1/sandboxes/{sandbox['id']}/execute/{command_id}/stream"
+        with service.client("alice") as alice:
+            gone = alice.get(url, params={"offset": offset})
+            assert (gone.status_code, error_of(gone)) == (404, "not_found")
+            assert alice.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204

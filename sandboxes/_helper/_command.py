@@ -14,7 +14,7 @@ import marshal
 import os
 import time
 
-from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, kill_marked
+from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, RECORD_ENV, kill_marked
 from ._loop import (
     DRAIN_GRACE,
     TIMED_OUT_DRAIN,
@@ -30,7 +30,6 @@ from ._loop import (
     send_exit,
 )
 from ._reap import kill_orphans, now_ticks
-from ._record import open_record, take_record
 from ._spawn import Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
 from .frames import OUTPUT, STDERR
 
@@ -40,6 +39,7 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from typing import Any
 
     from ._loop import Running
+    from ._record import Record
     from ._spawn import WarmKey
 else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
     import _signal as signal
@@ -66,7 +66,11 @@ class Command(object):
         self.deadline: "float | None" = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         spec_env, self.job_needle = _job_start(spec_env)
-        spec_env, recording = take_record(spec_env)  # before the spares' match: a record's id is unique
+        recording = None
+        if RECORD_ENV in spec_env:  # before the spares' match; `_record` comes with such a request
+            from ._record import take_record
+
+            spec_env, recording = take_record(spec_env)
         self.pty = spec.get("pty")  # None, or the size of the terminal it runs on (`_pty`)
         script = None if self.pty is not None else warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
@@ -95,7 +99,7 @@ class Command(object):
                 self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
-        self.record = open_record(recording)
+        self.record: "Record | None" = recording and recording()
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends

@@ -4,8 +4,9 @@ outlives the exec helper's client, so that a caller that lost the helper (the se
 reads from the sandbox alone what the command printed and how it ended. Stdlib only, Python
 3.6-compatible.
 
-A command asks for one with `RECORD_ENV` (``<id>:<limit>``) in its request's environment (it is
-taken out of the command's); its directory is ``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700,
+A command asks for one with ``RECORD_ENV`` (``<id>:<limit>``, `_kill`) in its request's
+environment (taken out of the command's); this module comes with such a request (shipped on
+demand, `sandboxes._mux._shipped.ON_DEMAND`). Its directory is ``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700,
 in a 0700 root the helper's user owns), laid out as a background job's (`sandboxes.jobs`), so
 the same reader serves both: ``limits`` (``H T``), ``started`` and ``status`` (``STATE CODE
 ENDED``, times in ns), ``o.h`` (the first ``H`` bytes), ``o.<k>`` (tail chunks of ``T`` bytes,
@@ -20,7 +21,9 @@ import os
 import stat
 import time
 
-RECORD_ENV = "SANDBOXES_STREAM_RECORD"
+from ._kill import RECORD_ENV
+from ._loop import _gone, _held_until, _outbox, _poller
+
 RECORD_LIMIT = 1 << 20
 """Most output bytes a record keeps (head and tail)."""
 KEEP = 16
@@ -29,29 +32,29 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | 
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
+    from collections.abc import Callable
     from typing import Any
 
+    from ._loop import Running
 
-def take_record(spec_env: "Any") -> "tuple[Any, tuple[str, int] | None]":
-    """(the environment without `RECORD_ENV`, the record it asks for as (name, limit), or None:
-    a malformed request records nothing)."""
-    if not isinstance(spec_env, dict) or RECORD_ENV not in spec_env:
+
+def take_record(spec_env: "Any") -> "tuple[Any, Callable[[], Record | None] | None]":
+    """(the environment without `RECORD_ENV`, what makes the record it asks for once the command
+    started, or None: a malformed request records nothing)."""
+    if not isinstance(spec_env, dict):
         return spec_env, None
     spec_env = dict(spec_env)
-    value = spec_env.pop(RECORD_ENV)
+    value = spec_env.pop(RECORD_ENV, None)
     name, _, limit = value.partition(":") if isinstance(value, str) else ("", "", "")
     if not (0 < len(name) <= 64 and all(c in "0123456789abcdef" for c in name) and limit.isdigit()):
         return spec_env, None
-    return spec_env, (name, min(int(limit), RECORD_LIMIT))
+    return spec_env, lambda: _open(name, min(int(limit), RECORD_LIMIT))
 
 
-def open_record(wanted: "tuple[str, int] | None") -> "Record | None":
-    """The record `take_record` asked for, made now (the command started); None when none was
-    asked for or it cannot be made (the command runs unrecorded)."""
-    if wanted is None:
-        return None
+def _open(name: str, limit: int) -> "Record | None":
+    """The record, or None when it cannot be made (the command runs unrecorded)."""
     try:
-        return Record(wanted[0], wanted[1])
+        return Record(name, limit)
     except OSError:
         return None
 
@@ -173,3 +176,27 @@ class Record(object):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def linger(recorded: "list[Running]", sweep: "Callable[[], None]") -> None:
+    """Run the recorded commands to their end (their timeouts hold) once the helper's client is
+    gone: their output goes to their records alone (`_gone`); ``sweep``: the helper's sweep
+    after commands ended (`_server._sweep_ended`)."""
+    _gone[0] = True
+    del _outbox[:]
+    _held_until[0] = None
+    try:
+        _poller.unregister(0)
+    except (KeyError, OSError):
+        pass
+    while any(not command.finished for command in recorded):
+        deadlines = [d for d in (command.next_deadline() for command in recorded) if d is not None]
+        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        for callback, events in _poller.poll(wait):
+            callback(events)
+        now = time.monotonic()
+        for command in recorded:
+            deadline = command.next_deadline()
+            if deadline is not None and now >= deadline and not command.finished:
+                command.on_deadline(now)
+        sweep()

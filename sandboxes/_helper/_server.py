@@ -85,13 +85,11 @@ from ._loop import (
     MAX_FRAME,
     NATIVE_OPS,
     _chunk,
-    _gone,
     _held_until,
     _inbox,
     _jobs,
     _json,
     _main,
-    _outbox,
     _Poller,
     _poller,
     _serving,
@@ -413,7 +411,7 @@ def main() -> None:
         _native[0].abort_native_ops()
     if _relay[0] is not None:
         _relay[0].close_relays()
-    recorded: "list[Running]" = []
+    recorded = []
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
         if getattr(command, "record", None) is not None and not command.finished:
             recorded.append(command)  # but the sandbox's record of it (`_record`) can: it runs on
@@ -422,29 +420,7 @@ def main() -> None:
         command.kill()
         _commands.pop(command.ident, None)
     _kill_orphans()
-    if recorded:
-        _linger(recorded)
+    if recorded:  # `_record` came with them
+        from ._record import linger
 
-
-def _linger(recorded: "list[Running]") -> None:
-    """Run the recorded commands to their end (or timeout) with no client: their output goes to
-    their records alone; then the helper exits."""
-    _gone[0] = True
-    del _outbox[:]
-    _held_until[0] = None
-    try:
-        _poller.unregister(0)
-    except (KeyError, OSError):
-        pass
-    while any(not command.finished for command in recorded):
-        deadlines = [d for d in (command.next_deadline() for command in recorded) if d is not None]
-        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-        for callback, events in _poller.poll(wait):
-            callback(events)
-        now = time.monotonic()
-        for command in list(_commands.values()):
-            deadline = command.next_deadline()
-            if deadline is not None and now >= deadline and not command.finished:
-                command.on_deadline(now)
-        _sweep_ended()
-    _kill_orphans()
+        linger(recorded, _sweep_ended)

@@ -26,7 +26,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from sandboxes._helper._record import RECORD_ENV, RECORD_LIMIT
+from sandboxes._helper._kill import RECORD_ENV
+from sandboxes._helper._record import RECORD_LIMIT
 from sandboxes.api import StreamEvent
 from sandboxes.base import BaseSandbox
 from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner

@@ -26,7 +26,7 @@ import shlex
 from sandboxes import _scripts
 from sandboxes._helper._kill import JOB_MARKER_PREFIX
 
-__all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "RECORD", "SEGMENTS", "START", "STOP"]
+__all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "RECORD", "RECORD_MARKER", "SEGMENTS", "START", "STOP"]
 
 # Shared by every script below: `line FILE` (its first line in ``_ln``; empty unless FILE is a
 # regular file, and never blocking on a FIFO; ``<>`` would create it: hence the ``-e``), `alive
@@ -362,6 +362,16 @@ s0=${_ln:--}
 """``ID OFFSET MAX``: a recorded command (`sandboxes._helper._record`) as `POLL` answers a job:
 ``lost`` once the helper that recorded it is gone without its status; exit 10 when there is
 no such record."""
+
+RECORD_MARKER = (
+    FUNCTIONS
+    + r"""d=${TMPDIR:-/tmp}/.sandboxes-streams/$1
+[ -d "$d" ] && [ ! -L "$d" ] || exit 10
+line "$d/marker"
+printf '!m %s\n' "$_ln"
+"""
+)
+"""``ID``: the marker of a recorded command (``!m MARKER``); exit 10 when there is no such record."""
 
 KILL = (
     _ONE_JOB

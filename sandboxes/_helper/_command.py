@@ -99,7 +99,7 @@ class Command(object):
                 self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
-        self.record: "Record | None" = recording and recording()
+        self.record: "Record | None" = recording and recording(self.marker)
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends

@@ -6,11 +6,13 @@ reads from the sandbox alone what the command printed and how it ended. Stdlib o
 
 A command asks for one with ``RECORD_ENV`` (``<id>:<limit>``, `_kill`) in its request's
 environment (taken out of the command's); this module comes with such a request (shipped on
-demand, `sandboxes._mux._shipped.ON_DEMAND`). Its directory is ``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700,
-in a 0700 root the helper's user owns), laid out as a background job's (`sandboxes.jobs`), so
-the same reader serves both: ``limits`` (``H T``), ``started`` and ``status`` (``STATE CODE
-ENDED``, times in ns), ``o.h`` (the first ``H`` bytes), ``o.<k>`` (tail chunks of ``T`` bytes,
-the newest two kept), and ``helper`` (the recording helper's pid and its start time in clock
+demand, `sandboxes._mux._shipped.ON_DEMAND`). When the client goes, the helper runs such commands
+on to their end or their timeout (`linger`). A record is a directory
+``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700, in a 0700 root the helper's user owns), laid
+out as a background job's (`sandboxes.jobs`), so that the same reader serves both: ``limits``
+(``H T``), ``started``, ``status`` (``STATE CODE ENDED``, times in ns), ``marker`` (the
+command's, to kill it by), ``o.h`` (the first ``H`` bytes), ``o.<k>`` (tail chunks of ``T``
+bytes, the newest two kept), and ``helper`` (the recording helper's pid and start time in clock
 ticks: a record without a status whose helper is gone was lost). At most `RECORD_LIMIT` bytes
 are kept, whatever the command prints; a file that cannot be written (``/tmp`` full, a name
 taken by the sandbox) stops the recording, never the command. Records whose command ended are
@@ -38,9 +40,9 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from ._loop import Running
 
 
-def take_record(spec_env: "Any") -> "tuple[Any, Callable[[], Record | None] | None]":
+def take_record(spec_env: "Any") -> "tuple[Any, Callable[[str], Record | None] | None]":
     """(the environment without `RECORD_ENV`, what makes the record it asks for once the command
-    started, or None: a malformed request records nothing)."""
+    started, given the command's marker; or None: a malformed request records nothing)."""
     if not isinstance(spec_env, dict):
         return spec_env, None
     spec_env = dict(spec_env)
@@ -48,13 +50,13 @@ def take_record(spec_env: "Any") -> "tuple[Any, Callable[[], Record | None] | No
     name, _, limit = value.partition(":") if isinstance(value, str) else ("", "", "")
     if not (0 < len(name) <= 64 and all(c in "0123456789abcdef" for c in name) and limit.isdigit()):
         return spec_env, None
-    return spec_env, lambda: _open(name, min(int(limit), RECORD_LIMIT))
+    return spec_env, lambda marker: _open(name, min(int(limit), RECORD_LIMIT), marker)
 
 
-def _open(name: str, limit: int) -> "Record | None":
+def _open(name: str, limit: int, marker: str) -> "Record | None":
     """The record, or None when it cannot be made (the command runs unrecorded)."""
     try:
-        return Record(name, limit)
+        return Record(name, limit, marker)
     except OSError:
         return None
 
@@ -107,7 +109,7 @@ def _now_ns() -> int:
 class Record(object):
     """One command's record (see the module docstring); written by the helper's loop only."""
 
-    def __init__(self, name: str, limit: int) -> None:
+    def __init__(self, name: str, limit: int, marker: str) -> None:
         root = _root()
         _prune(root)
         self.dir = os.path.join(root, name)
@@ -122,12 +124,13 @@ class Record(object):
         self._put("limits", "%d %d\n" % (self.head, self.tail))
         self._put("started", "%d\n" % _now_ns())
         self._put("helper", "%d %s\n" % (os.getpid(), _start_ticks()))
+        self._put("marker", "%s\n" % marker)
         self._open("o.h")
 
     def _put(self, name: str, text: str) -> None:
         fd = os.open(os.path.join(self.dir, name), _FLAGS, 0o600)
         try:
-            os.write(fd, text.encode("ascii"))
+            os.write(fd, text.encode("utf-8", "replace"))
         finally:
             os.close(fd)
 

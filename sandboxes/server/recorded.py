@@ -23,21 +23,21 @@ from __future__ import annotations
 import asyncio
 import codecs
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from sandboxes._helper._kill import RECORD_ENV
 from sandboxes._helper._record import RECORD_LIMIT
-from sandboxes.api import StreamEvent
+from sandboxes.api import ExecuteResult, StreamEvent
 from sandboxes.base import BaseSandbox
 from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.processes import Command, result_of
-from sandboxes.server.streamed import EVENT_BYTES, event_line
+from sandboxes.server.streamed import EVENT_BYTES, KILL_WAIT, event_line
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL_FIRST", "POLL_MAX", "RECORD_LIMIT", "recorded_events", "with_record"]
+__all__ = ["POLL_FIRST", "POLL_MAX", "RECORD_LIMIT", "kill_recorded", "recorded_events", "with_record"]
 
 POLL_FIRST = 0.05
 """Seconds between polls of a record while its output comes."""
@@ -59,6 +59,42 @@ async def recorded_events(
     runner = JobRunner(sandbox, max_read=max(EVENT_BYTES, RECORD_LIMIT))
     first = await _read(runner, command_id, offset, EVENT_BYTES, missing)
     return _events(runner, command_id, offset, keepalive, first, missing)
+
+
+async def kill_recorded(
+    sandbox: BaseSandbox,
+    kill_marked: Callable[[str], None],
+    command_id: str,
+    missing: ServiceError,
+    wait: float = KILL_WAIT,
+) -> ExecuteResult:
+    """Kill the command recorded under ``command_id`` by the marker its record names (as
+    `sandboxes.server.streamed.kill_streamed` does) and answer its result once its record says
+    it ended: at once if it had; ``backend_unavailable`` if it has not ``wait`` seconds later."""
+    runner = JobRunner(sandbox, max_read=RECORD_LIMIT)
+    job = await _read(runner, command_id, 0, RECORD_LIMIT, missing)
+    if not job.state.finished:
+        try:
+            marker = await asyncio.to_thread(runner.record_marker, command_id)
+            await asyncio.to_thread(kill_marked, marker)
+        except (JobError, OSError) as failed:
+            logger.warning("killing recorded command %s failed", command_id, exc_info=True)
+            raise ServiceError(
+                "backend_unavailable", f"streamed command {command_id!r} could not be killed: the backend failed"
+            ) from failed
+    deadline = asyncio.get_running_loop().time() + wait
+    delay = POLL_FIRST
+    while not job.state.finished:
+        if asyncio.get_running_loop().time() >= deadline:
+            raise ServiceError(
+                "backend_unavailable",
+                f"streamed command {command_id!r} was killed but had not ended {wait:g} s later; retry",
+                headers={"Retry-After": "1"},
+            )
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, POLL_MAX)
+        job = await _read(runner, command_id, 0, RECORD_LIMIT, missing)
+    return result_of(job.response())
 
 
 async def _read(runner: JobRunner, command_id: str, offset: int, limit: int, missing: ServiceError) -> Job:

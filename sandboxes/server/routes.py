@@ -40,7 +40,7 @@ from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.preview_proxy import Previews
-from sandboxes.server.recorded import recorded_events, with_record
+from sandboxes.server.recorded import kill_recorded, recorded_events, with_record
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
@@ -403,8 +403,14 @@ async def attach_stream(
 @router.delete("/sandboxes/{sandbox_id}/execute/{command_id}", response_model=api.ExecuteResult)
 async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant: Authed) -> api.ExecuteResult:
     """Kill a streamed command's process tree; its result, once it ended (see `kill_streamed`)."""
-    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
-    return await kill_streamed(svc.streamed.find(sandbox_id, command_id))
+    svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
+    try:
+        command = svc.streamed.find(sandbox_id, command_id)
+    except ServiceError as missing:
+        if missing.code != "not_found":
+            raise
+        return await kill_recorded(entry.sandbox, entry.kill_marked, command_id, missing)
+    return await kill_streamed(command)
 
 
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:

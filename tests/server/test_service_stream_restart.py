@@ -25,6 +25,8 @@ CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 GO = "/tmp/go-on"
 COMMAND = f"echo one; echo err >&2; until [ -e {GO} ]; do sleep 0.05; done; echo two; exit 7"
 """Prints, waits for the test (after the restart) to let it go on, prints again."""
+ENDLESS = "echo forever; sleep 120"
+"""Runs until killed."""
 
 
 def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
@@ -34,23 +36,27 @@ def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def _start(client: httpx.Client, sandbox_id: str) -> tuple[str, int, str]:
-    """Start `COMMAND` streamed; (its id, the offset after its first two lines, their text), read
-    off the stream, which stays open (the service is killed under it)."""
+def _start(client: httpx.Client, sandbox_id: str, command: str, printed: str) -> tuple[str, int, str]:
+    """Start ``command`` streamed; (its id, the offset after it ``printed``, what it printed),
+    read off the stream, which stays open (the service is killed under it)."""
     seen, offset, command_id = "", 0, None
-    with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": COMMAND}) as response:
+    with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": command}) as response:
         for event in _events(response):
             command_id = event.get("id", command_id)
             seen += event.get("data") or ""
             offset = event.get("offset", offset)
-            if "one\n" in seen and "err\n" in seen:
+            if sorted(seen.splitlines()) == sorted(printed.splitlines()):
                 break
     assert command_id is not None
     return command_id, offset, seen
 
 
 @contextlib.contextmanager
-def _restarted(tmp_path: Path, template: dict[str, Any]) -> Iterator[tuple[ServiceProcess, dict[str, Any], str, int]]:
+def _restarted(
+    tmp_path: Path, template: dict[str, Any]
+) -> Iterator[tuple[ServiceProcess, dict[str, Any], str, int, str]]:
+    """A service that ran `COMMAND` and `ENDLESS`, streamed, and was killed (``kill -9``) then
+    restarted meanwhile: (it, the sandbox, `COMMAND`'s id and last offset seen, `ENDLESS`'s id)."""
     owner = f"{SESSION_OWNER}-rs-{uuid.uuid4().hex[:6]}"
     config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": template}, stream_keepalive=0.5)
     service = ServiceProcess(config, tmp_path)
@@ -58,11 +64,12 @@ def _restarted(tmp_path: Path, template: dict[str, Any]) -> Iterator[tuple[Servi
     try:
         with service.client("alice") as alice:
             sandbox = create(alice, ttl=300)
-            command_id, offset, seen = _start(alice, sandbox["id"])
-        assert seen == "one\nerr\n"
+            command_id, offset, seen = _start(alice, sandbox["id"], COMMAND, "one\nerr\n")
+            endless = _start(alice, sandbox["id"], ENDLESS, "forever\n")[0]
+        assert sorted(seen.splitlines()) == ["err", "one"]
         service.kill()
         service.start()
-        yield service, sandbox, command_id, offset
+        yield service, sandbox, command_id, offset, endless
     finally:
         service.stop()
 
@@ -76,7 +83,7 @@ def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
     tmp_path: Path, docker_template: dict[str, Any]
 ) -> None:
     # The command waits for a file made after the restart: "two" proves it ran on meanwhile.
-    with _restarted(tmp_path, docker_template) as (service, sandbox, command_id, offset):
+    with _restarted(tmp_path, docker_template) as (service, sandbox, command_id, offset, endless):
         sandbox_id = sandbox["id"]
         url = f"/v1/sandboxes/{sandbox_id}/execute/{command_id}/stream"
         with service.client("alice") as alice:
@@ -100,12 +107,17 @@ def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
             assert sorted("".join(str(item) for item in items[:-1]).splitlines()) == ["err", "one", "two"]
             missing = alice.get(f"/v1/sandboxes/{sandbox_id}/execute/{'0' * 32}/stream")
             assert (missing.status_code, error_of(missing)) == (404, "not_found")
+            # A command the restarted service never held is killed by its record's marker.
+            killed = alice.delete(f"/v1/sandboxes/{sandbox_id}/execute/{endless}")
+            assert killed.status_code == 200, killed.text
+            assert (killed.json()["output"], killed.json()["exit_code"]) == ("forever\n", 137)
+            assert alice.delete(f"/v1/sandboxes/{sandbox_id}/execute/{endless}").json() == killed.json()
             assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
 def test_a_local_jails_streamed_command_dies_with_the_service(tmp_path: Path) -> None:
     """The jail is the service's child (``bwrap --die-with-parent``): nothing ran on to re-attach to."""
-    with _restarted(tmp_path, {"default_timeout": 30}) as (service, sandbox, command_id, offset):
+    with _restarted(tmp_path, {"default_timeout": 30}) as (service, sandbox, command_id, offset, _):
         url = f"/v1/sandboxes/{sandbox['id']}/execute/{command_id}/stream"
         with service.client("alice") as alice:
             gone = alice.get(url, params={"offset": offset})

@@ -346,6 +346,7 @@ st=$_ln
 if [ -z "$st" ]; then
   line "$d/helper"
   hp=${_ln%% *} ht=${_ln#* } _st=
+  ht=${ht%% *}
   case $hp$ht in *[!0-9]*) hp= ;; esac
   [ -z "$hp" ] || { read -r _st < "/proc/$hp/stat"; } 2>/dev/null
   set -- ${_st##*) }
@@ -367,8 +368,9 @@ RECORD_MARKER = (
     FUNCTIONS
     + r"""d=${TMPDIR:-/tmp}/.sandboxes-streams/$1
 [ -d "$d" ] && [ ! -L "$d" ] || exit 10
-line "$d/marker"
-printf '!m %s\n' "$_ln"
+line "$d/helper"
+_m=${_ln#* }
+case $_m in *' '*) printf '!m %s\n' "${_m#* }" ;; *) printf '!m\n' ;; esac
 """
 )
 """``ID``: the marker of a recorded command (``!m MARKER``); exit 10 when there is no such record."""

@@ -10,13 +10,13 @@ demand, `sandboxes._mux._shipped.ON_DEMAND`). When the client goes, the helper r
 on to their end or their timeout (`linger`). A record is a directory
 ``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700, in a 0700 root the helper's user owns), laid
 out as a background job's (`sandboxes.jobs`), so that the same reader serves both: ``limits``
-(``H T``), ``started``, ``status`` (``STATE CODE ENDED``, times in ns), ``marker`` (the
-command's, to kill it by), ``o.h`` (the first ``H`` bytes), ``o.<k>`` (tail chunks of ``T``
-bytes, the newest two kept), and ``helper`` (the recording helper's pid and start time in clock
-ticks: a record without a status whose helper is gone was lost). At most `RECORD_LIMIT` bytes
+(``H T``), ``started``, ``status`` (``STATE CODE ENDED``, times in ns), ``o.h`` (the
+first ``H`` bytes), ``o.<k>`` (tail chunks of ``T`` bytes, the newest two kept), and ``helper``
+(the recording helper's pid and start time in clock ticks: a record without a status whose
+helper is gone was lost; then the command's marker, to kill it by). At most `RECORD_LIMIT` bytes
 are kept, whatever the command prints; a file that cannot be written (``/tmp`` full, a name
 taken by the sandbox) stops the recording, never the command. Records whose command ended are
-removed past the newest `KEEP` at each new one.
+removed past the newest `KEEP`, looked for every `KEEP` new ones.
 """
 
 import os
@@ -30,6 +30,8 @@ RECORD_LIMIT = 1 << 20
 """Most output bytes a record keeps (head and tail)."""
 KEEP = 16
 """Ended records kept in a sandbox (the newest)."""
+_made = [0]  # records made by this helper
+_ticks: "list[str]" = []  # `_start_ticks`, once read
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_APPEND | os.O_CLOEXEC
 
 TYPE_CHECKING = False
@@ -76,7 +78,10 @@ def _root() -> str:
 
 
 def _prune(root: str) -> None:
-    """Remove the ended records past the newest `KEEP`."""
+    """Every `KEEP` records made, remove the ended ones past the newest `KEEP`."""
+    _made[0] += 1
+    if _made[0] % KEEP:
+        return
     ended = []
     for name in os.listdir(root):
         try:
@@ -97,9 +102,10 @@ def _prune(root: str) -> None:
 def _start_ticks() -> str:
     """This process's start time in clock ticks (``/proc/self/stat``), what tells it from a
     later process given the same pid."""
-    with open("/proc/self/stat", "rb") as stat_file:
-        fields = stat_file.read().rsplit(b")", 1)[-1].split()
-    return fields[19].decode("ascii")
+    if not _ticks:
+        with open("/proc/self/stat", "rb") as stat_file:
+            _ticks.append(stat_file.read().rsplit(b")", 1)[-1].split()[19].decode("ascii"))
+    return _ticks[0]
 
 
 def _now_ns() -> int:
@@ -123,8 +129,7 @@ class Record(object):
         self.broken = False
         self._put("limits", "%d %d\n" % (self.head, self.tail))
         self._put("started", "%d\n" % _now_ns())
-        self._put("helper", "%d %s\n" % (os.getpid(), _start_ticks()))
-        self._put("marker", "%s\n" % marker)
+        self._put("helper", "%d %s %s\n" % (os.getpid(), _start_ticks(), marker))
         self._open("o.h")
 
     def _put(self, name: str, text: str) -> None:

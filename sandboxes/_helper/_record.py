@@ -197,6 +197,8 @@ def linger(recorded: "list[Running]", sweep: "Callable[[], None]") -> None:
         _poller.unregister(0)
     except (KeyError, OSError):
         pass
+    for command in recorded:  # no more stdin can come: what is queued is written, then it ends
+        command.feed(None)
     while any(not command.finished for command in recorded):
         deadlines = [d for d in (command.next_deadline() for command in recorded) if d is not None]
         wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None

@@ -10,12 +10,16 @@ the sandbox (one ``execute`` a poll, every `POLL_FIRST` seconds while output com
 to `POLL_MAX` while it does not) and sends what it read as the stream's ``output`` events
 (``stream``: ``merged``), then the ``exit``. A record whose helper vanished without its status
 answers ``connection_lost``. What a poll reads is bounded (`EVENT_BYTES`, and the record's
-bound for the exit's output) and parsed as the hostile bytes it may be (`sandboxes.jobs`).
+bound for the exit's output) and parsed as the hostile bytes it may be (`sandboxes.jobs`). A
+kill of such a command (`kill_recorded`) kills by the marker its record names.
 
-Where it holds: a sandbox whose helper outlives the service (Docker, SSH, Kubernetes). A local
+Where it holds: a sandbox whose helper outlives the service's connection to it: Docker, SSH;
+Kubernetes where the API server leaves an exec running once its connection closed (the tests'
+fake one kills it: the record then reads ``lost``, with the output recorded until then). A local
 jail dies with the service process that holds it (``bwrap --die-with-parent``), its commands
 and records with it: a re-attach there answers ``not_found``. A sandbox without an exec helper
-(an image without python3) keeps no record.
+(an image without python3) keeps no record. Sandboxes that share one SSH user (``isolation``
+``none``) share ``/tmp``, and so each other's records, as they share their background jobs.
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ async def _events(
                 yield _output(text, position - len(decoder.getstate()[0]))
         if job.chunks:
             delay, quiet = POLL_FIRST, 0.0
+            if len(job.output) < EVENT_BYTES:  # else more is waiting: read on at once
+                await asyncio.sleep(POLL_FIRST)
         elif job.state.finished:
             if text := decoder.decode(b"", final=True):
                 yield _output(text, position)

@@ -30,6 +30,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
+from sandboxes import protocol as p
 from sandboxes._helper._kill import RECORD_ENV
 from sandboxes._helper._record import RECORD_LIMIT
 from sandboxes.api import ExecuteResult, StreamEvent
@@ -37,11 +38,28 @@ from sandboxes.base import BaseSandbox
 from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.processes import Command, result_of
-from sandboxes.server.streamed import EVENT_BYTES, KILL_WAIT, event_line
+from sandboxes.server.streamed import (
+    EVENT_BYTES,
+    KILL_WAIT,
+    StreamedCommand,
+    StreamedCommands,
+    event_line,
+    kill_streamed,
+    stream_events,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL_FIRST", "POLL_MAX", "RECORD_LIMIT", "kill_recorded", "recorded_events", "with_record"]
+__all__ = [
+    "POLL_FIRST",
+    "POLL_MAX",
+    "RECORD_LIMIT",
+    "attach_events",
+    "kill_command",
+    "kill_recorded",
+    "recorded_events",
+    "with_record",
+]
 
 POLL_FIRST = 0.05
 """Seconds between polls of a record while its output comes."""
@@ -52,6 +70,59 @@ POLL_MAX = 1.0
 def with_record(command: Command, command_id: str) -> Command:
     """``command`` asking the sandbox's helper to record it under ``command_id``."""
     return replace(command, env={**command.env, RECORD_ENV: f"{command_id}:{command.output_limit}"})
+
+
+def _held(streamed: StreamedCommands, sandbox_id: str, command_id: str) -> tuple[StreamedCommand | None, ServiceError]:
+    """(the command as this replica holds it, unless its helper's connection was lost under it:
+    the sandbox's record then knows more; the `not_found` to answer if the record is missing)."""
+    try:
+        command = streamed.find(sandbox_id, command_id)
+    except ServiceError as missing:
+        if missing.code != "not_found":
+            raise
+        return None, missing
+    return command, ServiceError("not_found", f"no record of streamed command {command_id!r} in this sandbox")
+
+
+def _lost(command: StreamedCommand) -> bool:
+    """Whether it ended as ``connection_lost``: its helper may run it on (`_record.linger`)."""
+    return command.result is not None and command.result.error == p.CONNECTION_LOST
+
+
+async def attach_events(
+    streamed: StreamedCommands, sandbox: BaseSandbox, sandbox_id: str, command_id: str, offset: int, keepalive: float
+) -> AsyncIterator[bytes]:
+    """The events of a re-attach (``GET .../execute/{id}/stream``): from this replica's memory,
+    else (not held here, or its helper's connection lost) from the sandbox's record."""
+    command, missing = _held(streamed, sandbox_id, command_id)
+    if command is not None and not _lost(command):
+        return stream_events(command, offset, keepalive)
+    try:
+        return await recorded_events(sandbox, command_id, offset, keepalive, missing)
+    except ServiceError as absent:
+        if command is None or absent is not missing:
+            raise
+        return stream_events(command, offset, keepalive)
+
+
+async def kill_command(
+    streamed: StreamedCommands,
+    sandbox: BaseSandbox,
+    kill_marked: Callable[[str], None],
+    sandbox_id: str,
+    command_id: str,
+) -> ExecuteResult:
+    """A kill (``DELETE .../execute/{id}``): `kill_streamed` on the command this replica holds,
+    else (not held here, or its helper's connection lost) `kill_recorded`."""
+    command, missing = _held(streamed, sandbox_id, command_id)
+    if command is not None and not _lost(command):
+        return await kill_streamed(command)
+    try:
+        return await kill_recorded(sandbox, kill_marked, command_id, missing)
+    except ServiceError as absent:
+        if command is None or absent is not missing:
+            raise
+        return await kill_streamed(command)
 
 
 async def recorded_events(

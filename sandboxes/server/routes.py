@@ -40,11 +40,11 @@ from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.preview_proxy import Previews
-from sandboxes.server.recorded import kill_recorded, recorded_events, with_record
+from sandboxes.server.recorded import attach_events, kill_command, with_record
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
-from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
+from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 from sandboxes.server.terminals import Terminals, serve_pty
 from sandboxes.server.watches import Watches
@@ -386,15 +386,11 @@ async def attach_stream(
     request: Request, sandbox_id: str, command_id: str, tenant: Authed, offset: Annotated[int, Query(ge=0)] = 0
 ) -> Response:
     """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last);
-    one this replica does not hold, from the sandbox's record of it (`recorded_events`)."""
+    one this replica does not hold, from the sandbox's record of it (`attach_events`)."""
     svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
-    keepalive = svc.settings.stream_keepalive
-    try:
-        events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, keepalive)
-    except ServiceError as missing:
-        if missing.code != "not_found":
-            raise
-        events = await recorded_events(entry.sandbox, command_id, offset, keepalive, missing)
+    events = await attach_events(
+        svc.streamed, entry.sandbox, sandbox_id, command_id, offset, svc.settings.stream_keepalive
+    )
     cap = svc.settings.policy_for(tenant.id).max_commands
     followed, close = await svc.readers.follow(tenant.id, cap, events)
     return _ndjson(followed, BackgroundTask(close))
@@ -402,15 +398,9 @@ async def attach_stream(
 
 @router.delete("/sandboxes/{sandbox_id}/execute/{command_id}", response_model=api.ExecuteResult)
 async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant: Authed) -> api.ExecuteResult:
-    """Kill a streamed command's process tree; its result, once it ended (see `kill_streamed`)."""
+    """Kill a streamed command's process tree; its result, once it ended (see `kill_command`)."""
     svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
-    try:
-        command = svc.streamed.find(sandbox_id, command_id)
-    except ServiceError as missing:
-        if missing.code != "not_found":
-            raise
-        return await kill_recorded(entry.sandbox, entry.kill_marked, command_id, missing)
-    return await kill_streamed(command)
+    return await kill_command(svc.streamed, entry.sandbox, entry.kill_marked, sandbox_id, command_id)
 
 
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:

@@ -1,8 +1,9 @@
 """A streamed command outlives a ``kill -9`` of the service (Docker): it runs on in the sandbox
 meanwhile, and the restarted service re-streams the rest of its output, exactly once, and its
 exit from the sandbox's record of it (`sandboxes.server.recorded`), through the HTTP route and
-through the client's `RemoteSandbox.attach_stream`. A local jail dies with the service that
-holds it: there the re-attach says it is gone."""
+through the client's `RemoteSandbox.attach_stream`, and kills one by its record. So too when the
+service lives on but lost its connection to the sandbox's exec helper under the command. A local
+jail dies with the service that holds it: there the re-attach says it is gone."""
 
 from __future__ import annotations
 
@@ -15,11 +16,21 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import KEYS, ServiceProcess, create, error_of, execute, subprocess_config
+from service_harness import (
+    KEYS,
+    ServiceProcess,
+    create,
+    error_of,
+    execute,
+    running,
+    settings_for,
+    subprocess_config,
+)
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
 from sandboxes.client import SandboxClient
+from sandboxes.docker import DockerTemplate
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 GO = "/tmp/go-on"
@@ -123,3 +134,37 @@ def test_a_local_jails_streamed_command_dies_with_the_service(tmp_path: Path) ->
             gone = alice.get(url, params={"offset": offset})
             assert (gone.status_code, error_of(gone)) == (404, "not_found")
             assert alice.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+
+
+def test_a_streamed_command_whose_helper_connection_broke_is_followed_from_its_record(
+    tmp_path: Path, docker_client: Any, runtime_image: str
+) -> None:
+    template = DockerTemplate(backend="docker", image=runtime_image, cpus=0.5, memory="256m", labels=CLEANUP)
+    settings = settings_for(tmp_path, owner=SESSION_OWNER, templates={"default": template}, stream_keepalive=0.5)
+    with running(settings, docker_client=docker_client) as svc, svc.client("alice") as alice:
+        sandbox_id = create(alice)["id"]
+        try:
+            endless = _start(alice, sandbox_id, ENDLESS, "forever\n")[0]
+            url = f"/v1/sandboxes/{sandbox_id}/execute/stream"
+            with alice.stream("POST", url, json={"command": COMMAND}) as response:
+                events = _events(response)
+                command_id, offset = next(events)["id"], 0
+                for event in events:
+                    offset = event.get("offset", offset)
+                    if event.get("data") and offset >= len("one\nerr\n"):
+                        break
+                helper = svc.registry._entries[sandbox_id].sandbox.running_helper()
+                assert helper is not None
+                helper.close("the test broke the connection")  # the helper lives on
+                last = list(events)[-1]
+            assert last["result"]["error"] == "connection_lost", last
+            assert execute(alice, sandbox_id, f"touch {GO}")["exit_code"] == 0
+            attached = f"/v1/sandboxes/{sandbox_id}/execute/{command_id}/stream"
+            with alice.stream("GET", attached, params={"offset": offset}) as response:
+                rest = list(_events(response))
+            assert "".join(event.get("data") or "" for event in rest) == "two\n"
+            assert rest[-1]["result"]["exit_code"] == 7, rest[-1]
+            killed = alice.delete(f"/v1/sandboxes/{sandbox_id}/execute/{endless}")
+            assert (killed.status_code, killed.json()["exit_code"]) == (200, 137), killed.text
+        finally:
+            alice.delete(f"/v1/sandboxes/{sandbox_id}")

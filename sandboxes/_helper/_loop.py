@@ -54,7 +54,7 @@ _outbox = bytearray()  # frames queued for the client (`send`)
 _held_until: "list[float | None]" = [None]  # when the oldest frame held in _outbox must go out; None: none held
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) mmaps a fresh buffer
 _serving = [True]
-_gone = [False]  # the client is gone for good: frames are dropped, not queued (`_server._linger`)
+_gone = [False]  # the client is gone for good: frames are dropped, not queued (`_record.linger`)
 _subreaper = [False]
 _undumpable = [False]
 # (pid, starttime) of the container's own command, when in a container's pid namespace

@@ -26,7 +26,7 @@ import shlex
 from sandboxes import _scripts
 from sandboxes._helper._kill import JOB_MARKER_PREFIX
 
-__all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "START", "STOP"]
+__all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "RECORD", "RECORD_MARKER", "SEGMENTS", "START", "STOP"]
 
 # Shared by every script below: `line FILE` (its first line in ``_ln``; empty unless FILE is a
 # regular file, and never blocking on a FIFO; ``<>`` would create it: hence the ``-e``), `alive
@@ -291,22 +291,7 @@ killed), and answered ``lost`` when not even that can be recorded: a job whose e
 but never written (a full ``/tmp``) is not running once the supervisor its ``pid`` names is gone
 (an unreadable ``pid`` tells nothing: the job reads as running)."""
 
-_ONE_JOB = (
-    FUNCTIONS
-    + f"P={JOB_MARKER_PREFIX}\n"
-    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
-d=$r/$2 m=$P$2
-[ -d "$d" ] || exit 10
-"""
-)
-"""The preamble of the scripts that act on one job (``ROOT ID ...``): ``$d`` its directory,
-``$m`` its marker; exit 10 when there is no such job."""
-
-POLL = (
-    _ONE_JOB
-    + "off=$3 left=$4\n"
-    + _STATE
-    + r"""line "$d/limits"
+SEGMENTS = r"""line "$d/limits"
 H=${_ln%% *} T=${_ln#* }
 printf '!j %s %s %s %s\n' "${st:-running - -}" "$s0" "$H" "$T"
 seg() {
@@ -333,9 +318,62 @@ done
 [ "$k" -lt 0 ] || seg "$d/o.$k" "$((H + k * T))"
 echo "!e"
 """
+"""With ``$d`` a job's directory (or a recorded command's, `sandboxes._helper._record`), ``st``
+its status line (empty: running), ``s0`` its start, ``off`` and ``left``: the header line, then
+the kept output from stream position ``off`` on, at most ``left`` bytes of it, as segments."""
+
+_ONE_JOB = (
+    FUNCTIONS
+    + f"P={JOB_MARKER_PREFIX}\n"
+    + r"""r=${1:-${TMPDIR:-/tmp}/.sandboxes-jobs}
+d=$r/$2 m=$P$2
+[ -d "$d" ] || exit 10
+"""
 )
+"""The preamble of the scripts that act on one job (``ROOT ID ...``): ``$d`` its directory,
+``$m`` its marker; exit 10 when there is no such job."""
+
+POLL = _ONE_JOB + "off=$3 left=$4\n" + _STATE + SEGMENTS
 """``ROOT ID OFFSET MAX``: the job's status line, then the kept output from stream position
 OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
+
+RECORD = (
+    FUNCTIONS
+    + r"""d=${TMPDIR:-/tmp}/.sandboxes-streams/$1 off=$2 left=$3
+[ -d "$d" ] && [ ! -L "$d" ] || exit 10
+line "$d/status"
+st=$_ln
+if [ -z "$st" ]; then
+  line "$d/helper"
+  hp=${_ln%% *} ht=${_ln#* } _st=
+  ht=${ht%% *}
+  case $hp$ht in *[!0-9]*) hp= ;; esac
+  [ -z "$hp" ] || { read -r _st < "/proc/$hp/stat"; } 2>/dev/null
+  set -- ${_st##*) }
+  if [ -z "$hp" ] || [ "${20}" != "$ht" ]; then
+    line "$d/status"
+    st=${_ln:-lost - -}
+  fi
+fi
+line "$d/started"
+s0=${_ln:--}
+"""
+    + SEGMENTS
+)
+"""``ID OFFSET MAX``: a recorded command (`sandboxes._helper._record`) as `POLL` answers a job:
+``lost`` once the helper that recorded it is gone without its status; exit 10 when there is
+no such record."""
+
+RECORD_MARKER = (
+    FUNCTIONS
+    + r"""d=${TMPDIR:-/tmp}/.sandboxes-streams/$1
+[ -d "$d" ] && [ ! -L "$d" ] || exit 10
+line "$d/helper"
+_m=${_ln#* }
+case $_m in *' '*) printf '!m %s\n' "${_m#* }" ;; *) printf '!m\n' ;; esac
+"""
+)
+"""``ID``: the marker of a recorded command (``!m MARKER``); exit 10 when there is no such record."""
 
 KILL = (
     _ONE_JOB

@@ -336,6 +336,34 @@ class JobRunner:
             raise JobError(p.BACKEND_ERROR, f"polling job {job_id} failed: {_failure(response)}")
         return _parse_poll(job_id, response.output)
 
+    def read_record(self, record_id: str, offset: int = 0, limit: int | None = None) -> Job:
+        """A recorded command (`sandboxes._helper._record`: one the exec helper ran to its end
+        after its client left) as a job: its state and its kept output from ``offset``, at most
+        ``limit`` bytes (as `poll`)."""
+        _check_id(record_id)
+        wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
+        bound = wanted * 4 // 3 + 4 * (wanted // 57 + 4) + 4096
+        response = self._run(_bind(scripts.RECORD, record_id, str(max(0, offset)), str(wanted)), output_limit=bound)
+        if response.exit_code == _EXIT_NOT_FOUND:
+            raise JobNotFound(record_id)
+        if response.exit_code != 0:
+            raise JobError(p.BACKEND_ERROR, f"reading record {record_id} failed: {_failure(response)}")
+        return _parse_poll(record_id, response.output)
+
+    def record_marker(self, record_id: str) -> str:
+        """The marker a recorded command's processes carry, to kill them by (the sandbox's word:
+        a marker it forged can only name its own processes)."""
+        _check_id(record_id)
+        response = self._run(_bind(scripts.RECORD_MARKER, record_id), output_limit=4096)
+        if response.exit_code == _EXIT_NOT_FOUND:
+            raise JobNotFound(record_id)
+        marker = response.output.removeprefix("!m ").removesuffix("\n")
+        if response.exit_code != 0 or not response.output.startswith("!m ") or not marker.isprintable():
+            raise JobError(p.BACKEND_ERROR, f"reading record {record_id}'s marker failed: {_failure(response)}")
+        if not 0 < len(marker) <= 128:
+            raise JobError(p.BACKEND_ERROR, f"record {record_id} names no marker")
+        return marker
+
     def kill(self, job_id: str) -> Job:
         """Kill the job's whole tree (unless it ended already) and answer its final state and
         output. Idempotent.

@@ -14,7 +14,7 @@ import marshal
 import os
 import time
 
-from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, kill_marked
+from ._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV, RECORD_ENV, kill_marked
 from ._loop import (
     DRAIN_GRACE,
     TIMED_OUT_DRAIN,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from typing import Any
 
     from ._loop import Running
+    from ._record import Record
     from ._spawn import WarmKey
 else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
     import _signal as signal
@@ -65,6 +66,11 @@ class Command(object):
         self.deadline: "float | None" = time.monotonic() + timeout if timeout else None
         spec_env, cwd, with_stdin = spec.get("env") or {}, spec.get("cwd"), bool(spec.get("stdin"))
         spec_env, self.job_needle = _job_start(spec_env)
+        recording = None
+        if RECORD_ENV in spec_env:  # before the spares' match; `_record` comes with such a request
+            from ._record import take_record
+
+            spec_env, recording = take_record(spec_env)
         self.pty = spec.get("pty")  # None, or the size of the terminal it runs on (`_pty`)
         script = None if self.pty is not None else warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
@@ -93,6 +99,7 @@ class Command(object):
                 self.pid, self.out_fd, self.err_fd, self.in_fd = spawn(["-c", spec["command"]], env, with_stdin)
         self.needle = ("\0%s=%s\0" % (MARKER_ENV, self.marker)).encode()
         _leaders[self.pid] = self  # at once: the pid must be known before anything can fail
+        self.record: "Record | None" = recording and recording(self.marker)
 
     def start(self) -> None:
         assert self.out_fd is not None  # until its output ends
@@ -120,6 +127,8 @@ class Command(object):
         except OSError:  # EIO: a terminal's every slave is closed
             chunk = b""
         if chunk:
+            if self.record is not None:
+                self.record.write(chunk)
             send(kind, self.ident, chunk)
             return
         _poller.unregister(fd)
@@ -255,6 +264,8 @@ class Command(object):
         self.close_output()
         _commands.pop(self.ident, None)
         code = None if self.timed_out else self.code
+        if self.record is not None:
+            self.record.end(code, self.timed_out)
         send_exit(self.ident, code, self.timed_out)
         if self.warm_key is not None:
             _spares.wanted = self.warm_key

@@ -57,6 +57,8 @@ carry: the exec helper takes the supervisor that command leaves behind (and only
 behind) for a job's, and spares it from the sweep of orphans (`sandboxes._helper._reap`). A job's
 marker alone spares nothing: any process may set it."""
 
+RECORD_ENV = "SANDBOXES_STREAM_RECORD"  # a request's: record its command (`_record`)
+
 KILL_DEADLINE = 10.0
 """Seconds each phase of `kill_marked` may take at most."""
 

@@ -66,6 +66,7 @@ _outbox = bytearray()  # frames queued for the client (`send`)
 _held_until: "list[float | None]" = [None]  # when the oldest frame held in _outbox must go out; None: none held
 _chunk = bytearray(1 << 20)  # read into, not allocated per read: os.read(fd, 1 MiB) mmaps a fresh buffer
 _serving = [True]
+_gone = [False]  # the client is gone for good: frames are dropped, not queued (`_record.linger`)
 _subreaper = [False]
 _undumpable = [False]
 # (pid, starttime) of the container's own command, when in a container's pid namespace
@@ -118,7 +119,9 @@ def send(kind: bytes, ident: int, payload: bytes = b"", answer: bool = False) ->
     acknowledgement or output waits at most `HOLD` seconds, or until `HOLD_BYTES` are queued,
     for the next frame: a short command's A, O and X then leave in one write, which is one SSH
     packet (or pipe read, or docker frame) and one wake-up of the client's reader instead of
-    three. The order of frames is kept."""
+    three. The order of frames is kept. Once the client is gone (`_gone`), nothing is queued."""
+    if _gone[0]:
+        return
     _outbox.extend(HEADER.pack(kind, ident, len(payload)))
     _outbox.extend(payload)
     if len(_outbox) >= HOLD_BYTES:

@@ -411,7 +411,16 @@ def main() -> None:
         _native[0].abort_native_ops()
     if _relay[0] is not None:
         _relay[0].close_relays()
+    recorded = []
     for command in list(_commands.values()):  # the client is gone: nobody can collect these results
+        if getattr(command, "record", None) is not None and not command.finished:
+            recorded.append(command)  # but the sandbox's record of it (`_record`) can: it runs on
+            continue
         command.finished = True
         command.kill()
+        _commands.pop(command.ident, None)
     _kill_orphans()
+    if recorded:  # `_record` came with them
+        from ._record import linger
+
+        linger(recorded, _sweep_ended)

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandboxes import protocol as p
+from sandboxes._helper._kill import RECORD_ENV
 from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
+from sandboxes._mux._shipped import sources_of
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._output import OutputBuffer, OutputHook, execute_response
@@ -124,6 +126,8 @@ def _request_frame(
     }
     if next_marker is not None:
         spec["next_marker"] = next_marker
+    if env and RECORD_ENV in env:  # a command recorded in the sandbox: the helper's module for it
+        spec["sources"] = sources_of("_record")
     if extra:
         spec.update(extra)
     payload = wire_spec(spec)

@@ -40,10 +40,11 @@ from sandboxes.server.fairness import FileLanes
 from sandboxes.server.members import bounded_members, started
 from sandboxes.server.metrics import CONTENT_TYPE, Metrics
 from sandboxes.server.preview_proxy import Previews
+from sandboxes.server.recorded import attach_events, kill_command, with_record
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.responses import JSON, json_response, parse_json_off_loop, to_json
 from sandboxes.server.settings import ServiceSettings, Template
-from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, kill_streamed, stream_events
+from sandboxes.server.streamed import Readers, StreamedCommand, StreamedCommands, stream_events
 from sandboxes.server.streams import buffered_body, iterate_thread
 from sandboxes.server.terminals import Terminals, serve_pty
 from sandboxes.server.watches import Watches
@@ -373,6 +374,7 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
         histogram.observe(time.perf_counter() - started)
 
     record = StreamedCommand(sandbox_id, command.output_limit, asyncio.get_running_loop())
+    command = with_record(command, record.id)  # the sandbox's record, for a replica that does not hold this one
     work, token = run_detached(entry.sandbox, command, record.write, svc.command_pool, ended)
     record.follow(work, functools.partial(entry.kill_marked, token))
     svc.streamed.add(record)
@@ -383,9 +385,12 @@ async def execute_stream(request: Request, sandbox_id: str, body: api.ExecuteReq
 async def attach_stream(
     request: Request, sandbox_id: str, command_id: str, tenant: Authed, offset: Annotated[int, Query(ge=0)] = 0
 ) -> Response:
-    """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last)."""
-    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
-    events = stream_events(svc.streamed.find(sandbox_id, command_id), offset, svc.settings.stream_keepalive)
+    """Follow a streamed command again from byte ``offset`` of its output (a lost stream's last);
+    one this replica does not hold, from the sandbox's record of it (`attach_events`)."""
+    svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
+    events = await attach_events(
+        svc.streamed, entry.sandbox, sandbox_id, command_id, offset, svc.settings.stream_keepalive
+    )
     cap = svc.settings.policy_for(tenant.id).max_commands
     followed, close = await svc.readers.follow(tenant.id, cap, events)
     return _ndjson(followed, BackgroundTask(close))
@@ -393,9 +398,9 @@ async def attach_stream(
 
 @router.delete("/sandboxes/{sandbox_id}/execute/{command_id}", response_model=api.ExecuteResult)
 async def kill_stream(request: Request, sandbox_id: str, command_id: str, tenant: Authed) -> api.ExecuteResult:
-    """Kill a streamed command's process tree; its result, once it ended (see `kill_streamed`)."""
-    svc = (await _entry(request, tenant, sandbox_id))[0]  # the tenant's sandbox, or 404
-    return await kill_streamed(svc.streamed.find(sandbox_id, command_id))
+    """Kill a streamed command's process tree; its result, once it ended (see `kill_command`)."""
+    svc, entry = await _entry(request, tenant, sandbox_id)  # the tenant's sandbox, or 404
+    return await kill_command(svc.streamed, entry.sandbox, entry.kill_marked, sandbox_id, command_id)
 
 
 def _ndjson(events: AsyncIterator[bytes], background: BackgroundTask | None = None) -> Response:

@@ -13,7 +13,8 @@ that predate it read; ``merged`` where the backend could not keep them apart). I
 event, and a keep-alive whenever nothing else was sent for the keep-alive interval (so a proxy
 never sees an idle connection), are ``output`` events with empty text, the
 first carrying the command's id: clients that predate them see nothing new. Records live in
-the service's memory: another replica, or this one after a restart, does not know them.
+the service's memory; another replica, or this one after a restart, follows the command from
+the sandbox's own record of it instead (`sandboxes.server.recorded`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from sandboxes.server.processes import result_of
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "EVENT_BYTES",
     "KEEP_BYTES",
     "KEEP_FINISHED",
     "KEEP_FOR",
@@ -46,6 +48,7 @@ __all__ = [
     "Replay",
     "StreamedCommand",
     "StreamedCommands",
+    "event_line",
     "kill_streamed",
     "stream_events",
 ]
@@ -318,7 +321,7 @@ def stream_events(command: StreamedCommand, offset: int, keepalive: float) -> As
 
 
 async def _events(command: StreamedCommand, offset: int, keepalive: float) -> AsyncIterator[bytes]:
-    yield _line(StreamEvent(type="output", data="", id=command.id, offset=offset))
+    yield event_line(StreamEvent(type="output", data="", id=command.id, offset=offset))
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     position = offset
     current: Stream = "stdout"
@@ -338,19 +341,21 @@ async def _events(command: StreamedCommand, offset: int, keepalive: float) -> As
         if text:
             yield _output(text, current, position - _pending(decoder))
         if result is not None:
-            yield _line(StreamEvent(type="exit", result=result))
+            yield event_line(StreamEvent(type="exit", result=result))
             return
         if data:
             continue
         try:
             await asyncio.wait_for(changed.wait(), keepalive)
         except TimeoutError:
-            yield _line(StreamEvent(type="output", data="", offset=position - _pending(decoder)))
+            yield event_line(StreamEvent(type="output", data="", offset=position - _pending(decoder)))
 
 
 def _output(text: str, stream: Stream, offset: int) -> bytes:
     """An ``output`` event's line; stdout's without ``stream``, the shape clients that predate it read."""
-    return _line(StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream))
+    return event_line(
+        StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream)
+    )
 
 
 KILL_WAIT = 10.0
@@ -396,7 +401,7 @@ def _pending(decoder: codecs.IncrementalDecoder) -> int:
     return len(buffered)
 
 
-def _line(event: StreamEvent) -> bytes:
+def event_line(event: StreamEvent) -> bytes:
     """The event's JSON line, without the top-level fields its type does not carry."""
     absent = {name for name in _OPTIONAL if getattr(event, name) is None}
     return event.model_dump_json(exclude=absent).encode("utf-8") + b"\n"

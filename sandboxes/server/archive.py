@@ -345,7 +345,7 @@ def _members(
     budget = _Budget(arrived, max_bytes=max_bytes, max_expansion=max_expansion)
     links: set[tuple[str, ...]] = set()
     try:
-        with tarfile.open(fileobj=io.BufferedReader(arrived, _COPY), mode="r|*", bufsize=_COPY) as tar:
+        with _opened(archive, arrived) as tar:
             for count, member in enumerate(tar, 1):
                 if count > max_members:
                     raise ServiceError("too_large", f"the archive has more than {max_members} members")
@@ -368,6 +368,24 @@ def _members(
                 yield member, names, None if content is None else io.BufferedReader(_Content(content, budget), _COPY)
     except _UNREADABLE as exc:
         raise _unreadable() from exc
+
+
+def _opened(archive: IO[bytes], arrived: _Counted) -> tarfile.TarFile:
+    """A file on disk read in place, all of it arrived; any other stream as it comes, in reads
+    of `_COPY` bytes."""
+    size = _file_size(archive)
+    if size is not None:
+        arrived.count = size
+        return tarfile.open(fileobj=archive, mode="r:*")
+    return tarfile.open(fileobj=io.BufferedReader(arrived, _COPY), mode="r|*", bufsize=_COPY)
+
+
+def _file_size(archive: IO[bytes]) -> int | None:
+    """The size of ``archive`` if it is a regular file opened for reading, else ``None``."""
+    if not isinstance(archive, io.BufferedReader | io.BufferedRandom) or not isinstance(archive.raw, io.FileIO):
+        return None
+    info = os.fstat(archive.fileno())
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def _check_reached(name: str, names: list[str], links: set[tuple[str, ...]]) -> None:

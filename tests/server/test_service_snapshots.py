@@ -159,7 +159,9 @@ def test_an_edited_snapshot_is_refused_naming_the_file(service: Running, client:
 
 
 def test_a_member_the_manifest_does_not_name_is_refused(service: Running, client: httpx.Client) -> None:
-    snapshot = _snapshot(client, _made(client, small_files=3))
+    source = _made(client, small_files=3)
+    snapshot = _snapshot(client, source)
+    assert client.delete(f"/v1/sandboxes/{source}").status_code == 204
     tar_path = next(_store(service).glob(f"*/{snapshot['id']}/0.tar"))
     forged = io.BytesIO()
     with tarfile.open(tar_path) as kept, tarfile.open(fileobj=forged, mode="w", format=tarfile.PAX_FORMAT) as out:
@@ -189,6 +191,8 @@ def test_a_local_snapshot_and_restore_are_one_pass_each(
     restored = _restored(client, _snapshot(client, source)["id"])
     assert asked == []
     assert _listing(client, restored) == _listing(client, source)
+    for sandbox_id in (source, restored):
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
 def test_snapshots_are_the_tenants_own_and_count_against_its_bytes(service: Running, client: httpx.Client) -> None:

@@ -21,7 +21,8 @@ extracts as root and follows such links into the read-only root); and what it ex
 bounded twice: in total (``max_bytes``) and beyond the bytes that really arrived
 (``max_expansion``), which is what a sparse member's holes or a compressed stream of zeros
 cost the service host's disk while spooled. Sparse members are written out as the regular
-files they stand for.
+files they stand for. An archive that is a file on disk (a snapshot's) is read in place, all of
+it counted as arrived; any other as the stream it is.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ relative to that path, the snapshot's own, with the manifest of what it wrote: h
 become the files they name; a symbolic link that is absolute or climbs out of the tree, a
 device or a FIFO, cannot be restored through an archive, and are refused by name. `survey` reads
 a tar of either layout back into a manifest without trusting it: a truncated or corrupt one
-gives what could be read, and the reason it stopped.
+gives what could be read, and the reason it stopped. Where the service makes or extracts the tar
+itself, the manifest is read in that same pass: `Recorder` as it writes the snapshot's tar (as
+`keep` would rewrite it), `Witness` as it extracts one.
 """
 
 from __future__ import annotations

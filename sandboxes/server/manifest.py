@@ -66,14 +66,17 @@ class _Hashing:
 
 
 def keep(raw: IO[bytes], out: IO[bytes], top: str, *, max_members: int) -> list[FileEntry]:
-    """Copy the tree under ``top`` of the sandbox's tar ``raw`` (seekable) to ``out`` as a tar
-    relative to it; the manifest of what was written."""
+    """Copy the tree under ``top`` of the sandbox's tar ``raw`` (seekable) to ``out`` (a file,
+    written as it is, not streamed in records) as a tar relative to it; the manifest of what was
+    written."""
     entries: list[FileEntry] = []
     refused: list[str] = []
     try:
         with (
             tarfile.open(fileobj=raw, mode="r:", errors="surrogateescape") as tar,
-            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as written,
+            tarfile.TarFile(
+                fileobj=out, mode="w", format=tarfile.PAX_FORMAT, errors="surrogateescape", copybufsize=_COPY
+            ) as written,
         ):
             for count, member in enumerate(tar, 1):
                 if count > max_members:

@@ -21,7 +21,8 @@ extracts as root and follows such links into the read-only root); and what it ex
 bounded twice: in total (``max_bytes``) and beyond the bytes that really arrived
 (``max_expansion``), which is what a sparse member's holes or a compressed stream of zeros
 cost the service host's disk while spooled. Sparse members are written out as the regular
-files they stand for.
+files they stand for. An archive that is a file on disk (a snapshot's) is read in place, all of
+it counted as arrived; any other as the stream it is.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from sandboxes import _beneath as beneath
 from sandboxes.api import WireErrorCode
@@ -117,9 +118,17 @@ def _open_beneath(root: str, parts: list[str], *, create: bool = False) -> int:
         os.close(root_fd)
 
 
-def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Callable[[Emit], None]:
-    """Check ``raw_path`` now (so a bad one is an HTTP error, not a broken stream) and return
-    the producer that streams its tar."""
+Transform = Callable[[tarfile.TarInfo, IO[bytes] | None], "tuple[tarfile.TarInfo, IO[bytes] | None] | None"]
+"""What a member becomes on its way into a tar (renamed, its content read through a hash), or
+``None``: left out."""
+
+Watch = Callable[[tarfile.TarInfo, list[str], IO[bytes] | None], IO[bytes] | None]
+"""Sees each member extracted (its name's components) and gives the content to write, which it
+may read through (a hash)."""
+
+
+def _open_top(root: str, raw_path: str) -> tuple[str, int, os.stat_result]:
+    """The checked path's basename, an fd of it (a file or a directory) and its stat."""
     path = checked_path(raw_path)
     parts = _parts_under(root, path)
     try:
@@ -134,23 +143,61 @@ def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Calla
             info = os.fstat(fd)
     except (OSError, beneath.Refused) as exc:
         raise _os_error(exc, path) from exc
+    return name, fd, info
+
+
+def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Callable[[Emit], None]:
+    """Check ``raw_path`` now (so a bad one is an HTTP error, not a broken stream) and return
+    the producer that streams its tar."""
+    name, fd, info = _open_top(root, raw_path)
 
     def produce(emit: Emit) -> None:
         sink = ChunkSink(emit)
         try:
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                top = _tar_info(name, info, uid, gid)
-                if stat.S_ISREG(info.st_mode):
-                    with os.fdopen(os.dup(fd), "rb") as content:
-                        tar.addfile(top, content)
-                else:
-                    tar.addfile(top)
-                    _add_tree(tar, fd, name, uid, gid)
+                _add_top(tar, fd, name, info, _Owner(uid, gid, None))
             sink.flush_all()
         finally:
             os.close(fd)
 
     return produce
+
+
+def write_local_archive(root: str, raw_path: str, out: IO[bytes], *, uid: int, gid: int, transform: Transform) -> None:
+    """The tar of ``raw_path`` (``GET /archive``'s layout) written into ``out`` (a file: written
+    as it is, not streamed in records), every member through ``transform`` on its way."""
+    name, fd, info = _open_top(root, raw_path)
+    try:
+        with tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_COPY) as tar:
+            _add_top(tar, fd, name, info, _Owner(uid, gid, transform))
+    finally:
+        os.close(fd)
+
+
+class _Owner(NamedTuple):
+    """Who the members belong to, and what each becomes (`Transform`) on its way in."""
+
+    uid: int
+    gid: int
+    transform: Transform | None
+
+    def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo, content: IO[bytes] | None = None) -> None:
+        if self.transform is not None:
+            kept = self.transform(member, content)
+            if kept is None:
+                return
+            member, content = kept
+        tar.addfile(member, content)
+
+
+def _add_top(tar: tarfile.TarFile, fd: int, name: str, info: os.stat_result, owner: _Owner) -> None:
+    top = _tar_info(name, info, owner.uid, owner.gid)
+    if stat.S_ISREG(info.st_mode):
+        with os.fdopen(os.dup(fd), "rb") as content:
+            owner.add(tar, top, content)
+    else:
+        owner.add(tar, top)
+        _add_tree(tar, fd, name, owner)
 
 
 def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "") -> tarfile.TarInfo:
@@ -167,7 +214,7 @@ def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "
     return entry
 
 
-def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, uid: int, gid: int) -> None:
+def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, owner: _Owner) -> None:
     """Everything below ``top_fd`` as members under ``top_name``; unreadable directories come
     out empty, as under ``find``, and entries removed or swapped meanwhile are simply absent. A
     directory moved elsewhere mid-walk ends the stream with an error (``ESTALE``) rather than
@@ -176,25 +223,23 @@ def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, uid: int, gid: i
         for dir_fd, name, relpath, kind in entries:
             if kind != "leave":
                 with contextlib.suppress(FileNotFoundError):
-                    _add_entry(tar, dir_fd, name, f"{top_name}/{relpath}", kind, uid, gid)
+                    _add_entry(tar, dir_fd, name, f"{top_name}/{relpath}", kind, owner)
 
 
-def _add_entry(
-    tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, kind: beneath.Kind, uid: int, gid: int
-) -> None:
+def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, kind: beneath.Kind, owner: _Owner) -> None:
     if kind == "file":
         try:
             fd, opened = beneath.open_file(dir_fd, name, os.O_RDONLY)
         except beneath.Refused:  # swapped for a symlink or something else meanwhile: not ours to follow
             return
         with os.fdopen(fd, "rb") as content:
-            tar.addfile(_tar_info(arcname, opened, uid, gid), content)
+            owner.add(tar, _tar_info(arcname, opened, owner.uid, owner.gid), content)
         return
     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISDIR(info.st_mode):
-        tar.addfile(_tar_info(arcname, info, uid, gid))
+        owner.add(tar, _tar_info(arcname, info, owner.uid, owner.gid))
     elif stat.S_ISLNK(info.st_mode):
-        tar.addfile(_tar_info(arcname, info, uid, gid, os.readlink(name, dir_fd=dir_fd)))
+        owner.add(tar, _tar_info(arcname, info, owner.uid, owner.gid, os.readlink(name, dir_fd=dir_fd)))
     # sockets, fifos and devices are skipped: they have no content to archive
 
 
@@ -206,8 +251,10 @@ def extract_local(
     max_bytes: int,
     max_members: int = MAX_MEMBERS,
     max_expansion: int = MAX_EXPANSION,
+    watch: Watch | None = None,
 ) -> None:
-    """Extract a tar stream under ``raw_dest`` (created if needed) inside ``root``."""
+    """Extract a tar stream under ``raw_dest`` (created if needed) inside ``root``; ``watch``
+    sees every member, and its content, as it is written."""
     dest = checked_path(raw_dest)
     parts = _parts_under(root, dest)
     try:
@@ -217,8 +264,9 @@ def extract_local(
     try:
         members = _members(archive, max_bytes=max_bytes, max_members=max_members, max_expansion=max_expansion)
         for member, names, content in members:
+            written = content if watch is None else watch(member, names, content)
             try:
-                _extract_member(dest_fd, names, member, content)
+                _extract_member(dest_fd, names, member, written)
             except (OSError, beneath.Refused) as exc:
                 raise _os_error(exc, f"{dest}/{'/'.join(names)}") from exc
     except _UNREADABLE as exc:  # a truncated member, met while extracting it
@@ -284,10 +332,9 @@ class _Content(io.RawIOBase):
         return True
 
     def readinto(self, target: Any) -> int:
-        data = self._content.read(len(target))
-        self._budget.take(len(data))
-        target[: len(data)] = data
-        return len(data)
+        count = self._content.readinto(target)  # type: ignore[attr-defined]  # tarfile's ExFileObject
+        self._budget.take(count)
+        return int(count)
 
 
 def _members(
@@ -299,7 +346,7 @@ def _members(
     budget = _Budget(arrived, max_bytes=max_bytes, max_expansion=max_expansion)
     links: set[tuple[str, ...]] = set()
     try:
-        with tarfile.open(fileobj=io.BufferedReader(arrived, _COPY), mode="r|*") as tar:
+        with _opened(archive, arrived) as tar:
             for count, member in enumerate(tar, 1):
                 if count > max_members:
                     raise ServiceError("too_large", f"the archive has more than {max_members} members")
@@ -322,6 +369,24 @@ def _members(
                 yield member, names, None if content is None else io.BufferedReader(_Content(content, budget), _COPY)
     except _UNREADABLE as exc:
         raise _unreadable() from exc
+
+
+def _opened(archive: IO[bytes], arrived: _Counted) -> tarfile.TarFile:
+    """A file on disk read in place, all of it arrived; any other stream as it comes, in reads
+    of `_COPY` bytes."""
+    size = _file_size(archive)
+    if size is not None:
+        arrived.count = size
+        return tarfile.open(fileobj=archive, mode="r:*")
+    return tarfile.open(fileobj=io.BufferedReader(arrived, _COPY), mode="r|*", bufsize=_COPY)
+
+
+def _file_size(archive: IO[bytes]) -> int | None:
+    """The size of ``archive`` if it is a regular file opened for reading, else ``None``."""
+    if not isinstance(archive, io.BufferedReader | io.BufferedRandom) or not isinstance(archive.raw, io.FileIO):
+        return None
+    info = os.fstat(archive.fileno())
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 def _check_reached(name: str, names: list[str], links: set[tuple[str, ...]]) -> None:

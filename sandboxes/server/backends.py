@@ -42,7 +42,15 @@ from sandboxes import _scripts
 from sandboxes._helper import _kill
 from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
-from sandboxes.server.archive import checked_path, extract_local, open_local_archive, rewrite_for_container
+from sandboxes.server.archive import (
+    Transform,
+    Watch,
+    checked_path,
+    extract_local,
+    open_local_archive,
+    rewrite_for_container,
+    write_local_archive,
+)
 from sandboxes.server.claims import Claims
 from sandboxes.server.egress.policy import proxy_env
 from sandboxes.server.errors import ServiceError
@@ -272,10 +280,27 @@ class ProviderBackend:
             return _open_streamed_archive(sandbox, path)
         return _open_archive_by_command(sandbox, path, self.settings.max_output_bytes)
 
-    def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes]) -> None:
+    def host_files(self, sandbox: BaseSandbox) -> bool:
+        """Whether the service reads and writes the sandbox's files itself (`HostFiles`): then
+        `write_archive` and `put_archive`'s ``watch`` serve."""
+        return isinstance(sandbox, HostFiles)
+
+    def write_archive(self, sandbox: BaseSandbox, path: str, out: IO[bytes], transform: Transform) -> None:
+        """The tar of ``path`` written into ``out``, every member through ``transform``, by the
+        service itself: for a sandbox whose files are on this host (`host_files`) only."""
+        if not isinstance(sandbox, HostFiles):
+            raise TypeError(f"{type(sandbox).__name__}'s files are not on this host")
+        uid, gid = sandbox.user_ids
+        write_local_archive(str(sandbox.root), path, out, uid=uid, gid=gid, transform=transform)
+
+    def put_archive(self, sandbox: BaseSandbox, path: str, archive: IO[bytes], *, watch: Watch | None = None) -> None:
+        """Extract the tar ``archive`` under ``path``; ``watch`` sees every member as it is
+        written, for a sandbox whose files are on this host (`host_files`) only."""
         if isinstance(sandbox, HostFiles):
-            _put_host_archive(sandbox, path, archive, self.settings)
+            _put_host_archive(sandbox, path, archive, self.settings, watch)
             return
+        if watch is not None:
+            raise TypeError(f"{type(sandbox).__name__}'s files are not on this host: no member can be watched")
         uid, gid = _as_sandbox(sandbox).user_ids
         _put_archive_through_sandbox(sandbox, path, archive, self.settings, uid, gid)
 
@@ -438,9 +463,11 @@ def archive_limits(settings: ServiceSettings) -> dict[str, int]:
     }
 
 
-def _put_host_archive(sandbox: HostFiles, path: str, archive: IO[bytes], settings: ServiceSettings) -> None:
+def _put_host_archive(
+    sandbox: HostFiles, path: str, archive: IO[bytes], settings: ServiceSettings, watch: Watch | None
+) -> None:
     root = str(sandbox.root)
-    extract_local(root, path, archive, **archive_limits(settings))
+    extract_local(root, path, archive, **archive_limits(settings), watch=watch)
     # Extracted by the service; a root-started jail runs as another uid and must own them.
     top = checked_path(path)
     if top != root:

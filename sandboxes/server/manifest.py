@@ -7,7 +7,9 @@ relative to that path, the snapshot's own, with the manifest of what it wrote: h
 become the files they name; a symbolic link that is absolute or climbs out of the tree, a
 device or a FIFO, cannot be restored through an archive, and are refused by name. `survey` reads
 a tar of either layout back into a manifest without trusting it: a truncated or corrupt one
-gives what could be read, and the reason it stopped.
+gives what could be read, and the reason it stopped. Where the service makes or extracts the tar
+itself, the manifest is read in that same pass: `Recorder` as it writes the snapshot's tar (as
+`keep` would rewrite it), `Witness` as it extracts one.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import hashlib
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 from sandboxes.server.archive import member_parts
 from sandboxes.server.errors import ServiceError
 
-__all__ = ["FileEntry", "differences", "keep", "mismatch", "printable", "survey"]
+__all__ = ["FileEntry", "Recorder", "Witness", "differences", "keep", "mismatch", "printable", "survey", "unexpected"]
 
 Kind = Literal["file", "dir", "symlink"]
 _COPY = 1 << 20
@@ -64,14 +66,17 @@ class _Hashing:
 
 
 def keep(raw: IO[bytes], out: IO[bytes], top: str, *, max_members: int) -> list[FileEntry]:
-    """Copy the tree under ``top`` of the sandbox's tar ``raw`` (seekable) to ``out`` as a tar
-    relative to it; the manifest of what was written."""
+    """Copy the tree under ``top`` of the sandbox's tar ``raw`` (seekable) to ``out`` (a file,
+    written as it is, not streamed in records) as a tar relative to it; the manifest of what was
+    written."""
     entries: list[FileEntry] = []
     refused: list[str] = []
     try:
         with (
             tarfile.open(fileobj=raw, mode="r:", errors="surrogateescape") as tar,
-            tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, errors="surrogateescape") as written,
+            tarfile.TarFile(
+                fileobj=out, mode="w", format=tarfile.PAX_FORMAT, errors="surrogateescape", copybufsize=_COPY
+            ) as written,
         ):
             for count, member in enumerate(tar, 1):
                 if count > max_members:
@@ -84,9 +89,80 @@ def keep(raw: IO[bytes], out: IO[bytes], top: str, *, max_members: int) -> list[
                     entries.append(entry)
     except tarfile.TarError as exc:
         raise ServiceError("backend_unavailable", f"the sandbox's archive of {top} is not a readable tar") from exc
+    _refuse(refused)
+    return entries
+
+
+def _refuse(refused: list[str]) -> None:
     if refused:
         raise ServiceError("invalid_request", "cannot snapshot what an archive cannot restore: " + _listed(refused))
-    return entries
+
+
+class Recorder:
+    """A `sandboxes.server.archive.Transform` that makes the service's own tar of a sandbox's
+    path the snapshot's (as `keep` does with a tar the sandbox made), in the same pass: members
+    renamed relative to ``top``, counted, refused as `keep` refuses them, and every file hashed
+    as it is read."""
+
+    def __init__(self, top: str, *, max_members: int) -> None:
+        self.top = top
+        self.max_members = max_members
+        self.count = 0
+        self.refused: list[str] = []
+        self._kept: list[tuple[FileEntry, _Hashing | None]] = []
+
+    def __call__(
+        self, member: tarfile.TarInfo, content: IO[bytes] | None
+    ) -> tuple[tarfile.TarInfo, IO[bytes] | None] | None:
+        self.count += 1
+        if self.count > self.max_members:
+            raise ServiceError("too_large", f"the snapshot would have more than {self.max_members} entries")
+        path = _relative(member.name, self.top)
+        if path is None:
+            return None
+        member.name, member.mode = path, member.mode & 0o7777
+        if member.issym() and (member.linkname.startswith("/") or not _inside(path, member.linkname)):
+            self.refused.append(f"{printable(path)} (a symbolic link out of the tree: {printable(member.linkname)})")
+            return None
+        hashing = None if content is None else _Hashing(content)
+        self._kept.append((_entry_of(member, path), hashing))
+        return member, cast("IO[bytes] | None", hashing)
+
+    def entries(self) -> list[FileEntry]:
+        """The manifest of what was written; refused if a member could not be kept."""
+        _refuse(self.refused)
+        return [_hashed(entry, hashing) for entry, hashing in self._kept]
+
+
+class Witness:
+    """A `sandboxes.server.archive.Watch` that reads, as they are extracted, the manifest of
+    the members of a snapshot's tar: every file hashed as it is written."""
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[FileEntry, _Hashing | None]] = []
+
+    def __call__(self, member: tarfile.TarInfo, names: list[str], content: IO[bytes] | None) -> IO[bytes] | None:
+        hashing = None if content is None else _Hashing(content)
+        self._seen.append((_entry_of(member, "/".join(names)), hashing))
+        return cast("IO[bytes] | None", hashing)
+
+    def found(self) -> list[FileEntry]:
+        return [_hashed(entry, hashing) for entry, hashing in self._seen]
+
+
+def _entry_of(member: tarfile.TarInfo, path: str) -> FileEntry:
+    """``member``'s entry, its content's size and digest still to come (`_hashed`)."""
+    if member.isdir():
+        return FileEntry(path, "dir", member.mode & 0o7777)
+    if member.issym():
+        return FileEntry(path, "symlink", 0o777, link=member.linkname)
+    return FileEntry(path, "file", member.mode & 0o7777)
+
+
+def _hashed(entry: FileEntry, hashing: _Hashing | None) -> FileEntry:
+    if hashing is None:
+        return entry
+    return FileEntry(entry.path, entry.type, entry.mode, hashing.size, hashing.digest.hexdigest())
 
 
 def _relative(name: str, top: str) -> str | None:
@@ -145,7 +221,7 @@ def survey(archive: IO[bytes], top: str | None = None) -> tuple[list[FileEntry],
     made relative to it); with the reason it could not be read to its end, if so."""
     entries: list[FileEntry] = []
     try:
-        with tarfile.open(fileobj=archive, mode="r|", errors="surrogateescape") as tar:
+        with _reading(archive) as tar:
             for member in tar:
                 entry = _surveyed(tar, member, top)
                 if entry is not None:
@@ -155,6 +231,13 @@ def survey(archive: IO[bytes], top: str | None = None) -> tuple[list[FileEntry],
     except ServiceError as exc:
         return entries, exc.message
     return entries, None
+
+
+def _reading(archive: IO[bytes]) -> tarfile.TarFile:
+    """A file read in place where it can be, not through a stream's 10 KiB records."""
+    if archive.seekable():
+        return tarfile.open(fileobj=archive, mode="r:", errors="surrogateescape")
+    return tarfile.open(fileobj=archive, mode="r|", errors="surrogateescape")
 
 
 def _surveyed(tar: tarfile.TarFile, member: tarfile.TarInfo, top: str | None) -> FileEntry | None:
@@ -192,6 +275,12 @@ def differences(expected: Iterable[FileEntry], found: Iterable[FileEntry], *, re
         if changed:
             problems.append(f"{printable(want.path)}: {', '.join(changed)} differ")
     return problems
+
+
+def unexpected(expected: Iterable[FileEntry], found: Iterable[FileEntry]) -> list[str]:
+    """What of ``found`` (a snapshot's tar) its manifest ``expected`` does not name, one line each."""
+    named = {entry.path for entry in expected}
+    return [f"{printable(entry.path)}: not in the manifest" for entry in found if entry.path not in named]
 
 
 def _compared(want: FileEntry, got: FileEntry, restored: bool) -> Iterator[tuple[str, bool]]:

@@ -2,11 +2,15 @@
 path every backend has (`ProviderBackend.open_archive`, `ProviderBackend.put_archive`): so a
 snapshot taken on one backend restores on any other.
 
-A restore is verified twice. Before: the snapshot's tars are read back against its manifest
-(a truncated or edited snapshot is refused, naming the entries). After: the restored paths are
-archived again from the sandbox and compared, entry by entry, with the manifest; any difference
-refuses the restore, naming what differs. Everything here blocks; the registry runs it in a
-worker thread.
+Where the service reads and writes the sandbox's files itself (`ProviderBackend.host_files`),
+a snapshot is one pass: the tar written into the store as the files are read, each hashed on
+the way (`Recorder`); and so is a restore: each member hashed as it is written (`Witness`),
+the whole compared with the manifest at the end. Elsewhere the sandbox's own tar is kept
+(`keep`), and a restore is verified twice. Before: the snapshot's tars are read back against its
+manifest. After: the restored paths are archived again from the sandbox and compared, entry by
+entry, with the manifest. Either way a truncated, edited or forged snapshot is refused, naming
+the entries that differ, and the sandbox restored from it is not handed out. Everything here
+blocks; the registry runs it in a worker thread.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import posixpath
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from sandboxes.base import BaseSandbox
 from sandboxes.server.archive import checked_path
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.manifest import differences, keep, mismatch, survey
+from sandboxes.server.manifest import FileEntry, Recorder, Witness, differences, keep, mismatch, survey, unexpected
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.snapshots import Part, Snapshot, Writing
 from sandboxes.server.streams import Emit
@@ -43,38 +47,86 @@ def take(
     """Keep each of ``paths`` (path, whether it is the workspace) in ``writing``'s directory."""
     left = writing.bound
     for index, (path, workspace) in enumerate(paths):
-        top = _top(path)
-        raw_path, tar = writing.path(f"raw-{index}"), f"{index}.tar"
-        with open(raw_path, "w+b") as raw:
-            _spool(backend.open_archive(sandbox, path), raw, left, quota=True)
-            raw.seek(0)
+        top, tar = _top(path), f"{index}.tar"
+        if backend.host_files(sandbox):
             with open(writing.path(tar), "wb") as out:
-                entries = keep(raw, out, top, max_members=settings.max_archive_members)
-        os.unlink(raw_path)
+                recorder = Recorder(top, max_members=settings.max_archive_members)
+                backend.write_archive(sandbox, path, cast(IO[bytes], _Bounded(out, left)), recorder)
+            entries = recorder.entries()
+        else:
+            entries = _kept(backend, sandbox, path, writing, index, left, settings)
         left -= os.path.getsize(writing.path(tar))
         if left < 0:
             raise _over_quota()
         writing.snapshot.parts.append(Part(path, workspace, tar, entries))
 
 
+def _kept(
+    backend: ProviderBackend,
+    sandbox: BaseSandbox,
+    path: str,
+    writing: Writing,
+    index: int,
+    left: int,
+    settings: ServiceSettings,
+) -> list[FileEntry]:
+    """The sandbox's tar of ``path``, spooled (bounded by ``left``), kept as the snapshot's."""
+    raw_path = writing.path(f"raw-{index}")
+    with open(raw_path, "w+b") as raw:
+        _spool(backend.open_archive(sandbox, path), raw, left, quota=True)
+        raw.seek(0)
+        with open(writing.path(f"{index}.tar"), "wb") as out:
+            entries = keep(raw, out, _top(path), max_members=settings.max_archive_members)
+    os.unlink(raw_path)
+    return entries
+
+
 def restore(
     backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str, settings: ServiceSettings
 ) -> None:
     """Put the snapshot's paths in ``sandbox`` (the workspace's in ``workdir``), verified."""
-    problems = []
-    for part in snapshot.parts:
-        with open(snapshot.directory / part.tar, "rb") as stored:
-            found, stopped = survey(stored)
-        problems += differences(part.entries, found) + ([stopped] if stopped else [])
-    if problems:
-        raise mismatch(f"snapshot {snapshot.id} does not match its manifest; nothing was restored", problems)
+    if backend.host_files(sandbox):
+        _restore_witnessed(backend, sandbox, snapshot, workdir)
+        return
+    _refuse_if_corrupt(snapshot)
     for part in snapshot.parts:
         with open(snapshot.directory / part.tar, "rb") as stored:
             backend.put_archive(sandbox, _target(part, workdir), stored)
+    problems = []
     for part in snapshot.parts:
         problems += _verify(backend, sandbox, part, _target(part, workdir), snapshot.directory)
     if problems:
         raise mismatch(f"the sandbox restored from snapshot {snapshot.id} differs from it", problems)
+
+
+def _restore_witnessed(backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str) -> None:
+    """Each part extracted, every member hashed as it is written, then compared with the
+    manifest; a tar that cannot be extracted is refused as a mismatch if it differs from its
+    manifest (truncated, forged), and its own error raised if not (no space left, say)."""
+    problems = []
+    for part in snapshot.parts:
+        witness = Witness()
+        try:
+            with open(snapshot.directory / part.tar, "rb") as stored:
+                backend.put_archive(sandbox, _target(part, workdir), stored, watch=witness)
+        except ServiceError:
+            _refuse_if_corrupt(snapshot)
+            raise
+        found = witness.found()
+        problems += differences(part.entries, found) + unexpected(part.entries, found)
+    if problems:
+        raise mismatch(f"snapshot {snapshot.id} does not match its manifest; nothing was restored", problems)
+
+
+def _refuse_if_corrupt(snapshot: Snapshot) -> None:
+    """Refuse a snapshot whose tars, read back, differ from its manifest."""
+    problems = []
+    for part in snapshot.parts:
+        with open(snapshot.directory / part.tar, "rb") as stored:
+            found, stopped = survey(stored)
+        problems += differences(part.entries, found) + unexpected(part.entries, found) + ([stopped] if stopped else [])
+    if problems:
+        raise mismatch(f"snapshot {snapshot.id} does not match its manifest; nothing was restored", problems)
 
 
 def _verify(backend: ProviderBackend, sandbox: BaseSandbox, part: Part, target: str, scratch: Path) -> list[str]:
@@ -111,6 +163,25 @@ def _spool(produce: Callable[[Emit], None], out: IO[bytes], limit: int, *, quota
         out.write(chunk)
 
     produce(emit)
+
+
+class _Bounded:
+    """A file written through, refused past ``limit`` bytes (what is left of the tenant's
+    snapshot bytes) as they are written."""
+
+    def __init__(self, out: IO[bytes], limit: int) -> None:
+        self._out = out
+        self._limit = limit
+        self._written = 0
+
+    def write(self, data: bytes) -> int:
+        self._written += len(data)
+        if self._written > self._limit:
+            raise _over_quota()
+        return self._out.write(data)
+
+    def tell(self) -> int:
+        return self._out.tell()
 
 
 def _over_quota() -> ServiceError:

@@ -1,14 +1,16 @@
 """Snapshots through the service, backend-neutral: a tree of every kind (binary, empty, names
 with bytes that are not UTF-8, symbolic links, modes, a thousand small files) comes back exactly
 in a sandbox created from its snapshot, on the local jail, from Docker to the local jail and
-back; a truncated or edited snapshot is refused, naming the files, and no sandbox is left;
+back; a truncated, edited or forged snapshot is refused, naming the files, and no sandbox is left;
 snapshots are the tenant's, listed, deleted and counted against its bytes."""
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
+import tarfile
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ from support import HAS_BWRAP, SESSION_OWNER, needs
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
+from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.settings import TenantPolicy
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
@@ -153,6 +156,43 @@ def test_an_edited_snapshot_is_refused_naming_the_file(service: Running, client:
     assert refused.status_code == 422, refused.text
     assert refused.json()["message"].count(": sha256 differ") == 1
     assert "edit-target.txt: sha256 differ" in refused.json()["message"]
+
+
+def test_a_member_the_manifest_does_not_name_is_refused(service: Running, client: httpx.Client) -> None:
+    source = _made(client, small_files=3)
+    snapshot = _snapshot(client, source)
+    assert client.delete(f"/v1/sandboxes/{source}").status_code == 204
+    tar_path = next(_store(service).glob(f"*/{snapshot['id']}/0.tar"))
+    forged = io.BytesIO()
+    with tarfile.open(tar_path) as kept, tarfile.open(fileobj=forged, mode="w", format=tarfile.PAX_FORMAT) as out:
+        for member in kept:
+            out.addfile(member, kept.extractfile(member) if member.isreg() else None)
+        planted = tarfile.TarInfo("planted.sh")
+        planted.size, planted.mode = 5, 0o755
+        out.addfile(planted, io.BytesIO(b"evil\n"))
+    tar_path.write_bytes(forged.getvalue())
+    before = len(client.get("/v1/sandboxes").json()["sandboxes"])
+    refused = client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "snapshot_mismatch"
+    assert "planted.sh: not in the manifest" in refused.json()["message"]
+    assert len(client.get("/v1/sandboxes").json()["sandboxes"]) == before
+
+
+def test_a_local_snapshot_and_restore_are_one_pass_each(
+    service: Running, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service reads a local sandbox's files itself: the snapshot's tar is written as they
+    are read, and a restore is verified as it is written, so neither asks the sandbox for an
+    archive (a tar spooled, then read again; a restored tree archived again to compare)."""
+    source = _made(client, small_files=3)
+    asked: list[str] = []
+    monkeypatch.setattr(ProviderBackend, "open_archive", lambda _self, _sandbox, path: asked.append(path))
+    restored = _restored(client, _snapshot(client, source)["id"])
+    assert asked == []
+    assert _listing(client, restored) == _listing(client, source)
+    for sandbox_id in (source, restored):
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
 def test_snapshots_are_the_tenants_own_and_count_against_its_bytes(service: Running, client: httpx.Client) -> None:

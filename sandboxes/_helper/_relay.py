@@ -34,15 +34,36 @@ WINDOW = 256 << 10
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""
-CHUNK = (64 << 10) - 9
-"""The most bytes read from a socket at a time (one O frame: with its header, 64 KiB, what the
+CHUNK = (256 << 10) - 9
+"""The most bytes read from a socket at a time (one O frame: with its header, 256 KiB, what the
 client reads at a time)."""
+_into = bytearray(CHUNK)  # read into, not allocated per read (one relay reads at a time)
+_view = memoryview(_into)
 READS = 4
 """Reads of a socket per event at most (their frames leave in one write)."""
 _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
 _relays: "dict[int, Relay]" = {}  # id -> Relay, until it ended
+PIPE_SIZE = 1 << 20
+"""The kernel buffer asked for the helper's stdin and stdout when they are pipes (Linux's
+default unprivileged maximum): a relay's frames then cross in one write, not one per 64 KiB."""
+_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named by `fcntl` only from Python 3.10
+
+
+def _widen_pipes() -> None:
+    """Ask for `PIPE_SIZE` on the helper's stream when it is a pipe; anything else (a socket, a
+    kernel that refuses, a user over its pipe quota) keeps what it has."""
+    import fcntl
+
+    for fd in (0, 1):
+        try:
+            fcntl.fcntl(fd, _SETPIPE_SZ, PIPE_SIZE)
+        except (OSError, ValueError):
+            pass
+
+
+_widen_pipes()
 
 
 def _reason(code: int, port: int) -> str:
@@ -143,20 +164,20 @@ class Relay(object):
             if not self.reading or self.unacked >= self.window or self.ident not in _relays:
                 return
             try:
-                data = self.sock.recv(min(CHUNK, self.window - self.unacked))
+                size = self.sock.recv_into(_into, min(CHUNK, self.window - self.unacked))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self.fail("connection to port %d broke: %s" % (self.port, exc))
                 return
-            if not data:
+            if not size:
                 self.reading = False
                 send(OUTPUT, self.ident, b"", answer=True)  # the end of the socket's bytes
                 self.end_if_done()
                 return
-            self.unacked += len(data)
-            send(OUTPUT, self.ident, data, answer=True)  # at the end of this turn: no hold on a reply
-            if len(data) < CHUNK:  # nothing more for now
+            self.unacked += size
+            send(OUTPUT, self.ident, _view[:size], answer=True)  # copied out; at the end of this turn
+            if size < CHUNK:  # nothing more for now
                 return
 
     def write(self) -> None:

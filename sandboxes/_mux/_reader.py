@@ -21,7 +21,7 @@ from sandboxes._mux._stream import ByteStream
 
 __all__ = ["StreamReader"]
 
-_RECV_SIZE = 1 << 16
+_RECV_SIZE = 1 << 18
 _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
@@ -109,20 +109,34 @@ class StreamReader:
 
     def _take(self, chunk: bytes) -> None:
         buffer = self._buffer
+        if not buffer:  # frames read whole are cut from the read itself, not copied through the buffer
+            with memoryview(chunk) as view:
+                taken = self._frames(view)
+            buffer += chunk[taken:]
+            return
         buffer += chunk
-        while len(buffer) >= HEADER.size:
-            kind, ident, length = HEADER.unpack_from(buffer)
+        with memoryview(buffer) as view:
+            taken = self._frames(view)
+        del buffer[:taken]
+
+    def _frames(self, data: memoryview) -> int:
+        """Dispatch every whole frame at the start of ``data``; how many bytes they took. Each
+        payload is one copy of its bytes."""
+        taken = 0
+        while len(data) - taken >= HEADER.size:
+            kind, ident, length = HEADER.unpack_from(data, taken)
             if length > MAX_FRAME or kind[0] not in _KINDS:
-                raise _Corrupt(self._explain_garbage(kind, length, buffer))
-            end = HEADER.size + length
-            if len(buffer) < end:
+                raise _Corrupt(self._explain_garbage(kind, length, data[taken:]))
+            end = taken + HEADER.size + length
+            if len(data) < end:
                 break
-            payload = bytes(buffer[HEADER.size : end])
-            del buffer[:end]
+            payload = bytes(data[taken + HEADER.size : end])
+            taken = end
             try:
                 self._dispatch(kind, ident, payload)
             except (ValueError, KeyError, TypeError) as exc:
                 raise _Corrupt(f"frame {kind!r}: {exc}") from exc
+        return taken
 
     def _drop(self, reason: str) -> None:
         """The stream broke under its reader: fail everything, and release it."""
@@ -130,7 +144,7 @@ class StreamReader:
         with contextlib.suppress(Exception):
             self._stream.close()
 
-    def _explain_garbage(self, kind: bytes, length: int, buffer: bytearray) -> str:
+    def _explain_garbage(self, kind: bytes, length: int, buffer: memoryview) -> str:
         """Before the hello, what came is most likely not a helper but a message from whatever
         failed to start it (``OCI runtime exec failed: ... python3: not found``): quote its
         start, bounded and escaped, so the log says why."""

@@ -19,12 +19,15 @@ and a stalled connection holds nothing but its own socket: commands and other re
 """
 
 import errno
+import fcntl
 import os
+import select
 import socket
+import stat
 import struct
 
-from ._loop import _poller, send, send_exit
-from .frames import CLOSE_STDIN, ERROR, GRANT, KILL, OUTPUT, STDIN
+from ._loop import _outbox, _poller, _serving, flush, send, send_exit
+from .frames import CLOSE_STDIN, ERROR, GRANT, HEADER, KILL, OUTPUT, STDIN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
@@ -54,8 +57,6 @@ _SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named by `fcntl` only from Pyt
 def _widen_pipes() -> None:
     """Ask for `PIPE_SIZE` on the helper's stream when it is a pipe; anything else (a socket, a
     kernel that refuses, a user over its pipe quota) keeps what it has."""
-    import fcntl
-
     for fd in (0, 1):
         try:
             fcntl.fcntl(fd, _SETPIPE_SZ, PIPE_SIZE)
@@ -64,6 +65,62 @@ def _widen_pipes() -> None:
 
 
 _widen_pipes()
+_SPLICE_MOVE, _SPLICE_NONBLOCK = 1, 2  # os.SPLICE_F_MOVE, os.SPLICE_F_NONBLOCK
+_UNSPLICEABLE = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
+_spliced: "list[int]" = []  # the helper's own pipe (read, write) a socket's bytes pass through; none: no splice
+
+
+def _open_splice() -> None:
+    """Splice a socket's bytes to the client (`_splice_out`) where Python has `os.splice`
+    (3.10) and the helper's stdout is a pipe; else every read goes through the helper's memory."""
+    if getattr(os, "splice", None) is None or not stat.S_ISFIFO(os.fstat(1).st_mode):
+        return
+    pipe = os.pipe()
+    try:
+        fcntl.fcntl(pipe[1], _SETPIPE_SZ, PIPE_SIZE)
+    except OSError:  # as big as it is: a splice takes no more than it holds
+        pass
+    _spliced.extend(pipe)
+
+
+def _splice_out(ident: int, fd: int, want: int) -> int:
+    """An O frame of at most ``want`` bytes of socket ``fd``, moved by the kernel from the socket
+    to the helper's pipe and on to its stdout, never through its memory: how many (0: the socket's
+    end); -1 when the kernel will not splice them (then never again: the caller reads instead).
+    The pipe is empty between calls: only the bytes this call took are framed."""
+    try:
+        size = os.splice(fd, _spliced[1], want, flags=_SPLICE_MOVE | _SPLICE_NONBLOCK)  # novermin
+    except OSError as exc:
+        if exc.errno not in _UNSPLICEABLE:
+            raise
+        for end in _spliced:
+            os.close(end)
+        del _spliced[:]
+        return -1
+    if size:
+        _outbox.extend(HEADER.pack(OUTPUT, ident, size))
+        flush()  # the frames queued before it, and its header
+        _move_out(size)
+    return size
+
+
+def _move_out(size: int) -> None:
+    """The ``size`` bytes in the helper's pipe, to its stdout (blocking, as `flush` writes)."""
+    while size and _serving[0]:
+        try:
+            size -= os.splice(_spliced[0], 1, size)  # novermin
+        except BlockingIOError:
+            select.select([], [1], [])
+        except (BrokenPipeError, ConnectionResetError):  # the client is gone: so is the serving
+            _serving[0] = False
+        except OSError:  # a stdout that takes no splice after all: copied through memory
+            data = os.read(_spliced[0], size)
+            _outbox.extend(data)
+            flush()
+            size -= len(data)
+
+
+_open_splice()
 
 
 def _reason(code: int, port: int) -> str:
@@ -163,8 +220,13 @@ class Relay(object):
         for _ in range(READS):
             if not self.reading or self.unacked >= self.window or self.ident not in _relays:
                 return
+            want = min(CHUNK, self.window - self.unacked)
             try:
-                size = self.sock.recv_into(_into, min(CHUNK, self.window - self.unacked))
+                size = _splice_out(self.ident, self.fd, want) if _spliced else -1
+                if size < 0:  # no splice here: through the helper's memory, one copy
+                    size = self.sock.recv_into(_into, want)
+                    if size:
+                        send(OUTPUT, self.ident, _view[:size], answer=True)  # at the end of this turn
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -176,8 +238,7 @@ class Relay(object):
                 self.end_if_done()
                 return
             self.unacked += size
-            send(OUTPUT, self.ident, _view[:size], answer=True)  # copied out; at the end of this turn
-            if size < CHUNK:  # nothing more for now
+            if size < want:  # nothing more for now
                 return
 
     def write(self) -> None:

@@ -16,6 +16,8 @@ back, and stops polling the socket for reading while they are spent; the client 
 `WINDOW` bytes the helper has not granted back (more is a broken client: the relay fails). So
 neither side ever buffers more than a window of a connection, however slow the other reads,
 and a stalled connection holds nothing but its own socket: commands and other relays go on.
+Every byte of the socket's is counted against the window before it leaves, whichever way it is
+read: spliced by the kernel to the helper's stdout (`_splice_out`), or read into its memory.
 """
 
 import errno
@@ -43,7 +45,7 @@ client reads at a time)."""
 _into = bytearray(CHUNK)  # read into, not allocated per read (one relay reads at a time)
 _view = memoryview(_into)
 READS = 4
-"""Reads of a socket per event at most (their frames leave in one write)."""
+"""Reads of a socket per event at most (a turn of the loop for the others in between)."""
 _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)

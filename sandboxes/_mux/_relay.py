@@ -31,7 +31,9 @@ __all__ = ["WINDOW", "RelayReader", "RelayWriter", "RelayedSocket", "connect_rel
 WINDOW = 1 << 20
 """Bytes the helper may send ahead of what this side's consumer took: the receive buffer's bound."""
 _GRANT_AT = WINDOW // 4
-"""Taken bytes are granted back once this many add up, or when the buffer runs empty."""
+"""Taken bytes are granted back once this many add up (a quarter of the window: the helper goes
+on reading while the rest of the window is in flight, and a grant costs a frame per quarter,
+not per chunk)."""
 _CHUNK = 64 << 10
 """The largest I frame."""
 _COUNT = struct.Struct(">I")

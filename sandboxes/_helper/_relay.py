@@ -50,9 +50,10 @@ _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
 _relays: "dict[int, Relay]" = {}  # id -> Relay, until it ended
-PIPE_SIZE = 1 << 20
-"""The kernel buffer asked for the helper's stdin and stdout when they are pipes (Linux's
-default unprivileged maximum): a relay's frames then cross in one write, not one per 64 KiB."""
+PIPE_SIZE = 256 << 10
+"""The kernel buffer asked for the helper's stdin and stdout when they are pipes, and for its
+splice pipe: a relay's frame then crosses in one write, not one per 64 KiB (the default). Not
+more: an unprivileged user's pipes share a quota (``/proc/sys/fs/pipe-user-pages-soft``)."""
 _SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named by `fcntl` only from Python 3.10
 
 
@@ -66,7 +67,6 @@ def _widen_pipes() -> None:
             pass
 
 
-_widen_pipes()
 _SPLICE_MOVE, _SPLICE_NONBLOCK = 1, 2  # os.SPLICE_F_MOVE, os.SPLICE_F_NONBLOCK
 _UNSPLICEABLE = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
 _spliced: "list[int]" = []  # the helper's own pipe (read, write) a socket's bytes pass through; none: no splice
@@ -120,9 +120,6 @@ def _move_out(size: int) -> None:
             _outbox.extend(data)
             flush()
             size -= len(data)
-
-
-_open_splice()
 
 
 def _reason(code: int, port: int) -> str:
@@ -375,11 +372,16 @@ MAX_PENDING = 64
 _listeners: "dict[int, Listener]" = {}  # id -> Listener, until closed
 _accepted: "dict[int, Any]" = {}  # number -> (socket, port): accepted, not yet adopted
 _next_accepted = [0]
+_ready: "list[bool]" = []  # [True] once the first relay or listener was asked for
 
 
 def open_relay(ident: int, spec: "dict[str, Any]") -> None:
     """R with a ``relay`` spec: connect (its answer: G once connected, E if it failed), or with a
     ``listen`` spec: listen (`Listener`)."""
+    if not _ready:  # the first: the helper's pipes, made ready for relays
+        _ready.append(True)
+        _widen_pipes()
+        _open_splice()
     if isinstance(spec.get("listen"), dict):
         Listener(ident, spec["listen"])
     else:

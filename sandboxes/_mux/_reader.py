@@ -21,7 +21,12 @@ from sandboxes._mux._stream import ByteStream
 
 __all__ = ["StreamReader"]
 
-_RECV_SIZE = 1 << 18
+_RECV_SIZE = 1 << 16
+_RECV_MOST = 1 << 18
+"""What the reader asks for after a read that got all it asked for (the stream is backed up: a
+relay's frames of 256 KiB); back to `_RECV_SIZE` after one that got less. Not always: a read
+allocates what it asks for, and one answered with less (a command's few bytes) gives the rest
+back, which for a buffer of 128 KiB or more costs far more than the read."""
 _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
@@ -43,6 +48,7 @@ class StreamReader:
     _hello: threading.Event
     info: dict[str, object]
     broken: str | None
+    _read_size: int = _RECV_SIZE
 
     def _read_what_is_there(self) -> None:
         """Dispatch what the timed stream holds, without waiting (the read token's holder)."""
@@ -92,14 +98,16 @@ class StreamReader:
         `MAX_FRAME` or whose payload does not parse drops the stream at once (the helper, seeing
         it closed, kills its commands), and the buffer never outgrows one frame and one read."""
         try:
+            size = self._read_size
             if self._recv_within is not None:
-                chunk = self._recv_within(_RECV_SIZE, timeout)
+                chunk = self._recv_within(size, timeout)
                 if chunk is None:
                     return False
             else:
-                chunk = self._stream.recv(_RECV_SIZE)
+                chunk = self._stream.recv(size)
             if not chunk:
                 raise EOFError
+            self._read_size = _RECV_MOST if len(chunk) == size else _RECV_SIZE
             self._take(chunk)
         except _Corrupt as exc:
             self._drop(f"exec helper stream corrupt ({exc}); dropped")

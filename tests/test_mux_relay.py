@@ -267,6 +267,28 @@ def test_the_helper_widens_its_pipes_for_a_relay(
         assert fcntl.fcntl(end.fileno(), fcntl.F_GETPIPE_SZ) == 256 << 10
 
 
+def test_bytes_sent_just_before_a_close_still_reach_the_server(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    """The helper writes the frames of one read of its stream together; a close (K) among them
+    still writes what came before it, as a socket's close after a send does."""
+    payload = _pattern(100_000, b"last words")
+    received: list[bytes] = []
+    ended = threading.Event()
+
+    def handler(conn: socket.socket) -> None:
+        while data := conn.recv(65536):
+            received.append(data)
+        ended.set()
+
+    server = serve(handler)
+    conn = connect_relay(client, server.port, timeout=10)
+    conn.sendall(payload)
+    conn.close()
+    assert ended.wait(10)
+    assert b"".join(received) == payload
+
+
 def test_fifty_connections_at_once(client: MuxClient, serve: Callable[[Handler], _Server]) -> None:
     server = serve(_echo)
 

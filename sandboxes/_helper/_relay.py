@@ -50,6 +50,8 @@ _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
 _relays: "dict[int, Relay]" = {}  # id -> Relay, until it ended
+_fed: "list[Relay]" = []  # relays fed frames by the read being handled (`write_fed`)
+_IOV = 64  # queued frames written by one sendmsg at most
 PIPE_SIZE = 256 << 10
 """The kernel buffer asked for the helper's stdin and stdout when they are pipes, and for its
 splice pipe: a relay's frame then crosses in one write, not one per 64 KiB (the default). Not
@@ -243,18 +245,19 @@ class Relay(object):
     def write(self) -> None:
         granted = 0
         while self.queue and self.ident in _relays:
-            try:
-                written = self.sock.send(self.queue[0])
+            try:  # every queued frame in one system call (and one wake-up of the socket's reader)
+                written = self.sock.sendmsg(self.queue[:_IOV])
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
                 self.fail("connection to port %d broke: %s" % (self.port, exc))
                 return
             granted += written
-            if written < len(self.queue[0]):
+            while self.queue and written >= len(self.queue[0]):
+                written -= len(self.queue.pop(0))
+            if written:  # the socket took part of a frame: it is full
                 self.queue[0] = self.queue[0][written:]
                 break
-            self.queue.pop(0)
         self.queued -= granted
         if granted:
             send(GRANT, self.ident, _COUNT.pack(granted), answer=True)
@@ -278,13 +281,15 @@ class Relay(object):
             self.closing = True
         elif kind == GRANT and len(payload) == _COUNT.size:
             self.unacked = max(0, self.unacked - _COUNT.unpack(payload)[0])
-        elif kind == KILL:
-            self.close()
-            send_exit(self.ident, None)
+        elif kind == KILL:  # what came before it still goes, as far as the socket takes it now
+            if self.connected:
+                self.write()
+            if self.ident in _relays:  # (not failed nor ended by that write)
+                self.close()
+                send_exit(self.ident, None)
             return
-        if self.connected:
-            self.write()
-        self.update()
+        if self not in _fed:
+            _fed.append(self)
 
     def end_if_done(self) -> None:
         if not self.reading and not self.writing and self.ident in _relays:
@@ -399,6 +404,17 @@ def feed_relay(kind: bytes, ident: int, payload: bytes) -> bool:
         listener.feed(kind, payload)
         return True
     return False
+
+
+def write_fed() -> None:
+    """After the frames of one read of the client's stream: each relay they fed writes what
+    they queued, together, and polls for what it can take now."""
+    while _fed:
+        relay = _fed.pop()
+        if relay.ident in _relays:
+            if relay.connected:
+                relay.write()
+            relay.update()
 
 
 def close_relays() -> None:

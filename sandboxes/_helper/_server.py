@@ -195,11 +195,13 @@ def _on_input(_mask: int) -> None:
         if not _inbox:  # frames read whole are cut from the read itself, not copied through the inbox
             taken = _take_frames(read[:size])
             _inbox.extend(read[taken:size])
-            return
-        _inbox.extend(read[:size])
-    with memoryview(_inbox) as held:
-        taken = _take_frames(held)
-    del _inbox[:taken]
+        else:
+            _inbox.extend(read[:size])
+            with memoryview(_inbox) as held:
+                taken = _take_frames(held)
+            del _inbox[:taken]
+    if _relay[0] is not None:  # what the frames fed the relays goes out together
+        _relay[0].write_fed()
 
 
 def _take_frames(data: "memoryview") -> int:

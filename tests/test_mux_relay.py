@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import socket
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
+from sandboxes._helper.frames import GRANT
 from sandboxes._mux import MuxClient
 from sandboxes._mux._relay import WINDOW, connect_relay, open_relay
 
@@ -31,11 +33,20 @@ def pipe(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
     stream.close()
 
 
-@pytest.fixture(params=["posix_spawn+subreaper", _TIMED])
+_NO_SPLICE = "no splice"
+"""The helper where Python has no `os.splice` (before 3.10): a socket's bytes are read into its
+memory and written from there, instead of spliced through a pipe of its own."""
+
+
+@pytest.fixture(params=["posix_spawn+subreaper", _TIMED, _NO_SPLICE])
 def big_pipe(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
-    """The two ways the client reads (its reader thread always, or callers in turn): what the
-    flow control depends on. The spawn variants only change how commands start."""
-    stream = _TimedPipeStream() if request.param == _TIMED else _PipeStream()
+    """The two ways the client reads (its reader thread always, or callers in turn), and the two
+    ways the helper reads a socket: what the flow control depends on. The spawn variants only
+    change how commands start."""
+    if request.param == _TIMED:
+        stream: _PipeStream = _TimedPipeStream()
+    else:
+        stream = _PipeStream("import os\ndel os.splice\n" if request.param == _NO_SPLICE else "")
     yield stream
     stream.close()
 
@@ -203,6 +214,79 @@ def test_twenty_mib_both_ways_with_slow_readers_stay_within_the_windows(
         assert grown < 8 << 10, f"the helper grew by {grown} KiB relaying 20 MiB each way"
     finally:
         mux.close()
+
+
+def test_a_download_is_granted_back_in_quarters_of_the_window_not_per_chunk(
+    big_pipe: _PipeStream, serve: Callable[[Handler], _Server]
+) -> None:
+    """Each grant is a frame, a write on the helper's stream and a turn of its loop: the client
+    grants what its consumer took once a quarter of the window adds up, however small the
+    chunks and however fast the consumer."""
+    size = 4 << 20
+    payload = _pattern(size, b"granted")
+    server = serve(lambda conn: conn.sendall(payload))
+    mux = MuxClient(big_pipe)
+    try:
+        conn = connect_relay(mux, server.port, timeout=30)
+        channel = conn._relayed.channel
+        grants: list[int] = []
+        send = channel.send
+
+        def counted(kind: bytes, data: bytes = b"") -> None:
+            if kind == GRANT:
+                grants.append(int.from_bytes(data, "big"))
+            send(kind, data)
+
+        channel.send = counted  # type: ignore[method-assign]
+        got = hashlib.sha256()
+        total = 0
+        while chunk := conn.recv(1 << 20):
+            got.update(chunk)
+            total += len(chunk)
+        conn.close()
+        assert total == size
+        assert got.digest() == hashlib.sha256(payload).digest()
+        assert len(grants) <= size // (WINDOW // 4), grants
+        assert all(grant >= WINDOW // 4 for grant in grants), grants
+    finally:
+        mux.close()
+
+
+def test_the_helper_widens_its_pipes_for_a_relay(
+    client: MuxClient, pipe: _PipeStream, serve: Callable[[Handler], _Server]
+) -> None:
+    """A relay's bytes cross the helper's stdin and stdout: a pipe of 256 KiB takes a frame in
+    one write, where the default 64 KiB took four."""
+    server = serve(_echo)
+    with connect_relay(client, server.port, timeout=10) as conn:
+        conn.sendall(b"wide")
+        assert conn.recv(4) == b"wide"
+    assert pipe.process.stdin is not None
+    assert pipe.process.stdout is not None
+    for end in (pipe.process.stdin, pipe.process.stdout):
+        assert fcntl.fcntl(end.fileno(), fcntl.F_GETPIPE_SZ) == 256 << 10
+
+
+def test_bytes_sent_just_before_a_close_still_reach_the_server(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    """The helper writes the frames of one read of its stream together; a close (K) among them
+    still writes what came before it, as a socket's close after a send does."""
+    payload = _pattern(100_000, b"last words")
+    received: list[bytes] = []
+    ended = threading.Event()
+
+    def handler(conn: socket.socket) -> None:
+        while data := conn.recv(65536):
+            received.append(data)
+        ended.set()
+
+    server = serve(handler)
+    conn = connect_relay(client, server.port, timeout=10)
+    conn.sendall(payload)
+    conn.close()
+    assert ended.wait(10)
+    assert b"".join(received) == payload
 
 
 def test_fifty_connections_at_once(client: MuxClient, serve: Callable[[Handler], _Server]) -> None:

@@ -112,7 +112,7 @@ class _Poller:
 _poller = _Poller()
 
 
-def send(kind: bytes, ident: int, payload: bytes = b"", answer: bool = False) -> None:
+def send(kind: bytes, ident: int, payload: "bytes | memoryview" = b"", answer: bool = False) -> None:
     """Queue one frame for the client. An ``answer`` (hello, exit, error) goes out at the end of
     this turn of the loop, with everything queued before it and the turn's other answers (20
     commands ending together: one write, not 20); an
@@ -123,6 +123,9 @@ def send(kind: bytes, ident: int, payload: bytes = b"", answer: bool = False) ->
     if _gone[0]:
         return
     _outbox.extend(HEADER.pack(kind, ident, len(payload)))
+    if len(payload) >= HOLD_BYTES:  # out now, with what is queued, and not copied into the outbox
+        flush(payload)
+        return
     _outbox.extend(payload)
     if len(_outbox) >= HOLD_BYTES:
         flush()
@@ -165,18 +168,25 @@ def _json_escape(char: str) -> str:
     return "\\u%04x" % code
 
 
-def flush() -> None:
-    """Write every queued frame (blocking, whole). A client gone (its end of the stream closed)
-    ends the serving as the end of its input does, into the loop's cleanup (its commands killed,
-    its file ops aborted): a traceback here skipped that, and left its commands running."""
+def flush(tail: "bytes | memoryview" = b"") -> None:
+    """Write every queued frame, then ``tail`` (the payload of a frame whose header was queued
+    last: `send`'s big payloads, not copied into the outbox), blocking, whole. A client gone (its
+    end of the stream closed) ends the serving as the end of its input does, into the loop's
+    cleanup (its commands killed, its file ops aborted): a traceback here skipped that, and
+    left its commands running."""
     _held_until[0] = None
-    if not _outbox:
+    if not _outbox and not tail:
         return
-    with memoryview(_outbox) as view:
-        written = 0
-        while written < len(view):
+    with memoryview(_outbox) as queued, memoryview(tail) as rest:
+        done, total = 0, len(queued) + len(rest)
+        while done < total:
             try:
-                written += os.write(1, view[written:])
+                if done >= len(queued):
+                    done += os.write(1, rest[done - len(queued) :])
+                elif rest:
+                    done += os.writev(1, [queued[done:], rest])
+                else:
+                    done += os.write(1, queued[done:])
             except BlockingIOError:  # someone made the stream non-blocking: wait, as a blocking write would
                 select.select([], [1], [])
             except (BrokenPipeError, ConnectionResetError):  # the client is gone: as at the end of its input

@@ -16,15 +16,20 @@ back, and stops polling the socket for reading while they are spent; the client 
 `WINDOW` bytes the helper has not granted back (more is a broken client: the relay fails). So
 neither side ever buffers more than a window of a connection, however slow the other reads,
 and a stalled connection holds nothing but its own socket: commands and other relays go on.
+Every byte of the socket's is counted against the window before it leaves, whichever way it is
+read: spliced by the kernel to the helper's stdout (`_splice_out`), or read into its memory.
 """
 
 import errno
+import fcntl
 import os
+import select
 import socket
+import stat
 import struct
 
-from ._loop import _poller, send, send_exit
-from .frames import CLOSE_STDIN, ERROR, GRANT, KILL, OUTPUT, STDIN
+from ._loop import _outbox, _poller, _serving, flush, send, send_exit
+from .frames import CLOSE_STDIN, ERROR, GRANT, HEADER, KILL, OUTPUT, STDIN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
@@ -34,15 +39,89 @@ WINDOW = 256 << 10
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""
-CHUNK = (64 << 10) - 9
-"""The most bytes read from a socket at a time (one O frame: with its header, 64 KiB, what the
+CHUNK = (256 << 10) - 9
+"""The most bytes read from a socket at a time (one O frame: with its header, 256 KiB, what the
 client reads at a time)."""
+_into = bytearray(CHUNK)  # read into, not allocated per read (one relay reads at a time)
+_view = memoryview(_into)
 READS = 4
-"""Reads of a socket per event at most (their frames leave in one write)."""
+"""Reads of a socket per event at most (a turn of the loop for the others in between)."""
 _COUNT = struct.Struct(">I")
 _IN = 0x001  # select.POLLIN (and EPOLLIN)
 _OUT = 0x004  # select.POLLOUT (and EPOLLOUT)
 _relays: "dict[int, Relay]" = {}  # id -> Relay, until it ended
+_fed: "list[Relay]" = []  # relays fed frames by the read being handled (`write_fed`)
+_IOV = 64  # queued frames written by one sendmsg at most
+PIPE_SIZE = 256 << 10
+"""The kernel buffer asked for the helper's stdin and stdout when they are pipes, and for its
+splice pipe: a relay's frame then crosses in one write, not one per 64 KiB (the default). Not
+more: an unprivileged user's pipes share a quota (``/proc/sys/fs/pipe-user-pages-soft``)."""
+_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named by `fcntl` only from Python 3.10
+
+
+def _widen_pipes() -> None:
+    """Ask for `PIPE_SIZE` on the helper's stream when it is a pipe; anything else (a socket, a
+    kernel that refuses, a user over its pipe quota) keeps what it has."""
+    for fd in (0, 1):
+        try:
+            fcntl.fcntl(fd, _SETPIPE_SZ, PIPE_SIZE)
+        except (OSError, ValueError):
+            pass
+
+
+_SPLICE_MOVE, _SPLICE_NONBLOCK = 1, 2  # os.SPLICE_F_MOVE, os.SPLICE_F_NONBLOCK
+_UNSPLICEABLE = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
+_spliced: "list[int]" = []  # the helper's own pipe (read, write) a socket's bytes pass through; none: no splice
+
+
+def _open_splice() -> None:
+    """Splice a socket's bytes to the client (`_splice_out`) where Python has `os.splice`
+    (3.10) and the helper's stdout is a pipe; else every read goes through the helper's memory."""
+    if getattr(os, "splice", None) is None or not stat.S_ISFIFO(os.fstat(1).st_mode):
+        return
+    pipe = os.pipe()
+    try:
+        fcntl.fcntl(pipe[1], _SETPIPE_SZ, PIPE_SIZE)
+    except OSError:  # as big as it is: a splice takes no more than it holds
+        pass
+    _spliced.extend(pipe)
+
+
+def _splice_out(ident: int, fd: int, want: int) -> int:
+    """An O frame of at most ``want`` bytes of socket ``fd``, moved by the kernel from the socket
+    to the helper's pipe and on to its stdout, never through its memory: how many (0: the socket's
+    end); -1 when the kernel will not splice them (then never again: the caller reads instead).
+    The pipe is empty between calls: only the bytes this call took are framed."""
+    try:
+        size = os.splice(fd, _spliced[1], want, flags=_SPLICE_MOVE | _SPLICE_NONBLOCK)  # novermin
+    except OSError as exc:
+        if exc.errno not in _UNSPLICEABLE:
+            raise
+        for end in _spliced:
+            os.close(end)
+        del _spliced[:]
+        return -1
+    if size:
+        _outbox.extend(HEADER.pack(OUTPUT, ident, size))
+        flush()  # the frames queued before it, and its header
+        _move_out(size)
+    return size
+
+
+def _move_out(size: int) -> None:
+    """The ``size`` bytes in the helper's pipe, to its stdout (blocking, as `flush` writes)."""
+    while size and _serving[0]:
+        try:
+            size -= os.splice(_spliced[0], 1, size)  # novermin
+        except BlockingIOError:
+            select.select([], [1], [])
+        except (BrokenPipeError, ConnectionResetError):  # the client is gone: so is the serving
+            _serving[0] = False
+        except OSError:  # a stdout that takes no splice after all: copied through memory
+            data = os.read(_spliced[0], size)
+            _outbox.extend(data)
+            flush()
+            size -= len(data)
 
 
 def _reason(code: int, port: int) -> str:
@@ -142,38 +221,43 @@ class Relay(object):
         for _ in range(READS):
             if not self.reading or self.unacked >= self.window or self.ident not in _relays:
                 return
+            want = min(CHUNK, self.window - self.unacked)
             try:
-                data = self.sock.recv(min(CHUNK, self.window - self.unacked))
+                size = _splice_out(self.ident, self.fd, want) if _spliced else -1
+                if size < 0:  # no splice here: through the helper's memory, one copy
+                    size = self.sock.recv_into(_into, want)
+                    if size:
+                        send(OUTPUT, self.ident, _view[:size], answer=True)  # at the end of this turn
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self.fail("connection to port %d broke: %s" % (self.port, exc))
                 return
-            if not data:
+            if not size:
                 self.reading = False
                 send(OUTPUT, self.ident, b"", answer=True)  # the end of the socket's bytes
                 self.end_if_done()
                 return
-            self.unacked += len(data)
-            send(OUTPUT, self.ident, data, answer=True)  # at the end of this turn: no hold on a reply
-            if len(data) < CHUNK:  # nothing more for now
+            self.unacked += size
+            if size < want:  # nothing more for now
                 return
 
     def write(self) -> None:
         granted = 0
         while self.queue and self.ident in _relays:
-            try:
-                written = self.sock.send(self.queue[0])
+            try:  # every queued frame in one system call (and one wake-up of the socket's reader)
+                written = self.sock.sendmsg(self.queue[:_IOV])
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
                 self.fail("connection to port %d broke: %s" % (self.port, exc))
                 return
             granted += written
-            if written < len(self.queue[0]):
+            while self.queue and written >= len(self.queue[0]):
+                written -= len(self.queue.pop(0))
+            if written:  # the socket took part of a frame: it is full
                 self.queue[0] = self.queue[0][written:]
                 break
-            self.queue.pop(0)
         self.queued -= granted
         if granted:
             send(GRANT, self.ident, _COUNT.pack(granted), answer=True)
@@ -197,13 +281,15 @@ class Relay(object):
             self.closing = True
         elif kind == GRANT and len(payload) == _COUNT.size:
             self.unacked = max(0, self.unacked - _COUNT.unpack(payload)[0])
-        elif kind == KILL:
-            self.close()
-            send_exit(self.ident, None)
+        elif kind == KILL:  # what came before it still goes, as far as the socket takes it now
+            if self.connected:
+                self.write()
+            if self.ident in _relays:  # (not failed nor ended by that write)
+                self.close()
+                send_exit(self.ident, None)
             return
-        if self.connected:
-            self.write()
-        self.update()
+        if self not in _fed:
+            _fed.append(self)
 
     def end_if_done(self) -> None:
         if not self.reading and not self.writing and self.ident in _relays:
@@ -291,11 +377,16 @@ MAX_PENDING = 64
 _listeners: "dict[int, Listener]" = {}  # id -> Listener, until closed
 _accepted: "dict[int, Any]" = {}  # number -> (socket, port): accepted, not yet adopted
 _next_accepted = [0]
+_ready: "list[bool]" = []  # [True] once the first relay or listener was asked for
 
 
 def open_relay(ident: int, spec: "dict[str, Any]") -> None:
     """R with a ``relay`` spec: connect (its answer: G once connected, E if it failed), or with a
     ``listen`` spec: listen (`Listener`)."""
+    if not _ready:  # the first: the helper's pipes, made ready for relays
+        _ready.append(True)
+        _widen_pipes()
+        _open_splice()
     if isinstance(spec.get("listen"), dict):
         Listener(ident, spec["listen"])
     else:
@@ -313,6 +404,17 @@ def feed_relay(kind: bytes, ident: int, payload: bytes) -> bool:
         listener.feed(kind, payload)
         return True
     return False
+
+
+def write_fed() -> None:
+    """After the frames of one read of the client's stream: each relay they fed writes what
+    they queued, together, and polls for what it can take now."""
+    while _fed:
+        relay = _fed.pop()
+        if relay.ident in _relays:
+            if relay.connected:
+                relay.write()
+            relay.update()
 
 
 def close_relays() -> None:

@@ -191,18 +191,37 @@ def _on_input(_mask: int) -> None:
     if not size:
         _serving[0] = False
         return
-    _inbox.extend(memoryview(_chunk)[:size])
-    while _serving[0] and len(_inbox) >= HEADER.size:  # a client gone (`flush`): nothing more is started
-        kind, ident, length = HEADER.unpack_from(_inbox)
+    with memoryview(_chunk) as read:
+        if not _inbox:  # frames read whole are cut from the read itself, not copied through the inbox
+            taken = _take_frames(read[:size])
+            _inbox.extend(read[taken:size])
+        else:
+            _inbox.extend(read[:size])
+            with memoryview(_inbox) as held:
+                taken = _take_frames(held)
+            del _inbox[:taken]
+    if _relay[0] is not None:  # what the frames fed the relays goes out together
+        _relay[0].write_fed()
+
+
+def _take_frames(data: "memoryview") -> int:
+    """Handle every whole frame at the start of ``data``; how many bytes they took. Each
+    payload is one copy of its bytes (``data`` is the loop's buffer, reused)."""
+    taken = 0
+    while _serving[0] and len(data) - taken >= HEADER.size:  # a client gone (`flush`): nothing more is started
+        kind, ident, length = HEADER.unpack_from(data, taken)
         if kind not in CLIENT_KINDS or length > MAX_FRAME:
-            sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (bytes(_inbox[: HEADER.size]),))
+            head = bytes(data[taken : taken + HEADER.size])
+            sys.stderr.write("sandboxes exec helper: corrupt frame %r, exiting\n" % (head,))
             _serving[0] = False  # a corrupt stream: end it (the client sees EOF) rather than wait for a bogus length
-            return
-        if len(_inbox) < HEADER.size + length:
-            return
-        payload = bytes(_inbox[HEADER.size : HEADER.size + length])
-        del _inbox[: HEADER.size + length]
+            return taken
+        end = taken + HEADER.size + length
+        if len(data) < end:
+            break
+        payload = bytes(data[taken + HEADER.size : end])
+        taken = end
         _handle(kind, ident, payload)
+    return taken
 
 
 def _handle(kind: bytes, ident: int, payload: bytes) -> None:

@@ -38,7 +38,7 @@ class Sender(Protocol):
 
 MAX_FRAME = 1 << 20
 """The largest frame the client accepts from a helper. The helper's own frames are far smaller
-(output goes out in chunks of at most 64 KiB); a bigger announced length is a corrupt or forged
+(output goes out in chunks of at most 256 KiB); a bigger announced length is a corrupt or forged
 stream (a command writing into the helper's stdout), which is dropped before a byte of it is
 buffered: nothing a sandbox sends can make the client hold more than this plus one read."""
 _KINDS = frozenset(HELPER_KINDS)

@@ -22,6 +22,11 @@ from sandboxes._mux._stream import ByteStream
 __all__ = ["StreamReader"]
 
 _RECV_SIZE = 1 << 16
+_RECV_MOST = 1 << 18
+"""What the reader asks for after a read that got all it asked for (the stream is backed up: a
+relay's frames of 256 KiB); back to `_RECV_SIZE` after one that got less. Not always: a read
+allocates what it asks for, and one answered with less (a command's few bytes) gives the rest
+back, which for a buffer of 128 KiB or more costs far more than the read."""
 _READER_SLICE = 0.05
 """Over a `TimedByteStream`, how long the reader thread waits for data at a time before it
 checks whether any command still needs it (and, if none, hands reading back to the callers)."""
@@ -43,6 +48,7 @@ class StreamReader:
     _hello: threading.Event
     info: dict[str, object]
     broken: str | None
+    _read_size: int = _RECV_SIZE
 
     def _read_what_is_there(self) -> None:
         """Dispatch what the timed stream holds, without waiting (the read token's holder)."""
@@ -92,14 +98,16 @@ class StreamReader:
         `MAX_FRAME` or whose payload does not parse drops the stream at once (the helper, seeing
         it closed, kills its commands), and the buffer never outgrows one frame and one read."""
         try:
+            size = self._read_size
             if self._recv_within is not None:
-                chunk = self._recv_within(_RECV_SIZE, timeout)
+                chunk = self._recv_within(size, timeout)
                 if chunk is None:
                     return False
             else:
-                chunk = self._stream.recv(_RECV_SIZE)
+                chunk = self._stream.recv(size)
             if not chunk:
                 raise EOFError
+            self._read_size = _RECV_MOST if len(chunk) == size else _RECV_SIZE
             self._take(chunk)
         except _Corrupt as exc:
             self._drop(f"exec helper stream corrupt ({exc}); dropped")
@@ -109,20 +117,34 @@ class StreamReader:
 
     def _take(self, chunk: bytes) -> None:
         buffer = self._buffer
+        if not buffer:  # frames read whole are cut from the read itself, not copied through the buffer
+            with memoryview(chunk) as view:
+                taken = self._frames(view)
+            buffer += chunk[taken:]
+            return
         buffer += chunk
-        while len(buffer) >= HEADER.size:
-            kind, ident, length = HEADER.unpack_from(buffer)
+        with memoryview(buffer) as view:
+            taken = self._frames(view)
+        del buffer[:taken]
+
+    def _frames(self, data: memoryview) -> int:
+        """Dispatch every whole frame at the start of ``data``; how many bytes they took. Each
+        payload is one copy of its bytes."""
+        taken = 0
+        while len(data) - taken >= HEADER.size:
+            kind, ident, length = HEADER.unpack_from(data, taken)
             if length > MAX_FRAME or kind[0] not in _KINDS:
-                raise _Corrupt(self._explain_garbage(kind, length, buffer))
-            end = HEADER.size + length
-            if len(buffer) < end:
+                raise _Corrupt(self._explain_garbage(kind, length, data[taken:]))
+            end = taken + HEADER.size + length
+            if len(data) < end:
                 break
-            payload = bytes(buffer[HEADER.size : end])
-            del buffer[:end]
+            payload = bytes(data[taken + HEADER.size : end])
+            taken = end
             try:
                 self._dispatch(kind, ident, payload)
             except (ValueError, KeyError, TypeError) as exc:
                 raise _Corrupt(f"frame {kind!r}: {exc}") from exc
+        return taken
 
     def _drop(self, reason: str) -> None:
         """The stream broke under its reader: fail everything, and release it."""
@@ -130,7 +152,7 @@ class StreamReader:
         with contextlib.suppress(Exception):
             self._stream.close()
 
-    def _explain_garbage(self, kind: bytes, length: int, buffer: bytearray) -> str:
+    def _explain_garbage(self, kind: bytes, length: int, buffer: memoryview) -> str:
         """Before the hello, what came is most likely not a helper but a message from whatever
         failed to start it (``OCI runtime exec failed: ... python3: not found``): quote its
         start, bounded and escaped, so the log says why."""

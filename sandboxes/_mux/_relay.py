@@ -28,10 +28,12 @@ from sandboxes._output import Stream
 
 __all__ = ["WINDOW", "RelayReader", "RelayWriter", "RelayedSocket", "connect_relay", "open_relay"]
 
-WINDOW = 256 << 10
+WINDOW = 1 << 20
 """Bytes the helper may send ahead of what this side's consumer took: the receive buffer's bound."""
 _GRANT_AT = WINDOW // 4
-"""Taken bytes are granted back once this many add up, or when the buffer runs empty."""
+"""Taken bytes are granted back once this many add up (a quarter of the window: the helper goes
+on reading while the rest of the window is in flight, and a grant costs a frame per quarter,
+not per chunk)."""
 _CHUNK = 64 << 10
 """The largest I frame."""
 _COUNT = struct.Struct(">I")
@@ -46,6 +48,7 @@ class _Relayed:
         self._cond = threading.Condition()
         self._inbox: deque[bytes] = deque()
         self._buffered = 0
+        self._taken = 0  # bytes of the first chunk of the inbox already taken
         self._eof = False
         self._credit = 0
         self._connected = False
@@ -144,13 +147,21 @@ class _Relayed:
                 if self._error is not None or self._ended:
                     self._raise()
                 return None
-            chunk = self._inbox.popleft()
-            if len(chunk) > size:
-                self._inbox.appendleft(chunk[size:])
-                chunk = chunk[:size]
+            head, start = self._inbox[0], self._taken
+            end = min(len(head), start + size)
+            if start == 0 and end == len(head):  # the whole chunk: no copy
+                chunk = head
+            else:
+                with memoryview(head) as view:
+                    chunk = bytes(view[start:end])
+            if end == len(head):
+                self._inbox.popleft()
+                self._taken = 0
+            else:
+                self._taken = end
             self._buffered -= len(chunk)
             self._to_grant += len(chunk)
-            if self._to_grant >= _GRANT_AT or not self._inbox:
+            if self._to_grant >= _GRANT_AT:
                 grant, self._to_grant = self._to_grant, 0
         if grant and not self._ended:
             with contextlib.suppress(MuxBroken):  # then the end reports it

@@ -2,16 +2,15 @@
 
 from sandboxes._mux._capable import AwaitsOnHelper, HoldsHelper
 from sandboxes._mux._channel import Channel, open_channel
+from sandboxes._mux._command import Command, CommandDefaults, GivenDefaults
 from sandboxes._mux._driven import (
     AwaitedCommand,
     AwaitsCommands,
-    CommandRun,
     CommandsOnHelper,
     FileOpsOnHelper,
-    GivenDefaults,
     HeldHelper,
 )
-from sandboxes._mux._resend import run_command_once, run_native_once
+from sandboxes._mux._resend import run_command_once, run_native_once, run_on
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._mux._watched import watch_spec
@@ -26,7 +25,8 @@ __all__ = [
     "AwaitsOnHelper",
     "ByteStream",
     "Channel",
-    "CommandRun",
+    "Command",
+    "CommandDefaults",
     "CommandsOnHelper",
     "FileOpsOnHelper",
     "GivenDefaults",
@@ -43,5 +43,6 @@ __all__ = [
     "python_missing",
     "run_command_once",
     "run_native_once",
+    "run_on",
     "watch_spec",
 ]

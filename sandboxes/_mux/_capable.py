@@ -3,14 +3,13 @@ it (`HoldsHelper`), and commands awaited on an event loop (`AwaitsOnHelper`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from sandboxes import protocol as p
+from sandboxes._mux._command import Command
 from sandboxes._mux._driven import AwaitedCommand
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
-from sandboxes._output import OutputHook
 
 __all__ = ["AwaitedCommand", "AwaitsOnHelper", "HoldsHelper"]
 
@@ -40,20 +39,10 @@ class AwaitsOnHelper(Protocol):
         """The exec helper if one is running now (none is started), without blocking."""
         ...
 
-    def awaited_command(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> AwaitedCommand | p.ExecuteResponse:
-        """``execute_streaming``'s arguments made the command it sends its helper, or its answer
-        where it answers without running anything (a working directory that is not there);
-        without blocking."""
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """``command`` as ``execute_streaming`` sends it to its helper (`Command.within` the
+        sandbox's defaults), or its answer where it answers without running anything (a working
+        directory that is not there); without blocking."""
         ...
 
     def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:

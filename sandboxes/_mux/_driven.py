@@ -21,9 +21,10 @@ import abc
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from sandboxes import protocol as p
+from sandboxes._mux._command import Command, CommandDefaults
 from sandboxes._mux._resend import run_command_once, run_native_once
 from sandboxes._mux._starts import HelperStarts
 from sandboxes._mux._stream import MuxBroken
@@ -34,83 +35,18 @@ from sandboxes.base import Call, StreamingSandbox
 __all__ = [
     "AwaitedCommand",
     "AwaitsCommands",
-    "CommandDefaults",
-    "CommandRun",
     "CommandsOnHelper",
     "FileOpsOnHelper",
-    "GivenDefaults",
     "HeldHelper",
 ]
-
-
-class CommandDefaults(Protocol):
-    """What a transport's config fills in for what a command leaves out."""
-
-    @property
-    def default_timeout(self) -> float: ...
-    @property
-    def output_limit(self) -> int: ...
-    @property
-    def env(self) -> Mapping[str, str]: ...
-    @property
-    def workdir(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class GivenDefaults:
-    """`CommandDefaults` as values, for a transport whose defaults are not all its config's."""
-
-    default_timeout: float
-    output_limit: int
-    env: Mapping[str, str]
-    workdir: str
-
-
-@dataclass(frozen=True)
-class CommandRun:
-    """One command with its defaults filled in: what the helper is asked to run, and what the
-    transport's fallback runs when there is no helper."""
-
-    command: str
-    on_output: OutputHook | None
-    timeout: float
-    stdin: bytes | None
-    env: dict[str, str]
-    """The config's environment, then the command's over it."""
-    cwd: str
-    output_limit: int
-
-    @classmethod
-    def resolve(
-        cls,
-        defaults: CommandDefaults,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | str | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> CommandRun:
-        """``execute_streaming``'s arguments, what they leave out taken from ``defaults``."""
-        return cls(
-            command,
-            as_output_hook(on_output),
-            timeout=defaults.default_timeout if timeout is None else timeout,
-            stdin=stdin.encode("utf-8") if isinstance(stdin, str) else stdin,
-            env={**defaults.env, **(env or {})},
-            cwd=cwd or defaults.workdir,
-            output_limit=defaults.output_limit if output_limit is None else output_limit,
-        )
 
 
 @dataclass(frozen=True)
 class AwaitedCommand:
     """A command as the sandbox's own ``execute_streaming`` would send it to its helper."""
 
-    run: CommandRun
-    """Its defaults filled in (environment, working directory, timeout, output limit)."""
+    command: Command
+    """Its defaults filled in (`Command.within`)."""
     lost: str
     """``connection_lost``'s message (then ``: `` and why) when the helper broke once it was sent."""
     checked: Callable[[p.ExecuteResponse], p.ExecuteResponse]
@@ -125,40 +61,18 @@ class AwaitsCommands(abc.ABC):
     loss is worded and how an exit 137 is checked for an out-of-memory kill."""
 
     @abc.abstractmethod
-    def _command_run(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | str | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> CommandRun | p.ExecuteResponse:
-        """``execute_streaming``'s arguments, what they leave out filled in; its answer instead
-        where it runs nothing (closed, say). Without blocking."""
+    def _command_run(self, command: Command) -> Command | p.ExecuteResponse:
+        """``command`` as this sandbox runs it (`Command.within` its defaults); its answer
+        instead where it runs nothing (closed, say). Without blocking."""
 
     @abc.abstractmethod
-    def _awaited(self, run: CommandRun) -> AwaitedCommand:
-        """``run`` as awaited: `AwaitedCommand.lost` and `AwaitedCommand.checked` as
-        ``execute_streaming`` has them. Without blocking."""
+    def _awaited(self, command: Command) -> AwaitedCommand:
+        """``command`` (filled in) as awaited: `AwaitedCommand.lost` and `AwaitedCommand.checked`
+        as ``execute_streaming`` has them. Without blocking."""
 
-    def awaited_command(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> AwaitedCommand | p.ExecuteResponse:
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
         """`sandboxes._mux.AwaitsOnHelper`: the command ``execute_streaming`` sends the helper."""
-        run = self._command_run(
-            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
+        run = self._command_run(command)
         return run if isinstance(run, p.ExecuteResponse) else self._awaited(run)
 
 
@@ -314,8 +228,8 @@ class CommandsOnHelper(AwaitsCommands, FileOpsOnHelper):
         """Whether the sandbox's memory cgroup killed something since the last look."""
 
     @abc.abstractmethod
-    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
-        """``run`` without the helper (there is none, or none could start): the transport's
+    def _run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """``command`` without the helper (there is none, or none could start): the transport's
         own exec, its failures answered in the protocol's words."""
 
     def execute_streaming(
@@ -329,28 +243,16 @@ class CommandsOnHelper(AwaitsCommands, FileOpsOnHelper):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
-        run = self._command_run(
-            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        asked = Command.given(
+            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
-        return self._oom_checked(self._run_command(run))
+        return self._oom_checked(self._run_command(self._command_run(asked), as_output_hook(on_output)))
 
-    def _command_run(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | str | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> CommandRun:
-        return CommandRun.resolve(
-            self.config, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
+    def _command_run(self, command: Command) -> Command:
+        return command.within(self.config)
 
-    def _awaited(self, run: CommandRun) -> AwaitedCommand:
-        return AwaitedCommand(run, self._command_lost, self._oom_checked)
+    def _awaited(self, command: Command) -> AwaitedCommand:
+        return AwaitedCommand(command, self._command_lost, self._oom_checked)
 
     def _oom_checked(self, response: p.ExecuteResponse) -> p.ExecuteResponse:
         """``response``, ``out_of_memory`` if it is an exit 137 the memory cgroup caused."""
@@ -363,19 +265,8 @@ class CommandsOnHelper(AwaitsCommands, FileOpsOnHelper):
         config's (`sandboxes.terminal.HasCommandContext`)."""
         return dict(self.config.env), self.config.workdir
 
-    def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
-        """``run`` on the helper, else `_run_alone`. A transport whose helper's start fails in
-        its own words too wraps this, to answer for both."""
-        response = run_command_once(
-            self._helper,
-            self._drop_broken,
-            run.command,
-            timeout=run.timeout,
-            stdin=run.stdin,
-            env=run.env,
-            cwd=run.cwd,
-            output_limit=run.output_limit,
-            on_output=run.on_output,
-            lost=self._command_lost,
-        )
-        return self._run_alone(run) if response is None else response
+    def _run_command(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """``command`` on the helper, else `_run_alone`. A transport whose helper's start fails
+        in its own words too wraps this, to answer for both."""
+        response = run_command_once(self._helper, self._drop_broken, command, on_output, lost=self._command_lost)
+        return self._run_alone(command, on_output) if response is None else response

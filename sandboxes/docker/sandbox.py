@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from sandboxes import _parse, _scripts
@@ -33,14 +33,14 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    CommandRun,
+    Command,
     CommandsOnHelper,
     HeldHelper,
     MuxBroken,
     MuxClient,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
@@ -192,19 +192,20 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     _command_lost = "exec helper died during the command"
     _file_op_lost = "exec helper died during the file operation"
 
-    def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
+    def _run_command(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
         """`CommandsOnHelper._run_command`, the engine's failures answered: around the helper's
         start as around the fallback's exec."""
         try:
-            return super()._run_command(run)
+            return super()._run_command(command, on_output)
         except _MayHaveRun as lost:
             return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(lost))
         except _engine_errors() as refused:  # before anything was started: a helper's or an exec's creation
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
 
-    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
+    def _run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
         """One ``docker exec`` (`_exec_once`); its failures are `_run_command`'s to answer."""
-        return self._exec_once(run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+        c = command
+        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
 
     @property
     def _memory_limit(self) -> str:
@@ -261,7 +262,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         command: str,
         timeout: float,
         stdin: bytes | None,
-        env: dict[str, str],
+        env: Mapping[str, str],
         cwd: str,
         limit: int,
         on_output: Callable[[bytes], None] | None = None,

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -33,14 +33,14 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    CommandRun,
+    Command,
     CommandsOnHelper,
     HeldHelper,
     MuxBroken,
     MuxClient,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes.kubernetes._exec import (
     MAX_ARCHIVE_MEMBERS,
     ExecError,
@@ -184,12 +184,11 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
     _command_lost = "the exec stream dropped during the command"
     _file_op_lost = "the exec stream dropped during the file operation"
 
-    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
+    def _run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
         """One exec (`_exec_once`); one that could not be opened answers ``unavailable``."""
+        c = command
         try:
-            return self._exec_once(
-                run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output
-            )
+            return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
         except ExecError as exc:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
 
@@ -230,7 +229,7 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         command: str,
         timeout: float,
         stdin: bytes | None,
-        env: dict[str, str],
+        env: Mapping[str, str],
         cwd: str,
         limit: int,
         on_output: Callable[[bytes], None] | None = None,

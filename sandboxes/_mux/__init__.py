@@ -1,15 +1,9 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux._capable import AwaitsOnHelper, HoldsHelper
+from sandboxes._mux._capable import AwaitedCommand, AwaitsOnHelper, HoldsHelper
 from sandboxes._mux._channel import Channel, open_channel
 from sandboxes._mux._command import Command, CommandDefaults, GivenDefaults
-from sandboxes._mux._driven import (
-    AwaitedCommand,
-    AwaitsCommands,
-    CommandsOnHelper,
-    FileOpsOnHelper,
-    HeldHelper,
-)
+from sandboxes._mux._driver import HelperDriver, HelperTransport, TransportWords
 from sandboxes._mux._resend import run_command_once, run_native_once, run_on
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
@@ -21,21 +15,20 @@ __all__ = [
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "AwaitedCommand",
-    "AwaitsCommands",
     "AwaitsOnHelper",
     "ByteStream",
     "Channel",
     "Command",
     "CommandDefaults",
-    "CommandsOnHelper",
-    "FileOpsOnHelper",
     "GivenDefaults",
-    "HeldHelper",
+    "HelperDriver",
     "HelperStarts",
+    "HelperTransport",
     "HoldsHelper",
     "MuxBroken",
     "MuxClient",
     "TimedByteStream",
+    "TransportWords",
     "command_marker",
     "has_python_sh",
     "kill_tagged",

@@ -3,15 +3,29 @@ it (`HoldsHelper`), and commands awaited on an event loop (`AwaitsOnHelper`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sandboxes import protocol as p
 from sandboxes._mux._command import Command
-from sandboxes._mux._driven import AwaitedCommand
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
 
 __all__ = ["AwaitedCommand", "AwaitsOnHelper", "HoldsHelper"]
+
+
+@dataclass(frozen=True)
+class AwaitedCommand:
+    """A command as the sandbox's own ``execute_streaming`` would send it to its helper."""
+
+    command: Command
+    """Its defaults filled in (`Command.within`)."""
+    lost: str
+    """``connection_lost``'s message (then ``: `` and why) when the helper broke once it was sent."""
+    checked: Callable[[p.ExecuteResponse], p.ExecuteResponse]
+    """Its answer for an exit 137, as ``execute_streaming`` gives it: ``out_of_memory`` when the
+    sandbox's memory limit killed it; may block (it may ask the sandbox)."""
 
 
 @runtime_checkable

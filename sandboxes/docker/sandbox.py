@@ -33,18 +33,19 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    AwaitedCommand,
     Command,
-    CommandsOnHelper,
-    HeldHelper,
+    HelperDriver,
     MuxBroken,
     MuxClient,
+    TransportWords,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
-from sandboxes.base import Call, write_call
+from sandboxes.base import Call, StreamingSandbox, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox
 from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
@@ -97,10 +98,13 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
-    """One container. Thread-safe: many commands and file operations may run at once."""
+class DockerSandbox(StreamingSandbox, Sandbox):
+    """One container. Thread-safe: many commands and file operations may run at once. Its
+    commands and file ops go through the exec helper it holds (`helper_driver`), to which it is
+    the `sandboxes._mux.HelperTransport`."""
 
     config: DockerSandboxConfig
+    native_file_ops = True
 
     def __init__(
         self, container: Container, client: docker.DockerClient, config: DockerSandboxConfig, *, owned: bool = True
@@ -109,11 +113,11 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self.client = client
         self.config = config
         self.owned = owned
-        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
         """Whether every orphan its init adopts is a command's (see `sandboxes._helper._server`):
         only in the containers `create_container` made, whose init runs nothing else."""
+        self.helper_driver = HelperDriver(self, self._words(), config, enabled=config.use_exec_helper)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -189,52 +193,112 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
-    _command_lost = "exec helper died during the command"
-    _file_op_lost = "exec helper died during the file operation"
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=self.id[:12],
+            fallback="one docker exec per command",
+            restart="restarting it",
+            command_lost="exec helper died during the command",
+            file_op_lost="exec helper died during the file operation",
+        )
 
-    def _run_command(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """`CommandsOnHelper._run_command`, the engine's failures answered: around the helper's
-        start as around the fallback's exec."""
-        try:
-            return super()._run_command(command, on_output)
-        except _MayHaveRun as lost:
-            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(lost))
-        except _engine_errors() as refused:  # before anything was started: a helper's or an exec's creation
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        asked = Command.given(
+            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        return self.helper_driver.execute(asked, as_output_hook(on_output))
 
-    def _run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """One ``docker exec`` (`_exec_once`); its failures are `_run_command`'s to answer."""
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        return self.helper_driver.run_native(call, self.operation_timeout)
+
+    def command_context(self) -> tuple[dict[str, str], str]:
+        """(environment, working directory) a command that names neither starts with: the
+        config's (`sandboxes.terminal.HasCommandContext`)."""
+        return dict(self.config.env), self.config.workdir
+
+    # ------------------------------------------------------------------ the exec helper, held
+
+    @property
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live exec helper (the fast path)."""
+        return self.helper_driver.alive
+
+    def close(self) -> None:
+        """Drop the exec helper; the container keeps running."""
+        self.helper_driver.close()
+
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`."""
+        return self.helper_driver.helper()
+
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        return self.helper_driver.running()
+
+    def awaited_command(self, command: Command) -> AwaitedCommand:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        return self.helper_driver.awaited(command)
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        self.helper_driver.drop(mux, broken)
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`, through the running helper (none is started)."""
+        return self.helper_driver.kill_tagged(name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`, announced through the running helper, if any."""
+        return self.helper_driver.command_marker(new)
+
+    # ------------------------------------------------------------------ its transport
+
+    @property
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the config's."""
+        return self.config.memory
+
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one ``docker exec`` (`_exec_once`)."""
         c = command
         return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
 
-    @property
-    def _memory_limit(self) -> str:
-        return self.config.memory
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`FileOpsOnHelper._run_native`, the engine refusing the helper's start answered."""
-        try:
-            return super()._run_native(call)
-        except _engine_errors() as refused:  # the helper's start: nothing was sent
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: the engine's failures, around the helper's start as
+        around the fallback's exec."""
+        if isinstance(error, _MayHaveRun):
+            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(error))
+        if isinstance(error, _engine_errors()):  # before anything was started: a helper's or an exec's creation
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {error}")
+        return None
 
     @property
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
-    def _report_failed_start(self, error: Exception) -> None:
-        self._starts.report(logger, self.id[:12], error, "one docker exec per command")
-
-    def _python_missing(self) -> bool:
-        """Whether the image's shell says python3 is not there. A question that failed (its
-        exec could not start: a full pids limit) cannot tell, and the helper is tried later."""
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the image's shell says python3 is not there.
+        A question that failed (its exec could not start: a full pids limit) cannot tell, and
+        the helper is tried later."""
         try:
             _, answer = self._run_small(HAS_PYTHON_SH, timeout=10)
         except Exception:
             return False
         return python_missing(answer)
 
-    def _start_helper(self) -> MuxClient:
+    def start_helper(self) -> MuxClient:
+        """`sandboxes._mux.HelperTransport`: ``python3`` in a ``docker exec`` of its own."""
         api = self.client.api
         exec_id = api.exec_create(
             self.id,
@@ -252,10 +316,6 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
             raise MuxBroken(f"{broken}; helper stderr: {bytes(stream.stderr[-500:])!r}") from broken
         self._oom_baseline = None
         return mux
-
-    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
-        logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
-        self._drop_helper(mux)
 
     def _exec_once(
         self,
@@ -359,9 +419,10 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         stream.close()
         return api.exec_inspect(exec_id)["ExitCode"], output.text()
 
-    def _oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since we last looked (an
-        engine that fails the look: it cannot tell, and the command's answer stands)."""
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the container's memory cgroup killed
+        something since we last looked (an engine that fails the look: it cannot tell, and the
+        command's answer stands)."""
         try:
             text = self._probe(_OOM_COUNT)
         except _engine_errors():
@@ -372,7 +433,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self._helper()
+        mux = self.helper_driver.helper()
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()

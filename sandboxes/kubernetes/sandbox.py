@@ -33,14 +33,16 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
+    AwaitedCommand,
     Command,
-    CommandsOnHelper,
-    HeldHelper,
+    HelperDriver,
     MuxBroken,
     MuxClient,
+    TransportWords,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
+from sandboxes.base import Call, StreamingSandbox
 from sandboxes.kubernetes._exec import (
     MAX_ARCHIVE_MEMBERS,
     ExecError,
@@ -112,10 +114,13 @@ _OOM_COUNT = (
 )
 
 
-class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
-    """One pod. Thread-safe: many commands and file operations may run at once."""
+class KubernetesSandbox(StreamingSandbox, Sandbox):
+    """One pod. Thread-safe: many commands and file operations may run at once. Its commands and
+    file ops go through the exec helper it holds (`helper_driver`), to which it is the
+    `sandboxes._mux.HelperTransport`."""
 
     config: KubernetesSandboxConfig
+    native_file_ops = True
 
     def __init__(self, name: str, api: CoreV1Api, config: KubernetesSandboxConfig, *, owned: bool = True) -> None:
         self.name = name
@@ -123,8 +128,10 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self.config = config
         self.owned = owned
         self._exec_api = exec_api(api)
-        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
+        self.helper_driver = HelperDriver(
+            self, self._words(), config, enabled=config.use_exec_helper, start_failures=(MuxBroken, ExecError)
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -181,27 +188,96 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
-    _command_lost = "the exec stream dropped during the command"
-    _file_op_lost = "the exec stream dropped during the file operation"
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=f"pod {self.name}",
+            fallback="one exec per command",
+            restart="reopening it",
+            command_lost="the exec stream dropped during the command",
+            file_op_lost="the exec stream dropped during the file operation",
+        )
 
-    def _run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """One exec (`_exec_once`); one that could not be opened answers ``unavailable``."""
-        c = command
-        try:
-            return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
-        except ExecError as exc:
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
+    def execute_streaming(
+        self,
+        command: str,
+        on_output: OutputHook | None,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int | None = None,
+    ) -> p.ExecuteResponse:
+        asked = Command.given(
+            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        )
+        return self.helper_driver.execute(asked, as_output_hook(on_output))
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        return self.helper_driver.run_native(call, self.operation_timeout)
+
+    def command_context(self) -> tuple[dict[str, str], str]:
+        """(environment, working directory) a command that names neither starts with: the
+        config's (`sandboxes.terminal.HasCommandContext`)."""
+        return dict(self.config.env), self.config.workdir
+
+    # ------------------------------------------------------------------ the exec helper, held
 
     @property
-    def _memory_limit(self) -> str:
+    def helper_alive(self) -> bool:
+        """Whether commands currently go through a live exec helper (the fast path)."""
+        return self.helper_driver.alive
+
+    def close(self) -> None:
+        """Drop the exec helper; the pod keeps running."""
+        self.helper_driver.close()
+
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`."""
+        return self.helper_driver.helper()
+
+    def running_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        return self.helper_driver.running()
+
+    def awaited_command(self, command: Command) -> AwaitedCommand:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        return self.helper_driver.awaited(command)
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`."""
+        self.helper_driver.drop(mux, broken)
+
+    def kill_tagged(self, name: str, value: str) -> bool:
+        """`sandboxes.base.KillsTagged`, through the running helper (none is started)."""
+        return self.helper_driver.kill_tagged(name, value)
+
+    def command_marker(self, new: Callable[[], str]) -> str:
+        """`sandboxes.base.MarksAhead`, announced through the running helper, if any."""
+        return self.helper_driver.command_marker(new)
+
+    # ------------------------------------------------------------------ its transport
+
+    @property
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the config's."""
         return self.config.memory_limit or "none"
 
-    _start_failures = (MuxBroken, ExecError)
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one exec (`_exec_once`)."""
+        c = command
+        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
 
-    def _report_failed_start(self, error: Exception) -> None:
-        self._starts.report(logger, f"pod {self.name}", error, "one exec per command")
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: an exec that could not be opened answers ``unavailable``."""
+        if isinstance(error, ExecError):
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(error))
+        return None
 
-    def _start_helper(self) -> MuxClient:
+    def start_helper(self) -> MuxClient:
+        """`sandboxes._mux.HelperTransport`: the bootstrap in an exec of its own, then the source
+        on its stdin."""
         stream = open_exec(
             self._exec_api, self.config.namespace, self.name, ["python3", *PYTHON_FLAGS, "-c", BOOTSTRAP]
         )
@@ -213,16 +289,13 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
             detail = status_message(bytes(stream.status)) if stream.status else bytes(stream.stderr[-500:])
             raise MuxBroken(f"{broken}; helper said: {detail!r}") from broken
 
-    def _python_missing(self) -> bool:
-        """Whether the image's shell says python3 is not there; a question that failed cannot tell."""
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the image's shell says python3 is not there;
+        a question that failed cannot tell."""
         try:
             return python_missing(self._run_small(HAS_PYTHON_SH)[1])
         except ExecError:
             return False
-
-    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
-        logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
-        self._drop_helper(mux)
 
     def _exec_once(
         self,
@@ -312,8 +385,9 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         reader.join(1.0)
         return stream.exit_code(), output.text()
 
-    def _oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since we last looked."""
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the container's memory cgroup killed
+        something since we last looked."""
         text = self._probe(_OOM_COUNT)
         count = _parse.natural(text)
         previous, self._oom_baseline = self._oom_baseline, count
@@ -321,7 +395,7 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self._helper()
+        mux = self.helper_driver.helper()
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()

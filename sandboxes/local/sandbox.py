@@ -37,9 +37,7 @@ from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     AwaitedCommand,
-    AwaitsCommands,
     Command,
-    FileOpsOnHelper,
     GivenDefaults,
     HelperStarts,
     MuxBroken,
@@ -49,9 +47,10 @@ from sandboxes._mux import (
     kill_tagged,
     python_missing,
     run_command_once,
+    run_native_once,
 )
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
-from sandboxes.base import Operation
+from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
 from sandboxes.local._freezer import freeze_jail, thaw_jail
@@ -128,7 +127,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     have replaced with a link) bound into the jail at `Mount.path`."""
 
 
-class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
+class LocalSandbox(StreamingSandbox, Sandbox):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -349,10 +348,31 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         )
         return command.within(defaults)
 
-    def _awaited(self, command: Command) -> AwaitedCommand:
-        """Its out-of-memory kills counted from now, as `_execute_in_helper` counts them."""
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """`sandboxes._mux.AwaitsOnHelper`: its out-of-memory kills counted from now, as
+        `_execute_in_helper` counts them."""
+        run = self._command_run(command)
+        if isinstance(run, p.ExecuteResponse):
+            return run
         oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        return AwaitedCommand(command, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+        return AwaitedCommand(run, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the jail's exec helper."""
+        return run_native_once(
+            self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=self._file_op_lost
+        )
+
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands and file ops use."""
+        return self._helper()
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`: ``mux``, found broken under an awaited command, let
+        go of as under one of this sandbox's own."""
+        self._drop_broken(mux, broken)
 
     def running_helper(self) -> MuxClient | None:
         """`sandboxes._mux.AwaitsOnHelper`: the jail's helper if one is running now (none is started)."""

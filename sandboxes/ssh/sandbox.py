@@ -37,7 +37,6 @@ from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
     AwaitedCommand,
-    AwaitsCommands,
     Command,
     GivenDefaults,
     HelperStarts,
@@ -102,7 +101,7 @@ _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
-class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
+class SSHSandbox(StreamingSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -279,10 +278,11 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
         return command.within(self._defaults())
 
-    def _awaited(self, command: Command) -> AwaitedCommand:
-        """As the helper runs it (as the sandbox's user); no out-of-memory check, which this
-        backend has none of: an exit 137 stays one."""
-        return AwaitedCommand(command, _COMMAND_LOST, lambda response: response)
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """`sandboxes._mux.AwaitsOnHelper`: as the helper runs it (as the sandbox's user); no
+        out-of-memory check, which this backend has none of: an exit 137 stays one."""
+        run = self._command_run(command)
+        return run if isinstance(run, p.ExecuteResponse) else AwaitedCommand(run, _COMMAND_LOST, lambda answer: answer)
 
     def running_helper(self) -> MuxClient | None:
         """`sandboxes._mux.AwaitsOnHelper`: the helper if one is running now (none is started).

@@ -33,19 +33,19 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    AwaitedCommand,
     Command,
+    DrivenSandbox,
     HelperDriver,
     MuxBroken,
     MuxClient,
     TransportWords,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
-from sandboxes.base import Call, StreamingSandbox, write_call
+from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox
 from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
@@ -98,13 +98,12 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(StreamingSandbox, Sandbox):
+class DockerSandbox(DrivenSandbox, Sandbox):
     """One container. Thread-safe: many commands and file operations may run at once. Its
     commands and file ops go through the exec helper it holds (`helper_driver`), to which it is
     the `sandboxes._mux.HelperTransport`."""
 
     config: DockerSandboxConfig
-    native_file_ops = True
 
     def __init__(
         self, container: Container, client: docker.DockerClient, config: DockerSandboxConfig, *, owned: bool = True
@@ -202,65 +201,6 @@ class DockerSandbox(StreamingSandbox, Sandbox):
             command_lost="exec helper died during the command",
             file_op_lost="exec helper died during the file operation",
         )
-
-    def execute_streaming(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        asked = Command.given(
-            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
-        return self.helper_driver.execute(asked, as_output_hook(on_output))
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        return self.helper_driver.run_native(call, self.operation_timeout)
-
-    def command_context(self) -> tuple[dict[str, str], str]:
-        """(environment, working directory) a command that names neither starts with: the
-        config's (`sandboxes.terminal.HasCommandContext`)."""
-        return dict(self.config.env), self.config.workdir
-
-    # ------------------------------------------------------------------ the exec helper, held
-
-    @property
-    def helper_alive(self) -> bool:
-        """Whether commands currently go through a live exec helper (the fast path)."""
-        return self.helper_driver.alive
-
-    def close(self) -> None:
-        """Drop the exec helper; the container keeps running."""
-        self.helper_driver.close()
-
-    def exec_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.HoldsHelper`."""
-        return self.helper_driver.helper()
-
-    def running_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.AwaitsOnHelper`."""
-        return self.helper_driver.running()
-
-    def awaited_command(self, command: Command) -> AwaitedCommand:
-        """`sandboxes._mux.AwaitsOnHelper`."""
-        return self.helper_driver.awaited(command)
-
-    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
-        """`sandboxes._mux.AwaitsOnHelper`."""
-        self.helper_driver.drop(mux, broken)
-
-    def kill_tagged(self, name: str, value: str) -> bool:
-        """`sandboxes.base.KillsTagged`, through the running helper (none is started)."""
-        return self.helper_driver.kill_tagged(name, value)
-
-    def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`, announced through the running helper, if any."""
-        return self.helper_driver.command_marker(new)
 
     # ------------------------------------------------------------------ its transport
 

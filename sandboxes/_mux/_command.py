@@ -78,7 +78,8 @@ class Command:
     def within(self, defaults: CommandDefaults) -> Command:
         """This command as a sandbox with ``defaults`` runs it: its environment over the
         sandbox's, and the sandbox's working directory if it names none."""
-        return replace(self, env={**defaults.env, **self.env}, cwd=self.cwd or defaults.workdir)
+        env, cwd = {**defaults.env, **self.env}, self.cwd or defaults.workdir
+        return Command(self.command, self.timeout, self.output_limit, self.stdin, env, cwd)
 
     @property
     def workdir(self) -> str:

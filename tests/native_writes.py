@@ -59,8 +59,7 @@ def assert_a_failed_native_write_stops_sending(sandbox: Any, path: str, monkeypa
 def helper_client(sandbox: Any) -> MuxClient:
     """The sandbox's live exec helper client (Local, Docker, SSH, Kubernetes), started if needed."""
     assert sandbox.execute("true").exit_code == 0
-    process = getattr(sandbox, "_helper_process", None)
-    mux = process.client if process is not None else getattr(sandbox, "_mux", None)
+    mux = sandbox.exec_helper()  # `sandboxes._mux.HoldsHelper`, on every backend that has a helper
     assert isinstance(mux, MuxClient), "no exec helper"
     assert mux.alive, "the exec helper is not alive"
     return mux

@@ -173,8 +173,11 @@ def assert_command_marker_never_waits_for_the_helper_lock(
     assert sandbox.execute("true").exit_code == 0
     held, release = threading.Event(), threading.Event()
 
+    driver = getattr(sandbox, "helper_driver", None)  # Docker's and Kubernetes': the lock is the driver's
+    lock = sandbox._mux_lock if driver is None else driver.lock
+
     def hold() -> None:
-        with sandbox._mux_lock:
+        with lock:
             held.set()
             release.wait(30)
 
@@ -224,7 +227,9 @@ def assert_a_failed_helper_start_is_tried_again_later(
         refused = (126, "OCI runtime exec failed: exec failed: read init-p: connection reset by peer")
         real_small = sandbox._run_small
         monkeypatch.setattr(sandbox, "_run_small", lambda *a, **k: refused)
-    real = sandbox._start_helper
+    driver = getattr(sandbox, "helper_driver", None)  # Docker's and Kubernetes' start the driver's way
+    starts, start_name = (sandbox._starts, "_start_helper") if driver is None else (driver.starts, "start_helper")
+    real = getattr(sandbox, start_name)
     tried: list[int] = []
 
     def start() -> object:
@@ -233,15 +238,15 @@ def assert_a_failed_helper_start_is_tried_again_later(
             raise MuxBroken("exec helper did not say hello within 20s")  # what a passing failure says
         return real()
 
-    monkeypatch.setattr(sandbox, "_start_helper", start)
+    monkeypatch.setattr(sandbox, start_name, start)
     assert sandbox.execute("echo alone").output == "alone\n"  # its transport's slow way
     assert not sandbox.helper_alive
     assert sandbox.execute("echo alone again").output == "alone again\n"
     assert len(tried) == 1, "retried before its retry_after"
-    assert not sandbox._starts.unavailable, "given up for good, with python there"
+    assert not starts.unavailable, "given up for good, with python there"
     if question_fails:
         monkeypatch.setattr(sandbox, "_run_small", real_small)
-    sandbox._starts.expire()  # as if its retry_after had passed
+    starts.expire()  # as if its retry_after had passed
     assert sandbox.execute("echo back").output == "back\n"
     assert sandbox.helper_alive
     assert len(tried) == 2

@@ -46,7 +46,7 @@ class TestBusyboxConformance(SandboxConformance):
         assert set(executables) - {"/.dockerenv", "/sbin/docker-init"} == {"/bin/busybox"}  # the engine adds those
         links = busybox_sandbox.execute("for t in sh find stat grep; do readlink /bin/$t; done").output.split()
         assert links == ["/bin/busybox"] * 4
-        assert busybox_sandbox._mux is None
+        assert busybox_sandbox.helper_driver.mux is None
 
 
 def test_the_shared_kill_works_when_the_container_has_no_pid_left(busybox_sandbox: DockerSandbox) -> None:

@@ -62,9 +62,9 @@ class TestDockerSandboxConformance(SandboxConformance):
 
     def test_commands_go_through_the_exec_helper(self, helper_sandbox: DockerSandbox) -> None:
         helper_sandbox.execute("true")
-        assert helper_sandbox._mux is not None
-        assert helper_sandbox._mux.alive
-        assert not helper_sandbox._starts.unavailable
+        assert helper_sandbox.helper_driver.mux is not None
+        assert helper_sandbox.helper_driver.mux.alive
+        assert not helper_sandbox.helper_driver.starts.unavailable
 
     def test_file_ops_go_through_the_exec_helper_natively(self, helper_sandbox: DockerSandbox) -> None:
         assert_file_ops_go_native(helper_sandbox, "/workspace")
@@ -124,8 +124,8 @@ class TestDockerFallbackConformance(SandboxConformance):
 
     def test_no_helper_is_used(self, fallback_sandbox: DockerSandbox) -> None:
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._starts.unavailable
-        assert fallback_sandbox._mux is None
+        assert fallback_sandbox.helper_driver.starts.unavailable
+        assert fallback_sandbox.helper_driver.mux is None
 
 
 def test_the_marker_for_a_command_never_waits_for_a_helper_start(helper_sandbox: DockerSandbox) -> None:
@@ -136,13 +136,13 @@ def test_the_marker_for_a_command_never_waits_for_a_helper_start(helper_sandbox:
 def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None:
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
         sandbox.execute("true")
-        assert sandbox._mux is not None
-        first_pid = sandbox._mux.info["pid"]
+        assert sandbox.helper_driver.mux is not None
+        first_pid = sandbox.helper_driver.mux.info["pid"]
         killed = sandbox.execute(f"kill -9 {first_pid}")
         assert killed.error == p.CONNECTION_LOST
         second_pid = _helper_parent(sandbox)
         assert second_pid != first_pid
-        helper = sandbox._mux
+        helper = sandbox.helper_driver.mux
         assert helper is not None
         docker_client.containers.get(sandbox.id).exec_run(["kill", "-9", str(second_pid)])
         # Once the client has seen the stream end, nothing of the next command is written to the
@@ -155,7 +155,7 @@ def test_dead_helper_is_replaced(docker_client: Any, runtime_image: str) -> None
             time.sleep(0.01)
         third_pid = _helper_parent(sandbox)
         assert third_pid not in (first_pid, second_pid)
-        assert sandbox._mux is not helper
+        assert sandbox.helper_driver.mux is not helper
 
 
 def test_python_files_in_the_workspace_do_not_shadow_the_helper(docker_client: Any, runtime_image: str) -> None:
@@ -163,12 +163,12 @@ def test_python_files_in_the_workspace_do_not_shadow_the_helper(docker_client: A
     commands do not fall back to one ``docker exec`` each for the sandbox's life."""
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
         write_shadowing_modules(sandbox, sandbox.config.workdir)
-        helper = sandbox._mux
+        helper = sandbox.helper_driver.mux
         assert helper is not None
         assert sandbox.execute(f"kill -9 {helper.info['pid']}").error == p.CONNECTION_LOST
         assert sandbox.execute("echo back").output == "back\n"
         assert sandbox.helper_alive, "the helper did not start again"
-        assert sandbox._mux is not helper
+        assert sandbox.helper_driver.mux is not helper
 
 
 def test_a_helper_that_failed_to_start_is_tried_again_later(
@@ -190,8 +190,8 @@ def _helper_parent(sandbox: DockerSandbox) -> int:
     when it started. A command of the per-command fallback has another parent (its own
     ``docker exec``'s wrapper), even when a new helper was started beside it."""
     parent = int(sandbox.execute("echo $PPID").output)
-    assert sandbox._mux is not None, "answered by the fallback, not by an exec helper"
-    assert parent == sandbox._mux.info["pid"], f"run by pid {parent}, not by the helper"
+    assert sandbox.helper_driver.mux is not None, "answered by the fallback, not by an exec helper"
+    assert parent == sandbox.helper_driver.mux.info["pid"], f"run by pid {parent}, not by the helper"
     return parent
 
 
@@ -330,8 +330,8 @@ def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
 ) -> None:
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sandbox:
         assert sandbox.execute("true").exit_code == 0
-        assert sandbox._mux is not None
-        pid = str(sandbox._mux.info["pid"])
+        assert sandbox.helper_driver.mux is not None
+        pid = str(sandbox.helper_driver.mux.info["pid"])
 
         def signal_helper(name: str) -> None:
             assert sandbox.container.exec_run(["kill", f"-{name}", pid], user=sandbox.config.user).exit_code == 0

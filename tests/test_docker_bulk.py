@@ -158,12 +158,12 @@ def test_big_uploads_never_go_through_the_engines_archive_api(
     files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((9 << 20) + index)) for index in range(3)]
     files.append(("/workspace/split/small.bin", b"s" * (2 << 20)))
     clean.execute("true")  # the helper started, if the sandbox has one
-    answered = clean._mux.native_answers if clean._mux is not None else 0
+    answered = clean.helper_driver.mux.native_answers if clean.helper_driver.mux is not None else 0
     assert [r.error for r in clean.upload_files(files)] == [None] * 4
     if native and clean.helper_alive:
         assert streamed == []
-        assert clean._mux is not None
-        assert clean._mux.native_answers - answered == len(files)  # one staged write each
+        assert clean.helper_driver.mux is not None
+        assert clean.helper_driver.mux.native_answers - answered == len(files)  # one staged write each
     else:
         assert sorted(n for n in streamed if n > STAGE_CHUNK_BYTES) == [len(data) for _, data in files[:3]]
     assert [r.content for r in clean.download_files([path for path, _ in files])] == [data for _, data in files]
@@ -245,8 +245,8 @@ def test_a_helper_killed_midway_through_a_big_upload_leaves_no_bytes_behind(
     config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
     with DockerSandbox.create(config, client=docker_client) as sandbox:
         assert sandbox.execute("mkdir /workspace/up").exit_code == 0
-        assert sandbox._mux is not None
-        watcher, said = _when_staging(sandbox, "/workspace/up", f"kill -9 {sandbox._mux.info['pid']}")
+        assert sandbox.helper_driver.mux is not None
+        watcher, said = _when_staging(sandbox, "/workspace/up", f"kill -9 {sandbox.helper_driver.mux.info['pid']}")
         try:
             response = sandbox.upload_files([("/workspace/up/big", b"B" * (256 << 20))])[0]
         finally:
@@ -266,8 +266,8 @@ def test_a_helper_that_stops_taking_a_big_upload_ends_it(
     config = DockerSandboxConfig(image=runtime_image, owner=SESSION_OWNER)
     with DockerSandbox.create(config, client=docker_client) as sandbox:
         assert sandbox.execute("mkdir /workspace/up").exit_code == 0
-        assert sandbox._mux is not None
-        pid = sandbox._mux.info["pid"]
+        assert sandbox.helper_driver.mux is not None
+        pid = sandbox.helper_driver.mux.info["pid"]
         watcher, said = _when_staging(sandbox, "/workspace/up", f"kill -STOP {pid}")
         started = time.monotonic()
         try:

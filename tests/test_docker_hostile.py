@@ -163,16 +163,16 @@ def test_a_command_cannot_forge_frames_into_the_helpers_stream(sandbox: DockerSa
     from test_mux import _REACH_INTO
 
     sandbox.execute("true")
-    assert sandbox._mux is not None
-    helper = sandbox._mux.info["pid"]
-    assert sandbox._mux.info["undumpable"] is True
+    assert sandbox.helper_driver.mux is not None
+    helper = sandbox.helper_driver.mux.info["pid"]
+    assert sandbox.helper_driver.mux.info["undumpable"] is True
     result = sandbox.execute("python3 -c " + shlex.quote(_REACH_INTO) + f" {helper}", timeout=20)
     assert result.exit_code == 0, result
     outcomes = json.loads(result.output)
     assert len(outcomes) == 3, outcomes
     assert "ok" not in outcomes.values(), outcomes
     assert sandbox.execute("echo alive").output == "alive\n"
-    assert sandbox._mux.info["pid"] == helper
+    assert sandbox.helper_driver.mux.info["pid"] == helper
     assert docker_client.ping()
 
 
@@ -258,7 +258,7 @@ def test_closing_a_helper_wakes_its_reader_and_ends_its_commands(docker_client: 
     would otherwise sit in recv holding the socket, and end the helper, whose commands die."""
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb:
         sb.execute("true")
-        mux = sb._mux
+        mux = sb.helper_driver.mux
         assert mux is not None
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(sb.execute, "echo started > /workspace/started; sleep 300", timeout=600)

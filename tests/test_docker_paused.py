@@ -76,8 +76,8 @@ def test_a_paused_container_answers_unavailable_where_the_helper_must_start(
     """No helper runs (dropped, as after a failure): its start is what the engine refuses."""
     sandbox = _create(docker_client, runtime_image, paused_later)
     assert sandbox.write("/workspace/kept.txt", "kept\n").error is None
-    assert sandbox._mux is not None
-    sandbox._drop_helper(sandbox._mux)
+    assert sandbox.helper_driver.mux is not None
+    sandbox.helper_driver.close()  # dropped, as after a failure
     sandbox.container.pause()
     _assert_every_operation_answers_unavailable(sandbox)
     _assert_everything_works_again(sandbox)

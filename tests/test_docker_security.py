@@ -364,8 +364,8 @@ def test_helper_survives_a_command_it_cannot_fully_start(docker_client: Any, run
     the command may fail, but the helper must keep serving."""
     with DockerSandbox.create(_config(runtime_image), client=docker_client) as sb, ThreadPoolExecutor(1) as pool:
         sb.execute("true")
-        assert sb._mux is not None
-        helper_pid = sb._mux.info["pid"]  # the helper's identity: it must be the same one after
+        assert sb.helper_driver.mux is not None
+        helper_pid = sb.helper_driver.mux.info["pid"]  # the helper's identity: it must be the same one after
         hog = pool.submit(sb.execute, _python(_PID_HOG), timeout=20)
         deadline = time.monotonic() + 10
         while True:  # watched through the engine's archive API, which needs no pid in the container
@@ -380,8 +380,8 @@ def test_helper_survives_a_command_it_cannot_fully_start(docker_client: Any, run
         assert starved.error != p.CONNECTION_LOST, starved
         assert hog.result().exit_code == 0
         _assert_healthy(sb, docker_client)
-        assert sb._mux is not None
-        assert sb._mux.info["pid"] == helper_pid
+        assert sb.helper_driver.mux is not None
+        assert sb.helper_driver.mux.info["pid"] == helper_pid
 
 
 # ---------------------------------------------------------------------------- memory limit

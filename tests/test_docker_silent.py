@@ -40,11 +40,11 @@ def test_a_silent_command_outlives_the_client_timeout_through_the_helper(
     impatient_client: Any, runtime_image: str
 ) -> None:
     with _silent_sandbox(impatient_client, runtime_image) as sandbox:
-        helper = sandbox._mux
+        helper = sandbox.helper_driver.mux
         assert helper is not None
         result = sandbox.execute(f"sleep {_SILENCE}; echo done", timeout=60)
         assert (result.exit_code, result.error, result.output) == (0, None, "done\n"), result
-        assert sandbox._mux is helper  # the same helper: it was never dropped
+        assert sandbox.helper_driver.mux is helper  # the same helper: it was never dropped
         assert helper.alive
 
 
@@ -52,6 +52,6 @@ def test_a_silent_command_outlives_the_client_timeout_in_its_own_exec(
     impatient_client: Any, no_python_image: str
 ) -> None:
     with _silent_sandbox(impatient_client, no_python_image) as sandbox:
-        assert sandbox._mux is None
+        assert sandbox.helper_driver.mux is None
         result = sandbox.execute(f"sleep {_SILENCE}; echo done", timeout=60)
         assert (result.exit_code, result.error, result.output) == (0, None, "done\n"), result

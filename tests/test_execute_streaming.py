@@ -71,7 +71,7 @@ def test_a_hook_of_one_argument_gets_the_chunks_alone(tmp_path: Path, docker_san
 def test_docker_sandbox_streams_as_it_prints(docker_sandbox: DockerSandbox) -> None:
     chunks, response = _collect(docker_sandbox, COUNT)
     _assert_live(chunks, response)
-    assert (docker_sandbox._mux is not None) == docker_sandbox.config.use_exec_helper
+    assert (docker_sandbox.helper_driver.mux is not None) == docker_sandbox.config.use_exec_helper
 
 
 class _Canned(BaseSandbox):
@@ -113,27 +113,3 @@ def test_base_fallback_without_output_or_hook() -> None:
     assert _Canned("").execute_streaming("cmd", chunks.append).exit_code == 0
     assert chunks == []
     assert _Canned("x").execute_streaming("cmd", None).output == "x"
-
-
-def _concrete_subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += _concrete_subclasses(sub)
-        if not getattr(sub, "__abstractmethods__", None):
-            found.append(sub)
-    return found
-
-
-def test_every_transport_driven_through_its_helper_names_what_was_lost() -> None:
-    """`FileOpsOnHelper` and `CommandsOnHelper` leave the ``connection_lost`` messages to each
-    transport (a class attribute, which no abstract method enforces): a transport without one
-    would fail only when its helper breaks mid-operation."""
-    from sandboxes._mux import CommandsOnHelper, FileOpsOnHelper
-    from sandboxes.kubernetes import KubernetesSandbox
-
-    transports = _concrete_subclasses(FileOpsOnHelper)
-    assert {DockerSandbox, KubernetesSandbox, LocalSandbox} <= set(transports)
-    for transport in transports:
-        assert isinstance(transport._file_op_lost, str), transport
-        if issubclass(transport, CommandsOnHelper):
-            assert isinstance(transport._command_lost, str), transport

@@ -16,7 +16,7 @@ from mux_faults import FaultyStream
 from test_mux import _VARIANTS, _PipeStream
 
 from sandboxes import protocol as p
-from sandboxes._mux import MuxBroken, MuxClient
+from sandboxes._mux import Command, MuxBroken, MuxClient
 from sandboxes._mux import client as client_module
 from sandboxes._mux._awaited import arun
 
@@ -51,7 +51,7 @@ class _CountingStream:
 
 
 async def _arun(client: MuxClient, command: str) -> p.ExecuteResponse:
-    return await arun(client, command, timeout=10, stdin=None, env=None, cwd=None, output_limit=1 << 20)
+    return await arun(client, Command(command, timeout=10, output_limit=1 << 20))
 
 
 async def test_requests_awaited_in_one_turn_of_the_loop_leave_in_one_write(stream: _PipeStream) -> None:
@@ -60,7 +60,7 @@ async def test_requests_awaited_in_one_turn_of_the_loop_leave_in_one_write(strea
     results = await asyncio.gather(*(_arun(client, f"echo {n}") for n in range(10)))
     assert [r.output for r in results] == [f"{n}\n" for n in range(10)]
     assert counting.request_writes == 1
-    with_stdin = await arun(client, "cat", timeout=10, stdin=b"in", env=None, cwd=None, output_limit=100)
+    with_stdin = await arun(client, Command("cat", timeout=10, output_limit=100, stdin=b"in"))
     assert with_stdin.output == "in"  # written at once, its stdin after it
 
 
@@ -97,9 +97,7 @@ async def test_a_kill_never_overtakes_the_request_it_kills(stream: _PipeStream) 
     (a client that left at once): the kill goes out after it, so the command dies, instead of
     being ignored by a helper that does not know the command yet and running to its end."""
     client = MuxClient(stream)
-    task = asyncio.create_task(
-        arun(client, "sleep 60", timeout=120, stdin=None, env={"TAG": "t"}, cwd=None, output_limit=100)
-    )
+    task = asyncio.create_task(arun(client, Command("sleep 60", timeout=120, output_limit=100, env={"TAG": "t"})))
     await asyncio.sleep(0)  # the task's first step: its request is queued, not written yet
     assert client._outbox._queued, "precondition: the request is still queued"
     assert client.kill_tagged("TAG", "t") == 1
@@ -141,7 +139,7 @@ async def test_an_awaited_command_not_reported_after_its_timeout_is_killed_then_
     monkeypatch.setattr(client_module, "KILL_GRACE", 0.5)
     recording = _CountingStream(stream)
     client = MuxClient(recording)
-    task = asyncio.create_task(arun(client, "sleep 60", timeout=0.5, stdin=None, env=None, cwd=None, output_limit=100))
+    task = asyncio.create_task(arun(client, Command("sleep 60", timeout=0.5, output_limit=100)))
     deadline = time.monotonic() + 10
     while not any(item.accepted_at for item in client._pending.values()):
         assert time.monotonic() < deadline, "never acknowledged"

@@ -1,17 +1,11 @@
 """A long-lived exec helper inside a sandbox, multiplexing many commands over one stream."""
 
-from sandboxes._mux._capable import AwaitsOnHelper, HoldsHelper
+from sandboxes._mux._capable import AwaitedCommand, AwaitsOnHelper, HoldsHelper
 from sandboxes._mux._channel import Channel, open_channel
-from sandboxes._mux._driven import (
-    AwaitedCommand,
-    AwaitsCommands,
-    CommandRun,
-    CommandsOnHelper,
-    FileOpsOnHelper,
-    GivenDefaults,
-    HeldHelper,
-)
-from sandboxes._mux._resend import run_command_once, run_native_once
+from sandboxes._mux._command import Command, CommandDefaults, GivenDefaults
+from sandboxes._mux._driver import HelperDriver, HelperTransport, TransportWords
+from sandboxes._mux._held import DrivenSandbox
+from sandboxes._mux._resend import run_command_once, run_native_once, run_on
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._mux._watched import watch_spec
@@ -22,20 +16,21 @@ __all__ = [
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "AwaitedCommand",
-    "AwaitsCommands",
     "AwaitsOnHelper",
     "ByteStream",
     "Channel",
-    "CommandRun",
-    "CommandsOnHelper",
-    "FileOpsOnHelper",
+    "Command",
+    "CommandDefaults",
+    "DrivenSandbox",
     "GivenDefaults",
-    "HeldHelper",
+    "HelperDriver",
     "HelperStarts",
+    "HelperTransport",
     "HoldsHelper",
     "MuxBroken",
     "MuxClient",
     "TimedByteStream",
+    "TransportWords",
     "command_marker",
     "has_python_sh",
     "kill_tagged",
@@ -43,5 +38,6 @@ __all__ = [
     "python_missing",
     "run_command_once",
     "run_native_once",
+    "run_on",
     "watch_spec",
 ]

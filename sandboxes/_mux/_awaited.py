@@ -8,10 +8,11 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from sandboxes import protocol as p
 from sandboxes._mux import client as client_module
+from sandboxes._mux._command import Command
 from sandboxes._mux._frames import _Pending, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
 from sandboxes._mux._stream import MuxBroken
@@ -36,20 +37,11 @@ class _WakingEvent(threading.Event):
         self._wake()
 
 
-async def arun(
-    client: MuxClient,
-    command: str,
-    *,
-    timeout: float | None,  # noqa: ASYNC109 - the command's own, enforced by the helper
-    stdin: bytes | None,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    output_limit: int,
-    on_output: OutputHook | None = None,
-) -> p.ExecuteResponse:
+async def arun(client: MuxClient, command: Command, on_output: OutputHook | None = None) -> p.ExecuteResponse:
     """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
     service would otherwise hold one thread per running command). Same frames, same timeouts,
     same `MuxBroken`."""
+    timeout, stdin, env, cwd = command.timeout, command.stdin, command.env, command.cwd
     client.serve_async()
     loop = asyncio.get_running_loop()
     ended: list[asyncio.Future[None]] = [loop.create_future()]
@@ -63,17 +55,18 @@ async def arun(
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle)
 
-    waiting = _Pending(OutputBuffer(output_limit), done=_WakingEvent(wake), on_output=on_output, env=dict(env or {}))
+    buffer = OutputBuffer(command.output_limit)
+    waiting = _Pending(buffer, done=_WakingEvent(wake), on_output=on_output, env=dict(env))
     ident, pending = client.register(waiting)
     started = time.monotonic()
     queued: Queued | None = None
     try:
         if stdin is None:  # the request goes out with the others of this turn of the loop
-            queued = client.queue_request(loop, ident, command, env, cwd, timeout)
+            queued = client.queue_request(loop, ident, command.command, env, cwd, timeout)
             if queued is None:
                 raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
         else:  # its stdin frames must follow it: written at once, in order
-            client.request(ident, command, env, cwd, timeout, stdin)
+            client.request(ident, command.command, env, cwd, timeout, stdin)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:

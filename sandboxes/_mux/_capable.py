@@ -3,16 +3,29 @@ it (`HoldsHelper`), and commands awaited on an event loop (`AwaitsOnHelper`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sandboxes import protocol as p
-from sandboxes._mux._driven import AwaitedCommand
+from sandboxes._mux._command import Command
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
-from sandboxes._output import OutputHook
 
 __all__ = ["AwaitedCommand", "AwaitsOnHelper", "HoldsHelper"]
+
+
+@dataclass(frozen=True)
+class AwaitedCommand:
+    """A command as the sandbox's own ``execute_streaming`` would send it to its helper."""
+
+    command: Command
+    """Its defaults filled in (`Command.within`)."""
+    lost: str
+    """``connection_lost``'s message (then ``: `` and why) when the helper broke once it was sent."""
+    checked: Callable[[p.ExecuteResponse], p.ExecuteResponse]
+    """Its answer for an exit 137, as ``execute_streaming`` gives it: ``out_of_memory`` when the
+    sandbox's memory limit killed it; may block (it may ask the sandbox)."""
 
 
 @runtime_checkable
@@ -40,20 +53,10 @@ class AwaitsOnHelper(Protocol):
         """The exec helper if one is running now (none is started), without blocking."""
         ...
 
-    def awaited_command(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> AwaitedCommand | p.ExecuteResponse:
-        """``execute_streaming``'s arguments made the command it sends its helper, or its answer
-        where it answers without running anything (a working directory that is not there);
-        without blocking."""
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """``command`` as ``execute_streaming`` sends it to its helper (`Command.within` the
+        sandbox's defaults), or its answer where it answers without running anything (a working
+        directory that is not there); without blocking."""
         ...
 
     def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:

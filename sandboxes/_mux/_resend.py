@@ -11,10 +11,11 @@ hands in how it gets its helper and how it drops a broken one; the rule lives he
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxes import protocol as p
+from sandboxes._mux._command import Command
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
 from sandboxes._output import OutputHook
@@ -22,7 +23,7 @@ from sandboxes._output import OutputHook
 if TYPE_CHECKING:
     from sandboxes.base import Call
 
-__all__ = ["Drop", "Helper", "run_command_once", "run_native_once", "run_replacing_once"]
+__all__ = ["Drop", "Helper", "run_command_once", "run_native_once", "run_on", "run_replacing_once"]
 
 Helper = Callable[[], MuxClient | None]
 """How a transport gets its exec helper: the running one, or one it starts; ``None``: it has none
@@ -62,27 +63,27 @@ def run_replacing_once(
 def run_command_once(
     helper: Helper,
     drop: Drop,
-    command: str,
+    command: Command,
+    on_output: OutputHook | None,
     *,
-    timeout: float | None,
-    stdin: bytes | None,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    output_limit: int,
-    on_output: OutputHook | None = None,
     lost: str,
     unsent: p.ExecuteResponse | None = None,
 ) -> p.ExecuteResponse | None:
     """A transport's ``execute`` on its helper (`MuxClient.run`), by `run_replacing_once`:
     ``None`` when there is no helper, and the caller runs the command its own slow way."""
-    return run_replacing_once(
-        helper,
-        lambda mux: mux.run(
-            command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit, on_output=on_output
-        ),
-        drop,
-        lost=lost,
-        unsent=unsent,
+    return run_replacing_once(helper, lambda mux: run_on(mux, command, on_output), drop, lost=lost, unsent=unsent)
+
+
+def run_on(mux: MuxClient, command: Command, on_output: OutputHook | None = None) -> p.ExecuteResponse:
+    """``command`` on ``mux`` (`MuxClient.run`), waited on by this thread."""
+    return mux.run(
+        command.command,
+        timeout=command.timeout,
+        stdin=command.stdin,
+        env=command.env,
+        cwd=command.cwd,
+        output_limit=command.output_limit,
+        on_output=on_output,
     )
 
 

@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -35,14 +35,15 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    CommandRun,
-    CommandsOnHelper,
-    HeldHelper,
+    Command,
+    DrivenSandbox,
+    HelperDriver,
     MuxBroken,
     MuxClient,
+    TransportWords,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
@@ -110,8 +111,10 @@ def _engine_errors() -> tuple[type[Exception], ...]:
     return (docker.errors.DockerException, requests.RequestException)
 
 
-class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
-    """One container. Thread-safe: many commands and file operations may run at once."""
+class DockerSandbox(DrivenSandbox, Sandbox):
+    """One container. Thread-safe: many commands and file operations may run at once. Its
+    commands and file ops go through the exec helper it holds (`helper_driver`), to which it is
+    the `sandboxes._mux.HelperTransport`."""
 
     config: DockerSandboxConfig
 
@@ -122,11 +125,11 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self.client = client
         self.config = config
         self.owned = owned
-        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
         """Whether every orphan its init adopts is a command's (see `sandboxes._helper._server`):
         only in the containers `create_container` made, whose init runs nothing else."""
+        self.helper_driver = HelperDriver(self, self._words(), config, enabled=config.use_exec_helper)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,51 +218,53 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
-    _command_lost = "exec helper died during the command"
-    _file_op_lost = "exec helper died during the file operation"
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=self.id[:12],
+            fallback="one docker exec per command",
+            restart="restarting it",
+            command_lost="exec helper died during the command",
+            file_op_lost="exec helper died during the file operation",
+        )
 
-    def _run_command(self, run: CommandRun) -> p.ExecuteResponse:
-        """`CommandsOnHelper._run_command`, the engine's failures answered: around the helper's
-        start as around the fallback's exec."""
-        try:
-            return super()._run_command(run)
-        except _MayHaveRun as lost:
-            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(lost))
-        except _engine_errors() as refused:  # before anything was started: a helper's or an exec's creation
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
-
-    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
-        """One ``docker exec`` (`_exec_once`); its failures are `_run_command`'s to answer."""
-        return self._exec_once(run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+    # ------------------------------------------------------------------ its transport
 
     @property
-    def _memory_limit(self) -> str:
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the config's."""
         return self.config.memory
 
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`FileOpsOnHelper._run_native`, the engine refusing the helper's start answered."""
-        try:
-            return super()._run_native(call)
-        except _engine_errors() as refused:  # the helper's start: nothing was sent
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {refused}")
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one ``docker exec`` (`_exec_once`)."""
+        c = command
+        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
+
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: the engine's failures, around the helper's start as
+        around the fallback's exec."""
+        if isinstance(error, _MayHaveRun):
+            return p.ExecuteResponse("", error=p.CONNECTION_LOST, message=str(error))
+        if isinstance(error, _engine_errors()):  # before anything was started: a helper's or an exec's creation
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"the docker engine refused: {error}")
+        return None
 
     @property
     def _reap_env(self) -> dict[str, str]:
         return {"SANDBOXES_REAP_INIT": "1"} if self._reap_init else {}
 
-    def _report_failed_start(self, error: Exception) -> None:
-        self._starts.report(logger, self.id[:12], error, "one docker exec per command")
-
-    def _python_missing(self) -> bool:
-        """Whether the image's shell says python3 is not there. A question that failed (its
-        exec could not start: a full pids limit) cannot tell, and the helper is tried later."""
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the image's shell says python3 is not there.
+        A question that failed (its exec could not start: a full pids limit) cannot tell, and
+        the helper is tried later."""
         try:
             _, answer = self._run_small(HAS_PYTHON_SH, timeout=10)
         except Exception:
             return False
         return python_missing(answer)
 
-    def _start_helper(self) -> MuxClient:
+    def start_helper(self) -> MuxClient:
+        """`sandboxes._mux.HelperTransport`: ``python3`` in a ``docker exec`` of its own."""
         api = self.client.api
         exec_id = api.exec_create(
             self.id,
@@ -278,16 +283,12 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self._oom_baseline = None
         return mux
 
-    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
-        logger.warning("exec helper of %s failed (%s); restarting it", self.id[:12], broken)
-        self._drop_helper(mux)
-
     def _exec_once(
         self,
         command: str,
         timeout: float,
         stdin: bytes | None,
-        env: dict[str, str],
+        env: Mapping[str, str],
         cwd: str,
         limit: int,
         on_output: Callable[[bytes], None] | None = None,
@@ -384,9 +385,10 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         stream.close()
         return api.exec_inspect(exec_id)["ExitCode"], output.text()
 
-    def _oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since we last looked (an
-        engine that fails the look: it cannot tell, and the command's answer stands)."""
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the container's memory cgroup killed
+        something since we last looked (an engine that fails the look: it cannot tell, and the
+        command's answer stands)."""
         try:
             text = self._probe(_OOM_COUNT)
         except _engine_errors():
@@ -397,7 +399,7 @@ class DockerSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self._helper()
+        mux = self.helper_driver.helper()
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()

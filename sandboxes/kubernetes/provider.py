@@ -260,7 +260,7 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
     def _usable(self, sandbox: KubernetesSandbox) -> bool:
         """Its exec stream is up (which proves the pod runs, for free), or it has no helper to
         keep up (an image without python3)."""
-        return sandbox.helper_alive or sandbox._starts.unavailable
+        return sandbox.helper_alive or sandbox.helper_driver.starts.unavailable
 
     def _stale(self, sandbox: KubernetesSandbox) -> bool:
         return not self._usable(sandbox)

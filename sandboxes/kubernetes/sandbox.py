@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -33,14 +33,15 @@ from sandboxes._mux import (
     HAS_PYTHON_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    CommandRun,
-    CommandsOnHelper,
-    HeldHelper,
+    Command,
+    DrivenSandbox,
+    HelperDriver,
     MuxBroken,
     MuxClient,
+    TransportWords,
     python_missing,
 )
-from sandboxes._output import OutputBuffer, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
 from sandboxes.kubernetes._exec import (
     MAX_ARCHIVE_MEMBERS,
     ExecError,
@@ -112,8 +113,10 @@ _OOM_COUNT = (
 )
 
 
-class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
-    """One pod. Thread-safe: many commands and file operations may run at once."""
+class KubernetesSandbox(DrivenSandbox, Sandbox):
+    """One pod. Thread-safe: many commands and file operations may run at once. Its commands and
+    file ops go through the exec helper it holds (`helper_driver`), to which it is the
+    `sandboxes._mux.HelperTransport`."""
 
     config: KubernetesSandboxConfig
 
@@ -123,8 +126,10 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         self.config = config
         self.owned = owned
         self._exec_api = exec_api(api)
-        self._hold_helper(config.use_exec_helper)
         self._oom_baseline: int | None = None
+        self.helper_driver = HelperDriver(
+            self, self._words(), config, enabled=config.use_exec_helper, start_failures=(MuxBroken, ExecError)
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -181,28 +186,37 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     # ------------------------------------------------------------------ execute
 
-    _command_lost = "the exec stream dropped during the command"
-    _file_op_lost = "the exec stream dropped during the file operation"
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=f"pod {self.name}",
+            fallback="one exec per command",
+            restart="reopening it",
+            command_lost="the exec stream dropped during the command",
+            file_op_lost="the exec stream dropped during the file operation",
+        )
 
-    def _run_alone(self, run: CommandRun) -> p.ExecuteResponse:
-        """One exec (`_exec_once`); one that could not be opened answers ``unavailable``."""
-        try:
-            return self._exec_once(
-                run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output
-            )
-        except ExecError as exc:
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(exc))
+    # ------------------------------------------------------------------ its transport
 
     @property
-    def _memory_limit(self) -> str:
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the config's."""
         return self.config.memory_limit or "none"
 
-    _start_failures = (MuxBroken, ExecError)
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one exec (`_exec_once`)."""
+        c = command
+        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
 
-    def _report_failed_start(self, error: Exception) -> None:
-        self._starts.report(logger, f"pod {self.name}", error, "one exec per command")
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: an exec that could not be opened answers ``unavailable``."""
+        if isinstance(error, ExecError):
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=str(error))
+        return None
 
-    def _start_helper(self) -> MuxClient:
+    def start_helper(self) -> MuxClient:
+        """`sandboxes._mux.HelperTransport`: the bootstrap in an exec of its own, then the source
+        on its stdin."""
         stream = open_exec(
             self._exec_api, self.config.namespace, self.name, ["python3", *PYTHON_FLAGS, "-c", BOOTSTRAP]
         )
@@ -214,23 +228,20 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
             detail = status_message(bytes(stream.status)) if stream.status else bytes(stream.stderr[-500:])
             raise MuxBroken(f"{broken}; helper said: {detail!r}") from broken
 
-    def _python_missing(self) -> bool:
-        """Whether the image's shell says python3 is not there; a question that failed cannot tell."""
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the image's shell says python3 is not there;
+        a question that failed cannot tell."""
         try:
             return python_missing(self._run_small(HAS_PYTHON_SH)[1])
         except ExecError:
             return False
-
-    def _drop_broken(self, mux: MuxClient, broken: MuxBroken) -> None:
-        logger.warning("exec helper of pod %s failed (%s); reopening it", self.name, broken)
-        self._drop_helper(mux)
 
     def _exec_once(
         self,
         command: str,
         timeout: float,
         stdin: bytes | None,
-        env: dict[str, str],
+        env: Mapping[str, str],
         cwd: str,
         limit: int,
         on_output: Callable[[bytes], None] | None = None,
@@ -313,8 +324,9 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
         reader.join(1.0)
         return stream.exit_code(), output.text()
 
-    def _oom_killed(self) -> bool:
-        """Whether the container's memory cgroup killed something since we last looked."""
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the container's memory cgroup killed
+        something since we last looked."""
         text = self._probe(_OOM_COUNT)
         count = _parse.natural(text)
         previous, self._oom_baseline = self._oom_baseline, count
@@ -322,7 +334,7 @@ class KubernetesSandbox(CommandsOnHelper, HeldHelper, Sandbox):
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self._helper()
+        mux = self.helper_driver.helper()
         if mux is not None:
             with contextlib.suppress(MuxBroken):
                 return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()

@@ -37,9 +37,7 @@ from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     AwaitedCommand,
-    AwaitsCommands,
-    CommandRun,
-    FileOpsOnHelper,
+    Command,
     GivenDefaults,
     HelperStarts,
     MuxBroken,
@@ -49,9 +47,10 @@ from sandboxes._mux import (
     kill_tagged,
     python_missing,
     run_command_once,
+    run_native_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response, out_of_memory
-from sandboxes.base import Operation
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
+from sandboxes.base import Call, Operation, StreamingSandbox
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
 from sandboxes.local._freezer import freeze_jail, thaw_jail
@@ -128,7 +127,7 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     have replaced with a link) bound into the jail at `Mount.path`."""
 
 
-class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
+class LocalSandbox(StreamingSandbox, Sandbox):
     """A sandbox whose files are ``root_dir`` on this host.
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
@@ -321,34 +320,25 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> p.ExecuteResponse:
-        run = self._command_run(
-            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        asked = Command.given(
+            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
+        run = self._command_run(asked)
         if isinstance(run, p.ExecuteResponse):
             return run
-        args = (run.command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output)
+        hook = as_output_hook(on_output)
         if not self._starts.unavailable:
-            response = self._execute_in_helper(*args)
+            response = self._execute_in_helper(run, hook)
             if response is not None:
                 return response
-        return self._execute_spawned(*args)
+        return self._execute_spawned(run, hook)
 
-    def _command_run(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | str | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> CommandRun | p.ExecuteResponse:
-        """`execute_streaming`'s arguments, what they leave out filled in (the helper's environment
-        under the caller's); its answer where nothing runs (closed, or no such working directory)."""
+    def _command_run(self, command: Command) -> Command | p.ExecuteResponse:
+        """``command`` within the sandbox's defaults (the helper's environment under the
+        caller's); its answer where nothing runs (closed, or no such working directory)."""
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
-        workdir = cwd or str(self.root)
+        workdir = command.cwd or str(self.root)
         if not self._host_view(workdir).is_dir():
             return p.ExecuteResponse(
                 "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
@@ -356,31 +346,43 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         defaults = GivenDefaults(
             self.config.default_timeout, self.config.output_limit, self._helper_env(), self.workdir
         )
-        return CommandRun.resolve(
-            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
+        return command.within(defaults)
 
-    def _awaited(self, run: CommandRun) -> AwaitedCommand:
-        """Its out-of-memory kills counted from now, as `_execute_in_helper` counts them."""
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """`sandboxes._mux.AwaitsOnHelper`: its out-of-memory kills counted from now, as
+        `_execute_in_helper` counts them."""
+        run = self._command_run(command)
+        if isinstance(run, p.ExecuteResponse):
+            return run
         oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
         return AwaitedCommand(run, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+
+    native_file_ops = True
+
+    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
+        """`sandboxes.base.BaseSandbox._run_native` on the jail's exec helper."""
+        return run_native_once(
+            self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=self._file_op_lost
+        )
+
+    def exec_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands and file ops use."""
+        return self._helper()
+
+    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
+        """`sandboxes._mux.AwaitsOnHelper`: ``mux``, found broken under an awaited command, let
+        go of as under one of this sandbox's own."""
+        self._drop_broken(mux, broken)
 
     def running_helper(self) -> MuxClient | None:
         """`sandboxes._mux.AwaitsOnHelper`: the jail's helper if one is running now (none is started)."""
         helper = self._helper_process
         return helper.client if helper is not None and helper.client.alive else None
 
-    def _execute_spawned(
-        self,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        environment: dict[str, str],
-        workdir: str,
-        output_limit: int,
-        on_output: OutputHook | None,
-    ) -> p.ExecuteResponse:
+    def _execute_spawned(self, run: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
         """One process (one bwrap, when isolated) for this command alone: the fallback."""
+        command, timeout, stdin, workdir, limit = run.command, run.timeout, run.stdin, run.workdir, run.output_limit
+        environment = dict(run.env)
         marker = (MARKER_ENV, environment.get(MARKER_ENV) or uuid.uuid4().hex)  # the caller's own, if given
         pass_fds: tuple[int, ...] = ()
         fresh: tuple[int, ...] = ()
@@ -403,7 +405,7 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
                 cwd=process_cwd,
                 stdin=stdin,
                 timeout=timeout,
-                output_limit=output_limit,
+                output_limit=limit,
                 marker=marker,
                 on_output=on_output,
                 pass_fds=pass_fds,
@@ -441,34 +443,14 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         helper = self._helper_process
         return command_marker(helper.client if helper is not None else None, new)
 
-    def _execute_in_helper(
-        self,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        environment: dict[str, str],
-        workdir: str,
-        output_limit: int,
-        on_output: OutputHook | None,
-    ) -> p.ExecuteResponse | None:
+    def _execute_in_helper(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse | None:
         """The command through the long-lived jail; ``None`` when there is none (fall back).
 
         A jail found broken before the command was written to it is replaced and the command
         sent again; once written, the command may have run, so a jail that dies then answers
         ``connection_lost`` (`sandboxes._mux.MuxBroken.may_resend`)."""
         oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        response = run_command_once(
-            self._helper,
-            self._drop_broken,
-            command,
-            timeout=timeout,
-            stdin=stdin,
-            env=environment,
-            cwd=workdir,
-            output_limit=output_limit,
-            on_output=on_output,
-            lost=self._command_lost,
-        )
+        response = run_command_once(self._helper, self._drop_broken, command, on_output, lost=self._command_lost)
         return None if response is None else self._oom_checked(response, oom_before)
 
     _command_lost = "the sandbox's jail died during the command"
@@ -500,9 +482,8 @@ class LocalSandbox(AwaitsCommands, FileOpsOnHelper, Sandbox):
         the system's directories, so a python elsewhere on this machine (a virtualenv's, say)
         is missing in it; a question that failed cannot tell."""
         try:
-            answer = self._execute_spawned(
-                has_python_sh(self.config.helper_python), 10, None, self._helper_env(), str(self.root), 4096, None
-            )
+            probe = has_python_sh(self.config.helper_python)
+            answer = self._execute_spawned(Command(probe, 10, 4096, env=self._helper_env(), cwd=str(self.root)), None)
         except Exception:
             return False
         return python_missing(answer.output)

@@ -21,12 +21,13 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from sandboxes import protocol as p
+from sandboxes._mux import Command
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook
 from sandboxes.api import ExecuteRequest, ExecuteResult
 from sandboxes.base import OPERATION_ENV, BaseSandbox, MarksAhead
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.logs import unique_id
-from sandboxes.server.processes import Command, result_of, run_marked
+from sandboxes.server.processes import result_of, run_marked
 from sandboxes.server.settings import ServiceSettings, Template
 from sandboxes.server.waiting import awaitable_helper, run_awaited
 
@@ -51,7 +52,7 @@ def command_for(request: ExecuteRequest, template: Template, settings: ServiceSe
     for name in request.env:
         if not name or "=" in name or "\x00" in name:
             raise ServiceError("invalid_request", f"invalid environment variable name {name!r}")
-    return Command(request.command, timeout, stdin, dict(request.env), request.cwd, limit)
+    return Command(request.command, timeout, limit, stdin=stdin, env=dict(request.env), cwd=request.cwd)
 
 
 WATCH_AFTER = 0.05
@@ -128,8 +129,8 @@ def _started(
     async def in_a_thread() -> p.ExecuteResponse:
         return await loop.run_in_executor(executor, call)
 
-    env = {**command.env, MARKER_ENV: token}
-    work = asyncio.ensure_future(run_awaited(sandbox, mux, command, env, on_output, in_a_thread))
+    marked = command.with_env(MARKER_ENV, token)
+    work = asyncio.ensure_future(run_awaited(sandbox, mux, marked, on_output, in_a_thread))
     if on_end is not None:
         work.add_done_callback(lambda _: on_end())
     return work, token

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Literal
 
 from sandboxes import protocol as p
+from sandboxes._mux import Command as Command  # re-exported: the service's commands are the one value
 from sandboxes._output import OutputHook
 from sandboxes.api import ExecuteResult, ProcessInfo
 from sandboxes.base import BaseSandbox
@@ -42,18 +42,6 @@ logger = logging.getLogger(__name__)
 Status = Literal["running", "exited", "killed", "timeout"]
 _KEEP_FINISHED = 64
 _WATCH_INTERVAL = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    """One command with the service's limits already applied."""
-
-    command: str
-    timeout: float
-    stdin: bytes | None
-    env: Mapping[str, str]
-    cwd: str | None
-    output_limit: int
 
 
 def result_of(response: p.ExecuteResponse) -> ExecuteResult:

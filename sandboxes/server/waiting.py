@@ -25,11 +25,10 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 from sandboxes import protocol as p
-from sandboxes._mux import AwaitedCommand, AwaitsOnHelper, MuxBroken, MuxClient
+from sandboxes._mux import AwaitedCommand, AwaitsOnHelper, Command, MuxBroken, MuxClient
 from sandboxes._mux._awaited import arun
 from sandboxes._output import OutputHook
 from sandboxes.base import BaseSandbox
-from sandboxes.server.processes import Command
 
 logger = logging.getLogger(__name__)
 
@@ -54,29 +53,16 @@ def awaitable_helper(sandbox: BaseSandbox) -> MuxClient | None:
 
 
 async def run_awaited(
-    sandbox: BaseSandbox,
-    mux: MuxClient,
-    command: Command,
-    env: dict[str, str],
-    on_output: OutputHook | None,
-    fallback: Fallback,
+    sandbox: BaseSandbox, mux: MuxClient, command: Command, on_output: OutputHook | None, fallback: Fallback
 ) -> p.ExecuteResponse:
     """``command`` through ``mux``, answered as the sandbox's own ``execute_streaming`` answers it."""
     capable = _capable(sandbox)
     assert capable is not None  # the only ones `awaitable_helper` answers for
     try:
-        awaited = capable.awaited_command(
-            command.command,
-            on_output,
-            timeout=command.timeout,
-            stdin=command.stdin,
-            env=env,
-            cwd=command.cwd,
-            output_limit=command.output_limit,
-        )
+        awaited = capable.awaited_command(command)
         if isinstance(awaited, p.ExecuteResponse):  # answered without running anything
             return awaited
-        response = await _awaited(capable, mux, awaited)
+        response = await _awaited(capable, mux, awaited, on_output)
         if response is None:  # never written: the thread path starts a new helper
             return await fallback()
         if response.exit_code == 137:
@@ -89,21 +75,13 @@ async def run_awaited(
     return response
 
 
-async def _awaited(capable: AwaitsOnHelper, mux: MuxClient, awaited: AwaitedCommand) -> p.ExecuteResponse | None:
+async def _awaited(
+    capable: AwaitsOnHelper, mux: MuxClient, awaited: AwaitedCommand, on_output: OutputHook | None
+) -> p.ExecuteResponse | None:
     """``awaited``'s answer on ``mux``; a helper that broke is let go of, and the command answers
     ``connection_lost`` if it was written (it may have run), ``None`` if it was not."""
-    run = awaited.run
     try:
-        return await arun(
-            mux,
-            run.command,
-            timeout=run.timeout,
-            stdin=run.stdin,
-            env=run.env,
-            cwd=run.cwd,
-            output_limit=run.output_limit,
-            on_output=run.on_output,
-        )
+        return await arun(mux, awaited.command, on_output)
     except MuxBroken as broken:
         await asyncio.to_thread(capable.drop_helper, mux, broken)
         if not broken.may_resend:  # it may have run: running it again could do it twice

@@ -37,8 +37,7 @@ from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
     AwaitedCommand,
-    AwaitsCommands,
-    CommandRun,
+    Command,
     GivenDefaults,
     HelperStarts,
     MuxBroken,
@@ -48,7 +47,7 @@ from sandboxes._mux import (
     run_command_once,
     run_native_once,
 )
-from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
 from sandboxes.base import Call, StreamingSandbox
 from sandboxes.lifecycle import FreezeUnavailable, Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
@@ -102,7 +101,7 @@ _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
-class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
+class SSHSandbox(StreamingSandbox, Sandbox):
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -244,59 +243,46 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
     ) -> p.ExecuteResponse:
         """`StreamingSandbox.execute_streaming`: through the exec helper, stdout and stderr
         apart; on a channel of its own (no helper), merged."""
-        run = self._command_run(
-            command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+        asked = Command.given(
+            self._defaults(), command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
         )
+        run = self._command_run(asked)
         if isinstance(run, p.ExecuteResponse):
             return run
+        hook = as_output_hook(on_output)
         try:
             response = run_command_once(
                 self._helper,
                 self.drop_helper,
-                command,
-                timeout=run.timeout,
-                stdin=run.stdin,
-                env=run.env,
-                cwd=run.cwd,
-                output_limit=run.output_limit,
-                on_output=run.on_output,
+                run,
+                hook,
                 lost=_COMMAND_LOST,
                 unsent=p.ExecuteResponse(  # never written: it did not run
                     "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
                 ),
             )
             if response is None:
-                return self._exec_once(
-                    command, run.timeout, run.stdin, run.env, run.cwd, run.output_limit, run.on_output
-                )
+                c = run
+                return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, hook)
             return response
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             # Raised only before the command was sent: no connection, no channel.
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
 
-    def _command_run(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None,
-        stdin: bytes | str | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int | None,
-    ) -> CommandRun | p.ExecuteResponse:
-        """`execute_streaming`'s arguments, what they leave out filled in; ``unavailable`` once closed."""
+    def _defaults(self) -> GivenDefaults:
+        return GivenDefaults(self.config.default_timeout, self.config.output_limit, self.config.env, self.workspace)
+
+    def _command_run(self, command: Command) -> Command | p.ExecuteResponse:
+        """``command`` within the config's defaults; ``unavailable`` once closed."""
         if self._closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
-        defaults = GivenDefaults(self.config.default_timeout, self.config.output_limit, self.config.env, self.workspace)
-        return CommandRun.resolve(
-            defaults, command, on_output, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
-        )
+        return command.within(self._defaults())
 
-    def _awaited(self, run: CommandRun) -> AwaitedCommand:
-        """As the helper runs it (as the sandbox's user); no out-of-memory check, which this
-        backend has none of: an exit 137 stays one."""
-        return AwaitedCommand(run, _COMMAND_LOST, lambda response: response)
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """`sandboxes._mux.AwaitsOnHelper`: as the helper runs it (as the sandbox's user); no
+        out-of-memory check, which this backend has none of: an exit 137 stays one."""
+        run = self._command_run(command)
+        return run if isinstance(run, p.ExecuteResponse) else AwaitedCommand(run, _COMMAND_LOST, lambda answer: answer)
 
     def running_helper(self) -> MuxClient | None:
         """`sandboxes._mux.AwaitsOnHelper`: the helper if one is running now (none is started).
@@ -404,7 +390,7 @@ class SSHSandbox(AwaitsCommands, StreamingSandbox, Sandbox):
         command: str,
         timeout: float,
         stdin: bytes | None,
-        env: dict[str, str],
+        env: Mapping[str, str],
         cwd: str,
         limit: int,
         on_output: OutputHook | None = None,

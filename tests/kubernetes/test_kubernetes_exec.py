@@ -76,8 +76,8 @@ class TestKubernetesSandboxConformance(SandboxConformance):
             assert helper_sandbox.execute("echo hi").output == "hi\n"
         assert fake_kubernetes.requests["exec"] == before
         assert isinstance(helper_sandbox, Lifecycle)
-        assert helper_sandbox._mux is not None
-        assert helper_sandbox._mux._stream.protocol == V5  # type: ignore[attr-defined]
+        assert helper_sandbox.helper_driver.mux is not None
+        assert helper_sandbox.helper_driver.mux._stream.protocol == V5  # type: ignore[attr-defined]
 
 
 def test_file_ops_go_through_the_exec_helper_natively(helper_sandbox: KubernetesSandbox) -> None:
@@ -136,8 +136,8 @@ class TestKubernetesFallbackConformance(SandboxConformance):
         fallback_sandbox.execute("true")  # the first command finds out that the image has no python3
         before = fake_kubernetes_v4.requests["exec"]
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._starts.unavailable
-        assert fallback_sandbox._mux is None
+        assert fallback_sandbox.helper_driver.starts.unavailable
+        assert fallback_sandbox.helper_driver.mux is None
         assert fake_kubernetes_v4.requests["exec"] == before + 1
 
 
@@ -157,8 +157,8 @@ def test_helper_over_v4(fake_kubernetes_v4: FakeKubernetes, runtime_image: str) 
         assert dumped[:6] == ["00", "ff", "0a", "00", "ff", "0a"]
         assert sandbox.execute("wc -c", stdin=bytes(range(256)) * 100).output.strip() == "25600"
         assert sandbox.helper_alive
-        assert sandbox._mux is not None
-        assert sandbox._mux._stream.protocol == V4  # type: ignore[attr-defined]
+        assert sandbox.helper_driver.mux is not None
+        assert sandbox.helper_driver.mux._stream.protocol == V4  # type: ignore[attr-defined]
     finally:
         sandbox.destroy()
 
@@ -167,12 +167,12 @@ def test_dropped_stream_is_reopened(fake_kubernetes: FakeKubernetes, runtime_ima
     sandbox = _sandbox(fake_kubernetes, runtime_image)
     try:
         sandbox.execute("true")
-        assert sandbox._mux is not None
-        first = sandbox._mux.info["pid"]
-        sandbox._mux._stream.close()  # the websocket drops under it
+        assert sandbox.helper_driver.mux is not None
+        first = sandbox.helper_driver.mux.info["pid"]
+        sandbox.helper_driver.mux._stream.close()  # the websocket drops under it
         assert sandbox.execute("echo again").output == "again\n"
-        assert sandbox._mux is not None
-        assert sandbox._mux.info["pid"] != first
+        assert sandbox.helper_driver.mux is not None
+        assert sandbox.helper_driver.mux.info["pid"] != first
     finally:
         sandbox.destroy()
 
@@ -188,7 +188,7 @@ def test_a_command_cut_off_answers_connection_lost_and_is_not_rerun(
     sandbox = _sandbox(fake_kubernetes, runtime_image)
     try:
         sandbox.execute("true")
-        mux = sandbox._mux
+        mux = sandbox.helper_driver.mux
         assert mux is not None
         started = threading.Event()
         result: list[p.ExecuteResponse] = []
@@ -303,8 +303,8 @@ def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
     sandbox = _sandbox(fake_kubernetes, runtime_image)
     try:
         assert sandbox.execute("true").exit_code == 0
-        assert sandbox._mux is not None
-        pid = str(sandbox._mux.info["pid"])
+        assert sandbox.helper_driver.mux is not None
+        pid = str(sandbox.helper_driver.mux.info["pid"])
         container = docker_client.containers.get(fake_kubernetes.kubelet.containers[("sandboxes", sandbox.id)])
 
         def signal_helper(name: str) -> None:

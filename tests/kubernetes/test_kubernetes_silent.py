@@ -32,7 +32,7 @@ def sandbox(
 
 
 def _helper_stream(sandbox: KubernetesSandbox) -> kube_exec.ExecStream:
-    mux = sandbox._mux
+    mux = sandbox.helper_driver.mux
     assert mux is not None
     stream = mux._stream
     assert isinstance(stream, kube_exec.ExecStream)
@@ -51,5 +51,5 @@ def test_the_helpers_stream_pings_while_a_command_is_silent(sandbox: KubernetesS
     result = sandbox.execute("sleep 1; echo done", timeout=30)
     assert (result.exit_code, result.error, result.output) == (0, None, "done\n"), result
     wait_for(lambda: stream.pongs >= before + 3, "three pongs to the pings sent during a silent second")
-    assert sandbox._mux is not None
-    assert sandbox._mux._stream is stream  # the same helper throughout
+    assert sandbox.helper_driver.mux is not None
+    assert sandbox.helper_driver.mux._stream is stream  # the same helper throughout

@@ -28,7 +28,7 @@ def test_a_process_that_cannot_record_its_end_frees_its_slot(sandbox: DockerSand
     table = ProcessTable(sandbox, max_running=16, max_read=1 << 20)
     released = threading.Event()
     wait = "while [ ! -e /workspace/go ]; do sleep 0.05; done; echo done"
-    started = table.start(Command(wait, 60.0, None, {}, None, 4096), on_end=released.set)
+    started = table.start(Command(wait, timeout=60.0, output_limit=4096), on_end=released.set)
     try:
         assert sandbox.execute(FILL_TMP).output == "full\n"
         assert sandbox.execute("touch /workspace/go").exit_code == 0

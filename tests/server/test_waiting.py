@@ -45,7 +45,7 @@ async def _awaited(sandbox: DockerSandbox, command: str) -> tuple[p.ExecuteRespo
         return await asyncio.to_thread(sandbox.execute, command)
 
     spec = Command(command=command, timeout=30, stdin=None, env={}, cwd=None, output_limit=1 << 20)
-    return await run_awaited(sandbox, mux, spec, {}, None, in_a_thread), fallbacks
+    return await run_awaited(sandbox, mux, spec, None, in_a_thread), fallbacks
 
 
 async def test_a_command_whose_answer_was_lost_is_never_run_twice(

@@ -267,7 +267,7 @@ class Pools:
         try:
             sandbox.execute("true", timeout=60)  # starts the helper; the next command announces
             token = sandbox.command_marker(unique_id) if isinstance(sandbox, MarksAhead) else unique_id()
-            warm = run_marked(sandbox, Command("true", 60.0, None, {}, None, DEFAULT_OUTPUT_LIMIT), token, None)
+            warm = run_marked(sandbox, Command("true", 60.0, DEFAULT_OUTPUT_LIMIT), token, None)
             if warm.exit_code != 0:
                 raise RuntimeError(f"warming it failed: {warm.error or warm.exit_code} {warm.message}")
         except BaseException:

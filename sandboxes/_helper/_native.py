@@ -31,7 +31,7 @@ import marshal
 import os
 import stat
 
-from ._loop import NATIVE_OPS, send_exit
+from ._loop import NATIVE_OPS, add_sources, send_exit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
@@ -162,9 +162,7 @@ def _op(payload: bytes) -> "list[str]":
         spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
         op = spec["op"]
         if isinstance(spec.get("sources"), str):  # the modules of an op left out of the bootstrap
-            from ._server import _add_sources
-
-            _add_sources(spec["sources"])
+            add_sources(spec["sources"])
     except Exception:  # cut short (EOFError), too big (MemoryError), a bad code object (SystemError)...
         raise ValueError("malformed file op") from None
     if not isinstance(op, list) or not op or op[0] not in NATIVE_OPS or not all(isinstance(a, str) for a in op):

@@ -96,6 +96,7 @@ from ._loop import (
     _streaming,
     _subreaper,
     _undumpable,
+    add_sources,
     flush,
     send,
     send_exit,
@@ -239,7 +240,7 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         try:
             spec = marshal.loads(payload)  # noqa: S302 (the client's own request, `wire_spec`)
             if spec.get("sources"):
-                _add_sources(spec["sources"])
+                add_sources(spec["sources"])
             if isinstance(spec, dict) and (isinstance(spec.get("relay"), dict) or isinstance(spec.get("listen"), dict)):
                 _open_relay(ident, spec)
                 return
@@ -277,20 +278,6 @@ def _handle(kind: bytes, ident: int, payload: bytes) -> None:
         command.stop()
     elif kind == RESIZE:
         command.resize(payload)
-
-
-def _add_sources(sources: str) -> None:
-    """An R request's ``sources``: modules left out of the bootstrap (`_watch`, `_pty`...), added
-    to what the helper's importer serves, for this request and every later one."""
-    import binascii
-    import zlib
-
-    for finder in sys.meta_path:
-        shipped = getattr(finder, "shipped", None)
-        if isinstance(shipped, dict):
-            packed = zlib.decompress(binascii.a2b_base64(sources))
-            for name, source in marshal.loads(packed).items():  # noqa: S302 (the client's own, `ON_DEMAND`)
-                shipped.setdefault(name, source)
 
 
 def _watch(ident: int, spec: "dict[str, Any]") -> "Watch":

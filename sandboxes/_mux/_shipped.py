@@ -51,7 +51,7 @@ them (`sandboxes._mux.client.MuxClient.run_native`)."""
 @functools.cache
 def sources_of(*names: str) -> str:
     """The ``sources`` of a request that needs the `ON_DEMAND` modules ``names`` (the helper's
-    ``_server._add_sources`` adds them to what its importer serves)."""
+    ``_loop.add_sources`` adds them to what its importer serves)."""
     unknown = set(names) - set(ON_DEMAND)
     if unknown:
         raise ValueError(f"not modules shipped on demand: {sorted(unknown)}")

@@ -65,8 +65,8 @@ BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
 
 
-_FREEZE_ATTEMPTS = 4
-"""Tries of ``docker pause`` when the runtime gave up freezing (`DockerSandbox.freeze`)."""
+_FREEZE_ATTEMPTS = 6
+"""Tries of ``docker pause`` when the runtime gave up freezing (`pause_container`)."""
 
 
 def _freeze_gave_up(exc: BaseException) -> bool:
@@ -74,6 +74,30 @@ def _freeze_gave_up(exc: BaseException) -> bool:
     import docker.errors
 
     return isinstance(exc, docker.errors.APIError) and "unable to freeze" in str(exc.explanation)
+
+
+def pause_container(container: Container) -> None:
+    """``docker pause`` of ``container``, paused already or not. The runtime gives up ("unable
+    to freeze") when a process does not reach the frozen state in its time, which a loaded host
+    brings about; that is tried again a few times."""
+    for attempt in Retrying(
+        retry=retry_if_exception(_freeze_gave_up),
+        stop=stop_after_attempt(_FREEZE_ATTEMPTS),
+        wait=wait_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            _pause_once(container)
+
+
+def _pause_once(container: Container) -> None:
+    import docker.errors
+
+    try:
+        container.pause()
+    except docker.errors.APIError as exc:
+        if "already paused" not in str(exc.explanation):  # the engine's 409 or 500 alike
+            raise
 
 
 _SMALL_OUTPUT = 4096
@@ -177,27 +201,9 @@ class DockerSandbox(DrivenSandbox, Sandbox):
             self.container.stop(timeout=1)
 
     def freeze(self) -> None:
-        """``docker pause``: the container's cgroup freezer stops every process in it.
-
-        The runtime gives up ("unable to freeze") when a process does not reach the frozen
-        state in its time, which a loaded host brings about; that is retried a few times."""
-        for attempt in Retrying(
-            retry=retry_if_exception(_freeze_gave_up),
-            stop=stop_after_attempt(_FREEZE_ATTEMPTS),
-            wait=wait_exponential(multiplier=0.1, max=1.0),
-            reraise=True,
-        ):
-            with attempt:
-                self._pause_once()
-
-    def _pause_once(self) -> None:
-        import docker.errors
-
-        try:
-            self.container.pause()
-        except docker.errors.APIError as exc:
-            if "already paused" not in str(exc.explanation):  # the engine's 409 or 500 alike
-                raise
+        """``docker pause``: the container's cgroup freezer stops every process in it
+        (`pause_container`)."""
+        pause_container(self.container)
 
     def thaw(self) -> None:
         """``docker unpause``; a container that is not paused is left as it is."""

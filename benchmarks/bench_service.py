@@ -27,8 +27,9 @@ own, while an in-process server would share this process's lock with the C clien
 measure their contention rather than the service. All clients of a side share ``--sandboxes``
 sandboxes (default 1), so both sides have the same per-sandbox serialisation.
 
-Targets (reported, never asserted): overhead (service p50 - direct p50) <= 3 ms for execute and
-read through the client; >= 300 execute/s through the service with 20 clients, and >= 0.8x the
+Targets (reported, never asserted): overhead (service p50 - direct p50) <= 1.2x the
+``/healthz`` p50 of the same run for execute through the client (issue #36: the service adds
+little beyond its HTTP stack), <= 3 ms for read; >= 300 execute/s through the service with 20 clients, and >= 0.8x the
 direct rate (issue #14). The report names
 the HTTP stack the service says it runs on (its "serving with" log line). ``--profile`` runs the service
 under cProfile (its event-loop thread, during the throughput windows only, which it slows) and
@@ -58,7 +59,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,8 @@ from sandboxes.client import RemoteSandbox, SandboxClient
 IMAGE = "sandboxes/runtime:latest"
 READ_LINES = 200
 OVERHEAD_TARGET_MS = 3.0
+HEALTHZ_FACTOR = 1.2
+"""Issue #36: execute through the client costs at most the direct p50 plus this many /healthz p50s."""
 RATE_TARGET = 300.0
 RATIO_TARGET = 0.8
 """Issue #14: with 20 clients the service keeps at least this share of direct throughput."""
@@ -326,7 +329,16 @@ def _bench_latency(client: httpx.Client, remote: RemoteSandbox, direct: BaseSand
     ]:  # fmt: skip
         service_ms, direct_ms = _paired(service_fn, direct_fn, iterations, warmup)
         rows.append(_latency_row(op, service_ms, direct_ms, note, target))
-    return rows
+    return [_against_healthz(row, rows[0].service_p50) if row.op == "execute('true')" else row for row in rows]
+
+
+def _against_healthz(row: Row, healthz_p50: float) -> Row:
+    """``row`` with issue #36's target: its overhead within `HEALTHZ_FACTOR` /healthz p50s."""
+    budget = HEALTHZ_FACTOR * healthz_p50
+    assert row.overhead_ms is not None
+    return replace(
+        row, target=f"overhead <= {HEALTHZ_FACTOR:g}x healthz ({budget:.2f} ms)", met=row.overhead_ms <= budget
+    )
 
 
 # --------------------------------------------------------------------------- throughput

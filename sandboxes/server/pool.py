@@ -119,6 +119,11 @@ class Pools:
         """Members of ``template``'s pool ready to be claimed now."""
         return len(self._ready.get(template, ()))
 
+    def offers(self, template: str, request: CreateSandbox) -> bool:
+        """Whether `claim` would hand ``request`` one of ``template``'s members now (one is ready,
+        and it asks for nothing a member lacks): a stale one may still leave it cold."""
+        return bool(self._ready.get(template)) and claimable(request)
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, held: Iterable[str], unreachable: Iterable[str]) -> None:

@@ -19,7 +19,8 @@ reconciliation adopts the claimed ones (their claims name their tenants) and des
 unclaimed ones, which the pool then makes again.
 
 What it does not do: replicas. Claims live in one service's data directory; another replica
-on the same engine leaves this pool's sandboxes alone but cannot see their claims.
+on the same engine leaves this pool's sandboxes alone but cannot see their claims, and a claim's
+quota check counts what this service holds (`Quotas.admit_held`), not the engine's records.
 """
 
 from __future__ import annotations

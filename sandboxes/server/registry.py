@@ -150,8 +150,9 @@ class Registry(Keeping):
         started = time.perf_counter()
         claimed = None
         if self.pools.offers(request.template, request):  # counted from what is held: no backend read
-            reservation = self._quotas.admit_held(tenant, template, self._holding(tenant))
-            if reservation is not None:
+            held = self._quotas.admit_held(tenant, template, self._holding(tenant))
+            if held is not None:
+                reservation = held
                 claimed = await self._claim(reservation, backend, request, tenant, expires_at, keyed)
                 if claimed is None:  # a cold create is counted from the backends' records
                     self._quotas.release(reservation)

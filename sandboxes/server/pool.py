@@ -61,6 +61,9 @@ REFILL_WORKERS = 2
 CLAIM_GRACE = 60.0
 """Seconds a claim may wait to be registered (the create's quota recount) before a sweep that
 finds its sandbox held nowhere forgets it."""
+REFILL_DELAY = 0.1
+"""Seconds between a claim and the refill it starts: the claimed sandbox's first command, and
+the claims of a burst, come before the making of a sandbox that contends with them for the CPU."""
 RETRY_AFTER_FAILURE = 5.0
 """Seconds before a template whose pooled sandbox could not be made is refilled again."""
 
@@ -115,6 +118,7 @@ class Pools:
         self._executor = ThreadPoolExecutor(REFILL_WORKERS, thread_name_prefix="sandboxes-pool")
         self._tasks: set[asyncio.Future[None]] = set()
         self._closing = False
+        self._refill_due: set[str] = set()
 
     def ready(self, template: str) -> int:
         """Members of ``template``'s pool ready to be claimed now."""
@@ -196,7 +200,7 @@ class Pools:
         member = self._take(name)
         if member is None:
             return None
-        self._refill(name)
+        self._refill_soon(name)
         state = dataclasses.replace(
             member.state, tenant=tenant, expires_at=expires_at, created_at=float(f"{time.time():.6f}")
         )
@@ -239,6 +243,16 @@ class Pools:
             logger.exception("recording the expiry of claimed sandbox %s failed", state.id)
 
     # ------------------------------------------------------------------ refilling
+
+    def _refill_soon(self, name: str) -> None:
+        """`_refill` ``name`` `REFILL_DELAY` from now, once for all the claims until then."""
+        if name not in self._refill_due:
+            self._refill_due.add(name)
+            asyncio.get_running_loop().call_later(REFILL_DELAY, self._refill_due_now, name)
+
+    def _refill_due_now(self, name: str) -> None:
+        self._refill_due.discard(name)
+        self._refill(name)
 
     def _refill(self, name: str) -> None:
         """Start making members until ready and under way make the pool's size."""

@@ -30,6 +30,7 @@ from support import SESSION_OWNER
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
+from sandboxes.server import pool
 from sandboxes.server.backends import LABEL_TENANT, make_backends
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.pool import Pools
@@ -179,6 +180,19 @@ def test_a_claim_lists_no_backend_and_one_engine_is_listed_once(
         cold = create(tiny, template="default")  # counted before creating and again after: one list each
         assert len(listed) == 2, listed
         assert tiny.delete(f"/v1/sandboxes/{cold['id']}").status_code == 204
+
+
+def test_a_claims_refill_waits_for_its_first_command(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    _full(service)
+    monkeypatch.setattr(pool, "REFILL_DELAY", 3.0)
+    pools = service.registry.pools
+    with service.client("alice") as alice:
+        claimed = create(alice, template="pooled")
+        assert execute(alice, claimed["id"], "echo first")["output"] == "first\n"
+        # Nothing contends with the claim and its first command: the refill starts later.
+        assert (pools.ready("pooled"), pools._making["pooled"]) == (1, 0)
+        _full(service)
+        assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
 
 
 def test_an_idempotency_key_replay_answers_the_claimed_sandbox(service: Running) -> None:

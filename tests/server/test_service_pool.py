@@ -182,16 +182,23 @@ def test_a_claim_lists_no_backend_and_one_engine_is_listed_once(
         assert tiny.delete(f"/v1/sandboxes/{cold['id']}").status_code == 204
 
 
-def test_a_claims_refill_waits_for_its_first_command(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_claims_refill_waits_for_its_first_command(
+    service: Running, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _full(service)
     monkeypatch.setattr(pool, "REFILL_DELAY", 3.0)
     pools = service.registry.pools
     with service.client("alice") as alice:
-        claimed = create(alice, template="pooled")
+        claimed = create(alice, template="pooled", ttl=120)
         assert execute(alice, claimed["id"], "echo first")["output"] == "first\n"
         # Nothing contends with the claim and its first command: the refill starts later.
         assert (pools.ready("pooled"), pools._making["pooled"]) == (1, 0)
+        # A renewal meanwhile is what the container records then, not the claim's first expiry.
+        renewed = alice.post(f"/v1/sandboxes/{claimed['id']}/renew", json={"ttl": 600})
+        assert renewed.status_code == 200, renewed.text
         _full(service)
+        _wait("the claimed container records its renewed expiry", lambda: _renamed(docker_client, renewed.json()))
+        assert not _renamed(docker_client, claimed)
         assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
 
 

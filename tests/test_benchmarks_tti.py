@@ -42,7 +42,7 @@ def test_tti_local_rows_through_the_service_and_the_library(tmp_path: Path) -> N
 
 def test_tti_crowds_count_what_past_capacity_gets(tmp_path: Path, docker_client: Any) -> None:
     args = ["--backends", "docker", "--service-only", "--n", "1", "--burst", "2", "--extra", "1", "--stagger", "50",
-            "--cli-n", "1"]  # fmt: skip
+            "--cli-n", "1", "--pool-burst", "2"]  # fmt: skip
     _, report = _bench("bench_tti.py", tmp_path, *args)
     by_op = {row["op"]: row for row in report["rows"]}
     assert by_op["service docker: burst of 2 (cold)"]["ok"] == 2
@@ -53,6 +53,11 @@ def test_tti_crowds_count_what_past_capacity_gets(tmp_path: Path, docker_client:
     assert by_op["sandboxes exec true (new process)"]["n"] == 1
     warm = by_op["service docker: create from warm pool + execute (warm)"]
     assert (warm["n"], warm["target"]) == (1, "p50 <= 10 ms, p99 <= 50 ms"), warm
+    pooled = by_op["service docker: burst of 2 creates from a warm pool of 2 + first command"]
+    assert (pooled["n"], pooled["ok"], pooled["failures"]) == (2, 2, {}), pooled
+    assert pooled["target"] == "100% ok, p99 <= 500 ms", pooled
+    refill = by_op["service docker: create + execute (cold) while the pool of 2 refills"]
+    assert "the pool back to 2 in " in refill["note"], refill
     assert report["leftovers_swept"] == 0
 
 

@@ -150,6 +150,12 @@ class DockerProvider(WarmPool[DockerSandbox]):
         containers = self.client.containers.list(all=True, sparse=True, filters={"label": selector})
         return [self._record(container.attrs) for container in containers]
 
+    @property
+    def records_scope(self) -> tuple[str, int, str]:
+        """What `select` lists: providers with the same scope (one engine's client, one owner)
+        list the same containers, whatever their templates."""
+        return ("docker", id(self.client), self.template.owner)
+
     def list(self) -> list[SandboxRecord]:
         """This owner's containers, running or stopped, from their labels alone."""
         return self.select({})

@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -131,6 +131,15 @@ class StreamsOutput(Protocol):
     def open_output_stream(self, command: str) -> OutputStream: ...
 
 
+@runtime_checkable
+class ScopedRecords(Protocol):
+    """A shared provider that says what its `select` lists: two with the same
+    ``records_scope`` list the same sandboxes."""
+
+    @property
+    def records_scope(self) -> Hashable: ...
+
+
 class ProviderBackend:
     """The service's view of one template: its provider, and what the service adds to it."""
 
@@ -154,6 +163,13 @@ class ProviderBackend:
         Worked out once: the registry asks on every request, and ``isinstance`` of a runtime
         protocol inspects the class's attributes each time, on the event loop."""
         return isinstance(self.provider, SharedProvider)
+
+    @functools.cached_property
+    def scope(self) -> Hashable:
+        """What its `select` lists: backends of the same scope (templates of one engine and
+        owner, `ScopedRecords`) list the same sandboxes, so one list serves them all; a provider
+        that does not say is a scope of its own."""
+        return self.provider.records_scope if isinstance(self.provider, ScopedRecords) else ("provider", id(self))
 
     def create(
         self,

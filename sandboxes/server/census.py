@@ -3,13 +3,14 @@ sandboxes, across templates: the one view every replica of the service reads, si
 them holds the truth in memory or on its disk.
 
 Templates of one backend may list the same sandboxes (one owner, one engine or namespace), so
-results are told apart by ``(backend, ref)``. Everything here blocks (one label-selected list
-per shared template); the registry calls it from worker threads.
+results are told apart by ``(backend, ref)``, and templates of one `ProviderBackend.scope` are
+listed once. Everything here blocks (one label-selected list per shared scope); the registry
+calls it from worker threads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from sandboxes.server.auth import Tenant
@@ -36,8 +37,10 @@ class Usage:
 
 def _select(backends: dict[str, ProviderBackend], **labels: str) -> list[SandboxState]:
     seen: dict[tuple[str, str], SandboxState] = {}
+    listed: set[Hashable] = set()
     for backend in backends.values():
-        if backend.shared:
+        if backend.shared and backend.scope not in listed:  # one list per engine and owner
+            listed.add(backend.scope)
             for state in backend.select(**labels):
                 seen.setdefault((state.backend, state.ref), state)
     for state in seen.values():  # listed by any template of its backend: cost it by its own

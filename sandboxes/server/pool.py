@@ -11,15 +11,17 @@ two creates never take the same one), and writes its claim (`sandboxes.server.cl
 expiry, ``Idempotency-Key`` digests) before it is answered; its recorded expiry is then moved
 to the claim's in the background. From its claim on, it is its tenant's sandbox like any other.
 
-Each claim starts a refill. Refills run in a few threads of the pool's own (`REFILL_WORKERS`),
-never in the threads creates and requests use, so a refill under a burst never makes a create
-wait. A member whose recorded expiry is less than `STALE_MARGIN` away is replaced, never
-handed out. At shutdown the unclaimed members are destroyed; after a ``kill -9`` the start-up
-reconciliation adopts the claimed ones (their claims name their tenants) and destroys the
-unclaimed ones, which the pool then makes again.
+Each claim starts a refill, and that move of its expiry, `REFILL_DELAY` later (once for the
+claims until then), so that neither contends with its first command. Refills run in a few
+threads of the pool's own (`REFILL_WORKERS`), never in the threads creates and requests use, so
+a refill under a burst never makes a create wait. A member whose recorded expiry is less than
+`STALE_MARGIN` away is replaced, never handed out. At shutdown the unclaimed members are
+destroyed; after a ``kill -9`` the start-up reconciliation adopts the claimed ones (their claims
+name their tenants) and destroys the unclaimed ones, which the pool then makes again.
 
 What it does not do: replicas. Claims live in one service's data directory; another replica
-on the same engine leaves this pool's sandboxes alone but cannot see their claims.
+on the same engine leaves this pool's sandboxes alone but cannot see their claims, and a claim's
+quota check counts what this service holds (`Quotas.admit_held`), not the engine's records.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ REFILL_WORKERS = 2
 CLAIM_GRACE = 60.0
 """Seconds a claim may wait to be registered (the create's quota recount) before a sweep that
 finds its sandbox held nowhere forgets it."""
+REFILL_DELAY = 0.1
+"""Seconds between a claim and the refill and recording of its expiry it starts: the claimed
+sandbox's first command, and the claims of a burst, come before the backend work that contends
+with them (a member's recorded expiry is `STALE_MARGIN` away at least: the delay is safe)."""
 RETRY_AFTER_FAILURE = 5.0
 """Seconds before a template whose pooled sandbox could not be made is refilled again."""
 
@@ -114,10 +120,17 @@ class Pools:
         self._executor = ThreadPoolExecutor(REFILL_WORKERS, thread_name_prefix="sandboxes-pool")
         self._tasks: set[asyncio.Future[None]] = set()
         self._closing = False
+        self._due: dict[str, list[str]] = {}
+        """Per template, the claims since the last catch-up (`_after_claims`), by sandbox id."""
 
     def ready(self, template: str) -> int:
         """Members of ``template``'s pool ready to be claimed now."""
         return len(self._ready.get(template, ()))
+
+    def offers(self, template: str, request: CreateSandbox) -> bool:
+        """Whether `claim` would hand ``request`` one of ``template``'s members now (one is ready,
+        and it asks for nothing a member lacks): a stale one may still leave it cold."""
+        return bool(self._ready.get(template)) and claimable(request)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -145,6 +158,8 @@ class Pools:
     async def close(self) -> None:
         """Stop refilling, and destroy every unclaimed member (the claimed ones are tenants')."""
         self._closing = True
+        for name in list(self._due):  # the claims' expiries recorded; no refill, closing
+            self._catch_up(name)
         while self._tasks:  # a refill under way destroys what it made, seeing the pool closing
             await asyncio.gather(*self._tasks, return_exceptions=True)
         loop = asyncio.get_running_loop()
@@ -190,7 +205,6 @@ class Pools:
         member = self._take(name)
         if member is None:
             return None
-        self._refill(name)
         state = dataclasses.replace(
             member.state, tenant=tenant, expires_at=expires_at, created_at=float(f"{time.time():.6f}")
         )
@@ -204,7 +218,7 @@ class Pools:
         if not claimed:
             self._spawn(self._discard_async(name, member))
             return None
-        self._spawn(self._record_expiry(backend, state))
+        self._after_claims(name, state.id)
         logger.debug("claimed a pooled sandbox", extra={"sandbox": state.id, "tenant": tenant, "template": name})
         return dataclasses.replace(state), member.sandbox
 
@@ -222,9 +236,12 @@ class Pools:
     def _stale(self, member: _Member) -> bool:
         return member.state.expires_at - self._now() < STALE_MARGIN
 
-    async def _record_expiry(self, backend: ProviderBackend, state: SandboxState) -> None:
-        """Move the claimed sandbox's recorded expiry from the pool's to its claim's (what the
-        backend's own sweeps go by)."""
+    async def _record_expiry(self, backend: ProviderBackend, sandbox_id: str) -> None:
+        """Move the claimed sandbox's recorded expiry from the pool's to its claim's as it is now
+        (what the backend's own sweeps go by); nothing if it is claimed no more (deleted)."""
+        state = self.claims.get(sandbox_id)
+        if state is None:
+            return
         try:
             await asyncio.to_thread(backend.renew, state, math.ceil(state.expires_at))
         except LookupError:
@@ -233,6 +250,20 @@ class Pools:
             logger.exception("recording the expiry of claimed sandbox %s failed", state.id)
 
     # ------------------------------------------------------------------ refilling
+
+    def _after_claims(self, name: str, sandbox_id: str) -> None:
+        """`REFILL_DELAY` from the first claim of ``name``'s not caught up yet, record the
+        expiries of all the claims since (`_record_expiry`) and refill the pool, at once."""
+        due = self._due.get(name)
+        if due is None:
+            due = self._due[name] = []
+            asyncio.get_running_loop().call_later(REFILL_DELAY, self._catch_up, name)
+        due.append(sandbox_id)
+
+    def _catch_up(self, name: str) -> None:
+        for sandbox_id in self._due.pop(name, []):
+            self._spawn(self._record_expiry(self._backends[name], sandbox_id))
+        self._refill(name)
 
     def _refill(self, name: str) -> None:
         """Start making members until ready and under way make the pool's size."""

@@ -4,7 +4,9 @@ replicas creating at the same time from both keeping a sandbox over it.
 What counts: the shared backends' records (every replica's sandboxes: `sandboxes.server.census`),
 the tenant's sandboxes on the other backends held by this service, those on a backend that
 cannot be reached now (still the tenant's), and the creations under way here that no record
-shows yet (`Reservation`). The registry (`sandboxes.server.registry`) keeps the sandboxes and
+shows yet (`Reservation`). A claim of a pooled sandbox (`sandboxes.server.pool`, one service's)
+counts the shared backends' sandboxes from what this service holds of them (`Quotas.admit_held`),
+with no read of the backends on its path. The registry (`sandboxes.server.registry`) keeps the sandboxes and
 hands in how to read the first two; this module keeps the reservations and the rules.
 
 Why a module of its own: the counting is one concern with rules of its own (each sandbox counted
@@ -74,6 +76,19 @@ class Quotas:
         refused = census.over_quota(tenant, self._usage(tenant, recorded), template)
         if refused is not None:
             raise self._refusal(tenant, template, recorded, refused)
+        return self._reserve(tenant, template)
+
+    def admit_held(self, tenant: Tenant, template: Template, holding: Iterable[SandboxState]) -> Reservation | None:
+        """Admit one more sandbox of ``template`` counting the tenant's shared sandboxes from
+        ``holding`` (what this service holds of them) instead of the backends' records, without
+        a backend read: for a claim of a pooled sandbox, which is one service's. ``None`` if it
+        does not fit by that count (`reserve` then decides, and words the refusal)."""
+        recorded = list({state.id: state for state in holding}.values())
+        if census.over_quota(tenant, self._usage(tenant, recorded), template) is not None:
+            return None
+        return self._reserve(tenant, template)
+
+    def _reserve(self, tenant: Tenant, template: Template) -> Reservation:
         reservation = Reservation(tenant.id, template.cpus, template.memory_bytes)
         self._reserved[reservation.key] = reservation
         return reservation

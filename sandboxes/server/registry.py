@@ -147,13 +147,18 @@ class Registry(Keeping):
         mounts = self.volumes.mounts(tenant.id, request.template, request.volumes)
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
         expires_at = _expiry(backend, ttl, self.clock.now())
-        reservation = await self._quotas.reserve(tenant, template)
         started = time.perf_counter()
-        try:
-            claimed = await self.pools.claim(backend, request, tenant.id, expires_at, keyed)
-        except BaseException:
-            self._quotas.release(reservation)
-            raise
+        claimed = None
+        if self.pools.offers(request.template, request):  # counted from what is held: no backend read
+            held = self._quotas.admit_held(tenant, template, self._holding(tenant))
+            if held is not None:
+                reservation = held
+                claimed = await self._claim(reservation, backend, request, tenant, expires_at, keyed)
+                if claimed is None:  # a cold create is counted from the backends' records
+                    self._quotas.release(reservation)
+        if claimed is None:
+            reservation = await self._quotas.reserve(tenant, template)
+            claimed = await self._claim(reservation, backend, request, tenant, expires_at, keyed)
         if claimed is None:
             state, sandbox = await self._make(tenant, request, keyed, backend, expires_at, mounts, reservation)
         else:
@@ -170,6 +175,31 @@ class Registry(Keeping):
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
+
+    async def _claim(
+        self,
+        reservation: Reservation,
+        backend: ProviderBackend,
+        request: CreateSandbox,
+        tenant: Tenant,
+        expires_at: float,
+        keyed: idempotency.Keyed | None,
+    ) -> Adopted | None:
+        """A pooled sandbox claimed for ``request`` (`Pools.claim`); the reservation is released
+        if claiming fails."""
+        try:
+            return await self.pools.claim(backend, request, tenant.id, expires_at, keyed)
+        except BaseException:
+            self._quotas.release(reservation)
+            raise
+
+    def _holding(self, tenant: Tenant) -> list[SandboxState]:
+        """The tenant's sandboxes on the shared backends as this service holds them: registered,
+        being destroyed again, or claimed from a pool and not registered yet."""
+        held = (e.state for e in (*self._entries.values(), *self._doomed.values()) if e.backend.shared)
+        kinds = {backend.name for backend in self.backends.values() if backend.shared}
+        claimed = (state for kind in kinds for state in self.pools.claims.matching(kind, tenant.id))
+        return [state for state in (*held, *claimed) if state.tenant == tenant.id]
 
     async def _make(
         self,

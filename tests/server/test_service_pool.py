@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from support import SESSION_OWNER
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
-from sandboxes.server.backends import make_backends
+from sandboxes.server import pool
+from sandboxes.server.backends import LABEL_TENANT, make_backends
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.pool import Pools
 
@@ -143,6 +144,62 @@ def test_concurrent_creates_claim_distinct_sandboxes_and_quotas_count_only_claim
         refused = tiny.post("/v1/sandboxes", json={"template": "pooled"})
         assert refused.status_code == 429, refused.text
         assert tiny.delete(f"/v1/sandboxes/{mine['id']}").status_code == 204
+
+
+def _tenant_lists(service: Running, monkeypatch: pytest.MonkeyPatch, tenant: str) -> list[str]:
+    """The templates whose provider lists the tenant's sandboxes from now on, one per list (the
+    quota's reads; a sweep lists every tenant's at once and is not counted)."""
+    listed: list[str] = []
+    for name, backend in service.registry.backends.items():
+
+        def counted(labels: Mapping[str, str], _name: str = name, _select: Any = backend.provider.select) -> Any:
+            if labels.get(LABEL_TENANT) == tenant:
+                listed.append(_name)
+            return _select(labels)
+
+        monkeypatch.setattr(backend.provider, "select", counted)
+    return listed
+
+
+def test_a_claim_lists_no_backend_and_one_engine_is_listed_once(
+    service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    members = _full(service)
+    listed = _tenant_lists(service, monkeypatch, "tiny")
+    with service.client("tiny") as tiny:
+        mine = create(tiny, template="pooled")
+        assert mine["id"] in members
+        assert listed == []  # counted from what the service holds: no read of the engine
+        _full(service)
+        refused = tiny.post("/v1/sandboxes", json={"template": "pooled"})  # a member ready, the quota full
+        assert refused.status_code == 429, refused.text
+        # Refused by the engine's records, listed once for its two templates.
+        assert len(listed) == 1, listed
+        assert tiny.delete(f"/v1/sandboxes/{mine['id']}").status_code == 204
+        listed.clear()
+        cold = create(tiny, template="default")  # counted before creating and again after: one list each
+        assert len(listed) == 2, listed
+        assert tiny.delete(f"/v1/sandboxes/{cold['id']}").status_code == 204
+
+
+def test_a_claims_refill_waits_for_its_first_command(
+    service: Running, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _full(service)
+    monkeypatch.setattr(pool, "REFILL_DELAY", 3.0)
+    pools = service.registry.pools
+    with service.client("alice") as alice:
+        claimed = create(alice, template="pooled", ttl=120)
+        assert execute(alice, claimed["id"], "echo first")["output"] == "first\n"
+        # Nothing contends with the claim and its first command: the refill starts later.
+        assert (pools.ready("pooled"), pools._making["pooled"]) == (1, 0)
+        # A renewal meanwhile is what the container records then, not the claim's first expiry.
+        renewed = alice.post(f"/v1/sandboxes/{claimed['id']}/renew", json={"ttl": 600})
+        assert renewed.status_code == 200, renewed.text
+        _full(service)
+        _wait("the claimed container records its renewed expiry", lambda: _renamed(docker_client, renewed.json()))
+        assert not _renamed(docker_client, claimed)
+        assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
 
 
 def test_an_idempotency_key_replay_answers_the_claimed_sandbox(service: Running) -> None:

@@ -259,7 +259,30 @@ class VolumeMount(_Request):
     read_only: bool = False
 
 
-EgressRule = Annotated[str, Field(min_length=1, max_length=300)]
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_IPV6 = (
+    rf"(({_H16}:){{7}}{_H16}|({_H16}:){{1,7}}:|({_H16}:){{1,6}}:{_H16}|({_H16}:){{1,5}}(:{_H16}){{1,2}}"
+    rf"|({_H16}:){{1,4}}(:{_H16}){{1,3}}|({_H16}:){{1,3}}(:{_H16}){{1,4}}|({_H16}:){{1,2}}(:{_H16}){{1,5}}"
+    rf"|{_H16}:(:{_H16}){{1,6}}|:((:{_H16}){{1,7}}|:))"
+)
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+_PORTS = rf"(:{_PORT}(,{_PORT})*)?"
+_HOST = r"(\*|(\*\.)?[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*)"
+EGRESS_RULE = (
+    rf"^({_HOST}{_PORTS}|{_IPV4}(/(3[0-2]|[12]?[0-9]))?{_PORTS}"
+    rf"|{_IPV6}(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?|\[{_IPV6}(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?\]{_PORTS})$"
+)
+"""An egress rule's text, as the service's parser takes it: ``HOST[:PORTS]`` (a name, ``*.name``
+or ``*``), an IPv4 address or network with optional ``:PORTS``, an IPv6 one (in brackets when
+it has ports); ``PORTS`` is ``port[,port...]``."""
+
+EgressRule = Annotated[str, Field(min_length=1, max_length=300, pattern=EGRESS_RULE)]
+
+SANDBOX_PATH = r"^/[^\x00]*$"
+"""An absolute path of a sandbox's, without NUL (`sandboxes.paths.normalize_path` checks the
+rest: no ``..`` component, components of at most 255 bytes)."""
 
 
 class CreateSandbox(_Request):
@@ -301,7 +324,9 @@ class RenewSandbox(_Request):
 class CreateSnapshot(_Request):
     workspace: bool = True
     """Keep the sandbox's workspace (its ``workdir``), restored into the new sandbox's own."""
-    paths: list[Annotated[str, Field(min_length=1, pattern="^/")]] = Field(default_factory=list, max_length=64)
+    paths: list[Annotated[str, Field(min_length=1, max_length=1024, pattern=SANDBOX_PATH)]] = Field(
+        default_factory=list, max_length=64
+    )
     """Absolute paths besides, each restored where it was."""
 
 

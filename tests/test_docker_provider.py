@@ -226,8 +226,9 @@ def test_start_sweeps_and_the_thread_sweeps_periodically(docker_client: Any, run
         assert not _exists(docker_client, volume=_volume_of(before))
         after = provider.create()
         assert _exists(docker_client, container=after.id)
+        # The sweeper removes the container, then its volume: both gone, in that order, soon.
         assert _eventually(lambda: not _exists(docker_client, container=after.id), timeout=10)
-        assert not _exists(docker_client, volume=_volume_of(after))
+        assert _eventually(lambda: not _exists(docker_client, volume=_volume_of(after)), timeout=10)
 
 
 def test_sweep_spares_its_own_idle_pool(docker_client: Any, runtime_image: str, owner: str) -> None:

@@ -7,7 +7,7 @@ priority that places it (larger is outer, as in seed 002):
 ===  ==========================  ==========================================================
 100  `SandboxMiddleware`         the thread's sandbox exists before anything else runs
  90  `PatchToolCallsMiddleware`  no unanswered tool call reaches a model
- 80  `TodoListMiddleware`        ``write_todos`` (langchain's)
+ 80  `TodoListMiddleware`        ``write_todos`` (langchain's, checked as tools run: `agent.todos`)
  60  `SkillsMiddleware`          skill names and descriptions (if ``skills``)
  50  `FilesystemMiddleware`      the file, delete and execute tools; evicts large results
  40  `SubAgentMiddleware`        ``task`` (general-purpose plus ``subagents``)
@@ -39,7 +39,6 @@ from langchain.agents.middleware import (
     AgentMiddleware,
     HumanInTheLoopMiddleware,
     SummarizationMiddleware,
-    TodoListMiddleware,
 )
 from langchain.agents.middleware.human_in_the_loop import InterruptOnConfig
 from langchain.chat_models import init_chat_model
@@ -63,6 +62,7 @@ from agent.lifecycle import (
 from agent.memory import MemoryMiddleware, SkillsMiddleware
 from agent.patch import PatchToolCallsMiddleware
 from agent.subagents import GENERAL_PURPOSE, GENERAL_PURPOSE_PROMPT, SubAgent, SubAgentMiddleware, build_subagent_graph
+from agent.todos import TodoListMiddleware
 from agent.tools import DEFAULT_LARGE_RESULT_CHARS, FilesystemMiddleware
 from agent.virtual import VIRTUAL_ROOT
 from agent.workspace import Layout, WorkspaceFactory

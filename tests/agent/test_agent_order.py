@@ -12,7 +12,6 @@ from langchain.agents.middleware import (
     ModelRequest,
     ModelResponse,
     SummarizationMiddleware,
-    TodoListMiddleware,
 )
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolCallRequest
@@ -30,6 +29,7 @@ from agent import (
     middleware_of,
 )
 from agent.testing import ScriptedChatModel, call, say
+from agent.todos import TodoListMiddleware
 from sandboxes.protocol import SandboxBackendProtocol
 
 

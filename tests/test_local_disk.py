@@ -212,3 +212,23 @@ def test_an_image_left_by_a_killed_process_is_reclaimed_at_the_next_start(tmp_pa
             _disk.release(root)
             shutil.rmtree(root, ignore_errors=True)
         _assert_released(live.root)
+
+
+def test_a_write_on_an_image_is_bounded_by_its_filesystem_not_a_walk_of_the_tree(
+    bounded: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image's filesystem is the bound: file operations answer ``no_space`` from it, never
+    walk the sandbox's tree to count what it holds (a cost that grew with the tree)."""
+
+    def walked(*tops: Path) -> int:
+        raise AssertionError(f"the tree was walked: {tops}")
+
+    monkeypatch.setattr("sandboxes.local.sandbox.disk_usage", walked)
+    root = bounded.root
+    assert bounded.write(f"{root}/small.txt", "kept").error is None
+    assert bounded.write(f"{root}/too-big", "x" * (DISK + 1)).error == "no_space"
+    first, second = bounded.upload_files([(f"{root}/a", b"a" * (40 << 20)), (f"{root}/b", b"b" * (40 << 20))])
+    assert (first.error, second.error) == (None, "no_space")
+    assert bounded.download_files([f"{root}/a"])[0].content == b"a" * (40 << 20)
+    assert sorted(os.listdir(root)) == ["a", "small.txt"]  # nothing half-written is left
+    assert bounded.read(f"{root}/small.txt").file_data is not None

@@ -15,6 +15,7 @@ from support import HAS_BWRAP, needs
 from sandboxes import protocol as p
 from sandboxes._helper._spawn import SPARES
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.local._limits import USAGE_FRESH, UsageCount, disk_usage
 
 LIMITS = {"memory": 256 << 20, "pids": 64, "cpus": 0.5, "disk": 16 << 20}
 
@@ -106,3 +107,25 @@ def test_without_a_cgroup_rlimits_bound_memory_and_processes(tmp_path: Path, mon
         bomb = sandbox.execute("for i in $(seq 300); do sleep 5 & done; echo all-forked", timeout=30)
         assert "all-forked" not in bomb.output
         assert sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_writes_walk_the_tree_once_a_second_not_once_each(limited_sandbox: LocalSandbox) -> None:
+    """Without an image of its own, a sandbox's usage is counted by walking its trees: at most
+    once every `USAGE_FRESH` seconds, its own writes added between walks, so the bound still
+    refuses a write past it without walking again."""
+    root, now, walks = limited_sandbox.root, [0.0], []
+
+    def walk() -> int:
+        walks.append(now[0])
+        return disk_usage(root)
+
+    limited_sandbox._usage = UsageCount(walk, clock=lambda: now[0])
+    for n in range(4):
+        assert limited_sandbox.write(f"{root}/w{n}", "x" * (3 << 20)).error is None
+    assert walks == [0.0]
+    assert limited_sandbox.write(f"{root}/w5", "x" * (5 << 20)).error == p.NO_SPACE  # 17 MiB past 16
+    now[0] = USAGE_FRESH
+    limited_sandbox.execute(f"rm -f {root}/w*")  # seen by the next walk
+    assert limited_sandbox.write(f"{root}/w5", "x" * (5 << 20)).error is None
+    assert walks == [0.0, USAGE_FRESH]
+    limited_sandbox.execute(f"rm -f {root}/w*")

@@ -25,11 +25,12 @@ import logging
 import os
 import resource
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["Cgroup", "disk_usage", "launch_limits", "tasks_of"]
+__all__ = ["USAGE_FRESH", "Cgroup", "UsageCount", "disk_usage", "launch_limits", "tasks_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +292,35 @@ def disk_usage(*tops: Path) -> int:
                     if entry.is_dir(follow_symlinks=False):
                         pending.append(entry.path)
     return total
+
+
+USAGE_FRESH = 1.0
+"""Seconds a `UsageCount`'s walk of the trees stands for."""
+
+
+class UsageCount:
+    """What a sandbox bounded without its own filesystem holds: its trees walked (``count``) at
+    most once every `USAGE_FRESH` seconds, what its own file operations wrote added between
+    walks. A command's writes are seen at the next walk (commands are bounded per file there),
+    so a stream of writes into a big tree costs one walk a second, not one each."""
+
+    def __init__(self, count: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+        self._count, self._clock = count, clock
+        self._lock = threading.Lock()
+        self._used = 0
+        self._at: float | None = None
+
+    def used(self) -> int:
+        with self._lock:
+            now = self._clock()
+            if self._at is None or now - self._at >= USAGE_FRESH:
+                self._used, self._at = self._count(), now
+            return self._used
+
+    def add(self, written: int) -> None:
+        """``written`` bytes (a replaced file's own size taken off) more since the last walk."""
+        with self._lock:
+            self._used += written
 
 
 def _fresh(directory: Path, version: int) -> None:

@@ -56,7 +56,7 @@ from sandboxes.local import _disk
 from sandboxes.local._freezer import freeze_jail, thaw_jail
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
-from sandboxes.local._limits import Cgroup, disk_usage, launch_limits, tasks_of
+from sandboxes.local._limits import Cgroup, UsageCount, disk_usage, launch_limits, tasks_of
 from sandboxes.local._process import run_process
 from sandboxes.local._tree import remove_tree
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
@@ -116,7 +116,8 @@ class LocalSandboxTemplate(BaseModel):
     it answer ``no_space``. Commands: started by root in a root directory the sandbox made, an
     image of this size holds both, so writes past it fail with ``No space left on device``
     (`sandboxes.local._disk`); elsewhere a command cannot write a file larger than it
-    (``RLIMIT_FSIZE``), and once the sandbox holds more, file operations answer ``no_space``."""
+    (``RLIMIT_FSIZE``), and once the sandbox holds more, file operations answer ``no_space``
+    (what commands wrote counted at most a second late, `sandboxes.local._limits.UsageCount`)."""
 
 
 class LocalSandboxConfig(LocalSandboxTemplate):
@@ -151,6 +152,7 @@ class LocalSandbox(StreamingSandbox, Sandbox):
         self._id = config.sandbox_id or f"local-{uuid.uuid4().hex[:12]}"
         self._bwrap = self._find_bwrap()
         self._disk = self._open_disk() if self._bwrap else None
+        self._usage = UsageCount(self._walk_usage)
         self._jail = self._make_jail(self._bwrap) if self._bwrap else None
         self._cgroup = None
         if self._jail is not None:
@@ -561,10 +563,12 @@ class LocalSandbox(StreamingSandbox, Sandbox):
 
     def _over_disk_bound(self, sizes: list[tuple[str, int]]) -> list[bool]:
         """For each (path, size) in order, whether writing it would take the sandbox past its
-        disk bound (a file it replaces frees its own size)."""
-        if self._jail is None:
+        disk bound (a file it replaces frees its own size). A sandbox on its own image is bounded
+        by its filesystem (a write past it fails with ``ENOSPC``, answered `p.NO_SPACE`); any
+        other counts what it holds with `UsageCount` (a walk of its trees at most once a second)."""
+        if self._jail is None or self._disk is not None:
             return [False] * len(sizes)
-        used = disk_usage(self.root, self._jail.tmp)
+        used = start = self._usage.used()
         over = []
         for raw, size in sizes:
             try:
@@ -577,7 +581,12 @@ class LocalSandbox(StreamingSandbox, Sandbox):
             fits = used + max(size, 0) <= self.config.disk
             used += max(size, 0) if fits else 0
             over.append(not fits)
+        self._usage.add(used - start)
         return over
+
+    def _walk_usage(self) -> int:
+        assert self._jail is not None
+        return disk_usage(self.root, self._jail.tmp)
 
     def _disk_note(self) -> str:
         return f"the sandbox may hold {self.config.disk} bytes (root directory and /tmp)"

@@ -101,5 +101,9 @@ def test_the_cli_pauses_and_resumes(service: Running) -> None:
         assert code != 0
         assert err.startswith("error: paused: ")
         assert _cli(service, "resume", sandbox_id)[:2] == (0, f"{sandbox_id} running\n")
+        code, _, err = _cli(service, "pause", sandbox_id, "--hibernate", "--memory")
+        assert (code != 0, err.startswith("error: unavailable: "), "CRIU" in err) == (True, True, True)
+        assert _cli(service, "pause", sandbox_id, "--hibernate")[:2] == (0, f"{sandbox_id} paused files-only\n")
+        assert _cli(service, "resume", sandbox_id)[:2] == (0, f"{sandbox_id} running\n")
     finally:
         _cli(service, "rm", sandbox_id)

@@ -36,7 +36,8 @@ router = APIRouter(
 async def pause_sandbox(
     request: Request, sandbox_id: str, tenant: Authed, body: api.PauseSandbox | None = None
 ) -> api.SandboxInfo:
-    """Freeze every process of the sandbox where it is; its files, memory, id and tokens stay."""
+    """Freeze every process of the sandbox where it is (files, memory, id and tokens stay), or
+    hibernate it: its files kept in a snapshot, its processes ended (``processes_kept: false``)."""
     registry = service_of(request).registry
     body = body or api.PauseSandbox()
     entry = await registry.find(tenant, sandbox_id)

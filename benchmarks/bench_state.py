@@ -9,9 +9,15 @@
   beside ``tar -cf`` of the same tree to a file and ``tar -xf`` of it into a new directory.
 * fork of ``--forks`` sandboxes (one snapshot, restored at once) beside as many creates from a
   snapshot one after another.
+* hibernate + resume of a Docker sandbox whose workspace holds a tree of ``--mib`` MiB, through
+  the service in this process (``POST .../pause`` with ``mode: hibernate``: snapshot, container
+  released; ``POST .../resume``: a new container, the snapshot restored, verified) beside
+  ``docker exec tar -c`` of the same tree to a file on the host and ``docker exec -i tar -x`` of
+  it back into the same container, in the same run.
 
 Targets (issue 33) are reported, never asserted: freeze + resume p50 <= 50 ms; snapshot +
-restore within 1.5x of tar + untar; a fork within 2x of the sequential restores.
+restore and hibernate + resume within 1.5x of tar + untar; a fork within 2x of the sequential
+restores.
 
     python benchmarks/bench_state.py [--iterations N] [--mib N] [--forks N] [--json]
 """
@@ -38,7 +44,7 @@ import httpx
 import uvicorn
 from _common import machine, percentile, timed
 
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
 from sandboxes.docker.sandbox import pause_container
 from sandboxes.local import LocalSandbox, LocalTemplate
 from sandboxes.server.app import create_app
@@ -80,13 +86,14 @@ def _row(name: str, ours: list[float], base: list[float] | None, baseline: str) 
 
 
 @contextlib.contextmanager
-def _service(data_dir: Path) -> Iterator[httpx.Client]:
+def _service(data_dir: Path, template: Any = None, owner: str = "sandboxes-service") -> Iterator[httpx.Client]:
     policy = TenantPolicy(max_sandboxes=64, max_cpus=1024, max_memory="1t", rate=1e6, burst=10**6)
     settings = ServiceSettings(
         data_dir=data_dir,
         api_keys={hash_key(KEY): "bench"},
         tenants={"bench": policy},
-        templates={"default": LocalTemplate(default_timeout=600)},
+        templates={"default": template or LocalTemplate(default_timeout=600)},
+        owner=owner,
     )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -117,8 +124,7 @@ def _ok(response: httpx.Response) -> Any:
 def _state_rows(mib: int, forks: int, scratch: Path) -> list[Row]:
     with _service(scratch / "service") as client:
         source = _ok(client.post("/v1/sandboxes", json={}))
-        per_file = max(1, (mib << 20) // 64)
-        made = f"mkdir -p tree && for i in $(seq 64); do head -c {per_file} /dev/urandom > tree/f$i; done"
+        made = _tree_command(mib)
         _ok(client.post(f"/v1/sandboxes/{source['id']}/execute", json={"command": made, "timeout": 600}))
         snapshot: dict[str, Any] = {}
         took = timed(lambda: snapshot.update(_ok(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json={}))))
@@ -134,6 +140,58 @@ def _state_rows(mib: int, forks: int, scratch: Path) -> list[Row]:
         for sandbox in _ok(client.get("/v1/sandboxes"))["sandboxes"]:
             client.delete(f"/v1/sandboxes/{sandbox['id']}")
     return rows
+
+
+def _tree_command(mib: int) -> str:
+    """Makes ``tree/``: 64 files of random bytes, ``mib`` MiB in all."""
+    per_file = max(1, (mib << 20) // 64)
+    return f"mkdir -p tree && for i in $(seq 64); do head -c {per_file} /dev/urandom > tree/f$i; done"
+
+
+def _hibernate_rows(mib: int, owner: str, scratch: Path) -> list[Row]:
+    template = DockerTemplate(backend="docker", image=IMAGE, default_timeout=600)
+    with _service(scratch / "docker-service", template, owner) as client:
+        sandbox = _ok(client.post("/v1/sandboxes", json={}))
+        sid, workdir = sandbox["id"], sandbox["workdir"]
+        try:
+            _ok(client.post(f"/v1/sandboxes/{sid}/execute", json={"command": _tree_command(mib), "timeout": 600}))
+            size = _ok(client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "du -sb tree"}))["output"]
+            base = _docker_tar_untar(owner, workdir, scratch)
+            hibernated = timed(lambda: _ok(client.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "hibernate"})))
+            resumed = timed(lambda: _ok(client.post(f"/v1/sandboxes/{sid}/resume")))
+            again = _ok(client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "du -sb tree"}))["output"]
+            if again != size:
+                raise RuntimeError(f"the tree came back as {again!r}, not {size!r}")
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")
+    row = _row(f"docker hibernate + resume {mib} MiB", [hibernated + resumed], [base], "docker exec tar -c + -x")
+    row.update(hibernate_ms=hibernated, resume_ms=resumed)
+    return [row]
+
+
+def _docker_tar_untar(owner: str, workdir: str, scratch: Path) -> float:
+    """Milliseconds of ``docker exec tar -c`` of the sandbox's ``tree`` to a file here, then
+    ``docker exec -i tar -x`` of it into a new directory of the same container (removed after)."""
+    listed = subprocess.run(
+        ["docker", "ps", "-q", "--filter", f"label=io.sandboxes.owner={owner}"], check=True, capture_output=True
+    )
+    (container,) = listed.stdout.decode().split()
+    archive = scratch / "docker-baseline.tar"
+
+    def work() -> None:
+        with archive.open("wb") as out:
+            subprocess.run(
+                ["docker", "exec", container, "tar", "-C", workdir, "-cf", "-", "tree"], check=True, stdout=out
+            )
+        with archive.open("rb") as source:
+            untar = f"mkdir -p {workdir}/untarred && tar -C {workdir}/untarred -xf -"
+            subprocess.run(["docker", "exec", "-i", container, "sh", "-c", untar], check=True, stdin=source)
+
+    try:
+        return timed(work)
+    finally:
+        subprocess.run(["docker", "exec", container, "rm", "-rf", f"{workdir}/untarred"], check=False)
+        archive.unlink(missing_ok=True)
 
 
 def _tar_untar(tree: Path, scratch: Path) -> float:
@@ -153,12 +211,12 @@ def _tar_untar(tree: Path, scratch: Path) -> float:
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'measure':<28} {'ours p50 ms':>12} {'baseline p50 ms':>16} {'ours/base':>10}  baseline"]
+    lines = [f"{'measure':<34} {'ours p50 ms':>12} {'baseline p50 ms':>16} {'ours/base':>10}  baseline"]
     for row in rows:
         base = row.get("baseline_p50_ms")
         ratio = f"{row['ratio']:.2f}x" if "ratio" in row else "-"
         base_text = f"{base:.1f}" if base is not None else "-"
-        lines.append(f"{row['name']:<28} {row['p50_ms']:>12.1f} {base_text:>16} {ratio:>10}  {row.get('baseline', '')}")
+        lines.append(f"{row['name']:<34} {row['p50_ms']:>12.1f} {base_text:>16} {ratio:>10}  {row.get('baseline', '')}")
     return "\n".join(lines)
 
 
@@ -173,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-state-"))
     try:
         rows = _freeze_rows(args.iterations, args.owner) + _state_rows(args.mib, args.forks, scratch)
+        rows += _hibernate_rows(args.mib, args.owner, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine(), "rows": rows}

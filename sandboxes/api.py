@@ -368,6 +368,10 @@ class PauseSandbox(_Request):
     ttl: Literal["keep", "stop"] = "keep"
     """Whether the sandbox's TTL runs while it is paused (``keep``: it may expire paused) or
     stops (``stop``: what was left is given back at resume)."""
+    memory: bool = False
+    """``hibernate`` only: keep its processes' memory too (a CRIU checkpoint), not only its
+    files. No backend of this service can: such a hibernate answers ``unavailable`` (501) and
+    leaves the sandbox running (docs/service.md#pause-snapshots-and-fork says why)."""
 
 
 class SandboxInfo(_Answer):
@@ -383,6 +387,9 @@ class SandboxInfo(_Answer):
     root directory of a local sandbox): the place to write files and run commands."""
     state: Literal["running", "paused"] = "running"
     """``paused``: frozen (``POST .../pause``); operations answer ``paused`` until it resumes."""
+    processes_kept: bool | None = None
+    """While paused: whether its processes come back at resume where they were (``true``:
+    frozen) or not (``false``: hibernated, only its files were kept); ``null`` while it runs."""
 
 
 class SandboxList(_Answer):

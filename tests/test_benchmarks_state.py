@@ -1,5 +1,5 @@
 """Smoke test of benchmarks/bench_state.py: one tiny run prints the machine line and a row for
-every measurement, with a baseline where it has one, and leaves no container behind.
+every measurement, with a baseline where it has one, and leaves no container or volume behind.
 Functional only; no timing is asserted, since timings depend on the machine."""
 
 from __future__ import annotations
@@ -23,17 +23,24 @@ def test_one_tiny_run_reports_every_row(docker_client: Any, runtime_image: str) 
     selector = {"label": f"io.sandboxes.owner={owner}"}
     try:
         done = subprocess.run([sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300)
-        left = docker_client.containers.list(all=True, filters=selector)
+        left = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
+        left += [v.name for v in docker_client.volumes.list(filters=selector)]
     finally:
         for container in docker_client.containers.list(all=True, filters=selector):
             container.remove(force=True, v=True)
+        for volume in docker_client.volumes.list(filters=selector):
+            volume.remove(force=True)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["machine"].startswith("machine: ")
     rows = {row["name"]: row for row in report["rows"]}
-    assert list(rows) == ["docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2"]
-    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2"):
+    hibernate = "docker hibernate + resume 1 MiB"
+    assert list(rows) == [
+        "docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2", hibernate
+    ]  # fmt: skip
+    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2", hibernate):
         assert rows[name]["baseline_p50_ms"] > 0
         assert rows[name]["ratio"] == rows[name]["p50_ms"] / rows[name]["baseline_p50_ms"]
+    assert rows[hibernate]["p50_ms"] == rows[hibernate]["hibernate_ms"] + rows[hibernate]["resume_ms"]
     assert rows["local freeze + resume"]["n"] == 2
     assert left == []

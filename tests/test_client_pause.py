@@ -15,6 +15,7 @@ from support import HAS_BWRAP
 
 from sandboxes.cli import main
 from sandboxes.client import AsyncSandboxClient, Paused, SandboxClient
+from sandboxes.client.errors import OperationFailed
 
 pytestmark = pytest.mark.needs(HAS_BWRAP, "the local backend needs bubblewrap")
 
@@ -35,6 +36,30 @@ def test_pause_and_resume_through_the_sync_client(service: Running) -> None:
             client.pause(sandbox.id)
         assert sandbox.resume().state == "running"
         assert sandbox.execute("echo hi").output == "hi\n"
+
+
+def test_hibernate_through_the_client_says_the_processes_were_not_kept(service: Running) -> None:
+    with SandboxClient(service.url, KEYS["alice"]) as client, client.create() as sandbox:
+        with pytest.raises(OperationFailed, match="CRIU") as refused:
+            sandbox.pause(mode="hibernate", memory=True)
+        assert refused.value.code == "unavailable"
+        assert sandbox.refresh().state == "running"
+        assert sandbox.pause(mode="freeze").processes_kept is True
+        assert sandbox.resume().processes_kept is None
+        hibernated = sandbox.pause(mode="hibernate")
+        assert (hibernated.state, hibernated.processes_kept) == ("paused", False)
+        assert sandbox.resume().state == "running"
+
+    async def run() -> None:
+        async with AsyncSandboxClient(service.url, KEYS["alice"]) as client:
+            sandbox = await client.create()
+            try:
+                assert (await sandbox.apause(mode="hibernate")).processes_kept is False
+                assert (await sandbox.aresume()).state == "running"
+            finally:
+                await sandbox.adestroy()
+
+    asyncio.run(run())
 
 
 def test_pause_and_auto_resume_through_the_async_client(service: Running) -> None:
@@ -75,6 +100,10 @@ def test_the_cli_pauses_and_resumes(service: Running) -> None:
         code, _, err = _cli(service, "pause", sandbox_id)
         assert code != 0
         assert err.startswith("error: paused: ")
+        assert _cli(service, "resume", sandbox_id)[:2] == (0, f"{sandbox_id} running\n")
+        code, _, err = _cli(service, "pause", sandbox_id, "--hibernate", "--memory")
+        assert (code != 0, err.startswith("error: unavailable: "), "CRIU" in err) == (True, True, True)
+        assert _cli(service, "pause", sandbox_id, "--hibernate")[:2] == (0, f"{sandbox_id} paused files-only\n")
         assert _cli(service, "resume", sandbox_id)[:2] == (0, f"{sandbox_id} running\n")
     finally:
         _cli(service, "rm", sandbox_id)

@@ -22,6 +22,14 @@ def add_state_commands(add: Add, handler: Callable[[str], Callable[..., int]]) -
         default="keep",
         help="keep: its expiry runs on while paused (default); stop: what is left is given back at resume",
     )
+    cmd.add_argument(
+        "--hibernate",
+        action="store_true",
+        help="keep its files in a snapshot and release it instead: its processes end (printed: files-only)",
+    )
+    cmd.add_argument(
+        "--memory", action="store_true", help="with --hibernate: keep its processes' memory too (refused: unavailable)"
+    )
     cmd = add("resume", handler("cmd_resume"), "let a paused sandbox's processes run again", "service")
     cmd.add_argument("id", metavar="ID")
     text = "keep a sandbox's workspace (and --path PATHs) in the service's snapshot store; prints its id"

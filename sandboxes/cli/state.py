@@ -14,7 +14,7 @@ __all__ = ["cmd_fork", "cmd_pause", "cmd_resume", "cmd_snapshot", "cmd_snapshot_
 
 
 def cmd_pause(args: argparse.Namespace, client: SandboxClient) -> int:
-    _said(args, client.pause(args.id, args.ttl))
+    _said(args, client.pause(args.id, args.ttl, mode="hibernate" if args.hibernate else "freeze", memory=args.memory))
     return 0
 
 
@@ -28,7 +28,7 @@ def _said(args: argparse.Namespace, info: SandboxInfo) -> None:
     if args.json:
         emit_json(info)
     else:
-        out(f"{info.id} {info.state}\n")
+        out(f"{info.id} {info.state}{' files-only' if info.processes_kept is False else ''}\n")
 
 
 def cmd_snapshot(args: argparse.Namespace, client: SandboxClient) -> int:

@@ -99,8 +99,11 @@ class ServiceConnection:
         """Delete the volume and its files (refused while a sandbox mounts it); gone is fine."""
         self.call(_ops.delete_volume(name))
 
-    def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
-        return self.call(_ops.pause(sandbox_id, ttl))
+    def pause(
+        self, sandbox_id: str, ttl: str = "keep", *, mode: str = "freeze", memory: bool = False
+    ) -> api.SandboxInfo:
+        """Pause the sandbox (`RemoteSandbox.pause`)."""
+        return self.call(_ops.pause(sandbox_id, ttl, mode, memory))
 
     def resume(self, sandbox_id: str) -> api.SandboxInfo:
         return self.call(_ops.resume(sandbox_id))
@@ -245,8 +248,10 @@ class AsyncServiceConnection:
     async def delete_volume(self, name: str) -> None:
         await self.call(_ops.delete_volume(name))
 
-    async def pause(self, sandbox_id: str, ttl: str = "keep") -> api.SandboxInfo:
-        return await self.call(_ops.pause(sandbox_id, ttl))
+    async def pause(
+        self, sandbox_id: str, ttl: str = "keep", *, mode: str = "freeze", memory: bool = False
+    ) -> api.SandboxInfo:
+        return await self.call(_ops.pause(sandbox_id, ttl, mode, memory))
 
     async def resume(self, sandbox_id: str) -> api.SandboxInfo:
         return await self.call(_ops.resume(sandbox_id))

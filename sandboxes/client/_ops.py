@@ -98,9 +98,12 @@ def delete_volume(name: str) -> w.Op[None]:
     return w.Op("DELETE", f"{_VOLUMES}/{quote(name, safe='')}", w.no_content, idempotent=True, gone_is_done=True)
 
 
-def pause(sandbox_id: str, ttl: str) -> w.Op[api.SandboxInfo]:
-    """Not repeated: a second pause of a paused sandbox answers ``paused``."""
-    body = w.model_json(api.PauseSandbox, ttl=ttl)
+def pause(sandbox_id: str, ttl: str, mode: str = "freeze", memory: bool = False) -> w.Op[api.SandboxInfo]:
+    """Not repeated: a second pause of a paused sandbox answers ``paused``. ``memory`` is sent
+    only when asked for, so a service older than it still takes the body."""
+    body = w.model_json(api.PauseSandbox, ttl=ttl, mode=mode, memory=memory)
+    if not memory:
+        del body["memory"]
     return w.Op("POST", f"{_sandbox(sandbox_id)}/pause", w.sandbox_info, json=body)
 
 

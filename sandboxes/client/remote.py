@@ -164,10 +164,13 @@ class RemoteSandbox(Sandbox):
     async def ametrics(self) -> api.SandboxMetrics:
         return await self._async().metrics(self._id)
 
-    def pause(self, ttl: str = "keep") -> api.SandboxInfo:
-        """Freeze the sandbox's processes where they are; ``ttl``: ``keep`` (its expiry runs on)
-        or ``stop`` (what is left of it is given back at `resume`). `Paused` if it is already."""
-        self.info = self._sync().pause(self._id, ttl)
+    def pause(self, ttl: str = "keep", *, mode: str = "freeze", memory: bool = False) -> api.SandboxInfo:
+        """Freeze the sandbox's processes where they are, or (``mode="hibernate"``) keep its
+        files in a snapshot and release it, its processes ended (``info.processes_kept`` says
+        which); ``ttl``: ``keep`` (its expiry runs on) or ``stop`` (what is left of it is given
+        back at `resume`). `Paused` if it is already; a hibernate asked to keep ``memory``
+        raises `OperationFailed` (``unavailable``), the sandbox left running."""
+        self.info = self._sync().pause(self._id, ttl, mode=mode, memory=memory)
         return self.info
 
     def resume(self) -> api.SandboxInfo:
@@ -212,8 +215,8 @@ class RemoteSandbox(Sandbox):
         self.info = await self._async().renew(self._id, ttl)
         return self.info
 
-    async def apause(self, ttl: str = "keep") -> api.SandboxInfo:
-        self.info = await self._async().pause(self._id, ttl)
+    async def apause(self, ttl: str = "keep", *, mode: str = "freeze", memory: bool = False) -> api.SandboxInfo:
+        self.info = await self._async().pause(self._id, ttl, mode=mode, memory=memory)
         return self.info
 
     async def aresume(self) -> api.SandboxInfo:

@@ -31,9 +31,19 @@ from sandboxes.server.pausing import Pausing, TtlChoice
 from sandboxes.server.snapshots import Snapshot, SnapshotStore
 from sandboxes.server.snapshotting import restore, take
 
-__all__ = ["Keeping", "snapshot_info"]
+__all__ = ["Keeping", "memory_unavailable", "snapshot_info"]
 
 logger = logging.getLogger("sandboxes.server.registry")
+
+
+def memory_unavailable(backend: str, sandbox_id: str) -> str:
+    """Why a hibernate that keeps processes' memory is refused on every backend."""
+    return (
+        f"the {backend} backend cannot keep the processes of sandbox {sandbox_id} across a hibernate: "
+        "that needs a CRIU checkpoint (docker checkpoint), which this service does not take, as Debian 12's "
+        "CRIU 3.17 fails on Linux 6.13 and later (it does not know the kernel's vvar_vclock mapping); "
+        "hibernate without memory keeps its files only, and a freeze keeps its processes and memory"
+    )
 
 
 class Keeping(Pausing):
@@ -104,9 +114,12 @@ class Keeping(Pausing):
             await asyncio.to_thread(mark.unlink, True)
         return entry
 
-    async def hibernate(self, entry: Entry, ttl: TtlChoice) -> Entry:
+    async def hibernate(self, entry: Entry, ttl: TtlChoice, memory: bool = False) -> Entry:
         """Keep the sandbox's workspace in a snapshot, then release its container or jail; its
-        id, labels and tokens stay, and `resume` makes it again from the snapshot."""
+        id, labels and tokens stay, and `resume` makes it again from the snapshot. Its processes
+        end: one asked to keep their ``memory`` too is refused, ``unavailable``, and left running."""
+        if memory:
+            raise ServiceError("unavailable", memory_unavailable(entry.backend.name, entry.state.id))
         async with entry.pausing:
             state = entry.state
             if state.paused:

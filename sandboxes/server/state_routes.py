@@ -17,7 +17,11 @@ from sandboxes.server.routes import Authed, service_of
 __all__ = ["router"]
 
 _PAUSE_ERRORS: dict[int | str, dict[str, Any]] = {
-    501: {"model": api.ErrorBody, "description": "The sandbox's backend cannot pause it (`unavailable`)"},
+    501: {
+        "model": api.ErrorBody,
+        "description": "The sandbox's backend cannot pause it, or hibernate it keeping its processes' memory "
+        "(`unavailable`)",
+    },
 }
 _QUOTA: dict[int | str, dict[str, Any]] = {
     403: {"model": api.ErrorBody, "description": "Over the tenant's snapshot bytes (`quota_exceeded`)"},
@@ -32,12 +36,13 @@ router = APIRouter(
 async def pause_sandbox(
     request: Request, sandbox_id: str, tenant: Authed, body: api.PauseSandbox | None = None
 ) -> api.SandboxInfo:
-    """Freeze every process of the sandbox where it is; its files, memory, id and tokens stay."""
+    """Freeze every process of the sandbox where it is (files, memory, id and tokens stay), or
+    hibernate it: its files kept in a snapshot, its processes ended (``processes_kept: false``)."""
     registry = service_of(request).registry
     body = body or api.PauseSandbox()
     entry = await registry.find(tenant, sandbox_id)
     if body.mode == "hibernate":
-        return (await registry.hibernate(entry, body.ttl)).info()
+        return (await registry.hibernate(entry, body.ttl, body.memory)).info()
     return (await registry.pause(entry, body.ttl)).info()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 from e2b_harness import service_fixture
-from service_harness import Running, create, execute
+from service_harness import Running, create, execute, heartbeat, heartbeat_stopped, start_process, wait_beating
 from support import SESSION_OWNER
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
@@ -85,3 +85,37 @@ def test_paths_of_the_local_sandbox_are_gone_once_hibernated(service: Running, t
             assert client.post(f"/v1/sandboxes/{sandbox['id']}/resume").json()["state"] == "running"
         finally:
             client.delete(f"/v1/sandboxes/{sandbox['id']}")
+
+
+def test_a_hibernate_says_the_processes_ended_and_they_did(service: Running) -> None:
+    with service.client("alice") as client:
+        sid = create(client)["id"]
+        try:
+            assert client.get(f"/v1/sandboxes/{sid}").json()["processes_kept"] is None
+            wait_beating(client, sid, "beat", process=start_process(client, sid, heartbeat("beat")))
+            frozen = client.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "freeze"})
+            assert (frozen.status_code, frozen.json()["processes_kept"]) == (200, True)
+            assert client.post(f"/v1/sandboxes/{sid}/resume").json()["processes_kept"] is None
+
+            assert _hibernate(client, sid)["processes_kept"] is False
+            assert client.get(f"/v1/sandboxes/{sid}").json()["processes_kept"] is False
+            assert client.post(f"/v1/sandboxes/{sid}/resume").json()["processes_kept"] is None
+            assert heartbeat_stopped(client, sid, "beat")  # its files came back; the counter did not
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_hibernate_keeping_memory_is_refused_and_the_sandbox_runs_on(service: Running) -> None:
+    with service.client("alice") as client:
+        sid = create(client)["id"]
+        try:
+            wait_beating(client, sid, "beat", process=start_process(client, sid, heartbeat("beat")))
+            refused = client.post(f"/v1/sandboxes/{sid}/pause", json={"mode": "hibernate", "memory": True})
+            assert (refused.status_code, refused.json()["error"]) == (501, "unavailable"), refused.text
+            assert "CRIU" in refused.json()["message"]
+            shown = client.get(f"/v1/sandboxes/{sid}").json()
+            assert (shown["state"], shown["processes_kept"]) == ("running", None)
+            assert client.get("/v1/snapshots").json()["snapshots"] == []
+            wait_beating(client, sid, "beat")  # the counter still counts
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")

@@ -28,8 +28,10 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.pausing import Pausing, TtlChoice
+from sandboxes.server.released import Released
 from sandboxes.server.snapshots import Snapshot, SnapshotStore
 from sandboxes.server.snapshotting import restore, take
+from sandboxes.server.store import SandboxState
 
 __all__ = ["Keeping", "memory_unavailable", "snapshot_info"]
 
@@ -132,12 +134,15 @@ class Keeping(Pausing):
                 if timer is not None:
                     timer.cancel()
             await self._saved(entry)
+            if entry.backend.shared:  # its record goes with its container: kept here instead
+                await asyncio.to_thread(self.store.save, state)
             entry.processes.close()
             try:
                 await asyncio.to_thread(entry.backend.destroy, state, entry.sandbox)
             except Exception as exc:  # it still runs, with its files: not hibernated after all
                 state.hibernated, state.paused, state.paused_remaining = "", "", 0.0
                 await self._saved(entry)
+                await self._forget_hibernated(entry)
                 self._schedule(state.id)
                 await asyncio.to_thread(self.snapshots.delete, state.tenant, snapshot.id)
                 raise ServiceError("backend_unavailable", f"sandbox {state.id} could not be released") from exc
@@ -180,6 +185,7 @@ class Keeping(Pausing):
         kept, state.ref, state.workdir, state.expires_at = state.hibernated, made.ref, made.workdir, expires_at
         state.paused, state.paused_remaining, state.hibernated = "", 0.0, ""
         await self._saved(entry)
+        await self._forget_hibernated(entry)
         self._schedule(state.id)
         await asyncio.to_thread(self.snapshots.delete, state.tenant, kept)
         logger.info("sandbox resumed from hibernation", extra={"sandbox": state.id, "tenant": state.tenant})
@@ -189,8 +195,29 @@ class Keeping(Pausing):
         kept = entry.state.hibernated
         await super()._remove(entry)
         if kept:
+            await self._forget_hibernated(entry)
             with contextlib.suppress(ServiceError, OSError):
                 await asyncio.to_thread(self.snapshots.delete, entry.state.tenant, kept)
+
+    async def _forget_hibernated(self, entry: Entry) -> None:
+        """The record `hibernate` kept of a shared backend's sandbox, removed (running again, or gone)."""
+        if entry.backend.shared:
+            await asyncio.to_thread(self.store.remove, entry.state.id)
+
+    async def hold_hibernated(self, states: list[SandboxState]) -> None:
+        """The hibernated sandboxes the store recorded, held again, paused, at start-up. Whatever
+        a ``kill -9`` in the middle of their hibernate left of their container, pod or jail is
+        destroyed: a state says hibernated only once its snapshot was complete."""
+        for state in states:
+            backend = self._backend_of(state)
+            try:
+                await asyncio.to_thread(backend.destroy, state, None)
+            except Exception:
+                logger.warning("what is left of hibernated sandbox %s stays for now", state.id, exc_info=True)
+            self._entries[state.id] = self._entry(state, Released(state), backend)
+            self._schedule(state.id)
+        if states:
+            logger.info("held %d hibernated sandboxes again", len(states))
 
     async def fork(self, tenant: Tenant, entry: Entry, count: int, key: str | None) -> tuple[Snapshot, list[Entry]]:
         """``count`` new sandboxes with ``entry``'s files (its workspace), made at once."""

@@ -70,7 +70,8 @@ class Registry(Keeping):
         states = await asyncio.to_thread(self.store.load_all)
         kinds = {backend.name for backend in self.backends.values()}
         mine = [state for state in states if state.backend in kinds]
-        await self._reconcile(self.backends, mine, now)
+        await self._reconcile(self.backends, [state for state in mine if not state.hibernated], now)
+        await self.hold_hibernated([state for state in mine if state.hibernated])
         for left in await asyncio.to_thread(self.snapshots.sweep):
             logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
         await self.reap_unverified()

@@ -327,7 +327,7 @@ segs o '!s'
 off=${eoff:-0} left=$most
 segs e '!2'
 if [ -e "$d/runs" ]; then
-  { [ -f /proc/self/fd/9 ] && head -n 4097 <&9; } 2> /dev/null 9<> "$d/runs" | sed 's/^/!r /'
+  { [ -f /proc/self/fd/9 ] && head -n 4096 <&9; } 2> /dev/null 9<> "$d/runs" | cut -c -40 | sed 's/^/!r /'
 fi
 echo "!e"
 """
@@ -335,7 +335,7 @@ echo "!e"
 its status line (empty: running), ``s0`` its start, ``off``, ``eoff`` and ``left``: the header
 line, then the kept output of each stream from its position ``off`` (stdout, ``!s``) and
 ``eoff`` (stderr, ``!2``) on, at most ``left`` bytes of each, as segments; then a record's runs
-of streams (``!r OFFSET TAG``, the first 4,097)."""
+of streams (``!r OFFSET TAG``, the first 4,096)."""
 
 _ONE_JOB = (
     FUNCTIONS

@@ -377,7 +377,7 @@ class JobRunner:
         ``limit`` bytes (as `poll`)."""
         _check_id(record_id)
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
-        bound = _encoded(wanted) + 32 * (MAX_RUNS + 1)  # and the runs' lines
+        bound = _encoded(wanted) + 32 * MAX_RUNS  # and the runs' lines
         response = self._run(_bind(scripts.RECORD, record_id, str(max(0, offset)), str(wanted)), output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(record_id)
@@ -623,7 +623,7 @@ def _add_run(runs: list[tuple[int, Stream]], line: str) -> None:
     """One ``OFFSET TAG`` line of a record's runs, kept if well formed and past the last one
     (the sandbox wrote it: anything else is dropped)."""
     fields = line.split()
-    if len(runs) > MAX_RUNS or len(fields) != 2 or fields[1] not in _TAGS:
+    if len(runs) >= MAX_RUNS or len(fields) != 2 or fields[1] not in _TAGS:
         return
     start = natural(fields[0])
     if start is not None and (not runs or start > runs[-1][0]):

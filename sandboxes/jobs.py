@@ -85,9 +85,11 @@ from typing import Literal
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from sandboxes import _job_output as _out
 from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
+from sandboxes._job_output import MAX_RUNS, Chunks
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, Stream
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
@@ -175,10 +177,6 @@ class JobState:
         return max(0, self.ended_ns - self.started_ns) / 1e6
 
 
-Chunks = tuple[tuple[int, bytes], ...]
-"""Kept pieces of one stream, as ``(position in the stream, bytes)``, in order."""
-
-
 @dataclass(frozen=True, slots=True)
 class Job:
     """A job's state and its output kept from some position on (`JobRunner.poll`).
@@ -203,26 +201,26 @@ class Job:
     @property
     def end(self) -> int:
         """The stream position after the last byte returned: the offset to poll from next."""
-        return _end(self.chunks)
+        return _out.end(self.chunks)
 
     @property
     def errors_end(self) -> int:
         """The stderr position after the last byte returned: the stderr offset to poll from next."""
-        return _end(self.errors)
+        return _out.end(self.errors)
 
     @property
     def dropped(self) -> int:
         """Bytes between the returned chunks (of both streams) that the sandbox no longer keeps."""
-        return _dropped(self.chunks) + _dropped(self.errors)
+        return _out.dropped(self.chunks) + _out.dropped(self.errors)
 
     def stdout(self) -> str:
         """The stdout as text (of a recorded command: its whole output), with a marker where
         bytes were dropped."""
-        return _text(self.chunks)
+        return _out.text(self.chunks)
 
     def stderr(self) -> str:
         """The stderr as text, with a marker where bytes were dropped."""
-        return _text(self.errors)
+        return _out.text(self.errors)
 
     def text(self) -> str:
         """Both streams as one text, as `OutputBuffer.text` marks drops: the stdout, then the
@@ -362,7 +360,7 @@ class JobRunner:
         if offset < 0 or errors_offset < 0:
             raise JobError(p.INVALID_ARGUMENT, "offset must be >= 0")
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
-        bound = 2 * _encoded(wanted)
+        bound = 2 * _out.encoded(wanted)
         script = _bind(scripts.POLL, self.root, job_id, str(offset), str(wanted), str(errors_offset))
         response = self._run(script, output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
@@ -377,7 +375,7 @@ class JobRunner:
         ``limit`` bytes (as `poll`)."""
         _check_id(record_id)
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
-        bound = _encoded(wanted) + 32 * MAX_RUNS  # and the runs' lines
+        bound = _out.encoded(wanted) + 32 * MAX_RUNS  # and the runs' lines
         response = self._run(_bind(scripts.RECORD, record_id, str(max(0, offset)), str(wanted)), output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(record_id)
@@ -482,36 +480,6 @@ class JobRunner:
         return response
 
 
-def _encoded(size: int) -> int:
-    """Most bytes the scripts answer for ``size`` bytes of one stream: base64 and its lines, the
-    headers."""
-    return size * 4 // 3 + 4 * (size // 57 + 4) + 4096
-
-
-def _end(chunks: Chunks) -> int:
-    return chunks[-1][0] + len(chunks[-1][1]) if chunks else 0
-
-
-def _dropped(chunks: Chunks) -> int:
-    gaps, position = 0, None
-    for start, data in chunks:
-        if position is not None and start > position:
-            gaps += start - position
-        position = start + len(data)
-    return gaps
-
-
-def _text(chunks: Chunks) -> str:
-    parts: list[str] = []
-    position = None
-    for start, data in chunks:
-        if position is not None and start > position:
-            parts.append(f"\n... [{start - position} bytes of output truncated] ...\n")
-        parts.append(data.decode("utf-8", "replace"))
-        position = start + len(data)
-    return "".join(parts)
-
-
 def _cannot_fork(response: p.ExecuteResponse) -> bool:
     """Whether a script failed because the sandbox could not start a process (`_CANNOT_FORK`)."""
     failed = response.error is not None or response.exit_code != 0
@@ -573,11 +541,6 @@ def _state(job_id: str, status: list[str], started: str) -> JobState:
 _STATES: dict[str, State] = {state: state for state in ("running", "exited", "killed", "timeout", "lost", "failed")}
 
 
-_TAGS: dict[str, Stream] = {"o": "stdout", "e": "stderr", "m": "merged"}
-MAX_RUNS = 4096
-"""Most runs of one stream a record keeps (`sandboxes._helper._record`); past them, ``merged``."""
-
-
 def _parse_poll(job_id: str, output: str) -> Job:
     lines = output.split("\n")
     if "!e" in lines:  # what follows is the transport's (a per-command wrapper's complaint), not the script's
@@ -612,19 +575,8 @@ def _parse_poll(job_id: str, output: str) -> Job:
         elif kind == "!r ":
             flush()
             target, encoded = None, []
-            _add_run(runs, line[3:])
+            _out.add_run(runs, line[3:])
         else:
             encoded.append(line)
     flush()
     return Job(state, tuple(streams["!s"]), head=head, tail=tail, errors=tuple(streams["!2"]), runs=tuple(runs))
-
-
-def _add_run(runs: list[tuple[int, Stream]], line: str) -> None:
-    """One ``OFFSET TAG`` line of a record's runs, kept if well formed and past the last one
-    (the sandbox wrote it: anything else is dropped)."""
-    fields = line.split()
-    if len(runs) >= MAX_RUNS or len(fields) != 2 or fields[1] not in _TAGS:
-        return
-    start = natural(fields[0])
-    if start is not None and (not runs or start > runs[-1][0]):
-        runs.append((start, _TAGS[fields[1]]))

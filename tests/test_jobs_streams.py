@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandboxes._helper import _record
-from sandboxes.jobs import MAX_RUNS, _parse_poll
+from sandboxes._job_output import MAX_RUNS
+from sandboxes.jobs import _parse_poll
 
 
 def _answer(chunks: list[tuple[int, bytes]], runs: list[str]) -> str:

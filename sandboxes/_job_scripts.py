@@ -112,31 +112,32 @@ kill_job() {
 """
 )
 
-_OUTPUT = r"""d=$1
+_OUTPUT = r"""d=$1 x=$2
 read -r H T < "$d/limits"
-f=$d/o.h lim=$H k=-1 size=0
+f=$d/$x.h lim=$H k=-1 size=0
 : > "$f"
 while :; do
   if [ "$size" -ge "$lim" ]; then
-    k=$((k + 1)) f=$d/o.$k lim=$T size=0
+    k=$((k + 1)) f=$d/$x.$k lim=$T size=0
     : > "$f"
-    [ "$k" -lt 2 ] || rm -f -- "$d/o.$((k - 2))"
+    [ "$k" -lt 2 ] || rm -f -- "$d/$x.$((k - 2))"
   fi
   n=$((lim - size))
   [ "$n" -le 65536 ] || n=65536
   dd bs="$n" count=1 2>/dev/null >> "$f" || break
   new=$(wc -c < "$f") || break
   new=$(($new))
-  [ "$new" -ne "$size" ] || { : > "$d/o.done"; exit 0; }
+  [ "$new" -ne "$size" ] || { : > "$d/$x.done"; exit 0; }
   size=$new
 done
-: > "$d/o.done"
+: > "$d/$x.done"
 exec cat > /dev/null
 """
-"""The output process, on the command's FIFO: one ``dd`` read (at most what fits) per round
-into the head, then into tail chunks, the newest two kept. A failed write (the sandbox's tmp
-is full) stops keeping output but never stops reading. ``o.done`` says it ended (or gave up
-keeping); the supervisor waits for it."""
+"""``DIR X``, the output process of one stream (``X``: ``o`` stdout, ``e`` stderr), on its
+FIFO: one ``dd`` read (at most what fits) per round into the head ``X.h``, then into tail
+chunks ``X.<k>``, the newest two kept. A failed write (the sandbox's tmp is full) stops keeping
+output but never stops reading. ``X.done`` says it ended (or gave up keeping); the supervisor
+waits for it."""
 
 _WATCHDOG = (
     FUNCTIONS
@@ -156,13 +157,15 @@ if [ "$4" = 1 ] && ! CDPATH= cd -- "$5" 2>/dev/null; then
   echo $$ > "$d/pid"
   exit 0
 fi
-if ! mkfifo "$d/pipe" "$d/go"; then
+if ! mkfifo "$d/pipe" "$d/epipe" "$d/go"; then
   finish "$d" failed fifo
   echo $$ > "$d/pid"
   exit 0
 fi
-SANDBOXES_EXEC_ID=$m-o /bin/sh -c "$OUTPUT" sandboxes-job-output "$d" < "$d/pipe" &
+SANDBOXES_EXEC_ID=$m-o /bin/sh -c "$OUTPUT" sandboxes-job-output "$d" o < "$d/pipe" &
 o=$!
+SANDBOXES_EXEC_ID=$m-o /bin/sh -c "$OUTPUT" sandboxes-job-output "$d" e < "$d/epipe" &
+e=$!
 in=/dev/null
 [ ! -e "$d/stdin" ] || in=$d/stdin
 (
@@ -175,7 +178,7 @@ in=/dev/null
   read -r _ < "$d/go"
   [ ! -e "$d/end" ] || exit 137
   exec setsid env -- "$@" "SANDBOXES_EXEC_ID=$m" /bin/sh -c "${x%x}"
-) < "$in" > "$d/pipe" 2>&1 &
+) < "$in" > "$d/pipe" 2> "$d/epipe" &
 c=$!
 echo "$c" > "$d/cpid"
 [ "$t" = 0 ] || SANDBOXES_EXEC_ID=$m-w /bin/sh -c "$WATCHDOG" sandboxes-job-watchdog "$d" "$m" "$t" \
@@ -187,13 +190,13 @@ wait "$c"
 s=$?
 kill_marked "$m"
 i=0
-while [ ! -e "$d/o.done" ] && [ "$i" -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
+while { [ ! -e "$d/o.done" ] || [ ! -e "$d/e.done" ]; } && [ "$i" -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
 kill_marked "$m-o"
-wait "$o"
+wait "$o" "$e"
 finish "$d" exited "$s"
 kill_marked "$m-w"
 exec 3>&-
-rm -f -- "$d/pipe" "$d/go"
+rm -f -- "$d/pipe" "$d/epipe" "$d/go"
 """
 )
 
@@ -304,23 +307,35 @@ seg() {
   to=$b
   [ "$((to - from))" -le "$left" ] || to=$((from + left))
   left=$((left - (to - from)))
-  printf '!s %s\n' "$from"
+  printf '%s %s\n' "$tag" "$from"
   { [ -f /proc/self/fd/9 ] && tail -c "+$((from - a + 1))" <&9; } 2> /dev/null 9<> "$1" |
     head -c "$((to - from))" | base64
 }
-seg "$d/o.h" 0
-k=-1
-for f in "$d"/o.[0-9]*; do
-  [ -e "$f" ] || continue
-  [ "${f##*/o.}" -le "$k" ] || k=${f##*/o.}
-done
-[ "$k" -lt 1 ] || seg "$d/o.$((k - 1))" "$((H + (k - 1) * T))"
-[ "$k" -lt 0 ] || seg "$d/o.$k" "$((H + k * T))"
+segs() {
+  x=$1 tag=$2
+  seg "$d/$x.h" 0
+  k=-1
+  for f in "$d/$x".[0-9]*; do
+    [ -e "$f" ] || continue
+    [ "${f##*/$x.}" -le "$k" ] || k=${f##*/$x.}
+  done
+  [ "$k" -lt 1 ] || seg "$d/$x.$((k - 1))" "$((H + (k - 1) * T))"
+  [ "$k" -lt 0 ] || seg "$d/$x.$k" "$((H + k * T))"
+}
+most=$left
+segs o '!s'
+off=${eoff:-0} left=$most
+segs e '!2'
+if [ -e "$d/runs" ]; then
+  { [ -f /proc/self/fd/9 ] && head -n 4096 <&9; } 2> /dev/null 9<> "$d/runs" | cut -c -40 | sed 's/^/!r /'
+fi
 echo "!e"
 """
 """With ``$d`` a job's directory (or a recorded command's, `sandboxes._helper._record`), ``st``
-its status line (empty: running), ``s0`` its start, ``off`` and ``left``: the header line, then
-the kept output from stream position ``off`` on, at most ``left`` bytes of it, as segments."""
+its status line (empty: running), ``s0`` its start, ``off``, ``eoff`` and ``left``: the header
+line, then the kept output of each stream from its position ``off`` (stdout, ``!s``) and
+``eoff`` (stderr, ``!2``) on, at most ``left`` bytes of each, as segments; then a record's runs
+of streams (``!r OFFSET TAG``, the first 4,096)."""
 
 _ONE_JOB = (
     FUNCTIONS
@@ -333,9 +348,10 @@ d=$r/$2 m=$P$2
 """The preamble of the scripts that act on one job (``ROOT ID ...``): ``$d`` its directory,
 ``$m`` its marker; exit 10 when there is no such job."""
 
-POLL = _ONE_JOB + "off=$3 left=$4\n" + _STATE + SEGMENTS
-"""``ROOT ID OFFSET MAX``: the job's status line, then the kept output from stream position
-OFFSET on, at most MAX bytes of it, as segments ``!s <position>`` followed by base64 lines."""
+POLL = _ONE_JOB + "off=$3 left=$4 eoff=${5:-0}\n" + _STATE + SEGMENTS
+"""``ROOT ID OFFSET MAX [EOFFSET]``: the job's status line, then the kept output of its stdout
+from position OFFSET on and of its stderr from EOFFSET on, at most MAX bytes of each, as
+segments ``!s <position>`` (stdout) and ``!2 <position>`` (stderr) followed by base64 lines."""
 
 RECORD = (
     FUNCTIONS

@@ -468,10 +468,17 @@ class WatcherEvents(_Answer):
 
 
 class ProcessInfo(_Answer):
+    """A background process: its output so far and, once it ended, its ``result``. ``stdout``
+    and ``stderr`` are its two streams apart (the sandbox keeps the head and the tail of each,
+    up to the process's output limit); ``output`` (and the result's) is both as one text: the
+    stdout, then the stderr."""
+
     id: str
     status: Literal["running", "exited", "killed", "timeout"]
     output: str = ""
     result: ExecuteResult | None = None
+    stdout: str = ""
+    stderr: str = ""
 
 
 # ---------------------------------------------------------------------- file operation requests

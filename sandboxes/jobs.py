@@ -30,13 +30,15 @@ is refused) holding:
   caller's environment and ``SANDBOXES_EXEC_ID=sandboxes-job-<id>``: every process it starts
   inherits the marker, so `kill` takes down the whole tree (`sandboxes._scripts.KILL_MARKED`),
   and its process group is killed too (a leader that wiped its environment);
-- ``o.h``, ``o.<k>``: the output (stdout and stderr merged, bytes as written). An output
-  process reads the command's FIFO with one ``dd`` read at a time (busybox ``head -c`` reads
-  past its count and buffers its output): the first ``H`` bytes go to ``o.h``, the rest to tail
+- ``o.h``, ``o.<k>``: the stdout, and ``e.h``, ``e.<k>``: the stderr (bytes as written, each
+  stream apart, each through a FIFO of its own, so how they interleaved is not kept). An output
+  process per stream reads its FIFO with one ``dd`` read at a time (busybox ``head -c`` reads
+  past its count and buffers its output): the first ``H`` bytes go to ``X.h``, the rest to tail
   chunks of ``T`` bytes of which the newest two are kept, so at most ``H + 2T`` (the output
-  limit) is kept, head and tail as `sandboxes._output.OutputBuffer` does, however long the
-  command runs. It never stops reading: a command past its output limit keeps running (no
-  SIGPIPE), and how much was dropped follows from which chunks remain;
+  limit) is kept of EACH stream, head and tail as `sandboxes._output.OutputBuffer` does, however
+  long the command runs. It never stops reading: a command past its output limit keeps running
+  (no SIGPIPE), and how much was dropped follows from which chunks remain. (A job started by an
+  older runner has its stdout and stderr merged in ``o.*``, and no ``e.*``.)
 - ``status``: ``exited <code>``, ``timeout``, ``killed``, ``lost`` (its supervisor vanished:
   the sandbox or its jail restarted) or ``failed cwd``, then the end time (``-`` until known),
   written once: whoever first creates the file ``end`` (the supervisor, the watchdog, a kill;
@@ -53,7 +55,7 @@ not by the caller. The supervisor waits for the command, kills what it left runn
 output drain (1 s at most: an escaped process may hold the FIFO), then writes the status, so a
 finished job's output is complete. Finished jobs are removed at each start past the newest
 ``keep``. Processes carry markers ``sandboxes-job-<id>`` (the command), ``-s`` (supervisor),
-``-o`` (output), ``-w`` (watchdog), all under `sandboxes._helper._kill.JOB_MARKER_PREFIX`.
+``-o`` (the output processes), ``-w`` (watchdog), all under `sandboxes._helper._kill.JOB_MARKER_PREFIX`.
 
 Limits: a job lives as long as its sandbox's processes do. On Docker, SSH and Kubernetes that is
 the container, host or pod; a `LocalSandbox` jail dies with the process holding the sandbox
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import math
 import re
 import secrets
@@ -82,10 +85,12 @@ from typing import Literal
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from sandboxes import _job_output as _out
 from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT
+from sandboxes._job_output import MAX_RUNS, Chunks
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, Stream
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
 
@@ -176,14 +181,18 @@ class JobState:
 class Job:
     """A job's state and its output kept from some position on (`JobRunner.poll`).
 
-    The output is the stream the command wrote, of which the sandbox keeps the first ``head``
-    bytes and the last ``tail`` to ``2 * tail`` bytes; ``chunks`` are kept pieces as
-    ``(position in the stream, bytes)``, in order."""
+    Each of the command's streams (``chunks``: its stdout, ``errors``: its stderr) is kept apart,
+    with positions of its own: the sandbox keeps the first ``head`` bytes of each and the last
+    ``tail`` to ``2 * tail`` bytes. A recorded command (`JobRunner.read_record`) has one sequence,
+    ``chunks`` (stdout and stderr in the order they came), and ``runs``: where each run of one
+    stream starts in it (``(position, stream)``, ascending; none: ``merged``)."""
 
     state: JobState
-    chunks: tuple[tuple[int, bytes], ...] = ()
+    chunks: Chunks = ()
     head: int = 0
     tail: int = 0
+    errors: Chunks = ()
+    runs: tuple[tuple[int, Stream], ...] = ()
 
     @property
     def output(self) -> bytes:
@@ -192,28 +201,50 @@ class Job:
     @property
     def end(self) -> int:
         """The stream position after the last byte returned: the offset to poll from next."""
-        return self.chunks[-1][0] + len(self.chunks[-1][1]) if self.chunks else 0
+        return _out.end(self.chunks)
+
+    @property
+    def errors_end(self) -> int:
+        """The stderr position after the last byte returned: the stderr offset to poll from next."""
+        return _out.end(self.errors)
 
     @property
     def dropped(self) -> int:
-        """Bytes between the returned chunks that the sandbox no longer keeps."""
-        gaps, position = 0, None
-        for start, data in self.chunks:
-            if position is not None and start > position:
-                gaps += start - position
-            position = start + len(data)
-        return gaps
+        """Bytes between the returned chunks (of both streams) that the sandbox no longer keeps."""
+        return _out.dropped(self.chunks) + _out.dropped(self.errors)
+
+    def stdout(self) -> str:
+        """The stdout as text (of a recorded command: its whole output), with a marker where
+        bytes were dropped."""
+        return _out.text(self.chunks)
+
+    def stderr(self) -> str:
+        """The stderr as text, with a marker where bytes were dropped."""
+        return _out.text(self.errors)
 
     def text(self) -> str:
-        """The output as text, with a marker where bytes were dropped (as `OutputBuffer.text`)."""
-        parts: list[str] = []
-        position = None
+        """Both streams as one text, as `OutputBuffer.text` marks drops: the stdout, then the
+        stderr (a job keeps them apart, so their interleaving is not known)."""
+        out, err = self.stdout(), self.stderr()
+        if out and err and not out.endswith("\n"):
+            out += "\n"
+        return out + err
+
+    def pieces(self) -> list[tuple[int, bytes, Stream]]:
+        """A recorded command's chunks cut at its runs: ``(position, bytes, stream)``."""
+        pieces: list[tuple[int, bytes, Stream]] = []
+        starts = [start for start, _ in self.runs]
         for start, data in self.chunks:
-            if position is not None and start > position:
-                parts.append(f"\n... [{start - position} bytes of output truncated] ...\n")
-            parts.append(data.decode("utf-8", "replace"))
-            position = start + len(data)
-        return "".join(parts)
+            cut = 0
+            while cut < len(data):
+                at = start + cut
+                run = bisect.bisect_right(starts, at) - 1
+                stream: Stream = self.runs[run][1] if run >= 0 else "merged"
+                upto = starts[run + 1] if run + 1 < len(starts) else at + len(data)
+                size = max(1, min(len(data) - cut, upto - at))
+                pieces.append((at, data[cut : cut + size], stream))
+                cut += size
+        return pieces
 
     def response(self) -> p.ExecuteResponse:
         """The job as a finished `execute` would have answered (only meaningful once finished)."""
@@ -321,15 +352,17 @@ class JobRunner:
             raise TooManyJobs(int(last.split()[1]))
         raise JobError(p.BACKEND_ERROR, f"the job could not start: {_failure(response)}")
 
-    def poll(self, job_id: str, offset: int = 0, limit: int | None = None) -> Job:
-        """The job's state and its kept output from stream position ``offset`` on, at most
-        ``limit`` bytes (default: all that is kept)."""
+    def poll(self, job_id: str, offset: int = 0, limit: int | None = None, errors_offset: int = 0) -> Job:
+        """The job's state and its kept output from stdout position ``offset`` and stderr
+        position ``errors_offset`` on, at most ``limit`` bytes of each (default: all that is
+        kept)."""
         _check_id(job_id)
-        if offset < 0:
+        if offset < 0 or errors_offset < 0:
             raise JobError(p.INVALID_ARGUMENT, "offset must be >= 0")
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
-        bound = wanted * 4 // 3 + 4 * (wanted // 57 + 4) + 4096  # base64 and its lines, the headers
-        response = self._run(_bind(scripts.POLL, self.root, job_id, str(offset), str(wanted)), output_limit=bound)
+        bound = 2 * _out.encoded(wanted)
+        script = _bind(scripts.POLL, self.root, job_id, str(offset), str(wanted), str(errors_offset))
+        response = self._run(script, output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(job_id)
         if response.exit_code != 0:
@@ -342,7 +375,7 @@ class JobRunner:
         ``limit`` bytes (as `poll`)."""
         _check_id(record_id)
         wanted = self.max_read if limit is None else max(0, min(limit, self.max_read))
-        bound = wanted * 4 // 3 + 4 * (wanted // 57 + 4) + 4096
+        bound = _out.encoded(wanted) + 32 * MAX_RUNS  # and the runs' lines
         response = self._run(_bind(scripts.RECORD, record_id, str(max(0, offset)), str(wanted)), output_limit=bound)
         if response.exit_code == _EXIT_NOT_FOUND:
             raise JobNotFound(record_id)
@@ -517,19 +550,33 @@ def _parse_poll(job_id: str, output: str) -> Job:
     if header[:1] != ["!j"] or lines[-2:] != ["!e", ""] or head is None or tail is None:
         raise JobError(p.BACKEND_ERROR, f"unexpected answer polling job {job_id}: {output[-300:]!r}")
     state = _state(job_id, header[1:4], header[4])
-    chunks: list[tuple[int, bytes]] = []
-    position: int | None = None
+    streams: dict[str, list[tuple[int, bytes]]] = {"!s": [], "!2": []}
+    runs: list[tuple[int, Stream]] = []
+    target: list[tuple[int, bytes]] | None = None
+    position = 0
     encoded: list[str] = []
-    for line in [*lines[1:-2], "!s end"]:
-        if not line.startswith("!s "):
+
+    def flush() -> None:
+        if target is None:
+            return
+        try:
+            data = base64.b64decode("".join(encoded))
+        except (binascii.Error, ValueError) as exc:
+            raise JobError(p.BACKEND_ERROR, f"corrupt output of job {job_id}") from exc
+        if data:
+            target.append((position, data))
+
+    for line in lines[1:-2]:
+        kind = line[:3]
+        if kind in ("!s ", "!2 "):
+            flush()
+            start = natural(line[3:])
+            target, position, encoded = (None, 0, []) if start is None else (streams[kind[:2]], start, [])
+        elif kind == "!r ":
+            flush()
+            target, encoded = None, []
+            _out.add_run(runs, line[3:])
+        else:
             encoded.append(line)
-            continue
-        if position is not None:
-            try:
-                data = base64.b64decode("".join(encoded))
-            except (binascii.Error, ValueError) as exc:
-                raise JobError(p.BACKEND_ERROR, f"corrupt output of job {job_id}") from exc
-            if data:
-                chunks.append((position, data))
-        position, encoded = natural(line[3:]), []
-    return Job(state, tuple(chunks), head=head, tail=tail)
+    flush()
+    return Job(state, tuple(streams["!s"]), head=head, tail=tail, errors=tuple(streams["!2"]), runs=tuple(runs))

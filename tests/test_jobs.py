@@ -144,13 +144,17 @@ def _job_processes(sandbox: BaseSandbox, job_id: str) -> int:
 # ---------------------------------------------------------------------- start, poll, exit
 
 
-def test_exit_code_and_binary_output_merged(backend: Backend) -> None:
+def test_exit_code_and_binary_output_with_stdout_and_stderr_apart(backend: Backend) -> None:
     runner = JobRunner(backend.sandbox)
-    state = runner.start("printf 'out\\000\\377\\n'; printf 'err\\n' >&2; exit 3")
+    state = runner.start("printf 'out\\000\\377\\n'; printf 'err\\n' >&2; printf 'more'; exit 3")
     assert state.status == "running"
     job = _until_finished(runner, state.id)
     assert (job.state.status, job.state.exit_code) == ("exited", 3)
-    assert job.output == b"out\x00\xff\nerr\n"
+    assert job.output == b"out\x00\xff\nmore"
+    assert job.errors == ((0, b"err\n"),)
+    assert (job.stdout(), job.stderr()) == ("out\x00\ufffd\nmore", "err\n")
+    assert job.text() == "out\x00\ufffd\nmore\nerr\n"  # the merged view: the stdout, then the stderr
+    assert runner.poll(state.id, offset=4, errors_offset=1).errors == ((1, b"rr\n"),)
     response = job.response()
     assert (response.exit_code, response.error, response.truncated) == (3, None, False)
     assert response.duration_ms is not None

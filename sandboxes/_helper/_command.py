@@ -128,7 +128,7 @@ class Command(object):
             chunk = b""
         if chunk:
             if self.record is not None:
-                self.record.write(chunk)
+                self.record.write(chunk, kind == STDERR)
             send(kind, self.ident, chunk)
             return
         _poller.unregister(fd)

@@ -1,5 +1,6 @@
 """A command's output record in the sandbox: the head and the tail of its output (stdout and
-stderr merged, bytes as written) and, once it ended, its status, kept in a directory that
+stderr in the order they came, bytes as written, with which stream each run of bytes came
+from) and, once it ended, its status, kept in a directory that
 outlives the exec helper's client, so that a caller that lost the helper (the service restarted)
 reads from the sandbox alone what the command printed and how it ended. Stdlib only, Python
 3.6-compatible.
@@ -11,7 +12,9 @@ on to their end or their timeout (`linger`). A record is a directory
 ``${TMPDIR:-/tmp}/.sandboxes-streams/<id>`` (0700, in a 0700 root the helper's user owns), laid
 out as a background job's (`sandboxes.jobs`), so that the same reader serves both: ``limits``
 (``H T``), ``started``, ``status`` (``STATE CODE ENDED``, times in ns), ``o.h`` (the
-first ``H`` bytes), ``o.<k>`` (tail chunks of ``T`` bytes, the newest two kept), and ``helper``
+first ``H`` bytes), ``o.<k>`` (tail chunks of ``T`` bytes, the newest two kept), ``runs`` (a
+line ``OFFSET TAG`` where each run of one stream starts in the output, ``o`` stdout, ``e``
+stderr; past `MAX_RUNS` runs, one ``m``: the rest is merged), and ``helper``
 (the recording helper's pid and start time in clock ticks: a record without a status whose
 helper is gone was lost; then the command's marker, to kill it by). At most `RECORD_LIMIT` bytes
 are kept, whatever the command prints; a file that cannot be written (``/tmp`` full, a name
@@ -30,6 +33,8 @@ RECORD_LIMIT = 1 << 20
 """Most output bytes a record keeps (head and tail)."""
 KEEP = 16
 """Ended records kept in a sandbox (the newest)."""
+MAX_RUNS = 4096
+"""Most runs of one stream a record names (`sandboxes.jobs.MAX_RUNS` reads as many)."""
 _made = [0]  # records made by this helper
 _ticks: "list[str]" = []  # `_start_ticks`, once read
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_APPEND | os.O_CLOEXEC
@@ -127,9 +132,13 @@ class Record(object):
         self.chunk = -1
         self.fd: "int | None" = None
         self.broken = False
+        self.total = 0
+        self.runs = 0
+        self.stream = ""
         self._put("limits", "%d %d\n" % (self.head, self.tail))
         self._put("started", "%d\n" % _now_ns())
         self._put("helper", "%d %s %s\n" % (os.getpid(), _start_ticks(), marker))
+        self.runs_fd: "int | None" = os.open(os.path.join(self.dir, "runs"), _FLAGS, 0o600)
         self._open("o.h")
 
     def _put(self, name: str, text: str) -> None:
@@ -145,12 +154,15 @@ class Record(object):
             self.fd = None
         self.fd = os.open(os.path.join(self.dir, name), _FLAGS, 0o600)
 
-    def write(self, data: bytes) -> None:
-        """Keep ``data`` (the command's next output) as far as the head and the tail take it."""
-        if self.broken:
+    def write(self, data: bytes, stderr: bool = False) -> None:
+        """Keep ``data`` (the command's next output, of its stderr or its stdout) as far as the
+        head and the tail take it, and where a run of the other stream starts."""
+        if self.broken or not data:
             return
         view = memoryview(data)
         try:
+            self._run("e" if stderr else "o")
+            self.total += len(data)
             while len(view):
                 if self.room <= 0:
                     self.chunk += 1
@@ -167,11 +179,18 @@ class Record(object):
         except (OSError, TypeError):
             self._stop()
 
+    def _run(self, stream: str) -> None:
+        """Name the stream of the bytes from `total` on, when it changes (``m`` past `MAX_RUNS`)."""
+        if self.stream == "m" or stream == self.stream:
+            return
+        self.runs += 1
+        self.stream = stream if self.runs < MAX_RUNS else "m"
+        if os.write(self.runs_fd, ("%d %s\n" % (self.total, self.stream)).encode("ascii")) <= 0:  # type: ignore[arg-type]
+            raise OSError("nothing written")
+
     def end(self, code: "int | None", timed_out: bool) -> None:
         """The command ended: its status, written once."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._close()
         state = "timeout -" if timed_out or code is None else "exited %d" % code
         try:
             self._put("status", "%s %d\n" % (state, _now_ns()))
@@ -181,9 +200,13 @@ class Record(object):
     def _stop(self) -> None:
         """Keep nothing more (the rest of the output is not recorded; the status still is)."""
         self.broken = True
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._close()
+
+    def _close(self) -> None:
+        for fd in (self.fd, self.runs_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.runs_fd = None
 
 
 def linger(recorded: "list[Running]", sweep: "Callable[[], None]") -> None:

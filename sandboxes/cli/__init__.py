@@ -287,9 +287,10 @@ def _add_service_commands(
 
     def stateful(name: str) -> Callable[..., int]:
         def run(*args: Any) -> int:
-            from sandboxes.cli import state
+            from sandboxes.cli import processes, state
 
-            code: int = getattr(state, name)(*args)
+            module = processes if name == "cmd_process" else state
+            code: int = getattr(module, name)(*args)
             return code
 
         return run

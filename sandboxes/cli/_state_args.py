@@ -46,3 +46,13 @@ def add_state_commands(add: Add, handler: Callable[[str], Callable[..., int]]) -
     cmd.add_argument("id", metavar="ID")
     cmd.add_argument("--count", type=int, default=1, help="how many (default: 1)")
     cmd.add_argument("--idempotency-key", default=None, metavar="KEY", help="run again with KEY: the same sandboxes")
+    text = "background processes: process start ID CMD... (prints its id), process get|wait|kill ID PROCESS"
+    cmd = add("process", handler("cmd_process"), text + " (its stdout to stdout, its stderr to stderr)", "service")
+    cmd.add_argument("action", choices=("start", "get", "wait", "kill"))
+    cmd.add_argument("id", metavar="ID", help="the sandbox")
+    cmd.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="CMD|PROCESS", help="start: the command; else the process"
+    )
+    cmd.add_argument(
+        "--timeout", type=float, default=None, help="start: the command's seconds; wait: most seconds to wait"
+    )

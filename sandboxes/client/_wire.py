@@ -293,13 +293,17 @@ def execute_result(response: httpx.Response) -> p.ExecuteResponse:
 
 @dataclass(frozen=True, slots=True)
 class ProcessStatus:
-    """A background command: ``output`` so far, and its ``result`` once it has ended."""
+    """A background command: its output so far, and its ``result`` once it has ended.
+    ``stdout`` and ``stderr`` are its streams apart; ``output`` is both as one text (the stdout,
+    then the stderr), as the result's is."""
 
     id: str
     status: str
     """``running``, ``exited``, ``killed`` or ``timeout``."""
     output: str = ""
     result: p.ExecuteResponse | None = None
+    stdout: str = ""
+    stderr: str = ""
 
     @property
     def running(self) -> bool:
@@ -309,7 +313,9 @@ class ProcessStatus:
 def process_status(response: httpx.Response) -> ProcessStatus:
     info = _PROCESS(response)
     result = None if info.result is None else execute_response(info.result)
-    return ProcessStatus(id=info.id, status=info.status, output=info.output, result=result)
+    return ProcessStatus(
+        id=info.id, status=info.status, output=info.output, result=result, stdout=info.stdout, stderr=info.stderr
+    )
 
 
 _STREAM_TYPES = frozenset(get_args(api.StreamEvent.model_fields["type"].annotation))

@@ -12,9 +12,10 @@ Limits, and where they live:
 - ``max_processes`` running per sandbox: counted by the start script in the sandbox, over every
   replica's jobs (two starts at the same moment may both pass it).
 - ``output_limit`` per process (the request's, under ``max_output_bytes``): the job keeps that
-  many bytes of output, head and tail, in the sandbox's own bounded ``/tmp`` and keeps running
-  past it; a poll reads at most ``max_output_bytes`` of it. No output is held in the service
-  between polls.
+  many bytes of its stdout and as many of its stderr, head and tail, in the sandbox's own
+  bounded ``/tmp`` and keeps running past it; a poll reads at most ``max_output_bytes`` of each
+  and answers them apart (``stdout``, ``stderr``) and as one text (``output``: the stdout, then
+  the stderr). No output is held in the service between polls.
 - A tenant's ``max_commands`` (its commands running at once): a background process holds one of
   the tenant's slots in the replica that started it until that replica sees it end: through a
   poll or a kill, or through a watcher thread that lists the sandbox's jobs (one ``execute``) every
@@ -82,7 +83,7 @@ def info_of(job: Job) -> ProcessInfo:
     state = job.state
     status: Status
     if state.status == "running":
-        return ProcessInfo(id=state.id, status="running", output=job.text())
+        return ProcessInfo(id=state.id, status="running", output=job.text(), stdout=job.stdout(), stderr=job.stderr())
     if state.status in ("exited", "failed"):
         status = "exited"
     elif state.status == "timeout":
@@ -90,7 +91,14 @@ def info_of(job: Job) -> ProcessInfo:
     else:
         status = "killed"
     response = job.response()
-    return ProcessInfo(id=state.id, status=status, output=response.output, result=result_of(response))
+    return ProcessInfo(
+        id=state.id,
+        status=status,
+        output=response.output,
+        result=result_of(response),
+        stdout=job.stdout(),
+        stderr=job.stderr(),
+    )
 
 
 class ProcessTable:

@@ -2,13 +2,17 @@
 them: it restarted (``kill -9`` too), or another replica started them.
 
 Every streamed command asks the sandbox's exec helper for a record (`sandboxes._helper._record`,
-`with_record`): the helper keeps the head and the tail of its output (stdout and stderr merged,
-at most `RECORD_LIMIT` bytes) and its status in the sandbox, and when its client (this service)
+`with_record`): the helper keeps the head and the tail of its output (stdout and stderr in the
+order they came, with where each run of one stream starts; at most `RECORD_LIMIT` bytes) and
+its status in the sandbox, and when its client (this service)
 goes away it runs the command on to its end or its timeout with no client, writing the record.
 A re-attach that finds no command in memory follows that record (`recorded_events`): it polls
 the sandbox (one ``execute`` a poll, every `POLL_FIRST` seconds while output comes, backing off
-to `POLL_MAX` while it does not) and sends what it read as the stream's ``output`` events
-(``stream``: ``merged``), then the ``exit``. A record whose helper vanished without its status
+to `POLL_MAX` while it does not) and sends what it read as the stream's ``output`` events, each
+with its stream as the live stream named it, at the same offsets (over stdout and stderr
+together, in the order they came: a re-attach from an offset gets each byte once), then the
+``exit``. A record that names no streams (one past its runs, or an older helper's) sends
+``merged``. A record whose helper vanished without its status
 answers ``connection_lost``. What a poll reads is bounded (`EVENT_BYTES`, and the record's
 bound for the exit's output) and parsed as the hostile bytes it may be (`sandboxes.jobs`). A
 kill of such a command (`kill_recorded`) kills by the marker its record names.
@@ -33,6 +37,7 @@ from dataclasses import replace
 from sandboxes import protocol as p
 from sandboxes._helper._kill import RECORD_ENV
 from sandboxes._helper._record import RECORD_LIMIT
+from sandboxes._output import Stream
 from sandboxes.api import ExecuteResult, StreamEvent
 from sandboxes.base import BaseSandbox
 from sandboxes.jobs import Job, JobError, JobNotFound, JobRunner
@@ -190,20 +195,26 @@ async def _events(
     yield event_line(StreamEvent(type="output", data="", id=command_id, offset=offset))
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     position, delay, quiet = offset, POLL_FIRST, 0.0
+    current: Stream = "stdout"
     while True:
-        for start, data in job.chunks:
+        for start, data, stream in job.pieces():
             if start != position:  # the record dropped the middle: a character cut by the gap is lost
                 decoder.reset()
+            if stream != current:  # a character cut where the other stream began ends here
+                if cut := decoder.decode(b"", final=True):
+                    yield _output(cut, current, start)
+                decoder.reset()
+                current = stream
             position = start + len(data)
             if text := decoder.decode(data):
-                yield _output(text, position - len(decoder.getstate()[0]))
+                yield _output(text, current, position - len(decoder.getstate()[0]))
         if job.chunks:
             delay, quiet = POLL_FIRST, 0.0
             if len(job.output) < EVENT_BYTES:  # else more is waiting: read on at once
                 await asyncio.sleep(POLL_FIRST)
         elif job.state.finished:
             if text := decoder.decode(b"", final=True):
-                yield _output(text, position)
+                yield _output(text, current, position)
             whole = await _read(runner, command_id, 0, RECORD_LIMIT, missing)
             yield event_line(StreamEvent(type="exit", result=result_of(whole.response())))
             return
@@ -217,5 +228,8 @@ async def _events(
         job = await _read(runner, command_id, position, EVENT_BYTES, missing)
 
 
-def _output(text: str, offset: int) -> bytes:
-    return event_line(StreamEvent(type="output", data=text, offset=offset, stream="merged"))
+def _output(text: str, stream: Stream, offset: int) -> bytes:
+    """An ``output`` event's line, as a live stream sends it (stdout's without ``stream``)."""
+    return event_line(
+        StreamEvent(type="output", data=text, offset=offset, stream=None if stream == "stdout" else stream)
+    )

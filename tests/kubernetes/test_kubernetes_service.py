@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from processes_apart import assert_background_streams_apart
 from service_harness import (
     KEYS,
     UNTHROTTLED,
@@ -136,6 +137,16 @@ def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.C
     """The archive streams raw over an exec of its own, not as an `execute` answer: the
     service's output ceiling does not bound it."""
     assert_an_archive_streams_whole(client, service.registry.settings.max_output_bytes + (1 << 20))
+
+
+def test_a_background_process_keeps_stdout_and_stderr_apart(
+    client: httpx.Client, service: Running, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sandbox = create(client)
+    try:
+        assert_background_streams_apart(service, client, sandbox["id"], capsys)
+    finally:
+        client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def test_a_restarted_service_adopts_the_pods(fake_kubeconfig: Path, runtime_image: str, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import docker.errors
 import httpx
 import pytest
+from processes_apart import assert_background_streams_apart
 from service_harness import (
     KEYS,
     UNTHROTTLED,
@@ -375,3 +376,9 @@ def test_big_upload_into_the_read_only_root_names_its_cause(remote: RemoteSandbo
     [response] = remote.upload_files([("/opt/big.bin", blob)])
     assert response.error == p.PERMISSION_DENIED
     assert remote.download_files(["/opt/big.bin"])[0].error == p.FILE_NOT_FOUND
+
+
+def test_a_background_process_keeps_stdout_and_stderr_apart(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_background_streams_apart(service, client, sandbox["id"], capsys)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from processes_apart import assert_background_streams_apart
 from service_harness import (
     Running,
     assert_a_left_warm_command_is_killed,
@@ -273,3 +274,9 @@ def test_a_background_process_with_an_invalid_environment_is_an_invalid_request(
         assert (refused.status_code, error_of(refused)) == (422, "invalid_request"), refused.text
         assert "environment variable" in refused.json()["message"] or "marker" in refused.json()["message"]
     assert client.post(base, json={"command": "true"}).status_code == 202  # its slot was given back
+
+
+def test_a_background_process_keeps_stdout_and_stderr_apart(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_background_streams_apart(service, client, sandbox["id"], capsys)

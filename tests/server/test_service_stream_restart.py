@@ -47,27 +47,44 @@ def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def _start(client: httpx.Client, sandbox_id: str, command: str, printed: str) -> tuple[str, int, str]:
-    """Start ``command`` streamed; (its id, the offset after it ``printed``, what it printed),
-    read off the stream, which stays open (the service is killed under it)."""
-    seen, offset, command_id = "", 0, None
+def _pieces(events: list[dict[str, Any]]) -> list[tuple[str | None, str, int]]:
+    """The output events as ``(stream, text, offset after it)``, runs of one stream joined."""
+    pieces: list[tuple[str | None, str, int]] = []
+    for event in events:
+        if event["type"] != "output" or not event.get("data"):
+            continue
+        if pieces and pieces[-1][0] == event.get("stream"):
+            pieces[-1] = (event.get("stream"), pieces[-1][1] + event["data"], event["offset"])
+        else:
+            pieces.append((event.get("stream"), event["data"], event["offset"]))
+    return pieces
+
+
+def _start(
+    client: httpx.Client, sandbox_id: str, command: str, printed: str
+) -> tuple[str, int, str, list[dict[str, Any]]]:
+    """Start ``command`` streamed; (its id, the offset after it ``printed``, what it printed,
+    the events), read off the stream, which stays open (the service is killed under it)."""
+    seen, offset, command_id, events = "", 0, None, []
     with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/execute/stream", json={"command": command}) as response:
         for event in _events(response):
+            events.append(event)
             command_id = event.get("id", command_id)
             seen += event.get("data") or ""
             offset = event.get("offset", offset)
             if sorted(seen.splitlines()) == sorted(printed.splitlines()):
                 break
     assert command_id is not None
-    return command_id, offset, seen
+    return command_id, offset, seen, events
 
 
 @contextlib.contextmanager
 def _restarted(
     tmp_path: Path, template: dict[str, Any]
-) -> Iterator[tuple[ServiceProcess, dict[str, Any], str, int, str]]:
+) -> Iterator[tuple[ServiceProcess, dict[str, Any], str, int, str, list[dict[str, Any]]]]:
     """A service that ran `COMMAND` and `ENDLESS`, streamed, and was killed (``kill -9``) then
-    restarted meanwhile: (it, the sandbox, `COMMAND`'s id and last offset seen, `ENDLESS`'s id)."""
+    restarted meanwhile: (it, the sandbox, `COMMAND`'s id and last offset seen, `ENDLESS`'s id,
+    `COMMAND`'s events before the kill)."""
     owner = f"{SESSION_OWNER}-rs-{uuid.uuid4().hex[:6]}"
     config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": template}, stream_keepalive=0.5)
     service = ServiceProcess(config, tmp_path)
@@ -75,12 +92,13 @@ def _restarted(
     try:
         with service.client("alice") as alice:
             sandbox = create(alice, ttl=300)
-            command_id, offset, seen = _start(alice, sandbox["id"], COMMAND, "one\nerr\n")
+            command_id, offset, seen, live = _start(alice, sandbox["id"], COMMAND, "one\nerr\n")
             endless = _start(alice, sandbox["id"], ENDLESS, "forever\n")[0]
         assert sorted(seen.splitlines()) == ["err", "one"]
+        assert {(stream, text) for stream, text, _ in _pieces(live)} == {(None, "one\n"), ("stderr", "err\n")}
         service.kill()
         service.start()
-        yield service, sandbox, command_id, offset, endless
+        yield service, sandbox, command_id, offset, endless, live
     finally:
         service.stop()
 
@@ -94,7 +112,7 @@ def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
     tmp_path: Path, docker_template: dict[str, Any]
 ) -> None:
     # The command waits for a file made after the restart: "two" proves it ran on meanwhile.
-    with _restarted(tmp_path, docker_template) as (service, sandbox, command_id, offset, endless):
+    with _restarted(tmp_path, docker_template) as (service, sandbox, command_id, offset, endless, live):
         sandbox_id = sandbox["id"]
         url = f"/v1/sandboxes/{sandbox_id}/execute/{command_id}/stream"
         with service.client("alice") as alice:
@@ -103,7 +121,14 @@ def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
                 events = list(_events(response))
             assert events[0] == {"type": "output", "data": "", "id": command_id, "offset": offset}
             assert "".join(event.get("data") or "" for event in events) == "two\n"  # the rest, exactly once
-            assert {event.get("stream") for event in events if event.get("data")} == {"merged"}
+            assert {event.get("stream") for event in events if event.get("data")} == {None}  # stdout, as live
+            # From the start, and from the middle: each stream's text as the live stream sent it, once.
+            whole = _pieces([*live, {"type": "output", "data": "two\n", "offset": offset + 4}])
+            with alice.stream("GET", url, params={"offset": 0}) as response:
+                assert _pieces(list(_events(response))) == whole
+            middle = _pieces(live)[0][2]
+            with alice.stream("GET", url, params={"offset": middle}) as response:
+                assert _pieces(list(_events(response))) == whole[1:]
             assert events[-1]["type"] == "exit"
             result = events[-1]["result"]
             assert result["exit_code"] == 7, result
@@ -128,7 +153,7 @@ def test_a_streamed_command_is_re_streamed_after_a_kill_9_of_the_service(
 
 def test_a_local_jails_streamed_command_dies_with_the_service(tmp_path: Path) -> None:
     """The jail is the service's child (``bwrap --die-with-parent``): nothing ran on to re-attach to."""
-    with _restarted(tmp_path, {"default_timeout": 30}) as (service, sandbox, command_id, offset, _):
+    with _restarted(tmp_path, {"default_timeout": 30}) as (service, sandbox, command_id, offset, _, _):
         url = f"/v1/sandboxes/{sandbox['id']}/execute/{command_id}/stream"
         with service.client("alice") as alice:
             gone = alice.get(url, params={"offset": offset})
@@ -163,6 +188,7 @@ def test_a_streamed_command_whose_helper_connection_broke_is_followed_from_its_r
             with alice.stream("GET", attached, params={"offset": offset}) as response:
                 rest = list(_events(response))
             assert "".join(event.get("data") or "" for event in rest) == "two\n"
+            assert {event.get("stream") for event in rest if event.get("data")} == {None}
             assert rest[-1]["result"]["exit_code"] == 7, rest[-1]
             killed = alice.delete(f"/v1/sandboxes/{sandbox_id}/execute/{endless}")
             assert (killed.status_code, killed.json()["exit_code"]) == (200, 137), killed.text

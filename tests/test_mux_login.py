@@ -49,11 +49,15 @@ def _warm(client: MuxClient, command: str, **overrides: object) -> p.ExecuteResp
 def test_only_exactly_a_login_shell_of_one_quoted_word_is_recognised() -> None:
     assert login_word(_login("echo 'a b' \"$x\"")) == "echo 'a b' \"$x\""
     assert login_word(_login("true")) == "true"
+    for word in ("", "'", "it's $x", 'a"b', "x" * 4000):
+        assert login_word(_login(word)) == word
     assert login_word("exec /bin/bash -l -c true; echo more") is None
     assert login_word("exec /bin/bash -l -c 'a' 'b'") is None
     assert login_word('exec /bin/bash -l -c "true"') is None  # not as shlex.quote quotes it
     assert login_word("exec /bin/bash -l -c 'unterminated") is None
     assert login_word("/bin/bash -l -c true") is None
+    assert login_word("exec /bin/bash -l -c a b") is None
+    assert login_word("exec /bin/bash -l -c $x") is None
 
 
 def test_a_login_command_after_one_like_it_runs_in_a_waiting_login_shell(client: MuxClient) -> None:

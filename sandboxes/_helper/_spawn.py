@@ -216,17 +216,14 @@ def warm_script(command: str, env: object, with_stdin: bool) -> "tuple[str, byte
 
 def login_word(command: str) -> "str | None":
     """WORD if ``command`` is exactly ``exec /bin/bash -l -c WORD``, WORD quoted as
-    ``shlex.quote`` quotes it; else None."""
+    ``shlex.quote`` quotes it (so one word of the shell, whose value is WORD); else None."""
     if not command.startswith(LOGIN_PREFIX) or len(command) > 2 * WARM_LIMIT:
         return None
-    import shlex
+    from shlex import quote
 
     rest = command[len(LOGIN_PREFIX) :]
-    try:
-        words = shlex.split(rest)
-    except ValueError:
-        return None
-    return words[0] if len(words) == 1 and shlex.quote(words[0]) == rest else None
+    word = rest[1:-1].replace("'\"'\"'", "'") if len(rest) > 1 and rest[0] == rest[-1] == "'" else rest
+    return word if quote(word) == rest else None
 
 
 def login_stamp(env: "dict[str, str]") -> "tuple[object, ...]":

@@ -30,7 +30,7 @@ from ._loop import (
     send_exit,
 )
 from ._reap import kill_orphans, now_ticks
-from ._spawn import Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
+from ._spawn import SH, Spares, WarmShell, enter_cwd, has_exited, plain_env, spawn, warm_script
 from .frames import OUTPUT, STDERR
 
 TYPE_CHECKING = False
@@ -74,7 +74,7 @@ class Command(object):
         self.pty = spec.get("pty")  # None, or the size of the terminal it runs on (`_pty`)
         script = None if self.pty is not None else warm_script(spec["command"], spec_env, with_stdin)
         # Once answered: a shell for the next command like it (its marker: the one announced).
-        self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script is not None)
+        self.warm_key = _next_key(spec_env, cwd, spec.get("next_marker"), script)
         enter_cwd(cwd)  # a missing or closed directory: the command cannot start (E)
         warm = _spares.take(script, spec_env, cwd)
         self.marker: str
@@ -321,11 +321,13 @@ def _command_env(spec_env: "dict[str, str]", marker: str) -> "dict[str, str]":
 
 
 def _next_key(
-    spec_env: "dict[str, str]", cwd: "str | None", next_marker: object, could_run_warm: bool
+    spec_env: "dict[str, str]", cwd: "str | None", next_marker: object, warm: "tuple[str, bytes] | None"
 ) -> "WarmKey | None":
-    """(env, cwd) of the next command like this one, for which a shell is started once this one
-    is answered; None: none is foreseen. A caller that marks its commands itself (the service:
-    a token per call, which a kill from outside this helper looks for) announces with a command
+    """(env, cwd, kind) of the next command like this one (``warm``: how this one could run
+    warm, `warm_script`, whose kind the next is taken to be: a plain shell's if it could not),
+    for which a shell is started once this one is answered; None: none is foreseen. A caller
+    that marks its commands itself (the service: a token per call, which a kill from outside
+    this helper looks for) announces with a command
     the marker its next will carry (``next_marker``, in the R frame), and the shell is started
     with that one: its environment, the marker in it, is fixed when it starts. One that gives
     its own marker and announces none gets no shell: its next marker is unknown. An announced
@@ -333,13 +335,14 @@ def _next_key(
     script): the caller hands that marker out next, whatever this command was."""
     if not plain_env(spec_env):
         return None
+    kind = SH if warm is None else warm[0]
     if MARKER_ENV not in spec_env:
-        return (spec_env, cwd) if could_run_warm else None
+        return (spec_env, cwd, kind) if warm is not None else None
     if not isinstance(next_marker, str) or not next_marker or "\0" in next_marker:
         return None
     key_env = dict(spec_env)
     key_env[MARKER_ENV] = next_marker
-    return key_env, cwd
+    return key_env, cwd, kind
 
 
 def _spare_env(spec_env: "dict[str, str]") -> "tuple[dict[str, str], str]":

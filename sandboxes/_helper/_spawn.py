@@ -27,6 +27,21 @@ once would lose the rest of the script to the /dev/null it was just given (dash 
 reads 1 KiB at a time; bash, as POSIX asks, a byte), and one that fails the probe leaves every
 command cold.
 
+A command that is exactly ``exec /bin/bash -l -c WORD`` (a login shell running WORD, as E2B's
+envd starts every command) runs warm too where ``/bin/bash`` is bash: in a waiting
+``/bin/bash -l -c LOGIN_BOOT``, which has read the login files already and waits to read WORD
+whole from its stdin (its ``read`` takes every byte to the end, so no atomic read is needed),
+then makes /dev/null its stdin and ``eval``s it. Environment, working directory, umask, ``$0``,
+``$-``, line numbers, run-time error messages and exit codes are then the cold command's; the login
+files' effects are the cold command's as long as they are unchanged, so such a shell is used only
+while ``/etc/profile``, ``/etc/profile.d`` and its files, ``/etc/bash.bashrc`` and the home's
+``.bash_profile``, ``.bash_login``, ``.profile`` and ``.bashrc`` are the very files (device, inode,
+size, mtime and ctime) they were when it started (`login_stamp`); any other file a profile reads
+is not watched. What differs: a syntax error is reported as ``bash: eval: line N`` rather than
+``bash: -c: line N``, ``BASH_EXECUTION_STRING`` and ``/proc/<pid>/cmdline`` are the bootstrap's,
+the login files run before the command came (with the script's pipe as their stdin, not
+/dev/null), and their output, if any, comes first all the same.
+
 A waiting shell holds its working directory, as the helper holds the last command's: a file
 system mounted there cannot be unmounted (EBUSY) while it waits, only lazily (``umount -l``).
 
@@ -49,13 +64,25 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from collections.abc import Callable
     from typing import Any
 
-    WarmKey = tuple[dict[str, str], str | None]  # (env, cwd) a shell is started for
+    WarmKey = tuple[dict[str, str], str | None, str]  # (env, cwd, kind) a shell is started for
 else:  # the C module behind `signal` (which imports `enum`), with the same calls and numbers
     import _signal as signal
 
 _POSIX_SPAWN = sys.version_info >= (3, 8) and hasattr(os, "posix_spawn")  # setsid= came in 3.8
 _DEFAULT_SIGNALS = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)]
 _DASH = os.path.basename(os.path.realpath("/bin/sh")) == "dash"
+_BASH = os.path.isfile("/bin/bash") and os.path.basename(os.path.realpath("/bin/bash")) == "bash"
+LOGIN_PREFIX = "exec /bin/bash -l -c "
+LOGIN_BOOT = (
+    'IFS= read -r -d "" _SANDBOXES_LOGIN; exec </dev/null; eval "unset _SANDBOXES_LOGIN; SECONDS=0; $_SANDBOXES_LOGIN"'
+)
+"""What a waiting login shell runs: its command read whole (to the end of its stdin), stdin
+then /dev/null as a cold command's, the variable gone and ``SECONDS`` from 0 as the command runs."""
+SH = "sh"
+LOGIN = "login"
+"""The kinds of waiting shells: ``/bin/sh -s``, and a bash login shell (`LOGIN_BOOT`)."""
+_LOGIN_FILES = ("/etc/profile", "/etc/bash.bashrc", "/etc/profile.d")
+_HOME_FILES = ("/.bash_profile", "/.bash_login", "/.profile", "/.bashrc")
 WARM_PREFIX = b"exec </dev/null; set +s; trap - INT; "
 SPARES = 2
 """Shells kept waiting. Two: a program running commands one after another sends the next one
@@ -102,8 +129,10 @@ def _here() -> "tuple[int, int]":
     return info.st_dev, info.st_ino
 
 
-def spawn(args: "list[str]", env: "dict[str, str]", with_stdin: bool) -> "tuple[int, int, int, int | None]":
-    """(pid, stdout fd, stderr fd, stdin fd or None) of ``/bin/sh`` + ``args`` in a new session,
+def spawn(
+    args: "list[str]", env: "dict[str, str]", with_stdin: bool, program: str = "/bin/sh"
+) -> "tuple[int, int, int, int | None]":
+    """(pid, stdout fd, stderr fd, stdin fd or None) of ``program`` + ``args`` in a new session,
     in the helper's working directory (the caller enters the command's first: `enter_cwd`).
 
     posix_spawn (vfork + exec in C) where Python has it, without Popen's Python per start.
@@ -117,7 +146,7 @@ def spawn(args: "list[str]", env: "dict[str, str]", with_stdin: bool) -> "tuple[
         err_r, err_w = os.pipe()
         if with_stdin:
             in_r, in_w = os.pipe()
-        argv = ["/bin/sh", *args]
+        argv = [program, *args]
         if _POSIX_SPAWN:
             # novermin below: Python 3.8's, and only where `_POSIX_SPAWN` says it has them
             stdin: "tuple[Any, ...]" = (  # novermin
@@ -125,7 +154,7 @@ def spawn(args: "list[str]", env: "dict[str, str]", with_stdin: bool) -> "tuple[
             )
             actions = [stdin, (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]  # novermin
             pid = os.posix_spawn(  # novermin
-                "/bin/sh", argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
+                program, argv, env, file_actions=actions, setsid=True, setsigdef=_DEFAULT_SIGNALS, setsigmask=()
             )
         else:
             import subprocess
@@ -173,21 +202,57 @@ def plain_env(env: object) -> bool:
     return all(isinstance(key, str) and isinstance(value, str) for key, value in env.items())
 
 
-def warm_script(command: str, env: object, with_stdin: bool) -> "bytes | None":
-    """What a warm shell would be given to run ``command`` (see the module docstring), or None:
-    it must run cold."""
+def warm_script(command: str, env: object, with_stdin: bool) -> "tuple[str, bytes] | None":
+    """(kind, script): what kind of warm shell would run ``command``, given which script (see
+    the module docstring), or None: it must run cold."""
     if with_stdin or not plain_env(env):
         return None
-    script = WARM_PREFIX + os.fsencode(command)
+    word = login_word(command)
+    kind, script = (SH, WARM_PREFIX + os.fsencode(command)) if word is None else (LOGIN, os.fsencode(word))
     if len(script) > WARM_LIMIT or b"\0" in script:  # a NUL: the cold start's own error
         return None
-    return script
+    return kind, script
+
+
+def login_word(command: str) -> "str | None":
+    """WORD if ``command`` is exactly ``exec /bin/bash -l -c WORD``, WORD quoted as
+    ``shlex.quote`` quotes it (so one word of the shell, whose value is WORD); else None."""
+    if not command.startswith(LOGIN_PREFIX) or len(command) > 2 * WARM_LIMIT:
+        return None
+    from shlex import quote
+
+    rest = command[len(LOGIN_PREFIX) :]
+    word = rest[1:-1].replace("'\"'\"'", "'") if len(rest) > 1 and rest[0] == rest[-1] == "'" else rest
+    return word if quote(word) == rest else None
+
+
+def login_stamp(env: "dict[str, str]") -> "tuple[object, ...]":
+    """The identity of every login file a ``bash -l`` started with ``env`` reads (see the
+    module docstring): equal stamps, the same files."""
+    paths = list(_LOGIN_FILES)
+    try:
+        paths += ["/etc/profile.d/" + name for name in sorted(os.listdir("/etc/profile.d"))]
+    except OSError:
+        pass
+    home = env.get("HOME")
+    if home:
+        paths += [home + name for name in _HOME_FILES]
+    stamp: "list[object]" = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            stamp.append(None)
+            continue
+        stamp.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(stamp)
 
 
 class WarmShell(object):
-    """A ``/bin/sh -s`` waiting for its command, started with what an earlier command was given
-    (``spec_env``, ``cwd``); one of the helper's ``leaders`` while it waits, so that no sweep
-    takes it for an orphan, and so that its death is seen (`exited`: a command killed it)."""
+    """A ``/bin/sh -s`` (or, of kind `LOGIN`, a ``/bin/bash -l -c LOGIN_BOOT``) waiting for its
+    command, started with what an earlier command was given (``spec_env``, ``cwd``); one of the
+    helper's ``leaders`` while it waits, so that no sweep takes it for an orphan, and so that its
+    death is seen (`exited`: a command killed it)."""
 
     def __init__(
         self,
@@ -196,9 +261,11 @@ class WarmShell(object):
         cwd: "str | None",
         marker: str,
         leaders: "dict[int, Any]",
+        kind: str = SH,
     ) -> None:
         self.spec_env = spec_env
         self.cwd = cwd
+        self.kind = kind
         self.marker = marker
         self.leaders = leaders
         self.reaped = False
@@ -207,11 +274,21 @@ class WarmShell(object):
         self.out_fd: "int | None"
         self.err_fd: "int | None"
         self.script_fd: "int | None"
-        self.pid, self.out_fd, self.err_fd, self.script_fd = spawn(["-s"], env, True)
+        self.env = env
+        if kind == LOGIN:
+            self.stamp = login_stamp(env)  # before bash reads them: a change meanwhile is seen
+            started = spawn(["-l", "-c", LOGIN_BOOT], env, True, "/bin/bash")
+        else:
+            started = spawn(["-s"], env, True)
+        self.pid, self.out_fd, self.err_fd, self.script_fd = started
         leaders[self.pid] = self
 
-    def made_for(self, spec_env: "dict[str, str]", cwd: "str | None") -> bool:
-        return self.cwd == cwd and self.spec_env == spec_env
+    def made_for(self, spec_env: "dict[str, str]", cwd: "str | None", kind: str = SH) -> bool:
+        return self.kind == kind and self.cwd == cwd and self.spec_env == spec_env
+
+    def current(self) -> bool:
+        """Whether what the shell read before its command is still what a cold start would read."""
+        return self.kind != LOGIN or self.stamp == login_stamp(self.env)
 
     def program(self) -> "tuple[int, int] | None":
         """(device, inode) of the program the shell runs, or None if /proc cannot tell."""
@@ -319,26 +396,34 @@ class Spares(object):
         self.leaders = leaders
         self.env_for = env_for  # spec_env -> (the shell's environment, its marker)
         self.enabled = _DASH  # False for good once a shell failed the probe (`trusted`)
+        self.login = _BASH  # where /bin/bash is bash: login commands may run warm
         self.proven: "tuple[int, int] | None" = None  # `WarmShell.program` of the shell that passed it
         self.tries = 0  # probes without a verdict
         self.shells: "list[WarmShell]" = []
         self.wanted: "WarmKey | None" = None  # `_command._next_key` of the last command answered that foresaw one
         self.last: "WarmKey | None" = None  # the one before it
 
-    def take(self, script: "bytes | None", spec_env: "dict[str, str]", cwd: "str | None") -> "WarmShell | None":
-        """A shell now running ``script`` (`warm_script`; None: the command runs cold), or None:
-        no shell fits, and the command runs cold. The helper is in ``cwd`` (`enter_cwd`)."""
-        if script is None or not self.enabled or not self.shells:
+    def usable(self, kind: str) -> bool:
+        return self.login if kind == LOGIN else self.enabled
+
+    def take(
+        self, warm: "tuple[str, bytes] | None", spec_env: "dict[str, str]", cwd: "str | None"
+    ) -> "WarmShell | None":
+        """A shell now running the script of ``warm`` (`warm_script`; None: the command runs
+        cold), or None: no shell fits, and the command runs cold. The helper is in ``cwd``
+        (`enter_cwd`)."""
+        if warm is None or not self.usable(warm[0]) or not self.shells:
             return None
+        kind, script = warm
         try:
             here = _here()
         except OSError:  # the cold start reports it
             return None
         for shell in list(self.shells):
-            if shell.reaped or not shell.made_for(spec_env, cwd):
+            if shell.reaped or not shell.made_for(spec_env, cwd, kind):
                 continue
             self.shells.remove(shell)
-            if shell.here == here and shell.hand(script):
+            if shell.here == here and shell.current() and shell.hand(script):
                 return shell
             shell.discard()  # its directory was deleted (and made again), or it died waiting
         return None
@@ -348,26 +433,26 @@ class Spares(object):
         wanted, self.wanted = self.wanted, None
         if wanted is None:
             return
-        spec_env, cwd = wanted
+        spec_env, cwd, kind = wanted
         # One for a marker (announced for one command), which may be announced more than once.
         target = SPARES if wanted == self.last and MARKER_ENV not in spec_env else 1
         self.last = wanted
-        self.drop(lambda shell: shell.reaped)
-        ready = sum(1 for shell in self.shells if shell.made_for(spec_env, cwd))
+        self.drop(lambda shell: shell.reaped or not shell.current())
+        ready = sum(1 for shell in self.shells if shell.made_for(spec_env, cwd, kind))
         for _ in range(target - ready + 1):  # one more: a probe may use one up
-            if ready >= target or not self.enabled:
+            if ready >= target or not self.usable(kind):
                 return
             if len(self.shells) >= SPARES:
-                others = [shell for shell in self.shells if not shell.made_for(spec_env, cwd)]
+                others = [shell for shell in self.shells if not shell.made_for(spec_env, cwd, kind)]
                 if not others:
                     return
                 self.drop(lambda shell: shell is others[0])  # noqa: B023 (called within this turn)
             try:
                 env, marker = self.env_for(spec_env)
-                shell = WarmShell(env, spec_env, cwd, marker, self.leaders)
+                shell = WarmShell(env, spec_env, cwd, marker, self.leaders, kind)
             except Exception:  # no pid left, a cwd gone: the next command runs cold, and says why
                 return
-            if self.trusted(shell):
+            if kind == LOGIN or self.trusted(shell):
                 self.shells.append(shell)
                 ready += 1
 
@@ -387,7 +472,7 @@ class Spares(object):
         self.tries += 1
         if verdict is False or self.tries >= PROBE_TRIES:
             self.enabled = False
-            self.drop(lambda other: True)
+            self.drop(lambda other: other.kind == SH)
         return False
 
     def drop(self, which: "Callable[[WarmShell], bool]") -> None:

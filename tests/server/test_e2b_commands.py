@@ -276,3 +276,43 @@ def test_the_command_is_the_process_as_envd_starts_it(sandbox: Sandbox) -> None:
     """``/bin/bash -l -c CMD`` is exec'd: no shell of the service's waits above it."""
     parent = sandbox.commands.run("cat /proc/$PPID/comm").stdout.strip()
     assert parent not in {"sh", "dash", "bash"}, parent
+
+
+PROFILE = 'echo >>"$HOME/read"; export FROM_PROFILE={}; PATH="$HOME/bin:$PATH"\n'
+"""A login file that counts its reads, exports a variable and puts a directory on PATH."""
+
+
+def _profiled_home(sandbox: Sandbox) -> dict[str, str]:
+    home = sandbox.commands.run("pwd").stdout.strip() + f"/home-{time.monotonic_ns()}"
+    sandbox.files.write(f"{home}/.profile", PROFILE.format("one"))
+    sandbox.files.write(f"{home}/bin/from-path", "#!/bin/sh\necho found on the login PATH\n")
+    sandbox.commands.run(f"chmod +x {home}/bin/from-path")
+    return {"HOME": home}
+
+
+def _reads(sandbox: Sandbox, envs: dict[str, str]) -> int:
+    return len(sandbox.files.read(f"{envs['HOME']}/read").splitlines())
+
+
+def test_the_login_files_reach_every_command_and_a_change_reaches_the_next(sandbox: Sandbox) -> None:
+    """Commands run in login shells started ahead of them (after one like them): what the login
+    files set reaches each, and a login file changed while such a shell waits is read again."""
+    envs = _profiled_home(sandbox)
+    runs = [sandbox.commands.run("echo $FROM_PROFILE; from-path", envs=envs).stdout for _ in range(4)]
+    assert runs == ["one\nfound on the login PATH\n"] * 4
+    _until(lambda: _reads(sandbox, envs) > 4, "a login shell waiting for the next command")
+    sandbox.files.write(f"{envs['HOME']}/.profile", PROFILE.format("two"))  # the same size
+    assert sandbox.commands.run("echo $FROM_PROFILE", envs=envs).stdout == "two\n"
+    assert sandbox.commands.run("echo $FROM_PROFILE", envs=envs).stdout == "two\n"
+
+
+async def test_the_async_sdk_sees_the_login_files_and_their_change(service: Running, sandbox: Sandbox) -> None:
+    envs = _profiled_home(sandbox)
+    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+    runs = [(await connected.commands.run("echo $FROM_PROFILE", envs=envs)).stdout for _ in range(3)]
+    assert runs == ["one\n"] * 3
+    _until(lambda: _reads(sandbox, envs) > 3, "a login shell waiting for the next command")
+    await connected.files.write(f"{envs['HOME']}/.profile", PROFILE.format("two"))
+    assert (await connected.commands.run("echo $FROM_PROFILE; from-path", envs=envs)).stdout == (
+        "two\nfound on the login PATH\n"
+    )

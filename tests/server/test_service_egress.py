@@ -9,6 +9,7 @@ carry its own allow-list (the API, the Python client, the E2B SDK's ``allow_inte
 
 from __future__ import annotations
 
+import asyncio
 import io
 import shlex
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import ALL_TRAFFIC, Sandbox, SandboxException
+from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox, SandboxException
 from e2b_harness import opts
 from service_harness import KEYS, UNTHROTTLED, Running, create, execute, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
@@ -326,6 +327,7 @@ def test_e2b_allow_internet_access_false_means_no_egress_and_allow_out_is_the_li
                 for made in (closed, listed, default)
             ]
         assert lists == [[], network["allow_out"], [f"127.0.0.2:{allowed.port}"]]
+        _assert_info_as_created(service, closed, listed, default, network["allow_out"])
         _until_refused(service, closed.sandbox_id, f"http://127.0.0.2:{allowed.port}/closed")
         closed.update_network({"allow_out": [f"127.0.0.2:{allowed.port}"], "deny_out": [ALL_TRAFFIC]})
         answer = _run(service, closed.sandbox_id, _fetch(f"http://127.0.0.2:{allowed.port}/opened"))
@@ -342,6 +344,21 @@ def test_e2b_allow_internet_access_false_means_no_egress_and_allow_out_is_the_li
     finally:
         for made in (closed, listed, default):
             made.kill()
+
+
+def _assert_info_as_created(
+    service: Running, closed: Sandbox, listed: Sandbox, default: Sandbox, allow: list[str]
+) -> None:
+    """``get_info`` (sync, and async by id) says what each create asked: no internet but
+    ``allow_out``, as E2B's ``allow_internet_access`` and ``network``; nothing for the default."""
+    infos = [made.get_info() for made in (closed, listed, default)]
+    assert [(info.allow_internet_access, info.network) for info in infos] == [
+        (False, {"allow_out": [], "deny_out": [ALL_TRAFFIC]}),
+        (False, {"allow_out": allow, "deny_out": [ALL_TRAFFIC]}),
+        (None, None),
+    ]
+    fetched = asyncio.run(AsyncSandbox.get_info(listed.sandbox_id, **opts(service)))
+    assert (fetched.allow_internet_access, fetched.network) == (False, {"allow_out": allow, "deny_out": [ALL_TRAFFIC]})
 
 
 def test_a_create_without_egress_takes_no_list_and_its_rules_must_parse(

@@ -23,6 +23,7 @@ from sandboxes.server.e2b.models import (
     SandboxCreated,
     SandboxDetail,
     TimeoutRequest,
+    network_of,
 )
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
@@ -73,6 +74,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
 def _detail(request: Request, entry: Entry) -> SandboxDetail:
     template = entry.backend.template
     ends = entry.state.expires_at
+    internet, network = network_of(entry.state.egress_allow)
     return SandboxDetail(
         **_created(request, entry).model_dump(),
         started_at=_iso(entry.state.created_at),
@@ -82,6 +84,8 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         disk_size_mb=0,
         metadata=dict(entry.state.labels),
         state="paused" if entry.state.paused else "running",
+        allow_internet_access=internet,
+        network=network,
     )
 
 

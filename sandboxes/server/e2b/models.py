@@ -18,6 +18,7 @@ __all__ = [
     "SandboxDetail",
     "TimeoutRequest",
     "egress_allow",
+    "network_of",
 ]
 
 MAX_TIMEOUT = 86_400 * 30
@@ -52,7 +53,8 @@ class NewSandbox(_Wire):
         return egress_allow(self.allow_internet_access, self.network or Network())
 
 
-_ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
+_ALL_TRAFFIC_V4 = "0.0.0.0/0"
+_ALL_TRAFFIC = frozenset({_ALL_TRAFFIC_V4, "::/0"})
 
 
 class Network(_Wire):
@@ -83,6 +85,15 @@ def egress_allow(allow_internet_access: bool | None, network: Network) -> list[s
     if deny:
         raise ValueError("denyOut is served only as all traffic (0.0.0.0/0) with allowOut for the exceptions")
     return None
+
+
+def network_of(allow: list[str] | None) -> tuple[bool | None, dict[str, list[str]] | None]:
+    """``allowInternetAccess`` and ``network`` for a sandbox created with the allow-list
+    ``allow`` (`egress_allow`'s answer): ``None`` for both when the create left E2B's default;
+    a list is everything denied but it, as E2B says it (``False``, ``allowOut``, ``denyOut``)."""
+    if allow is None:
+        return None, None
+    return False, {"allowOut": list(allow), "denyOut": [_ALL_TRAFFIC_V4]}
 
 
 class AutoResume(_Wire):
@@ -133,3 +144,6 @@ class SandboxDetail(SandboxCreated):
     disk_size_mb: int = Field(serialization_alias="diskSizeMB")
     state: Literal["running", "paused"] = "running"
     metadata: dict[str, str] = Field(default_factory=dict)
+    allow_internet_access: bool | None = Field(default=None, serialization_alias="allowInternetAccess")
+    network: dict[str, list[str]] | None = None
+    """Both as the create set them (`network_of`); omitted for E2B's default."""

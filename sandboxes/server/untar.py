@@ -17,7 +17,7 @@ import binascii
 import shlex
 import threading
 import time
-from typing import IO, get_args
+from typing import IO
 
 from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel
 from sandboxes._mux._shipped import program
@@ -35,7 +35,17 @@ _MAX_LINE = 2 * 2 * 4096 + 256
 """The longest answer line: two names of 4,096 bytes in hex, and the rest."""
 _MAX_STDERR = 64 << 10
 _TIMEOUT = 3600.0
-_CODES: frozenset[str] = frozenset(get_args(WireErrorCode))
+_CODES: tuple[WireErrorCode, ...] = (
+    "no_space",
+    "permission_denied",
+    "invalid_path",
+    "not_a_directory",
+    "is_directory",
+    "too_large",
+    "invalid_request",
+)
+"""The program's refusals (`sandboxes._helper._untar`) the service answers as they are; any other
+code it sends is answered ``backend_unavailable``."""
 _KINDS: dict[bytes, Kind] = {b"f": "file", b"d": "dir", b"l": "symlink"}
 _PYTHON = "python3 -I -S -c"
 
@@ -54,7 +64,7 @@ class _Answer:
         self.sent = 0
         """Bytes of the tar sent so far."""
         self.finished: int | None = None
-        self.error: tuple[str, str, str] | None = None
+        self.error: tuple[WireErrorCode, str, str] | None = None
         self.garbled: str | None = None
         self.stderr = b""
         self._max_members = max_members
@@ -113,10 +123,17 @@ class _Answer:
             self.finished = int(rest)
         elif kind == b"E":
             code, path, message = rest.split(b" ")
-            text = code.decode("ascii")
-            self.error = (text if text in _CODES else "backend_unavailable", _text(path), _text(message))
+            self.error = (_known(code.decode("ascii")), _text(path), _text(message))
         else:
             raise _Garbled("an answer line of no known kind")
+
+
+def _known(code: str) -> WireErrorCode:
+    """The program's refusal code if it is one of `_CODES`, else ``backend_unavailable``."""
+    for known in _CODES:
+        if known == code:
+            return known
+    return "backend_unavailable"
 
 
 def _text(field: bytes) -> str:
@@ -190,7 +207,7 @@ def _result(answer: _Answer, dest: str, exit_code: int | None) -> list[FileEntry
     if answer.error is not None:
         code, path, message = answer.error
         where = f"{dest}/{printable(path)}" if path else dest
-        raise ServiceError(code, f"{where}: {message}")  # type: ignore[arg-type]  # checked in _CODES
+        raise ServiceError(code, f"{where}: {message}")
     if answer.finished is None or exit_code != 0:
         detail = printable(answer.stderr.decode("utf-8", "surrogateescape"))[:500]
         raise ServiceError(

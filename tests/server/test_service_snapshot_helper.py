@@ -1,0 +1,134 @@
+"""A restore into a container goes through its exec helper as one command (`sandboxes.server.untar`):
+the tree of every kind comes back exactly; nothing is written through a symbolic link the new
+sandbox holds where the snapshot has a directory; a truncated or edited snapshot is refused,
+naming the files; and an answer of the helper that breaks its bounds is refused."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from service_harness import Running, create, execute, running, settings_for
+from support import SESSION_OWNER
+from test_service_snapshots import _listing, _made, _snapshot, _store
+
+from sandboxes._mux import MuxClient
+from sandboxes.docker import DockerTemplate
+from sandboxes.server import keeping
+from sandboxes.server.untar import _Answer
+
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+PORT = 8791
+LINKED = f"ln -s /tmp /workspace/sub && exec python3 -m http.server -b 127.0.0.1 {PORT}"
+"""The start of a template whose sandboxes hold ``sub`` as a symbolic link to /tmp, made before
+the port opens, so before any restore into them."""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, docker_client: Any, runtime_image: str) -> Iterator[Running]:
+    owner = f"{SESSION_OWNER}-snaph-{uuid.uuid4().hex[:6]}"
+    common: dict[str, Any] = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m"}
+    templates: dict[str, Any] = {
+        "default": DockerTemplate(**common, labels=CLEANUP),
+        "linked": DockerTemplate(**common, labels=CLEANUP, start=LINKED, ready_port=PORT),
+    }
+    settings = settings_for(tmp_path_factory.mktemp("snaph"), owner=owner, templates=templates)
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+def _counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The commands (and file ops) each restore sends its sandbox's exec helper, counted on the
+    restoring thread alone (the service samples metrics through the helper meanwhile)."""
+    counts: list[int] = []
+    restoring: set[int] = set()
+    register: Callable[..., Any] = MuxClient.register
+    restore: Callable[..., None] = keeping.restore
+
+    def counted_register(self: MuxClient, pending: Any) -> Any:
+        if threading.get_ident() in restoring:
+            counts[-1] += 1
+        return register(self, pending)
+
+    def counted_restore(*args: Any) -> None:
+        counts.append(0)
+        restoring.add(threading.get_ident())
+        try:
+            restore(*args)
+        finally:
+            restoring.discard(threading.get_ident())
+
+    monkeypatch.setattr(MuxClient, "register", counted_register)
+    monkeypatch.setattr(keeping, "restore", counted_restore)
+    return counts
+
+
+def test_a_restore_into_a_container_is_one_helper_command(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _made(client, small_files=50)
+    snapshot = _snapshot(client, source)
+    counts = _counting_restore(monkeypatch)
+    restored = create(client, snapshot=snapshot["id"])["id"]
+    assert counts == [1]
+    assert _listing(client, restored) == _listing(client, source)
+
+
+def test_a_directory_is_not_restored_through_a_symbolic_link_the_sandbox_made(client: httpx.Client) -> None:
+    source = create(client, template="linked")["id"]
+    made = execute(client, source, "rm sub && mkdir sub && printf kept > sub/file && echo ok")
+    assert made["output"] == "ok\n", made
+    snapshot = _snapshot(client, source)
+    before = len(client.get("/v1/sandboxes").json()["sandboxes"])
+    refused = client.post("/v1/sandboxes", json={"template": "linked", "snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "invalid_path"
+    assert "/workspace/sub: goes through the symbolic link sub" in refused.json()["message"]
+    assert len(client.get("/v1/sandboxes").json()["sandboxes"]) == before
+
+
+def test_an_edited_or_truncated_snapshot_is_refused_naming_the_files(service: Running, client: httpx.Client) -> None:
+    snapshot = _snapshot(client, _made(client, small_files=20))
+    tar = next(_store(service).glob(f"*/{snapshot['id']}/0.tar"))
+    data = tar.read_bytes()
+    tar.write_bytes(data.replace(b"EDIT-ME-", b"EDITED!-", 1))
+    refused = client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "snapshot_mismatch"
+    assert "edit-target.txt: sha256 differ" in refused.json()["message"]
+    tar.write_bytes(data[: len(data) // 2])
+    refused = client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "snapshot_mismatch"
+    assert ": missing" in refused.json()["message"]
+
+
+def _fed(answer: _Answer, *chunks: bytes) -> str | None:
+    for chunk in chunks:
+        answer(chunk, "stdout")
+    return answer.garbled
+
+
+def test_an_answer_past_its_bounds_or_grammar_is_refused() -> None:
+    entry = b"M 61 f 644 1 " + b"0" * 64 + b" -\n"
+    assert _fed(_Answer(2, 1), entry, entry, b"K 2\n") is None
+    assert "more than 2 members" in str(_fed(_Answer(2, 1), entry * 3))
+    assert "longer than" in str(_fed(_Answer(2, 1), b"M " + b"6" * 20000))  # no newline yet: refused as it comes
+    assert "more acknowledgements" in str(_fed(_Answer(2, 1), b"A 1\nA 2\n"))
+    assert "does not parse" in str(_fed(_Answer(2, 1), b"M zz f 644 1 - -\n"))
+    assert "no known type" in str(_fed(_Answer(2, 1), b"M 61 x 644 1 - -\n"))
+    assert "not one" in str(_fed(_Answer(2, 1), b"M 61 f 644 1 abc -\n"))
+    assert "after its last" in str(_fed(_Answer(2, 1), b"K 0\n", entry))
+    answer = _Answer(2, 1)
+    answer(b"x" * (70 << 10), "stderr")
+    assert "stderr" in str(answer.garbled)

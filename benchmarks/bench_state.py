@@ -9,6 +9,9 @@
   beside ``tar -cf`` of the same tree to a file and ``tar -xf`` of it into a new directory.
 * fork of ``--forks`` sandboxes (one snapshot, restored at once) beside as many creates from a
   snapshot one after another.
+* restore of the same tree into a container: a create from a Docker sandbox's snapshot, less a
+  plain create, beside ``tar -xf`` of that snapshot's tar in the container through ``docker
+  exec -i``.
 
 Targets (issue 33) are reported, never asserted: freeze + resume p50 <= 50 ms; snapshot +
 restore within 1.5x of tar + untar; a fork within 2x of the sequential restores.
@@ -38,7 +41,7 @@ import httpx
 import uvicorn
 from _common import machine, percentile, timed
 
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
 from sandboxes.docker.sandbox import pause_container
 from sandboxes.local import LocalSandbox, LocalTemplate
 from sandboxes.server.app import create_app
@@ -80,13 +83,14 @@ def _row(name: str, ours: list[float], base: list[float] | None, baseline: str) 
 
 
 @contextlib.contextmanager
-def _service(data_dir: Path) -> Iterator[httpx.Client]:
+def _service(data_dir: Path, template: Any = None, owner: str | None = None) -> Iterator[httpx.Client]:
     policy = TenantPolicy(max_sandboxes=64, max_cpus=1024, max_memory="1t", rate=1e6, burst=10**6)
     settings = ServiceSettings(
         data_dir=data_dir,
         api_keys={hash_key(KEY): "bench"},
         tenants={"bench": policy},
-        templates={"default": LocalTemplate(default_timeout=600)},
+        templates={"default": template or LocalTemplate(default_timeout=600)},
+        **({} if owner is None else {"owner": owner}),
     )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -114,12 +118,44 @@ def _ok(response: httpx.Response) -> Any:
     return response.json()
 
 
+def _made_tree(client: httpx.Client, mib: int) -> dict[str, Any]:
+    """A new sandbox holding ``tree``: 64 files of random bytes, ``mib`` MiB in all."""
+    source: dict[str, Any] = _ok(client.post("/v1/sandboxes", json={}))
+    per_file = max(1, (mib << 20) // 64)
+    made = f"mkdir -p tree && for i in $(seq 64); do head -c {per_file} /dev/urandom > tree/f$i; done"
+    _ok(client.post(f"/v1/sandboxes/{source['id']}/execute", json={"command": made, "timeout": 600}))
+    return source
+
+
+def _docker_rows(mib: int, scratch: Path, owner: str) -> list[Row]:
+    """A restore into a container (a create from a snapshot, less a plain create) beside ``tar
+    -xf`` of the snapshot's tar in the source container, through ``docker exec -i``."""
+    template = DockerTemplate(backend="docker", image=IMAGE, default_timeout=600)
+    with _service(scratch / "docker-service", template, owner) as client:
+        source = _made_tree(client, mib)
+        snapshot = _ok(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json={}))
+        plain = timed(lambda: _ok(client.post("/v1/sandboxes", json={})))
+        restored = timed(lambda: _ok(client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})))
+        tar = next((scratch / "docker-service").glob(f"snapshots/*/{snapshot['id']}/0.tar"))
+        found = ["docker", "ps", "-q", "--filter", f"label=io.sandboxes.service-id={source['id']}"]
+        container = subprocess.run(found, check=True, capture_output=True, text=True).stdout.split()[0]
+        untar = ["docker", "exec", "-i", container, "sh", "-c", "mkdir -p /tmp/untar && tar -C /tmp/untar -xf -"]
+
+        def raw() -> None:
+            with open(tar, "rb") as stdin:
+                subprocess.run(untar, stdin=stdin, check=True)
+
+        base = timed(raw)
+        row = _row(f"docker restore {mib} MiB", [restored - plain], [base], "tar -xf in it, via docker exec -i")
+        row.update(create_from_snapshot_ms=restored, plain_create_ms=plain)
+        for sandbox in _ok(client.get("/v1/sandboxes"))["sandboxes"]:
+            client.delete(f"/v1/sandboxes/{sandbox['id']}")
+    return [row]
+
+
 def _state_rows(mib: int, forks: int, scratch: Path) -> list[Row]:
     with _service(scratch / "service") as client:
-        source = _ok(client.post("/v1/sandboxes", json={}))
-        per_file = max(1, (mib << 20) // 64)
-        made = f"mkdir -p tree && for i in $(seq 64); do head -c {per_file} /dev/urandom > tree/f$i; done"
-        _ok(client.post(f"/v1/sandboxes/{source['id']}/execute", json={"command": made, "timeout": 600}))
+        source = _made_tree(client, mib)
         snapshot: dict[str, Any] = {}
         took = timed(lambda: snapshot.update(_ok(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json={}))))
         restored = timed(lambda: _ok(client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})))
@@ -173,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-state-"))
     try:
         rows = _freeze_rows(args.iterations, args.owner) + _state_rows(args.mib, args.forks, scratch)
+        rows += _docker_rows(args.mib, scratch, args.owner)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine(), "rows": rows}

@@ -31,8 +31,9 @@ def test_one_tiny_run_reports_every_row(docker_client: Any, runtime_image: str) 
     report = json.loads(done.stdout)
     assert report["machine"].startswith("machine: ")
     rows = {row["name"]: row for row in report["rows"]}
-    assert list(rows) == ["docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2"]
-    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2"):
+    names = ["docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2"]
+    assert list(rows) == [*names, "docker restore 1 MiB"]
+    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2", "docker restore 1 MiB"):
         assert rows[name]["baseline_p50_ms"] > 0
         assert rows[name]["ratio"] == rows[name]["p50_ms"] / rows[name]["baseline_p50_ms"]
     assert rows["local freeze + resume"]["n"] == 2

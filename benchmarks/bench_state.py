@@ -139,7 +139,7 @@ def _docker_rows(mib: int, scratch: Path, owner: str) -> list[Row]:
         tar = next((scratch / "docker-service").glob(f"snapshots/*/{snapshot['id']}/0.tar"))
         found = ["docker", "ps", "-q", "--filter", f"label=io.sandboxes.service-id={source['id']}"]
         container = subprocess.run(found, check=True, capture_output=True, text=True).stdout.split()[0]
-        untar = ["docker", "exec", "-i", container, "sh", "-c", "mkdir -p /tmp/untar && tar -C /tmp/untar -xf -"]
+        untar = ["docker", "exec", "-i", container, "sh", "-c", "mkdir -p untarred && tar -C untarred -xf -"]
 
         def raw() -> None:
             with open(tar, "rb") as stdin:

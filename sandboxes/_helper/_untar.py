@@ -31,6 +31,9 @@ MAX_NAME = 4096
 MAX_COMPONENT = 255
 _COPY = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PATH_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""The destination's own components: passed through, which a parent the user may only search
+(SSH's workspace root) allows, where opening it for reading does not."""
 _ERRNO_CODES = {
     errno.ENOSPC: "no_space",
     errno.EDQUOT: "no_space",
@@ -108,22 +111,22 @@ def _check_link(name: bytes, parts: "list[bytes]", target: bytes) -> None:
             depth += 1
 
 
-def _open_dir(at: int, name: bytes, mode: int) -> int:
+def _open_dir(at: int, name: bytes, mode: int, flags: int = _DIR_FLAGS) -> int:
     """The directory ``name`` in ``at``, made if missing, never through a symbolic link
     (`_Through` if it is one)."""
     try:
-        return _opened_dir(at, name)
+        return _opened_dir(at, name, flags)
     except FileNotFoundError:
         try:
             os.mkdir(name, mode, dir_fd=at)
         except FileExistsError:
             pass
-        return _opened_dir(at, name)
+        return _opened_dir(at, name, flags)
 
 
-def _opened_dir(at: int, name: bytes) -> int:
+def _opened_dir(at: int, name: bytes, flags: int) -> int:
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=at)
+        return os.open(name, flags, dir_fd=at)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(at, name):
             raise _Through(name) from None
@@ -141,11 +144,11 @@ class _Tree:
     """The destination's directory, and the last member's parent held open for its siblings."""
 
     def __init__(self, dest: bytes) -> None:
-        fd = os.open(b"/", _DIR_FLAGS)
+        fd = os.open(b"/", _PATH_FLAGS)
         try:
             for part in [part for part in dest.split(b"/") if part]:
                 try:
-                    opened = _open_dir(fd, part, 0o755)
+                    opened = _open_dir(fd, part, 0o755, _PATH_FLAGS)
                 except _Through:
                     raise Refused("invalid_path", dest, "goes through a symbolic link: not followed") from None
                 os.close(fd)

@@ -47,7 +47,7 @@ def client(service: Running) -> Iterator[httpx.Client]:
         yield client
 
 
-def _counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The commands (and file ops) each restore sends its sandbox's exec helper, counted on the
     restoring thread alone (the service samples metrics through the helper meanwhile)."""
     counts: list[int] = []
@@ -78,7 +78,7 @@ def test_a_restore_into_a_container_is_one_helper_command(
 ) -> None:
     source = _made(client, small_files=50)
     snapshot = _snapshot(client, source)
-    counts = _counting_restore(monkeypatch)
+    counts = counting_restore(monkeypatch)
     restored = create(client, snapshot=snapshot["id"])["id"]
     assert counts == [1]
     assert _listing(client, restored) == _listing(client, source)

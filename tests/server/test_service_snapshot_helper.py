@@ -1,7 +1,8 @@
 """A restore into a container goes through its exec helper as one command (`sandboxes.server.untar`):
 the tree of every kind comes back exactly; nothing is written through a symbolic link the new
 sandbox holds where the snapshot has a directory; a truncated or edited snapshot is refused,
-naming the files; and an answer of the helper that breaks its bounds is refused."""
+naming the files; an answer of the helper that breaks its bounds is refused; and a sandbox that
+runs no helper (busybox, no python3) is still restored, by its commands."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import test_busybox
 from service_harness import Running, create, execute, running, settings_for
 from support import SESSION_OWNER
 from test_service_snapshots import _listing, _made, _snapshot, _store
@@ -21,6 +23,7 @@ from sandboxes.docker import DockerTemplate
 from sandboxes.server import keeping
 from sandboxes.server.untar import _Answer
 
+busybox_image = test_busybox.busybox_image  # the fixture
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 PORT = 8791
 LINKED = f"ln -s /tmp /workspace/sub && exec python3 -m http.server -b 127.0.0.1 {PORT}"
@@ -29,12 +32,15 @@ the port opens, so before any restore into them."""
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, docker_client: Any, runtime_image: str) -> Iterator[Running]:
+def service(
+    tmp_path_factory: pytest.TempPathFactory, docker_client: Any, runtime_image: str, request: pytest.FixtureRequest
+) -> Iterator[Running]:
     owner = f"{SESSION_OWNER}-snaph-{uuid.uuid4().hex[:6]}"
     common: dict[str, Any] = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m"}
     templates: dict[str, Any] = {
         "default": DockerTemplate(**common, labels=CLEANUP),
         "linked": DockerTemplate(**common, labels=CLEANUP, start=LINKED, ready_port=PORT),
+        "busybox": DockerTemplate(**{**common, "image": request.getfixturevalue("busybox_image")}, labels=CLEANUP),
     }
     settings = settings_for(tmp_path_factory.mktemp("snaph"), owner=owner, templates=templates)
     with running(settings, docker_client=docker_client) as svc:
@@ -82,6 +88,21 @@ def test_a_restore_into_a_container_is_one_helper_command(
     restored = create(client, snapshot=snapshot["id"])["id"]
     assert counts == [1]
     assert _listing(client, restored) == _listing(client, source)
+
+
+def test_a_sandbox_without_python_is_restored_by_its_commands(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No exec helper can run there: the restore recreates each member through the sandbox's
+    commands, verified by archiving the tree back, as before."""
+    source = create(client)["id"]
+    made = execute(client, source, "mkdir d && printf 'box\\n' > d/f && chmod 640 d/f && ln -s d/f link && echo ok")
+    assert made["output"] == "ok\n", made
+    snapshot = _snapshot(client, source)
+    counts = counting_restore(monkeypatch)
+    restored = create(client, template="busybox", snapshot=snapshot["id"])["id"]
+    assert counts == [0]
+    assert execute(client, restored, "cat link; stat -c %a d/f")["output"] == "box\n640\n"
 
 
 def test_a_directory_is_not_restored_through_a_symbolic_link_the_sandbox_made(client: httpx.Client) -> None:

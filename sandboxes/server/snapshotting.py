@@ -6,9 +6,11 @@ Where the service reads and writes the sandbox's files itself (`ProviderBackend.
 a snapshot is one pass: the tar written into the store as the files are read, each hashed on
 the way (`Recorder`); and so is a restore: each member hashed as it is written (`Witness`),
 the whole compared with the manifest at the end. Elsewhere the sandbox's own tar is kept
-(`keep`), and a restore is verified twice. Before: the snapshot's tars are read back against its
-manifest. After: the restored paths are archived again from the sandbox and compared, entry by
-entry, with the manifest. Either way a truncated, edited or forged snapshot is refused, naming
+(`keep`); a restore into a sandbox that runs an exec helper is one command too, the helper
+extracting the tar and answering each member's entry as it writes it (`untar.extract_by_helper`),
+compared as `Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
+snapshot's tars are read back against its manifest. After: the restored paths are archived again
+from the sandbox and compared, entry by entry, with the manifest. Either way a truncated, edited or forged snapshot is refused, naming
 the entries that differ, and the sandbox restored from it is not handed out. Everything here
 blocks; the registry runs it in a worker thread.
 """

@@ -54,25 +54,27 @@ def client(service: Running) -> Iterator[httpx.Client]:
 
 
 def counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The commands (and file ops) each restore sends its sandbox's exec helper, counted on the
-    restoring thread alone (the service samples metrics through the helper meanwhile)."""
+    """The commands (and file ops) each restore sends its sandbox's exec helper, one count per
+    restore as it ends, counted on its own thread alone (the service samples metrics through
+    the helper meanwhile; a fork restores on several threads at once)."""
     counts: list[int] = []
-    restoring: set[int] = set()
+    restoring: dict[int, int] = {}
     register: Callable[..., Any] = MuxClient.register
     restore: Callable[..., None] = keeping.restore
 
     def counted_register(self: MuxClient, pending: Any) -> Any:
-        if threading.get_ident() in restoring:
-            counts[-1] += 1
+        thread = threading.get_ident()
+        if thread in restoring:
+            restoring[thread] += 1
         return register(self, pending)
 
     def counted_restore(*args: Any) -> None:
-        counts.append(0)
-        restoring.add(threading.get_ident())
+        thread = threading.get_ident()
+        restoring[thread] = 0
         try:
             restore(*args)
         finally:
-            restoring.discard(threading.get_ident())
+            counts.append(restoring.pop(thread))
 
     monkeypatch.setattr(MuxClient, "register", counted_register)
     monkeypatch.setattr(keeping, "restore", counted_restore)
@@ -88,6 +90,19 @@ def test_a_restore_into_a_container_is_one_helper_command(
     restored = create(client, snapshot=snapshot["id"])["id"]
     assert counts == [1]
     assert _listing(client, restored) == _listing(client, source)
+
+
+def test_a_fork_restores_each_container_through_one_helper_command(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _made(client, small_files=10)
+    counts = counting_restore(monkeypatch)
+    forked = client.post(f"/v1/sandboxes/{source}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    assert counts == [1, 1]
+    expected = _listing(client, source)
+    for child in forked.json()["sandboxes"]:
+        assert _listing(client, child["id"]) == expected
 
 
 def test_a_sandbox_without_python_is_restored_by_its_commands(

@@ -29,7 +29,9 @@ ACK_EVERY = 1 << 20
 MAX_NAME = 4096
 """The longest member name or link target, in bytes."""
 MAX_COMPONENT = 255
-_COPY = 1 << 20
+_COPY = 1 << 16
+"""Bytes read at once, from stdin and of a member: tarfile's stream copies what it buffers at
+each read, so small reads cost less than large ones."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 """The destination's own components: passed through, which a parent the user may only search

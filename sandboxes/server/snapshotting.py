@@ -10,9 +10,9 @@ the whole compared with the manifest at the end. Elsewhere the sandbox's own tar
 extracting the tar and answering each member's entry as it writes it (`untar.extract_by_helper`),
 compared as `Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
 snapshot's tars are read back against its manifest. After: the restored paths are archived again
-from the sandbox and compared, entry by entry, with the manifest. Either way a truncated, edited or forged snapshot is refused, naming
-the entries that differ, and the sandbox restored from it is not handed out. Everything here
-blocks; the registry runs it in a worker thread.
+from the sandbox and compared, entry by entry, with the manifest. Either way a truncated, edited
+or forged snapshot is refused, naming the entries that differ, and the sandbox restored from it
+is not handed out. Everything here blocks; the registry runs it in a worker thread.
 """
 
 from __future__ import annotations

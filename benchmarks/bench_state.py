@@ -14,6 +14,9 @@
   released; ``POST .../resume``: a new container, the snapshot restored, verified) beside
   ``docker exec tar -c`` of the same tree to a file on the host and ``docker exec -i tar -x`` of
   it back into the same container, in the same run.
+* restore of the same tree into a container: a create from a Docker sandbox's snapshot, less a
+  plain create, beside ``tar -xf`` of that snapshot's tar in the container through ``docker
+  exec -i``.
 
 Targets (issue 33) are reported, never asserted: freeze + resume p50 <= 50 ms; snapshot +
 restore and hibernate + resume within 1.5x of tar + untar; a fork within 2x of the sequential
@@ -121,11 +124,42 @@ def _ok(response: httpx.Response) -> Any:
     return response.json()
 
 
+def _made_tree(client: httpx.Client, mib: int) -> dict[str, Any]:
+    """A new sandbox holding ``tree``: 64 files of random bytes, ``mib`` MiB in all."""
+    source: dict[str, Any] = _ok(client.post("/v1/sandboxes", json={}))
+    _ok(client.post(f"/v1/sandboxes/{source['id']}/execute", json={"command": _tree_command(mib), "timeout": 600}))
+    return source
+
+
+def _docker_rows(mib: int, scratch: Path, owner: str) -> list[Row]:
+    """A restore into a container (a create from a snapshot, less a plain create) beside ``tar
+    -xf`` of the snapshot's tar in the source container, through ``docker exec -i``."""
+    template = DockerTemplate(backend="docker", image=IMAGE, default_timeout=600)
+    with _service(scratch / "docker-service", template, owner) as client:
+        source = _made_tree(client, mib)
+        snapshot = _ok(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json={}))
+        plain = timed(lambda: _ok(client.post("/v1/sandboxes", json={})))
+        restored = timed(lambda: _ok(client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})))
+        tar = next((scratch / "docker-service").glob(f"snapshots/*/{snapshot['id']}/0.tar"))
+        found = ["docker", "ps", "-q", "--filter", f"label=io.sandboxes.service-id={source['id']}"]
+        container = subprocess.run(found, check=True, capture_output=True, text=True).stdout.split()[0]
+        untar = ["docker", "exec", "-i", container, "sh", "-c", "mkdir -p untarred && tar -C untarred -xf -"]
+
+        def raw() -> None:
+            with open(tar, "rb") as stdin:
+                subprocess.run(untar, stdin=stdin, check=True)
+
+        base = timed(raw)
+        row = _row(f"docker restore {mib} MiB", [restored - plain], [base], "tar -xf in it, via docker exec -i")
+        row.update(create_from_snapshot_ms=restored, plain_create_ms=plain)
+        for sandbox in _ok(client.get("/v1/sandboxes"))["sandboxes"]:
+            client.delete(f"/v1/sandboxes/{sandbox['id']}")
+    return [row]
+
+
 def _state_rows(mib: int, forks: int, scratch: Path) -> list[Row]:
     with _service(scratch / "service") as client:
-        source = _ok(client.post("/v1/sandboxes", json={}))
-        made = _tree_command(mib)
-        _ok(client.post(f"/v1/sandboxes/{source['id']}/execute", json={"command": made, "timeout": 600}))
+        source = _made_tree(client, mib)
         snapshot: dict[str, Any] = {}
         took = timed(lambda: snapshot.update(_ok(client.post(f"/v1/sandboxes/{source['id']}/snapshots", json={}))))
         restored = timed(lambda: _ok(client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})))
@@ -232,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = _freeze_rows(args.iterations, args.owner) + _state_rows(args.mib, args.forks, scratch)
         rows += _hibernate_rows(args.mib, args.owner, scratch)
+        rows += _docker_rows(args.mib, scratch, args.owner)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {"machine": machine(), "rows": rows}

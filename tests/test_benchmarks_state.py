@@ -34,11 +34,10 @@ def test_one_tiny_run_reports_every_row(docker_client: Any, runtime_image: str) 
     report = json.loads(done.stdout)
     assert report["machine"].startswith("machine: ")
     rows = {row["name"]: row for row in report["rows"]}
-    hibernate = "docker hibernate + resume 1 MiB"
-    assert list(rows) == [
-        "docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2", hibernate
-    ]  # fmt: skip
-    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2", hibernate):
+    hibernate, restore = "docker hibernate + resume 1 MiB", "docker restore 1 MiB"
+    names = ["docker freeze + resume", "local freeze + resume", "snapshot + restore 1 MiB", "fork of 2"]
+    assert list(rows) == [*names, hibernate, restore]
+    for name in ("docker freeze + resume", "snapshot + restore 1 MiB", "fork of 2", hibernate, restore):
         assert rows[name]["baseline_p50_ms"] > 0
         assert rows[name]["ratio"] == rows[name]["p50_ms"] / rows[name]["baseline_p50_ms"]
     assert rows[hibernate]["p50_ms"] == rows[hibernate]["hibernate_ms"] + rows[hibernate]["resume_ms"]

@@ -27,6 +27,7 @@ __all__ = [
     "SERVER_SOURCE",
     "SHIPPED_PACKAGE",
     "bootstrap",
+    "program",
     "sources_of",
 ]
 
@@ -39,7 +40,7 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
-ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay", "_record", "_listdir", "_usage")
+ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay", "_record", "_listdir", "_usage", "_untar")
 """Modules left out of the bootstrap: they come with each request that needs them (`sources_of`),
 so that a capability few sandboxes use does not lengthen every start."""
 
@@ -57,6 +58,16 @@ def sources_of(*names: str) -> str:
         raise ValueError(f"not modules shipped on demand: {sorted(unknown)}")
     packed = zlib.compress(marshal.dumps({name: HELPER_SOURCES[name] for name in names}, 4), 9)
     return binascii.b2a_base64(packed, newline=False).decode("ascii")
+
+
+@functools.cache
+def program(name: str) -> str:
+    """One line of Python that runs the `ON_DEMAND` module ``name`` as a program of its own (its
+    ``__main__``; it imports nothing of the helper), for ``python3 -c`` in the sandbox."""
+    if name not in ON_DEMAND:
+        raise ValueError(f"not a module shipped on demand: {name}")
+    text = binascii.b2a_base64(zlib.compress(HELPER_SOURCES[name].encode("utf-8"), 9), newline=False).decode("ascii")
+    return f"import zlib,binascii;exec(zlib.decompress(binascii.a2b_base64({text!r})))"
 
 
 def bootstrap(sources: Mapping[str, str]) -> str:

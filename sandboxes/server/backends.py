@@ -460,14 +460,17 @@ if [ ! -r "$1" ]; then exit 4; fi
 exit 0
 """
 
-_TAR_AS_USER = r"""if tar --version 2>/dev/null | grep -q GNU; then
-  tar -C "$1" -cf - --ignore-failed-read -- "$2"; s=$?
+_TAR_AS_USER = r"""cd -- "$1" || exit 2
+if tar --version 2>/dev/null | grep -q GNU; then
+  tar -cf - --ignore-failed-read -- "$2"; s=$?
   if [ "$s" -eq 1 ]; then s=0; fi  # GNU: a file changed while it was read
   exit "$s"
 fi
-exec tar -C "$1" -cf - -- "$2"
+exec tar -cf - -- "$2"
 """
-"""``tar`` of ``$1/$2`` to stdout; GNU tar leaves out what the user may not read, busybox's fails."""
+"""``tar`` of ``$1/$2`` to stdout; GNU tar leaves out what the user may not read, busybox's fails.
+From inside ``$1``, not ``tar -C``: GNU tar opens a ``-C`` directory for reading, which a parent
+the user may only search (SSH's workspace root) refuses."""
 
 
 def archive_limits(settings: ServiceSettings) -> dict[str, int]:

@@ -6,11 +6,13 @@ Where the service reads and writes the sandbox's files itself (`ProviderBackend.
 a snapshot is one pass: the tar written into the store as the files are read, each hashed on
 the way (`Recorder`); and so is a restore: each member hashed as it is written (`Witness`),
 the whole compared with the manifest at the end. Elsewhere the sandbox's own tar is kept
-(`keep`), and a restore is verified twice. Before: the snapshot's tars are read back against its
-manifest. After: the restored paths are archived again from the sandbox and compared, entry by
-entry, with the manifest. Either way a truncated, edited or forged snapshot is refused, naming
-the entries that differ, and the sandbox restored from it is not handed out. Everything here
-blocks; the registry runs it in a worker thread.
+(`keep`); a restore into a sandbox that runs an exec helper is one command too, the helper
+extracting the tar and answering each member's entry as it writes it (`untar.extract_by_helper`),
+compared as `Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
+snapshot's tars are read back against its manifest. After: the restored paths are archived again
+from the sandbox and compared, entry by entry, with the manifest. Either way a truncated, edited
+or forged snapshot is refused, naming the entries that differ, and the sandbox restored from it
+is not handed out. Everything here blocks; the registry runs it in a worker thread.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from sandboxes.server.manifest import FileEntry, Recorder, Witness, differences,
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.snapshots import Part, Snapshot, Writing
 from sandboxes.server.streams import Emit
+from sandboxes.server.untar import extract_by_helper
 
 __all__ = ["restore", "take"]
 
@@ -88,6 +91,8 @@ def restore(
     if backend.host_files(sandbox):
         _restore_witnessed(backend, sandbox, snapshot, workdir)
         return
+    if _restore_by_helper(sandbox, snapshot, workdir, settings):
+        return
     _refuse_if_corrupt(snapshot)
     for part in snapshot.parts:
         with open(snapshot.directory / part.tar, "rb") as stored:
@@ -116,6 +121,34 @@ def _restore_witnessed(backend: ProviderBackend, sandbox: BaseSandbox, snapshot:
         problems += differences(part.entries, found) + unexpected(part.entries, found)
     if problems:
         raise mismatch(f"snapshot {snapshot.id} does not match its manifest; nothing was restored", problems)
+
+
+def _restore_by_helper(sandbox: BaseSandbox, snapshot: Snapshot, workdir: str, settings: ServiceSettings) -> bool:
+    """Each part extracted in the sandbox by its exec helper, which answers what it wrote, then
+    compared with the manifest as `_restore_witnessed` compares; ``False``: the sandbox runs no
+    helper, nothing was done."""
+    problems = []
+    for part in snapshot.parts:
+        path = snapshot.directory / part.tar
+        try:
+            with open(path, "rb") as stored:
+                found = extract_by_helper(
+                    sandbox,
+                    checked_path(_target(part, workdir)),
+                    stored,
+                    path.stat().st_size,
+                    max_members=settings.max_archive_members,
+                    max_bytes=settings.max_archive_bytes,
+                )
+        except ServiceError:
+            _refuse_if_corrupt(snapshot)
+            raise
+        if found is None:
+            return False
+        problems += differences(part.entries, found) + unexpected(part.entries, found)
+    if problems:
+        raise mismatch(f"snapshot {snapshot.id} does not match its manifest; nothing was restored", problems)
+    return True
 
 
 def _refuse_if_corrupt(snapshot: Snapshot) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from service_harness import UNTHROTTLED, Running, create, execute, running, settings_for
+from test_service_snapshot_helper import counting_restore
 
 from sandboxes.kubernetes import KubernetesTemplate
 
@@ -48,7 +49,9 @@ def test_a_pod_cannot_be_paused_and_says_so(service: Running) -> None:
             client.delete(f"/v1/sandboxes/{sid}")
 
 
-def test_a_pods_snapshot_restores_into_a_new_pod(service: Running) -> None:
+def test_a_pods_snapshot_restores_into_a_new_pod(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the pod's exec helper, in one command (`sandboxes.server.untar`)."""
+    counts = counting_restore(monkeypatch)
     with service.client("alice") as client:
         source = create(client)["id"]
         made = execute(client, source, "mkdir d && printf 'pod\\n' > d/f && chmod 640 d/f && ln -s d/f link && echo ok")
@@ -57,6 +60,7 @@ def test_a_pods_snapshot_restores_into_a_new_pod(service: Running) -> None:
         assert taken.status_code == 201, taken.text
         restored = create(client, snapshot=taken.json()["id"])["id"]
         try:
+            assert counts == [1]
             assert execute(client, restored, "cat link; stat -c %a d/f")["output"] == "pod\n640\n"
         finally:
             for sid in (source, restored):

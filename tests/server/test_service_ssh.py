@@ -35,6 +35,8 @@ from service_harness import (
     wait_until_expired,
 )
 from ssh_fixtures import SSHVM, start_vm
+from test_service_snapshot_helper import counting_restore
+from test_service_snapshots import _listing, _snapshot
 
 from sandboxes.client import RemoteSandbox, SandboxClient
 from sandboxes.local import LocalTemplate
@@ -228,3 +230,26 @@ class TestRemoteSandboxOverSSH(SandboxConformance):
     def base_dir(self, remote: RemoteSandbox) -> str:
         assert remote.workdir is not None
         return remote.workdir
+
+
+SIMPLE_TREE = (
+    "mkdir -p d/e && printf 'vm\\n' > d/f && chmod 640 d/f && ln -s d/f link && : > empty"
+    " && head -c 300000 /dev/urandom > d/e/blob && for i in 1 2 3 4 5; do echo $i > d/e/s$i; done && echo ok"
+)
+
+
+def test_a_snapshot_restores_into_a_new_workspace_through_one_helper_command(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = create(client)["id"]
+    made = execute(client, source, SIMPLE_TREE)
+    assert made["output"] == "ok\n", made
+    snapshot = _snapshot(client, source)
+    counts = counting_restore(monkeypatch)
+    restored = create(client, snapshot=snapshot["id"])["id"]
+    try:
+        assert counts == [1]
+        assert _listing(client, restored) == _listing(client, source)
+    finally:
+        for sandbox_id in (source, restored):
+            client.delete(f"/v1/sandboxes/{sandbox_id}")

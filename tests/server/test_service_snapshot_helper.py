@@ -1,0 +1,170 @@
+"""A restore into a container goes through its exec helper as one command (`sandboxes.server.untar`):
+the tree of every kind comes back exactly; nothing is written through a symbolic link the new
+sandbox holds where the snapshot has a directory; a truncated or edited snapshot is refused,
+naming the files; an answer of the helper that breaks its bounds is refused; and a sandbox that
+runs no helper (busybox, no python3) is still restored, by its commands."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import test_busybox
+from service_harness import Running, create, execute, running, settings_for
+from support import SESSION_OWNER
+from test_service_snapshots import _listing, _made, _snapshot, _store
+
+from sandboxes._mux import MuxClient
+from sandboxes.docker import DockerTemplate
+from sandboxes.server import keeping
+from sandboxes.server.untar import _Answer
+
+busybox_image = test_busybox.busybox_image  # the fixture
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+PORT = 8791
+LINKED = f"ln -s /tmp /workspace/sub && exec python3 -m http.server -b 127.0.0.1 {PORT}"
+"""The start of a template whose sandboxes hold ``sub`` as a symbolic link to /tmp, made before
+the port opens, so before any restore into them."""
+
+
+@pytest.fixture(scope="module")
+def service(
+    tmp_path_factory: pytest.TempPathFactory, docker_client: Any, runtime_image: str, request: pytest.FixtureRequest
+) -> Iterator[Running]:
+    owner = f"{SESSION_OWNER}-snaph-{uuid.uuid4().hex[:6]}"
+    common: dict[str, Any] = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m"}
+    templates: dict[str, Any] = {
+        "default": DockerTemplate(**common, labels=CLEANUP),
+        "linked": DockerTemplate(**common, labels=CLEANUP, start=LINKED, ready_port=PORT),
+        "busybox": DockerTemplate(**{**common, "image": request.getfixturevalue("busybox_image")}, labels=CLEANUP),
+    }
+    settings = settings_for(tmp_path_factory.mktemp("snaph"), owner=owner, templates=templates)
+    with running(settings, docker_client=docker_client) as svc:
+        yield svc
+
+
+@pytest.fixture
+def client(service: Running) -> Iterator[httpx.Client]:
+    with service.client("alice") as client:
+        yield client
+
+
+def counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The commands (and file ops) each restore sends its sandbox's exec helper, one count per
+    restore as it ends, counted on its own thread alone (the service samples metrics through
+    the helper meanwhile; a fork restores on several threads at once)."""
+    counts: list[int] = []
+    restoring: dict[int, int] = {}
+    register: Callable[..., Any] = MuxClient.register
+    restore: Callable[..., None] = keeping.restore
+
+    def counted_register(self: MuxClient, pending: Any) -> Any:
+        thread = threading.get_ident()
+        if thread in restoring:
+            restoring[thread] += 1
+        return register(self, pending)
+
+    def counted_restore(*args: Any) -> None:
+        thread = threading.get_ident()
+        restoring[thread] = 0
+        try:
+            restore(*args)
+        finally:
+            counts.append(restoring.pop(thread))
+
+    monkeypatch.setattr(MuxClient, "register", counted_register)
+    monkeypatch.setattr(keeping, "restore", counted_restore)
+    return counts
+
+
+def test_a_restore_into_a_container_is_one_helper_command(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _made(client, small_files=50)
+    snapshot = _snapshot(client, source)
+    counts = counting_restore(monkeypatch)
+    restored = create(client, snapshot=snapshot["id"])["id"]
+    assert counts == [1]
+    assert _listing(client, restored) == _listing(client, source)
+
+
+def test_a_fork_restores_each_container_through_one_helper_command(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _made(client, small_files=10)
+    counts = counting_restore(monkeypatch)
+    forked = client.post(f"/v1/sandboxes/{source}/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    assert counts == [1, 1]
+    expected = _listing(client, source)
+    for child in forked.json()["sandboxes"]:
+        assert _listing(client, child["id"]) == expected
+
+
+def test_a_sandbox_without_python_is_restored_by_its_commands(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No exec helper can run there: the restore recreates each member through the sandbox's
+    commands, verified by archiving the tree back, as before."""
+    source = create(client)["id"]
+    made = execute(client, source, "mkdir d && printf 'box\\n' > d/f && chmod 640 d/f && ln -s d/f link && echo ok")
+    assert made["output"] == "ok\n", made
+    snapshot = _snapshot(client, source)
+    counts = counting_restore(monkeypatch)
+    restored = create(client, template="busybox", snapshot=snapshot["id"])["id"]
+    assert counts == [0]
+    assert execute(client, restored, "cat link; stat -c %a d/f")["output"] == "box\n640\n"
+
+
+def test_a_directory_is_not_restored_through_a_symbolic_link_the_sandbox_made(client: httpx.Client) -> None:
+    source = create(client, template="linked")["id"]
+    made = execute(client, source, "rm sub && mkdir sub && printf kept > sub/file && echo ok")
+    assert made["output"] == "ok\n", made
+    snapshot = _snapshot(client, source)
+    before = len(client.get("/v1/sandboxes").json()["sandboxes"])
+    refused = client.post("/v1/sandboxes", json={"template": "linked", "snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "invalid_path"
+    assert "/workspace/sub: goes through the symbolic link sub" in refused.json()["message"]
+    assert len(client.get("/v1/sandboxes").json()["sandboxes"]) == before
+
+
+def test_an_edited_or_truncated_snapshot_is_refused_naming_the_files(service: Running, client: httpx.Client) -> None:
+    snapshot = _snapshot(client, _made(client, small_files=20))
+    tar = next(_store(service).glob(f"*/{snapshot['id']}/0.tar"))
+    data = tar.read_bytes()
+    tar.write_bytes(data.replace(b"EDIT-ME-", b"EDITED!-", 1))
+    refused = client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "snapshot_mismatch"
+    assert "edit-target.txt: sha256 differ" in refused.json()["message"]
+    tar.write_bytes(data[: len(data) // 2])
+    refused = client.post("/v1/sandboxes", json={"snapshot": snapshot["id"]})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "snapshot_mismatch"
+    assert ": missing" in refused.json()["message"]
+
+
+def _fed(answer: _Answer, *chunks: bytes) -> str | None:
+    for chunk in chunks:
+        answer(chunk, "stdout")
+    return answer.garbled
+
+
+def test_an_answer_past_its_bounds_or_grammar_is_refused() -> None:
+    entry = b"M 61 f 644 1 " + b"0" * 64 + b" -\n"
+    assert _fed(_Answer(2, 1), entry, entry, b"K 2\n") is None
+    assert "more than 2 members" in str(_fed(_Answer(2, 1), entry * 3))
+    assert "longer than" in str(_fed(_Answer(2, 1), b"M " + b"6" * 20000))  # no newline yet: refused as it comes
+    assert "more acknowledgements" in str(_fed(_Answer(2, 1), b"A 1\nA 2\n"))
+    assert "does not parse" in str(_fed(_Answer(2, 1), b"M zz f 644 1 - -\n"))
+    assert "no known type" in str(_fed(_Answer(2, 1), b"M 61 x 644 1 - -\n"))
+    assert "not one" in str(_fed(_Answer(2, 1), b"M 61 f 644 1 abc -\n"))
+    assert "after its last" in str(_fed(_Answer(2, 1), b"K 0\n", entry))
+    answer = _Answer(2, 1)
+    answer(b"x" * (70 << 10), "stderr")
+    assert "stderr" in str(answer.garbled)

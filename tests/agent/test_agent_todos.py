@@ -63,3 +63,6 @@ def test_the_refusal_holds_when_run_asynchronously(local_provider: ProviderAdapt
 
 def test_the_middleware_is_langchains() -> None:
     assert issubclass(TodoListMiddleware, LangchainTodos)
+
+
+__all__ = ["local_provider"]  # the fixture, used by name

@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from typing import Any
 
-WINDOW = 256 << 10
+WINDOW = 1 << 20
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""

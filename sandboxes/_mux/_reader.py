@@ -120,7 +120,7 @@ class StreamReader:
         if not buffer:  # frames read whole are cut from the read itself, not copied through the buffer
             with memoryview(chunk) as view:
                 taken = self._frames(view)
-            buffer += chunk[taken:]
+                buffer += view[taken:]  # the partial frame left, copied once
             return
         buffer += chunk
         with memoryview(buffer) as view:

@@ -35,7 +35,10 @@ _GRANT_AT = WINDOW // 4
 on reading while the rest of the window is in flight, and a grant costs a frame per quarter,
 not per chunk)."""
 _CHUNK = 64 << 10
-"""The largest I frame."""
+"""What a read of the asyncio half asks for by default."""
+_FRAME = (256 << 10) - 9
+"""The largest I frame's payload: with its header, 256 KiB, what the helper's stdin pipe holds
+(`sandboxes._helper._relay.PIPE_SIZE`), so a frame crosses in one write and one read."""
 _COUNT = struct.Struct(">I")
 
 
@@ -173,11 +176,11 @@ class _Relayed:
         with self._cond:
             if self._error is not None or self._ended:
                 self._raise()
-            count = min(len(data), self._credit, _CHUNK)
+            count = min(len(data), self._credit, _FRAME)
             self._credit -= count
         if count:
-            try:
-                self.channel.send(STDIN, bytes(data[:count]))
+            try:  # the caller's bytes, copied once: into the frame
+                self.channel.send(STDIN, data[:count])
             except MuxBroken as broken:
                 raise ConnectionAbortedError(str(broken)) from broken
         return count

@@ -141,17 +141,19 @@ def _open_splice_in() -> None:
         _splice_in.append(True)
 
 
-def pass_frame(kind: bytes, ident: int, length: int, part: "memoryview | bytes") -> bool:
-    """Whether the rest of the I frame whose header and first bytes (``part``) were read is left
-    in stdin for `take_input` to move to its relay's socket: a big frame for a connected relay
-    that has room for all of it in its window, where splicing is possible."""
+def pass_frame(kind: bytes, ident: int, length: int, data: "memoryview | bytes", start: int) -> bool:
+    """Whether the rest of the I frame whose header and first bytes were read (``data`` from
+    ``start``) is left in stdin for `take_input` to move to its relay's socket: a big frame for a
+    connected relay that has room for all of it in its window, where splicing is possible. No
+    view of ``data`` outlives the call (it may be the loop's inbox, resized next)."""
     relay = _relays.get(ident)
     if kind != STDIN or not _splice_in or length < PASS_MIN or relay is None:
         return False
     if not relay.connected or not relay.writing or relay.closing or relay.queued + length > WINDOW:
         return False  # (the frame, read whole, fails the relay that has no room for it)
+    part = bytes(data[start + HEADER.size :])
     if part:
-        relay.feed(STDIN, bytes(part))
+        relay.feed(STDIN, part)
     _passing[:] = [ident, length - len(part)]
     return True
 
@@ -179,7 +181,7 @@ def take_input(inbox: bytearray) -> None:
     if len(_head) < HEADER.size:
         return
     kind, ident, length = HEADER.unpack_from(_head)
-    if not pass_frame(kind, ident, length, b""):
+    if not pass_frame(kind, ident, length, b"", -HEADER.size):
         _header_next[0] = False
         inbox.extend(_head)
     del _head[:]

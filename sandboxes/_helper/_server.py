@@ -226,8 +226,7 @@ def _take_frames(data: "memoryview") -> int:
             return taken
         end = taken + HEADER.size + length
         if len(data) < end:
-            rest = data[taken + HEADER.size :]
-            if kind == STDIN and _relay[0] is not None and _relay[0].pass_frame(kind, ident, length, rest):
+            if kind == STDIN and _relay[0] is not None and _relay[0].pass_frame(kind, ident, length, data, taken):
                 return len(data)  # the rest of the frame is its relay's to take from stdin
             break
         payload = bytes(data[taken + HEADER.size : end])

@@ -335,21 +335,28 @@ class RelayWriter:
 
     def __init__(self, relayed: _Relayed) -> None:
         self._relayed = relayed
-        self._queued = bytearray()
+        self._queued: deque[bytes] = deque()
+        self._sent = 0  # bytes of the first queued buffer already sent
         self._closing = False
 
     def write(self, data: bytes) -> None:
-        self._queued += data
+        """Queue ``data`` for `drain`: bytes as they are (one copy, into their frames), anything
+        else copied now (its owner may change it)."""
+        if data:
+            self._queued.append(data if type(data) is bytes else bytes(data))
 
     async def drain(self) -> None:
-        sent_total = 0
-        with memoryview(self._queued) as view:
-            while sent_total < len(view):
-                sent = self._relayed.put(view[sent_total:])
-                sent_total += sent
+        """Send what is queued as the helper's window takes it; a drain cancelled midway (a
+        timeout) leaves the rest queued, and what was sent is never sent again."""
+        while self._queued:
+            view = memoryview(self._queued[0])
+            while self._sent < len(view):
+                sent = self._relayed.put(view[self._sent :])
+                self._sent += sent
                 if not sent:
                     await self._relayed.until(self._relayed.ready_to_write)
-        self._queued.clear()
+            self._queued.popleft()
+            self._sent = 0
 
     def can_write_eof(self) -> bool:
         return True

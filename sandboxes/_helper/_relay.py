@@ -181,22 +181,28 @@ def take_input(inbox: bytearray) -> None:
     if len(_head) < HEADER.size:
         return
     kind, ident, length = HEADER.unpack_from(_head)
-    if not pass_frame(kind, ident, length, b"", -HEADER.size):
+    passed = pass_frame(kind, ident, length, b"", -HEADER.size)
+    if not passed:
         _header_next[0] = False
         inbox.extend(_head)
     del _head[:]
+    if passed:  # its payload most likely came with it: spliced now, not a turn of the loop later
+        _pass_rest(ready=False)
 
 
-def _pass_rest() -> None:
+def _pass_rest(ready: bool = True) -> None:
     """Bytes of the I frame being passed: spliced from stdin to the socket while the relay has
     nothing queued and the socket takes them, else read into the helper's memory and queued
-    (or dropped: its relay ended meanwhile), as a frame's bytes read whole are."""
+    (or dropped: its relay ended meanwhile), as a frame's bytes read whole are. Not ``ready``
+    (stdin was not reported readable): only a splice is tried, which cannot block."""
     ident, left = _passing
     relay = _relays.get(ident)
     moved = -1
     if relay is not None and relay.writing and not relay.queue and _splice_in:
         moved = relay.splice_in(left)
     if moved < 0:
+        if not ready:  # (stdin empty, or the socket full): the loop's next turn sees which
+            return
         moved = os.readv(0, [_view[: min(left, CHUNK)]])
         if moved and relay is not None:
             relay.feed(STDIN, bytes(_view[:moved]))

@@ -18,6 +18,10 @@ neither side ever buffers more than a window of a connection, however slow the o
 and a stalled connection holds nothing but its own socket: commands and other relays go on.
 Every byte of the socket's is counted against the window before it leaves, whichever way it is
 read: spliced by the kernel to the helper's stdout (`_splice_out`), or read into its memory.
+The client's bytes of a big I frame go the same way back where the helper's stdin is a pipe
+(`pass_frame`): what the socket takes at once is spliced from stdin to it, never through the
+helper's memory; what it does not take now is read and queued as any frame's, so a full socket
+never holds up the helper's stream.
 """
 
 import errno
@@ -35,7 +39,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
     from typing import Any
 
-WINDOW = 256 << 10
+WINDOW = 1 << 20
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""
@@ -122,6 +126,94 @@ def _move_out(size: int) -> None:
             _outbox.extend(data)
             flush()
             size -= len(data)
+
+
+PASS_MIN = 64 << 10
+"""An I frame's payload this long or longer may be spliced from the helper's stdin (`pass_frame`)."""
+_splice_in: "list[bool]" = []  # [True]: stdin is a pipe and Python has `os.splice`
+_passing: "list[int]" = []  # [relay id, bytes of its I frame's payload still in stdin]; []: none
+_header_next = [False]  # a relay's upload streams in: stdin is read a frame's header at a time
+_head = bytearray()  # the header being read (`take_input`)
+
+
+def _open_splice_in() -> None:
+    if getattr(os, "splice", None) is not None and stat.S_ISFIFO(os.fstat(0).st_mode):
+        _splice_in.append(True)
+
+
+def pass_frame(kind: bytes, ident: int, length: int, data: "memoryview | bytes", start: int) -> bool:
+    """Whether the rest of the I frame whose header and first bytes were read (``data`` from
+    ``start``) is left in stdin for `take_input` to move to its relay's socket: a big frame for a
+    connected relay that has room for all of it in its window, where splicing is possible. No
+    view of ``data`` outlives the call (it may be the loop's inbox, resized next)."""
+    relay = _relays.get(ident)
+    if kind != STDIN or not _splice_in or length < PASS_MIN or relay is None:
+        return False
+    if not relay.connected or not relay.writing or relay.closing or relay.queued + length > WINDOW:
+        return False  # (the frame, read whole, fails the relay that has no room for it)
+    part = bytes(data[start + HEADER.size :])
+    if part:
+        relay.feed(STDIN, part)
+    _passing[:] = [ident, length - len(part)]
+    return True
+
+
+def taking_input(inbox: bytearray) -> bool:
+    """Whether the helper's next read of stdin is `take_input`'s: the rest of a passed frame, or
+    the header of the next one once a big I frame was read whole and nothing after it."""
+    if _header_next[0] and inbox:  # part of the next frame was read with it: not now
+        _header_next[0] = False
+    return bool(_passing) or _header_next[0]
+
+
+def take_input(inbox: bytearray) -> None:
+    """One read of stdin while a relay's upload streams in: the rest of its I frame (`_pass_rest`),
+    or the next frame's header alone, so that its payload may be spliced too; any other frame's
+    header goes to ``inbox``, where the loop's reads go on from."""
+    if _passing:
+        _pass_rest()
+        return
+    part = os.read(0, HEADER.size - len(_head))
+    if not part:
+        _serving[0] = False  # the client's end of the stream
+        return
+    _head.extend(part)
+    if len(_head) < HEADER.size:
+        return
+    kind, ident, length = HEADER.unpack_from(_head)
+    passed = pass_frame(kind, ident, length, b"", -HEADER.size)
+    if not passed:
+        _header_next[0] = False
+        inbox.extend(_head)
+    del _head[:]
+    if passed:  # its payload most likely came with it: spliced now, not a turn of the loop later
+        _pass_rest(ready=False)
+
+
+def _pass_rest(ready: bool = True) -> None:
+    """Bytes of the I frame being passed: spliced from stdin to the socket while the relay has
+    nothing queued and the socket takes them, else read into the helper's memory and queued
+    (or dropped: its relay ended meanwhile), as a frame's bytes read whole are. Not ``ready``
+    (stdin was not reported readable): only a splice is tried, which cannot block."""
+    ident, left = _passing
+    relay = _relays.get(ident)
+    moved = -1
+    if relay is not None and relay.writing and not relay.queue and _splice_in:
+        moved = relay.splice_in(left)
+    if moved < 0:
+        if not ready:  # (stdin empty, or the socket full): the loop's next turn sees which
+            return
+        moved = os.readv(0, [_view[: min(left, CHUNK)]])
+        if moved and relay is not None:
+            relay.feed(STDIN, bytes(_view[:moved]))
+    if not moved:
+        _serving[0] = False  # the client's end of the stream, mid-frame
+        return
+    if moved < left:
+        _passing[1] = left - moved
+    else:
+        del _passing[:]
+        _header_next[0] = True
 
 
 def _reason(code: int, port: int) -> str:
@@ -269,6 +361,24 @@ class Relay(object):
                 pass
             self.end_if_done()
 
+    def splice_in(self, left: int) -> int:
+        """Up to ``left`` bytes of the client's moved by the kernel from the helper's stdin to the
+        socket, and granted back: how many (0: stdin's end); -1 when the socket takes none now,
+        or never will (it broke: the relay failed; or no splice here: never again)."""
+        try:
+            moved = os.splice(0, self.fd, left, flags=_SPLICE_MOVE | _SPLICE_NONBLOCK)  # novermin
+        except (BlockingIOError, InterruptedError):  # the socket is full (stdin was readable)
+            return -1
+        except OSError as exc:
+            if exc.errno in _UNSPLICEABLE:
+                del _splice_in[:]
+            else:
+                self.fail("connection to port %d broke: %s" % (self.port, exc))
+            return -1
+        if moved:
+            send(GRANT, self.ident, _COUNT.pack(moved), answer=True)
+        return moved
+
     def feed(self, kind: bytes, payload: bytes) -> None:
         """A client's frame for this relay."""
         if kind == STDIN and self.writing and not self.closing:
@@ -277,6 +387,8 @@ class Relay(object):
                 return
             self.queue.append(memoryview(payload))
             self.queued += len(payload)
+            if len(payload) >= PASS_MIN and _splice_in:  # an upload streams in: its next frames may pass
+                _header_next[0] = True
         elif kind == CLOSE_STDIN:
             self.closing = True
         elif kind == GRANT and len(payload) == _COUNT.size:
@@ -387,6 +499,7 @@ def open_relay(ident: int, spec: "dict[str, Any]") -> None:
         _ready.append(True)
         _widen_pipes()
         _open_splice()
+        _open_splice_in()
     if isinstance(spec.get("listen"), dict):
         Listener(ident, spec["listen"])
     else:

@@ -188,6 +188,14 @@ def _on_sigchld(_mask: int) -> None:
 
 
 def _on_input(_mask: int) -> None:
+    if _relay[0] is not None and _relay[0].taking_input(_inbox):  # a relay's upload, through a splice
+        _relay[0].take_input(_inbox)
+        if _inbox:  # a header it did not take: its frame may be whole (K, C) and nothing else come
+            with memoryview(_inbox) as held:
+                taken = _take_frames(held)
+            del _inbox[:taken]
+        _relay[0].write_fed()
+        return
     size = os.readv(0, [_chunk])
     if not size:
         _serving[0] = False
@@ -218,6 +226,8 @@ def _take_frames(data: "memoryview") -> int:
             return taken
         end = taken + HEADER.size + length
         if len(data) < end:
+            if kind == STDIN and _relay[0] is not None and _relay[0].pass_frame(kind, ident, length, data, taken):
+                return len(data)  # the rest of the frame is its relay's to take from stdin
             break
         payload = bytes(data[taken + HEADER.size : end])
         taken = end

@@ -97,7 +97,7 @@ class Channel:
             if not self.done:
                 self._client._send(CLOSE_STDIN, self.ident)
 
-    def send(self, kind: bytes, payload: bytes = b"") -> None:
+    def send(self, kind: bytes, payload: bytes | memoryview = b"") -> None:
         """A frame of a capability's own kind for this command (see `sandboxes._helper.frames`)."""
         self._client._send(kind, self.ident, payload)
 

@@ -107,20 +107,34 @@ class StreamReader:
                 chunk = self._stream.recv(size)
             if not chunk:
                 raise EOFError
-            self._read_size = _RECV_MOST if len(chunk) == size else _RECV_SIZE
             self._take(chunk)
+            self._read_size = self._rest_of_frame() or (_RECV_MOST if len(chunk) == size else _RECV_SIZE)
         except _Corrupt as exc:
             self._drop(f"exec helper stream corrupt ({exc}); dropped")
         except (EOFError, OSError, struct.error, ValueError) as exc:
             self._drop(f"exec helper stream ended ({type(exc).__name__})")
         return True
 
+    def _rest_of_frame(self) -> int:
+        """What the next read asks for when the buffer holds the start of a big frame: the rest of
+        it (at most `_RECV_MOST`), so that reads end where frames do; 0 otherwise. Its header
+        was checked by `_frames` before it was buffered."""
+        if len(self._buffer) < HEADER.size:
+            return 0
+        rest = HEADER.size + HEADER.unpack_from(self._buffer)[2] - len(self._buffer)
+        return min(rest, _RECV_MOST) if rest > _RECV_SIZE else 0
+
     def _take(self, chunk: bytes) -> None:
         buffer = self._buffer
+        if len(buffer) == HEADER.size and HEADER.unpack_from(buffer)[2] == len(chunk):
+            kind, ident, _length = HEADER.unpack_from(buffer)  # a header read alone, then its payload:
+            buffer.clear()
+            self._dispatch_checked(kind, ident, chunk)  # the read is the payload, not copied
+            return
         if not buffer:  # frames read whole are cut from the read itself, not copied through the buffer
             with memoryview(chunk) as view:
                 taken = self._frames(view)
-            buffer += chunk[taken:]
+                buffer += view[taken:]  # the partial frame left, copied once
             return
         buffer += chunk
         with memoryview(buffer) as view:
@@ -140,11 +154,14 @@ class StreamReader:
                 break
             payload = bytes(data[taken + HEADER.size : end])
             taken = end
-            try:
-                self._dispatch(kind, ident, payload)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise _Corrupt(f"frame {kind!r}: {exc}") from exc
+            self._dispatch_checked(kind, ident, payload)
         return taken
+
+    def _dispatch_checked(self, kind: bytes, ident: int, payload: bytes) -> None:
+        try:
+            self._dispatch(kind, ident, payload)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _Corrupt(f"frame {kind!r}: {exc}") from exc
 
     def _drop(self, reason: str) -> None:
         """The stream broke under its reader: fail everything, and release it."""

@@ -35,7 +35,10 @@ _GRANT_AT = WINDOW // 4
 on reading while the rest of the window is in flight, and a grant costs a frame per quarter,
 not per chunk)."""
 _CHUNK = 64 << 10
-"""The largest I frame."""
+"""What a read of the asyncio half asks for by default."""
+_FRAME = (256 << 10) - 9
+"""The largest I frame's payload: with its header, 256 KiB, what the helper's stdin pipe holds
+(`sandboxes._helper._relay.PIPE_SIZE`), so a frame crosses in one write and one read."""
 _COUNT = struct.Struct(">I")
 
 
@@ -173,11 +176,11 @@ class _Relayed:
         with self._cond:
             if self._error is not None or self._ended:
                 self._raise()
-            count = min(len(data), self._credit, _CHUNK)
+            count = min(len(data), self._credit, _FRAME)
             self._credit -= count
         if count:
-            try:
-                self.channel.send(STDIN, bytes(data[:count]))
+            try:  # the caller's bytes, copied once: into the frame
+                self.channel.send(STDIN, data[:count])
             except MuxBroken as broken:
                 raise ConnectionAbortedError(str(broken)) from broken
         return count
@@ -332,21 +335,28 @@ class RelayWriter:
 
     def __init__(self, relayed: _Relayed) -> None:
         self._relayed = relayed
-        self._queued = bytearray()
+        self._queued: deque[bytes] = deque()
+        self._sent = 0  # bytes of the first queued buffer already sent
         self._closing = False
 
     def write(self, data: bytes) -> None:
-        self._queued += data
+        """Queue ``data`` for `drain`: bytes as they are (one copy, into their frames), anything
+        else copied now (its owner may change it)."""
+        if data:
+            self._queued.append(data if type(data) is bytes else bytes(data))
 
     async def drain(self) -> None:
-        sent_total = 0
-        with memoryview(self._queued) as view:
-            while sent_total < len(view):
-                sent = self._relayed.put(view[sent_total:])
-                sent_total += sent
+        """Send what is queued as the helper's window takes it; a drain cancelled midway (a
+        timeout) leaves the rest queued, and what was sent is never sent again."""
+        while self._queued:
+            view = memoryview(self._queued[0])
+            while self._sent < len(view):
+                sent = self._relayed.put(view[self._sent :])
+                self._sent += sent
                 if not sent:
                     await self._relayed.until(self._relayed.ready_to_write)
-        self._queued.clear()
+            self._queued.popleft()
+            self._sent = 0
 
     def can_write_eof(self) -> bool:
         return True

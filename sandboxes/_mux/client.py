@@ -457,7 +457,7 @@ class MuxClient(StreamReader):
         or asleep until the reader thread (or another caller) reports its end."""
         return self._pump if leading else pending.done.wait
 
-    def _send(self, kind: bytes, ident: int, payload: bytes = b"") -> None:
+    def _send(self, kind: bytes, ident: int, payload: bytes | memoryview = b"") -> None:
         """One frame, whole, or `MuxBroken` with nothing more ever written on this stream: a
         frame after a failed (partial) send would complete it into something the helper acts
         on. A frame of a command that is broken off is not sent either."""

@@ -149,10 +149,22 @@ def sandbox_text(info: api.SandboxInfo) -> str:
     )
 
 
+def _streams(stdout: str, stderr: str) -> str:
+    """``stdout``, then ``stderr`` under a line of its own saying so (if there is any)."""
+    if not stderr:
+        return stdout
+    return f"{stdout}{'' if not stdout or stdout.endswith(chr(10)) else chr(10)}[stderr]\n{stderr}"
+
+
 def process_text(status: ProcessStatus) -> str:
-    """A background process's state, its exit code once ended, and its output so far."""
+    """A background process's state, its exit code once ended, and its output so far: its
+    stdout, then its stderr under a ``[stderr]`` line when it wrote any (a service that keeps
+    them merged answers its one output)."""
     head = f"process {status.id}: {status.status}"
     if status.result is not None and status.result.exit_code is not None:
         head += f", exit code {status.result.exit_code}"
-    output = status.result.output if status.result is not None else status.output
+    if status.stdout or status.stderr:
+        output = _streams(status.stdout, status.stderr)
+    else:
+        output = status.result.output if status.result is not None else status.output
     return f"{head}\n{output}" if output else f"{head} (no output yet)" if status.running else head

@@ -15,7 +15,7 @@ import pytest
 from mcp import ClientSession
 from mcp.shared.exceptions import McpError
 from mcp.shared.memory import create_connected_server_and_client_session
-from mcp_episode import TOOLS, create, every_tool, ok, refused
+from mcp_episode import TOOLS, create, every_tool, ok, poll_until_ended, refused
 from pydantic import AnyUrl
 from server.service_harness import KEYS, UNTHROTTLED, Running, running, settings_for
 from support import HAS_BWRAP
@@ -178,3 +178,12 @@ async def test_a_preview_url_opens_a_server_started_in_the_sandbox(service: Runn
             assert page.text == "made by the agent\n"
         finally:
             await session.call_tool("destroy_sandbox", {"sandbox_id": sandbox_id})
+
+
+async def test_a_background_process_answers_its_stdout_then_its_stderr_under_a_line(service: Running) -> None:
+    async with session_on(service) as session:
+        await create(session)
+        started = await ok(session, "start_process", command="echo out; echo err >&2; printf tail")
+        process_id = started.split()[1].rstrip(":")
+        ended = await poll_until_ended(session, process_id)
+        assert ended.splitlines()[1:] == ["out", "tail", "[stderr]", "err"], ended

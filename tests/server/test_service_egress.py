@@ -332,6 +332,8 @@ def test_e2b_allow_internet_access_false_means_no_egress_and_allow_out_is_the_li
         closed.update_network({"allow_out": [f"127.0.0.2:{allowed.port}"], "deny_out": [ALL_TRAFFIC]})
         answer = _run(service, closed.sandbox_id, _fetch(f"http://127.0.0.2:{allowed.port}/opened"))
         assert answer["output"].strip() == "hello from 127.0.0.2"  # the next connection
+        changed = closed.get_info()  # as the update set it, not as the create did
+        assert changed.network == {"allow_out": [f"127.0.0.2:{allowed.port}"], "deny_out": [ALL_TRAFFIC]}
         listed.update_network({})  # E2B's default, all traffic: the template's list
         closed.update_network({"allow_internet_access": False})
         with service.client() as client:

@@ -74,7 +74,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
 def _detail(request: Request, entry: Entry) -> SandboxDetail:
     template = entry.backend.template
     ends = entry.state.expires_at
-    internet, network = network_of(entry.state.egress_allow)
+    internet, network = network_of(_allow_now(request, entry))
     return SandboxDetail(
         **_created(request, entry).model_dump(),
         started_at=_iso(entry.state.created_at),
@@ -87,6 +87,15 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         allow_internet_access=internet,
         network=network,
     )
+
+
+def _allow_now(request: Request, entry: Entry) -> list[str] | None:
+    """The sandbox's allow-list as its egress is served now (a later ``update_network`` or
+    ``PUT .../egress`` included); ``None`` while it is E2B's default, its template's."""
+    now: list[str] | None = request.app.state.egress.allow_list(entry.state.id)
+    if now is None or (entry.state.egress_allow is None and now == list(entry.backend.template.egress_allow)):
+        return entry.state.egress_allow
+    return now
 
 
 def _megabytes(memory: object) -> int:

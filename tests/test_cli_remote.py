@@ -422,8 +422,8 @@ THIRD_PARTY = {"sandboxes", "httpx", "httpcore", "h11", "anyio", "sniffio", "idn
 what it needs; anything more is a start-up cost to justify here first."""
 
 MODELS_BUILT = 4
-"""At most this many models of the API have their validators built by one subcommand (their
-build is deferred to first use: importing the client builds none)."""
+"""At most this many models of the API and of `sandboxes.lifecycle` have their validators built
+by one subcommand (their build is deferred to first use: importing the client builds none)."""
 
 _IMPORTS_AFTER = """
 import inspect, json, sys
@@ -431,7 +431,8 @@ import pydantic
 from sandboxes.cli import main
 code = main(sys.argv[1:])
 modules = sorted({name.split(".")[0] for name, module in sys.modules.items() if module is not None})
-built = [name for api in ("sandboxes.api", "sandboxes.api_resources") for name, kind in vars(sys.modules[api]).items()
+built = [name for api in ("sandboxes.api", "sandboxes.api_resources", "sandboxes.lifecycle")
+         for name, kind in vars(sys.modules[api]).items()
          if inspect.isclass(kind) and issubclass(kind, pydantic.BaseModel) and kind.__module__ == api
          and kind.__pydantic_complete__]
 print(json.dumps({"code": code, "modules": modules, "stdlib": sorted(sys.stdlib_module_names), "built": built}))

@@ -15,7 +15,10 @@ One run, against ``python -m sandboxes.server`` started here on 127.0.0.1 (Docke
    create/delete to warm it up), divided by the count;
 4. ``execute("true")`` through the client on every idle sandbox in turn (round-robin,
    ``--rounds`` times) interleaved with the same call on ONE sandbox (the single-sandbox
-   baseline, in the same loop so machine drift hits both): p50/p99 of each and their ratio.
+   baseline, in the same loop so machine drift hits both): p50/p99 of each and their ratio;
+5. the raw baseline of that ratio, without any of our code: one byte sent to a ``cat`` in a
+   ``docker exec`` of each container and read back (the path every command takes: the engine,
+   the container's shim, a pipe, a process woken from idle), round-robin against one, as in 4.
 
 Targets (issue #36; reported, never asserted): <= 12 MiB per idle sandbox including its helper;
 the service <= 200 KiB per tracked sandbox; execute p50 across the idle sandboxes <= 1.2x the
@@ -42,6 +45,7 @@ from _common import machine, percentile
 from bench_service import _Service, _sweep
 
 from sandboxes.client import SandboxClient
+from sandboxes.docker._io import ExecSocket
 from sandboxes.server.backends import LABEL_SERVICE_ID
 from sandboxes.server.settings import parse_memory
 
@@ -109,6 +113,42 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "max": max(values), "min": min(values)}
 
 
+def _round_robin(targets: list[Any], rounds: int, call: Any) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``call(target)`` on every target in turn, each interleaved with the same
+    call on the first target (alternating which goes first): (across all, on one)."""
+    many: list[float] = []
+    single: list[float] = []
+    for _ in range(rounds):
+        for i, target in enumerate(targets):
+            pair = [(target, many), (targets[0], single)]
+            for one, samples in pair if i % 2 == 0 else pair[::-1]:
+                began = time.perf_counter()
+                call(one)
+                samples.append((time.perf_counter() - began) * 1000)
+    return many, single
+
+
+def _raw_echo(engine: Any, container_ids: list[str], rounds: int) -> tuple[list[float], list[float]]:
+    """`_round_robin` of one byte through a ``cat`` in a ``docker exec`` of each container."""
+    streams = []
+    try:
+        for container_id in container_ids:
+            exec_id = engine.api.exec_create(container_id, ["cat"], stdin=True, stdout=True, stderr=True)["Id"]
+            streams.append(ExecSocket(engine.api.exec_start(exec_id, socket=True)))
+
+        def echo(stream: ExecSocket) -> None:
+            stream.send(b"x")
+            if stream.recv(16) != b"x":
+                raise RuntimeError("cat did not echo the byte")
+
+        for stream in streams:
+            echo(stream)  # each cat is up before the timing
+        return _round_robin(streams, rounds, echo)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 def run(count: int, budget: int, rounds: int, settle: float) -> dict[str, Any]:
     import docker
 
@@ -137,7 +177,7 @@ def _measure(service: _Service, engine: Any, count: int, budget: int, rounds: in
         client.delete(warm.id)
         time.sleep(1)  # the service's state of the deleted sandbox is dropped; not a wait for an event
         rss_before = process_rss(service.process.pid)
-        sandboxes, pids, charged = [], [], 0.0
+        sandboxes, pids, containers, charged = [], [], [], 0.0
         while len(sandboxes) < count and charged * MIB < budget:
             sandbox = client.create()
             _checked(sandbox.execute("true"))
@@ -145,19 +185,14 @@ def _measure(service: _Service, engine: Any, count: int, budget: int, rounds: in
             found = engine.containers.list(filters={"label": f"{LABEL_SERVICE_ID}={sandbox.id}"})
             pid = int(found[0].attrs["State"]["Pid"])
             pids.append(pid)
+            containers.append(found[0].id)
             charged += container_memory(pid)["charged"]
         time.sleep(settle)  # at rest: the helpers' idle work (compiling the native ops) is done
         rss_after = process_rss(service.process.pid)
         memory = [container_memory(pid) for pid in pids]
         helpers = [helper_memory(pid) for pid in pids]
-        many, single = [], []
-        for _ in range(rounds):
-            for i, sandbox in enumerate(sandboxes):
-                pair = [(sandbox, many), (sandboxes[0], single)]
-                for target, samples in pair if i % 2 == 0 else pair[::-1]:
-                    began = time.perf_counter()
-                    _checked(target.execute("true"))
-                    samples.append((time.perf_counter() - began) * 1000)
+        many, single = _round_robin(sandboxes, rounds, lambda sandbox: _checked(sandbox.execute("true")))
+        raw_many, raw_single = _raw_echo(engine, containers, rounds)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda s: client.delete(s.id), sandboxes))
     n = len(sandboxes)
@@ -175,6 +210,11 @@ def _measure(service: _Service, engine: Any, count: int, budget: int, rounds: in
             "one sandbox": {"p50": statistics.median(single), "p99": percentile(single, 0.99), "n": len(single)},
         },
         "execute_ratio": ratio,
+        "raw_echo_ms": {
+            f"across {n} idle": {"p50": statistics.median(raw_many), "p99": percentile(raw_many, 0.99)},
+            "one container": {"p50": statistics.median(raw_single), "p99": percentile(raw_single, 0.99)},
+        },
+        "raw_echo_ratio": statistics.median(raw_many) / statistics.median(raw_single),
         "targets": {
             f"<= {SANDBOX_TARGET_MIB:g} MiB per idle sandbox": per_sandbox <= SANDBOX_TARGET_MIB,
             f"service <= {SERVICE_TARGET_KIB:g} KiB per tracked sandbox": per_tracked <= SERVICE_TARGET_KIB,
@@ -198,6 +238,9 @@ def format_table(report: dict[str, Any]) -> str:
     for name, row in report["execute_ms"].items():
         out.append(f"execute('true') {name}: p50 {row['p50']:.2f} ms, p99 {row['p99']:.2f} ms (n={row['n']})")
     out.append(f"ratio of p50s: {report['execute_ratio']:.2f}x")
+    for name, row in report["raw_echo_ms"].items():
+        out.append(f"raw: 1 byte via cat in a docker exec, {name}: p50 {row['p50']:.3f} ms, p99 {row['p99']:.3f} ms")
+    out.append(f"raw ratio of p50s (the engine and kernel alone): {report['raw_echo_ratio']:.2f}x")
     out += [f"target {name}: {'yes' if met else 'NO'}" for name, met in report["targets"].items()]
     return "\n".join(out)
 

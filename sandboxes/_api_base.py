@@ -15,13 +15,16 @@ VOLUME_NAME = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Its validator and serializer are built at its first use, not at import (``defer_build``):
+    a client imports every model of the API and uses a few."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class _Answer(BaseModel):
     """A response body: fields a newer service adds are ignored by an older client."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class _Request(_Model):

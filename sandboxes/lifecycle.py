@@ -137,7 +137,7 @@ class SandboxNameTaken(RuntimeError):
 class Mount(BaseModel):
     """A volume (`VolumeProvider.create_volume`'s ref) mounted at ``path`` in a sandbox."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built at first use, not import
 
     volume: str
     path: str = Field(pattern=r"^/[^\x00]*$")
@@ -148,7 +148,7 @@ class CreateOptions(BaseModel):
     """What one sandbox adds to its provider's template: the service's tenant labels, a
     lifetime, the client's environment. Everything else is the template's."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built at first use, not import
 
     labels: dict[str, str] = Field(default_factory=dict)
     """Recorded on the sandbox (container/pod labels, a marker file), so `Provider.list` returns

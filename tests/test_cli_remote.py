@@ -410,22 +410,38 @@ def test_serve_runs_the_service_until_sigterm(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- start-up cost
 
 HEAVY = ("docker", "kubernetes", "langchain", "langgraph", "paramiko", "fastapi", "uvicorn", "starlette", "rich",
-         "click", "pygments", "wcmatch", "bracex")  # fmt: skip
+         "click", "pygments", "wcmatch", "bracex", "websockets", "h2", "tornado")  # fmt: skip
 """Packages a remote subcommand never needs: the backends' drivers, the service's stack, the
 agent's, httpx's own command-line tool (click, rich, pygments), which httpx imports unless told
-not to, and the glob matcher (a service's sandbox matches its globs itself)."""
+not to, and the glob matcher (a service's sandbox matches its globs itself); websockets (ports
+and terminals only), HTTP/2 (the client speaks HTTP/1.1) and tenacity's Tornado support."""
+
+THIRD_PARTY = {"sandboxes", "httpx", "httpcore", "h11", "anyio", "sniffio", "idna", "certifi", "zstandard", "pydantic",
+               "pydantic_core", "annotated_types", "typing_extensions", "typing_inspection", "tenacity"}  # fmt: skip
+"""Every non-standard top-level package a remote subcommand may import: the client's stack and
+what it needs; anything more is a start-up cost to justify here first."""
+
+MODELS_BUILT = 4
+"""At most this many models of the API and of `sandboxes.lifecycle` have their validators built
+by one subcommand (their build is deferred to first use: importing the client builds none)."""
 
 _IMPORTS_AFTER = """
-import json, sys
+import inspect, json, sys
+import pydantic
 from sandboxes.cli import main
 code = main(sys.argv[1:])
-print(json.dumps({"code": code, "modules": sorted({name.split(".")[0] for name in sys.modules})}))
+modules = sorted({name.split(".")[0] for name, module in sys.modules.items() if module is not None})
+built = [name for api in ("sandboxes.api", "sandboxes.api_resources", "sandboxes.lifecycle")
+         for name, kind in vars(sys.modules[api]).items()
+         if inspect.isclass(kind) and issubclass(kind, pydantic.BaseModel) and kind.__module__ == api
+         and kind.__pydantic_complete__]
+print(json.dumps({"code": code, "modules": modules, "stdlib": sorted(sys.stdlib_module_names), "built": built}))
 """
 
 
 def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) -> None:
     """A fresh interpreter runs ``exec`` against the service, as the console script does, then
-    lists every top-level package it imported."""
+    lists every top-level package it imported and the API models whose validators it built."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
     env["SANDBOXES_API_KEY"] = cli.key
     argv = ["--url", cli.url, "--sandbox", sandbox, "exec", "true"]
@@ -435,6 +451,9 @@ def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) ->
     assert report["code"] == 0, run.stderr.decode()
     assert "httpx" in report["modules"]  # it did talk to the service
     assert sorted(set(HEAVY) & set(report["modules"])) == []
+    others = {name for name in report["modules"] if not name.startswith("_")} - set(report["stdlib"])
+    assert sorted(others - THIRD_PARTY) == []
+    assert len(report["built"]) <= MODELS_BUILT, report["built"]
 
 
 def test_exec_interrupted_kills_its_command(cli: Cli, url: str, sandbox: str) -> None:

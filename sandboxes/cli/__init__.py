@@ -79,12 +79,19 @@ def _is_remote(args: argparse.Namespace) -> bool:
     return explicit or (args.root is None and bool(os.environ.get("SANDBOXES_URL")))
 
 
+_NEVER_USED_HERE = ("httpx._main", "h2", "tornado")
+"""Optional imports of the client's dependencies that a remote subcommand never uses, each
+made only because it succeeds: httpx's command-line tool (click, rich, pygments), HTTP/2 for
+httpcore (the client speaks HTTP/1.1), tenacity's Tornado support."""
+
+
 def _skip_httpx_cli() -> None:
-    """Keep httpx from importing its own command-line tool (click, rich, pygments: a large
-    share of a remote subcommand's start), which it does unless that import fails; nothing here runs it.
-    Only in this process's CLI run, and only if httpx is not imported yet."""
-    if "httpx" not in sys.modules:
-        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+    """Keep the client's dependencies from importing what a remote subcommand never uses
+    (`_NEVER_USED_HERE`: a large share of its start), by making those imports fail. Only in
+    this process's CLI run, and only for modules not imported yet."""
+    for name in _NEVER_USED_HERE:
+        if name.split(".")[0] not in sys.modules:
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def _dispatch(args: argparse.Namespace) -> int:

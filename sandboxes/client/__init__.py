@@ -13,10 +13,10 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 (httpx).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from sandboxes.api import SandboxInfo
 from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
-from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
-from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
 from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
 from sandboxes.client._wire import ClientConfig, ProcessStatus
@@ -36,6 +36,30 @@ from sandboxes.client.errors import (
     Unauthorized,
 )
 from sandboxes.client.remote import RemoteSandbox
+
+if TYPE_CHECKING:
+    from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
+    from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
+
+_ON_FIRST_USE = {
+    "AsyncPortConnection": "_ports",
+    "PortConnection": "_ports",
+    "PortForward": "_ports",
+    "PortUnreachable": "_ports",
+    "AsyncRemoteTerminal": "_pty",
+    "RemoteTerminal": "_pty",
+}
+"""Names whose modules (websockets underneath) are imported when first asked for, not with the client."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _ON_FIRST_USE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "AsyncCommandStream",

@@ -204,16 +204,19 @@ class Answer(Generic[T]):
     """Decodes one route's answer with the type `sandboxes.api` declares for it (the service
     describes the route with the same type); its validator is built once, here."""
 
-    __slots__ = ("_adapter", "_name")
+    __slots__ = ("_adapter", "_kind", "_name")
 
     def __init__(self, kind: Any) -> None:
-        self._adapter: TypeAdapter[T] = TypeAdapter(kind)
+        self._kind = kind
+        self._adapter: TypeAdapter[T] | None = None
         self._name = getattr(kind, "__name__", str(kind))
 
     def __call__(self, response: httpx.Response) -> T:
         return self.decode(response.content)
 
     def decode(self, raw: bytes | str) -> T:
+        if self._adapter is None:
+            self._adapter = TypeAdapter(self._kind)
         try:
             return self._adapter.validate_json(raw)
         except pydantic.ValidationError as exc:

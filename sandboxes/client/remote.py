@@ -25,7 +25,7 @@ from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, cast, get_args
+from typing import IO, TYPE_CHECKING, cast, get_args
 
 import httpx
 
@@ -44,13 +44,15 @@ from sandboxes.client._bulk import (
     tar_of_one,
 )
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
-from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward
-from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal, aopen_pty, open_pty
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
 from sandboxes.lifecycle import Sandbox
 from sandboxes.semantics import download_share, message_for, share_refusal
+
+if TYPE_CHECKING:  # imported where used: websockets is for ports and terminals alone
+    from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward
+    from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
 
 ArchiveSource = bytes | IO[bytes] | Iterable[bytes]
 """A tar stream to upload: bytes, a binary file (read in chunks), or an iterable of chunks."""
@@ -127,14 +129,20 @@ class RemoteSandbox(Sandbox):
 
     def connect_port(self, port: int) -> PortConnection:
         """A TCP connection to 127.0.0.1:``port`` inside the sandbox, over the service's tunnel."""
+        from sandboxes.client._ports import PortConnection
+
         return PortConnection(self.config, self._id, port)
 
     async def aconnect_port(self, port: int) -> AsyncPortConnection:
+        from sandboxes.client._ports import AsyncPortConnection
+
         return await AsyncPortConnection.open(self.config, self._id, port)
 
     def forward_port(self, port: int, local_port: int = 0) -> PortForward:
         """Listen on 127.0.0.1:``local_port`` (0: any free one) and forward each connection to
         ``port`` inside the sandbox, until closed (``with`` closes it)."""
+        from sandboxes.client._ports import PortForward
+
         return PortForward(self.config, self._id, port, local_port)
 
     def preview_url(self, port: int, ttl: float = 3600.0) -> api.PreviewToken:
@@ -326,12 +334,16 @@ class RemoteSandbox(Sandbox):
         """A terminal in the sandbox running ``command`` (a login shell by default), or the
         one of ``session`` reattached (its scrollback first); `pydantic.ValidationError` for
         a size out of bounds."""
+        from sandboxes.client._pty import open_pty
+
         return open_pty(self.config, self._id, api.PtySize(cols=cols, rows=rows), command, session)
 
     async def apty(
         self, cols: int = 80, rows: int = 24, command: str | None = None, *, session: str | None = None
     ) -> AsyncRemoteTerminal:
         """`pty` on an event loop."""
+        from sandboxes.client._pty import aopen_pty
+
         return await aopen_pty(self.config, self._id, api.PtySize(cols=cols, rows=rows), command, session)
 
     # ------------------------------------------------------------------ file watches

@@ -75,6 +75,8 @@ class Holdings:
         self._reconciling = asyncio.Lock()
         self._confirming: dict[str, tuple[float, Entry, asyncio.Future[Entry]]] = {}
         """Sandbox id -> (when it started, for which entry, the read of its record in flight)."""
+        self._last_read: dict[str, float] = {}
+        """Template -> when a held sandbox's record was last read for a confirmation (`_read_record`)."""
 
     @property
     def entries(self) -> Mapping[str, Entry]:
@@ -198,12 +200,25 @@ class Holdings:
             read.exception()  # retrieved: every request that waited has it, or none is left to
 
     async def _read_record(self, entry: Entry) -> Entry:
-        checked = time.monotonic()
-        found = await self._read(entry.backend.select, sandbox_id=entry.state.id)
-        if not found or found[0].ref != entry.state.ref:
+        """Read ``entry``'s record again. The second read of a backend within ``confirm_interval``
+        lists all its records and confirms every held sandbox found there, so requests spread
+        over many held sandboxes read the backend about twice per interval, not once per sandbox."""
+        checked, backend, sandbox_id = time.monotonic(), entry.backend, entry.state.id
+        last = self._last_read.get(backend.template_name)
+        self._last_read[backend.template_name] = checked
+        if last is None or checked - last >= self.settings.confirm_interval:
+            found = await self._read(backend.select, sandbox_id=sandbox_id)
+        else:
+            found = await self._read(backend.select)
+            for state in found:
+                held = self._entries.get(state.id)
+                if held is not None and held.backend is backend and held.state.ref == state.ref:
+                    self._refresh(held, state, checked)
+        recorded = next((state for state in found if state.id == sandbox_id), None)
+        if recorded is None or recorded.ref != entry.state.ref:
             await self._forget(entry)
-            raise not_found(entry.state.id)
-        self._refresh(entry, found[0], checked)
+            raise not_found(sandbox_id)
+        self._refresh(entry, recorded, checked)
         return entry
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:

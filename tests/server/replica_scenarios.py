@@ -328,6 +328,34 @@ class ReplicaScenarios:
             assert len(lookups) == 1, lookups
             assert client.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
 
+    def test_requests_going_round_held_sandboxes_unconfirmed_read_the_backend_twice(self, replica: Replica) -> None:
+        """Requests that go round several held sandboxes, each found unconfirmed, read the
+        backend twice in a ``confirm_interval`` (the second read lists them all and confirms
+        every one), not once per sandbox: round-robin across 200 idle sandboxes paid one label-
+        selected list of the engine per request (bench_density)."""
+        with replica(confirm_interval=3600, sweep_interval=3600) as one, one.client("alice") as client:
+            ids = [create(client, ttl=300)["id"] for _ in range(4)]
+            registry, backend = one.registry, one.registry.backends["default"]
+            reads: list[dict[str, str]] = []
+            select = backend.select
+
+            def counted(**labels: str) -> Any:
+                reads.append(labels)
+                return select(**labels)
+
+            for sandbox_id in ids:
+                registry._entries[sandbox_id].confirmed = time.monotonic() - 7200  # its trust lapsed
+            backend.select = counted
+            try:
+                for _ in range(2):
+                    for sandbox_id in ids:
+                        assert client.get(f"/v1/sandboxes/{sandbox_id}").status_code == 200
+            finally:
+                del backend.select
+            assert reads == [{"sandbox_id": ids[0]}, {}], reads
+            for sandbox_id in ids:
+                assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
     @pytest.mark.parametrize("sweep_interval", [0.2, 3600], ids=["sweeps", "timer-only"])
     def test_a_renewal_on_one_replica_is_honoured_by_the_others(
         self,

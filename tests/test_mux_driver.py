@@ -11,7 +11,7 @@ import pytest
 from test_mux import _PipeStream
 
 from sandboxes import protocol as p
-from sandboxes._mux import Command, GivenDefaults, HelperDriver, MuxBroken, MuxClient, TransportWords
+from sandboxes._mux import AwaitedCommand, Command, GivenDefaults, HelperDriver, MuxBroken, MuxClient, TransportWords
 from sandboxes._output import OutputHook, as_output_hook
 
 DEFAULTS = GivenDefaults(default_timeout=10.0, output_limit=1 << 20, env={"FROM": "sandbox"}, workdir="/")
@@ -96,7 +96,9 @@ def test_a_command_runs_on_the_helper_with_the_sandboxs_defaults_under_its_own(t
     assert b"".join(seen) == b"sandbox call\n/\n"
     assert driver.alive
     assert toy.alone == []
-    assert driver.awaited(command).command == command.within(DEFAULTS)
+    awaited = driver.awaited(command)
+    assert isinstance(awaited, AwaitedCommand)
+    assert awaited.command == command.within(DEFAULTS)
 
 
 def test_a_failed_start_runs_the_command_alone_and_waits_before_the_next_start(toy: _Toy) -> None:

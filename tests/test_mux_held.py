@@ -1,5 +1,5 @@
 """Every backend holds one `sandboxes._mux.HelperDriver` (composition): a fault injected into the
-driver class reaches each backend that holds one, with nothing of the backend patched."""
+driver class reaches an SSH sandbox and a local jail alike, with nothing of either patched."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sandboxes.local import LocalSandbox
 from sandboxes.local.sandbox import LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
-BACKENDS = ("ssh",)
+BACKENDS = ("local", "ssh")
 
 
 @pytest.fixture(scope="module")

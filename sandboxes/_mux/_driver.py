@@ -1,10 +1,12 @@
 """`HelperDriver`: the one exec helper a sandbox holds, and how its commands and file ops are
-driven through it, as an object the sandbox holds; what differs per backend is its
-`HelperTransport` (how a helper starts, how a command runs without one, how an out-of-memory
-kill shows) and its `TransportWords`.
+driven through it, as an object every backend (Docker, Kubernetes, SSH, the local jail) holds;
+what differs per backend is its `HelperTransport` (how a helper starts, how a command runs
+without one, how an out-of-memory kill shows), its `TransportWords` and, where it can refuse a
+command outright, its `Refusal`.
 
-The order of it all lives here alone: fill in the sandbox's defaults, try the helper (the resend
-rule of `run_command_once` and `run_native_once`), fall back to the transport's own exec, answer
+The order of it all lives here alone: fill in the sandbox's defaults, ask the refusal, try the
+helper (the resend rule of `run_command_once` and `run_native_once`), fall back to the
+transport's own exec, answer
 the transport's own failures in the protocol's words, then tell an out-of-memory kill from a
 plain exit 137. A helper is held one at a time, started under a lock when a call finds none
 alive, as `HelperStarts` allows, and let go of when found broken.

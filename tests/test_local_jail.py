@@ -168,7 +168,7 @@ def test_without_python_in_the_jail_it_falls_back_to_one_jail_per_command(tmp_pa
         assert sandbox.write(f"{sandbox.root}/f", "x").error is None
         assert sandbox.execute("cat f; id -u").output == "x1000\n"
         assert sandbox.execute("sleep 5", timeout=1).error == p.TIMEOUT
-        assert sandbox._starts.unavailable, "a jail started again and again without its python"
+        assert sandbox.helper_driver.starts.unavailable, "a jail started again and again without its python"
 
 
 def test_a_helper_python_outside_the_jail_is_given_up_for_good(tmp_path: Path) -> None:
@@ -182,7 +182,7 @@ def test_a_helper_python_outside_the_jail_is_given_up_for_good(tmp_path: Path) -
     with LocalSandbox(config=config) as sandbox:
         assert sandbox.execute("echo alone").output == "alone\n"
         assert not sandbox.helper_alive
-        assert sandbox._starts.unavailable, "a python the jail cannot see is tried again"
+        assert sandbox.helper_driver.starts.unavailable, "a python the jail cannot see is tried again"
 
 
 def test_a_jail_that_failed_to_start_is_tried_again_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

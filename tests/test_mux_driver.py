@@ -11,7 +11,16 @@ import pytest
 from test_mux import _PipeStream
 
 from sandboxes import protocol as p
-from sandboxes._mux import Command, GivenDefaults, HelperDriver, MuxBroken, MuxClient, TransportWords
+from sandboxes._mux import (
+    AwaitedCommand,
+    Command,
+    GivenDefaults,
+    HelperDriver,
+    MuxBroken,
+    MuxClient,
+    Refusal,
+    TransportWords,
+)
 from sandboxes._output import OutputHook, as_output_hook
 
 DEFAULTS = GivenDefaults(default_timeout=10.0, output_limit=1 << 20, env={"FROM": "sandbox"}, workdir="/")
@@ -32,12 +41,15 @@ class _Toy:
         self.alone: list[Command] = []
         self.oom_looks = 0
         self.refuse_alone = False
+        self.no_room = False
 
     @property
     def memory_limit(self) -> str:
         return "64m"
 
-    def start_helper(self) -> MuxClient:
+    def start_helper(self) -> MuxClient | None:
+        if self.no_room:
+            return None
         if self.fail_starts:
             self.fail_starts -= 1
             raise MuxBroken("exec helper did not say hello")
@@ -68,7 +80,7 @@ class _Toy:
             stream.close()
 
 
-def _driver(toy: _Toy, enabled: bool = True) -> HelperDriver:
+def _driver(toy: _Toy, enabled: bool = True, refuse: Refusal | None = None) -> HelperDriver:
     words = TransportWords(
         logging.getLogger("toy"),
         subject="toy",
@@ -77,7 +89,7 @@ def _driver(toy: _Toy, enabled: bool = True) -> HelperDriver:
         command_lost="the toy's helper died during the command",
         file_op_lost="the toy's helper died during the file operation",
     )
-    return HelperDriver(toy, words, DEFAULTS, enabled=enabled)
+    return HelperDriver(toy, words, DEFAULTS, enabled=enabled, refuse=refuse)
 
 
 @pytest.fixture
@@ -96,7 +108,9 @@ def test_a_command_runs_on_the_helper_with_the_sandboxs_defaults_under_its_own(t
     assert b"".join(seen) == b"sandbox call\n/\n"
     assert driver.alive
     assert toy.alone == []
-    assert driver.awaited(command).command == command.within(DEFAULTS)
+    awaited = driver.awaited(command)
+    assert isinstance(awaited, AwaitedCommand)
+    assert awaited.command == command.within(DEFAULTS)
 
 
 def test_a_failed_start_runs_the_command_alone_and_waits_before_the_next_start(toy: _Toy) -> None:
@@ -165,3 +179,47 @@ def test_close_lets_the_helper_go_and_kill_tagged_needs_a_running_one(toy: _Toy)
     driver.close()
     assert driver.mux is None
     assert driver.running() is None
+
+
+def test_a_transport_without_room_for_a_helper_runs_alone_and_counts_no_failure(toy: _Toy) -> None:
+    """`HelperTransport.start_helper` answering ``None`` (SSH's channel slots kept for short
+    channels): no backoff, so the next call asks again and gets a helper once there is room."""
+    driver = _driver(toy)
+    toy.no_room = True
+    assert driver.execute(Command("true", 10, 100), None).output == "alone\n"
+    assert driver.helper() is None
+    assert (driver.starts.failures, driver.starts.unavailable) == (0, False)
+    toy.no_room = False
+    assert driver.execute(Command("echo room", 10, 100), None).output == "room\n"
+    assert driver.alive
+
+
+def test_a_refused_command_runs_nowhere_on_either_path(toy: _Toy) -> None:
+    refusal = p.ExecuteResponse("", error=p.UNAVAILABLE, message="closed")
+    asked: list[Command] = []
+
+    def refuse(command: Command) -> p.ExecuteResponse | None:
+        asked.append(command)
+        return refusal if command.command == "refused" else None
+
+    driver = _driver(toy, refuse=refuse)
+    assert driver.execute(Command("refused", 10, 100), None) is refusal
+    assert driver.awaited(Command("refused", 10, 100)) is refusal
+    assert toy.streams == [], "a refused command started a helper"
+    assert toy.alone == [], "a refused command ran alone"
+    assert asked == [Command("refused", 10, 100).within(DEFAULTS)] * 2
+    assert isinstance(driver.awaited(Command("fine", 10, 100)), AwaitedCommand)
+
+
+def test_a_helper_found_dead_is_closed_before_the_next_starts(toy: _Toy) -> None:
+    driver = _driver(toy)
+    assert driver.execute(Command("true", 10, 100), None).exit_code == 0
+    first = driver.mux
+    assert first is not None
+    first.close()  # dead without a drop: what it holds must not leak when the next one starts
+    closed: list[MuxClient] = []
+    real_close = MuxClient.close
+    first.close = lambda: (closed.append(first), real_close(first))  # type: ignore[method-assign]
+    assert driver.execute(Command("echo next", 10, 100), None).output == "next\n"
+    assert closed == [first]
+    assert driver.mux is not first

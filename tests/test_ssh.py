@@ -82,9 +82,9 @@ class TestSSHSandboxConformance(SandboxConformance):
 
     def test_commands_go_through_the_exec_helper(self, helper_sandbox: SSHSandbox) -> None:
         assert helper_sandbox.execute("true").exit_code == 0
-        assert helper_sandbox._mux is not None
-        assert helper_sandbox._mux.alive
-        assert not helper_sandbox._starts.unavailable
+        assert helper_sandbox.helper_driver.mux is not None
+        assert helper_sandbox.helper_driver.mux.alive
+        assert not helper_sandbox.helper_driver.starts.unavailable
 
     def test_the_marker_for_a_command_never_waits_for_a_helper_start(self, helper_sandbox: SSHSandbox) -> None:
         assert_command_marker_never_waits_for_the_helper_lock(helper_sandbox)
@@ -163,8 +163,8 @@ class TestSSHFallbackConformance(SandboxConformance):
 
     def test_no_helper_is_used(self, fallback_sandbox: SSHSandbox) -> None:
         assert fallback_sandbox.execute("echo ok").output == "ok\n"
-        assert fallback_sandbox._starts.unavailable
-        assert fallback_sandbox._mux is None
+        assert fallback_sandbox.helper_driver.starts.unavailable
+        assert fallback_sandbox.helper_driver.mux is None
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -287,8 +287,8 @@ def test_a_stopped_helper_cannot_hold_a_big_write_or_stdin(
     """Closing the client closes the helper's channel, which wakes paramiko's blocked send."""
     with SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config())) as sandbox:
         assert sandbox.execute("true").exit_code == 0
-        assert sandbox._mux is not None
-        pid = str(sandbox._mux.info["pid"])
+        assert sandbox.helper_driver.mux is not None
+        pid = str(sandbox.helper_driver.mux.info["pid"])
 
         def signal_helper(name: str) -> None:
             assert ssh_vm.docker.exec_run(["kill", f"-{name}", pid]).exit_code == 0

@@ -27,11 +27,11 @@ def sandbox(docker_client: Any, tmp_path: Path) -> Iterator[SSHSandbox]:
 
 def test_a_silent_command_keeps_its_helper_and_channel(sandbox: SSHSandbox) -> None:
     assert sandbox.execute("true").exit_code == 0
-    mux = sandbox._mux
+    mux = sandbox.helper_driver.mux
     assert mux is not None
     channel = mux._stream._channel  # type: ignore[attr-defined]
     assert channel.gettimeout() is None
     result = sandbox.execute("sleep 3; echo done", timeout=30)  # three keepalive rounds meanwhile
     assert (result.exit_code, result.error, result.output) == (0, None, "done\n"), result
-    assert sandbox._mux is mux
+    assert sandbox.helper_driver.mux is mux
     assert mux.alive

@@ -3,7 +3,7 @@
 from sandboxes._mux._capable import AwaitedCommand, AwaitsOnHelper, HoldsHelper
 from sandboxes._mux._channel import Channel, open_channel
 from sandboxes._mux._command import Command, CommandDefaults, GivenDefaults
-from sandboxes._mux._driver import HelperDriver, HelperTransport, TransportWords
+from sandboxes._mux._driver import HelperDriver, HelperTransport, Refusal, TransportWords
 from sandboxes._mux._held import DrivenSandbox
 from sandboxes._mux._resend import run_command_once, run_native_once, run_on
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
@@ -29,6 +29,7 @@ __all__ = [
     "HoldsHelper",
     "MuxBroken",
     "MuxClient",
+    "Refusal",
     "TimedByteStream",
     "TransportWords",
     "command_marker",

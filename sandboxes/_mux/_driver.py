@@ -1,10 +1,12 @@
 """`HelperDriver`: the one exec helper a sandbox holds, and how its commands and file ops are
-driven through it, as an object the sandbox holds; what differs per backend is its
-`HelperTransport` (how a helper starts, how a command runs without one, how an out-of-memory
-kill shows) and its `TransportWords`.
+driven through it, as an object every backend (Docker, Kubernetes, SSH, the local jail) holds;
+what differs per backend is its `HelperTransport` (how a helper starts, how a command runs
+without one, how an out-of-memory kill shows), its `TransportWords` and, where it can refuse a
+command outright, its `Refusal`.
 
-The order of it all lives here alone: fill in the sandbox's defaults, try the helper (the resend
-rule of `run_command_once` and `run_native_once`), fall back to the transport's own exec, answer
+The order of it all lives here alone: fill in the sandbox's defaults, ask the refusal, try the
+helper (the resend rule of `run_command_once` and `run_native_once`), fall back to the
+transport's own exec, answer
 the transport's own failures in the protocol's words, then tell an out-of-memory kill from a
 plain exit 137. A helper is held one at a time, started under a lock when a call finds none
 alive, as `HelperStarts` allows, and let go of when found broken.
@@ -30,7 +32,11 @@ from sandboxes._output import OutputHook, out_of_memory
 if TYPE_CHECKING:
     from sandboxes.base import Call
 
-__all__ = ["HelperDriver", "HelperTransport", "TransportWords"]
+Refusal = Callable[[Command], p.ExecuteResponse | None]
+"""A command's answer where nothing may run at all (a closed sandbox, a working directory that is
+not there); ``None``: run it."""
+
+__all__ = ["HelperDriver", "HelperTransport", "Refusal", "TransportWords"]
 
 
 class HelperTransport(Protocol):
@@ -42,8 +48,11 @@ class HelperTransport(Protocol):
         """The memory limit, as `sandboxes._output.out_of_memory` names it to the caller."""
         ...
 
-    def start_helper(self) -> MuxClient:
-        """A new helper, past its hello; one of the driver's ``start_failures`` if it did not start."""
+    def start_helper(self) -> MuxClient | None:
+        """A new helper, past its hello; one of the driver's ``start_failures`` if it did not start;
+        ``None``: no helper may start now and that is no failure (an SSH connection whose channel
+        slots are nearly all taken keeps them for short channels; a closed sandbox), so the call
+        runs alone and the next one asks again."""
         ...
 
     def python_missing(self) -> bool:
@@ -96,11 +105,16 @@ class HelperDriver:
         *,
         enabled: bool,
         start_failures: tuple[type[Exception], ...] = (MuxBroken,),
+        refuse: Refusal | None = None,
     ) -> None:
         """No helper yet; ``enabled``: whether one may be started at all (``use_exec_helper``);
         ``start_failures``: what `HelperTransport.start_helper` raises for a helper that did not
-        start, counted by `HelperStarts` (the call goes on without a helper)."""
+        start, counted by `HelperStarts` (the call goes on without a helper); ``refuse``: for a
+        sandbox that can be closed under its caller or whose fallback needs a working directory
+        that is there (SSH, a local jail), the answer to a command where nothing may run, asked
+        before `execute` and `awaited` run anything."""
         self.transport = transport
+        self.refuse = refuse
         self.words = words
         self.defaults = defaults
         self.starts = HelperStarts(enabled)
@@ -126,6 +140,9 @@ class HelperDriver:
         with self.lock:
             if self._mux is not None and self._mux.alive:
                 return self._mux
+            if self._mux is not None:  # dead: what it holds (a channel slot, a socket) is freed first
+                self._mux.close()
+                self._mux = None
             if not self.starts.due:
                 return None
             try:
@@ -135,7 +152,8 @@ class HelperDriver:
                 self.starts.failed(for_good=self.transport.python_missing())
                 self.starts.report(self.words.logger, self.words.subject, failed, self.words.fallback)
                 return None
-            self.starts.started()
+            if self._mux is not None:
+                self.starts.started()
             return self._mux
 
     def running(self) -> MuxClient | None:
@@ -178,6 +196,9 @@ class HelperDriver:
         """``command`` (`Command.within` the defaults here) on the helper, else alone; the
         transport's failures answered, an out-of-memory kill told apart."""
         run = command.within(self.defaults)
+        refused = self.refuse(run) if self.refuse is not None else None
+        if refused is not None:
+            return refused
         try:
             response = run_command_once(self.helper, self.drop, run, on_output, lost=self.words.command_lost)
             if response is None:
@@ -199,9 +220,12 @@ class HelperDriver:
                 raise
             return answer
 
-    def awaited(self, command: Command) -> AwaitedCommand:
-        """``command`` as `execute` sends it, for a caller that awaits it on the running helper."""
-        return AwaitedCommand(command.within(self.defaults), self.words.command_lost, self.oom_checked)
+    def awaited(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
+        """``command`` as `execute` sends it, for a caller that awaits it on the running helper;
+        or its answer where nothing may run (``refuse``)."""
+        run = command.within(self.defaults)
+        refused = self.refuse(run) if self.refuse is not None else None
+        return refused if refused is not None else AwaitedCommand(run, self.words.command_lost, self.oom_checked)
 
     def oom_checked(self, response: p.ExecuteResponse) -> p.ExecuteResponse:
         """``response``, ``out_of_memory`` if it is an exit 137 the memory cgroup caused."""

@@ -70,7 +70,7 @@ class DrivenSandbox(StreamingSandbox):
         """`sandboxes._mux.AwaitsOnHelper`."""
         return self.helper_driver.running()
 
-    def awaited_command(self, command: Command) -> AwaitedCommand:
+    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
         """`sandboxes._mux.AwaitsOnHelper`."""
         return self.helper_driver.awaited(command)
 

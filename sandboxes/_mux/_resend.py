@@ -3,10 +3,9 @@ follows: a helper found broken before the request was written is dropped and rep
 one that broke after answers ``connection_lost``, since the command may have run
 (`sandboxes._mux.MuxBroken.may_resend`).
 
-Why one module: Docker, Kubernetes, SSH and the local jail start and drop their helpers each
-their own way, but what they may do when one breaks is the same, and four copies of it (one per
-transport, twice each: commands and file ops) differed only in their messages. A transport
-hands in how it gets its helper and how it drops a broken one; the rule lives here alone.
+Why one module: what a transport may do when its helper breaks is the same everywhere; the
+`sandboxes._mux.HelperDriver` every backend holds hands in how it gets its helper and how it
+drops a broken one, and the rule lives here alone.
 """
 
 from __future__ import annotations

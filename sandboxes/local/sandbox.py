@@ -26,7 +26,7 @@ import tempfile
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, Self
@@ -36,21 +36,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
-    AwaitedCommand,
     Command,
+    DrivenSandbox,
     GivenDefaults,
-    HelperStarts,
+    HelperDriver,
     MuxBroken,
     MuxClient,
-    command_marker,
+    TransportWords,
     has_python_sh,
-    kill_tagged,
     python_missing,
-    run_command_once,
-    run_native_once,
 )
-from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, as_output_hook, execute_response, out_of_memory
-from sandboxes.base import Call, Operation, StreamingSandbox
+from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response
+from sandboxes.base import Operation
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
 from sandboxes.local._freezer import freeze_jail, thaw_jail
@@ -128,8 +125,10 @@ class LocalSandboxConfig(LocalSandboxTemplate):
     have replaced with a link) bound into the jail at `Mount.path`."""
 
 
-class LocalSandbox(StreamingSandbox, Sandbox):
-    """A sandbox whose files are ``root_dir`` on this host.
+class LocalSandbox(DrivenSandbox, Sandbox):
+    """A sandbox whose files are ``root_dir`` on this host; its commands and file ops go through
+    the exec helper it holds (`helper_driver`), to which it is the `sandboxes._mux.HelperTransport`
+    (its helper: the long-lived jail's; a command alone: a jail of its own).
 
     ``LocalSandbox(root_dir)`` attaches to a directory the caller owns: ``with`` only closes
     (stops the jail); `destroy` removes the directory. `LocalSandbox.create` (and
@@ -159,9 +158,17 @@ class LocalSandbox(StreamingSandbox, Sandbox):
             self._cgroup = Cgroup.create(self._id, memory=config.memory, cpus=config.cpus, pids=config.pids)
             if self._cgroup is not None:
                 (self._jail.state / CGROUP_FILE).write_text(self._id)
-        self._helper_process: HelperProcess | None = None
-        self._helper_lock = threading.Lock()
-        self._starts = HelperStarts(self._jail is not None and config.use_exec_helper)
+        self._started: HelperProcess | None = None
+        self._oom_seen = 0
+        defaults = GivenDefaults(config.default_timeout, config.output_limit, self._helper_env(), str(self.root))
+        self.helper_driver = HelperDriver(
+            self,
+            self._words(),
+            defaults,
+            enabled=self._jail is not None and config.use_exec_helper,
+            start_failures=(MuxBroken, OSError),
+            refuse=self._refused,
+        )
         if self._bwrap is None:
             warnings.warn(
                 f"LocalSandbox {self._id} is NOT isolated (bubblewrap not found): commands run as "
@@ -250,10 +257,7 @@ class LocalSandbox(StreamingSandbox, Sandbox):
         and stays."""
         if self._frozen:  # a stopped process takes its SIGKILL only once let go
             self.thaw()
-        with self._helper_lock:
-            if self._helper_process is not None:
-                self._helper_process.close()
-                self._helper_process = None
+        self.helper_driver.close()  # closing its client kills the jail (`HelperProcess.close`)
         if self._jail is not None:
             self._jail.close()
         if self._cgroup is not None:
@@ -262,13 +266,13 @@ class LocalSandbox(StreamingSandbox, Sandbox):
 
     def freeze(self) -> None:
         """Stop the jail's every process, its exec helper's included (`freeze_jail`)."""
-        with self._helper_lock:
+        with self.helper_driver.lock:
             process = self._helper_process
             self._frozen = True
             freeze_jail(self._cgroup, None if process is None else process.process.pid)
 
     def thaw(self) -> None:
-        with self._helper_lock:
+        with self.helper_driver.lock:
             process = self._helper_process
             thaw_jail(self._cgroup, None if process is None else process.process.pid)
             self._frozen = False
@@ -303,86 +307,77 @@ class LocalSandbox(StreamingSandbox, Sandbox):
         if self._owner is not None:
             self._owner.release()
 
-    # ------------------------------------------------------------------ execute
+    # ------------------------------------------------------------------ its transport
 
-    def command_context(self) -> tuple[dict[str, str], str]:
-        """(environment, working directory) a command that names neither starts with
-        (`sandboxes.terminal.HasCommandContext`): the jail's root, and the config's env over
-        a PATH, HOME and LANG of the jail's."""
-        return self._helper_env(), str(self.root)
-
-    def execute_streaming(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        asked = Command.given(
-            self.config, command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=self._id,
+            fallback="one jail per command",
+            restart="restarting it",
+            command_lost="the sandbox's jail died during the command",
+            file_op_lost="the sandbox's jail died during the file operation",
         )
-        run = self._command_run(asked)
-        if isinstance(run, p.ExecuteResponse):
-            return run
-        hook = as_output_hook(on_output)
-        if not self._starts.unavailable:
-            response = self._execute_in_helper(run, hook)
-            if response is not None:
-                return response
-        return self._execute_spawned(run, hook)
 
-    def _command_run(self, command: Command) -> Command | p.ExecuteResponse:
-        """``command`` within the sandbox's defaults (the helper's environment under the
-        caller's); its answer where nothing runs (closed, or no such working directory)."""
+    def _refused(self, command: Command) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.Refusal`: ``unavailable`` once closed; ``file_not_found`` for a
+        working directory that is not there."""
         if self._jail is not None and self._jail.closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self._id} is closed")
-        workdir = command.cwd or str(self.root)
-        if not self._host_view(workdir).is_dir():
+        if not self._host_view(command.workdir).is_dir():
             return p.ExecuteResponse(
-                "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, workdir, "no such cwd")
+                "", error=p.FILE_NOT_FOUND, message=message_for(p.FILE_NOT_FOUND, command.workdir, "no such cwd")
             )
-        defaults = GivenDefaults(
-            self.config.default_timeout, self.config.output_limit, self._helper_env(), self.workdir
-        )
-        return command.within(defaults)
+        return None
 
-    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
-        """`sandboxes._mux.AwaitsOnHelper`: its out-of-memory kills counted from now, as
-        `_execute_in_helper` counts them."""
-        run = self._command_run(command)
-        if isinstance(run, p.ExecuteResponse):
-            return run
-        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        return AwaitedCommand(run, self._command_lost, lambda response: self._oom_checked(response, oom_before))
+    @property
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the config's, for everything the sandbox runs."""
+        return f"{self.config.memory} bytes"
 
-    native_file_ops = True
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the sandbox's cgroup counted an out-of-memory
+        kill since the last look (none without a cgroup)."""
+        if self._cgroup is None:
+            return False
+        count = self._cgroup.oom_kills()
+        previous, self._oom_seen = self._oom_seen, count
+        return count > previous
 
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`sandboxes.base.BaseSandbox._run_native` on the jail's exec helper."""
-        return run_native_once(
-            self._helper, self._drop_broken, call, timeout=self.operation_timeout, lost=self._file_op_lost
-        )
+    def start_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HelperTransport`: a long-lived jail with the helper in it, started on
+        the spawner thread (`_SPAWNER`); ``None`` once closed."""
+        if self._jail is None or self._jail.closed:
+            return None
+        process = _SPAWNER.submit(self._start_jail).result()
+        self._started = process
+        return process.client
 
-    def exec_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands and file ops use."""
-        return self._helper()
+    @property
+    def _helper_process(self) -> HelperProcess | None:
+        """The jail whose helper the driver holds now, alive or not; ``None``: none."""
+        process, mux = self._started, self.helper_driver.mux
+        return process if process is not None and mux is not None and process.client is mux else None
 
-    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
-        """`sandboxes._mux.AwaitsOnHelper`: ``mux``, found broken under an awaited command, let
-        go of as under one of this sandbox's own."""
-        self._drop_broken(mux, broken)
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether a jail of its own says the helper's python is
+        not there: the jail sees only the system's directories, so a python elsewhere on this
+        machine (a virtualenv's, say) is missing in it; a question that failed cannot tell."""
+        try:
+            probe = has_python_sh(self.config.helper_python)
+            answer = self.run_alone(Command(probe, 10, 4096, env=self._helper_env(), cwd=str(self.root)), None)
+        except Exception:
+            return False
+        return python_missing(answer.output)
 
-    def running_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.AwaitsOnHelper`: the jail's helper if one is running now (none is started)."""
-        helper = self._helper_process
-        return helper.client if helper is not None and helper.client.alive else None
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: nothing of its own to answer (a jail that did not
+        start is one of the driver's ``start_failures``)."""
+        return None
 
-    def _execute_spawned(self, run: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """One process (one bwrap, when isolated) for this command alone: the fallback."""
+    def run_alone(self, run: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one process (one bwrap, when isolated) for this
+        command alone."""
         command, timeout, stdin, workdir, limit = run.command, run.timeout, run.stdin, run.workdir, run.output_limit
         environment = dict(run.env)
         marker = (MARKER_ENV, environment.get(MARKER_ENV) or uuid.uuid4().hex)  # the caller's own, if given
@@ -399,7 +394,6 @@ class LocalSandbox(StreamingSandbox, Sandbox):
             argv, pass_fds, fresh = spec.argv, spec.pass_fds, spec.close_after_spawn
             process_env = {"PATH": _DEFAULT_PATH, marker[0]: marker[1]}
             process_cwd = None
-        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
         try:
             result = run_process(
                 argv,
@@ -416,85 +410,19 @@ class LocalSandbox(StreamingSandbox, Sandbox):
         finally:
             for fd in fresh:
                 os.close(fd)
-        response = execute_response(
+        return execute_response(
             result.output,
             result.exit_code,
             timed_out=result.timed_out,
             timeout=timeout,
             duration_ms=result.duration_ms,
         )
-        return self._oom_checked(response, oom_before)
-
-    # ------------------------------------------------------------------ the exec helper
-
-    @property
-    def helper_alive(self) -> bool:
-        """Whether commands currently go through a live long-lived jail (the fast path)."""
-        helper = self._helper_process
-        return helper is not None and helper.client.alive
-
-    def kill_tagged(self, name: str, value: str) -> bool:
-        """`sandboxes.base.KillsTagged`: through the jail's running exec helper, inside the jail
-        (its pid namespace: nothing outside the jail is touched), without starting a process in
-        it, so it works when the jail's pids limit is reached. ``False`` without a helper."""
-        helper = self._helper_process
-        return kill_tagged(helper.client if helper is not None else None, name, value)
-
-    def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the jail's running exec helper, if any."""
-        helper = self._helper_process
-        return command_marker(helper.client if helper is not None else None, new)
-
-    def _execute_in_helper(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse | None:
-        """The command through the long-lived jail; ``None`` when there is none (fall back).
-
-        A jail found broken before the command was written to it is replaced and the command
-        sent again; once written, the command may have run, so a jail that dies then answers
-        ``connection_lost`` (`sandboxes._mux.MuxBroken.may_resend`)."""
-        oom_before = self._cgroup.oom_kills() if self._cgroup is not None else 0
-        response = run_command_once(self._helper, self._drop_broken, command, on_output, lost=self._command_lost)
-        return None if response is None else self._oom_checked(response, oom_before)
-
-    _command_lost = "the sandbox's jail died during the command"
-    _file_op_lost = "the sandbox's jail died during the file operation"
-
-    def _helper(self) -> MuxClient | None:
-        """The client of the jail's exec helper, the jail started if none runs: what commands
-        and file ops are driven through, as on every transport (`sandboxes._mux.run_command_once`).
-        ``None`` while its last start's failure waits out `HelperStarts`, or for good when the
-        jail's shell says the helper's python is not there."""
-        with self._helper_lock:
-            if self._helper_process is not None and self._helper_process.client.alive:
-                return self._helper_process.client
-            if not self._starts.due:
-                return None
-            try:
-                # On the spawner thread: see `_SPAWNER`.
-                self._helper_process = _SPAWNER.submit(self._start_helper).result()
-            except (MuxBroken, OSError) as exc:
-                self._helper_process = None
-                self._starts.failed(for_good=self._python_missing())
-                self._starts.report(logger, self._id, exc, "one jail per command")
-                return None
-            self._starts.started()
-            return self._helper_process.client
-
-    def _python_missing(self) -> bool:
-        """Whether a jail of its own says the helper's python is not there: the jail sees only
-        the system's directories, so a python elsewhere on this machine (a virtualenv's, say)
-        is missing in it; a question that failed cannot tell."""
-        try:
-            probe = has_python_sh(self.config.helper_python)
-            answer = self._execute_spawned(Command(probe, 10, 4096, env=self._helper_env(), cwd=str(self.root)), None)
-        except Exception:
-            return False
-        return python_missing(answer.output)
 
     def _helper_env(self) -> dict[str, str]:
         """The environment the jail's helper starts with, and its python is looked for in."""
         return {"PATH": _DEFAULT_PATH, "HOME": str(self.root), "LANG": "C.UTF-8", **self.config.env}
 
-    def _start_helper(self) -> HelperProcess:
+    def _start_jail(self) -> HelperProcess:
         assert self._jail is not None
         environment = self._helper_env()
         cgroup = self._cgroup
@@ -513,15 +441,6 @@ class LocalSandbox(StreamingSandbox, Sandbox):
             for fd in spec.close_after_spawn:
                 os.close(fd)
 
-    def _drop_broken(self, client: MuxClient, broken: MuxBroken) -> None:
-        """Let go of the jail whose helper ``client`` talks to, found broken: closing the client
-        kills the jail (`HelperProcess.close`); the next command starts a new one."""
-        logger.warning("jail of %s failed (%s); restarting it", self._id, broken)
-        with self._helper_lock:
-            client.close()
-            if self._helper_process is not None and self._helper_process.client is client:
-                self._helper_process = None
-
     def _launch_limits(self) -> Callable[[], None]:
         """rlimits (and, not started by root, joining the cgroup) for a jail's launch process;
         without a cgroup, rlimits stand in for the memory and process limits."""
@@ -536,11 +455,6 @@ class LocalSandbox(StreamingSandbox, Sandbox):
             pids=None if cgroup is not None else self.config.pids + tasks_of(self._jail.host_ids[0]),
             join=join,
         )
-
-    def _oom_checked(self, response: p.ExecuteResponse, oom_before: int) -> p.ExecuteResponse:
-        if response.exit_code != 137 or self._cgroup is None or self._cgroup.oom_kills() <= oom_before:
-            return response
-        return out_of_memory(response, f"{self.config.memory} bytes")
 
     # ------------------------------------------------------------------ disk bound
 

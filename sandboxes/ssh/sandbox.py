@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import paramiko
 
@@ -36,19 +36,16 @@ from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     PYTHON_FLAGS,
     SERVER_SOURCE,
-    AwaitedCommand,
     Command,
+    DrivenSandbox,
     GivenDefaults,
-    HelperStarts,
+    HelperDriver,
     MuxBroken,
     MuxClient,
-    command_marker,
-    kill_tagged,
-    run_command_once,
-    run_native_once,
+    TransportWords,
 )
-from sandboxes._output import OutputBuffer, OutputHook, as_output_hook, execute_response
-from sandboxes.base import Call, StreamingSandbox
+from sandboxes._output import OutputBuffer, OutputHook, execute_response
+from sandboxes.base import Call
 from sandboxes.lifecycle import FreezeUnavailable, Sandbox
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.protocol import NotIsolatedWarning
@@ -94,14 +91,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_COMMAND_LOST = "the connection dropped while the command ran"
-"""``connection_lost``'s message for a command whose helper broke after it was sent."""
-
 _SPARE_SESSIONS = 2
 """Channel slots an exec helper leaves free for short channels (SFTP, kills, housekeeping)."""
 
 
-class SSHSandbox(StreamingSandbox, Sandbox):
+class SSHSandbox(DrivenSandbox, Sandbox):
+    """A workspace on a host reached over SSH; its commands and file ops go through the exec
+    helper it holds (`helper_driver`), to which it is the `sandboxes._mux.HelperTransport`."""
+
     bulk_threshold = 1 << 20
 
     def __init__(
@@ -113,11 +110,13 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         """The OS user commands run as; ``None``: the login user."""
         self._connection = connection
         self._id = f"ssh:{config.host.host}:{config.host.port}:{workspace}"
-        self._mux: MuxClient | None = None
-        self._mux_lock = threading.Lock()
-        self._starts = HelperStarts(config.use_exec_helper)
         self._closed = False
         self._destroyed = False
+        self._python_gone = False
+        defaults = GivenDefaults(config.default_timeout, config.output_limit, config.env, workspace)
+        self.helper_driver = HelperDriver(
+            self, self._words(), defaults, enabled=config.use_exec_helper, refuse=self._refused
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -178,7 +177,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         if self._closed:
             return
         self._closed = True
-        self._drop_helper()
+        self.helper_driver.close()
         connections.release(self._connection)
 
     def freeze(self) -> None:
@@ -201,7 +200,7 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         handle too: it connects again for the cleanup."""
         if self._destroyed:
             return
-        self._drop_helper()  # an isolated helper runs as the user, whose processes are about to die
+        self.helper_driver.close()  # an isolated helper runs as the user, whose processes are about to die
         connection = connections.acquire(self.config.host) if self._closed else self._connection
         try:
             if self.config.isolation == "user" and self.user is not None:
@@ -223,94 +222,73 @@ class SSHSandbox(StreamingSandbox, Sandbox):
                 connections.release(connection)
         self.close()
 
-    # ------------------------------------------------------------------ execute
+    # ------------------------------------------------------------------ its transport
 
-    def command_context(self) -> tuple[dict[str, str], str]:
-        """(environment, working directory) a command that names neither starts with
-        (`sandboxes.terminal.HasCommandContext`): the config's env, the workspace."""
-        return dict(self.config.env or {}), self.workspace
-
-    def execute_streaming(
-        self,
-        command: str,
-        on_output: OutputHook | None,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int | None = None,
-    ) -> p.ExecuteResponse:
-        """`StreamingSandbox.execute_streaming`: through the exec helper, stdout and stderr
-        apart; on a channel of its own (no helper), merged."""
-        asked = Command.given(
-            self._defaults(), command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit
+    def _words(self) -> TransportWords:
+        return TransportWords(
+            logger,
+            subject=self._id,
+            fallback="one exec_command per command",
+            restart="restarting it",
+            command_lost="the connection dropped while the command ran",
+            file_op_lost="the connection dropped during the file operation",
         )
-        run = self._command_run(asked)
-        if isinstance(run, p.ExecuteResponse):
-            return run
-        hook = as_output_hook(on_output)
-        try:
-            response = run_command_once(
-                self._helper,
-                self.drop_helper,
-                run,
-                hook,
-                lost=_COMMAND_LOST,
-                unsent=p.ExecuteResponse(  # never written: it did not run
-                    "", error=p.UNAVAILABLE, message="the exec helper broke twice before the command could be sent"
-                ),
-            )
-            if response is None:
-                c = run
-                return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, hook)
-            return response
-        except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
-            # Raised only before the command was sent: no connection, no channel.
-            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(exc).__name__}: {exc}")
 
-    def _defaults(self) -> GivenDefaults:
-        return GivenDefaults(self.config.default_timeout, self.config.output_limit, self.config.env, self.workspace)
-
-    def _command_run(self, command: Command) -> Command | p.ExecuteResponse:
-        """``command`` within the config's defaults; ``unavailable`` once closed."""
+    def _refused(self, command: Command) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.Refusal`: ``unavailable`` once closed."""
         if self._closed:
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"sandbox {self.id} is closed")
-        return command.within(self._defaults())
+        return None
 
-    def awaited_command(self, command: Command) -> AwaitedCommand | p.ExecuteResponse:
-        """`sandboxes._mux.AwaitsOnHelper`: as the helper runs it (as the sandbox's user); no
-        out-of-memory check, which this backend has none of: an exit 137 stays one."""
-        run = self._command_run(command)
-        return run if isinstance(run, p.ExecuteResponse) else AwaitedCommand(run, _COMMAND_LOST, lambda answer: answer)
+    @property
+    def memory_limit(self) -> str:
+        """`sandboxes._mux.HelperTransport`: the host's, which this sandbox does not bound."""
+        return "the host's memory"
 
-    def running_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.AwaitsOnHelper`: the helper if one is running now (none is started).
-        Read without the lock, which a helper's start holds for up to its hello's timeout."""
-        mux = self._mux
-        return mux if mux is not None and mux.alive and not self._closed else None
+    def oom_killed(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: no memory cgroup of its own to look at, so an exit
+        137 stays one."""
+        return False
 
-    def drop_helper(self, mux: MuxClient, broken: MuxBroken) -> None:
-        """`sandboxes._mux.AwaitsOnHelper`: let go of ``mux``, found ``broken``."""
-        self._drop_helper(mux)
-
-    native_file_ops = True
-
-    def _run_native(self, call: Call) -> p.ExecuteResponse | None:
-        """`sandboxes.base.BaseSandbox._run_native` on the exec helper; ``None`` (the script,
-        through `execute`, which says why) when closed or when no helper could be reached."""
+    def start_helper(self) -> MuxClient | None:
+        """`sandboxes._mux.HelperTransport`: python3 on a channel of its own, as the sandbox's
+        user; ``None`` once closed or while the connection's channel slots are nearly all taken
+        (they are kept for short channels: SFTP, kills, housekeeping)."""
         if self._closed:
             return None
-        try:
-            return run_native_once(
-                self._helper,
-                self.drop_helper,
-                call,
-                timeout=self.operation_timeout,
-                lost="the connection dropped during the file operation",
-            )
-        except (SSHError, paramiko.SSHException, OSError, EOFError):  # raised before anything was sent
+        channel = self._connection.open_session(self.config.host.connect_timeout, keep_free=_SPARE_SESSIONS)
+        if channel is None:
             return None
+        stream = ChannelStream(self._connection, channel)
+        try:
+            channel.exec_command(
+                self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
+            )
+            return MuxClient(stream, hello_timeout=20)
+        except MuxBroken:
+            self._python_gone = exit_status(channel, wait=2.0) == 127
+            stream.close()
+            raise
+        except BaseException:
+            stream.close()
+            raise
+
+    def python_missing(self) -> bool:
+        """`sandboxes._mux.HelperTransport`: whether the last start's shell exited 127 (no python3)."""
+        return self._python_gone
+
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one ``exec_command`` (`_exec_once`), stdout and
+        stderr merged."""
+        c = command
+        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
+
+    def answer(self, error: Exception) -> p.ExecuteResponse | None:
+        """`sandboxes._mux.HelperTransport`: a connection or a channel that failed before the
+        command was sent (`_exec_once` answers one that failed after) answers ``unavailable``."""
+        if isinstance(error, (SSHError, paramiko.SSHException, OSError, EOFError)):
+            return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(error).__name__}: {error}")
+        return None
 
     def _run_call(self, call: Call) -> p.ExecuteResponse:
         """Reads and listings survive a dropped connection: retried once on a fresh one."""
@@ -318,66 +296,6 @@ class SSHSandbox(StreamingSandbox, Sandbox):
         if response.error == p.CONNECTION_LOST and call.idempotent:
             response = super()._run_call(call)
         return response
-
-    def kill_tagged(self, name: str, value: str) -> bool:
-        """`sandboxes.base.KillsTagged`: through the running exec helper, as the sandbox's user
-        (none is started), so it works when that user's process limit is reached. ``False``
-        without a helper."""
-        with self._mux_lock:
-            mux = self._mux
-        return kill_tagged(mux, name, value)
-
-    def command_marker(self, new: Callable[[], str]) -> str:
-        """`sandboxes.base.MarksAhead`: announced through the running exec helper, if any. Read
-        without the lock, which a helper's start holds for up to its hello's timeout: asked on
-        the service's event loop, for a speed-up only."""
-        return command_marker(self._mux, new)
-
-    def exec_helper(self) -> MuxClient | None:
-        """`sandboxes._mux.HoldsHelper`: the helper this sandbox's commands use."""
-        return self._helper()
-
-    def _helper(self) -> MuxClient | None:
-        """The live exec helper, started if needed; ``None``: run this command on its own channel
-        (no python3 on the host, or the connection's channel slots are nearly all taken)."""
-        if self._starts.unavailable:
-            return None
-        with self._mux_lock:
-            if self._mux is not None:
-                if self._mux.alive:
-                    return self._mux
-                self._mux.close()  # frees its channel slot
-                self._mux = None
-            channel = self._connection.open_session(self.config.host.connect_timeout, keep_free=_SPARE_SESSIONS)
-            if channel is None:
-                return None
-            stream = ChannelStream(self._connection, channel)
-            try:
-                channel.exec_command(
-                    self._as_user(f"exec python3 {' '.join(PYTHON_FLAGS)} -c {shlex.quote(SERVER_SOURCE)}")
-                )
-                self._mux = MuxClient(stream, hello_timeout=20)
-            except MuxBroken as broken:
-                if exit_status(channel, wait=2.0) == 127:
-                    logger.warning("no python3 on %s: one exec_command per command", self.config.host.host)
-                    self._starts.failed(for_good=True)
-                    return None
-                raise SSHUnreachableError(f"exec helper did not start: {broken}") from broken
-            except BaseException:
-                stream.close()
-                raise
-            return self._mux
-
-    def _drop_helper(self, broken: MuxClient | None = None) -> None:
-        """Close the helper (only if it is still ``broken``, when given: another thread may
-        already have replaced it with a working one)."""
-        with self._mux_lock:
-            if broken is not None and self._mux is not broken:
-                broken.close()
-                return
-            if self._mux is not None:
-                self._mux.close()
-                self._mux = None
 
     def _as_user(self, command: str) -> str:
         if self.user is None:

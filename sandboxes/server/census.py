@@ -18,7 +18,16 @@ from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.settings import Template
 from sandboxes.server.store import SandboxState
 
-__all__ = ["Usage", "all_states", "expired_now", "find_state", "keyed_states", "over_quota", "tenant_states"]
+__all__ = [
+    "Usage",
+    "all_states",
+    "expired_now",
+    "find_state",
+    "keyed_states",
+    "keyed_states_of",
+    "over_quota",
+    "tenant_states",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,21 @@ def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> Sandbox
 def keyed_states(backends: dict[str, ProviderBackend], key: str) -> list[SandboxState]:
     """The sandboxes on the shared backends created with the ``Idempotency-Key`` digest ``key``."""
     return _select(backends, idempotency_key=key)
+
+
+def keyed_states_of(backends: dict[str, ProviderBackend], keys: frozenset[str]) -> list[SandboxState]:
+    """The sandboxes on the shared backends created with any of the ``Idempotency-Key`` digests
+    ``keys``: for one, its label-selected list; for several, one list of every sandbox (and
+    every claim), filtered here."""
+    if len(keys) == 1:
+        return keyed_states(backends, next(iter(keys)))
+    seen = {(state.backend, state.ref): state for state in _select(backends) if state.idempotency_key in keys}
+    for backend in backends.values():
+        if backend.shared and backend.claims is not None:
+            for state in backend.claims.matching(backend.name):
+                if state.idempotency_key in keys:
+                    seen.setdefault((state.backend, state.ref), state)
+    return list(seen.values())
 
 
 def all_states(backends: dict[str, ProviderBackend]) -> list[SandboxState]:

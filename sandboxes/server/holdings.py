@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -64,6 +65,10 @@ class Holdings:
         self.volumes = Volumes(settings, backends)
         self._quotas = Quotas(self._counted, self._held, self.clock.now)
         self._keys: idempotency.Idempotency[Entry] = idempotency.Idempotency()
+        self._keyed: idempotency.Lookups[SandboxState] = idempotency.Lookups(
+            functools.partial(self._read, census.keyed_states_of, backends), _idempotency_key
+        )
+        """The shared backends' records made with a key digest, read for a burst of creates at once."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
@@ -428,3 +433,7 @@ class Holdings:
 def _close(sandbox: BaseSandbox) -> None:
     if isinstance(sandbox, Lifecycle):
         sandbox.close()
+
+
+def _idempotency_key(state: SandboxState) -> str:
+    return state.idempotency_key

@@ -31,7 +31,17 @@ from sandboxes.api import CreateSandbox
 from sandboxes.lifecycle import SandboxNameTaken
 from sandboxes.server.errors import ServiceError
 
-__all__ = ["DESCRIPTION", "HEADER", "KEY_PATTERN", "MAX_KEY_LENGTH", "REPLAYED_HEADER", "Idempotency", "Keyed", "keyed"]
+__all__ = [
+    "DESCRIPTION",
+    "HEADER",
+    "KEY_PATTERN",
+    "MAX_KEY_LENGTH",
+    "REPLAYED_HEADER",
+    "Idempotency",
+    "Keyed",
+    "Lookups",
+    "keyed",
+]
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -51,6 +61,7 @@ WINNER_WAIT = 150.0
 be made (longer than a backend takes to start one) before answering 503."""
 
 _E = TypeVar("_E")
+_S = TypeVar("_S")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +170,40 @@ async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaita
             pause = min(pause * 2, 1.0)
     check_same(found[1], keyed)
     return found[0], True
+
+
+class Lookups(Generic[_S]):
+    """Reads of what key digests made, coalesced: a lookup waits for the first read that starts
+    after it asked (never one already under way), and the lookups that ask while a read runs
+    share the next one, so a burst of keyed creates reads the records a few times, not once each.
+    ``read`` answers the records made with any of the digests it is given; a failed read fails
+    every lookup it served."""
+
+    def __init__(self, read: Callable[[frozenset[str]], Awaitable[list[_S]]], key_of: Callable[[_S], str]) -> None:
+        self._read = read
+        self._key_of = key_of
+        self._next: tuple[set[str], asyncio.Future[list[_S]]] | None = None
+        self._running: asyncio.Task[None] | None = None
+
+    async def find(self, key: str) -> list[_S]:
+        """The records made with the key digest ``key``, as a read started after this call says."""
+        if self._next is None:
+            self._next = (set(), asyncio.get_running_loop().create_future())
+        keys, answer = self._next
+        keys.add(key)
+        if self._running is None:
+            self._running = asyncio.ensure_future(self._reads())
+        found = await asyncio.shield(answer)
+        return [record for record in found if self._key_of(record) == key]
+
+    async def _reads(self) -> None:
+        try:
+            while self._next is not None:
+                (keys, answer), self._next = self._next, None
+                try:
+                    answer.set_result(await self._read(frozenset(keys)))
+                except Exception as exc:
+                    answer.set_exception(exc)
+                    answer.exception()  # retrieved: a lookup abandoned meanwhile leaves no warning
+        finally:
+            self._running = None

@@ -13,9 +13,9 @@ to the claim's in the background. From its claim on, it is its tenant's sandbox 
 
 Each claim starts a refill, and that move of its expiry, `REFILL_DELAY` later (once for the
 claims until then), so that neither contends with its first command. Refills run in a few
-threads of the pool's own (`REFILL_WORKERS`), never in the threads creates and requests use, so
-a refill under a burst never makes a create wait. A member whose recorded expiry is less than
-`STALE_MARGIN` away is replaced, never handed out. At shutdown the unclaimed members are
+threads of the pool's own (`REFILL_WORKERS`), and the expiries are recorded in one more, never in
+the threads creates and requests use, so neither makes a create of a burst wait. A member whose
+recorded expiry is less than `STALE_MARGIN` away is replaced, never handed out. At shutdown the unclaimed members are
 destroyed; after a ``kill -9`` the start-up reconciliation adopts the claimed ones (their claims
 name their tenants) and destroys the unclaimed ones, which the pool then makes again.
 
@@ -118,6 +118,9 @@ class Pools:
         self._ready: dict[str, collections.deque[_Member]] = {name: collections.deque() for name in self._backends}
         self._making: collections.Counter[str] = collections.Counter()
         self._executor = ThreadPoolExecutor(REFILL_WORKERS, thread_name_prefix="sandboxes-pool")
+        self._recorder = ThreadPoolExecutor(1, thread_name_prefix="sandboxes-pool-expiry")
+        """Where the claims' expiries are recorded, one after the other: never in the threads
+        requests use, so a burst's recordings never queue ahead of its creates' reads."""
         self._tasks: set[asyncio.Future[None]] = set()
         self._closing = False
         self._due: dict[str, list[str]] = {}
@@ -171,6 +174,7 @@ class Pools:
         )
         self._update_gauge()
         self._executor.shutdown(wait=True)
+        self._recorder.shutdown(wait=True)
 
     async def sweep(self, held: Iterable[str], unreachable: Iterable[str]) -> None:
         """Replace the members whose recorded expiry is near (`STALE_MARGIN`); forget the claims
@@ -243,7 +247,8 @@ class Pools:
         if state is None:
             return
         try:
-            await asyncio.to_thread(backend.renew, state, math.ceil(state.expires_at))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._recorder, backend.renew, state, math.ceil(state.expires_at))
         except LookupError:
             logger.info("pooled sandbox %s was gone before its expiry was recorded", state.id)
         except Exception:

@@ -122,7 +122,7 @@ class Registry(Keeping):
         recorded on a shared backend (another replica's, or this one's before a restart)."""
         now = self.clock.now()
         held = [e.state for e in self._entries.values() if e.state.idempotency_key == key]
-        recorded = await self._read(census.keyed_states, self.backends, key) if self._shared else []
+        recorded = await self._keyed.find(key) if self._shared else []
         for state in sorted([*held, *recorded], key=lambda state: (state.created_at, state.id)):
             if state.tenant != tenant.id or state.expires_at <= now or state.id in self._doomed:
                 continue

@@ -153,3 +153,44 @@ def test_the_request_digest_holds_the_egress_allow_list_only_when_given() -> Non
         for allow in (None, [], ["example.com"], ["example.com:443"])
     }
     assert len(digests) == 4
+
+
+async def test_lookups_that_ask_during_a_read_share_the_next_one_started_after_them() -> None:
+    reads: list[frozenset[str]] = []
+    records: list[tuple[str, str]] = [("k0", "old")]
+    first_read, release = asyncio.Event(), asyncio.Event()
+
+    async def read(keys: frozenset[str]) -> list[tuple[str, str]]:
+        reads.append(keys)
+        seen = list(records)  # what the backend holds when the read starts
+        first_read.set()
+        await release.wait()
+        return [record for record in seen if record[0] in keys]
+
+    lookups: idempotency.Lookups[tuple[str, str]] = idempotency.Lookups(read, lambda record: record[0])
+    first = asyncio.ensure_future(lookups.find("k0"))
+    await asyncio.wait_for(first_read.wait(), 10)
+    records.append(("k1", "made after the first read started"))
+    later = [asyncio.ensure_future(lookups.find(f"k{i}")) for i in range(1, 11)]
+    await asyncio.sleep(0)  # the later lookups are queued: none joins the read under way
+    release.set()
+    assert await asyncio.wait_for(first, 10) == [("k0", "old")]
+    answers = await asyncio.wait_for(asyncio.gather(*later), 10)
+    assert answers[0] == [("k1", "made after the first read started")]  # the read it waited for saw it
+    assert answers[1:] == [[] for _ in range(9)]
+    assert reads == [frozenset({"k0"}), frozenset(f"k{i}" for i in range(1, 11))]  # two reads for eleven
+
+
+async def test_a_failed_read_fails_every_lookup_it_served_and_the_next_reads_again() -> None:
+    failing = True
+
+    async def read(keys: frozenset[str]) -> list[str]:
+        if failing:
+            raise ServiceError("backend_unavailable", "the backend's records cannot be read now")
+        return sorted(keys)
+
+    lookups: idempotency.Lookups[str] = idempotency.Lookups(read, lambda record: record)
+    answers = await asyncio.gather(*(lookups.find(f"k{i}") for i in range(3)), return_exceptions=True)
+    assert [getattr(a, "code", a) for a in answers] == ["backend_unavailable"] * 3
+    failing = False
+    assert await asyncio.wait_for(lookups.find("k9"), 10) == ["k9"]

@@ -32,8 +32,11 @@ def _login(command: str) -> str:
 
 
 @pytest.fixture
-def client() -> Iterator[MuxClient]:
+def client(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[MuxClient]:
+    """A helper whose login shells read a home of their own, empty: the host user's login files
+    (a ``pyenv rehash`` racing other test workers, say) would make a cold run answer differently."""
     needs(os.path.basename(os.path.realpath("/bin/bash")) == "bash", "these tests need /bin/bash")
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("login-home")))
     stream = _PipeStream()
     yield MuxClient(stream)
     stream.close()

@@ -27,19 +27,31 @@ def _poll_until(client: httpx.Client, url: str, done: Any, what: str) -> dict[st
     return result
 
 
+def _started(client: httpx.Client, base: str, command: str) -> dict[str, Any]:
+    """The process ``command`` started, once one of the sandbox's process slots is free (a slot
+    an earlier test's killed process held is freed once its end is recorded): within 30 s."""
+    deadline = time.monotonic() + 30
+    while (answer := client.post(base, json={"command": command})).status_code in (403, 429):
+        assert time.monotonic() < deadline, f"no process slot within 30 s: {answer.status_code} {answer.text}"
+        time.sleep(0.05)
+    assert answer.status_code == 202, answer.text
+    started: dict[str, Any] = answer.json()
+    return started
+
+
 def assert_background_streams_apart(
     service: Running, client: httpx.Client, sandbox_id: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both streams apart while the process runs, once it exited and once it was killed; the
     merged ``output`` is the stdout, then the stderr; the clients and the CLI answer both."""
     base = f"/v1/sandboxes/{sandbox_id}/processes"
-    process = client.post(base, json={"command": BOTH}).json()
+    process = _started(client, base, BOTH)
     done = _poll_until(client, f"{base}/{process['id']}", lambda i: i["status"] != "running", "still running")
     assert (done["status"], done["result"]["exit_code"]) == ("exited", 3), done
     assert (done["stdout"], done["stderr"]) == ("out1\nout2\n", "err1\nerr2\n")
     assert done["output"] == done["result"]["output"] == "out1\nout2\nerr1\nerr2\n"
 
-    waiting = client.post(base, json={"command": "printf o; printf e >&2; sleep 60"}).json()
+    waiting = _started(client, base, "printf o; printf e >&2; sleep 60")
     url = f"{base}/{waiting['id']}"
     running = _poll_until(client, url, lambda i: i["stdout"] and i["stderr"], "no output on both streams")
     assert (running["status"], running["stdout"], running["stderr"], running["output"]) == ("running", "o", "e", "o\ne")

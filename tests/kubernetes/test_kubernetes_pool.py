@@ -7,13 +7,11 @@ the pool again without leaking one."""
 from __future__ import annotations
 
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
@@ -27,6 +25,8 @@ from service_harness import (
     settings_for,
     subprocess_config,
 )
+from test_kubernetes_service import _template as service_template
+from test_service_pool import _ready, _wait
 
 from sandboxes.kubernetes import KubernetesTemplate
 
@@ -35,26 +35,7 @@ TENANT = "io.sandboxes.tenant"
 
 
 def _template(kubeconfig: Path, image: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "backend": "kubernetes",
-        "kubeconfig": str(kubeconfig),
-        "namespace": "sandboxes",
-        "image": image,
-        "image_pull_policy": "Never",
-        "cpus": 0.5,
-        "memory": "256m",
-        "default_timeout": 30,
-        **extra,
-    }
-
-
-def _wait(what: str, condition: Callable[[], bool], timeout: float = 90) -> None:
-    """Until ``condition()`` holds, polled; fails naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
+    return {**service_template(kubeconfig, image), **extra}
 
 
 def _pods(core_v1: Any, owner: str) -> dict[str, dict[str, str]]:
@@ -120,13 +101,6 @@ def test_an_idempotency_key_replay_answers_the_claimed_pod(service: Running) -> 
         replay = alice.post("/v1/sandboxes", json={"template": "pooled"}, headers=key)
         assert (replay.json()["id"], replay.headers.get("Idempotent-Replayed")) == (first.json()["id"], "true")
         assert alice.delete(f"/v1/sandboxes/{first.json()['id']}").status_code == 204
-
-
-def _ready(client: httpx.Client) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith('sandboxes_pool_ready{template="default"}'):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def test_kill_9_then_restart_adopts_the_claimed_pod_and_makes_the_pool_again(

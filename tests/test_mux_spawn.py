@@ -311,12 +311,18 @@ def test_a_warm_command_dies_by_its_marker_killed_from_outside_the_helper(client
     _marked(client, client.marker(_unique))
     marker = client.marker(_unique)
     started = threading.Event()
+    seen = bytearray()
     answers: list[p.ExecuteResponse] = []
     command = PROBE + "; setsid sleep 60 & echo $!; sleep 60"
     env = {"SANDBOXES_EXEC_ID": marker}
 
+    def saw(chunk: bytes, *_: object) -> None:
+        seen.extend(chunk)
+        if seen.count(b"\n") >= 2:  # the probe's line and the detached sleep's pid: all started
+            started.set()
+
     def run() -> None:
-        answers.append(_run(client, command, env=env, timeout=120, on_output=lambda *_: started.set()))
+        answers.append(_run(client, command, env=env, timeout=120, on_output=saw))
 
     waiter = threading.Thread(target=run)
     waiter.start()

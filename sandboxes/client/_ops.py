@@ -292,9 +292,11 @@ def download_archive(sandbox_id: str, path: str) -> w.Op[None]:
 # ---------------------------------------------------------------------- file watches
 
 
-def watch(sandbox_id: str, path: str, recursive: bool) -> w.Op[None]:
+def watch(sandbox_id: str, path: str, recursive: bool, timeout: float | None = None) -> w.Op[None]:
     """The request only: its NDJSON lines are read by the caller (`sandboxes.client._watches`)."""
     params = {"path": path, "recursive": "true" if recursive else "false"}
+    if timeout is not None:
+        params["timeout"] = repr(float(timeout))
     return w.Op("GET", f"{_sandbox(sandbox_id)}/watch", w.no_content, params=params, idempotent=True)
 
 

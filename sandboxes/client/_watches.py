@@ -61,8 +61,10 @@ class WatchStream(Iterator[api.WatchEvent], _Ending):
     """A remote sandbox's directory watched (`RemoteSandbox.watch`): its events until `close`
     or the watch's end."""
 
-    def __init__(self, connection: ServiceConnection, sandbox_id: str, path: str, recursive: bool) -> None:
-        op = _ops.watch(sandbox_id, path, recursive)
+    def __init__(
+        self, connection: ServiceConnection, sandbox_id: str, path: str, recursive: bool, timeout: float | None = None
+    ) -> None:
+        op = _ops.watch(sandbox_id, path, recursive, timeout)
         self._what = op.what
         self._response = connection.open(op)
         self._lines = self._response.iter_lines()
@@ -114,9 +116,14 @@ class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Ending):
 
     @classmethod
     async def open(
-        cls, connection: AsyncServiceConnection, sandbox_id: str, path: str, recursive: bool
+        cls,
+        connection: AsyncServiceConnection,
+        sandbox_id: str,
+        path: str,
+        recursive: bool,
+        timeout: float | None = None,  # noqa: ASYNC109 - the watch's lifetime in the service, not a wait here
     ) -> AsyncWatchStream:
-        op = _ops.watch(sandbox_id, path, recursive)
+        op = _ops.watch(sandbox_id, path, recursive, timeout)
         response = await connection.open(op)
         lines = response.aiter_lines()
         try:

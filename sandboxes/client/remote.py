@@ -348,15 +348,15 @@ class RemoteSandbox(Sandbox):
 
     # ------------------------------------------------------------------ file watches
 
-    def watch(self, path: str, *, recursive: bool = False) -> WatchStream:
+    def watch(self, path: str, *, recursive: bool = False, timeout: float | None = None) -> WatchStream:
         """Watch the directory ``path`` (``GET .../watch``): its `api.WatchEvent`s as they come,
-        once the watch is in place, until the stream is closed; `OperationFailed` if it cannot
-        start (``file_not_found``, ``not_a_directory``...)."""
-        return WatchStream(self._sync(), self._id, path, recursive)
+        once in place, until the stream is closed or ``timeout`` seconds passed; `OperationFailed`
+        if it cannot start (``file_not_found``, ``not_a_directory``...)."""
+        return WatchStream(self._sync(), self._id, path, recursive, timeout)
 
-    async def awatch(self, path: str, *, recursive: bool = False) -> AsyncWatchStream:
-        """`watch`'s async twin."""
-        return await AsyncWatchStream.open(self._async(), self._id, path, recursive)
+    async def awatch(self, path: str, *, recursive: bool = False, timeout: float | None = None) -> AsyncWatchStream:  # noqa: ASYNC109
+        """`watch`'s async twin (``timeout``: the watch's lifetime in the service, not a wait here)."""
+        return await AsyncWatchStream.open(self._async(), self._id, path, recursive, timeout)
 
     def create_watcher(self, path: str, *, recursive: bool = False) -> str:
         """A polled watcher of the directory ``path``, in place once answered: its id, for

@@ -18,15 +18,30 @@ router = api_router()
 _AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": "^/"})]
 """An absolute directory in the sandbox."""
 
+_Lifetime = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=86_400,
+        description="Seconds after which the watch ends by itself (an `end` event whose error is `timeout`); "
+        "none: until the client leaves.",
+    ),
+]
+
 
 @router.get("/sandboxes/{sandbox_id}/watch", response_class=StreamingResponse, responses=_NDJSON)
 async def watch_stream(
-    request: Request, sandbox_id: str, tenant: Authed, path: _AbsolutePath, recursive: bool = False
+    request: Request,
+    sandbox_id: str,
+    tenant: Authed,
+    path: _AbsolutePath,
+    recursive: bool = False,
+    timeout: _Lifetime = None,  # noqa: ASYNC109 - the watch's lifetime, not a wait here
 ) -> Response:
     """Watch a directory of the sandbox: NDJSON of `api.WatchEvent` (`sandboxes.server.watches`)."""
     svc, entry = await _entry(request, tenant, sandbox_id)
     cap, keepalive = svc.settings.policy_for(tenant.id).max_watchers, svc.settings.stream_keepalive
-    return _ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive))
+    return _ndjson(await svc.watches.stream(tenant.id, cap, entry.sandbox, path, recursive, keepalive, timeout))
 
 
 @router.post("/sandboxes/{sandbox_id}/watchers", status_code=201, response_model=api.WatcherInfo)

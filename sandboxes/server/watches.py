@@ -80,10 +80,17 @@ class Watches:
             self._open[tenant] = left
 
     async def stream(
-        self, tenant: str, cap: int, sandbox: object, path: str, recursive: bool, keepalive: float
+        self,
+        tenant: str,
+        cap: int,
+        sandbox: object,
+        path: str,
+        recursive: bool,
+        keepalive: float,
+        lifetime: float | None = None,
     ) -> AsyncIterator[bytes]:
         """NDJSON lines of the watch of ``path`` (see the module's docstring), once it is in place."""
-        return _lines(await self.follow(tenant, cap, sandbox, path, recursive, keepalive))
+        return _lines(await self.follow(tenant, cap, sandbox, path, recursive, keepalive, lifetime))
 
     async def follow(
         self,

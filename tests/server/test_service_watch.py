@@ -191,3 +191,39 @@ def test_the_tenants_bound_counts_streams_too(service: Running, client: httpx.Cl
         for stream in streams:
             stream.close()
         wait_for(lambda: _held(service) == 0, "closed streams still count")
+
+
+def test_a_streamed_watch_with_a_timeout_ends_by_itself(
+    service: Running, client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """A watch asked to last ``timeout`` seconds ends with an ``end`` event and frees its slot,
+    through the raw API and the client, sync and async."""
+    params = {"path": sandbox["workdir"], "timeout": "0.5"}
+    with client.stream("GET", f"/v1/sandboxes/{sandbox['id']}/watch", params=params) as response:
+        types = [line["type"] for line in _lines(response)]  # ends by itself: this would hang otherwise
+    assert types[0] == "start"
+    assert types[-1] == "end"
+    with (
+        SandboxClient(service.url, KEYS["alice"]) as sdk,
+        sdk.attach(sandbox["id"]).watch(sandbox["workdir"], timeout=0.5) as stream,
+    ):
+        assert list(stream) == []
+        assert (stream.ended, stream.error) == (True, "timeout")
+
+    async def scenario() -> tuple[bool, str | None]:
+        async with (
+            AsyncSandboxClient(service.url, KEYS["alice"]) as sdk,
+            await sdk.attach(sandbox["id"]).awatch(sandbox["workdir"], timeout=0.5) as stream,
+        ):
+            assert [event async for event in stream] == []
+            return stream.ended, stream.error
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (True, "timeout")
+    wait_for(lambda: _held(service) == 0, "a watch that ended still counts")
+
+
+def test_a_watch_timeout_out_of_range_is_refused(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    for timeout in ("0", "-1", "86401", "soon"):
+        params = {"path": sandbox["workdir"], "timeout": timeout}
+        response = client.get(f"/v1/sandboxes/{sandbox['id']}/watch", params=params)
+        assert response.status_code == 422, (timeout, response.text)

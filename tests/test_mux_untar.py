@@ -8,10 +8,15 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any
+
+from support import needs
 
 from sandboxes._mux import PYTHON_FLAGS
 from sandboxes._mux._shipped import program
@@ -128,3 +133,37 @@ def test_a_truncated_tar_is_refused(tmp_path: Path) -> None:
     lines = _untar(tmp_path / "dest", data[:9000])
     assert _refusal(lines)[0] == "invalid_request"
     assert not (tmp_path / "dest" / "one").exists()  # staged, never renamed over its name
+
+
+def test_a_host_link_on_the_way_to_the_destination_is_followed_a_users_is_not(tmp_path_factory: Any) -> None:
+    """As a user: a link in a directory the user may not write (``/home -> var/home`` on a VM)
+    cannot be the sandbox's, so the destination is reached through it; one in a directory the
+    user may write is refused, as it may be."""
+    needs(shutil.which("setpriv") is not None and os.geteuid() == 0, "setpriv, and root to drop to a user")
+    base = Path(tempfile.mkdtemp(dir="/var/tmp"))  # a path every user may search, unlike pytest's
+    try:
+        base.chmod(0o755)
+        (base / "var" / "home").mkdir(parents=True)
+        (base / "home").symlink_to("var/home")  # relative, as on the host
+        os.chown(base / "var" / "home", NOBODY, NOBODY)
+        (base / "var" / "home" / "mine").symlink_to(base / "var")
+        os.lchown(base / "var" / "home" / "mine", NOBODY, NOBODY)
+        done = _untar_as(NOBODY, base / "home" / "dest", _tar(("f", "f", b"x")))
+        assert done[-1] == [b"K", b"1"], done
+        assert (base / "var" / "home" / "dest" / "f").read_bytes() == b"x"
+        code, _, message = _refusal(_untar_as(NOBODY, base / "home" / "mine" / "dest", _tar(("f", "f", b"x"))))
+        assert (code, "symbolic link" in message) == ("invalid_path", True)
+        assert not (base / "var" / "dest").exists()
+    finally:
+        shutil.rmtree(base)
+
+
+NOBODY = 65534
+
+
+def _untar_as(uid: int, dest: Path, data: bytes) -> list[list[bytes]]:
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    argv = [*drop, "/usr/bin/python3", *PYTHON_FLAGS, "-c", program("_untar"), str(dest), "100", str(1 << 20)]
+    done = subprocess.run(argv, input=data, capture_output=True, timeout=60, check=False, cwd="/")
+    assert done.stderr == b"", done
+    return [line.split(b" ") for line in done.stdout.splitlines()]

@@ -7,7 +7,8 @@ the helper's bootstrap).
 Arguments: the destination (absolute), the most members, the most bytes of content. Every path
 is opened one component at a time with ``O_NOFOLLOW`` from ``/``, the destination's as each
 member's: no symbolic link, whoever made it, leads a member anywhere (`sandboxes._beneath`'s rule
-on the host). A file is written under a staged name beside its target and renamed over it once
+on the host); on the way to the destination, only a link the user could not have made is
+followed (`_destination`). A file is written under a staged name beside its target and renamed over it once
 whole; a symbolic link is made the same way; modes are an archive upload's (no special bits, a
 file of none ``0644``, a directory always its owner's ``rwx``).
 
@@ -29,6 +30,8 @@ ACK_EVERY = 1 << 20
 MAX_NAME = 4096
 """The longest member name or link target, in bytes."""
 MAX_COMPONENT = 255
+_MAX_HOPS = 40
+"""Symbolic links followed on the way to the destination, at most (the kernel's own bound)."""
 _COPY = 1 << 16
 """Bytes read at once, from stdin and of a member: tarfile's stream copies what it buffers at
 each read, so small reads cost less than large ones."""
@@ -142,23 +145,42 @@ def _is_link(at: int, name: bytes) -> bool:
         return False
 
 
+def _destination(dest: bytes) -> int:
+    """The directory ``dest``, made if missing, opened from ``/`` one component at a time. A
+    symbolic link on the way is followed only where the user could not have made it (its
+    directory is not one the user may write: ``/home -> var/home`` on a host); any other is
+    refused, as it may be the sandbox's own."""
+    fd, pending, hops = os.open(b"/", _PATH_FLAGS), [part for part in dest.split(b"/") if part], 0
+    try:
+        while pending:
+            part = pending.pop(0)
+            if part == b".":
+                continue
+            try:
+                opened = _open_dir(fd, part, 0o755, _PATH_FLAGS)
+            except _Through:
+                hops += 1
+                if hops > _MAX_HOPS or os.access(b".", os.W_OK, dir_fd=fd):
+                    raise Refused("invalid_path", dest, "goes through a symbolic link: not followed") from None
+                target = os.readlink(part, dir_fd=fd)
+                pending[:0] = [each for each in target.split(b"/") if each]
+                if target.startswith(b"/"):
+                    opened = os.open(b"/", _PATH_FLAGS)
+                else:
+                    continue
+            os.close(fd)
+            fd = opened
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class _Tree:
     """The destination's directory, and the last member's parent held open for its siblings."""
 
     def __init__(self, dest: bytes) -> None:
-        fd = os.open(b"/", _PATH_FLAGS)
-        try:
-            for part in [part for part in dest.split(b"/") if part]:
-                try:
-                    opened = _open_dir(fd, part, 0o755, _PATH_FLAGS)
-                except _Through:
-                    raise Refused("invalid_path", dest, "goes through a symbolic link: not followed") from None
-                os.close(fd)
-                fd = opened
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
+        self.fd = _destination(dest)
         self._parent: "tuple[tuple[bytes, ...], int] | None" = None
 
     def parent(self, parts: "list[bytes]") -> int:

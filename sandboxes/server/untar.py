@@ -206,7 +206,7 @@ def _result(answer: _Answer, dest: str, exit_code: int | None) -> list[FileEntry
         raise ServiceError("backend_unavailable", f"the sandbox's extraction under {dest} answered {answer.garbled}")
     if answer.error is not None:
         code, path, message = answer.error
-        where = f"{dest}/{printable(path)}" if path else dest
+        where = printable(path) if path.startswith("/") else f"{dest}/{printable(path)}" if path else dest
         raise ServiceError(code, f"{where}: {message}")
     if answer.finished is None or exit_code != 0:
         detail = printable(answer.stderr.decode("utf-8", "surrogateescape"))[:500]

@@ -21,7 +21,8 @@ from test_service_snapshots import _listing, _made, _snapshot, _store
 from sandboxes._mux import MuxClient
 from sandboxes.docker import DockerTemplate
 from sandboxes.server import keeping
-from sandboxes.server.untar import _Answer
+from sandboxes.server.errors import ServiceError
+from sandboxes.server.untar import _Answer, _result
 
 busybox_image = test_busybox.busybox_image  # the fixture
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
@@ -168,3 +169,16 @@ def test_an_answer_past_its_bounds_or_grammar_is_refused() -> None:
     answer = _Answer(2, 1)
     answer(b"x" * (70 << 10), "stderr")
     assert "stderr" in str(answer.garbled)
+
+
+def test_a_refused_destination_is_named_once() -> None:
+    """The program names a refused destination by its own absolute path, a member by its path
+    under the destination: the answer names each once."""
+    answer = _Answer(10, 10)
+    answer(b"E invalid_path %s %s\n" % (b"/home/dest".hex().encode(), b"goes through a link".hex().encode()))
+    with pytest.raises(ServiceError, match=r"^/home/dest: goes through a link$"):
+        _result(answer, "/home/dest", 1)
+    answer = _Answer(10, 10)
+    answer(b"E invalid_path %s %s\n" % (b"sub/x".hex().encode(), b"goes through a link".hex().encode()))
+    with pytest.raises(ServiceError, match=r"^/home/dest/sub/x: goes through a link$"):
+        _result(answer, "/home/dest", 1)

@@ -330,6 +330,51 @@ def test_a_stalled_relay_stalls_neither_commands_nor_other_relays(
     stalled.close()
 
 
+def test_a_saturating_relay_stalls_neither_commands_nor_other_relays(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    def flood(conn: socket.socket) -> None:  # as fast as the relay takes it, until it closes
+        block = b"s" * (1 << 20)
+        with contextlib.suppress(OSError):
+            while True:
+                conn.sendall(block)
+
+    flooding = serve(flood)
+    echoing = serve(_echo)
+    received = [0]
+    saturating, stopped = threading.Event(), threading.Event()
+    relay = connect_relay(client, flooding.port, timeout=10)
+
+    def drink() -> None:  # the relay's consumer, reading as fast as it can
+        with contextlib.suppress(ConnectionError):
+            while not stopped.is_set() and (chunk := relay.recv(1 << 20)):
+                received[0] += len(chunk)
+                if received[0] >= 4 * WINDOW:
+                    saturating.set()
+
+    reader = threading.Thread(target=drink, daemon=True)
+    reader.start()
+    try:
+        assert saturating.wait(30), f"the relay never moved {4 * WINDOW} bytes (moved {received[0]})"
+        for turn in range(3):
+            before = received[0]
+            answer = client.run(f"echo beside {turn}", timeout=10, stdin=None, env=None, cwd=None, output_limit=100)
+            assert answer.output == f"beside {turn}\n"
+            with connect_relay(client, echoing.port, timeout=10) as other:
+                other.sendall(b"ping")
+                assert other.recv(4) == b"ping"
+            assert reader.is_alive()  # the relay went on meanwhile, and goes on
+            deadline = time.monotonic() + 10
+            while received[0] == before:
+                assert time.monotonic() < deadline, "the relay stopped moving beside the commands"
+                time.sleep(0.01)
+    finally:
+        stopped.set()
+        relay.close()
+        reader.join(10)
+    assert not reader.is_alive()
+
+
 def test_an_upload_goes_a_window_ahead_in_frames_the_helpers_pipe_takes_whole(
     big_pipe: _PipeStream, serve: Callable[[Handler], _Server]
 ) -> None:

@@ -21,7 +21,7 @@ from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
 from sandboxes._helper.frames import GRANT, STDIN
 from sandboxes._mux import MuxClient
-from sandboxes._mux._relay import WINDOW, connect_relay, open_relay
+from sandboxes._mux._relay import WINDOW, _Relayed, connect_relay, open_relay
 
 Handler = Callable[[socket.socket], None]
 
@@ -250,6 +250,43 @@ def test_a_download_is_granted_back_in_quarters_of_the_window_not_per_chunk(
         assert all(grant >= WINDOW // 4 for grant in grants), grants
     finally:
         mux.close()
+
+
+def test_an_upload_is_granted_back_in_quarters_of_the_window_not_per_frame(
+    client: MuxClient, serve: Callable[[Handler], _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper grants what it wrote of the client's bytes once a quarter of the window adds
+    up, however small the client's frames: a grant is a frame, a write on the helper's stream
+    and a wake-up of the client's reader. Every byte still arrives, in order."""
+    size = 4 << 20
+    payload = _pattern(size, b"granted up")
+    received = hashlib.sha256()
+
+    def handler(conn: socket.socket) -> None:
+        while data := conn.recv(1 << 16):
+            received.update(data)
+        conn.sendall(b"k")
+
+    grants: list[int] = []
+    framed = _Relayed._framed
+
+    def counted(self: _Relayed, kind: bytes, payload: bytes) -> None:
+        if kind == GRANT:
+            grants.append(int.from_bytes(payload, "big"))
+        framed(self, kind, payload)
+
+    monkeypatch.setattr(_Relayed, "_framed", counted)
+    server = serve(handler)
+    with connect_relay(client, server.port, timeout=30) as conn:
+        view = memoryview(payload)
+        for start in range(0, size, 16 << 10):  # frames of 16 KiB
+            conn.sendall(view[start : start + (16 << 10)])
+        conn.shutdown_write()
+        assert conn.recv(1) == b"k"
+    assert received.digest() == hashlib.sha256(payload).digest()
+    assert grants[0] == WINDOW  # once connected: the whole window
+    assert all(grant >= WINDOW // 4 for grant in grants[1:]), grants
+    assert len(grants) <= 1 + size // (WINDOW // 4), grants
 
 
 def test_the_helper_widens_its_pipes_for_a_relay(

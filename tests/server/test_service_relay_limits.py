@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_harness import KEYS, Running, create, running, settings_for, start_process
+from service_harness import KEYS, Running, create, execute, running, settings_for, start_process
 from support import HAS_BWRAP, SESSION_OWNER, needs
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection
@@ -97,3 +98,28 @@ def test_a_preview_body_passes_at_the_templates_rate(capped: Capped) -> None:
     assert answer.status_code == 200
     assert len(answer.content) == size
     assert elapsed >= (size - RATE) / RATE * 0.9
+
+
+def test_a_sandbox_held_back_by_its_rate_still_answers_commands_at_once(capped: Capped) -> None:
+    size = 6 * RATE  # five seconds of the rate past its burst: a command answers well within them
+    started, finished = threading.Event(), threading.Event()
+    received = [0]
+
+    def download() -> None:
+        with capped.alice.stream("GET", f"{capped.base}/big", params={"n": size}, timeout=60) as answer:
+            for chunk in answer.iter_bytes():
+                received[0] += len(chunk)
+                if received[0] > RATE:  # past its burst: held back from now on
+                    started.set()
+        finished.set()
+
+    thread = threading.Thread(target=download, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(30), "the download never started"
+        answer = execute(capped.alice, capped.sandbox_id, "echo beside", timeout=10)
+        assert answer["output"] == "beside\n"
+        assert not finished.is_set()  # the command did not wait for the held-back relay
+    finally:
+        thread.join(60)
+    assert received[0] == size

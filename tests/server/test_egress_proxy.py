@@ -243,10 +243,14 @@ RATE = 512 << 10
 """The throttled sandbox's bytes a second (and its burst)."""
 
 
-def test_a_sandboxs_rate_bounds_all_its_connections_together_and_no_other_sandbox(allowed: Target) -> None:
+@pytest.mark.parametrize("rated", ["egress rate", "relay limits"])
+def test_a_sandboxs_rate_bounds_all_its_connections_together_and_no_other_sandbox(allowed: Target, rated: str) -> None:
     policy = EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])
 
     def throttled() -> EgressContext:
+        if rated == "relay limits":  # the sandbox's relay bandwidth, shared with its previews
+            limits = RelayLimits(64, ByteRate(RATE))
+            return EgressContext(sandbox="slow", tenant="alice", policy=lambda: policy, limits=limits)
         return EgressContext(sandbox="slow", tenant="alice", policy=lambda: policy, rate=ByteRate(RATE))
 
     def free() -> EgressContext:

@@ -1,7 +1,8 @@
 """Each sandbox's relay limits (`sandboxes.server.relay_limits`), through the service (a real
 uvicorn on 127.0.0.1) into a web app started INSIDE a local jail: past the template's
 ``relay_connections``, a preview is refused 429 with ``Retry-After`` and a tunnel is denied,
-until one closes; and ``relay_bytes_per_second`` paces a preview's body."""
+until one closes; ``relay_bytes_per_second`` paces a preview's body, and the sandbox held back
+by it still answers its commands at once."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_a_preview_body_passes_at_the_templates_rate(capped: Capped) -> None:
 
 def test_a_sandbox_held_back_by_its_rate_still_answers_commands_at_once(capped: Capped) -> None:
     size = 6 * RATE  # five seconds of the rate past its burst: a command answers well within them
-    started, finished = threading.Event(), threading.Event()
+    started, finished, stop = threading.Event(), threading.Event(), threading.Event()
     received = [0]
 
     def download() -> None:
@@ -111,6 +112,8 @@ def test_a_sandbox_held_back_by_its_rate_still_answers_commands_at_once(capped: 
                 received[0] += len(chunk)
                 if received[0] > RATE:  # past its burst: held back from now on
                     started.set()
+                if stop.is_set():
+                    return
         finished.set()
 
     thread = threading.Thread(target=download, daemon=True)
@@ -119,7 +122,8 @@ def test_a_sandbox_held_back_by_its_rate_still_answers_commands_at_once(capped: 
         assert started.wait(30), "the download never started"
         answer = execute(capped.alice, capped.sandbox_id, "echo beside", timeout=10)
         assert answer["output"] == "beside\n"
-        assert not finished.is_set()  # the command did not wait for the held-back relay
+        assert not finished.is_set(), received  # the command did not wait for the held-back relay
     finally:
-        thread.join(60)
-    assert received[0] == size
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()

@@ -126,6 +126,13 @@ class TemplateConfig(BaseModel, abc.ABC):
     egress_bytes_per_second: int | None = Field(default=None, ge=1)
     """Each sandbox's egress bandwidth: bytes a second through its proxy, both directions of
     all its connections together (a second's worth may pass at once); ``None``: unbounded."""
+    relay_connections: int = Field(default=128, ge=1, le=10000)
+    """Each sandbox's relayed connections in use at once: preview requests, WebSockets, port
+    tunnels and egress connections together (`sandboxes.server.relay_limits`); one more is
+    refused at once (a preview 429 with ``Retry-After``, an egress 503)."""
+    relay_bytes_per_second: int | None = Field(default=100 << 20, ge=1)
+    """Each sandbox's relay bandwidth: bytes a second through all its relayed connections, both
+    directions together (a second's worth may pass at once); ``None``: unbounded."""
     pool_size: int = Field(default=0, ge=0, le=1000)
     """Sandboxes of this template the service keeps started and tenant-less, so that a create
     without per-sandbox options claims one instead of making one (`sandboxes.server.pool`);

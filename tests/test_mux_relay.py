@@ -21,7 +21,7 @@ from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
 from sandboxes._helper.frames import GRANT, STDIN
 from sandboxes._mux import MuxClient
-from sandboxes._mux._relay import WINDOW, connect_relay, open_relay
+from sandboxes._mux._relay import WINDOW, _Relayed, connect_relay, open_relay
 
 Handler = Callable[[socket.socket], None]
 
@@ -252,6 +252,43 @@ def test_a_download_is_granted_back_in_quarters_of_the_window_not_per_chunk(
         mux.close()
 
 
+def test_an_upload_is_granted_back_in_quarters_of_the_window_not_per_frame(
+    client: MuxClient, serve: Callable[[Handler], _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper grants what it wrote of the client's bytes once a quarter of the window adds
+    up, however small the client's frames: a grant is a frame, a write on the helper's stream
+    and a wake-up of the client's reader. Every byte still arrives, in order."""
+    size = 4 << 20
+    payload = _pattern(size, b"granted up")
+    received = hashlib.sha256()
+
+    def handler(conn: socket.socket) -> None:
+        while data := conn.recv(1 << 16):
+            received.update(data)
+        conn.sendall(b"k")
+
+    grants: list[int] = []
+    framed = _Relayed._framed
+
+    def counted(self: _Relayed, kind: bytes, payload: bytes) -> None:
+        if kind == GRANT:
+            grants.append(int.from_bytes(payload, "big"))
+        framed(self, kind, payload)
+
+    monkeypatch.setattr(_Relayed, "_framed", counted)
+    server = serve(handler)
+    with connect_relay(client, server.port, timeout=30) as conn:
+        view = memoryview(payload)
+        for start in range(0, size, 16 << 10):  # frames of 16 KiB
+            conn.sendall(view[start : start + (16 << 10)])
+        conn.shutdown_write()
+        assert conn.recv(1) == b"k"
+    assert received.digest() == hashlib.sha256(payload).digest()
+    assert grants[0] == WINDOW  # once connected: the whole window
+    assert all(grant >= WINDOW // 4 for grant in grants[1:]), grants
+    assert len(grants) <= 1 + size // (WINDOW // 4), grants
+
+
 def test_the_helper_widens_its_pipes_for_a_relay(
     client: MuxClient, pipe: _PipeStream, serve: Callable[[Handler], _Server]
 ) -> None:
@@ -328,6 +365,51 @@ def test_a_stalled_relay_stalls_neither_commands_nor_other_relays(
     assert time.monotonic() - started < 5
     assert relayed._buffered <= WINDOW
     stalled.close()
+
+
+def test_a_saturating_relay_stalls_neither_commands_nor_other_relays(
+    client: MuxClient, serve: Callable[[Handler], _Server]
+) -> None:
+    def flood(conn: socket.socket) -> None:  # as fast as the relay takes it, until it closes
+        block = b"s" * (1 << 20)
+        with contextlib.suppress(OSError):
+            while True:
+                conn.sendall(block)
+
+    flooding = serve(flood)
+    echoing = serve(_echo)
+    received = [0]
+    saturating, stopped = threading.Event(), threading.Event()
+    relay = connect_relay(client, flooding.port, timeout=10)
+
+    def drink() -> None:  # the relay's consumer, reading as fast as it can
+        with contextlib.suppress(ConnectionError):
+            while not stopped.is_set() and (chunk := relay.recv(1 << 20)):
+                received[0] += len(chunk)
+                if received[0] >= 4 * WINDOW:
+                    saturating.set()
+
+    reader = threading.Thread(target=drink, daemon=True)
+    reader.start()
+    try:
+        assert saturating.wait(30), f"the relay never moved {4 * WINDOW} bytes (moved {received[0]})"
+        for turn in range(3):
+            before = received[0]
+            answer = client.run(f"echo beside {turn}", timeout=10, stdin=None, env=None, cwd=None, output_limit=100)
+            assert answer.output == f"beside {turn}\n"
+            with connect_relay(client, echoing.port, timeout=10) as other:
+                other.sendall(b"ping")
+                assert other.recv(4) == b"ping"
+            assert reader.is_alive()  # the relay went on meanwhile, and goes on
+            deadline = time.monotonic() + 10
+            while received[0] == before:
+                assert time.monotonic() < deadline, "the relay stopped moving beside the commands"
+                time.sleep(0.01)
+    finally:
+        stopped.set()
+        relay.close()
+        reader.join(10)
+    assert not reader.is_alive()
 
 
 def test_an_upload_goes_a_window_ahead_in_frames_the_helpers_pipe_takes_whole(

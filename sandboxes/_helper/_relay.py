@@ -7,8 +7,9 @@ Frames of a relay (its command id is the request's):
   client -> helper: I bytes for the socket, C the end of them (shutdown(SHUT_WR) once written),
                     K close it now, G bytes of O frames the client's consumer took (4 bytes)
   helper -> client: G once connected, the window the client may send ahead, then what was
-                    written to the socket of its I frames; O the socket's bytes, an empty O
-                    the end of them (the peer shut down writing); X (code 0) once both
+                    written to the socket of its I frames (a quarter of the window at
+                    least); O the socket's bytes, an empty O the end of them (the peer
+                    shut down writing); X (code 0) once both
                     directions ended, (code null) after K; E the reason it failed (nothing
                     listens on the port, a reset)
 Flow control both ways: the helper sends at most ``window`` bytes the client has not granted
@@ -41,6 +42,12 @@ if TYPE_CHECKING:  # mypy only: `typing` is not imported in the sandbox
 
 WINDOW = 1 << 20
 """Bytes of the client's I frames the helper queues toward a socket before granting them back."""
+GRANT_AT = WINDOW // 4
+"""Bytes of the client's written to a socket that are granted back together (a quarter of the
+window: the client goes on sending while the rest of it is in flight, and a grant costs a frame,
+a write and a wake-up of the client's reader per quarter, not per frame). The client never waits
+on fewer: its credit runs out only once a whole window was sent, and then at least a quarter of
+it is written, or waits in the queue for the socket."""
 MAX_WINDOW = 16 << 20
 """The largest window a client may ask the helper to send ahead."""
 CHUNK = (256 << 10) - 9
@@ -238,6 +245,7 @@ class Relay(object):
             raise ValueError("a relay's window is 1 to %d bytes, not %r" % (MAX_WINDOW, window))
         self.ident, self.port, self.window = ident, port, window
         self.unacked = 0  # bytes sent the client has not granted back
+        self.ungranted = 0  # the client's bytes written to the socket, not yet granted back
         self.queue: "list[memoryview]" = []  # the client's bytes toward the socket
         self.queued = 0
         self.connected = False
@@ -351,8 +359,7 @@ class Relay(object):
                 self.queue[0] = self.queue[0][written:]
                 break
         self.queued -= granted
-        if granted:
-            send(GRANT, self.ident, _COUNT.pack(granted), answer=True)
+        self.grant(granted)
         if not self.queue and self.closing and self.writing:
             self.writing = False
             try:
@@ -375,9 +382,16 @@ class Relay(object):
             else:
                 self.fail("connection to port %d broke: %s" % (self.port, exc))
             return -1
-        if moved:
-            send(GRANT, self.ident, _COUNT.pack(moved), answer=True)
+        self.grant(moved)
         return moved
+
+    def grant(self, written: int) -> None:
+        """``written`` more of the client's bytes went to the socket: granted back once
+        `GRANT_AT` of them add up."""
+        self.ungranted += written
+        if self.ungranted >= GRANT_AT:
+            send(GRANT, self.ident, _COUNT.pack(self.ungranted), answer=True)
+            self.ungranted = 0
 
     def feed(self, kind: bytes, payload: bytes) -> None:
         """A client's frame for this relay."""

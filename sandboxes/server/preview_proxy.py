@@ -36,6 +36,7 @@ from sandboxes.ports import PortError, aconnect_port
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.previews import PREVIEW_COOKIE, PreviewAccess
 from sandboxes.server.registry import Entry
+from sandboxes.server.relay_limits import RelayLimits, hold_relay, limits_for, paced
 
 __all__ = ["HostedRoute", "PreviewHosts", "Previews", "RelayBackend", "preview_routes", "relay_http"]
 
@@ -72,20 +73,25 @@ _READ = 64 << 10
 class _RelayStream(httpcore.AsyncNetworkStream):
     """One relayed connection as httpcore's network stream."""
 
-    def __init__(self, connection: tuple[Any, Any]) -> None:
+    def __init__(self, connection: tuple[Any, Any], limits: RelayLimits | None) -> None:
         self._reader, self._writer = connection
+        self._limits = limits
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 (httpcore's)
         try:
             async with asyncio.timeout(timeout):
                 data: bytes = await self._reader.read(max_bytes)
-                return data
+            if self._limits is not None:
+                await self._limits.paced(len(data))
+            return data
         except TimeoutError as exc:
             raise httpcore.ReadTimeout(str(exc)) from exc
         except ConnectionError as exc:
             raise httpcore.ReadError(str(exc)) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 (httpcore's)
+        if self._limits is not None:
+            await self._limits.paced(len(buffer))
         try:
             async with asyncio.timeout(timeout):
                 self._writer.write(buffer)
@@ -129,7 +135,7 @@ class RelayBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectError("the sandbox is gone")
         try:
             async with asyncio.timeout(timeout):
-                return _RelayStream(await aconnect_port(sandbox, port))
+                return _RelayStream(await aconnect_port(sandbox, port), limits_for(sandbox))
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(f"port {port} of the sandbox did not answer in time") from exc
         except PortError as exc:
@@ -258,16 +264,34 @@ async def relay_http(request: Request, entry: Entry, port: int, target: bytes) -
     upstream = httpcore.Request(
         request.method, url, headers=headers, content=content, extensions={"timeout": _TIMEOUTS}
     )
+    held = hold_relay(entry, port)
     try:
         response = await previews.pool.handle_async_request(upstream)
-    except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError) as exc:
+    except BaseException as exc:
+        await held.aclose()
+        if not isinstance(exc, httpcore.NetworkError | httpcore.TimeoutException | httpcore.ProtocolError):
+            raise
         what = "broke the HTTP exchange" if isinstance(exc, httpcore.ProtocolError) else "failed"
         message = f"port {port} of sandbox {entry.state.id} {what}: {exc}"
         raise ServiceError("backend_unavailable", message, status=502) from exc
-    streamed = StreamingResponse(_relayed(response), status_code=response.status)
+    held.push_async_callback(response.aclose)
+    streamed = _HeldResponse(_relayed(response), held, status_code=response.status)
     kept = [(key.lower(), value) for key, value in response.headers if key.lower() not in _RESPONSE_DROPPED]
     streamed.raw_headers = kept
     return streamed
+
+
+class _HeldResponse(StreamingResponse):
+    """A relayed response that lets go of its relay (``held``) once sent, or once sending it
+    failed or was cancelled, whether or not its body was ever iterated."""
+
+    def __init__(self, content: AsyncIterator[bytes], held: contextlib.AsyncExitStack, status_code: int) -> None:
+        super().__init__(content, status_code=status_code)
+        self._held = held
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with self._held:
+            await super().__call__(scope, receive, send)
 
 
 async def _relayed(response: httpcore.Response) -> AsyncIterator[bytes]:
@@ -288,21 +312,29 @@ async def preview_websocket(websocket: WebSocket) -> None:
     sandbox_id, port = websocket.path_params["sandbox_id"], int(websocket.path_params["port"])
     try:
         _, entry = await _admitted(scope, sandbox_id, port)
-        reader, writer = await aconnect_port(entry.sandbox, port)
-    except (ServiceError, PortError) as exc:
+        held = hold_relay(entry, port)
+    except ServiceError as exc:
         await _deny(websocket, exc)
         return
-    try:
-        await _relay_websocket(websocket, reader, writer, port)
-    finally:
-        writer.close()
+    async with held:
+        try:
+            reader, writer = paced(await aconnect_port(entry.sandbox, port), limits_for(entry.sandbox))
+        except PortError as exc:
+            await _deny(websocket, exc)
+            return
+        try:
+            await _relay_websocket(websocket, reader, writer, port)
+        finally:
+            writer.close()
 
 
 async def _deny(websocket: WebSocket, exc: Exception) -> None:
     status = exc.status if isinstance(exc, ServiceError) else 502
     code = exc.code if isinstance(exc, ServiceError | PortError) else "backend_unavailable"
     message = exc.message if isinstance(exc, ServiceError | PortError) else str(exc)
-    await websocket.send_denial_response(Response(f'{{"error": "{code}", "message": {message!r}}}', status_code=status))
+    headers = exc.headers if isinstance(exc, ServiceError) else None
+    body = f'{{"error": "{code}", "message": {message!r}}}'
+    await websocket.send_denial_response(Response(body, status_code=status, headers=headers))
 
 
 async def _relay_websocket(websocket: WebSocket, reader: Any, writer: Any, port: int) -> None:
@@ -417,16 +449,24 @@ async def tunnel(websocket: WebSocket) -> None:
     caller ends its direction, and the socket's end closes the WebSocket."""
     scope = websocket.scope
     sandbox_id, port = websocket.path_params["sandbox_id"], int(websocket.path_params["port"])
-    svc = _service(scope)
     try:
         if not any(key == b"authorization" for key, _ in scope["headers"]):
             raise ServiceError("unauthorized", "the tunnel needs an API key")
         _, entry = await _admitted(scope, sandbox_id, port)
-        reader, writer = await aconnect_port(entry.sandbox, port)
-    except (ServiceError, PortError) as exc:
+        held = hold_relay(entry, port)
+    except ServiceError as exc:
         await _deny(websocket, exc)
         return
-    del svc
+    async with held:
+        try:
+            reader, writer = paced(await aconnect_port(entry.sandbox, port), limits_for(entry.sandbox))
+        except PortError as exc:
+            await _deny(websocket, exc)
+            return
+        await _tunnel(websocket, reader, writer)
+
+
+async def _tunnel(websocket: WebSocket, reader: Any, writer: Any) -> None:
     await websocket.accept()
     inbound = asyncio.create_task(_tunnel_in(websocket, writer))
     try:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from sandboxes.server.egress import ByteRate, Credential, EgressContext, EgressPolicy, EgressProxy
+from sandboxes.server.egress.rate import RelayLimits
 
 
 @dataclass
@@ -200,14 +201,56 @@ def test_what_is_not_a_proxy_request_is_refused(proxy: Proxy) -> None:
     assert direct.status_code == 400
 
 
+def _tunnel_open(port: int, target: Target) -> socket.socket:
+    """A CONNECT tunnel through the proxy on ``port`` to ``target``, once established."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"CONNECT {target.host}:{target.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_a_connection_past_the_sandboxs_cap_is_refused_503_and_one_is_taken_again_once_another_closed(
+    allowed: Target,
+) -> None:
+    policy = EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])
+
+    def capped() -> EgressContext:
+        return EgressContext(sandbox="capped", tenant="alice", policy=lambda: policy, limits=RelayLimits(2))
+
+    url = f"http://127.0.0.2:{allowed.port}/hello"
+    with _serving(capped) as (proxy_url,):
+        port = int(proxy_url.rsplit(":", 1)[1])
+        first, second = _tunnel_open(port, allowed), _tunnel_open(port, allowed)
+        with httpx.Client(proxy=proxy_url, timeout=10) as client:
+            refused = client.get(url)
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "1"
+            assert "2 relayed connections open" in refused.text
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
+                third.sendall(f"CONNECT 127.0.0.2:{allowed.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert third.recv(4096).startswith(b"HTTP/1.1 503")
+            assert allowed.connections == 2  # the refused ones never reached the destination
+            first.close()
+            deadline = time.monotonic() + 10
+            while (answer := client.get(url)).status_code == 503:  # until the proxy saw the close
+                assert time.monotonic() < deadline, "the closed tunnel's slot was never freed"
+                time.sleep(0.02)
+            assert answer.text == "hello from 127.0.0.2"
+        second.close()
+
+
 RATE = 512 << 10
 """The throttled sandbox's bytes a second (and its burst)."""
 
 
-def test_a_sandboxs_rate_bounds_all_its_connections_together_and_no_other_sandbox(allowed: Target) -> None:
+@pytest.mark.parametrize("rated", ["egress rate", "relay limits"])
+def test_a_sandboxs_rate_bounds_all_its_connections_together_and_no_other_sandbox(allowed: Target, rated: str) -> None:
     policy = EgressPolicy(allow=[f"127.0.0.2:{allowed.port}"], open_ranges=["127.0.0.0/8"])
 
     def throttled() -> EgressContext:
+        if rated == "relay limits":  # the sandbox's relay bandwidth, shared with its previews
+            limits = RelayLimits(64, ByteRate(RATE))
+            return EgressContext(sandbox="slow", tenant="alice", policy=lambda: policy, limits=limits)
         return EgressContext(sandbox="slow", tenant="alice", policy=lambda: policy, rate=ByteRate(RATE))
 
     def free() -> EgressContext:

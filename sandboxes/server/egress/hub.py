@@ -24,6 +24,7 @@ from sandboxes.server.egress.policy import EgressPolicy
 from sandboxes.server.egress.proxy import Credential, EgressContext, EgressProxy
 from sandboxes.server.egress.rate import ByteRate
 from sandboxes.server.entry import Entry
+from sandboxes.server.relay_limits import limits_of
 from sandboxes.server.settings import ServiceSettings
 
 __all__ = ["EgressHub"]
@@ -139,7 +140,12 @@ class EgressHub:
         served: _Served
         rate = None if template.egress_bytes_per_second is None else ByteRate(template.egress_bytes_per_second)
         context = EgressContext(
-            sandbox=sandbox_id, tenant=tenant, policy=lambda: served.policy, credentials=credentials, rate=rate
+            sandbox=sandbox_id,
+            tenant=tenant,
+            policy=lambda: served.policy,
+            credentials=credentials,
+            rate=rate,
+            limits=limits_of(entry.sandbox, template),
         )
         served = _Served(entry, policy, context, self._proxy)
         task = asyncio.get_running_loop().create_task(served.run(self._held))

@@ -7,9 +7,10 @@ It speaks HTTP/1.1 as a proxy (parsed by h11, bounded): ``CONNECT host:port`` op
 the way (`Credential`: the secret never enters the sandbox). Every destination is resolved here
 and decided on its addresses (`sandboxes.server.egress.policy.decide`), then reached at the very
 address that was checked; the sandbox's policy is read anew for each connection, so a change
-applies to the next one. Bytes pass at the sandbox's rate (`EgressContext.rate`). A refusal
-answers 403 with the reason in its body, at once. Every connection is logged: sandbox, tenant,
-destination, address, allowed or not, bytes each way.
+applies to the next one. Bytes pass at the sandbox's rates (`EgressContext.rate`, and its relay
+limits'), and a connection past its cap of relayed connections is answered 503 with a
+``Retry-After``. A refusal answers 403 with the reason in its body, at once. Every connection
+is logged: sandbox, tenant, destination, address, allowed or not, bytes each way.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import urlsplit
 import h11
 
 from sandboxes.server.egress.policy import Decision, EgressPolicy, decide, host_matches
-from sandboxes.server.egress.rate import ByteRate
+from sandboxes.server.egress.rate import ByteRate, RelayBusy, RelayLimits
 
 __all__ = ["ByteReader", "ByteWriter", "Credential", "EgressContext", "EgressProxy"]
 
@@ -81,15 +82,17 @@ class EgressContext:
     tenant: str
     policy: Callable[[], EgressPolicy]
     credentials: Sequence[Credential] = ()
-    connections: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(64))
-    """The sandbox's connections open at once; one more waits."""
+    limits: RelayLimits = field(default_factory=lambda: RelayLimits(64))
+    """The sandbox's relayed connections (shared with its previews): one more than they allow is
+    refused (503), and their bandwidth applies to egress too."""
     rate: ByteRate | None = None
-    """The sandbox's bandwidth, both directions of all its connections together; ``None``: unbounded."""
+    """The sandbox's egress bandwidth, both directions of all its connections together; ``None``: unbounded."""
 
     async def paced(self, size: int) -> None:
         """Return once ``size`` more bytes may pass (at once without a rate)."""
         if self.rate is not None:
             await self.rate.take(size)
+        await self.limits.paced(size)
 
 
 @dataclass
@@ -120,9 +123,14 @@ class EgressProxy:
         """One client connection, to its end; never raises for what the client or the
         destination does."""
         tally = _Tally()
-        async with context.connections:
+        with contextlib.ExitStack() as held:
             try:
-                await self._serve(reader, writer, context, tally)
+                try:
+                    held.enter_context(context.limits.hold())
+                except RelayBusy as busy:
+                    await self._busy(reader, writer, tally, str(busy))
+                else:
+                    await self._serve(reader, writer, context, tally)
             except (OSError, h11.ProtocolError, asyncio.IncompleteReadError, TimeoutError) as exc:
                 tally.reason = tally.reason or f"{type(exc).__name__}: {exc}"
             finally:
@@ -143,6 +151,15 @@ class EgressProxy:
                         "bytes_received": tally.received,
                     },
                 )
+
+    async def _busy(self, reader: ByteReader, writer: ByteWriter, tally: _Tally, reason: str) -> None:
+        """The request of a connection past the sandbox's cap, answered 503 with a ``Retry-After``."""
+        client = h11.Connection(h11.SERVER, max_incomplete_event_size=_HEAD_LIMIT)
+        request = await asyncio.wait_for(_next_event(client, reader), self.connect_timeout)
+        tally.reason = reason
+        if isinstance(request, h11.Request):
+            tally.destination = request.target.decode("latin-1")
+            await _refuse(client, writer, 503, f"egress refused: {reason}", [(b"retry-after", b"1")])
 
     async def _serve(self, reader: ByteReader, writer: ByteWriter, context: EgressContext, tally: _Tally) -> None:
         client = h11.Connection(h11.SERVER, max_incomplete_event_size=_HEAD_LIMIT)
@@ -314,10 +331,13 @@ async def _send(connection: h11.Connection, writer: ByteWriter, event: h11.Event
         await writer.drain()
 
 
-async def _refuse(connection: h11.Connection, writer: ByteWriter, status: int, reason: str) -> None:
+async def _refuse(
+    connection: h11.Connection, writer: ByteWriter, status: int, reason: str, extra: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     """Answer ``status`` with ``reason`` as its text, then close: what curl or pip show."""
     body = (reason + "\n").encode()
     headers = [
+        *extra,
         (b"content-type", b"text/plain; charset=utf-8"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),

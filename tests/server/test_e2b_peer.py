@@ -15,9 +15,9 @@ import pytest
 from e2b import (
     AsyncSandbox,
     CommandExitException,
-    FileType,
     FilesystemEvent,
     FilesystemEventType,
+    FileType,
     InvalidArgumentException,
     NotFoundException,
     Sandbox,
@@ -39,9 +39,7 @@ def service(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         docker_client.images.get(E2B_IMAGE)
     except Exception:
         pytest.fail(f"{E2B_IMAGE} is missing: build it with `bash images/build.sh e2b`")
-    template = DockerTemplate(
-        backend="docker", image=E2B_IMAGE, workdir=HOME, cpus=0.5, memory="256m", labels=CLEANUP
-    )
+    template = DockerTemplate(backend="docker", image=E2B_IMAGE, workdir=HOME, cpus=0.5, memory="256m", labels=CLEANUP)
     owner = f"{SESSION_OWNER}-e2bpeer-{uuid.uuid4().hex[:6]}"
     settings = settings_for(
         tmp_path_factory.mktemp("e2bpeer"), owner=owner, templates={"e2b": template}, sample_interval=0.5
@@ -280,4 +278,3 @@ def test_fork(sandbox: Sandbox) -> None:
 )
 def test_download_url_points_at_the_sandbox(service: Running, sandbox: Sandbox) -> None:
     assert sandbox.download_url("a.txt").startswith(f"{service.url}/e2b/envd/")
-

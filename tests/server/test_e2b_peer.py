@@ -6,6 +6,7 @@ says why. One service and one shared sandbox serve most checks."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,6 +23,8 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxException,
+    SandboxNotFoundException,
+    SandboxState,
 )
 from e2b_harness import CLEANUP, opts
 from service_harness import Running, running, settings_for
@@ -230,10 +233,17 @@ async def test_the_async_watch_stream_sees_a_write_as_envd_writes_in_place(servi
     directory = _fresh("async_watch")
     await connected.files.make_dir(directory)
     seen: list[FilesystemEvent] = []
-    handle = await connected.files.watch_dir(directory, seen.append)
+    written = asyncio.Event()
+
+    def on_event(event: FilesystemEvent) -> None:
+        seen.append(event)
+        if event.type == FilesystemEventType.WRITE:
+            written.set()
+
+    handle = await connected.files.watch_dir(directory, on_event)
     try:
         await connected.files.write(f"{directory}/w.txt", "x")
-        wait_for(lambda: any(event.type == FilesystemEventType.WRITE for event in seen), "no write event", 20)
+        await asyncio.wait_for(written.wait(), 20)
         assert [(event.name, event.type) for event in seen][:3] == [
             ("w.txt", FilesystemEventType.CREATE),
             ("w.txt", FilesystemEventType.CHMOD),
@@ -278,3 +288,37 @@ def test_fork(sandbox: Sandbox) -> None:
 )
 def test_download_url_points_at_the_sandbox(service: Running, sandbox: Sandbox) -> None:
     assert sandbox.download_url("a.txt").startswith(f"{service.url}/e2b/envd/")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="get_host(port) is E2B's host name <port>-<id>.<domain>, which only E2B's DNS resolves; here a "
+    "sandbox's ports are reached at E2B_SANDBOX_URL with E2b-Sandbox-Port (test_host.py, test_create.py)",
+)
+def test_get_host_is_reachable_here(sandbox: Sandbox) -> None:
+    assert sandbox.get_host(8000).startswith("127.0.0.1")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SandboxNotFoundException,
+    reason="lifecycle on_timeout=pause (autoPause) is not served: a sandbox past its timeout is killed "
+    "(test_create.py::test_auto_pause_without_auto_resume_requires_connect)",
+)
+def test_a_timeout_pauses_when_asked(service: Running) -> None:
+    created = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause", "auto_resume": False}, **opts(service))
+    try:
+        wait_for(lambda: not created.is_running(), "the sandbox outlived its timeout", limit=20)
+        assert created.get_info().state == SandboxState.PAUSED
+    finally:
+        Sandbox.kill(created.sandbox_id, **opts(service))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=CommandExitException,
+    reason="E2B's base has internet access by default; this service's e2b template has no egress "
+    "(test_internet_access.py, test_network.py)",
+)
+def test_internet_access_by_default(sandbox: Sandbox) -> None:
+    sandbox.commands.run("curl -sS --max-time 5 -o /dev/null https://example.com")

@@ -24,6 +24,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
     SandboxState,
 )
 from e2b_harness import CLEANUP, opts
@@ -90,6 +91,17 @@ def test_metrics_come_without_any_command_run(service: Running) -> None:
         assert metric.disk_total > 0
     finally:
         created.kill()
+
+
+async def test_a_command_of_a_killed_sandbox_ends_saying_so(service: Running) -> None:
+    """sandbox_async/commands/test_sandbox_killed_during_run.py: the SDK's health probe after
+    the command's stream broke finds the sandbox gone (it is not adopted back from its
+    container's records while its destroy is under way)."""
+    created = await AsyncSandbox.create(**opts(service))
+    command = await created.commands.run("sleep 60", background=True)
+    await created.kill()
+    with pytest.raises(SandboxNotRunningException, match="sandbox was killed or reached its end of life"):
+        await command.wait()
 
 
 # --- commands (sandbox_sync/commands/*) ---

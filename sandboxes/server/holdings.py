@@ -72,6 +72,8 @@ class Holdings:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
+        self._removing: set[str] = set()
+        """Sandboxes deleted here whose destroy is under way: not adopted back from their records."""
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -403,8 +405,12 @@ class Holdings:
             entry.state.deleting = True
             await asyncio.to_thread(self.store.save, entry.state)
         entry.processes.close()  # its background processes die with the sandbox
-        if not await self._destroy(entry):
-            self._doomed[entry.state.id] = entry
+        self._removing.add(entry.state.id)
+        try:
+            if not await self._destroy(entry):
+                self._doomed[entry.state.id] = entry
+        finally:
+            self._removing.discard(entry.state.id)
 
     async def _destroy(self, entry: Entry) -> bool:
         try:

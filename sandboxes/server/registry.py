@@ -288,8 +288,8 @@ class Registry(Keeping):
             return await self._confirm(entry)
         if self._unreachable(tenant, sandbox_id):
             raise ServiceError("backend_unavailable", f"the backend of sandbox {sandbox_id} cannot be reached now")
-        # No lookup for an id no label can hold, nor one deleted here whose destroy is retried.
-        if not self._shared or not LABEL_VALUE.match(sandbox_id) or sandbox_id in self._doomed:
+        # No lookup for an id no label can hold, nor one deleted here whose destroy is under way or retried.
+        if not self._shared or not LABEL_VALUE.match(sandbox_id) or self._deleted_here(sandbox_id):
             raise not_found(sandbox_id)
         state = await self._read(census.find_state, self.backends, sandbox_id)
         if state is None or state.tenant != tenant.id or state.expires_at <= self.clock.now():
@@ -311,7 +311,7 @@ class Registry(Keeping):
             for state in states:
                 if state.id in mine:
                     self._refresh(mine[state.id], state, listed_at)
-                elif state.expires_at > now and state.id not in self._doomed:
+                elif state.expires_at > now and not self._deleted_here(state.id):
                     with contextlib.suppress(ServiceError):
                         mine[state.id] = await self._adopt(state)
         return sorted(mine.values(), key=lambda entry: (entry.state.created_at, entry.state.id))
@@ -337,6 +337,11 @@ class Registry(Keeping):
         """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
         await super().sweep()
         await self.pools.sweep(self._entries, self._unreconciled)
+
+    def _deleted_here(self, sandbox_id: str) -> bool:
+        """Deleted by this replica, its destroy under way or to be retried: its records, still
+        there, must not bring it back."""
+        return sandbox_id in self._doomed or sandbox_id in self._removing
 
     def _pooled(self) -> frozenset[tuple[str, str]]:
         return self.pools.refs()

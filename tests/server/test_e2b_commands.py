@@ -30,7 +30,7 @@ DEADLINE = 20.0
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**opts(service))
+    created = Sandbox.create(timeout=3600, **opts(service))  # the module's life, past the 300 s default
     yield created
     created.kill()
 

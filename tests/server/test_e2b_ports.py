@@ -37,7 +37,7 @@ def _opts(service: Running) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[CodeSandbox]:
-    created = CodeSandbox.create(template="base", **_opts(service))
+    created = CodeSandbox.create(template="base", timeout=3600, **_opts(service))  # past the 300 s default
     try:
         app = (Path(__file__).parent / "preview_app.py").read_text()
         created.files.write("app.py", app)

@@ -31,7 +31,7 @@ def _opts(service: Running) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**_opts(service))
+    created = Sandbox.create(timeout=3600, **_opts(service))  # the module's life, past the 300 s default
     yield created
     created.kill()
 

@@ -44,7 +44,7 @@ def service(docker_client: Any, e2b_image: str, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def sandbox(service: Running) -> Iterator[Sandbox]:
-    created = Sandbox.create(**opts(service))
+    created = Sandbox.create(timeout=3600, **opts(service))  # the module's life, past the 300 s default
     yield created
     created.kill()
 

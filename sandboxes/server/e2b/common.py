@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from sandboxes.server.e2b.landing import Landings
 from sandboxes.server.e2b.running import RunningCommands
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
 from sandboxes.server.errors import ServiceError
@@ -28,6 +29,8 @@ PREFIX = "/e2b"
 """Where the control plane is served; the envd plane is under `ENVD_PREFIX`."""
 ENVD_PREFIX = f"{PREFIX}/envd"
 
+MAX_POLLED_WATCHERS = 4096
+"""Polled watchers whose write landings are followed at once (the oldest forgotten past it)."""
 ENVD_VERSION = "0.5.2"
 """The envd version advertised: the SDK then sends no user (the template's applies), and
 multipart uploads, and closes a command's stdin (0.5.2); features the SDK gates behind later
@@ -37,12 +40,23 @@ failing here."""
 
 @dataclass
 class E2BState:
-    """What the E2B API keeps on ``app.state.e2b``: its settings, its token signer, and the
-    commands started through envd while they run."""
+    """What the E2B API keeps on ``app.state.e2b``: its settings, its token signer, the
+    commands started through envd while they run, and each polled watcher's `Landings`."""
 
     settings: E2BSettings
     signer: TokenSigner
     commands: RunningCommands = field(default_factory=RunningCommands)
+    _landings: dict[tuple[str, str], Landings] = field(default_factory=dict)
+
+    def landings(self, sandbox_id: str, watcher_id: str) -> Landings:
+        """The polled watcher's `Landings`, kept across its polls."""
+        key = (sandbox_id, watcher_id)
+        if key not in self._landings and len(self._landings) >= MAX_POLLED_WATCHERS:
+            del self._landings[next(iter(self._landings))]
+        return self._landings.setdefault(key, Landings())
+
+    def forget_landings(self, sandbox_id: str, watcher_id: str) -> None:
+        self._landings.pop((sandbox_id, watcher_id), None)
 
     def ours(self, template: str) -> str:
         """The service's template for an E2B template name."""

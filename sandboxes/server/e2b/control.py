@@ -129,7 +129,7 @@ async def create(
     tenant = _tenant(request, api_key)
     body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
-    ttl = None if body.timeout is None else max(1, body.timeout)
+    ttl = max(1, e2b.settings.default_timeout if body.timeout is None else body.timeout)
     try:
         egress_allow = body.egress_allow()
     except ValueError as exc:

@@ -43,12 +43,18 @@ MAX_DEPTH = 64
 _ENTRY = r"""entry() {
   s=$(stat -c '%f %s %Y %u %g %U %G' -- "$1" 2>/dev/null) || exit 10
   printf '%s\n' "$s"
-  if [ -L "$1" ]; then readlink -- "$1" 2>/dev/null; fi
+  if [ -L "$1" ]; then
+    m=$(stat -L -c '%f' -- "$1" 2>/dev/null) || m=-
+    t=$(readlink -e -- "$1" 2>/dev/null) || t=$1
+    printf '%s\n%s\n' "$m" "$t"
+  fi
   exit 0
 }
 """
 """``entry PATH`` prints PATH's lstat (raw mode in hex, size, mtime, uid, gid, owner, group) on
-one line, then a symlink's target, and ends the script."""
+one line; for a symlink, as envd reports one, then the raw mode of what it resolves to (``-``
+if nothing) and its resolved absolute path (PATH itself if it does not resolve); and ends the
+script."""
 
 STAT = (
     _ENTRY
@@ -183,8 +189,9 @@ async def _run(
     return response.output
 
 
-def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
-    """envd's ``EntryInfo`` (proto JSON) from `_ENTRY`'s stat line."""
+def _entry(path: str, line: str, link: tuple[str, str] | None) -> dict[str, Any]:
+    """envd's ``EntryInfo`` (proto JSON) from `_ENTRY`'s stat line and, for a symlink, the raw
+    mode and path it resolves to: its type and permission bits are then its target's."""
     fields = line.split(" ")
     if len(fields) < 7:
         raise ConnectError("internal", f"the sandbox's stat of {path} is malformed")
@@ -206,23 +213,38 @@ def _entry(path: str, line: str, target: str | None) -> dict[str, Any]:
         "group": gid if group == "UNKNOWN" else group,
         "modifiedTime": modified.isoformat().replace("+00:00", "Z"),
     }
-    if target is not None and stat.S_ISLNK(mode):
+    if link is not None and stat.S_ISLNK(mode):
+        target_mode, target = link
+        resolved = _raw_mode(target_mode)
+        info["type"] = _TYPES.get(stat.S_IFMT(resolved), "FILE_TYPE_UNSPECIFIED")
+        info["mode"] = stat.S_IMODE(resolved)
         info["symlinkTarget"] = target
     return info
 
 
+def _raw_mode(text: str) -> int:
+    """``stat``'s ``%f`` (hex), or 0 for anything else (``-``: the link resolves to nothing)."""
+    try:
+        return int(text, 16) if text.isascii() and text.isalnum() else 0
+    except ValueError:
+        return 0
+
+
 def _one(path: str, output: str) -> dict[str, Any]:
     line, _, rest = output.partition("\n")
-    return _entry(path, line, rest[:-1] if rest.endswith("\n") else rest)
+    target_mode, _, target = rest.partition("\n")
+    return _entry(path, line, (target_mode, target[:-1] if target.endswith("\n") else target))
 
 
 def _listing(root: str, output: str) -> list[dict[str, Any]]:
-    entries = []
+    """The entries in envd's order (its walk's): depth first, each directory's names sorted."""
+    found = []
     for record in output.split("\0")[:-1]:
         line, _, relative = record.partition("\n")
         if relative.startswith("./"):
-            entries.append(_entry(posixpath.join(root, relative[2:]), line, None))
-    return entries
+            found.append((relative[2:].split("/"), line))
+    found.sort(key=lambda item: item[0])
+    return [_entry(posixpath.join(root, *parts), line, None) for parts, line in found]
 
 
 def _unary(handler: Any) -> Any:

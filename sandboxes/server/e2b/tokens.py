@@ -21,7 +21,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["SECRET_FILE", "E2BSettings", "TokenSigner", "kept_secret", "signing_secret"]
@@ -41,6 +41,8 @@ class E2BSettings(BaseSettings):
     """E2B template name -> one of the service's templates; a name not here is looked up as is.
     ``code-interpreter-v1`` (what `e2b_code_interpreter.Sandbox` creates) needs a service template
     named ``code-interpreter`` (the image ``sandboxes/code-interpreter``, see docs/e2b.md)."""
+    default_timeout: int = Field(default=300, ge=1)
+    """The timeout (seconds) of a sandbox whose create sends none: E2B's API's default."""
 
 
 SECRET_FILE = "e2b-token-secret"  # noqa: S105 (a file name, not a secret)

@@ -2,10 +2,13 @@
 (`sandboxes.server.usage`) in E2B's shape (``SandboxMetric``), between ``start`` and ``end``
 (Unix seconds, both optional). E2B's fields are integers that cannot be null: a value the
 sample does not know is answered 0; ``cpuUsedPct`` is of the sandbox's ``cpuCount`` (the
-template's CPUs, as its sandbox detail says), where the service's own is of one CPU."""
+template's CPUs, as its sandbox detail says), where the service's own is of one CPU. A sandbox
+asked for its metrics before it has any gets its exec helper started, as E2B's are sampled from
+their start: the service's sampler then samples it from its next round on."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -13,6 +16,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from sandboxes import api
+from sandboxes._mux import HoldsHelper
 from sandboxes.server.e2b.common import PREFIX, E2BRoute, service
 from sandboxes.server.e2b.control import _tenant
 from sandboxes.server.usage import Sampler
@@ -34,6 +38,8 @@ async def sandbox_metrics(
     sampler: Sampler = request.app.state.usage
     cpus = max(1, round(float(getattr(entry.backend.template, "cpus", 1) or 1)))
     kept = sampler.samples(entry.state.id).samples
+    if not kept and isinstance(entry.sandbox, HoldsHelper):
+        await asyncio.to_thread(entry.sandbox.exec_helper)
     wanted = [s for s in kept if (start is None or s.timestamp >= start) and (end is None or s.timestamp <= end)]
     return JSONResponse([_metric(sample, cpus) for sample in wanted])
 

@@ -5,7 +5,8 @@ call's ``Connect-Timeout-Ms``), and the polled ``CreateWatcher``, ``GetWatcherEv
 ``RemoveWatcher``. They count against the tenant's ``max_watchers``; a polled watcher not asked
 for its events for the service's ``watcher_idle`` seconds is removed. Events are named relative
 to the watched directory; an ``overflow`` (events lost) has no envd equivalent and is not sent.
-A relative path is under the sandbox's workdir, as the other filesystem calls resolve it."""
+A relative path is under the sandbox's workdir, as the other filesystem calls resolve it. The
+service's atomic writes are reported as envd's in-place ones (`Landings`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandboxes import api
-from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, service
+from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.filesystem import _error, _message, _path
+from sandboxes.server.e2b.landing import Landings
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
@@ -53,10 +55,11 @@ def _refused(exc: ServiceError) -> ConnectError:
     return ConnectError(_CODES.get(exc.code, "unavailable"), exc.message)
 
 
-def _event(event: api.WatchEvent) -> dict[str, Any] | None:
-    """envd's ``FilesystemEvent`` of an event (``None``: one envd has no kind for)."""
-    kind = EVENT_TYPES.get(event.type)
-    return None if kind is None else {"name": event.name or "", "type": kind}
+def _events(landings: Landings, event: api.WatchEvent) -> list[dict[str, Any]]:
+    """envd's ``FilesystemEvent``s for an event (none for a kind envd does not have)."""
+    if event.type not in EVENT_TYPES:
+        return []
+    return [{"name": name, "type": EVENT_TYPES[kind]} for kind, name in landings.feed(event.type, event.name or "")]
 
 
 def _watched(entry: Entry, message: dict[str, Any]) -> tuple[str, bool]:
@@ -91,6 +94,7 @@ async def watch_dir(request: Request) -> Response:
 
 async def _stream(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes]:
     """The watch's messages on one connection; leaving it ends the watch."""
+    landings = Landings()
     try:
         async for event in events:
             if event.type == "start":
@@ -100,8 +104,9 @@ async def _stream(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes
             elif event.type == "end":
                 yield _ending(event)
                 return
-            elif (message := _event(event)) is not None:
-                yield envelope({"filesystem": message})
+            else:
+                for message in _events(landings, event):
+                    yield envelope({"filesystem": message})
     finally:
         await events.aclose()
 
@@ -142,7 +147,8 @@ async def get_watcher_events(request: Request) -> Response:
         return _error(ConnectError("not_found", exc.message))
     except ConnectError as exc:
         return _error(exc)
-    return JSONResponse({"events": [message for message in map(_event, drained.events) if message is not None]})
+    landings = e2b_state(request).landings(entry.state.id, ident)
+    return JSONResponse({"events": [message for event in drained.events for message in _events(landings, event)]})
 
 
 @router.post("/filesystem.Filesystem/RemoveWatcher")
@@ -150,7 +156,9 @@ async def remove_watcher(request: Request) -> Response:
     entry = await access(request)
     svc = service(request)
     try:
-        svc.watches.remove(entry.state.tenant, entry.state.id, _watcher_id(await _message(request)))
+        ident = _watcher_id(await _message(request))
+        e2b_state(request).forget_landings(entry.state.id, ident)
+        svc.watches.remove(entry.state.tenant, entry.state.id, ident)
     except ServiceError as exc:
         return _error(ConnectError("not_found", exc.message))
     except ConnectError as exc:

@@ -1,0 +1,336 @@
+"""E2B's own SDK test suite (``packages/python-sdk/tests`` of e2b-dev/E2B), its checks that can
+run here, against the service over Docker with E2B's ``base`` as E2B runs it (``sandboxes/e2b``:
+user ``user`` in ``/home/user``): the real SDK, sync and async, with the defaults a user has.
+Each check names the upstream test it comes from; what cannot work here is an ``xfail`` that
+says why. One service and one shared sandbox serve most checks."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FilesystemEvent,
+    FilesystemEventType,
+    FileType,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxNotRunningException,
+    SandboxState,
+)
+from e2b_harness import CLEANUP, opts
+from service_harness import Running, running, settings_for
+from support import SESSION_OWNER, wait_for
+
+from sandboxes.docker import DockerTemplate
+
+E2B_IMAGE = "sandboxes/e2b:latest"
+HOME = "/home/user"
+
+
+@pytest.fixture(scope="module")
+def service(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    try:
+        docker_client.images.get(E2B_IMAGE)
+    except Exception:
+        pytest.fail(f"{E2B_IMAGE} is missing: build it with `bash images/build.sh e2b`")
+    template = DockerTemplate(backend="docker", image=E2B_IMAGE, workdir=HOME, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-e2bpeer-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(
+        tmp_path_factory.mktemp("e2bpeer"), owner=owner, templates={"e2b": template}, sample_interval=0.5
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SANDBOXES_E2B_TEMPLATES", '{"base": "e2b"}')
+        with running(settings, docker_client=docker_client) as svc:
+            yield svc
+
+
+@pytest.fixture(scope="module")
+def sandbox(service: Running) -> Iterator[Sandbox]:
+    """Created with the SDK's defaults (no timeout: the API's default applies)."""
+    created = Sandbox.create(**opts(service))
+    yield created
+    created.kill()
+
+
+def _fresh(name: str) -> str:
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+# --- sandbox lifecycle (sandbox_sync/test_create.py, test_connect.py, test_timeout.py) ---
+
+
+def test_a_create_without_timeout_lives_e2b_default_and_connect_extends_it(service: Running, sandbox: Sandbox) -> None:
+    """test_connect_extends_timeout_on_running_sandbox; E2B's API's default timeout, 300 s."""
+    before = sandbox.get_info()
+    assert abs((before.end_at - before.started_at).total_seconds() - 300) < 5
+    Sandbox.connect(sandbox.sandbox_id, timeout=600, **opts(service))
+    after = sandbox.get_info()
+    assert after.end_at > before.end_at
+    assert abs((after.end_at - datetime.now(UTC)).total_seconds() - 600) < 30
+    assert sandbox.is_running()
+
+
+def test_metrics_come_without_any_command_run(service: Running) -> None:
+    """test_metrics.py::test_sbx_metrics: a sandbox's metrics appear on their own."""
+    created = Sandbox.create(timeout=60, **opts(service))
+    try:
+        wait_for(lambda: len(created.get_metrics()) > 0, "no metrics for a sandbox that ran nothing", limit=30)
+        metric = created.get_metrics()[0]
+        assert metric.cpu_count >= 1
+        assert metric.mem_total > 0
+        assert metric.disk_total > 0
+    finally:
+        created.kill()
+
+
+async def test_a_command_of_a_killed_sandbox_ends_saying_so(service: Running) -> None:
+    """sandbox_async/commands/test_sandbox_killed_during_run.py: the SDK's health probe after
+    the command's stream broke finds the sandbox gone (it is not adopted back from its
+    container's records while its destroy is under way)."""
+    created = await AsyncSandbox.create(**opts(service))
+    command = await created.commands.run("sleep 60", background=True)
+    await created.kill()
+    with pytest.raises(SandboxNotRunningException, match="sandbox was killed or reached its end of life"):
+        await command.wait()
+
+
+# --- commands (sandbox_sync/commands/*) ---
+
+
+def test_commands_run_as_e2b_runs_them(sandbox: Sandbox) -> None:
+    """test_run.py, test_env_vars.py: exit codes, envs scoped to one command, cwd, user."""
+    assert sandbox.commands.run("echo $FOO", envs={"FOO": "bar"}).stdout.strip() == "bar"
+    assert sandbox.commands.run('echo "$FOO"').stdout.strip() == ""
+    assert sandbox.commands.run("pwd").stdout.strip() == HOME
+    assert sandbox.commands.run("pwd", cwd="/tmp").stdout.strip() == "/tmp"
+    assert sandbox.commands.run("whoami").stdout.strip() == "user"
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("exit 7")
+    assert failed.value.exit_code == 7
+
+
+def test_background_commands_are_listed_connected_and_killed(sandbox: Sandbox) -> None:
+    """test_cmd_list.py, test_cmd_connect.py, test_cmd_kill.py, test_send_stdin.py."""
+    fed = sandbox.commands.run("cat", background=True, stdin=True)
+    assert fed.pid in [process.pid for process in sandbox.commands.list()]
+    sandbox.commands.send_stdin(fed.pid, "hello\n")
+    sandbox.commands.close_stdin(fed.pid)
+    assert sandbox.commands.connect(fed.pid).wait().stdout == "hello\n"
+    sleeper = sandbox.commands.run("sleep 60", background=True)
+    assert sandbox.commands.kill(sleeper.pid)
+    with pytest.raises(CommandExitException):
+        sleeper.wait()
+    assert sleeper.pid not in [process.pid for process in sandbox.commands.list()]
+    assert not sandbox.commands.kill(sleeper.pid)
+
+
+# --- files (sandbox_sync/files/*) ---
+
+
+def test_list_walks_depth_first_in_name_order(sandbox: Sandbox) -> None:
+    """test_files_list.py::test_list_directory: envd's walk order, depth 1, 2 and 3."""
+    parent = _fresh("test_directory")
+    for sub in ("subdir1/subdir1_1", "subdir1/subdir1_2", "subdir2/subdir2_1", "subdir2/subdir2_2"):
+        sandbox.files.make_dir(f"{parent}/{sub}")
+    sandbox.files.write(f"{parent}/file1.txt", "Hello, world!")
+    shallow = ["file1.txt", "subdir1", "subdir2"]
+    deep = ["file1.txt", "subdir1", "subdir1/subdir1_1", "subdir1/subdir1_2", "subdir2", "subdir2/subdir2_1"]
+    deep.append("subdir2/subdir2_2")
+    for depth, expected in ((None, shallow), (1, shallow), (2, deep), (3, deep)):
+        listed = sandbox.files.list(parent, depth=depth)
+        assert [entry.path for entry in listed] == [f"{HOME}/{parent}/{name}" for name in expected]
+        assert [entry.type for entry in listed] == [FileType.FILE] + [FileType.DIR] * (len(expected) - 1)
+    sandbox.files.remove(parent)
+
+
+def test_get_info_of_a_symlink_describes_what_it_resolves_to(sandbox: Sandbox) -> None:
+    """test_info.py::test_file_symlink."""
+    directory = _fresh("test-simlink-entry")
+    sandbox.files.write(f"{directory}/test.txt", "Hello, World!")
+    sandbox.commands.run("ln -s test.txt symlink_to_test.txt", cwd=directory)
+    info = sandbox.files.get_info(f"{directory}/symlink_to_test.txt")
+    assert (info.type, info.symlink_target) == (FileType.FILE, f"{HOME}/{directory}/test.txt")
+    assert info.name == "symlink_to_test.txt"
+    sandbox.commands.run("ln -s nowhere dangling", cwd=directory)
+    dangling = sandbox.files.get_info(f"{directory}/dangling")
+    assert dangling.symlink_target == f"{HOME}/{directory}/dangling"  # unresolved: the link itself
+    sandbox.files.remove(directory)
+
+
+def test_files_are_written_read_renamed_and_removed(sandbox: Sandbox) -> None:
+    """test_write.py, test_read.py, test_exists.py, test_make_dir.py, test_rename.py, test_remove.py."""
+    directory = _fresh("files")
+    info = sandbox.files.write(f"{directory}/a.txt", "text")
+    assert (info.name, info.path) == ("a.txt", f"{HOME}/{directory}/a.txt")
+    sandbox.files.write_files([{"path": f"{directory}/b.bin", "data": b"\x00\xff"}])
+    assert sandbox.files.read(f"{directory}/a.txt") == "text"
+    assert bytes(sandbox.files.read(f"{directory}/b.bin", format="bytes")) == b"\x00\xff"
+    assert not sandbox.files.make_dir(directory)  # exists already
+    renamed = sandbox.files.rename(f"{directory}/a.txt", f"{directory}/c.txt")
+    assert renamed.path == f"{HOME}/{directory}/c.txt"
+    assert not sandbox.files.exists(f"{directory}/a.txt")
+    with pytest.raises(NotFoundException):
+        sandbox.files.read(f"{directory}/a.txt")
+    sandbox.files.remove(directory)
+    assert not sandbox.files.exists(directory)
+
+
+def test_a_kernel_file_is_refused_as_an_invalid_argument(sandbox: Sandbox) -> None:
+    """test_snapshot_filesystem_only.py reads ``/proc/sys/kernel/random/boot_id``: this service
+    reads regular files only, and says so with E2B's 400 (the SDK's
+    ``InvalidArgumentException``), never a 500."""
+    with pytest.raises(InvalidArgumentException, match="not a regular file"):
+        sandbox.files.read("/proc/sys/kernel/random/boot_id")
+
+
+# --- watch (sandbox_sync/files/test_watch.py) ---
+
+
+def _events_until(handle: Any, name: str, kind: FilesystemEventType) -> list[FilesystemEvent]:
+    seen: list[FilesystemEvent] = []
+
+    def arrived() -> bool:
+        seen.extend(handle.get_new_events())
+        return any(event.type == kind and event.name == name for event in seen)
+
+    wait_for(arrived, f"no {kind.value} event for {name}", limit=20)
+    return seen
+
+
+def test_a_watch_sees_a_write_as_envd_writes_in_place(sandbox: Sandbox) -> None:
+    """test_watch_iterated, test_watch_directory_changes: a new file's write is ``create``,
+    ``chmod`` and ``write`` of that file (no temporary file), an overwrite has a ``write``."""
+    directory = _fresh("test_watch_dir_iterated")
+    sandbox.files.make_dir(directory)
+    handle = sandbox.files.watch_dir(directory)
+    try:
+        sandbox.files.write(f"{directory}/watched.txt", "This file will be watched.")
+        events = _events_until(handle, "watched.txt", FilesystemEventType.WRITE)
+        kinds = [FilesystemEventType.CREATE, FilesystemEventType.CHMOD, FilesystemEventType.WRITE]
+        assert [(event.name, event.type) for event in events] == [("watched.txt", kind) for kind in kinds]
+        sandbox.files.write(f"{directory}/watched.txt", "This file has been modified.")
+        again = _events_until(handle, "watched.txt", FilesystemEventType.WRITE)
+        assert {event.name for event in again} == {"watched.txt"}
+    finally:
+        handle.stop()
+
+
+def test_a_recursive_watch_names_a_nested_write_first_as_its_create(sandbox: Sandbox) -> None:
+    """test_watch_recursive_directory_changes."""
+    directory = _fresh("test_recursive_watch_dir")
+    sandbox.files.make_dir(f"{directory}/nested")
+    handle = sandbox.files.watch_dir(directory, recursive=True)
+    try:
+        sandbox.files.write(f"{directory}/nested/test_watch.txt", "This file will be watched.")
+        events = _events_until(handle, "nested/test_watch.txt", FilesystemEventType.WRITE)
+        assert len(events) == 3
+        assert (events[0].type, events[0].name) == (FilesystemEventType.CREATE, "nested/test_watch.txt")
+    finally:
+        handle.stop()
+
+
+async def test_the_async_watch_stream_sees_a_write_as_envd_writes_in_place(service: Running, sandbox: Sandbox) -> None:
+    """The async SDK's ``WatchDir`` stream (sandbox_async/files/test_watch.py)."""
+    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+    directory = _fresh("async_watch")
+    await connected.files.make_dir(directory)
+    seen: list[FilesystemEvent] = []
+    written = asyncio.Event()
+
+    def on_event(event: FilesystemEvent) -> None:
+        seen.append(event)
+        if event.type == FilesystemEventType.WRITE:
+            written.set()
+
+    handle = await connected.files.watch_dir(directory, on_event)
+    try:
+        await connected.files.write(f"{directory}/w.txt", "x")
+        await asyncio.wait_for(written.wait(), 20)
+        assert [(event.name, event.type) for event in seen][:3] == [
+            ("w.txt", FilesystemEventType.CREATE),
+            ("w.txt", FilesystemEventType.CHMOD),
+            ("w.txt", FilesystemEventType.WRITE),
+        ]
+    finally:
+        await handle.stop()
+
+
+# --- what cannot work here ---
+
+
+@pytest.mark.xfail(strict=True, raises=CommandExitException, reason="no sudo in E2B's base here (docs/security.md)")
+def test_sudo_runs(sandbox: Sandbox) -> None:
+    """test_env_vars.py::test_bash_command_scoped_env_vars runs ``sudo echo``."""
+    sandbox.commands.run('sudo echo "$FOO"')
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SandboxException,
+    reason="file metadata (X-Metadata-*) needs envd 0.6.2; this service advertises 0.5.2 (test_metadata.py)",
+)
+def test_file_metadata(sandbox: Sandbox) -> None:
+    sandbox.files.write("meta.txt", "x", metadata={"author": "me"})
+
+
+@pytest.mark.xfail(strict=True, raises=SandboxException, reason="snapshots are not served (501): test_snapshot_api.py")
+def test_snapshots(sandbox: Sandbox) -> None:
+    sandbox.create_snapshot()
+
+
+@pytest.mark.xfail(strict=True, raises=SandboxException, reason="fork is not served (501): test_fork.py")
+def test_fork(sandbox: Sandbox) -> None:
+    sandbox.fork()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="download_url/upload_url: the SDK joins '/files' to E2B_SANDBOX_URL (dropping its path) with no "
+    "sandbox id, where E2B routes by host name (49983-<id>.<domain>): files/test_secured.py",
+)
+def test_download_url_points_at_the_sandbox(service: Running, sandbox: Sandbox) -> None:
+    assert sandbox.download_url("a.txt").startswith(f"{service.url}/e2b/envd/")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="get_host(port) is E2B's host name <port>-<id>.<domain>, which only E2B's DNS resolves; here a "
+    "sandbox's ports are reached at E2B_SANDBOX_URL with E2b-Sandbox-Port (test_host.py, test_create.py)",
+)
+def test_get_host_is_reachable_here(sandbox: Sandbox) -> None:
+    assert sandbox.get_host(8000).startswith("127.0.0.1")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SandboxNotFoundException,
+    reason="lifecycle on_timeout=pause (autoPause) is not served: a sandbox past its timeout is killed "
+    "(test_create.py::test_auto_pause_without_auto_resume_requires_connect)",
+)
+def test_a_timeout_pauses_when_asked(service: Running) -> None:
+    created = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause", "auto_resume": False}, **opts(service))
+    try:
+        wait_for(lambda: not created.is_running(), "the sandbox outlived its timeout", limit=20)
+        assert created.get_info().state == SandboxState.PAUSED
+    finally:
+        Sandbox.kill(created.sandbox_id, **opts(service))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=CommandExitException,
+    reason="E2B's base has internet access by default; this service's e2b template has no egress "
+    "(test_internet_access.py, test_network.py)",
+)
+def test_internet_access_by_default(sandbox: Sandbox) -> None:
+    sandbox.commands.run("curl -sS --max-time 5 -o /dev/null https://example.com")

@@ -15,9 +15,7 @@ import typing
 from typing import Any
 
 import httpx
-import pydantic
 
-from sandboxes import api
 from sandboxes.protocol import ErrorCode
 
 __all__ = [
@@ -210,7 +208,12 @@ def error_from_response(response: httpx.Response) -> SandboxServiceError:
 
 def _parse_body(response: httpx.Response) -> tuple[str | None, str, str | None]:
     """An `ErrorBody`'s code, message and request id; for any other body (a proxy's, a code a
-    newer service added) what can be read of it."""
+    newer service added) what can be read of it. The API's models are imported here, on an
+    error's path only: a call that succeeds never needs them."""
+    import pydantic
+
+    from sandboxes import api
+
     try:
         error = api.ErrorBody.model_validate_json(response.content)
     except pydantic.ValidationError:

@@ -26,12 +26,14 @@ from sandboxes import protocol as p
 
 __all__ = [
     "EXECUTE_RESULT_FIELDS",
+    "REQUEST_FIELDS",
     "ProcessInfo",
     "SandboxInfo",
     "SandboxList",
     "StreamEvent",
     "Unsure",
     "execute_body",
+    "file_body",
     "strictly",
 ]
 
@@ -40,6 +42,16 @@ T = TypeVar("T")
 EXECUTE_RESULT_FIELDS = ("output", "exit_code", "truncated", "error", "message", "duration_ms")
 """The fields of `sandboxes.api.ExecuteResult`: what an `ExecuteResponse` is read from (not its
 ``extra``, which the wire does not carry)."""
+
+REQUEST_FIELDS = {
+    "ls": ("path",),
+    "read": ("file_path", "offset", "limit"),
+    "write": ("file_path", "content"),
+    "grep": ("pattern", "path", "glob", "max_count"),
+    "glob": ("pattern", "path"),
+}
+"""The fields of each file operation's request model (`sandboxes.api.LsRequest`, ...), in order:
+all of them are sent, as the model dumps them."""
 
 _FIELDS: dict[type, tuple[str, ...]] = {p.ExecuteResponse: EXECUTE_RESULT_FIELDS}
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -211,3 +223,22 @@ def _env_entry(name: object, value: object) -> bool:
         and "\x00" not in name
         and "\x00" not in value
     )
+
+
+def file_body(op: str, *values: object) -> dict[str, Any]:
+    """A file operation's request body, ``values`` in `REQUEST_FIELDS` order; `Unsure` unless
+    each is of its field's JSON type (a string, an integer, or ``None`` where optional)."""
+    names = REQUEST_FIELDS[op]
+    if len(values) != len(names) or not all(_plain(name, value) for name, value in zip(names, values, strict=True)):
+        raise Unsure
+    return dict(zip(names, values, strict=True))
+
+
+def _plain(name: str, value: object) -> bool:
+    if name in ("offset", "limit"):
+        return type(value) is int
+    if name == "max_count":
+        return value is None or type(value) is int
+    if name in ("path", "glob"):
+        return value is None or type(value) is str
+    return type(value) is str

@@ -280,34 +280,38 @@ class LightSandbox:
             self._connection, self._id, Call("POST", f"{self._path}/execute/stream", body, read_timeout=read)
         )
 
-    def _file(self, op: str, kind: Any, body: dict[str, Any], *, idempotent: bool) -> Any:
+    def _file(self, op: str, kind: Any, *values: Any, idempotent: bool = True) -> Any:
+        try:
+            body = d.file_body(op, *values)
+        except d.Unsure:  # judged by the model, which says what is wrong, as the client does
+            from sandboxes import api
+            from sandboxes.client import _wire
+
+            model = getattr(api, f"{op.capitalize()}Request")
+            body = _wire.model_json(model, **dict(zip(d.REQUEST_FIELDS[op], values, strict=True)))
         call = Call("POST", f"{self._path}/files/{op}", body, idempotent=idempotent, recover=_as_result(kind))
-        return self._connection.call(call, _answer(kind, _full(f"{op}_result")))
+        full = "_GREP" if op == "grep" else f"{op}_result"
+        return self._connection.call(call, _answer(kind, _full(full)))
 
     def ls(self, path: str) -> p.LsResult:
-        result: p.LsResult = self._file("ls", p.LsResult, {"path": path}, idempotent=True)
+        result: p.LsResult = self._file("ls", p.LsResult, path)
         return result
 
     def read(self, file_path: str, offset: int = 0, limit: int = 2000) -> p.ReadResult:
-        body = {"file_path": file_path, "offset": offset, "limit": limit}
-        result: p.ReadResult = self._file("read", p.ReadResult, body, idempotent=True)
+        result: p.ReadResult = self._file("read", p.ReadResult, file_path, offset, limit)
         return result
 
     def write(self, file_path: str, content: str) -> p.WriteResult:
-        result: p.WriteResult = self._file(
-            "write", p.WriteResult, {"file_path": file_path, "content": content}, idempotent=False
-        )
+        result: p.WriteResult = self._file("write", p.WriteResult, file_path, content, idempotent=False)
         return result
 
     def grep(
         self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
     ) -> p.GrepResult:
-        body = {"pattern": pattern, "path": path, "glob": glob, "max_count": max_count}
-        call = Call("POST", f"{self._path}/files/grep", body, idempotent=True, recover=_as_result(p.GrepResult))
-        return capped_grep(self._connection.call(call, _answer(p.GrepResult, _full("_GREP"))))
+        return capped_grep(self._file("grep", p.GrepResult, pattern, path, glob, max_count))
 
     def glob(self, pattern: str, path: str | None = None) -> p.GlobResult:
-        result: p.GlobResult = self._file("glob", p.GlobResult, {"pattern": pattern, "path": path}, idempotent=True)
+        result: p.GlobResult = self._file("glob", p.GlobResult, pattern, path)
         return result
 
 

@@ -431,10 +431,7 @@ by one subcommand (their build is deferred to first use: importing the client bu
 _IMPORTS_AFTER = """
 import inspect, json, sys
 import pydantic
-from sandboxes import protocol as p
-from sandboxes.cli import _decode as d
 from sandboxes.cli import main
-from sandboxes.client import _wire as w
 code = main(sys.argv[1:])
 modules = sorted({name.split(".")[0] for name, module in sys.modules.items() if module is not None})
 built = [name for api in ("sandboxes.api", "sandboxes.api_resources", "sandboxes.lifecycle")
@@ -469,10 +466,7 @@ NOT_ON_THE_LIGHT_PATH = ("pydantic", "pydantic_core", "tenacity", "sandboxes.api
 
 _LOADED_AFTER = f"""
 import json, sys
-from sandboxes import protocol as p
-from sandboxes.cli import _decode as d
 from sandboxes.cli import main
-from sandboxes.client import _wire as w
 code = main(sys.argv[1:])
 print(json.dumps({{"code": code, "loaded": [name for name in {NOT_ON_THE_LIGHT_PATH!r} if name in sys.modules]}}))
 """
@@ -484,6 +478,7 @@ def test_the_light_subcommands_import_no_pydantic(cli: Cli, sandbox: str) -> Non
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
     env["SANDBOXES_API_KEY"] = cli.key
     on = ["--url", cli.url, "--sandbox", sandbox]
+    started = cli.ok("process", "start", sandbox, "echo background").strip()
     calls = {
         "exec": ([*on, "exec", "echo light"], "light\n"),
         "exec --json": ([*on, "exec", "--json", "true"], '"exit_code": 0'),
@@ -493,6 +488,8 @@ def test_the_light_subcommands_import_no_pydantic(cli: Cli, sandbox: str) -> Non
         "grep": ([*on, "grep", "two", "."], "light.txt:2:two"),
         "glob": ([*on, "glob", "*.txt"], "light.txt"),
         "list": (["--url", cli.url, "ls", "-l"], sandbox),
+        "process start": (["--url", cli.url, "process", "start", sandbox, "true"], ""),
+        "process wait": (["--url", cli.url, "process", "wait", sandbox, started], "background\n"),
     }
     for name, (argv, shown) in calls.items():
         run = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *argv], capture_output=True, env=env, timeout=60)

@@ -103,7 +103,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.root is not None:
         raise Usage(f"{args.subcommand}: works against a sandbox service; --root is for local sandboxes")
     _skip_httpx_cli()
-    if args.kind == "local-or-remote":
+    if args.kind == "local-or-remote" or args.subcommand == "process":
         light = _dispatch_light(args)
         if light is not None:
             return light
@@ -139,17 +139,22 @@ def _dispatch_light(args: argparse.Namespace) -> int | None:
     """A protocol subcommand against a sandbox, or the plain list of sandboxes, through the
     light path (`sandboxes.cli._fast`); ``None`` for what only the client does."""
     listing = args.sandbox is None and args.subcommand == "ls" and args.path is None and not args.json
-    if args.sandbox is None and not listing:
+    process = args.subcommand == "process"
+    if args.sandbox is None and not listing and not process:
         return None
     try:
         from sandboxes.cli import _fast
     except ImportError as exc:
         raise _no_server_extra(exc) from exc
+    if process:
+        with _fast.connect(args) as connection:
+            code: int = args.handler(args, _fast.LightClient(connection))
+            return code
     if listing:
         with _fast.connect(args) as connection:
             return _fast.cmd_list(args, connection)
     with _fast.open_sandbox(args, args.sandbox) as session:
-        code: int = args.handler(args, session)
+        code = args.handler(args, session)
         return code
 
 
@@ -319,9 +324,9 @@ def _add_service_commands(
 
     def stateful(name: str) -> Callable[..., int]:
         def run(*args: Any) -> int:
-            from sandboxes.cli import processes, state
+            import importlib
 
-            module = processes if name == "cmd_process" else state
+            module = importlib.import_module("sandboxes.cli." + ("processes" if name == "cmd_process" else "state"))
             code: int = getattr(module, name)(*args)
             return code
 

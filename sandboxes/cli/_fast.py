@@ -42,6 +42,7 @@ __all__ = [
     "KEY_ENV",
     "URL_ENV",
     "Connection",
+    "LightClient",
     "LightConfig",
     "LightSandbox",
     "cmd_list",
@@ -313,6 +314,39 @@ class LightSandbox:
     def glob(self, pattern: str, path: str | None = None) -> p.GlobResult:
         result: p.GlobResult = self._file("glob", p.GlobResult, pattern, path)
         return result
+
+    # ------------------------------------------------------------------ background processes
+
+    def start_process(self, command: str, *, timeout: float | None = None) -> ProcessStatus:
+        body = self._body(command, timeout, None, None, None)
+        return _status(self._connection.call(Call("POST", f"{self._path}/processes", body), _PROCESS))
+
+    def poll_process(self, process_id: str) -> ProcessStatus:
+        call = Call("GET", f"{self._path}/processes/{quote(process_id, safe='')}", idempotent=True)
+        return _status(self._connection.call(call, _PROCESS))
+
+    def kill_process(self, process_id: str) -> ProcessStatus:
+        call = Call("DELETE", f"{self._path}/processes/{quote(process_id, safe='')}", idempotent=True)
+        return _status(self._connection.call(call, _PROCESS))
+
+    def wait_process(self, process_id: str, *, timeout: float | None = None, interval: float = 0.1) -> ProcessStatus:
+        """Poll until the process has ended, or until ``timeout`` seconds (then the last status)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.poll_process(process_id)
+            if not status.running or (deadline is not None and time.monotonic() >= deadline):
+                return status
+            time.sleep(interval)
+
+
+class LightClient:
+    """What ``sandboxes process`` asks of a `SandboxClient`: a handle on a sandbox."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def attach(self, sandbox_id: str) -> LightSandbox:
+        return LightSandbox(self._connection, sandbox_id)
 
 
 def _failed_execution(code: p.ErrorCode, message: str) -> p.ExecuteResponse:

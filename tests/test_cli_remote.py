@@ -460,9 +460,12 @@ def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli) -> None:
     assert len(report["built"]) <= MODELS_BUILT, report["built"]
 
 
-NOT_ON_THE_LIGHT_PATH = ("pydantic", "pydantic_core", "tenacity", "sandboxes.api", "sandboxes.client._wire", "asyncio")
-"""What a protocol subcommand against a sandbox, or the plain list of sandboxes, never imports
-(`sandboxes.cli._fast`): the API's models and their validator, the retry library, asyncio."""
+NOT_ON_THE_LIGHT_PATH = (
+    "pydantic", "pydantic_core", "tenacity", "sandboxes.api", "sandboxes.client._wire", "asyncio", "httpx",
+)  # fmt: skip
+"""What a protocol subcommand against a sandbox, the plain list of sandboxes or a process
+subcommand never imports (`sandboxes.cli._fast`): the API's models and their validator, the
+retry library, asyncio; nor httpx for a plain ``http://`` service without a proxy."""
 
 _LOADED_AFTER = f"""
 import json, sys
@@ -475,7 +478,7 @@ print(json.dumps({{"code": code, "loaded": [name for name in {NOT_ON_THE_LIGHT_P
 def test_the_light_subcommands_import_no_pydantic(cli: Cli, sandbox: str) -> None:
     """Each subcommand in a fresh interpreter, as the console script runs it: it talks to the
     service (its answer is right) and has imported none of `NOT_ON_THE_LIGHT_PATH`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_") and not k.lower().endswith("_proxy")}
     env["SANDBOXES_API_KEY"] = cli.key
     on = ["--url", cli.url, "--sandbox", sandbox]
     started = cli.ok("process", "start", sandbox, "echo background").strip()
@@ -498,6 +501,11 @@ def test_the_light_subcommands_import_no_pydantic(cli: Cli, sandbox: str) -> Non
         assert (report["code"], run.returncode) == (0, 0), (name, run.stderr.decode())
         assert shown in "".join(printed), (name, printed)
         assert report["loaded"] == [], name
+    # A proxy variable (httpx honours them): the same calls over httpx, still without the models.
+    env["no_proxy"] = "proxy.invalid"
+    run = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *on, "exec", "echo light"], capture_output=True, env=env)
+    *printed, last = run.stdout.decode().splitlines(keepends=True)
+    assert (json.loads(last), printed) == ({"code": 0, "loaded": ["httpx"]}, ["light\n"]), run.stderr.decode()
 
 
 def test_the_light_path_says_what_the_client_says(cli: Cli, sandbox: str) -> None:

@@ -1,7 +1,8 @@
 """The light path of the remote subcommands that a person types most (exec, ls, read, write,
-grep, glob against a sandbox; the list of sandboxes): the same requests as the client's
-`RemoteSandbox` over the same HTTP stack (httpx, with the client's timeouts, limits, headers and
-retry policy), their answers read by `sandboxes.cli._decode` into the protocol's dataclasses.
+grep, glob against a sandbox; the list of sandboxes; process): the same requests as the client's
+`RemoteSandbox`, with its timeouts, headers and retry policy, over `sandboxes.cli._plain` for a
+plain ``http://`` service without a proxy, else over httpx as the client makes it; their answers
+read by `sandboxes.cli._decode` into the protocol's dataclasses.
 
 It imports neither pydantic, tenacity nor the API's models: those are imported only where a
 request or an answer is not plainly valid (`Unsure`), to judge it as the client does, or on an
@@ -14,29 +15,35 @@ import argparse
 import contextlib
 import datetime
 import os
+import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
-
-import httpx
 
 from sandboxes import protocol as p
 from sandboxes.cli import _decode as d
+from sandboxes.cli import _plain
 from sandboxes.cli._common import Failed, Session, Usage, out
 from sandboxes.client._light import (
     DEFAULT_READ,
-    LIMITS,
+    KEEPALIVE_EXPIRY,
     PatienceMethods,
     ProcessStatus,
     capped_grep,
     execute_timeout,
+    limits,
     recovered,
     retry_delay,
     retry_now,
 )
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, error_from_response, error_from_transport
+
+if TYPE_CHECKING:
+    import httpx
+
+    Response = httpx.Response | _plain.PlainResponse
 
 __all__ = [
     "KEY_ENV",
@@ -101,19 +108,21 @@ class Call:
 
 class Connection:
     """The client's `ServiceConnection` for these calls: one attempt, then as many more as
-    `retry_now` allows, up to ``retries``."""
+    `retry_now` allows, up to ``retries``; over `sandboxes.cli._plain` where it serves the URL."""
 
     def __init__(self, config: LightConfig) -> None:
         self.config = config
-        self._http = httpx.Client(
-            base_url=config.base_url(),
-            headers=config.headers(),
-            timeout=config.httpx_timeout(DEFAULT_READ),
-            limits=LIMITS,
-        )
+        self._plain: _plain.PlainConnection | None = None
+        if _plain.usable(config.url):
+            self._plain = _plain.PlainConnection(config.base_url(), config.headers(), config.connect_timeout)
+        self._httpx: httpx.Client | None = None
+        self._used = 0.0
 
     def close(self) -> None:
-        self._http.close()
+        if self._plain is not None:
+            self._plain.close()
+        if self._httpx is not None:
+            self._httpx.close()
 
     def call(self, call: Call, decode: Callable[[bytes], T]) -> T:
         try:
@@ -123,7 +132,7 @@ class Connection:
             return result
         return decode(response.content)
 
-    def open(self, call: Call, *, stream: bool = True) -> httpx.Response:
+    def open(self, call: Call, *, stream: bool = True) -> Response:
         attempt = 1
         while True:
             try:
@@ -134,13 +143,39 @@ class Connection:
                 time.sleep(retry_delay(self.config, attempt, exc))
                 attempt += 1
 
-    def _send(self, call: Call, stream: bool) -> httpx.Response:
-        request = self._http.build_request(
+    def _send(self, call: Call, stream: bool) -> Response:
+        if self._plain is not None:
+            if time.monotonic() - self._used > KEEPALIVE_EXPIRY:
+                self._plain.close()  # as the client's pool: never reuse one the server may close
+            read = self.config.timeout if call.read_timeout is DEFAULT_READ else call.read_timeout
+            try:
+                response = self._plain.send(call.method, call.path, call.json, call.params, read)
+            except _plain.NotConnected:
+                self._plain = None  # nothing was sent: httpx sends it, and says why it cannot
+            else:
+                self._used = time.monotonic()
+                if response.is_success:
+                    return response
+                with contextlib.closing(response):
+                    raise error_from_response(response.as_httpx())
+        return self._send_httpx(call, stream)
+
+    def _send_httpx(self, call: Call, stream: bool) -> httpx.Response:
+        import httpx
+
+        if self._httpx is None:
+            self._httpx = httpx.Client(
+                base_url=self.config.base_url(),
+                headers=self.config.headers(),
+                timeout=self.config.httpx_timeout(DEFAULT_READ),
+                limits=limits(),
+            )
+        request = self._httpx.build_request(
             call.method, call.path, json=call.json, params=call.params,
             timeout=self.config.httpx_timeout(call.read_timeout),
         )  # fmt: skip
         try:
-            response = self._http.send(request, stream=stream)
+            response = self._httpx.send(request, stream=stream)
         except httpx.TransportError as exc:
             raise error_from_transport(exc, call.what) from exc
         if response.is_success:
@@ -153,6 +188,12 @@ class Connection:
         finally:
             response.close()
         raise error_from_response(response)
+
+
+def _transport_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is httpx's failure of a connection (httpx is imported if it was used)."""
+    httpx = sys.modules.get("httpx")
+    return httpx is not None and isinstance(exc, httpx.TransportError)
 
 
 @contextlib.contextmanager
@@ -424,10 +465,12 @@ class CommandStream(Iterator[Any]):
                     if isinstance(item, p.ExecuteResponse):
                         self._lost = None
                         return
-        except httpx.TransportError as exc:
-            self._lost = error_from_transport(exc, call.what).message
         except ConnectionLost as exc:
             self._lost = exc.message
+        except Exception as exc:
+            if not _transport_error(exc):
+                raise
+            self._lost = error_from_transport(exc, call.what).message  # type: ignore[arg-type]
         finally:
             response.close()
 

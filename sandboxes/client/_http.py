@@ -23,7 +23,8 @@ from tenacity import AsyncRetrying, Retrying
 from sandboxes import api
 from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
-from sandboxes.client._light import DEFAULT_READ, LIMITS, recovered, retry_delay, retry_now
+from sandboxes.client._light import DEFAULT_READ, recovered, retry_delay, retry_now
+from sandboxes.client._light import limits as pool_limits
 from sandboxes.client.errors import (
     ConnectionLost,
     NotFound,
@@ -65,7 +66,7 @@ class ServiceConnection:
             base_url=self.config.base_url(),
             headers=self.config.headers(),
             timeout=self.config.httpx_timeout(DEFAULT_READ),
-            limits=LIMITS,
+            limits=pool_limits(),
             transport=transport,
         )
         self._known = _Known(self.config, self._http)
@@ -209,7 +210,7 @@ class AsyncServiceConnection:
         retries: int = 4,
         config: w.ClientConfig | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        limits: httpx.Limits = LIMITS,
+        limits: httpx.Limits | None = None,
         **options: Any,
     ) -> None:
         self.config = _config(url, api_key, timeout, retries, config, options)
@@ -217,7 +218,7 @@ class AsyncServiceConnection:
             base_url=self.config.base_url(),
             headers=self.config.headers(),
             timeout=self.config.httpx_timeout(DEFAULT_READ),
-            limits=limits,
+            limits=pool_limits() if limits is None else limits,
             transport=transport,
         )
         self._known = _Known(self.config, self._http)

@@ -2,18 +2,17 @@
 tenacity nor the API models: the client's patience (timeouts, backoff), the retry policy, the
 caps a grep's answer is held to, and a background process's status.
 
-`sandboxes.client._wire` re-exports every name here; this module imports httpx and the
-protocol's dataclasses alone, so a CLI call that imports it stays light.
+`sandboxes.client._wire` re-exports every name here; this module imports the protocol's
+dataclasses alone (httpx where its settings are made), so a CLI call that imports it stays light.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, cast
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from sandboxes import protocol as p
 from sandboxes.client.errors import (
@@ -27,15 +26,19 @@ from sandboxes.client.errors import (
 )
 from sandboxes.semantics import GREP_MAX_MATCHES, finish_grep
 
+if TYPE_CHECKING:
+    import httpx
+
 __all__ = [
     "DEFAULT_READ",
-    "LIMITS",
+    "KEEPALIVE_EXPIRY",
     "Calls",
     "Patience",
     "PatienceMethods",
     "ProcessStatus",
     "capped_grep",
     "execute_timeout",
+    "limits",
     "may_retry",
     "recovered",
     "retry_delay",
@@ -45,9 +48,18 @@ __all__ = [
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=4.0)
-"""Keep-alive shorter than the server's (uvicorn: 5 s) so a pooled connection is never reused
+KEEPALIVE_EXPIRY = 4.0
+"""Seconds a pooled connection is kept: shorter than the server's (uvicorn: 5 s) so a pooled connection is never reused
 just as the server closes it: that race would turn a harmless write into `ConnectionLost`."""
+
+
+@functools.cache
+def limits() -> httpx.Limits:
+    """The client's connection pool limits."""
+    import httpx
+
+    return httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_EXPIRY)
+
 
 DEFAULT_READ: Any = object()
 """Marker for "the configured read timeout" in an op's ``read_timeout`` (``None`` means no limit)."""
@@ -95,6 +107,8 @@ class PatienceMethods:
     `ClientConfig` and the CLI's light configuration."""
 
     def httpx_timeout(self: Patience, read: object) -> httpx.Timeout:
+        import httpx
+
         chosen = self.timeout if read is DEFAULT_READ else cast("float | None", read)
         return httpx.Timeout(self.timeout, connect=self.connect_timeout, read=chosen, pool=self.timeout)
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import email.utils
 import time
 import typing
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from sandboxes.protocol import ErrorCode
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "BackendUnavailable",
@@ -260,6 +261,8 @@ def error_from_transport(exc: httpx.TransportError, what: str) -> SandboxService
     is sent; anything later (read timeout, reset, a closed connection) may come after the service
     has started acting on it.
     """
+    import httpx  # imported by whoever raised ``exc``
+
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol):
         return ServiceUnreachable(f"{what}: the service cannot be reached: {_describe(exc)}")
     return ConnectionLost(f"{what}: the connection failed, the outcome is unknown: {_describe(exc)}")

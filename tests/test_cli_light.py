@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import os
 import types
 import typing
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.cli import _decode as d
-from sandboxes.cli import _fast
+from sandboxes.cli import _fast, _plain
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
 from sandboxes.client.errors import InvalidRequest
@@ -147,3 +148,16 @@ def test_an_answer_the_light_path_does_not_vouch_for_is_the_models(raw: bytes) -
         except InvalidRequest as exc:
             outcomes.append(str(exc))
     assert outcomes[0] == outcomes[1]
+
+
+def test_plain_http_serves_only_what_httpx_would_serve_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """http.client for a plain http:// service alone: https (its CA settings) and any proxy
+    variable (httpx honours them, with their exceptions) leave the call to httpx."""
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
+    assert _plain.usable("http://127.0.0.1:8080")
+    assert not _plain.usable("https://127.0.0.1:8080")
+    for name in ("HTTP_PROXY", "https_proxy", "ALL_PROXY", "no_proxy"):
+        with monkeypatch.context() as env:
+            env.setenv(name, "http://127.0.0.1:3128")
+            assert not _plain.usable("http://127.0.0.1:8080"), name

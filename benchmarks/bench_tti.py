@@ -617,7 +617,7 @@ def _service(workdir: Path, backend: str, owner: str, capacity: int, pool_size: 
 
 
 def run(n: int, burst: int, stagger_ms: float, extra: int, backends: list[str], crowds: bool,
-        cli_n: int, library: bool = True, pool_burst: int = 100) -> dict[str, Any]:  # fmt: skip
+        cli_n: int, library: bool = True, pool_burst: int = 100, cli_only: bool = False) -> dict[str, Any]:  # fmt: skip
     import docker
 
     owner = f"bench-tti-{uuid.uuid4().hex[:8]}"
@@ -630,6 +630,11 @@ def run(n: int, burst: int, stagger_ms: float, extra: int, backends: list[str], 
             workdir = Path(tmp)
             for backend in [b for b in backends if b in ("docker", "local")]:
                 (workdir / backend).mkdir()
+                if cli_only:
+                    if backend == "docker":
+                        with _service(workdir, backend, owner, burst) as service:
+                            rows += _cli_rows(service, cli_n)
+                    continue
                 with _service(workdir, backend, owner, burst) as service:
                     raw = raw_docker(client, owner) if backend == "docker" else None
                     rows += _service_rows(service, backend, n, raw)
@@ -641,7 +646,7 @@ def run(n: int, burst: int, stagger_ms: float, extra: int, backends: list[str], 
                             rows += _service_crowds(service, burst, stagger_ms, extra)
                 if backend == "docker" and crowds and pool_burst:
                     rows += _service_pool_burst(workdir / "pool-burst", owner, pool_burst)
-            if not library:
+            if not library or cli_only:
                 backends = []
             if "docker" in backends:
                 rows += _docker_rows(client, owner, n, burst, crowds)
@@ -690,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="docker,local,ssh,kubernetes")
     parser.add_argument("--no-crowds", action="store_true", help="skip the staggered and burst rows")
     parser.add_argument("--service-only", action="store_true", help="only the rows through the service (and CLI)")
+    parser.add_argument("--cli-only", action="store_true", help="only the CLI start rows (beside python -c pass)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--save", metavar="PATH", help="also write the JSON report to PATH")
     args = parser.parse_args(argv)
@@ -698,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     host = machine()  # before the run loads the machine
     print(host, flush=True)
     report = run(args.n, args.burst, args.stagger, args.extra, args.backends.split(","), not args.no_crowds,
-                 args.cli_n, not args.service_only, args.pool_burst)  # fmt: skip
+                 args.cli_n, not args.service_only, args.pool_burst, args.cli_only)  # fmt: skip
     report["machine"] = host
     if args.save:
         with open(args.save, "w", encoding="utf-8") as fh:

@@ -16,10 +16,9 @@ worker thread; backends with a native async transport override them.
 from __future__ import annotations
 
 import abc
-import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, ParamSpec, TypeVar
 
 
 class NotIsolatedWarning(UserWarning):
@@ -202,6 +201,18 @@ class ExecuteResponse:
         return self.error == TIMEOUT
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def _to_thread(call: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``asyncio.to_thread``, asyncio imported where awaited: a program that never awaits (a
+    CLI call) does not import it with the protocol."""
+    import asyncio
+
+    return await asyncio.to_thread(call, *args, **kwargs)
+
+
 class BackendProtocol(abc.ABC):
     """File operations over absolute virtual paths.
 
@@ -240,33 +251,33 @@ class BackendProtocol(abc.ABC):
     def download_files(self, paths: list[str]) -> list[FileDownloadResponse]: ...
 
     async def als(self, path: str) -> LsResult:
-        return await asyncio.to_thread(self.ls, path)
+        return await _to_thread(self.ls, path)
 
     async def aread(self, file_path: str, offset: int = 0, limit: int = 2000) -> ReadResult:
-        return await asyncio.to_thread(self.read, file_path, offset, limit)
+        return await _to_thread(self.read, file_path, offset, limit)
 
     async def awrite(self, file_path: str, content: str) -> WriteResult:
-        return await asyncio.to_thread(self.write, file_path, content)
+        return await _to_thread(self.write, file_path, content)
 
     async def aedit(self, file_path: str, old_string: str, new_string: str, replace_all: bool = False) -> EditResult:
-        return await asyncio.to_thread(self.edit, file_path, old_string, new_string, replace_all)
+        return await _to_thread(self.edit, file_path, old_string, new_string, replace_all)
 
     async def adelete(self, file_path: str) -> DeleteResult:
-        return await asyncio.to_thread(self.delete, file_path)
+        return await _to_thread(self.delete, file_path)
 
     async def agrep(
         self, pattern: str, path: str | None = None, glob: str | None = None, *, max_count: int | None = None
     ) -> GrepResult:
-        return await asyncio.to_thread(lambda: self.grep(pattern, path, glob, max_count=max_count))
+        return await _to_thread(lambda: self.grep(pattern, path, glob, max_count=max_count))
 
     async def aglob(self, pattern: str, path: str | None = None) -> GlobResult:
-        return await asyncio.to_thread(self.glob, pattern, path)
+        return await _to_thread(self.glob, pattern, path)
 
     async def aupload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
-        return await asyncio.to_thread(self.upload_files, files)
+        return await _to_thread(self.upload_files, files)
 
     async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
-        return await asyncio.to_thread(self.download_files, paths)
+        return await _to_thread(self.download_files, paths)
 
 
 class SandboxBackendProtocol(BackendProtocol):
@@ -304,6 +315,6 @@ class SandboxBackendProtocol(BackendProtocol):
         cwd: str | None = None,
         output_limit: int | None = None,
     ) -> ExecuteResponse:
-        return await asyncio.to_thread(
+        return await _to_thread(
             lambda: self.execute(command, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
         )

@@ -25,7 +25,10 @@ import pytest
 import uvicorn
 from support import HAS_BWRAP
 
+from sandboxes import protocol as p
+from sandboxes.cli import _decode as d
 from sandboxes.cli import main
+from sandboxes.client import _wire as w
 from sandboxes.local import LocalTemplate
 from sandboxes.server.app import create_app
 from sandboxes.server.auth import hash_key
@@ -439,12 +442,13 @@ print(json.dumps({"code": code, "modules": modules, "stdlib": sorted(sys.stdlib_
 """
 
 
-def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) -> None:
-    """A fresh interpreter runs ``exec`` against the service, as the console script does, then
-    lists every top-level package it imported and the API models whose validators it built."""
+def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli) -> None:
+    """A fresh interpreter runs a subcommand that takes the client (``--json ls``) against the
+    service, as the console script does, then lists every top-level package it imported and the
+    API models whose validators it built."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}
     env["SANDBOXES_API_KEY"] = cli.key
-    argv = ["--url", cli.url, "--sandbox", sandbox, "exec", "true"]
+    argv = ["--url", cli.url, "--json", "ls"]  # the JSON list takes the client, not the light path
     run = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER, *argv], capture_output=True, env=env, timeout=60)
     assert run.returncode == 0, run.stderr.decode()
     report = json.loads(run.stdout.decode().splitlines()[-1])
@@ -454,6 +458,132 @@ def test_a_remote_subcommand_imports_no_heavy_package(cli: Cli, sandbox: str) ->
     others = {name for name in report["modules"] if not name.startswith("_")} - set(report["stdlib"])
     assert sorted(others - THIRD_PARTY) == []
     assert len(report["built"]) <= MODELS_BUILT, report["built"]
+
+
+NOT_ON_THE_LIGHT_PATH = (
+    "pydantic", "pydantic_core", "tenacity", "sandboxes.api", "sandboxes.client._wire", "asyncio", "httpx",
+)  # fmt: skip
+"""What a protocol subcommand against a sandbox, the plain list of sandboxes or a process
+subcommand never imports (`sandboxes.cli._fast`): the API's models and their validator, the
+retry library, asyncio; nor httpx for a plain ``http://`` service without a proxy."""
+
+_LOADED_AFTER = f"""
+import json, sys
+from sandboxes.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({{"code": code, "loaded": [name for name in {NOT_ON_THE_LIGHT_PATH!r} if name in sys.modules]}}))
+"""
+
+
+def test_the_light_subcommands_import_no_pydantic(cli: Cli, sandbox: str) -> None:
+    """Each subcommand in a fresh interpreter, as the console script runs it: it talks to the
+    service (its answer is right) and has imported none of `NOT_ON_THE_LIGHT_PATH`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_") and not k.lower().endswith("_proxy")}
+    env["SANDBOXES_API_KEY"] = cli.key
+    on = ["--url", cli.url, "--sandbox", sandbox]
+    started = cli.ok("process", "start", sandbox, "echo background").strip()
+    calls = {
+        "exec": ([*on, "exec", "echo light"], "light\n"),
+        "exec --json": ([*on, "exec", "--json", "true"], '"exit_code": 0'),
+        "write": ([*on, "write", "light.txt", "--content", "one\ntwo\n"], ""),
+        "read": ([*on, "read", "light.txt"], "one\ntwo\n"),
+        "ls": ([*on, "ls"], "light.txt"),
+        "grep": ([*on, "grep", "two", "."], "light.txt:2:two"),
+        "glob": ([*on, "glob", "*.txt"], "light.txt"),
+        "list": (["--url", cli.url, "ls", "-l"], sandbox),
+        "process start": (["--url", cli.url, "process", "start", sandbox, "true"], ""),
+        "process wait": (["--url", cli.url, "process", "wait", sandbox, started], "background\n"),
+    }
+    for name, (argv, shown) in calls.items():
+        run = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *argv], capture_output=True, env=env, timeout=60)
+        *printed, last = run.stdout.decode().splitlines(keepends=True)
+        report = json.loads(last)
+        assert (report["code"], run.returncode) == (0, 0), (name, run.stderr.decode())
+        assert shown in "".join(printed), (name, printed)
+        assert report["loaded"] == [], name
+    # A proxy variable (httpx honours them): the same calls over httpx, still without the models.
+    env["no_proxy"] = "proxy.invalid"
+    run = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *on, "exec", "echo light"], capture_output=True, env=env)
+    *printed, last = run.stdout.decode().splitlines(keepends=True)
+    assert (json.loads(last), printed) == ({"code": 0, "loaded": ["httpx"]}, ["light\n"]), run.stderr.decode()
+
+
+def test_the_light_path_says_what_the_client_says(cli: Cli, sandbox: str) -> None:
+    """What the light path does not vouch for (an argument the model refuses, an unknown
+    sandbox) ends exactly as through the client: the same line, the same status."""
+    refused = cli("--sandbox", sandbox, "exec", "--timeout", "inf", "true")
+    assert refused.returncode == 1
+    assert _err(refused).startswith("error: invalid_request: invalid ExecuteRequest: "), _err(refused)
+    missing = cli("--sandbox", "nonexistent0000", "ls")
+    assert missing.returncode == 1
+    assert _err(missing).startswith("error: not_found: "), _err(missing)
+    assert "(HTTP 404, request " in _err(missing)
+
+
+def test_the_light_path_reads_real_answers_as_the_client_does(cli: Cli, sandbox: str) -> None:
+    """The service's own answers, read by the light decoders (`sandboxes.cli._decode`) without
+    help from the models, and by the client's models: the same values."""
+    path = f"/v1/sandboxes/{sandbox}"
+    with httpx.Client(base_url=cli.url, headers={"authorization": f"Bearer {cli.key}"}, timeout=60) as http:
+
+        def answer(method: str, route: str, body: object = None) -> bytes:
+            response = http.request(method, route, json=body)
+            assert response.is_success, response.text
+            return response.content
+
+        def same(kind: type, raw: bytes, full: object) -> None:
+            assert d.strictly(kind, raw) == full, raw
+
+        raw = answer("GET", path)
+        same(d.SandboxInfo, raw, d.SandboxInfo(**w.sandbox_info.decode(raw).model_dump()))
+        raw = answer("GET", "/v1/sandboxes")
+        same(
+            d.SandboxList,
+            raw,
+            d.SandboxList([d.SandboxInfo(**i.model_dump()) for i in w.sandbox_list(httpx.Response(200, content=raw))]),
+        )
+        for command, timeout in (("echo out; echo err >&2; exit 3", None), ("sleep 5", 0.2)):
+            raw = answer(
+                "POST", f"{path}/execute", d.execute_body(command, timeout=timeout, stdin=None, env=None, cwd=None)
+            )
+            same(p.ExecuteResponse, raw, w.execute_response(w._EXECUTE.decode(raw)))
+        body = d.execute_body("echo out; echo err >&2", timeout=None, stdin=None, env=None, cwd=None)
+        with http.stream("POST", f"{path}/execute/stream", json=body) as stream:
+            lines = [line for line in stream.iter_lines() if line.strip()]
+        assert len(lines) >= 2
+        for line in lines:
+            event = w.stream_event(line)
+            assert event is not None
+            result = None if event.result is None else w.execute_response(event.result)
+            full = d.StreamEvent(event.type, event.data, result, event.id, event.offset, event.stream)
+            assert d.strictly(d.StreamEvent, line) == full, line
+        files = {
+            "write": ("/tmp/light.txt", "one\ntwo\n"), "read": ("/tmp/light.txt", 1, 5), "ls": ("/tmp",),
+            "grep": ("two", "/tmp", None, None), "glob": ("*.txt", "/tmp"),
+        }  # fmt: skip
+        files["read missing"] = ("/tmp/missing.txt", 0, 10)
+        for name, values in files.items():
+            op = name.split()[0]
+            raw = answer("POST", f"{path}/files/{op}", d.file_body(op, *values))
+            kind = {
+                "ls": p.LsResult,
+                "read": p.ReadResult,
+                "write": p.WriteResult,
+                "grep": p.GrepResult,
+                "glob": p.GlobResult,
+            }[op]
+            full = w._GREP.decode(raw) if op == "grep" else getattr(w, f"{op}_result").decode(raw)
+            same(kind, raw, full)
+        raw = answer(
+            "POST", f"{path}/processes", d.execute_body("echo hi", timeout=None, stdin=None, env=None, cwd=None)
+        )
+        polled = answer("GET", f"{path}/processes/{w._PROCESS.decode(raw).id}")
+        for each in (raw, polled):
+            info = w._PROCESS.decode(each)
+            result = None if info.result is None else w.execute_response(info.result)
+            same(
+                d.ProcessInfo, each, d.ProcessInfo(info.id, info.status, info.output, result, info.stdout, info.stderr)
+            )
 
 
 def test_exec_interrupted_kills_its_command(cli: Cli, url: str, sandbox: str) -> None:

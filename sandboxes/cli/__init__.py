@@ -103,11 +103,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.root is not None:
         raise Usage(f"{args.subcommand}: works against a sandbox service; --root is for local sandboxes")
     _skip_httpx_cli()
+    if args.kind == "local-or-remote" or args.subcommand == "process":
+        light = _dispatch_light(args)
+        if light is not None:
+            return light
     try:
         from sandboxes.cli import remote
     except ImportError as exc:
-        hint = "pip install 'sandboxes[server]'"
-        raise Failed(p.BACKEND_ERROR, f"the service needs the server extra ({hint}): {exc}") from exc
+        raise _no_server_extra(exc) from exc
     if args.kind == "cp":
         return remote.cmd_cp(args)
     if args.kind == "ports":
@@ -124,6 +127,33 @@ def _dispatch(args: argparse.Namespace) -> int:
                 return remote.cmd_list(args, client)
         raise Usage(f"{args.subcommand}: which sandbox? --sandbox ID (`sandboxes create` makes one)")
     with remote.open_sandbox(args, args.sandbox) as session:
+        code = args.handler(args, session)
+        return code
+
+
+def _no_server_extra(exc: ImportError) -> Failed:
+    return Failed(p.BACKEND_ERROR, f"the service needs the server extra (pip install 'sandboxes[server]'): {exc}")
+
+
+def _dispatch_light(args: argparse.Namespace) -> int | None:
+    """A protocol subcommand against a sandbox, or the plain list of sandboxes, through the
+    light path (`sandboxes.cli._fast`); ``None`` for what only the client does."""
+    listing = args.sandbox is None and args.subcommand == "ls" and args.path is None and not args.json
+    process = args.subcommand == "process"
+    if args.sandbox is None and not listing and not process:
+        return None
+    try:
+        from sandboxes.cli import _fast
+    except ImportError as exc:
+        raise _no_server_extra(exc) from exc
+    if process:
+        with _fast.connect(args) as connection:
+            code: int = args.handler(args, _fast.LightClient(connection))
+            return code
+    if listing:
+        with _fast.connect(args) as connection:
+            return _fast.cmd_list(args, connection)
+    with _fast.open_sandbox(args, args.sandbox) as session:
         code = args.handler(args, session)
         return code
 
@@ -294,9 +324,9 @@ def _add_service_commands(
 
     def stateful(name: str) -> Callable[..., int]:
         def run(*args: Any) -> int:
-            from sandboxes.cli import processes, state
+            import importlib
 
-            module = processes if name == "cmd_process" else state
+            module = importlib.import_module("sandboxes.cli." + ("processes" if name == "cmd_process" else "state"))
             code: int = getattr(module, name)(*args)
             return code
 

@@ -1,22 +1,28 @@
 """The handler of ``sandboxes process``: a sandbox's background processes in the service
 (start, get, wait, kill), their stdout printed to stdout and their stderr to stderr.
-Imported only in remote mode (it needs the ``server`` extra)."""
+Imported only in remote mode (it needs the ``server`` extra); it runs on the CLI's light path
+(`sandboxes.cli._fast`), a `SandboxClient` would do as well."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from sandboxes import protocol as p
 from sandboxes.cli._common import EXIT_ERROR, EXIT_TIMEOUT, Failed, Usage, emit_json, note, out
-from sandboxes.client import ProcessStatus, SandboxClient
+from sandboxes.client._light import ProcessStatus
 from sandboxes.semantics import message_for
+
+if TYPE_CHECKING:
+    from sandboxes.cli._fast import LightClient
+    from sandboxes.client import SandboxClient
 
 __all__ = ["cmd_process"]
 
 
-def cmd_process(args: argparse.Namespace, client: SandboxClient) -> int:
+def cmd_process(args: argparse.Namespace, client: SandboxClient | LightClient) -> int:
     """``start ID CMD...`` prints the process's id; ``get|wait|kill ID PROCESS`` print its
     stdout and stderr apart and exit as it did (0 while it runs)."""
     sandbox = client.attach(args.id)

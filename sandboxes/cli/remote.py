@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
 import sys
 from collections.abc import Iterator
@@ -18,18 +17,9 @@ from pathlib import Path
 from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.cli._common import EXIT_ERROR, Failed, Session, Usage, emit_json, note, out
+from sandboxes.cli._fast import KEY_ENV, list_lines, service_url, when
 from sandboxes.client import NotFound, SandboxClient, SandboxServiceError
 from sandboxes.paths import InvalidPathError, normalize_path, parent
-
-URL_ENV = "SANDBOXES_URL"
-KEY_ENV = "SANDBOXES_API_KEY"
-
-
-def service_url(args: argparse.Namespace) -> str:
-    url: str | None = args.url or os.environ.get(URL_ENV)
-    if not url:
-        raise Usage(f"{args.subcommand}: needs the service's address: --url URL or {URL_ENV}")
-    return url
 
 
 @contextlib.contextmanager
@@ -82,19 +72,8 @@ def cmd_list(args: argparse.Namespace, client: SandboxClient) -> int:
     if args.json:
         emit_json(sandboxes)
         return 0
-    for info in sorted(sandboxes, key=lambda info: info.created_at):
-        line = info.id
-        if args.long:
-            expires = _when(info.expires_at)
-            line = f"{info.id}  {info.template:<12}  {info.backend:<7}  expires {expires}  {info.workdir}"
-        out(line + "\n")
+    out(list_lines(sandboxes, long=args.long))
     return 0
-
-
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "never"
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cmd_rm(args: argparse.Namespace, client: SandboxClient) -> int:
@@ -123,7 +102,7 @@ def cmd_metrics(args: argparse.Namespace, client: SandboxClient) -> int:
     cpu = "-" if latest.cpu_percent is None else f"{latest.cpu_percent:.1f}%"
     memory = f"{_size(latest.memory_used)}/{_size(latest.memory_limit)}"
     disk = f"{_size(latest.disk_used)}/{_size(latest.disk_total)}"
-    out(f"{args.id}  cpu {cpu}  memory {memory}  disk {disk}  at {_when(latest.timestamp)} ({latest.source})\n")
+    out(f"{args.id}  cpu {cpu}  memory {memory}  disk {disk}  at {when(latest.timestamp)} ({latest.source})\n")
     return 0
 
 

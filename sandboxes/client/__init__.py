@@ -15,41 +15,59 @@ only when the request certainly never left, so nothing runs twice. Needs the ``s
 
 from typing import TYPE_CHECKING, Any
 
-from sandboxes.api import SandboxInfo
-from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
-from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
-from sandboxes.client._watches import AsyncWatchStream, WatchStream
-from sandboxes.client._wire import ClientConfig, ProcessStatus
-from sandboxes.client.errors import (
-    BackendUnavailable,
-    ConnectionLost,
-    InternalError,
-    InvalidRequest,
-    NotFound,
-    Paused,
-    QuotaExceeded,
-    RateLimited,
-    SandboxServiceError,
-    ServiceUnreachable,
-    SnapshotMismatch,
-    TooLarge,
-    Unauthorized,
-)
-from sandboxes.client.remote import RemoteSandbox
-
 if TYPE_CHECKING:
+    from sandboxes.api import SandboxInfo
+    from sandboxes.client._clients import AsyncSandboxClient, SandboxClient
+    from sandboxes.client._light import ProcessStatus
     from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward, PortUnreachable
     from sandboxes.client._pty import AsyncRemoteTerminal, RemoteTerminal
+    from sandboxes.client._streams import AsyncCommandStream, CommandStream, OutputChunk
+    from sandboxes.client._watches import AsyncWatchStream, WatchStream
+    from sandboxes.client._wire import ClientConfig
+    from sandboxes.client.errors import (
+        BackendUnavailable,
+        ConnectionLost,
+        InternalError,
+        InvalidRequest,
+        NotFound,
+        Paused,
+        QuotaExceeded,
+        RateLimited,
+        SandboxServiceError,
+        ServiceUnreachable,
+        SnapshotMismatch,
+        TooLarge,
+        Unauthorized,
+    )
+    from sandboxes.client.remote import RemoteSandbox
 
+_ERRORS = (
+    "BackendUnavailable ConnectionLost InternalError InvalidRequest NotFound Paused QuotaExceeded RateLimited "
+    "SandboxServiceError ServiceUnreachable SnapshotMismatch TooLarge Unauthorized"
+)
 _ON_FIRST_USE = {
-    "AsyncPortConnection": "_ports",
-    "PortConnection": "_ports",
-    "PortForward": "_ports",
-    "PortUnreachable": "_ports",
-    "AsyncRemoteTerminal": "_pty",
-    "RemoteTerminal": "_pty",
+    "SandboxInfo": "sandboxes.api",
+    "AsyncSandboxClient": "sandboxes.client._clients",
+    "SandboxClient": "sandboxes.client._clients",
+    "ProcessStatus": "sandboxes.client._light",
+    "AsyncPortConnection": "sandboxes.client._ports",
+    "PortConnection": "sandboxes.client._ports",
+    "PortForward": "sandboxes.client._ports",
+    "PortUnreachable": "sandboxes.client._ports",
+    "AsyncRemoteTerminal": "sandboxes.client._pty",
+    "RemoteTerminal": "sandboxes.client._pty",
+    "AsyncCommandStream": "sandboxes.client._streams",
+    "CommandStream": "sandboxes.client._streams",
+    "OutputChunk": "sandboxes.client._streams",
+    "AsyncWatchStream": "sandboxes.client._watches",
+    "WatchStream": "sandboxes.client._watches",
+    "ClientConfig": "sandboxes.client._wire",
+    "RemoteSandbox": "sandboxes.client.remote",
+    **dict.fromkeys(_ERRORS.split(), "sandboxes.client.errors"),
 }
-"""Names whose modules (websockets underneath) are imported when first asked for, not with the client."""
+"""Where each public name lives, imported when first asked for: importing a module of this
+package (the CLI's light path takes `sandboxes.client.errors`) does not import the API's models,
+pydantic nor websockets."""
 
 
 def __getattr__(name: str) -> Any:
@@ -58,7 +76,13 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [

@@ -23,6 +23,8 @@ from tenacity import AsyncRetrying, Retrying
 from sandboxes import api
 from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
+from sandboxes.client._light import DEFAULT_READ, recovered, retry_delay, retry_now
+from sandboxes.client._light import limits as pool_limits
 from sandboxes.client.errors import (
     ConnectionLost,
     NotFound,
@@ -32,10 +34,6 @@ from sandboxes.client.errors import (
 )
 
 T = TypeVar("T")
-
-_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=4.0)
-"""Keep-alive shorter than the server's (uvicorn: 5 s) so a pooled connection is never reused
-just as the server closes it: that race would turn a harmless write into `ConnectionLost`."""
 
 
 def _config(
@@ -67,8 +65,8 @@ class ServiceConnection:
         self._http = httpx.Client(
             base_url=self.config.base_url(),
             headers=self.config.headers(),
-            timeout=self.config.httpx_timeout(w.DEFAULT_READ),
-            limits=_LIMITS,
+            timeout=self.config.httpx_timeout(DEFAULT_READ),
+            limits=pool_limits(),
             transport=transport,
         )
         self._known = _Known(self.config, self._http)
@@ -139,7 +137,7 @@ class ServiceConnection:
         try:
             response = self._send_retrying(op, stream=False)
         except SandboxServiceError as exc:
-            return w.recovered(op, exc)
+            return recovered(op, exc)
         return op.parse(response)
 
     def open(self, op: w.Op[Any], content: Any = None) -> httpx.Response:
@@ -150,10 +148,10 @@ class ServiceConnection:
         try:  # the first attempt outside tenacity's loop (module docstring)
             return self._send(op, stream=stream, content=content)
         except SandboxServiceError as exc:
-            if self.config.retries < 1 or not w.retry_now(self.config, op, exc):
+            if self.config.retries < 1 or not retry_now(self.config, op, exc):
                 raise
             failed = exc
-        time.sleep(w.retry_delay(self.config, 1, failed))
+        time.sleep(retry_delay(self.config, 1, failed))
         response: httpx.Response | None = None
         maybe_done = isinstance(failed, ConnectionLost)
         for attempt in Retrying(**w.retry_kwargs(self.config, op, made=1)):
@@ -212,15 +210,15 @@ class AsyncServiceConnection:
         retries: int = 4,
         config: w.ClientConfig | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        limits: httpx.Limits = _LIMITS,
+        limits: httpx.Limits | None = None,
         **options: Any,
     ) -> None:
         self.config = _config(url, api_key, timeout, retries, config, options)
         self._http = httpx.AsyncClient(
             base_url=self.config.base_url(),
             headers=self.config.headers(),
-            timeout=self.config.httpx_timeout(w.DEFAULT_READ),
-            limits=limits,
+            timeout=self.config.httpx_timeout(DEFAULT_READ),
+            limits=pool_limits() if limits is None else limits,
             transport=transport,
         )
         self._known = _Known(self.config, self._http)
@@ -282,7 +280,7 @@ class AsyncServiceConnection:
         try:
             response = await self._send_retrying(op, stream=False)
         except SandboxServiceError as exc:
-            return w.recovered(op, exc)
+            return recovered(op, exc)
         return op.parse(response)
 
     async def open(self, op: w.Op[Any], content: Any = None) -> httpx.Response:
@@ -292,10 +290,10 @@ class AsyncServiceConnection:
         try:  # the first attempt outside tenacity's loop (module docstring)
             return await self._send(op, stream=stream, content=content)
         except SandboxServiceError as exc:
-            if self.config.retries < 1 or not w.retry_now(self.config, op, exc):
+            if self.config.retries < 1 or not retry_now(self.config, op, exc):
                 raise
             failed = exc
-        await asyncio.sleep(w.retry_delay(self.config, 1, failed))
+        await asyncio.sleep(retry_delay(self.config, 1, failed))
         response: httpx.Response | None = None
         maybe_done = isinstance(failed, ConnectionLost)
         async for attempt in AsyncRetrying(**w.retry_kwargs(self.config, op, made=1)):

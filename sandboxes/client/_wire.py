@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast, get_args
+from typing import Any, Generic, TypeVar, get_args
 
 import httpx
 import pydantic
@@ -22,23 +21,19 @@ from tenacity import RetryCallState
 
 from sandboxes import api
 from sandboxes import protocol as p
-from sandboxes.client.errors import (
-    BackendUnavailable,
-    ConnectionLost,
-    InvalidRequest,
-    OperationFailed,
-    QuotaExceeded,
-    RateLimited,
-    SandboxServiceError,
-    ServiceUnreachable,
-)
-from sandboxes.semantics import GREP_MAX_MATCHES, finish_grep
+from sandboxes.client._light import DEFAULT_READ as DEFAULT_READ
+from sandboxes.client._light import PatienceMethods, capped_grep, retry_delay, retry_now
+from sandboxes.client._light import ProcessStatus as ProcessStatus
+from sandboxes.client._light import execute_timeout as execute_timeout
+from sandboxes.client._light import may_retry as may_retry
+from sandboxes.client._light import recovered as recovered
+from sandboxes.client.errors import ConnectionLost, InvalidRequest
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
-class ClientConfig(BaseModel):
+class ClientConfig(PatienceMethods, BaseModel):
     """How to reach the service and how patient to be with it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -78,23 +73,6 @@ class ClientConfig(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"the service URL must start with http:// or https://, not {value!r}")
         return value
-
-    def httpx_timeout(self, read: object) -> httpx.Timeout:
-        chosen = self.timeout if read is DEFAULT_READ else cast("float | None", read)
-        return httpx.Timeout(self.timeout, connect=self.connect_timeout, read=chosen, pool=self.timeout)
-
-    def headers(self) -> dict[str, str]:
-        headers = {"user-agent": "sandboxes-client/1"}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def base_url(self) -> str:
-        return self.url.rstrip("/")
-
-
-DEFAULT_READ: Any = object()
-"""Marker for "the configured read timeout" in `Op.read_timeout` (``None`` means no limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,37 +117,6 @@ def model_json(model: type[M], **fields: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------- retry policy
 
 
-def may_retry(op: Op[Any], exc: BaseException) -> bool:
-    """Whether this failure of this call may be answered by sending the call again."""
-    if not op.retry:
-        return False
-    if isinstance(exc, ServiceUnreachable):
-        return True  # nothing was sent: safe for every call
-    if not op.idempotent:
-        return False  # a command, write or upload never runs twice
-    if isinstance(exc, QuotaExceeded):  # a 429 says when room may be made; a 403 that none will
-        return exc.retry_after is not None
-    return isinstance(exc, RateLimited | BackendUnavailable | ConnectionLost)
-
-
-def retry_now(config: ClientConfig, op: Op[Any], exc: BaseException) -> bool:
-    """Whether to send ``op`` again after ``exc``: allowed, and not told to wait too long."""
-    if not may_retry(op, exc):
-        return False
-    hint: float | None = getattr(exc, "retry_after", None)
-    return hint is None or hint <= config.max_retry_after
-
-
-def retry_delay(config: ClientConfig, attempt: int, exc: BaseException | None) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (from 1): the service's
-    ``Retry-After`` if it gave one, else exponential backoff with jitter."""
-    hint: float | None = getattr(exc, "retry_after", None)
-    if hint is not None:
-        return hint
-    ceiling = min(config.max_backoff, config.backoff * 2.0 ** (attempt - 1))
-    return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
-
-
 def retry_kwargs(config: ClientConfig, op: Op[Any], *, made: int = 0) -> dict[str, Any]:
     """Arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call, when ``made``
     attempts were already made (and failed) outside it."""
@@ -185,16 +132,6 @@ def retry_kwargs(config: ClientConfig, op: Op[Any], *, made: int = 0) -> dict[st
         "stop": stop_after_attempt(config.retries + 1 - made),
         "reraise": True,
     }
-
-
-def recovered(op: Op[T], exc: SandboxServiceError) -> T:
-    """The result standing for ``exc`` when ``op`` has one; re-raises ``exc`` otherwise."""
-    if op.recover is not None:
-        if isinstance(exc, ConnectionLost):
-            return op.recover(p.CONNECTION_LOST, exc.message)
-        if isinstance(exc, OperationFailed):
-            return op.recover(cast("p.ErrorCode", exc.code), exc.message)
-    raise exc
 
 
 # ---------------------------------------------------------------------- answers -> results
@@ -257,14 +194,8 @@ def no_content(response: httpx.Response) -> None:
 
 
 def grep_result(response: httpx.Response) -> p.GrepResult:
-    """A grep's answer, held to the caps every backend keeps (`finish_grep`) whatever the
-    service sent: past them the first matches, ``truncated``."""
-    result = _GREP(response)
-    if result.matches is None:
-        return result
-    kept = finish_grep(result.matches[: GREP_MAX_MATCHES + 1], None)
-    truncated = result.truncated or kept.truncated or len(result.matches) > GREP_MAX_MATCHES
-    return p.GrepResult(result.error, result.message, matches=kept.matches, truncated=truncated)
+    """A grep's answer, held to the caps every backend keeps (`capped_grep`)."""
+    return capped_grep(_GREP(response))
 
 
 def download_results(response: httpx.Response) -> list[p.FileDownloadResponse]:
@@ -292,25 +223,6 @@ def execute_response(result: api.ExecuteResult) -> p.ExecuteResponse:
 
 def execute_result(response: httpx.Response) -> p.ExecuteResponse:
     return execute_response(_EXECUTE(response))
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessStatus:
-    """A background command: its output so far, and its ``result`` once it has ended.
-    ``stdout`` and ``stderr`` are its streams apart; ``output`` is both as one text (the stdout,
-    then the stderr), as the result's is."""
-
-    id: str
-    status: str
-    """``running``, ``exited``, ``killed`` or ``timeout``."""
-    output: str = ""
-    result: p.ExecuteResponse | None = None
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def running(self) -> bool:
-        return self.status == "running"
 
 
 def process_status(response: httpx.Response) -> ProcessStatus:
@@ -356,12 +268,3 @@ def failed_execution(code: p.ErrorCode, message: str) -> p.ExecuteResponse:
 
 def lost_execution(message: str) -> p.ExecuteResponse:
     return failed_execution(p.CONNECTION_LOST, message)
-
-
-def execute_timeout(config: ClientConfig, timeout: float | None) -> Any:
-    """How long to wait for ``execute``'s answer: the command's own timeout plus a grace."""
-    if timeout is None:
-        return DEFAULT_READ
-    if timeout == 0:
-        return None  # the command may run forever; so may the wait
-    return max(config.timeout, timeout + config.execute_grace)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import email.utils
 import time
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import pydantic
-
-from sandboxes import api
 from sandboxes.protocol import ErrorCode
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "BackendUnavailable",
@@ -210,7 +209,12 @@ def error_from_response(response: httpx.Response) -> SandboxServiceError:
 
 def _parse_body(response: httpx.Response) -> tuple[str | None, str, str | None]:
     """An `ErrorBody`'s code, message and request id; for any other body (a proxy's, a code a
-    newer service added) what can be read of it."""
+    newer service added) what can be read of it. The API's models are imported here, on an
+    error's path only: a call that succeeds never needs them."""
+    import pydantic
+
+    from sandboxes import api
+
     try:
         error = api.ErrorBody.model_validate_json(response.content)
     except pydantic.ValidationError:
@@ -257,6 +261,8 @@ def error_from_transport(exc: httpx.TransportError, what: str) -> SandboxService
     is sent; anything later (read timeout, reset, a closed connection) may come after the service
     has started acting on it.
     """
+    import httpx  # imported by whoever raised ``exc``
+
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.UnsupportedProtocol):
         return ServiceUnreachable(f"{what}: the service cannot be reached: {_describe(exc)}")
     return ConnectionLost(f"{what}: the connection failed, the outcome is unknown: {_describe(exc)}")

@@ -1,0 +1,201 @@
+"""What the client shares with the CLI's light path (`sandboxes.cli._fast`) without pydantic,
+tenacity nor the API models: the client's patience (timeouts, backoff), the retry policy, the
+caps a grep's answer is held to, and a background process's status.
+
+`sandboxes.client._wire` re-exports every name here; this module imports the protocol's
+dataclasses alone (httpx where its settings are made), so a CLI call that imports it stays light.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from sandboxes import protocol as p
+from sandboxes.client.errors import (
+    BackendUnavailable,
+    ConnectionLost,
+    OperationFailed,
+    QuotaExceeded,
+    RateLimited,
+    SandboxServiceError,
+    ServiceUnreachable,
+)
+from sandboxes.semantics import GREP_MAX_MATCHES, finish_grep
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "DEFAULT_READ",
+    "KEEPALIVE_EXPIRY",
+    "Calls",
+    "Patience",
+    "PatienceMethods",
+    "ProcessStatus",
+    "capped_grep",
+    "execute_timeout",
+    "limits",
+    "may_retry",
+    "recovered",
+    "retry_delay",
+    "retry_now",
+]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+KEEPALIVE_EXPIRY = 4.0
+"""Seconds a pooled connection is kept: shorter than the server's (uvicorn: 5 s) so a pooled connection is never reused
+just as the server closes it: that race would turn a harmless write into `ConnectionLost`."""
+
+
+@functools.cache
+def limits() -> httpx.Limits:
+    """The client's connection pool limits."""
+    import httpx
+
+    return httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_EXPIRY)
+
+
+DEFAULT_READ: Any = object()
+"""Marker for "the configured read timeout" in an op's ``read_timeout`` (``None`` means no limit)."""
+
+
+class Patience(Protocol):
+    """The fields of `sandboxes.client.ClientConfig` the retry policy and the timeouts read."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def backoff(self) -> float: ...
+    @property
+    def max_backoff(self) -> float: ...
+    @property
+    def max_retry_after(self) -> float: ...
+    @property
+    def execute_grace(self) -> float: ...
+
+
+class Calls(Protocol):
+    """What the retry policy reads of a call (`sandboxes.client._wire.Op`'s fields)."""
+
+    @property
+    def retry(self) -> bool: ...
+    @property
+    def idempotent(self) -> bool: ...
+
+
+class Recovers(Protocol[T_co]):
+    """What `recovered` reads of a call: the result standing for a failure, if it has one."""
+
+    @property
+    def recover(self) -> Callable[[p.ErrorCode, str], T_co] | None: ...
+
+
+class PatienceMethods:
+    """How a configuration's fields become httpx's settings: one definition for the client's
+    `ClientConfig` and the CLI's light configuration."""
+
+    def httpx_timeout(self: Patience, read: object) -> httpx.Timeout:
+        import httpx
+
+        chosen = self.timeout if read is DEFAULT_READ else cast("float | None", read)
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout, read=chosen, pool=self.timeout)
+
+    def headers(self: Patience) -> dict[str, str]:
+        headers = {"user-agent": "sandboxes-client/1"}
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def base_url(self: Patience) -> str:
+        return self.url.rstrip("/")
+
+
+def may_retry(op: Calls, exc: BaseException) -> bool:
+    """Whether this failure of this call may be answered by sending the call again."""
+    if not op.retry:
+        return False
+    if isinstance(exc, ServiceUnreachable):
+        return True  # nothing was sent: safe for every call
+    if not op.idempotent:
+        return False  # a command, write or upload never runs twice
+    if isinstance(exc, QuotaExceeded):  # a 429 says when room may be made; a 403 that none will
+        return exc.retry_after is not None
+    return isinstance(exc, RateLimited | BackendUnavailable | ConnectionLost)
+
+
+def retry_now(config: Patience, op: Calls, exc: BaseException) -> bool:
+    """Whether to send ``op`` again after ``exc``: allowed, and not told to wait too long."""
+    if not may_retry(op, exc):
+        return False
+    hint: float | None = getattr(exc, "retry_after", None)
+    return hint is None or hint <= config.max_retry_after
+
+
+def retry_delay(config: Patience, attempt: int, exc: BaseException | None) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (from 1): the service's
+    ``Retry-After`` if it gave one, else exponential backoff with jitter."""
+    hint: float | None = getattr(exc, "retry_after", None)
+    if hint is not None:
+        return hint
+    ceiling = min(config.max_backoff, config.backoff * 2.0 ** (attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
+
+
+def recovered(op: Recovers[T], exc: SandboxServiceError) -> T:
+    """The result standing for ``exc`` when ``op`` has one; re-raises ``exc`` otherwise."""
+    if op.recover is not None:
+        if isinstance(exc, ConnectionLost):
+            return op.recover(p.CONNECTION_LOST, exc.message)
+        if isinstance(exc, OperationFailed):
+            return op.recover(cast("p.ErrorCode", exc.code), exc.message)
+    raise exc
+
+
+def execute_timeout(config: Patience, timeout: float | None) -> Any:
+    """How long to wait for ``execute``'s answer: the command's own timeout plus a grace."""
+    if timeout is None:
+        return DEFAULT_READ
+    if timeout == 0:
+        return None  # the command may run forever; so may the wait
+    return max(config.timeout, timeout + config.execute_grace)
+
+
+def capped_grep(result: p.GrepResult) -> p.GrepResult:
+    """A grep's answer held to the caps every backend keeps (`finish_grep`) whatever the service
+    sent: past them the first matches, ``truncated``."""
+    if result.matches is None:
+        return result
+    kept = finish_grep(result.matches[: GREP_MAX_MATCHES + 1], None)
+    truncated = result.truncated or kept.truncated or len(result.matches) > GREP_MAX_MATCHES
+    return p.GrepResult(result.error, result.message, matches=kept.matches, truncated=truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStatus:
+    """A background command: its output so far, and its ``result`` once it has ended.
+    ``stdout`` and ``stderr`` are its streams apart; ``output`` is both as one text (the stdout,
+    then the stderr), as the result's is."""
+
+    id: str
+    status: str
+    """``running``, ``exited``, ``killed`` or ``timeout``."""
+    output: str = ""
+    result: p.ExecuteResponse | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
-import ssl
 import struct
 import time
 from typing import Any
@@ -35,7 +34,7 @@ class ExecSocket:
         self._sock: socket.socket = getattr(docker_socket, "_sock", docker_socket)
         self._buffer = read_ahead(docker_socket, self._sock)
         self._sock.settimeout(None)
-        self._peek = not isinstance(self._sock, ssl.SSLSocket)  # TLS sockets take no recv flags
+        self._peek = type(self._sock) is socket.socket  # TLS, SSH and paramiko streams take no recv flags
         self._taken = 0
         """What the socket gave and `recv` has not handed on yet: ``_buffer[_taken:]``."""
         self._frame_left = 0

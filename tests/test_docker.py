@@ -3,6 +3,7 @@ one-docker-exec-per-command fallback, plus the helper's lifecycle."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -220,6 +221,18 @@ def test_attach_and_idempotent_delete(docker_client: Any, runtime_image: str) ->
     sandbox.destroy()
     sandbox.destroy()
     assert docker_client.containers.list(all=True, filters={"id": sandbox.id}) == []
+
+
+def test_a_sandbox_holds_its_container_without_its_full_inspection(
+    docker_client: Any, helper_sandbox: DockerSandbox
+) -> None:
+    """A service holds every live sandbox: its container's inspection (mounts, host config,
+    network settings) is not kept, its id, name, labels and state are."""
+    held = helper_sandbox.container
+    whole = docker_client.containers.get(helper_sandbox.id)
+    assert set(held.attrs) == {"Id", "Name", "Config", "State"}
+    assert (held.id, held.name, held.labels) == (whole.id, whole.name, whole.labels)
+    assert len(json.dumps(held.attrs)) < len(json.dumps(whole.attrs)) / 4
 
 
 @pytest.mark.parametrize("which", ["helper_sandbox", "fallback_sandbox"])

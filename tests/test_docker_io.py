@@ -7,7 +7,10 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
+import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,35 @@ def test_a_frame_bigger_than_the_socket_buffer_arrives_whole(pair: tuple[Countin
         got += chunk
     writer.join()
     assert got == payload
+
+
+def _blocked(thread: threading.Thread) -> bool:
+    """Whether ``thread`` waits in the kernel for a unix socket's data (not for the interpreter lock)."""
+    return Path(f"/proc/self/task/{thread.native_id}/wchan").read_text() == "unix_stream_read_generic"
+
+
+def test_a_reader_waiting_for_data_holds_no_read_buffer() -> None:
+    """An idle exec helper's reader waits for good: what it holds while it waits is held for
+    every idle sandbox, so it waits without the buffer of the read that follows."""
+    ours, peer = socket.socketpair()
+    stream = ExecSocket(ours)
+    got: list[bytes] = []
+    tracemalloc.start(16)
+    try:
+        reader = threading.Thread(target=lambda: got.append(stream.recv(65536)), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not _blocked(reader) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _blocked(reader), "the reader never waited for data"
+        ours = tracemalloc.Filter(True, "*/sandboxes/docker/_io.py", all_frames=True)
+        held = tracemalloc.take_snapshot().filter_traces([ours])
+    finally:
+        tracemalloc.stop()
+    assert sum(stat.size for stat in held.statistics("filename")) < 4096
+    peer.sendall(frame(STDOUT, b"woken"))
+    reader.join(10)
+    assert got == [b"woken"]
+    peer.close()
+    assert stream.recv(65536) == b""
+    stream.close()

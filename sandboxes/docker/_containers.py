@@ -41,6 +41,21 @@ def sandbox_labels(config: DockerSandboxConfig, sandbox_id: str) -> dict[str, st
     return labels
 
 
+def slim_container(container: Any) -> Any:
+    """The same container as a model holding only its id, name, labels and state, for a
+    sandbox that holds it as long as it lives (its full inspection, mounts, host config and
+    network settings, is not read again; `reload` fetches it whole)."""
+    attrs = container.attrs
+    state = attrs.get("State")
+    slim = {
+        "Id": attrs["Id"],
+        "Name": attrs.get("Name"),
+        "Config": {"Labels": (attrs.get("Config") or {}).get("Labels") or {}},
+        "State": {"Status": state.get("Status")} if isinstance(state, dict) else state,
+    }
+    return type(container)(attrs=slim, client=container.client, collection=container.collection)
+
+
 def create_container(client: Any, config: DockerSandboxConfig, name: str | None = None) -> Any:
     """Start a container with the secure defaults: no network, non-root, no capabilities,
     no-new-privileges, read-only root with a size-limited workspace volume and a tmpfs ``/tmp``,

@@ -34,6 +34,7 @@ class ExecSocket:
         self._sock: socket.socket = getattr(docker_socket, "_sock", docker_socket)
         self._buffer = read_ahead(docker_socket, self._sock)
         self._sock.settimeout(None)
+        self._peek = type(self._sock) is socket.socket  # TLS, SSH and paramiko streams take no recv flags
         self._taken = 0
         """What the socket gave and `recv` has not handed on yet: ``_buffer[_taken:]``."""
         self._frame_left = 0
@@ -101,13 +102,20 @@ class ExecSocket:
         if self._taken >= len(self._buffer):
             if not block:
                 return None
-            chunk = self._sock.recv(max(_RECV, size))
+            chunk = self._recv_when_readable(max(_RECV, size))
             if not chunk:
                 return b""
             self._buffer, self._taken = chunk, 0
         data = self._buffer[self._taken : self._taken + size]
         self._taken += len(data)
         return data
+
+    def _recv_when_readable(self, size: int) -> bytes:
+        """Up to ``size`` bytes of the socket, waited for without a buffer: a ``recv`` allocates
+        what it asks for while it blocks, and an idle helper's reader waits for good."""
+        if self._peek and not self._sock.recv(1, socket.MSG_PEEK):
+            return b""
+        return self._sock.recv(size)
 
     def _read_exact(self, size: int, *, block: bool) -> bytes | None:
         """A frame header: ``b""`` at end of stream; ``None`` when ``block`` is false and the

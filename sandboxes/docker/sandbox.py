@@ -48,7 +48,7 @@ from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
 from sandboxes.base import Call, write_call
-from sandboxes.docker._containers import create_container, remove_sandbox
+from sandboxes.docker._containers import create_container, remove_sandbox, slim_container
 from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Sandbox
@@ -145,7 +145,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
     def __init__(
         self, container: Container, client: docker.DockerClient, config: DockerSandboxConfig, *, owned: bool = True
     ) -> None:
-        self.container = container
+        self.container = slim_container(container)
         self.client = client
         self.config = config
         self.owned = owned

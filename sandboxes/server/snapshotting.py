@@ -32,6 +32,7 @@ from sandboxes.server.manifest import FileEntry, Recorder, Witness, differences,
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.snapshots import Part, Snapshot, Writing
 from sandboxes.server.streams import Emit
+from sandboxes.server.tarred import archive_by_helper
 from sandboxes.server.untar import extract_by_helper
 
 __all__ = ["restore", "take"]
@@ -57,11 +58,25 @@ def take(
                 backend.write_archive(sandbox, path, cast(IO[bytes], _Bounded(out, left)), recorder)
             entries = recorder.entries()
         else:
-            entries = _kept(backend, sandbox, path, writing, index, left, settings)
+            found = _taken_by_helper(sandbox, path, writing.path(tar), left, settings)
+            entries = found if found is not None else _kept(backend, sandbox, path, writing, index, left, settings)
         left -= os.path.getsize(writing.path(tar))
         if left < 0:
             raise _over_quota()
         writing.snapshot.parts.append(Part(path, workspace, tar, entries))
+
+
+def _taken_by_helper(
+    sandbox: BaseSandbox, path: str, tar: Path, left: int, settings: ServiceSettings
+) -> list[FileEntry] | None:
+    """The snapshot's tar of ``path`` made by the sandbox's exec helper into ``tar`` (bounded by
+    ``left``), with its manifest; ``None``: the sandbox runs no helper, nothing was kept."""
+    with open(tar, "wb") as out:
+        bounded = cast(IO[bytes], _Bounded(out, left))
+        found = archive_by_helper(sandbox, checked_path(path), bounded, max_members=settings.max_archive_members)
+    if found is None:
+        os.unlink(tar)
+    return found
 
 
 def _kept(

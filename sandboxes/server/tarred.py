@@ -26,6 +26,7 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, _inside, _refuse, printable
 from sandboxes.server.untar import _MAX_LINE as MAX_LINE
 from sandboxes.server.untar import _entry as answered_entry
+from sandboxes.server.untar import _Garbled
 from sandboxes.server.untar import _text as answered_text
 
 __all__ = ["archive_by_helper"]
@@ -36,10 +37,6 @@ _STDERR_TAIL = 2048
 _CODES: tuple[WireErrorCode, ...] = ("file_not_found", "permission_denied", "not_a_directory", "too_large")
 """The program's refusals (`sandboxes._helper._tar`) the service answers as they are; any other
 code it sends is answered ``backend_unavailable``."""
-
-
-class _Garbled(Exception):
-    """The program's answer broke a bound or its grammar."""
 
 
 class _Answer:
@@ -122,7 +119,11 @@ class _Answer:
 
 def _check_path(path: str) -> None:
     """A member's path: relative, plain components, no ``..``."""
-    if not path or member_parts(path) != path.split("/"):
+    try:
+        parts = member_parts(path)
+    except ServiceError:  # absolute, or with ``..``
+        parts = []
+    if not path or parts != path.split("/"):
         raise _Garbled(f"a member path that is not a plain relative one: {printable(path)!r}")
 
 

@@ -6,6 +6,7 @@ runs no helper (busybox, no python3) is still restored, by its commands."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,8 +20,8 @@ from support import SESSION_OWNER
 from test_service_snapshots import _listing, _made, _snapshot, _store
 
 from sandboxes._mux import MuxClient
-from sandboxes.docker import DockerTemplate
-from sandboxes.server import keeping
+from sandboxes.docker import DockerSandbox, DockerTemplate
+from sandboxes.server import keeping, snapshotting
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.untar import _Answer, _result
 
@@ -182,3 +183,54 @@ def test_a_refused_destination_is_named_once() -> None:
     answer(b"E invalid_path %s %s\n" % (b"sub/x".hex().encode(), b"goes through a link".hex().encode()))
     with pytest.raises(ServiceError, match=r"^/home/dest/sub/x: goes through a link$"):
         _result(answer, "/home/dest", 1)
+
+
+def _manifest(service: Running, snapshot_id: str) -> list[dict[str, Any]]:
+    data = json.loads(next(_store(service).glob(f"*/{snapshot_id}/manifest.json")).read_text())
+    entries: list[dict[str, Any]] = data["parts"][0]["entries"]
+    return sorted(entries, key=lambda entry: str(entry["path"]))
+
+
+def test_a_snapshot_of_a_container_is_one_helper_command_the_same_as_tars(
+    service: Running, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exec helper makes the tar and its manifest: no ``docker exec`` of ``tar`` of its own,
+    and the same snapshot, byte for byte and entry for entry, as ``tar -c`` rewritten by the
+    service makes of the same tree (every kind of file)."""
+    source = _made(client, small_files=50)
+    streams: list[str] = []
+    opened = DockerSandbox.open_output_stream
+
+    def counted(self: DockerSandbox, command: str) -> Any:
+        streams.append(command)
+        return opened(self, command)
+
+    monkeypatch.setattr(DockerSandbox, "open_output_stream", counted)
+    by_helper = _snapshot(client, source)
+    assert streams == []
+    monkeypatch.setattr(snapshotting, "_taken_by_helper", lambda *args: None)  # the tar -c path
+    by_tar = _snapshot(client, source)
+    assert len(streams) == 1
+    assert _manifest(service, by_helper["id"]) == _manifest(service, by_tar["id"])
+    assert len(_manifest(service, by_helper["id"])) > 50
+    tars = [next(_store(service).glob(f"*/{taken['id']}/0.tar")).read_bytes() for taken in (by_helper, by_tar)]
+    assert tars[0] == tars[1]
+    assert by_helper["bytes"] == by_tar["bytes"]
+    assert by_helper["files"] == by_tar["files"]
+    restored = create(client, snapshot=by_helper["id"])["id"]
+    assert _listing(client, restored) == _listing(client, source)
+
+
+def test_a_snapshot_by_the_helper_refuses_what_no_archive_restores(client: httpx.Client) -> None:
+    source = create(client)["id"]
+    made = execute(client, source, "mkdir d && mkfifo d/pipe && ln -s /etc/passwd out && ln -s ../../x d/up && echo ok")
+    assert made["output"] == "ok\n", made
+    refused = client.post(f"/v1/sandboxes/{source}/snapshots", json={})
+    assert refused.status_code == 422, refused.text
+    message = refused.json()["message"]
+    assert refused.json()["error"] == "invalid_request"
+    for named in ("d/pipe (a device or FIFO)", "out (a symbolic link out of the tree: /etc/passwd)", "d/up"):
+        assert named in message
+    missing = client.post(f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/nowhere"]})
+    assert missing.status_code == 404, missing.text
+    assert missing.json()["error"] == "file_not_found"

@@ -51,8 +51,11 @@ def service(
 
 @pytest.fixture
 def client(service: Running) -> Iterator[httpx.Client]:
+    """Alice's client; the sandboxes a test made are deleted after it (the tenant may hold ten)."""
     with service.client("alice") as client:
         yield client
+        for sandbox in client.get("/v1/sandboxes").json()["sandboxes"]:
+            client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def counting_restore(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -187,7 +187,7 @@ class Keeping(Pausing):
         await self._saved(entry)
         await self._forget_hibernated(entry)
         self._schedule(state.id)
-        await asyncio.to_thread(self.snapshots.delete, state.tenant, kept)
+        await asyncio.to_thread(functools.partial(self.snapshots.delete, state.tenant, kept, wait=False))
         logger.info("sandbox resumed from hibernation", extra={"sandbox": state.id, "tenant": state.tenant})
 
     async def _remove(self, entry: Entry) -> None:

@@ -172,12 +172,17 @@ class SnapshotStore:
     def abandon(self, writing: Writing) -> None:
         shutil.rmtree(writing.snapshot.directory, ignore_errors=True)
 
-    def delete(self, tenant: str, snapshot_id: str) -> None:
-        """Remove the snapshot: renamed out of sight first, so it is whole or gone."""
+    def delete(self, tenant: str, snapshot_id: str, *, wait: bool = True) -> None:
+        """Remove the snapshot: renamed out of sight first, so it is whole or gone; its files
+        then removed here, or (``wait=False``) on a thread of their own, which `sweep` finishes
+        if the service stops first."""
         snapshot = self.get(tenant, snapshot_id)
         gone = snapshot.directory.with_name(f"{_GONE}{snapshot_id}-{secrets.token_hex(4)}")
         os.rename(snapshot.directory, gone)
-        shutil.rmtree(gone, ignore_errors=True)
+        if wait:
+            shutil.rmtree(gone, ignore_errors=True)
+        else:
+            threading.Thread(target=shutil.rmtree, args=(gone, True), name="snapshot-delete", daemon=True).start()
 
     def sweep(self) -> list[Path]:
         """Remove what this replica, killed, left half written, and any snapshot left half

@@ -7,13 +7,18 @@ expires while hibernated is removed with its snapshot."""
 from __future__ import annotations
 
 import base64
+import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from e2b_harness import service_fixture
 from service_harness import Running, create, execute, heartbeat, heartbeat_stopped, start_process, wait_beating
 from support import SESSION_OWNER
+
+from sandboxes.server import snapshots
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 BINARY = bytes(range(256)) * 300
@@ -118,4 +123,38 @@ def test_a_hibernate_keeping_memory_is_refused_and_the_sandbox_runs_on(service: 
             assert client.get("/v1/snapshots").json()["snapshots"] == []
             wait_beating(client, sid, "beat")  # the counter still counts
         finally:
+            client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_resume_answers_before_its_snapshots_files_are_removed(
+    service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept snapshot is out of sight once resumed; its files are removed on a thread of
+    their own, which the answer does not wait for."""
+    release, removed, late = threading.Event(), threading.Event(), []
+    rmtree = shutil.rmtree
+
+    def held(path: Any, ignore_errors: bool = False) -> None:
+        if ".gone-" in str(path):
+            late.append(not release.wait(20))
+            rmtree(path, ignore_errors)
+            removed.set()
+        else:
+            rmtree(path, ignore_errors)
+
+    with service.client("alice") as client:
+        sid = create(client)["id"]
+        try:
+            _hibernate(client, sid)
+            monkeypatch.setattr(snapshots.shutil, "rmtree", held)
+            resumed = client.post(f"/v1/sandboxes/{sid}/resume")
+            assert (resumed.status_code, resumed.json()["state"]) == (200, "running")
+            assert late == []  # answered while the removal waits
+            assert client.get("/v1/snapshots").json()["snapshots"] == []
+            release.set()
+            assert removed.wait(20)
+            assert late == [False]
+            assert not list(Path(service.registry.snapshots.directory).glob("*/.gone-*"))
+        finally:
+            release.set()
             client.delete(f"/v1/sandboxes/{sid}")

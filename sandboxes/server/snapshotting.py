@@ -5,10 +5,13 @@ snapshot taken on one backend restores on any other.
 Where the service reads and writes the sandbox's files itself (`ProviderBackend.host_files`),
 a snapshot is one pass: the tar written into the store as the files are read, each hashed on
 the way (`Recorder`); and so is a restore: each member hashed as it is written (`Witness`),
-the whole compared with the manifest at the end. Elsewhere the sandbox's own tar is kept
-(`keep`); a restore into a sandbox that runs an exec helper is one command too, the helper
-extracting the tar and answering each member's entry as it writes it (`untar.extract_by_helper`),
-compared as `Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
+the whole compared with the manifest at the end. Elsewhere a snapshot of a sandbox that runs an
+exec helper is one command: the helper writes the tar in the snapshot's layout, which goes into
+the store as it arrives, and answers each member's entry, hashed as it was written
+(`tarred.archive_by_helper`); without one, the sandbox's own tar is spooled and kept (`keep`).
+A restore into a sandbox that runs an exec helper is one command too, the helper extracting the
+tar and answering each member's entry as it writes it (`untar.extract_by_helper`), compared as
+`Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
 snapshot's tars are read back against its manifest. After: the restored paths are archived again
 from the sandbox and compared, entry by entry, with the manifest. Either way a truncated, edited
 or forged snapshot is refused, naming the entries that differ, and the sandbox restored from it

@@ -188,6 +188,7 @@ def test_a_claims_refill_waits_for_its_first_command(
 ) -> None:
     _full(service)
     monkeypatch.setattr(pool, "REFILL_DELAY", 3.0)
+    monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 30.0)
     pools = service.registry.pools
     with service.client("alice") as alice:
         claimed = create(alice, template="pooled", ttl=120)
@@ -201,6 +202,32 @@ def test_a_claims_refill_waits_for_its_first_command(
         _wait("the claimed container records its renewed expiry", lambda: _renamed(docker_client, renewed.json()))
         assert not _renamed(docker_client, claimed)
         assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
+
+
+def _refilling(pools: Pools) -> bool:
+    """Whether the pool's members ready and being made are its size again."""
+    return pools._making["pooled"] + pools.ready("pooled") == 2
+
+
+def test_a_burst_of_claims_is_refilled_once_the_claims_pause(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    _full(service)
+    monkeypatch.setattr(pool, "REFILL_DELAY", 4.0)
+    monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 60.0)
+    pools = service.registry.pools
+    with service.client("alice") as alice:
+        first = create(alice, template="pooled")
+        claimed_by = time.monotonic()
+        _wait("2.5 s after the first claim", lambda: time.monotonic() - claimed_by >= 2.5)
+        second = create(alice, template="pooled")  # its claim, 2.5 s on, puts the refill 4 s past it
+        _wait("5 s after the first claim", lambda: time.monotonic() - claimed_by >= 5.0)
+        assert (pools.ready("pooled"), pools._making["pooled"]) == (0, 0)  # not 4 s after the first
+        _full(service)
+        monkeypatch.setattr(pool, "REFILL_DELAY", 30.0)
+        monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 0.5)
+        third = create(alice, template="pooled")  # claims that never pause: refilled all the same
+        _wait("the refill of a claim while claims go on", lambda: _refilling(pools), timeout=20)
+        for made in (first, second, third):
+            assert alice.delete(f"/v1/sandboxes/{made['id']}").status_code == 204
 
 
 def test_an_idempotency_key_replay_answers_the_claimed_sandbox(service: Running) -> None:

@@ -278,7 +278,7 @@ class Pools:
 
     def _catch_up(self, name: str) -> None:
         if (pending := self._catch_ups.pop(name, None)) is not None:
-            pending[1].cancel()  # called at closing: the timer's call is this one
+            pending[1].cancel()  # called at closing, before its timer
         for sandbox_id in self._due.pop(name, []):
             self._spawn(self._record_expiry(self._backends[name], sandbox_id))
         self._refill(name)

@@ -11,8 +11,9 @@ two creates never take the same one), and writes its claim (`sandboxes.server.cl
 expiry, ``Idempotency-Key`` digests) before it is answered; its recorded expiry is then moved
 to the claim's in the background. From its claim on, it is its tenant's sandbox like any other.
 
-Each claim starts a refill, and that move of its expiry, `REFILL_DELAY` later (once for the
-claims until then), so that neither contends with its first command. Refills run in a few
+Each claim starts a refill, and that move of its expiry, once the claims have paused for
+`REFILL_DELAY` (at most `REFILL_MAX_DELAY` after the first of them; once for the claims until
+then), so that neither contends with the first commands of a burst. Refills run in a few
 threads of the pool's own (`REFILL_WORKERS`), and the expiries are recorded in one more, never in
 the threads creates and requests use, so neither makes a create of a burst wait. A member whose
 recorded expiry is less than `STALE_MARGIN` away is replaced, never handed out. At shutdown the unclaimed members are
@@ -63,9 +64,13 @@ CLAIM_GRACE = 60.0
 """Seconds a claim may wait to be registered (the create's quota recount) before a sweep that
 finds its sandbox held nowhere forgets it."""
 REFILL_DELAY = 0.1
-"""Seconds between a claim and the refill and recording of its expiry it starts: the claimed
-sandbox's first command, and the claims of a burst, come before the backend work that contends
-with them (a member's recorded expiry is `STALE_MARGIN` away at least: the delay is safe)."""
+"""Seconds without a claim before the refill and the recording of the claims' expiries start:
+the claimed sandboxes' first commands, and the claims of a burst, come before the backend work
+that contends with them (a member's recorded expiry is `STALE_MARGIN` away at least: the delay
+is safe)."""
+REFILL_MAX_DELAY = 1.0
+"""Seconds after the first claim not caught up yet by which the refill starts, however the
+claims go on: a steady stream of claims never keeps the pool from refilling."""
 RETRY_AFTER_FAILURE = 5.0
 """Seconds before a template whose pooled sandbox could not be made is refilled again."""
 
@@ -125,6 +130,8 @@ class Pools:
         self._closing = False
         self._due: dict[str, list[str]] = {}
         """Per template, the claims since the last catch-up (`_after_claims`), by sandbox id."""
+        self._catch_ups: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        """Per template with claims due: when the first of them came (loop time), and the catch-up's timer."""
 
     def ready(self, template: str) -> int:
         """Members of ``template``'s pool ready to be claimed now."""
@@ -257,15 +264,21 @@ class Pools:
     # ------------------------------------------------------------------ refilling
 
     def _after_claims(self, name: str, sandbox_id: str) -> None:
-        """`REFILL_DELAY` from the first claim of ``name``'s not caught up yet, record the
-        expiries of all the claims since (`_record_expiry`) and refill the pool, at once."""
-        due = self._due.get(name)
-        if due is None:
-            due = self._due[name] = []
-            asyncio.get_running_loop().call_later(REFILL_DELAY, self._catch_up, name)
-        due.append(sandbox_id)
+        """`REFILL_DELAY` after the last claim of ``name``, but no later than `REFILL_MAX_DELAY`
+        after the first not caught up yet, record the expiries of all the claims since
+        (`_record_expiry`) and refill the pool, at once."""
+        loop = asyncio.get_running_loop()
+        first = loop.time()
+        if name in self._catch_ups:
+            first, timer = self._catch_ups[name]
+            timer.cancel()
+        at = min(loop.time() + REFILL_DELAY, first + REFILL_MAX_DELAY)
+        self._catch_ups[name] = (first, loop.call_at(at, self._catch_up, name))
+        self._due.setdefault(name, []).append(sandbox_id)
 
     def _catch_up(self, name: str) -> None:
+        if (pending := self._catch_ups.pop(name, None)) is not None:
+            pending[1].cancel()  # called at closing, before its timer
         for sandbox_id in self._due.pop(name, []):
             self._spawn(self._record_expiry(self._backends[name], sandbox_id))
         self._refill(name)

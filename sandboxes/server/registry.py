@@ -114,15 +114,23 @@ class Registry(Keeping):
         with self.volumes.mounting(tenant.id, [volume.name for volume in request.volumes]):
             if keyed is None:
                 return await self._create(tenant, request, None), False
-            made_with = functools.partial(self._made_with, tenant, keyed.key)
+            made_with = functools.partial(self._made_with, tenant, request, keyed.key)
             return await self._keys.create(keyed, made_with, functools.partial(self._create, tenant, request, keyed))
 
-    async def _made_with(self, tenant: Tenant, key: str) -> tuple[Entry, str] | None:
+    async def _made_with(self, tenant: Tenant, request: CreateSandbox, key: str) -> tuple[Entry, str] | None:
         """The tenant's live sandbox created with the key digest ``key``: held here, else
-        recorded on a shared backend (another replica's, or this one's before a restart)."""
+        recorded on a shared backend (another replica's, or this one's before a restart). A
+        create that a warm pool will serve looks only at what this service holds (its sandboxes,
+        adopted at start-up, and its claims), as its quota count does: no read of the backends."""
         now = self.clock.now()
         held = [e.state for e in self._entries.values() if e.state.idempotency_key == key]
-        recorded = await self._keyed.find(key) if self._shared else []
+        if not self._shared:
+            recorded: list[SandboxState] = []
+        elif self.pools.offers(request.template, request):  # a claim: the pool is this service's alone
+            kinds = {backend.name for backend in self.backends.values() if backend.shared}
+            recorded = [state for kind in kinds for state in self.pools.claims.matching(kind, tenant.id, key)]
+        else:
+            recorded = await self._keyed.find(key)
         for state in sorted([*held, *recorded], key=lambda state: (state.created_at, state.id)):
             if state.tenant != tenant.id or state.expires_at <= now or state.id in self._doomed:
                 continue

@@ -37,6 +37,7 @@ from sandboxes.server.pool import Pools
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 POOL_LABEL = "io.sandboxes.service-pool"
+KEY_LABEL = "io.sandboxes.idempotency-key"
 
 
 def _wait(what: str, condition: Callable[[], bool], timeout: float = 90) -> None:
@@ -187,6 +188,7 @@ def test_a_claims_refill_waits_for_its_first_command(
 ) -> None:
     _full(service)
     monkeypatch.setattr(pool, "REFILL_DELAY", 3.0)
+    monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 30.0)
     pools = service.registry.pools
     with service.client("alice") as alice:
         claimed = create(alice, template="pooled", ttl=120)
@@ -202,6 +204,32 @@ def test_a_claims_refill_waits_for_its_first_command(
         assert alice.delete(f"/v1/sandboxes/{claimed['id']}").status_code == 204
 
 
+def _refilling(pools: Pools) -> bool:
+    """Whether the pool's members ready and being made are its size again."""
+    return pools._making["pooled"] + pools.ready("pooled") == 2
+
+
+def test_a_burst_of_claims_is_refilled_once_the_claims_pause(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    _full(service)
+    monkeypatch.setattr(pool, "REFILL_DELAY", 4.0)
+    monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 60.0)
+    pools = service.registry.pools
+    with service.client("alice") as alice:
+        first = create(alice, template="pooled")
+        claimed_by = time.monotonic()
+        _wait("2.5 s after the first claim", lambda: time.monotonic() - claimed_by >= 2.5)
+        second = create(alice, template="pooled")  # its claim, 2.5 s on, puts the refill 4 s past it
+        _wait("5 s after the first claim", lambda: time.monotonic() - claimed_by >= 5.0)
+        assert (pools.ready("pooled"), pools._making["pooled"]) == (0, 0)  # not 4 s after the first
+        _full(service)
+        monkeypatch.setattr(pool, "REFILL_DELAY", 30.0)
+        monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 0.5)
+        third = create(alice, template="pooled")  # claims that never pause: refilled all the same
+        _wait("the refill of a claim while claims go on", lambda: _refilling(pools), timeout=20)
+        for made in (first, second, third):
+            assert alice.delete(f"/v1/sandboxes/{made['id']}").status_code == 204
+
+
 def test_an_idempotency_key_replay_answers_the_claimed_sandbox(service: Running) -> None:
     members = _full(service)
     key = {"Idempotency-Key": uuid.uuid4().hex}
@@ -215,6 +243,35 @@ def test_an_idempotency_key_replay_answers_the_claimed_sandbox(service: Running)
         other = alice.post("/v1/sandboxes", json={"template": "pooled", "ttl": 99}, headers=key)
         assert other.status_code == 422, other.text
         assert alice.delete(f"/v1/sandboxes/{first.json()['id']}").status_code == 204
+
+
+def test_a_keyed_claim_reads_no_backend_and_a_keyed_cold_create_does(
+    service: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    members = _full(service)
+    selected: list[Mapping[str, str]] = []  # the lists by key (a sweep's lists of all are not counted)
+    for backend in service.registry.backends.values():
+
+        def counted(labels: Mapping[str, str], _select: Any = backend.provider.select) -> Any:
+            if KEY_LABEL in labels:
+                selected.append(dict(labels))
+            return _select(labels)
+
+        monkeypatch.setattr(backend.provider, "select", counted)
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    with service.client("alice") as alice:
+        first = alice.post("/v1/sandboxes", json={"template": "pooled"}, headers=key)
+        assert first.status_code == 201, first.text
+        assert first.json()["id"] in members
+        # Its key looked up in what the service holds, as its quota is counted: no list of the engine.
+        assert selected == []
+        replay = alice.post("/v1/sandboxes", json={"template": "pooled"}, headers=key)
+        assert (replay.status_code, replay.json()["id"]) == (201, first.json()["id"]), replay.text
+        assert alice.delete(f"/v1/sandboxes/{first.json()['id']}").status_code == 204
+        cold = alice.post("/v1/sandboxes", json={"template": "default"}, headers={"Idempotency-Key": uuid.uuid4().hex})
+        assert cold.status_code == 201, cold.text
+        assert len(selected) == 1, selected  # looked up on the engine: another replica may have made it
+        assert alice.delete(f"/v1/sandboxes/{cold.json()['id']}").status_code == 204
 
 
 @pytest.mark.parametrize(

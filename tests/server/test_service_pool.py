@@ -211,16 +211,16 @@ def _refilling(pools: Pools) -> bool:
 
 def test_a_burst_of_claims_is_refilled_once_the_claims_pause(service: Running, monkeypatch: pytest.MonkeyPatch) -> None:
     _full(service)
-    monkeypatch.setattr(pool, "REFILL_DELAY", 4.0)
+    monkeypatch.setattr(pool, "REFILL_DELAY", 5.0)
     monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 60.0)
     pools = service.registry.pools
     with service.client("alice") as alice:
         first = create(alice, template="pooled")
         claimed_by = time.monotonic()
-        _wait("2.5 s after the first claim", lambda: time.monotonic() - claimed_by >= 2.5)
-        second = create(alice, template="pooled")  # its claim, 2.5 s on, puts the refill 4 s past it
-        _wait("5 s after the first claim", lambda: time.monotonic() - claimed_by >= 5.0)
-        assert (pools.ready("pooled"), pools._making["pooled"]) == (0, 0)  # not 4 s after the first
+        _wait("4 s after the first claim", lambda: time.monotonic() - claimed_by >= 4.0)
+        second = create(alice, template="pooled")  # its claim, 4 s on, puts the refill 5 s past it
+        _wait("7 s after the first claim", lambda: time.monotonic() - claimed_by >= 7.0)
+        assert (pools.ready("pooled"), pools._making["pooled"]) == (0, 0)  # not 5 s after the first
         _full(service)
         monkeypatch.setattr(pool, "REFILL_DELAY", 30.0)
         monkeypatch.setattr(pool, "REFILL_MAX_DELAY", 0.5)

@@ -366,7 +366,7 @@ KILL_MARKED = (
       l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
       case "
 $l" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
@@ -374,18 +374,32 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
     kill -9 $v 2>/dev/null; sleep 0.05
   done
 }
+live_job() {
+  _j=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
+  _j=${_j%%"
+"*}
+  _j=${_j%-[sow]}
+  case $_j in '' | *[!0-9a-f]*) return 1 ;; esac
+  _d=${TMPDIR:-/tmp}/.sandboxes-jobs/$_j
+  { [ ! -e "$_d/end" ] && read -r _p <"$_d/pid" && case $_p in '' | *[!0-9]*) false ;; esac &&
+    grep -qsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_j-s" "/proc/$_p/environ"; } 2>/dev/null
+}
 """
 )
 """``kill_marked MARKER`` (`sandboxes._helper._kill`: every process carrying the marker, stopped then
 killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
 is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
 other children), every orphan the init adopted but its own command (its oldest child) and
-background jobs (`sandboxes.jobs`, whose marker starts with `JOB_MARKER_PREFIX`), in rounds:
-what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
+the processes of a live background job (`sandboxes.jobs`), in rounds: what dropped the marker
+and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MARKER_PREFIX`)
+can be set by any process, so it spares only while ``live_job`` finds that job in the jobs'
+directory, its end not claimed and its ``pid`` naming a process carrying the job's supervisor
+marker: a forged marker of no job dies; one naming a live job's id lives as long as that job
+does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a``, and keeps under the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _j _d _p``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command."""
 
 RUN_IN = (

@@ -374,6 +374,29 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
     kill -9 $v 2>/dev/null; sleep 0.05
   done
 }
+kill_strays() {
+  _sp=$1 _ss=${2:-0} r=0
+  shift 2
+  _sk=" $$ $* "
+  while [ "$r" -lt 20 ]; do
+    r=$((r + 1)) v=
+    for d in /proc/[0-9]*; do
+      case $_sk in *" ${d#/proc/} "*) continue ;; esac
+      [ -O "$d" ] && read -r l 2>/dev/null <"$d/stat" || continue
+      set -- ${l##*') '}
+      [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
+      _a=${49-}
+      l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=
+      case "
+$l" in *"
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$l" || continue ;; "
+") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
+      v="$v ${d#/proc/}"
+    done
+    [ -n "$v" ] || return 0
+    kill -9 $v 2>/dev/null; sleep 0.05
+  done
+}
 live_job() {
   _j=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
   _j=${_j%%"
@@ -400,7 +423,19 @@ caller must not carry the marker itself. Spared too: a process in the middle of 
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
 `sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _j _d _p``, and keeps under the URL budget of
-Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command."""
+Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
+
+``kill_strays PARENT SINCE [KEEP...]``: the same sweep where no init is the sandbox's own (an SSH
+host: `sandboxes.ssh`), or of a subreaper's adoptees (a job's supervisor, `sandboxes.jobs`):
+every process of this user whose parent is PARENT (1: the host's init, which adopted what left
+its tree; or the caller's own pid), that started at or after SINCE (clock ticks after boot, as
+in ``/proc/<pid>/stat``; empty: any time) and is neither a KEEP pid, the caller, nor a live
+job's, is killed, in rounds until a round finds none (the killed ones' children are adopted
+next). By what the process cannot change: its owner, its parent and its start time (an SSH
+command's escapees started after the command did), not its environment; only the job's
+marker is read, and checked against the jobs' directory as above. Sandboxes sharing one user
+(``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
+as the exec helper's commands do."""
 
 RUN_IN = (
     KILL_MARKED

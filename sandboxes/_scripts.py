@@ -375,37 +375,37 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
   done
 }
 kill_strays() {
-  _sp=$1 _ss=${2:-0} r=0
+  _sp=$1 _ss=${2:-0} _sr=0
   shift 2
   _sk=" $$ $* "
-  while [ "$r" -lt 20 ]; do
-    r=$((r + 1)) v=
-    for d in /proc/[0-9]*; do
-      case $_sk in *" ${d#/proc/} "*) continue ;; esac
-      [ -O "$d" ] && read -r l 2>/dev/null <"$d/stat" || continue
-      set -- ${l##*') '}
+  while [ "$_sr" -lt 20 ]; do
+    _sr=$((_sr + 1)) _sv=
+    for _sd in /proc/[0-9]*; do
+      case $_sk in *" ${_sd#/proc/} "*) continue ;; esac
+      [ -O "$_sd" ] && read -r _sl 2>/dev/null <"$_sd/stat" || continue
+      set -- ${_sl##*') '}
       [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
       _a=${49-}
-      l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=
+      _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
       case "
-$l" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$l" || continue ;; "
-") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
-      v="$v ${d#/proc/}"
+$_sl" in *"
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; "
+") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
+      _sv="$_sv ${_sd#/proc/}"
     done
-    [ -n "$v" ] || return 0
-    kill -9 $v 2>/dev/null; sleep 0.05
+    [ -n "$_sv" ] || return 0
+    kill -9 $_sv 2>/dev/null; sleep 0.05
   done
 }
 live_job() {
-  _j=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
-  _j=${_j%%"
+  _lj=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
+  _lj=${_lj%%"
 "*}
-  _j=${_j%-[sow]}
-  case $_j in '' | *[!0-9a-f]*) return 1 ;; esac
-  _d=${TMPDIR:-/tmp}/.sandboxes-jobs/$_j
-  { [ ! -e "$_d/end" ] && read -r _p <"$_d/pid" && case $_p in '' | *[!0-9]*) false ;; esac &&
-    grep -qsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_j-s" "/proc/$_p/environ"; } 2>/dev/null
+  _lj=${_lj%-[sow]}
+  case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
+  _ld=${TMPDIR:-/tmp}/.sandboxes-jobs/$_lj
+  { [ ! -e "$_ld/end" ] && read -r _lp <"$_ld/pid" && case $_lp in '' | *[!0-9]*) false ;; esac &&
+    grep -qsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" "/proc/$_lp/environ"; } 2>/dev/null
 }
 """
 )
@@ -422,10 +422,10 @@ does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _j _d _p``, and keeps under the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _lj _ld _lp``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
 
-``kill_strays PARENT SINCE [KEEP...]``: the same sweep where no init is the sandbox's own (an SSH
+``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls it): the same sweep where no init is the sandbox's own (an SSH
 host: `sandboxes.ssh`), or of a subreaper's adoptees (a job's supervisor, `sandboxes.jobs`):
 every process of this user whose parent is PARENT (1: the host's init, which adopted what left
 its tree; or the caller's own pid), that started at or after SINCE (clock ticks after boot, as

@@ -390,7 +390,8 @@ kill_strays() {
       case "
 $_sl" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; "
-") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
+") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} &&
+        [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       _sv="$_sv ${_sd#/proc/}"
     done
     [ -n "$_sv" ] || return 0
@@ -425,15 +426,16 @@ that do not agree on where it ends, or say 0; one emptied for good has a real en
 `sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _lj _ld _lp``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
 
-``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls it): the same sweep where no init is the sandbox's own (an SSH
-host: `sandboxes.ssh`), or of a subreaper's adoptees (a job's supervisor, `sandboxes.jobs`):
-every process of this user whose parent is PARENT (1: the host's init, which adopted what left
-its tree; or the caller's own pid), that started at or after SINCE (clock ticks after boot, as
-in ``/proc/<pid>/stat``; empty: any time) and is neither a KEEP pid, the caller, nor a live
-job's, is killed, in rounds until a round finds none (the killed ones' children are adopted
-next). By what the process cannot change: its owner, its parent and its start time (an SSH
-command's escapees started after the command did), not its environment; only the job's
-marker is read, and checked against the jobs' directory as above. Sandboxes sharing one user
+``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
+it): the same sweep where no init is the sandbox's own (an SSH host: `sandboxes.ssh`), or of a
+subreaper's adoptees (a job's supervisor, `sandboxes.jobs`): every process of this user whose
+parent is PARENT (1: the host's init, which adopted what left its tree; or the caller's own
+pid), that started at or after SINCE (clock ticks after boot, as in ``/proc/<pid>/stat``; 0:
+any time) and is neither a KEEP pid, the caller, a live job's nor in the middle of an exec, is
+killed, in rounds until a round finds none (the killed ones' children are adopted next). By
+what the process cannot change: its owner, its parent and its start time (an SSH command's
+escapees started after the command did), not its environment; only a job's marker is read,
+and checked against the jobs' directory as above. Sandboxes sharing one user
 (``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
 as the exec helper's commands do."""
 

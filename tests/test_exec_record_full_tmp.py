@@ -73,7 +73,8 @@ def test_a_recorded_command_ending_on_a_full_tmp_is_read_as_ended(sandbox: BaseS
         assert sandbox.execute(FILL_TMP).output == "full\n"
         assert sandbox.execute(f"touch {go}").exit_code == 0
         thread.join(20)
-        assert answers and answers[0].exit_code == 7, answers
+        assert answers, "the recorded command never answered"
+        assert answers[0].exit_code == 7, answers
         job = until_recorded_end(sandbox, record_id, timeout=10)
         assert (job.state.status, job.state.exit_code) == ("exited", 7), job.state
     finally:

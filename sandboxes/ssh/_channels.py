@@ -12,8 +12,8 @@ import paramiko
 
 from sandboxes import protocol as p
 from sandboxes._helper._kill import KILL_MARKED_SH
-from sandboxes._scripts import KILL_MARKED as KILL_TREE
 from sandboxes._output import OutputBuffer, OutputHook
+from sandboxes._scripts import KILL_MARKED as KILL_TREE
 from sandboxes.ssh._connection import SSHConnection
 
 __all__ = [

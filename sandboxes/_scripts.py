@@ -404,9 +404,12 @@ live_job() {
 "*}
   _lj=${_lj%-[sow]}
   case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
-  _ld=${TMPDIR:-/tmp}/.sandboxes-jobs/$_lj
-  { [ ! -e "$_ld/end" ] && read -r _lp <"$_ld/pid" && case $_lp in '' | *[!0-9]*) false ;; esac &&
-    grep -qsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" "/proc/$_lp/environ"; } 2>/dev/null
+  for _lp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ); do
+    _lp=${_lp#/proc/} _lp=${_lp%/environ}
+    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p) && [ "${_ld##*/}" = "$_lj" ] || continue
+    { [ ! -e "$_ld/end" ] && read -r _lq <"$_ld/pid" && [ "$_lq" = "$_lp" ]; } 2>/dev/null && return 0
+  done 2>/dev/null
+  return 1
 }
 """
 )
@@ -416,14 +419,15 @@ is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_
 other children), every orphan the init adopted but its own command (its oldest child) and
 the processes of a live background job (`sandboxes.jobs`), in rounds: what dropped the marker
 and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MARKER_PREFIX`)
-can be set by any process, so it spares only while ``live_job`` finds that job in the jobs'
-directory, its end not claimed and its ``pid`` naming a process carrying the job's supervisor
-marker: a forged marker of no job dies; one naming a live job's id lives as long as that job
+can be set by any process, so it spares only while ``live_job`` finds that job's supervisor:
+a process carrying the job's supervisor marker whose job directory (its fifth argument, as
+`sandboxes.jobs` starts it) is the job's, its end not claimed and its ``pid`` naming that
+process: a forged marker of no job dies; one naming a live job's id lives as long as that job
 does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _lj _ld _lp``, and keeps under the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _lj _ld _lp _lq``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls

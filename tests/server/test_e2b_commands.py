@@ -121,8 +121,8 @@ def _tree(ready: str) -> str:
     """A command whose tree has a child, a grandchild in a session of its own (``setsid``), an
     orphan (double fork), a ``nohup``'d child, one that ignores SIGTERM, one that dropped the
     marker the service's kill looks for (`sandboxes._helper._kill`), one that cleared its whole
-    environment and one that forged a background job's marker, both orphaned in sessions of
-    their own; once all nine sleeps run it creates ``ready``, then waits."""
+    environment and one that forged a background job's marker, both in sessions of their own;
+    once all nine sleeps run it creates ``ready``, then waits."""
     return (
         "sleep 3101 & "
         "setsid sh -c 'sleep 3102' & "
@@ -131,8 +131,8 @@ def _tree(ready: str) -> str:
         "sh -c 'trap \"\" TERM HUP INT; sleep 3105' & "
         "sleep 3106 & "
         "env -u SANDBOXES_EXEC_ID setsid sleep 3107 & "
-        "(env -i setsid sleep 3108 &) ; "
-        "(env SANDBOXES_EXEC_ID=sandboxes-job-x setsid sleep 3109 &) ; "
+        "env -i setsid sleep 3108 & "
+        "env SANDBOXES_EXEC_ID=sandboxes-job-x setsid sleep 3109 & "
         f'until [ "$({_COUNT})" = 9 ]; do sleep 0.05; done; touch {ready}; wait'
     )
 

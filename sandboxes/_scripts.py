@@ -377,7 +377,7 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
 kill_strays() {
   _sp=$1 _ss=${2:-0} _sr=0
   shift 2
-  _sk=" $$ $* "
+  _sk=" $$ $* " _sc=
   while [ "$_sr" -lt 20 ]; do
     _sr=$((_sr + 1)) _sv=
     for _sd in /proc/[0-9]*; do
@@ -389,7 +389,9 @@ kill_strays() {
       _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
       case "
 $_sl" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; "
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; *"
+SANDBOXES_EXEC_ID="?*) ! running "
+$_sl" || continue ;; "
 ") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} &&
         [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       _sv="$_sv ${_sd#/proc/}"
@@ -397,6 +399,19 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; "
     [ -n "$_sv" ] || return 0
     kill -9 $_sv 2>/dev/null; sleep 0.05
   done
+}
+running() {
+  _rm=${1#*"
+SANDBOXES_EXEC_ID="}
+  _rm=${_rm%%"
+"*}
+  case $_sc in *" $_rm "*) return 0 ;; esac
+  for _rp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ); do
+    { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
+    set -- ${_rl##*') '}
+    [ "$2" = 1 ] || [ "$2" = "$_sp" ] || { _sc="$_sc $_rm "; return 0; }
+  done 2>/dev/null
+  return 1
 }
 live_job() {
   _lj=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
@@ -435,11 +450,13 @@ it): the same sweep where no init is the sandbox's own (an SSH host: `sandboxes.
 subreaper's adoptees (a job's supervisor, `sandboxes.jobs`): every process of this user whose
 parent is PARENT (1: the host's init, which adopted what left its tree; or the caller's own
 pid), that started at or after SINCE (clock ticks after boot, as in ``/proc/<pid>/stat``; 0:
-any time) and is neither a KEEP pid, the caller, a live job's nor in the middle of an exec, is
+any time) and is neither a KEEP pid, the caller, a live job's, a running command's
+(``running``: it carries a marker that a process outside PARENT's adoptees carries too, one
+still in its command's tree, which that command's end kills) nor in the middle of an exec, is
 killed, in rounds until a round finds none (the killed ones' children are adopted next). By
 what the process cannot change: its owner, its parent and its start time (an SSH command's
-escapees started after the command did), not its environment; only a job's marker is read,
-and checked against the jobs' directory as above. Sandboxes sharing one user
+escapees started after the command did); a marker only spares it while a job or a command
+that carries the same one runs, and dies with it. Sandboxes sharing one user
 (``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
 as the exec helper's commands do."""
 

@@ -379,7 +379,7 @@ kill_strays() {
   shift 2
   _sk=" $$ $* " _sc=
   while [ "$_sr" -lt 20 ]; do
-    _sr=$((_sr + 1)) _sv=
+    _sr=$((_sr + 1)) _sv= _se=
     for _sd in /proc/[0-9]*; do
       case $_sk in *" ${_sd#/proc/} "*) continue ;; esac
       [ -O "$_sd" ] && read -r _sl 2>/dev/null <"$_sd/stat" || continue
@@ -393,11 +393,12 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; *"
 SANDBOXES_EXEC_ID="?*) ! running "
 $_sl" || continue ;; "
 ") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} &&
-        [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
+        [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || { _se=1; continue; } ;; esac
       _sv="$_sv ${_sd#/proc/}"
     done
-    [ -n "$_sv" ] || return 0
-    kill -9 $_sv 2>/dev/null; sleep 0.05
+    [ -n "$_sv$_se" ] || return 0
+    [ -z "$_sv" ] || kill -9 $_sv 2>/dev/null
+    sleep 0.05
   done
 }
 running() {
@@ -453,7 +454,8 @@ pid), that started at or after SINCE (clock ticks after boot, as in ``/proc/<pid
 any time) and is neither a KEEP pid, the caller, a live job's, a running command's
 (``running``: it carries a marker that a process outside PARENT's adoptees carries too, one
 still in its command's tree, which that command's end kills) nor in the middle of an exec, is
-killed, in rounds until a round finds none (the killed ones' children are adopted next). By
+killed, in rounds until a round finds none and none in an exec (the killed ones' children are
+adopted next; one in an exec is looked at again once it is through). By
 what the process cannot change: its owner, its parent and its start time (an SSH command's
 escapees started after the command did); a marker only spares it while a job or a command
 that carries the same one runs, and dies with it. Sandboxes sharing one user

@@ -355,7 +355,7 @@ KILL_MARKED = (
     + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
-  r=0
+  r=0 _lc= _lx=
   while [ "$r" -lt 20 ]; do
     r=$((r + 1)); v=; o=; t=
     for d in /proc/[0-9]*; do
@@ -377,7 +377,7 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
 kill_strays() {
   _sp=$1 _ss=${2:-0} _sr=0
   shift 2
-  _sk=" $$ $* " _sc=
+  _sk=" $$ $* " _sc= _lc= _lx=
   while [ "$_sr" -lt 20 ]; do
     _sr=$((_sr + 1)) _sv= _se=
     for _sd in /proc/[0-9]*; do
@@ -420,11 +420,15 @@ live_job() {
 "*}
   _lj=${_lj%-[sow]}
   case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
+  case $_lc in *" $_lj "*) return 0 ;; esac
+  case $_lx in *" $_lj "*) return 1 ;; esac
   for _lp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ); do
     _lp=${_lp#/proc/} _lp=${_lp%/environ}
     _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p) && [ "${_ld##*/}" = "$_lj" ] || continue
-    { [ ! -e "$_ld/end" ] && read -r _lq <"$_ld/pid" && [ "$_lq" = "$_lp" ]; } 2>/dev/null && return 0
+    { [ ! -e "$_ld/end" ] && read -r _lq <"$_ld/pid" && [ "$_lq" = "$_lp" ]; } 2>/dev/null &&
+      _lc="$_lc $_lj " && return 0
   done 2>/dev/null
+  _lx="$_lx $_lj "
   return 1
 }
 """
@@ -438,12 +442,12 @@ and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MA
 can be set by any process, so it spares only while ``live_job`` finds that job's supervisor:
 a process carrying the job's supervisor marker whose job directory (its fifth argument, as
 `sandboxes.jobs` starts it) is the job's, its end not claimed and its ``pid`` naming that
-process: a forged marker of no job dies; one naming a live job's id lives as long as that job
-does, and dies with its kill (its marker). The
+process (each job looked up once per sweep): a forged marker of no job dies; one naming a
+live job's id lives as long as that job does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _lj _ld _lp _lq``, and keeps under the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``, and keeps under the URL budget of
 Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls

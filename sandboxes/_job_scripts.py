@@ -183,12 +183,14 @@ c=$!
 echo "$c" > "$d/cpid"
 [ "$t" = 0 ] || SANDBOXES_EXEC_ID=$m-w /bin/sh -c "$WATCHDOG" sandboxes-job-watchdog "$d" "$m" "$t" \
   < /dev/null > /dev/null 2>&1 &
+w=$!
 echo $$ > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"
 exec 3<> "$d/go"
 echo go >&3
 wait "$c"
 s=$?
 kill_marked "$m"
+kill_strays $$ 0 "$o" "$e" "$w"
 i=0
 while { [ ! -e "$d/o.done" ] || [ ! -e "$d/e.done" ]; } && [ "$i" -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
 kill_marked "$m-o"

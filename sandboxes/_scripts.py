@@ -355,7 +355,7 @@ KILL_MARKED = (
     + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
-  r=0
+  r=0 _lc= _lx=
   while [ "$r" -lt 20 ]; do
     r=$((r + 1)); v=; o=; t=
     for d in /proc/[0-9]*; do
@@ -366,7 +366,7 @@ KILL_MARKED = (
       l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
       case "
 $l" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
@@ -374,19 +374,97 @@ SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) continue ;; "
     kill -9 $v 2>/dev/null; sleep 0.05
   done
 }
+kill_strays() {
+  _sp=$1 _ss=${2:-0} _sr=0
+  shift 2
+  _sk=" $$ $* " _sc= _lc= _lx=
+  while [ "$_sr" -lt 20 ]; do
+    _sr=$((_sr + 1)) _sv= _se=
+    for _sd in /proc/[0-9]*; do
+      case $_sk in *" ${_sd#/proc/} "*) continue ;; esac
+      [ -O "$_sd" ] && read -r _sl 2>/dev/null <"$_sd/stat" || continue
+      set -- ${_sl##*') '}
+      [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
+      _a=${49-}
+      _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
+      case "
+$_sl" in *"
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; *"
+SANDBOXES_EXEC_ID="?*) ! running "
+$_sl" || continue ;; "
+") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} &&
+        [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || { _se=1; continue; } ;; esac
+      _sv="$_sv ${_sd#/proc/}"
+    done
+    [ -n "$_sv$_se" ] || return 0
+    [ -z "$_sv" ] || kill -9 $_sv 2>/dev/null
+    sleep 0.05
+  done
+}
+running() {
+  _rm=${1#*"
+SANDBOXES_EXEC_ID="}
+  _rm=${_rm%%"
+"*}
+  case $_sc in *" $_rm "*) return 0 ;; esac
+  for _rp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ); do
+    { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
+    set -- ${_rl##*') '}
+    [ "$2" = 1 ] || [ "$2" = "$_sp" ] || { _sc="$_sc $_rm "; return 0; }
+  done 2>/dev/null
+  return 1
+}
+live_job() {
+  _lj=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
+  _lj=${_lj%%"
+"*}
+  _lj=${_lj%-[sow]}
+  case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
+  case $_lc in *" $_lj "*) return 0 ;; esac
+  case $_lx in *" $_lj "*) return 1 ;; esac
+  for _lp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ); do
+    _lp=${_lp#/proc/} _lp=${_lp%/environ}
+    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p) && [ "${_ld##*/}" = "$_lj" ] || continue
+    { [ ! -e "$_ld/end" ] && read -r _lq <"$_ld/pid" && [ "$_lq" = "$_lp" ]; } 2>/dev/null &&
+      _lc="$_lc $_lj " && return 0
+  done 2>/dev/null
+  _lx="$_lx $_lj "
+  return 1
+}
 """
 )
 """``kill_marked MARKER`` (`sandboxes._helper._kill`: every process carrying the marker, stopped then
 killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
 is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
 other children), every orphan the init adopted but its own command (its oldest child) and
-background jobs (`sandboxes.jobs`, whose marker starts with `JOB_MARKER_PREFIX`), in rounds:
-what dropped the marker and left its tree too (see the exec helper's "Orphans"). The
+the processes of a live background job (`sandboxes.jobs`), in rounds: what dropped the marker
+and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MARKER_PREFIX`)
+can be set by any process, so it spares only while ``live_job`` finds that job's supervisor:
+a process carrying the job's supervisor marker whose job directory (its fifth argument, as
+`sandboxes.jobs` starts it) is the job's, its end not claimed and its ``pid`` naming that
+process (each job looked up once per sweep): a forged marker of no job dies; one naming a
+live job's id lives as long as that job does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a``, and keeps under the URL budget of
-Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command."""
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``, and keeps under the URL budget of
+Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
+
+``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
+it): the same sweep where no init is the sandbox's own (an SSH host: `sandboxes.ssh`), or of a
+subreaper's adoptees (a job's supervisor, `sandboxes.jobs`): every process of this user whose
+parent is PARENT (1: the host's init, which adopted what left its tree; or the caller's own
+pid), that started at or after SINCE (clock ticks after boot, as in ``/proc/<pid>/stat``; 0:
+any time) and is neither a KEEP pid, the caller, a live job's, a running command's
+(``running``: it carries a marker that a process outside PARENT's adoptees carries too, one
+still in its command's tree, which that command's end kills) nor in the middle of an exec, is
+killed, in rounds until a round finds none and none in an exec (the killed ones' children are
+adopted next; one in an exec is looked at again once it is through). By
+what the process cannot change: its owner, its parent and its start time (an SSH command's
+escapees started after the command did); a marker only spares it while a job or a command
+that carries the same one runs, and dies with it. Sandboxes sharing one user
+(``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
+as the exec helper's commands do."""
 
 RUN_IN = (
     KILL_MARKED

@@ -20,9 +20,11 @@ is refused) holding:
 - ``pid``: the supervisor, started by ``setsid`` with stdin from ``/dev/null``: it left the
   starting command's session and group, and the exec helper, told by the start
   (`sandboxes._helper._kill.JOB_START_ENV`), records it and spares it from its sweep of orphans (its
-  marker, below, which any process could set, spares it only from the shell's sweep), so it
-  outlives the ``execute()`` that started it. It is a child subreaper where the sandbox has
-  python3, so what its command leaves behind stays in its tree. It forks its
+  marker, below, which any process could set, spares it from the shell's sweep only while its
+  job is live), so it outlives the ``execute()`` that started it. It is a child subreaper where
+  the sandbox has python3, so what its command leaves behind stays in its tree, and it kills
+  those adopted processes once its command ended (``kill_strays``: by parent, not by marker,
+  before they pass on to init). It forks its
   output process, the command and the watchdog, writes ``pid``, and only then lets the command
   run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
   supervisor or the start of a process they still need;

@@ -79,15 +79,23 @@ def test_a_timeout_kills_what_cleared_or_forged_its_environment(
     assert_the_timeout_kills_it(sandbox, disguise, shape)
 
 
-def assert_the_timeout_kills_it(sandbox: BaseSandbox, disguise: str, shape: str) -> None:
+def assert_the_timeout_kills_it(
+    sandbox: BaseSandbox,
+    disguise: str,
+    shape: str,
+    disguises: dict[str, str] = _DISGUISES,
+    shapes: dict[str, str] = _SHAPES,
+    timeout: float = 2,
+) -> None:
     """A command starts a ``disguise``d process (``shape``: its child, or orphaned at once) that
-    writes its pid and sleeps, then times out: that process is gone within 10 s."""
+    writes its pid and sleeps, then times out after ``timeout`` seconds: that process is gone
+    within 10 s."""
     pid_file = f"{_workdir(sandbox)}/{disguise}-{shape}.pid"
     quoted = shlex.quote(pid_file)
     sandbox.execute(f"rm -f {quoted}")
     inner = shlex.quote(f"echo $$ > {quoted}.new && mv {quoted}.new {quoted}; exec sleep 300")
-    command = f"{_SHAPES[shape].format(disguise=_DISGUISES[disguise], inner=inner)}"
-    result = sandbox.execute(command, timeout=2)
+    command = f"{shapes[shape].format(disguise=disguises[disguise], inner=inner)}"
+    result = sandbox.execute(command, timeout=timeout)
     assert result.error == p.TIMEOUT, result
     pid = sandbox.execute(f"cat {quoted}").output.strip()
     assert pid.isdigit(), f"the disguised process never started: {pid!r}"

@@ -18,7 +18,10 @@ stderr; past `MAX_RUNS` runs, one ``m``: the rest is merged), and ``helper``
 (the recording helper's pid and start time in clock ticks: a record without a status whose
 helper is gone was lost; then the command's marker, to kill it by). At most `RECORD_LIMIT` bytes
 are kept, whatever the command prints; a file that cannot be written (``/tmp`` full, a name
-taken by the sandbox) stops the recording, never the command. Records whose command ended are
+taken by the sandbox) stops the recording, never the command. The ``status`` file is made with
+the record, blank, its fd held, and the status is written over it in place at the end: a
+``/tmp`` filled meanwhile cannot keep the end from being recorded (a record whose status stays
+blank while its helper lives would read as running for good). Records whose command ended are
 removed past the newest `KEEP`, looked for every `KEEP` new ones.
 """
 
@@ -90,9 +93,11 @@ def _prune(root: str) -> None:
     ended = []
     for name in os.listdir(root):
         try:
-            ended.append((os.lstat(os.path.join(root, name, "status")).st_mtime, name))
+            mtime = os.lstat(os.path.join(root, name, "status")).st_mtime
         except OSError:
             continue
+        if _ended(os.path.join(root, name)):
+            ended.append((mtime, name))
     ended.sort()
     for _, name in ended[: max(0, len(ended) - KEEP)]:
         directory = os.path.join(root, name)
@@ -102,6 +107,34 @@ def _prune(root: str) -> None:
             os.rmdir(directory)
         except OSError:
             pass
+
+
+STATUS_SIZE = 64
+"""Bytes of a record's ``status`` file: made blank (spaces, which its readers take for no
+status) with the record, and overwritten in place by the status (under 64 bytes) at the end."""
+
+
+def _blank_status(directory: str) -> int:
+    """An fd on ``directory``'s new ``status``, holding `STATUS_SIZE` blank bytes: the room the
+    status takes is taken now, while the record is made, not when ``/tmp`` may be full."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # no O_APPEND: `os.pwrite` at 0
+    fd = os.open(os.path.join(directory, "status"), flags, 0o600)
+    try:
+        if os.write(fd, b" " * (STATUS_SIZE - 1) + b"\n") != STATUS_SIZE:
+            raise OSError("the record's status could not be made")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _ended(directory: str) -> bool:
+    """Whether the record in ``directory`` holds a status (not only the blank one)."""
+    try:
+        with open(os.path.join(directory, "status"), "rb") as status:
+            return bool(status.read(STATUS_SIZE).strip())
+    except OSError:
+        return False
 
 
 def _start_ticks() -> str:
@@ -138,8 +171,16 @@ class Record(object):
         self._put("limits", "%d %d\n" % (self.head, self.tail))
         self._put("started", "%d\n" % _now_ns())
         self._put("helper", "%d %s %s\n" % (os.getpid(), _start_ticks(), marker))
-        self.runs_fd: "int | None" = os.open(os.path.join(self.dir, "runs"), _FLAGS, 0o600)
-        self._open("o.h")
+        status = _blank_status(self.dir)
+        self.status_fd: "int | None" = status
+        self.runs_fd: "int | None" = None
+        try:
+            self.runs_fd = os.open(os.path.join(self.dir, "runs"), _FLAGS, 0o600)
+            self._open("o.h")
+        except OSError:
+            self._close()
+            os.close(status)
+            raise
 
     def _put(self, name: str, text: str) -> None:
         fd = os.open(os.path.join(self.dir, name), _FLAGS, 0o600)
@@ -189,13 +230,19 @@ class Record(object):
             raise OSError("nothing written")
 
     def end(self, code: "int | None", timed_out: bool) -> None:
-        """The command ended: its status, written once."""
+        """The command ended: its status, written once, over the blank line `_blank_status` put
+        in place (no new room needed, so a full ``/tmp`` cannot keep it from being written)."""
         self._close()
+        fd, self.status_fd = self.status_fd, None
+        if fd is None:
+            return
         state = "timeout -" if timed_out or code is None else "exited %d" % code
         try:
-            self._put("status", "%s %d\n" % (state, _now_ns()))
+            os.pwrite(fd, ("%s %d" % (state, _now_ns())).ljust(STATUS_SIZE - 1).encode("ascii") + b"\n", 0)
         except OSError:
             pass
+        finally:
+            os.close(fd)
 
     def _stop(self) -> None:
         """Keep nothing more (the rest of the output is not recorded; the status still is)."""

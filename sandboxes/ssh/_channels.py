@@ -13,6 +13,7 @@ import paramiko
 from sandboxes import protocol as p
 from sandboxes._helper._kill import KILL_MARKED_SH
 from sandboxes._output import OutputBuffer, OutputHook
+from sandboxes._scripts import KILL_MARKED as KILL_TREE
 from sandboxes.ssh._connection import SSHConnection
 
 __all__ = [
@@ -29,8 +30,11 @@ __all__ = [
 ]
 
 RUN = (
-    KILL_MARKED_SH
+    KILL_TREE
     + r"""cwd=$1; marker=$2; cmd=$3; end=$4; shift 4
+start_of() { _st=; { read -r _st < "/proc/$1/stat"; } 2>/dev/null; set -- ${_st##*') '}; _st=${20-}; }
+start_of $$
+since=$_st
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
 cd -- "$cwd" 2>/dev/null || { cat >/dev/null; printf %s "$marker"; exit 200; }
@@ -39,6 +43,7 @@ exec 3>&2 2>/dev/null
 status=$?
 unset SANDBOXES_EXEC_ID
 kill_marked "$marker"
+[ -z "$since" ] || kill_strays 1 "$since"
 printf %s "$end"
 cat >/dev/null
 exit "$status"
@@ -50,7 +55,9 @@ The command runs as a child, not by ``exec``: sshd reports a death by signal as 
 which paramiko drops, so the parent shell turns it into a status (128 + signal); its own stderr
 is muted so that it does not add a "Killed" line to the output. Whatever the command left
 running (marked by the environment variable) is killed when it exits (`sandboxes._helper._kill`), as the
-exec helper does.
+exec helper does, and so is what escaped its tree and was adopted by the host's init since the
+command started (``kill_strays``, `sandboxes._scripts.KILL_MARKED`: by owner, parent and start
+time, which a process cannot forge; a live background job's are spared).
 
 The parent shell reads stdin to its end before it exits, so sshd cannot close the channel while
 stdin (or its EOF) is still on the way: sshd reuses the number of a closed channel at once, and

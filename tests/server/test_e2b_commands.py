@@ -113,15 +113,16 @@ def test_a_sandbox_without_an_exec_helper_runs_the_command_with_its_stdin_closed
             created.kill()
 
 
-_COUNT = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null | grep -c '^sleep 310[1-7] $'"
+_COUNT = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null | grep -c '^sleep 310[1-9] $'"
 """How many of the tree's sleeps run, seen from inside the sandbox (this line is none of them)."""
 
 
 def _tree(ready: str) -> str:
     """A command whose tree has a child, a grandchild in a session of its own (``setsid``), an
-    orphan (double fork), a ``nohup``'d child, one that ignores SIGTERM and one that dropped the
-    marker the service's kill looks for (`sandboxes._helper._kill`); once all seven sleeps
-    run it creates ``ready``, then waits."""
+    orphan (double fork), a ``nohup``'d child, one that ignores SIGTERM, one that dropped the
+    marker the service's kill looks for (`sandboxes._helper._kill`), one that cleared its whole
+    environment and one that forged a background job's marker, both in sessions of their own;
+    once all nine sleeps run it creates ``ready``, then waits."""
     return (
         "sleep 3101 & "
         "setsid sh -c 'sleep 3102' & "
@@ -130,7 +131,9 @@ def _tree(ready: str) -> str:
         "sh -c 'trap \"\" TERM HUP INT; sleep 3105' & "
         "sleep 3106 & "
         "env -u SANDBOXES_EXEC_ID setsid sleep 3107 & "
-        f'until [ "$({_COUNT})" = 7 ]; do sleep 0.05; done; touch {ready}; wait'
+        "env -i setsid sleep 3108 & "
+        "env SANDBOXES_EXEC_ID=sandboxes-job-x setsid sleep 3109 & "
+        f'until [ "$({_COUNT})" = 9 ]; do sleep 0.05; done; touch {ready}; wait'
     )
 
 
@@ -145,7 +148,7 @@ def test_a_kill_leaves_nothing_of_the_commands_tree_running(sandbox: Sandbox, st
     dropped), whether its stdin is held open or not."""
     ready = f"/tmp/tree-{time.monotonic_ns()}"
     handle = sandbox.commands.run(_tree(ready), background=True, timeout=0, stdin=stdin)
-    _until(lambda: sandbox.files.exists(ready), "the command's seven sleeps running")
+    _until(lambda: sandbox.files.exists(ready), "the command's nine sleeps running")
     assert sandbox.commands.kill(handle.pid) is True
     assert _sleepers(sandbox) == 0
     assert handle.pid not in [process.pid for process in sandbox.commands.list()]

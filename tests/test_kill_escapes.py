@@ -1,0 +1,133 @@
+"""What a sandboxed process does to its environment or its parentage does not let it outlive the
+kill meant for it: a process that cleared its environment (``env -i``), left the group
+(``setsid``), double-forked, or forged a background job's marker, is killed by its command's
+timeout on the transports without the exec helper (an image without python3, busybox, an SSH
+host without the helper, a local command jail), and by the kill of the background job
+(`sandboxes.jobs`, the service's ``DELETE .../processes/{id}``) that started it, on every
+backend."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ssh_fixtures import SSHVM, start_vm
+from support import HAS_BWRAP, SESSION_OWNER, needs
+from test_kill_forged import assert_the_timeout_kills_it
+
+from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
+from sandboxes.base import BaseSandbox
+from sandboxes.docker import DockerSandbox, DockerSandboxConfig
+from sandboxes.jobs import JobRunner
+from sandboxes.local import LocalSandbox, LocalSandboxConfig
+from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
+
+BUSYBOX = Path(__file__).parent / "fixtures" / "busybox"
+
+DISGUISES = {
+    "env-cleared": "env -i setsid",
+    "forged-job-marker": f"env {MARKER_ENV}={JOB_MARKER_PREFIX}x setsid",
+    "env-cleared-twice-forked": "env -i setsid sh -c '(setsid \"$@\" &)' sh",
+}
+"""How a process disguises itself: a prefix to the command it runs."""
+SHAPES = {
+    "child": "{disguise} sh -c {inner} < /dev/null > /dev/null 2>&1 & sleep 300",
+    "orphan": "({disguise} sh -c {inner} < /dev/null > /dev/null 2>&1 &); sleep 300",
+}
+
+
+FALLBACK_TIMEOUT = 4.0
+"""Seconds a command runs before its timeout here: without the helper every command starts a
+jail, a ``docker exec`` or an SSH channel of its own, and the disguised process must have
+started (written its pid) by then under a loaded CI machine's pace."""
+
+
+@pytest.fixture(scope="module")
+def busybox_image(docker_client: Any) -> str:
+    from testcontainers.core.image import DockerImage
+
+    with DockerImage(path=BUSYBOX, tag="sandboxes-test/busybox:latest", clean_up=False) as image:
+        return str(image)
+
+
+@pytest.fixture(scope="module")
+def ssh_vm(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHVM]:
+    vm = start_vm(tmp_path_factory.mktemp("ssh-escapes"))
+    yield vm
+    vm.stop()
+
+
+def _open(kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BaseSandbox]:
+    if kind.startswith("local"):
+        needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+        root = tmp_path_factory.mktemp("escapes-local")
+        config = LocalSandboxConfig(root_dir=root, isolation="bwrap", use_exec_helper=kind == "local")
+        with LocalSandbox(config=config) as local:
+            yield local
+        return
+    if kind.startswith("ssh"):
+        vm: SSHVM = request.getfixturevalue("ssh_vm")
+        ssh = SSHSandbox.create(SSHSandboxConfig(host=vm.host_config(), use_exec_helper=kind == "ssh"))
+        try:
+            yield ssh
+        finally:
+            ssh.destroy()
+        return
+    image = {"docker": "runtime_image", "no-python": "no_python_image", "busybox": "busybox_image"}[kind]
+    config = DockerSandboxConfig(image=request.getfixturevalue(image), owner=SESSION_OWNER)
+    with DockerSandbox.create(config, client=request.getfixturevalue("docker_client")) as docker:
+        yield docker
+
+
+@pytest.fixture(scope="module", params=["local-no-helper", "no-python", "busybox", "ssh-no-helper"])
+def fallback(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BaseSandbox]:
+    """A sandbox whose commands run without the exec helper."""
+    yield from _open(request.param, request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=["local", "docker", "busybox", "ssh", "ssh-no-helper"])
+def sandbox(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BaseSandbox]:
+    yield from _open(request.param, request, tmp_path_factory)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("disguise", sorted(DISGUISES))
+def test_a_timeout_without_the_helper_kills_what_disguised_itself(
+    fallback: BaseSandbox, disguise: str, shape: str
+) -> None:
+    assert not getattr(getattr(fallback, "helper_driver", None), "mux", None), "the exec helper runs here"
+    assert_the_timeout_kills_it(fallback, disguise, shape, DISGUISES, SHAPES, timeout=FALLBACK_TIMEOUT)
+
+
+def _alive(sandbox: BaseSandbox, pid: str) -> bool:
+    look = f'kill -0 {pid} 2>/dev/null && s=$(cut -d" " -f3 /proc/{pid}/stat) && [ "$s" != Z ] && echo alive'
+    return sandbox.execute(look).output.strip() == "alive"
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("disguise", sorted(DISGUISES))
+def test_a_jobs_kill_kills_what_disguised_itself(sandbox: BaseSandbox, disguise: str, shape: str) -> None:
+    """A background job starts a disguised process that writes its pid; killing the job (the
+    service's ``DELETE .../processes/{id}``) leaves it alive for no more than 10 s."""
+    workdir = sandbox.execute("pwd").output.strip()
+    pid_file = shlex.quote(f"{workdir}/job-{disguise}-{shape}.pid")
+    sandbox.execute(f"rm -f {pid_file}")
+    inner = shlex.quote(f"echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}; exec sleep 300")
+    runner = JobRunner(sandbox)
+    state = runner.start(SHAPES[shape].format(disguise=DISGUISES[disguise], inner=inner), timeout=120)
+    deadline = time.monotonic() + 20
+    while not (pid := sandbox.execute(f"cat {pid_file} 2>/dev/null").output.strip()).isdigit():
+        assert time.monotonic() < deadline, f"the disguised process never started: {runner.poll(state.id)}"
+        time.sleep(0.05)
+    try:
+        assert runner.kill(state.id).state.status == "killed"
+        deadline = time.monotonic() + 10
+        while _alive(sandbox, pid):
+            assert time.monotonic() < deadline, f"{disguise} process {pid} outlived the kill of its job"
+            time.sleep(0.05)
+    finally:
+        sandbox.execute(f"kill -9 {pid} 2>/dev/null")

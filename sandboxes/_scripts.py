@@ -422,9 +422,15 @@ live_job() {
   case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
   case $_lc in *" $_lj "*) return 0 ;; esac
   case $_lx in *" $_lj "*) return 1 ;; esac
-  for _lp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ); do
+  _lf=$(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ; echo .)
+  [ -n "$_lf" ] || return 0
+  for _lp in ${_lf%.}; do
     _lp=${_lp#/proc/} _lp=${_lp%/environ}
-    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p) && [ "${_ld##*/}" = "$_lj" ] || continue
+    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p; echo .)
+    [ -n "$_ld" ] || return 0
+    _ld=${_ld%.} _ld=${_ld%"
+"}
+    [ "${_ld##*/}" = "$_lj" ] || continue
     { [ ! -e "$_ld/end" ] && read -r _lq <"$_ld/pid" && [ "$_lq" = "$_lp" ]; } 2>/dev/null &&
       _lc="$_lc $_lj " && return 0
   done 2>/dev/null
@@ -442,7 +448,9 @@ and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MA
 can be set by any process, so it spares only while ``live_job`` finds that job's supervisor:
 a process carrying the job's supervisor marker whose job directory (its fifth argument, as
 `sandboxes.jobs` starts it) is the job's, its end not claimed and its ``pid`` naming that
-process (each job looked up once per sweep): a forged marker of no job dies; one naming a
+process (each job looked up once per sweep; a lookup that cannot fork, the sandbox at its
+pids limit, spares: a live job's processes are never killed for want of a pid): a forged
+marker of no job dies; one naming a
 live job's id lives as long as that job does, and dies with its kill (its marker). The
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``

@@ -366,7 +366,7 @@ KILL_MARKED = (
       l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
       case "
 $l" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" && continue ;; "
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
@@ -389,7 +389,7 @@ kill_strays() {
       _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
       case "
 $_sl" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" || continue ;; *"
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" 2>/dev/null || continue ;; *"
 SANDBOXES_EXEC_ID="?*) ! running "
 $_sl" || continue ;; "
 ") read -r _sl 2>/dev/null <"$_sd/stat" && set -- ${_sl##*') '} &&

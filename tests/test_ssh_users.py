@@ -14,6 +14,7 @@ from ssh_fixtures import SSH_VM_IMAGE, SSHVM, start_vm
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
+from sandboxes.jobs import JobRunner
 from sandboxes.local import NotIsolatedWarning
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig, UserPoolError
 from sandboxes.testing import SandboxConformance
@@ -102,27 +103,25 @@ def test_a_sandbox_cannot_signal_anothers_processes(pair: tuple[SSHSandbox, SSHS
 
 
 def test_destroy_returns_the_user_emptied_of_everything(vm: SSHVM) -> None:
-    """Whatever a sandbox leaves (a process that escaped its command's group and marker, files
+    """Whatever a sandbox leaves (a background job's process still running, files
     in /tmp, /run/lock and its home, a POSIX message queue, SysV shared memory, queues and
     semaphores) is gone before the next sandbox gets the same user."""
-    # A pool of one. One exec_command per command: through the exec helper (a subreaper) an
-    # escaped process dies when the next command ends, so only this path can leave one behind.
+    # A pool of one, one exec_command per command. An escaped process dies when its command
+    # ends (`tests/test_kill_escapes.py`); what a command may leave running is a background
+    # job, whose process is left here for the destroy to find.
     config = SSHSandboxConfig(host=vm.host_config(), user_group="sbx-07", use_exec_helper=False)
     first = SSHSandbox.create(config)
     user = first.user
     assert user == "sbx-07"
-    # Wait until the sleep has its own session (and no marker in its environment): then the
-    # command's own end no longer reaches it.
+    JobRunner(first).start("exec /bin/sleep 600", timeout=1000)
     leftover = first.execute(
-        "setsid -f env -i /bin/sleep 600 </dev/null >/dev/null 2>&1; "
-        "for i in $(seq 100); do pid=$(pgrep -x sleep) && "
-        '[ "$(ps -o sid= -p "$pid")" != "$(ps -o sid= -p $$)" ] && break; sleep 0.05; done; '
+        "for i in $(seq 100); do pgrep -x sleep >/dev/null && break; sleep 0.05; done; "
         "echo left > /tmp/left-by-first; echo left > $HOME/.left-by-first; "
         "echo left > /run/lock/left-by-first; touch /dev/mqueue/left-by-first; "
         "ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && ipcmk -S 1 >/dev/null && echo ok"
     )
     assert leftover.output == "ok\n"
-    assert first.execute("pgrep -x sleep").exit_code == 0, "the escaped process should outlive its command"
+    assert first.execute("pgrep -x sleep").exit_code == 0, "the job's process should outlive the command"
     first.destroy()
 
     with SSHSandbox.create(config) as second:

@@ -123,9 +123,10 @@ def test_background_commands_are_listed_connected_and_killed(sandbox: Sandbox) -
     """test_cmd_list.py, test_cmd_connect.py, test_cmd_kill.py, test_send_stdin.py."""
     fed = sandbox.commands.run("cat", background=True, stdin=True)
     assert fed.pid in [process.pid for process in sandbox.commands.list()]
+    attached = sandbox.commands.connect(fed.pid)  # before the input: what came before is not replayed
     sandbox.commands.send_stdin(fed.pid, "hello\n")
     sandbox.commands.close_stdin(fed.pid)
-    assert sandbox.commands.connect(fed.pid).wait().stdout == "hello\n"
+    assert attached.wait().stdout == "hello\n"
     sleeper = sandbox.commands.run("sleep 60", background=True)
     assert sandbox.commands.kill(sleeper.pid)
     with pytest.raises(CommandExitException):

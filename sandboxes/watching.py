@@ -252,6 +252,8 @@ def watch(
     ``permission_denied``, ``invalid_path``."""
     if not path.startswith("/"):
         raise WatchError(p.INVALID_PATH, f"{path!r} is not absolute: a watch needs an absolute path")
+    if "\0" in path:
+        raise WatchError(p.INVALID_PATH, f"{path!r} holds a NUL byte: no path may")
     helper = sandbox.exec_helper() if isinstance(sandbox, HoldsHelper) else None
     if helper is None:
         reason = "it runs no exec helper now" if isinstance(sandbox, HoldsHelper) else "it holds no exec helper"

@@ -227,3 +227,12 @@ def test_a_watch_timeout_out_of_range_is_refused(client: httpx.Client, sandbox: 
         params = {"path": sandbox["workdir"], "timeout": timeout}
         response = client.get(f"/v1/sandboxes/{sandbox['id']}/watch", params=params)
         assert response.status_code == 422, (timeout, response.text)
+
+
+def test_a_path_with_a_nul_byte_is_refused_as_an_invalid_path(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    """Found by schemathesis: it answered 400 ``backend_error`` (embedded null byte)."""
+    bad = f"{sandbox['workdir']}/a\u0000b"
+    response = client.post(f"/v1/sandboxes/{sandbox['id']}/watchers", json={"path": bad})
+    assert (response.status_code, error_of(response)) == (422, "invalid_path"), response.text
+    response = client.get(f"/v1/sandboxes/{sandbox['id']}/watch", params={"path": bad})
+    assert (response.status_code, error_of(response)) == (422, "invalid_path"), response.text

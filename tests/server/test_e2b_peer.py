@@ -7,6 +7,9 @@ says why. One service and one shared sandbox serve most checks."""
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -294,13 +297,53 @@ def test_fork(sandbox: Sandbox) -> None:
     sandbox.fork()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="download_url/upload_url: the SDK joins '/files' to E2B_SANDBOX_URL (dropping its path) with no "
-    "sandbox id, where E2B routes by host name (49983-<id>.<domain>): files/test_secured.py",
-)
-def test_download_url_points_at_the_sandbox(service: Running, sandbox: Sandbox) -> None:
-    assert sandbox.download_url("a.txt").startswith(f"{service.url}/e2b/envd/")
+# --- signed file URLs (sandbox_sync/files/test_secured.py and its async twin) ---
+
+
+def _fetch(url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """The status and body of a plain request to ``url`` (no header of the SDK's)."""
+    headers = {"Content-Type": "application/octet-stream"} if body else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def _signed_urls_work(service: Running, sandbox: Any, written: str) -> None:
+    """A signed URL (the root ``/files`` the SDK builds from ``E2B_SANDBOX_URL``) reads and
+    writes without the access token; an expired or altered one is envd's 401."""
+    assert sandbox.download_url(written, "user").startswith(f"{service.url}/files?")
+    assert _fetch(sandbox.download_url(written, "user")) == (200, b"signed")
+    assert _fetch(sandbox.download_url(written, "user", 120)) == (200, b"signed")
+    status, body = _fetch(sandbox.download_url(written, "user", use_signature_expiration=-120))
+    assert (status, json.loads(body)) == (401, {"code": 401, "message": "signature is already expired"})
+    status, body = _fetch(sandbox.download_url(written, "user").replace("signature=v1_", "signature=v1_A"))
+    assert (status, json.loads(body)) == (401, {"code": 401, "message": "invalid signature"})
+    status, body = _fetch(sandbox.download_url(written, "user").replace(f"path={written}", "path=other.txt"))
+    assert (status, json.loads(body)["message"]) == (401, "invalid signature")  # the signature names its path
+    assert _fetch(sandbox.upload_url(f"{written}.up", "user", 120), b"uploaded")[0] == 200
+    assert _fetch(sandbox.download_url(f"{written}.up", "user"))[1] == b"uploaded"
+
+
+def test_signed_file_urls_need_no_access_token(service: Running) -> None:
+    """test_secured.py: ``secure=True``, ``download_url`` with and without expiration, expired."""
+    created = Sandbox.create(secure=True, timeout=100, **opts(service))
+    try:
+        created.files.write("signed.txt", "signed")
+        _signed_urls_work(service, created, "signed.txt")
+    finally:
+        created.kill()
+
+
+async def test_signed_file_urls_of_the_async_sdk(service: Running) -> None:
+    """sandbox_async/files/test_secured.py."""
+    created = await AsyncSandbox.create(secure=True, timeout=100, **opts(service))
+    try:
+        await created.files.write("signed.txt", "signed")
+        await asyncio.to_thread(_signed_urls_work, service, created, "signed.txt")
+    finally:
+        await created.kill()
 
 
 @pytest.mark.xfail(

@@ -29,7 +29,7 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     secret = signing_secret(settings, app.state.service.settings.data_dir)
     app.state.e2b = E2BState(settings, TokenSigner(secret))
     planes = [envd.router, filesystem.router, stdin.router, pty.router, watch.router, process.router]
-    planes += [usage.router, control.router]
+    planes += [usage.router, control.router, envd.signed_router]
     app.router.routes.extend(route for plane in planes for route in plane.routes)  # no nesting
     _hot_first(app.router.routes)
     app.router.routes.insert(0, EnvdPortRoute())  # a sandbox's other ports, whatever their paths

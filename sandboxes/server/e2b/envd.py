@@ -17,12 +17,15 @@ from starlette.formparsers import MultiPartException
 from sandboxes import protocol as p
 from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
+from sandboxes.server.e2b.signed import Operation, signed_sandbox
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
-__all__ = ["access", "in_lane", "router"]
+__all__ = ["access", "in_lane", "router", "signed_router"]
 
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
+signed_router = APIRouter(route_class=E2BRoute, include_in_schema=False)
+"""The root ``/files`` the SDK's signed URLs name (`sandboxes.server.e2b.signed`)."""
 
 ENVD_PORT = "49983"
 MAX_FILES = 1000
@@ -98,10 +101,19 @@ def _absolute(entry: Entry, path: str | None) -> str:
     return path if path.startswith("/") else posixpath.join(entry.state.workdir or "/", path)
 
 
+async def _files_access(request: Request, path: str | None, operation: Operation) -> Entry:
+    """The sandbox of a ``/files`` request: by its access token, or by a signed URL's query."""
+    unsigned = "signature" not in request.query_params and request.url.path.startswith(ENVD_PREFIX)
+    if request.headers.get("x-access-token") or unsigned:
+        return await access(request)
+    return await signed_sandbox(request, path or "", operation)
+
+
 @router.get("/files")
+@signed_router.get("/files")
 async def read_file(request: Request, path: str | None = None) -> Response:
     """The file's bytes; up to the service's inline download limit."""
-    entry = await access(request)
+    entry = await _files_access(request, path, "read")
     absolute = _absolute(entry, path)
     limit = entry.backend.settings.max_inline_download_bytes
     found = (await in_lane(request, entry, functools.partial(entry.sandbox.download_files_within, [absolute], limit)))[
@@ -113,10 +125,11 @@ async def read_file(request: Request, path: str | None = None) -> Response:
 
 
 @router.post("/files")
+@signed_router.post("/files")
 async def write_files(request: Request, path: str | None = None) -> Response:
     """Multipart (field ``file``, its filename the path unless ``?path=`` names the one file)
     or one ``application/octet-stream`` body to ``?path=``; parent directories are created."""
-    entry = await access(request)
+    entry = await _files_access(request, path, "write")
     media = request.headers.get("content-type", "")
     if media.startswith("multipart/form-data"):
         files = await _multipart(request, path)

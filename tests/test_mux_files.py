@@ -76,15 +76,15 @@ async def test_async_writes_go_native_too(jail: LocalSandbox) -> None:
 def test_the_hello_names_the_ops_the_native_code_answers() -> None:
     """The hello's list (`_loop.NATIVE_OPS`) is written out beside the code it names, which is
     imported only at the first file op: the two must not drift apart."""
-    from sandboxes._helper import _listdir, _listing, _loop, _search, _usage
+    from sandboxes._helper import _listdir, _listing, _loop, _search, _usage, _xattrs
 
     names = ["write", "cas_write", "read_file", "download", "upload", *_search.SEARCH_OPS, *_listing.LISTING_OPS]
-    names += _usage.USAGE_OPS + _listdir.LIST_DIR_OPS
+    names += _usage.USAGE_OPS + _listdir.LIST_DIR_OPS + _xattrs.METADATA_OPS
     assert sorted(_loop.NATIVE_OPS) == sorted(names)
     # The ops whose modules are shipped with their first request, named by those modules.
     assert {name: ("_listdir",) for name in _listdir.LIST_DIR_OPS} | {
         name: ("_usage",) for name in _usage.USAGE_OPS
-    } == ON_DEMAND_OPS
+    } | {name: ("_xattrs",) for name in _xattrs.METADATA_OPS} == ON_DEMAND_OPS
 
 
 def test_the_file_ops_compile_while_the_helper_idles_and_a_failure_hands_them_back(

@@ -54,6 +54,11 @@ def start_native_op(ident: int, payload: bytes) -> None:
 
             _answer_whole(ident, op, list_dir)
             return
+        if op[0] == "e2b_metadata":  # `_xattrs`, shipped with the request
+            from ._xattrs import metadata
+
+            _answer_whole(ident, op, metadata)
+            return
         if op[0] == "metrics":  # `_usage`, shipped with the request
             from ._usage import usage
 

@@ -47,9 +47,10 @@ NATIVE_OPS = [
     "delete",
     "metrics",
     "list_dir",
+    "e2b_metadata",
 ]
 """The file ops this helper answers without a process (`_files`, `_uploads`, `_search`'s
-``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_listdir`'s ``list_dir``, `_usage`'s
+``SEARCH_OPS``, `_listing`'s ``LISTING_OPS``, `_listdir`'s ``list_dir``, `_xattrs`' ``e2b_metadata``, `_usage`'s
 ``metrics``), named in the hello before their code is compiled (`_load_native`)."""
 MAX_FRAME = 64 << 20
 DRAIN_GRACE = 0.2

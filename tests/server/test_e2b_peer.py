@@ -7,6 +7,7 @@ says why. One service and one shared sandbox serve most checks."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from e2b import (
     AsyncSandbox,
@@ -197,6 +199,64 @@ def test_a_kernel_file_is_refused_as_an_invalid_argument(sandbox: Sandbox) -> No
         sandbox.files.read("/proc/sys/kernel/random/boot_id")
 
 
+# --- file metadata and gzip (files/test_metadata.py, files/test_content_encoding.py) ---
+
+_XATTR = "import os, sys; print(os.getxattr(sys.argv[1], 'user.e2b.author').decode())"
+
+
+def test_file_metadata_is_kept_as_user_e2b_xattrs(sandbox: Sandbox) -> None:
+    """test_metadata.py: kept on upload (multipart and octet-stream, every file of one), read by
+    get_info, list and rename, cleared by an overwrite without it, set out of band alike."""
+    directory = _fresh("meta")
+    metadata = {"author": "me", "purpose": "upload"}
+    assert sandbox.files.write(f"{directory}/a.txt", "x", metadata=metadata).metadata == metadata
+    assert sandbox.files.get_info(f"{directory}/a.txt").metadata == metadata
+    assert sandbox.commands.run(f'python3 -c "{_XATTR}" {directory}/a.txt').stdout == "me\n"
+    octet = sandbox.files.write(f"{directory}/b.txt", "x", metadata={"author": "o"}, use_octet_stream=True)
+    assert octet.metadata == {"author": "o"}
+    both = sandbox.files.write_files(
+        [{"path": f"{directory}/c.txt", "data": "1"}, {"path": f"{directory}/d.txt", "data": "2"}],
+        metadata={"tag": "t"},
+    )
+    assert [info.metadata for info in both] == [{"tag": "t"}] * 2
+    listed = {entry.name: entry.metadata for entry in sandbox.files.list(directory)}
+    assert listed == {"a.txt": metadata, "b.txt": {"author": "o"}, "c.txt": {"tag": "t"}, "d.txt": {"tag": "t"}}
+    assert sandbox.files.rename(f"{directory}/b.txt", f"{directory}/e.txt").metadata == {"author": "o"}
+    assert sandbox.files.write(f"{directory}/a.txt", "y").metadata is None
+    assert sandbox.files.get_info(f"{directory}/a.txt").metadata is None
+    sandbox.commands.run(f"python3 -c \"import os; os.setxattr('{directory}/a.txt', 'user.e2b.k', b'v')\"")
+    assert sandbox.files.get_info(f"{directory}/a.txt").metadata == {"k": "v"}
+    sandbox.files.remove(directory)
+
+
+async def test_file_metadata_of_the_async_sdk(service: Running, sandbox: Sandbox) -> None:
+    """sandbox_async/files/test_metadata.py."""
+    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+    name = _fresh("async_meta") + ".txt"
+    assert (await connected.files.write(name, "x", metadata={"author": "a"})).metadata == {"author": "a"}
+    assert (await connected.files.get_info(name)).metadata == {"author": "a"}
+    await connected.files.remove(name)
+
+
+def test_a_gzip_upload_is_inflated(service: Running, sandbox: Sandbox) -> None:
+    """test_content_encoding.py: ``write(gzip=True)`` sends ``Content-Encoding: gzip``
+    (octet-stream, envd 0.5.7); the file holds the inflated bytes. A body inflating past the
+    service's body limit, or a broken one, is refused."""
+    name = _fresh("gzip") + ".txt"
+    sandbox.files.write(name, "zipped " * 100, gzip=True)
+    assert sandbox.files.read(name, gzip=True) == "zipped " * 100
+    headers = {"X-Access-Token": sandbox._envd_access_token or "", "E2b-Sandbox-Id": sandbox.sandbox_id}
+    headers |= {"Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}
+    url = f"{service.url}/e2b/envd/files"
+    written = httpx.post(url, params={"path": name}, headers=headers, content=gzip.compress(b"raw"))
+    assert written.status_code == 200, written.text
+    assert sandbox.commands.run(f"cat {name}").stdout == "raw"
+    bomb = gzip.compress(b"\0" * (service.app.state.service.settings.max_body_bytes + 1))
+    assert httpx.post(url, params={"path": name}, headers=headers, content=bomb).status_code == 413
+    assert httpx.post(url, params={"path": name}, headers=headers, content=b"not gzip").status_code == 400
+    assert sandbox.commands.run(f"cat {name}").stdout == "raw"
+
+
 # --- watch (sandbox_sync/files/test_watch.py) ---
 
 
@@ -276,15 +336,6 @@ async def test_the_async_watch_stream_sees_a_write_as_envd_writes_in_place(servi
 def test_sudo_runs(sandbox: Sandbox) -> None:
     """test_env_vars.py::test_bash_command_scoped_env_vars runs ``sudo echo``."""
     sandbox.commands.run('sudo echo "$FOO"')
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=SandboxException,
-    reason="file metadata (X-Metadata-*) needs envd 0.6.2; this service advertises 0.5.2 (test_metadata.py)",
-)
-def test_file_metadata(sandbox: Sandbox) -> None:
-    sandbox.files.write("meta.txt", "x", metadata={"author": "me"})
 
 
 @pytest.mark.xfail(strict=True, raises=SandboxException, reason="snapshots are not served (501): test_snapshot_api.py")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ from starlette.formparsers import MultiPartException
 from sandboxes import protocol as p
 from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
+from sandboxes.server.e2b.metadata import from_headers, set_call, set_failure
 from sandboxes.server.e2b.signed import Operation, signed_sandbox
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
@@ -87,6 +89,7 @@ _FILE_STATUS = {
     p.INVALID_ARGUMENT: 400,
     p.FILE_TOO_LARGE: 413,
     p.NO_SPACE: 507,
+    p.UNAVAILABLE: 502,
 }
 
 
@@ -130,11 +133,18 @@ async def write_files(request: Request, path: str | None = None) -> Response:
     """Multipart (field ``file``, its filename the path unless ``?path=`` names the one file)
     or one ``application/octet-stream`` body to ``?path=``; parent directories are created."""
     entry = await _files_access(request, path, "write")
+    try:
+        metadata = from_headers(request.headers)
+    except ValueError as exc:
+        raise ServiceError("invalid_request", str(exc), status=400) from None
     media = request.headers.get("content-type", "")
     if media.startswith("multipart/form-data"):
         files = await _multipart(request, path)
     elif media.startswith("application/octet-stream"):
-        files = [(path or "", await request.body())]
+        body = await request.body()
+        if request.headers.get("content-encoding", "identity").lower() == "gzip":
+            body = _gunzipped(body, service(request).settings.max_body_bytes)
+        files = [(path or "", body)]
     else:
         raise ServiceError("invalid_request", f"unsupported Content-Type {media!r}", status=400)
     files = [(_absolute(entry, name), data) for name, data in files]
@@ -145,7 +155,29 @@ async def write_files(request: Request, path: str | None = None) -> Response:
     answer: list[dict[str, Any]] = [
         {"path": name, "name": posixpath.basename(name), "type": "file"} for name, _ in files
     ]
+    if metadata:
+        names = [name for name, _ in files]
+        response = await in_lane(request, entry, functools.partial(entry.sandbox.run_call, set_call(names, metadata)))
+        failure = set_failure(response, names[0])
+        if failure is not None:
+            raise _file_error(failure[0], failure[1], names[0])
+        for item in answer:
+            item["metadata"] = metadata
     return JSONResponse(answer)
+
+
+def _gunzipped(body: bytes, limit: int) -> bytes:
+    """A gzip body's bytes, refused past ``limit`` (read no further) or when malformed."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ServiceError("invalid_request", f"malformed gzip body: {exc}", status=400) from None
+    if len(data) > limit:
+        raise ServiceError("too_large", f"the gzip body inflates past {limit} bytes", status=413)
+    if not inflater.eof:
+        raise ServiceError("invalid_request", "the gzip body is cut short", status=400)
+    return data
 
 
 async def _multipart(request: Request, path: str | None) -> list[tuple[str, bytes]]:

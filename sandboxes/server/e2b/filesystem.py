@@ -27,10 +27,11 @@ from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute
 from sandboxes.server.e2b.connect import ConnectError
 from sandboxes.server.e2b.envd import access, in_lane
+from sandboxes.server.e2b.metadata import get_call, parsed
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
-__all__ = ["router"]
+__all__ = ["router", "with_metadata"]
 
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
@@ -247,6 +248,21 @@ def _listing(root: str, output: str) -> list[dict[str, Any]]:
     return [_entry(posixpath.join(root, *parts), line, None) for parts, line in found]
 
 
+async def with_metadata(request: Request, entry: Entry, infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``infos`` (envd's ``EntryInfo``s), each with its file's ``metadata`` where it has any."""
+    if not infos:
+        return infos
+    call = get_call([info["path"] for info in infos])
+    try:
+        found = parsed(await in_lane(request, entry, functools.partial(entry.sandbox.run_call, call)))
+    except ServiceError as exc:
+        raise ConnectError("unavailable", exc.message) from exc
+    for info in infos:
+        if info["path"] in found:
+            info["metadata"] = found[info["path"]]
+    return infos
+
+
 def _unary(handler: Any) -> Any:
     """``handler(request, entry, message)`` as a Connect unary route: the caller's access
     checked first, its `ConnectError` answered in Connect's shape."""
@@ -266,7 +282,8 @@ def _unary(handler: Any) -> Any:
 @_unary
 async def stat_entry(request: Request, entry: Entry, message: dict[str, Any]) -> dict[str, Any]:
     path = _path(entry, message)
-    return {"entry": _one(path, await _run(request, entry, STAT, (path,), ENTRY_OUTPUT_LIMIT))}
+    info = _one(path, await _run(request, entry, STAT, (path,), ENTRY_OUTPUT_LIMIT))
+    return {"entry": (await with_metadata(request, entry, [info]))[0]}
 
 
 @router.post("/filesystem.Filesystem/ListDir")
@@ -278,7 +295,7 @@ async def list_dir(request: Request, entry: Entry, message: dict[str, Any]) -> d
     if not isinstance(depth, int) or depth < 1:
         raise ConnectError("invalid_argument", "depth must be a positive integer")
     output = await _run(request, entry, LIST, (path, str(min(depth, MAX_DEPTH))), LIST_OUTPUT_LIMIT, "list_dir")
-    return {"entries": _listing(path, output)}
+    return {"entries": await with_metadata(request, entry, _listing(path, output))}
 
 
 @router.post("/filesystem.Filesystem/MakeDir")
@@ -300,7 +317,7 @@ async def make_dir(request: Request, entry: Entry, message: dict[str, Any]) -> d
 async def move(request: Request, entry: Entry, message: dict[str, Any]) -> dict[str, Any]:
     source, destination = _path(entry, message, "source"), _path(entry, message, "destination")
     output = await _run(request, entry, MOVE, (source, destination), ENTRY_OUTPUT_LIMIT)
-    return {"entry": _one(destination, output)}
+    return {"entry": (await with_metadata(request, entry, [_one(destination, output)]))[0]}
 
 
 @router.post("/filesystem.Filesystem/Remove")

@@ -303,6 +303,56 @@ def test_a_recursive_watch_names_a_nested_write_first_as_its_create(sandbox: San
         handle.stop()
 
 
+def test_a_watch_with_entries_describes_each_file(sandbox: Sandbox) -> None:
+    """test_watch_directory_changes_with_entry_info (envd 0.6.3): an event's ``entry`` is its
+    file's ``EntryInfo`` (metadata too) while the file is there; a removal has none."""
+    directory = _fresh("test_watch_dir_entry")
+    sandbox.files.make_dir(directory)
+    handle = sandbox.files.watch_dir(directory, include_entry=True)
+    try:
+        sandbox.files.write(f"{directory}/w.txt", "watched", metadata={"author": "me"})
+        written = [event for event in _events_until(handle, "w.txt", FilesystemEventType.WRITE) if event.entry]
+        assert written, "no event carried an entry"
+        info = written[-1].entry
+        assert info is not None
+        assert (info.name, info.path, info.type) == ("w.txt", f"{HOME}/{directory}/w.txt", FileType.FILE)
+        sandbox.files.remove(f"{directory}/w.txt")
+        removed = _events_until(handle, "w.txt", FilesystemEventType.REMOVE)
+        assert [event.entry for event in removed if event.type == FilesystemEventType.REMOVE] == [None]
+    finally:
+        handle.stop()
+    plain = sandbox.files.watch_dir(directory)
+    try:
+        sandbox.files.write(f"{directory}/p.txt", "x")
+        assert all(event.entry is None for event in _events_until(plain, "p.txt", FilesystemEventType.WRITE))
+    finally:
+        plain.stop()
+
+
+async def test_the_async_watch_stream_with_entries(service: Running, sandbox: Sandbox) -> None:
+    """sandbox_async/files/test_watch.py::test_watch_directory_changes_with_entry_info."""
+    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+    directory = _fresh("async_watch_entry")
+    await connected.files.make_dir(directory)
+    seen: list[FilesystemEvent] = []
+    written = asyncio.Event()
+
+    def on_event(event: FilesystemEvent) -> None:
+        seen.append(event)
+        if event.type == FilesystemEventType.WRITE:
+            written.set()
+
+    handle = await connected.files.watch_dir(directory, on_event, include_entry=True)
+    try:
+        await connected.files.write(f"{directory}/w.txt", "x")
+        await asyncio.wait_for(written.wait(), 20)
+        entry = next(event.entry for event in seen if event.type == FilesystemEventType.WRITE)
+        assert entry is not None
+        assert (entry.path, entry.type, entry.size) == (f"{HOME}/{directory}/w.txt", FileType.FILE, 1)
+    finally:
+        await handle.stop()
+
+
 async def test_the_async_watch_stream_sees_a_write_as_envd_writes_in_place(service: Running, sandbox: Sandbox) -> None:
     """The async SDK's ``WatchDir`` stream (sandbox_async/files/test_watch.py)."""
     connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))

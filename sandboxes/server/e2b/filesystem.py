@@ -31,7 +31,7 @@ from sandboxes.server.e2b.metadata import get_call, parsed
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
-__all__ = ["router", "with_metadata"]
+__all__ = ["entry_info", "router", "with_metadata"]
 
 router = APIRouter(prefix=ENVD_PREFIX, route_class=E2BRoute, include_in_schema=False)
 
@@ -278,12 +278,16 @@ def _unary(handler: Any) -> Any:
     return route
 
 
+async def entry_info(request: Request, entry: Entry, path: str) -> dict[str, Any]:
+    """envd's ``EntryInfo`` of ``path`` (normalized, absolute), its metadata included."""
+    info = _one(path, await _run(request, entry, STAT, (path,), ENTRY_OUTPUT_LIMIT))
+    return (await with_metadata(request, entry, [info]))[0]
+
+
 @router.post("/filesystem.Filesystem/Stat")
 @_unary
 async def stat_entry(request: Request, entry: Entry, message: dict[str, Any]) -> dict[str, Any]:
-    path = _path(entry, message)
-    info = _one(path, await _run(request, entry, STAT, (path,), ENTRY_OUTPUT_LIMIT))
-    return {"entry": (await with_metadata(request, entry, [info]))[0]}
+    return {"entry": await entry_info(request, entry, _path(entry, message))}
 
 
 @router.post("/filesystem.Filesystem/ListDir")

@@ -18,8 +18,12 @@ MAX_PENDING = 1024
 class Landings:
     """One watch's events rewritten: each (kind, name) fed gives the events envd would send."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: str = "", include_entry: bool = False) -> None:
         self._pending: set[str] = set()
+        self.root = root
+        """The watched directory (absolute), which the events' names are relative to."""
+        self.include_entry = include_entry
+        """Whether the watch's events carry their file's ``EntryInfo`` (envd 0.6.3's ``include_entry``)."""
 
     def feed(self, kind: str, name: str) -> Iterator[tuple[str, str]]:
         """The events for the watch's next (``kind``, ``name``), ``name`` relative to it: none for

@@ -10,6 +10,7 @@ service's atomic writes are reported as envd's in-place ones (`Landings`)."""
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from sandboxes import api
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
 from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
 from sandboxes.server.e2b.envd import access
-from sandboxes.server.e2b.filesystem import _error, _message, _path
+from sandboxes.server.e2b.filesystem import _error, _message, _path, entry_info
 from sandboxes.server.e2b.landing import Landings
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
@@ -62,11 +63,31 @@ def _events(landings: Landings, event: api.WatchEvent) -> list[dict[str, Any]]:
     return [{"name": name, "type": EVENT_TYPES[kind]} for kind, name in landings.feed(event.type, event.name or "")]
 
 
-def _watched(entry: Entry, message: dict[str, Any]) -> tuple[str, bool]:
-    recursive = message.get("recursive", False)
-    if not isinstance(recursive, bool):
-        raise ConnectError("invalid_argument", "recursive must be a boolean")
-    return _path(entry, message), recursive
+async def _with_entries(
+    request: Request, entry: Entry, landings: Landings, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``messages``, each with its file's ``entry`` where the watch asked for it and the file is
+    there (envd's best effort; a path is looked at once per call)."""
+    if not landings.include_entry:
+        return messages
+    seen: dict[str, dict[str, Any] | None] = {}
+    for message in messages:
+        path = posixpath.join(landings.root, message["name"])
+        if message["type"] != "EVENT_TYPE_REMOVE" and path not in seen:
+            try:
+                seen[path] = await entry_info(request, entry, path)
+            except ConnectError:  # gone meanwhile, or the sandbox did not answer
+                seen[path] = None
+        if seen.get(path) is not None:
+            message["entry"] = seen[path]
+    return messages
+
+
+def _watched(entry: Entry, message: dict[str, Any]) -> tuple[str, bool, bool]:
+    recursive, include_entry = message.get("recursive", False), message.get("includeEntry", False)
+    if not isinstance(recursive, bool) or not isinstance(include_entry, bool):
+        raise ConnectError("invalid_argument", "recursive and includeEntry must be booleans")
+    return _path(entry, message), recursive, include_entry
 
 
 @router.post("/filesystem.Filesystem/WatchDir")
@@ -75,7 +96,7 @@ async def watch_dir(request: Request) -> Response:
     svc = service(request)
     tenant = entry.state.tenant
     try:
-        path, recursive = _watched(entry, read_envelope(await request.body()))
+        path, recursive, include_entry = _watched(entry, read_envelope(await request.body()))
         events = await svc.watches.follow(
             tenant,
             svc.settings.policy_for(tenant).max_watchers,
@@ -89,12 +110,14 @@ async def watch_dir(request: Request) -> Response:
         return StreamingResponse(_once(end_of_stream(_refused(exc))), media_type=STREAM_MEDIA_TYPE)
     except ConnectError as exc:
         return StreamingResponse(_once(end_of_stream(exc)), media_type=STREAM_MEDIA_TYPE)
-    return StreamingResponse(_stream(events), media_type=STREAM_MEDIA_TYPE)
+    landings = Landings(path, include_entry)
+    return StreamingResponse(_stream(request, entry, landings, events), media_type=STREAM_MEDIA_TYPE)
 
 
-async def _stream(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes]:
+async def _stream(
+    request: Request, entry: Entry, landings: Landings, events: AsyncGenerator[api.WatchEvent]
+) -> AsyncIterator[bytes]:
     """The watch's messages on one connection; leaving it ends the watch."""
-    landings = Landings()
     try:
         async for event in events:
             if event.type == "start":
@@ -105,7 +128,7 @@ async def _stream(events: AsyncGenerator[api.WatchEvent]) -> AsyncIterator[bytes
                 yield _ending(event)
                 return
             else:
-                for message in _events(landings, event):
+                for message in await _with_entries(request, entry, landings, _events(landings, event)):
                     yield envelope({"filesystem": message})
     finally:
         await events.aclose()
@@ -124,7 +147,7 @@ async def create_watcher(request: Request) -> Response:
     svc = service(request)
     tenant = entry.state.tenant
     try:
-        path, recursive = _watched(entry, await _message(request))
+        path, recursive, include_entry = _watched(entry, await _message(request))
         body = api.CreateWatcher(path=path, recursive=recursive)
         cap = svc.settings.policy_for(tenant).max_watchers
         created = await svc.watches.create(tenant, cap, entry.state.id, entry.sandbox, body, svc.settings.watcher_idle)
@@ -132,6 +155,8 @@ async def create_watcher(request: Request) -> Response:
         return _error(_refused(exc))
     except ConnectError as exc:
         return _error(exc)
+    landings = e2b_state(request).landings(entry.state.id, created.id)
+    landings.root, landings.include_entry = path, include_entry
     return JSONResponse({"watcherId": created.id})
 
 
@@ -148,7 +173,8 @@ async def get_watcher_events(request: Request) -> Response:
     except ConnectError as exc:
         return _error(exc)
     landings = e2b_state(request).landings(entry.state.id, ident)
-    return JSONResponse({"events": [message for event in drained.events for message in _events(landings, event)]})
+    messages = [message for event in drained.events for message in _events(landings, event)]
+    return JSONResponse({"events": await _with_entries(request, entry, landings, messages)})
 
 
 @router.post("/filesystem.Filesystem/RemoveWatcher")

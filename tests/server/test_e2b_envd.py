@@ -73,7 +73,7 @@ def test_list_goes_as_deep_as_asked(service: Running, sandbox: Sandbox) -> None:
         sandbox.files.list("/tmp/ls/none")
     with pytest.raises(InvalidArgumentException):
         sandbox.files.list("/tmp/ls/top.txt")
-    assert mux.native_answers == before + 1 + 5  # the upload, then every listing
+    assert mux.native_answers == before + 1 + 5 + 3  # the upload, every listing, each found one's metadata
 
 
 def test_make_dir_rename_and_remove(sandbox: Sandbox) -> None:

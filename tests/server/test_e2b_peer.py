@@ -401,9 +401,9 @@ def test_fork(sandbox: Sandbox) -> None:
 # --- signed file URLs (sandbox_sync/files/test_secured.py and its async twin) ---
 
 
-def _fetch(url: str, body: bytes | None = None) -> tuple[int, bytes]:
+def _fetch(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """The status and body of a plain request to ``url`` (no header of the SDK's)."""
-    headers = {"Content-Type": "application/octet-stream"} if body else {}
+    headers = ({"Content-Type": "application/octet-stream"} if body else {}) | (headers or {})
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30) as answer:
             return answer.status, answer.read()
@@ -427,12 +427,17 @@ def _signed_urls_work(service: Running, sandbox: Any, written: str) -> None:
     assert _fetch(sandbox.download_url(f"{written}.up", "user"))[1] == b"uploaded"
 
 
-def test_signed_file_urls_need_no_access_token(service: Running) -> None:
-    """test_secured.py: ``secure=True``, ``download_url`` with and without expiration, expired."""
+def test_signed_file_urls_need_no_access_token(service: Running, sandbox: Sandbox) -> None:
+    """test_secured.py: ``secure=True``, ``download_url`` with and without expiration, expired;
+    a URL signed for one sandbox reads nothing of another's, even naming it."""
     created = Sandbox.create(secure=True, timeout=100, **opts(service))
     try:
         created.files.write("signed.txt", "signed")
         _signed_urls_work(service, created, "signed.txt")
+        sandbox.files.write("signed.txt", "other's")
+        signed = created.download_url("signed.txt", "user").replace(f"{service.url}/", f"{service.url}/e2b/envd/")
+        assert _fetch(signed, headers={"E2b-Sandbox-Id": created.sandbox_id}) == (200, b"signed")
+        assert _fetch(signed, headers={"E2b-Sandbox-Id": sandbox.sandbox_id})[0] == 401
     finally:
         created.kill()
 

@@ -233,6 +233,8 @@ _NO_SANDBOX_IN_PATH = {
     ("GET", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: test_service_snapshots.py, 404 to another",
     ("DELETE", "/v1/snapshots/{snapshot_id}"): "a snapshot is its tenant's: found as the GET finds it (get first)",
     ("GET", "/v1/operator/overview"): "every tenant's usage, an operator key's only: others get 403 (test_operator.py)",
+    ("GET", "/files"): "E2B's signed URLs: only the sandbox's own token makes the signature (test_e2b_peer.py: 401)",
+    ("POST", "/files"): "E2B's signed upload URLs: as GET /files, the signature names the sandbox",
 }
 """Routes that name no sandbox, so have no other tenant's sandbox to refuse: each with why."""
 

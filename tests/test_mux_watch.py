@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
+from sandboxes._calls import write_call
 from sandboxes._mux import Channel, MuxClient, open_channel, watch_spec
 from sandboxes._output import Stream
 
@@ -225,6 +226,33 @@ class _Libc(object):
 _real_cdll = ctypes.CDLL
 ctypes.CDLL = lambda *args, **kwargs: _Libc(_real_cdll(*args, **kwargs))
 """
+
+
+@pytest.mark.parametrize("variant", [name for name in [*_VARIANTS, _TIMED] if name != _NO_CTYPES])
+def test_a_writes_events_go_out_before_its_answer(variant: str, tmp_path: Path) -> None:
+    """A native write is answered after every inotify watch (the variants with ctypes) sent what
+    the write made: a poll right after the answer finds its events, none waited for (the E2B
+    SDK's sync watch reads them so: `sandboxes.server.e2b.watch`)."""
+    pipe = _TimedPipeStream() if variant == _TIMED else _PipeStream(_VARIANTS[variant])
+    helper = _Helper(MuxClient(pipe), pipe, variant)
+    try:
+        _write_then_find(helper, tmp_path)
+    finally:
+        helper.mux.close()
+        pipe.close()
+
+
+def _write_then_find(helper: _Helper, tmp_path: Path) -> None:
+    channel, events = _watch(helper, tmp_path)
+    for round_ in range(3):
+        target = tmp_path / f"written-{round_}.txt"
+        call = write_call(str(target), b"x")
+        assert call.native is not None
+        answer = helper.mux.run_native(call.native, call.stdin, timeout=30, output_limit=4096)
+        assert answer is not None
+        assert answer.exit_code == 0, answer
+        assert target.name in events.names("create"), events.events  # no wait: there already
+    channel.kill()
 
 
 def test_a_kernel_without_an_inotify_instance_left_is_polled(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ import errno
 import marshal
 import os
 import stat
+import sys
 
 from ._loop import NATIVE_OPS, add_sources, send_exit
 
@@ -305,4 +306,9 @@ class _NativeWrite(object):
 
 
 def _answer(ident: int, code: "int | None", timed_out: bool = False) -> None:
+    """X for a write, after the events it made (queued by the kernel as it made them) went out
+    from every watch open here: whoever polls a watch after the answer finds them."""
+    watches = sys.modules.get(__name__.rpartition(".")[0] + "._watch")
+    if watches is not None:
+        watches.settle()
     send_exit(ident, code, timed_out)

@@ -105,6 +105,13 @@ class _Inotify(object):
         self.libc.inotify_rm_watch(self.fd, wd)
 
 
+def settle() -> None:
+    """Each inotify watch sends, now, what the kernel queued for it (one bounded read each)."""
+    for running in list(_commands.values()):
+        if isinstance(running, Watch) and running.inotify is not None and not running.finished:
+            running.on_events(0)
+
+
 class Watch(object):
     """A watch in the helper's table of commands (``_commands``), answering the loop as a command
     does (deadlines, K, the client leaving); it carries a marker no process carries, so that

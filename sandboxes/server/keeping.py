@@ -60,13 +60,15 @@ class Keeping(Pausing):
         directory = self.settings.snapshot_dir or self.settings.data_dir / "snapshots"
         return SnapshotStore(directory, writer=f"{socket.gethostname()}:{self.settings.data_dir.resolve()}")
 
-    async def snapshot(self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None) -> Snapshot:
+    async def snapshot(
+        self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None, name: str = ""
+    ) -> Snapshot:
         """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all."""
         state = entry.state
         paths = [(state.workdir, True)] if body.workspace else []
         paths += [(checked_path(path), False) for path in body.paths]
         quota = self.settings.policy_for(state.tenant).max_snapshot_bytes
-        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name}
+        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name, "name": name}
         writing = await asyncio.to_thread(self.snapshots.begin, state.tenant, quota, head, snapshot_id)
         try:
             await asyncio.to_thread(take, entry.backend, entry.sandbox, writing, paths, self.settings)

@@ -1,6 +1,8 @@
 """The E2B control plane (``/e2b``): sandboxes created, listed, timed and killed for the tenant
 whose API key is ``X-API-KEY``, through the service's registry (its quotas, TTLs, labels and
-idempotency keys). An E2B timeout is the sandbox's TTL; its metadata is the sandbox's labels."""
+idempotency keys). An E2B timeout is the sandbox's TTL; its metadata is the sandbox's labels; a
+template that names one of the tenant's snapshots (`sandboxes.server.e2b.snapshot_refs`) makes
+the sandbox from it, on the snapshot's template."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from sandboxes.server.e2b.models import (
     TimeoutRequest,
     network_of,
 )
+from sandboxes.server.e2b.snapshot_refs import find_snapshot
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 from sandboxes.templates import parse_memory
@@ -134,16 +137,21 @@ async def create(
         egress_allow = body.egress_allow()
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
+    template, snapshot = e2b.ours(body.template_id), None
+    if template not in service(request).settings.templates:
+        snapshot = await find_snapshot(request, tenant, body.template_id)
+        if snapshot is None:
+            return e2b_error(400, f"unknown template {body.template_id!r}")
+        template = snapshot.template
     wanted = CreateSandbox(
-        template=e2b.ours(body.template_id),
+        template=template,
         env=body.env_vars or {},
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
         egress_allow=egress_allow,
+        snapshot=None if snapshot is None else snapshot.id,
     )
-    if wanted.template not in service(request).settings.templates:
-        return e2b_error(400, f"unknown template {body.template_id!r}")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
     return _json(_created(request, entry), 201)
 
@@ -295,7 +303,7 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 @router.api_route("/{rest:path}", methods=_METHODS)
 async def not_served(request: Request, rest: str, api_key: _ApiKey = None) -> Response:
-    """What this service does not serve yet (pause, snapshots, metrics...): to a tenant, E2B's
+    """What this service does not serve (template builds, volumes, teams...): to a tenant, E2B's
     error shape, so the SDK raises its own exception rather than failing to read the answer."""
     _tenant(request, api_key)
     return e2b_error(501, f"/{rest} is not implemented by this service")

@@ -11,11 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ConnectSandbox",
     "E2BError",
+    "ForkRequest",
     "Network",
     "NetworkUpdate",
     "NewSandbox",
     "SandboxCreated",
     "SandboxDetail",
+    "SnapshotRequest",
     "TimeoutRequest",
     "egress_allow",
     "network_of",
@@ -106,6 +108,28 @@ class PauseRequest(_Wire):
     """``POST /sandboxes/{id}/pause``: ``memory: false`` keeps the filesystem alone."""
 
     memory: bool | None = None
+
+
+SNAPSHOT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""A snapshot's name: what E2B's aliases allow, and dots (no ``/`` or ``:``, which qualify a name)."""
+MAX_FORKS = 100
+"""E2B's bound on one fork's ``count``; each fork is a create, counted against the tenant's quota."""
+
+
+class SnapshotRequest(_Wire):
+    """``POST /sandboxes/{id}/snapshots``: ``memory`` unset or ``false`` (the SDK's
+    ``mode="filesystem"``); the snapshot keeps files only."""
+
+    name: str | None = Field(default=None, pattern=SNAPSHOT_NAME)
+    memory: bool | None = None
+
+
+class ForkRequest(_Wire):
+    """``POST /sandboxes/{id}/fork``: ``count`` new sandboxes, each with a ``timeout`` (E2B's
+    default: 15 s)."""
+
+    timeout: int = Field(default=15, ge=0, le=MAX_TIMEOUT)
+    count: int = Field(default=1, ge=1, le=MAX_FORKS)
 
 
 class ConnectSandbox(_Wire):

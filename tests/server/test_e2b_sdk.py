@@ -22,6 +22,8 @@ from e2b import (
     SandboxNotFoundException,
     SandboxNotRunningException,
     SandboxQuery,
+    Template,
+    TemplateException,
     TimeoutException,
 )
 from e2b_harness import opts, service_fixture
@@ -129,8 +131,8 @@ def test_connect_returns_the_same_access_and_only_extends_the_timeout(service: R
 
 
 def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running, sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not implemented"):
-        sandbox.create_snapshot()
+    with pytest.raises(TemplateException, match="not implemented"):
+        Template.exists("base", **opts(service))  # template builds are not served
     with pytest.raises(SandboxException, match="unknown template 'nope'"):
         Sandbox.create("nope", **opts(service))
     with pytest.raises(FileNotFoundException):
@@ -158,6 +160,8 @@ _ALICES = {
     ("POST", "/e2b/sandboxes/{sandbox_id}/pause"): {},
     ("POST", "/e2b/sandboxes/{sandbox_id}/resume"): {},
     ("PUT", "/e2b/sandboxes/{sandbox_id}/network"): {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/snapshots"): {},
+    ("POST", "/e2b/sandboxes/{sandbox_id}/fork"): {},
 }
 """Control-plane routes that name a sandbox, with a body a tenant could send: 404 to another."""
 _ENVD = {("GET", "/e2b/envd/health"), ("GET", "/e2b/envd/files"), ("POST", "/e2b/envd/files")}
@@ -181,6 +185,8 @@ _OWN = {
     ("GET", "/e2b/v2/sandboxes"): "lists the caller's own (checked below)",
     ("POST", "/e2b/sandboxes"): "creates the caller's own",
     ("POST", "/e2b/v2/sandboxes"): "creates the caller's own",
+    ("GET", "/e2b/snapshots"): "lists the caller's own (test_e2b_peer.py::test_a_tenants_snapshots_are_its_own)",
+    ("DELETE", "/e2b/templates/{template_id}"): "deletes the caller's own snapshots (test_e2b_peer.py, as above)",
     **{(m, "/e2b/{rest:path}"): "the same 501 for any id" for m in ("GET", "POST", "PUT", "PATCH", "DELETE")},
 }
 """Routes that reach no other tenant's sandbox, each with why."""

@@ -314,6 +314,8 @@ def test_a_snapshot_makes_sandboxes_with_its_files(service: Running, sandbox: Sa
     finally:
         assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
     assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is False
+    with pytest.raises(SandboxException, match="template 'base' is the service's"):
+        Sandbox.delete_snapshot("base", **opts(service))
     with pytest.raises(SandboxException, match="files, not its processes"):
         sandbox.create_snapshot(mode="full")  # a memory snapshot: refused, never a files-only one instead
 
@@ -389,6 +391,23 @@ def test_a_tenants_snapshots_are_its_own(service: Running, sandbox: Sandbox) -> 
         assert [item.snapshot_id for item in listed] == [snapshot.snapshot_id]
     finally:
         assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
+
+
+def test_a_hibernated_sandboxs_own_snapshot_is_not_one_of_the_tenants(service: Running) -> None:
+    """A filesystem-only pause keeps the files in a snapshot of the sandbox's own: not listed
+    (so not deleted from under it), and its resume still finds it."""
+    before = {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()}
+    created = Sandbox.create(timeout=60, **opts(service))
+    try:
+        created.files.write(f"{HOME}/kept.txt", "kept")
+        assert created.pause(keep_memory=False)
+        after = {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()}
+        assert after == before
+        assert Sandbox.list_snapshots(sandbox_id=created.sandbox_id, **opts(service)).next_items() == []
+        resumed = Sandbox.connect(created.sandbox_id, **opts(service))
+        assert resumed.files.read(f"{HOME}/kept.txt") == "kept"
+    finally:
+        created.kill()
 
 
 def test_a_create_from_a_snapshot_counts_against_the_quota(service: Running) -> None:

@@ -141,6 +141,27 @@ def test_what_is_not_served_fails_with_the_sdks_own_exceptions(service: Running,
         sandbox.commands.run("sleep 30", timeout=1)
 
 
+def test_a_snapshot_and_a_fork_carry_the_files_on_every_backend(service: Running, sandbox: Sandbox) -> None:
+    """The E2B SDK's snapshots and fork over the local jail as over Docker (the service's
+    snapshots are the same on every backend)."""
+    sandbox.files.write("snapped/a.bin", b"\x00\xff")
+    snapshot = sandbox.create_snapshot()
+    try:
+        made = Sandbox.create(snapshot.snapshot_id, timeout=60, **opts(service))
+        try:
+            assert bytes(made.files.read("snapped/a.bin", format="bytes")) == b"\x00\xff"
+        finally:
+            made.kill()
+    finally:
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
+    [fork] = sandbox.fork(timeout=60)
+    assert isinstance(fork, Sandbox), fork
+    try:
+        assert bytes(fork.files.read("snapped/a.bin", format="bytes")) == b"\x00\xff"
+    finally:
+        fork.kill()
+
+
 def test_an_idempotency_key_makes_one_sandbox(service: Running) -> None:
     key = uuid.uuid4().hex
     first = Sandbox.create(idempotency_key=key, **opts(service))

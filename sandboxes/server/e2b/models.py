@@ -168,15 +168,16 @@ def _complement(taken: list[IPNetwork], limit: int = MAX_RULES) -> list[IPNetwor
 def network_of(allow: list[str] | None) -> tuple[bool | None, dict[str, list[str]] | None]:
     """``allowInternetAccess`` and ``network`` for a sandbox whose allow-list is ``allow``
     (`egress_allow`'s answer, or a later change's): ``None`` for both for E2B's default (the
-    template's), ``True`` for every public destination; a list whose networks cover more than
-    they leave out as E2B's ``denyOut`` of what they leave out (with its other rules as
-    ``allowOut``); any other list as everything denied but it (``False``, ``allowOut``,
-    ``denyOut: ["0.0.0.0/0"]``). Each is what the list allows, not necessarily as it was sent."""
+    template's), ``True`` for every public destination; a list ending as a narrower ``denyOut``
+    is written (`egress_allow`) as that ``denyOut`` with the rules before as ``allowOut``; any
+    other list as everything denied but it (``False``, ``allowOut``,
+    ``denyOut: ["0.0.0.0/0"]``). Each allows what the list does, not necessarily as it was sent
+    (an ``allowOut`` network inside what ``denyOut`` leaves open is not repeated)."""
     if allow is None:
         return None, None
     if allow == [_EVERYTHING]:
         return True, None
-    denied = _as_deny_list(allow)
+    denied = _as_deny_list(allow) if allow else None
     if denied is not None:
         rest, deny = denied
         return None, {"allowOut": rest, "denyOut": deny} if rest else {"denyOut": deny}
@@ -184,23 +185,25 @@ def network_of(allow: list[str] | None) -> tuple[bool | None, dict[str, list[str
 
 
 def _as_deny_list(allow: list[str]) -> tuple[list[str], list[str]] | None:
-    """``allow``'s rules but its port-less networks, and what those networks leave out, when
-    they cover both families and leave out fewer networks than they are."""
-    networks: list[IPNetwork] = []
-    rest: list[str] = []
+    """``allowOut`` and ``denyOut`` when ``allow`` ends as `egress_allow` writes a narrower
+    ``denyOut``: its rules before, and what the networks of that end leave out."""
+    keys: list[tuple[int, int] | None] = []
     for text in allow:
         try:
             rule = parse_rule(text)
         except ValueError:
             return None
-        if rule.network is not None and not rule.ports:
-            networks.append(rule.network)
-        else:
-            rest.append(text)
-    if {net.version for net in networks} != {4, 6}:
-        return None
-    left_out = _complement(networks, limit=len(networks) - 1)
-    return None if left_out is None else (rest, [_text(net) for net in left_out])
+        net = rule.network
+        keys.append(None if net is None or rule.ports else (net.version, int(net.network_address)))
+    start = len(allow)  # the end's ascending run of networks: where the complement can begin
+    while start > 0 and (key := keys[start - 1]) is not None and (start == len(allow) or key < keys[start]):  # type: ignore[operator]
+        start -= 1
+    for begin in range(start, min(start + 2, len(allow))):  # the run may have taken an allowOut network
+        tail = allow[begin:]
+        left_out = _complement([ipaddress.ip_network(text) for text in tail], limit=len(tail))
+        if left_out is not None and [str(net) for net in _complement(left_out) or []] == tail:
+            return allow[:begin], [_text(net) for net in left_out]
+    return None
 
 
 def _text(net: IPNetwork) -> str:

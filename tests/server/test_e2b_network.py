@@ -205,7 +205,7 @@ def _serve_in(sandbox: Sandbox) -> None:
     """The preview app on `APP_PORT` inside the sandbox, listening once this returns."""
     sandbox.files.write("app.py", (Path(__file__).parent / "preview_app.py").read_text())
     sandbox.commands.run(f"exec python3 app.py {APP_PORT}", background=True)
-    probe = "import socket, time\nwhile socket.socket().connect_ex(('127.0.0.1', %d)): time.sleep(0.05)" % APP_PORT
+    probe = f"import socket, time\nwhile socket.socket().connect_ex(('127.0.0.1', {APP_PORT})): time.sleep(0.05)"
     sandbox.commands.run(f"timeout 20 python3 -c {shlex.quote(probe)}")
 
 

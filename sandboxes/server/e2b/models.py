@@ -66,13 +66,13 @@ MAX_RULES = 1000
 """The most rules an allow-list holds (`sandboxes.api.CreateSandbox.egress_allow`'s bound)."""
 
 _HeaderName = Annotated[str, StringConstraints(pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")]
-_HeaderValue = Annotated[str, StringConstraints(pattern=r"^[^\r\n\x00]*$", max_length=8192)]
+_HeaderValue = Annotated[str, StringConstraints(pattern=r"^[^\r\n\x00]*$", max_length=4096)]
 
 
 class Transform(_Wire):
     """``transform`` of a rule: headers set on the matching requests (replacing the sandbox's)."""
 
-    headers: dict[_HeaderName, _HeaderValue] | None = Field(default=None, max_length=64)
+    headers: dict[_HeaderName, _HeaderValue] | None = Field(default=None, max_length=32)
 
 
 class NetworkRule(_Wire):
@@ -89,7 +89,7 @@ class Network(_Wire):
 
     allow_out: list[str] | None = Field(default=None, alias="allowOut", max_length=MAX_RULES)
     deny_out: list[str] | None = Field(default=None, alias="denyOut", max_length=MAX_RULES)
-    rules: dict[str, list[NetworkRule]] | None = Field(default=None, max_length=256)
+    rules: dict[str, Annotated[list[NetworkRule], Field(max_length=16)]] | None = Field(default=None, max_length=64)
     allow_public_traffic: bool | None = Field(default=None, alias="allowPublicTraffic")
     mask_request_host: str | None = Field(
         default=None, alias="maskRequestHost", max_length=253, pattern=r"^[A-Za-z0-9.:${}_-]+$"

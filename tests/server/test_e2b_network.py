@@ -26,6 +26,8 @@ from service_harness import Running, running, settings_for
 from support import HAS_BWRAP, needs
 
 from sandboxes.local import LocalTemplate
+from sandboxes.server.e2b.models import Network, egress_allow, network_of
+from sandboxes.server.egress.policy import EgressPolicy, decide
 
 TOKEN = "e2b-transform-value-123"
 APP_PORT = 8080
@@ -244,3 +246,41 @@ def test_allow_public_traffic_is_reported_async(service: Running) -> None:
             await sandbox.kill()
 
     assert asyncio.run(scenario()) == {"allow_public_traffic": True}
+
+
+@pytest.mark.parametrize(
+    ("sent", "internet", "reported"),
+    [
+        ({"denyOut": ["8.8.8.8"]}, None, {"denyOut": ["8.8.8.8"]}),
+        (
+            {"allowOut": ["1.1.1.1", "example.com:443"], "denyOut": ["8.8.8.0/24", "2001:4860::/32"]},
+            None,
+            {"allowOut": ["1.1.1.1", "example.com:443"], "denyOut": ["8.8.8.0/24", "2001:4860::/32"]},
+        ),
+        (
+            {"allowOut": ["1.1.1.1"], "denyOut": ["0.0.0.0/0"]},
+            False,
+            {"allowOut": ["1.1.1.1"], "denyOut": ["0.0.0.0/0"]},
+        ),
+    ],
+)
+def test_what_a_network_allows_reads_back_as_sent(
+    sent: dict[str, list[str]], internet: bool | None, reported: dict[str, list[str]]
+) -> None:
+    allow = egress_allow(None, Network.model_validate(sent))
+    assert allow is not None
+    assert network_of(allow) == (internet, reported)
+
+
+def test_a_narrower_deny_out_is_decided_on_addresses_and_bounded() -> None:
+    allow = egress_allow(None, Network.model_validate({"denyOut": ["8.8.8.8"], "allowOut": ["dns.google"]}))
+    assert allow is not None
+    policy = EgressPolicy(allow=allow)
+    assert not decide(policy, "rebound.example", 443, ["8.8.8.8"]).allowed  # whatever the name
+    assert decide(policy, "dns.google", 443, ["8.8.8.8"]).allowed  # allowOut wins
+    assert decide(policy, "one.one.one.one", 443, ["1.1.1.1"]).allowed
+    assert decide(policy, "v6.example", 443, ["2606:4700::1111"]).allowed
+    assert egress_allow(True, Network()) == ["*"]
+    assert network_of(["*"]) == (True, None)
+    with pytest.raises(ValueError, match="more networks"):  # some 30 scattered addresses at most
+        egress_allow(None, Network.model_validate({"denyOut": [f"{n}.0.0.1" for n in range(1, 60)]}))

@@ -224,7 +224,7 @@ def test_allow_public_traffic_opens_the_ports_with_the_masked_host(service: Runn
         seen = {key.lower(): value for key, value in json.loads(answer.text).items()}
         assert seen["host"] == f"custom-host.example.com:{APP_PORT}"
         refused = httpx.get(url, headers={"E2b-Sandbox-Id": private.sandbox_id, "E2b-Sandbox-Port": str(APP_PORT)})
-        assert refused.status_code == 401
+        assert refused.status_code == 403  # as E2B's own test_allow_public_traffic_false expects
         token = {"E2B-Traffic-Access-Token": private.traffic_access_token or ""}
         headers = {"E2b-Sandbox-Id": private.sandbox_id, "E2b-Sandbox-Port": str(APP_PORT), **token}
         assert httpx.get(url, headers=headers).status_code == 200
@@ -234,7 +234,7 @@ def test_allow_public_traffic_opens_the_ports_with_the_masked_host(service: Runn
         public.kill()
         private.kill()
     gone = httpx.get(url, headers={"E2b-Sandbox-Id": public.sandbox_id, "E2b-Sandbox-Port": str(APP_PORT)})
-    assert gone.status_code == 401  # killed: public no more
+    assert gone.status_code == 403  # killed: public no more
 
 
 def test_allow_public_traffic_is_reported_async(service: Running) -> None:

@@ -4,7 +4,8 @@ at that one URL, naming the port in ``E2b-Sandbox-Port``. A request under ``/e2b
 port is not envd's is relayed to that port inside the sandbox (`relay_http`), whatever its path,
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
 envd token, `sandboxes.server.e2b.tokens`), or without one where its create asked
-``allowPublicTraffic: true``; with the ``Host`` its ``maskRequestHost`` says, if it said one;
+``allowPublicTraffic: true`` (403 without one, as E2B's proxy answers; 401 for a wrong one);
+with the ``Host`` its ``maskRequestHost`` says, if it said one;
 E2B's answers for failures (502: no such sandbox, or nothing listens on the port)."""
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ async def _relayed(request: Request) -> Response:
     public = tenant_id is None and not token and access is not None and bool(access.public)
     if public and access is not None:
         tenant_id = access.tenant
+    if tenant_id is None and not token:  # E2B's proxy: 403 for a request without the token
+        message = "this sandbox's ports need its traffic access token (its create did not allow public traffic)"
+        raise ServiceError("unauthorized", message, status=403)
     if tenant_id is None:
-        raise ServiceError("unauthorized", "missing or wrong access token for this sandbox", status=401)
+        raise ServiceError("unauthorized", "wrong access token for this sandbox", status=401)
     tenant = Tenant(tenant_id, svc.settings.policy_for(tenant_id))
     request.scope.setdefault("state", {})["tenant"] = tenant_id
     svc.limiter.check(Tenant(f"{tenant_id} (previews)", tenant.policy) if public else tenant)  # strangers apart

@@ -247,7 +247,8 @@ def test_every_e2b_route_refuses_another_tenant_and_another_token(service: Runni
             for headers in ({}, {"X-Access-Token": token}, {"X-Access-Token": "x.y"}):
                 sent = {"E2b-Sandbox-Id": sandbox.sandbox_id, **port, **headers}
                 answer = httpx.request(method, url, headers=sent)
-                assert answer.status_code == 401, (method, path, headers, answer.text)
+                refused = 403 if port and not headers else 401  # a port without a token: E2B's proxy's 403
+                assert answer.status_code == refused, (method, path, headers, answer.text)
     finally:
         theirs.kill()
     assert sandbox.commands.run("echo still").stdout == "still\n"

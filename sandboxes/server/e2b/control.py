@@ -16,9 +16,10 @@ from pydantic import BaseModel
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, PortAccess, e2b_error, e2b_state, service
 from sandboxes.server.e2b.models import (
     ConnectSandbox,
+    Network,
     NetworkUpdate,
     NewSandbox,
     PauseRequest,
@@ -77,7 +78,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
 def _detail(request: Request, entry: Entry) -> SandboxDetail:
     template = entry.backend.template
     ends = entry.state.expires_at
-    internet, network = network_of(_allow_now(request, entry))
+    internet, network = _network_now(request, entry)
     return SandboxDetail(
         **_created(request, entry).model_dump(),
         started_at=_iso(entry.state.created_at),
@@ -90,6 +91,22 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         allow_internet_access=internet,
         network=network,
     )
+
+
+def _network_now(request: Request, entry: Entry) -> tuple[bool | None, dict[str, object] | None]:
+    """``allowInternetAccess`` and ``network`` as the sandbox is served now: its egress
+    (`network_of`), its own headers as ``rules``, and what its create asked of its ports."""
+    internet, egress = network_of(_allow_now(request, entry))
+    network: dict[str, object] = dict(egress or {})
+    headers = request.app.state.egress.headers(entry.state.id)
+    if headers:
+        network["rules"] = {host: [{"transform": {"headers": values}}] for host, values in headers.items()}
+    access = e2b_state(request).port_access(entry.state.id)
+    if access is not None and access.public is not None:
+        network["allowPublicTraffic"] = access.public
+    if access is not None and access.mask is not None:
+        network["maskRequestHost"] = access.mask
+    return internet, network or None
 
 
 def _allow_now(request: Request, entry: Entry) -> list[str] | None:
@@ -133,8 +150,10 @@ async def create(
     body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
     ttl = max(1, e2b.settings.default_timeout if body.timeout is None else body.timeout)
+    network = body.network or Network()
     try:
         egress_allow = body.egress_allow()
+        headers = network.headers()
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
     template, snapshot = e2b.ours(body.template_id), None
@@ -152,7 +171,13 @@ async def create(
         egress_allow=egress_allow,
         snapshot=None if snapshot is None else snapshot.id,
     )
+    if headers and not service(request).settings.templates[template].egress:
+        return e2b_error(409, f"template {body.template_id!r} has no egress: network rules would transform nothing")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
+    request.app.state.egress.set_headers(entry.state.id, headers)
+    if network.allow_public_traffic is not None or network.mask_request_host is not None:
+        access = PortAccess(tenant.id, network.allow_public_traffic, network.mask_request_host)
+        e2b_state(request).set_port_access(entry.state.id, access)
     return _json(_created(request, entry), 201)
 
 
@@ -217,6 +242,7 @@ def _metadata_filter(metadata: str | None) -> dict[str, str]:
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     await service(request).registry.delete(_tenant(request, api_key), sandbox_id)
+    e2b_state(request).set_port_access(sandbox_id, None)
     return Response(status_code=204)
 
 
@@ -280,21 +306,23 @@ async def resume(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> 
 
 @router.put("/sandboxes/{sandbox_id}/network")
 async def update_network(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
-    """The sandbox's egress allow-list replaced (204), as a create's ``network`` sets it (E2B's
-    default, all traffic: its template's list), from its next connection on; 409 for a list on
-    a sandbox without egress."""
+    """The sandbox's egress allow-list and rules replaced (204), as a create's ``network`` sets
+    them (E2B's default, all traffic: its template's list), from its next connection on; 409
+    for a list or rules on a sandbox without egress."""
     tenant = _tenant(request, api_key)
     body = await _body(request, NetworkUpdate)
     entry = await service(request).registry.find(tenant, sandbox_id)
     try:
         allow = body.egress_allow()
+        headers = body.headers()
         if allow is None:
             allow = list(entry.backend.template.egress_allow)
         changed = request.app.state.egress.set_allow(sandbox_id, allow)
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
-    if not changed and allow:
+    if not changed and (allow or headers):
         return e2b_error(409, f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies")
+    request.app.state.egress.set_headers(sandbox_id, headers)
     return Response(status_code=204)
 
 

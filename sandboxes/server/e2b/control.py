@@ -140,6 +140,7 @@ async def create(
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
+        on_timeout=body.on_timeout(),
         egress_allow=egress_allow,
     )
     if wanted.template not in service(request).settings.templates:

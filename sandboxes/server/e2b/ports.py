@@ -3,8 +3,9 @@ the SDK reaches every port of a sandbox (the code interpreter's 49999, ``get_san
 at that one URL, naming the port in ``E2b-Sandbox-Port``. A request under ``/e2b/envd`` whose
 port is not envd's is relayed to that port inside the sandbox (`relay_http`), whatever its path,
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
-envd token, `sandboxes.server.e2b.tokens`); E2B's answers for failures (502: no such sandbox,
-or nothing listens on the port)."""
+envd token, `sandboxes.server.e2b.tokens`); a paused sandbox created with ``auto_resume`` is
+resumed first; E2B's answers for failures (502: no such sandbox, a paused one, or nothing
+listens on the port)."""
 
 from __future__ import annotations
 
@@ -77,10 +78,12 @@ async def _relayed(request: Request) -> Response:
     request.scope.setdefault("state", {})["tenant"] = tenant_id
     svc.limiter.check(tenant)
     try:
-        entry = await svc.registry.find(tenant, sandbox_id)
+        entry = await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
     except ServiceError as exc:
         if exc.code == "not_found":
             raise ServiceError("not_found", f"The sandbox {sandbox_id} was not found", status=502) from None
+        if exc.code == "paused":  # as envd's own port answers for a paused sandbox
+            raise ServiceError("paused", exc.message, status=502) from None
         raise
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
     target = raw[len(ENVD_PREFIX) :] or b"/"

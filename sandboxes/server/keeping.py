@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,16 +160,21 @@ class Keeping(Pausing):
         try:
             await self._pause_at_timeout(entry)
         except Exception:
+            if state.paused:  # paused meanwhile (a pause asked for, another sweep's)
+                return
             logger.exception("pausing sandbox %s at the end of its TTL failed: it is removed", state.id)
-            if not state.paused:
-                await super()._expired(entry)
+            await super()._expired(entry)
 
     async def _pause_at_timeout(self, entry: Entry) -> None:
         """Paused (`PAUSED_AT_TIMEOUT`): kept ``max_ttl`` from now, then removed; a resume gives
         it its template's TTL again."""
         state = entry.state
         given_back = min(entry.backend.template.ttl, self.settings.max_ttl)
-        state.expires_at = self.clock.now() + self.settings.max_ttl  # first: no sweep meanwhile removes it
+        expires_at = self.clock.now() + self.settings.max_ttl
+        state.expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
+        if entry.backend.shared:  # recorded before the pause: no replica's sweep removes it meanwhile
+            await asyncio.to_thread(entry.backend.renew, state, state.expires_at)
+            entry.confirmed = time.monotonic()
         if state.on_timeout == "freeze":
             try:
                 await self.pause(entry, "keep")
@@ -183,9 +189,6 @@ class Keeping(Pausing):
         if state.hibernated:  # its record is kept here, whatever the backend
             await asyncio.to_thread(self.store.save, state)
         else:
-            if entry.backend.shared:
-                state.expires_at = float(math.ceil(state.expires_at))
-                await asyncio.to_thread(entry.backend.renew, state, state.expires_at)
             await self._saved(entry)
         self._schedule(state.id)
 

@@ -198,3 +198,25 @@ def test_the_client_asks_for_a_pause_at_the_ttl(service: Running) -> None:
             assert sandbox.refresh().state == "paused"
         finally:
             sandbox.destroy()
+
+
+@pytest.mark.parametrize("auto_resume", [True, False])
+def test_a_request_to_a_port_of_a_sandbox_paused_at_its_ttl_wakes_it_only_with_auto_resume(
+    service: Running, client: httpx.Client, auto_resume: bool
+) -> None:
+    sid = create(client, ttl=100, on_timeout="freeze", auto_resume=auto_resume)["id"]
+    port = f"/v1/sandboxes/{sid}/ports/8000/"
+    try:
+        start_process(client, sid, "python3 -m http.server 8000 --bind 127.0.0.1")
+        wait_for(lambda: client.get(port).status_code == 200, "the server on port 8000")
+        service.registry.clock.advance(101)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+        answer = client.get(port)
+        if auto_resume:
+            assert answer.status_code == 200
+            assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        else:
+            assert (answer.status_code, answer.json()["error"]) == (409, "paused")
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")

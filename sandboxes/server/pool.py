@@ -84,8 +84,8 @@ class _Member:
 
 def claimable(request: CreateSandbox) -> bool:
     """Whether a pooled sandbox is what ``request`` asks for: it asks for nothing of its own
-    (environment, labels, volumes, a snapshot, ``auto_resume``, ``on_timeout``, its own egress allow-list) but a
-    TTL."""
+    (environment, labels, volumes, a snapshot, ``auto_resume``, ``on_timeout``, its own egress
+    allow-list) but a TTL."""
     return not (
         request.env
         or request.labels

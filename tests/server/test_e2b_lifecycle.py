@@ -52,6 +52,7 @@ def test_a_timeout_pause_without_auto_resume_waits_for_connect_with_files_and_pr
     """test_create.py::test_auto_pause_without_auto_resume_requires_connect."""
     sandbox = Sandbox.create(timeout=TIMEOUT, lifecycle={"on_timeout": "pause", "auto_resume": False}, **opts(service))
     try:
+        assert sandbox.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
         sandbox.files.write("kept.bin", BLOB)
         sandbox.commands.run("sleep 600", background=True)
         _time_out(service)

@@ -86,6 +86,10 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         state="paused" if entry.state.paused else "running",
         allow_internet_access=internet,
         network=network,
+        lifecycle={
+            "onTimeout": "kill" if entry.state.on_timeout == "delete" else "pause",
+            "autoResume": entry.state.auto_resume,
+        },
     )
 
 

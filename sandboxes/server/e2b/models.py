@@ -157,3 +157,5 @@ class SandboxDetail(SandboxCreated):
     allow_internet_access: bool | None = Field(default=None, serialization_alias="allowInternetAccess")
     network: dict[str, list[str]] | None = None
     """Both as the create set them (`network_of`); omitted for E2B's default."""
+    lifecycle: dict[str, str | bool] | None = None
+    """``onTimeout`` (``pause`` or ``kill``) and ``autoResume``, as the create asked."""

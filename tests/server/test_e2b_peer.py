@@ -24,7 +24,6 @@ from e2b import (
     RateLimitException,
     Sandbox,
     SandboxException,
-    SandboxNotFoundException,
     SandboxNotRunningException,
     SandboxState,
 )
@@ -454,17 +453,16 @@ def test_get_host_is_reachable_here(sandbox: Sandbox) -> None:
     assert sandbox.get_host(8000).startswith("127.0.0.1")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SandboxNotFoundException,
-    reason="lifecycle on_timeout=pause (autoPause) is not served: a sandbox past its timeout is killed "
-    "(test_create.py::test_auto_pause_without_auto_resume_requires_connect)",
-)
 def test_a_timeout_pauses_when_asked(service: Running) -> None:
+    """test_create.py::test_auto_pause_without_auto_resume_requires_connect."""
     created = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause", "auto_resume": False}, **opts(service))
     try:
+        created.files.write("kept.txt", "kept\n")
         wait_for(lambda: not created.is_running(), "the sandbox outlived its timeout", limit=20)
         assert created.get_info().state == SandboxState.PAUSED
+        created.connect()
+        assert created.get_info().state == SandboxState.RUNNING
+        assert created.files.read("kept.txt") == "kept\n"
     finally:
         Sandbox.kill(created.sandbox_id, **opts(service))
 

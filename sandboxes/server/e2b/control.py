@@ -90,6 +90,10 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         state="paused" if entry.state.paused else "running",
         allow_internet_access=internet,
         network=network,
+        lifecycle={
+            "onTimeout": "kill" if entry.state.on_timeout == "delete" else "pause",
+            "autoResume": entry.state.auto_resume,
+        },
     )
 
 
@@ -168,6 +172,7 @@ async def create(
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
+        on_timeout=body.on_timeout(),
         egress_allow=egress_allow,
         snapshot=None if snapshot is None else snapshot.id,
     )

@@ -50,6 +50,10 @@ class NewSandbox(_Wire):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
+    """``lifecycle`` ``on_timeout: pause``: its timeout pauses it instead of killing it."""
+    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    """``False`` (``mode: filesystem``, ``keep_memory: False``): that pause keeps its files only."""
     allow_internet_access: bool | None = None
     """``False``: no egress at all (E2B: the same as ``denyOut: ["0.0.0.0/0"]``)."""
     network: Network | None = None
@@ -57,6 +61,12 @@ class NewSandbox(_Wire):
     def egress_allow(self) -> list[str] | None:
         """The service's allow-list for this create (`egress_allow`)."""
         return egress_allow(self.allow_internet_access, self.network or Network())
+
+    def on_timeout(self) -> Literal["delete", "freeze", "hibernate"]:
+        """The service's ``on_timeout`` for this create: a pause keeps memory unless told not to."""
+        if not self.auto_pause:
+            return "delete"
+        return "hibernate" if self.auto_pause_memory is False else "freeze"
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -287,3 +297,5 @@ class SandboxDetail(SandboxCreated):
     network: dict[str, object] | None = None
     """Both as the sandbox is served now (`network_of`, with its rules and port options);
     omitted for E2B's default."""
+    lifecycle: dict[str, str | bool] | None = None
+    """``onTimeout`` (``pause`` or ``kill``) and ``autoResume``, as the create asked."""

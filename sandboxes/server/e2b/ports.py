@@ -5,8 +5,9 @@ port is not envd's is relayed to that port inside the sandbox (`relay_http`), wh
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
 envd token, `sandboxes.server.e2b.tokens`), or without one where its create asked
 ``allowPublicTraffic: true`` (403 without one, as E2B's proxy answers; 401 for a wrong one);
-with the ``Host`` its ``maskRequestHost`` says, if it said one;
-E2B's answers for failures (502: no such sandbox, or nothing listens on the port)."""
+with the ``Host`` its ``maskRequestHost`` says, if it said one; a paused sandbox created with
+``auto_resume`` is resumed first; E2B's answers for failures (502: no such sandbox, a paused
+one, or nothing listens on the port)."""
 
 from __future__ import annotations
 
@@ -86,11 +87,13 @@ async def _relayed(request: Request) -> Response:
     request.scope.setdefault("state", {})["tenant"] = tenant_id
     svc.limiter.check(Tenant(f"{tenant_id} (previews)", tenant.policy) if public else tenant)  # strangers apart
     try:
-        entry = await svc.registry.find(tenant, sandbox_id)
+        entry = await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
     except ServiceError as exc:
         if exc.code == "not_found":
             e2b_state(request).set_port_access(sandbox_id, None)
             raise ServiceError("not_found", f"The sandbox {sandbox_id} was not found", status=502) from None
+        if exc.code == "paused":  # as envd's own port answers for a paused sandbox
+            raise ServiceError("paused", exc.message, status=502) from None
         raise
     masked = None if access is None else access.host(int(raw_port))
     if masked is not None:

@@ -24,6 +24,7 @@ from e2b import (
     RateLimitException,
     Sandbox,
     SandboxException,
+    SandboxNotFoundException,
     SandboxNotRunningException,
     SandboxState,
 )

@@ -296,6 +296,10 @@ class CreateSandbox(_Request):
     """The tenant's volumes (of this template's backend) to mount, each at its own path."""
     auto_resume: bool = False
     """Paused, an operation on it resumes it first instead of answering ``paused``."""
+    on_timeout: Literal["delete", "freeze", "hibernate"] = "delete"
+    """What the end of its TTL does: ``delete`` it; or pause it, ``freeze`` (processes and
+    memory kept; ``hibernate`` where the backend has no freezer) or ``hibernate`` (files kept),
+    kept paused at most the service's ``max_ttl`` more, then deleted."""
     snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
     """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
     its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from sandboxes import api
 from sandboxes.client import _ops
@@ -40,6 +41,7 @@ class SandboxClient(ServiceConnection):
         auto_resume: bool = False,
         snapshot: str | None = None,
         egress_allow: Sequence[str] | None = None,
+        on_timeout: Literal["delete", "freeze", "hibernate"] = "delete",
     ) -> RemoteSandbox:
         """A new sandbox, created once however often the request is retried: every attempt
         carries the same ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID for this
@@ -49,9 +51,11 @@ class SandboxClient(ServiceConnection):
         ``auto_resume``: paused, an operation resumes it instead of raising `Paused`.
         ``snapshot``: restore that snapshot in it, verified (`SnapshotMismatch` if it cannot be).
         ``egress_allow``: its egress allow-list instead of its template's (``[]``: nothing);
-        only a template with egress takes one (`InvalidRequest` otherwise)."""
+        only a template with egress takes one (`InvalidRequest` otherwise).
+        ``on_timeout``: what the end of its TTL does (``delete``; ``freeze`` or ``hibernate``
+        pause it, kept paused the service's maximum TTL before it is deleted)."""
         key = idempotency_key or _new_key()
-        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow)
+        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow, on_timeout)
         info = self.call(op)
         return RemoteSandbox(info.id, self, info=info, owned=True)
 
@@ -75,9 +79,10 @@ class AsyncSandboxClient(AsyncServiceConnection):
         auto_resume: bool = False,
         snapshot: str | None = None,
         egress_allow: Sequence[str] | None = None,
+        on_timeout: Literal["delete", "freeze", "hibernate"] = "delete",
     ) -> RemoteSandbox:
         key = idempotency_key or _new_key()
-        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow)
+        op = _ops.create(template, env, ttl, labels, key, volumes, auto_resume, snapshot, egress_allow, on_timeout)
         info = await self.call(op)
         return RemoteSandbox(info.id, self, info=info, owned=True)
 

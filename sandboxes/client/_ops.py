@@ -38,6 +38,7 @@ def create(
     auto_resume: bool = False,
     snapshot: str | None = None,
     egress_allow: Sequence[str] | None = None,
+    on_timeout: str = "delete",
 ) -> w.Op[api.SandboxInfo]:
     """With ``idempotency_key`` every retry is sent with the same key, so the service answers
     the sandbox the first attempt made (`sandboxes.server.idempotency`)."""
@@ -48,11 +49,15 @@ def create(
         fields["auto_resume"] = True
     if snapshot is not None:
         fields["snapshot"] = snapshot
+    if on_timeout != "delete":  # only when asked, as ``auto_resume``
+        fields["on_timeout"] = on_timeout
     if egress_allow is not None:  # only when given: ``[]`` is a list too (nothing allowed)
         fields["egress_allow"] = list(egress_allow)
     body = w.model_json(api.CreateSandbox, **fields)
     if egress_allow is None:
         body.pop("egress_allow", None)
+    if on_timeout == "delete":
+        body.pop("on_timeout", None)
     if idempotency_key is None:
         return w.Op("POST", _SANDBOXES, w.sandbox_info, json=body)
     headers = {IDEMPOTENCY_HEADER: idempotency_key}

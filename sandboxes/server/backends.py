@@ -78,6 +78,8 @@ LABEL_REQUEST_DIGEST = "io.sandboxes.request-digest"
 """The digest of the create request that made it: a key reused for another request is refused."""
 LABEL_AUTO_RESUME = "io.sandboxes.auto-resume"
 """Present (``true``) on a sandbox created with ``auto_resume``."""
+LABEL_ON_TIMEOUT = "io.sandboxes.on-timeout"
+"""On a sandbox created with an ``on_timeout`` other than ``delete``: that choice."""
 LABEL_EGRESS_ALLOW = "io.sandboxes.egress-allow"
 """On a sandbox whose create gave its own egress allow-list: the list as JSON, or where labels
 hold only short values (pods) `EGRESS_NOT_RECORDED`, which a replica that adopts it reads as
@@ -184,6 +186,7 @@ class ProviderBackend:
         auto_resume: bool = False,
         egress_allow: list[str] | None = None,
         pool: str | None = None,
+        on_timeout: str = "delete",
     ) -> Adopted:
         """A new sandbox; ``keyed``: the digests of its ``Idempotency-Key`` and request, whose
         key also names it on the backend (`backend_name`): `SandboxNameTaken` if it is made.
@@ -205,6 +208,8 @@ class ProviderBackend:
             recorded[LABEL_POOL_MEMBER] = pool
         if auto_resume:
             recorded[LABEL_AUTO_RESUME] = "true"
+        if on_timeout != "delete":
+            recorded[LABEL_ON_TIMEOUT] = on_timeout
         if egress_allow is not None:
             recorded[LABEL_EGRESS_ALLOW] = _egress_label(egress_allow, self.template.label_values_only)
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
@@ -234,6 +239,7 @@ class ProviderBackend:
             labels=dict(labels),
             env=dict(env),
             auto_resume=auto_resume,
+            on_timeout=on_timeout,
             egress_allow=None if egress_allow is None else list(egress_allow),
         )
         if keyed is not None:
@@ -398,6 +404,7 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         request_digest=labels.get(LABEL_REQUEST_DIGEST, ""),
         paused="keep" if record.frozen else "",
         auto_resume=labels.get(LABEL_AUTO_RESUME) == "true",
+        on_timeout=labels.get(LABEL_ON_TIMEOUT, "delete"),
         egress_allow=_egress_from_label(labels.get(LABEL_EGRESS_ALLOW)),
     )
 

@@ -331,7 +331,11 @@ class Holdings:
         if entry.state.expires_at > now:  # renewed, or a timer a little early
             self._schedule(sandbox_id)
             return
-        logger.info("sandbox expired", extra={"sandbox": sandbox_id, "tenant": entry.state.tenant})
+        await self._expired(entry)
+
+    async def _expired(self, entry: Entry) -> None:
+        """What the end of a sandbox's TTL does: it is removed."""
+        logger.info("sandbox expired", extra={"sandbox": entry.state.id, "tenant": entry.state.tenant})
         self.metrics.expired.inc()
         await self._remove(entry)
 

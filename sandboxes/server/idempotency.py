@@ -80,10 +80,12 @@ def key_digest(tenant: str, key: str) -> str:
 
 def request_digest(request: CreateSandbox) -> str:
     """The same for two bodies that ask for the same sandbox, whatever their key order (a
-    create without an egress allow-list hashes as it did before there was one)."""
+    create without an egress allow-list or an ``on_timeout`` hashes as it did before there were)."""
     fields = request.model_dump(mode="json")
     if fields.get("egress_allow") is None:
         fields.pop("egress_allow", None)
+    if fields.get("on_timeout") == "delete":
+        fields.pop("on_timeout", None)
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import math
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from sandboxes.server.archive import checked_path
 from sandboxes.server.auth import Tenant
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.pausing import Pausing, TtlChoice
+from sandboxes.server.pausing import PAUSED_AT_TIMEOUT, Pausing, TtlChoice
 from sandboxes.server.released import Released
 from sandboxes.server.snapshots import Snapshot, SnapshotStore
 from sandboxes.server.snapshotting import restore, take
@@ -60,13 +61,15 @@ class Keeping(Pausing):
         directory = self.settings.snapshot_dir or self.settings.data_dir / "snapshots"
         return SnapshotStore(directory, writer=f"{socket.gethostname()}:{self.settings.data_dir.resolve()}")
 
-    async def snapshot(self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None) -> Snapshot:
+    async def snapshot(
+        self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None, name: str = ""
+    ) -> Snapshot:
         """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all."""
         state = entry.state
         paths = [(state.workdir, True)] if body.workspace else []
         paths += [(checked_path(path), False) for path in body.paths]
         quota = self.settings.policy_for(state.tenant).max_snapshot_bytes
-        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name}
+        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name, "name": name}
         writing = await asyncio.to_thread(self.snapshots.begin, state.tenant, quota, head, snapshot_id)
         try:
             await asyncio.to_thread(take, entry.backend, entry.sandbox, writing, paths, self.settings)
@@ -149,6 +152,48 @@ class Keeping(Pausing):
             logger.info("sandbox hibernated", extra={"sandbox": state.id, "tenant": state.tenant})
             return entry
 
+    async def _expired(self, entry: Entry) -> None:
+        """A running sandbox created with an ``on_timeout`` pause is paused at the end of its TTL
+        instead of removed (a freeze the backend cannot do is a hibernate); one paused already,
+        or whose pause fails, is removed."""
+        state = entry.state
+        if state.paused or state.on_timeout not in ("freeze", "hibernate"):
+            return await super()._expired(entry)
+        try:
+            await self._pause_at_timeout(entry)
+        except Exception:
+            if state.paused:  # paused meanwhile (a pause asked for, another sweep's)
+                return
+            logger.exception("pausing sandbox %s at the end of its TTL failed: it is removed", state.id)
+            await super()._expired(entry)
+
+    async def _pause_at_timeout(self, entry: Entry) -> None:
+        """Paused (`PAUSED_AT_TIMEOUT`): kept ``max_ttl`` from now, then removed; a resume gives
+        it its template's TTL again."""
+        state = entry.state
+        given_back = min(entry.backend.template.ttl, self.settings.max_ttl)
+        expires_at = self.clock.now() + self.settings.max_ttl
+        state.expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
+        if entry.backend.shared:  # recorded before the pause: no replica's sweep removes it meanwhile
+            await asyncio.to_thread(entry.backend.renew, state, state.expires_at)
+            entry.confirmed = time.monotonic()
+        if state.on_timeout == "freeze":
+            try:
+                await self.pause(entry, "keep")
+            except ServiceError as exc:
+                if exc.code != "unavailable":
+                    raise
+                await self.hibernate(entry, "keep")
+        else:
+            await self.hibernate(entry, "keep")
+        state.paused, state.paused_remaining = PAUSED_AT_TIMEOUT, given_back
+        logger.info("sandbox paused at the end of its TTL", extra={"sandbox": state.id, "tenant": state.tenant})
+        if state.hibernated:  # its record is kept here, whatever the backend
+            await asyncio.to_thread(self.store.save, state)
+        else:
+            await self._saved(entry)
+        self._schedule(state.id)
+
     async def resume(self, entry: Entry) -> Entry:
         """A frozen sandbox thawed; a hibernated one made again from its snapshot, verified."""
         if not entry.state.hibernated:
@@ -161,13 +206,15 @@ class Keeping(Pausing):
     async def _wake(self, entry: Entry) -> None:
         state, backend = entry.state, entry.backend
         now = self.clock.now()
-        expires_at = now + state.paused_remaining if state.paused == "stop" else state.expires_at
+        given_back = state.paused in ("stop", PAUSED_AT_TIMEOUT)
+        expires_at = now + state.paused_remaining if given_back else state.expires_at
         expires_at = float(math.ceil(expires_at)) if backend.shared else expires_at
         await asyncio.to_thread((self.restoring / state.id).touch)
         try:
             made, sandbox = await asyncio.to_thread(
                 backend.create, state.tenant, expires_at, dict(state.labels), dict(state.env),
                 sandbox_id=state.id, auto_resume=state.auto_resume, egress_allow=state.egress_allow,
+                on_timeout=state.on_timeout,
             )  # fmt: skip
         except Exception as exc:
             logger.warning("making hibernated sandbox %s again failed: %s", state.id, exc, exc_info=True)

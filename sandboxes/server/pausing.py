@@ -20,9 +20,13 @@ from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.holdings import Holdings
 
-__all__ = ["Pausing", "TtlChoice"]
+__all__ = ["PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice"]
 
 TtlChoice = Literal["keep", "stop"]
+
+PAUSED_AT_TIMEOUT = "timeout"
+"""`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
+end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
 
 
 class Pausing(Holdings):
@@ -53,7 +57,7 @@ class Pausing(Holdings):
             if not state.paused:
                 return entry
             await self._call(entry, "thaw")
-            if state.paused == "stop":
+            if state.paused in ("stop", PAUSED_AT_TIMEOUT):
                 expires_at = self.clock.now() + state.paused_remaining
                 if entry.backend.shared:
                     expires_at = float(math.ceil(expires_at))

@@ -84,14 +84,15 @@ class _Member:
 
 def claimable(request: CreateSandbox) -> bool:
     """Whether a pooled sandbox is what ``request`` asks for: it asks for nothing of its own
-    (environment, labels, volumes, a snapshot, ``auto_resume``, its own egress allow-list) but a
-    TTL."""
+    (environment, labels, volumes, a snapshot, ``auto_resume``, ``on_timeout``, its own egress
+    allow-list) but a TTL."""
     return not (
         request.env
         or request.labels
         or request.volumes
         or request.snapshot
         or request.auto_resume
+        or request.on_timeout != "delete"
         or request.egress_allow is not None
     )
 

@@ -180,7 +180,7 @@ async def _admitted(scope: Scope, sandbox_id: str, port: int) -> tuple[Any, Entr
         raise ServiceError("invalid_request", f"a port is 1 to 65535, not {port}")
     entry, tenant = await svc.previews.access.entry_for(scope, svc.auth, svc.settings, svc.registry, sandbox_id, port)
     svc.limiter.check(tenant)
-    return svc, entry
+    return svc, await svc.registry.awake(entry)  # paused: resumed (``auto_resume``) or refused
 
 
 def _upstream_target(scope: Scope) -> bytes:

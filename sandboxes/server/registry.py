@@ -235,6 +235,7 @@ class Registry(Keeping):
                 mounts=mounts,
                 auto_resume=request.auto_resume,
                 egress_allow=request.egress_allow,
+                on_timeout=request.on_timeout,
             )
         )
         try:

@@ -61,6 +61,8 @@ class Snapshot:
     bytes: int
     parts: list[Part]
     directory: Path
+    name: str = ""
+    """What the caller named it (the E2B API's snapshot names); empty: unnamed."""
 
     @property
     def files(self) -> int:
@@ -72,7 +74,7 @@ class Snapshot:
             {"path": p.path, "workspace": p.workspace, "tar": p.tar, "entries": [e.to_json() for e in p.entries]}
             for p in self.parts
         ]
-        return {**head, "bytes": self.bytes, "parts": parts}
+        return {**head, "bytes": self.bytes, "parts": parts, "name": self.name}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], directory: Path) -> Snapshot:
@@ -81,7 +83,7 @@ class Snapshot:
             for p in data["parts"]
         ]
         head = {key: data[key] for key in ("id", "tenant", "sandbox_id", "template", "backend", "created_at", "bytes")}
-        return cls(**head, parts=parts, directory=directory)
+        return cls(**head, parts=parts, directory=directory, name=str(data.get("name", "")))
 
 
 class Writing:

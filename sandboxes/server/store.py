@@ -60,6 +60,8 @@ class SandboxState:
     released (`sandboxes.server.keeping`); empty otherwise."""
     auto_resume: bool = False
     """An operation on it while paused resumes it first, instead of answering ``paused``."""
+    on_timeout: str = "delete"
+    """What its expiry does while it runs (`sandboxes.api.CreateSandbox.on_timeout`)."""
     egress_allow: list[str] | None = None
     """The egress allow-list its create asked for instead of its template's; ``None``: none."""
     deleting: bool = False

@@ -2,7 +2,8 @@
 (`sandboxes.server.e2b.control`), over the local jail: a paused sandbox is listed and shown
 ``paused``, its envd answers as E2B's does for a paused sandbox (not running), ``pause`` of a
 paused one says so (``False``), and ``connect`` resumes it with its files and processes; a
-backend without a freezer answers E2B's error shape."""
+backend without a freezer answers E2B's error shape, and hibernates a sandbox that asked to be
+frozen at the end of its TTL."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import httpx
 import pytest
 import toy_backend  # noqa: F401  (registers the toy backend's template)
 from e2b import Sandbox, SandboxQuery, SandboxState
-from service_harness import KEYS, Running, running, settings_for
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from service_harness import KEYS, Running, execute, running, settings_for
+from support import HAS_BWRAP, SESSION_OWNER, needs, wait_for
 
 from sandboxes.local import LocalTemplate
 
@@ -100,3 +101,18 @@ def test_a_filesystem_pause_hibernates_and_connect_brings_the_files_back(service
         assert connected.files.read("kept.txt") == "on disk\n"
     finally:
         sandbox.kill()
+
+
+def test_a_freeze_at_the_ttl_on_a_backend_without_a_freezer_hibernates_with_the_files(service: Running) -> None:
+    with service.client("alice") as client:
+        created = client.post("/v1/sandboxes", json={"template": "toy", "ttl": 1, "on_timeout": "freeze"})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        try:
+            execute(client, sid, "printf 'kept' > kept.txt")
+            wait_for(lambda: client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused", "no pause at the TTL")
+            assert client.get(f"/v1/sandboxes/{sid}").json()["processes_kept"] is False  # hibernated
+            assert client.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+            assert execute(client, sid, "cat kept.txt")["output"] == "kept"
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")

@@ -26,6 +26,7 @@ from e2b import (
     FileType,
     InvalidArgumentException,
     NotFoundException,
+    RateLimitException,
     Sandbox,
     SandboxException,
     SandboxNotFoundException,
@@ -388,14 +389,155 @@ def test_sudo_runs(sandbox: Sandbox) -> None:
     sandbox.commands.run('sudo echo "$FOO"')
 
 
-@pytest.mark.xfail(strict=True, raises=SandboxException, reason="snapshots are not served (501): test_snapshot_api.py")
-def test_snapshots(sandbox: Sandbox) -> None:
-    sandbox.create_snapshot()
+# --- snapshots and fork (test_snapshot_api.py, test_fork.py, sync and async) ---
 
 
-@pytest.mark.xfail(strict=True, raises=SandboxException, reason="fork is not served (501): test_fork.py")
-def test_fork(sandbox: Sandbox) -> None:
-    sandbox.fork()
+def test_a_snapshot_makes_sandboxes_with_its_files(service: Running, sandbox: Sandbox) -> None:
+    """test_snapshot_api.py: a named snapshot, listed (all, of its sandbox, by name), two
+    sandboxes made from it (by id and by name), each with its files and on its own, deleted once."""
+    name = _fresh("snap")
+    sandbox.files.write(f"{HOME}/snap.txt", "from the original")
+    snapshot = sandbox.create_snapshot(name=name)
+    try:
+        assert snapshot.names == [name]
+        for query in ({}, {"sandbox_id": sandbox.sandbox_id}, {"name": name}, {"name": f"team/{name}:default"}):
+            listed = Sandbox.list_snapshots(**query, **opts(service)).next_items()
+            assert snapshot.snapshot_id in [item.snapshot_id for item in listed], query
+        assert Sandbox.list_snapshots(name=f"{name}-none", **opts(service)).next_items() == []
+        sandbox.files.write(f"{HOME}/snap.txt", "changed after the snapshot")
+        first = Sandbox.create(snapshot.snapshot_id, timeout=60, **opts(service))
+        second = Sandbox.create(name, timeout=60, **opts(service))
+        try:
+            first.files.write(f"{HOME}/snap.txt", "changed in the first")
+            assert second.files.read(f"{HOME}/snap.txt") == "from the original"
+            assert first.files.read(f"{HOME}/snap.txt") == "changed in the first"
+            assert first.commands.run("whoami").stdout.strip() == "user"
+        finally:
+            first.kill()
+            second.kill()
+    finally:
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is False
+    with pytest.raises(SandboxException, match="template 'base' is the service's"):
+        Sandbox.delete_snapshot("base", **opts(service))
+    with pytest.raises(SandboxException, match="files, not its processes"):
+        sandbox.create_snapshot(mode="full")  # a memory snapshot: refused, never a files-only one instead
+
+
+def test_a_fork_has_the_files_and_lives_on_its_own(service: Running, sandbox: Sandbox) -> None:
+    """test_fork.py: forks of a running sandbox (its files, their own ids and timeout), which
+    runs on; the fork's snapshot is not left behind; a killed sandbox is not found."""
+    before = {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()}
+    sandbox.files.write(f"{HOME}/state.txt", "state before fork")
+    forks = sandbox.fork(count=2, timeout=60)
+    made = [fork for fork in forks if isinstance(fork, Sandbox)]
+    try:
+        assert len(made) == 2, forks
+        assert len({fork.sandbox_id for fork in made} | {sandbox.sandbox_id}) == 3
+        made[0].files.write(f"{HOME}/state.txt", "modified in fork")
+        assert made[1].files.read(f"{HOME}/state.txt") == "state before fork"
+        assert sandbox.files.read(f"{HOME}/state.txt") == "state before fork"
+        info = made[1].get_info()
+        assert abs((info.end_at - info.started_at).total_seconds() - 60) < 5
+        assert sandbox.is_running()
+    finally:
+        for fork in made:
+            fork.kill()
+    assert {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()} == before
+    killed = Sandbox.create(timeout=60, **opts(service))
+    killed.kill()
+    with pytest.raises(SandboxNotFoundException):
+        killed.fork()
+
+
+async def test_the_async_sdk_snapshots_and_forks(service: Running, sandbox: Sandbox) -> None:
+    """sandbox_async/test_snapshot_api.py and test_fork.py."""
+    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+    await connected.files.write(f"{HOME}/async-snap.txt", "async")
+    snapshot = await connected.create_snapshot()
+    try:
+        listed = await AsyncSandbox.list_snapshots(sandbox_id=sandbox.sandbox_id, **opts(service)).next_items()
+        assert snapshot.snapshot_id in [item.snapshot_id for item in listed]
+        made = await AsyncSandbox.create(snapshot.snapshot_id, timeout=60, **opts(service))
+        try:
+            assert await made.files.read(f"{HOME}/async-snap.txt") == "async"
+        finally:
+            await made.kill()
+    finally:
+        assert await AsyncSandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
+    [fork] = await connected.fork(timeout=60)
+    assert isinstance(fork, AsyncSandbox)
+    try:
+        assert await fork.files.read(f"{HOME}/async-snap.txt") == "async"
+        assert fork.sandbox_id != sandbox.sandbox_id
+    finally:
+        await fork.kill()
+
+
+def test_a_tenants_snapshots_are_its_own(service: Running, sandbox: Sandbox) -> None:
+    """Another tenant neither lists, nor makes a sandbox from, nor deletes a tenant's snapshot,
+    by id or by name, nor snapshots or forks its sandbox."""
+    name = _fresh("mine")
+    snapshot = sandbox.create_snapshot(name=name)
+    bob = opts(service, "bob")
+    try:
+        assert Sandbox.list_snapshots(**bob).next_items() == []
+        for ref in (snapshot.snapshot_id, name):
+            assert Sandbox.list_snapshots(name=ref, **bob).next_items() == []
+            with pytest.raises(SandboxException, match="unknown template"):
+                Sandbox.create(ref, **bob)
+            assert Sandbox.delete_snapshot(ref, **bob) is False
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.create_snapshot(sandbox.sandbox_id, **bob)
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.fork(sandbox.sandbox_id, **bob)
+        listed = Sandbox.list_snapshots(name=name, **opts(service)).next_items()
+        assert [item.snapshot_id for item in listed] == [snapshot.snapshot_id]
+    finally:
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id, **opts(service)) is True
+
+
+def test_a_hibernated_sandboxs_own_snapshot_is_not_one_of_the_tenants(service: Running) -> None:
+    """A filesystem-only pause keeps the files in a snapshot of the sandbox's own: not listed
+    (so not deleted from under it), and its resume still finds it."""
+    before = {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()}
+    created = Sandbox.create(timeout=60, **opts(service))
+    try:
+        created.files.write(f"{HOME}/kept.txt", "kept")
+        assert created.pause(keep_memory=False)
+        after = {item.snapshot_id for item in Sandbox.list_snapshots(**opts(service)).next_items()}
+        assert after == before
+        assert Sandbox.list_snapshots(sandbox_id=created.sandbox_id, **opts(service)).next_items() == []
+        resumed = Sandbox.connect(created.sandbox_id, **opts(service))
+        assert resumed.files.read(f"{HOME}/kept.txt") == "kept"
+    finally:
+        created.kill()
+
+
+def test_a_create_from_a_snapshot_counts_against_the_quota(service: Running) -> None:
+    """``tiny`` may have one sandbox: neither a create from a snapshot nor a fork makes a second
+    (the fork answers the refusal as its one result); once its sandbox is gone, the snapshot,
+    which outlives it, makes one."""
+    tiny = opts(service, "tiny")
+    only = Sandbox.create(timeout=60, **tiny)
+    try:
+        only.files.write(f"{HOME}/kept.txt", "kept")
+        snapshot = only.create_snapshot()
+        with pytest.raises(RateLimitException, match="quota of tenant 'tiny': 1 live sandboxes"):
+            Sandbox.create(snapshot.snapshot_id, **tiny)
+        [refused] = only.fork()
+        assert isinstance(refused, RateLimitException), refused
+        assert "quota of tenant 'tiny'" in str(refused)
+    finally:
+        only.kill()
+    try:
+        again = Sandbox.create(snapshot.snapshot_id, timeout=60, **tiny)
+        try:
+            assert again.files.read(f"{HOME}/kept.txt") == "kept"
+        finally:
+            again.kill()
+    finally:
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id, **tiny) is True
 
 
 # --- signed file URLs (sandbox_sync/files/test_secured.py and its async twin) ---
@@ -461,17 +603,16 @@ def test_get_host_is_reachable_here(sandbox: Sandbox) -> None:
     assert sandbox.get_host(8000).startswith("127.0.0.1")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SandboxNotFoundException,
-    reason="lifecycle on_timeout=pause (autoPause) is not served: a sandbox past its timeout is killed "
-    "(test_create.py::test_auto_pause_without_auto_resume_requires_connect)",
-)
 def test_a_timeout_pauses_when_asked(service: Running) -> None:
+    """test_create.py::test_auto_pause_without_auto_resume_requires_connect."""
     created = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause", "auto_resume": False}, **opts(service))
     try:
+        created.files.write("kept.txt", "kept\n")
         wait_for(lambda: not created.is_running(), "the sandbox outlived its timeout", limit=20)
         assert created.get_info().state == SandboxState.PAUSED
+        created.connect()
+        assert created.get_info().state == SandboxState.RUNNING
+        assert created.files.read("kept.txt") == "kept\n"
     finally:
         Sandbox.kill(created.sandbox_id, **opts(service))
 

@@ -74,7 +74,7 @@ def test_envds_own_port_is_still_envd(service: Running, sandbox: CodeSandbox) ->
 
 def test_another_port_needs_the_sandboxes_token(service: Running, sandbox: CodeSandbox) -> None:
     url = f"{service.url}/e2b/envd/health"
-    assert httpx.get(url, headers=_port_headers(sandbox)).status_code == 401
+    assert httpx.get(url, headers=_port_headers(sandbox)).status_code == 403  # E2B's answer without a token
     forged = _port_headers(sandbox, **{"E2B-Traffic-Access-Token": "x.y"})
     assert httpx.get(url, headers=forged).status_code == 401
     token = {"E2B-Traffic-Access-Token": sandbox._envd_access_token or ""}

@@ -144,7 +144,9 @@ def test_the_request_digest_holds_the_egress_allow_list_only_when_given() -> Non
     plain = CreateSandbox(template="default")
     before = hashlib.sha256(
         json.dumps(
-            plain.model_dump(mode="json", exclude={"egress_allow"}), sort_keys=True, separators=(",", ":")
+            plain.model_dump(mode="json", exclude={"egress_allow", "on_timeout"}),
+            sort_keys=True,
+            separators=(",", ":"),
         ).encode()
     ).hexdigest()[:32]
     assert idempotency.request_digest(plain) == before  # what a create without one hashed to before
@@ -153,6 +155,8 @@ def test_the_request_digest_holds_the_egress_allow_list_only_when_given() -> Non
         for allow in (None, [], ["example.com"], ["example.com:443"])
     }
     assert len(digests) == 4
+    on_timeout = {idempotency.request_digest(CreateSandbox(on_timeout=end)) for end in ("freeze", "hibernate")}
+    assert len(on_timeout | {before}) == 3
 
 
 async def test_lookups_that_ask_during_a_read_share_the_next_one_started_after_them() -> None:

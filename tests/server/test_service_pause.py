@@ -7,6 +7,7 @@ clock (a `ManualClock`: no waiting for a TTL)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import tarfile
 import time
@@ -17,8 +18,10 @@ from typing import Any
 import httpx
 import pytest
 from e2b_harness import service_fixture
-from service_harness import Running, create, execute, start_process
+from service_harness import KEYS, Running, create, execute, start_process
 from support import SESSION_OWNER, wait_for
+
+from sandboxes.client import SandboxClient
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp count; sleep 0.02; done"
@@ -134,5 +137,86 @@ def test_the_ttl_stops_while_paused_with_stop_and_what_was_left_is_given_back(
         clock.advance(left + 2)
         service.sweep()
         assert client.get(f"/v1/sandboxes/{sid}").status_code == 404
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_created_to_freeze_at_its_ttl_is_paused_then_removed_after_max_ttl(
+    service: Running, client: httpx.Client
+) -> None:
+    clock, max_ttl = service.registry.clock, service.registry.settings.max_ttl
+    sid = create(client, ttl=100, on_timeout="freeze")["id"]
+    try:
+        execute(client, sid, "printf 'before the pause' > kept.txt")
+        clock.advance(101)
+        service.sweep()
+        paused = client.get(f"/v1/sandboxes/{sid}").json()
+        assert (paused["state"], paused["processes_kept"]) == ("paused", True)
+        assert paused["expires_at"] - clock.now() == pytest.approx(max_ttl, abs=1.5)  # its retention, bounded
+        refused = client.post(f"/v1/sandboxes/{sid}/execute", json={"command": "true"})
+        assert (refused.status_code, refused.json()["error"]) == (409, "paused")
+
+        resumed = client.post(f"/v1/sandboxes/{sid}/resume").json()
+        assert resumed["expires_at"] - clock.now() == pytest.approx(3600, abs=1.5)  # its template's TTL again
+        assert execute(client, sid, "cat kept.txt")["output"] == "before the pause"
+
+        clock.advance(3601)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"  # paused again, not removed
+        clock.advance(max_ttl + 1)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").status_code == 404  # a pause that outlives its retention ends
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_created_to_hibernate_at_its_ttl_keeps_its_files_and_auto_resume_wakes_it(
+    service: Running, client: httpx.Client
+) -> None:
+    clock = service.registry.clock
+    created = create(client, ttl=100, on_timeout="hibernate", auto_resume=True)
+    sid = created["id"]
+    try:
+        blob = {"path": f"{created['workdir']}/blob.bin", "content_b64": base64.b64encode(BINARY).decode()}
+        assert client.post(f"/v1/sandboxes/{sid}/files/upload", json={"files": [blob]}).status_code == 200
+        clock.advance(101)
+        service.sweep()
+        paused = client.get(f"/v1/sandboxes/{sid}").json()
+        assert (paused["state"], paused["processes_kept"]) == ("paused", False)
+        assert execute(client, sid, "sha256sum blob.bin")["output"].split()[0] == hashlib.sha256(BINARY).hexdigest()
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_the_client_asks_for_a_pause_at_the_ttl(service: Running) -> None:
+    with SandboxClient(service.url, KEYS["alice"]) as sdk:
+        sandbox = sdk.create(ttl=100, on_timeout="hibernate")
+        try:
+            service.registry.clock.advance(101)
+            service.sweep()
+            assert sandbox.refresh().state == "paused"
+        finally:
+            sandbox.destroy()
+
+
+@pytest.mark.parametrize("auto_resume", [True, False])
+def test_a_request_to_a_port_of_a_sandbox_paused_at_its_ttl_wakes_it_only_with_auto_resume(
+    service: Running, client: httpx.Client, auto_resume: bool
+) -> None:
+    sid = create(client, ttl=100, on_timeout="freeze", auto_resume=auto_resume)["id"]
+    port = f"/v1/sandboxes/{sid}/ports/8000/"
+    try:
+        start_process(client, sid, "python3 -m http.server 8000 --bind 127.0.0.1")
+        wait_for(lambda: client.get(port).status_code == 200, "the server on port 8000")
+        service.registry.clock.advance(101)
+        service.sweep()
+        assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+        answer = client.get(port)
+        if auto_resume:
+            assert answer.status_code == 200
+            assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        else:
+            assert (answer.status_code, answer.json()["error"]) == (409, "paused")
     finally:
         client.delete(f"/v1/sandboxes/{sid}")

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
-from sandboxes.server.e2b import control, envd, filesystem, process, pty, stdin, usage, watch
+from sandboxes.server.e2b import control, envd, filesystem, process, pty, snapshots, stdin, usage, watch
 from sandboxes.server.e2b.common import ENVD_PREFIX, PREFIX, E2BState
 from sandboxes.server.e2b.ports import EnvdPortRoute
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner, signing_secret
@@ -29,7 +29,7 @@ def mount(app: FastAPI, settings: E2BSettings | None = None) -> None:
     secret = signing_secret(settings, app.state.service.settings.data_dir)
     app.state.e2b = E2BState(settings, TokenSigner(secret))
     planes = [envd.router, filesystem.router, stdin.router, pty.router, watch.router, process.router]
-    planes += [usage.router, control.router, envd.signed_router]
+    planes += [usage.router, snapshots.router, control.router, envd.signed_router]
     app.router.routes.extend(route for plane in planes for route in plane.routes)  # no nesting
     _hot_first(app.router.routes)
     app.router.routes.insert(0, EnvdPortRoute())  # a sandbox's other ports, whatever their paths

@@ -1,6 +1,8 @@
 """The E2B control plane (``/e2b``): sandboxes created, listed, timed and killed for the tenant
 whose API key is ``X-API-KEY``, through the service's registry (its quotas, TTLs, labels and
-idempotency keys). An E2B timeout is the sandbox's TTL; its metadata is the sandbox's labels."""
+idempotency keys). An E2B timeout is the sandbox's TTL; its metadata is the sandbox's labels; a
+template that names one of the tenant's snapshots (`sandboxes.server.e2b.snapshot_refs`) makes
+the sandbox from it, on the snapshot's template."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from pydantic import BaseModel
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, PortAccess, e2b_error, e2b_state, service
 from sandboxes.server.e2b.models import (
     ConnectSandbox,
+    Network,
     NetworkUpdate,
     NewSandbox,
     PauseRequest,
@@ -25,6 +28,7 @@ from sandboxes.server.e2b.models import (
     TimeoutRequest,
     network_of,
 )
+from sandboxes.server.e2b.snapshot_refs import find_snapshot
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 from sandboxes.templates import parse_memory
@@ -74,7 +78,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
 def _detail(request: Request, entry: Entry) -> SandboxDetail:
     template = entry.backend.template
     ends = entry.state.expires_at
-    internet, network = network_of(_allow_now(request, entry))
+    internet, network = _network_now(request, entry)
     return SandboxDetail(
         **_created(request, entry).model_dump(),
         started_at=_iso(entry.state.created_at),
@@ -86,7 +90,27 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
         state="paused" if entry.state.paused else "running",
         allow_internet_access=internet,
         network=network,
+        lifecycle={
+            "onTimeout": "kill" if entry.state.on_timeout == "delete" else "pause",
+            "autoResume": entry.state.auto_resume,
+        },
     )
+
+
+def _network_now(request: Request, entry: Entry) -> tuple[bool | None, dict[str, object] | None]:
+    """``allowInternetAccess`` and ``network`` as the sandbox is served now: its egress
+    (`network_of`), its own headers as ``rules``, and what its create asked of its ports."""
+    internet, egress = network_of(_allow_now(request, entry))
+    network: dict[str, object] = dict(egress or {})
+    headers = request.app.state.egress.headers(entry.state.id)
+    if headers:
+        network["rules"] = {host: [{"transform": {"headers": values}}] for host, values in headers.items()}
+    access = e2b_state(request).port_access(entry.state.id)
+    if access is not None and access.public is not None:
+        network["allowPublicTraffic"] = access.public
+    if access is not None and access.mask is not None:
+        network["maskRequestHost"] = access.mask
+    return internet, network or None
 
 
 def _allow_now(request: Request, entry: Entry) -> list[str] | None:
@@ -130,21 +154,35 @@ async def create(
     body = await _body(request, NewSandbox)
     e2b = e2b_state(request)
     ttl = max(1, e2b.settings.default_timeout if body.timeout is None else body.timeout)
+    network = body.network or Network()
     try:
         egress_allow = body.egress_allow()
+        headers = network.headers()
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
+    template, snapshot = e2b.ours(body.template_id), None
+    if template not in service(request).settings.templates:
+        snapshot = await find_snapshot(request, tenant, body.template_id)
+        if snapshot is None:
+            return e2b_error(400, f"unknown template {body.template_id!r}")
+        template = snapshot.template
     wanted = CreateSandbox(
-        template=e2b.ours(body.template_id),
+        template=template,
         env=body.env_vars or {},
         ttl=ttl,
         labels=body.metadata or {},
         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
+        on_timeout=body.on_timeout(),
         egress_allow=egress_allow,
+        snapshot=None if snapshot is None else snapshot.id,
     )
-    if wanted.template not in service(request).settings.templates:
-        return e2b_error(400, f"unknown template {body.template_id!r}")
+    if headers and not service(request).settings.templates[template].egress:
+        return e2b_error(409, f"template {body.template_id!r} has no egress: network rules would transform nothing")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
+    request.app.state.egress.set_headers(entry.state.id, headers)
+    if network.allow_public_traffic is not None or network.mask_request_host is not None:
+        access = PortAccess(tenant.id, network.allow_public_traffic, network.mask_request_host)
+        e2b_state(request).set_port_access(entry.state.id, access)
     return _json(_created(request, entry), 201)
 
 
@@ -209,6 +247,7 @@ def _metadata_filter(metadata: str | None) -> dict[str, str]:
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     await service(request).registry.delete(_tenant(request, api_key), sandbox_id)
+    e2b_state(request).set_port_access(sandbox_id, None)
     return Response(status_code=204)
 
 
@@ -272,21 +311,23 @@ async def resume(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> 
 
 @router.put("/sandboxes/{sandbox_id}/network")
 async def update_network(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
-    """The sandbox's egress allow-list replaced (204), as a create's ``network`` sets it (E2B's
-    default, all traffic: its template's list), from its next connection on; 409 for a list on
-    a sandbox without egress."""
+    """The sandbox's egress allow-list and rules replaced (204), as a create's ``network`` sets
+    them (E2B's default, all traffic: its template's list), from its next connection on; 409
+    for a list or rules on a sandbox without egress."""
     tenant = _tenant(request, api_key)
     body = await _body(request, NetworkUpdate)
     entry = await service(request).registry.find(tenant, sandbox_id)
     try:
         allow = body.egress_allow()
+        headers = body.headers()
         if allow is None:
             allow = list(entry.backend.template.egress_allow)
         changed = request.app.state.egress.set_allow(sandbox_id, allow)
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
-    if not changed and allow:
+    if not changed and (allow or headers):
         return e2b_error(409, f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies")
+    request.app.state.egress.set_headers(sandbox_id, headers)
     return Response(status_code=204)
 
 
@@ -295,7 +336,7 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 @router.api_route("/{rest:path}", methods=_METHODS)
 async def not_served(request: Request, rest: str, api_key: _ApiKey = None) -> Response:
-    """What this service does not serve yet (pause, snapshots, metrics...): to a tenant, E2B's
+    """What this service does not serve (template builds, volumes, teams...): to a tenant, E2B's
     error shape, so the SDK raises its own exception rather than failing to read the answer."""
     _tenant(request, api_key)
     return e2b_error(501, f"/{rest} is not implemented by this service")

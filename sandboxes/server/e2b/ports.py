@@ -3,8 +3,11 @@ the SDK reaches every port of a sandbox (the code interpreter's 49999, ``get_san
 at that one URL, naming the port in ``E2b-Sandbox-Port``. A request under ``/e2b/envd`` whose
 port is not envd's is relayed to that port inside the sandbox (`relay_http`), whatever its path,
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
-envd token, `sandboxes.server.e2b.tokens`); E2B's answers for failures (502: no such sandbox,
-or nothing listens on the port)."""
+envd token, `sandboxes.server.e2b.tokens`), or without one where its create asked
+``allowPublicTraffic: true`` (403 without one, as E2B's proxy answers; 401 for a wrong one);
+with the ``Host`` its ``maskRequestHost`` says, if it said one; a paused sandbox created with
+``auto_resume`` is resumed first; E2B's answers for failures (502: no such sandbox, a paused
+one, or nothing listens on the port)."""
 
 from __future__ import annotations
 
@@ -70,18 +73,32 @@ async def _relayed(request: Request) -> Response:
         raise ServiceError("invalid_request", f"E2b-Sandbox-Port {raw_port!r} is no port", status=400)
     token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token") or ""
     svc = service(request)
+    access = e2b_state(request).port_access(sandbox_id)
     tenant_id = e2b_state(request).signer.tenant_of(token, sandbox_id) if token else None
+    public = tenant_id is None and not token and access is not None and bool(access.public)
+    if public and access is not None:
+        tenant_id = access.tenant
+    if tenant_id is None and not token:  # E2B's proxy: 403 for a request without the token
+        message = "this sandbox's ports need its traffic access token (its create did not allow public traffic)"
+        raise ServiceError("unauthorized", message, status=403)
     if tenant_id is None:
-        raise ServiceError("unauthorized", "missing or wrong access token for this sandbox", status=401)
+        raise ServiceError("unauthorized", "wrong access token for this sandbox", status=401)
     tenant = Tenant(tenant_id, svc.settings.policy_for(tenant_id))
     request.scope.setdefault("state", {})["tenant"] = tenant_id
-    svc.limiter.check(tenant)
+    svc.limiter.check(Tenant(f"{tenant_id} (previews)", tenant.policy) if public else tenant)  # strangers apart
     try:
-        entry = await svc.registry.find(tenant, sandbox_id)
+        entry = await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
     except ServiceError as exc:
         if exc.code == "not_found":
+            e2b_state(request).set_port_access(sandbox_id, None)
             raise ServiceError("not_found", f"The sandbox {sandbox_id} was not found", status=502) from None
+        if exc.code == "paused":  # as envd's own port answers for a paused sandbox
+            raise ServiceError("paused", exc.message, status=502) from None
         raise
+    masked = None if access is None else access.host(int(raw_port))
+    if masked is not None:
+        kept = [(key, value) for key, value in request.scope["headers"] if key != b"host"]
+        request.scope["headers"] = [(b"host", masked.encode("latin-1")), *kept]
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode("utf-8")
     target = raw[len(ENVD_PREFIX) :] or b"/"
     query = request.scope.get("query_string", b"")

@@ -46,6 +46,9 @@ class _Served:
         self.proxy = proxy
         self.port = entry.backend.template.egress_port
         self.connections: set[asyncio.Task[None]] = set()
+        self.tenants = list(context.credentials)
+        """The tenant's credentials (the operator's); the sandbox's own come after them."""
+        self.own: dict[str, dict[str, str]] = {}
 
     async def run(self, held: Callable[[str], bool]) -> None:
         sandbox = self.entry.sandbox
@@ -166,6 +169,22 @@ class EgressHub:
         served = found[0]
         served.policy = EgressPolicy(allow=allow, open_ranges=served.policy.open_ranges)
         return True
+
+    def set_headers(self, sandbox_id: str, headers: dict[str, dict[str, str]]) -> bool:
+        """Replace the headers the proxy adds to the sandbox's plain-HTTP requests for each host
+        (exact, or ``*.domain``), set after the tenant's; whether it has egress here."""
+        found = self._served.get(sandbox_id)
+        if found is None:
+            return False
+        served = found[0]
+        served.own = {host: dict(values) for host, values in headers.items()}
+        served.context.credentials = [*served.tenants, *(Credential(h, v) for h, v in served.own.items())]
+        return True
+
+    def headers(self, sandbox_id: str) -> dict[str, dict[str, str]]:
+        """The sandbox's own headers by host (`set_headers`); none without egress here."""
+        found = self._served.get(sandbox_id)
+        return {} if found is None else {host: dict(values) for host, values in found[0].own.items()}
 
     async def close(self) -> None:
         """Stop every listener and the connections they took."""

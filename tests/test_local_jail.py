@@ -110,6 +110,25 @@ def test_a_stopped_jail_cannot_hold_a_big_write_or_stdin(
     assert _jail_pid(helper_sandbox) != jail
 
 
+def test_a_closed_jails_pipes_never_reach_a_pipe_opened_after_them() -> None:
+    """A thread still reading or writing a closed jail's stream by number (its reader thread,
+    say) sees the end or a failure, never the bytes of a pipe opened since: closing frees no
+    number another pipe could take (it took a new jail's hello once, whose start then timed out)."""
+    process = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    stream = local_helper.PipeStream(process)
+    stream.close()
+    read, write = os.pipe()  # the lowest free numbers: a closed stream's, were they freed
+    try:
+        os.write(write, b"another pipe's")
+        assert stream.recv_within(64, 5.0) == b""
+        with pytest.raises(BrokenPipeError):
+            stream.send(b"a frame")
+        assert os.read(read, 64) == b"another pipe's"
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 def _kill_jail(sandbox: LocalSandbox) -> None:
     """Kill the jail and wait until the sandbox has seen its stream end."""
     helper = sandbox._helper_process

@@ -127,8 +127,9 @@ class MuxClient(StreamReader):
         self._reader.start()
         self._send(PING, 0)
         if not self._hello.wait(hello_timeout) or self.broken:
-            self.close()
-            raise MuxBroken(self.broken or f"exec helper did not say hello within {hello_timeout}s")
+            reason = self.broken or f"exec helper did not say hello within {hello_timeout}s"
+            self.close(reason)
+            raise MuxBroken(reason)
 
     @property
     def alive(self) -> bool:

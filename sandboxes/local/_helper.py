@@ -37,6 +37,8 @@ class PipeStream:
         self._out = process.stdout.fileno()
         self._readable = select.poll()
         self._readable.register(self._out, select.POLLIN)
+        self._closing = threading.Lock()
+        self._closed = False
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -53,15 +55,32 @@ class PipeStream:
         return os.read(self._out, size)
 
     def close(self) -> None:
-        """Kill the jail (the helper is bwrap's command; the whole pid namespace goes with it)."""
+        """Kill the jail (the helper is bwrap's command; the whole pid namespace goes with it),
+        and point this stream's two descriptors at dead pipes (a read sees the end, a write
+        fails) rather than close them: a thread still reading or writing by number (the reader
+        thread, a send blocked on a stopped helper) must never reach a pipe opened since under
+        the same number. The numbers are freed with the stream's files, once unreachable."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(timeout=10)
-        for stream in (self._process.stdin, self._process.stdout):
-            with contextlib.suppress(OSError):
-                if stream is not None:
-                    stream.close()
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            _make_dead(self._in, readable=False)
+            _make_dead(self._out, readable=True)
+
+
+def _make_dead(fd: int, *, readable: bool) -> None:
+    """``fd`` replaced, under its number, by the end of a pipe whose other end is closed."""
+    read, write = os.pipe()
+    dead, other = (read, write) if readable else (write, read)
+    os.close(other)
+    try:
+        os.dup2(dead, fd, inheritable=False)
+    finally:
+        os.close(dead)
 
 
 class HelperProcess:

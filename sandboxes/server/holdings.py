@@ -313,6 +313,14 @@ class Holdings:
         task.add_done_callback(self._tasks.discard)
 
     async def _expire(self, sandbox_id: str) -> None:
+        """What the sandbox's expiry does, if it expired; one at a time (`Entry.expiring`)."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            return
+        async with entry.expiring:
+            await self._expire_now(sandbox_id)
+
+    async def _expire_now(self, sandbox_id: str) -> None:
         entry = self._entries.get(sandbox_id)
         # One reading of the clock for both checks: a timer fires a millisecond or so early
         # (uvloop rounds its delay to milliseconds), and with a reading for each the expiry

@@ -173,10 +173,11 @@ class Keeping(Pausing):
         state = entry.state
         given_back = min(entry.backend.template.ttl, self.settings.max_ttl)
         expires_at = self.clock.now() + self.settings.max_ttl
-        state.expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
+        expires_at = state.expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
         if entry.backend.shared:  # recorded before the pause: no replica's sweep removes it meanwhile
-            await asyncio.to_thread(entry.backend.renew, state, state.expires_at)
-            entry.confirmed = time.monotonic()
+            await asyncio.to_thread(entry.backend.renew, state, expires_at)
+            # as recorded now: a read of the records from before the renewal, landed meanwhile, took the old one
+            state.expires_at, entry.confirmed = expires_at, time.monotonic()
         if state.on_timeout == "freeze":
             try:
                 await self.pause(entry, "keep")

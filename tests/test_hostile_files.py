@@ -1,6 +1,7 @@
 """Sparse, endless and special files made in a sandbox (`sandboxes.base`: ``read`` and
 ``download_files`` on the helper's native ops and on the scripts): what they cost the caller is
-bounded by the bounds, not by what the sandbox made, and kernel files and FIFOs are refused."""
+bounded by the bounds, not by what the sandbox made; pseudo-files are read to their end within
+them, devices and FIFOs are refused."""
 
 from __future__ import annotations
 
@@ -96,10 +97,9 @@ def test_download_past_the_bound_is_refused_without_pulling_the_file(sandbox: Lo
     assert sandbox.download_files_within([f"{sandbox.root}/small"], 3)[0].error == p.FILE_TOO_LARGE
 
 
-@pytest.mark.parametrize("name", ["/proc/self/pagemap", "/dev/zero", "endless", "fifo", "/proc/self/status"])
-def test_kernel_files_and_fifos_are_refused(sandbox: LocalSandbox, name: str) -> None:
-    """A FIFO would block, ``/dev/zero`` and ``/proc/self/pagemap`` never end (the latter says
-    it is empty), through a link too: each answers ``invalid_argument``, at once."""
+@pytest.mark.parametrize("name", ["/dev/zero", "fifo"])
+def test_devices_and_fifos_are_refused(sandbox: LocalSandbox, name: str) -> None:
+    """A FIFO would block and ``/dev/zero`` never ends: each answers ``invalid_argument``, at once."""
     path = name if name.startswith("/") else f"{sandbox.root}/{name}"
     reset_peak()
     start, began = peak(), time.monotonic()
@@ -107,3 +107,29 @@ def test_kernel_files_and_fifos_are_refused(sandbox: LocalSandbox, name: str) ->
     assert (answer.error, answer.content) == (p.INVALID_ARGUMENT, None), answer
     assert time.monotonic() - began < 10
     assert peak() - start < GROWTH
+
+
+@pytest.mark.parametrize("name", ["/proc/self/pagemap", "endless"])
+def test_an_endless_pseudo_file_is_bounded(sandbox: LocalSandbox, name: str) -> None:
+    """``/proc/self/pagemap`` says it is empty and reads ~256 GB (through a link too): at most
+    the bound of it is taken, at once, with bounded memory, whatever it answers."""
+    path = name if name.startswith("/") else f"{sandbox.root}/{name}"
+    reset_peak()
+    start, began = peak(), time.monotonic()
+    [answer] = sandbox.download_files_within([path], 1 << 20)
+    assert answer.error in (None, p.FILE_TOO_LARGE, p.PERMISSION_DENIED), answer
+    assert answer.content is None or len(answer.content) <= 1 << 20
+    assert time.monotonic() - began < 10
+    assert peak() - start < GROWTH
+
+
+def test_a_pseudo_file_is_read_to_its_end(sandbox: LocalSandbox) -> None:
+    """``/proc/self/status`` says it is empty: it is the reader's whole status, or too large
+    past a bound smaller than it."""
+    [status] = sandbox.download_files(["/proc/self/status"])
+    assert status.error is None, status
+    assert status.content is not None
+    assert status.content.startswith(b"Name:\t"), status
+    assert b"\nVmHWM:\t" in status.content or b"\nPid:\t" in status.content
+    [cut] = sandbox.download_files_within(["/proc/self/status"], 64)
+    assert (cut.error, cut.content) == (p.FILE_TOO_LARGE, None), cut

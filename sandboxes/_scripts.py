@@ -127,17 +127,20 @@ for f do
   if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16
   elif ! { true < "$f"; } 2>/dev/null; then c=12
   elif [ "$limit" = - ]; then base64 < "$f"; c=0
-  elif [ "$(stat -L -c %s -- "$f" 2>/dev/null)" -gt "$limit" ] 2>/dev/null; then c=17
-  else head -c "$((limit + 1))" < "$f" | base64; c=0; fi
+  else
+    s=$(stat -L -c %s -- "$f" 2>/dev/null)
+    case $s in 0 | 4096 | '') [ "$(head -c "$((limit + 1))" < "$f" | wc -c)" -gt "$limit" ] && s=$((limit + 1)) ;; esac
+    if [ "$s" -gt "$limit" ] 2>/dev/null; then c=17; else head -c "$limit" < "$f" | base64; c=0; fi
+  fi
   printf '!%s\n' "$c"
 done
 """
 """Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. A file
-whose size says more than ``$1`` bytes (``-``: no limit) gets status 17 and no content; of any
-other, at most ``$1 + 1`` bytes are sent, read to its end: a pseudo-file (``/proc``, ``/sys``)
-says 0 or a page whatever it holds, and one may grow meanwhile, so the caller counts what came
-and more than ``$1`` is too large (`sandboxes._operations`). What is not a regular file (a FIFO,
-a device, a socket; through links too) gets status 16, never opened."""
+over ``$1`` bytes (``-``: no limit) gets status 17 and no content, and no more than ``$1`` bytes
+of any file are sent (one may grow meanwhile). Its size says whether it is over, except where
+it says 0 or a page, as a pseudo-file of ``/proc`` or ``/sys`` does whatever it holds: then its
+first ``$1 + 1`` bytes are counted (read to its end when it has fewer). What is not a regular
+file (a FIFO, a device, a socket; through links too) gets status 16, never opened."""
 
 _WRITE_ONE = r"""nm=
 inplace() {

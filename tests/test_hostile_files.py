@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support import HAS_BWRAP, needs
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes.base import READ_SCAN_BYTES
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
@@ -133,3 +134,13 @@ def test_a_pseudo_file_is_read_to_its_end(sandbox: LocalSandbox) -> None:
     assert b"\nVmHWM:\t" in status.content or b"\nPid:\t" in status.content
     [cut] = sandbox.download_files_within(["/proc/self/status"], 64)
     assert (cut.error, cut.content) == (p.FILE_TOO_LARGE, None), cut
+
+
+def test_a_window_past_the_scan_of_a_pseudo_file_is_too_large(sandbox: LocalSandbox) -> None:
+    """`_scripts.READ_LINES` counts a file's lines, reading it whole: it comes only after more
+    than its last argument's bytes were read, so a file whose size says no more (a pseudo-file)
+    answers 17 (too large) rather than being counted; a regular file is counted as before."""
+    pseudo = sandbox.execute(_scripts.command(_scripts.READ_LINES, "/proc/self/status", "1", "2", "100"))
+    assert pseudo.exit_code == _scripts.EXIT_TOO_LARGE, pseudo
+    regular = sandbox.execute(_scripts.command(_scripts.READ_LINES, f"{sandbox.root}/small", "2", "1", "2"))
+    assert (regular.exit_code, regular.output) == (0, "2\nYgo=\n"), regular

@@ -99,7 +99,7 @@ Operation = Generator[Call, p.ExecuteResponse, R]
 
 
 DOWNLOAD_DETAILS: dict[p.ErrorCode, str] = {
-    p.INVALID_ARGUMENT: "not a regular file (a FIFO, a device, or a file under /proc, /sys or /dev)",
+    p.INVALID_ARGUMENT: "not a regular file (a FIFO, a device or a socket)",
 }
 
 

@@ -243,8 +243,9 @@ class FileOperations:
 
     def _download(self, paths: list[str], limit: int) -> Operation[list[p.FileDownloadResponse]]:
         """Files in one round trip; larger ones than ``limit`` answer ``file_too_large`` without
-        content (for a backend with a bulk transport to fetch separately, or refused). What the
-        sandbox sends is bounded by that limit per file."""
+        content (for a backend with a bulk transport to fetch separately, or refused), whether
+        their size says so or what they held did (a pseudo-file says 0). What the sandbox sends
+        is bounded by that limit per file, and more than it is never handed on."""
         responses: list[p.FileDownloadResponse | None] = []
         valid: list[tuple[int, str]] = []
         for index, raw in enumerate(paths):
@@ -265,6 +266,8 @@ class FileOperations:
                 valid, _parse.downloads(response.output, len(valid)), strict=True
             ):
                 code = None if status == 0 else (_parse.code_for_status(status) or p.BACKEND_ERROR)
+                if content is not None and len(content) > limit:  # more than the script sends: not kept
+                    code, content = p.FILE_TOO_LARGE, None
                 message = None if code is None else message_for(code, path, DOWNLOAD_DETAILS.get(code))
                 if code == p.FILE_TOO_LARGE:
                     message = message_for(code, path, f"larger than {limit} bytes")

@@ -110,7 +110,7 @@ head -c "$2" < "$f" | base64
 READ_LINES = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
 true < "$f" 2>/dev/null || exit 12
-case $(readlink -f -- "$f" 2>/dev/null) in /proc/* | /sys/* | /dev/*) exit 16 ;; esac
+s=$(stat -L -c %s -- "$f" 2>/dev/null); [ "${s:-0}" -gt "$4" ] || exit 17
 n=$(wc -l < "$f") || exit 12
 [ -n "$(tail -c 1 < "$f")" ] && n=$((n + 1))
 printf '%s\n' "$n"
@@ -118,27 +118,29 @@ tail -n "+$2" < "$f" | head -n "$3" | head -c "$4" | base64
 """
 """Lines ``$2`` (1-based) to ``$2 + $3 - 1`` of a big file, at most ``$4`` bytes of them, as
 base64 after a line with the file's number of lines (split at LF): for a window past what
-``read`` looks at of it, found and cut in the sandbox. Kernel files: 16, as ``DOWNLOAD``."""
+``read`` looks at of it, found and cut in the sandbox. Only a file that had more than ``$4``
+bytes to give ``read`` comes here, so one whose size says no more (a pseudo-file, which says 0 or
+a page) gets 17 (too large) rather than being counted to an end that may never come."""
 
 DOWNLOAD = r"""limit=$1; shift
 for f do
   if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16
   elif ! { true < "$f"; } 2>/dev/null; then c=12
+  elif [ "$limit" = - ]; then base64 < "$f"; c=0
   else
-    case $(readlink -f -- "$f" 2>/dev/null) in /proc/* | /sys/* | /dev/*) c=16 ;; *) c= ;; esac
-    if [ -n "$c" ]; then :
-    elif [ "$limit" = - ]; then base64 < "$f"; c=0
-    elif [ "$(wc -c < "$f")" -gt "$limit" ]; then c=17
-    else head -c "$limit" < "$f" | base64; c=0; fi
+    s=$(stat -L -c %s -- "$f" 2>/dev/null)
+    case $s in 0 | 4096 | '') [ "$(head -c "$((limit + 1))" < "$f" | wc -c)" -gt "$limit" ] && s=$((limit + 1)) ;; esac
+    if [ "$s" -gt "$limit" ] 2>/dev/null; then c=17; else head -c "$limit" < "$f" | base64; c=0; fi
   fi
   printf '!%s\n' "$c"
 done
 """
-"""Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. Files
-over ``$1`` bytes (``-``: no limit) get status 17 and no content, and no more than ``$1`` bytes
-of any file are sent (one may grow meanwhile). A file under ``/proc``, ``/sys`` or ``/dev``
-(through links too) gets status 16, as what is not a regular file: the kernel's files say a size
-they do not have, and some never end (``/proc/self/pagemap``)."""
+"""Per file: its base64 lines, then ``!<status>``; base64 lines never start with ``!``. A file
+over ``$1`` bytes (``-``: no limit) gets status 17 and no content, and no more than ``$1`` bytes
+of any file are sent (one may grow meanwhile). Its size says whether it is over, except where
+it says 0 or a page, as a pseudo-file of ``/proc`` or ``/sys`` does whatever it holds: then its
+first ``$1 + 1`` bytes are counted (read to its end when it has fewer). What is not a regular
+file (a FIFO, a device, a socket; through links too) gets status 16, never opened."""
 
 _WRITE_ONE = r"""nm=
 inplace() {

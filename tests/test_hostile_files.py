@@ -1,6 +1,7 @@
 """Sparse, endless and special files made in a sandbox (`sandboxes.base`: ``read`` and
 ``download_files`` on the helper's native ops and on the scripts): what they cost the caller is
-bounded by the bounds, not by what the sandbox made, and kernel files and FIFOs are refused."""
+bounded by the bounds, not by what the sandbox made; pseudo-files are read to their end within
+them, devices and FIFOs are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from support import HAS_BWRAP, needs
 
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes.base import READ_SCAN_BYTES
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
@@ -96,10 +98,9 @@ def test_download_past_the_bound_is_refused_without_pulling_the_file(sandbox: Lo
     assert sandbox.download_files_within([f"{sandbox.root}/small"], 3)[0].error == p.FILE_TOO_LARGE
 
 
-@pytest.mark.parametrize("name", ["/proc/self/pagemap", "/dev/zero", "endless", "fifo", "/proc/self/status"])
-def test_kernel_files_and_fifos_are_refused(sandbox: LocalSandbox, name: str) -> None:
-    """A FIFO would block, ``/dev/zero`` and ``/proc/self/pagemap`` never end (the latter says
-    it is empty), through a link too: each answers ``invalid_argument``, at once."""
+@pytest.mark.parametrize("name", ["/dev/zero", "fifo"])
+def test_devices_and_fifos_are_refused(sandbox: LocalSandbox, name: str) -> None:
+    """A FIFO would block and ``/dev/zero`` never ends: each answers ``invalid_argument``, at once."""
     path = name if name.startswith("/") else f"{sandbox.root}/{name}"
     reset_peak()
     start, began = peak(), time.monotonic()
@@ -107,3 +108,39 @@ def test_kernel_files_and_fifos_are_refused(sandbox: LocalSandbox, name: str) ->
     assert (answer.error, answer.content) == (p.INVALID_ARGUMENT, None), answer
     assert time.monotonic() - began < 10
     assert peak() - start < GROWTH
+
+
+@pytest.mark.parametrize("name", ["/proc/self/pagemap", "endless"])
+def test_an_endless_pseudo_file_is_bounded(sandbox: LocalSandbox, name: str) -> None:
+    """``/proc/self/pagemap`` says it is empty and reads ~256 GB (through a link too): at most
+    the bound of it is taken, at once, with bounded memory, whatever it answers."""
+    path = name if name.startswith("/") else f"{sandbox.root}/{name}"
+    reset_peak()
+    start, began = peak(), time.monotonic()
+    [answer] = sandbox.download_files_within([path], 1 << 20)
+    assert answer.error in (None, p.FILE_TOO_LARGE, p.PERMISSION_DENIED), answer
+    assert answer.content is None or len(answer.content) <= 1 << 20
+    assert time.monotonic() - began < 10
+    assert peak() - start < GROWTH
+
+
+def test_a_pseudo_file_is_read_to_its_end(sandbox: LocalSandbox) -> None:
+    """``/proc/self/status`` says it is empty: it is the reader's whole status, or too large
+    past a bound smaller than it."""
+    [status] = sandbox.download_files(["/proc/self/status"])
+    assert status.error is None, status
+    assert status.content is not None
+    assert status.content.startswith(b"Name:\t"), status
+    assert b"\nVmHWM:\t" in status.content or b"\nPid:\t" in status.content
+    [cut] = sandbox.download_files_within(["/proc/self/status"], 64)
+    assert (cut.error, cut.content) == (p.FILE_TOO_LARGE, None), cut
+
+
+def test_a_window_past_the_scan_of_a_pseudo_file_is_too_large(sandbox: LocalSandbox) -> None:
+    """`_scripts.READ_LINES` counts a file's lines, reading it whole: it comes only after more
+    than its last argument's bytes were read, so a file whose size says no more (a pseudo-file)
+    answers 17 (too large) rather than being counted; a regular file is counted as before."""
+    pseudo = sandbox.execute(_scripts.command(_scripts.READ_LINES, "/proc/self/status", "1", "2", "100"))
+    assert pseudo.exit_code == _scripts.EXIT_TOO_LARGE, pseudo
+    regular = sandbox.execute(_scripts.command(_scripts.READ_LINES, f"{sandbox.root}/small", "2", "1", "2"))
+    assert (regular.exit_code, regular.output) == (0, "2\nYgo=\n"), regular

@@ -12,10 +12,11 @@ The answers are the scripts', raw (`RAW`, where the scripts' are base64; `sandbo
 tells them apart): a read's is ``RAW`` and at most its limit of the file's bytes; a download's
 is ``RAW`` and per file ``<status> <length>\\n`` and that many bytes, with the script's
 statuses. A file's length is announced before its bytes: the bytes a first read of `STEP`
-found, when the file ended there (whatever its size says: a ``/proc`` file says 0); else its
-size then. A file that turns out shorter than announced (cut while it was sent) hands the
-whole download back (N): the client drops what came and runs the script, which reads what is
-there then. A file that grows meanwhile is sent as long as it was announced.
+found, when the file ended there (whatever its size says: a pseudo-file of ``/proc`` or
+``/sys`` says 0 or a page); else its size then. A file that turns out shorter than announced
+(cut while it was sent), or a pseudo-file with more than a step, hands the whole download back
+(N): the client drops what came and runs the script, which reads what is there then, bounded.
+A file that grows meanwhile is sent as long as it was announced.
 """
 
 import os
@@ -151,8 +152,6 @@ def download_parts(limit: str, paths: "list[str]") -> "Parts":
     yield RAW
     for path in paths:
         try:
-            if _kernel_file(path):
-                raise _Answer(16)
             fd = _open_regular(path)
         except _Answer as failed:
             yield b"%d 0\n" % failed.code
@@ -163,11 +162,11 @@ def download_parts(limit: str, paths: "list[str]") -> "Parts":
                 continue
             first = _read_up_to(fd, STEP)
             size = len(first) if len(first) < STEP else os.fstat(fd).st_size  # short: the whole file
-            if size < len(first):  # more than its size says (a /proc file): the script reads it to its end
-                raise _NotNative()
-            if limit != "-" and size > int(limit):  # its size said less (a /proc file), or it grew
+            if limit != "-" and max(size, len(first)) > int(limit):  # its size said less (a pseudo-file), or it grew
                 yield b"17 0\n"
                 continue
+            if size < len(first):  # a pseudo-file with more than a step: the script reads it to its end
+                raise _NotNative()
             yield b"0 %d\n" % size
             yield first
             left = size - len(first)
@@ -180,13 +179,6 @@ def download_parts(limit: str, paths: "list[str]") -> "Parts":
         finally:
             os.close(fd)
     return None
-
-
-def _kernel_file(path: str) -> bool:
-    """Whether ``path`` (through links) is in ``/proc``, ``/sys`` or ``/dev``: the script's
-    ``readlink -f`` test, which refuses their files (sizes they do not have, contents without end)."""
-    real = os.path.realpath(path)
-    return real.startswith(("/proc/", "/sys/", "/dev/"))
 
 
 def _open_regular(path: str) -> int:

@@ -105,15 +105,15 @@ _SMALL_OUTPUT = 4096
 
 _READ_AS_USER = r"""f=$1
 if [ ! -f "$f" ]; then why "$f"; [ "$c" = 12 ] && [ -e "$f" ] && c=16; exit "$c"; fi
-case $(readlink -f -- "$f" 2>/dev/null) in /proc/* | /sys/* | /dev/*) exit 16 ;; esac
-{ [ -f /proc/self/fd/3 ] || exit 16; [ "$(wc -c < /proc/self/fd/3)" -le "$2" ] || exit 17
-  exec head -c "$2" <&3; } 3< "$f" 2>/dev/null
+{ [ -f /proc/self/fd/3 ] || exit 16; [ "$(stat -L -c %s /proc/self/fd/3)" -le "$2" ] || exit 17
+  exec head -c "$(($2 + 1))" <&3; } 3< "$f" 2>/dev/null
 why "$f"; exit "$c"
 """
-"""Copy ``$1`` to stdout as the sandbox's user, at most ``$2`` bytes (17: it is bigger): checked,
-then opened once, and what was opened checked again (through ``/proc/self/fd``) to be a regular
-file, so a path swapped meanwhile for a FIFO or a device does not stream forever; a link
-followed only where the user may follow it; a kernel file (``/proc``, ``/sys``, ``/dev``) refused."""
+"""Copy ``$1`` to stdout as the sandbox's user, at most ``$2 + 1`` bytes (17: its size says it
+is bigger; more than ``$2`` sent: it held more, as a pseudo-file whose size says 0 does, and the
+reader counts them): checked, then opened once, and what was opened checked again (through
+``/proc/self/fd``) to be a regular file, so a path swapped meanwhile for a FIFO or a device does
+not stream forever; a link followed only where the user may follow it."""
 
 _OOM_COUNT = (
     "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"

@@ -13,10 +13,11 @@ from sandboxes import protocol as p
 from sandboxes.testing._answers import whole_text
 from sandboxes.testing.conformance import BackendConformance
 from sandboxes.testing.corpus import CANARY, HOSTILE_NAMES
+from sandboxes.testing.pseudo_conformance import PseudoFiles
 
 
-class SandboxConformance(BackendConformance):
-    """Everything in `BackendConformance`, plus ``execute``."""
+class SandboxConformance(BackendConformance, PseudoFiles):
+    """Everything in `BackendConformance`, plus ``execute`` and the sandbox's pseudo-files."""
 
     @pytest.fixture
     def sandbox(self, backend: p.BackendProtocol) -> p.SandboxBackendProtocol:

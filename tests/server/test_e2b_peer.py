@@ -192,12 +192,34 @@ def test_files_are_written_read_renamed_and_removed(sandbox: Sandbox) -> None:
     assert not sandbox.files.exists(directory)
 
 
-def test_a_kernel_file_is_refused_as_an_invalid_argument(sandbox: Sandbox) -> None:
-    """test_snapshot_filesystem_only.py reads ``/proc/sys/kernel/random/boot_id``: this service
-    reads regular files only, and says so with E2B's 400 (the SDK's
-    ``InvalidArgumentException``), never a 500."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def test_pseudo_files_are_read_and_devices_refused(sandbox: Sandbox) -> None:
+    """test_create.py::test_keep_memory_none_defaults_to_full_memory reads ``boot_id``, which
+    says it is empty: it reads as ``cat`` prints it, as ``/proc/self/status`` and
+    ``/proc/meminfo`` do; a device is refused with E2B's 400 (``InvalidArgumentException``)."""
+    assert sandbox.files.read(BOOT_ID) == sandbox.commands.run(f"cat {BOOT_ID}").stdout
+    assert sandbox.files.read("/proc/self/status").startswith("Name:\t")
+    assert sandbox.files.read("/proc/meminfo").startswith("MemTotal:")
     with pytest.raises(InvalidArgumentException, match="not a regular file"):
-        sandbox.files.read("/proc/sys/kernel/random/boot_id")
+        sandbox.files.read("/dev/zero")
+
+
+def test_boot_id_stays_across_a_pause_and_resume(service: Running) -> None:
+    """test_create.py::test_keep_memory_none_defaults_to_full_memory: a pause that keeps the
+    memory (a freeze) resumes the same sandbox in place, so its boot id is unchanged."""
+    created = Sandbox.create(timeout=60, **opts(service))
+    try:
+        before = created.files.read(BOOT_ID).strip()
+        assert len(before) == 36, before
+        assert created.pause()
+        assert not created.is_running()
+        resumed = Sandbox.connect(created.sandbox_id, **opts(service))
+        assert resumed.sandbox_id == created.sandbox_id
+        assert resumed.files.read(BOOT_ID).strip() == before
+    finally:
+        created.kill()
 
 
 # --- file metadata and gzip (files/test_metadata.py, files/test_content_encoding.py) ---

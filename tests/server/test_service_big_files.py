@@ -1,10 +1,11 @@
 """A service (``python -m sandboxes.server``, local backend) asked for files a sandbox made for
-free: a 1 GiB sparse file, 64 MiB of newlines, a kernel file that never ends. Its peak memory
+free: a 1 GiB sparse file, 64 MiB of newlines, a pseudo-file that never ends. Its peak memory
 (``VmHWM``, reset before each request) grows by less than `GROWTH` for each, whatever it holds,
 and the client takes files over the service's inline bound through the streamed archive."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import time
 from collections.abc import Iterator
@@ -98,13 +99,20 @@ def test_a_big_sparse_file_is_not_downloaded_inline(
     assert "GET /archive" in item["message"]
 
 
-@pytest.mark.parametrize("path", ["/proc/self/pagemap", "/proc/self/status"])
-def test_kernel_files_are_refused(
-    service: ServiceProcess, client: httpx.Client, sandbox: dict[str, Any], path: str
+def test_pseudo_files_are_read_within_the_bound_and_devices_refused(
+    service: ServiceProcess, client: httpx.Client, sandbox: dict[str, Any]
 ) -> None:
-    """``/proc/self/pagemap`` says it is empty and reads ~256 GB; ``status`` says empty too."""
-    [item] = _bounded(service, lambda: _post(client, sandbox, "download", paths=[path]))
-    assert (item["error"], item["content_b64"]) == (p.INVALID_ARGUMENT, None), item
+    """``/proc/self/pagemap`` says it is empty and reads ~256 GB: no more than the inline bound
+    of it comes; ``status`` says empty too and comes whole; ``/dev/zero`` is refused."""
+    pagemap, status, zero = _bounded(
+        service,
+        lambda: _post(client, sandbox, "download", paths=["/proc/self/pagemap", "/proc/self/status", "/dev/zero"]),
+    )
+    assert pagemap["error"] in (None, p.FILE_TOO_LARGE, p.PERMISSION_DENIED), pagemap
+    assert len(base64.b64decode(pagemap["content_b64"] or "")) <= INLINE
+    assert status["error"] is None, status
+    assert base64.b64decode(status["content_b64"]).startswith(b"Name:\t"), status
+    assert (zero["error"], zero["content_b64"]) == (p.INVALID_ARGUMENT, None), zero
 
 
 def test_read_of_a_file_of_newlines_is_ten_lines(

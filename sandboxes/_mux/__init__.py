@@ -5,6 +5,7 @@ from sandboxes._mux._channel import Channel, open_channel
 from sandboxes._mux._command import Command, CommandDefaults, GivenDefaults
 from sandboxes._mux._driver import HelperDriver, HelperTransport, Refusal, TransportWords
 from sandboxes._mux._held import DrivenSandbox
+from sandboxes._mux._oom import OOM_COUNT_SH, OomCount
 from sandboxes._mux._resend import run_command_once, run_native_once, run_on
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
@@ -13,6 +14,7 @@ from sandboxes._mux.client import PYTHON_FLAGS, SERVER_SOURCE, MuxClient, comman
 
 __all__ = [
     "HAS_PYTHON_SH",
+    "OOM_COUNT_SH",
     "PYTHON_FLAGS",
     "SERVER_SOURCE",
     "AwaitedCommand",
@@ -29,6 +31,7 @@ __all__ = [
     "HoldsHelper",
     "MuxBroken",
     "MuxClient",
+    "OomCount",
     "Refusal",
     "TimedByteStream",
     "TransportWords",

@@ -14,6 +14,7 @@ alive, as `HelperStarts` allows, and let go of when found broken.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -155,6 +156,15 @@ class HelperDriver:
             if self._mux is not None:
                 self.starts.started()
             return self._mux
+
+    def probe(self, command: str) -> str | None:
+        """A tiny internal command's output, stripped, through the helper (started if need be);
+        ``None``: no helper ran it, so the transport runs it its own way."""
+        mux = self.helper()
+        if mux is not None:
+            with contextlib.suppress(MuxBroken):
+                return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
+        return None
 
     def running(self) -> MuxClient | None:
         """The helper if one is running now (none is started). Read without the lock, which a

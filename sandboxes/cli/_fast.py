@@ -33,10 +33,10 @@ from sandboxes.client._light import (
     ProcessStatus,
     capped_grep,
     execute_timeout,
-    limits,
     recovered,
     retry_delay,
     retry_now,
+    sent,
 )
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, error_from_response, error_from_transport
 
@@ -164,30 +164,12 @@ class Connection:
         import httpx
 
         if self._httpx is None:
-            self._httpx = httpx.Client(
-                base_url=self.config.base_url(),
-                headers=self.config.headers(),
-                timeout=self.config.httpx_timeout(DEFAULT_READ),
-                limits=limits(),
-            )
+            self._httpx = httpx.Client(**self.config.pool_settings())
         request = self._httpx.build_request(
             call.method, call.path, json=call.json, params=call.params,
             timeout=self.config.httpx_timeout(call.read_timeout),
         )  # fmt: skip
-        try:
-            response = self._httpx.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, call.what) from exc
-        if response.is_success:
-            return response
-        try:
-            if stream:
-                response.read()
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, call.what) from exc
-        finally:
-            response.close()
-        raise error_from_response(response)
+        return sent(self._httpx, request, stream=stream, what=call.what)
 
 
 def _transport_error(exc: BaseException) -> bool:

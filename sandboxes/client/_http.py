@@ -23,8 +23,7 @@ from tenacity import AsyncRetrying, Retrying
 from sandboxes import api
 from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
-from sandboxes.client._light import DEFAULT_READ, recovered, retry_delay, retry_now
-from sandboxes.client._light import limits as pool_limits
+from sandboxes.client._light import recovered, retry_delay, retry_now, sent
 from sandboxes.client.errors import (
     ConnectionLost,
     NotFound,
@@ -62,13 +61,7 @@ class ServiceConnection:
         **options: Any,
     ) -> None:
         self.config = _config(url, api_key, timeout, retries, config, options)
-        self._http = httpx.Client(
-            base_url=self.config.base_url(),
-            headers=self.config.headers(),
-            timeout=self.config.httpx_timeout(DEFAULT_READ),
-            limits=pool_limits(),
-            transport=transport,
-        )
+        self._http = httpx.Client(**self.config.pool_settings(), transport=transport)
         self._known = _Known(self.config, self._http)
 
     # ------------------------------------------------------------------ lifecycle
@@ -173,20 +166,7 @@ class ServiceConnection:
             op.method, self._known.url(op.path), json=op.json, params=op.params, content=content,
             headers=op.headers, timeout=self._known.timeout(op.read_timeout),
         )  # fmt: skip
-        try:
-            response = self._http.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
-        if response.is_success:
-            return response
-        try:
-            if stream:
-                response.read()
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
-        finally:
-            response.close()
-        raise error_from_response(response)
+        return sent(self._http, request, stream=stream, what=op.what)
 
     def close(self) -> None:
         self._http.close()
@@ -214,13 +194,7 @@ class AsyncServiceConnection:
         **options: Any,
     ) -> None:
         self.config = _config(url, api_key, timeout, retries, config, options)
-        self._http = httpx.AsyncClient(
-            base_url=self.config.base_url(),
-            headers=self.config.headers(),
-            timeout=self.config.httpx_timeout(DEFAULT_READ),
-            limits=pool_limits() if limits is None else limits,
-            transport=transport,
-        )
+        self._http = httpx.AsyncClient(**self.config.pool_settings(limits), transport=transport)
         self._known = _Known(self.config, self._http)
 
     async def list(self) -> list[api.SandboxInfo]:

@@ -23,6 +23,8 @@ from sandboxes.client.errors import (
     RateLimited,
     SandboxServiceError,
     ServiceUnreachable,
+    error_from_response,
+    error_from_transport,
 )
 from sandboxes.semantics import GREP_MAX_MATCHES, finish_grep
 
@@ -43,6 +45,7 @@ __all__ = [
     "recovered",
     "retry_delay",
     "retry_now",
+    "sent",
 ]
 
 T = TypeVar("T")
@@ -59,6 +62,27 @@ def limits() -> httpx.Limits:
     import httpx
 
     return httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_EXPIRY)
+
+
+def sent(http: httpx.Client, request: httpx.Request, *, stream: bool, what: str) -> httpx.Response:
+    """``request`` sent on ``http``: a success's response, else the service's error or the
+    transport's raised as the client's `SandboxServiceError` (a failed response is read and closed)."""
+    import httpx
+
+    try:
+        response = http.send(request, stream=stream)
+    except httpx.TransportError as exc:
+        raise error_from_transport(exc, what) from exc
+    if response.is_success:
+        return response
+    try:
+        if stream:
+            response.read()
+    except httpx.TransportError as exc:
+        raise error_from_transport(exc, what) from exc
+    finally:
+        response.close()
+    raise error_from_response(response)
 
 
 DEFAULT_READ: Any = object()
@@ -120,6 +144,15 @@ class PatienceMethods:
 
     def base_url(self: Patience) -> str:
         return self.url.rstrip("/")
+
+    def pool_settings(self: Patience, pool_limits: httpx.Limits | None = None) -> dict[str, Any]:
+        """The keyword arguments of the client's httpx pool: its URL, headers, timeouts and limits."""
+        return {
+            "base_url": PatienceMethods.base_url(self),
+            "headers": PatienceMethods.headers(self),
+            "timeout": PatienceMethods.httpx_timeout(self, DEFAULT_READ),
+            "limits": limits() if pool_limits is None else pool_limits,
+        }
 
 
 def may_retry(op: Calls, exc: BaseException) -> bool:

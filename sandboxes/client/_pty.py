@@ -62,15 +62,33 @@ def _control(resize: api.PtySize | None = None, kill: bool = False) -> str:
     return api.PtyControl(resize=resize, kill=kill).model_dump_json(exclude_defaults=True)
 
 
-class RemoteTerminal:
+class _Named:
+    """What a terminal's text messages say, for both flavours: its session first, its exit last."""
+
+    def __init__(self) -> None:
+        self.exit: api.PtyExit | None = None
+        self.session = ""
+
+    def _ends(self, message: str) -> bool:
+        """Whether a text message ends the output being read: it named the session, or the exit."""
+        parsed = _parsed(message)
+        if parsed is not None and parsed.session is not None and not self.session:
+            self.session = parsed.session
+            return True
+        if parsed is not None and parsed.exit is not None:
+            self.exit = parsed.exit
+            return True
+        return False
+
+
+class RemoteTerminal(_Named):
     """A terminal in a sandbox of the service, from threads: one may iterate its output while
     others `send`, `resize` or `kill`. ``session`` reattaches (`RemoteSandbox.pty`); `exit` is
     the command's end once the output is read to it."""
 
     def __init__(self, socket: ClientConnection) -> None:
+        super().__init__()
         self._socket = socket
-        self.exit: api.PtyExit | None = None
-        self.session = ""
         for chunk in self._messages():
             raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
         if not self.session:
@@ -85,13 +103,7 @@ class RemoteTerminal:
                 return
             if isinstance(message, bytes):
                 yield message
-                continue
-            parsed = _parsed(message)
-            if parsed is not None and parsed.session is not None and not self.session:
-                self.session = parsed.session
-                return
-            if parsed is not None and parsed.exit is not None:
-                self.exit = parsed.exit
+            elif self._ends(message):
                 return
 
     def __iter__(self) -> Iterator[bytes]:
@@ -128,13 +140,12 @@ class RemoteTerminal:
         self.close()
 
 
-class AsyncRemoteTerminal:
+class AsyncRemoteTerminal(_Named):
     """`RemoteTerminal` on an event loop: ``async for chunk in terminal``."""
 
     def __init__(self, socket: AsyncConnection) -> None:
+        super().__init__()
         self._socket = socket
-        self.exit: api.PtyExit | None = None
-        self.session = ""
 
     async def _start(self) -> None:
         async for chunk in self._messages():
@@ -150,13 +161,7 @@ class AsyncRemoteTerminal:
                 return
             if isinstance(message, bytes):
                 yield message
-                continue
-            parsed = _parsed(message)
-            if parsed is not None and parsed.session is not None and not self.session:
-                self.session = parsed.session
-                return
-            if parsed is not None and parsed.exit is not None:
-                self.exit = parsed.exit
+            elif self._ends(message):
                 return
 
     def __aiter__(self) -> AsyncIterator[bytes]:

@@ -72,6 +72,21 @@ class _Position:
         self.reattach = False
         return _ops.attach_stream(self.sandbox_id, self.command_id, self.offset)
 
+    def follows(self, op: w.Op[None]) -> None:
+        """``op`` is sent: until its exit event arrives, the stream counts as lost."""
+        self.lost = f"{op.what}: the stream ended before the command's exit"
+
+    def read(self, line: str) -> Item | None:
+        """What a line of the stream gives the caller, if anything; its exit event ends the loss."""
+        item = _item(self, line)
+        if isinstance(item, p.ExecuteResponse):
+            self.lost = None
+        return item
+
+    def broke(self, op: w.Op[None], exc: httpx.TransportError | ConnectionLost) -> None:
+        """The connection that answered ``op`` failed mid-stream."""
+        self.lost = exc.message if isinstance(exc, ConnectionLost) else error_from_transport(exc, op.what).message
+
     def refused(self, op: w.Op[None], exc: SandboxServiceError) -> None:
         """``op`` was not answered with a stream: a refused start raises as any other call
         does; a lost one, or a re-attach the service cannot serve, ends this stream."""
@@ -80,7 +95,21 @@ class _Position:
         self.lost = exc.message
 
 
-class CommandStream(Iterator[Item]):
+class _Followed:
+    """Where a stream is, as both flavours say it: the command's id and the offset reached."""
+
+    _position: _Position
+
+    @property
+    def command_id(self) -> str | None:
+        return self._position.command_id
+
+    @property
+    def offset(self) -> int:
+        return self._position.offset
+
+
+class CommandStream(_Followed, Iterator[Item]):
     """Output chunks (`OutputChunk`, a str) as the command prints them, then exactly one `ExecuteResponse` (a
     ``connection_lost`` one if the stream broke and following it again failed). ``command_id``
     and ``offset`` say where it is, to re-attach later (`RemoteSandbox.attach_stream`)."""
@@ -91,14 +120,6 @@ class CommandStream(Iterator[Item]):
         self._connection = connection
         self._position = _Position(sandbox_id, reattach)
         self._items = self._run(op)
-
-    @property
-    def command_id(self) -> str | None:
-        return self._position.command_id
-
-    @property
-    def offset(self) -> int:
-        return self._position.offset
 
     def __next__(self) -> Item:
         return next(self._items)
@@ -126,7 +147,7 @@ class CommandStream(Iterator[Item]):
 
     def _follow(self, op: w.Op[None]) -> Generator[Item]:
         position = self._position
-        position.lost = f"{op.what}: the stream ended before the command's exit"
+        position.follows(op)
         try:
             response = self._connection.open(op)
         except SandboxServiceError as exc:
@@ -134,21 +155,18 @@ class CommandStream(Iterator[Item]):
             return
         try:
             for line in response.iter_lines():
-                item = _item(position, line)
+                item = position.read(line)
                 if item is not None:
                     yield item
-                    if isinstance(item, p.ExecuteResponse):
-                        position.lost = None
+                    if position.lost is None:
                         return
-        except httpx.TransportError as exc:
-            position.lost = error_from_transport(exc, op.what).message
-        except ConnectionLost as exc:
-            position.lost = exc.message
+        except (httpx.TransportError, ConnectionLost) as exc:
+            position.broke(op, exc)
         finally:
             response.close()
 
 
-class AsyncCommandStream(AsyncIterator[Item]):
+class AsyncCommandStream(_Followed, AsyncIterator[Item]):
     """`CommandStream`'s async twin."""
 
     def __init__(
@@ -163,14 +181,6 @@ class AsyncCommandStream(AsyncIterator[Item]):
         """The connection, made on first use: inside the event loop that iterates."""
         self._position = _Position(sandbox_id, reattach)
         self._items = self._run(op)
-
-    @property
-    def command_id(self) -> str | None:
-        return self._position.command_id
-
-    @property
-    def offset(self) -> int:
-        return self._position.offset
 
     async def __anext__(self) -> Item:
         return await anext(self._items)
@@ -198,7 +208,7 @@ class AsyncCommandStream(AsyncIterator[Item]):
 
     async def _follow(self, op: w.Op[None]) -> AsyncGenerator[Item]:
         position = self._position
-        position.lost = f"{op.what}: the stream ended before the command's exit"
+        position.follows(op)
         try:
             response = await self._connect().open(op)
         except SandboxServiceError as exc:
@@ -206,16 +216,13 @@ class AsyncCommandStream(AsyncIterator[Item]):
             return
         try:
             async for line in response.aiter_lines():
-                item = _item(position, line)
+                item = position.read(line)
                 if item is not None:
                     yield item
-                    if isinstance(item, p.ExecuteResponse):
-                        position.lost = None
+                    if position.lost is None:
                         return
-        except httpx.TransportError as exc:
-            position.lost = error_from_transport(exc, op.what).message
-        except ConnectionLost as exc:
-            position.lost = exc.message
+        except (httpx.TransportError, ConnectionLost) as exc:
+            position.broke(op, exc)
         finally:
             await response.aclose()
 

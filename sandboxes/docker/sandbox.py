@@ -33,6 +33,7 @@ from sandboxes import protocol as p
 from sandboxes._helper._kill import MARKER_ENV
 from sandboxes._mux import (
     HAS_PYTHON_SH,
+    OOM_COUNT_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
     Command,
@@ -40,6 +41,7 @@ from sandboxes._mux import (
     HelperDriver,
     MuxBroken,
     MuxClient,
+    OomCount,
     TransportWords,
     python_missing,
 )
@@ -115,11 +117,6 @@ reader counts them): checked, then opened once, and what was opened checked agai
 ``/proc/self/fd``) to be a regular file, so a path swapped meanwhile for a FIFO or a device does
 not stream forever; a link followed only where the user may follow it."""
 
-_OOM_COUNT = (
-    "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
-    " | awk '$1==\"oom_kill\"{print $2; exit}'"
-)
-
 
 class _MayHaveRun(Exception):
     """The engine failed a one-exec command after its start was sent: ``connection_lost``."""
@@ -149,7 +146,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         self.client = client
         self.config = config
         self.owned = owned
-        self._oom_baseline: int | None = None
+        self._oom = OomCount()
         self._reap_init = (container.labels or {}).get(LABEL_MANAGED) == "true"
         """Whether every orphan its init adopts is a command's (see `sandboxes._helper._server`):
         only in the containers `create_container` made, whose init runs nothing else."""
@@ -286,7 +283,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
             mux = MuxClient(stream, hello_timeout=20)
         except MuxBroken as broken:
             raise MuxBroken(f"{broken}; helper stderr: {bytes(stream.stderr[-500:])!r}") from broken
-        self._oom_baseline = None
+        self._oom.forget()
         return mux
 
     def _exec_once(
@@ -396,20 +393,15 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         something since we last looked (an engine that fails the look: it cannot tell, and the
         command's answer stands)."""
         try:
-            text = self._probe(_OOM_COUNT)
+            text = self._probe(OOM_COUNT_SH)
         except _engine_errors():
             return False
-        count = _parse.natural(text)
-        previous, self._oom_baseline = self._oom_baseline, count
-        return count is not None and count > (previous or 0)
+        return self._oom.killed(text)
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self.helper_driver.helper()
-        if mux is not None:
-            with contextlib.suppress(MuxBroken):
-                return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
-        return self._run_small(command, timeout=10)[1].strip()
+        probed = self.helper_driver.probe(command)
+        return probed if probed is not None else self._run_small(command, timeout=10)[1].strip()
 
     # ------------------------------------------------------------------ bulk file transfer
 

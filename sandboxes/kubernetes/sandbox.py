@@ -26,11 +26,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sandboxes import _parse, _scripts
+from sandboxes import _scripts
 from sandboxes import protocol as p
 from sandboxes._helper._kill import KILL_MARKED_SH
 from sandboxes._mux import (
     HAS_PYTHON_SH,
+    OOM_COUNT_SH,
     PYTHON_FLAGS,
     SERVER_SOURCE,
     Command,
@@ -38,6 +39,7 @@ from sandboxes._mux import (
     HelperDriver,
     MuxBroken,
     MuxClient,
+    OomCount,
     TransportWords,
     python_missing,
 )
@@ -107,11 +109,6 @@ way to pass an environment, and ``v4`` none to end stdin, so the command's stdin
 ``size`` bytes of the exec's through ``head -c`` (``-``: none). stderr joins stdout at the source
 so their order is kept. Whatever the command left running with its marker dies when it ends."""
 
-_OOM_COUNT = (
-    "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
-    " | awk '$1==\"oom_kill\"{print $2; exit}'"
-)
-
 
 class KubernetesSandbox(DrivenSandbox, Sandbox):
     """One pod. Thread-safe: many commands and file operations may run at once. Its commands and
@@ -126,7 +123,7 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
         self.config = config
         self.owned = owned
         self._exec_api = exec_api(api)
-        self._oom_baseline: int | None = None
+        self._oom = OomCount()
         self.helper_driver = HelperDriver(
             self, self._words(), config, enabled=config.use_exec_helper, start_failures=(MuxBroken, ExecError)
         )
@@ -327,17 +324,14 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
     def oom_killed(self) -> bool:
         """`sandboxes._mux.HelperTransport`: whether the container's memory cgroup killed
         something since we last looked."""
-        text = self._probe(_OOM_COUNT)
-        count = _parse.natural(text)
-        previous, self._oom_baseline = self._oom_baseline, count
-        return count is not None and count > (previous or 0)
+        text = self._probe(OOM_COUNT_SH)
+        return self._oom.killed(text)
 
     def _probe(self, command: str) -> str:
         """A tiny internal command, bypassing `execute` (whose OOM check would recurse)."""
-        mux = self.helper_driver.helper()
-        if mux is not None:
-            with contextlib.suppress(MuxBroken):
-                return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
+        probed = self.helper_driver.probe(command)
+        if probed is not None:
+            return probed
         with contextlib.suppress(ExecError):
             return self._run_small(command, timeout=10)[1].strip()
         return ""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpcore
@@ -308,10 +308,15 @@ async def _relayed(response: httpcore.Response) -> AsyncIterator[bytes]:
 async def preview_websocket(websocket: WebSocket) -> None:
     """A WebSocket to ``/v1/sandboxes/{id}/ports/{port}/{path}``: the sandbox's server's own
     upgrade answered first, then every message relayed both ways until either side closes."""
-    scope = websocket.scope
+    await _on_port(websocket, _relay_websocket)
+
+
+async def _on_port(websocket: WebSocket, relay: Callable[[WebSocket, Any, Any, int], Awaitable[None]]) -> None:
+    """``relay`` of the WebSocket and a paced connection to its sandbox's port, admitted and held
+    as a relay of that port while it runs (the connection closed after); a refusal is `_deny`'s."""
     sandbox_id, port = websocket.path_params["sandbox_id"], int(websocket.path_params["port"])
     try:
-        _, entry = await _admitted(scope, sandbox_id, port)
+        _, entry = await _admitted(websocket.scope, sandbox_id, port)
         held = hold_relay(entry, port)
     except ServiceError as exc:
         await _deny(websocket, exc)
@@ -323,7 +328,7 @@ async def preview_websocket(websocket: WebSocket) -> None:
             await _deny(websocket, exc)
             return
         try:
-            await _relay_websocket(websocket, reader, writer, port)
+            await relay(websocket, reader, writer, port)
         finally:
             writer.close()
 
@@ -447,26 +452,13 @@ async def tunnel(websocket: WebSocket) -> None:
     """``GET /v1/sandboxes/{id}/ports/{port}/connect`` as a WebSocket (the API key only): a TCP
     connection to the port, its bytes as binary messages both ways; an empty message from the
     caller ends its direction, and the socket's end closes the WebSocket."""
-    scope = websocket.scope
-    sandbox_id, port = websocket.path_params["sandbox_id"], int(websocket.path_params["port"])
-    try:
-        if not any(key == b"authorization" for key, _ in scope["headers"]):
-            raise ServiceError("unauthorized", "the tunnel needs an API key")
-        _, entry = await _admitted(scope, sandbox_id, port)
-        held = hold_relay(entry, port)
-    except ServiceError as exc:
-        await _deny(websocket, exc)
+    if not any(key == b"authorization" for key, _ in websocket.scope["headers"]):
+        await _deny(websocket, ServiceError("unauthorized", "the tunnel needs an API key"))
         return
-    async with held:
-        try:
-            reader, writer = paced(await aconnect_port(entry.sandbox, port), limits_for(entry.sandbox))
-        except PortError as exc:
-            await _deny(websocket, exc)
-            return
-        await _tunnel(websocket, reader, writer)
+    await _on_port(websocket, _tunnel)
 
 
-async def _tunnel(websocket: WebSocket, reader: Any, writer: Any) -> None:
+async def _tunnel(websocket: WebSocket, reader: Any, writer: Any, port: int) -> None:
     await websocket.accept()
     inbound = asyncio.create_task(_tunnel_in(websocket, writer))
     try:
@@ -480,7 +472,6 @@ async def _tunnel(websocket: WebSocket, reader: Any, writer: Any) -> None:
         inbound.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await inbound
-        writer.close()
 
 
 async def _tunnel_in(websocket: WebSocket, writer: Any) -> None:

@@ -18,15 +18,14 @@ import shlex
 import threading
 from typing import IO
 
-from sandboxes._mux import HoldsHelper, MuxBroken, open_channel
+from sandboxes._mux import HoldsHelper
 from sandboxes._mux._shipped import program
 from sandboxes.api import WireErrorCode
 from sandboxes.server.archive import member_parts
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, _inside, _refuse, printable
-from sandboxes.server.untar import _MAX_LINE as MAX_LINE
+from sandboxes.server.untar import AnswerLines, _Garbled, helper_channel, known_code
 from sandboxes.server.untar import _entry as answered_entry
-from sandboxes.server.untar import _Garbled
 from sandboxes.server.untar import _text as answered_text
 
 __all__ = ["archive_by_helper"]
@@ -56,7 +55,7 @@ class _Answer:
         self.stop = threading.Event()
         self._max_lines = max_members + 2
         self._lines = 0
-        self._partial = b""
+        self._answer_lines = AnswerLines()
 
     def __call__(self, chunk: bytes, stream: str = "stdout") -> None:
         if self.failure is not None or self.garbled is not None:
@@ -79,13 +78,7 @@ class _Answer:
 
     def _take(self, chunk: bytes) -> None:
         self.tail = (self.tail + chunk)[-_STDERR_TAIL:]
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE:
-            raise _Garbled(f"an answer line longer than {MAX_LINE} bytes")
-        for line in lines:
-            if len(line) > MAX_LINE:
-                raise _Garbled(f"an answer line longer than {MAX_LINE} bytes")
+        for line in self._answer_lines.completed(chunk):
             self._lines += 1
             if self._lines > self._max_lines:
                 raise _Garbled(f"more than {self._max_lines} answer lines")
@@ -136,22 +129,13 @@ def archive_by_helper(sandbox: object, path: str, out: IO[bytes], *, max_members
         return None
     answer = _Answer(out, max_members)
     command = f"exec {_PYTHON} {shlex.quote(program('_tar'))} {shlex.join([path, str(max_members)])}"
-    try:
-        channel = open_channel(mux, command, timeout=_TIMEOUT, cwd="/", on_output=answer)
-    except MuxBroken as broken:
-        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
-    try:
+    with helper_channel(mux, command, answer, _TIMEOUT) as channel:
         channel.close_stdin()
         channel.on_end(answer.stop.set)
         answer.stop.wait(_TIMEOUT)
         if not channel.done:
             channel.kill()
         ended = channel.wait(_TIMEOUT)
-    except MuxBroken as broken:
-        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
-    finally:
-        if not channel.done:
-            channel.kill()
     return _result(answer, path, None if ended is None else ended.exit_code)
 
 
@@ -163,7 +147,7 @@ def _result(answer: _Answer, path: str, exit_code: int | None) -> list[FileEntry
     if answer.error is not None:
         code, name, message = answer.error
         where = f"{path}/{printable(name)}" if name else path
-        raise ServiceError(_known(code), f"{where}: {message}")
+        raise ServiceError(known_code(code, _CODES), f"{where}: {message}")
     if answer.finished is None or exit_code != 0:
         detail = printable(answer.tail.decode("utf-8", "surrogateescape"))[-500:]
         raise ServiceError(
@@ -171,11 +155,3 @@ def _result(answer: _Answer, path: str, exit_code: int | None) -> list[FileEntry
         )
     _refuse(answer.refused)
     return answer.entries
-
-
-def _known(code: str) -> WireErrorCode:
-    """The program's refusal code if it is one of `_CODES`, else ``backend_unavailable``."""
-    for known in _CODES:
-        if known == code:
-            return known
-    return "backend_unavailable"

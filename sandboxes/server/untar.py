@@ -14,18 +14,21 @@ helper never holds more of it than that.
 from __future__ import annotations
 
 import binascii
+import contextlib
 import shlex
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO
 
-from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel
+from sandboxes._mux import Channel, HoldsHelper, MuxBroken, MuxClient, open_channel
 from sandboxes._mux._shipped import program
+from sandboxes._output import OutputHook
 from sandboxes.api import WireErrorCode
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, Kind, printable
 
-__all__ = ["WINDOW", "extract_by_helper"]
+__all__ = ["WINDOW", "AnswerLines", "extract_by_helper", "helper_channel", "known_code"]
 
 WINDOW = 8 << 20
 """Bytes of the tar sent beyond what the program acknowledged reading, at most."""
@@ -70,7 +73,7 @@ class _Answer:
         self._max_members = max_members
         self._max_acks = max_acks
         self._acks = 0
-        self._partial = b""
+        self._lines = AnswerLines()
         self._stderr_bytes = 0
         self.changed = threading.Condition()
 
@@ -97,13 +100,7 @@ class _Answer:
     def _take(self, chunk: bytes) -> None:
         if self.garbled is not None:
             return
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > _MAX_LINE:
-            raise _Garbled(f"an answer line longer than {_MAX_LINE} bytes")
-        for line in lines:
-            if len(line) > _MAX_LINE:
-                raise _Garbled(f"an answer line longer than {_MAX_LINE} bytes")
+        for line in self._lines.completed(chunk):
             self._line(line)
 
     def _line(self, line: bytes) -> None:
@@ -123,17 +120,53 @@ class _Answer:
             self.finished = int(rest)
         elif kind == b"E":
             code, path, message = rest.split(b" ")
-            self.error = (_known(code.decode("ascii")), _text(path), _text(message))
+            self.error = (known_code(code.decode("ascii"), _CODES), _text(path), _text(message))
         else:
             raise _Garbled("an answer line of no known kind")
 
 
-def _known(code: str) -> WireErrorCode:
-    """The program's refusal code if it is one of `_CODES`, else ``backend_unavailable``."""
-    for known in _CODES:
+class AnswerLines:
+    """A program's answer cut into lines as it arrives: each line, whole or still partial, at
+    most `_MAX_LINE` bytes (`_Garbled` past it)."""
+
+    def __init__(self) -> None:
+        self.partial = b""
+
+    def completed(self, chunk: bytes) -> Iterator[bytes]:
+        """The lines ``chunk`` completes, in order, each checked when it is reached."""
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        if len(self.partial) > _MAX_LINE:
+            raise _Garbled(f"an answer line longer than {_MAX_LINE} bytes")
+        for line in lines:
+            if len(line) > _MAX_LINE:
+                raise _Garbled(f"an answer line longer than {_MAX_LINE} bytes")
+            yield line
+
+
+def known_code(code: str, codes: tuple[WireErrorCode, ...]) -> WireErrorCode:
+    """A program's refusal code if it is one of ``codes``, else ``backend_unavailable``."""
+    for known in codes:
         if known == code:
             return known
     return "backend_unavailable"
+
+
+@contextlib.contextmanager
+def helper_channel(mux: MuxClient, command: str, on_output: OutputHook, timeout: float) -> Iterator[Channel]:
+    """A channel of ``mux`` running ``command``, killed on the way out if it still runs; the
+    helper breaking, at its start or meanwhile, is `ServiceError` ``backend_unavailable``."""
+    try:
+        channel = open_channel(mux, command, timeout=timeout, cwd="/", on_output=on_output)
+    except MuxBroken as broken:
+        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
+    try:
+        yield channel
+    except MuxBroken as broken:
+        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
+    finally:
+        if not channel.done:
+            channel.kill()
 
 
 def _text(field: bytes) -> str:
@@ -163,18 +196,9 @@ def extract_by_helper(
         return None
     answer = _Answer(max_members, size // _ACK_EVERY + 2)
     command = f"exec {_PYTHON} {shlex.quote(program('_untar'))} {shlex.join([dest, str(max_members), str(max_bytes)])}"
-    try:
-        channel = open_channel(mux, command, timeout=_TIMEOUT, cwd="/", on_output=answer)
-    except MuxBroken as broken:
-        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
-    try:
+    with helper_channel(mux, command, answer, _TIMEOUT) as channel:
         _send(channel, archive, answer)
         ended = channel.wait(_TIMEOUT)
-    except MuxBroken as broken:
-        raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
-    finally:
-        if not channel.done:
-            channel.kill()
     return _result(answer, dest, None if ended is None else ended.exit_code)
 
 

@@ -35,6 +35,12 @@ import uvicorn
 
 logger = logging.getLogger("sandboxes.server")
 
+KEEP_ALIVE = 75
+"""Seconds an idle keep-alive connection is kept open (nginx's default; uvicorn's is 5): longer
+than the idle timeouts of the proxies and clients in front (60 s is common), so the service is
+never the side that closes a connection a client is reusing at that moment, whose request would
+be lost unanswered ("server disconnected")."""
+
 _SIZED = b"\r\ncontent-length: "
 """How a head declaring its body's length reads on the wire: uvicorn writes header names in
 lower case."""
@@ -198,5 +204,6 @@ def uvicorn_config(
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(drain_timeout),
+        timeout_keep_alive=KEEP_ALIVE,
         h11_max_incomplete_event_size=max_header_bytes,
     )

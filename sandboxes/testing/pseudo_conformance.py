@@ -66,12 +66,20 @@ class PseudoFiles:
         assert all("not a regular file" in (r.message or "") for r in found), found
         assert time.monotonic() - began < REFUSED_WITHIN
 
-    def test_a_pseudo_file_over_the_bound_is_too_large(self, sandbox: p.SandboxBackendProtocol) -> None:
-        """``/proc/self/status`` says 0 bytes and holds about a kilobyte: under a bound of 64
-        bytes it is ``file_too_large`` with no content, as a big regular file is."""
+    def test_a_pseudo_file_is_read_within_its_bounds(self, sandbox: p.SandboxBackendProtocol) -> None:
+        """``/proc/self/status`` says 0 bytes and holds about a kilobyte: a read of one line is
+        its first line alone; and where the handle takes a per-call byte bound
+        (``download_files_within``: a sandbox, not a client of the service, whose bound is the
+        service's), under 64 bytes it is ``file_too_large`` with no content, as a big regular
+        file is."""
+        first = sandbox.read(STATUS, limit=1)
+        assert first.error is None, first
+        assert first.file_data is not None
+        assert first.file_data.content.startswith("Name:\t"), first
+        assert "\n" not in first.file_data.content.rstrip("\n"), first
         within = getattr(sandbox, "download_files_within", None)
         if within is None:
-            pytest.skip("this handle takes no per-call download bound (download_files_within)")
+            return
         [status, boot_id] = within([STATUS, BOOT_ID], 64)
         assert (status.error, status.content) == (p.FILE_TOO_LARGE, None), status
         assert "larger than 64 bytes" in (status.message or ""), status

@@ -188,3 +188,10 @@ def test_a_streamed_head_goes_with_output_already_there(url: str) -> None:
     assert WRITES[0].startswith(b"HTTP/1.1 200 OK\r\n")
     assert WRITES[0].endswith(b"\r\n\r\n6\r\nfirst\n\r\n")
     assert WRITES[1:] == [b"7\r\nsecond\n\r\n", b"0\r\n\r\n"]
+
+
+def test_the_service_keeps_an_idle_connection_longer_than_the_proxies_in_front() -> None:
+    """A connection idle for less than the common proxy and client timeouts (60 s) is never
+    closed by the service under a request being sent on it."""
+    config = serving.uvicorn_config(APP, host="127.0.0.1", port=0, drain_timeout=5)
+    assert config.timeout_keep_alive == serving.KEEP_ALIVE > 60

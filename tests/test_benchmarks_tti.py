@@ -45,8 +45,10 @@ def test_tti_crowds_count_what_past_capacity_gets(tmp_path: Path, docker_client:
             "--cli-n", "1", "--pool-burst", "2"]  # fmt: skip
     _, report = _bench("bench_tti.py", tmp_path, *args)
     by_op = {row["op"]: row for row in report["rows"]}
-    assert by_op["service docker: burst of 2 (cold)"]["ok"] == 2
-    assert by_op["service docker: 2 staggered, one per 50 ms"]["ok"] == 2
+    cold_burst = by_op["service docker: burst of 2 (cold)"]
+    assert cold_burst["ok"] == 2, cold_burst
+    staggered = by_op["service docker: 2 staggered, one per 50 ms"]
+    assert staggered["ok"] == 2, staggered
     past = by_op["service docker: 1 more past capacity"]
     assert past["ok"] == 0, past
     assert past["failures"] == {"HTTP 429": 1, "of which with Retry-After": 1}, past

@@ -352,10 +352,13 @@ def test_a_watch_with_entries_describes_each_file(sandbox: Sandbox) -> None:
         plain.stop()
 
 
-async def test_the_async_watch_stream_with_entries(service: Running, sandbox: Sandbox) -> None:
-    """sandbox_async/files/test_watch.py::test_watch_directory_changes_with_entry_info."""
+async def _watched_write(
+    service: Running, sandbox: Sandbox, name: str, **watch: Any
+) -> tuple[list[FilesystemEvent], str]:
+    """Through the async SDK: a fresh directory ``name`` watched (``watch``: `watch_dir`'s
+    options), ``w.txt`` written in it; the events seen until its write's, and the directory."""
     connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
-    directory = _fresh("async_watch_entry")
+    directory = _fresh(name)
     await connected.files.make_dir(directory)
     seen: list[FilesystemEvent] = []
     written = asyncio.Event()
@@ -365,41 +368,31 @@ async def test_the_async_watch_stream_with_entries(service: Running, sandbox: Sa
         if event.type == FilesystemEventType.WRITE:
             written.set()
 
-    handle = await connected.files.watch_dir(directory, on_event, include_entry=True)
+    handle = await connected.files.watch_dir(directory, on_event, **watch)
     try:
         await connected.files.write(f"{directory}/w.txt", "x")
         await asyncio.wait_for(written.wait(), 20)
-        entry = next(event.entry for event in seen if event.type == FilesystemEventType.WRITE)
-        assert entry is not None
-        assert (entry.path, entry.type, entry.size) == (f"{HOME}/{directory}/w.txt", FileType.FILE, 1)
     finally:
         await handle.stop()
+    return seen, directory
+
+
+async def test_the_async_watch_stream_with_entries(service: Running, sandbox: Sandbox) -> None:
+    """sandbox_async/files/test_watch.py::test_watch_directory_changes_with_entry_info."""
+    seen, directory = await _watched_write(service, sandbox, "async_watch_entry", include_entry=True)
+    entry = next(event.entry for event in seen if event.type == FilesystemEventType.WRITE)
+    assert entry is not None
+    assert (entry.path, entry.type, entry.size) == (f"{HOME}/{directory}/w.txt", FileType.FILE, 1)
 
 
 async def test_the_async_watch_stream_sees_a_write_as_envd_writes_in_place(service: Running, sandbox: Sandbox) -> None:
     """The async SDK's ``WatchDir`` stream (sandbox_async/files/test_watch.py)."""
-    connected = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
-    directory = _fresh("async_watch")
-    await connected.files.make_dir(directory)
-    seen: list[FilesystemEvent] = []
-    written = asyncio.Event()
-
-    def on_event(event: FilesystemEvent) -> None:
-        seen.append(event)
-        if event.type == FilesystemEventType.WRITE:
-            written.set()
-
-    handle = await connected.files.watch_dir(directory, on_event)
-    try:
-        await connected.files.write(f"{directory}/w.txt", "x")
-        await asyncio.wait_for(written.wait(), 20)
-        assert [(event.name, event.type) for event in seen][:3] == [
-            ("w.txt", FilesystemEventType.CREATE),
-            ("w.txt", FilesystemEventType.CHMOD),
-            ("w.txt", FilesystemEventType.WRITE),
-        ]
-    finally:
-        await handle.stop()
+    seen, _ = await _watched_write(service, sandbox, "async_watch")
+    assert [(event.name, event.type) for event in seen][:3] == [
+        ("w.txt", FilesystemEventType.CREATE),
+        ("w.txt", FilesystemEventType.CHMOD),
+        ("w.txt", FilesystemEventType.WRITE),
+    ]
 
 
 # --- what cannot work here ---

@@ -65,7 +65,7 @@ from typing import Any
 import httpx
 from _common import machine, percentile
 from _tti_table import format_table
-from bench_service import _Service, _sweep
+from bench_service import TENANT, _Service, _sweep
 
 from sandboxes.client import SandboxClient, SandboxServiceError
 
@@ -280,7 +280,8 @@ def _service_warm_rows(service: _Service, n: int) -> list[Row]:
     return [row]
 
 
-def _service_crowds(service: _Service, burst: int, stagger_ms: float, extra: int) -> list[Row]:
+def _service_crowds(service: _Service, docker_client: Any, owner: str, burst: int, stagger_ms: float,
+                    extra: int) -> list[Row]:  # fmt: skip
     clients = [SandboxClient(service.url, service.key, retries=0) for _ in range(burst + extra)]
     rows: list[Row] = []
     try:
@@ -296,12 +297,16 @@ def _service_crowds(service: _Service, burst: int, stagger_ms: float, extra: int
         def delete_all() -> None:
             """The tenant's sandboxes deleted (the crowd's, and one whose create answered but
             whose first command failed), and gone from its count before the next crowd starts
-            (a delete refused under load is tried again): each crowd meets the whole capacity."""
+            (a delete refused under load is tried again; a container whose removal the service
+            retries still counts against the tenant): each crowd meets the whole capacity."""
             deadline = time.monotonic() + 120
-            while left := {info.id for info in clients[0].list()}:
+            while left := {info.id for info in clients[0].list()} or _tenant_containers(docker_client, owner):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"sandboxes {sorted(left)} were not deleted in 120 s")
-                _in_parallel([lambda sid=sid: clients[0].delete(sid) for sid in left])
+                _in_parallel(
+                    [lambda sid=sid: clients[0].delete(sid) for sid in left if not sid.startswith("container ")]
+                )
+                time.sleep(0.05)
 
         attempts = iter([attempt_with(c) for c in clients])
         staggered = _crowd(burst, stagger_ms / 1000, lambda: next(attempts)())
@@ -323,6 +328,12 @@ def _service_crowds(service: _Service, burst: int, stagger_ms: float, extra: int
         for client in clients:
             client.close()
     return rows
+
+
+def _tenant_containers(docker_client: Any, owner: str) -> set[str]:
+    """The bench tenant's containers the engine still has (a removal the service retries)."""
+    selector = [f"io.sandboxes.owner={owner}", f"io.sandboxes.tenant={TENANT}"]
+    return {f"container {c.short_id}" for c in docker_client.containers.list(all=True, filters={"label": selector})}
 
 
 def _wait_pool(service: _Service, size: int, timeout: float) -> float:
@@ -650,7 +661,7 @@ def run(n: int, burst: int, stagger_ms: float, extra: int, backends: list[str], 
                     if backend == "docker":
                         rows += _cli_rows(service, cli_n)
                         if crowds:
-                            rows += _service_crowds(service, burst, stagger_ms, extra)
+                            rows += _service_crowds(service, client, owner, burst, stagger_ms, extra)
                 if backend == "docker" and crowds and pool_burst:
                     rows += _service_pool_burst(workdir / "pool-burst", owner, pool_burst)
             if not library or cli_only:

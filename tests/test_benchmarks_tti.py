@@ -46,9 +46,9 @@ def test_tti_crowds_count_what_past_capacity_gets(tmp_path: Path, docker_client:
     _, report = _bench("bench_tti.py", tmp_path, *args)
     by_op = {row["op"]: row for row in report["rows"]}
     cold_burst = by_op["service docker: burst of 2 (cold)"]
-    assert cold_burst["ok"] == 2, cold_burst
+    assert cold_burst["ok"] == 2, (cold_burst["failures"], cold_burst)
     staggered = by_op["service docker: 2 staggered, one per 50 ms"]
-    assert staggered["ok"] == 2, staggered
+    assert staggered["ok"] == 2, (staggered["failures"], staggered)
     past = by_op["service docker: 1 more past capacity"]
     assert past["ok"] == 0, past
     assert past["failures"] == {"HTTP 429": 1, "of which with Retry-After": 1}, past

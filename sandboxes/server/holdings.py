@@ -349,7 +349,9 @@ class Holdings:
 
     async def sweep(self) -> None:
         """Remove what expired; retry the destroys that failed. On shared backends, compare
-        what is held here with the records, and reap what expired whoever holds it."""
+        what is held here with the records, and reap what expired whoever holds it. An expiry
+        in progress (a timer's, another sweep's) is waited for: when a sweep returns, what had
+        expired by its start is done with."""
         await self._reconcile_unreachable()
         if self._shared:
             try:
@@ -357,7 +359,7 @@ class Holdings:
             except Exception:  # the other backends' sandboxes still expire
                 logger.exception("sweeping the shared backends failed; the next sweep retries")
         now = self.clock.now()
-        for entry in [e for e in self._entries.values() if e.state.expires_at <= now]:
+        for entry in [e for e in self._entries.values() if e.state.expires_at <= now or e.expiring.locked()]:
             try:
                 await self._expire(entry.state.id)
             except Exception:

@@ -75,6 +75,8 @@ class Keeping(Pausing):
             await asyncio.to_thread(take, entry.backend, entry.sandbox, writing, paths, self.settings)
         except BaseException as exc:
             await asyncio.to_thread(self.snapshots.abandon, writing)
+            if isinstance(exc, ServiceError) and exc.code == "file_not_found":
+                raise _named_path_missing(exc) from exc
             if isinstance(exc, Exception) and not isinstance(exc, ServiceError):
                 logger.warning("snapshot of %s failed: %s", state.id, exc, exc_info=True)
                 raise ServiceError("backend_unavailable", f"the snapshot of sandbox {state.id} failed") from exc
@@ -309,3 +311,9 @@ def snapshot_info(snapshot: Snapshot) -> api.SnapshotInfo:
         files=snapshot.files,
         paths=[part.path for part in snapshot.parts],
     )
+
+
+def _named_path_missing(exc: ServiceError) -> ServiceError:
+    """A path the request names that the sandbox lacks: the request's fault (422), so a 404 on
+    a snapshot's route still means one thing, no such sandbox."""
+    return ServiceError("file_not_found", exc.message, status=422)

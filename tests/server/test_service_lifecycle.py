@@ -8,6 +8,7 @@ passes. Two tests keep real short TTLs, so the real paths stay proven: the per-s
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -142,6 +143,29 @@ def test_a_sweep_reaps_exactly_what_expired(timed_client: httpx.Client, timed: R
     assert execute(timed_client, long["id"], "echo alive")["output"] == "alive\n"
     assert _expired(timed_client) == expired_before + 1
     timed_client.delete(f"/v1/sandboxes/{long['id']}")
+
+
+def test_a_sweep_returns_after_an_expiry_already_in_progress(timed_client: httpx.Client, timed: Running) -> None:
+    """An expiry under way elsewhere (a timer's, the periodic sweep's: a pause at timeout moves
+    the expiry before it pauses) is waited for, so the sweep a caller awaits has seen it done."""
+    sandbox = create(timed_client, ttl=1000)
+    registry, finished = timed.registry, threading.Event()
+    entry = registry._entries[sandbox["id"]]
+
+    async def expiring_elsewhere() -> None:
+        async with entry.expiring:
+            taken.set()
+            await asyncio.sleep(0.3)
+            finished.set()
+
+    taken = threading.Event()
+    elsewhere = asyncio.run_coroutine_threadsafe(expiring_elsewhere(), registry._loop)
+    assert taken.wait(10)
+    timed.sweep()
+    assert finished.is_set()  # the sweep waited for it
+    elsewhere.result(10)
+    assert timed_client.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 200  # not expired: kept
+    timed_client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def test_renew_keeps_a_sandbox_past_its_first_ttl(

@@ -235,5 +235,5 @@ def test_a_snapshot_by_the_helper_refuses_what_no_archive_restores(client: httpx
     for named in ("d/pipe (a device or FIFO)", "out (a symbolic link out of the tree: /etc/passwd)", "d/up"):
         assert named in message
     missing = client.post(f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/nowhere"]})
-    assert missing.status_code == 404, missing.text
+    assert missing.status_code == 422, missing.text
     assert missing.json()["error"] == "file_not_found"

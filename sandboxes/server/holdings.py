@@ -359,7 +359,8 @@ class Holdings:
             except Exception:  # the other backends' sandboxes still expire
                 logger.exception("sweeping the shared backends failed; the next sweep retries")
         now = self.clock.now()
-        for entry in [e for e in self._entries.values() if e.state.expires_at <= now or e.expiring.locked()]:
+        underway = [e for e in self._entries.values() if e.expiring.locked()]
+        for entry in [e for e in self._entries.values() if e.state.expires_at <= now and not e.expiring.locked()]:
             try:
                 await self._expire(entry.state.id)
             except Exception:
@@ -367,6 +368,9 @@ class Holdings:
         for sandbox_id, entry in list(self._doomed.items()):
             if await self._destroy(entry):
                 self._doomed.pop(sandbox_id, None)
+        for entry in underway:  # last: a slow one (a hibernate) delays no other sandbox's expiry
+            async with entry.expiring:
+                pass
 
     def sweep_soon(self) -> concurrent.futures.Future[None]:
         """Run `sweep` on the registry's loop now, from any other thread; done when the sweep

@@ -41,12 +41,11 @@ class _Exact(object):
 
     def read(self, wanted: int = -1) -> bytes:
         wanted = self._left if wanted < 0 else min(wanted, self._left)
-        if self._head:
-            chunk, self._head = self._head[:wanted], self._head[wanted:]
-        else:
-            chunk = _read(self._fd, wanted)
+        chunk, self._head = self._head[:wanted], self._head[wanted:]
+        if len(chunk) < wanted:
+            chunk += _read(self._fd, wanted - len(chunk))
             chunk += bytes(wanted - len(chunk))
-        self._left -= len(chunk)
+        self._left -= wanted
         return chunk
 
 

@@ -115,7 +115,7 @@ def _add(tar: tarfile.TarFile, path: str, limit: int) -> bool:
             info.size, reader = content(fd, info.size, limit)
         except TooLarge:
             info.size = limit + 1
-            tar.fileobj.write(info.tobuf(tar.format, tar.encoding, tar.errors))  # type: ignore[union-attr]
+            tar.fileobj.write(info.tobuf(tar.format, tar.encoding, tar.errors))
             raise
         tar.addfile(info, reader)  # type: ignore[arg-type]
     finally:
@@ -143,13 +143,11 @@ def archive(tar: tarfile.TarFile, name: str, limit: int) -> None:
 def main(argv: "list[str]") -> int:
     directory, name, limit = argv[0], argv[1], int(argv[2])
     os.chdir(directory)
-    tar = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.GNU_FORMAT)
     try:
-        archive(tar, name, limit)
-    except TooLarge:
-        tar.fileobj.close()  # type: ignore[union-attr]
+        with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+            archive(tar, name, limit)
+    except TooLarge:  # the stream closed without its end blocks: the big file's header is its last
         return TOO_LARGE
-    tar.close()
     return 0
 
 

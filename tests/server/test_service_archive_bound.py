@@ -111,7 +111,9 @@ def assert_pseudo_files_are_archived_as_read(client: httpx.Client, sandbox: dict
         content = tar.extractfile("status")
         assert content is not None
         status = content.read()
-    assert status.startswith(b"Name:\t") and b"\nPid:\t" in status and status.endswith(b"\n"), status[:200]
+    assert status.startswith(b"Name:\t"), status[:200]
+    assert b"\nPid:\t" in status, status
+    assert status.endswith(b"\n"), status
 
 
 def test_a_pseudo_file_is_archived_as_a_read_gives_it(

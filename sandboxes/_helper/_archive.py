@@ -15,15 +15,18 @@ from its start, its member as long as it counted. Past the bound, its header alo
 size over the bound, which the service refuses) and the program exits 3.
 """
 
+import grp
 import io
 import os
+import pwd
 import stat
 import sys
 import tarfile
 
 HELD = 1 << 20
 """The most bytes of one file held in memory: a file that ends within them is exactly them."""
-_COPY = 1 << 20
+_READ = 64 << 10
+"""The most bytes of one ``read``: a small file costs no bigger buffer than this."""
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 """``O_NONBLOCK``: a FIFO swapped in for a file after its ``lstat`` does not hang the open."""
 TOO_LARGE = 3
@@ -31,6 +34,32 @@ TOO_LARGE = 3
 
 class TooLarge(Exception):
     """A file holds more than the bound."""
+
+
+class _Names(object):
+    """``pwd``'s and ``grp``'s lookups as `tarfile` makes them at every member, each id looked
+    up once."""
+
+    def __init__(self) -> None:
+        self._known = {}  # type: dict[tuple[object, int], object]
+
+    def getpwuid(self, uid: int) -> object:
+        return self._found(pwd.getpwuid, uid)
+
+    def getgrgid(self, gid: int) -> object:
+        return self._found(grp.getgrgid, gid)
+
+    def _found(self, lookup: "object", ident: int) -> object:
+        key = (lookup, ident)
+        if key not in self._known:
+            try:
+                self._known[key] = lookup(ident)  # type: ignore[operator]
+            except KeyError as unknown:
+                self._known[key] = unknown
+        found = self._known[key]
+        if isinstance(found, KeyError):
+            raise found
+        return found
 
 
 class _Exact(object):
@@ -54,7 +83,7 @@ def _read(fd: int, wanted: int) -> bytes:
     parts, got = [], 0
     while got < wanted:
         try:
-            chunk = os.read(fd, min(wanted - got, _COPY))
+            chunk = os.read(fd, min(wanted - got, _READ))
         except OSError:
             break
         if not chunk:
@@ -69,7 +98,7 @@ def _counted(fd: int, limit: int) -> int:
     os.lseek(fd, 0, os.SEEK_SET)
     count = 0
     while count <= limit:
-        chunk = _read(fd, min(_COPY, limit + 1 - count))
+        chunk = _read(fd, min(_READ, limit + 1 - count))
         if not chunk:
             return count
         count += len(chunk)
@@ -142,6 +171,7 @@ def archive(tar: tarfile.TarFile, name: str, limit: int) -> None:
 
 def main(argv: "list[str]") -> int:
     directory, name, limit = argv[0], argv[1], int(argv[2])
+    tarfile.pwd = tarfile.grp = _Names()  # type: ignore[attr-defined]
     os.chdir(directory)
     try:
         with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.GNU_FORMAT) as tar:

@@ -1,7 +1,7 @@
 """The program ``GET /archive`` runs in a sandbox (`sandboxes._helper._archive`), run here as the
 sandbox runs it (``python3 -I -S -c`` its shipped text): a pseudo-file's member is what a read
-gives, however long, within the bound and refused past it (its header alone, exit 3); a big
-regular file streams whole; a tree keeps its links."""
+gives, however long, within the bound and, once counted past it, its header alone (exit 3); a
+big regular file streams whole; a tree keeps its links."""
 
 from __future__ import annotations
 
@@ -54,13 +54,24 @@ def test_a_pseudo_file_longer_than_what_is_held_is_counted_then_read() -> None:
     assert _members(done.stdout)["kallsyms"][1] == read
 
 
-def test_a_pseudo_file_over_the_bound_is_its_header_alone() -> None:
-    """The header says a size over the bound (which the service refuses), no byte follows."""
-    done = _run("/proc/cpuinfo", 100)
+def test_a_pseudo_file_counted_past_the_bound_is_its_header_alone() -> None:
+    """Counted to the bound + 1 and no further: the header says that size (which the service
+    refuses), no byte follows."""
+    needs(KALLSYMS.is_file() and len(KALLSYMS.read_bytes()) > _archive.HELD + 10, "no /proc/kallsyms over a MiB")
+    done = _run(str(KALLSYMS), _archive.HELD + 10)
     assert done.returncode == _archive.TOO_LARGE
     assert len(done.stdout) == 512
     header = tarfile.TarInfo.frombuf(done.stdout, "utf-8", "surrogateescape")
-    assert (header.name, header.size) == ("cpuinfo", 101)
+    assert (header.name, header.size) == ("kallsyms", _archive.HELD + 11)
+
+
+def test_a_small_pseudo_file_over_the_bound_says_its_size() -> None:
+    """One that ends within what is held is its member whatever the bound: its header says its
+    size, which the service refuses past the bound (`sandboxes.server.members`)."""
+    read = Path("/proc/cpuinfo").read_bytes()
+    done = _run("/proc/cpuinfo", 100)
+    assert done.returncode == 0
+    assert _members(done.stdout)["cpuinfo"][1] == read
 
 
 def test_a_tree_streams_whole_with_its_links(tmp_path: Path) -> None:
@@ -79,4 +90,3 @@ def test_a_tree_streams_whole_with_its_links(tmp_path: Path) -> None:
     assert (members[second][0].islnk(), members[second][0].linkname) == (True, first)
     assert members["t/s/empty"][1] == b""
     assert members["t/s/l"][0].linkname == "big"
-    assert _run(str(tmp_path / "t"), len(big) - 1).returncode == _archive.TOO_LARGE

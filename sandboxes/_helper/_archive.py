@@ -12,7 +12,8 @@ its bytes, whatever its size said; a longer one whose size says more than `HELD`
 bytes (zeros if it shrank meanwhile, cut if it grew, as ``tar`` does); a longer one whose size
 says less (a pseudo-file) is counted to its end, at most the bound + 1 bytes, then read again
 from its start, its member as long as it counted. Past the bound, its header alone says so (a
-size over the bound, which the service refuses) and the program exits 3.
+size over the bound, which the service refuses) and the program exits 3. Any other member
+over the bound is the service's to refuse at its header, as it refuses ``tar``'s.
 """
 
 import grp
@@ -107,7 +108,7 @@ def _counted(fd: int, limit: int) -> int:
 
 def content(fd: int, said: int, limit: int) -> "tuple[int, object]":
     """(the size of the member, a reader of exactly its bytes) of the regular file ``fd`` whose
-    size ``said``; `TooLarge` when it holds more than ``limit`` bytes."""
+    size ``said``; `TooLarge` when it is counted past ``limit`` bytes."""
     head = _read(fd, HELD + 1)
     if len(head) <= HELD:
         size = len(head)
@@ -117,8 +118,6 @@ def content(fd: int, said: int, limit: int) -> "tuple[int, object]":
         size = _counted(fd, limit)
         os.lseek(fd, 0, os.SEEK_SET)
         head = b""
-    if size > limit:
-        raise TooLarge()
     return size, (io.BytesIO(head) if len(head) == size else _Exact(fd, head, size))
 
 

@@ -67,11 +67,12 @@ class _Exact(object):
     """``size`` bytes: ``head`` then the rest of ``fd``, zeros past its end, cut at ``size``."""
 
     def __init__(self, fd: int, head: bytes, size: int) -> None:
-        self._fd, self._head, self._left = fd, head[:size], size
+        self._fd, self._head, self._at, self._left = fd, head[:size], 0, size
 
     def read(self, wanted: int = -1) -> bytes:
         wanted = self._left if wanted < 0 else min(wanted, self._left)
-        chunk, self._head = self._head[:wanted], self._head[wanted:]
+        chunk = self._head[self._at : self._at + wanted]
+        self._at += len(chunk)
         if len(chunk) < wanted:
             chunk += _read(self._fd, wanted - len(chunk))
             chunk += bytes(wanted - len(chunk))

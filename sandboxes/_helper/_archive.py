@@ -7,11 +7,11 @@ Arguments: the directory to start in, the name to archive there (its basename: t
 them (GNU format, owners and modes, hard links, directories in the order they list, symbolic
 links not followed, sockets and what the user may not read left out), except that a regular
 file's member holds what a read of it gives, not what its size says: a pseudo-file of ``/proc``
-or ``/sys`` says 0 bytes or a page whatever it holds. A file that ends within `HELD` bytes is
-its bytes, whatever its size said; a longer one whose size says more than `HELD` is that many
-bytes (zeros if it shrank meanwhile, cut if it grew, as ``tar`` does); a longer one whose size
-says less (a pseudo-file) is counted to its end, at most the bound + 1 bytes, then read again
-from its start, its member as long as it counted. Past the bound, its header alone says so (a
+or ``/sys`` says 0 bytes or a page whatever it holds. A file that ends within `HELD` bytes (or
+the bound, if less) is its bytes, whatever its size said; a longer one whose size says more is
+that many bytes (zeros if it shrank meanwhile, cut if it grew, as ``tar`` does); a longer one
+whose size says less (a pseudo-file) is counted to its end, at most the bound + 1 bytes, then
+read again from its start, its member as long as it counted. Past the bound, its header alone says so (a
 size over the bound, which the service refuses) and the program exits 3. Any other member
 over the bound is the service's to refuse at its header, as it refuses ``tar``'s.
 """
@@ -110,10 +110,11 @@ def _counted(fd: int, limit: int) -> int:
 def content(fd: int, said: int, limit: int) -> "tuple[int, object]":
     """(the size of the member, a reader of exactly its bytes) of the regular file ``fd`` whose
     size ``said``; `TooLarge` when it is counted past ``limit`` bytes."""
-    head = _read(fd, HELD + 1)
-    if len(head) <= HELD:
+    held = min(HELD, limit)
+    head = _read(fd, held + 1)
+    if len(head) <= held:
         size = len(head)
-    elif said > HELD:
+    elif said > held:
         size = said
     else:  # a pseudo-file longer than what is held: counted, then read again
         size = _counted(fd, limit)

@@ -40,7 +40,19 @@ in-process by a test does not meet the host's `sandboxes`."""
 HELPER_SOURCES = {path.stem: path.read_text(encoding="utf-8") for path in sorted(_HERE.glob("*.py"))}
 """Every module of `sandboxes._helper`, by name (``__init__`` the package's own), as shipped."""
 
-ON_DEMAND = ("_watch", "_snapshots", "_pty", "_relay", "_record", "_listdir", "_usage", "_untar", "_tar", "_xattrs")
+ON_DEMAND = (
+    "_archive",
+    "_watch",
+    "_snapshots",
+    "_pty",
+    "_relay",
+    "_record",
+    "_listdir",
+    "_usage",
+    "_untar",
+    "_tar",
+    "_xattrs",
+)
 """Modules left out of the bootstrap: they come with each request that needs them (`sources_of`),
 so that a capability few sandboxes use does not lengthen every start."""
 

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from sandboxes import _scripts
-from sandboxes._helper import _kill
+from sandboxes._helper import _archive, _kill
+from sandboxes._mux._shipped import program
 from sandboxes.base import BaseSandbox, KillsTagged
 from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import (
@@ -299,7 +300,7 @@ class ProviderBackend:
             uid, gid = sandbox.user_ids
             return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid)
         if isinstance(sandbox, StreamsOutput):
-            return _open_streamed_archive(sandbox, path)
+            return _open_streamed_archive(sandbox, path, self.settings.max_archive_file_bytes)
         return _open_archive_by_command(sandbox, path, self.settings.max_output_bytes)
 
     def host_files(self, sandbox: BaseSandbox) -> bool:
@@ -479,6 +480,12 @@ exec tar -cf - -- "$2"
 From inside ``$1``, not ``tar -C``: GNU tar opens a ``-C`` directory for reading, which a parent
 the user may only search (SSH's workspace root) refuses."""
 
+_ARCHIVE_AS_USER = (
+    'if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$4" "$1" "$2" "$3"; fi\n' + _TAR_AS_USER
+)
+"""The tar of ``$1/$2`` with no file over ``$3`` bytes by the helper's program ``$4``
+(`sandboxes._helper._archive`: a pseudo-file is what a read gives); ``tar`` where no python3 is."""
+
 
 def archive_limits(settings: ServiceSettings) -> dict[str, int]:
     """The bounds on what an uploaded archive may be, as `sandboxes.server.archive` takes them."""
@@ -518,16 +525,17 @@ def _put_archive_through_sandbox(
         safe.close()
 
 
-def _open_streamed_archive(sandbox: StreamsOutput, path: str) -> Callable[[Emit], None]:
-    """The tar is made inside the sandbox by ``tar`` running as the sandbox user, not by an
-    engine reading as root: the archive holds what the sandbox may read, no more
-    (``/etc/shadow`` is refused; unreadable files inside a tree are left out). It streams raw
-    on a channel of its own, so its size is bounded by nothing but the sandbox's files."""
+def _open_streamed_archive(sandbox: StreamsOutput, path: str, limit: int) -> Callable[[Emit], None]:
+    """The tar is made inside the sandbox by the helper's program (`_ARCHIVE_AS_USER`) running
+    as the sandbox user, not by an engine reading as root: the archive holds what the sandbox
+    may read, no more (``/etc/shadow`` is refused; unreadable files inside a tree are left
+    out). It streams raw on a channel of its own, so its size is bounded by nothing but the
+    sandbox's files; a file over ``limit`` ends it with ``too_large``."""
     assert isinstance(sandbox, BaseSandbox)
     checked = checked_path(path)
     _check_readable(sandbox, checked)
     parent, name = os.path.split(checked)
-    command = _scripts.command(_TAR_AS_USER, parent or "/", name or ".")
+    command = _scripts.command(_ARCHIVE_AS_USER, parent or "/", name or ".", str(limit), program("_archive"))
 
     def produce(emit: Emit) -> None:
         stream = sandbox.open_output_stream(command)
@@ -538,6 +546,9 @@ def _open_streamed_archive(sandbox: StreamsOutput, path: str) -> Callable[[Emit]
         finally:
             stream.close()
         status = stream.exit_code()
+        if status == _archive.TOO_LARGE:  # a file over the bound, said by its header alone
+            sink.flush_all()  # which the bound (`bounded_members`) refuses with its size
+            raise ServiceError("too_large", f"the archive of {checked} holds a file over {limit} bytes")
         if status != 0:
             logger.warning("tar of %s exited %s: %s", checked, status, bytes(getattr(stream, "stderr", b""))[:2000])
             raise ServiceError("backend_unavailable", f"the archive of {checked} could not be completed")

@@ -26,6 +26,7 @@ from service_harness import (
     running,
     settings_for,
 )
+from test_service_archive_bound import assert_pseudo_files_are_archived_as_read
 
 from sandboxes.client import RemoteSandbox, SandboxClient
 from sandboxes.kubernetes import KubernetesTemplate
@@ -137,6 +138,14 @@ def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.C
     """The archive streams raw over an exec of its own, not as an `execute` answer: the
     service's output ceiling does not bound it."""
     assert_an_archive_streams_whole(client, service.registry.settings.max_output_bytes + (1 << 20))
+
+
+def test_a_pseudo_file_is_archived_as_a_read_gives_it(client: httpx.Client) -> None:
+    sandbox = create(client)
+    try:
+        assert_pseudo_files_are_archived_as_read(client, sandbox)
+    finally:
+        client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def test_a_background_process_keeps_stdout_and_stderr_apart(

@@ -1,10 +1,13 @@
 """``GET /archive`` streams no file bigger than ``max_archive_file_bytes``, whoever made the
 tar (the service for a local sandbox, ``tar`` in a Docker one): a single file over it is a
 ``too_large`` before any byte; in a tree, the stream is cut at the big file's header. The tar
-headers are read as they pass (`sandboxes.server.members`), pax and GNU long names included."""
+headers are read as they pass (`sandboxes.server.members`), pax and GNU long names included.
+A pseudo-file (``/proc``, ``/sys``: its size says 0 or a page) is archived as a read gives it,
+within the same bound."""
 
 from __future__ import annotations
 
+import base64
 import io
 import tarfile
 from collections.abc import Iterator
@@ -81,6 +84,66 @@ def test_a_tree_is_cut_at_the_file_over_the_bound(made: tuple[httpx.Client, dict
             response.read()
             assert (response.status_code, error_of(response)) == (413, "too_large")
     assert sum(map(len, received)) < LIMIT
+
+
+PSEUDO_FILES = ["/proc/sys/kernel/random/boot_id", "/proc/cpuinfo", "/sys/devices/system/cpu/online"]
+"""Pseudo-files whose content is the same at every read: boot_id and cpuinfo say 0 bytes, the
+``/sys`` attribute a page."""
+
+
+def assert_pseudo_files_are_archived_as_read(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    """Each of `PSEUDO_FILES` is one member holding what ``cat`` prints, and ``/proc/self/status``
+    (the archiver's own) is a whole status: not an empty member, nor one padded to a page."""
+    url = f"/v1/sandboxes/{sandbox['id']}/archive"
+    for path in PSEUDO_FILES:
+        printed = execute(client, sandbox["id"], f"base64 -w0 {path}")
+        assert printed["exit_code"] == 0, printed
+        answer = client.get(url, params={"path": path})
+        assert answer.status_code == 200, answer.text[:200]
+        with tarfile.open(fileobj=io.BytesIO(answer.content)) as tar:
+            [member] = tar.getmembers()
+            content = tar.extractfile(member)
+            assert content is not None
+            assert (member.name, content.read()) == (path.rsplit("/", 1)[1], base64.b64decode(printed["output"]))
+    answer = client.get(url, params={"path": "/proc/self/status"})
+    assert answer.status_code == 200, answer.text[:200]
+    with tarfile.open(fileobj=io.BytesIO(answer.content)) as tar:
+        content = tar.extractfile("status")
+        assert content is not None
+        status = content.read()
+    assert status.startswith(b"Name:\t"), status[:200]
+    assert b"\nPid:\t" in status, status
+    assert status.endswith(b"\n"), status
+
+
+def test_a_pseudo_file_is_archived_as_a_read_gives_it(
+    service: Running, made: tuple[httpx.Client, dict[str, Any]]
+) -> None:
+    """On Docker (``tar`` made in the sandbox) every pseudo-file is its read; a local sandbox's
+    archive holds its root's tree alone, where no pseudo-file is: ``/proc`` is refused there."""
+    client, sandbox = made
+    if sandbox["backend"] == "local":
+        _assert_outside_the_root(client, sandbox, "/proc/self/status")
+        return
+    assert_pseudo_files_are_archived_as_read(client, sandbox)
+
+
+def _assert_outside_the_root(client: httpx.Client, sandbox: dict[str, Any], path: str) -> None:
+    refused = client.get(f"/v1/sandboxes/{sandbox['id']}/archive", params={"path": path})
+    assert (refused.status_code, error_of(refused)) == (422, "invalid_path"), refused.text[:200]
+    assert "outside the sandbox's root" in refused.json()["message"]
+
+
+def test_a_pseudo_file_over_the_bound_is_refused(made: tuple[httpx.Client, dict[str, Any]]) -> None:
+    """``/proc/kallsyms`` says 0 bytes and holds megabytes: ``too_large``, as a big file is."""
+    client, sandbox = made
+    if sandbox["backend"] == "local":
+        _assert_outside_the_root(client, sandbox, "/proc/kallsyms")
+        return
+    assert int(execute(client, sandbox["id"], "wc -c < /proc/kallsyms")["output"]) > LIMIT
+    refused = client.get(f"/v1/sandboxes/{sandbox['id']}/archive", params={"path": "/proc/kallsyms"})
+    assert (refused.status_code, error_of(refused)) == (413, "too_large"), refused.content[:200]
+    assert "max_archive_file_bytes" in refused.json()["message"]
 
 
 def test_a_file_at_the_bound_streams_whole(made: tuple[httpx.Client, dict[str, Any]]) -> None:

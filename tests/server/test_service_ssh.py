@@ -35,6 +35,7 @@ from service_harness import (
     wait_until_expired,
 )
 from ssh_fixtures import SSHVM, start_vm
+from test_service_archive_bound import assert_pseudo_files_are_archived_as_read
 from test_service_snapshot_helper import counting_restore
 from test_service_snapshots import _listing, _snapshot
 
@@ -132,6 +133,14 @@ def test_files_and_archive_round_trip(client: httpx.Client) -> None:
         assert client.get(f"{base}/archive", params={"path": f"{work}/missing"}).status_code == 404
     finally:
         client.delete(base)
+
+
+def test_a_pseudo_file_is_archived_as_a_read_gives_it(client: httpx.Client) -> None:
+    sandbox = create(client)
+    try:
+        assert_pseudo_files_are_archived_as_read(client, sandbox)
+    finally:
+        client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
 def test_an_archive_bigger_than_any_command_output_streams_whole(client: httpx.Client, service: Running) -> None:

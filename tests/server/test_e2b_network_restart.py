@@ -89,12 +89,16 @@ def test_network_options_outlive_a_restart_and_a_hibernate(
         sandbox = Sandbox.create(network={**created, **first_list}, **opts(first))
         sandbox.update_network({"allow_out": ["127.0.0.2", "127.0.0.3"], "deny_out": [ALL_TRAFFIC], "rules": rules})
     network = {**created, "allow_out": ["127.0.0.2", "127.0.0.3"], "deny_out": [ALL_TRAFFIC], "rules": rules}
-    with running(settings, docker_client=docker_client) as second:
+    with running(settings, docker_client=docker_client) as second:  # it ran across the restart
         sandbox = Sandbox.connect(sandbox.sandbox_id, **opts(second))
+        _assert_served(second, sandbox, targets, network)
+        sandbox.pause(mode="filesystem")  # hibernated: its container or jail released
+    with running(settings, docker_client=docker_client) as third:  # hibernated across the restart
+        sandbox = Sandbox.connect(sandbox.sandbox_id, **opts(third))  # made again from its files
         try:
-            _assert_served(second, sandbox, targets, network)
-            sandbox.pause(mode="filesystem")  # hibernated: its container or jail released
-            sandbox = Sandbox.connect(sandbox.sandbox_id, **opts(second))  # made again from its files
-            _assert_served(second, sandbox, targets, network)
+            _assert_served(third, sandbox, targets, network)
+            sandbox.pause(mode="filesystem")
+            sandbox = Sandbox.connect(sandbox.sandbox_id, **opts(third))
+            _assert_served(third, sandbox, targets, network)
         finally:
             sandbox.kill()

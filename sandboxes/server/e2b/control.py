@@ -171,7 +171,8 @@ async def create(
     if headers and not service(request).settings.templates[template].egress:
         return e2b_error(409, f"template {body.template_id!r} has no egress: network rules would transform nothing")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
-    if headers or network.allow_public_traffic is not None or network.mask_request_host is not None:
+    ports = network.allow_public_traffic is not None or network.mask_request_host is not None
+    if egress_allow is not None or headers or ports:  # kept where a pod's labels cannot hold it
         request.app.state.egress.set_headers(entry.state.id, headers)
         entry.state.public_ports = network.allow_public_traffic
         entry.state.mask_request_host = network.mask_request_host

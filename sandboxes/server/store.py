@@ -103,7 +103,7 @@ class StateStore:
     def save(self, state: SandboxState) -> None:
         path = self._path(state.id)
         temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        _write_private(temporary, json.dumps(state.to_json()))
         os.replace(temporary, path)
 
     def save_new(self, state: SandboxState) -> bool:
@@ -111,7 +111,7 @@ class StateStore:
         The file appears whole or not at all, and of two concurrent callers one alone writes it."""
         path = self._path(state.id)
         temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
-        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        _write_private(temporary, json.dumps(state.to_json()))
         try:
             os.link(temporary, path)
         except FileExistsError:
@@ -137,3 +137,12 @@ class StateStore:
         if not _SAFE_ID.match(sandbox_id):
             raise ValueError(f"unsafe sandbox id {sandbox_id!r}")
         return self.directory / f"{sandbox_id}.json"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path``, a file only the service's user reads (a state holds
+    secrets: its env, its egress headers)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(descriptor, 0o600)
+        out.write(text)

@@ -7,6 +7,7 @@ the sandbox."""
 
 from __future__ import annotations
 
+import logging
 import shlex
 import uuid
 from collections.abc import Iterator
@@ -79,8 +80,13 @@ def _assert_served(service: Running, sandbox: Sandbox, targets: tuple[_Target, _
 
 @pytest.mark.parametrize("kind", ["docker", "local"])
 def test_network_options_outlive_a_restart_and_a_hibernate(
-    kind: str, request: pytest.FixtureRequest, targets: tuple[_Target, _Target], tmp_path: Path
+    kind: str,
+    request: pytest.FixtureRequest,
+    targets: tuple[_Target, _Target],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     settings, docker_client = _settings(kind, request, tmp_path)
     rules: Any = {"127.0.0.2": [{"transform": {"headers": {"X-Test-Token": TOKEN}}}]}
     created: Any = {"allow_public_traffic": True, "mask_request_host": "masked.example.com:${PORT}"}
@@ -88,6 +94,8 @@ def test_network_options_outlive_a_restart_and_a_hibernate(
     with running(settings, docker_client=docker_client) as first:
         sandbox = Sandbox.create(network={**created, **first_list}, **opts(first))
         sandbox.update_network({"allow_out": ["127.0.0.2", "127.0.0.3"], "deny_out": [ALL_TRAFFIC], "rules": rules})
+    kept = tmp_path / "state" / f"{sandbox.sandbox_id}.json"  # its state file, secrets in it
+    assert kept.stat().st_mode & 0o777 == 0o600
     network = {**created, "allow_out": ["127.0.0.2", "127.0.0.3"], "deny_out": [ALL_TRAFFIC], "rules": rules}
     with running(settings, docker_client=docker_client) as second:  # it ran across the restart
         sandbox = Sandbox.connect(sandbox.sandbox_id, **opts(second))
@@ -102,3 +110,4 @@ def test_network_options_outlive_a_restart_and_a_hibernate(
             _assert_served(third, sandbox, targets, network)
         finally:
             sandbox.kill()
+    assert TOKEN not in caplog.text  # never logged

@@ -108,7 +108,7 @@ class Holdings:
         for state, sandbox in adopted:
             backend = self._backend_of(state)
             entry = self._entries[state.id] = self._entry(state, sandbox, backend)
-            if not backend.shared or state.network_set:  # a shared backend's sandbox is its own record
+            if not backend.shared or state.network_set:  # a shared backend's is its own record, but its network
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)

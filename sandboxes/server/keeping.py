@@ -237,6 +237,8 @@ class Keeping(Pausing):
         await self._saved(entry)
         await self._forget_hibernated(entry)
         self._schedule(state.id)
+        for hook in self.on_register:  # served again in the new one (its egress)
+            hook(entry)
         await asyncio.to_thread(functools.partial(self.snapshots.delete, state.tenant, kept, wait=False))
         logger.info("sandbox resumed from hibernation", extra={"sandbox": state.id, "tenant": state.tenant})
 
@@ -250,8 +252,11 @@ class Keeping(Pausing):
                 await asyncio.to_thread(self.snapshots.delete, entry.state.tenant, kept)
 
     async def _forget_hibernated(self, entry: Entry) -> None:
-        """The record `hibernate` kept of a shared backend's sandbox, removed (running again, or gone)."""
-        if entry.backend.shared:
+        """The record `hibernate` kept of a shared backend's sandbox, removed (running again, or
+        gone), or kept for its network while it runs (`SandboxState.network_set`)."""
+        if entry.backend.shared and entry.state.network_set and self._entries.get(entry.state.id) is entry:
+            await asyncio.to_thread(self.store.save, entry.state)
+        elif entry.backend.shared:
             await asyncio.to_thread(self.store.remove, entry.state.id)
 
     async def hold_hibernated(self, states: list[SandboxState]) -> None:

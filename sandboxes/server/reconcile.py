@@ -62,7 +62,7 @@ def reconcile(
             if key in seen:  # templates of one backend may share what they list
                 continue
             seen.add(key)
-            state = remembered.get(key) or state_from_record(record, backend)
+            state = _remembered(remembered.get(key), record, backend)
             if state is None and pooled_elsewhere(record, backend):  # its service's, its expiry bounds it
                 continue
             try:
@@ -83,6 +83,18 @@ def reconcile(
         for ref in swept.removed:
             logger.info("swept %s leftover %s", backend.name, ref)
     return adopted, unreachable
+
+
+def _remembered(state: SandboxState | None, record: SandboxRecord, backend: ProviderBackend) -> SandboxState | None:
+    """The sandbox as the service remembers it: its state file's; a shared provider's sandbox
+    whose file was kept for its network (`SandboxState.network_set`) is its own record, with
+    that network."""
+    if state is None or not state.network_set or not isinstance(backend.provider, SharedProvider):
+        return state or state_from_record(record, backend)
+    recorded = state_from_record(record, backend)
+    if recorded is not None:
+        recorded.take_network(state)
+    return recorded
 
 
 def _adopt(

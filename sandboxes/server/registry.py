@@ -339,6 +339,13 @@ class Registry(Keeping):
         self._schedule(sandbox_id)
         return entry
 
+    async def record_network(self, entry: Entry) -> None:
+        """Keep what the API set of the sandbox's network (in its state) across a restart and a
+        hibernate: in its state file, on every backend (`SandboxState.network_set`)."""
+        entry.state.network_set = True
+        if self._entries.get(entry.state.id) is entry:
+            await asyncio.to_thread(self.store.save, entry.state)
+
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
         await self._remove(await self.find(tenant, sandbox_id))
 

@@ -64,9 +64,27 @@ class SandboxState:
     """What its expiry does while it runs (`sandboxes.api.CreateSandbox.on_timeout`)."""
     egress_allow: list[str] | None = None
     """The egress allow-list its create asked for instead of its template's; ``None``: none."""
+    egress_headers: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    """Headers the egress proxy sets on its plain-HTTP requests, by host (E2B's network
+    ``rules``): secrets, in this file and the service's memory only, never in a log."""
+    public_ports: bool | None = None
+    """E2B's ``allowPublicTraffic``: its ports take requests without its traffic token."""
+    mask_request_host: str | None = None
+    """E2B's ``maskRequestHost``: the ``Host`` its ports' requests carry (``${PORT}`` replaced)."""
+    network_set: bool = False
+    """Its network was set through the API (a create's E2B ``network``, ``update_network``,
+    ``PUT .../egress``): a shared backend's sandbox keeps this file for it (its record holds
+    its create's allow-list alone: `take_network` reads the rest from here at adoption)."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""
+
+    def take_network(self, recorded: SandboxState) -> None:
+        """Serve what ``recorded`` (its state file) says of its network, over its record's."""
+        self.egress_allow = None if recorded.egress_allow is None else list(recorded.egress_allow)
+        self.egress_headers = {host: dict(values) for host, values in recorded.egress_headers.items()}
+        self.public_ports, self.mask_request_host = recorded.public_ports, recorded.mask_request_host
+        self.network_set = recorded.network_set
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +103,7 @@ class StateStore:
     def save(self, state: SandboxState) -> None:
         path = self._path(state.id)
         temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        _write_private(temporary, json.dumps(state.to_json()))
         os.replace(temporary, path)
 
     def save_new(self, state: SandboxState) -> bool:
@@ -93,7 +111,7 @@ class StateStore:
         The file appears whole or not at all, and of two concurrent callers one alone writes it."""
         path = self._path(state.id)
         temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
-        temporary.write_text(json.dumps(state.to_json()), encoding="utf-8")
+        _write_private(temporary, json.dumps(state.to_json()))
         try:
             os.link(temporary, path)
         except FileExistsError:
@@ -119,3 +137,12 @@ class StateStore:
         if not _SAFE_ID.match(sandbox_id):
             raise ValueError(f"unsafe sandbox id {sandbox_id!r}")
         return self.directory / f"{sandbox_id}.json"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path``, a file only the service's user reads (a state holds
+    secrets: its env, its egress headers)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(descriptor, 0o600)
+        out.write(text)

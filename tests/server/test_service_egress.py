@@ -410,6 +410,24 @@ def test_a_creates_own_allow_list_outlives_a_restart(
             client.delete(f"/v1/sandboxes/{made}")
 
 
+@pytest.mark.parametrize("kind", ["docker", "local"])
+def test_a_changed_allow_list_outlives_a_restart(
+    kind: str, request: pytest.FixtureRequest, allowed: Target, refused: Target, tmp_path: Path
+) -> None:
+    """The list ``PUT .../egress`` set, from the replica's state file (a container's labels hold the create's)."""
+    settings, docker_client = _settings(kind, request, allowed, tmp_path)
+    changed = [f"127.0.0.3:{refused.port}"]
+    with running(settings, docker_client=docker_client) as svc, svc.client() as client:
+        made = create(client)["id"]
+        assert client.put(f"/v1/sandboxes/{made}/egress", json={"allow": changed}).status_code == 200
+    with running(settings, docker_client=docker_client) as svc, svc.client() as client:
+        try:
+            assert client.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": changed}
+            _until_refused(svc, made, f"http://127.0.0.2:{allowed.port}/after")
+        finally:
+            client.delete(f"/v1/sandboxes/{made}")
+
+
 def test_a_list_that_a_record_cannot_hold_reads_back_as_nothing() -> None:
     backend = ProviderBackend("default", LocalTemplate(egress=True), provider=None, settings=None)  # type: ignore[arg-type]
     base = {LABEL_TENANT: "alice", LABEL_SERVICE_ID: "s1", LABEL_SERVICE_EXPIRES: "9999999999"}

@@ -21,7 +21,17 @@ from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.routes import Service
 
-__all__ = ["ENVD_PREFIX", "PREFIX", "E2BRoute", "E2BState", "PortAccess", "e2b_error", "e2b_state", "service"]
+__all__ = [
+    "ENVD_PREFIX",
+    "PREFIX",
+    "E2BRoute",
+    "E2BState",
+    "PortAccess",
+    "e2b_error",
+    "e2b_state",
+    "port_access",
+    "service",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +39,6 @@ PREFIX = "/e2b"
 """Where the control plane is served; the envd plane is under `ENVD_PREFIX`."""
 ENVD_PREFIX = f"{PREFIX}/envd"
 
-MAX_PORT_ACCESS = 65_536
-"""Sandboxes whose ports' access is remembered at once (the oldest forgotten past it)."""
 MAX_POLLED_WATCHERS = 4096
 """Polled watchers whose write landings are followed at once (the oldest forgotten past it)."""
 ENVD_VERSION = "0.6.3"
@@ -42,8 +50,9 @@ itself rather than failing here."""
 
 @dataclass(frozen=True)
 class PortAccess:
-    """How a sandbox's ports other than envd's are reached, as its create's ``network`` asked:
-    without its token (``public``), and with which ``Host`` (``mask``, ``${PORT}`` replaced)."""
+    """How a sandbox's ports other than envd's are reached, as its create's ``network`` asked
+    (its state's `SandboxState.public_ports` and ``mask_request_host``): without its token
+    (``public``), and with which ``Host`` (``mask``, ``${PORT}`` replaced)."""
 
     tenant: str
     public: bool | None = None
@@ -51,6 +60,15 @@ class PortAccess:
 
     def host(self, port: int) -> str | None:
         return None if self.mask is None else self.mask.replace("${PORT}", str(port))
+
+
+def port_access(request: Request, sandbox_id: str) -> PortAccess | None:
+    """How the ports of a sandbox this replica holds are reached; ``None``: held elsewhere or
+    not at all (its token needed)."""
+    entry = service(request).registry.entries.get(sandbox_id)
+    if entry is None:
+        return None
+    return PortAccess(entry.state.tenant, entry.state.public_ports, entry.state.mask_request_host)
 
 
 @dataclass
@@ -62,18 +80,6 @@ class E2BState:
     signer: TokenSigner
     commands: RunningCommands = field(default_factory=RunningCommands)
     _landings: dict[tuple[str, str], Landings] = field(default_factory=dict)
-    _ports: dict[str, PortAccess] = field(default_factory=dict)
-
-    def port_access(self, sandbox_id: str) -> PortAccess | None:
-        """What the sandbox's create asked of its ports; ``None``: the default (its token needed)."""
-        return self._ports.get(sandbox_id)
-
-    def set_port_access(self, sandbox_id: str, access: PortAccess | None) -> None:
-        self._ports.pop(sandbox_id, None)
-        if access is not None:
-            if len(self._ports) >= MAX_PORT_ACCESS:
-                del self._ports[next(iter(self._ports))]
-            self._ports[sandbox_id] = access
 
     def landings(self, sandbox_id: str, watcher_id: str) -> Landings:
         """The polled watcher's `Landings`, kept across its polls."""

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from sandboxes.api import CreateSandbox
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, PortAccess, e2b_error, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_VERSION, PREFIX, E2BRoute, e2b_error, e2b_state, service
 from sandboxes.server.e2b.models import (
     ConnectSandbox,
     Network,
@@ -78,7 +78,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
 def _detail(request: Request, entry: Entry) -> SandboxDetail:
     template = entry.backend.template
     ends = entry.state.expires_at
-    internet, network = _network_now(request, entry)
+    internet, network = _network_now(entry)
     return SandboxDetail(
         **_created(request, entry).model_dump(),
         started_at=_iso(entry.state.created_at),
@@ -97,29 +97,21 @@ def _detail(request: Request, entry: Entry) -> SandboxDetail:
     )
 
 
-def _network_now(request: Request, entry: Entry) -> tuple[bool | None, dict[str, object] | None]:
-    """``allowInternetAccess`` and ``network`` as the sandbox is served now: its egress
-    (`network_of`), its own headers as ``rules``, and what its create asked of its ports."""
-    internet, egress = network_of(_allow_now(request, entry))
+def _network_now(entry: Entry) -> tuple[bool | None, dict[str, object] | None]:
+    """``allowInternetAccess`` and ``network`` as the sandbox is served now (its state: its
+    create's, or a later ``update_network``'s or ``PUT .../egress``'s): its egress (`network_of`;
+    ``None`` while it is E2B's default, its template's), its own headers as ``rules``, and what
+    its create asked of its ports."""
+    state = entry.state
+    internet, egress = network_of(state.egress_allow)
     network: dict[str, object] = dict(egress or {})
-    headers = request.app.state.egress.headers(entry.state.id)
-    if headers:
-        network["rules"] = {host: [{"transform": {"headers": values}}] for host, values in headers.items()}
-    access = e2b_state(request).port_access(entry.state.id)
-    if access is not None and access.public is not None:
-        network["allowPublicTraffic"] = access.public
-    if access is not None and access.mask is not None:
-        network["maskRequestHost"] = access.mask
+    if state.egress_headers:
+        network["rules"] = {host: [{"transform": {"headers": v}}] for host, v in state.egress_headers.items()}
+    if state.public_ports is not None:
+        network["allowPublicTraffic"] = state.public_ports
+    if state.mask_request_host is not None:
+        network["maskRequestHost"] = state.mask_request_host
     return internet, network or None
-
-
-def _allow_now(request: Request, entry: Entry) -> list[str] | None:
-    """The sandbox's allow-list as its egress is served now (a later ``update_network`` or
-    ``PUT .../egress`` included); ``None`` while it is E2B's default, its template's."""
-    now: list[str] | None = request.app.state.egress.allow_list(entry.state.id)
-    if now is None or (entry.state.egress_allow is None and now == list(entry.backend.template.egress_allow)):
-        return entry.state.egress_allow
-    return now
 
 
 def _megabytes(memory: object) -> int:
@@ -179,10 +171,12 @@ async def create(
     if headers and not service(request).settings.templates[template].egress:
         return e2b_error(409, f"template {body.template_id!r} has no egress: network rules would transform nothing")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
-    request.app.state.egress.set_headers(entry.state.id, headers)
-    if network.allow_public_traffic is not None or network.mask_request_host is not None:
-        access = PortAccess(tenant.id, network.allow_public_traffic, network.mask_request_host)
-        e2b_state(request).set_port_access(entry.state.id, access)
+    ports = network.allow_public_traffic is not None or network.mask_request_host is not None
+    if egress_allow is not None or headers or ports:  # kept where a pod's labels cannot hold it
+        request.app.state.egress.set_headers(entry.state.id, headers)
+        entry.state.public_ports = network.allow_public_traffic
+        entry.state.mask_request_host = network.mask_request_host
+        await service(request).registry.record_network(entry)
     return _json(_created(request, entry), 201)
 
 
@@ -247,7 +241,6 @@ def _metadata_filter(metadata: str | None) -> dict[str, str]:
 @router.delete("/sandboxes/{sandbox_id}")
 async def kill(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Response:
     await service(request).registry.delete(_tenant(request, api_key), sandbox_id)
-    e2b_state(request).set_port_access(sandbox_id, None)
     return Response(status_code=204)
 
 
@@ -320,14 +313,14 @@ async def update_network(request: Request, sandbox_id: str, api_key: _ApiKey = N
     try:
         allow = body.egress_allow()
         headers = body.headers()
-        if allow is None:
-            allow = list(entry.backend.template.egress_allow)
         changed = request.app.state.egress.set_allow(sandbox_id, allow)
     except ValueError as exc:
         return e2b_error(400, f"network: {exc}")
-    if not changed and (allow or headers):
+    if not changed and (allow or headers or (allow is None and entry.backend.template.egress_allow)):
         return e2b_error(409, f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies")
-    request.app.state.egress.set_headers(sandbox_id, headers)
+    if changed:
+        request.app.state.egress.set_headers(sandbox_id, headers)
+        await service(request).registry.record_network(entry)
     return Response(status_code=204)
 
 

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Match, NoMatchFound, request_response
 from starlette.types import Receive, Scope, Send
 
 from sandboxes.server.auth import Tenant
-from sandboxes.server.e2b.common import ENVD_PREFIX, e2b_error, e2b_state, service
+from sandboxes.server.e2b.common import ENVD_PREFIX, e2b_error, e2b_state, port_access, service
 from sandboxes.server.e2b.envd import ENVD_PORT
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.preview_proxy import relay_http
@@ -73,7 +73,7 @@ async def _relayed(request: Request) -> Response:
         raise ServiceError("invalid_request", f"E2b-Sandbox-Port {raw_port!r} is no port", status=400)
     token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token") or ""
     svc = service(request)
-    access = e2b_state(request).port_access(sandbox_id)
+    access = port_access(request, sandbox_id)
     tenant_id = e2b_state(request).signer.tenant_of(token, sandbox_id) if token else None
     public = tenant_id is None and not token and access is not None and bool(access.public)
     if public and access is not None:
@@ -90,7 +90,6 @@ async def _relayed(request: Request) -> Response:
         entry = await svc.registry.awake(await svc.registry.find(tenant, sandbox_id))
     except ServiceError as exc:
         if exc.code == "not_found":
-            e2b_state(request).set_port_access(sandbox_id, None)
             raise ServiceError("not_found", f"The sandbox {sandbox_id} was not found", status=502) from None
         if exc.code == "paused":  # as envd's own port answers for a paused sandbox
             raise ServiceError("paused", exc.message, status=502) from None

@@ -4,10 +4,11 @@ command makes there is adopted as a relay, and the service's `EgressProxy` serve
 sandbox's allow-list and its tenant's credentials. The sandbox has no network interface: the
 helper's stream is its only way out, the same on every backend that holds a helper.
 
-A listener lives as long as its helper: when the helper is restarted, it is listened on again;
-when the sandbox is no longer held here (deleted, expired), it stops. The allow-list a sandbox
-starts with is its create's or its template's; a change through the API (`set_allow`) is this
-replica's and applies to the next connection.
+A listener lives as long as its helper: when the helper is restarted, or the sandbox made again
+(a resume from hibernation), it is listened on again; when the sandbox is no longer held here
+(deleted, expired), it stops. The allow-list and headers a sandbox is served are its state's
+(`SandboxState.egress_allow`, ``egress_headers``: its create's, or its template's list); a change
+through the API (`set_allow`, `set_headers`) is written there and applies to the next connection.
 """
 
 from __future__ import annotations
@@ -48,14 +49,20 @@ class _Served:
         self.connections: set[asyncio.Task[None]] = set()
         self.tenants = list(context.credentials)
         """The tenant's credentials (the operator's); the sandbox's own come after them."""
-        self.own: dict[str, dict[str, str]] = {}
+        self.remade = asyncio.Event()
+        """Set when the sandbox was made again (`EgressHub.attach` once more): listen at once."""
+        self.headers_changed()
+
+    def headers_changed(self) -> None:
+        """Serve the sandbox's own headers (its state's) after its tenant's."""
+        own = self.entry.state.egress_headers
+        self.context.credentials = [*self.tenants, *(Credential(host, dict(v)) for host, v in own.items())]
 
     async def run(self, held: Callable[[str], bool]) -> None:
-        sandbox = self.entry.sandbox
-        assert isinstance(sandbox, HoldsHelper)
         delay = _RETRY_FIRST
         while held(self.entry.state.id):
-            mux = await asyncio.to_thread(sandbox.exec_helper)
+            sandbox = self.entry.sandbox  # another one once it is made again (a resume)
+            mux = await asyncio.to_thread(sandbox.exec_helper) if isinstance(sandbox, HoldsHelper) else None
             why: str | None = "no exec helper runs"
             if mux is not None:
                 why = await self._listen_on(mux)
@@ -63,8 +70,10 @@ class _Served:
                     delay = _RETRY_FIRST
                     continue
             logger.info("egress of sandbox %s not listening: %s", self.entry.state.id, why)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _RETRY_MAX)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.remade.wait(), delay)
+            delay = _RETRY_FIRST if self.remade.is_set() else min(delay * 2, _RETRY_MAX)
+            self.remade.clear()
 
     async def _listen_on(self, mux: MuxClient) -> str | None:
         """Listen through ``mux`` until it ends: ``None`` once it listened (and its helper went or
@@ -129,7 +138,10 @@ class EgressHub:
         """Serve ``entry``'s egress if its template has it (on the event loop, once per sandbox)."""
         template = entry.backend.template
         sandbox_id = entry.state.id
-        if not template.egress or sandbox_id in self._served:
+        if sandbox_id in self._served:
+            self._served[sandbox_id][0].remade.set()
+            return
+        if not template.egress:
             return
         if not isinstance(entry.sandbox, HoldsHelper):
             logger.warning("sandbox %s has egress but no exec helper to relay it: it has none", sandbox_id)
@@ -160,14 +172,16 @@ class EgressHub:
         found = self._served.get(sandbox_id)
         return None if found is None else list(found[0].policy.allow)
 
-    def set_allow(self, sandbox_id: str, allow: list[str]) -> bool:
-        """Replace the sandbox's allow-list (from its next connection on); whether it has egress
-        here. ValueError for a rule that does not parse."""
+    def set_allow(self, sandbox_id: str, allow: list[str] | None) -> bool:
+        """Replace the sandbox's allow-list (``None``: its template's) from its next connection
+        on, in its state too; whether it has egress here. ValueError for a rule that does not parse."""
         found = self._served.get(sandbox_id)
         if found is None:
             return False
         served = found[0]
-        served.policy = EgressPolicy(allow=allow, open_ranges=served.policy.open_ranges)
+        rules = served.entry.backend.template.egress_allow if allow is None else allow
+        served.policy = EgressPolicy(allow=rules, open_ranges=served.policy.open_ranges)
+        served.entry.state.egress_allow = None if allow is None else list(allow)
         return True
 
     def set_headers(self, sandbox_id: str, headers: dict[str, dict[str, str]]) -> bool:
@@ -177,14 +191,9 @@ class EgressHub:
         if found is None:
             return False
         served = found[0]
-        served.own = {host: dict(values) for host, values in headers.items()}
-        served.context.credentials = [*served.tenants, *(Credential(h, v) for h, v in served.own.items())]
+        served.entry.state.egress_headers = {host: dict(values) for host, values in headers.items()}
+        served.headers_changed()
         return True
-
-    def headers(self, sandbox_id: str) -> dict[str, dict[str, str]]:
-        """The sandbox's own headers by host (`set_headers`); none without egress here."""
-        found = self._served.get(sandbox_id)
-        return {} if found is None else {host: dict(values) for host, values in found[0].own.items()}
 
     async def close(self) -> None:
         """Stop every listener and the connections they took."""

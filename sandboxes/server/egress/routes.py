@@ -30,7 +30,7 @@ async def get_egress(request: Request, sandbox_id: str, tenant: Authed) -> api.E
 
 @router.put("/sandboxes/{sandbox_id}/egress", response_model=api.EgressRules)
 async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: api.EgressRules) -> api.EgressRules:
-    await service_of(request).registry.find(tenant, sandbox_id)
+    entry = await service_of(request).registry.find(tenant, sandbox_id)
     try:
         changed = _hub(request).set_allow(sandbox_id, body.allow)
     except ValueError as exc:
@@ -38,4 +38,5 @@ async def put_egress(request: Request, sandbox_id: str, tenant: Authed, body: ap
     if not changed:
         message = f"sandbox {sandbox_id} has no egress (its template has none): no allow-list applies"
         raise ServiceError("invalid_request", message, status=409)
+    await service_of(request).registry.record_network(entry)  # across a restart
     return body

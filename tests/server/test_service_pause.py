@@ -11,6 +11,7 @@ import hashlib
 import io
 import tarfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ from typing import Any
 import httpx
 import pytest
 from e2b_harness import service_fixture
-from service_harness import KEYS, Running, create, execute, start_process
+from service_harness import KEYS, ManualClock, Running, create, execute, running, settings_for, start_process
 from support import SESSION_OWNER, wait_for
 
 from sandboxes.client import SandboxClient
+from sandboxes.docker import DockerTemplate
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp count; sleep 0.02; done"
@@ -220,3 +222,45 @@ def test_a_request_to_a_port_of_a_sandbox_paused_at_its_ttl_wakes_it_only_with_a
             assert (answer.status_code, answer.json()["error"]) == (409, "paused")
     finally:
         client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_frozen_at_its_ttl_on_docker_is_read_back_as_it_was_after_a_restart(
+    docker_client: Any, runtime_image: str, tmp_path: Path
+) -> None:
+    """Paused at its timeout, across a restart of the service (its state file kept beside its
+    container's labels, which say frozen alone): the same expiry, its processes kept, a resume
+    gives its template's TTL, and one not resumed is removed at its retention's end."""
+    template = DockerTemplate(backend="docker", image=runtime_image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-pausert-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tmp_path, owner=owner, templates={"default": template})
+    clock, max_ttl = ManualClock(), settings.max_ttl
+    with running(settings, docker_client=docker_client, clock=clock) as first, first.client() as client:
+        resumed_id, left_id = (create(client, ttl=100, on_timeout="freeze")["id"] for _ in range(2))
+        start_process(client, resumed_id, COUNTER)
+        wait_for(lambda: execute(client, resumed_id, "cat count 2>/dev/null")["output"].strip() != "", "the counter")
+        clock.advance(101)
+        first.sweep()
+        before = {sid: client.get(f"/v1/sandboxes/{sid}").json() for sid in (resumed_id, left_id)}
+        frozen_at = _count_outside(first, resumed_id)
+    with running(settings, docker_client=docker_client, clock=clock) as second, second.client() as client:
+        try:
+            for sid in (resumed_id, left_id):
+                shown = client.get(f"/v1/sandboxes/{sid}").json()
+                assert (shown["state"], shown["processes_kept"]) == ("paused", True)
+                assert shown["expires_at"] == before[sid]["expires_at"]  # its retention's end, as it was
+                assert shown["expires_at"] - clock.now() == pytest.approx(max_ttl, abs=1.5)
+            resumed = client.post(f"/v1/sandboxes/{resumed_id}/resume").json()
+            assert resumed["state"] == "running"
+            assert resumed["expires_at"] - clock.now() == pytest.approx(3600, abs=1.5)  # its template's TTL again
+            wait_for(lambda: _count_inside(client, resumed_id) > frozen_at + 2, "the counter to go on after resume")
+            assert not (tmp_path / "state" / f"{resumed_id}.json").exists()  # running: its labels say it all
+
+            clock.advance(max_ttl + 1)
+            second.sweep()
+            assert client.get(f"/v1/sandboxes/{left_id}").status_code == 404  # its retention ended
+            assert not (tmp_path / "state" / f"{left_id}.json").exists()
+            assert len(docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"})) == 1
+            assert client.get(f"/v1/sandboxes/{resumed_id}").json()["state"] == "paused"  # at its TTL again
+        finally:
+            for sid in (resumed_id, left_id):
+                client.delete(f"/v1/sandboxes/{sid}")

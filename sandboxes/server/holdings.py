@@ -108,7 +108,7 @@ class Holdings:
         for state, sandbox in adopted:
             backend = self._backend_of(state)
             entry = self._entries[state.id] = self._entry(state, sandbox, backend)
-            if not backend.shared or state.network_set:  # a shared backend's is its own record, but its network
+            if not backend.shared or state.kept_beside_record:  # a shared backend's is its own record, or
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
@@ -265,7 +265,7 @@ class Holdings:
             timer.cancel()
         self._update_gauge()
         entry.processes.close()
-        if entry.backend.shared and entry.state.network_set:  # the file kept for its network
+        if entry.backend.shared and entry.state.kept_beside_record:  # the file kept beside its record
             await asyncio.to_thread(self.store.remove, entry.state.id)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(_close, entry.sandbox)
@@ -438,7 +438,7 @@ class Holdings:
         except Exception:
             logger.exception("destroying sandbox %s failed; the sweep will retry", entry.state.id)
             return False
-        if not entry.backend.shared or entry.state.network_set:
+        if not entry.backend.shared or entry.state.kept_beside_record:
             await asyncio.to_thread(self.store.remove, entry.state.id)
         return True
 

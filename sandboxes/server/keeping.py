@@ -193,7 +193,7 @@ class Keeping(Pausing):
         logger.info("sandbox paused at the end of its TTL", extra={"sandbox": state.id, "tenant": state.tenant})
         if state.hibernated:  # its record is kept here, whatever the backend
             await asyncio.to_thread(self.store.save, state)
-        else:
+        else:  # a shared backend's too, beside its record (which says frozen alone)
             await self._saved(entry)
         self._schedule(state.id)
 

@@ -6,7 +6,8 @@ A pause says what happens to the TTL: ``keep``, the clock runs (a sandbox may ex
 paused, and is removed as any other); ``stop``, the seconds left are recorded and given back at
 resume, and no expiry removes it meanwhile. On a shared backend the sandbox's recorded expiry
 is moved ``max_ttl`` past the pause, so another replica (or this one after a restart, which
-reads a frozen container back as paused with ``keep``) does not reap it early.
+reads a frozen container back as paused with ``keep``, or as it was if paused at its timeout:
+its state file, `SandboxState.kept_beside_record`) does not reap it early.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from sandboxes.lifecycle import Freezable, FreezeUnavailable
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.holdings import Holdings
+from sandboxes.server.store import PAUSED_AT_TIMEOUT
 
 __all__ = ["PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice"]
 
 TtlChoice = Literal["keep", "stop"]
 
-PAUSED_AT_TIMEOUT = "timeout"
-"""`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
-end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
 
 
 class Pausing(Holdings):
@@ -98,5 +97,10 @@ class Pausing(Holdings):
             ) from exc
 
     async def _saved(self, entry: Entry) -> None:
-        if not entry.backend.shared:
+        """Its state file written; a shared backend's kept only while it says what the record
+        cannot and this replica holds it (`SandboxState.kept_beside_record`), else removed."""
+        held = self._entries.get(entry.state.id) is entry
+        if not entry.backend.shared or (entry.state.kept_beside_record and held):
             await asyncio.to_thread(self.store.save, entry.state)
+        else:
+            await asyncio.to_thread(self.store.remove, entry.state.id)

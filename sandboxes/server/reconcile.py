@@ -87,13 +87,13 @@ def reconcile(
 
 def _remembered(state: SandboxState | None, record: SandboxRecord, backend: ProviderBackend) -> SandboxState | None:
     """The sandbox as the service remembers it: its state file's; a shared provider's sandbox
-    whose file was kept for its network (`SandboxState.network_set`) is its own record, with
-    that network."""
-    if state is None or not state.network_set or not isinstance(backend.provider, SharedProvider):
+    whose file was kept beside its record (`SandboxState.kept_beside_record`) is its own
+    record, with what that file says (`SandboxState.take_recorded`)."""
+    if state is None or not state.kept_beside_record or not isinstance(backend.provider, SharedProvider):
         return state or state_from_record(record, backend)
     recorded = state_from_record(record, backend)
     if recorded is not None:
-        recorded.take_network(state)
+        recorded.take_recorded(state)
     return recorded
 
 

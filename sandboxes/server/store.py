@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+PAUSED_AT_TIMEOUT = "timeout"
+"""`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
+end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
+
 
 @dataclass
 class SandboxState:
@@ -51,8 +55,8 @@ class SandboxState:
     volumes: list[str] = field(default_factory=list)
     """The tenant's volumes it mounts (`sandboxes.server.volumes`), by name."""
     paused: str = ""
-    """``keep`` or ``stop`` while paused (whether its TTL clock runs, `sandboxes.server.
-    pausing`); empty while it runs."""
+    """``keep``, ``stop`` or `PAUSED_AT_TIMEOUT` while paused (whether its TTL clock runs,
+    `sandboxes.server.pausing`); empty while it runs."""
     paused_remaining: float = 0.0
     """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
     hibernated: str = ""
@@ -74,10 +78,25 @@ class SandboxState:
     network_set: bool = False
     """Its network was set through the API (a create's E2B ``network``, ``update_network``,
     ``PUT .../egress``): a shared backend's sandbox keeps this file for it (its record holds
-    its create's allow-list alone: `take_network` reads the rest from here at adoption)."""
+    its create's allow-list alone: `take_recorded` reads the rest from here at adoption)."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""
+
+    @property
+    def kept_beside_record(self) -> bool:
+        """Whether a shared backend's sandbox keeps this file beside its record, for what the
+        record cannot say: its network set through the API, or a pause at its timeout (its record
+        says frozen alone). `take_recorded` reads it back at adoption."""
+        return self.network_set or self.paused == PAUSED_AT_TIMEOUT
+
+    def take_recorded(self, recorded: SandboxState) -> None:
+        """Take what ``recorded`` (its state file) says over its record: its network if set, and
+        its pause at its timeout while its record still says frozen."""
+        if recorded.network_set:
+            self.take_network(recorded)
+        if self.paused and recorded.paused == PAUSED_AT_TIMEOUT:
+            self.paused, self.paused_remaining = recorded.paused, recorded.paused_remaining
 
     def take_network(self, recorded: SandboxState) -> None:
         """Serve what ``recorded`` (its state file) says of its network, over its record's."""

@@ -27,7 +27,6 @@ __all__ = ["PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice"]
 TtlChoice = Literal["keep", "stop"]
 
 
-
 class Pausing(Holdings):
     """`Holdings` with pause, resume, and the check every operation on a sandbox makes."""
 

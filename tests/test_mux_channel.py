@@ -101,6 +101,12 @@ def test_commands_run_beside_an_open_channel(client: MuxClient) -> None:
     assert channel.wait(10) is not None
 
 
+def test_a_channels_stdin_is_written_as_it_goes_not_given_with_its_command(client: MuxClient) -> None:
+    with pytest.raises(ValueError, match="written as it goes"):
+        open_channel(client, Command("cat", timeout=30, output_limit=0, stdin=b"given"))
+    assert client.run(Command("echo next", timeout=10, output_limit=100)).output == "next\n"  # nothing was sent
+
+
 def test_every_backend_with_an_exec_helper_holds_one_driver() -> None:
     for backend in (LocalSandbox, DockerSandbox, KubernetesSandbox, SSHSandbox):
         assert issubclass(backend, HoldsHelper), backend

@@ -25,6 +25,7 @@ from mux_faults import wrapped
 
 from sandboxes import protocol as p
 from sandboxes._mux import SERVER_SOURCE, Command, MuxBroken, MuxClient, TimedByteStream
+from sandboxes._output import OutputHook
 
 _VARIANTS = {
     "posix_spawn+subreaper": "",
@@ -87,10 +88,10 @@ def stream(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
     pipe.close()
 
 
-def _run(client: MuxClient, command: str, **overrides: object) -> p.ExecuteResponse:
+def _run(client: MuxClient, command: str, on_output: OutputHook | None = None, **fields: object) -> p.ExecuteResponse:
     options: dict[str, object] = {"timeout": 10, "output_limit": 1 << 20}
-    options.update(overrides)
-    return client.run(Command(command, **options))  # type: ignore[arg-type]
+    options.update(fields)
+    return client.run(Command(command, **options), on_output)  # type: ignore[arg-type]
 
 
 def _wait_for_file(path: Path, wait: float = 10.0) -> str:

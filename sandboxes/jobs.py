@@ -92,6 +92,7 @@ from sandboxes import _job_scripts as scripts
 from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, JOB_START_ENV, MARKER_ENV
 from sandboxes._job_output import MAX_RUNS, Chunks
+from sandboxes._mux._command import Command
 from sandboxes._output import DEFAULT_OUTPUT_LIMIT, Stream
 from sandboxes._parse import natural
 from sandboxes.base import BaseSandbox, KillsTagged
@@ -322,8 +323,14 @@ class JobRunner:
         """Start ``command`` detached; its id and state. ``timeout`` (seconds; ``None`` or 0:
         none) is enforced inside the sandbox; ``output_limit`` bytes of output are kept, head
         and tail. Raises `TooManyJobs` past ``max_running``, `JobError` if it could not start."""
-        env_lines = b"".join(base64.b64encode(_env_entry(name, value)) + b"\n" for name, value in (env or {}).items())
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+        return self.start_command(Command(command, timeout or 0, output_limit, data, dict(env or {}), cwd))
+
+    def start_command(self, command: Command) -> JobState:
+        """`start` with the command as one value, its fields as `start`'s keywords (a timeout
+        of 0: none)."""
+        cwd, data, output_limit = command.cwd, command.stdin, command.output_limit
+        env_lines = b"".join(base64.b64encode(_env_entry(name, value)) + b"\n" for name, value in command.env.items())
         job_id = f"{time.time_ns():016x}{secrets.token_hex(8)}"
         tail = max(1, output_limit // 4)
         head = max(0, output_limit - 2 * tail)
@@ -332,14 +339,14 @@ class JobRunner:
             job_id,
             str(head),
             str(tail),
-            _seconds(timeout),
+            _seconds(command.timeout),
             str(self.keep),
             str(self.max_running),
             "0" if cwd is None else "1",
             cwd or "",
             "0" if data is None else "1",
             str(len(env_lines)),
-            command,
+            command.command,
         ]
         payload = env_lines + (data or b"") if data is not None or env_lines else None
         announce = {JOB_START_ENV: f"{JOB_MARKER_PREFIX}{job_id}-s"}

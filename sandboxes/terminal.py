@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from sandboxes import protocol as p
 from sandboxes._helper.frames import RESIZE
-from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel
+from sandboxes._mux import Channel, Command, HoldsHelper, MuxBroken, open_channel
 from sandboxes._mux._frames import wire_spec
 from sandboxes._mux._shipped import sources_of
 from sandboxes._output import as_output_hook
@@ -164,16 +164,10 @@ def open_terminal(
     if mux is None:
         raise TerminalError(p.UNAVAILABLE, "the sandbox's exec helper cannot run now (no python3 in it?)")
     base_env, base_cwd = sandbox.command_context() if isinstance(sandbox, HasCommandContext) else ({}, None)
+    env, cwd = {**base_env, **(env or {})}, cwd or base_cwd
+    opened = Command(command or DEFAULT_COMMAND, timeout or 0, output_limit=0, env=env, cwd=cwd)
     try:
-        channel = open_channel(
-            mux,
-            command or DEFAULT_COMMAND,
-            timeout=timeout,
-            env={**base_env, **(env or {})},
-            cwd=cwd or base_cwd,
-            on_output=as_output_hook(on_data),
-            spec=pty_spec(cols, rows),
-        )
+        channel = open_channel(mux, opened, on_output=as_output_hook(on_data), spec=pty_spec(cols, rows))
     except MuxBroken as broken:
         raise TerminalError(p.UNAVAILABLE, f"the sandbox's exec helper broke: {broken}") from broken
     return Terminal(channel)

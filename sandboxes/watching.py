@@ -24,7 +24,7 @@ from types import TracebackType
 import pydantic
 
 from sandboxes import protocol as p
-from sandboxes._mux import Channel, HoldsHelper, MuxBroken, open_channel, watch_spec
+from sandboxes._mux import Channel, Command, HoldsHelper, MuxBroken, open_channel, watch_spec
 from sandboxes._output import Stream
 from sandboxes.api import WatchEvent
 
@@ -261,7 +261,10 @@ def watch(
     watcher = Watcher(max_queued)
     try:
         channel = open_channel(
-            helper, "", timeout=timeout, on_output=watcher._take, spec=watch_spec(path, recursive=recursive)
+            helper,
+            Command("", timeout or 0, output_limit=0),
+            on_output=watcher._take,
+            spec=watch_spec(path, recursive=recursive),
         )
     except MuxBroken as broken:
         raise WatchError(p.CONNECTION_LOST, f"the exec helper broke: {broken}") from broken

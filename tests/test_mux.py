@@ -24,7 +24,8 @@ import pytest
 from mux_faults import wrapped
 
 from sandboxes import protocol as p
-from sandboxes._mux import SERVER_SOURCE, MuxBroken, MuxClient, TimedByteStream
+from sandboxes._mux import SERVER_SOURCE, Command, MuxBroken, MuxClient, TimedByteStream
+from sandboxes._output import OutputHook
 
 _VARIANTS = {
     "posix_spawn+subreaper": "",
@@ -87,10 +88,10 @@ def stream(request: pytest.FixtureRequest) -> Iterator[_PipeStream]:
     pipe.close()
 
 
-def _run(client: MuxClient, command: str, **overrides: object) -> p.ExecuteResponse:
-    options: dict[str, object] = {"timeout": 10, "stdin": None, "env": None, "cwd": None, "output_limit": 1 << 20}
-    options.update(overrides)
-    return client.run(command, **options)  # type: ignore[arg-type]
+def _run(client: MuxClient, command: str, on_output: OutputHook | None = None, **fields: object) -> p.ExecuteResponse:
+    options: dict[str, object] = {"timeout": 10, "output_limit": 1 << 20}
+    options.update(fields)
+    return client.run(Command(command, **options), on_output)  # type: ignore[arg-type]
 
 
 def _wait_for_file(path: Path, wait: float = 10.0) -> str:
@@ -402,7 +403,7 @@ def test_a_frame_announcing_gigabytes_drops_the_stream_unbuffered(tmp_path: Path
         client = MuxClient(stream, ack_timeout=30)
         started = time.monotonic()
         with pytest.raises(MuxBroken, match="corrupt"):
-            _run(client, "true", timeout=None)
+            _run(client, "true", timeout=0)
         assert time.monotonic() - started < 10, "the client kept reading a 4 GiB frame"
         assert not client.alive
         assert stream.process.wait(timeout=10) == 0

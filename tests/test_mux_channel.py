@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
-from sandboxes._mux import HoldsHelper, MuxClient, open_channel
+from sandboxes._mux import Command, HoldsHelper, MuxClient, open_channel
 from sandboxes._output import Stream
 from sandboxes.docker import DockerSandbox
 from sandboxes.kubernetes import KubernetesSandbox
@@ -50,7 +50,7 @@ class _Seen:
 
 def test_stdin_goes_in_as_written_and_output_comes_back_as_it_arrives(client: MuxClient) -> None:
     seen = _Seen()
-    channel = open_channel(client, "cat; echo done >&2", timeout=30, on_output=seen, output_limit=1 << 16)
+    channel = open_channel(client, Command("cat; echo done >&2", timeout=30, output_limit=1 << 16), on_output=seen)
     channel.write(b"first\n")
     seen.wait_for(b"first\n")  # answered before stdin ended: the channel is live both ways
     channel.write(b"second\n" + b"x" * 200_000 + b"\n")
@@ -65,7 +65,7 @@ def test_stdin_goes_in_as_written_and_output_comes_back_as_it_arrives(client: Mu
 
 
 def test_a_kill_ends_the_channel_and_a_short_wait_answers_none(client: MuxClient) -> None:
-    channel = open_channel(client, "sleep 60", timeout=120)
+    channel = open_channel(client, Command("sleep 60", timeout=120, output_limit=0))
     assert channel.wait(0.2) is None
     channel.kill()
     answer = channel.wait(10)
@@ -75,7 +75,7 @@ def test_a_kill_ends_the_channel_and_a_short_wait_answers_none(client: MuxClient
 
 
 def test_the_helper_enforces_a_channels_own_timeout(client: MuxClient) -> None:
-    answer = open_channel(client, "sleep 60", timeout=0.5).wait(15)
+    answer = open_channel(client, Command("sleep 60", timeout=0.5, output_limit=0)).wait(15)
     assert answer is not None
     assert answer.error == "timeout"
 
@@ -84,7 +84,7 @@ def test_a_channel_is_awaited_on_an_event_loop(client: MuxClient) -> None:
     seen = _Seen()
 
     async def scenario() -> int | None:
-        channel = open_channel(client, "read line; echo got $line", timeout=30, on_output=seen)
+        channel = open_channel(client, Command("read line; echo got $line", timeout=30, output_limit=0), on_output=seen)
         channel.write(b"hello\n")
         answer = await channel.wait_async()
         return answer.exit_code
@@ -94,11 +94,17 @@ def test_a_channel_is_awaited_on_an_event_loop(client: MuxClient) -> None:
 
 
 def test_commands_run_beside_an_open_channel(client: MuxClient) -> None:
-    channel = open_channel(client, "cat", timeout=30)
-    answer = client.run("echo beside", timeout=10, stdin=None, env=None, cwd=None, output_limit=1 << 10)
+    channel = open_channel(client, Command("cat", timeout=30, output_limit=0))
+    answer = client.run(Command("echo beside", timeout=10, output_limit=1 << 10))
     assert answer.output == "beside\n"
     channel.close_stdin()
     assert channel.wait(10) is not None
+
+
+def test_a_channels_stdin_is_written_as_it_goes_not_given_with_its_command(client: MuxClient) -> None:
+    with pytest.raises(ValueError, match="written as it goes"):
+        open_channel(client, Command("cat", timeout=30, output_limit=0, stdin=b"given"))
+    assert client.run(Command("echo next", timeout=10, output_limit=100)).output == "next\n"  # nothing was sent
 
 
 def test_every_backend_with_an_exec_helper_holds_one_driver() -> None:

@@ -12,7 +12,7 @@ from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 from test_mux_channel import _Seen as _Chunks
 
 from sandboxes._helper.frames import RESIZE
-from sandboxes._mux import Channel, MuxClient, open_channel
+from sandboxes._mux import Channel, Command, MuxClient, open_channel
 from sandboxes._mux._frames import wire_spec
 from sandboxes.terminal import pty_spec
 
@@ -36,16 +36,8 @@ def client(request: pytest.FixtureRequest) -> Iterator[MuxClient]:
 def _terminal(
     client: MuxClient, command: str, seen: _Seen, cols: int = 80, rows: int = 24, **options: object
 ) -> Channel:
-    timeout = options.pop("timeout", 30)
-    return open_channel(
-        client,
-        command,
-        timeout=timeout,  # type: ignore[arg-type]
-        on_output=seen,
-        output_limit=1 << 16,
-        spec=pty_spec(cols, rows),
-        **options,  # type: ignore[arg-type]
-    )
+    options = {"timeout": 30, "output_limit": 1 << 16, **options}
+    return open_channel(client, Command(command, **options), on_output=seen, spec=pty_spec(cols, rows))  # type: ignore[arg-type]
 
 
 def _alive(pid: int) -> bool:
@@ -189,7 +181,7 @@ def test_bounds_hold_output_in_bounded_chunks_and_input_past_the_terminals_buffe
 
 def test_a_command_without_a_terminal_ignores_a_resize(client: MuxClient) -> None:
     seen = _Seen()
-    channel = open_channel(client, "read x; echo plain", timeout=30, on_output=seen)
+    channel = open_channel(client, Command("read x; echo plain", timeout=30, output_limit=0), on_output=seen)
     channel.send(RESIZE, wire_spec({"cols": 10, "rows": 10}))
     channel.write(b"\n")
     answer = channel.wait(10)

@@ -11,7 +11,7 @@ from collections import deque
 from test_mux import _PipeStream
 
 from sandboxes._helper.frames import HEADER, OUTPUT
-from sandboxes._mux import MuxClient
+from sandboxes._mux import Command, MuxClient
 from sandboxes._mux._channel import open_channel
 
 
@@ -53,7 +53,7 @@ def test_a_big_frame_whose_header_came_alone_is_read_in_one_piece_and_not_copied
             arrived.set()
 
     try:
-        channel = open_channel(mux, "cat", timeout=30, on_output=on_output)
+        channel = open_channel(mux, Command("cat", timeout=30, output_limit=0), on_output=on_output)
         channel.write(b"a\n")  # started, and its echo read: the stream is quiet
         assert echoed.wait(10)
         with stream._lock:  # a header alone, then the payload, after the helper's next frame

@@ -20,7 +20,7 @@ import pytest
 from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
 from sandboxes._helper.frames import GRANT, STDIN
-from sandboxes._mux import MuxClient
+from sandboxes._mux import Command, MuxClient
 from sandboxes._mux._relay import WINDOW, _Relayed, connect_relay, open_relay
 
 Handler = Callable[[socket.socket], None]
@@ -148,7 +148,7 @@ def test_a_port_nothing_listens_on_is_refused_clearly(client: MuxClient) -> None
     port = _free_port()
     with pytest.raises(ConnectionRefusedError, match=f"nothing listens on port {port}"):
         connect_relay(client, port, timeout=10)
-    assert client.run("echo still", timeout=10, stdin=None, env=None, cwd=None, output_limit=100).output == "still\n"
+    assert client.run(Command("echo still", timeout=10, output_limit=100)).output == "still\n"
 
 
 def test_a_relay_on_an_event_loop(client: MuxClient, serve: Callable[[Handler], _Server]) -> None:
@@ -357,7 +357,7 @@ def test_a_stalled_relay_stalls_neither_commands_nor_other_relays(
     relayed = stalled._relayed
     relayed.wait(lambda: relayed._buffered >= WINDOW - 65536, time.monotonic() + 10)  # its window is spent
     started = time.monotonic()
-    answer = client.run("echo beside", timeout=10, stdin=None, env=None, cwd=None, output_limit=100)
+    answer = client.run(Command("echo beside", timeout=10, output_limit=100))
     assert answer.output == "beside\n"
     with connect_relay(client, echoing.port, timeout=10) as other:
         other.sendall(b"ping")
@@ -395,7 +395,7 @@ def test_a_saturating_relay_stalls_neither_commands_nor_other_relays(
         assert saturating.wait(30), f"the relay never moved {4 * WINDOW} bytes (moved {received[0]})"
         for turn in range(3):
             before = received[0]
-            answer = client.run(f"echo beside {turn}", timeout=10, stdin=None, env=None, cwd=None, output_limit=100)
+            answer = client.run(Command(f"echo beside {turn}", timeout=10, output_limit=100))
             assert answer.output == f"beside {turn}\n"
             with connect_relay(client, echoing.port, timeout=10) as other:
                 other.sendall(b"ping")

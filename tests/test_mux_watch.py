@@ -16,12 +16,14 @@ import pytest
 from test_mux import _TIMED, _VARIANTS, _PipeStream, _TimedPipeStream
 
 from sandboxes._calls import write_call
-from sandboxes._mux import Channel, MuxClient, open_channel, watch_spec
+from sandboxes._mux import Channel, Command, MuxClient, open_channel, watch_spec
 from sandboxes._output import Stream
 
 _NO_CTYPES = "no-subreaper"
 """The variant whose helper has no ctypes (`test_mux._VARIANTS`): no inotify, so it polls."""
 _POLL = 0.05  # seconds between a polling watch's scans, here
+_NO_COMMAND = Command("", timeout=10, output_limit=0)
+"""A watch's channel runs no command; its timeout bounds it."""
 
 
 @dataclass
@@ -72,7 +74,7 @@ def _watch(helper: _Helper, path: Path, *, timeout: float = 60, **options: objec
     """A watch of ``path``, once its start line came (the watch is in place)."""
     events = _Events()
     spec = watch_spec(str(path), poll_interval=_POLL, **options)  # type: ignore[arg-type]
-    channel = open_channel(helper.mux, "", timeout=timeout, on_output=events, spec=spec)
+    channel = open_channel(helper.mux, Command("", timeout=timeout, output_limit=0), on_output=events, spec=spec)
     events.wait_for(lambda seen: bool(seen) or channel.done)
     return channel, events
 
@@ -155,21 +157,19 @@ def test_a_tree_past_the_bound_of_watches_says_overflow_at_the_start(helper: _He
 
 
 def test_a_missing_path_or_a_file_is_an_error_with_its_reason(helper: _Helper, tmp_path: Path) -> None:
-    answer = open_channel(helper.mux, "", timeout=10, spec=watch_spec(str(tmp_path / "gone"))).wait(10)
+    answer = open_channel(helper.mux, _NO_COMMAND, spec=watch_spec(str(tmp_path / "gone"))).wait(10)
     assert answer is not None
     assert answer.error == "file_not_found"
     assert "gone" in (answer.message or "")
     (tmp_path / "file").touch()
-    answer = open_channel(helper.mux, "", timeout=10, spec=watch_spec(str(tmp_path / "file"))).wait(10)
+    answer = open_channel(helper.mux, _NO_COMMAND, spec=watch_spec(str(tmp_path / "file"))).wait(10)
     assert answer is not None
     assert answer.error is not None
     assert "NotADirectoryError" in (answer.message or "")
-    answer = open_channel(helper.mux, "", timeout=10, spec={**watch_spec(""), "watch": {"recursive": True}}).wait(10)
+    answer = open_channel(helper.mux, _NO_COMMAND, spec={**watch_spec(""), "watch": {"recursive": True}}).wait(10)
     assert answer is not None
     assert "a watch needs the path of a directory" in (answer.message or "")
-    assert (
-        helper.mux.run("echo still", timeout=10, stdin=None, env=None, cwd=None, output_limit=100).output == "still\n"
-    )
+    assert helper.mux.run(Command("echo still", timeout=10, output_limit=100)).output == "still\n"
 
 
 def test_the_channels_timeout_ends_the_watch(helper: _Helper, tmp_path: Path) -> None:
@@ -196,12 +196,7 @@ def test_watches_and_commands_share_the_helper(helper: _Helper, tmp_path: Path) 
     first, seen_first = _watch(helper, tmp_path / "one")
     second, seen_second = _watch(helper, tmp_path / "two")
     answer = helper.mux.run(
-        f"echo x > {tmp_path}/one/f && echo y > {tmp_path}/two/g",
-        timeout=10,
-        stdin=None,
-        env=None,
-        cwd=None,
-        output_limit=100,
+        Command(f"echo x > {tmp_path}/one/f && echo y > {tmp_path}/two/g", timeout=10, output_limit=100)
     )
     assert answer.exit_code == 0
     seen_first.wait_event("create", "f")

@@ -18,7 +18,7 @@ import pytest
 from test_mux import _PipeStream
 
 from sandboxes._helper import _loop
-from sandboxes._mux import MuxClient
+from sandboxes._mux import Command, MuxClient
 from sandboxes._mux._shipped import HELPER_SOURCES, bootstrap
 from sandboxes._mux.client import HEADER, PYTHON_FLAGS, SERVER_SOURCE, wire_spec
 
@@ -163,7 +163,7 @@ def test_a_command_gets_a_str_enum_in_its_environment_as_its_value() -> None:
     stream = _PipeStream()
     try:
         result = MuxClient(stream).run(
-            'printf %s "$MODE"', timeout=30, stdin=None, env={"MODE": _Mode.FAST}, cwd=None, output_limit=1000
+            Command('printf %s "$MODE"', timeout=30, output_limit=1000, env={"MODE": _Mode.FAST})
         )
         assert (result.exit_code, result.output) == (0, "fast")
     finally:

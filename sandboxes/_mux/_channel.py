@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 
 from sandboxes import protocol as p
 from sandboxes._helper.frames import CLOSE_STDIN, KILL, STDIN
+from sandboxes._mux._command import Command
 from sandboxes._mux._frames import _STDIN_CHUNK, _Pending, _request_frame, _response
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import KILL_GRACE, MuxClient
@@ -169,26 +170,25 @@ class Channel:
 
 def open_channel(
     client: MuxClient,
-    command: str,
+    command: Command,
     *,
-    timeout: float | None,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    output_limit: int = 0,
     on_output: OutputHook | None = None,
     spec: Mapping[str, object] | None = None,
     on_frame: Callable[[bytes, bytes], None] | None = None,
 ) -> Channel:
-    """Start ``command`` with its stdin open; its output goes to ``on_output`` as it arrives (on
-    the reader's thread: it must neither block nor raise), and the last ``output_limit`` bytes
-    of it, head and tail, make its answer. ``spec``: fields a capability adds to the request;
-    ``on_frame``: its own kinds of frames (kind, payload), as ``on_output`` is called.
-    `MuxBroken` if it could not be sent (``may_resend``: nothing was written)."""
-    pending = _Pending(
-        OutputBuffer(output_limit), done=_EndEvent(), on_output=on_output, env=dict(env or {}), on_frame=on_frame
-    )
+    """Start ``command`` with its stdin open (written by `Channel.write`: a ``command.stdin``
+    is ValueError); its output goes to ``on_output`` as it arrives (on the reader's thread: it
+    must neither block nor raise), and the last ``command.output_limit`` bytes of it, head and
+    tail, make its answer. ``spec``: fields a capability adds to the request; ``on_frame``: its
+    own kinds of frames (kind, payload), as ``on_output`` is called. `MuxBroken` if it could not
+    be sent (``may_resend``: nothing was written)."""
+    if command.stdin is not None:
+        raise ValueError("a channel's stdin is written as it goes (Channel.write), not given with its command")
+    buffer = OutputBuffer(command.output_limit)
+    pending = _Pending(buffer, done=_EndEvent(), on_output=on_output, env=dict(command.env), on_frame=on_frame)
     ident, pending = client.register(pending)
-    frame = _request_frame(ident, command, env, cwd, timeout, True, None, spec)
+    timeout = command.timeout
+    frame = _request_frame(ident, command.command, command.env, command.cwd, timeout, True, None, spec)
     try:
         client._send_frame(frame)
     except MuxBroken as broken:

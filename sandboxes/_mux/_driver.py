@@ -163,7 +163,7 @@ class HelperDriver:
         mux = self.helper()
         if mux is not None:
             with contextlib.suppress(MuxBroken):
-                return mux.run(command, timeout=10, stdin=None, env=None, cwd="/", output_limit=4096).output.strip()
+                return mux.run(Command(command, timeout=10, output_limit=4096, cwd="/")).output.strip()
         return None
 
     def running(self) -> MuxClient | None:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from sandboxes._mux._channel import Channel, open_channel
+from sandboxes._mux._command import Command
 from sandboxes._mux._shipped import sources_of
 from sandboxes._mux.client import MuxClient
 from sandboxes._output import Stream
@@ -74,8 +75,7 @@ def listen(mux: MuxClient, port: int, on_accept: Callable[[int], None]) -> Liste
     listening = Listening(on_accept)
     listening.channel = open_channel(
         mux,
-        "",
-        timeout=None,
+        Command("", timeout=0, output_limit=0),
         spec={"listen": {"port": port}, "sources": sources_of("_relay")},
         on_output=listening._arrived,
     )

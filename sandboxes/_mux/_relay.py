@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from sandboxes._helper.frames import GRANT, STDIN
 from sandboxes._mux._channel import Channel, open_channel
+from sandboxes._mux._command import Command
 from sandboxes._mux._shipped import sources_of
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
@@ -62,8 +63,7 @@ class _Relayed:
         self.port = port
         self.channel: Channel = open_channel(
             mux,
-            "",
-            timeout=None,
+            Command("", timeout=0, output_limit=0),
             spec={
                 "relay": {"port": port, "window": WINDOW}
                 if accepted is None

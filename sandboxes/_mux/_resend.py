@@ -75,15 +75,7 @@ def run_command_once(
 
 def run_on(mux: MuxClient, command: Command, on_output: OutputHook | None = None) -> p.ExecuteResponse:
     """``command`` on ``mux`` (`MuxClient.run`), waited on by this thread."""
-    return mux.run(
-        command.command,
-        timeout=command.timeout,
-        stdin=command.stdin,
-        env=command.env,
-        cwd=command.cwd,
-        output_limit=command.output_limit,
-        on_output=on_output,
-    )
+    return mux.run(command, on_output)
 
 
 def run_native_once(helper: Helper, drop: Drop, call: Call, *, timeout: float, lost: str) -> p.ExecuteResponse | None:

@@ -36,6 +36,7 @@ from sandboxes._helper.frames import (
     KILL_MARKED,
     PING,
 )
+from sandboxes._mux._command import Command
 from sandboxes._mux._frames import (
     _BINARY_ANSWERS,
     HEADER,
@@ -149,30 +150,23 @@ class MuxClient(StreamReader):
         with contextlib.suppress(Exception):
             self._stream.close()
 
-    def run(
-        self,
-        command: str,
-        *,
-        timeout: float | None,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int,
-        on_output: OutputHook | None = None,
-    ) -> p.ExecuteResponse:
-        """Run one command; raise `MuxBroken` if the helper dies or stops answering.
+    def run(self, command: Command, on_output: OutputHook | None = None) -> p.ExecuteResponse:
+        """Run one command as it stands (its ``cwd`` and ``env`` as given: `Command.within` is
+        the caller's); raise `MuxBroken` if the helper dies or stops answering.
 
         ``on_output`` sees every output chunk as it arrives (uncapped, in order), on whichever
         thread reads the stream (this one, another caller's or the reader thread), which reads
         for every command: it must neither block nor raise."""
         self._look()
-        ident, pending = self.register(_Pending(OutputBuffer(output_limit), on_output=on_output, env=dict(env or {})))
+        stdin, timeout = command.stdin, command.timeout
+        pending = _Pending(OutputBuffer(command.output_limit), on_output=on_output, env=dict(command.env))
+        ident, pending = self.register(pending)
         started = time.monotonic()
         leading = False
         try:
             if stdin is not None:
                 self._want_reader()  # someone must read while this thread sends
-            self.request(ident, command, env, cwd, timeout, stdin)
+            self.request(ident, command.command, command.env, command.cwd, timeout, stdin)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             leading = self._lead()

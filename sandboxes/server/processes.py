@@ -117,14 +117,7 @@ class ProcessTable:
         """Start ``command`` in the sandbox (blocking: call from a thread); ``on_end`` is called
         once this replica sees it end."""
         try:
-            state = self.runner.start(
-                command.command,
-                timeout=command.timeout,
-                stdin=command.stdin,
-                env=command.env,
-                cwd=command.cwd,
-                output_limit=command.output_limit,
-            )
+            state = self.runner.start_command(command)
         except TooManyJobs as full:
             raise ServiceError("quota_exceeded", full.message) from full
         except JobError as failed:

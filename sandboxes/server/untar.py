@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
-from sandboxes._mux import Channel, HoldsHelper, MuxBroken, MuxClient, open_channel
+from sandboxes._mux import Channel, Command, HoldsHelper, MuxBroken, MuxClient, open_channel
 from sandboxes._mux._shipped import program
 from sandboxes._output import OutputHook
 from sandboxes.api import WireErrorCode
@@ -157,7 +157,7 @@ def helper_channel(mux: MuxClient, command: str, on_output: OutputHook, timeout:
     """A channel of ``mux`` running ``command``, killed on the way out if it still runs; the
     helper breaking, at its start or meanwhile, is `ServiceError` ``backend_unavailable``."""
     try:
-        channel = open_channel(mux, command, timeout=timeout, cwd="/", on_output=on_output)
+        channel = open_channel(mux, Command(command, timeout, output_limit=0, cwd="/"), on_output=on_output)
     except MuxBroken as broken:
         raise ServiceError("backend_unavailable", f"the sandbox's exec helper broke: {broken}") from broken
     try:

@@ -14,6 +14,7 @@ import binascii
 import json
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -75,17 +76,11 @@ async def _opened(entry: Entry, command: Command, on_output: OutputHook) -> tupl
     token = unique_id()
     if mux is None:
         return None, token
+    cwd = command.cwd or entry.state.workdir or None
+    # its output goes to `on_output` as it comes; the answer keeps none
+    opened = replace(command.with_env(MARKER_ENV, token), output_limit=0, cwd=cwd)
     try:
-        channel = await asyncio.to_thread(
-            open_channel,
-            mux,
-            command.command,
-            timeout=command.timeout,
-            env={**command.env, MARKER_ENV: token},
-            cwd=command.cwd or entry.state.workdir or None,
-            output_limit=0,  # its output goes to `on_output` as it comes; the answer keeps none
-            on_output=on_output,
-        )
+        channel = await asyncio.to_thread(open_channel, mux, opened, on_output=on_output)
     except MuxBroken as broken:
         if broken.may_resend:  # nothing was sent: the service's own path runs it
             return None, token

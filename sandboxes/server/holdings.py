@@ -273,10 +273,13 @@ class Holdings:
     # ------------------------------------------------------------------ what quotas count
 
     async def _counted(self, tenant: Tenant) -> _States:
-        """The tenant's sandboxes on the shared backends, as recorded there (every replica's)."""
+        """The tenant's sandboxes on the shared backends, as recorded there (every replica's),
+        but those deleted here: a deletion answered frees its share at once, though its destroy
+        is still under way or retried by the sweep (the service's to finish, not the tenant's)."""
         if not self._shared:
             return []
-        return await self._read(census.tenant_states, self.backends, tenant.id)
+        states = await self._read(census.tenant_states, self.backends, tenant.id)
+        return [state for state in states if state.id not in self._doomed and state.id not in self._removing]
 
     def _held(self, tenant: Tenant) -> _States:
         """The tenant's sandboxes on the other backends: held here, or on a backend that cannot be

@@ -204,8 +204,9 @@ class Registry(Keeping):
 
     def _holding(self, tenant: Tenant) -> list[SandboxState]:
         """The tenant's sandboxes on the shared backends as this service holds them: registered,
-        being destroyed again, or claimed from a pool and not registered yet."""
-        held = (e.state for e in (*self._entries.values(), *self._doomed.values()) if e.backend.shared)
+        or claimed from a pool and not registered yet (those deleted here count no more,
+        as in `_counted`)."""
+        held = (e.state for e in self._entries.values() if e.backend.shared)
         kinds = {backend.name for backend in self.backends.values() if backend.shared}
         claimed = (state for kind in kinds for state in self.pools.claims.matching(kind, tenant.id))
         return [state for state in (*held, *claimed) if state.tenant == tenant.id]

@@ -279,6 +279,35 @@ class ReplicaScenarios:
         assert backend.destroy == destroy
         _wait_for(lambda: sandbox["id"] not in recorded(), "the sweep destroyed it")
 
+    def test_a_deletion_whose_destroy_fails_frees_its_quota_at_once(
+        self, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """The tenant was told its sandbox is deleted: while the service still retries its
+        destroy (the engine erring), the sandbox no longer counts against the tenant's quota
+        (a create is not refused for it, nor told to wait for its expiry)."""
+        backend = pair[0].registry.backends["default"]
+        destroy, failing = backend.destroy, threading.Event()
+
+        def fails_while_told(*args: Any) -> None:
+            if failing.is_set():
+                raise RuntimeError("the backend failed (injected)")
+            destroy(*args)
+
+        with pair[0].client("tiny") as a:
+            first = create(a, ttl=300)
+            failing.set()
+            backend.destroy = fails_while_told
+            try:
+                assert a.delete(f"/v1/sandboxes/{first['id']}").status_code == 204
+                assert first["id"] in recorded()  # not destroyed: its destroy is retried
+                second = a.post("/v1/sandboxes", json={"ttl": 300})
+                assert second.status_code == 201, second.text
+            finally:
+                failing.clear()
+                del backend.destroy
+            assert a.delete(f"/v1/sandboxes/{second.json()['id']}").status_code == 204
+        _wait_for(lambda: first["id"] not in recorded(), "the sweep destroyed it")
+
     def test_a_held_sandbox_deleted_elsewhere_is_dropped_by_the_sweep(self, replica: Replica, b: httpx.Client) -> None:
         """A replica that trusts what it holds for long (``confirm_interval``) still learns of
         a deletion elsewhere at its next sweep."""

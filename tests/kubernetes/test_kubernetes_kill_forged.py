@@ -15,6 +15,7 @@ from fake_apiserver import FakeKubernetes
 from support import SESSION_OWNER
 from test_kill_forged import DISGUISES, SHAPES, assert_the_timeout_kills_it
 
+from sandboxes.jobs import JobRunner
 from sandboxes.kubernetes import KubernetesSandbox, KubernetesSandboxConfig
 
 _ALL_DISGUISES = {**escapes.DISGUISES, **escapes.VOUCHED}
@@ -83,3 +84,14 @@ def test_a_command_without_the_helper_ends_with_what_disguised_itself(
             time.sleep(0.05)
     finally:
         fallback.execute(f"kill -9 {pid} 2>/dev/null")
+
+
+def test_a_job_started_without_the_helper_outlives_the_sweep_of_strays(fallback: KubernetesSandbox) -> None:
+    """The supervisor a background job leaves (adopted by the pod's init, started during its
+    command) is a live job's, spared by that command's sweep and the next ones; its kill ends it."""
+    runner = JobRunner(fallback)
+    state = runner.start("sleep 300", timeout=120)
+    for _ in range(3):
+        assert fallback.execute("true").exit_code == 0
+    assert runner.poll(state.id).state.status == "running"
+    assert runner.kill(state.id).state.status == "killed"

@@ -467,8 +467,8 @@ live job's id lives as long as that job does, and dies with its kill (its marker
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``, and keeps under the URL budget of
-Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``; past the URL budget of
+Kubernetes' exec (`sandboxes.kubernetes.sandbox._URL_BUDGET`), it travels there on stdin.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
 it): the same sweep where no init is the sandbox's own (an SSH host: `sandboxes.ssh`), or of a

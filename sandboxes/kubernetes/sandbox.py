@@ -89,18 +89,9 @@ _URL_BUDGET = 6000
 _RUN = (
     KILL_MARKED_SH  # kill_marked alone: the sweep of strays is an exec of its own (`_SWEEP`)
     + r"""cwd=$1; marker=$2; size=$3; cmd=$4; shift 4
-start_of() { _st=; { read -r _st < "/proc/$1/stat"; } 2>/dev/null; set -- ${_st##*') '}; _st=${20-}; }
-strays() {
-  for _sd in /proc/[0-9]*; do
-    [ -O "$_sd" ] && { read -r _sl < "$_sd/stat"; } 2>/dev/null || continue
-    set -- ${_sl##*') '}
-    [ "$2" = 1 ] && [ "$1" != Z ] && [ "${20}" -ge "$since" ] && return 0
-  done
-  return 1
-}
-start_of $$
-since=$_st
-printf 'since=%s\n' "$since" >&2
+f() { { read -r l <"$1/stat"; } 2>/dev/null && set -- ${l##*') '} && p=$2 t=${20} && [ "$1" != Z ]; }
+since=
+f /proc/$$ && since=$t && printf 'since=%s\n' "$t" >&2
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
 cd -- "$cwd" 2>/dev/null || exit 200
@@ -112,7 +103,9 @@ fi
 s=$?
 unset SANDBOXES_EXEC_ID
 kill_marked "$marker"
-[ -z "$since" ] || strays || printf 'clean\n' >&2
+c=clean
+for d in /proc/[0-9]*; do [ -O "$d" ] && f "$d" && [ "$p" = 1 ] && [ "$t" -ge "${since:-0}" ] && c=; done
+[ -z "$c" ] || printf '%s\n' "$c" >&2
 exit "$s"
 """
 )
@@ -128,9 +121,9 @@ command does."""
 
 _SWEEP = _scripts.KILL_MARKED + '[ -z "$1" ] || kill_marked "$1"; [ -z "$2" ] || kill_strays 1 "$2"'
 """Kill a command's marked processes (``$1``, unless empty), then ``kill_strays 1 SINCE`` (``$2``,
-`sandboxes._scripts.KILL_MARKED`):
-what the pod's init adopted since the command started, by owner, parent and start time (a
-running command's or live job's spared), which an ``env -i`` or ``setsid`` cannot change."""
+`sandboxes._scripts.KILL_MARKED`): what the pod's init adopted since the command started, by
+owner, parent and start time (a running command's or live job's spared), which an ``env -i`` or
+``setsid`` cannot change."""
 
 _FED = 'eval "$(head -c "$0")"'
 """Run the script of ``$0`` bytes read from stdin: one too long for an exec URL, in one exec."""

@@ -412,9 +412,19 @@ SANDBOXES_EXEC_ID="}
   for _rp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ); do
     { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
     set -- ${_rl##*') '}
-    [ "$2" = 1 ] || [ "$2" = "$_sp" ] || { _sc="$_sc $_rm "; return 0; }
+    [ "$2" = 1 ] || [ "$2" = "$_sp" ] || ! outside "$2" || { _sc="$_sc $_rm "; return 0; }
   done 2>/dev/null
   return 1
+}
+outside() {
+  _rq=$1 _rn=0
+  while [ "$_rq" -gt 1 ] && [ "$_rn" -lt 4096 ]; do
+    { read -r _rl <"/proc/$_rq/stat"; } 2>/dev/null || return 1
+    set -- ${_rl##*') '}
+    [ "$2" = "$_sp" ] && [ -O "/proc/$_rq" ] && [ "${20}" -ge "$_ss" ] && return 1
+    _rq=$2 _rn=$((_rn + 1))
+  done
+  [ "$_rn" -lt 4096 ]
 }
 live_job() {
   _lj=${1#*"SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"}
@@ -457,8 +467,8 @@ live job's id lives as long as that job does, and dies with its kill (its marker
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``, and keeps under the URL budget of
-Kubernetes' one-exec path (`sandboxes.kubernetes.sandbox._URL_BUDGET`) with a short command.
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``; past the URL budget of
+Kubernetes' exec (`sandboxes.kubernetes.sandbox._URL_BUDGET`), it travels there on stdin.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
 it): the same sweep where no init is the sandbox's own (an SSH host: `sandboxes.ssh`), or of a
@@ -467,8 +477,9 @@ parent is PARENT (1: the host's init, which adopted what left its tree; or the c
 pid), that started at or after SINCE (clock ticks after boot, as in ``/proc/<pid>/stat``; 0:
 any time) and is neither a KEEP pid, the caller, a live job's, a running command's
 (``running``: it carries a marker that a process outside PARENT's adoptees carries too, one
-still in its command's tree, which that command's end kills) nor in the middle of an exec, is
-killed, in rounds until a round finds none and none in an exec (the killed ones' children are
+still in its command's tree, which that command's end kills; ``outside``: no process on that
+one's parent chain is such an adoptee, so a stray's own children do not vouch for it) nor in
+the middle of an exec, is killed, in rounds until a round finds none and none in an exec (the killed ones' children are
 adopted next; one in an exec is looked at again once it is through). By
 what the process cannot change: its owner, its parent and its start time (an SSH command's
 escapees started after the command did); a marker only spares it while a job or a command

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from ssh_fixtures import SSHVM, start_vm
 from support import HAS_BWRAP, SESSION_OWNER, needs
 from test_kill_forged import assert_the_timeout_kills_it
 
+from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
@@ -34,6 +36,12 @@ DISGUISES = {
     "env-cleared-twice-forked": "env -i setsid sh -c '(setsid \"$@\" &)' sh",
 }
 """How a process disguises itself: a prefix to the command it runs."""
+VOUCHED = {
+    "forged-marker-forking": f"env {MARKER_ENV}=sandboxes-forged setsid sh -c '\"$@\"; exit' sh",
+}
+"""A disguise whose process forges a command's marker and keeps a child carrying it, as if that
+child were the running command's that the marker names: the child (whose pid is written) dies
+too."""
 SHAPES = {
     "child": "{disguise} sh -c {inner} < /dev/null > /dev/null 2>&1 & sleep 300",
     "orphan": "({disguise} sh -c {inner} < /dev/null > /dev/null 2>&1 &); sleep 300",
@@ -103,22 +111,32 @@ def test_a_timeout_without_the_helper_kills_what_disguised_itself(
     assert_the_timeout_kills_it(fallback, disguise, shape, DISGUISES, SHAPES, timeout=FALLBACK_TIMEOUT)
 
 
+@pytest.mark.parametrize("disguise", sorted(VOUCHED))
+def test_a_timeout_without_the_helper_kills_what_its_own_child_vouches_for(
+    fallback: BaseSandbox, disguise: str
+) -> None:
+    assert not getattr(getattr(fallback, "helper_driver", None), "mux", None), "the exec helper runs here"
+    assert_the_timeout_kills_it(fallback, disguise, "orphan", VOUCHED, SHAPES, timeout=FALLBACK_TIMEOUT)
+
+
 def _alive(sandbox: BaseSandbox, pid: str) -> bool:
     look = f'kill -0 {pid} 2>/dev/null && s=$(cut -d" " -f3 /proc/{pid}/stat) && [ "$s" != Z ] && echo alive'
     return sandbox.execute(look).output.strip() == "alive"
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("disguise", sorted(DISGUISES))
+@pytest.mark.parametrize(
+    ("disguise", "shape"), [(d, s) for d in sorted(DISGUISES) for s in sorted(SHAPES)] + [(*VOUCHED, "orphan")]
+)
 def test_a_jobs_kill_kills_what_disguised_itself(sandbox: BaseSandbox, disguise: str, shape: str) -> None:
     """A background job starts a disguised process that writes its pid; killing the job (the
     service's ``DELETE .../processes/{id}``) leaves it alive for no more than 10 s."""
+    disguises = {**DISGUISES, **VOUCHED}
     workdir = sandbox.execute("pwd").output.strip()
     pid_file = shlex.quote(f"{workdir}/job-{disguise}-{shape}.pid")
     sandbox.execute(f"rm -f {pid_file}")
     inner = shlex.quote(f"echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}; exec sleep 300")
     runner = JobRunner(sandbox)
-    state = runner.start(SHAPES[shape].format(disguise=DISGUISES[disguise], inner=inner), timeout=120)
+    state = runner.start(SHAPES[shape].format(disguise=disguises[disguise], inner=inner), timeout=120)
     deadline = time.monotonic() + 20
     while not (pid := sandbox.execute(f"cat {pid_file} 2>/dev/null").output.strip()).isdigit():
         assert time.monotonic() < deadline, f"the disguised process never started: {runner.poll(state.id)}"
@@ -131,3 +149,33 @@ def test_a_jobs_kill_kills_what_disguised_itself(sandbox: BaseSandbox, disguise:
             time.sleep(0.05)
     finally:
         sandbox.execute(f"kill -9 {pid} 2>/dev/null")
+
+
+def test_a_running_commands_escapee_outlives_another_commands_sweep(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Over SSH without the helper: a process that left a command still running (its parent
+    shell waits on), born while another command ran, is spared by that other command's end
+    (its marker is carried by a process in a running command's tree), and dies with its own."""
+    for sandbox in _open("ssh-no-helper", request, tmp_path_factory):
+        workdir = sandbox.execute("pwd").output.strip()
+        began, pid_file = shlex.quote(f"{workdir}/b-began"), shlex.quote(f"{workdir}/daemon.pid")
+        other = f"echo > {began}; while [ ! -s {pid_file} ]; do sleep 0.05; done"
+        inner = shlex.quote(f"echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}; exec sleep 300")
+        own = f"(setsid sh -c {inner} < /dev/null > /dev/null 2>&1 &); sleep 300"
+        with ThreadPoolExecutor(2) as pool:
+            ended = pool.submit(sandbox.execute, other, timeout=30)
+            deadline = time.monotonic() + 20
+            while sandbox.execute(f"[ -e {began} ] && echo yes").output.strip() != "yes":
+                assert time.monotonic() < deadline, "the other command never began"
+                time.sleep(0.05)
+            timed_out = pool.submit(sandbox.execute, own, timeout=FALLBACK_TIMEOUT + 4)
+            assert ended.result().exit_code == 0
+            pid = sandbox.execute(f"cat {pid_file}").output.strip()
+            assert pid.isdigit(), pid
+            assert _alive(sandbox, pid), "the other command's end killed a running command's process"
+            assert timed_out.result().error == p.TIMEOUT
+        deadline = time.monotonic() + 10
+        while _alive(sandbox, pid):
+            assert time.monotonic() < deadline, f"process {pid} outlived its own command's timeout"
+            time.sleep(0.05)

@@ -87,8 +87,11 @@ _URL_BUDGET = 6000
 """Bytes of URL-quoted script sent as an exec's ``command`` parameter; a longer one goes over stdin."""
 
 _RUN = (
-    KILL_MARKED_SH  # kill_marked alone: this path sweeps no orphans, so that function stays home
+    KILL_MARKED_SH  # kill_marked alone: the sweep of strays is an exec of its own (`_SWEEP`)
     + r"""cwd=$1; marker=$2; size=$3; cmd=$4; shift 4
+f() { { read -r l <"$1/stat"; } 2>/dev/null && set -- ${l##*') '} && p=$2 t=${20} && [ "$1" != Z ]; }
+since=
+f /proc/$$ && since=$t && printf 'since=%s\n' "$t" >&2
 for pair do export "$pair"; done
 export SANDBOXES_EXEC_ID="$marker"
 cd -- "$cwd" 2>/dev/null || exit 200
@@ -100,6 +103,9 @@ fi
 s=$?
 unset SANDBOXES_EXEC_ID
 kill_marked "$marker"
+c=clean
+for d in /proc/[0-9]*; do [ -O "$d" ] && f "$d" && [ "$p" = 1 ] && [ "$t" -ge "${since:-0}" ] && c=; done
+[ -z "$c" ] || printf '%s\n' "$c" >&2
 exit "$s"
 """
 )
@@ -107,7 +113,20 @@ exit "$s"
 the environment as ``NAME=value`` pairs, all quoted positional parameters. The exec API has no
 way to pass an environment, and ``v4`` none to end stdin, so the command's stdin is exactly
 ``size`` bytes of the exec's through ``head -c`` (``-``: none). stderr joins stdout at the source
-so their order is kept. Whatever the command left running with its marker dies when it ends."""
+so their order is kept. Whatever the command left running with its marker dies when it ends.
+On the exec's own stderr: first ``since=TICKS``, this shell's start time, and last ``clean``
+when no process of the pod's user that the pod's init adopted started since (what left the
+command's tree, its marker dropped or not); without it `_SWEEP` kills those, as SSH's end of a
+command does."""
+
+_SWEEP = _scripts.KILL_MARKED + '[ -z "$1" ] || kill_marked "$1"; [ -z "$2" ] || kill_strays 1 "$2"'
+"""Kill a command's marked processes (``$1``, unless empty), then ``kill_strays 1 SINCE`` (``$2``,
+`sandboxes._scripts.KILL_MARKED`): what the pod's init adopted since the command started, by
+owner, parent and start time (a running command's or live job's spared), which an ``env -i`` or
+``setsid`` cannot change."""
+
+_FED = 'eval "$(head -c "$0")"'
+"""Run the script of ``$0`` bytes read from stdin: one too long for an exec URL, in one exec."""
 
 
 class KubernetesSandbox(DrivenSandbox, Sandbox):
@@ -263,10 +282,12 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
         reader.join(timeout or None)
         timed_out = reader.is_alive()
         if timed_out:
-            self._kill_marked(marker)
+            self._kill_marked(marker, _since(stream))
             reader.join(5.0)
         stream.close()
         reader.join(1.0)
+        if stream.exit_code() is not None and not bytes(stream.stderr).endswith(b"\nclean\n"):
+            self._kill_marked("", _since(stream))  # what the command left outside its tree
         duration = (time.monotonic() - started) * 1000
         code = stream.exit_code()
         if timed_out:
@@ -306,13 +327,21 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
     def _cwd_exists(self, cwd: str) -> bool:
         return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
 
-    def _kill_marked(self, marker: str) -> None:
-        with contextlib.suppress(ExecError):
-            self._run_small(_scripts.command(KILL_MARKED_SH + 'kill_marked "$1"', marker))
+    def _kill_marked(self, marker: str, since: str | None) -> None:
+        """Kill a command's marked processes (none for an empty ``marker``) and, once its start
+        time is known, what its pod's init adopted since (`_SWEEP`)."""
+        if marker or since:
+            with contextlib.suppress(ExecError):
+                self._run_small(_scripts.command(_SWEEP, marker, since or ""), fed=True)
 
-    def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
-        """(exit code, output) of an internal script in its own exec, bounded in output and time."""
-        stream = open_exec(self._exec_api, self.config.namespace, self.name, ["/bin/sh", "-c", script], stdin=False)
+    def _run_small(self, script: str, timeout: float = 30.0, *, fed: bool = False) -> tuple[int | None, str]:
+        """(exit code, output) of an internal script in its own exec, bounded in output and time;
+        ``fed``: the script travels on stdin (`_FED`), not in the exec's URL."""
+        body = script.encode()
+        argv = ["/bin/sh", "-c", _FED, str(len(body))] if fed else ["/bin/sh", "-c", script]
+        stream = open_exec(self._exec_api, self.config.namespace, self.name, argv, stdin=fed)
+        if fed:
+            _feed(stream, body)
         output = OutputBuffer(_SMALL_OUTPUT)
         reader = threading.Thread(target=_pump, args=(stream, output), daemon=True)
         reader.start()
@@ -428,6 +457,14 @@ def _pump(stream: ExecStream, output: OutputBuffer, on_output: Callable[[bytes],
         output.write(chunk)
         if on_output is not None:
             on_output(chunk)
+
+
+def _since(stream: ExecStream) -> str | None:
+    """The start time `_RUN`'s shell wrote first on the exec's stderr (before the command ran),
+    or None."""
+    first = bytes(stream.stderr[:64]).partition(b"\n")[0]
+    value = first.removeprefix(b"since=")
+    return value.decode() if first.startswith(b"since=") and value.isdigit() else None
 
 
 def _feed(stream: ExecStream, data: bytes) -> None:

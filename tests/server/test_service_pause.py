@@ -264,3 +264,36 @@ def test_a_sandbox_frozen_at_its_ttl_on_docker_is_read_back_as_it_was_after_a_re
         finally:
             for sid in (resumed_id, left_id):
                 client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_paused_with_its_clock_stopped_on_docker_is_read_back_as_it_was_after_a_restart(
+    docker_client: Any, runtime_image: str, tmp_path: Path
+) -> None:
+    """Paused with ``ttl: stop``, across a restart of the service (its state file kept beside its
+    container's labels, which say frozen alone): still paused with its processes kept, no expiry
+    removes it meanwhile, and a resume gives back the seconds it had left."""
+    template = DockerTemplate(backend="docker", image=runtime_image, cpus=0.5, memory="256m", labels=CLEANUP)
+    owner = f"{SESSION_OWNER}-pausest-{uuid.uuid4().hex[:6]}"
+    settings = settings_for(tmp_path, owner=owner, templates={"default": template})
+    clock = ManualClock()
+    with running(settings, docker_client=docker_client, clock=clock) as first, first.client() as client:
+        sid = create(client, ttl=100)["id"]
+        start_process(client, sid, COUNTER)
+        wait_for(lambda: execute(client, sid, "cat count 2>/dev/null")["output"].strip() != "", "the counter")
+        clock.advance(40)
+        _pause(client, sid, "stop")
+        frozen_at = _count_outside(first, sid)
+    with running(settings, docker_client=docker_client, clock=clock) as second, second.client() as client:
+        try:
+            shown = client.get(f"/v1/sandboxes/{sid}").json()
+            assert (shown["state"], shown["processes_kept"]) == ("paused", True)
+            clock.advance(100)  # past the end of its TTL, had its clock run
+            second.sweep()
+            assert client.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused"
+            resumed = client.post(f"/v1/sandboxes/{sid}/resume").json()
+            assert resumed["state"] == "running"
+            assert resumed["expires_at"] - clock.now() == pytest.approx(60, abs=1.5)  # the seconds it had left
+            wait_for(lambda: _count_inside(client, sid) > frozen_at + 2, "the counter to go on after resume")
+            assert not (tmp_path / "state" / f"{sid}.json").exists()  # running: its labels say it all
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")

@@ -6,8 +6,8 @@ A pause says what happens to the TTL: ``keep``, the clock runs (a sandbox may ex
 paused, and is removed as any other); ``stop``, the seconds left are recorded and given back at
 resume, and no expiry removes it meanwhile. On a shared backend the sandbox's recorded expiry
 is moved ``max_ttl`` past the pause, so another replica (or this one after a restart, which
-reads a frozen container back as paused with ``keep``, or as it was if paused at its timeout:
-its state file, `SandboxState.kept_beside_record`) does not reap it early.
+reads a frozen container back as paused with ``keep``, or as it was if paused with ``stop`` or
+at its timeout: its state file, `SandboxState.kept_beside_record`) does not reap it early.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ PAUSED_AT_TIMEOUT = "timeout"
 """`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
 end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
 
+_PAUSES_BESIDE_RECORD = frozenset({"stop", PAUSED_AT_TIMEOUT})
+"""The pauses a shared backend's record cannot say (it says frozen alone, read back as ``keep``)."""
+
 
 @dataclass
 class SandboxState:
@@ -86,16 +89,16 @@ class SandboxState:
     @property
     def kept_beside_record(self) -> bool:
         """Whether a shared backend's sandbox keeps this file beside its record, for what the
-        record cannot say: its network set through the API, or a pause at its timeout (its record
-        says frozen alone). `take_recorded` reads it back at adoption."""
-        return self.network_set or self.paused == PAUSED_AT_TIMEOUT
+        record cannot say: its network set through the API, or a pause at its timeout or with its
+        clock stopped (its record says frozen alone). `take_recorded` reads it back at adoption."""
+        return self.network_set or self.paused in _PAUSES_BESIDE_RECORD
 
     def take_recorded(self, recorded: SandboxState) -> None:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
-        its pause at its timeout while its record still says frozen."""
+        its pause at its timeout or with its clock stopped while its record still says frozen."""
         if recorded.network_set:
             self.take_network(recorded)
-        if self.paused and recorded.paused == PAUSED_AT_TIMEOUT:
+        if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:
             self.paused, self.paused_remaining = recorded.paused, recorded.paused_remaining
 
     def take_network(self, recorded: SandboxState) -> None:

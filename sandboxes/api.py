@@ -393,7 +393,8 @@ class SandboxInfo(_Answer):
     """``paused``: frozen (``POST .../pause``); operations answer ``paused`` until it resumes."""
     processes_kept: bool | None = None
     """While paused: whether its processes come back at resume where they were (``true``:
-    frozen) or not (``false``: hibernated, only its files were kept); ``null`` while it runs."""
+    frozen) or not (``false``: hibernated, or frozen in a local jail the service's restart
+    ended; only its files were kept); ``null`` while it runs."""
 
 
 class SandboxList(_Answer):

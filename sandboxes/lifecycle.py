@@ -38,6 +38,7 @@ __all__ = [
     "CreateOptions",
     "Freezable",
     "FreezeUnavailable",
+    "HolderBoundProvider",
     "Lifecycle",
     "Mount",
     "PooledProvider",
@@ -274,6 +275,16 @@ class ResumableProvider(Provider[S], Protocol[S]):
         back whole (its files were in memory, or it will not start): the caller should
         `Provider.destroy` it rather than hand out an empty sandbox."""
         ...
+
+
+@runtime_checkable
+class HolderBoundProvider(Provider[S], Protocol[S]):
+    """A provider whose sandboxes' processes live only as long as the process holding their
+    handle (a local jail ends with it): a sandbox attached by another process has its files and
+    none of the processes it ran, frozen or not."""
+
+    processes_end_with_holder: bool
+    """``True``: what makes a provider one."""
 
 
 @runtime_checkable

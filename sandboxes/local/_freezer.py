@@ -21,7 +21,7 @@ from sandboxes.local._limits import Cgroup
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["freeze_jail", "thaw_jail"]
+__all__ = ["freeze_jail", "kill_jail", "thaw_jail"]
 
 _PASSES = 20
 """Rounds of stopping what is found: a process may fork while the tree is read."""
@@ -75,6 +75,14 @@ def thaw_jail(cgroup: Cgroup | None, launcher: int | None) -> None:
     for pid in _members(cgroup, launcher):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGCONT)
+
+
+def kill_jail(cgroup: Cgroup | None, launcher: int | None) -> None:
+    """``SIGKILL`` to every process of the jail: a frozen one dies where it stopped, once thawed,
+    without running again (its files stay as they were when frozen)."""
+    for pid in _members(cgroup, launcher):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _members(cgroup: Cgroup | None, launcher: int | None) -> list[int]:

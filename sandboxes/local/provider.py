@@ -56,7 +56,10 @@ class LocalProviderConfig(LocalSandboxTemplate):
 class LocalProvider:
     """Creates `LocalSandbox` instances under ``base_dir``; a `sandboxes.lifecycle.Provider`.
 
-    ``LocalProvider(config)`` or ``LocalProvider("/var/lib/sandboxes", memory=...)``."""
+    ``LocalProvider(config)`` or ``LocalProvider("/var/lib/sandboxes", memory=...)``. A
+    `sandboxes.lifecycle.HolderBoundProvider`: a jail ends with its handle, or its holder."""
+
+    processes_end_with_holder = True
 
     def __init__(self, config: LocalProviderConfig | str | Path, **options: Any) -> None:
         if not isinstance(config, LocalProviderConfig):

@@ -50,7 +50,7 @@ from sandboxes._output import DEFAULT_OUTPUT_LIMIT, OutputHook, execute_response
 from sandboxes.base import Operation
 from sandboxes.lifecycle import Mount, Sandbox
 from sandboxes.local import _disk
-from sandboxes.local._freezer import freeze_jail, thaw_jail
+from sandboxes.local._freezer import freeze_jail, kill_jail, thaw_jail
 from sandboxes.local._helper import HELPER_COMMAND, HelperProcess
 from sandboxes.local._jail import Jail, claim, stale_states
 from sandboxes.local._limits import Cgroup, UsageCount, disk_usage, launch_limits, tasks_of
@@ -255,7 +255,10 @@ class LocalSandbox(DrivenSandbox, Sandbox):
     def close(self) -> None:
         """Stop the jail and remove the private /tmp; the root directory belongs to the caller
         and stays."""
-        if self._frozen:  # a stopped process takes its SIGKILL only once let go
+        if self._frozen:  # killed where it stopped, then let go: a frozen process dies only once thawed
+            with self.helper_driver.lock:
+                process = self._helper_process
+                kill_jail(self._cgroup, None if process is None else process.process.pid)
             self.thaw()
         self.helper_driver.close()  # closing its client kills the jail (`HelperProcess.close`)
         if self._jail is not None:

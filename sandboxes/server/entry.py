@@ -40,7 +40,7 @@ class Entry:
             labels=self.state.labels,
             workdir=self.state.workdir,
             state="paused" if self.state.paused else "running",
-            processes_kept=(not self.state.hibernated) if self.state.paused else None,
+            processes_kept=not (self.state.hibernated or self.state.processes_ended) if self.state.paused else None,
         )
 
     def kill_marked(self, token: str) -> None:

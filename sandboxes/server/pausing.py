@@ -61,7 +61,7 @@ class Pausing(Holdings):
                     expires_at = float(math.ceil(expires_at))
                     await asyncio.to_thread(entry.backend.renew, state, expires_at)
                 state.expires_at = expires_at
-            state.paused, state.paused_remaining = "", 0.0
+            state.paused, state.paused_remaining, state.processes_ended = "", 0.0, False
             await self._saved(entry)
             self._schedule(state.id)
             return entry

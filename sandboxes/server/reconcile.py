@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 
-from sandboxes.lifecycle import ResumableProvider, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import HolderBoundProvider, ResumableProvider, SandboxRecord, SharedProvider
 from sandboxes.server.backends import (
     LABEL_POOL_MEMBER,
     Adopted,
@@ -118,7 +118,7 @@ def _adopt(
         if not now_recorded:  # gone since the list
             return None
         state.expires_at = max(state.expires_at, now_recorded[0].expires_at)  # renewed since the list
-    if state is None or state.deleting or state.expires_at <= now:
+    if state is None or state.deleting or (state.expires_at <= now and state.paused != "stop"):  # stop: no expiry
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)
         return None
@@ -139,6 +139,8 @@ def _adopt(
             return None
     if not state.workdir:
         state.workdir = workdir_of(sandbox)
+    if state.paused and isinstance(provider, HolderBoundProvider):  # frozen by a process that is gone
+        state.processes_ended = True
     return state, sandbox
 
 

@@ -62,6 +62,9 @@ class SandboxState:
     `sandboxes.server.pausing`); empty while it runs."""
     paused_remaining: float = 0.0
     """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
+    processes_ended: bool = False
+    """Paused by a freeze whose processes ended since (its jail with the service that held it,
+    `sandboxes.lifecycle.HolderBoundProvider`): its files alone come back at resume."""
     hibernated: str = ""
     """Paused by hibernation: the snapshot its workspace was kept in, its container or jail
     released (`sandboxes.server.keeping`); empty otherwise."""

@@ -30,6 +30,8 @@ COUNTER = "i=0; while :; do i=$((i + 1)); echo $i > count.tmp; mv count.tmp coun
 """Counts, about fifty a second, into ``count`` of its working directory (renamed whole: a read
 never sees half a number)."""
 BINARY = bytes(range(256)) * 64
+_COMMAND_LINES = r"for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <$f; echo; done"
+"""The command line of every process the sandbox sees, one a line."""
 
 
 service = service_fixture("pause", manual_clock=True)
@@ -297,3 +299,38 @@ def test_a_sandbox_paused_with_its_clock_stopped_on_docker_is_read_back_as_it_wa
             assert not (tmp_path / "state" / f"{sid}.json").exists()  # running: its labels say it all
         finally:
             client.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_frozen_local_sandbox_is_read_back_with_its_processes_ended_after_a_restart(tmp_path: Path) -> None:
+    """A local jail ends with the service holding it: a sandbox frozen there (by a pause, or at
+    its timeout) reads back after a restart paused with its processes not kept, and a resume
+    gives it its files, its counter where it stopped and its TTL as its pause said."""
+    clock, settings = ManualClock(), settings_for(tmp_path)
+    with running(settings, clock=clock) as first, first.client() as client:
+        paused_id, timed_id = create(client, ttl=100)["id"], create(client, ttl=100, on_timeout="freeze")["id"]
+        for sid in (paused_id, timed_id):
+            start_process(client, sid, COUNTER)
+            wait_for(lambda sid=sid: execute(client, sid, "cat count 2>/dev/null")["output"].strip() != "", "count")
+            assert "while :" in execute(client, sid, _COMMAND_LINES)["output"]  # what sees it running
+        clock.advance(40)
+        assert _pause(client, paused_id, "stop")["processes_kept"] is True
+        clock.advance(61)
+        first.sweep()
+        assert client.get(f"/v1/sandboxes/{timed_id}").json()["processes_kept"] is True  # frozen at its timeout
+        frozen_at = {sid: _count_outside(first, sid) for sid in (paused_id, timed_id)}
+    for _ in range(2):  # and again: what it is now is what its state file says
+        with running(settings, clock=clock) as again, again.client() as client:
+            for sid in (paused_id, timed_id):
+                shown = client.get(f"/v1/sandboxes/{sid}").json()
+                assert (shown.get("state"), shown.get("processes_kept")) == ("paused", False), shown
+    with running(settings, clock=clock) as last, last.client() as client:
+        try:
+            for sid, ttl_left in ((paused_id, 60), (timed_id, 3600)):
+                resumed = client.post(f"/v1/sandboxes/{sid}/resume").json()
+                assert (resumed["state"], resumed["processes_kept"]) == ("running", None)
+                assert resumed["expires_at"] - clock.now() == pytest.approx(ttl_left, abs=1.5)
+                assert _count_inside(client, sid) == frozen_at[sid]  # its files, as they were when frozen
+                assert "while :" not in execute(client, sid, _COMMAND_LINES)["output"]  # its counter ended
+        finally:
+            for sid in (paused_id, timed_id):
+                client.delete(f"/v1/sandboxes/{sid}")

@@ -542,7 +542,7 @@ def _open_streamed_archive(sandbox: StreamsOutput, path: str, limit: int) -> Cal
     parent, name = os.path.split(checked)
     if _on_pseudo_filesystem(checked):
         command = _scripts.command(_ARCHIVE_AS_USER, parent or "/", name or ".", str(limit), program("_archive"))
-    else:  # GNU tar is several times faster on a tree of small files, and right where sizes are
+    else:  # GNU tar elsewhere: the faster on trees of small files, and right where sizes are
         command = _scripts.command(_TAR_AS_USER, parent or "/", name or ".")
 
     def produce(emit: Emit) -> None:

@@ -357,29 +357,31 @@ KILL_MARKED = (
     + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
-  r=0 _lc= _lx=
+  r=0 _lc= _lx= _sn=0 _sw=0
   while [ "$r" -lt 20 ]; do
-    r=$((r + 1)); v=; o=; t=
+    r=$((r + 1)); v=; o=; t=; _se=
     for d in /proc/[0-9]*; do
       read -r l 2>/dev/null <"$d/stat" || continue
       set -- ${l##*') '}
       [ "$2" = 1 ] && [ "$1" != Z ] || continue
       _a=${49-}
-      l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
+      if environ "$d"; then l=$_sl; else l=-; fi
+      [ -z "$_sf" ] || case $l in *SANDBOXES_EXEC_ID=*) _se=1; continue ;; esac
       case "
 $l" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
-    [ -z "${v# }" ] && return 0
-    kill -9 $v 2>/dev/null; sleep 0.05
+    [ -n "${v# }$_se" ] || return 0
+    [ -z "${v# }" ] || kill -9 $v 2>/dev/null
+    pause "${v# }"; [ "$_sg" != 2 ] || return 0; [ "$_sg" = 0 ] || r=$((r - 1))
   done
 }
 kill_strays() {
   _sp=$1 _ss=${2:-0} _sr=0
   shift 2
-  _sk=" $$ $* " _sc= _lc= _lx=
+  _sk=" $$ $* " _sc= _lc= _lx= _sn=0 _sw=0
   while [ "$_sr" -lt 20 ]; do
     _sr=$((_sr + 1)) _sv= _se=
     for _sd in /proc/[0-9]*; do
@@ -388,7 +390,8 @@ kill_strays() {
       set -- ${_sl##*') '}
       [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
       _a=${49-}
-      _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
+      environ "$_sd" || _sl=
+      [ -z "$_sf" ] || case $_sl in *SANDBOXES_EXEC_ID=*) _se=1; continue ;; esac
       case "
 $_sl" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" 2>/dev/null || continue ;; *"
@@ -400,8 +403,26 @@ $_sl" || continue ;; "
     done
     [ -n "$_sv$_se" ] || return 0
     [ -z "$_sv" ] || kill -9 $_sv 2>/dev/null
-    sleep 0.05
+    pause "$_sv"; [ "$_sg" != 2 ] || return 0; [ "$_sg" = 0 ] || _sr=$((_sr - 1))
   done
+}
+environ() {
+  _sf=
+  command eval '_sl=$(exec tr "\0" "\n" <"$1/environ")' 2>/dev/null && return 0
+  _sl=
+  [ -r "$1/environ" ] || return 1
+  _sf=1
+  { while IFS= read -r _sx || [ -n "$_sx" ]; do _sl=$_sl$_sx; _sx=; done <"$1/environ"; } 2>/dev/null
+}
+pause() {
+  _sg=0
+  command eval 'sleep 0.05' 2>/dev/null && { _sn=0; return 0; }
+  _sw=$((_sw + 1))
+  if [ -n "$1" ]; then _sn=0 _sg=1; else _sn=$((_sn + 1)); fi
+  [ "$_sn" -lt 4 ] && [ "$_sw" -lt 2000 ] || _sg=2
+}
+forked() {
+  command eval "$1" || exit 2
 }
 running() {
   _rm=${1#*"
@@ -409,12 +430,18 @@ SANDBOXES_EXEC_ID="}
   _rm=${_rm%%"
 "*}
   case $_sc in *" $_rm "*) return 0 ;; esac
-  for _rp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ); do
+  _rf=
+  command eval '_rf=$(forked _carriers)' 2>/dev/null
+  [ -n "$_rf" ] || { _se=1; return 0; }
+  for _rp in ${_rf%.}; do
     { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
     set -- ${_rl##*') '}
     [ "$2" = 1 ] || [ "$2" = "$_sp" ] || ! outside "$2" || { _sc="$_sc $_rm "; return 0; }
   done 2>/dev/null
   return 1
+}
+_carriers() {
+  grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ; echo .
 }
 outside() {
   _rq=$1 _rn=0
@@ -434,12 +461,13 @@ live_job() {
   case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
   case $_lc in *" $_lj "*) return 0 ;; esac
   case $_lx in *" $_lj "*) return 1 ;; esac
-  _lf=$(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ; echo .)
-  [ -n "$_lf" ] || return 0
+  _lf=
+  command eval '_lf=$(forked _supervisors)' 2>/dev/null
+  [ -n "$_lf" ] || { _se=1; return 0; }
   for _lp in ${_lf%.}; do
-    _lp=${_lp#/proc/} _lp=${_lp%/environ}
-    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p; echo .)
-    [ -n "$_ld" ] || return 0
+    _lp=${_lp#/proc/} _lp=${_lp%/environ} _ld=
+    command eval '_ld=$(forked _job_dir)' 2>/dev/null
+    [ -n "$_ld" ] || { _se=1; return 0; }
     _ld=${_ld%.} _ld=${_ld%"
 "}
     [ "${_ld##*/}" = "$_lj" ] || continue
@@ -448,6 +476,12 @@ live_job() {
   done 2>/dev/null
   _lx="$_lx $_lj "
   return 1
+}
+_supervisors() {
+  grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ; echo .
+}
+_job_dir() {
+  tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p; echo .
 }
 """
 )

@@ -179,3 +179,49 @@ def test_a_running_commands_escapee_outlives_another_commands_sweep(
         while _alive(sandbox, pid):
             assert time.monotonic() < deadline, f"process {pid} outlived its own command's timeout"
             time.sleep(0.05)
+
+
+FULL_PIDS = 40
+"""The pids limit of the sandboxes that a command's leftovers fill: small, so that they fill it
+within milliseconds."""
+RETAKER = "while :; do command eval 'sleep 300 &'; done 2>/dev/null"
+"""A shell that forks again whenever a fork fails (``command eval``: the failure does not end
+it): every pid that frees up in its sandbox is taken back at once, so the sandbox stays full."""
+FILL_AND_LEAVE = (
+    f"env -i setsid sh -c {shlex.quote(RETAKER)} < /dev/null > /dev/null 2>&1 & "
+    "while command eval ': $(:)' 2>/dev/null; do :; done; echo full"
+)
+"""A command that leaves `RETAKER` behind, its environment cleared (no marker: only the sweep of
+strays can find it), and ends once no process can start any more, printing ``full``."""
+COUNT_PROCESSES = "n=0; for d in /proc/[0-9]*; do [ -e $d/stat ] && n=$((n + 1)); done; echo $n"
+"""How many processes the sandbox runs, with the shell's built-ins alone."""
+
+
+def _count_processes(sandbox: BaseSandbox) -> int | None:
+    """`COUNT_PROCESSES`, or ``None`` where the sandbox cannot start it (its pids are full)."""
+    try:
+        output = sandbox.execute(COUNT_PROCESSES, timeout=10).output.strip()
+    except Exception:  # the engine refused the exec: no pid left for it
+        return None
+    return int(output) if output.isdigit() else None
+
+
+@pytest.mark.parametrize("image", ["no_python_image", "busybox_image"])
+def test_a_commands_leftovers_that_fill_the_pids_limit_are_swept(
+    image: str, request: pytest.FixtureRequest, docker_client: Any
+) -> None:
+    """Without the helper (dash; busybox ash), the sweep after a command finds the sandbox full
+    of what the command left, which takes back every pid that frees up: the sweeping shell cannot
+    fork (a shell whose ``$(...)`` cannot fork exits), yet the command's own answer comes back and
+    nothing it left survives."""
+    config = DockerSandboxConfig(image=request.getfixturevalue(image), owner=SESSION_OWNER, pids=FULL_PIDS)
+    with DockerSandbox.create(config, client=docker_client) as sandbox:
+        assert not getattr(sandbox.helper_driver, "mux", None), "the exec helper runs here"
+        before = _count_processes(sandbox)
+        assert before is not None and before < 10, before
+        result = sandbox.execute(FILL_AND_LEAVE, timeout=60)
+        assert (result.exit_code, result.output) == (0, "full\n"), result
+        deadline = time.monotonic() + 10
+        while (left := _count_processes(sandbox)) != before:
+            assert time.monotonic() < deadline, f"{left} processes run, {before} before the command"
+            time.sleep(0.05)

@@ -218,7 +218,8 @@ def test_a_commands_leftovers_that_fill_the_pids_limit_are_swept(
     with DockerSandbox.create(config, client=docker_client) as sandbox:
         assert not getattr(sandbox.helper_driver, "mux", None), "the exec helper runs here"
         before = _count_processes(sandbox)
-        assert before is not None and before < 10, before
+        assert before is not None
+        assert before < 10, before
         result = sandbox.execute(FILL_AND_LEAVE, timeout=60)
         assert (result.exit_code, result.output) == (0, "full\n"), result
         deadline = time.monotonic() + 10

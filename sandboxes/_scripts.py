@@ -501,7 +501,7 @@ live job's id lives as long as that job does, and dies with its kill (its marker
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``; past the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l* _s*``; past the URL budget of
 Kubernetes' exec (`sandboxes.kubernetes.sandbox._URL_BUDGET`), it travels there on stdin.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
@@ -519,7 +519,22 @@ what the process cannot change: its owner, its parent and its start time (an SSH
 escapees started after the command did); a marker only spares it while a job or a command
 that carries the same one runs, and dies with it. Sandboxes sharing one user
 (``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
-as the exec helper's commands do."""
+as the exec helper's commands do.
+
+Both sweeps work in a sandbox at its process limit (a pids cgroup, ``RLIMIT_NPROC``), which the
+strays they are after may have filled: there a shell that cannot fork exits (dash, busybox ash),
+so every fork they make runs under ``command eval``, which turns that into a failed status, and
+the pause between rounds too. ``environ DIR`` leaves the process's environment in ``_sl`` (one
+entry a line: ``tr``), or where no ``tr`` can start, read with ``read`` alone (``_sf`` set), its
+NUL separators lost: a process whose environment then holds no marker is judged at once (killed
+or, empty, looked at for an exec) and one that holds a marker anywhere is looked at again in a
+later round, as is one whose job or marker lookup could not fork (spared meanwhile: a lookup runs
+in a ``$(...)`` whose own forks are tried under ``command eval`` again, in ``forked``, which then
+exits, so that a failure in there never returns into a second copy of the sweep, as busybox ash
+would). A round whose pause cannot fork does not count while it killed something (the killed
+free their pids once reaped); four such rounds in a row that killed nothing end the sweep: the
+strays left carry markers that only a fork could judge, and are spared, as a job lookup that
+cannot fork spares."""
 
 RUN_IN = (
     KILL_MARKED

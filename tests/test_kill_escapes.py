@@ -182,8 +182,11 @@ def test_a_running_commands_escapee_outlives_another_commands_sweep(
 
 
 FULL_PIDS = 40
-"""The pids limit of the sandboxes that a command's leftovers fill: small, so that they fill it
-within milliseconds."""
+"""The pids limit of the Docker sandboxes that a command's leftovers fill: small, so that they
+fill it within milliseconds."""
+FULL_NPROC = 64
+"""The SSH sandbox user's process limit: larger, since the kernel counts that uid's processes in
+every container that shares it (other SSH VMs' sandboxes)."""
 RETAKER = "while :; do command eval 'sleep 300 &'; done 2>/dev/null"
 """A shell that forks again whenever a fork fails (``command eval``: the failure does not end
 it): every pid that frees up in its sandbox is taken back at once, so the sandbox stays full."""
@@ -193,15 +196,15 @@ FILL_AND_LEAVE = (
 )
 """A command that leaves `RETAKER` behind, its environment cleared (no marker: only the sweep of
 strays can find it), and ends once no process can start any more, printing ``full``."""
-COUNT_PROCESSES = "n=0; for d in /proc/[0-9]*; do [ -e $d/stat ] && n=$((n + 1)); done; echo $n"
-"""How many processes the sandbox runs, with the shell's built-ins alone."""
+COUNT_PROCESSES = 'n=0; for d in /proc/[0-9]*; do [ -O "$d" ] && n=$((n + 1)); done; echo $n'
+"""How many processes the sandbox's user runs, with the shell's built-ins alone."""
 
 
 def _count_processes(sandbox: BaseSandbox) -> int | None:
     """`COUNT_PROCESSES`, or ``None`` where the sandbox cannot start it (its pids are full)."""
     try:
         output = sandbox.execute(COUNT_PROCESSES, timeout=10).output.strip()
-    except Exception:  # the engine refused the exec: no pid left for it
+    except Exception:  # the engine refused the exec, or the channel failed: no pid left for it
         return None
     return int(output) if output.isdigit() else None
 
@@ -217,12 +220,37 @@ def test_a_commands_leftovers_that_fill_the_pids_limit_are_swept(
     config = DockerSandboxConfig(image=request.getfixturevalue(image), owner=SESSION_OWNER, pids=FULL_PIDS)
     with DockerSandbox.create(config, client=docker_client) as sandbox:
         assert not getattr(sandbox.helper_driver, "mux", None), "the exec helper runs here"
-        before = _count_processes(sandbox)
-        assert before is not None
-        assert before < 10, before
-        result = sandbox.execute(FILL_AND_LEAVE, timeout=60)
-        assert (result.exit_code, result.output) == (0, "full\n"), result
-        deadline = time.monotonic() + 10
-        while (left := _count_processes(sandbox)) != before:
-            assert time.monotonic() < deadline, f"{left} processes run, {before} before the command"
-            time.sleep(0.05)
+        _assert_the_leftovers_that_fill_it_are_swept(sandbox)
+
+
+def _assert_the_leftovers_that_fill_it_are_swept(sandbox: BaseSandbox) -> None:
+    deadline = time.monotonic() + 10
+    while (before := _count_processes(sandbox)) is None:  # SSH: the user's processes elsewhere count too
+        assert time.monotonic() < deadline, "the sandbox could not start a process before the command"
+        time.sleep(0.05)
+    assert before < 10, before
+    result = sandbox.execute(FILL_AND_LEAVE, timeout=60)
+    assert (result.exit_code, result.output) == (0, "full\n"), result
+    deadline = time.monotonic() + 10
+    while (left := _count_processes(sandbox)) != before:
+        assert time.monotonic() < deadline, f"{left} processes run, {before} before the command"
+        time.sleep(0.05)
+
+
+def test_a_commands_leftovers_that_fill_the_users_process_limit_are_swept(ssh_vm: SSHVM) -> None:
+    """Over SSH without the helper (dash): the same, the limit being the sandbox user's
+    ``RLIMIT_NPROC`` (``pam_limits``, which the user switch applies to every command): the sweep
+    of what was adopted by the host's init (``kill_strays``) runs in a shell that cannot fork,
+    and the end of the command's output is still marked."""
+    sandbox = SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config(), use_exec_helper=False))
+    limits = f"/etc/security/limits.d/{sandbox.user}.conf"
+    try:
+        assert sandbox.user is not None
+        assert sandbox.execute("true").exit_code == 0  # the exec helper was tried, and dropped
+        assert not getattr(getattr(sandbox, "helper_driver", None), "mux", None), "the exec helper runs here"
+        written = ssh_vm.docker.exec_run(["sh", "-c", f'echo "$0 - nproc {FULL_NPROC}" > {limits}', sandbox.user])
+        assert written.exit_code == 0, written
+        _assert_the_leftovers_that_fill_it_are_swept(sandbox)
+    finally:
+        ssh_vm.docker.exec_run(["rm", "-f", limits])
+        sandbox.destroy()

@@ -359,23 +359,24 @@ KILL_MARKED = (
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
   r=0 _lc= _lx= _sn=0 _sw=0
   while [ "$r" -lt 20 ]; do
-    r=$((r + 1)); v=; o=; t=; _se=
+    r=$((r + 1)); v=; o=; t=; _se= _sq=
     for d in /proc/[0-9]*; do
       read -r l 2>/dev/null <"$d/stat" || continue
       set -- ${l##*') '}
       [ "$2" = 1 ] && [ "$1" != Z ] || continue
       _a=${49-}
       if environ "$d"; then l=$_sl; else l=-; fi
-      [ -z "$_sf" ] || case $l in *SANDBOXES_EXEC_ID=*) _se=1; continue ;; esac
+      [ -z "$_sf" ] || case $l in *SANDBOXES_EXEC_ID=*) _sq=1; continue ;; esac
       case "
 $l" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
-    [ -n "${v# }$_se" ] || return 0
+    [ -n "${v# }$_sq" ] || return 0
     [ -z "${v# }" ] || kill -9 $v 2>/dev/null
-    pause "${v# }"; [ "$_sg" != 2 ] || return 0; [ "$_sg" = 0 ] || r=$((r - 1))
+    pause "${v# }" || return 0
+    [ "$_sg" = 0 ] || r=$((r - 1))
   done
 }
 kill_strays() {
@@ -383,7 +384,7 @@ kill_strays() {
   shift 2
   _sk=" $$ $* " _sc= _lc= _lx= _sn=0 _sw=0
   while [ "$_sr" -lt 20 ]; do
-    _sr=$((_sr + 1)) _sv= _se=
+    _sr=$((_sr + 1)) _sv= _se= _sq=
     for _sd in /proc/[0-9]*; do
       case $_sk in *" ${_sd#/proc/} "*) continue ;; esac
       [ -O "$_sd" ] && read -r _sl 2>/dev/null <"$_sd/stat" || continue
@@ -391,7 +392,7 @@ kill_strays() {
       [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
       _a=${49-}
       environ "$_sd" || _sl=
-      [ -z "$_sf" ] || case $_sl in *SANDBOXES_EXEC_ID=*) _se=1; continue ;; esac
+      [ -z "$_sf" ] || case $_sl in *SANDBOXES_EXEC_ID=*) _sq=1; continue ;; esac
       case "
 $_sl" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" 2>/dev/null || continue ;; *"
@@ -401,28 +402,34 @@ $_sl" || continue ;; "
         [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || { _se=1; continue; } ;; esac
       _sv="$_sv ${_sd#/proc/}"
     done
-    [ -n "$_sv$_se" ] || return 0
+    [ -n "$_sv$_se$_sq" ] || return 0
     [ -z "$_sv" ] || kill -9 $_sv 2>/dev/null
-    pause "$_sv"; [ "$_sg" != 2 ] || return 0; [ "$_sg" = 0 ] || _sr=$((_sr - 1))
+    pause "$_sv" || return 0
+    [ "$_sg" = 0 ] || _sr=$((_sr - 1))
   done
 }
 environ() {
-  _sf=
-  command eval '_sl=$(exec tr "\0" "\n" <"$1/environ")' 2>/dev/null && return 0
+  _sf= _sz=$1
+  command eval '_sl=$(forked _environ)' 2>/dev/null && return 0
   _sl=
   [ -r "$1/environ" ] || return 1
   _sf=1
   { while IFS= read -r _sx || [ -n "$_sx" ]; do _sl=$_sl$_sx; _sx=; done <"$1/environ"; } 2>/dev/null
 }
 pause() {
+  if [ -n "$1" ]; then _sn=0; elif [ -z "$_se" ]; then _sn=$((_sn + 1)); fi
+  [ "$_sn" -lt 2 ] || return 1
   _sg=0
-  command eval 'sleep 0.05' 2>/dev/null && { _sn=0; return 0; }
+  command eval 'sleep 0.05' 2>/dev/null && return 0
   _sw=$((_sw + 1))
-  if [ -n "$1" ]; then _sn=0 _sg=1; else _sn=$((_sn + 1)); fi
-  [ "$_sn" -lt 4 ] && [ "$_sw" -lt 2000 ] || _sg=2
+  [ -z "$1" ] || _sg=1
+  [ "$_sw" -lt 2000 ]
 }
 forked() {
   command eval "$1" || exit 2
+}
+_environ() {
+  exec tr '\0' '\n' <"$_sz/environ"
 }
 running() {
   _rm=${1#*"
@@ -432,7 +439,7 @@ SANDBOXES_EXEC_ID="}
   case $_sc in *" $_rm "*) return 0 ;; esac
   _rf=
   command eval '_rf=$(forked _carriers)' 2>/dev/null
-  [ -n "$_rf" ] || { _se=1; return 0; }
+  [ -n "$_rf" ] || { _sq=1; return 0; }
   for _rp in ${_rf%.}; do
     { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
     set -- ${_rl##*') '}
@@ -463,11 +470,11 @@ live_job() {
   case $_lx in *" $_lj "*) return 1 ;; esac
   _lf=
   command eval '_lf=$(forked _supervisors)' 2>/dev/null
-  [ -n "$_lf" ] || { _se=1; return 0; }
+  [ -n "$_lf" ] || { _sq=1; return 0; }
   for _lp in ${_lf%.}; do
     _lp=${_lp#/proc/} _lp=${_lp%/environ} _ld=
     command eval '_ld=$(forked _job_dir)' 2>/dev/null
-    [ -n "$_ld" ] || { _se=1; return 0; }
+    [ -n "$_ld" ] || { _sq=1; return 0; }
     _ld=${_ld%.} _ld=${_ld%"
 "}
     [ "${_ld##*/}" = "$_lj" ] || continue

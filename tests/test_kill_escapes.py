@@ -24,7 +24,7 @@ from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.jobs import JobRunner
+from sandboxes.jobs import JobError, JobRunner
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -237,11 +237,10 @@ def _assert_the_leftovers_that_fill_it_are_swept(sandbox: BaseSandbox) -> None:
         time.sleep(0.05)
 
 
-def test_a_commands_leftovers_that_fill_the_users_process_limit_are_swept(ssh_vm: SSHVM) -> None:
-    """Over SSH without the helper (dash): the same, the limit being the sandbox user's
-    ``RLIMIT_NPROC`` (``pam_limits``, which the user switch applies to every command): the sweep
-    of what was adopted by the host's init (``kill_strays``) runs in a shell that cannot fork,
-    and the end of the command's output is still marked."""
+@pytest.fixture
+def nproc_limited(ssh_vm: SSHVM) -> Iterator[SSHSandbox]:
+    """An SSH sandbox without the helper whose user may run `FULL_NPROC` processes
+    (``RLIMIT_NPROC`` through ``pam_limits``, which the user switch applies to every command)."""
     sandbox = SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config(), use_exec_helper=False))
     limits = f"/etc/security/limits.d/{sandbox.user}.conf"
     try:
@@ -250,7 +249,39 @@ def test_a_commands_leftovers_that_fill_the_users_process_limit_are_swept(ssh_vm
         assert not getattr(getattr(sandbox, "helper_driver", None), "mux", None), "the exec helper runs here"
         written = ssh_vm.docker.exec_run(["sh", "-c", f'echo "$0 - nproc {FULL_NPROC}" > {limits}', sandbox.user])
         assert written.exit_code == 0, written
-        _assert_the_leftovers_that_fill_it_are_swept(sandbox)
+        yield sandbox
     finally:
         ssh_vm.docker.exec_run(["rm", "-f", limits])
         sandbox.destroy()
+
+
+def test_a_commands_leftovers_that_fill_the_users_process_limit_are_swept(nproc_limited: SSHSandbox) -> None:
+    """Over SSH without the helper (dash): the same, the limit being the sandbox user's process
+    limit: the sweep of what the host's init adopted (``kill_strays``) runs in a shell that cannot
+    fork, and the end of the command's output is still marked."""
+    _assert_the_leftovers_that_fill_it_are_swept(nproc_limited)
+
+
+def test_a_jobs_leftovers_that_fill_the_users_process_limit_are_swept(nproc_limited: SSHSandbox) -> None:
+    """A background job's supervisor sweeps what its command left (its adoptees) in a sandbox that
+    the leftovers keep full, and still records the job's end."""
+    before = _count_processes(nproc_limited)
+    go = f"{nproc_limited.workspace}/go"
+    runner = JobRunner(nproc_limited)
+    state = runner.start(f"while [ ! -e {go} ]; do sleep 0.05; done; {FILL_AND_LEAVE}", timeout=60)
+    assert nproc_limited.execute(f"touch {go}").exit_code == 0  # once the job's start has answered
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            job = runner.poll(state.id)
+        except JobError:  # the poll's own process could not start (`CannotFork`): the sandbox is full
+            job = None
+        if job is not None and job.state.finished:
+            break
+        assert time.monotonic() < deadline, f"the job never ended: {job}"
+        time.sleep(0.05)
+    assert (job.state.status, job.state.exit_code, job.output) == ("exited", 0, b"full\n"), job
+    deadline = time.monotonic() + 10
+    while (left := _count_processes(nproc_limited)) != before:
+        assert time.monotonic() < deadline, f"{left} processes run, {before} before the job"
+        time.sleep(0.05)

@@ -529,19 +529,18 @@ that carries the same one runs, and dies with it. Sandboxes sharing one user
 as the exec helper's commands do.
 
 Both sweeps work in a sandbox at its process limit (a pids cgroup, ``RLIMIT_NPROC``), which the
-strays they are after may have filled: there a shell that cannot fork exits (dash, busybox ash),
-so every fork they make runs under ``command eval``, which turns that into a failed status, and
-the pause between rounds too. ``environ DIR`` leaves the process's environment in ``_sl`` (one
-entry a line: ``tr``), or where no ``tr`` can start, read with ``read`` alone (``_sf`` set), its
-NUL separators lost: a process whose environment then holds no marker is judged at once (killed
-or, empty, looked at for an exec) and one that holds a marker anywhere is looked at again in a
-later round, as is one whose job or marker lookup could not fork (spared meanwhile: a lookup runs
-in a ``$(...)`` whose own forks are tried under ``command eval`` again, in ``forked``, which then
-exits, so that a failure in there never returns into a second copy of the sweep, as busybox ash
-would). A round whose pause cannot fork does not count while it killed something (the killed
-free their pids once reaped); four such rounds in a row that killed nothing end the sweep: the
-strays left carry markers that only a fork could judge, and are spared, as a job lookup that
-cannot fork spares."""
+strays they are after may keep full: there a shell that cannot fork exits (dash, busybox ash), so
+every fork they make is tried under ``command eval``, which turns that into a failed status (the
+pause between rounds too), and inside a ``$(...)`` under ``forked``, which then exits the
+subshell, so that no failure in there returns busybox ash into a second copy of the sweep.
+``environ DIR`` leaves the process's environment in ``_sl``, one entry a line (``tr``), or, where
+that cannot start, as ``read`` alone reads it, its NUL separators dropped (``_sf`` set): then a
+process whose environment holds no marker is judged at once (killed, or looked at for an exec
+when it is empty) and one that holds one anywhere waits for a later round (``_sq``), as does one
+whose job or marker lookup could not fork (spared meanwhile). A round whose pause cannot fork
+does not count while it killed something (the killed free their pids once reaped; 2,000 such at
+most); two rounds in a row that killed nothing, with only such processes left, end the sweep:
+what only a fork could judge is then spared, as a live job's lookup that cannot fork spares."""
 
 RUN_IN = (
     KILL_MARKED

@@ -357,38 +357,42 @@ KILL_MARKED = (
     + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
-  r=0 _lc= _lx=
+  r=0 _lc= _lx= _sn=0 _sw=0
   while [ "$r" -lt 20 ]; do
-    r=$((r + 1)); v=; o=; t=
+    r=$((r + 1)); v=; o=; t=; _se= _sq=
     for d in /proc/[0-9]*; do
       read -r l 2>/dev/null <"$d/stat" || continue
       set -- ${l##*') '}
       [ "$2" = 1 ] && [ "$1" != Z ] || continue
       _a=${49-}
-      l=$(tr '\0' '\n' <"$d/environ" 2>/dev/null) || l=-
+      if environ "$d"; then l=$_sl; else l=-; fi
+      [ -z "$_sf" ] || case $l in *SANDBOXES_EXEC_ID=*) _sq=1; continue ;; esac
       case "
 $l" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
-    [ -z "${v# }" ] && return 0
-    kill -9 $v 2>/dev/null; sleep 0.05
+    [ -n "${v# }$_sq" ] || return 0
+    [ -z "${v# }" ] || kill -9 $v 2>/dev/null
+    pause "${v# }" || return 0
+    [ "$_sg" = 0 ] || r=$((r - 1))
   done
 }
 kill_strays() {
   _sp=$1 _ss=${2:-0} _sr=0
   shift 2
-  _sk=" $$ $* " _sc= _lc= _lx=
+  _sk=" $$ $* " _sc= _lc= _lx= _sn=0 _sw=0
   while [ "$_sr" -lt 20 ]; do
-    _sr=$((_sr + 1)) _sv= _se=
+    _sr=$((_sr + 1)) _sv= _se= _sq=
     for _sd in /proc/[0-9]*; do
       case $_sk in *" ${_sd#/proc/} "*) continue ;; esac
       [ -O "$_sd" ] && read -r _sl 2>/dev/null <"$_sd/stat" || continue
       set -- ${_sl##*') '}
       [ "$2" = "$_sp" ] && [ "$1" != Z ] && [ "${20}" -ge "$_ss" ] || continue
       _a=${49-}
-      _sl=$(tr '\0' '\n' <"$_sd/environ" 2>/dev/null) || _sl=
+      environ "$_sd" || _sl=
+      [ -z "$_sf" ] || case $_sl in *SANDBOXES_EXEC_ID=*) _sq=1; continue ;; esac
       case "
 $_sl" in *"
 SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) ! live_job "$_sl" 2>/dev/null || continue ;; *"
@@ -398,10 +402,34 @@ $_sl" || continue ;; "
         [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || { _se=1; continue; } ;; esac
       _sv="$_sv ${_sd#/proc/}"
     done
-    [ -n "$_sv$_se" ] || return 0
+    [ -n "$_sv$_se$_sq" ] || return 0
     [ -z "$_sv" ] || kill -9 $_sv 2>/dev/null
-    sleep 0.05
+    pause "$_sv" || return 0
+    [ "$_sg" = 0 ] || _sr=$((_sr - 1))
   done
+}
+environ() {
+  _sf= _sz=$1
+  command eval '_sl=$(forked _environ)' 2>/dev/null && return 0
+  _sl=
+  [ -r "$1/environ" ] || return 1
+  _sf=1
+  { while IFS= read -r _sx || [ -n "$_sx" ]; do _sl=$_sl$_sx; _sx=; done <"$1/environ"; } 2>/dev/null
+}
+pause() {
+  if [ -n "$1" ]; then _sn=0; elif [ -z "$_se" ]; then _sn=$((_sn + 1)); fi
+  [ "$_sn" -lt 2 ] || return 1
+  _sg=0
+  command eval 'sleep 0.05' 2>/dev/null && return 0
+  _sw=$((_sw + 1))
+  [ -z "$1" ] || _sg=1
+  [ "$_sw" -lt 2000 ]
+}
+forked() {
+  command eval "$1" || exit 2
+}
+_environ() {
+  exec tr '\0' '\n' <"$_sz/environ"
 }
 running() {
   _rm=${1#*"
@@ -409,12 +437,18 @@ SANDBOXES_EXEC_ID="}
   _rm=${_rm%%"
 "*}
   case $_sc in *" $_rm "*) return 0 ;; esac
-  for _rp in $(grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ); do
+  _rf=
+  command eval '_rf=$(forked _carriers)' 2>/dev/null
+  [ -n "$_rf" ] || { _sq=1; return 0; }
+  for _rp in ${_rf%.}; do
     { read -r _rl <"${_rp%/environ}/stat"; } 2>/dev/null || continue
     set -- ${_rl##*') '}
     [ "$2" = 1 ] || [ "$2" = "$_sp" ] || ! outside "$2" || { _sc="$_sc $_rm "; return 0; }
   done 2>/dev/null
   return 1
+}
+_carriers() {
+  grep -lsxzF -e "SANDBOXES_EXEC_ID=$_rm" /proc/[0-9]*/environ; echo .
 }
 outside() {
   _rq=$1 _rn=0
@@ -434,12 +468,13 @@ live_job() {
   case $_lj in '' | *[!0-9a-f]*) return 1 ;; esac
   case $_lc in *" $_lj "*) return 0 ;; esac
   case $_lx in *" $_lj "*) return 1 ;; esac
-  _lf=$(grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ; echo .)
-  [ -n "$_lf" ] || return 0
+  _lf=
+  command eval '_lf=$(forked _supervisors)' 2>/dev/null
+  [ -n "$_lf" ] || { _sq=1; return 0; }
   for _lp in ${_lf%.}; do
-    _lp=${_lp#/proc/} _lp=${_lp%/environ}
-    _ld=$(tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p; echo .)
-    [ -n "$_ld" ] || return 0
+    _lp=${_lp#/proc/} _lp=${_lp%/environ} _ld=
+    command eval '_ld=$(forked _job_dir)' 2>/dev/null
+    [ -n "$_ld" ] || { _sq=1; return 0; }
     _ld=${_ld%.} _ld=${_ld%"
 "}
     [ "${_ld##*/}" = "$_lj" ] || continue
@@ -448,6 +483,12 @@ live_job() {
   done 2>/dev/null
   _lx="$_lx $_lj "
   return 1
+}
+_supervisors() {
+  grep -lsxzF -e "SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX$_lj-s" /proc/[0-9]*/environ; echo .
+}
+_job_dir() {
+  tr '\n\0' '\001\n' <"/proc/$_lp/cmdline" | sed -n 5p; echo .
 }
 """
 )
@@ -467,7 +508,7 @@ live job's id lives as long as that job does, and dies with its kill (its marker
 caller must not carry the marker itself. Spared too: a process in the middle of an exec,
 whose environment (read once: that read decides) is empty between two looks at its ``stat``
 that do not agree on where it ends, or say 0; one emptied for good has a real end (see
-`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l*``; past the URL budget of
+`sandboxes._helper._kill._environ`). It sets ``r v o t d l _a _l* _s*``; past the URL budget of
 Kubernetes' exec (`sandboxes.kubernetes.sandbox._URL_BUDGET`), it travels there on stdin.
 
 ``kill_strays PARENT SINCE [KEEP...]`` (its names start with ``_``: a job's supervisor calls
@@ -485,7 +526,21 @@ what the process cannot change: its owner, its parent and its start time (an SSH
 escapees started after the command did); a marker only spares it while a job or a command
 that carries the same one runs, and dies with it. Sandboxes sharing one user
 (``isolation="none"``) also lose the escapees of each other's commands that started meanwhile,
-as the exec helper's commands do."""
+as the exec helper's commands do.
+
+Both sweeps work in a sandbox at its process limit (a pids cgroup, ``RLIMIT_NPROC``), which the
+strays they are after may keep full: there a shell that cannot fork exits (dash, busybox ash), so
+every fork they make is tried under ``command eval``, which turns that into a failed status (the
+pause between rounds too), and inside a ``$(...)`` under ``forked``, which then exits the
+subshell, so that no failure in there returns busybox ash into a second copy of the sweep.
+``environ DIR`` leaves the process's environment in ``_sl``, one entry a line (``tr``), or, where
+that cannot start, as ``read`` alone reads it, its NUL separators dropped (``_sf`` set): then a
+process whose environment holds no marker is judged at once (killed, or looked at for an exec
+when it is empty) and one that holds one anywhere waits for a later round (``_sq``), as does one
+whose job or marker lookup could not fork (spared meanwhile). A round whose pause cannot fork
+does not count while it killed something (the killed free their pids once reaped; 2,000 such at
+most); two rounds in a row that killed nothing, with only such processes left, end the sweep:
+what only a fork could judge is then spared, as a live job's lookup that cannot fork spares."""
 
 RUN_IN = (
     KILL_MARKED

@@ -24,7 +24,7 @@ from sandboxes import protocol as p
 from sandboxes._helper._kill import JOB_MARKER_PREFIX, MARKER_ENV
 from sandboxes.base import BaseSandbox
 from sandboxes.docker import DockerSandbox, DockerSandboxConfig
-from sandboxes.jobs import JobRunner
+from sandboxes.jobs import JobError, JobRunner
 from sandboxes.local import LocalSandbox, LocalSandboxConfig
 from sandboxes.ssh import SSHSandbox, SSHSandboxConfig
 
@@ -179,3 +179,109 @@ def test_a_running_commands_escapee_outlives_another_commands_sweep(
         while _alive(sandbox, pid):
             assert time.monotonic() < deadline, f"process {pid} outlived its own command's timeout"
             time.sleep(0.05)
+
+
+FULL_PIDS = 40
+"""The pids limit of the Docker sandboxes that a command's leftovers fill: small, so that they
+fill it within milliseconds."""
+FULL_NPROC = 64
+"""The SSH sandbox user's process limit: larger, since the kernel counts that uid's processes in
+every container that shares it (other SSH VMs' sandboxes)."""
+RETAKER = "while :; do command eval 'sleep 300 &'; done 2>/dev/null"
+"""A shell that forks again whenever a fork fails (``command eval``: the failure does not end
+it): every pid that frees up in its sandbox is taken back at once, so the sandbox stays full."""
+FILL_AND_LEAVE = (
+    f"env -i setsid sh -c {shlex.quote(RETAKER)} < /dev/null > /dev/null 2>&1 & "
+    "while command eval ': $(:)' 2>/dev/null; do :; done; echo full"
+)
+"""A command that leaves `RETAKER` behind, its environment cleared (no marker: only the sweep of
+strays can find it), and ends once no process can start any more, printing ``full``."""
+COUNT_PROCESSES = 'n=0; for d in /proc/[0-9]*; do [ -O "$d" ] && n=$((n + 1)); done; echo $n'
+"""How many processes the sandbox's user runs, with the shell's built-ins alone."""
+
+
+def _count_processes(sandbox: BaseSandbox) -> int | None:
+    """`COUNT_PROCESSES`, or ``None`` where the sandbox cannot start it (its pids are full)."""
+    try:
+        output = sandbox.execute(COUNT_PROCESSES, timeout=10).output.strip()
+    except Exception:  # the engine refused the exec, or the channel failed: no pid left for it
+        return None
+    return int(output) if output.isdigit() else None
+
+
+@pytest.mark.parametrize("image", ["no_python_image", "busybox_image"])
+def test_a_commands_leftovers_that_fill_the_pids_limit_are_swept(
+    image: str, request: pytest.FixtureRequest, docker_client: Any
+) -> None:
+    """Without the helper (dash; busybox ash), the sweep after a command finds the sandbox full
+    of what the command left, which takes back every pid that frees up: the sweeping shell cannot
+    fork (a shell whose ``$(...)`` cannot fork exits), yet the command's own answer comes back and
+    nothing it left survives."""
+    config = DockerSandboxConfig(image=request.getfixturevalue(image), owner=SESSION_OWNER, pids=FULL_PIDS)
+    with DockerSandbox.create(config, client=docker_client) as sandbox:
+        assert not getattr(sandbox.helper_driver, "mux", None), "the exec helper runs here"
+        _assert_the_leftovers_that_fill_it_are_swept(sandbox)
+
+
+def _assert_the_leftovers_that_fill_it_are_swept(sandbox: BaseSandbox) -> None:
+    deadline = time.monotonic() + 10
+    while (before := _count_processes(sandbox)) is None:  # SSH: the user's processes elsewhere count too
+        assert time.monotonic() < deadline, "the sandbox could not start a process before the command"
+        time.sleep(0.05)
+    assert before < 10, before
+    result = sandbox.execute(FILL_AND_LEAVE, timeout=60)
+    assert (result.exit_code, result.output) == (0, "full\n"), result
+    deadline = time.monotonic() + 10
+    while (left := _count_processes(sandbox)) != before:
+        assert time.monotonic() < deadline, f"{left} processes run, {before} before the command"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def nproc_limited(ssh_vm: SSHVM) -> Iterator[SSHSandbox]:
+    """An SSH sandbox without the helper whose user may run `FULL_NPROC` processes
+    (``RLIMIT_NPROC`` through ``pam_limits``, which the user switch applies to every command)."""
+    sandbox = SSHSandbox.create(SSHSandboxConfig(host=ssh_vm.host_config(), use_exec_helper=False))
+    limits = f"/etc/security/limits.d/{sandbox.user}.conf"
+    try:
+        assert sandbox.user is not None
+        assert sandbox.execute("true").exit_code == 0  # the exec helper was tried, and dropped
+        assert not getattr(getattr(sandbox, "helper_driver", None), "mux", None), "the exec helper runs here"
+        written = ssh_vm.docker.exec_run(["sh", "-c", f'echo "$0 - nproc {FULL_NPROC}" > {limits}', sandbox.user])
+        assert written.exit_code == 0, written
+        yield sandbox
+    finally:
+        ssh_vm.docker.exec_run(["rm", "-f", limits])
+        sandbox.destroy()
+
+
+def test_a_commands_leftovers_that_fill_the_users_process_limit_are_swept(nproc_limited: SSHSandbox) -> None:
+    """Over SSH without the helper (dash): the same, the limit being the sandbox user's process
+    limit: the sweep of what the host's init adopted (``kill_strays``) runs in a shell that cannot
+    fork, and the end of the command's output is still marked."""
+    _assert_the_leftovers_that_fill_it_are_swept(nproc_limited)
+
+
+def test_a_jobs_leftovers_that_fill_the_users_process_limit_are_swept(nproc_limited: SSHSandbox) -> None:
+    """A background job's supervisor sweeps what its command left (its adoptees) in a sandbox that
+    the leftovers keep full, and still records the job's end."""
+    before = _count_processes(nproc_limited)
+    go = f"{nproc_limited.workspace}/go"
+    runner = JobRunner(nproc_limited)
+    state = runner.start(f"while [ ! -e {go} ]; do sleep 0.05; done; {FILL_AND_LEAVE}", timeout=60)
+    assert nproc_limited.execute(f"touch {go}").exit_code == 0  # once the job's start has answered
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            job = runner.poll(state.id)
+        except JobError:  # the poll's own process could not start (`CannotFork`): the sandbox is full
+            job = None
+        if job is not None and job.state.finished:
+            break
+        assert time.monotonic() < deadline, f"the job never ended: {job}"
+        time.sleep(0.05)
+    assert (job.state.status, job.state.exit_code, job.output) == ("exited", 0, b"full\n"), job
+    deadline = time.monotonic() + 10
+    while (left := _count_processes(nproc_limited)) != before:
+        assert time.monotonic() < deadline, f"{left} processes run, {before} before the job"
+        time.sleep(0.05)

@@ -3,12 +3,17 @@ labels and name are the whole record of its sandbox, which every replica reads."
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
+from e2b import Sandbox
+from e2b_harness import opts
 from replica_idempotency import OneKeyAcrossReplicas
 from replica_scenarios import ReplicaScenarios
 from service_harness import ManualClock, Running, running
@@ -28,6 +33,13 @@ from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import SandboxState, StateStore
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+
+
+def _fetch(url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """The status and body of a plain request to a signed URL (no header of the SDK's)."""
+    headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+    response = httpx.request("POST" if body is not None else "GET", url, content=body, headers=headers, timeout=30)
+    return response.status_code, response.content
 
 
 class TestReplicasOverDocker(ReplicaScenarios, OneKeyAcrossReplicas):
@@ -113,3 +125,47 @@ class TestReplicasOverDocker(ReplicaScenarios, OneKeyAcrossReplicas):
         with pair[1].client("alice") as other:  # another replica reads the renewal on the container
             assert other.get(f"/v1/sandboxes/{sandbox_id}").json()["expires_at"] == renewed
             assert other.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+    def test_a_signed_url_is_served_by_a_replica_that_does_not_hold_the_sandbox(
+        self, replica: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """E2B's signed file URLs name no sandbox: a replica that holds none whose token makes the
+        signature finds it among the backend's records and adopts it; bogus signatures share one
+        read of the records per interval, not one each."""
+        monkeypatch.setenv("SANDBOXES_E2B_TOKEN_SECRET", uuid.uuid4().hex)  # the replicas share it
+        with replica(sweep_interval=3600) as a, replica(sweep_interval=3600) as b:
+            sandbox = Sandbox.create(secure=True, timeout=120, **opts(a))
+            try:
+                sandbox.files.write("signed.txt", "from A")
+                assert not b.registry.holds(sandbox.sandbox_id)
+                on_b = sandbox.download_url("signed.txt", "user").replace(a.url, b.url)
+                assert _fetch(on_b) == (200, b"from A")
+                assert b.registry.holds(sandbox.sandbox_id)
+                uploaded = sandbox.upload_url("up.txt", "user", 120).replace(a.url, b.url)
+                assert _fetch(uploaded, b"through B")[0] == 200
+                assert sandbox.files.read("up.txt") == "through B"
+                expired = sandbox.download_url("signed.txt", "user", use_signature_expiration=-120)
+                status, body = _fetch(expired.replace(a.url, b.url))
+                assert (status, json.loads(body)["message"]) == (401, "signature is already expired")
+                backend = b.registry.backends["default"]
+                reads: list[dict[str, str]] = []
+                select = backend.select
+
+                def counted(**labels: str) -> Any:
+                    if not labels:
+                        reads.append(labels)
+                    return select(**labels)
+
+                backend.select = counted  # type: ignore[method-assign]
+                bogus = on_b.replace("signature=v1_", "signature=v1_A")
+                try:
+                    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                        answers = list(pool.map(lambda _: _fetch(bogus), range(24)))
+                finally:
+                    del backend.select
+                assert {(status, json.loads(body)["message"]) for status, body in answers} == {
+                    (401, "invalid signature")
+                }
+                assert len(reads) <= 2, reads  # one read per interval at most (the burst may straddle two)
+            finally:
+                sandbox.kill()

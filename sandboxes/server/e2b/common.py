@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from sandboxes.server.e2b.landing import Landings
+from sandboxes.server.e2b.recorded import RecordedSandboxes
 from sandboxes.server.e2b.running import RunningCommands
 from sandboxes.server.e2b.tokens import E2BSettings, TokenSigner
 from sandboxes.server.errors import ServiceError
@@ -74,11 +75,13 @@ def port_access(request: Request, sandbox_id: str) -> PortAccess | None:
 @dataclass
 class E2BState:
     """What the E2B API keeps on ``app.state.e2b``: its settings, its token signer, the
-    commands started through envd while they run, and each polled watcher's `Landings`."""
+    commands started through envd while they run, each polled watcher's `Landings`, and the
+    last read of the records signed `/files` requests look sandboxes up in."""
 
     settings: E2BSettings
     signer: TokenSigner
     commands: RunningCommands = field(default_factory=RunningCommands)
+    recorded: RecordedSandboxes = field(default_factory=RecordedSandboxes)
     _landings: dict[tuple[str, str], Landings] = field(default_factory=dict)
 
     def landings(self, sandbox_id: str, watcher_id: str) -> Landings:

@@ -294,23 +294,9 @@ def _service_crowds(service: _Service, docker_client: Any, owner: str, burst: in
 
             return attempt
 
-        def delete_all() -> None:
-            """The tenant's sandboxes deleted (the crowd's, and one whose create answered but
-            whose first command failed), and gone from its count before the next crowd starts
-            (a delete refused under load is tried again; a container whose removal the service
-            retries still counts against the tenant): each crowd meets the whole capacity."""
-            deadline = time.monotonic() + 120
-            while left := {info.id for info in clients[0].list()} or _tenant_containers(docker_client, owner):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"sandboxes {sorted(left)} were not deleted in 120 s")
-                _in_parallel(
-                    [lambda sid=sid: clients[0].delete(sid) for sid in left if not sid.startswith("container ")]
-                )
-                time.sleep(0.05)
-
         attempts = iter([attempt_with(c) for c in clients])
         staggered = _crowd(burst, stagger_ms / 1000, lambda: next(attempts)())
-        delete_all()
+        _delete_all(clients[0], docker_client, owner)
         rows.append(_crowd_row(f"service docker: {burst} staggered, one per {stagger_ms:g} ms", burst, staggered))
         attempts = iter([attempt_with(c) for c in clients])
         burst_crowd = _crowd(burst, 0, lambda: next(attempts)())
@@ -321,13 +307,26 @@ def _service_crowds(service: _Service, docker_client: Any, owner: str, burst: in
             past = _crowd(extra, 0, lambda: next(attempts)())
             rows.append(_crowd_row(f"service docker: {extra} more past capacity", extra, past,
                                    f"{len(burst_crowd.held)} alive of max_sandboxes {burst}"))  # fmt: skip
-            delete_all()
+            _delete_all(clients[0], docker_client, owner)
         finally:
-            delete_all()
+            _delete_all(clients[0], docker_client, owner)
     finally:
         for client in clients:
             client.close()
     return rows
+
+
+def _delete_all(client: SandboxClient, docker_client: Any, owner: str) -> None:
+    """The tenant's sandboxes deleted (a crowd's, and one whose create answered but whose first
+    command failed), and gone from the engine (a delete refused under load is tried again; a
+    container whose removal the service retries still counts against the tenant, and a service
+    stopped meanwhile would leave it behind)."""
+    deadline = time.monotonic() + 120
+    while left := {info.id for info in client.list()} or _tenant_containers(docker_client, owner):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sandboxes {sorted(left)} were not deleted in 120 s")
+        _in_parallel([lambda sid=sid: client.delete(sid) for sid in left if not sid.startswith("container ")])
+        time.sleep(0.05)
 
 
 def _tenant_containers(docker_client: Any, owner: str) -> set[str]:
@@ -630,6 +629,11 @@ def _service(workdir: Path, backend: str, owner: str, capacity: int, pool_size: 
     service = _Service(workdir / backend, backend, IMAGE, owner, capacity, False, limits=limits, templates=templates)
     try:
         yield service
+        if backend == "docker":  # what the service still destroys finishes before it stops
+            import docker
+
+            with SandboxClient(service.url, service.key) as client:
+                _delete_all(client, docker.from_env(), owner)
     finally:
         service.stop()
 

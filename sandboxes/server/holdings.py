@@ -279,7 +279,12 @@ class Holdings:
         if not self._shared:
             return []
         states = await self._read(census.tenant_states, self.backends, tenant.id)
-        return [state for state in states if state.id not in self._doomed and state.id not in self._removing]
+        return [state for state in states if not self._deleted_here(state.id)]
+
+    def _deleted_here(self, sandbox_id: str) -> bool:
+        """Deleted by this replica, its destroy under way or to be retried: its records, still
+        there, must not bring it back."""
+        return sandbox_id in self._doomed or sandbox_id in self._removing
 
     def _held(self, tenant: Tenant) -> _States:
         """The tenant's sandboxes on the other backends: held here, or on a backend that cannot be

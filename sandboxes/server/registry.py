@@ -132,7 +132,7 @@ class Registry(Keeping):
         else:
             recorded = await self._keyed.find(key)
         for state in sorted([*held, *recorded], key=lambda state: (state.created_at, state.id)):
-            if state.tenant != tenant.id or state.expires_at <= now or state.id in self._doomed:
+            if state.tenant != tenant.id or state.expires_at <= now or self._deleted_here(state.id):
                 continue
             try:
                 entry = self._entries.get(state.id) or await self._adopt(state)
@@ -354,11 +354,6 @@ class Registry(Keeping):
         """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
         await super().sweep()
         await self.pools.sweep(self._entries, self._unreconciled)
-
-    def _deleted_here(self, sandbox_id: str) -> bool:
-        """Deleted by this replica, its destroy under way or to be retried: its records, still
-        there, must not bring it back."""
-        return sandbox_id in self._doomed or sandbox_id in self._removing
 
     def _pooled(self) -> frozenset[tuple[str, str]]:
         return self.pools.refs()

@@ -357,7 +357,7 @@ KILL_MARKED = (
     + f"JOB_MARKER_PREFIX={JOB_MARKER_PREFIX}\n"
     + r"""kill_orphans() {
   [ "$PPID" = 0 ] && [ "${SANDBOXES_REAP_INIT-}" = 1 ] || return 0
-  r=0 _lc= _lx= _sn=0 _sw=0
+  r=0 _lc= _lx= _sn=0 _sw=0 _sp=1 _ss=0 _sc=
   while [ "$r" -lt 20 ]; do
     r=$((r + 1)); v=; o=; t=; _se= _sq=
     for d in /proc/[0-9]*; do
@@ -369,7 +369,9 @@ KILL_MARKED = (
       [ -z "$_sf" ] || case $l in *SANDBOXES_EXEC_ID=*) _sq=1; continue ;; esac
       case "
 $l" in *"
-SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; "
+SANDBOXES_EXEC_ID=$JOB_MARKER_PREFIX"*) live_job "$l" 2>/dev/null && continue ;; *"
+SANDBOXES_EXEC_ID="?*) running "
+$l" && continue ;; "
 ") read -r l 2>/dev/null <"$d/stat" && set -- ${l##*') '} && [ "$_a" = "${49-}" ] && [ "$_a" != 0 ] || continue ;; esac
       if [ -z "$o" ] || [ "${20}" -lt "$t" ]; then v="$v $o"; o=${d#/proc/}; t=${20}; else v="$v ${d#/proc/}"; fi
     done
@@ -495,8 +497,10 @@ _job_dir() {
 """``kill_marked MARKER`` (`sandboxes._helper._kill`: every process carrying the marker, stopped then
 killed, rescanning until none is left) and ``kill_orphans``: in a container (the shell's parent
 is outside its pid namespace: ``docker exec``) whose owner set ``SANDBOXES_REAP_INIT=1`` (ours: their init has no
-other children), every orphan the init adopted but its own command (its oldest child) and
-the processes of a live background job (`sandboxes.jobs`), in rounds: what dropped the marker
+other children), every orphan the init adopted but its own command (its oldest child), the
+processes of a live background job (`sandboxes.jobs`) and those of a running command (``running``,
+as ``kill_strays`` spares them: another command's end must not kill what a command still running
+left behind; its own end does, by its marker), in rounds: what dropped the marker
 and left its tree too (see the exec helper's "Orphans"). A job's marker (`JOB_MARKER_PREFIX`)
 can be set by any process, so it spares only while ``live_job`` finds that job's supervisor:
 a process carrying the job's supervisor marker whose job directory (its fifth argument, as

@@ -104,14 +104,15 @@ def assert_one_kill_ends_forking_trees(sandbox: Any, kill: Callable[[str], objec
     token = uuid.uuid4().hex
     count = f"grep -lsxzF -e '{MARKER_ENV}={token}' /proc/[0-9]*/environ | wc -l"
     command = f"{FORKING_TREES}; exec sleep 1000"  # runs on when the trees' loops end: until the kill
+    answers: list[object] = []
     runner = threading.Thread(
-        target=sandbox.execute, args=(command,), kwargs={"env": {MARKER_ENV: token}, "timeout": 120}
+        target=lambda: answers.append(sandbox.execute(command, env={MARKER_ENV: token}, timeout=120))
     )
     runner.start()
     try:
         deadline = time.monotonic() + 30
         while (marked := _count(sandbox, count)) is not None and marked < 50:
-            assert time.monotonic() < deadline, "the trees did not start forking"
+            assert time.monotonic() < deadline, f"the trees did not start forking: {marked} marked, {answers}"
             time.sleep(0.05)
         kill(token)
         assert (left := _count_once_room(sandbox, count)) == 0, f"{left} marked processes left"

@@ -24,7 +24,9 @@ def _bench(name: str, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, 
     lines = result.stdout.splitlines()
     assert lines[0].startswith("machine: "), lines[0]
     assert "cores, load average" in lines[0], lines[0]
-    return lines, json.loads(saved.read_text())
+    report = json.loads(saved.read_text())
+    assert report.get("leftovers_swept", 0) == 0, [line for line in result.stderr.splitlines() if "left behind" in line]
+    return lines, report
 
 
 @pytest.mark.needs(HAS_BWRAP, "the local backend needs bubblewrap")

@@ -270,6 +270,28 @@ def test_output_read_with_the_headers_is_not_lost(fallback_sandbox: DockerSandbo
     assert stream.exit_code() == 0
 
 
+def test_an_exec_not_started_yet_is_waited_for(
+    fallback_sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before its process starts (a slow runtime, a container just unpaused: a CI run answered
+    an empty output), the engine inspects an exec as not running, with no exit code: the command
+    is waited for, not taken as ended. The engine's real exec runs; its first inspections answer
+    as the engine does before the start."""
+    api = fallback_sandbox.client.api
+    real_inspect = api.exec_inspect
+    early = iter(range(3))
+
+    def inspect_before_the_start(exec_id: str) -> dict[str, Any]:
+        info = dict(real_inspect(exec_id))
+        if next(early, None) is not None:
+            info.update(Running=False, ExitCode=None, Pid=0)
+        return info
+
+    monkeypatch.setattr(api, "exec_inspect", inspect_before_the_start)
+    done = fallback_sandbox.execute("sleep 1; echo back")
+    assert (done.output, done.exit_code, done.error) == ("back\n", 0, None), done
+
+
 def test_a_command_runs_in_a_container_with_one_pid_left(docker_client: Any, no_python_image: str) -> None:
     """Without an exec helper, a command takes two processes (the wrapper that kills what it
     leaves behind, and the command): with room for one only, the command replaces the wrapper

@@ -151,13 +151,15 @@ def test_a_jobs_kill_kills_what_disguised_itself(sandbox: BaseSandbox, disguise:
         sandbox.execute(f"kill -9 {pid} 2>/dev/null")
 
 
+@pytest.mark.parametrize("kind", ["ssh-no-helper", "no-python", "busybox"])
 def test_a_running_commands_escapee_outlives_another_commands_sweep(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Over SSH without the helper: a process that left a command still running (its parent
-    shell waits on), born while another command ran, is spared by that other command's end
-    (its marker is carried by a process in a running command's tree), and dies with its own."""
-    for sandbox in _open("ssh-no-helper", request, tmp_path_factory):
+    """Without the helper (over SSH, or in a container, whose init adopts it): a process that
+    left a command still running (its parent shell waits on), born while another command ran,
+    is spared by that other command's end (its marker is carried by a process in a running
+    command's tree), and dies with its own."""
+    for sandbox in _open(kind, request, tmp_path_factory):
         workdir = sandbox.execute("pwd").output.strip()
         began, pid_file = shlex.quote(f"{workdir}/b-began"), shlex.quote(f"{workdir}/daemon.pid")
         other = f"echo > {began}; while [ ! -s {pid_file} ]; do sleep 0.05; done"

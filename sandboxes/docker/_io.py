@@ -7,6 +7,7 @@ import io
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from typing import Any
 
 _FRAME = struct.Struct(">BxxxL")
@@ -194,13 +195,20 @@ class ExecOutput:
             return None
         for _ in range(100):  # the stream ends as the process exits; its status may trail a little
             state = self._api.exec_inspect(self._exec_id)
-            if not state["Running"]:
+            if exec_ended(state):
                 return int(state["ExitCode"])
             time.sleep(0.01)
         return None
 
     def close(self) -> None:
         self._stream.close()
+
+
+def exec_ended(info: Mapping[str, Any]) -> bool:
+    """Whether an exec's inspection says it ended: not running, with an exit code. Before its
+    process starts (a slow runtime, a container just unpaused) it is not running either, with no
+    exit code yet."""
+    return not info["Running"] and info["ExitCode"] is not None
 
 
 def read_exec_stdout(

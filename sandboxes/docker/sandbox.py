@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -51,7 +51,7 @@ from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
 from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox, slim_container
-from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, read_exec_stdout
+from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, exec_ended, read_exec_stdout
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path
@@ -67,6 +67,8 @@ BULK_THRESHOLD = 1 << 20
 """Files above this size move as tar streams rather than inline through ``execute``."""
 
 
+EXIT_CODE_WAIT = 10.0
+"""Seconds an exec whose output ended may take before the engine records its exit code."""
 _FREEZE_ATTEMPTS = 6
 """Tries of ``docker pause`` when the runtime gave up freezing (`pause_container`)."""
 
@@ -344,7 +346,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
             reader.join(0.05)
             if not reader.is_alive():  # the usual end: no inspect here, the exit code's is enough
                 break
-            if not api.exec_inspect(exec_id)["Running"]:
+            if exec_ended(api.exec_inspect(exec_id)):
                 reader.join(0.2)  # a background job may hold the stream open; do not wait for it
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -353,7 +355,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
                 reader.join(2.0)
                 break
         stream.close()
-        code = api.exec_inspect(exec_id)["ExitCode"]
+        code = None if timed_out else _exit_code(api, exec_id)
         if code == _scripts.EXIT_NO_CWD and not self._cwd_exists(cwd):
             return p.ExecuteResponse("", error=p.FILE_NOT_FOUND, message=f"working directory {cwd!r} not found")
         return execute_response(
@@ -382,7 +384,7 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         deadline = time.monotonic() + timeout
         while reader.is_alive() and time.monotonic() < deadline:
             reader.join(0.05)
-            if reader.is_alive() and not api.exec_inspect(exec_id)["Running"]:
+            if reader.is_alive() and exec_ended(api.exec_inspect(exec_id)):
                 reader.join(0.2)
                 break
         stream.close()
@@ -499,6 +501,17 @@ class DockerSandbox(DrivenSandbox, Sandbox):
             return is_within(normalize_path(path), normalize_path(self.config.workdir))
         except InvalidPathError:
             return False
+
+
+def _exit_code(api: Any, exec_id: str) -> int:
+    """The ended exec's exit code, once the engine has recorded it (its output may end first).
+    One the engine never records in `EXIT_CODE_WAIT` seconds: `_MayHaveRun`."""
+    deadline = time.monotonic() + EXIT_CODE_WAIT
+    while (code := api.exec_inspect(exec_id)["ExitCode"]) is None:
+        if time.monotonic() > deadline:
+            raise _MayHaveRun(f"the docker engine recorded no exit code for the command in {EXIT_CODE_WAIT:g} s")
+        time.sleep(0.05)  # the engine's record of an exit has no event to wait on
+    return int(code)
 
 
 def _feed(stream: ExecSocket, stdin: bytes) -> None:

@@ -28,6 +28,7 @@ from sandboxes._mux._shipped import program
 HELD = 1 << 20
 """What the program holds of a file at most (`_tar.HELD`; checked below, not read from it, so that
 these tests run against a program without it, which trusted a file's size)."""
+Change = Callable[[], None]
 THP = Path("/sys/kernel/mm/transparent_hugepage/khugepaged")
 """Files of ``/sys`` whose size says a page, each holding a number and a newline."""
 
@@ -64,7 +65,8 @@ def test_pseudo_files_are_what_a_read_gives() -> None:
         answered = {binascii.unhexlify(line[1]).decode(): line for line in _lines(done.stderr) if line[0] == b"M"}
         assert answered[stable][4] == str(len(read)).encode()
         for name, content in members.items():
-            assert content.endswith(b"\n") and b"\0" not in content, name
+            assert content.endswith(b"\n"), name
+            assert b"\0" not in content, name
             assert answered[name][4] == str(len(content)).encode()
 
 
@@ -108,7 +110,8 @@ def test_a_file_that_changes_within_what_is_held_is_its_bytes_as_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     grown, shrunk = tmp_path / "grown", tmp_path / "shrunk"
-    grown.mkdir(), shrunk.mkdir()
+    grown.mkdir()
+    shrunk.mkdir()
     (grown / "f").write_bytes(b"a" * 100)
     (shrunk / "f").write_bytes(os.urandom(HELD * 3))
     for root, change in ((grown, _appended(grown / "f", b"b" * 50)), (shrunk, _truncated(shrunk / "f", 100))):
@@ -133,7 +136,7 @@ def test_a_file_that_changes_within_what_is_held_is_its_bytes_as_read(
     ids=["grew-past-what-is-held", "grew", "shrank"],
 )
 def test_a_file_that_changes_past_what_is_held_is_refused_its_member_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, change: Callable[[Path], Callable[[], None]], said: bytes
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, change: Callable[[Path], Change], said: bytes
 ) -> None:
     (tmp_path / "f").write_bytes(os.urandom(size))
     before = (tmp_path / "f").read_bytes()

@@ -12,11 +12,11 @@ leaves it. The directory is walked through descriptors, never following a symbol
 it. A file's member is exactly the bytes read of it, hashed as they are written, never what its
 size says they are: a file that ends within `HELD` bytes is read whole first, its member as long
 as it turned out (a pseudo-file of ``/proc`` or ``/sys`` says 0 bytes or a page whatever it
-holds); a longer one streams the bytes its size says, then one more is asked for. One whose size
-says no more than `HELD` but reads past them, one that ends before its size or goes on past it,
-changed while it was read (or lies about its size): the answer is ``E file_changed`` naming it,
-once the member written is whole (zeros for what was missing), and the snapshot is refused, not
-kept short, padded or cut.
+holds); a longer one streams the bytes its size says (one that grew meanwhile is kept as it was
+when first seen, as an appended log's earlier state). One whose size says no more than `HELD` but
+reads past them, or one that ends before its size, changed while it was read (or lies about its
+size): the answer is ``E file_changed`` naming it, once the member written is whole (zeros for
+what was missing), and the snapshot is refused, not kept short or padded.
 
 Answer, one line each on stderr: ``M <path hex> <f|d|l> <mode octal> <size> <sha256 or -> <link
 hex or ->`` per member written (`sandboxes._helper._untar`'s grammar); ``R <path hex>`` per device
@@ -200,8 +200,9 @@ def _held(out: _Out, path: bytes, mode: int, mtime: int, data: bytes) -> "tuple[
 def _streamed(out: _Out, fd: int, path: bytes, mode: int, mtime: int, head: bytes, said: int) -> "tuple[int, str]":
     """A file longer than what is held as its member of the ``said`` bytes its size says,
     ``head`` then the rest as it is read, hashed on the hasher's thread meanwhile: (its size, its
-    sha256). A file that ends before them or goes on past them changed while it was read:
-    `Refused` ``file_changed`` once its member is whole (zeros for what was missing)."""
+    sha256). One that goes on past them is kept as its size said when first seen (an appended
+    log: what it held then, as GNU tar keeps it); one that ends before them changed while it was
+    read: `Refused` ``file_changed`` once its member is whole (zeros for what was missing)."""
     out.write(_header(path, tarfile.REGTYPE, mode, mtime, said))
     digest, chunk, left = hashlib.sha256(), head, said
     while chunk:
@@ -213,8 +214,6 @@ def _streamed(out: _Out, fd: int, path: bytes, mode: int, mtime: int, head: byte
     out.hasher.wait()
     if left:
         raise _changed(path, "it shrank while it was read: %d of the %d bytes its size said" % (said - left, said))
-    if _read(fd, 1):
-        raise _changed(path, "it grew while it was read, past the %d bytes its size said" % said)
     return said, digest.hexdigest()
 
 

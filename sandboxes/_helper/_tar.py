@@ -9,8 +9,14 @@ Arguments: the directory (absolute), the most members. The tar is the snapshot's
 the whole seconds of mtime and no owner; a hard link is its file again. What the user may not
 read is left out, as GNU ``tar --ignore-failed-read`` leaves it; a socket is left out, as tar
 leaves it. The directory is walked through descriptors, never following a symbolic link below
-it. A file's bytes are hashed as they are written; one that shrank while read is padded with
-zeros (hashed too), one that grew is cut at its size when first seen.
+it. A file's member is exactly the bytes read of it, hashed as they are written, never what its
+size says they are: a file that ends within `HELD` bytes is read whole first, its member as long
+as it turned out (a pseudo-file of ``/proc`` or ``/sys`` says 0 bytes or a page whatever it
+holds); a longer one streams the bytes its size says (one that grew meanwhile is kept as it was
+when first seen, as an appended log's earlier state). One whose size says no more than `HELD` but
+reads past them, or one that ends before its size, changed while it was read (or lies about its
+size): the answer is ``E file_changed`` naming it, once the member written is whole (zeros for
+what was missing), and the snapshot is refused, not kept short or padded.
 
 Answer, one line each on stderr: ``M <path hex> <f|d|l> <mode octal> <size> <sha256 or -> <link
 hex or ->`` per member written (`sandboxes._helper._untar`'s grammar); ``R <path hex>`` per device
@@ -29,6 +35,11 @@ import tarfile
 import threading
 
 _COPY = 1 << 20
+HELD = 1 << 20
+"""The most bytes of one file held in memory: a file that ends within them is its member exactly
+as read, whatever its size said (a pseudo-file of ``/proc`` or ``/sys`` says 0 or a page)."""
+_READ = 64 << 10
+"""The most bytes of one read past what a file's size says: a pseudo-file costs no bigger buffer."""
 _BY_THREAD = 1 << 18
 """A file this large is hashed on a thread of its own while its bytes are written (hashlib lets
 go of the GIL); a smaller one at once."""
@@ -113,34 +124,97 @@ def _header(name: bytes, kind: bytes, mode: int, mtime: int, size: int = 0, link
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def _read(fd: int, wanted: int) -> bytes:
+    """Up to ``wanted`` bytes of ``fd`` in one read; none at its end or at a read error (its end
+    too)."""
+    try:
+        return os.read(fd, wanted)
+    except OSError:
+        return b""
+
+
+def _head(fd: int, said: int) -> bytes:
+    """The file's first bytes, up to `HELD` + 1 and no further (more: it is longer than what is
+    held): read as much as its size says, one more, then `_READ` at a time to its end."""
+    parts, got = [], 0
+    while got <= HELD:
+        wanted = said + 1 - got
+        chunk = _read(fd, min(HELD + 1 - got, wanted if wanted > 1 else _READ))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _zeros(out: _Out, count: int) -> None:
+    """``count`` zero bytes written, at most `_COPY` of them held at once."""
+    while count:
+        out.write(bytes(min(count, _COPY)))
+        count -= min(count, _COPY)
+
+
+def _changed(path: bytes, message: str) -> Refused:
+    return Refused("file_changed", path, message + "; the snapshot would not be what the file holds")
+
+
 def _file(out: _Out, at: int, leaf: bytes, path: bytes, info: "os.stat_result") -> None:
-    """The file's member and its ``M`` line; nothing if it cannot be opened (unreadable)."""
+    """The file's member and its ``M`` line: exactly the bytes read, whatever its size said
+    (`_held`, `_streamed`); nothing if it cannot be opened (unreadable)."""
     try:
         fd = os.open(leaf, _FILE_FLAGS, dir_fd=at)
     except OSError:
         return
-    with os.fdopen(fd, "rb", buffering=0) as source:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the listing: left out
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # swapped since the listing: left out
             return
         mode = info.st_mode & 0o7777
-        out.write(_header(path, tarfile.REGTYPE, mode, int(info.st_mtime), info.st_size))
-        digest, left = hashlib.sha256(), info.st_size
-        hashing = out.hasher.update if left >= _BY_THREAD else None
-        while left:
-            try:
-                chunk = source.read(min(left, _COPY)) or bytes(min(left, _COPY))  # shrank: zeros
-            except OSError:
-                chunk = bytes(min(left, _COPY))
-            if hashing is None:
-                digest.update(chunk)
-            else:
-                hashing(digest, chunk)
-            out.write(chunk)
-            left -= len(chunk)
-        if hashing is not None:
-            out.hasher.wait()
-    out.write(bytes(-info.st_size % _BLOCK))
-    out.say(b"M %s f %o %d %s -" % (_hex(path), mode, info.st_size, digest.hexdigest().encode("ascii")))
+        head = _head(fd, opened.st_size)
+        if len(head) <= HELD:
+            size, digest = _held(out, path, mode, int(info.st_mtime), head)
+        elif opened.st_size <= HELD:  # a pseudo-file, or one that grew past what is held
+            raise _changed(path, "its size said %d bytes, a read gave more than %d" % (opened.st_size, HELD))
+        else:
+            size, digest = _streamed(out, fd, path, mode, int(info.st_mtime), head, opened.st_size)
+    finally:
+        os.close(fd)
+    out.say(b"M %s f %o %d %s -" % (_hex(path), mode, size, digest.encode("ascii")))
+
+
+def _held(out: _Out, path: bytes, mode: int, mtime: int, data: bytes) -> "tuple[int, str]":
+    """``data``, the whole file, as its member: (its size, its sha256)."""
+    out.write(_header(path, tarfile.REGTYPE, mode, mtime, len(data)))
+    digest = hashlib.sha256()
+    if len(data) < _BY_THREAD:
+        digest.update(data)
+        out.write(data)
+    else:
+        out.hasher.update(digest, data)
+        out.write(data)
+        out.hasher.wait()
+    out.write(bytes(-len(data) % _BLOCK))
+    return len(data), digest.hexdigest()
+
+
+def _streamed(out: _Out, fd: int, path: bytes, mode: int, mtime: int, head: bytes, said: int) -> "tuple[int, str]":
+    """A file longer than what is held as its member of the ``said`` bytes its size says,
+    ``head`` then the rest as it is read, hashed on the hasher's thread meanwhile: (its size, its
+    sha256). One that goes on past them is kept as its size said when first seen (an appended
+    log: what it held then, as GNU tar keeps it); one that ends before them changed while it was
+    read: `Refused` ``file_changed`` once its member is whole (zeros for what was missing)."""
+    out.write(_header(path, tarfile.REGTYPE, mode, mtime, said))
+    digest, chunk, left = hashlib.sha256(), head, said
+    while chunk:
+        out.hasher.update(digest, chunk)
+        out.write(chunk)
+        left -= len(chunk)
+        chunk = _read(fd, min(left, _COPY)) if left else b""
+    _zeros(out, left + -said % _BLOCK)
+    out.hasher.wait()
+    if left:
+        raise _changed(path, "it shrank while it was read: %d of the %d bytes its size said" % (said - left, said))
+    return said, digest.hexdigest()
 
 
 def _entry(out: _Out, at: int, leaf: bytes, path: bytes) -> "tuple[int, int]":

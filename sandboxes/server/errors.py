@@ -28,6 +28,7 @@ _STATUS: dict[WireErrorCode, int] = {
     "is_directory": 422,
     "no_space": 507,
     "paused": 409,
+    "file_changed": 409,
     "unavailable": 501,
 }
 

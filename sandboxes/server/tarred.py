@@ -33,7 +33,13 @@ __all__ = ["archive_by_helper"]
 _TIMEOUT = 3600.0
 _PYTHON = "python3 -I -S -c"
 _STDERR_TAIL = 2048
-_CODES: tuple[WireErrorCode, ...] = ("file_not_found", "permission_denied", "not_a_directory", "too_large")
+_CODES: tuple[WireErrorCode, ...] = (
+    "file_not_found",
+    "permission_denied",
+    "not_a_directory",
+    "too_large",
+    "file_changed",
+)
 """The program's refusals (`sandboxes._helper._tar`) the service answers as they are; any other
 code it sends is answered ``backend_unavailable``."""
 

@@ -6,6 +6,7 @@ runs no helper (busybox, no python3) is still restored, by its commands."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import uuid
@@ -237,3 +238,17 @@ def test_a_snapshot_by_the_helper_refuses_what_no_archive_restores(client: httpx
     missing = client.post(f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/nowhere"]})
     assert missing.status_code == 422, missing.text
     assert missing.json()["error"] == "file_not_found"
+
+
+def test_a_snapshot_by_the_helper_keeps_a_pseudo_file_as_a_read_gives(service: Running, client: httpx.Client) -> None:
+    """``/proc`` says its files hold 0 bytes: the snapshot keeps what a read gives, not empty files."""
+    source = create(client)["id"]
+    taken = client.post(
+        f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/proc/sys/kernel/random"]}
+    )
+    assert taken.status_code == 201, taken.text
+    entries = {entry["path"]: entry for entry in _manifest(service, taken.json()["id"])}
+    read = execute(client, source, "cat /proc/sys/kernel/random/boot_id")["output"].encode()
+    assert read.endswith(b"\n")
+    assert (entries["boot_id"]["size"], entries["boot_id"]["sha256"]) == (len(read), hashlib.sha256(read).hexdigest())
+    assert all(entry["size"] > 0 for entry in entries.values())

@@ -5,6 +5,7 @@ no archive restores is refused, naming it; an answer past its bounds or grammar 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from sandboxes.local import LocalSandbox
 from sandboxes.server.archive import write_local_archive
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, Recorder, survey
-from sandboxes.server.tarred import _Answer, archive_by_helper
+from sandboxes.server.tarred import _Answer, _result, archive_by_helper
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,32 @@ def test_a_store_that_refuses_a_write_ends_the_command(jail: LocalSandbox) -> No
         archive_by_helper(jail, f"{jail.root}/tree", Full(), max_members=10_000)
     assert refused.value.code == "quota_exceeded"
     assert os.path.isdir(f"{jail.root}/tree")
+
+
+def test_pseudo_files_are_what_a_read_in_the_jail_gives(jail: LocalSandbox) -> None:
+    """``/proc`` says its files hold 0 bytes: each member, and its manifest entry, is what a read
+    gives, not an empty file."""
+    by_helper = io.BytesIO()
+    manifest = archive_by_helper(jail, "/proc/sys/kernel/random", by_helper, max_members=100)
+    assert manifest is not None
+    read = jail.execute("cat /proc/sys/kernel/random/boot_id", timeout=30).output.encode()
+    [boot_id] = [entry for entry in manifest if entry.path == "boot_id"]
+    assert read.endswith(b"\n")
+    assert (boot_id.size, boot_id.sha256) == (len(read), hashlib.sha256(read).hexdigest())
+    by_helper.seek(0)
+    found, stopped = survey(by_helper)
+    assert stopped is None
+    assert _ordered(found) == _ordered(manifest)
+    assert all(entry.size > 0 for entry in manifest)
+
+
+def test_a_file_changed_while_it_was_read_is_refused_naming_it() -> None:
+    answer = _Answer(io.BytesIO(), 10)
+    answer(b"E file_changed %s %s\n" % (b"d/log".hex().encode(), b"it grew while it was read".hex().encode()), "stderr")
+    with pytest.raises(ServiceError) as refused:
+        _result(answer, "/workspace", 1)
+    assert (refused.value.code, refused.value.status) == ("file_changed", 409)
+    assert refused.value.message == "/workspace/d/log: it grew while it was read"
 
 
 def _fed(answer: _Answer, *chunks: bytes) -> str | None:

@@ -302,12 +302,14 @@ class CreateSandbox(_Request):
     kept paused at most the service's ``max_ttl`` more, then deleted."""
     snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9]{1,64}$")
     """A snapshot of the tenant's (``POST .../snapshots``) to restore into it, verified against
-    its manifest: any difference and it is not made (``snapshot_mismatch``, naming what)."""
+    its manifest: any difference and it is not made (``snapshot_mismatch``, naming what). It
+    starts with the network the snapshot recorded of its sandbox (its allow-list, unless
+    ``egress_allow`` is given)."""
     egress_allow: list[EgressRule] | None = Field(default=None, max_length=1000)
     """The egress allow-list it starts with instead of its template's (rules as in
     `EgressRules`; ``[]``: nothing is reached), on a template with egress only; ``None``: the
-    template's. It may name any destination, as ``PUT .../egress`` may; non-public ranges stay
-    the operator's (the template's ``egress_open_ranges``)."""
+    template's (its ``snapshot``'s, if it recorded one). It may name any destination, as ``PUT
+    .../egress`` may; non-public ranges stay the operator's (the template's ``egress_open_ranges``)."""
 
 
 class EgressRules(_Model):
@@ -355,7 +357,8 @@ class SnapshotList(_Answer):
 
 class ForkSandbox(_Request):
     count: Integer = Field(default=1, ge=1, le=64)
-    """New sandboxes, each with the files of the one forked."""
+    """New sandboxes, each with the files and the network (its egress allow-list as it is now)
+    of the one forked."""
 
 
 class ForkResult(_Answer):

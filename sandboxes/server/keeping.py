@@ -28,6 +28,7 @@ from sandboxes.server.archive import checked_path
 from sandboxes.server.auth import Tenant
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
+from sandboxes.server.inherited import kept_network
 from sandboxes.server.pausing import PAUSED_AT_TIMEOUT, Pausing, TtlChoice
 from sandboxes.server.released import Released
 from sandboxes.server.snapshots import Snapshot, SnapshotStore
@@ -64,12 +65,14 @@ class Keeping(Pausing):
     async def snapshot(
         self, entry: Entry, body: api.CreateSnapshot, snapshot_id: str | None = None, name: str = ""
     ) -> Snapshot:
-        """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all."""
+        """Keep the sandbox's workspace and ``body.paths`` in the store, whole or not at all,
+        with its network as it is now (`sandboxes.server.inherited`)."""
         state = entry.state
         paths = [(state.workdir, True)] if body.workspace else []
         paths += [(checked_path(path), False) for path in body.paths]
         quota = self.settings.policy_for(state.tenant).max_snapshot_bytes
-        head = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name, "name": name}
+        head: dict[str, Any] = {"sandbox_id": state.id, "template": state.template, "backend": entry.backend.name}
+        head |= {"name": name, "network": kept_network(state)}  # its network now: a restore's (and a fork's)
         writing = await asyncio.to_thread(self.snapshots.begin, state.tenant, quota, head, snapshot_id)
         try:
             await asyncio.to_thread(take, entry.backend, entry.sandbox, writing, paths, self.settings)
@@ -275,7 +278,8 @@ class Keeping(Pausing):
             logger.info("held %d hibernated sandboxes again", len(states))
 
     async def fork(self, tenant: Tenant, entry: Entry, count: int, key: str | None) -> tuple[Snapshot, list[Entry]]:
-        """``count`` new sandboxes with ``entry``'s files (its workspace), made at once."""
+        """``count`` new sandboxes with ``entry``'s files (its workspace) and its network as it is
+        now (its snapshot's, `sandboxes.server.inherited`), made at once."""
         state = entry.state
         snapshot_id = None if key is None else _derived(tenant.id, key, "snapshot")
         snapshot = None

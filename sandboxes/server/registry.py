@@ -40,6 +40,7 @@ from sandboxes.server.auth import Tenant
 from sandboxes.server.backends import Adopted, ProviderBackend
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
+from sandboxes.server.inherited import take_kept, with_kept_egress
 from sandboxes.server.keeping import Keeping
 from sandboxes.server.pool import Pools
 from sandboxes.server.quotas import Reservation
@@ -149,9 +150,11 @@ class Registry(Keeping):
             raise ServiceError("invalid_request", f"unknown template {request.template!r} (known: {known})")
         check_env(request.env)
         check_labels(request.labels, pod_labels=template.label_values_only)
-        check_egress(request.template, template, request.egress_allow)
+        kept = None
         if request.snapshot is not None:  # the tenant's, or a 404 before anything is made
-            await asyncio.to_thread(self.snapshots.get, tenant.id, request.snapshot)
+            kept = (await asyncio.to_thread(self.snapshots.get, tenant.id, request.snapshot)).network
+            request = with_kept_egress(request, kept, template)
+        check_egress(request.template, template, request.egress_allow)
         backend = self.backends[request.template]
         mounts = self.volumes.mounts(tenant.id, request.template, request.volumes)
         ttl = min(request.ttl or template.ttl, self.settings.max_ttl)
@@ -178,7 +181,10 @@ class Registry(Keeping):
                 await self._quotas.recount(tenant, template, state, sandbox, backend)
         finally:
             self._quotas.release(reservation)
+        taken = take_kept(state, kept, template)  # before its egress is served (`_register`)
         entry = await self._register(state, sandbox, backend)
+        if taken:
+            await self.record_network(entry)
         if request.snapshot is not None:
             entry = await self.restored(entry, request.snapshot)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)

@@ -31,7 +31,7 @@ from typing import Any
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry
 
-__all__ = ["Part", "Snapshot", "SnapshotStore", "Writing"]
+__all__ = ["KeptNetwork", "Part", "Snapshot", "SnapshotStore", "Writing"]
 
 MANIFEST = "manifest.json"
 _TEMP = ".tmp-"
@@ -51,6 +51,40 @@ class Part:
 
 
 @dataclass
+class KeptNetwork:
+    """A sandbox's network as its snapshot recorded it at its taking (`SandboxState`'s fields of
+    the same names): what a sandbox made from the snapshot starts with, save what its create
+    names of its own (`sandboxes.server.inherited`). The headers are secrets: the manifest that
+    holds them is its tenant's and the service's alone."""
+
+    egress_allow: list[str] | None = None
+    egress_headers: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    public_ports: bool | None = None
+    mask_request_host: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "egress_allow": self.egress_allow,
+            "egress_headers": self.egress_headers,
+            "public_ports": self.public_ports,
+            "mask_request_host": self.mask_request_host,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> KeptNetwork | None:
+        """The network a manifest recorded; ``None`` for one written before snapshots kept it."""
+        if not isinstance(data, dict):
+            return None
+        allow, headers = data.get("egress_allow"), data.get("egress_headers") or {}
+        return cls(
+            egress_allow=None if allow is None else [str(rule) for rule in allow],
+            egress_headers={str(host): {str(k): str(v) for k, v in values.items()} for host, values in headers.items()},
+            public_ports=None if data.get("public_ports") is None else bool(data["public_ports"]),
+            mask_request_host=None if data.get("mask_request_host") is None else str(data["mask_request_host"]),
+        )
+
+
+@dataclass
 class Snapshot:
     id: str
     tenant: str
@@ -63,6 +97,8 @@ class Snapshot:
     directory: Path
     name: str = ""
     """What the caller named it (the E2B API's snapshot names); empty: unnamed."""
+    network: KeptNetwork | None = None
+    """The sandbox's network when it was taken; ``None``: taken before snapshots kept it."""
 
     @property
     def files(self) -> int:
@@ -74,7 +110,8 @@ class Snapshot:
             {"path": p.path, "workspace": p.workspace, "tar": p.tar, "entries": [e.to_json() for e in p.entries]}
             for p in self.parts
         ]
-        return {**head, "bytes": self.bytes, "parts": parts, "name": self.name}
+        network = None if self.network is None else self.network.to_json()
+        return {**head, "bytes": self.bytes, "parts": parts, "name": self.name, "network": network}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], directory: Path) -> Snapshot:
@@ -83,7 +120,8 @@ class Snapshot:
             for p in data["parts"]
         ]
         head = {key: data[key] for key in ("id", "tenant", "sandbox_id", "template", "backend", "created_at", "bytes")}
-        return cls(**head, parts=parts, directory=directory, name=str(data.get("name", "")))
+        network = KeptNetwork.from_json(data.get("network"))
+        return cls(**head, parts=parts, directory=directory, name=str(data.get("name", "")), network=network)
 
 
 class Writing:
@@ -219,7 +257,9 @@ def _missing(snapshot_id: str) -> ServiceError:
 
 
 def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
+    """``data`` as the whole of ``path``, on disk, readable by the service's user alone (a
+    manifest may hold a sandbox's egress headers)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())

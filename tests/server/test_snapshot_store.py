@@ -4,12 +4,13 @@ another replica sharing the store is writing now; a deletion is whole or not at 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.snapshots import Part, SnapshotStore
+from sandboxes.server.snapshots import MANIFEST, KeptNetwork, Part, SnapshotStore
 
 HEAD = {"sandbox_id": "s1", "template": "default", "backend": "local"}
 
@@ -41,3 +42,22 @@ def test_a_snapshot_over_the_quota_is_not_kept(tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match="over their 100 bytes"):
         store.commit(writing)
     assert [p.name for p in tmp_path.glob("*/*")] == []
+
+
+def test_a_snapshot_keeps_its_sandboxes_network_in_a_manifest_for_the_service_alone(tmp_path: Path) -> None:
+    """The network recorded at its taking reads back as written, headers (secrets) included, from
+    a manifest only the service's user reads; one an older service wrote, without it, reads as
+    none (its restores start with their create's)."""
+    store = SnapshotStore(tmp_path, writer="a")
+    network = KeptNetwork(["127.0.0.3"], {"127.0.0.3": {"Authorization": "Bearer x"}}, True, "h:${PORT}")
+    writing = store.begin("alice", 1 << 20, {**HEAD, "network": network})
+    writing.path("0.tar").write_bytes(b"\0" * 1024)
+    writing.snapshot.parts.append(Part("/workspace", True, "0.tar"))
+    made = store.commit(writing)
+    assert store.get("alice", made.id).network == network
+    manifest = made.directory / MANIFEST
+    assert manifest.stat().st_mode & 0o777 == 0o600
+    older = json.loads(manifest.read_text())
+    del older["network"]
+    manifest.write_text(json.dumps(older))
+    assert store.get("alice", made.id).network is None

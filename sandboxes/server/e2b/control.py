@@ -171,13 +171,25 @@ async def create(
     if headers and not service(request).settings.templates[template].egress:
         return e2b_error(409, f"template {body.template_id!r} has no egress: network rules would transform nothing")
     entry, _ = await service(request).registry.create(tenant, wanted, idempotency_key)
-    ports = network.allow_public_traffic is not None or network.mask_request_host is not None
-    if egress_allow is not None or headers or ports:  # kept where a pod's labels cannot hold it
-        request.app.state.egress.set_headers(entry.state.id, headers)
-        entry.state.public_ports = network.allow_public_traffic
-        entry.state.mask_request_host = network.mask_request_host
-        await service(request).registry.record_network(entry)
+    await _network_named(request, entry, network, headers, egress_allow is not None)
     return _json(_created(request, entry), 201)
+
+
+async def _network_named(
+    request: Request, entry: Entry, network: Network, headers: dict[str, dict[str, str]], allow_named: bool
+) -> None:
+    """What a create's ``network`` names set on its new sandbox, kept where a pod's labels cannot
+    hold it (``headers``: its ``rules``' as parsed); what it leaves out stays as made: the
+    defaults, or its snapshot's (`sandboxes.server.inherited`)."""
+    if network.rules is not None:
+        request.app.state.egress.set_headers(entry.state.id, headers)
+    if network.allow_public_traffic is not None:
+        entry.state.public_ports = network.allow_public_traffic
+    if network.mask_request_host is not None:
+        entry.state.mask_request_host = network.mask_request_host
+    ports = (network.rules, network.allow_public_traffic, network.mask_request_host)
+    if allow_named or any(named is not None for named in ports):
+        await service(request).registry.record_network(entry)
 
 
 @router.get("/sandboxes/{sandbox_id}")

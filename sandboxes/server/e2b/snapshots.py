@@ -104,8 +104,7 @@ async def fork(request: Request, sandbox_id: str, api_key: _ApiKey = None) -> Re
         ttl=max(1, body.timeout),
         labels=dict(state.labels),
         auto_resume=state.auto_resume,
-        egress_allow=state.egress_allow,
-        snapshot=snapshot.id,
+        snapshot=snapshot.id,  # with its network as it is now (`sandboxes.server.inherited`)
     )
     try:
         creates = [registry.create(tenant, wanted) for _ in range(body.count)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Self, TypeVar, runtime_checkable
@@ -52,6 +53,7 @@ __all__ = [
     "Sweep",
     "VolumeInUse",
     "VolumeProvider",
+    "label_expiry",
 ]
 
 
@@ -175,6 +177,19 @@ class CreateOptions(BaseModel):
         if self.ttl is not None and self.expires_at is not None:
             raise ValueError("give ttl or expires_at, not both")
         return self
+
+
+def label_expiry(labels: Mapping[str, str], name: str, logger: logging.Logger) -> float | None:
+    """The expiry (seconds since the epoch) a sandbox's label ``name`` records; ``None`` where it
+    records none, or none that reads as a number (then said in ``logger``, the backend's)."""
+    value = labels.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        logger.warning("ignoring unreadable %s label %r", name, value)
+        return None
 
 
 @dataclass(frozen=True, slots=True)

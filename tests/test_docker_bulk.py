@@ -24,7 +24,9 @@ import pytest
 from support import SESSION_OWNER
 
 from sandboxes import protocol as p
+from sandboxes._mux import Command
 from sandboxes._mux import _stall as stall
+from sandboxes._output import OutputHook
 from sandboxes._staged import CHUNK_BYTES as STAGE_CHUNK_BYTES
 from sandboxes.docker import BULK_THRESHOLD, DockerSandbox, DockerSandboxConfig
 
@@ -148,13 +150,13 @@ def test_big_uploads_never_go_through_the_engines_archive_api(
     monkeypatch.setattr(clean.container, "put_archive", refused)
     monkeypatch.setattr(clean.container, "get_archive", refused)
     streamed: list[int] = []
-    exec_once = clean._exec_once
+    run_alone = clean.run_alone
 
-    def measured(command: str, timeout: float, stdin: bytes | None, *args: Any) -> p.ExecuteResponse:
-        streamed.append(len(stdin) if stdin is not None else 0)
-        return exec_once(command, timeout, stdin, *args)
+    def measured(command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        streamed.append(len(command.stdin) if command.stdin is not None else 0)
+        return run_alone(command, on_output)
 
-    monkeypatch.setattr(clean, "_exec_once", measured)
+    monkeypatch.setattr(clean, "run_alone", measured)
     files = [(f"/workspace/split/{index}.bin", bytes([index]) * ((9 << 20) + index)) for index in range(3)]
     files.append(("/workspace/split/small.bin", b"s" * (2 << 20)))
     clean.execute("true")  # the helper started, if the sandbox has one

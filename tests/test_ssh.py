@@ -151,7 +151,7 @@ def test_execute_streaming_hands_output_over_live(helper_sandbox: SSHSandbox, fa
 
 
 class TestSSHFallbackConformance(SandboxConformance):
-    """``use_exec_helper=False``: every command is its own ``exec_command`` (`_exec_once`)."""
+    """``use_exec_helper=False``: every command is its own ``exec_command`` (`SSHSandbox.run_alone`)."""
 
     @pytest.fixture
     def backend(self, fallback_sandbox: SSHSandbox) -> SSHSandbox:

@@ -17,7 +17,7 @@ from sandboxes._mux._frames import _Pending, _response, _send_stdin
 from sandboxes._mux._outbox import Queued
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import MuxClient
-from sandboxes._output import OutputBuffer, OutputHook
+from sandboxes._output import OutputHook
 
 __all__ = ["arun"]
 
@@ -41,7 +41,7 @@ async def arun(client: MuxClient, command: Command, on_output: OutputHook | None
     """`MuxClient.run` for an event loop: the command is awaited, no thread waits on it (a
     service would otherwise hold one thread per running command). Same frames, same timeouts,
     same `MuxBroken`."""
-    timeout, stdin, env, cwd = command.timeout, command.stdin, command.env, command.cwd
+    timeout, stdin = command.timeout, command.stdin
     client.serve_async()
     loop = asyncio.get_running_loop()
     ended: list[asyncio.Future[None]] = [loop.create_future()]
@@ -55,18 +55,16 @@ async def arun(client: MuxClient, command: Command, on_output: OutputHook | None
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             loop.call_soon_threadsafe(settle)
 
-    buffer = OutputBuffer(command.output_limit)
-    waiting = _Pending(buffer, done=_WakingEvent(wake), on_output=on_output, env=dict(env))
-    ident, pending = client.register(waiting)
+    ident, pending = client.register(_Pending.of(command, on_output, done=_WakingEvent(wake)))
     started = time.monotonic()
     queued: Queued | None = None
     try:
         if stdin is None:  # the request goes out with the others of this turn of the loop
-            queued = client.queue_request(loop, ident, command.command, env, cwd, timeout)
+            queued = client.queue_request(loop, ident, command)
             if queued is None:
                 raise MuxBroken(client.broken or "exec helper stream broken", may_resend=True)
         else:  # its stdin frames must follow it: written at once, in order
-            client.request(ident, command.command, env, cwd, timeout, stdin)
+            client.request(ident, command)
             if len(stdin) <= _SEND_INLINE:
                 _send_stdin(client, ident, stdin)
             else:

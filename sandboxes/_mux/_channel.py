@@ -27,7 +27,7 @@ from sandboxes._mux._command import Command
 from sandboxes._mux._frames import _STDIN_CHUNK, _Pending, _request_frame, _response
 from sandboxes._mux._stream import MuxBroken
 from sandboxes._mux.client import KILL_GRACE, MuxClient
-from sandboxes._output import OutputBuffer, OutputHook
+from sandboxes._output import OutputHook
 
 __all__ = ["Channel", "open_channel"]
 
@@ -184,15 +184,12 @@ def open_channel(
     be sent (``may_resend``: nothing was written)."""
     if command.stdin is not None:
         raise ValueError("a channel's stdin is written as it goes (Channel.write), not given with its command")
-    buffer = OutputBuffer(command.output_limit)
-    pending = _Pending(buffer, done=_EndEvent(), on_output=on_output, env=dict(command.env), on_frame=on_frame)
-    ident, pending = client.register(pending)
-    timeout = command.timeout
-    frame = _request_frame(ident, command.command, command.env, command.cwd, timeout, True, None, spec)
+    ident, pending = client.register(_Pending.of(command, on_output, done=_EndEvent(), on_frame=on_frame))
+    frame = _request_frame(ident, command, stdin_open=True, extra=spec)
     try:
         client._send_frame(frame)
     except MuxBroken as broken:
         client.forget(ident)
         raise MuxBroken(str(broken), may_resend=True) from broken
     client._want_reader()
-    return Channel(client, ident, pending, timeout)
+    return Channel(client, ident, pending, command.timeout)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from sandboxes import protocol as p
 from sandboxes._helper._kill import RECORD_ENV
 from sandboxes._helper.frames import CLOSE_STDIN, HEADER, HELPER_KINDS, RUN, STDIN
+from sandboxes._mux._command import Command
 from sandboxes._mux._shipped import sources_of
 from sandboxes._mux._stall import SendWatch
 from sandboxes._mux._stream import MuxBroken
@@ -76,6 +77,21 @@ class _Pending:
     on_frame: Callable[[bytes, bytes], None] | None = None
     """Frames of a capability's own kinds (kind, payload), for a channel (`open_channel`)."""
 
+    @classmethod
+    def of(
+        cls,
+        command: Command,
+        on_output: OutputHook | None,
+        *,
+        done: threading.Event | None = None,
+        on_frame: Callable[[bytes, bytes], None] | None = None,
+    ) -> _Pending:
+        """What ``command``'s answer frames add up to, waited on: its output kept within its
+        ``output_limit``, and its ``env``, which `MuxClient.kill_tagged` matches."""
+        output = OutputBuffer(command.output_limit)
+        done = threading.Event() if done is None else done
+        return cls(output, done=done, on_output=on_output, env=dict(command.env), on_frame=on_frame)
+
 
 def wire_spec(spec: Mapping[str, object]) -> bytes:
     """The payload of an R, M or F frame: ``spec`` `marshal`'d, in a format every python3 from
@@ -107,26 +123,26 @@ def _plain(value: object) -> Any:
 
 def _request_frame(
     ident: int,
-    command: str,
-    env: Mapping[str, str] | None,
-    cwd: str | None,
-    timeout: float | None,
-    stdin: bool,
+    command: Command,
+    *,
+    stdin_open: bool,
     next_marker: str | None = None,
     extra: Mapping[str, object] | None = None,
 ) -> bytes:
-    """The R frame of a command (``next_marker``: see `MuxClient.marker`; ``extra``: fields a
-    capability adds, `sandboxes._mux._channel.open_channel`)."""
+    """The R frame of ``command``, the one place a command's fields become a request's
+    (``stdin_open``: its stdin frames follow; ``next_marker``: see `MuxClient.marker`;
+    ``extra``: fields a capability adds, `sandboxes._mux._channel.open_channel`)."""
+    env = command.env
     spec: dict[str, object] = {
-        "command": command,
-        "env": dict(env or {}),
-        "cwd": cwd,
-        "timeout": timeout or None,
-        "stdin": stdin,
+        "command": command.command,
+        "env": dict(env),
+        "cwd": command.cwd,
+        "timeout": command.timeout or None,
+        "stdin": stdin_open,
     }
     if next_marker is not None:
         spec["next_marker"] = next_marker
-    if env and RECORD_ENV in env:  # a command recorded in the sandbox: the helper's module for it
+    if RECORD_ENV in env:  # a command recorded in the sandbox: the helper's module for it
         spec["sources"] = sources_of("_record")
     if extra:
         spec.update(extra)

@@ -159,14 +159,13 @@ class MuxClient(StreamReader):
         for every command: it must neither block nor raise."""
         self._look()
         stdin, timeout = command.stdin, command.timeout
-        pending = _Pending(OutputBuffer(command.output_limit), on_output=on_output, env=dict(command.env))
-        ident, pending = self.register(pending)
+        ident, pending = self.register(_Pending.of(command, on_output))
         started = time.monotonic()
         leading = False
         try:
             if stdin is not None:
                 self._want_reader()  # someone must read while this thread sends
-            self.request(ident, command.command, command.env, command.cwd, timeout, stdin)
+            self.request(ident, command)
             if stdin is not None:
                 _send_stdin(self, ident, stdin)
             leading = self._lead()
@@ -233,7 +232,7 @@ class MuxClient(StreamReader):
             current, self._announced = self._announced or new(), None
             return current
 
-    def _announcement(self, env: Mapping[str, str] | None) -> str | None:
+    def _announcement(self, env: Mapping[str, str]) -> str | None:
         """The marker to announce with a command about to be written (already registered) given
         ``env``: the one `marker` hands out next, made now if none is waiting. Only for a caller
         that marks its commands (`marker` was asked), only where the helper starts shells ahead
@@ -241,7 +240,7 @@ class MuxClient(StreamReader):
         each other's announced markers out of turn, and every answer would start a shell that
         nobody takes (under load, twice the processes). The same marker is announced again
         until it is handed out: one shell for it is started, however often."""
-        if env is None or MARKER_ENV not in env or self.info.get("warm") is not True:
+        if MARKER_ENV not in env or self.info.get("warm") is not True:
             return None
         with self._markers_lock:
             if self._new_marker is None or self._in_flight() > 1:
@@ -307,18 +306,12 @@ class MuxClient(StreamReader):
             self._always_read = True
             self._wanted.set()
 
-    def request(
-        self,
-        ident: int,
-        command: str,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        timeout: float | None,
-        stdin: bytes | None,
-    ) -> None:
-        """The R frame; a failure to send it means no whole request reached the helper (see
-        `_send`), so the command may be resent."""
-        frame = _request_frame(ident, command, env, cwd, timeout, stdin is not None, self._announcement(env))
+    def request(self, ident: int, command: Command) -> None:
+        """``command``'s R frame (its stdin, if any, is the caller's to send next); a failure to
+        send it means no whole request reached the helper (see `_send`), so the command may be
+        resent."""
+        announced = self._announcement(command.env)
+        frame = _request_frame(ident, command, stdin_open=command.stdin is not None, next_marker=announced)
         try:
             self._send_frame(frame)
         except MuxBroken as broken:
@@ -387,17 +380,10 @@ class MuxClient(StreamReader):
 
     # ------------------------------------------------------------------ for `_awaited.arun`
 
-    def queue_request(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        ident: int,
-        command: str,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        timeout: float | None,
-    ) -> Queued | None:
-        """A stdin-less command's R frame, queued for the end of ``loop``'s turn; ``None``: broken."""
-        frame = _request_frame(ident, command, env, cwd, timeout, False, self._announcement(env))
+    def queue_request(self, loop: asyncio.AbstractEventLoop, ident: int, command: Command) -> Queued | None:
+        """A stdin-less command's R frame (a ``command.stdin`` is the caller's to send with
+        `request` instead), queued for the end of ``loop``'s turn; ``None``: broken."""
+        frame = _request_frame(ident, command, stdin_open=False, next_marker=self._announcement(command.env))
         return self._outbox.put(self, loop, ident, frame)
 
     def withdraw(self, queued: Queued) -> bool:

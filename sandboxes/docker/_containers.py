@@ -24,7 +24,7 @@ from sandboxes.docker.config import (
     DockerSandboxConfig,
     parse_size,
 )
-from sandboxes.lifecycle import SandboxNameTaken
+from sandboxes.lifecycle import SandboxNameTaken, label_expiry
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +179,7 @@ def recorded_expiry(attrs: dict[str, Any]) -> float | None:
         if match is not None:
             return float(match.group(1))
     labels: dict[str, str] = attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
-    value = labels.get(LABEL_EXPIRES)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        logger.warning("ignoring unreadable %s label %r", LABEL_EXPIRES, value)
-        return None
+    return label_expiry(labels, LABEL_EXPIRES, logger)
 
 
 def expired(attrs: dict[str, Any], now: float) -> bool:

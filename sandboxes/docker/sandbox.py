@@ -23,7 +23,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -240,11 +240,6 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         """`sandboxes._mux.HelperTransport`: the config's."""
         return self.config.memory
 
-    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """`sandboxes._mux.HelperTransport`: one ``docker exec`` (`_exec_once`)."""
-        c = command
-        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
-
     def answer(self, error: Exception) -> p.ExecuteResponse | None:
         """`sandboxes._mux.HelperTransport`: the engine's failures, around the helper's start as
         around the fallback's exec."""
@@ -288,33 +283,26 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         self._oom.forget()
         return mux
 
-    def _exec_once(
-        self,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str],
-        cwd: str,
-        limit: int,
-        on_output: Callable[[bytes], None] | None = None,
-    ) -> p.ExecuteResponse:
-        """One ``docker exec`` for one command: the slow path, for images without python3. The
-        engine failing the exec's creation raises its own error (nothing ran); failing anything
-        after, `_MayHaveRun` (the exec's start may have reached the engine)."""
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one ``docker exec`` for ``command`` (`Command.within`
+        the sandbox's defaults): the slow path, for images without python3. The engine failing
+        the exec's creation raises its own error (nothing ran); failing anything after,
+        `_MayHaveRun` (the exec's start may have reached the engine)."""
         api = self.client.api
+        env = command.env
         marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
         started = time.monotonic()
         exec_id = api.exec_create(
             self.id,
-            ["/bin/sh", "-c", _scripts.command(_scripts.RUN_IN, cwd, command)],
-            stdin=stdin is not None,
+            ["/bin/sh", "-c", _scripts.command(_scripts.RUN_IN, command.workdir, command.command)],
+            stdin=command.stdin is not None,
             environment={**env, **self._reap_env, MARKER_ENV: marker},
             user=self.config.user,
         )["Id"]
         stream: ExecSocket | None = None
         try:
             stream = ExecSocket(api.exec_start(exec_id, socket=True), merge_stderr=True)
-            return self._await_exec(exec_id, stream, marker, started, timeout, stdin, cwd, limit, on_output)
+            return self._await_exec(exec_id, stream, marker, started, command, on_output)
         except _engine_errors() as failed:  # a paused container refuses the kill and the inspect
             raise _MayHaveRun(f"the docker engine failed during the command: {failed}") from failed
         finally:
@@ -327,15 +315,13 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         stream: ExecSocket,
         marker: str,
         started: float,
-        timeout: float,
-        stdin: bytes | None,
-        cwd: str,
-        limit: int,
-        on_output: Callable[[bytes], None] | None,
+        command: Command,
+        on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
-        """`_exec_once`'s started exec, to its end or its deadline (then its tree is killed)."""
+        """`run_alone`'s started exec, to its end or its deadline (then its tree is killed)."""
         api = self.client.api
-        output = OutputBuffer(limit)
+        stdin, timeout, cwd = command.stdin, command.timeout, command.workdir
+        output = OutputBuffer(command.output_limit)
         reader = threading.Thread(target=_pump, args=(stream, output, on_output), daemon=True)
         reader.start()
         if stdin is not None:  # fed beside the wait: a command that leaves it unread still times out
@@ -461,7 +447,8 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         commit's size check refuses."""
         command = _scripts.command(_scripts.STAGE_CHUNK, staged, "new")
         try:
-            code = _parse.check(self._exec_once(command, _STAGE_TIMEOUT, data, {}, "/", 65536), staged)
+            answer = self.run_alone(Command(command, _STAGE_TIMEOUT, 65536, data, cwd="/"), None)
+            code = _parse.check(answer, staged)
         except BaseException:
             remove_staged(self, staged)
             raise

@@ -28,7 +28,7 @@ from sandboxes.kubernetes.config import (
     KubernetesSandboxConfig,
     parse_quantity,
 )
-from sandboxes.lifecycle import SandboxNameTaken, SandboxStartError
+from sandboxes.lifecycle import SandboxNameTaken, SandboxStartError, label_expiry
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CoreV1Api
@@ -508,20 +508,9 @@ def pod_record(pod: Any) -> PodRecord:
         name=pod.metadata.name,
         labels=labels,
         created_at=created.timestamp() if isinstance(created, datetime) else 0.0,
-        expires_at=expires_at(labels),
+        expires_at=label_expiry(labels, LABEL_EXPIRES, logger),
         running=is_ready(pod),
     )
-
-
-def expires_at(labels: Mapping[str, str]) -> float | None:
-    value = labels.get(LABEL_EXPIRES)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        logger.warning("ignoring unreadable %s label %r", LABEL_EXPIRES, value)
-        return None
 
 
 def caller_labels(labels: Mapping[str, str]) -> dict[str, str]:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -219,11 +219,6 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
         """`sandboxes._mux.HelperTransport`: the config's."""
         return self.config.memory_limit or "none"
 
-    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """`sandboxes._mux.HelperTransport`: one exec (`_exec_once`)."""
-        c = command
-        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
-
     def answer(self, error: Exception) -> p.ExecuteResponse | None:
         """`sandboxes._mux.HelperTransport`: an exec that could not be opened answers ``unavailable``."""
         if isinstance(error, ExecError):
@@ -252,27 +247,20 @@ class KubernetesSandbox(DrivenSandbox, Sandbox):
         except ExecError:
             return False
 
-    def _exec_once(
-        self,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str],
-        cwd: str,
-        limit: int,
-        on_output: Callable[[bytes], None] | None = None,
-    ) -> p.ExecuteResponse:
-        """One exec for one command: the slow path, for images without python3."""
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: one exec for ``command`` (`Command.within` the
+        sandbox's defaults): the slow path, for images without python3."""
+        stdin, timeout, cwd = command.stdin, command.timeout, command.workdir
         marker = uuid.uuid4().hex
         started = time.monotonic()
-        pairs = [f"{name}={value}" for name, value in env.items()]
+        pairs = [f"{name}={value}" for name, value in command.env.items()]
         size = "-" if stdin is None else str(len(stdin))
-        script = _scripts.command(_RUN, cwd, marker, size, command, *pairs)
+        script = _scripts.command(_RUN, cwd, marker, size, command.command, *pairs)
         argv = self._argv_for(script, marker)
         if isinstance(argv, p.ExecuteResponse):
             return argv
         stream = open_exec(self._exec_api, self.config.namespace, self.name, argv, stdin=stdin is not None)
-        output = OutputBuffer(limit)
+        output = OutputBuffer(command.output_limit)
         reader = threading.Thread(target=_pump, args=(stream, output, on_output), name="k8s-exec", daemon=True)
         reader.start()
         if stdin is not None:

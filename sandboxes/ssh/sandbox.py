@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import paramiko
 
@@ -277,15 +277,9 @@ class SSHSandbox(DrivenSandbox, Sandbox):
         """`sandboxes._mux.HelperTransport`: whether the last start's shell exited 127 (no python3)."""
         return self._python_gone
 
-    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
-        """`sandboxes._mux.HelperTransport`: one ``exec_command`` (`_exec_once`), stdout and
-        stderr merged."""
-        c = command
-        return self._exec_once(c.command, c.timeout, c.stdin, c.env, c.workdir, c.output_limit, on_output)
-
     def answer(self, error: Exception) -> p.ExecuteResponse | None:
         """`sandboxes._mux.HelperTransport`: a connection or a channel that failed before the
-        command was sent (`_exec_once` answers one that failed after) answers ``unavailable``."""
+        command was sent (`run_alone` answers one that failed after) answers ``unavailable``."""
         if isinstance(error, (SSHError, paramiko.SSHException, OSError, EOFError)):
             return p.ExecuteResponse("", error=p.UNAVAILABLE, message=f"{type(error).__name__}: {error}")
         return None
@@ -303,46 +297,31 @@ class SSHSandbox(DrivenSandbox, Sandbox):
         tmpdir = _ssh_users.tmpdir_of(self.workspace) if self.config.isolation == "user" else None
         return _ssh_users.as_user(command, self.user, tmpdir)
 
-    def _exec_once(
-        self,
-        command: str,
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str],
-        cwd: str,
-        limit: int,
-        on_output: OutputHook | None = None,
-    ) -> p.ExecuteResponse:
-        """One command on its own channel. Raises only before the command was sent."""
-        marker = env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
-        pairs = [f"{name}={value}" for name, value in env.items()]
+    def run_alone(self, command: Command, on_output: OutputHook | None) -> p.ExecuteResponse:
+        """`sandboxes._mux.HelperTransport`: ``command`` (`Command.within` the sandbox's
+        defaults) on a channel of its own, one ``exec_command``, stdout and stderr merged.
+        Raises only before the command was sent."""
+        marker = command.env.get(MARKER_ENV) or uuid.uuid4().hex  # the caller's own, when it gave one
         started = time.monotonic()
         # Waiting for a free channel slot counts against the command's own timeout.
-        channel = self._connection.open_session(timeout or self.config.default_timeout or 3600.0)
+        channel = self._connection.open_session(command.timeout or self.config.default_timeout or 3600.0)
         assert channel is not None
         try:
-            return self._converse(channel, command, marker, pairs, stdin, timeout, cwd, limit, started, on_output)
+            return self._converse(channel, command, marker, started, on_output)
         except (SSHError, paramiko.SSHException, OSError, EOFError) as exc:
             return lost(f"the connection failed while the command ran: {type(exc).__name__}: {exc}")
         finally:
             self._connection.close_session(channel)
 
     def _converse(
-        self,
-        channel: paramiko.Channel,
-        command: str,
-        marker: str,
-        pairs: list[str],
-        stdin: bytes | None,
-        timeout: float,
-        cwd: str,
-        limit: int,
-        started: float,
-        on_output: OutputHook | None,
+        self, channel: paramiko.Channel, command: Command, marker: str, started: float, on_output: OutputHook | None
     ) -> p.ExecuteResponse:
         channel.set_combine_stderr(True)
         end = uuid.uuid4().hex
-        channel.exec_command(self._as_user(_scripts.command(RUN, cwd, marker, command, end, *pairs)))
+        pairs = [f"{name}={value}" for name, value in command.env.items()]
+        run = _scripts.command(RUN, command.workdir, marker, command.command, end, *pairs)
+        channel.exec_command(self._as_user(run))
+        stdin = command.stdin
         feeder = None
         if stdin:
             # From its own thread: a command that prints much before reading its input would
@@ -352,7 +331,7 @@ class SSHSandbox(DrivenSandbox, Sandbox):
         else:
             channel.shutdown_write()
         try:
-            return self._collect(channel, marker, EndScan(end.encode()), timeout, cwd, limit, started, on_output)
+            return self._collect(channel, marker, EndScan(end.encode()), command, started, on_output)
         finally:
             if feeder is not None:
                 # Nothing may be sent once we close the channel (see `RUN`); the host has read
@@ -364,16 +343,15 @@ class SSHSandbox(DrivenSandbox, Sandbox):
         channel: paramiko.Channel,
         marker: str,
         scan: EndScan,
-        timeout: float,
-        cwd: str,
-        limit: int,
+        command: Command,
         started: float,
         on_output: OutputHook | None,
     ) -> p.ExecuteResponse:
         """The command's answer, its output (stdout and stderr merged: `set_combine_stderr`)
         handed to ``on_output`` as it arrives, up to the end token (`RUN`) or the channel's end,
         whichever comes first: never up to the exit status, which may come before the output."""
-        output = Relayed(limit, on_output)
+        timeout, cwd = command.timeout, command.workdir
+        output = Relayed(command.output_limit, on_output)
         deadline = started + timeout if timeout else None
         channel.settimeout(0.1)
         eof = False

@@ -281,6 +281,15 @@ class Holdings:
         states = await self._read(census.tenant_states, self.backends, tenant.id)
         return [state for state in states if not self._deleted_here(state.id)]
 
+    async def recorded(self) -> _States:
+        """Every tenant's live sandboxes on the shared backends, as recorded there now (every
+        replica's), but those deleted here; a failed read is a 503 (`_read`)."""
+        if not self._shared:
+            return []
+        states = await self._read(census.all_states, self.backends)
+        now = self.clock.now()
+        return [state for state in states if state.expires_at > now and not self._deleted_here(state.id)]
+
     def _deleted_here(self, sandbox_id: str) -> bool:
         """Deleted by this replica, its destroy under way or to be retried: its records, still
         there, must not bring it back."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from service_harness import ManualClock, Running, running
 from support import SESSION_OWNER
 
 from sandboxes.lifecycle import CreateOptions
+from sandboxes.server import census
 from sandboxes.server.backends import (
     LABEL_SERVICE_CREATED,
     LABEL_SERVICE_EXPIRES,
@@ -29,16 +31,18 @@ from sandboxes.server.backends import (
     make_backends,
     new_sandbox_id,
 )
+from sandboxes.server.e2b import common, signed
+from sandboxes.server.e2b.recorded import INTERVAL
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import SandboxState, StateStore
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
-def _fetch(url: str, body: bytes | None = None) -> tuple[int, bytes]:
+def _fetch(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """The status and body of a plain request to a signed URL (no header of the SDK's)."""
-    headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
-    response = httpx.request("POST" if body is not None else "GET", url, content=body, headers=headers, timeout=30)
+    sent = {**({"Content-Type": "application/octet-stream"} if body is not None else {}), **(headers or {})}
+    response = httpx.request("POST" if body is not None else "GET", url, content=body, headers=sent, timeout=30)
     return response.status_code, response.content
 
 
@@ -130,8 +134,7 @@ class TestReplicasOverDocker(ReplicaScenarios, OneKeyAcrossReplicas):
         self, replica: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """E2B's signed file URLs name no sandbox: a replica that holds none whose token makes the
-        signature finds it among the backend's records and adopts it; bogus signatures share one
-        read of the records per interval, not one each."""
+        signature finds it among the backend's records and adopts it."""
         monkeypatch.setenv("SANDBOXES_E2B_TOKEN_SECRET", uuid.uuid4().hex)  # the replicas share it
         with replica(sweep_interval=3600) as a, replica(sweep_interval=3600) as b:
             sandbox = Sandbox.create(secure=True, timeout=120, **opts(a))
@@ -147,25 +150,89 @@ class TestReplicasOverDocker(ReplicaScenarios, OneKeyAcrossReplicas):
                 expired = sandbox.download_url("signed.txt", "user", use_signature_expiration=-120)
                 status, body = _fetch(expired.replace(a.url, b.url))
                 assert (status, json.loads(body)["message"]) == (401, "signature is already expired")
-                backend = b.registry.backends["default"]
-                reads: list[dict[str, str]] = []
-                select = backend.select
-
-                def counted(**labels: str) -> Any:
-                    if not labels:
-                        reads.append(labels)
-                    return select(**labels)
-
-                backend.select = counted  # type: ignore[method-assign]
-                bogus = on_b.replace("signature=v1_", "signature=v1_A")
-                try:
-                    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                        answers = list(pool.map(lambda _: _fetch(bogus), range(24)))
-                finally:
-                    del backend.select
-                assert {(status, json.loads(body)["message"]) for status, body in answers} == {
-                    (401, "invalid signature")
-                }
-                assert len(reads) <= 2, reads  # one read per interval at most (the burst may straddle two)
             finally:
                 sandbox.kill()
+
+    def test_a_signed_url_of_a_sandbox_made_after_the_last_read_is_served_not_refused(
+        self, replica: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """B reads the records (a bogus URL asks it to); A makes a sandbox after that read listed
+        the engine; the sandbox's URL reaches B before the read lands. The URL is served, by a
+        read of the records B starts after it arrived, not refused until some later request
+        makes B read them again."""
+        monkeypatch.setenv("SANDBOXES_E2B_TOKEN_SECRET", uuid.uuid4().hex)  # the replicas share it
+        with replica(sweep_interval=3600) as a, replica(sweep_interval=3600) as b:
+            listed, release, arrived = threading.Event(), threading.Event(), threading.Event()
+            state_of = common.e2b_state  # as signed imported it
+
+            def held_back(count: int) -> None:
+                if count == 1:  # listed before A makes the sandbox, landing after its URL reached B
+                    listed.set()
+                    release.wait(60)
+
+            def watched(request: Any) -> Any:
+                if request.query_params.get("path") == "fresh.txt":
+                    arrived.set()  # then on B's loop, with nothing awaited, up to the records it asks for
+                return state_of(request)
+
+            reads = _spy_reads(monkeypatch, b, held_back)
+            monkeypatch.setattr(signed, "e2b_state", watched)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                try:
+                    primed = pool.submit(_fetch, f"{b.url}/files?path=prime.txt&username=user&signature=v1_bogus")
+                    assert listed.wait(30), "B did not read the records"
+                    sandbox = Sandbox.create(secure=True, timeout=120, **opts(a))
+                    try:
+                        sandbox.files.write("fresh.txt", "made on A")
+                        url = sandbox.download_url("fresh.txt", "user").replace(a.url, b.url)
+                        fetched = pool.submit(_fetch, url)
+                        assert arrived.wait(30), "the URL did not reach B"
+                        release.set()
+                        assert fetched.result(60) == (200, b"made on A")
+                        assert b.registry.holds(sandbox.sandbox_id)
+                    finally:
+                        sandbox.kill()
+                finally:
+                    release.set()
+                status, body = primed.result(60)
+                assert (status, json.loads(body)["message"]) == (401, "invalid signature")
+            assert len(reads) == 2, reads  # the primed one, and one started after the URL arrived
+
+    def test_a_burst_of_signed_urls_for_unknown_sandboxes_reads_the_records_once_per_interval(
+        self, replica: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Every URL of the burst misses (a bogus signature; half of them name, in
+        ``E2b-Sandbox-Id``, a sandbox no replica has) and waits for a read of the records started
+        after it arrived: those reads are shared and start `INTERVAL` apart at least, so the
+        engine is read at most once per interval over the burst, plus one, not once a URL."""
+        with replica(sweep_interval=3600) as b:
+            reads = _spy_reads(monkeypatch, b, lambda count: None)
+            url = f"{b.url}/files?path=secret.txt&username=user&signature=v1_"
+
+            def bogus(n: int) -> tuple[int, bytes]:
+                named = {"E2b-Sandbox-Id": new_sandbox_id()} if n % 2 else {}
+                return _fetch(f"{url}{uuid.uuid4().hex}", headers=named)
+
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                answers = list(pool.map(bogus, range(48)))
+            elapsed = time.monotonic() - started
+            assert {(status, json.loads(body)["message"]) for status, body in answers} == {(401, "invalid signature")}
+            assert 1 <= len(reads) <= 1 + elapsed / INTERVAL, (len(reads), elapsed)
+
+
+def _spy_reads(monkeypatch: pytest.MonkeyPatch, service: Running, then: Callable[[int], object]) -> list[float]:
+    """When ``service`` read every tenant's records (`census.all_states`, wrapped: the real
+    read, then ``then`` with the count so far, in the reading thread)."""
+    reads: list[float] = []
+    all_states = census.all_states
+
+    def spied(backends: dict[str, Any]) -> list[SandboxState]:
+        found = all_states(backends)
+        if backends is service.registry.backends:
+            reads.append(time.monotonic())
+            then(len(reads))
+        return found
+
+    monkeypatch.setattr(census, "all_states", spied)
+    return reads

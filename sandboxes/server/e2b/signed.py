@@ -7,33 +7,30 @@ The SDK joins ``/files`` to ``E2B_SANDBOX_URL`` as an absolute path, so its URL 
 service's root ``/files`` with no sandbox id: there the sandbox is the one whose access token
 makes the signature (at most one can: each token is an HMAC of its own sandbox's id), held here
 or else recorded on a shared backend (held by another replica: adopted here), the records read
-at most once per interval however many signatures fail (`sandboxes.server.e2b.recorded`).
+at most once per interval however many signatures fail, and a sandbox made on another replica
+since the last read found in the next one, not refused (`sandboxes.server.e2b.recorded`).
 Refusals are envd's: 401 with ``missing signature query parameter``, ``invalid signature`` or
 ``signature is already expired`` (checked after the signature, as envd does)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import hashlib
 import hmac
-import logging
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from fastapi import Request
 
-from sandboxes.server import census
 from sandboxes.server.auth import Tenant
 from sandboxes.server.e2b.common import e2b_state, service
-from sandboxes.server.e2b.recorded import Recorded
+from sandboxes.server.e2b.recorded import INTERVAL, Recorded
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
 
 __all__ = ["Operation", "signature", "signed_sandbox"]
-
-logger = logging.getLogger(__name__)
 
 Operation = Literal["read", "write"]
 _MAX_SIGNATURE = 64
@@ -82,10 +79,7 @@ async def signed_sandbox(request: Request, path: str, operation: Operation) -> E
     held = [(e.state.tenant, e.state.id) for key, e in svc.registry.entries.items() if named in (None, key)]
     match = next(((tenant, key) for tenant, key in held if signs(e2b.signer.token(tenant, key))), None)
     if match is None:
-        recorded = await e2b.recorded.read(functools.partial(_records, request))
-        match = next(
-            ((r.tenant, r.sandbox_id) for r in recorded if named in (None, r.sandbox_id) and signs(r.token)), None
-        )
+        match = await _recorded(request, lambda r: named in (None, r.sandbox_id) and signs(r.token))
     if match is None:
         raise _refused("invalid signature")
     if expiration is not None and expiration < time.time():
@@ -93,16 +87,23 @@ async def signed_sandbox(request: Request, path: str, operation: Operation) -> E
     return await _awake(request, *match)
 
 
+async def _recorded(request: Request, signed: Callable[[Recorded], bool]) -> tuple[str, str] | None:
+    """The tenant and id of the recorded sandbox ``signed`` picks: in a read of the records
+    started at most `INTERVAL` before the request, else in one started after it (a sandbox made
+    on another replica since the last read is in that one)."""
+    arrived, recorded = time.monotonic(), e2b_state(request).recorded
+    read = await recorded.read(arrived - INTERVAL, functools.partial(_records, request))
+    found = next((r for r in read.sandboxes if signed(r)), None)
+    if found is None and read.started < arrived:
+        read = await recorded.read(arrived, functools.partial(_records, request))
+        found = next((r for r in read.sandboxes if signed(r)), None)
+    return None if found is None else (found.tenant, found.sandbox_id)
+
+
 async def _records(request: Request) -> list[Recorded]:
     """Every tenant's live sandboxes on the shared backends, with their access tokens."""
-    svc, signer = service(request), e2b_state(request).signer
-    try:
-        states = await asyncio.to_thread(census.all_states, svc.registry.backends)
-    except Exception as exc:
-        logger.warning("reading the sandboxes' records failed: %s", exc, exc_info=True)
-        raise ServiceError("backend_unavailable", "the backend's records cannot be read now") from exc
-    now = svc.registry.clock.now()
-    return [Recorded(s.tenant, s.id, signer.token(s.tenant, s.id)) for s in states if s.expires_at > now]
+    signer = e2b_state(request).signer
+    return [Recorded(s.tenant, s.id, signer.token(s.tenant, s.id)) for s in await service(request).registry.recorded()]
 
 
 async def _awake(request: Request, tenant_id: str, sandbox_id: str) -> Entry:

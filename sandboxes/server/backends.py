@@ -297,8 +297,8 @@ class ProviderBackend:
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
         """Validate ``path`` and return the producer of its tar stream."""
         if isinstance(sandbox, HostFiles):
-            uid, gid = sandbox.user_ids
-            return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid)
+            (uid, gid), limit = sandbox.user_ids, self.settings.max_archive_file_bytes
+            return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid, limit=limit)
         if isinstance(sandbox, StreamsOutput):
             return _open_streamed_archive(sandbox, path, self.settings.max_archive_file_bytes)
         return _open_archive_by_command(sandbox, path, self.settings.max_output_bytes)

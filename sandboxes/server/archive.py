@@ -42,6 +42,7 @@ from typing import IO, Any, NamedTuple, cast
 
 from sandboxes import _beneath as beneath
 from sandboxes._helper import _archive, _tar
+from sandboxes._mux import HoldsHelper
 from sandboxes.api import WireErrorCode
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.server.errors import ServiceError
@@ -100,7 +101,22 @@ def member_parts(name: str) -> list[str]:
     return parts
 
 
+def on_pseudo_filesystem(path: str) -> bool:
+    """Whether ``path`` is in ``/proc`` or ``/sys``, whose files' sizes are not what a read gives."""
+    return any(path == top or path.startswith(top + "/") for top in ("/proc", "/sys"))
+
+
 # ---------------------------------------------------------------------- local: fd-relative I/O
+
+
+def read_on_host(sandbox: object, root: str, raw_path: str) -> bool:
+    """Whether the service reads a local sandbox's ``raw_path`` itself (`open_local_archive`):
+    one in its root directory; any, if it runs no exec helper (no jail: one outside the root is
+    refused there). Elsewhere (a jail's ``/proc``, ``/sys``, ``/tmp``, which the host does not
+    see as the jail does) its exec helper makes the tar in the jail, as a container's is made."""
+    if is_within(checked_path(raw_path), root):
+        return True
+    return not isinstance(sandbox, HoldsHelper) or sandbox.exec_helper() is None
 
 
 def _parts_under(root: str, path: str) -> list[str]:

@@ -25,7 +25,7 @@ HELD = 1 << 20
 """What is held of a file at most (`sandboxes._helper._tar.HELD`, checked below)."""
 
 
-def _changing(monkeypatch: pytest.MonkeyPatch, name: str, change: Callable[[Path], None]) -> list[str]:
+def _changing(monkeypatch: pytest.MonkeyPatch, name: str, change: Callable[[Path], object]) -> list[str]:
     """``change`` made to the file ``name`` once the service has opened it and taken its
     status; the names it was made to (once)."""
     made: list[str] = []
@@ -42,7 +42,7 @@ def _changing(monkeypatch: pytest.MonkeyPatch, name: str, change: Callable[[Path
     return made
 
 
-def _truncate(size: int) -> Callable[[Path], None]:
+def _truncate(size: int) -> Callable[[Path], object]:
     return lambda path: os.truncate(path, size)
 
 

@@ -1,7 +1,9 @@
 """A directory's tree written as a snapshot's tar to stdout by the sandbox's own user, and its
 manifest answered on stderr, in one pass: the program a snapshot runs as one command through the
 exec helper (`sandboxes.server.tarred`), shipped whole as that command's ``python3 -c`` (stdlib
-only, Python 3.6-compatible; shipped on demand, never in the helper's bootstrap).
+only, Python 3.6-compatible; shipped on demand, never in the helper's bootstrap). Its `head` and
+`read` serve the service's own tar of a local root without a jail too
+(`sandboxes.server.archive.snapshot_content`): one rule for a file's member.
 
 Arguments: the directory (absolute), the most members. The tar is the snapshot's layout (what
 `sandboxes.server.manifest.keep` makes of ``tar -c``): members relative to the directory, in

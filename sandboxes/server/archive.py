@@ -4,12 +4,16 @@ Layout, for every backend (Docker's ``docker cp`` convention): ``GET ?path=P`` a
 whose single top-level member is P's basename (a file, or a directory with its tree);
 ``PUT ?path=D`` extracts a tar's members under directory D, creating D if needed.
 
-Local sandboxes are read and written by the service itself, on the host, while the sandbox
-may be running commands that swap directories for symlinks. So every path is opened one
-component at a time relative to a directory file descriptor with ``O_NOFOLLOW``, starting from
-the sandbox's root, and trees are walked through descriptors (both `sandboxes._beneath`, shared
-with `sandboxes.filesystem`): no symlink, however placed or raced, leads the service outside the
-root.
+Local sandboxes' root directories are read and written by the service itself, on the host,
+while the sandbox may be running commands that swap directories for symlinks. So every path is
+opened one component at a time relative to a directory file descriptor with ``O_NOFOLLOW``,
+starting from the sandbox's root, and trees are walked through descriptors (both
+`sandboxes._beneath`, shared with `sandboxes.filesystem`): no symlink, however placed or raced,
+leads the service outside the root. A file's member is exactly the bytes read of it, by the rule
+of the program a container's tar is made by: a snapshot's as `sandboxes._helper._tar`'s
+(`snapshot_content`), ``GET /archive``'s as `sandboxes._helper._archive`'s. What a jail holds
+outside its root (its ``/proc``, ``/sys``, ``/tmp``) is the jail's exec helper's to archive
+(`read_on_host`), as a container's is.
 Docker archives go through the daemon, which confines them to the container; they are rewritten
 on the way in (owner set to the sandbox user, special bits dropped, only regular files,
 directories and symlinks) and spooled to a temporary file, never to memory.

@@ -130,8 +130,8 @@ class OutputStream(Protocol):
 @runtime_checkable
 class StreamsOutput(Protocol):
     """A sandbox that can run a command on a channel of its own and hand its stdout over raw,
-    as it comes (Docker, SSH, Kubernetes): big output, an archive, need not fit `execute`'s
-    bounded text answer."""
+    as it comes (Docker, SSH, Kubernetes, a local jail): big output, an archive, need not fit
+    `execute`'s bounded text answer."""
 
     def open_output_stream(self, command: str) -> OutputStream: ...
 

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import IO, cast
 
 from sandboxes.base import BaseSandbox
+from sandboxes.paths import is_within
 from sandboxes.server.archive import checked_path
-from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.backends import HostFiles, ProviderBackend
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, Recorder, Witness, differences, keep, mismatch, survey, unexpected
 from sandboxes.server.settings import ServiceSettings
@@ -111,7 +112,7 @@ def restore(
     backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str, settings: ServiceSettings
 ) -> None:
     """Put the snapshot's paths in ``sandbox`` (the workspace's in ``workdir``), verified."""
-    if backend.host_files(sandbox):
+    if backend.host_files(sandbox) and _on_host(sandbox, snapshot, workdir):
         _restore_witnessed(backend, sandbox, snapshot, workdir)
         return
     if _restore_by_helper(sandbox, snapshot, workdir, settings):
@@ -125,6 +126,13 @@ def restore(
         problems += _verify(backend, sandbox, part, _target(part, workdir), snapshot.directory)
     if problems:
         raise mismatch(f"the sandbox restored from snapshot {snapshot.id} differs from it", problems)
+
+
+def _on_host(sandbox: BaseSandbox, snapshot: Snapshot, workdir: str) -> bool:
+    """Whether every part of ``snapshot`` goes into the root directory of a local sandbox, which
+    the service writes itself; one elsewhere (a jail's ``/tmp``) is the jail's exec helper's."""
+    root = str(cast(HostFiles, sandbox).root)
+    return all(is_within(checked_path(_target(part, workdir)), root) for part in snapshot.parts)
 
 
 def _restore_witnessed(backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str) -> None:

@@ -217,6 +217,22 @@ def test_a_local_snapshot_of_proc_holds_what_its_pseudo_files_read(service: Runn
     assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
+def test_a_local_snapshot_of_the_jails_tmp_comes_back_in_a_new_sandboxs_tmp(client: httpx.Client) -> None:
+    """A path outside a local sandbox's root (its jail's own ``/tmp``, which the host holds
+    elsewhere) is kept and restored by the jail's exec helper, as a container's is."""
+    source = create(client)["id"]
+    made = execute(client, source, "mkdir -p /tmp/kept/sub && printf kept > /tmp/kept/sub/f && ln -s sub/f /tmp/kept/l")
+    assert made["exit_code"] == 0, made
+    response = client.post(f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/tmp/kept"]})
+    assert response.status_code == 201, response.text
+    assert response.json()["files"] == 3, response.json()  # sub, sub/f and l
+    restored = _restored(client, response.json()["id"])
+    read = execute(client, restored, "cat /tmp/kept/l && readlink /tmp/kept/l")
+    assert read["output"] == "keptsub/f\n", read
+    for sandbox_id in (source, restored):
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
 def test_snapshots_are_the_tenants_own_and_count_against_its_bytes(service: Running, client: httpx.Client) -> None:
     snapshot = _snapshot(client, _made(client))
     with service.client("bob") as bob:

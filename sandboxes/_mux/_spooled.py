@@ -26,6 +26,9 @@ __all__ = ["SpooledOutput"]
 _STDERR_TAIL = 2000
 _WAIT = 3600.0
 """Seconds the command's answer is waited for once its output ended."""
+_CHECK = 10.0
+"""Seconds between checks, while no output comes, that the helper still answers for the command
+within its timeout and a grace (`Channel.wait`, which kills it past them)."""
 
 
 class SpooledOutput:
@@ -71,8 +74,10 @@ class SpooledOutput:
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` bytes of stdout, as soon as there are any; ``b""`` once it ended."""
+        while not self._ready():
+            if self._channel.wait(0) is not None:  # ended; or past its deadline: killed, and taken as ended
+                self._end()
         with self._changed:
-            self._changed.wait_for(lambda: self._read < self._written or self._ended or self._over)
             if self._over:
                 self._channel.kill()
                 raise OSError(
@@ -86,6 +91,11 @@ class SpooledOutput:
                 self._read = self._written = 0
                 self._file.truncate(0)
         return data
+
+    def _ready(self) -> bool:
+        """Whether there is output to read, or the command ended, within `_CHECK` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._read < self._written or self._ended or self._over, _CHECK)
 
     def exit_code(self) -> int | None:
         """The command's exit code once it ended; ``None`` if it answered none."""

@@ -1,7 +1,9 @@
 """A directory's tree written as a snapshot's tar to stdout by the sandbox's own user, and its
 manifest answered on stderr, in one pass: the program a snapshot runs as one command through the
 exec helper (`sandboxes.server.tarred`), shipped whole as that command's ``python3 -c`` (stdlib
-only, Python 3.6-compatible; shipped on demand, never in the helper's bootstrap).
+only, Python 3.6-compatible; shipped on demand, never in the helper's bootstrap). Its `head` and
+`read` serve the service's own tar of a local root without a jail too
+(`sandboxes.server.archive.snapshot_content`): one rule for a file's member.
 
 Arguments: the directory (absolute), the most members. The tar is the snapshot's layout (what
 `sandboxes.server.manifest.keep` makes of ``tar -c``): members relative to the directory, in
@@ -124,7 +126,7 @@ def _header(name: bytes, kind: bytes, mode: int, mtime: int, size: int = 0, link
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _read(fd: int, wanted: int) -> bytes:
+def read(fd: int, wanted: int) -> bytes:
     """Up to ``wanted`` bytes of ``fd`` in one read; none at its end or at a read error (its end
     too)."""
     try:
@@ -133,13 +135,13 @@ def _read(fd: int, wanted: int) -> bytes:
         return b""
 
 
-def _head(fd: int, said: int) -> bytes:
+def head(fd: int, said: int) -> bytes:
     """The file's first bytes, up to `HELD` + 1 and no further (more: it is longer than what is
     held): read as much as its size says, one more, then `_READ` at a time to its end."""
     parts, got = [], 0
     while got <= HELD:
         wanted = said + 1 - got
-        chunk = _read(fd, min(HELD + 1 - got, wanted if wanted > 1 else _READ))
+        chunk = read(fd, min(HELD + 1 - got, wanted if wanted > 1 else _READ))
         if not chunk:
             break
         parts.append(chunk)
@@ -170,13 +172,13 @@ def _file(out: _Out, at: int, leaf: bytes, path: bytes, info: "os.stat_result") 
         if not stat.S_ISREG(opened.st_mode):  # swapped since the listing: left out
             return
         mode = info.st_mode & 0o7777
-        head = _head(fd, opened.st_size)
-        if len(head) <= HELD:
-            size, digest = _held(out, path, mode, int(info.st_mtime), head)
+        first = head(fd, opened.st_size)
+        if len(first) <= HELD:
+            size, digest = _held(out, path, mode, int(info.st_mtime), first)
         elif opened.st_size <= HELD:  # a pseudo-file, or one that grew past what is held
             raise _changed(path, "its size said %d bytes, a read gave more than %d" % (opened.st_size, HELD))
         else:
-            size, digest = _streamed(out, fd, path, mode, int(info.st_mtime), head, opened.st_size)
+            size, digest = _streamed(out, fd, path, mode, int(info.st_mtime), first, opened.st_size)
     finally:
         os.close(fd)
     out.say(b"M %s f %o %d %s -" % (_hex(path), mode, size, digest.encode("ascii")))
@@ -209,7 +211,7 @@ def _streamed(out: _Out, fd: int, path: bytes, mode: int, mtime: int, head: byte
         out.hasher.update(digest, chunk)
         out.write(chunk)
         left -= len(chunk)
-        chunk = _read(fd, min(left, _COPY)) if left else b""
+        chunk = read(fd, min(left, _COPY)) if left else b""
     _zeros(out, left + -said % _BLOCK)
     out.hasher.wait()
     if left:

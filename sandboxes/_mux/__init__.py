@@ -7,6 +7,7 @@ from sandboxes._mux._driver import HelperDriver, HelperTransport, Refusal, Trans
 from sandboxes._mux._held import DrivenSandbox
 from sandboxes._mux._oom import OOM_COUNT_SH, OomCount
 from sandboxes._mux._resend import run_command_once, run_native_once, run_on
+from sandboxes._mux._spooled import SpooledOutput
 from sandboxes._mux._starts import HAS_PYTHON_SH, HelperStarts, has_python_sh, python_missing
 from sandboxes._mux._stream import ByteStream, MuxBroken, TimedByteStream
 from sandboxes._mux._watched import watch_spec
@@ -33,6 +34,7 @@ __all__ = [
     "MuxClient",
     "OomCount",
     "Refusal",
+    "SpooledOutput",
     "TimedByteStream",
     "TransportWords",
     "command_marker",

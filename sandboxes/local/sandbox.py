@@ -42,6 +42,7 @@ from sandboxes._mux import (
     HelperDriver,
     MuxBroken,
     MuxClient,
+    SpooledOutput,
     TransportWords,
     has_python_sh,
     python_missing,
@@ -362,6 +363,17 @@ class LocalSandbox(DrivenSandbox, Sandbox):
         process, mux = self._started, self.helper_driver.mux
         return process if process is not None and mux is not None and process.client is mux else None
 
+    def open_output_stream(self, command: str) -> SpooledOutput:
+        """``command`` (``sh``) run in the jail by its exec helper as the sandbox's user, its
+        stdout read as it comes, spooled at most the sandbox's disk bound ahead of its reader
+        (`sandboxes._mux.SpooledOutput`): the service's archives of what the root directory does
+        not hold (the jail's ``/proc``, ``/sys``, ``/tmp``), made as a container's are.
+        `MuxBroken` if the sandbox runs no exec helper."""
+        mux = self.exec_helper()
+        if mux is None:
+            raise MuxBroken("the sandbox runs no exec helper", may_resend=True)
+        return SpooledOutput(mux, command, limit=self.config.disk, timeout=_STREAM_TIMEOUT)
+
     def python_missing(self) -> bool:
         """`sandboxes._mux.HelperTransport`: whether a jail of its own says the helper's python is
         not there: the jail sees only the system's directories, so a python elsewhere on this
@@ -515,6 +527,9 @@ class LocalSandbox(DrivenSandbox, Sandbox):
             return tmp / relative_to(path, "/tmp") if path != "/tmp" else tmp
         return Path(path)
 
+
+_STREAM_TIMEOUT = 3600.0
+"""Seconds a command whose output is streamed (`LocalSandbox.open_output_stream`) may run."""
 
 CGROUP_FILE = "cgroup"
 """In a jail's state dir: the name of the sandbox's cgroup, removed with it if its owner died."""

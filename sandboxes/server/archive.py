@@ -4,12 +4,16 @@ Layout, for every backend (Docker's ``docker cp`` convention): ``GET ?path=P`` a
 whose single top-level member is P's basename (a file, or a directory with its tree);
 ``PUT ?path=D`` extracts a tar's members under directory D, creating D if needed.
 
-Local sandboxes are read and written by the service itself, on the host, while the sandbox
-may be running commands that swap directories for symlinks. So every path is opened one
-component at a time relative to a directory file descriptor with ``O_NOFOLLOW``, starting from
-the sandbox's root, and trees are walked through descriptors (both `sandboxes._beneath`, shared
-with `sandboxes.filesystem`): no symlink, however placed or raced, leads the service outside the
-root.
+Local sandboxes' root directories are read and written by the service itself, on the host,
+while the sandbox may be running commands that swap directories for symlinks. So every path is
+opened one component at a time relative to a directory file descriptor with ``O_NOFOLLOW``,
+starting from the sandbox's root, and trees are walked through descriptors (both
+`sandboxes._beneath`, shared with `sandboxes.filesystem`): no symlink, however placed or raced,
+leads the service outside the root. A file's member is exactly the bytes read of it, by the rule
+of the program a container's tar is made by: a snapshot's as `sandboxes._helper._tar`'s
+(`snapshot_content`), ``GET /archive``'s as `sandboxes._helper._archive`'s. What a jail holds
+outside its root (its ``/proc``, ``/sys``, ``/tmp``) is the jail's exec helper's to archive
+(`read_on_host`), as a container's is.
 Docker archives go through the daemon, which confines them to the container; they are rewritten
 on the way in (owner set to the sandbox user, special bits dropped, only regular files,
 directories and symlinks) and spooled to a temporary file, never to memory.
@@ -38,9 +42,11 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 from sandboxes import _beneath as beneath
+from sandboxes._helper import _archive, _tar
+from sandboxes._mux import HoldsHelper
 from sandboxes.api import WireErrorCode
 from sandboxes.paths import InvalidPathError, is_within, normalize_path, relative_to
 from sandboxes.server.errors import ServiceError
@@ -99,7 +105,22 @@ def member_parts(name: str) -> list[str]:
     return parts
 
 
+def on_pseudo_filesystem(path: str) -> bool:
+    """Whether ``path`` is in ``/proc`` or ``/sys``, whose files' sizes are not what a read gives."""
+    return any(path == top or path.startswith(top + "/") for top in ("/proc", "/sys"))
+
+
 # ---------------------------------------------------------------------- local: fd-relative I/O
+
+
+def read_on_host(sandbox: object, root: str, raw_path: str) -> bool:
+    """Whether the service reads a local sandbox's ``raw_path`` itself (`open_local_archive`):
+    one in its root directory; any, if it runs no exec helper (no jail: one outside the root is
+    refused there). Elsewhere (a jail's ``/proc``, ``/sys``, ``/tmp``, which the host does not
+    see as the jail does) its exec helper makes the tar in the jail, as a container's is made."""
+    if is_within(checked_path(raw_path), root):
+        return True
+    return not isinstance(sandbox, HoldsHelper) or sandbox.exec_helper() is None
 
 
 def _parts_under(root: str, path: str) -> list[str]:
@@ -146,16 +167,17 @@ def _open_top(root: str, raw_path: str) -> tuple[str, int, os.stat_result]:
     return name, fd, info
 
 
-def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Callable[[Emit], None]:
+def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int, limit: int) -> Callable[[Emit], None]:
     """Check ``raw_path`` now (so a bad one is an HTTP error, not a broken stream) and return
-    the producer that streams its tar."""
+    the producer that streams its tar: each file's member as a container's
+    (`sandboxes._helper._archive.content`), none over ``limit`` bytes."""
     name, fd, info = _open_top(root, raw_path)
 
     def produce(emit: Emit) -> None:
         sink = ChunkSink(emit)
         try:
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                _add_top(tar, fd, name, info, _Owner(uid, gid, None))
+                _add_top(tar, fd, name, info, _Owner(uid, gid, None, _as_archived(limit)))
             sink.flush_all()
         finally:
             os.close(fd)
@@ -165,21 +187,87 @@ def open_local_archive(root: str, raw_path: str, *, uid: int, gid: int) -> Calla
 
 def write_local_archive(root: str, raw_path: str, out: IO[bytes], *, uid: int, gid: int, transform: Transform) -> None:
     """The tar of ``raw_path`` (``GET /archive``'s layout) written into ``out`` (a file: written
-    as it is, not streamed in records), every member through ``transform`` on its way."""
+    as it is, not streamed in records), every member through ``transform`` on its way, each
+    file's member as a snapshot's made in a sandbox (`snapshot_content`)."""
     name, fd, info = _open_top(root, raw_path)
     try:
         with tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=_COPY) as tar:
-            _add_top(tar, fd, name, info, _Owner(uid, gid, transform))
+            _add_top(tar, fd, name, info, _Owner(uid, gid, transform, snapshot_content))
     finally:
         os.close(fd)
 
 
+Content = Callable[[int, int, str], "tuple[int, IO[bytes]]"]
+"""A regular file's member, from its descriptor, the size its ``fstat`` said and its path: (the
+member's size, a reader of exactly that many bytes)."""
+
+
+def snapshot_content(fd: int, said: int, path: str) -> tuple[int, IO[bytes]]:
+    """A file's member as `sandboxes._helper._tar` makes a snapshot's in a sandbox: exactly the
+    bytes read, whatever its size said; a file that ends within `_tar.HELD` bytes read whole
+    first, a longer one streamed at its size (kept as first seen if it grew); one whose size
+    says no more than what is held but reads past it, or that ends before its size,
+    `ServiceError` ``file_changed``."""
+    head = _tar.head(fd, said)
+    if len(head) <= _tar.HELD:
+        return len(head), io.BytesIO(head)
+    if said <= _tar.HELD:
+        raise _changed(path, f"its size said {said} bytes, a read gave more than {_tar.HELD}")
+    return said, io.BufferedReader(_Streamed(fd, head, said, path), _COPY)
+
+
+def _changed(path: str, message: str) -> ServiceError:
+    return ServiceError("file_changed", f"{path}: {message}; the snapshot would not be what the file holds")
+
+
+class _Streamed(io.RawIOBase):
+    """``said`` bytes of a file: ``head``, then the rest as it is read; one that ends before
+    them changed while it was read (`ServiceError` ``file_changed``, never padding)."""
+
+    def __init__(self, fd: int, head: bytes, said: int, path: str) -> None:
+        self._fd, self._head, self._said, self._path = fd, memoryview(head), said, path
+        self._left = said
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target: Any) -> int:
+        wanted = min(len(target), self._left)
+        if self._head:
+            chunk: bytes | memoryview = self._head[:wanted]
+            self._head = self._head[len(chunk) :]
+        else:
+            chunk = _tar.read(self._fd, wanted) if wanted else b""
+        if wanted and not chunk:
+            done = self._said - self._left
+            raise _changed(self._path, f"it shrank while it was read: {done} of the {self._said} bytes its size said")
+        target[: len(chunk)] = chunk
+        self._left -= len(chunk)
+        return len(chunk)
+
+
+def _as_archived(limit: int) -> Content:
+    """A file's member as a container's ``GET /archive`` makes it (`_archive.content`); one
+    counted past ``limit`` bytes, ``too_large``."""
+
+    def content(fd: int, said: int, path: str) -> tuple[int, IO[bytes]]:
+        try:
+            size, reader = _archive.content(fd, said, limit)
+        except _archive.TooLarge as exc:
+            raise ServiceError("too_large", f"{path}: a file over {limit} bytes") from exc
+        return size, cast(IO[bytes], reader)
+
+    return content
+
+
 class _Owner(NamedTuple):
-    """Who the members belong to, and what each becomes (`Transform`) on its way in."""
+    """Who the members belong to, what each becomes (`Transform`) on its way in, and what a
+    file's member holds (`Content`)."""
 
     uid: int
     gid: int
     transform: Transform | None
+    content: Content
 
     def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo, content: IO[bytes] | None = None) -> None:
         if self.transform is not None:
@@ -193,8 +281,7 @@ class _Owner(NamedTuple):
 def _add_top(tar: tarfile.TarFile, fd: int, name: str, info: os.stat_result, owner: _Owner) -> None:
     top = _tar_info(name, info, owner.uid, owner.gid)
     if stat.S_ISREG(info.st_mode):
-        with os.fdopen(os.dup(fd), "rb") as content:
-            owner.add(tar, top, content)
+        _add_file(tar, fd, top, owner)
     else:
         owner.add(tar, top)
         _add_tree(tar, fd, name, owner)
@@ -212,6 +299,13 @@ def _tar_info(name: str, info: os.stat_result, uid: int, gid: int, link: str = "
     else:
         entry.size = info.st_size
     return entry
+
+
+def _add_file(tar: tarfile.TarFile, fd: int, member: tarfile.TarInfo, owner: _Owner) -> None:
+    """The regular file ``fd``'s member: as long as `_Owner.content` says, never what its size
+    said unread."""
+    member.size, content = owner.content(fd, member.size, member.name)
+    owner.add(tar, member, content)
 
 
 def _add_tree(tar: tarfile.TarFile, top_fd: int, top_name: str, owner: _Owner) -> None:
@@ -232,8 +326,10 @@ def _add_entry(tar: tarfile.TarFile, dir_fd: int, name: str, arcname: str, kind:
             fd, opened = beneath.open_file(dir_fd, name, os.O_RDONLY)
         except beneath.Refused:  # swapped for a symlink or something else meanwhile: not ours to follow
             return
-        with os.fdopen(fd, "rb") as content:
-            owner.add(tar, _tar_info(arcname, opened, owner.uid, owner.gid), content)
+        try:
+            _add_file(tar, fd, _tar_info(arcname, opened, owner.uid, owner.gid), owner)
+        finally:
+            os.close(fd)
         return
     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISDIR(info.st_mode):

@@ -48,7 +48,9 @@ from sandboxes.server.archive import (
     Watch,
     checked_path,
     extract_local,
+    on_pseudo_filesystem,
     open_local_archive,
+    read_on_host,
     rewrite_for_container,
     write_local_archive,
 )
@@ -128,8 +130,8 @@ class OutputStream(Protocol):
 @runtime_checkable
 class StreamsOutput(Protocol):
     """A sandbox that can run a command on a channel of its own and hand its stdout over raw,
-    as it comes (Docker, SSH, Kubernetes): big output, an archive, need not fit `execute`'s
-    bounded text answer."""
+    as it comes (Docker, SSH, Kubernetes, a local jail): big output, an archive, need not fit
+    `execute`'s bounded text answer."""
 
     def open_output_stream(self, command: str) -> OutputStream: ...
 
@@ -296,11 +298,12 @@ class ProviderBackend:
 
     def open_archive(self, sandbox: BaseSandbox, path: str) -> Callable[[Emit], None]:
         """Validate ``path`` and return the producer of its tar stream."""
-        if isinstance(sandbox, HostFiles):
+        limit = self.settings.max_archive_file_bytes
+        if isinstance(sandbox, HostFiles) and read_on_host(sandbox, str(sandbox.root), path):
             uid, gid = sandbox.user_ids
-            return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid)
-        if isinstance(sandbox, StreamsOutput):
-            return _open_streamed_archive(sandbox, path, self.settings.max_archive_file_bytes)
+            return open_local_archive(str(sandbox.root), path, uid=uid, gid=gid, limit=limit)
+        if isinstance(sandbox, StreamsOutput):  # a local jail's /proc, /sys and /tmp too
+            return _open_streamed_archive(sandbox, path, limit)
         return _open_archive_by_command(sandbox, path, self.settings.max_output_bytes)
 
     def host_files(self, sandbox: BaseSandbox) -> bool:
@@ -525,11 +528,6 @@ def _put_archive_through_sandbox(
         safe.close()
 
 
-def _on_pseudo_filesystem(path: str) -> bool:
-    """Whether ``path`` is in ``/proc`` or ``/sys``, whose files' sizes are not what a read gives."""
-    return any(path == top or path.startswith(top + "/") for top in ("/proc", "/sys"))
-
-
 def _open_streamed_archive(sandbox: StreamsOutput, path: str, limit: int) -> Callable[[Emit], None]:
     """The tar is made inside the sandbox by ``tar`` (in /proc and /sys by `_ARCHIVE_AS_USER`'s
     program: a pseudo-file as a read gives it) as the sandbox user, not by an engine reading as
@@ -540,7 +538,7 @@ def _open_streamed_archive(sandbox: StreamsOutput, path: str, limit: int) -> Cal
     checked = checked_path(path)
     _check_readable(sandbox, checked)
     parent, name = os.path.split(checked)
-    if _on_pseudo_filesystem(checked):
+    if on_pseudo_filesystem(checked):
         command = _scripts.command(_ARCHIVE_AS_USER, parent or "/", name or ".", str(limit), program("_archive"))
     else:  # GNU tar elsewhere: the faster on trees of small files, and right where sizes are
         command = _scripts.command(_TAR_AS_USER, parent or "/", name or ".")

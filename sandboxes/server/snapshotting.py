@@ -2,13 +2,16 @@
 path every backend has (`ProviderBackend.open_archive`, `ProviderBackend.put_archive`): so a
 snapshot taken on one backend restores on any other.
 
-Where the service reads and writes the sandbox's files itself (`ProviderBackend.host_files`),
-a snapshot is one pass: the tar written into the store as the files are read, each hashed on
-the way (`Recorder`); and so is a restore: each member hashed as it is written (`Witness`),
-the whole compared with the manifest at the end. Elsewhere a snapshot of a sandbox that runs an
-exec helper is one command: the helper writes the tar in the snapshot's layout, which goes into
-the store as it arrives, and answers each member's entry, hashed as it was written
-(`tarred.archive_by_helper`); without one, the sandbox's own tar is spooled and kept (`keep`).
+A snapshot of a sandbox that runs an exec helper (a container, a local jail) is one command: the
+helper writes the tar in the snapshot's layout, which goes into the store as it arrives, and
+answers each member's entry, hashed as it was written (`tarred.archive_by_helper`): the same
+program, as the sandbox's user, whatever the backend, so a local jail's snapshot reaches its
+``/tmp``, ``/proc`` and ``/sys`` as a container's does. Without one, where the service reads the
+sandbox's files itself (`ProviderBackend.host_files`: a local sandbox with no jail) it is one pass,
+the tar written into the store as the files are read, each hashed on the way (`Recorder`);
+elsewhere the sandbox's own tar is spooled and kept (`keep`). Where the service writes the files
+itself, a restore is one pass too: each member hashed as it is written (`Witness`), the whole
+compared with the manifest at the end.
 A restore into a sandbox that runs an exec helper is one command too, the helper extracting the
 tar and answering each member's entry as it writes it (`untar.extract_by_helper`), compared as
 `Witness`'s. Without a helper (no python3) a restore is verified twice. Before: the
@@ -28,8 +31,9 @@ from pathlib import Path
 from typing import IO, cast
 
 from sandboxes.base import BaseSandbox
+from sandboxes.paths import is_within
 from sandboxes.server.archive import checked_path
-from sandboxes.server.backends import ProviderBackend
+from sandboxes.server.backends import HostFiles, ProviderBackend
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.manifest import FileEntry, Recorder, Witness, differences, keep, mismatch, survey, unexpected
 from sandboxes.server.settings import ServiceSettings
@@ -55,14 +59,16 @@ def take(
     left = writing.bound
     for index, (path, workspace) in enumerate(paths):
         top, tar = _top(path), f"{index}.tar"
-        if backend.host_files(sandbox):
+        found = _taken_by_helper(sandbox, path, writing.path(tar), left, settings)
+        if found is not None:
+            entries = found
+        elif backend.host_files(sandbox):
             with open(writing.path(tar), "wb") as out:
                 recorder = Recorder(top, max_members=settings.max_archive_members)
                 backend.write_archive(sandbox, path, cast(IO[bytes], _Bounded(out, left)), recorder)
             entries = recorder.entries()
         else:
-            found = _taken_by_helper(sandbox, path, writing.path(tar), left, settings)
-            entries = found if found is not None else _kept(backend, sandbox, path, writing, index, left, settings)
+            entries = _kept(backend, sandbox, path, writing, index, left, settings)
         left -= os.path.getsize(writing.path(tar))
         if left < 0:
             raise _over_quota()
@@ -106,7 +112,7 @@ def restore(
     backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str, settings: ServiceSettings
 ) -> None:
     """Put the snapshot's paths in ``sandbox`` (the workspace's in ``workdir``), verified."""
-    if backend.host_files(sandbox):
+    if backend.host_files(sandbox) and _on_host(sandbox, snapshot, workdir):
         _restore_witnessed(backend, sandbox, snapshot, workdir)
         return
     if _restore_by_helper(sandbox, snapshot, workdir, settings):
@@ -120,6 +126,13 @@ def restore(
         problems += _verify(backend, sandbox, part, _target(part, workdir), snapshot.directory)
     if problems:
         raise mismatch(f"the sandbox restored from snapshot {snapshot.id} differs from it", problems)
+
+
+def _on_host(sandbox: BaseSandbox, snapshot: Snapshot, workdir: str) -> bool:
+    """Whether every part of ``snapshot`` goes into the root directory of a local sandbox, which
+    the service writes itself; one elsewhere (a jail's ``/tmp``) is the jail's exec helper's."""
+    root = str(cast(HostFiles, sandbox).root)
+    return all(is_within(checked_path(_target(part, workdir)), root) for part in snapshot.parts)
 
 
 def _restore_witnessed(backend: ProviderBackend, sandbox: BaseSandbox, snapshot: Snapshot, workdir: str) -> None:

@@ -87,6 +87,30 @@ def local_sandbox(local_client: httpx.Client) -> Iterator[dict[str, Any]]:
     local_client.delete(f"/v1/sandboxes/{sandbox['id']}")
 
 
+def test_a_jails_own_tmp_is_archived_by_its_exec_helper(
+    local_client: httpx.Client, local_sandbox: dict[str, Any]
+) -> None:
+    """A local jail's ``/tmp`` is its own, not the host's: its archive is made in the jail, as a
+    container's is, with the same answers (a missing path 404)."""
+    sandbox_id = local_sandbox["id"]
+    made = execute(
+        local_client, sandbox_id, "mkdir -p /tmp/kept/s && printf hi > /tmp/kept/s/f && ln -s f /tmp/kept/s/l"
+    )
+    assert made["exit_code"] == 0, made
+    url = f"/v1/sandboxes/{sandbox_id}/archive"
+    tree = local_client.get(url, params={"path": "/tmp/kept"})
+    assert tree.status_code == 200, tree.text[:200]
+    with tarfile.open(fileobj=io.BytesIO(tree.content)) as archive:
+        members = {m.name: m for m in archive.getmembers()}
+        assert set(members) == {"kept", "kept/s", "kept/s/f", "kept/s/l"}
+        assert members["kept/s/l"].linkname == "f"
+        extracted = archive.extractfile("kept/s/f")
+        assert extracted is not None
+        assert extracted.read() == b"hi"
+    missing = local_client.get(url, params={"path": "/tmp/missing"})
+    assert (missing.status_code, error_of(missing)) == (404, "file_not_found")
+
+
 BAD_LINKS = [
     ("absolute", [("l", "/usr/bin"), ("keep", b"x")]),
     ("escaping", [("d", None), ("d/l", "../../.."), ("keep", b"x")]),

@@ -89,13 +89,17 @@ def test_a_tree_is_cut_at_the_file_over_the_bound(made: tuple[httpx.Client, dict
 PSEUDO_FILES = ["/proc/sys/kernel/random/boot_id", "/proc/cpuinfo", "/sys/devices/system/cpu/online"]
 """Pseudo-files whose content is the same at every read: boot_id and cpuinfo say 0 bytes, the
 ``/sys`` attribute a page."""
+IN_A_JAIL = PSEUDO_FILES[:2]
+"""Those a local jail holds: it mounts no ``/sys/devices``."""
 
 
-def assert_pseudo_files_are_archived_as_read(client: httpx.Client, sandbox: dict[str, Any]) -> None:
-    """Each of `PSEUDO_FILES` is one member holding what ``cat`` prints, and ``/proc/self/status``
+def assert_pseudo_files_are_archived_as_read(
+    client: httpx.Client, sandbox: dict[str, Any], paths: list[str] = PSEUDO_FILES
+) -> None:
+    """Each of ``paths`` is one member holding what ``cat`` prints, and ``/proc/self/status``
     (the archiver's own) is a whole status: not an empty member, nor one padded to a page."""
     url = f"/v1/sandboxes/{sandbox['id']}/archive"
-    for path in PSEUDO_FILES:
+    for path in paths:
         printed = execute(client, sandbox["id"], f"base64 -w0 {path}")
         assert printed["exit_code"] == 0, printed
         answer = client.get(url, params={"path": path})
@@ -119,27 +123,17 @@ def assert_pseudo_files_are_archived_as_read(client: httpx.Client, sandbox: dict
 def test_a_pseudo_file_is_archived_as_a_read_gives_it(
     service: Running, made: tuple[httpx.Client, dict[str, Any]]
 ) -> None:
-    """On Docker (``tar`` made in the sandbox) every pseudo-file is its read; a local sandbox's
-    archive holds its root's tree alone, where no pseudo-file is: ``/proc`` is refused there."""
+    """On Docker and in a local jail alike (the tar made in the sandbox, of its own ``/proc``
+    and ``/sys``) every pseudo-file is its read."""
     client, sandbox = made
-    if sandbox["backend"] == "local":
-        _assert_outside_the_root(client, sandbox, "/proc/self/status")
-        return
-    assert_pseudo_files_are_archived_as_read(client, sandbox)
-
-
-def _assert_outside_the_root(client: httpx.Client, sandbox: dict[str, Any], path: str) -> None:
-    refused = client.get(f"/v1/sandboxes/{sandbox['id']}/archive", params={"path": path})
-    assert (refused.status_code, error_of(refused)) == (422, "invalid_path"), refused.text[:200]
-    assert "outside the sandbox's root" in refused.json()["message"]
+    assert_pseudo_files_are_archived_as_read(
+        client, sandbox, IN_A_JAIL if sandbox["backend"] == "local" else PSEUDO_FILES
+    )
 
 
 def test_a_pseudo_file_over_the_bound_is_refused(made: tuple[httpx.Client, dict[str, Any]]) -> None:
     """``/proc/kallsyms`` says 0 bytes and holds megabytes: ``too_large``, as a big file is."""
     client, sandbox = made
-    if sandbox["backend"] == "local":
-        _assert_outside_the_root(client, sandbox, "/proc/kallsyms")
-        return
     assert int(execute(client, sandbox["id"], "wc -c < /proc/kallsyms")["output"]) > LIMIT
     refused = client.get(f"/v1/sandboxes/{sandbox['id']}/archive", params={"path": "/proc/kallsyms"})
     assert (refused.status_code, error_of(refused)) == (413, "too_large"), refused.content[:200]

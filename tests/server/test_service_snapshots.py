@@ -182,15 +182,53 @@ def test_a_member_the_manifest_does_not_name_is_refused(service: Running, client
 def test_a_local_snapshot_and_restore_are_one_pass_each(
     service: Running, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The service reads a local sandbox's files itself: the snapshot's tar is written as they
-    are read, and a restore is verified as it is written, so neither asks the sandbox for an
-    archive (a tar spooled, then read again; a restored tree archived again to compare)."""
+    """A local jail's snapshot is written by its exec helper as it reads the files, and a
+    restore is verified as it is written, so neither asks the sandbox for an archive (a tar
+    spooled, then read again; a restored tree archived again to compare)."""
     source = _made(client, small_files=3)
     asked: list[str] = []
     monkeypatch.setattr(ProviderBackend, "open_archive", lambda _self, _sandbox, path: asked.append(path))
     restored = _restored(client, _snapshot(client, source)["id"])
     assert asked == []
     assert _listing(client, restored) == _listing(client, source)
+    for sandbox_id in (source, restored):
+        assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def test_a_local_snapshot_of_proc_holds_what_its_pseudo_files_read(service: Running, client: httpx.Client) -> None:
+    """A local jail's snapshot is made inside it, as a container's: its ``/proc`` is reachable,
+    and a pseudo-file, whose size says 0 bytes, is kept as a read of it gives it, the same bytes
+    the sandbox's own ``cat`` reads."""
+    sandbox_id = create(client)["id"]
+    top = "/proc/sys/kernel/random"
+    response = client.post(f"/v1/sandboxes/{sandbox_id}/snapshots", json={"workspace": False, "paths": [top]})
+    assert response.status_code == 201, response.text
+    tar_path = next(_store(service).glob(f"*/{response.json()['id']}/0.tar"))
+    with tarfile.open(tar_path) as kept:
+        members = {member.name: member for member in kept}
+        poolsize = kept.extractfile(members["poolsize"])
+        assert poolsize is not None
+        held = poolsize.read()
+    read = execute(client, sandbox_id, f"cat {top}/poolsize")
+    assert read["exit_code"] == 0, read
+    assert held == read["output"].encode()
+    assert held.strip().isdigit()
+    assert members["boot_id"].size == 37  # a uuid and its newline, where its size says 0
+    assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+
+def test_a_local_snapshot_of_the_jails_tmp_comes_back_in_a_new_sandboxs_tmp(client: httpx.Client) -> None:
+    """A path outside a local sandbox's root (its jail's own ``/tmp``, which the host holds
+    elsewhere) is kept and restored by the jail's exec helper, as a container's is."""
+    source = create(client)["id"]
+    made = execute(client, source, "mkdir -p /tmp/kept/sub && printf kept > /tmp/kept/sub/f && ln -s sub/f /tmp/kept/l")
+    assert made["exit_code"] == 0, made
+    response = client.post(f"/v1/sandboxes/{source}/snapshots", json={"workspace": False, "paths": ["/tmp/kept"]})
+    assert response.status_code == 201, response.text
+    assert response.json()["files"] == 3, response.json()  # sub, sub/f and l
+    restored = _restored(client, response.json()["id"])
+    read = execute(client, restored, "cat /tmp/kept/l && readlink /tmp/kept/l")
+    assert read["output"] == "keptsub/f\n", read
     for sandbox_id in (source, restored):
         assert client.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 

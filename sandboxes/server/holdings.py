@@ -112,6 +112,7 @@ class Holdings:
                 kept.add(state.id)
                 await asyncio.to_thread(self.store.save, state)
             self._schedule(state.id)
+            self._settle(entry)
             for hook in self.on_register:  # what it was served before a restart (its egress)
                 hook(entry)
         for template in backends:
@@ -125,6 +126,9 @@ class Holdings:
             self._unreconciled.setdefault(template, [])
             logger.error("template %s: its backend cannot be reached; retrying at every sweep", template)
         logger.info("reconciled: adopted %d sandboxes", len(adopted))
+
+    def _settle(self, entry: Entry) -> None:
+        """What an adopted sandbox's state says is still to do (a pause a crash interrupted)."""
 
     def _pooled(self) -> frozenset[tuple[str, str]]:
         """The sandboxes a warm pool holds now (backend kind, ref): neither adopted nor reaped."""

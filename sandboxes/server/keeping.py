@@ -174,31 +174,59 @@ class Keeping(Pausing):
 
     async def _pause_at_timeout(self, entry: Entry) -> None:
         """Paused (`PAUSED_AT_TIMEOUT`): kept ``max_ttl`` from now, then removed; a resume gives
-        it its template's TTL again."""
+        it its template's TTL again. Its intent is written first (`SandboxState.pause_intent`, with the
+        new expiry): a restart before the pause is recorded makes it again (`_pause_interrupted`)."""
         state = entry.state
         given_back = min(entry.backend.template.ttl, self.settings.max_ttl)
         expires_at = self.clock.now() + self.settings.max_ttl
-        expires_at = state.expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
-        if entry.backend.shared:  # recorded before the pause: no replica's sweep removes it meanwhile
-            await asyncio.to_thread(entry.backend.renew, state, expires_at)
-            # as recorded now: a read of the records from before the renewal, landed meanwhile, took the old one
-            state.expires_at, entry.confirmed = expires_at, time.monotonic()
-        if state.on_timeout == "freeze":
-            try:
-                await self.pause(entry, "keep")
-            except ServiceError as exc:
-                if exc.code != "unavailable":
-                    raise
-                await self.hibernate(entry, "keep")
-        else:
-            await self.hibernate(entry, "keep")
-        state.paused, state.paused_remaining = PAUSED_AT_TIMEOUT, given_back
+        expires_at = float(math.ceil(expires_at)) if entry.backend.shared else expires_at
+        state.expires_at, state.paused_remaining, state.pause_intent = expires_at, given_back, PAUSED_AT_TIMEOUT
+        try:
+            await self._saved(entry)
+            if entry.backend.shared:  # recorded before the pause: no replica's sweep removes it meanwhile
+                await asyncio.to_thread(entry.backend.renew, state, expires_at)
+                # as recorded now: a read of the records from before the renewal, landed meanwhile, took the old one
+                state.expires_at, entry.confirmed = expires_at, time.monotonic()
+            await self._pause_as_asked(entry)
+        except BaseException:
+            state.pause_intent = ""
+            raise
+        state.paused, state.paused_remaining, state.pause_intent = PAUSED_AT_TIMEOUT, given_back, ""
         logger.info("sandbox paused at the end of its TTL", extra={"sandbox": state.id, "tenant": state.tenant})
         if state.hibernated:  # its record is kept here, whatever the backend
             await asyncio.to_thread(self.store.save, state)
         else:  # a shared backend's too, beside its record (which says frozen alone)
             await self._saved(entry)
         self._schedule(state.id)
+
+    async def _pause_as_asked(self, entry: Entry) -> None:
+        """Frozen as `PAUSED_AT_TIMEOUT` if its ``on_timeout`` and backend allow, else hibernated
+        (its intent kept: a restart reads the hibernation back as paused at its timeout)."""
+        if entry.state.on_timeout == "freeze":
+            try:
+                async with entry.pausing:
+                    if entry.state.paused:
+                        raise ServiceError("paused", f"sandbox {entry.state.id} is already paused")
+                    return await self._freeze(entry, PAUSED_AT_TIMEOUT)
+            except ServiceError as exc:
+                if exc.code != "unavailable":
+                    raise
+        entry.state.pause_intent = PAUSED_AT_TIMEOUT  # withdrawn by the freeze that could not be: written again
+        await self._saved(entry)
+        await self.hibernate(entry, "keep")
+
+    async def _pause_interrupted(self, sandbox_id: str) -> None:
+        """A pause at its timeout that a ``kill -9`` interrupted before its freeze, made again."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None:
+            return
+        async with entry.expiring:
+            if entry.state.pause_intent == PAUSED_AT_TIMEOUT and not entry.state.paused:
+                await self._expired(entry)
+
+    def _settle(self, entry: Entry) -> None:
+        if entry.state.pause_intent == PAUSED_AT_TIMEOUT and not entry.state.paused:
+            self._spawn(functools.partial(self._pause_interrupted, entry.state.id))
 
     async def resume(self, entry: Entry) -> Entry:
         """A frozen sandbox thawed; a hibernated one made again from its snapshot, verified."""
@@ -272,6 +300,9 @@ class Keeping(Pausing):
                 await asyncio.to_thread(backend.destroy, state, None)
             except Exception:
                 logger.warning("what is left of hibernated sandbox %s stays for now", state.id, exc_info=True)
+            if state.pause_intent:  # hibernated (its snapshot complete) at its timeout, not recorded so yet
+                state.settle_pause(frozen=True)
+                await asyncio.to_thread(self.store.save, state)
             self._entries[state.id] = self._entry(state, Released(state), backend)
             self._schedule(state.id)
         if states:

@@ -8,12 +8,17 @@ resume, and no expiry removes it meanwhile. On a shared backend the sandbox's re
 is moved ``max_ttl`` past the pause, so another replica (or this one after a restart, which
 reads a frozen container back as paused with ``keep``, or as it was if paused with ``stop`` or
 at its timeout: its state file, `SandboxState.kept_beside_record`) does not reap it early.
+
+A pause is crash-safe: its intent is written before the freeze (`SandboxState.pause_intent`), and a
+restart settles an intent it finds with what the backend says (`SandboxState.settle_pause`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 from typing import Literal
 
 from sandboxes.lifecycle import Freezable, FreezeUnavailable
@@ -22,9 +27,19 @@ from sandboxes.server.errors import ServiceError
 from sandboxes.server.holdings import Holdings
 from sandboxes.server.store import PAUSED_AT_TIMEOUT
 
-__all__ = ["PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice"]
+__all__ = ["CRASH_AT", "PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice", "crash_point"]
 
 TtlChoice = Literal["keep", "stop"]
+
+CRASH_AT = "SANDBOXES_TEST_CRASH_AT"
+"""The environment variable naming a `crash_point` at which the service kills itself (tests)."""
+
+
+def crash_point(name: str) -> None:
+    """The service killed by SIGKILL here if `CRASH_AT` names this point: a real ``kill -9`` at
+    an instant no request can aim at, for the tests of what a restart makes of it."""
+    if os.environ.get(CRASH_AT) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Pausing(Holdings):
@@ -35,18 +50,38 @@ class Pausing(Holdings):
         async with entry.pausing:
             if entry.state.paused:
                 raise ServiceError("paused", f"sandbox {entry.state.id} is already paused")
-            await self._call(entry, "freeze")
-            state, now = entry.state, self.clock.now()
-            state.paused = ttl
             if ttl == "stop":
-                state.paused_remaining = max(0.0, state.expires_at - now)
-                timer = self._timers.pop(state.id, None)
-                if timer is not None:
-                    timer.cancel()
-                if entry.backend.shared:  # guards it from other replicas' sweeps meanwhile
-                    await asyncio.to_thread(entry.backend.renew, state, float(math.ceil(now + self.settings.max_ttl)))
-            await self._saved(entry)
+                entry.state.paused_remaining = max(0.0, entry.state.expires_at - self.clock.now())
+            await self._freeze(entry, ttl)
             return entry
+
+    async def _freeze(self, entry: Entry, kind: str) -> None:
+        """Frozen and recorded paused with ``kind``, in an order a ``kill -9`` cannot break: the
+        intent is written first (`SandboxState.pause_intent`), then the freeze, then the pause; a
+        restart between them settles it with what the backend says (`SandboxState.settle_pause`).
+        A freeze that fails leaves it running, its intent withdrawn."""
+        state = entry.state
+        state.pause_intent = kind
+        await self._saved(entry)
+        crash_point("intended")
+        try:
+            await self._call(entry, "freeze")
+        except Exception:  # not frozen; a cancelled freeze may be, and leaves its intent to a restart
+            state.pause_intent = ""
+            if kind == "stop":
+                state.paused_remaining = 0.0
+            await self._saved(entry)
+            raise
+        crash_point("frozen")
+        if kind == "stop":
+            timer = self._timers.pop(state.id, None)
+            if timer is not None:
+                timer.cancel()
+            if entry.backend.shared:  # guards it from other replicas' sweeps meanwhile
+                guarded_until = float(math.ceil(self.clock.now() + self.settings.max_ttl))
+                await asyncio.to_thread(entry.backend.renew, state, guarded_until)
+        state.paused, state.pause_intent = kind, ""
+        await self._saved(entry)
 
     async def resume(self, entry: Entry) -> Entry:
         """Thaw the sandbox; one that runs already is left as it is."""

@@ -118,6 +118,9 @@ def _adopt(
         if not now_recorded:  # gone since the list
             return None
         state.expires_at = max(state.expires_at, now_recorded[0].expires_at)  # renewed since the list
+    if state is not None and state.pause_intent:  # a kill -9 between its freeze and its record: frozen now?
+        frozen = record.frozen or isinstance(provider, HolderBoundProvider)  # a jail's processes ended anyway
+        state.settle_pause(frozen, float(math.ceil(now + backend.settings.max_ttl)) if shared else 0.0)
     if state is None or state.deleting or (state.expires_at <= now and state.paused != "stop"):  # stop: no expiry
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)

@@ -62,6 +62,10 @@ class SandboxState:
     `sandboxes.server.pausing`); empty while it runs."""
     paused_remaining: float = 0.0
     """Paused with ``stop``: the seconds of TTL it had left, given back at resume."""
+    pause_intent: str = ""
+    """A pause under way: its kind, written before the freeze and cleared when ``paused`` is
+    written after it, so that a ``kill -9`` between them leaves the intent for the next start to
+    settle with what the backend says (`settle_pause`); empty otherwise."""
     processes_ended: bool = False
     """Paused by a freeze whose processes ended since (its jail with the service that held it,
     `sandboxes.lifecycle.HolderBoundProvider`): its files alone come back at resume."""
@@ -93,16 +97,33 @@ class SandboxState:
     def kept_beside_record(self) -> bool:
         """Whether a shared backend's sandbox keeps this file beside its record, for what the
         record cannot say: its network set through the API, or a pause at its timeout or with its
-        clock stopped (its record says frozen alone). `take_recorded` reads it back at adoption."""
-        return self.network_set or self.paused in _PAUSES_BESIDE_RECORD
+        clock stopped (its record says frozen alone), or a pause under way. `take_recorded` reads
+        it back at adoption."""
+        return self.network_set or self.paused in _PAUSES_BESIDE_RECORD or bool(self.pause_intent)
 
     def take_recorded(self, recorded: SandboxState) -> None:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
-        its pause at its timeout or with its clock stopped while its record still says frozen."""
+        its pause at its timeout or with its clock stopped while its record still says frozen, and
+        a pause under way (with the expiry a pause at its timeout gives, if later than its record's)."""
         if recorded.network_set:
             self.take_network(recorded)
         if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:
             self.paused, self.paused_remaining = recorded.paused, recorded.paused_remaining
+        if recorded.pause_intent:
+            self.pause_intent, self.paused_remaining = recorded.pause_intent, recorded.paused_remaining
+            self.expires_at = max(self.expires_at, recorded.expires_at)
+
+    def settle_pause(self, frozen: bool, guarded_until: float = 0.0) -> None:
+        """Settle a pause a crash interrupted (`pause_intent`) by what the backend says now: ``frozen``,
+        it is completed (one with its clock stopped recorded to expire no sooner than
+        ``guarded_until``, which a shared backend's other replicas read); running, one asked for
+        is undone, and one at its timeout stays under way (the service makes it again)."""
+        if frozen and self.pause_intent:
+            self.paused, self.pause_intent = self.pause_intent, ""
+            if self.paused == "stop":
+                self.expires_at = max(self.expires_at, guarded_until)
+        elif self.pause_intent and self.pause_intent != PAUSED_AT_TIMEOUT:
+            self.paused, self.pause_intent, self.paused_remaining = "", "", 0.0
 
     def take_network(self, recorded: SandboxState) -> None:
         """Serve what ``recorded`` (its state file) says of its network, over its record's."""

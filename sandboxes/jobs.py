@@ -31,9 +31,11 @@ is refused) holding:
   start's word: the start, once it saw ``pid``, creates ``ack`` (an exclusive create, no fork
   after it, then ``!ok``), or the supervisor does once the start is gone without it (its
   ``starter``, pid and start time, names no live process), and then claims the job's end as
-  ``failed start``: the command runs if and only if the start answered ``!ok``, and a start
-  that died at a fork it could not make (``unavailable``) never runs it. A job with neither
-  ``pid`` nor status whose start is gone reads ``failed start`` too;
+  ``failed start``: the command runs only after the start's ``ack``, after which the start
+  forks nothing before its ``!ok``, so a start that died at a fork it could not make
+  (``unavailable``: the command took every pid at once, or another did) never runs it, and one
+  cut off (its answer lost) may have. A job with neither ``pid`` nor status whose start is
+  gone reads ``failed start`` too;
 - ``cpid``: the command, ``setsid /bin/sh -c CMD`` in the job's directory of choice, with the
   caller's environment and ``SANDBOXES_EXEC_ID=sandboxes-job-<id>``: every process it starts
   inherits the marker, so `kill` takes down the whole tree (`sandboxes._scripts.KILL_MARKED`),

@@ -85,7 +85,8 @@ def _kill_once_room(runner: JobRunner, job_id: str) -> None:
 def test_a_job_that_takes_every_pid_at_once_is_answered_started(full: tuple[BaseSandbox, str]) -> None:
     """The start's own script must not fork once the command may run: a fork of it that fails
     then (the command took every pid) answered ``unavailable`` for a job that ran, and a client
-    told so starts it again."""
+    told so starts it again. (That fork came right after a look at ``pid``: a window of one
+    fork, which this test rarely meets on the code before the fix; it guards the answer.)"""
     sandbox, filler = full
     runner = JobRunner(sandbox)
     for _ in range(3):

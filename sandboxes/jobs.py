@@ -27,15 +27,10 @@ is refused) holding:
   before they pass on to init). It forks its
   output process, the command and the watchdog, writes ``pid``, and only then lets the command
   run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
-  supervisor or the start of a process they still need. Between the two it waits for the
-  start's word: the start, once it saw ``pid``, creates ``ack`` (an exclusive create, no fork
-  after it, then ``!ok``), or the supervisor does once the start is gone without it (its
-  ``starter``, pid and start time, names no live process), and then claims the job's end as
-  ``failed start``: the command runs only after the start's ``ack``, after which the start
-  forks nothing before its ``!ok``, so a start that died at a fork it could not make
-  (``unavailable``: the command took every pid at once, or another did) never runs it, and one
-  cut off (its answer lost) may have. A job with neither ``pid`` nor status whose start is
-  gone reads ``failed start`` too;
+  supervisor or the start of a process they still need. In between it waits for the start's
+  ``ack`` (`scripts.START`: no fork after it), and ends ``failed start`` once the start (its
+  ``starter``) is gone without one: a start that died at a fork it could not make never runs
+  the command, one cut off after its ``ack`` may have;
 - ``cpid``: the command, ``setsid /bin/sh -c CMD`` in the job's directory of choice, with the
   caller's environment and ``SANDBOXES_EXEC_ID=sandboxes-job-<id>``: every process it starts
   inherits the marker, so `kill` takes down the whole tree (`sandboxes._scripts.KILL_MARKED`),
@@ -58,9 +53,8 @@ is refused) holding:
 
 Killing works when the job took every pid the sandbox may have (a fork bomb), when every script
 the runner sends can start no process, or none can start at all: see `JobRunner.kill`. Poll,
-list and start then raise `CannotFork` (``unavailable``), which says so; from a start it means
-the command did not run. A start whose answer was lost (``connection_lost``, ``timeout``) may
-have run it, and says ``connection_lost``: list the jobs before starting it again.
+list and start then raise `CannotFork` (``unavailable``: from a start, it did not run); a start
+whose answer was lost may have run, and says ``connection_lost``.
 
 The timeout is enforced inside the sandbox by a watchdog process (``sleep``, then the kill),
 not by the caller. The supervisor waits for the command, kills what it left running, lets the
@@ -119,7 +113,6 @@ _KILL_ATTEMPTS = 12
 _MAX_TIMEOUT = float(1 << 31)
 """Seconds (68 years): a longer timeout (``inf`` too) is this one; busybox ``sleep`` refuses
 20 digits, and the watchdog would time the job out at once."""
-_MAY_HAVE_RUN = "it may have started: look for it with a list of the jobs before you start it again"
 _CANNOT_FORK = re.compile(
     r"(?i)can(?:not|'t) fork|fork: |resource temporarily unavailable|BlockingIOError|unable to start container process"
 )
@@ -333,9 +326,8 @@ class JobRunner:
     ) -> JobState:
         """Start ``command`` detached; its id and state. ``timeout`` (seconds; ``None`` or 0:
         none) is enforced inside the sandbox; ``output_limit`` bytes of output are kept, head
-        and tail. Raises `TooManyJobs` past ``max_running``, `CannotFork` or another `JobError`
-        if it did not start, and a `JobError` ``connection_lost`` when the start's answer was
-        lost (it may have started)."""
+        and tail. Raises `TooManyJobs` past ``max_running``, `JobError` if it did not start
+        (``connection_lost``: it may have)."""
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         return self.start_command(Command(command, timeout or 0, output_limit, data, dict(env or {}), cwd))
 
@@ -368,7 +360,7 @@ class JobRunner:
         if "!ok" in lines:  # it runs, whatever the transport said after (a sweep that could not fork)
             return JobState(job_id, "running")
         if response.error in (p.TIMEOUT, p.CONNECTION_LOST):  # its answer, "!ok" perhaps, is lost
-            raise JobError(p.CONNECTION_LOST, f"the job's start did not answer ({response.error}): {_MAY_HAVE_RUN}")
+            raise JobError(p.CONNECTION_LOST, f"the start did not answer ({response.error}): list the jobs")
         if _cannot_fork(response):  # the start ended before its "!ok": the supervisor never runs the command
             raise CannotFork()
         if response.error is not None:
@@ -493,10 +485,8 @@ class JobRunner:
         started: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> p.ExecuteResponse:
-        """One round trip; its output bounded (everything a sandbox answers is untrusted).
-        `CannotFork` when the sandbox could not start the script or the script a process, and
-        `JobError` when the transport failed (``started``: neither, the caller reads the answer
-        itself: a job's start tells what it did apart from what failed after)."""
+        """One round trip, its output bounded (a sandbox's answer is untrusted); `CannotFork` (no
+        process could start) or `JobError` (the transport failed), unless ``started``."""
         response = self.sandbox.execute(
             command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env=dict(env or {})
         )

@@ -31,17 +31,20 @@ __all__ = ["FUNCTIONS", "KILL", "LIST", "POLL", "RECORD", "RECORD_MARKER", "SEGM
 # Shared by every script below: `line FILE` (its first line in ``_ln``; empty unless FILE is a
 # regular file, and never blocking on a FIFO; ``<>`` would create it: hence the ``-e``), `alive
 # DIR MARKER` (the supervisor of the job in DIR runs: its pid carries the supervisor's marker,
-# so a reused pid is not mistaken for it), `claim DIR` (create
-# ``end`` unless it exists: the one atomic claim of a job's end), `finish DIR STATE CODE` (the
+# so a reused pid is not mistaken for it), `create FILE` (create FILE unless it exists, at most
+# one caller succeeding), `claim DIR` (create ``end``: the one atomic claim of a job's end),
+# `starting DIR` (the start that made the job in DIR still runs: its ``starter`` names a live
+# pid with the start time it had), `finish DIR STATE CODE` (the
 # time, then claim and write the status: the supervisor's end, which has forked before),
 # `kill_group DIR` (stop and kill the command's process group while its leader is the
 # supervisor's child and leads it, so the group id is still the command's), `kill_job DIR
 # MARKER STATE` (claim and write STATE without its time, kill the group, which frees room, then
 # `stamp` the time and kill every process carrying the marker: a shell that cannot fork dies
-# at ``$(date)``, with the status written by then; a poll in between sees no end time). `claim`,
-# `kill_group` and ``signal_read PREFIX SIGNAL ''`` (`sandboxes._helper._kill`: signal every process
-# whose environment holds ``SANDBOXES_EXEC_ID=PREFIX...``, every role of a job) use built-ins
-# alone. A status is written right after its claim, with nothing that forks between.
+# at ``$(date)``, with the status written by then; a poll in between sees no end time). `create`,
+# `claim`, `starting`, `kill_group` and ``signal_read PREFIX SIGNAL ''``
+# (`sandboxes._helper._kill`: signal every process whose environment holds
+# ``SANDBOXES_EXEC_ID=PREFIX...``, every role of a job) use built-ins alone. A status is
+# written right after its claim, with nothing that forks between.
 FUNCTIONS = (
     _scripts.KILL_MARKED
     + r"""now() {
@@ -59,13 +62,16 @@ alive() {
   _p=$_ln
   [ -n "$_p" ] && grep -qsxzF -e "SANDBOXES_EXEC_ID=$2-s" "/proc/$_p/environ"
 }
-claim() {
-  [ ! -e "$1/end" ] && [ ! -L "$1/end" ] || return 1
+create() {
+  [ ! -e "$1" ] && [ ! -L "$1" ] || return 1
   set -C
-  { printf '' > "$1/end"; } 2>/dev/null
+  { printf '' > "$1"; } 2>/dev/null
   _r=$?
   set +C
   return $_r
+}
+claim() {
+  create "$1/end"
 }
 record() {
   { printf '%s %s %s\n' "$2" "$3" "$4" 1<> "$1/status"; } 2>/dev/null || { : > "$1/status.$2.$3.$4"; } 2>/dev/null
@@ -88,6 +94,14 @@ stamp() {
   now
   [ "$_t" = - ] || { rm -f -- "$1/status.new" && printf '%s %s %s\n' "$2" "$3" "$_t" 1<> "$1/status.new" &&
     mv -f -- "$1/status.new" "$1/status"; }
+}
+starting() {
+  line "$1/starter"
+  _bp=${_ln%% *} _st=
+  case $_bp in '' | *[!0-9]*) return 1 ;; esac
+  { read -r _st < "/proc/$_bp/stat"; } 2>/dev/null
+  set -- ${_st##*) }
+  [ -n "$_st" ] && [ "${20}" = "${_ln#* }" ]
 }
 kill_group() {
   _st=
@@ -185,6 +199,13 @@ echo "$c" > "$d/cpid"
   < /dev/null > /dev/null 2>&1 &
 w=$!
 echo $$ > "$d/pid.new" && mv -f "$d/pid.new" "$d/pid"
+i=0
+while [ ! -e "$d/ack" ] && { starting "$d" || { [ ! -e "$d/starter" ] && kill -0 "$6" 2>/dev/null; }; } &&
+  [ "$i" -lt 6000 ]; do
+  command eval 'sleep 0.01' 2>/dev/null || i=$((i + 1))
+  i=$((i + 1))
+done
+! create "$d/ack" || { claim "$d" && record "$d" failed start -; }
 exec 3<> "$d/go"
 echo go >&3
 wait "$c"
@@ -227,7 +248,7 @@ s=$1 E=$2 cmd=$3
 for tool in setsid mkfifo dd base64 env; do
   command -v "$tool" > /dev/null 2>&1 || { echo "!tool $tool"; exit 21; }
 done
-mkdir -m 700 -- "$r" 2>/dev/null
+[ -d "$r" ] || mkdir -m 700 -- "$r" 2>/dev/null
 [ -d "$r" ] && [ ! -L "$r" ] && [ -O "$r" ] || { echo "!root $r"; exit 22; }
 n=0
 for j in "$r"/*/pid; do
@@ -245,6 +266,9 @@ for f do
 done
 d=$r/$id
 mkdir -m 700 -- "$d" || { echo "!mkdir"; exit 24; }
+{ read -r _st < "/proc/$$/stat"; } 2>/dev/null
+set -- ${_st##*) }
+[ -z "${20}" ] || printf '%s %s\n' "$$" "${20}" > "$d/starter"
 printf '%s %s\n' "$H" "$T" > "$d/limits" && printf '%s' "$cmd" > "$d/cmd" && : > "$d/env" || {
   rm -rf -- "$d"; echo "!write"; exit 24; }
 if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
@@ -252,7 +276,7 @@ if [ "$s" = 1 ] || [ "$E" -gt 0 ]; then
   if [ "$s" = 1 ]; then tail -c "+$((E + 1))" "$d/in" > "$d/stdin" || { rm -rf -- "$d"; echo "!write"; exit 24; }; fi
   rm -f -- "$d/in"
 fi
-set -- /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd"
+set -- /bin/sh -c "$SUPERVISOR" sandboxes-job "$d" "$P$id" "$t" "$c" "$cwd" "$$"
 ! command -v python3 > /dev/null 2>&1 || set -- python3 -I -S -c "$REAPER" "$@"
 SANDBOXES_EXEC_ID=$P$id-s setsid "$@" < /dev/null > /dev/null 2> "$d/log" &
 i=0
@@ -261,13 +285,18 @@ while [ ! -e "$d/pid" ]; do
   [ "$i" -le 2000 ] || { echo "!stuck"; exit 25; }
   sleep 0.01
 done
+create "$d/ack" || { echo "!late"; exit 26; }
 echo "!ok"
 """
 )
 """``ROOT ID H T TIMEOUT KEEP MAX HAS_CWD CWD HAS_STDIN ENV_BYTES COMMAND``, stdin: ENV_BYTES of
-environment lines, then the job's stdin. Refuses (``!full``) when MAX jobs already run; returns
-once the supervisor has started the command (its ``pid`` file), so a start that answered ``!ok``
-ran, and one that did not answer may be checked with `JobRunner.list` before another try."""
+environment lines, then the job's stdin. Refuses (``!full``) when MAX jobs already run; once the
+supervisor is ready (its ``pid`` file), lets it run the command by creating ``ack``, and only
+then answers ``!ok``, with nothing that forks after the create: a command that takes every pid
+at once cannot make this script die before its answer. One that ended without ``!ok`` never runs
+its command (the supervisor waits for ``ack`` while this script lives, then claims the job's
+end; ``!late``: the supervisor gave up first); one whose answer was lost may have, and may be
+checked with `JobRunner.list` before another try."""
 
 _STATE = r"""line "$d/status"
 st=$_ln
@@ -287,10 +316,17 @@ if [ -z "$st" ] && [ -e "$d/pid" ] && ! alive "$d" "$m"; then
     [ -n "$st" ] || [ -z "$gone" ] || st="lost - -"
   fi
 fi
+if [ -z "$st" ] && [ ! -e "$d/pid" ] && [ -e "$d/starter" ] && ! starting "$d"; then
+  ! claim "$d" || record "$d" failed start -
+  line "$d/status"
+  st=$_ln
+fi
 line "$d/started"
 s0=${_ln:--}
 """
-"""``st``: the job's status line (or the name `record` gave it), empty while it runs; a job whose
+"""``st``: the job's status line (or the name `record` gave it), empty while it runs; a job
+without ``pid`` whose start is gone (`starting`) is recorded ``failed start`` (its supervisor
+never runs the command then); a job whose
 supervisor is gone without a status is recorded ``lost`` (and whatever is left of its tree
 killed), and answered ``lost`` when not even that can be recorded: a job whose end was claimed
 but never written (a full ``/tmp``) is not running once the supervisor its ``pid`` names is gone

@@ -27,7 +27,10 @@ is refused) holding:
   before they pass on to init). It forks its
   output process, the command and the watchdog, writes ``pid``, and only then lets the command
   run (through the FIFO ``go``): a command that takes every pid at once cannot starve the
-  supervisor or the start of a process they still need;
+  supervisor or the start of a process they still need. In between it waits for the start's
+  ``ack`` (`scripts.START`: no fork after it), and ends ``failed start`` once the start (its
+  ``starter``) is gone without one: a start that died at a fork it could not make never runs
+  the command, one cut off after its ``ack`` may have;
 - ``cpid``: the command, ``setsid /bin/sh -c CMD`` in the job's directory of choice, with the
   caller's environment and ``SANDBOXES_EXEC_ID=sandboxes-job-<id>``: every process it starts
   inherits the marker, so `kill` takes down the whole tree (`sandboxes._scripts.KILL_MARKED`),
@@ -50,7 +53,8 @@ is refused) holding:
 
 Killing works when the job took every pid the sandbox may have (a fork bomb), when every script
 the runner sends can start no process, or none can start at all: see `JobRunner.kill`. Poll,
-list and start then raise `CannotFork` (``unavailable``), which says so.
+list and start then raise `CannotFork` (``unavailable``: from a start, it did not run); a start
+whose answer was lost may have run, and says ``connection_lost``.
 
 The timeout is enforced inside the sandbox by a watchdog process (``sleep``, then the kill),
 not by the caller. The supervisor waits for the command, kills what it left running, lets the
@@ -322,7 +326,8 @@ class JobRunner:
     ) -> JobState:
         """Start ``command`` detached; its id and state. ``timeout`` (seconds; ``None`` or 0:
         none) is enforced inside the sandbox; ``output_limit`` bytes of output are kept, head
-        and tail. Raises `TooManyJobs` past ``max_running``, `JobError` if it could not start."""
+        and tail. Raises `TooManyJobs` past ``max_running``, `JobError` if it did not start
+        (``connection_lost``: it may have)."""
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
         return self.start_command(Command(command, timeout or 0, output_limit, data, dict(env or {}), cwd))
 
@@ -352,10 +357,14 @@ class JobRunner:
         announce = {JOB_START_ENV: f"{JOB_MARKER_PREFIX}{job_id}-s"}
         response = self._run(_bind(scripts.START, *args), stdin=payload, started=True, env=announce)
         lines = response.output.splitlines()
-        if "!ok" in lines:  # printed last, once the command was started: whatever came after, it runs
+        if "!ok" in lines:  # it runs, whatever the transport said after (a sweep that could not fork)
             return JobState(job_id, "running")
-        if _cannot_fork(response):
+        if response.error in (p.TIMEOUT, p.CONNECTION_LOST):  # its answer, "!ok" perhaps, is lost
+            raise JobError(p.CONNECTION_LOST, f"the start did not answer ({response.error}): list the jobs")
+        if _cannot_fork(response):  # the start ended before its "!ok": the supervisor never runs the command
             raise CannotFork()
+        if response.error is not None:
+            raise JobError(response.error, response.message or f"the sandbox answered {response.error}")
         last = lines[-1] if lines else ""
         if last.startswith("!full"):
             raise TooManyJobs(int(last.split()[1]))
@@ -476,13 +485,14 @@ class JobRunner:
         started: bool = False,
         env: Mapping[str, str] | None = None,
     ) -> p.ExecuteResponse:
-        """One round trip; its output bounded (everything a sandbox answers is untrusted).
-        `CannotFork` when the sandbox could not start the script or the script a process
-        (``started``: the caller tells that apart from what the script did first)."""
+        """One round trip, its output bounded (a sandbox's answer is untrusted); `CannotFork` (no
+        process could start) or `JobError` (the transport failed), unless ``started``."""
         response = self.sandbox.execute(
             command, stdin=stdin, timeout=self.operation_timeout, output_limit=output_limit, env=dict(env or {})
         )
-        if not started and _cannot_fork(response):
+        if started:
+            return response
+        if _cannot_fork(response):
             raise CannotFork()
         if response.error is not None:
             raise JobError(response.error, response.message or f"the sandbox answered {response.error}")

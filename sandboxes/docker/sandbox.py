@@ -120,6 +120,24 @@ reader counts them): checked, then opened once, and what was opened checked agai
 not stream forever; a link followed only where the user may follow it."""
 
 
+_KILL_ATTEMPTS = 20
+"""Tries of a timed-out command's kill (`DockerSandbox._kill_marked`) while runc cannot start it."""
+_EXIT_EXEC_FAILED = 126
+_RUNC_FAILED = "OCI runtime exec failed"
+"""How the engine says runc could not start an exec's process (exit 126, in the stream; or an
+API error): at the pids limit, runc's own ``init`` loses its race to fork in the container."""
+
+
+class _RuncLost(Exception):
+    """runc could not start an exec's process (`_RUNC_FAILED`): nothing of it ran."""
+
+
+def _runc_lost(exc: BaseException) -> bool:
+    import docker.errors
+
+    return isinstance(exc, _RuncLost) or (isinstance(exc, docker.errors.APIError) and _RUNC_FAILED in str(exc))
+
+
 class _MayHaveRun(Exception):
     """The engine failed a one-exec command after its start was sent: ``connection_lost``."""
 
@@ -352,7 +370,27 @@ class DockerSandbox(DrivenSandbox, Sandbox):
         return self._run_small(_scripts.command(_scripts.CWD_EXISTS, cwd))[0] == 0
 
     def _kill_marked(self, marker: str) -> None:
-        self._run_small(_scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"; kill_orphans', marker))
+        """The kill of a one-exec command's tree, in an exec of its own, tried again while runc
+        fails to start that exec (`_runc_lost`): it does now and then when the command keeps
+        every pid of the container taken, and a command past its timeout must not outlive it."""
+        script = _scripts.command(_scripts.KILL_MARKED + 'kill_marked "$1"; kill_orphans', marker)
+        retrying = Retrying(
+            retry=retry_if_exception(_runc_lost),
+            stop=stop_after_attempt(_KILL_ATTEMPTS),
+            wait=wait_exponential(multiplier=0.02, max=0.5),
+            reraise=True,
+        )
+        try:
+            retrying(self._run_kill, script)
+        except Exception as failed:
+            if not _runc_lost(failed):
+                raise
+            logger.warning("the kill of a timed-out command in %s never started: %s", self.id[:12], failed)
+
+    def _run_kill(self, script: str) -> None:
+        code, output = self._run_small(script)
+        if code == _EXIT_EXEC_FAILED and _RUNC_FAILED in output:
+            raise _RuncLost(output)
 
     def _run_small(self, script: str, timeout: float = 30.0) -> tuple[int | None, str]:
         """(exit code, output) of an internal script in its own ``docker exec``, bounded.

@@ -196,6 +196,8 @@ def _service_error(failed: JobError) -> ServiceError:
         return ServiceError("not_found", failed.message)
     if failed.code == p.INVALID_ARGUMENT:  # the request's (its environment): not the backend's fault
         return ServiceError("invalid_request", failed.message)
+    if failed.code == p.CONNECTION_LOST:  # a start whose answer was lost: it may run, do not start it again blind
+        return ServiceError(p.CONNECTION_LOST, failed.message, status=503)
     if isinstance(failed, (CannotFork, JobSurvived)):  # the tenant's own sandbox: say so, they can act
         return ServiceError("backend_unavailable", failed.message)
     logger.warning("background job operation failed: %s", failed.message)

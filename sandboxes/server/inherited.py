@@ -1,6 +1,7 @@
 """The network a sandbox made from a snapshot starts with: what the snapshot recorded of its
 sandbox at its taking (`KeptNetwork`: its egress allow-list, the headers its egress proxy adds,
-E2B's ``allowPublicTraffic`` and ``maskRequestHost``), save what the create names of its own.
+E2B's ``allowPublicTraffic`` and ``maskRequestHost``, the ports made public through ``PUT
+.../ports/{port}``), save what the create names of its own.
 A fork is a snapshot restored at once, so a fork starts with its parent's network as it was at
 the fork, narrowed or opened since its create; never its template's defaults instead.
 
@@ -24,6 +25,7 @@ def kept_network(state: SandboxState) -> KeptNetwork:
         egress_headers={host: dict(values) for host, values in state.egress_headers.items()},
         public_ports=state.public_ports,
         mask_request_host=state.mask_request_host,
+        preview_public=list(state.preview_public),
     )
 
 
@@ -45,5 +47,6 @@ def take_kept(state: SandboxState, kept: KeptNetwork | None, template: TemplateC
     headers = kept.egress_headers if template.egress else {}
     state.egress_headers = {host: dict(values) for host, values in headers.items()}
     state.public_ports, state.mask_request_host = kept.public_ports, kept.mask_request_host
+    state.preview_public = list(kept.preview_public)
     own = (state.egress_allow, state.public_ports, state.mask_request_host)
-    return bool(state.egress_headers) or any(setting is not None for setting in own)
+    return bool(state.egress_headers or state.preview_public) or any(setting is not None for setting in own)

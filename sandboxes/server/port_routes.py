@@ -30,9 +30,11 @@ Port = Annotated[int, Path(ge=1, le=65535, description="A TCP port inside the sa
 async def set_port_access(
     request: Request, sandbox_id: str, port: Port, body: api.PortAccess, tenant: Authed
 ) -> api.PortInfo:
-    """Make the port's preview URL public (anyone may reach it, no key nor token) or not."""
-    svc, _ = await _entry(request, tenant, sandbox_id)
-    _previews(svc).access.set_public(tenant.id, sandbox_id, port, body.public)
+    """Make the port's preview URL public (anyone may reach it, no key nor token) or not, kept
+    in the sandbox's state (`SandboxState.preview_public`)."""
+    svc, entry = await _entry(request, tenant, sandbox_id)
+    entry.state.set_preview_public(port, body.public)
+    await svc.registry.record_network(entry)  # in its state file: a restart and a fork keep it
     return api.PortInfo(sandbox_id=sandbox_id, port=port, public=body.public)
 
 

@@ -6,8 +6,9 @@ A preview token is ``<claims, base64url>.<HMAC-SHA256(secret, claims), base64url
 accept one, and replicas sharing the secret (``preview_token_secret``, else one kept in the
 data directory as the E2B tokens' is) accept each other's. A token grants that one port of that
 one sandbox, until its expiry or its revocation (its id is remembered until it would have
-expired anyway). Which ports are public, and which tokens were revoked, this replica holds in
-memory.
+expired anyway). Which tokens were revoked this replica holds in memory; which ports are public
+the sandbox's state holds (`SandboxState.preview_public`: kept across a restart, inherited by a
+fork), read from the sandboxes this replica holds.
 """
 
 from __future__ import annotations
@@ -53,14 +54,13 @@ class Minted:
 
 
 class PreviewAccess:
-    """Preview tokens signed with one secret, the revoked ones, and the public ports."""
+    """Preview tokens signed with one secret, and the revoked ones."""
 
     def __init__(self, secret: SecretStr, clock: Clock | None = None) -> None:
         self._key = secret.get_secret_value().encode("utf-8")
         self._clock = clock or WallClock()
         self._lock = threading.Lock()
         self._revoked: dict[str, float] = {}  # token id -> when it would have expired anyway
-        self._public: dict[tuple[str, int], str] = {}  # (sandbox id, port) -> its tenant
 
     def mint(self, tenant: str, sandbox_id: str, port: int, ttl: float) -> Minted:
         expires_at = float(int(self._clock.now() + min(ttl, _MAX_TTL)))
@@ -97,21 +97,6 @@ class PreviewAccess:
             self._revoked = {key: until for key, until in self._revoked.items() if until > now}
             self._revoked[token_id] = now + _MAX_TTL
 
-    def set_public(self, tenant: str, sandbox_id: str, port: int, public: bool) -> None:
-        with self._lock:
-            if public:
-                self._public[(sandbox_id, port)] = tenant
-            else:
-                self._public.pop((sandbox_id, port), None)
-
-    def is_public(self, sandbox_id: str, port: int) -> bool:
-        with self._lock:
-            return (sandbox_id, port) in self._public
-
-    def public_tenant(self, sandbox_id: str, port: int) -> str | None:
-        with self._lock:
-            return self._public.get((sandbox_id, port))
-
     def _mac(self, encoded: str) -> bytes:
         return hmac.new(self._key, b"preview\x00" + encoded.encode("utf-8", "replace"), hashlib.sha256).digest()
 
@@ -138,7 +123,7 @@ class PreviewAccess:
             if tenant_id is None:
                 raise ServiceError("unauthorized", "the preview token is not valid for this port, expired or revoked")
         else:
-            tenant_id = self.public_tenant(sandbox_id, port)
+            tenant_id = _public_tenant(registry, sandbox_id, port)
             if tenant_id is None:
                 raise ServiceError("unauthorized", "an API key or a preview token is needed (this port is not public)")
         tenant = Tenant(tenant_id, settings.policy_for(tenant_id))
@@ -164,6 +149,14 @@ def preview_token_of(scope: Mapping[str, Any]) -> str | None:
                 if name == PREVIEW_COOKIE and kept:
                     return str(kept)
     return None
+
+
+def _public_tenant(registry: Registry, sandbox_id: str, port: int) -> str | None:
+    """The tenant of a sandbox this replica holds whose port was made public; ``None`` otherwise."""
+    entry = registry.entries.get(sandbox_id)
+    if entry is None or not entry.state.preview_is_public(port):
+        return None
+    return entry.state.tenant
 
 
 def _b64(data: bytes) -> str:

@@ -61,6 +61,7 @@ class KeptNetwork:
     egress_headers: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     public_ports: bool | None = None
     mask_request_host: str | None = None
+    preview_public: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class KeptNetwork:
             "egress_headers": self.egress_headers,
             "public_ports": self.public_ports,
             "mask_request_host": self.mask_request_host,
+            "preview_public": self.preview_public,
         }
 
     @classmethod
@@ -81,6 +83,7 @@ class KeptNetwork:
             egress_headers={str(host): {str(k): str(v) for k, v in values.items()} for host, values in headers.items()},
             public_ports=None if data.get("public_ports") is None else bool(data["public_ports"]),
             mask_request_host=None if data.get("mask_request_host") is None else str(data["mask_request_host"]),
+            preview_public=sorted({int(port) for port in data.get("preview_public") or []}),
         )
 
 

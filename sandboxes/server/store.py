@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import uuid
+from bisect import bisect_left, insort
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class SandboxState:
     """E2B's ``allowPublicTraffic``: its ports take requests without its traffic token."""
     mask_request_host: str | None = None
     """E2B's ``maskRequestHost``: the ``Host`` its ports' requests carry (``${PORT}`` replaced)."""
+    preview_public: list[int] = field(default_factory=list)
+    """Its ports whose preview URL anyone may reach (``PUT .../ports/{port}`` public), sorted,
+    each once: kept here so that a restart, a hibernate and a fork keep them open."""
     network_set: bool = False
     """Its network was set through the API (a create's E2B ``network``, ``update_network``,
     ``PUT .../egress``): a shared backend's sandbox keeps this file for it (its record holds
@@ -130,7 +134,21 @@ class SandboxState:
         self.egress_allow = None if recorded.egress_allow is None else list(recorded.egress_allow)
         self.egress_headers = {host: dict(values) for host, values in recorded.egress_headers.items()}
         self.public_ports, self.mask_request_host = recorded.public_ports, recorded.mask_request_host
+        self.preview_public = list(recorded.preview_public)
         self.network_set = recorded.network_set
+
+    def set_preview_public(self, port: int, public: bool) -> None:
+        """``port`` in `preview_public` or not, the list still sorted with each port once."""
+        at = bisect_left(self.preview_public, port)
+        held = at < len(self.preview_public) and self.preview_public[at] == port
+        if public and not held:
+            insort(self.preview_public, port)
+        elif not public and held:
+            del self.preview_public[at]
+
+    def preview_is_public(self, port: int) -> bool:
+        at = bisect_left(self.preview_public, port)
+        return at < len(self.preview_public) and self.preview_public[at] == port
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

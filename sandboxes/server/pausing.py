@@ -10,7 +10,8 @@ reads a frozen container back as paused with ``keep``, or as it was if paused wi
 at its timeout: its state file, `SandboxState.kept_beside_record`) does not reap it early.
 
 A pause is crash-safe: its intent is written before the freeze (`SandboxState.pause_intent`), and a
-restart settles an intent it finds with what the backend says (`SandboxState.settle_pause`).
+restart settles an intent it finds with what the backend says (`SandboxState.settle_pause`); so is
+a resume that gives back a TTL on a shared backend (`SandboxState.resume_expiry`).
 """
 
 from __future__ import annotations
@@ -89,17 +90,36 @@ class Pausing(Holdings):
             state = entry.state
             if not state.paused:
                 return entry
-            await self._call(entry, "thaw")
-            if state.paused in ("stop", PAUSED_AT_TIMEOUT):
-                expires_at = self.clock.now() + state.paused_remaining
-                if entry.backend.shared:
-                    expires_at = float(math.ceil(expires_at))
-                    await asyncio.to_thread(entry.backend.renew, state, expires_at)
-                state.expires_at = expires_at
+            await self._thaw(entry)
             state.paused, state.paused_remaining, state.processes_ended = "", 0.0, False
+            state.resume_expiry = 0.0
             await self._saved(entry)
             self._schedule(state.id)
             return entry
+
+    async def _thaw(self, entry: Entry) -> None:
+        """Thawed, with the expiry a pause with its clock stopped or at its timeout gives back. On a
+        shared backend, whose record keeps the pause's guarded expiry, that expiry is written to the
+        state file first (`SandboxState.resume_expiry`): a ``kill -9`` after the thaw and before the
+        resume is recorded is settled at the restart (`SandboxState.settle_resume`)."""
+        state = entry.state
+        given_back = state.paused in ("stop", PAUSED_AT_TIMEOUT)
+        expires_at = self.clock.now() + state.paused_remaining if given_back else state.expires_at
+        if given_back and entry.backend.shared:
+            state.resume_expiry = expires_at = float(math.ceil(expires_at))
+            await self._saved(entry)
+            crash_point("resuming")
+        try:
+            await self._call(entry, "thaw")
+        except Exception:  # still frozen; a cancelled thaw may not be, and leaves its intent to a restart
+            if state.resume_expiry:
+                state.resume_expiry = 0.0
+                await self._saved(entry)
+            raise
+        crash_point("resumed")
+        if given_back and entry.backend.shared:
+            await asyncio.to_thread(entry.backend.renew, state, expires_at)
+        state.expires_at = expires_at
 
     async def awake(self, entry: Entry) -> Entry:
         """The sandbox, running: resumed first if paused and created with ``auto_resume``;

@@ -121,6 +121,8 @@ def _adopt(
     if state is not None and state.pause_intent:  # a kill -9 between its freeze and its record: frozen now?
         frozen = record.frozen or isinstance(provider, HolderBoundProvider)  # a jail's processes ended anyway
         state.settle_pause(frozen, float(math.ceil(now + backend.settings.max_ttl)) if shared else 0.0)
+    if state is not None and state.resume_expiry:  # a kill -9 between its thaw and its record: thawed now?
+        state.settle_resume(record.running and not record.frozen and not isinstance(provider, HolderBoundProvider))
     if state is None or state.deleting or (state.expires_at <= now and state.paused != "stop"):  # stop: no expiry
         logger.info("reaping %s sandbox %s (deleted, expired or not a tenant's)", backend.name, record.ref)
         provider.destroy(record.ref)

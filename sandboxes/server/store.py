@@ -67,6 +67,10 @@ class SandboxState:
     """A pause under way: its kind, written before the freeze and cleared when ``paused`` is
     written after it, so that a ``kill -9`` between them leaves the intent for the next start to
     settle with what the backend says (`settle_pause`); empty otherwise."""
+    resume_expiry: float = 0.0
+    """A resume under way on a shared backend of a pause with its clock stopped or at its timeout:
+    the expiry it gives, written before the thaw and cleared when the resume is recorded after it,
+    so that a ``kill -9`` between them is settled at the next start (`settle_resume`); 0 otherwise."""
     processes_ended: bool = False
     """Paused by a freeze whose processes ended since (its jail with the service that held it,
     `sandboxes.lifecycle.HolderBoundProvider`): its files alone come back at resume."""
@@ -108,7 +112,8 @@ class SandboxState:
     def take_recorded(self, recorded: SandboxState) -> None:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
         its pause at its timeout or with its clock stopped while its record still says frozen, and
-        a pause under way (with the expiry a pause at its timeout gives, if later than its record's)."""
+        a pause under way (with the expiry a pause at its timeout gives, if later than its record's),
+        and a resume under way."""
         if recorded.network_set:
             self.take_network(recorded)
         if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:
@@ -116,6 +121,8 @@ class SandboxState:
         if recorded.pause_intent:
             self.pause_intent, self.paused_remaining = recorded.pause_intent, recorded.paused_remaining
             self.expires_at = max(self.expires_at, recorded.expires_at)
+        if recorded.resume_expiry:
+            self.resume_expiry = recorded.resume_expiry
 
     def settle_pause(self, frozen: bool, guarded_until: float = 0.0) -> None:
         """Settle a pause a crash interrupted (`pause_intent`) by what the backend says now: ``frozen``,
@@ -128,6 +135,15 @@ class SandboxState:
                 self.expires_at = max(self.expires_at, guarded_until)
         elif self.pause_intent and self.pause_intent != PAUSED_AT_TIMEOUT:
             self.paused, self.pause_intent, self.paused_remaining = "", "", 0.0
+
+    def settle_resume(self, thawed: bool) -> None:
+        """Settle a resume a crash interrupted (`resume_expiry`) by what the backend says now:
+        ``thawed``, it is completed with the expiry it was to give; still frozen, it stays paused
+        as it was (the resume is dropped, as one that never began)."""
+        if self.resume_expiry and thawed:
+            self.expires_at, self.paused, self.paused_remaining = self.resume_expiry, "", 0.0
+            self.processes_ended = False
+        self.resume_expiry = 0.0
 
     def take_network(self, recorded: SandboxState) -> None:
         """Serve what ``recorded`` (its state file) says of its network, over its record's."""

@@ -49,3 +49,20 @@ def test_a_shared_record_takes_the_intent_and_the_later_expiry_of_its_state_file
     )  # fmt: skip
     recorded.settle_pause(frozen=True)
     assert (recorded.paused, recorded.pause_intent) == (PAUSED_AT_TIMEOUT, "")
+
+
+@pytest.mark.parametrize("paused", ["stop", PAUSED_AT_TIMEOUT])
+@pytest.mark.parametrize("thawed", [True, False])
+def test_an_interrupted_resume_is_completed_if_thawed_and_dropped_if_still_frozen(paused: str, thawed: bool) -> None:
+    state = _state(paused=paused, paused_remaining=40.0, expires_at=90000.0, resume_expiry=140.0)
+    assert state.kept_beside_record  # its intent stays beside a shared record until settled
+    state.settle_resume(thawed)
+    expected = ("", 0.0, 140.0) if thawed else (paused, 40.0, 90000.0)  # the TTL given back, or still guarded
+    assert (state.paused, state.paused_remaining, state.expires_at, state.resume_expiry) == (*expected, 0.0)
+
+
+def test_a_running_shared_record_takes_the_resume_under_way_of_its_state_file() -> None:
+    recorded = _state(expires_at=90000.0)  # its container's labels: running, the pause's guarded expiry
+    recorded.take_recorded(_state(paused="stop", paused_remaining=40.0, expires_at=90000.0, resume_expiry=140.0))
+    recorded.settle_resume(thawed=True)
+    assert (recorded.paused, recorded.expires_at, recorded.resume_expiry) == ("", 140.0, 0.0)

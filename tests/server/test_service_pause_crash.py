@@ -1,10 +1,11 @@
-"""A pause across a ``kill -9`` of the service between the freeze and the state file that
-records the pause (a real service process, Docker and the local jail). The service is made to
-crash at that instant by its test hook `sandboxes.server.pausing.crash_point`: the environment
-variable `CRASH_AT` set to ``frozen`` makes it SIGKILL itself right after the freeze, a real
-crash at a named point (no request can aim at that window). The restarted service must read the
-sandbox back paused as the pause asked (its intent was written before the freeze), never as
-running, nor as a pause whose expiry removes it sooner than asked."""
+"""A pause, and a resume, across a ``kill -9`` of the service between the freeze (or thaw) and
+the state file that records it (a real service process, Docker and the local jail). The service
+is made to crash at that instant by its test hook `sandboxes.server.pausing.crash_point`: the
+environment variable `CRASH_AT` set to ``frozen`` (or ``resumed``) makes it SIGKILL itself right
+after the freeze (or thaw), a real crash at a named point (no request can aim at that window).
+The restarted service must read the sandbox back paused as the pause asked (its intent was
+written before the freeze), never as running, nor as a pause whose expiry removes it sooner than
+asked; and a resume that thawed it completed with the TTL it gives back, not its pause's guard."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from service_harness import ServiceProcess, create, execute, subprocess_config
 from support import SESSION_OWNER
 
+from sandboxes.docker._containers import recorded_expiry
 from sandboxes.server.pausing import CRASH_AT
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
@@ -169,6 +171,120 @@ def test_a_kill_9_between_the_intent_and_the_freeze_at_its_timeout_pauses_it_aft
             assert _container_status(docker_client, owner) == ["paused"]
             resumed = alice.post(f"/v1/sandboxes/{sid}/resume").json()
             assert resumed["expires_at"] - time.time() == pytest.approx(TEMPLATE_TTL, abs=60)
+            assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    finally:
+        service.stop()
+        _remove_all(docker_client, owner)
+
+
+def _paused_at_its_timeout(alice: httpx.Client, sid: str) -> None:
+    """Waited for until its timer paused it at the end of its TTL (the state read is the event)."""
+    deadline = time.monotonic() + 60
+    while (shown := alice.get(f"/v1/sandboxes/{sid}").json())["state"] != "paused":
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.02)
+
+
+def _killed_resuming(service: ServiceProcess, alice: httpx.Client, sid: str) -> None:
+    """Its resume asked for, and the service dead under that request at its crash point."""
+    with pytest.raises(httpx.HTTPError):
+        alice.post(f"/v1/sandboxes/{sid}/resume")
+    _crashed(service)
+
+
+def _stopped_then_killed_resuming(service: ServiceProcess, alice: httpx.Client) -> dict[str, Any]:
+    """A sandbox made (600 s of TTL, a file written), paused with ``ttl: stop``, then resumed
+    into the service's crash point: as created."""
+    created = create(alice, ttl=600)
+    sid = created["id"]
+    assert execute(alice, sid, "echo kept > note")["exit_code"] == 0
+    assert alice.post(f"/v1/sandboxes/{sid}/pause", json={"ttl": "stop"}).status_code == 200
+    _killed_resuming(service, alice, sid)
+    return dict(created)
+
+
+@pytest.mark.parametrize("backend", ["docker", "local"])
+def test_a_kill_9_right_after_the_thaw_of_a_pause_with_its_clock_stopped_gives_back_its_seconds(
+    tmp_path: Path, docker_client: Any, runtime_image: str, backend: str
+) -> None:
+    """Paused with ``ttl: stop``, then killed right after the thaw of its resume (crash point
+    ``resumed``): on Docker the restart finds it running and completes the resume, with the
+    seconds it had left (not the pause's guarded expiry, up to ``max_ttl``); a local jail, whose
+    processes ended with the service, still reads paused, and a resume gives back those seconds."""
+    service, owner = _service(tmp_path, runtime_image, backend)
+    service.start(env={CRASH_AT: "resumed"})
+    try:
+        with service.client("alice") as alice:
+            sid = _stopped_then_killed_resuming(service, alice)["id"]
+        if backend == "docker":
+            assert _container_status(docker_client, owner) == ["running"]  # the thaw happened
+        service.start()
+        with service.client("alice") as alice:
+            shown = alice.get(f"/v1/sandboxes/{sid}").json()
+            if backend == "local":
+                assert (shown["state"], shown["processes_kept"]) == ("paused", False), shown
+                shown = alice.post(f"/v1/sandboxes/{sid}/resume").json()
+            assert shown["state"] == "running", shown
+            assert 0 < shown["expires_at"] - time.time() <= 601, shown  # the seconds it had left
+            assert execute(alice, sid, "cat note")["output"] == "kept\n"
+            assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    finally:
+        service.stop()
+        _remove_all(docker_client, owner)
+
+
+def test_a_kill_9_right_after_the_thaw_of_a_pause_at_its_timeout_gives_its_template_ttl(
+    tmp_path: Path, docker_client: Any, runtime_image: str
+) -> None:
+    """Paused at the end of its TTL, then killed right after the thaw of its resume: the restart
+    completes the resume with its template's TTL, its record too (not the ``max_ttl`` its pause
+    guarded it for), and it runs commands."""
+    service, owner = _service(tmp_path, runtime_image, "docker")
+    service.start(env={CRASH_AT: "resumed"})
+    try:
+        with service.client("alice") as alice:
+            sid = create(alice, ttl=10, on_timeout="freeze")["id"]
+            _paused_at_its_timeout(alice, sid)
+            _killed_resuming(service, alice, sid)
+        assert _container_status(docker_client, owner) == ["running"]
+        service.start()
+        with service.client("alice") as alice:
+            shown = alice.get(f"/v1/sandboxes/{sid}").json()
+            assert shown["state"] == "running", shown
+            assert shown["expires_at"] - time.time() == pytest.approx(TEMPLATE_TTL, abs=60), shown
+            (container,) = docker_client.containers.list(filters={"label": f"io.sandboxes.owner={owner}"})
+            assert recorded_expiry(container.attrs) == shown["expires_at"]  # its record's, for other replicas
+            assert execute(alice, sid, "echo on")["output"] == "on\n"
+            assert not (tmp_path / "data" / "state" / f"{sid}.json").exists()  # running: its labels say it all
+            assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    finally:
+        service.stop()
+        _remove_all(docker_client, owner)
+
+
+def test_a_kill_9_between_the_intent_and_the_thaw_of_a_resume_leaves_it_paused_as_it_was(
+    tmp_path: Path, docker_client: Any, runtime_image: str
+) -> None:
+    """Killed after the resume's intent was written but before the thaw (crash point
+    ``resuming``): the restart finds its container frozen and drops the intent, so it reads
+    paused with its clock stopped, still guarded past its old expiry, and a resume then gives
+    back the seconds it had left."""
+    service, owner = _service(tmp_path, runtime_image, "docker")
+    service.start(env={CRASH_AT: "resuming"})
+    try:
+        with service.client("alice") as alice:
+            created = _stopped_then_killed_resuming(service, alice)
+        sid = created["id"]
+        assert _container_status(docker_client, owner) == ["paused"]
+        service.start()
+        with service.client("alice") as alice:
+            shown = alice.get(f"/v1/sandboxes/{sid}").json()
+            assert (shown["state"], shown["processes_kept"]) == ("paused", True), shown
+            assert shown["expires_at"] > created["expires_at"] + TEMPLATE_TTL, shown
+            resumed = alice.post(f"/v1/sandboxes/{sid}/resume").json()
+            assert resumed["state"] == "running", resumed
+            assert 0 < resumed["expires_at"] - time.time() <= 601, resumed
+            assert execute(alice, sid, "echo on")["output"] == "on\n"
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
     finally:
         service.stop()

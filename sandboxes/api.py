@@ -456,7 +456,7 @@ class WatchEvent(_Answer):
 
 
 class CreateWatcher(_Request):
-    path: str = Field(json_schema_extra={"pattern": "^/"})
+    path: str = Field(json_schema_extra={"pattern": SANDBOX_PATH})
     """An absolute directory of the sandbox."""
     recursive: bool = False
 

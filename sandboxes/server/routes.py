@@ -538,7 +538,7 @@ for _op, _model in api.FILE_OPERATIONS.items():
 
 # ---------------------------------------------------------------------- archives
 
-_ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": "^/"})]
+_ArchivePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": api.SANDBOX_PATH})]
 """An absolute path in the sandbox."""
 
 

@@ -15,7 +15,7 @@ __all__ = ["router"]
 
 router = api_router()
 
-_AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": "^/"})]
+_AbsolutePath = Annotated[str, Query(min_length=1, json_schema_extra={"pattern": api.SANDBOX_PATH})]
 """An absolute directory in the sandbox."""
 
 _Lifetime = Annotated[

@@ -156,7 +156,7 @@ def test_what_the_schema_refuses_is_in_the_schema(client: httpx.Client) -> None:
     assert create_schema["ttl"]["anyOf"][0]["minimum"] == 1
     archive = document["paths"]["/v1/sandboxes/{sandbox_id}/archive"]["get"]["parameters"]
     path = next(parameter for parameter in archive if parameter["name"] == "path")
-    assert path["schema"]["pattern"] == "^/"
+    assert path["schema"]["pattern"] == r"^/[^\x00]*$"  # absolute, and no NUL (no path holds one)
 
 
 @pytest.fixture(scope="module")

@@ -184,8 +184,9 @@ def test_archive_errors(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     url = f"/v1/sandboxes/{sandbox_id}/archive"
     missing = client.get(url, params={"path": f"{root}/missing"})
     assert (missing.status_code, error_of(missing)) == (404, "file_not_found")
-    outside = client.get(url, params={"path": "/etc"})
-    assert (outside.status_code, error_of(outside)) == (422, "invalid_path")
+    outside = client.get(url, params={"path": "/etc"})  # the jail's own, made in it as a container's is
+    assert outside.status_code == 200, outside.text
+    assert "etc" in _members(outside.content)
     relative = client.get(url, params={"path": "etc"})
     assert (relative.status_code, error_of(relative)) == (422, "invalid_path")
     garbage = client.put(url, params={"path": root}, content=b"this is not a tar" * 100)

@@ -451,7 +451,8 @@ def _sweep(owner: str) -> int:
     selector = f"io.sandboxes.owner={owner}"
     removed = 0
     for container in client.containers.list(all=True, sparse=True, filters={"label": selector}):  # no inspect
-        labels = {k: v for k, v in (container.labels or {}).items() if k.startswith("io.sandboxes.")}
+        listed = container.attrs.get("Labels") or {}  # a sparse listing's own; `.labels` needs an inspect
+        labels = {k: v for k, v in listed.items() if k.startswith("io.sandboxes.")}
         print(f"left behind: container {container.short_id} {labels}", file=sys.stderr)
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)

@@ -18,7 +18,7 @@ def format_table(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         failures = ", ".join(f"{k}: {v}" for k, v in r["failures"].items()) or "-"
         met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
-        ok = "-" if r["ok"] is None else f"{100 * r['ok'] / r['n']:.0f}%"
+        ok = "-" if r["ok"] is None or not r["n"] else f"{100 * r['ok'] / r['n']:.0f}%"
         lines.append((r["op"], str(r["n"]), ok, _num(r["p50"]), _num(r["p95"]), _num(r["p99"]), failures,
                       r["target"] or "-", met, r["note"]))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]

@@ -212,13 +212,34 @@ class _Service:
             time.sleep(0.1)
 
     def stop(self) -> None:
+        """Stop the service; what it logged at WARNING and above goes to stderr, prefixed
+        ``service log:``, so a bench that finds something left behind says what the service saw."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(60)
             except subprocess.TimeoutExpired:
+                print("service log: not stopped 60 s after SIGTERM; killed", file=sys.stderr)
                 self.process.kill()
                 self.process.wait(10)
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if (said := _worth_saying(line)) is not None:
+                print(f"service log: {said}", file=sys.stderr)
+
+
+def _worth_saying(line: str) -> str | None:
+    """A line of the service's log at WARNING or above, or not of its JSON: its level, message
+    and the end of its traceback; ``None`` for the others."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return line[:500]
+    if not isinstance(entry, dict) or entry.get("level") not in ("warning", "error", "critical"):
+        return None
+    said = f"{entry['level']} {entry.get('logger')}: {entry.get('message')}"
+    if exception := entry.get("exception"):
+        said += " | " + " / ".join(str(exception).strip().splitlines()[-3:])
+    return said
 
 
 def _checked(response: httpx.Response) -> Any:

@@ -25,7 +25,8 @@ def _bench(name: str, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, 
     assert lines[0].startswith("machine: "), lines[0]
     assert "cores, load average" in lines[0], lines[0]
     report = json.loads(saved.read_text())
-    assert report.get("leftovers_swept", 0) == 0, [line for line in result.stderr.splitlines() if "left behind" in line]
+    said = [line for line in result.stderr.splitlines() if line.startswith(("left behind", "service log"))]
+    assert report.get("leftovers_swept", 0) == 0, said
     return lines, report
 
 

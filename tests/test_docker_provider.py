@@ -7,12 +7,14 @@ every container also carries the session label, so the session sweep reaps what 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Any
 
 import docker.errors
 import pytest
+import requests
 from pydantic import ValidationError
 from support import SESSION_OWNER
 
@@ -161,6 +163,65 @@ def test_refill_failures_are_retried_and_do_not_kill_the_thread(
         started = time.monotonic()
     assert time.monotonic() - started < 5  # close interrupts the backoff
     assert _labelled(docker_client, LABEL_POOL, pool.id) == (set(), set())  # no volume left by a failure
+
+
+def test_a_container_whose_start_is_unanswered_is_removed_with_its_workspace(
+    docker_client: Any, runtime_image: str, owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine starts it but its answer is lost (a client timeout under load): the create
+    raises, and neither the container nor its volume is left for no one to remove."""
+    from docker.models.containers import Container
+
+    started = Container.start
+
+    def start_unanswered(self: Any, **kwargs: Any) -> None:
+        started(self, **kwargs)
+        raise requests.exceptions.ReadTimeout("the engine's answer to the start was lost")
+
+    monkeypatch.setattr(Container, "start", start_unanswered)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        DockerProvider(_template(runtime_image, owner), client=docker_client).create()
+    selector = {"label": f"io.sandboxes.owner={owner}"}
+    assert docker_client.containers.list(all=True, filters=selector) == []
+    assert docker_client.volumes.list(filters=selector) == []
+
+
+def test_an_expiry_moved_while_the_sandbox_is_removed_waits_for_the_removal(
+    docker_client: Any, runtime_image: str, owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal (a rename) asked while the same container's removal is under way, as a claim's
+    recorded expiry races its tenant's delete, reaches the engine only once the removal is done,
+    and finds it gone: the engine, doing both at once, can keep a ghost listed as "Removal In
+    Progress" that no call removes until it restarts."""
+    from docker.models.containers import Container
+
+    provider = DockerProvider(_template(runtime_image, owner), client=docker_client)
+    ref = provider.create().container.id
+    calls: list[str] = []
+    removing, renaming = threading.Event(), threading.Event()
+    remove, rename = Container.remove, Container.rename
+
+    def remove_slowly(self: Any, **kwargs: Any) -> None:
+        calls.append("remove")
+        removing.set()
+        renaming.wait(1)  # a renewal that does not wait for the removal renames meanwhile
+        remove(self, **kwargs)
+        calls.append("removed")
+
+    def rename_seen(self: Any, name: str) -> None:
+        calls.append("rename")
+        renaming.set()
+        rename(self, name)
+
+    monkeypatch.setattr(Container, "remove", remove_slowly)
+    monkeypatch.setattr(Container, "rename", rename_seen)
+    remover = threading.Thread(target=provider.destroy, args=(ref,))
+    remover.start()
+    assert removing.wait(30)
+    with pytest.raises(LookupError):
+        provider.set_expiry(ref, time.time() + 3600)
+    remover.join()
+    assert calls[:2] == ["remove", "removed"], calls
 
 
 # ---------------------------------------------------------------------- sweeps

@@ -11,8 +11,10 @@ import contextlib
 import logging
 import math
 import re
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -70,7 +72,7 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels, driver="local", driver_opts=workspace_options(config)
     )
     try:
-        return client.containers.run(
+        container = client.containers.create(
             config.image,
             command=["sleep", "infinity"],
             name=container_name(sandbox_id),
@@ -100,6 +102,22 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
             volume.remove(force=True)
         raise
     except Exception:
+        with contextlib.suppress(Exception):
+            volume.remove(force=True)
+        raise
+    _start_or_remove(container, volume)
+    return container
+
+
+def _start_or_remove(container: Any, volume: Any) -> None:
+    """Start ``container``; if that fails (a runtime refusing under load, an answer lost),
+    remove it and its workspace before raising: a container made but never started is no
+    sandbox anyone was told about, and nothing else would ever remove it."""
+    try:
+        container.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
         with contextlib.suppress(Exception):
             volume.remove(force=True)
         raise
@@ -142,6 +160,18 @@ def memory_limit(config: DockerSandboxConfig) -> int:
     return parse_size(config.memory) + (parse_size(config.disk) if config.disk is not None else 0)
 
 
+_CHANGING = tuple(threading.Lock() for _ in range(64))
+
+
+@contextlib.contextmanager
+def changing(container_id: str) -> Iterator[None]:
+    """Held while this process renames or removes the container of full id ``container_id``:
+    never both at once, since the engine, renaming a container it is removing, can keep a ghost
+    of it listed ("Removal In Progress") that no call removes until the engine restarts."""
+    with _CHANGING[hash(container_id) % len(_CHANGING)]:
+        yield
+
+
 def remove_sandbox(client: Any, container_id: str) -> None:
     """Remove a container and its workspace volume. Missing is fine; other errors surface."""
     import docker.errors
@@ -151,7 +181,8 @@ def remove_sandbox(client: Any, container_id: str) -> None:
         container = client.containers.get(container_id)
         sandbox_id = (container.labels or {}).get(LABEL_SANDBOX)
         volume_name = f"{VOLUME_PREFIX}{sandbox_id}" if sandbox_id else None
-        container.remove(force=True, v=True)
+        with changing(container.id):
+            container.remove(force=True, v=True)
     except docker.errors.NotFound:
         pass
     if volume_name is not None:

@@ -29,6 +29,7 @@ from pydantic import Field
 from sandboxes._pool import PoolConfig, WarmPool
 from sandboxes.docker._containers import (
     LABEL_POOL,
+    changing,
     container_name,
     create_container,
     created_at,
@@ -172,7 +173,8 @@ class DockerProvider(WarmPool[DockerSandbox]):
                 raise LookupError(f"container {ref!r} is not a sandbox of owner {self.template.owner!r}")
             name = container_name(container.labels[LABEL_SANDBOX], expires_at)
             if container.name != name:
-                container.rename(name)
+                with changing(container.id):  # after a removal under way: then NotFound
+                    container.rename(name)
         except docker.errors.NotFound as exc:
             raise LookupError(f"no container {ref!r}") from exc
         except docker.errors.APIError as exc:

@@ -138,3 +138,42 @@ def test_watch_dir_speaks_envds_json(service: Running, sandbox: Sandbox) -> None
         message in ({"keepalive": {}}, {"filesystem": {"name": "new", "type": "EVENT_TYPE_CHMOD"}})
         for _, message in rest[:-1]
     ), rest  # touch sets its times: CHMOD, as envd says
+
+
+def test_a_watch_may_allow_network_mounts(service: Running, sandbox: Sandbox) -> None:
+    """envd 0.6.4's ``allow_network_mounts`` (E2B's
+    ``test_watch_directory_changes_with_network_mounts_allowed``, sync and async): the SDK sends
+    it (on envd 0.6.3 it refused it itself) and the watch reports as without it; a flag that is
+    not a boolean is envd's ``invalid_argument``."""
+    sandbox.files.make_dir("mounts")
+    assert sandbox.get_info().envd_version == "0.6.4"
+    polled = sandbox.files.watch_dir("mounts", allow_network_mounts=True)
+    sandbox.files.write("mounts/polled.txt", "x")
+    seen: list[FilesystemEvent] = []
+
+    def written() -> bool:
+        seen.extend(polled.get_new_events())
+        return ("polled.txt", FilesystemEventType.WRITE) in {(event.name, event.type) for event in seen}
+
+    wait_for(written, "the polled watcher allowing network mounts reported no write")
+    polled.stop()
+
+    async def streamed() -> None:
+        remote = await AsyncSandbox.connect(sandbox.sandbox_id, **opts(service))
+        arrived = asyncio.Event()
+
+        def on_event(event: FilesystemEvent) -> None:
+            if (event.name, event.type) == ("streamed.txt", FilesystemEventType.WRITE):
+                arrived.set()
+
+        handle = await remote.files.watch_dir("mounts", on_event=on_event, allow_network_mounts=True)
+        await remote.files.write("mounts/streamed.txt", "x")
+        await asyncio.wait_for(arrived.wait(), 20)
+        await handle.stop()
+
+    asyncio.run(streamed())
+    headers = {**sandbox.connection_config.sandbox_headers, "Content-Type": "application/json"}
+    url = f"{service.url}/e2b/envd/filesystem.Filesystem/CreateWatcher"
+    refused = httpx.post(url, json={"path": "mounts", "allowNetworkMounts": "yes"}, headers=headers, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["code"] == "invalid_argument"

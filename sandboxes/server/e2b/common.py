@@ -42,11 +42,11 @@ ENVD_PREFIX = f"{PREFIX}/envd"
 
 MAX_POLLED_WATCHERS = 4096
 """Polled watchers whose write landings are followed at once (the oldest forgotten past it)."""
-ENVD_VERSION = "0.6.3"
+ENVD_VERSION = "0.6.4"
 """The envd version advertised: the SDK then sends no user (the template's applies), closes a
-command's stdin (0.5.2), uploads octet-stream and gzip bodies (0.5.7), file metadata (0.6.2) and watch events' entries
-(0.6.3); what the SDK gates behind later versions (watching network mounts, 0.6.4) it refuses
-itself rather than failing here."""
+command's stdin (0.5.2), uploads octet-stream and gzip bodies (0.5.7), file metadata (0.6.2), watch
+events' entries (0.6.3) and a watch's ``allow_network_mounts`` (0.6.4: the service watches a
+network mount whether asked or not, so the flag it lets through changes nothing)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ call's ``Connect-Timeout-Ms``), and the polled ``CreateWatcher``, ``GetWatcherEv
 for its events for the service's ``watcher_idle`` seconds is removed. Events are named relative
 to the watched directory; an ``overflow`` (events lost) has no envd equivalent and is not sent.
 A relative path is under the sandbox's workdir, as the other filesystem calls resolve it. The
-service's atomic writes are reported as envd's in-place ones (`Landings`)."""
+service's atomic writes are reported as envd's in-place ones (`Landings`). Unlike envd, a
+directory on a network mount (NFS, CIFS, FUSE) is watched without ``allowNetworkMounts``."""
 
 from __future__ import annotations
 
@@ -84,10 +85,12 @@ async def _with_entries(
 
 
 def _watched(entry: Entry, message: dict[str, Any]) -> tuple[str, bool, bool]:
-    recursive, include_entry = message.get("recursive", False), message.get("includeEntry", False)
-    if not isinstance(recursive, bool) or not isinstance(include_entry, bool):
-        raise ConnectError("invalid_argument", "recursive and includeEntry must be booleans")
-    return _path(entry, message), recursive, include_entry
+    """The watch's path, ``recursive`` and ``includeEntry``; ``allowNetworkMounts`` (envd 0.6.4)
+    is checked and let through: a network mount is watched whether asked or not."""
+    flags = [message.get(name, False) for name in ("recursive", "includeEntry", "allowNetworkMounts")]
+    if not all(isinstance(flag, bool) for flag in flags):
+        raise ConnectError("invalid_argument", "recursive, includeEntry and allowNetworkMounts must be booleans")
+    return _path(entry, message), flags[0], flags[1]
 
 
 @router.post("/filesystem.Filesystem/WatchDir")

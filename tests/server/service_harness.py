@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,24 @@ def running(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def alice_fixtures() -> tuple[Callable[..., Iterator[httpx.Client]], Callable[..., Iterator[dict[str, Any]]]]:
+    """Module-scoped ``client`` and ``sandbox`` fixtures: alice's client to the module's
+    ``service``, and one sandbox made through it, deleted after the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def client(service: Running) -> Iterator[httpx.Client]:
+        with service.client("alice") as client:
+            yield client
+
+    @pytest.fixture(scope="module")
+    def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
+        created = create(client)
+        yield created
+        client.delete(f"/v1/sandboxes/{created['id']}")
+
+    return client, sandbox
 
 
 def create(client: httpx.Client, **body: Any) -> dict[str, Any]:

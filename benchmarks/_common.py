@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import time
@@ -83,3 +84,10 @@ def machine() -> str:
     except OSError:
         load = "load average unknown"
     return f"machine: {model}, {os.cpu_count()} cores, {load}, Python {platform.python_version()}"
+
+
+def save_report(report: dict[str, Any], path: str | None) -> None:
+    """The JSON report written to ``path`` as well (``--save``), when one is named."""
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import machine, percentile
+from _common import machine, percentile, save_report
 from bench_service import _Service, _sweep
 
 from sandboxes.client import SandboxClient
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     print(host, flush=True)
     report = run(args.count, parse_memory(args.budget), args.rounds, args.settle)
     report["machine"] = host
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+    save_report(report, args.save)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import CountingCalls, machine, scripted
+from _common import CountingCalls, machine, save_report, scripted
 from _common import percentile as _percentile
 from _common import timed as _timed
 from deepagents.backends import protocol as da
@@ -595,9 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     host = machine()  # before the run loads the machine
     report = run(args.iterations, args.warmup, args.heavy_iterations, args.owner, args.image)
     report["machine"] = host
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+    save_report(report, args.save)
     print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 

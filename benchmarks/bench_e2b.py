@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import machine, percentile
+from _common import machine, percentile, save_report
 from bench_service import IMAGE, _docker_available, _Service, _sweep
 
 from sandboxes import protocol as p
@@ -259,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     e2b_image = args.e2b_image or None
     report = run(args.iterations, args.warmup, args.backend, args.image, args.owner, args.profile, e2b_image)
     report["machine"] = host
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+    save_report(report, args.save)
     with contextlib.suppress(BrokenPipeError):
         print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0

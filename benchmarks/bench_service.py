@@ -65,7 +65,7 @@ from typing import Any
 
 import _service_measures as measures
 import httpx
-from _common import machine
+from _common import machine, save_report
 from _common import percentile as _percentile
 from _http_load import KeepAliveClient
 from _service_table import format_table
@@ -609,9 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.iterations, args.warmup, args.duration, args.clients, args.backend, args.sandboxes, args.image,
                  args.owner, args.profile)  # fmt: skip
     report["machine"] = host
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+    save_report(report, args.save)
     print(json.dumps(report, indent=2) if args.json else f"{host}\n{format_table(report)}")
     return 0
 

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import machine, percentile
+from _common import machine, percentile, save_report
 from _tti_table import format_table
 from bench_service import TENANT, _Service, _sweep
 
@@ -728,9 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.n, args.burst, args.stagger, args.extra, args.backends.split(","), not args.no_crowds,
                  args.cli_n, not args.service_only, args.pool_burst, args.cli_only)  # fmt: skip
     report["machine"] = host
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2)
+    save_report(report, args.save)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

@@ -103,6 +103,14 @@ class SSHVM:
         }
         return SSHHostConfig(**settings)
 
+    def config_host(self, key: Path) -> dict[str, Any]:
+        """This VM as an operator writes a host in the service's config file: its private key in
+        the file ``key`` (written, readable by its owner only, unless it is there), not inline."""
+        if not key.exists():
+            key.write_text(self.private_key)
+            key.chmod(0o600)
+        return {**self.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
+
     def wait_for_sshd(self) -> None:
         """After a restart: sshd answers again (with the same host key)."""
         assert fetch_host_key(self.port).asbytes() == self.host_key.asbytes()

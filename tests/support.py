@@ -4,12 +4,13 @@ import ...`` finds whichever was loaded last)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ __all__ = [
     "assert_one_kill_ends_forking_trees",
     "assert_the_sh_kill_works_in_a_full_sandbox",
     "needs",
+    "owner_leftovers",
 ]
 
 IN_CI = os.environ.get("CI") == "true"
@@ -38,6 +40,24 @@ def wait_for(condition: Callable[[], bool], what: str, limit: float = 20.0) -> N
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def owner_leftovers(docker_client: Any, owner: str) -> Iterator[list[str]]:
+    """For a run (a benchmark's) whose sandboxes' owner is ``owner``, which the session's sweep
+    does not know: the names of the containers and volumes it left, listed once the block
+    ended without an error; then every one of them removed, whatever the block did."""
+    selector = {"label": f"io.sandboxes.owner={owner}"}
+    left: list[str] = []
+    try:
+        yield left
+        left += [c.name for c in docker_client.containers.list(all=True, filters=selector)]
+        left += [v.name for v in docker_client.volumes.list(filters=selector)]
+    finally:
+        for container in docker_client.containers.list(all=True, filters=selector):
+            container.remove(force=True, v=True)
+        for volume in docker_client.volumes.list(filters=selector):
+            volume.remove(force=True)
 
 
 def needs(ready: bool, reason: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SESSION_OWNER
+from support import SESSION_OWNER, owner_leftovers
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_docker.py"
 ROWS = {
@@ -48,18 +48,10 @@ def bench_run(docker_client: Any, runtime_image: str, tmp_path_factory: pytest.T
     owner = f"{SESSION_OWNER}-bench-{uuid.uuid4().hex[:6]}"
     saved = tmp_path_factory.mktemp("bench") / "report.json"
     argv = ["--iterations", "2", "--warmup", "0", "--heavy-iterations", "1", "--owner", owner, "--save", str(saved)]
-    selector = {"label": f"io.sandboxes.owner={owner}"}
-    try:
+    with owner_leftovers(docker_client, owner) as left:  # the session's sweep knows SESSION_OWNER alone
         result = subprocess.run(
             [sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300, check=False
         )
-        left = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
-        left += [v.name for v in docker_client.volumes.list(filters=selector)]
-    finally:  # the session sweep only knows SESSION_OWNER itself: clean up whatever a failed run left
-        for container in docker_client.containers.list(all=True, filters=selector):
-            container.remove(force=True, v=True)
-        for volume in docker_client.volumes.list(filters=selector):
-            volume.remove(force=True)
     assert result.returncode == 0, result.stderr
     return {"table": result.stdout, "report": json.loads(saved.read_text()), "left": left, "owner": owner}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import HAS_BWRAP, SESSION_OWNER
+from support import HAS_BWRAP, SESSION_OWNER, owner_leftovers
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_service.py"
 LATENCY_OPS = [
@@ -103,16 +103,8 @@ def test_local_run_with_profile(tmp_path: Path) -> None:
 
 def test_docker_run_leaves_nothing(docker_client: Any, runtime_image: str, tmp_path: Path) -> None:
     owner = f"{SESSION_OWNER}-bench-{uuid.uuid4().hex[:6]}"
-    selector = {"label": f"io.sandboxes.owner={owner}"}
-    try:
+    with owner_leftovers(docker_client, owner) as left:  # the session's sweep knows SESSION_OWNER alone
         run = _bench(tmp_path, "--backend", "docker", "--image", runtime_image, "--owner", owner)
-        left = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
-        left += [v.name for v in docker_client.volumes.list(filters=selector)]
-    finally:  # the session sweep only knows SESSION_OWNER itself: remove whatever a failed run left
-        for container in docker_client.containers.list(all=True, filters=selector):
-            container.remove(force=True, v=True)
-        for volume in docker_client.volumes.list(filters=selector):
-            volume.remove(force=True)
     _check_run(run, "docker")
     assert run["report"]["owner"] == owner
     assert run["report"]["leftovers_swept"] == 0  # the service and the direct side removed their own

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from support import HAS_BWRAP, SESSION_OWNER, needs
+from support import HAS_BWRAP, SESSION_OWNER, needs, owner_leftovers
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_state.py"
 
@@ -20,16 +20,8 @@ def test_one_tiny_run_reports_every_row(docker_client: Any, runtime_image: str) 
     needs(HAS_BWRAP, "bubblewrap is not installed")
     owner = f"{SESSION_OWNER}-bench-state-{uuid.uuid4().hex[:6]}"
     argv = ["--iterations", "2", "--mib", "1", "--forks", "2", "--owner", owner, "--json"]
-    selector = {"label": f"io.sandboxes.owner={owner}"}
-    try:
+    with owner_leftovers(docker_client, owner) as left:
         done = subprocess.run([sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300)
-        left = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
-        left += [v.name for v in docker_client.volumes.list(filters=selector)]
-    finally:
-        for container in docker_client.containers.list(all=True, filters=selector):
-            container.remove(force=True, v=True)
-        for volume in docker_client.volumes.list(filters=selector):
-            volume.remove(force=True)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["machine"].startswith("machine: ")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import pytest
 
 sys.path.append(str(Path(__file__).parent / "server"))
 sys.path.append(str(Path(__file__).parent / "kubernetes"))
-from fake_apiserver import LABEL, FakeKubernetes
+from fake_cluster import running_fake
 from service_harness import KEYS, UNTHROTTLED, running, settings_for
 from ssh_fixtures import start_vm
 from support import HAS_BWRAP, SESSION_OWNER, needs
@@ -57,25 +57,10 @@ def _plain(sandbox: Any) -> Run:
     return lambda: sandbox.execute(COMMAND, timeout=TIMEOUT)
 
 
-@contextlib.contextmanager
-def _fake_kubernetes(docker_client: Any) -> Iterator[FakeKubernetes]:
-    fake = FakeKubernetes(
-        docker_client,
-        namespaces=("default", "sandboxes"),
-        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
-    ).start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
-            container.remove(force=True, v=True)
-
-
 def _kubernetes_sandbox(stack: contextlib.ExitStack, docker_client: Any, image: str) -> KubernetesSandbox:
     from kubernetes import client
 
-    fake = stack.enter_context(_fake_kubernetes(docker_client))
+    fake = stack.enter_context(running_fake(docker_client))
     api_client = client.ApiClient(client.Configuration(host=fake.url))
     config = KubernetesSandboxConfig(image=image, owner=SESSION_OWNER)
     return stack.enter_context(KubernetesSandbox.create(config, api_client=api_client))

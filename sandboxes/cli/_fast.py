@@ -33,6 +33,7 @@ from sandboxes.client._light import (
     ProcessStatus,
     capped_grep,
     execute_timeout,
+    polled_until_ended,
     recovered,
     retry_delay,
     retry_now,
@@ -354,12 +355,7 @@ class LightSandbox:
 
     def wait_process(self, process_id: str, *, timeout: float | None = None, interval: float = 0.1) -> ProcessStatus:
         """Poll until the process has ended, or until ``timeout`` seconds (then the last status)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.poll_process(process_id)
-            if not status.running or (deadline is not None and time.monotonic() >= deadline):
-                return status
-            time.sleep(interval)
+        return polled_until_ended(lambda: self.poll_process(process_id), timeout, interval)
 
 
 class LightClient:

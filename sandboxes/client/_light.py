@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -42,6 +43,7 @@ __all__ = [
     "execute_timeout",
     "limits",
     "may_retry",
+    "polled_until_ended",
     "recovered",
     "retry_delay",
     "retry_now",
@@ -232,3 +234,14 @@ class ProcessStatus:
     @property
     def running(self) -> bool:
         return self.status == "running"
+
+
+def polled_until_ended(poll: Callable[[], ProcessStatus], timeout: float | None, interval: float) -> ProcessStatus:
+    """``poll``'s status once its process has ended, asked every ``interval`` seconds; after
+    ``timeout`` seconds (``None``: no limit), the last status, running or not."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = poll()
+        if not status.running or (deadline is not None and time.monotonic() >= deadline):
+            return status
+        time.sleep(interval)

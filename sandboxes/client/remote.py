@@ -44,6 +44,7 @@ from sandboxes.client._bulk import (
     tar_of_one,
 )
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
+from sandboxes.client._light import polled_until_ended
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
 from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
@@ -403,12 +404,7 @@ class RemoteSandbox(Sandbox):
 
     def wait_process(self, process_id: str, *, timeout: float | None = None, interval: float = 0.1) -> w.ProcessStatus:
         """Poll until the process has ended, or until ``timeout`` seconds (then the last status)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.poll_process(process_id)
-            if not status.running or (deadline is not None and time.monotonic() >= deadline):
-                return status
-            time.sleep(interval)
+        return polled_until_ended(lambda: self.poll_process(process_id), timeout, interval)
 
     async def astart_process(
         self,

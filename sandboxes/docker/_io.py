@@ -7,7 +7,7 @@ import io
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _FRAME = struct.Struct(">BxxxL")
@@ -193,12 +193,7 @@ class ExecOutput:
         """The exit status once the output ended; ``None`` when the stream broke."""
         if self._broken:
             return None
-        for _ in range(100):  # the stream ends as the process exits; its status may trail a little
-            state = self._api.exec_inspect(self._exec_id)
-            if exec_ended(state):
-                return int(state["ExitCode"])
-            time.sleep(0.01)
-        return None
+        return polled_exit_code(self._api, self._exec_id, interval=0.01, polls=100)
 
     def close(self) -> None:
         self._stream.close()
@@ -209,6 +204,36 @@ def exec_ended(info: Mapping[str, Any]) -> bool:
     process starts (a slow runtime, a container just unpaused) it is not running either, with no
     exit code yet."""
     return not info["Running"] and info["ExitCode"] is not None
+
+
+def exit_recorded(info: Mapping[str, Any]) -> bool:
+    """Whether an exec's inspection carries its exit code, whatever it says of running."""
+    return info["ExitCode"] is not None
+
+
+def polled_exit_code(
+    api: Any,
+    exec_id: str,
+    *,
+    interval: float,
+    polls: int | None = None,
+    within: float | None = None,
+    ended: Callable[[Mapping[str, Any]], bool] = exec_ended,
+) -> int | None:
+    """The exit code of an exec whose output ended, once an inspection shows it ``ended``: the
+    stream ends as the process exits, and the engine's record of the exit may trail it with no
+    event to wait on, so it is inspected again every ``interval`` seconds. ``None`` once
+    ``polls`` inspections, or ``within`` seconds, passed without it."""
+    deadline = None if within is None else time.monotonic() + within
+    done = 0
+    while True:
+        state = api.exec_inspect(exec_id)
+        if ended(state):
+            return int(state["ExitCode"])
+        done += 1
+        if (polls is not None and done >= polls) or (deadline is not None and time.monotonic() > deadline):
+            return None
+        time.sleep(interval)
 
 
 def read_exec_stdout(

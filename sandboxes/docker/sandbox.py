@@ -51,7 +51,15 @@ from sandboxes._staged import TIMEOUT as _STAGE_TIMEOUT
 from sandboxes._staged import remove_staged, stage_file
 from sandboxes.base import Call, write_call
 from sandboxes.docker._containers import create_container, remove_sandbox, slim_container
-from sandboxes.docker._io import TOO_MUCH, ExecOutput, ExecSocket, exec_ended, read_exec_stdout
+from sandboxes.docker._io import (
+    TOO_MUCH,
+    ExecOutput,
+    ExecSocket,
+    exec_ended,
+    exit_recorded,
+    polled_exit_code,
+    read_exec_stdout,
+)
 from sandboxes.docker.config import LABEL_MANAGED, DockerSandboxConfig
 from sandboxes.lifecycle import Sandbox
 from sandboxes.paths import InvalidPathError, is_within, normalize_path
@@ -531,12 +539,10 @@ class DockerSandbox(DrivenSandbox, Sandbox):
 def _exit_code(api: Any, exec_id: str) -> int:
     """The ended exec's exit code, once the engine has recorded it (its output may end first).
     One the engine never records in `EXIT_CODE_WAIT` seconds: `_MayHaveRun`."""
-    deadline = time.monotonic() + EXIT_CODE_WAIT
-    while (code := api.exec_inspect(exec_id)["ExitCode"]) is None:
-        if time.monotonic() > deadline:
-            raise _MayHaveRun(f"the docker engine recorded no exit code for the command in {EXIT_CODE_WAIT:g} s")
-        time.sleep(0.05)  # the engine's record of an exit has no event to wait on
-    return int(code)
+    code = polled_exit_code(api, exec_id, interval=0.05, within=EXIT_CODE_WAIT, ended=exit_recorded)
+    if code is None:
+        raise _MayHaveRun(f"the docker engine recorded no exit code for the command in {EXIT_CODE_WAIT:g} s")
+    return code
 
 
 def _feed(stream: ExecSocket, stdin: bytes) -> None:

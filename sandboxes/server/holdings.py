@@ -261,13 +261,8 @@ class Holdings:
 
     async def _forget(self, entry: Entry) -> None:
         """Let go of a sandbox that is gone (removed elsewhere): its handle, not the sandbox."""
-        if self._entries.get(entry.state.id) is not entry:
+        if not self._unlist(entry):
             return
-        del self._entries[entry.state.id]
-        timer = self._timers.pop(entry.state.id, None)
-        if timer is not None:
-            timer.cancel()
-        self._update_gauge()
         entry.processes.close()
         if entry.backend.shared and entry.state.kept_beside_record:  # the file kept beside its record
             await asyncio.to_thread(self.store.remove, entry.state.id)
@@ -433,15 +428,22 @@ class Holdings:
             except Exception:
                 logger.exception("sweep failed; trying again at the next interval")
 
-    async def _remove(self, entry: Entry) -> None:
-        """Idempotent: the first caller removes, concurrent ones find it gone."""
+    def _unlist(self, entry: Entry) -> bool:
+        """Whether ``entry`` was still the one held under its id; if so, no longer held (its
+        timer cancelled, the gauge updated). Not awaited: no other task takes it off between."""
         if self._entries.get(entry.state.id) is not entry:
-            return
+            return False
         del self._entries[entry.state.id]
         timer = self._timers.pop(entry.state.id, None)
         if timer is not None:
             timer.cancel()
         self._update_gauge()
+        return True
+
+    async def _remove(self, entry: Entry) -> None:
+        """Idempotent: the first caller removes, concurrent ones find it gone."""
+        if not self._unlist(entry):
+            return
         if not entry.backend.shared:  # a shared backend's deletion is recorded by the backend
             entry.state.deleting = True
             await asyncio.to_thread(self.store.save, entry.state)

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_apiserver import LABEL, FakeKubernetes
-from support import SESSION_OWNER, needs
+from fake_apiserver import FakeKubernetes
+from fake_cluster import running_fake
+from support import needs
 
 needs(
     importlib.util.find_spec("kubernetes") is not None,
@@ -21,31 +22,16 @@ needs(
 def fake_kubernetes(docker_client: Any) -> Iterator[FakeKubernetes]:
     """A running FAKE API server on 127.0.0.1 with namespaces ``default`` and ``sandboxes``; its
     pods' containers are removed when it stops, and swept by label after."""
-    fake = FakeKubernetes(
-        docker_client,
-        namespaces=("default", "sandboxes"),
-        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
-    ).start()
-    yield fake
-    fake.stop()
-    for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
-        container.remove(force=True, v=True)
+    with running_fake(docker_client) as fake:
+        yield fake
 
 
 @pytest.fixture(scope="session")
 def fake_kubernetes_v4(docker_client: Any) -> Iterator[FakeKubernetes]:
     """A second FAKE API server that serves exec over ``v4.channel.k8s.io`` only (as before
     Kubernetes 1.30): a client offering ``v5`` first must fall back."""
-    fake = FakeKubernetes(
-        docker_client,
-        namespaces=("default", "sandboxes"),
-        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
-        protocols=("v4.channel.k8s.io",),
-    ).start()
-    yield fake
-    fake.stop()
-    for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
-        container.remove(force=True, v=True)
+    with running_fake(docker_client, protocols=("v4.channel.k8s.io",)) as fake:
+        yield fake
 
 
 @pytest.fixture(scope="session")

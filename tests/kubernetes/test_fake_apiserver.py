@@ -18,6 +18,22 @@ from kubernetes.stream import stream
 NS = "sandboxes"
 
 
+def _exec(core_v1: Any, pod: str, command: list[str], *, stdin: bool = False, **options: Any) -> Any:
+    """``command`` run in ``pod`` through the client's exec stream, its stdout and stderr taken and
+    no TTY: what it printed, or (``_preload_content=False``) the stream itself."""
+    return stream(
+        core_v1.connect_get_namespaced_pod_exec,
+        pod,
+        NS,
+        command=command,
+        stdout=True,
+        stderr=True,
+        stdin=stdin,
+        tty=False,
+        **options,
+    )
+
+
 def pod_body(name: str, image: str = "sandboxes/runtime:latest", **spec: Any) -> dict[str, Any]:
     container = {
         "name": "sandbox",
@@ -216,34 +232,14 @@ def test_active_deadline(core_v1: Any) -> None:
 @pytest.mark.parametrize("protocol", [None, "v4.channel.k8s.io"])
 def test_exec_preloaded(core_v1: Any, pod: str, protocol: str | None) -> None:
     headers = {"sec-websocket-protocol": protocol} if protocol else None
-    out = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sh", "-c", "echo hi; id -u"],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-        _headers=headers,
-    )
+    out = _exec(core_v1, pod, ["sh", "-c", "echo hi; id -u"], _headers=headers)
     assert out == "hi\n1000\n"
 
 
 @pytest.mark.parametrize("protocol", ["v5.channel.k8s.io", "v4.channel.k8s.io"])
 def test_exec_interactive_exit_code_and_stdin(core_v1: Any, pod: str, protocol: str) -> None:
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sh", "-c", "cat; exit 7"],
-        stdout=True,
-        stderr=True,
-        stdin=True,
-        tty=False,
-        _preload_content=False,
-        _headers={"sec-websocket-protocol": protocol},
-    )
+    headers = {"sec-websocket-protocol": protocol}
+    ws = _exec(core_v1, pod, ["sh", "-c", "cat; exit 7"], stdin=True, _preload_content=False, _headers=headers)
     assert ws.subprotocol == protocol
     ws.write_stdin("ping\n")
     assert ws.readline_stdout(timeout=10) == "ping"
@@ -257,18 +253,7 @@ def test_exec_interactive_exit_code_and_stdin(core_v1: Any, pod: str, protocol: 
 
 def test_exec_binary_stdout(core_v1: Any, pod: str) -> None:
     script = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 16384)"
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["python3", "-c", script],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-        _preload_content=False,
-        binary=True,
-    )
+    ws = _exec(core_v1, pod, ["python3", "-c", script], _preload_content=False, binary=True)
     ws.run_forever(timeout=60)
     assert ws.read_stdout() == bytes(range(256)) * 16384
     assert ws.returncode == 0
@@ -321,47 +306,18 @@ def test_unsupported_subprotocol_is_refused(fake_kubernetes: FakeKubernetes, pod
 
 
 def test_closing_the_stream_kills_the_command(core_v1: Any, pod: str) -> None:
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sleep", "4321"],
-        stdout=True,
-        stderr=True,
-        stdin=True,
-        tty=False,
-        _preload_content=False,
-    )
+    ws = _exec(core_v1, pod, ["sleep", "4321"], stdin=True, _preload_content=False)
     ws.close()
     # The pattern is built at run time so that the probe's own command line does not match it.
     probe = 'for i in $(seq 100); do n=43; pgrep -f "^sleep ${n}21" >/dev/null || exit 0; sleep 0.1; done; exit 1'
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sh", "-c", probe],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-        _preload_content=False,
-    )
+    ws = _exec(core_v1, pod, ["sh", "-c", probe], _preload_content=False)
     ws.run_forever(timeout=30)
     assert ws.returncode == 0
 
 
 def test_exec_with_a_long_command_line(core_v1: Any, pod: str) -> None:
     """The exec helper travels as ``python3 -c <script>``: tens of KiB in the query string."""
-    out = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sh", "-c", "printf %s " + "x" * 40000 + " | wc -c"],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-    )
+    out = _exec(core_v1, pod, ["sh", "-c", "printf %s " + "x" * 40000 + " | wc -c"])
     assert out.strip() == "40000"
 
 
@@ -398,16 +354,7 @@ def test_requests_are_counted_by_verb(core_v1: Any, fake_kubernetes: FakeKuberne
     ):
         pass
     core_v1.patch_namespaced_pod(pod, NS, {"metadata": {"labels": {"counted": "yes"}}})
-    stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["true"],
-        stdout=True,
-        stderr=True,
-        stdin=False,
-        tty=False,
-    )
+    _exec(core_v1, pod, ["true"])
     made = fake_kubernetes.requests - before
     assert made == {"get": 1, "list": 1, "watch": 1, "patch": 1, "exec": 1}
 
@@ -433,17 +380,7 @@ def test_a_finalizer_holds_a_deleted_pod_until_patched_away(
 def test_dropping_exec_streams_cuts_them_off_without_a_status(
     core_v1: Any, fake_kubernetes: FakeKubernetes, pod: str
 ) -> None:
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sh", "-c", "echo started; sleep 30"],
-        stdout=True,
-        stderr=True,
-        stdin=True,
-        tty=False,
-        _preload_content=False,
-    )
+    ws = _exec(core_v1, pod, ["sh", "-c", "echo started; sleep 30"], stdin=True, _preload_content=False)
     while "started" not in ws.read_stdout(timeout=10):  # the command runs
         pass
     assert fake_kubernetes.drop_exec_streams(NS, pod) == 1
@@ -456,17 +393,7 @@ def test_the_servers_sockets_do_not_delay_small_writes(core_v1: Any, fake_kubern
     """TCP_NODELAY on every connection the fake holds, an exec stream's included."""
     import socket
 
-    ws = stream(
-        core_v1.connect_get_namespaced_pod_exec,
-        pod,
-        NS,
-        command=["sleep", "30"],
-        stdout=True,
-        stderr=True,
-        stdin=True,
-        tty=False,
-        _preload_content=False,
-    )
+    ws = _exec(core_v1, pod, ["sleep", "30"], stdin=True, _preload_content=False)
     try:
         flags = fake_kubernetes.connection_options(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         assert flags
@@ -484,32 +411,10 @@ def test_an_exec_left_with_output_unread_does_not_hold_up_the_next(core_v1: Any,
     gc.collect()
     gc.disable()
     try:
-        left = stream(
-            core_v1.connect_get_namespaced_pod_exec,
-            pod,
-            NS,
-            command=["sh", "-c", "head -c 16777216 /dev/zero"],
-            stdout=True,
-            stderr=True,
-            stdin=False,
-            tty=False,
-            _preload_content=False,
-            binary=True,
-        )
+        left = _exec(core_v1, pod, ["sh", "-c", "head -c 16777216 /dev/zero"], _preload_content=False, binary=True)
         assert left.read_stdout(timeout=30)
         left.close()
-        after = stream(
-            core_v1.connect_get_namespaced_pod_exec,
-            pod,
-            NS,
-            command=["echo", "next"],
-            stdout=True,
-            stderr=True,
-            stdin=False,
-            tty=False,
-            _preload_content=False,
-            binary=True,
-        )
+        after = _exec(core_v1, pod, ["echo", "next"], _preload_content=False, binary=True)
         after.run_forever(timeout=30)
         assert (after.returncode, after.read_stdout()) == (0, b"next\n"), "the next exec never ended"
     finally:

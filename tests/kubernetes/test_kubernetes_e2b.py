@@ -14,6 +14,7 @@ from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, SandboxQu
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 from e2b_harness import opts
+from fake_cluster import fake_template
 from service_harness import UNTHROTTLED, Running, running, settings_for
 
 from sandboxes.kubernetes import KubernetesTemplate
@@ -27,19 +28,8 @@ def service(fake_kubeconfig: Path, docker_client: Any, tmp_path_factory: pytest.
         docker_client.images.get(E2B_IMAGE)
     except Exception:
         pytest.fail(f"{E2B_IMAGE} is missing: build it with `bash images/build.sh e2b`")
-    template = KubernetesTemplate.model_validate(
-        {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": E2B_IMAGE,
-            "image_pull_policy": "Never",
-            "workdir": "/home/user",
-            "cpus": 0.5,
-            "memory": "256m",
-            "default_timeout": 30,
-        }
-    )
+    template_of = fake_template(fake_kubeconfig, E2B_IMAGE, workdir="/home/user", default_timeout=30)
+    template = KubernetesTemplate.model_validate(template_of)
     settings = settings_for(tmp_path_factory.mktemp("k8s-e2b"), templates={"default": template}, tenants=UNTHROTTLED)
     with running(settings) as svc:
         yield svc

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from fake_cluster import fake_template
 from replica_idempotency import OneKeyAcrossReplicas
 from replica_scenarios import ReplicaScenarios
 
@@ -21,16 +22,7 @@ class TestReplicasOverKubernetes(ReplicaScenarios, OneKeyAcrossReplicas):
     @pytest.fixture(scope="module")
     @classmethod
     def template(cls, fake_kubeconfig: Path, runtime_image: str) -> dict[str, Any]:
-        return {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": runtime_image,
-            "image_pull_policy": "Never",
-            "cpus": 0.5,
-            "memory": "256m",
-            "default_timeout": 30,
-        }
+        return fake_template(fake_kubeconfig, runtime_image, default_timeout=30)
 
     @pytest.fixture(scope="module")
     @classmethod

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from fake_cluster import fake_template
 from processes_apart import assert_background_streams_apart
 from service_harness import (
     KEYS,
@@ -36,16 +37,7 @@ from sandboxes.testing import SandboxConformance
 
 def _template(kubeconfig: Path, image: str) -> dict[str, Any]:
     """As an operator writes it in the config file (the chart passes its templates as they are)."""
-    return {
-        "backend": "kubernetes",
-        "kubeconfig": str(kubeconfig),
-        "namespace": "sandboxes",
-        "image": image,
-        "image_pull_policy": "Never",
-        "cpus": 0.5,
-        "memory": "256m",
-        "default_timeout": 30,
-    }
+    return fake_template(kubeconfig, image, default_timeout=30)
 
 
 def _settings(data_dir: Path, kubeconfig: Path, image: str) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from fake_cluster import fake_template
 from service_harness import UNTHROTTLED, Running, create, execute, running, settings_for
 from test_service_snapshot_helper import counting_restore
 
@@ -19,18 +20,7 @@ from sandboxes.kubernetes import KubernetesTemplate
 
 @pytest.fixture(scope="module")
 def service(fake_kubeconfig: Path, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    template = KubernetesTemplate.model_validate(
-        {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": runtime_image,
-            "image_pull_policy": "Never",
-            "cpus": 0.5,
-            "memory": "256m",
-            "default_timeout": 30,
-        }
-    )
+    template = KubernetesTemplate.model_validate(fake_template(fake_kubeconfig, runtime_image, default_timeout=30))
     settings = settings_for(tmp_path_factory.mktemp("k8s-state"), templates={"default": template}, tenants=UNTHROTTLED)
     with running(settings) as svc:
         yield svc

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from fake_cluster import fake_template
 from service_harness import Running, running, settings_for
 from test_service_volumes import (  # the same tests, against this module's service
     test_a_mounted_volume_is_not_deleted_and_the_quota_holds,
@@ -33,18 +34,7 @@ __all__ = [
 
 @pytest.fixture(scope="module")
 def service(fake_kubeconfig: Path, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    template = KubernetesTemplate.model_validate(
-        {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": runtime_image,
-            "image_pull_policy": "Never",
-            "cpus": 0.5,
-            "memory": "256m",
-            "default_timeout": 30,
-        }
-    )
+    template = KubernetesTemplate.model_validate(fake_template(fake_kubeconfig, runtime_image, default_timeout=30))
     owner = f"k8s-vol-{uuid.uuid4().hex[:6]}"
     with running(
         settings_for(tmp_path_factory.mktemp("k8s-volumes"), owner=owner, templates={"default": template})

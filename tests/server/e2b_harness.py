@@ -9,15 +9,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from service_harness import KEYS, ManualClock, Running, running, settings_for
+from service_harness import CLEANUP, KEYS, ManualClock, Running, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
 
 __all__ = ["CLEANUP", "opts", "service_fixture"]
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 
 
 def service_fixture(

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from support import SESSION_OWNER
 
 from sandboxes.local import LocalTemplate
 from sandboxes.server.app import create_app
@@ -29,6 +31,8 @@ from sandboxes.server.clock import Clock
 from sandboxes.server.serving import uvicorn_config
 from sandboxes.server.settings import ServiceSettings, TenantPolicy
 
+CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+"""The label by which the session's cleanup removes what a test left in the Docker engine."""
 KEYS = {"alice": "key-alice-0123456789", "bob": "key-bob-0123456789", "tiny": "key-tiny-0123", "slow": "key-slow-0123"}
 """Tenant -> API key. ``tiny`` has a quota of one small sandbox; ``slow`` 2 requests/s."""
 
@@ -125,6 +129,24 @@ def running(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def alice_fixtures() -> tuple[Callable[..., Iterator[httpx.Client]], Callable[..., Iterator[dict[str, Any]]]]:
+    """Module-scoped ``client`` and ``sandbox`` fixtures: alice's client to the module's
+    ``service``, and one sandbox made through it, deleted after the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def client(service: Running) -> Iterator[httpx.Client]:
+        with service.client("alice") as client:
+            yield client
+
+    @pytest.fixture(scope="module")
+    def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
+        created = create(client)
+        yield created
+        client.delete(f"/v1/sandboxes/{created['id']}")
+
+    return client, sandbox
 
 
 def create(client: httpx.Client, **body: Any) -> dict[str, Any]:
@@ -328,6 +350,45 @@ def subprocess_config(data_dir: Path, **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
+
+
+def backend_process(
+    tmp_path: Path, runtime_image: str, backend: str, tag: str, **template: Any
+) -> tuple[ServiceProcess, str]:
+    """A service process, not started, kept in ``tmp_path`` (its data in ``data``) and its owner:
+    the session's, ``tag`` and a random suffix. Its one template runs ``backend``: ``docker`` (the
+    runtime image, labelled with `CLEANUP`) or ``local`` (a jail), with ``template`` added."""
+    owner = f"{SESSION_OWNER}-{tag}-{uuid.uuid4().hex[:6]}"
+    base: dict[str, Any] = {"backend": "local", "default_timeout": 30}
+    if backend == "docker":
+        base = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
+    config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": {**base, **template}})
+    return ServiceProcess(config, tmp_path), owner
+
+
+@contextlib.contextmanager
+def started(
+    service: ServiceProcess, owner: str, docker_client: Any, env: dict[str, str] | None = None
+) -> Iterator[ServiceProcess]:
+    """``service`` started with ``env``; at the end, stopped (if it still runs) and every
+    container of ``owner``'s removed, whatever the test left."""
+    service.start(env=env)
+    try:
+        yield service
+    finally:
+        service.stop()
+        remove_owned(docker_client, owner)
+
+
+def owned_containers(docker_client: Any, owner: str) -> list[Any]:
+    """Every container of ``owner``'s, whatever its state."""
+    return list(docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}))
+
+
+def remove_owned(docker_client: Any, owner: str) -> None:
+    """Every container of ``owner``'s removed, with its volumes."""
+    for container in owned_containers(docker_client, owner):
+        container.remove(force=True, v=True)
 
 
 def assert_an_archive_streams_whole(client: httpx.Client, size: int) -> None:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import httpx
 import pytest
 from e2b import ALL_TRAFFIC, AsyncSandbox, Sandbox, SandboxException
 from e2b_harness import opts
+from egress_targets import Target, targets_fixture
 from service_harness import Running, running, settings_for
 from support import HAS_BWRAP, needs
 
@@ -33,42 +32,7 @@ TOKEN = "e2b-transform-value-123"
 APP_PORT = 8080
 
 
-class _Target:
-    """An HTTP server on a loopback address that answers its name and keeps each request's headers."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-        self.seen: list[dict[str, str]] = []
-        seen = self.seen
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                return
-
-            def do_GET(self) -> None:
-                seen.append({key.lower(): value for key, value in self.headers.items()})
-                body = f"hello from {host}".encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer((host, 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.server.server_address[1]}/"
-
-
-@pytest.fixture(scope="module")
-def targets() -> Iterator[tuple[_Target, _Target]]:
-    made = (_Target("127.0.0.2"), _Target("127.0.0.3"))
-    yield made
-    for target in made:
-        target.server.shutdown()
-        target.server.server_close()
+targets = targets_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +77,7 @@ async def _areached(sandbox: AsyncSandbox, url: str) -> str:
 
 
 def test_a_narrower_deny_out_leaves_the_rest_open_and_update_network_changes_it(
-    service: Running, targets: tuple[_Target, _Target]
+    service: Running, targets: tuple[Target, Target]
 ) -> None:
     open_, denied = targets
     sandbox = Sandbox.create(network={"deny_out": ["127.0.0.3"]}, **opts(service))
@@ -136,7 +100,7 @@ def test_a_narrower_deny_out_leaves_the_rest_open_and_update_network_changes_it(
         sandbox.kill()
 
 
-def test_allow_out_wins_over_a_narrower_deny_out_async(service: Running, targets: tuple[_Target, _Target]) -> None:
+def test_allow_out_wins_over_a_narrower_deny_out_async(service: Running, targets: tuple[Target, Target]) -> None:
     open_, excepted = targets
 
     async def scenario() -> tuple[str, str, Any, str]:
@@ -159,7 +123,7 @@ def test_allow_out_wins_over_a_narrower_deny_out_async(service: Running, targets
 
 
 def test_a_rules_transform_adds_its_headers_and_update_network_replaces_them(
-    service: Running, targets: tuple[_Target, _Target]
+    service: Running, targets: tuple[Target, Target]
 ) -> None:
     target = targets[0]
     rules: Any = {"127.0.0.2": [{"transform": {"headers": {"X-Test-Token": TOKEN}}}]}
@@ -181,7 +145,7 @@ def test_a_rules_transform_adds_its_headers_and_update_network_replaces_them(
 
 
 def test_rules_set_by_update_network_reach_the_next_request_async(
-    service: Running, targets: tuple[_Target, _Target]
+    service: Running, targets: tuple[Target, Target]
 ) -> None:
     target = targets[1]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import shlex
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import httpx
 import pytest
 from e2b import ALL_TRAFFIC, Sandbox
 from e2b_harness import CLEANUP, opts
+from egress_targets import Target, targets_fixture
 from service_harness import Running, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
-from test_e2b_network import APP_PORT, TOKEN, _reached, _serve_in, _Target
+from test_e2b_network import APP_PORT, TOKEN, _reached, _serve_in
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
@@ -29,13 +29,7 @@ from sandboxes.server.settings import ServiceSettings
 _EGRESS: dict[str, Any] = {"egress": True, "egress_open_ranges": ["127.0.0.0/8"]}
 
 
-@pytest.fixture(scope="module")
-def targets() -> Iterator[tuple[_Target, _Target]]:
-    made = (_Target("127.0.0.2"), _Target("127.0.0.3"))
-    yield made
-    for target in made:
-        target.server.shutdown()
-        target.server.server_close()
+targets = targets_fixture()
 
 
 def _settings(kind: str, request: pytest.FixtureRequest, data_dir: Path) -> tuple[ServiceSettings, Any]:
@@ -64,7 +58,7 @@ def _listening(sandbox: Sandbox) -> None:
     sandbox.commands.run(f"timeout 20 python3 -c {shlex.quote(probe)}")
 
 
-def _assert_served(service: Running, sandbox: Sandbox, targets: tuple[_Target, _Target], network: Any) -> None:
+def _assert_served(service: Running, sandbox: Sandbox, targets: tuple[Target, Target], network: Any) -> None:
     """What ``network`` says is what the sandbox is served, and what get_info reports."""
     assert sandbox.get_info().network == network
     _listening(sandbox)
@@ -82,7 +76,7 @@ def _assert_served(service: Running, sandbox: Sandbox, targets: tuple[_Target, _
 def test_network_options_outlive_a_restart_and_a_hibernate(
     kind: str,
     request: pytest.FixtureRequest,
-    targets: tuple[_Target, _Target],
+    targets: tuple[Target, Target],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:

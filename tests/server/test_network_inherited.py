@@ -16,9 +16,10 @@ import httpx
 import pytest
 from e2b import ALL_TRAFFIC, Sandbox
 from e2b_harness import CLEANUP, opts
+from egress_targets import Target, targets_fixture
 from service_harness import Running, create, running, settings_for
 from support import HAS_BWRAP, SESSION_OWNER, needs
-from test_e2b_network import APP_PORT, TOKEN, _reached, _serve_in, _Target
+from test_e2b_network import APP_PORT, TOKEN, _reached, _serve_in
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
@@ -27,13 +28,7 @@ BOTH = ["127.0.0.2", "127.0.0.3"]
 """The template's allow-list: wider than any of the sandboxes' below."""
 
 
-@pytest.fixture(scope="module")
-def targets() -> Iterator[tuple[_Target, _Target]]:
-    made = (_Target("127.0.0.2"), _Target("127.0.0.3"))
-    yield made
-    for target in made:
-        target.server.shutdown()
-        target.server.server_close()
+targets = targets_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +57,7 @@ def native(
         yield svc
 
 
-def _refused(sandbox_id: str, service: Running, target: _Target) -> None:
+def _refused(sandbox_id: str, service: Running, target: Target) -> None:
     """``target`` refused to the sandbox by its egress proxy, and never connected to."""
     before = len(target.seen)
     assert _reached(Sandbox.connect(sandbox_id, **opts(service)), target.url).startswith("403 egress refused")
@@ -70,7 +65,7 @@ def _refused(sandbox_id: str, service: Running, target: _Target) -> None:
 
 
 def test_a_fork_starts_with_the_allow_list_its_parent_was_narrowed_to(
-    native: Running, targets: tuple[_Target, _Target]
+    native: Running, targets: tuple[Target, Target]
 ) -> None:
     service = native
     two, three = targets
@@ -86,7 +81,7 @@ def test_a_fork_starts_with_the_allow_list_its_parent_was_narrowed_to(
 
 
 def test_a_restore_takes_its_snapshots_list_unless_its_create_names_its_own(
-    native: Running, targets: tuple[_Target, _Target]
+    native: Running, targets: tuple[Target, Target]
 ) -> None:
     service = native
     two, three = targets
@@ -111,7 +106,7 @@ def _public(service: Running, sandbox_id: str) -> httpx.Response:
 
 
 def test_an_e2b_fork_has_its_parents_network_as_updated_enforced(
-    service: Running, targets: tuple[_Target, _Target]
+    service: Running, targets: tuple[Target, Target]
 ) -> None:
     two, three = targets
     rules: Any = {"127.0.0.3": [{"transform": {"headers": {"Authorization": f"Bearer {TOKEN}"}}}]}
@@ -138,7 +133,7 @@ def test_an_e2b_fork_has_its_parents_network_as_updated_enforced(
             sandbox.kill()
 
 
-def test_an_e2b_restore_keeps_what_its_create_does_not_name(service: Running, targets: tuple[_Target, _Target]) -> None:
+def test_an_e2b_restore_keeps_what_its_create_does_not_name(service: Running, targets: tuple[Target, Target]) -> None:
     two = targets[0]
     network: Any = {"allow_out": ["127.0.0.3"], "deny_out": [ALL_TRAFFIC], "allow_public_traffic": True}
     parent = Sandbox.create(network=network, timeout=60, **opts(service))

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from service_harness import KEYS, Running, create, execute, running, settings_for
+from service_harness import KEYS, Running, alice_fixtures, execute, running, settings_for
 from support import SESSION_OWNER
 
 from sandboxes.docker import DockerTemplate
@@ -45,17 +45,7 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield svc
 
 
-@pytest.fixture(scope="module")
-def client(service: Running) -> Iterator[httpx.Client]:
-    with service.client("alice") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sandboxes/{created['id']}")
+client, sandbox = alice_fixtures()
 
 
 def _searching(client: httpx.Client, sandbox_id: str, pattern: str) -> list[str]:

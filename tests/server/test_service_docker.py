@@ -25,6 +25,7 @@ from service_harness import (
     UNTHROTTLED,
     Running,
     ServiceProcess,
+    alice_fixtures,
     assert_a_left_warm_command_is_killed,
     assert_commands_run_warm_with_the_services_markers,
     create,
@@ -67,17 +68,7 @@ def service(docker_client: Any, runtime_image: str, tmp_path_factory: pytest.Tem
         yield svc
 
 
-@pytest.fixture(scope="module")
-def client(service: Running) -> Iterator[httpx.Client]:
-    with service.client("alice") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sandboxes/{created['id']}")
+client, sandbox = alice_fixtures()
 
 
 def _container(docker_client: Any, service: Running, sandbox_id: str) -> Any:

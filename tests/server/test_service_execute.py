@@ -17,9 +17,9 @@ import pytest
 from processes_apart import assert_background_streams_apart
 from service_harness import (
     Running,
+    alice_fixtures,
     assert_a_left_warm_command_is_killed,
     assert_commands_run_warm_with_the_services_markers,
-    create,
     error_of,
     execute,
     heartbeat,
@@ -37,17 +37,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         yield svc
 
 
-@pytest.fixture(scope="module")
-def client(service: Running) -> Iterator[httpx.Client]:
-    with service.client("alice") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sandboxes/{created['id']}")
+client, sandbox = alice_fixtures()
 
 
 def _stream(client: httpx.Client, sandbox_id: str, command: str, **body: Any) -> list[tuple[float, dict[str, Any]]]:

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_harness import ServiceProcess, execute, subprocess_config
-from support import SESSION_OWNER
-
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
+from service_harness import ServiceProcess, backend_process, execute, owned_containers, started
 
 
 def _wait(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
@@ -30,21 +26,7 @@ def _wait(what: str, condition: Callable[[], bool], timeout: float = 60) -> None
 
 
 def _service(tmp_path: Path, runtime_image: str, backend: str = "docker") -> tuple[ServiceProcess, str]:
-    owner = f"{SESSION_OWNER}-hib9-{uuid.uuid4().hex[:6]}"
-    template: dict[str, Any] = {"backend": "local", "default_timeout": 30}
-    if backend == "docker":
-        template = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
-    config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": template})
-    return ServiceProcess(config, tmp_path), owner
-
-
-def _containers(docker_client: Any, owner: str) -> list[Any]:
-    return list(docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}))
-
-
-def _remove_all(docker_client: Any, owner: str) -> None:
-    for container in _containers(docker_client, owner):
-        container.remove(force=True, v=True)
+    return backend_process(tmp_path, runtime_image, backend, "hib9")
 
 
 def _hibernate(client: httpx.Client, sandbox_id: str) -> httpx.Response:
@@ -56,15 +38,14 @@ def test_a_hibernated_sandbox_outlives_a_kill_9_and_resumes_whole(
     tmp_path: Path, docker_client: Any, runtime_image: str, backend: str
 ) -> None:
     service, owner = _service(tmp_path, runtime_image, backend)
-    service.start()
-    try:
+    with started(service, owner, docker_client):
         with service.client("alice") as alice:
             sandbox = alice.post("/v1/sandboxes", json={"labels": {"team": "qa"}}).json()
             sid = sandbox["id"]
             assert execute(alice, sid, "echo kept > note && chmod 640 note")["exit_code"] == 0
             hibernated = _hibernate(alice, sid)
             assert (hibernated.status_code, hibernated.json()["state"]) == (200, "paused"), hibernated.text
-        assert _containers(docker_client, owner) == []  # released
+        assert owned_containers(docker_client, owner) == []  # released
         service.kill()
         service.start()
         with service.client("alice") as alice, service.client("bob") as bob:
@@ -76,10 +57,7 @@ def test_a_hibernated_sandbox_outlives_a_kill_9_and_resumes_whole(
             assert execute(alice, sid, "cat note; stat -c %a note")["output"] == "kept\n640\n"
             assert alice.get("/v1/snapshots").json()["snapshots"] == []  # the hibernation's, gone with it
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-        assert _containers(docker_client, owner) == []
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
+        assert owned_containers(docker_client, owner) == []
 
 
 @pytest.mark.slow  # a 64 MiB workspace hibernated, the service killed and started again
@@ -88,8 +66,7 @@ def test_a_kill_9_during_a_hibernate_leaves_it_running_or_paused_whole(
 ) -> None:
     service, owner = _service(tmp_path, runtime_image)
     snapshots = tmp_path / "data" / "snapshots"
-    service.start()
-    try:
+    with started(service, owner, docker_client):
         with service.client("alice") as alice:
             sid = alice.post("/v1/sandboxes", json={}).json()["id"]
             made = execute(alice, sid, "head -c 67108864 /dev/urandom > blob && sha256sum blob", timeout=120)
@@ -120,7 +97,4 @@ def test_a_kill_9_during_a_hibernate_leaves_it_running_or_paused_whole(
             assert [s["id"] for s in alice.get("/v1/sandboxes").json()["sandboxes"]] == [sid]
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
             assert alice.get("/v1/snapshots").json()["snapshots"] == []
-        _wait("no container is left", lambda: _containers(docker_client, owner) == [])
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
+        _wait("no container is left", lambda: owned_containers(docker_client, owner) == [])

@@ -10,32 +10,23 @@ asked; and a resume that thawed it completed with the TTL it gives back, not its
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from service_harness import ServiceProcess, create, execute, subprocess_config
-from support import SESSION_OWNER
+from service_harness import ServiceProcess, backend_process, create, execute, owned_containers, started
 
 from sandboxes.docker._containers import recorded_expiry
 from sandboxes.server.pausing import CRASH_AT
 
-CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 TEMPLATE_TTL = 3600
 """The templates' TTL, which a resume gives a sandbox paused at its timeout."""
 CRASH = {CRASH_AT: "frozen"}
 
 
 def _service(tmp_path: Path, runtime_image: str, backend: str) -> tuple[ServiceProcess, str]:
-    owner = f"{SESSION_OWNER}-pausek9-{uuid.uuid4().hex[:6]}"
-    template: dict[str, Any] = {"backend": "local", "default_timeout": 30, "ttl": TEMPLATE_TTL}
-    if backend == "docker":
-        template = {"backend": "docker", "image": runtime_image, "cpus": 0.5, "memory": "256m", "labels": CLEANUP}
-        template["ttl"] = TEMPLATE_TTL
-    config = subprocess_config(tmp_path / "data", owner=owner, templates={"default": template})
-    return ServiceProcess(config, tmp_path), owner
+    return backend_process(tmp_path, runtime_image, backend, "pausek9", ttl=TEMPLATE_TTL)
 
 
 def _crashed(service: ServiceProcess) -> None:
@@ -45,13 +36,7 @@ def _crashed(service: ServiceProcess) -> None:
 
 
 def _container_status(docker_client: Any, owner: str) -> list[str]:
-    filters = {"label": f"io.sandboxes.owner={owner}"}
-    return [container.status for container in docker_client.containers.list(all=True, filters=filters)]
-
-
-def _remove_all(docker_client: Any, owner: str) -> None:
-    for container in docker_client.containers.list(all=True, filters={"label": f"io.sandboxes.owner={owner}"}):
-        container.remove(force=True, v=True)
+    return [container.status for container in owned_containers(docker_client, owner)]
 
 
 def _left(created: dict[str, Any], paused_before: float) -> float:
@@ -69,8 +54,7 @@ def test_a_kill_9_right_after_the_freeze_of_a_pause_with_its_clock_stopped_leave
     paused (on Docker with its processes kept, its record guarded past its old expiry, as a pause
     that completed has it), and a resume gives back the seconds it had left, with its files."""
     service, owner = _service(tmp_path, runtime_image, backend)
-    service.start(env=CRASH)
-    try:
+    with started(service, owner, docker_client, CRASH):
         with service.client("alice") as alice:
             created = create(alice, ttl=600)
             sid = created["id"]
@@ -92,9 +76,6 @@ def test_a_kill_9_right_after_the_freeze_of_a_pause_with_its_clock_stopped_leave
             assert 0 < resumed["expires_at"] - time.time() <= _left(created, paused_before)
             assert execute(alice, sid, "cat note")["output"] == "kept\n"
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
 @pytest.mark.parametrize("backend", ["docker", "local"])
@@ -105,8 +86,7 @@ def test_a_kill_9_right_after_the_freeze_at_its_timeout_leaves_it_paused_at_its_
     after the restart it reads paused (not running, not removed as expired), and a resume gives
     its template's TTL, as a pause at its timeout does, with its files."""
     service, owner = _service(tmp_path, runtime_image, backend)
-    service.start(env=CRASH)
-    try:
+    with started(service, owner, docker_client, CRASH):
         with service.client("alice") as alice:
             sid = create(alice, ttl=10, on_timeout="freeze")["id"]
             assert execute(alice, sid, "echo kept > note")["exit_code"] == 0
@@ -123,9 +103,6 @@ def test_a_kill_9_right_after_the_freeze_at_its_timeout_leaves_it_paused_at_its_
             assert resumed["expires_at"] - time.time() == pytest.approx(TEMPLATE_TTL, abs=60)
             assert execute(alice, sid, "cat note")["output"] == "kept\n"
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
 def test_a_kill_9_between_the_intent_and_the_freeze_of_a_pause_leaves_it_running(
@@ -135,8 +112,7 @@ def test_a_kill_9_between_the_intent_and_the_freeze_of_a_pause_leaves_it_running
     ``intended``): the restart finds its container running and undoes the intent, so it reads
     running with the expiry it had, and runs commands."""
     service, owner = _service(tmp_path, runtime_image, "docker")
-    service.start(env={CRASH_AT: "intended"})
-    try:
+    with started(service, owner, docker_client, {CRASH_AT: "intended"}):
         with service.client("alice") as alice:
             created = create(alice, ttl=600)
             sid = created["id"]
@@ -151,9 +127,6 @@ def test_a_kill_9_between_the_intent_and_the_freeze_of_a_pause_leaves_it_running
             assert execute(alice, sid, "echo on")["output"] == "on\n"
             assert not (tmp_path / "data" / "state" / f"{sid}.json").exists()  # running: its labels say it all
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
 def test_a_kill_9_between_the_intent_and_the_freeze_at_its_timeout_pauses_it_after_the_restart(
@@ -163,34 +136,29 @@ def test_a_kill_9_between_the_intent_and_the_freeze_at_its_timeout_pauses_it_aft
     its TTL is over, so the restarted service makes that pause (it is not left running, nor
     removed), and a resume gives its template's TTL."""
     service, owner = _service(tmp_path, runtime_image, "docker")
-    service.start(env={CRASH_AT: "intended"})
-    try:
+    with started(service, owner, docker_client, {CRASH_AT: "intended"}):
         with service.client("alice") as alice:
             sid = create(alice, ttl=10, on_timeout="freeze")["id"]
         _crashed(service)
         assert _container_status(docker_client, owner) == ["running"]
         service.start()
         with service.client("alice") as alice:
-            deadline = time.monotonic() + 60
-            while (shown := alice.get(f"/v1/sandboxes/{sid}").json())["state"] != "paused":
-                assert time.monotonic() < deadline, shown
-                time.sleep(0.02)
+            shown = _paused_at_its_timeout(alice, sid)
             assert shown["processes_kept"] is True
             assert _container_status(docker_client, owner) == ["paused"]
             resumed = alice.post(f"/v1/sandboxes/{sid}/resume").json()
             assert resumed["expires_at"] - time.time() == pytest.approx(TEMPLATE_TTL, abs=60)
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
-def _paused_at_its_timeout(alice: httpx.Client, sid: str) -> None:
-    """Waited for until its timer paused it at the end of its TTL (the state read is the event)."""
+def _paused_at_its_timeout(alice: httpx.Client, sid: str) -> dict[str, Any]:
+    """Waited for until it reads paused at the end of its TTL (the state read is the event): the
+    sandbox as it then reads."""
     deadline = time.monotonic() + 60
     while (shown := alice.get(f"/v1/sandboxes/{sid}").json())["state"] != "paused":
         assert time.monotonic() < deadline, shown
         time.sleep(0.02)
+    return dict(shown)
 
 
 def _killed_resuming(service: ServiceProcess, alice: httpx.Client, sid: str) -> None:
@@ -221,8 +189,7 @@ def test_a_kill_9_right_after_the_thaw_of_a_pause_with_its_clock_stopped_gives_b
     seconds it had left (not the pause's guarded expiry, up to ``max_ttl``); a local jail, whose
     processes ended with the service, still reads paused, and a resume gives back those seconds."""
     service, owner = _service(tmp_path, runtime_image, backend)
-    service.start(env={CRASH_AT: "resumed"})
-    try:
+    with started(service, owner, docker_client, {CRASH_AT: "resumed"}):
         with service.client("alice") as alice:
             created = _stopped_then_killed_resuming(service, alice)
         sid = created["id"]
@@ -238,9 +205,6 @@ def test_a_kill_9_right_after_the_thaw_of_a_pause_with_its_clock_stopped_gives_b
             assert 0 < shown["expires_at"] - time.time() <= _left(created, created["paused_before"]), shown
             assert execute(alice, sid, "cat note")["output"] == "kept\n"
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
 def test_a_kill_9_right_after_the_thaw_of_a_pause_at_its_timeout_gives_its_template_ttl(
@@ -250,8 +214,7 @@ def test_a_kill_9_right_after_the_thaw_of_a_pause_at_its_timeout_gives_its_templ
     completes the resume with its template's TTL, its record too (not the ``max_ttl`` its pause
     guarded it for), and it runs commands."""
     service, owner = _service(tmp_path, runtime_image, "docker")
-    service.start(env={CRASH_AT: "resumed"})
-    try:
+    with started(service, owner, docker_client, {CRASH_AT: "resumed"}):
         with service.client("alice") as alice:
             sid = create(alice, ttl=10, on_timeout="freeze")["id"]
             _paused_at_its_timeout(alice, sid)
@@ -267,9 +230,6 @@ def test_a_kill_9_right_after_the_thaw_of_a_pause_at_its_timeout_gives_its_templ
             assert execute(alice, sid, "echo on")["output"] == "on\n"
             assert not (tmp_path / "data" / "state" / f"{sid}.json").exists()  # running: its labels say it all
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)
 
 
 def test_a_kill_9_between_the_intent_and_the_thaw_of_a_resume_leaves_it_paused_as_it_was(
@@ -280,8 +240,7 @@ def test_a_kill_9_between_the_intent_and_the_thaw_of_a_resume_leaves_it_paused_a
     paused with its clock stopped, still guarded past its old expiry, and a resume then gives
     back the seconds it had left."""
     service, owner = _service(tmp_path, runtime_image, "docker")
-    service.start(env={CRASH_AT: "resuming"})
-    try:
+    with started(service, owner, docker_client, {CRASH_AT: "resuming"}):
         with service.client("alice") as alice:
             created = _stopped_then_killed_resuming(service, alice)
         sid = created["id"]
@@ -296,6 +255,3 @@ def test_a_kill_9_between_the_intent_and_the_thaw_of_a_resume_leaves_it_paused_a
             assert 0 < resumed["expires_at"] - time.time() <= _left(created, created["paused_before"]), resumed
             assert execute(alice, sid, "echo on")["output"] == "on\n"
             assert alice.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    finally:
-        service.stop()
-        _remove_all(docker_client, owner)

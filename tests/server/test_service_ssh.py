@@ -54,11 +54,7 @@ def vm(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def _template(vm: SSHVM, ws_root: str) -> dict[str, Any]:
     """As an operator writes it in the config file: the host, its key file, its known_hosts."""
-    key = vm.known_hosts.parent / f"id-{vm.port}"
-    if not key.exists():
-        key.write_text(vm.private_key)
-        key.chmod(0o600)
-    host = {**vm.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
+    host = vm.config_host(vm.known_hosts.parent / f"id-{vm.port}")
     return {
         "backend": "ssh",
         "hosts": [host],

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from service_harness import (
     Running,
+    alice_fixtures,
     create,
     error_of,
     execute,
@@ -53,17 +54,7 @@ def service(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield svc
 
 
-@pytest.fixture(scope="module")
-def client(service: Running) -> Iterator[httpx.Client]:
-    with service.client("alice") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sandboxes/{created['id']}")
+client, sandbox = alice_fixtures()
 
 
 def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:

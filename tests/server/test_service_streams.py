@@ -21,26 +21,14 @@ from sandboxes import protocol as p
 from sandboxes.client import OutputChunk, RemoteSandbox, SandboxClient
 
 sys.path.append(str(Path(__file__).parent.parent / "kubernetes"))
-from fake_apiserver import LABEL, FakeKubernetes
+from fake_cluster import fake_kubeconfig_fixture, fake_template
 
 PAUSE = 2
 COMMAND = f"echo out; echo err >&2; sleep {PAUSE}; echo done"
 BACKENDS = ("local", "docker", "ssh", "kubernetes")
 
 
-@pytest.fixture(scope="module")
-def fake_kubeconfig(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    fake = FakeKubernetes(
-        docker_client,
-        namespaces=("default", "sandboxes"),
-        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
-    ).start()
-    try:
-        yield fake.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config", namespace="sandboxes")
-    finally:
-        fake.stop()
-        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
-            container.remove(force=True, v=True)
+fake_kubeconfig = fake_kubeconfig_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +38,7 @@ def client(
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     workdir = tmp_path_factory.mktemp("streams")
     vm = start_vm(workdir / "ssh")
-    key = workdir / "ssh-key"
-    key.write_text(vm.private_key)
-    key.chmod(0o600)
-    host = {**vm.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
+    host = vm.config_host(workdir / "ssh-key")
     templates = {
         "local": {"backend": "local", "default_timeout": 30},
         "docker": {
@@ -64,15 +49,7 @@ def client(
             "labels": {"io.sandboxes.test-session": SESSION_OWNER},
         },
         "ssh": {"backend": "ssh", "hosts": [host], "workspace_root": f"/tmp/svc-{uuid.uuid4().hex[:8]}"},
-        "kubernetes": {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": runtime_image,
-            "image_pull_policy": "Never",
-            "cpus": 0.5,
-            "memory": "256m",
-        },
+        "kubernetes": fake_template(fake_kubeconfig, runtime_image),
     }
     owner = f"{SESSION_OWNER}-streams-{uuid.uuid4().hex[:6]}"
     settings = settings_for(workdir / "service", owner=owner, templates=templates, tenants=UNTHROTTLED)

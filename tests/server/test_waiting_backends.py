@@ -31,7 +31,7 @@ from sandboxes.server.backends import MARKER_ENV
 from sandboxes.server.settings import TenantPolicy
 
 sys.path.append(str(Path(__file__).parent.parent / "kubernetes"))
-from fake_apiserver import LABEL, FakeKubernetes
+from fake_cluster import fake_kubeconfig_fixture, fake_template
 
 BACKENDS = ("local", "ssh", "kubernetes", "docker")
 THREADS = 2
@@ -41,19 +41,7 @@ ANSWER = ("output", "exit_code", "truncated", "error", "message")
 """What an answer is compared on (not its duration)."""
 
 
-@pytest.fixture(scope="module")
-def fake_kubeconfig(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    fake = FakeKubernetes(
-        docker_client,
-        namespaces=("default", "sandboxes"),
-        container_labels={"io.sandboxes.test-session": SESSION_OWNER},
-    ).start()
-    try:
-        yield fake.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config", namespace="sandboxes")
-    finally:
-        fake.stop()
-        for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL}={fake.instance}"}):
-            container.remove(force=True, v=True)
+fake_kubeconfig = fake_kubeconfig_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +51,7 @@ def service(
     needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
     workdir = tmp_path_factory.mktemp("awaited")
     vm = start_vm(workdir / "ssh")
-    key = workdir / "ssh-key"
-    key.write_text(vm.private_key)
-    key.chmod(0o600)
-    host = {**vm.host_config().model_dump(mode="json", exclude={"private_key"}), "key_path": str(key)}
+    host = vm.config_host(workdir / "ssh-key")
     sandbox_env = {"FROM_SANDBOX": "template", "SHADOWED": "template"}
     templates = {
         "local": {"backend": "local", "default_timeout": 30, "memory": "256m", "env": sandbox_env},
@@ -84,16 +69,7 @@ def service(
             "labels": {"io.sandboxes.test-session": SESSION_OWNER},
             "env": sandbox_env,
         },
-        "kubernetes": {
-            "backend": "kubernetes",
-            "kubeconfig": str(fake_kubeconfig),
-            "namespace": "sandboxes",
-            "image": runtime_image,
-            "image_pull_policy": "Never",
-            "cpus": 0.5,
-            "memory": "256m",
-            "env": sandbox_env,
-        },
+        "kubernetes": fake_template(fake_kubeconfig, runtime_image, env=sandbox_env),
     }
     owner = f"{SESSION_OWNER}-awaited-{uuid.uuid4().hex[:6]}"
     settings = settings_for(

@@ -7,9 +7,22 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["HTTP_STATUS", "ConnectError", "end_of_stream", "envelope", "parse_message", "read_envelope"]
+if TYPE_CHECKING:
+    from fastapi import Request
+
+__all__ = [
+    "HTTP_STATUS",
+    "ConnectError",
+    "end_of_stream",
+    "envelope",
+    "json_object",
+    "parse_message",
+    "read_envelope",
+    "unary_message",
+    "unary_message_or_empty",
+]
 
 _HEADER = struct.Struct(">BI")
 _COMPRESSED = 0x01
@@ -61,6 +74,26 @@ def parse_message(flags: int, data: bytes) -> dict[str, Any]:
     """One envelope's JSON message (its ``flags`` and the bytes after its header)."""
     if flags & _COMPRESSED:
         raise ConnectError("unimplemented", "compressed messages are not supported")
+    return json_object(data)
+
+
+async def unary_message(request: Request) -> dict[str, Any]:
+    """A unary call's message: its request's body, a JSON object (none: ``{}``)."""
+    return json_object(await request.body() or b"{}")
+
+
+async def unary_message_or_empty(request: Request) -> dict[str, Any]:
+    """A unary call's message, or ``{}`` when its body is not a JSON object: for a call whose
+    handler says itself which field is missing or wrong."""
+    try:
+        message = json.loads(await request.body() or b"{}")
+    except (UnicodeDecodeError, ValueError):
+        message = None
+    return message if isinstance(message, dict) else {}
+
+
+def json_object(data: bytes) -> dict[str, Any]:
+    """``data`` as a JSON object; `ConnectError` ``invalid_argument`` if it is not one."""
     try:
         message = json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:

@@ -10,7 +10,6 @@ A relative path is under the sandbox's workdir, as ``/files`` resolves it."""
 from __future__ import annotations
 
 import functools
-import json
 import posixpath
 import stat
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from sandboxes import protocol as p
 from sandboxes.base import Call
 from sandboxes.paths import InvalidPathError, normalize_path
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute
-from sandboxes.server.e2b.connect import ConnectError
+from sandboxes.server.e2b.connect import ConnectError, unary_message
 from sandboxes.server.e2b.envd import access, in_lane
 from sandboxes.server.e2b.metadata import get_call, parsed
 from sandboxes.server.errors import ServiceError
@@ -145,16 +144,6 @@ def _error(exc: ConnectError) -> Response:
     return JSONResponse({"code": exc.code, "message": exc.message}, _HTTP.get(exc.code, 500))
 
 
-async def _message(request: Request) -> dict[str, Any]:
-    try:
-        message = json.loads(await request.body() or b"{}")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ConnectError("invalid_argument", "the message is not JSON") from exc
-    if not isinstance(message, dict):
-        raise ConnectError("invalid_argument", "the message is not a JSON object")
-    return message
-
-
 def _path(entry: Entry, message: dict[str, Any], field: str = "path") -> str:
     raw = message.get(field)
     if not isinstance(raw, str) or not raw:
@@ -270,7 +259,7 @@ def _unary(handler: Any) -> Any:
     async def route(request: Request) -> Response:
         entry = await access(request)
         try:
-            return JSONResponse(await handler(request, entry, await _message(request)))
+            return JSONResponse(await handler(request, entry, await unary_message(request)))
         except ConnectError as exc:
             return _error(exc)
 

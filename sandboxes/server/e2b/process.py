@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import shlex
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,7 +22,14 @@ from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes._output import Stream
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
-from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
+from sandboxes.server.e2b.connect import (
+    STREAM_MEDIA_TYPE,
+    ConnectError,
+    end_of_stream,
+    envelope,
+    read_envelope,
+    unary_message_or_empty,
+)
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.pty import PtyRunning, start_pty
 from sandboxes.server.e2b.running import Event, Running, outcome
@@ -123,7 +129,7 @@ async def list_processes(request: Request) -> Response:
 async def send_signal(request: Request) -> Response:
     """SIGKILL and SIGTERM both kill the command's whole tree; an unknown pid is NOT_FOUND."""
     entry = await access(request)
-    message = await _unary(request)
+    message = await unary_message_or_empty(request)
     selector = message.get("process")
     pid = selector.get("pid") if isinstance(selector, dict) else None
     if not isinstance(pid, int):
@@ -137,14 +143,6 @@ async def send_signal(request: Request) -> Response:
         if running.work.done():
             return JSONResponse({})
     return _unary_error(503, "unavailable", f"process with pid {pid} did not die")
-
-
-async def _unary(request: Request) -> dict[str, Any]:
-    try:
-        message = json.loads(await request.body() or b"{}")
-    except (UnicodeDecodeError, ValueError):
-        message = None
-    return message if isinstance(message, dict) else {}
 
 
 def _unary_error(status: int, code: str, message: str) -> Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
-from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError
+from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, unary_message_or_empty
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.running import Event, Running, outcome
 from sandboxes.server.logs import unique_id
@@ -180,7 +179,7 @@ async def send_pty_input(request: Request, entry: Entry, message: dict[str, Any]
 async def update(request: Request) -> Response:
     """``Update`` with ``pty.size``: the terminal's new size (its programs get SIGWINCH)."""
     entry = await access(request)
-    message = await _unary(request)
+    message = await unary_message_or_empty(request)
     try:
         terminal = _terminal_of(request, entry, message)
         if message.get("pty") is not None:
@@ -188,14 +187,6 @@ async def update(request: Request) -> Response:
     except ConnectError as exc:
         return _failed(exc)
     return JSONResponse({})
-
-
-async def _unary(request: Request) -> dict[str, Any]:
-    try:
-        message = json.loads(await request.body() or b"{}")
-    except (UnicodeDecodeError, ValueError):
-        message = None
-    return message if isinstance(message, dict) else {}
 
 
 def _failed(exc: ConnectError) -> Response:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -31,6 +30,7 @@ from sandboxes.server.e2b.connect import (
     end_of_stream,
     envelope,
     parse_message,
+    unary_message,
 )
 from sandboxes.server.e2b.envd import access
 from sandboxes.server.e2b.pty import send_pty_input, terminal_of
@@ -154,16 +154,6 @@ async def _write(running: Running, data: bytes) -> None:
         raise ConnectError("unavailable", f"the sandbox's exec helper broke: {exc}") from exc
 
 
-async def _unary(request: Request) -> dict[str, Any]:
-    try:
-        message = json.loads(await request.body() or b"{}")
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ConnectError("invalid_argument", "the message is not JSON") from exc
-    if not isinstance(message, dict):
-        raise ConnectError("invalid_argument", "the message is not a JSON object")
-    return message
-
-
 def _failed(exc: ConnectError) -> Response:
     return JSONResponse({"code": exc.code, "message": exc.message}, HTTP_STATUS.get(exc.code, 400))
 
@@ -174,7 +164,7 @@ async def send_input(request: Request) -> Response:
     (``input.pty``: `sandboxes.server.e2b.pty.send_pty_input`)."""
     entry = await access(request)
     try:
-        message = await _unary(request)
+        message = await unary_message(request)
         value = message.get("input")
         if isinstance(value, dict) and "pty" in value:
             return await send_pty_input(request, entry, message)
@@ -189,7 +179,7 @@ async def close_stdin(request: Request) -> Response:
     """The end of a running command's stdin (again: nothing more)."""
     entry = await access(request)
     try:
-        channel = _held(request, entry, await _unary(request)).channel
+        channel = _held(request, entry, await unary_message(request)).channel
         assert channel is not None  # `_held` checked it
         await asyncio.to_thread(channel.close_stdin)
     except ConnectError as exc:

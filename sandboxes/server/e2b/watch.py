@@ -20,9 +20,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from sandboxes import api
 from sandboxes.server.e2b.common import ENVD_PREFIX, E2BRoute, e2b_state, service
-from sandboxes.server.e2b.connect import STREAM_MEDIA_TYPE, ConnectError, end_of_stream, envelope, read_envelope
+from sandboxes.server.e2b.connect import (
+    STREAM_MEDIA_TYPE,
+    ConnectError,
+    end_of_stream,
+    envelope,
+    read_envelope,
+    unary_message,
+)
 from sandboxes.server.e2b.envd import access
-from sandboxes.server.e2b.filesystem import _error, _message, _path, entry_info
+from sandboxes.server.e2b.filesystem import _error, _path, entry_info
 from sandboxes.server.e2b.landing import Landings
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry
@@ -150,7 +157,7 @@ async def create_watcher(request: Request) -> Response:
     svc = service(request)
     tenant = entry.state.tenant
     try:
-        path, recursive, include_entry = _watched(entry, await _message(request))
+        path, recursive, include_entry = _watched(entry, await unary_message(request))
         body = api.CreateWatcher(path=path, recursive=recursive)
         cap = svc.settings.policy_for(tenant).max_watchers
         created = await svc.watches.create(tenant, cap, entry.state.id, entry.sandbox, body, svc.settings.watcher_idle)
@@ -169,7 +176,7 @@ async def get_watcher_events(request: Request) -> Response:
     entry = await access(request)
     svc = service(request)
     try:
-        ident = _watcher_id(await _message(request))
+        ident = _watcher_id(await unary_message(request))
         drained = svc.watches.drain(entry.state.tenant, entry.state.id, ident, svc.settings.watcher_idle)
     except ServiceError as exc:
         return _error(ConnectError("not_found", exc.message))
@@ -185,7 +192,7 @@ async def remove_watcher(request: Request) -> Response:
     entry = await access(request)
     svc = service(request)
     try:
-        ident = _watcher_id(await _message(request))
+        ident = _watcher_id(await unary_message(request))
         e2b_state(request).forget_landings(entry.state.id, ident)
         svc.watches.remove(entry.state.tenant, entry.state.id, ident)
     except ServiceError as exc:

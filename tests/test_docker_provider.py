@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import docker.errors
+import docker.models.containers
 import pytest
 import requests
 from pydantic import ValidationError
@@ -244,6 +245,39 @@ def test_sweep_removes_expired_sandboxes_with_their_volumes(docker_client: Any, 
     finally:
         lasting.destroy()
         forever.destroy()
+
+
+def test_a_renewal_between_a_sweeps_last_look_and_its_removal_finds_it_gone(
+    docker_client: Any, runtime_image: str, owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's last look says expired; a renewal asked then waits for the removal and finds
+    the container gone (`LookupError`), never answering renewed for a sandbox the sweep removes."""
+    provider = DockerProvider(_template(runtime_image, owner, ttl=1), client=docker_client, sweep_interval=None)
+    ref = provider.create().id
+    looked, renaming = threading.Event(), threading.Event()
+    expired_now = DockerProvider._expired_now
+
+    def look_then_linger(self: DockerProvider, container: str, now: float) -> bool:
+        answer = expired_now(self, container, now)
+        looked.set()
+        renaming.wait(1)  # a renewal that does not wait for the removal renames meanwhile
+        return answer
+
+    rename = docker.models.containers.Container.rename
+
+    def rename_seen(self: Any, name: str) -> None:
+        renaming.set()
+        rename(self, name)
+
+    monkeypatch.setattr(DockerProvider, "_expired_now", look_then_linger)
+    monkeypatch.setattr(docker.models.containers.Container, "rename", rename_seen)
+    sweeper = threading.Thread(target=provider.sweep, kwargs={"now": time.time() + 10})
+    sweeper.start()
+    assert looked.wait(30)
+    with pytest.raises(LookupError):
+        provider.set_expiry(ref, time.time() + 3600)
+    sweeper.join()
+    assert not _exists(docker_client, container=ref)
 
 
 def test_sweep_removes_orphaned_volumes_after_a_grace(docker_client: Any, runtime_image: str, owner: str) -> None:

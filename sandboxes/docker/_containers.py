@@ -160,14 +160,15 @@ def memory_limit(config: DockerSandboxConfig) -> int:
     return parse_size(config.memory) + (parse_size(config.disk) if config.disk is not None else 0)
 
 
-_CHANGING = tuple(threading.Lock() for _ in range(64))
+_CHANGING = tuple(threading.RLock() for _ in range(64))
 
 
 @contextlib.contextmanager
 def changing(container_id: str) -> Iterator[None]:
-    """Held while this process renames or removes the container of full id ``container_id``:
-    never both at once, since the engine, renaming a container it is removing, can keep a ghost
-    of it listed ("Removal In Progress") that no call removes until the engine restarts."""
+    """Held while this process renames or removes the container of full id ``container_id``
+    (reentrant: a sweep holds it from its last look to the removal): never both at once, since
+    the engine, renaming a container it is removing, can keep a ghost of it listed ("Removal In
+    Progress") that no call removes until the engine restarts."""
     with _CHANGING[hash(container_id) % len(_CHANGING)]:
         yield
 

@@ -258,10 +258,11 @@ class DockerProvider(WarmPool[DockerSandbox]):
                 live.add(sandbox_id)
                 continue
             try:
-                if not self._expired_now(container.id, now):  # renewed since the list
-                    live.add(sandbox_id)
-                    continue
-                remove_sandbox(self.client, container.id)
+                with changing(container.id):  # no renewal between this look and the removal
+                    if not self._expired_now(container.id, now):  # renewed since the list
+                        live.add(sandbox_id)
+                        continue
+                    remove_sandbox(self.client, container.id)
             except Exception as exc:
                 live.add(sandbox_id)
                 report.errors.append(f"container {container.id[:12]}: {exc}")

@@ -251,11 +251,12 @@ class ProviderBackend:
 
     def renew(self, state: SandboxState, expires_at: float) -> None:
         """Record the new expiry on the sandbox, for every replica (a shared provider's only;
-        the others' renewals live in the service's state files). `LookupError` if it is gone."""
+        the others' renewals live in the service's state files), its claim's first (what this
+        service reads). `LookupError` if it is gone, or its claim records it deleted."""
+        if self.claims is not None and not self.claims.renew(state.id, expires_at):
+            raise LookupError(f"sandbox {state.id} was deleted")
         if isinstance(self.provider, SharedProvider):
             self.provider.set_expiry(state.ref, expires_at)
-        if self.claims is not None:
-            self.claims.renew(state.id, expires_at)
 
     def select(self, **labels: str) -> list[SandboxState]:
         """The service's sandboxes of a shared provider whose service labels match, e.g.

@@ -23,11 +23,19 @@ __all__ = [
     "all_states",
     "expired_now",
     "find_state",
+    "gone",
     "keyed_states",
     "keyed_states_of",
     "over_quota",
     "tenant_states",
 ]
+
+
+def gone(held: SandboxState, recorded: SandboxState | None) -> bool:
+    """Whether ``recorded`` (what the backend records now of the id of the sandbox ``held``
+    stands for) says that sandbox is gone: no record, another sandbox's of the same id, or its
+    deletion's (`SandboxState.deleted_on_record`)."""
+    return recorded is None or recorded.ref != held.ref or recorded.deleted_on_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +85,10 @@ def tenant_states(backends: dict[str, ProviderBackend], tenant: str) -> list[San
 
 
 def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> SandboxState | None:
-    """The sandbox whose service id is ``sandbox_id``, on whichever shared backend has it."""
-    found = _select(backends, sandbox_id=sandbox_id)
+    """The sandbox whose service id is ``sandbox_id``, on whichever shared backend has it; a
+    live one before one deleted (`SandboxState.deleted_on_record`) whose destroy is still retried:
+    a create with the same ``Idempotency-Key`` may make a sandbox of that id again meanwhile."""
+    found = sorted(_select(backends, sandbox_id=sandbox_id), key=lambda state: state.deleted_on_record)
     return found[0] if found else None
 
 

@@ -22,7 +22,7 @@ import socket
 import threading
 from pathlib import Path
 
-from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.store import DELETED_AT, SandboxState, StateStore
 
 __all__ = ["Claims", "pool_id_of"]
 
@@ -72,15 +72,20 @@ class Claims:
                 and (idempotency_key is None or state.idempotency_key == idempotency_key)
             ]
 
-    def renew(self, sandbox_id: str, expires_at: float) -> None:
-        """Record a new expiry on the claim of ``sandbox_id`` (none: nothing to do)."""
+    def renew(self, sandbox_id: str, expires_at: float) -> bool:
+        """Record a new expiry on the claim of ``sandbox_id`` (none: nothing to do); ``False``,
+        nothing done, if the claim records its sandbox deleted (`DELETED_AT`): no renewal, not
+        one under way since before the deletion, undoes a deletion."""
         with self._lock:
             held = self._held.get(sandbox_id)
             if held is None:
-                return
+                return True
+            if held.deleted_on_record and expires_at > DELETED_AT:
+                return False
             renewed = dataclasses.replace(held, expires_at=expires_at)
             self._store.save(renewed)
             self._held[sandbox_id] = renewed
+            return True
 
     def drop(self, sandbox_id: str) -> None:
         """Forget the claim of ``sandbox_id``, whose sandbox is gone (idempotent)."""

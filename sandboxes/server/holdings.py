@@ -31,7 +31,7 @@ from sandboxes.server.processes import ProcessTable
 from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
 from sandboxes.server.settings import ServiceSettings
-from sandboxes.server.store import SandboxState, StateStore
+from sandboxes.server.store import DELETED_AT, SandboxState, StateStore
 from sandboxes.server.volumes import Volumes
 
 __all__ = ["Holdings"]
@@ -40,6 +40,11 @@ logger = logging.getLogger("sandboxes.server.registry")
 
 _States = list[SandboxState]
 _T = TypeVar("_T")
+
+DELETED_GRACE = 60.0
+"""Seconds a replica leaves a sandbox another one recorded deleted (`SandboxState.deleted_on_record`)
+to that one's destroy and its retries, before its sweep destroys it too: the deleter may be gone
+for good, but while it lives, two removals of one container at once fail one another."""
 
 
 class Holdings:
@@ -74,6 +79,8 @@ class Holdings:
         """Sandboxes whose destroy failed: the sweep tries again."""
         self._removing: set[str] = set()
         """Sandboxes deleted here whose destroy is under way: not adopted back from their records."""
+        self._deleted_elsewhere: dict[str, float] = {}
+        """Sandboxes another replica recorded deleted, by id: when a sweep here first listed them so."""
         self._sweeper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,10 +230,10 @@ class Holdings:
             found = await self._read(backend.select)
             for state in found:
                 held = self._entries.get(state.id)
-                if held is not None and held.backend is backend and held.state.ref == state.ref:
+                if held is not None and held.backend is backend and not census.gone(held.state, state):
                     self._refresh(held, state, checked)
-        recorded = next((state for state in found if state.id == sandbox_id), None)
-        if recorded is None or recorded.ref != entry.state.ref:
+        recorded = next((state for state in found if state.id == sandbox_id and state.ref == entry.state.ref), None)
+        if recorded is None or recorded.deleted_on_record:  # gone, another's of its id, or deleted
             await self._forget(entry)
             raise not_found(sandbox_id)
         self._refresh(entry, recorded, checked)
@@ -278,7 +285,7 @@ class Holdings:
         if not self._shared:
             return []
         states = await self._read(census.tenant_states, self.backends, tenant.id)
-        return [state for state in states if not self._deleted_here(state.id)]
+        return [state for state in states if not self._deleted_here(state.id) and not state.deleted_on_record]
 
     async def recorded(self) -> _States:
         """Every tenant's live sandboxes on the shared backends, as recorded there now (every
@@ -403,22 +410,37 @@ class Holdings:
         now, recorded = self.clock.now(), {state.id: state for state in states}
         for entry in [e for e in self._entries.values() if e.backend.shared]:
             state = recorded.get(entry.state.id)
-            if state is None or state.ref != entry.state.ref:
+            if census.gone(entry.state, state):
                 if entry.confirmed < listed_at and not entry.state.hibernated:  # nor one hibernated
                     await self._forget(entry)
-            else:
+            elif state is not None:
                 self._refresh(entry, state, listed_at)
+        seen: dict[str, float] = {}
         for state in states:
-            if state.id not in self._entries and state.expires_at <= now:
-                backend = self._backend_of(state)
-                try:
-                    if not await asyncio.to_thread(census.expired_now, backend, state, now):
-                        continue  # renewed (or deleted) since the list
-                    logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
-                    self.metrics.expired.inc()
-                    await asyncio.to_thread(backend.destroy, state, None)
-                except Exception:
-                    logger.exception("destroying expired sandbox %s failed; the next sweep retries", state.id)
+            if state.id in self._entries or state.expires_at > now or self._deleted_here(state.id):
+                continue
+            if state.deleted_on_record:  # the deleter's to destroy first (`DELETED_GRACE`)
+                seen[state.id] = self._deleted_elsewhere.get(state.id, listed_at)
+                if listed_at - seen[state.id] < DELETED_GRACE:
+                    continue
+            await self._reap(state, now)
+        self._deleted_elsewhere = seen
+
+    async def _reap(self, state: SandboxState, now: float) -> None:
+        """Destroy a sandbox no replica may hold any more: expired, or deleted by a replica whose
+        destroy failed (`SandboxState.deleted_on_record`: that replica may be gone, or never retry)."""
+        backend = self._backend_of(state)
+        try:
+            if not await asyncio.to_thread(census.expired_now, backend, state, now):
+                return  # renewed (or destroyed) since the list
+            if state.deleted_on_record:
+                logger.info("destroying deleted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
+            else:
+                logger.info("sandbox expired", extra={"sandbox": state.id, "tenant": state.tenant})
+                self.metrics.expired.inc()
+            await asyncio.to_thread(backend.destroy, state, None)
+        except Exception:
+            logger.exception("destroying sandbox %s failed; the next sweep retries", state.id)
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -444,7 +466,7 @@ class Holdings:
         """Idempotent: the first caller removes, concurrent ones find it gone."""
         if not self._unlist(entry):
             return
-        if not entry.backend.shared:  # a shared backend's deletion is recorded by the backend
+        if not entry.backend.shared or entry.state.kept_beside_record:  # a record's alone: `record_deletion`
             entry.state.deleting = True
             await asyncio.to_thread(self.store.save, entry.state)
         entry.processes.close()  # its background processes die with the sandbox
@@ -454,6 +476,24 @@ class Holdings:
                 self._doomed[entry.state.id] = entry
         finally:
             self._removing.discard(entry.state.id)
+
+    async def record_deletion(self, entry: Entry) -> None:
+        """Record a shared backend's sandbox deleted on its record (`DELETED_AT`), where
+        every replica and every start of this one read it, before its destroy, which may fail and
+        then be retried from this replica's memory alone: a deletion answered is never undone. Gone
+        already (or being removed) is fine; one the backend cannot record is a 503, nothing done."""
+        if not entry.backend.shared or entry.state.hibernated:  # a hibernated one has no record there
+            return
+        try:
+            await asyncio.to_thread(entry.backend.renew, entry.state, DELETED_AT)
+        except LookupError:
+            return
+        except Exception as exc:
+            logger.warning("recording sandbox %s deleted failed: %s", entry.state.id, exc, exc_info=True)
+            raise ServiceError(
+                "backend_unavailable",
+                f"sandbox {entry.state.id} cannot be deleted now; the service log has the request id",
+            ) from exc
 
     async def _destroy(self, entry: Entry) -> bool:
         try:

@@ -215,7 +215,7 @@ class Registry(Keeping):
         held = (e.state for e in self._entries.values() if e.backend.shared)
         kinds = {backend.name for backend in self.backends.values() if backend.shared}
         claimed = (state for kind in kinds for state in self.pools.claims.matching(kind, tenant.id))
-        return [state for state in (*held, *claimed) if state.tenant == tenant.id]
+        return [state for state in (*held, *claimed) if state.tenant == tenant.id and not state.deleted_on_record]
 
     async def _make(
         self,
@@ -321,11 +321,11 @@ class Registry(Keeping):
             states = await self._read(census.tenant_states, self.backends, tenant.id)
             now, recorded = self.clock.now(), {state.id: state for state in states}
             for sandbox_id, entry in list(mine.items()):
-                gone = sandbox_id not in recorded and not entry.state.hibernated
+                gone = census.gone(entry.state, recorded.get(sandbox_id)) and not entry.state.hibernated
                 if entry.backend.shared and gone and entry.confirmed < listed_at:
                     del mine[sandbox_id]
             for state in states:
-                if state.id in mine:
+                if state.id in mine and not census.gone(mine[state.id].state, state):
                     self._refresh(mine[state.id], state, listed_at)
                 elif state.expires_at > now and not self._deleted_here(state.id):
                     with contextlib.suppress(ServiceError):
@@ -354,7 +354,11 @@ class Registry(Keeping):
             await asyncio.to_thread(self.store.save, entry.state)
 
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
-        await self._remove(await self.find(tenant, sandbox_id))
+        """Delete the tenant's sandbox: recorded first (`record_deletion`), then destroyed, or,
+        if that fails, destroyed by a later sweep; answered deleted either way."""
+        entry = await self.find(tenant, sandbox_id)
+        await self.record_deletion(entry)
+        await self._remove(entry)
 
     async def sweep(self) -> None:
         """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""

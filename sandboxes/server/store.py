@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+DELETED_AT = 1.0
+"""The expiry a deletion records on a shared backend's sandbox (and its claim) before its destroy
+(`SandboxState.deleted_on_record`): long past on every replica's clock, and no expiry a create
+or a renewal gives."""
+
 PAUSED_AT_TIMEOUT = "timeout"
 """`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
 end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
@@ -102,6 +107,15 @@ class SandboxState:
     back from its container's labels."""
 
     @property
+    def deleted_on_record(self) -> bool:
+        """Whether its record (a shared backend's sandbox's, or its claim's) says it was deleted:
+        its expiry is `DELETED_AT`, which a deletion records before its destroy. Its destroy failed
+        or is under way, by whichever replica (or this one before a restart): every replica and
+        every start reads it gone and reaps it, as a record whose expiry passed; none lists,
+        finds or counts it, and no renewal moves it (`sandboxes.server.claims.Claims.renew`)."""
+        return self.expires_at <= DELETED_AT
+
+    @property
     def kept_beside_record(self) -> bool:
         """Whether a shared backend's sandbox keeps this file beside its record, for what the
         record cannot say: its network set through the API, or a pause at its timeout or with its
@@ -113,7 +127,8 @@ class SandboxState:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
         its pause at its timeout or with its clock stopped while its record still says frozen, and
         a pause under way (with the expiry a pause at its timeout gives, if later than its record's),
-        and a resume under way."""
+        and a resume under way; and its deletion (`deleting`), which no expiry undoes."""
+        self.deleting = self.deleting or recorded.deleting
         if recorded.network_set:
             self.take_network(recorded)
         if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:

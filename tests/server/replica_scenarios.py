@@ -285,28 +285,35 @@ class ReplicaScenarios:
         """The tenant was told its sandbox is deleted: while the service still retries its
         destroy (the engine erring), the sandbox no longer counts against the tenant's quota
         (a create is not refused for it, nor told to wait for its expiry)."""
-        backend = pair[0].registry.backends["default"]
-        destroy, failing = backend.destroy, threading.Event()
-
-        def fails_while_told(*args: Any) -> None:
-            if failing.is_set():
-                raise RuntimeError("the backend failed (injected)")
-            destroy(*args)
-
         with pair[0].client("tiny") as a:
             first = create(a, ttl=300)
-            failing.set()
-            backend.destroy = fails_while_told
-            try:
+            with _destroys_failing(pair[0].registry.backends["default"]):
                 assert a.delete(f"/v1/sandboxes/{first['id']}").status_code == 204
                 assert first["id"] in recorded()  # not destroyed: its destroy is retried
                 second = a.post("/v1/sandboxes", json={"ttl": 300})
                 assert second.status_code == 201, second.text
-            finally:
-                failing.clear()
-                del backend.destroy
             assert a.delete(f"/v1/sandboxes/{second.json()['id']}").status_code == 204
         _wait_for(lambda: first["id"] not in recorded(), "the sweep destroyed it")
+
+    def test_a_deletion_whose_destroy_fails_is_one_for_every_replica(
+        self, pair: tuple[Running, Running], recorded: Callable[[], dict[str, dict[str, str]]]
+    ) -> None:
+        """A deletes, its destroy keeps failing (the sweep retries it, from A's memory): B, which
+        held the sandbox or not, neither lists it, finds it, runs a command in it nor counts it
+        against the quota (the deletion is on the record every replica reads, not in A's memory)."""
+        with pair[0].client("tiny") as on_a, pair[1].client("tiny") as on_b:
+            sandbox = create(on_a, ttl=300)
+            assert execute(on_b, sandbox["id"], "true")["exit_code"] == 0  # B holds a handle on it
+            with _destroys_failing(pair[0].registry.backends["default"]):
+                assert on_a.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+                assert sandbox["id"] not in [s["id"] for s in on_b.get("/v1/sandboxes").json()["sandboxes"]]
+                assert on_b.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
+                refused = on_b.post(f"/v1/sandboxes/{sandbox['id']}/execute", json={"command": "true"})
+                assert (refused.status_code, error_of(refused)) == (404, "not_found")
+                second = on_b.post("/v1/sandboxes", json={"ttl": 300})
+                assert second.status_code == 201, second.text
+                assert on_b.delete(f"/v1/sandboxes/{second.json()['id']}").status_code == 204
+        _wait_for(lambda: sandbox["id"] not in recorded(), "a sweep destroyed it")
 
     def test_a_held_sandbox_deleted_elsewhere_is_dropped_by_the_sweep(self, replica: Replica, b: httpx.Client) -> None:
         """A replica that trusts what it holds for long (``confirm_interval``) still learns of
@@ -657,6 +664,21 @@ class _SteppingClock(ManualClock):
         with self._lock:
             assert when >= self._now, "a clock does not go back"
             self._now, self._step = when, step
+
+
+@contextlib.contextmanager
+def _destroys_failing(backend: Any) -> Iterator[None]:
+    """Every destroy of ``backend`` fails while in it (the backend erring, injected): what is
+    deleted meanwhile is left to the sweep's retries, which succeed once out of it."""
+
+    def fails(*args: Any) -> None:
+        raise RuntimeError("the backend failed (injected)")
+
+    backend.destroy = fails
+    try:
+        yield
+    finally:
+        del backend.destroy
 
 
 def _ask(replica: Running, barrier: threading.Barrier, answers: list[httpx.Response]) -> None:

@@ -293,15 +293,23 @@ class ServiceProcess:
         self.log_path = workdir / f"service-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, *extra: str, timeout: float = 120, env: dict[str, str] | None = None) -> ServiceProcess:
+    def start(
+        self,
+        *extra: str,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+        program: tuple[str, ...] = ("-m", "sandboxes.server"),
+    ) -> ServiceProcess:
         """The service, once its ``/readyz`` answers 200 (polled: a fast start waits for nothing
         more); ``timeout`` leaves room for a start that adopts sandboxes on a loaded machine;
-        ``env`` adds to its environment (none of the caller's ``SANDBOXES_`` variables reach it)."""
+        ``env`` adds to its environment (none of the caller's ``SANDBOXES_`` variables reach it);
+        ``program``: what the interpreter runs, given the service's arguments (a script that
+        changes the service before serving, for a test)."""
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("SANDBOXES_")}, **(env or {})}
         env["TMPDIR"] = str(self.config_path.parent)  # what a SIGKILL leaves in /tmp stays in the test's dir
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sandboxes.server", "--config", str(self.config_path), *extra],
+                [sys.executable, *program, "--config", str(self.config_path), *extra],
                 stdout=log,
                 stderr=log,
                 env=env,

@@ -21,6 +21,11 @@ refused, but both are never kept over the quota, as long as the backend's list s
 creation that returned before it (a Kubernetes list is a quorum read; one Docker engine is one
 state). Local and SSH sandboxes belong to the one service that reaches them: their renewals
 live in its state files.
+
+A deletion is recorded before the sandbox is destroyed, where a restart and every replica read
+it: a local sandbox's state file says ``deleting``, a shared backend's record (or claim) has
+its expiry moved to `DELETED_AT` (`Holdings.record_deletion`). A destroy that fails is retried
+by the sweep, and a restart in between finishes it: a deletion answered is never undone.
 """
 
 from __future__ import annotations

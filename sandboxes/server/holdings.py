@@ -267,8 +267,9 @@ class Holdings:
         return await self._register(state, sandbox, backend)
 
     async def _forget(self, entry: Entry) -> None:
-        """Let go of a sandbox that is gone (removed elsewhere): its handle, not the sandbox."""
-        if not self._unlist(entry):
+        """Let go of a sandbox that is gone (removed elsewhere): its handle, not the sandbox. One
+        this replica is deleting is its deleter's to destroy (its record says deleted already)."""
+        if entry.state.id in self._removing or not self._unlist(entry):
             return
         entry.processes.close()
         if entry.backend.shared and entry.state.kept_beside_record:  # the file kept beside its record

@@ -362,7 +362,12 @@ class Registry(Keeping):
         """Delete the tenant's sandbox: recorded first (`record_deletion`), then destroyed, or,
         if that fails, destroyed by a later sweep; answered deleted either way."""
         entry = await self.find(tenant, sandbox_id)
-        await self.record_deletion(entry)
+        self._removing.add(entry.state.id)  # from its mark on: no re-read forgets it (`_forget`)
+        try:
+            await self.record_deletion(entry)
+        except BaseException:
+            self._removing.discard(entry.state.id)
+            raise
         await self._remove(entry)
 
     async def sweep(self) -> None:

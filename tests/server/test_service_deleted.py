@@ -180,6 +180,32 @@ def test_a_deletion_the_engine_cannot_record_is_refused_and_undone_nowhere(
         assert sandbox["id"] not in _on_engine(engine, owner)
 
 
+def test_a_read_while_the_deletion_is_marked_leaves_the_destroy_to_the_deleter(
+    tmp_path: Path, engine: Any, owner: str, templates: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another request reads the sandbox's record between its deletion's mark and its destroy (a
+    GET of it, re-read at once: ``confirm_interval`` 0): it finds it gone, and the deleter still
+    destroys it, so the DELETE's 204 leaves nothing on the engine (the read forgot the held
+    sandbox, and the deleter, finding it forgotten, destroyed nothing)."""
+    kinds = _kinds({"default": templates["default"]})
+    settings = settings_for(tmp_path / "data", owner=owner, templates=kinds, confirm_interval=0)
+    with running(settings, docker_client=engine) as service, service.client("tiny") as tiny:
+        sandbox = create(tiny, ttl=300)
+        backend = service.registry.backends["default"]
+        renew, reads = backend.renew, []
+
+        def mark_then_read(state: Any, expires_at: float) -> None:
+            renew(state, expires_at)
+            if expires_at < time.time():  # the deletion's mark, an expiry long past
+                with service.client("tiny") as other:
+                    reads.append(other.get(f"/v1/sandboxes/{sandbox['id']}").status_code)
+
+        monkeypatch.setattr(backend, "renew", mark_then_read)
+        assert tiny.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        assert reads == [404]
+        assert sandbox["id"] not in _on_engine(engine, owner)
+
+
 def test_a_claims_expiry_recorded_late_does_not_undo_its_deletion(
     tmp_path: Path, engine: Any, owner: str, templates: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

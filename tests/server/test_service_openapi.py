@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 import httpx
 import pytest
-from service_harness import KEYS, UNTHROTTLED, Running, create, running, settings_for
+from service_harness import KEYS, UNTHROTTLED, Running, alice_fixtures, running, settings_for
 from support import SESSION_OWNER
 
 from sandboxes.api import ServiceErrorCode
@@ -29,22 +29,12 @@ BUDGET = 75
 
 
 @pytest.fixture(scope="module")
-def local_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     with running(settings_for(tmp_path_factory.mktemp("openapi"))) as svc:
         yield svc
 
 
-@pytest.fixture(scope="module")
-def client(local_service: Running) -> Iterator[httpx.Client]:
-    with local_service.client("alice") as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def sandbox(client: httpx.Client) -> Iterator[dict[str, Any]]:
-    created = create(client)
-    yield created
-    client.delete(f"/v1/sandboxes/{created['id']}")
+client, sandbox = alice_fixtures()
 
 
 def _document(client: httpx.Client) -> dict[str, Any]:

@@ -68,6 +68,21 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body larger than {limit} bytes")
 
 
+def _build_models() -> None:
+    """Build the validators and serializers of the API's models and of a create's options now,
+    at start (they are built at first use, `sandboxes._api_base`, for the client's import):
+    otherwise the first create after a start builds them on the event loop, and a burst of
+    creates waits behind it. Once per process."""
+    from pydantic import BaseModel
+
+    from sandboxes import lifecycle
+
+    for module in (api, lifecycle):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__.startswith("sandboxes"):
+                value.model_rebuild()
+
+
 def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: Clock | None = None) -> FastAPI:
     """The service as an ASGI app; sandboxes are reconciled when its lifespan starts. TTLs run
     on ``clock`` (the wall clock by default; a test's moves only when told)."""
@@ -90,6 +105,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
         service.command_pool = ThreadPoolExecutor(settings.command_threads, thread_name_prefix="sandboxes-command")
         files = ThreadPoolExecutor(file_threads(settings), thread_name_prefix="sandboxes-files")
         service.file_lanes.executor = files
+        _build_models()
         await registry.start()
         sampling = asyncio.create_task(sampler.run())
         logger.info("service ready", extra={"templates": sorted(settings.templates), "owner": settings.owner})

@@ -28,6 +28,7 @@ __all__ = [
     "keyed_states_of",
     "over_quota",
     "tenant_states",
+    "tenants_states",
 ]
 
 
@@ -82,6 +83,12 @@ def over_quota(tenant: Tenant, used: Usage, template: Template) -> str | None:
 def tenant_states(backends: dict[str, ProviderBackend], tenant: str) -> list[SandboxState]:
     """The tenant's sandboxes on the shared backends, whoever created them."""
     return _select(backends, tenant=tenant)
+
+
+def tenants_states(backends: dict[str, ProviderBackend], tenants: frozenset[str]) -> list[SandboxState]:
+    """The sandboxes of each of ``tenants`` on the shared backends (`tenant_states`, one after
+    the other): what one coalesced read answers (`sandboxes.server.idempotency.Lookups`)."""
+    return [state for tenant in sorted(tenants) for state in tenant_states(backends, tenant)]
 
 
 def find_state(backends: dict[str, ProviderBackend], sandbox_id: str) -> SandboxState | None:

@@ -72,6 +72,14 @@ class Claims:
                 and (idempotency_key is None or state.idempotency_key == idempotency_key)
             ]
 
+    def counted(self, backend: str, tenant: str) -> list[SandboxState]:
+        """The claims of ``backend``'s sandboxes of ``tenant`` themselves, not copies: for a
+        caller that only reads them (a quota count, on every claim of a burst). A claim held is
+        never changed in place, only replaced (`claim`, `renew`), so what this returns stays as
+        it was read."""
+        with self._lock:
+            return [state for state in self._held.values() if state.backend == backend and state.tenant == tenant]
+
     def renew(self, sandbox_id: str, expires_at: float) -> bool:
         """Record a new expiry on the claim of ``sandbox_id`` (none: nothing to do); ``False``,
         nothing done, if the claim records its sandbox deleted (`DELETED_AT`): no renewal, not

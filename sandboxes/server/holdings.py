@@ -74,6 +74,10 @@ class Holdings:
             functools.partial(self._read, census.keyed_states_of, backends), _idempotency_key
         )
         """The shared backends' records made with a key digest, read for a burst of creates at once."""
+        self._tenant_reads: idempotency.Lookups[SandboxState] = idempotency.Lookups(
+            functools.partial(self._read, census.tenants_states, backends), _tenant_of
+        )
+        """The shared backends' records of a tenant, read for a burst of its quota counts at once."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._doomed: dict[str, Entry] = {}
         """Sandboxes whose destroy failed: the sweep tries again."""
@@ -285,7 +289,7 @@ class Holdings:
         is still under way or retried by the sweep (the service's to finish, not the tenant's)."""
         if not self._shared:
             return []
-        states = await self._read(census.tenant_states, self.backends, tenant.id)
+        states = await self._tenant_reads.find(tenant.id)  # a read started after this call: as fresh as its own
         return [state for state in states if not self._deleted_here(state.id) and not state.deleted_on_record]
 
     async def recorded(self) -> _States:
@@ -527,3 +531,7 @@ def _close(sandbox: BaseSandbox) -> None:
 
 def _idempotency_key(state: SandboxState) -> str:
     return state.idempotency_key
+
+
+def _tenant_of(state: SandboxState) -> str:
+    return state.tenant

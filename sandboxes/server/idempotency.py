@@ -175,11 +175,11 @@ async def _find_or_make(keyed: Keyed, find: Found[_E], make: Callable[[], Awaita
 
 
 class Lookups(Generic[_S]):
-    """Reads of what key digests made, coalesced: a lookup waits for the first read that starts
-    after it asked (never one already under way), and the lookups that ask while a read runs
-    share the next one, so a burst of keyed creates reads the records a few times, not once each.
-    ``read`` answers the records made with any of the digests it is given; a failed read fails
-    every lookup it served."""
+    """Reads of the records of some keys (what key digests made; a tenant's, for its quota),
+    coalesced: a lookup waits for the first read that starts after it asked (never one already
+    under way), and the lookups that ask while a read runs share the next one, so a burst of
+    creates reads the records a few times, not once each. ``read`` answers the records of any
+    of the keys it is given (``key_of`` a record's key); a failed read fails every lookup it served."""
 
     def __init__(self, read: Callable[[frozenset[str]], Awaitable[list[_S]]], key_of: Callable[[_S], str]) -> None:
         self._read = read

@@ -20,9 +20,9 @@ with another request's.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -38,6 +38,9 @@ __all__ = ["Quotas", "Reservation"]
 
 logger = logging.getLogger(__name__)
 
+_KEYS = itertools.count()
+"""`Reservation.key`s: unique within the process, which is all they need to be."""
+
 
 @dataclass
 class Reservation:
@@ -48,7 +51,7 @@ class Reservation:
     cpus: float
     memory: int
     sandbox_id: str = field(default_factory=new_sandbox_id)
-    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    key: str = field(default_factory=lambda: str(next(_KEYS)))
 
 
 class Quotas:

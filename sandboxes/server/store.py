@@ -11,11 +11,11 @@ lives outside every sandbox's root: no sandbox can read or forge it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import re
-import uuid
 from bisect import bisect_left, insort
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +23,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+_TEMPORARIES = itertools.count()
+"""Numbers the temporary files of `StateStore.save_new` within this process."""
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 DELETED_AT = 1.0
@@ -205,7 +207,7 @@ class StateStore:
         """`save`, only if no state of that id is saved: ``False`` (nothing written) if one is.
         The file appears whole or not at all, and of two concurrent callers one alone writes it."""
         path = self._path(state.id)
-        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}-{next(_TEMPORARIES)}.new")  # no other writer's
         _write_private(temporary, json.dumps(state.to_json()))
         try:
             os.link(temporary, path)

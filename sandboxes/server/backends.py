@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -58,6 +57,7 @@ from sandboxes.server.claims import Claims
 from sandboxes.server.egress.policy import proxy_env
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
+from sandboxes.server.logs import random_id
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.startup import start_template
 from sandboxes.server.store import SandboxState
@@ -346,23 +346,9 @@ def backend_name(owner: str, key: str) -> str:
     return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()[:32]
 
 
-_RANDOM = bytearray()
-"""Bytes of the kernel's random source read ahead for `new_sandbox_id` (forgotten in a fork's child)."""
-_RANDOM_BATCH = 4096
-_RANDOM_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=_RANDOM.clear)
-
-
 def new_sandbox_id() -> str:
-    """16 random hex digits (64 bits of the kernel's random source), taken from bytes read a
-    batch at a time: a read of the random source releases the interpreter lock, and the event
-    loop, which draws an id on every create, then waits behind the worker threads to get it back."""
-    with _RANDOM_LOCK:
-        if len(_RANDOM) < 8:
-            _RANDOM[:] = os.urandom(_RANDOM_BATCH)
-        drawn = bytes(_RANDOM[-8:])
-        del _RANDOM[-8:]
-    return drawn.hex()
+    """16 random hex digits (`sandboxes.server.logs.random_id`)."""
+    return random_id()
 
 
 def _held(sandbox: Sandbox) -> BaseSandbox:

@@ -7,8 +7,10 @@ import contextvars
 import itertools
 import json
 import logging
+import os
 import secrets
 import sys
+import threading
 import time
 from typing import Any
 
@@ -27,6 +29,25 @@ def unique_id() -> str:
     to get it back behind the worker threads, twice per execute (request id and kill marker),
     on the thread that bounds throughput."""
     return f"{_ID_PREFIX}{next(_ID_COUNTER):020x}"
+
+
+_RANDOM = bytearray()
+"""Bytes of the kernel's random source read ahead for `random_id` (forgotten in a fork's child)."""
+_RANDOM_BATCH = 4096
+_RANDOM_LOCK = threading.Lock()
+os.register_at_fork(after_in_child=_RANDOM.clear)
+
+
+def random_id() -> str:
+    """16 random hex digits (64 bits of the kernel's random source), taken from bytes read a
+    batch at a time: as with `unique_id`, a read of the random source per call (``uuid4``)
+    made the event loop, which draws one on every create, wait for the interpreter lock."""
+    with _RANDOM_LOCK:
+        if len(_RANDOM) < 8:
+            _RANDOM[:] = os.urandom(_RANDOM_BATCH)
+        drawn = bytes(_RANDOM[-8:])
+        del _RANDOM[-8:]
+    return drawn.hex()
 
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}

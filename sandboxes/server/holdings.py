@@ -42,9 +42,10 @@ _States = list[SandboxState]
 _T = TypeVar("_T")
 
 DELETED_GRACE = 60.0
-"""Seconds a replica leaves a sandbox another one recorded deleted (`SandboxState.deleted_on_record`)
-to that one's destroy and its retries, before its sweep destroys it too: the deleter may be gone
-for good, but while it lives, two removals of one container at once fail one another."""
+"""Seconds (of the service's clock, from its first sweep that saw the mark) a replica leaves a
+sandbox another one recorded deleted (`SandboxState.deleted_on_record`) to that one's destroy and
+its retries, before its sweep destroys it too: the deleter may be gone for good, but while it
+lives, two removals of one container at once fail one another."""
 
 
 class Holdings:
@@ -421,8 +422,8 @@ class Holdings:
             if state.id in self._entries or state.expires_at > now or self._deleted_here(state.id):
                 continue
             if state.deleted_on_record:  # the deleter's to destroy first (`DELETED_GRACE`)
-                seen[state.id] = self._deleted_elsewhere.get(state.id, listed_at)
-                if listed_at - seen[state.id] < DELETED_GRACE:
+                seen[state.id] = self._deleted_elsewhere.get(state.id, now)
+                if now - seen[state.id] < DELETED_GRACE:
                     continue
             await self._reap(state, now)
         self._deleted_elsewhere = seen

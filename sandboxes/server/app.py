@@ -18,6 +18,7 @@ import contextlib
 import logging
 import re
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -27,6 +28,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic.warnings import UnsupportedFieldAttributeWarning
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -55,6 +57,12 @@ from sandboxes.server.usage import Sampler, UsageCollector
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
+
+# FastAPI wraps each request body's model as ``Annotated[Model, FieldInfo(alias=<its parameter>)]``
+# and silences pydantic's warning about that alias while it makes the adapter; our models build on
+# first use (``defer_build``), so the adapter is built later, outside FastAPI's silence. Our body
+# parameters are all named ``body``: the same warning, silenced for exactly them.
+warnings.filterwarnings("ignore", r"The 'alias' attribute with value 'body'", UnsupportedFieldAttributeWarning)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MCP_PATH = "/mcp"

@@ -36,6 +36,7 @@ from sandboxes import protocol as p
 
 __all__ = [
     "DEFAULT_USER_IDS",
+    "FINAL_EXPIRY",
     "CreateOptions",
     "Freezable",
     "FreezeUnavailable",
@@ -98,6 +99,10 @@ class Lifecycle(abc.ABC):
 
 
 DEFAULT_USER_IDS = (1000, 1000)
+
+FINAL_EXPIRY = 1.0
+"""A recorded expiry at or before this (the epoch's first second) is final: `SharedProvider.set_expiry`
+never moves it (a deletion's record, which no other process's renewal may undo)."""
 """The uid and gid a sandbox's commands run as unless its backend says otherwise."""
 
 
@@ -315,7 +320,8 @@ class SharedProvider(Provider[S], Protocol[S]):
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry on the sandbox ``ref`` (its `SandboxRecord.expires_at` from now
-        on, for every process's sweep). `LookupError` if there is none by that ref."""
+        on, for every process's sweep). `LookupError` if there is none by that ref, or its
+        recorded expiry is final (`FINAL_EXPIRY`) and ``expires_at`` is not."""
         ...
 
 

@@ -37,7 +37,7 @@ from sandboxes.kubernetes._pods import (
 from sandboxes.kubernetes._volumes import create_claim, delete_claim
 from sandboxes.kubernetes.config import LABEL_EXPIRES, LABEL_POOL, KubernetesSandboxConfig
 from sandboxes.kubernetes.sandbox import KubernetesSandbox
-from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+from sandboxes.lifecycle import FINAL_EXPIRY, CreateOptions, SandboxRecord, Sweep, label_expiry
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -158,23 +158,28 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Move the pod's expiry label (what every sweep reads) and its annotation; labels,
-        unlike a container's, can change. `LookupError` if the pod is gone or being deleted."""
+        unlike a container's, can change. A final expiry (`FINAL_EXPIRY`) stays: the patch is
+        made on the version of the pod read before it (``resourceVersion``), so no other
+        process's change lands between. `LookupError` if the pod is gone, being deleted, or its
+        expiry is final."""
         from kubernetes.client.exceptions import ApiException
 
-        patch = {
-            "metadata": {
-                "labels": {LABEL_EXPIRES: str(int(expires_at))},
-                "annotations": pod_annotations(self.template, expires_at),
-            }
-        }
-        try:
-            pod: Any = self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
-            raise
-        if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
-            raise LookupError(f"pod {ref!r} is being deleted")
+        for _ in range(_PATCH_ATTEMPTS):
+            try:
+                pod: Any = self.api.read_namespaced_pod(ref, self.template.namespace)
+                _refuse_to_move(pod, expires_at)
+                patch = _expiry_patch(self.template, pod, expires_at)
+                pod = self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
+                if exc.status == 409:  # changed since the read: read it again
+                    continue
+                raise
+            if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
+                raise LookupError(f"pod {ref!r} is being deleted")
+            return
+        raise RuntimeError(f"pod {ref!r} kept changing: its expiry was not recorded")
 
     def destroy(self, ref: str) -> None:
         """Delete the pod and wait until it is gone; gone already is fine."""
@@ -275,3 +280,29 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
 
 def _phase(pod: Any) -> str | None:
     return pod.status.phase if pod.status is not None else None
+
+
+_PATCH_ATTEMPTS = 5
+"""Reads and patches of a pod's expiry while other processes keep changing it (409s)."""
+
+
+def _refuse_to_move(pod: Any, expires_at: float) -> None:
+    """`LookupError` if ``pod`` is being deleted or its expiry is final (`FINAL_EXPIRY`) and
+    ``expires_at`` is not."""
+    if pod.metadata.deletion_timestamp is not None:
+        raise LookupError(f"pod {pod.metadata.name!r} is being deleted")
+    recorded = label_expiry(pod.metadata.labels or {}, LABEL_EXPIRES, logger)
+    if recorded is not None and recorded <= FINAL_EXPIRY < expires_at:
+        raise LookupError(f"pod {pod.metadata.name!r} is recorded deleted: its expiry is final")
+
+
+def _expiry_patch(template: KubernetesSandboxConfig, pod: Any, expires_at: float) -> dict[str, Any]:
+    """The merge patch of the pod's expiry, valid only on the version read (``resourceVersion``:
+    the API server answers 409 to it once the pod has changed)."""
+    return {
+        "metadata": {
+            "resourceVersion": pod.metadata.resource_version,
+            "labels": {LABEL_EXPIRES: str(int(expires_at))},
+            "annotations": pod_annotations(template, expires_at),
+        }
+    }

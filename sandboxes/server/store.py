@@ -21,14 +21,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxes.lifecycle import FINAL_EXPIRY
+
 logger = logging.getLogger(__name__)
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-DELETED_AT = 1.0
+DELETED_AT = FINAL_EXPIRY
 """The expiry a deletion records on a shared backend's sandbox (and its claim) before its destroy
-(`SandboxState.deleted_on_record`): long past on every replica's clock, and no expiry a create
-or a renewal gives."""
+(`SandboxState.deleted_on_record`): long past on every replica's clock, no expiry a create
+or a renewal gives, and final on the backend: no replica's renewal moves it."""
 
 PAUSED_AT_TIMEOUT = "timeout"
 """`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the

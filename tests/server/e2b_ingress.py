@@ -39,32 +39,16 @@ class Ingress:
 
 def _certificates(domain: str, directory: Path) -> tuple[Path, Path, Path]:
     """A CA's PEM, and a certificate for ``*.{domain}`` it signed with its key (PEMs)."""
-    now = datetime.datetime.now(datetime.UTC)
     ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandboxes test ingress CA")])
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(_usage(cert_sign=True), critical=True)
+        _builder(ca_name, ca_name, ca_key.public_key(), authority=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    leaf_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"*.{domain}")])
     leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"*.{domain}")]))
-        .issuer_name(ca_name)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_usage(cert_sign=False), critical=True)
+        _builder(leaf_name, ca_name, leaf_key.public_key(), authority=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(f"*.{domain}")]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
@@ -78,6 +62,24 @@ def _certificates(domain: str, directory: Path) -> tuple[Path, Path, Path]:
     )
     paths[2].write_bytes(key)
     return paths
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *, authority: bool
+) -> x509.CertificateBuilder:
+    """A certificate valid from an hour ago for a day, a CA's (``authority``) or a server's."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=authority, path_length=None), critical=True)
+        .add_extension(_usage(cert_sign=authority), critical=True)
+    )
 
 
 def _usage(*, cert_sign: bool) -> x509.KeyUsage:

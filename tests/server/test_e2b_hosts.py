@@ -10,6 +10,7 @@ web app INSIDE the sandbox stands in for the code interpreter's server."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,7 +95,9 @@ def test_the_envd_host_is_the_envd_plane(service: Running, sandbox: dict[str, An
     read = httpx.get(f"{service.url}/files", params={"path": "app.py"}, headers=by_host)
     assert read.status_code == 200
     assert read.content == APP.encode()
-    assert read.content == httpx.get(f"{service.url}/e2b/envd/files", params={"path": "app.py"}, headers=by_path).content
+    assert (
+        read.content == httpx.get(f"{service.url}/e2b/envd/files", params={"path": "app.py"}, headers=by_path).content
+    )
     listed = httpx.post(  # a Connect RPC, at the path the SDK's envd client names
         f"{service.url}/filesystem.Filesystem/ListDir",
         json={"path": ".", "depth": 1},
@@ -179,6 +182,13 @@ def test_the_sdk_without_a_sandbox_url_reaches_the_sandbox_by_its_hosts(
             _wait_listening(service, sandbox.sandbox_id, token)
             execution = sandbox.run_code("1+1")
             assert execution.text == "2"
+            trusted = ssl.create_default_context(cafile=str(front.ca_file))
+            with httpx.Client(proxy=front.url, verify=trusted) as browser:  # what a user's own client sees
+                assert browser.get(sandbox.download_url("app.py")).text == APP  # signed: no token sent
+                own = browser.get(f"https://{sandbox.get_host(JUPYTER_PORT)}/health")
+                assert own.status_code == 401  # not public: the token, a key or a preview token
+                own = browser.get(own.url, headers={"E2B-Traffic-Access-Token": token})
+                assert own.text == "ok"
             again = CodeSandbox.connect(sandbox.sandbox_id, **options)
             assert again.files.read("app.py") == APP
         finally:

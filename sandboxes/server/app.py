@@ -39,6 +39,7 @@ from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
+from sandboxes.server.e2b.hosts import E2BHosts
 from sandboxes.server.e2b.tokens import kept_secret
 from sandboxes.server.egress import routes as egress_routes
 from sandboxes.server.egress.hub import EgressHub
@@ -145,6 +146,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.add_middleware(_RequestMiddleware, service=service)
     if settings.preview_domain:  # a Host of {port}-{id}.{domain}: that port's preview, whatever the path
         app.router.routes.insert(0, HostedRoute(api.API_PREFIX))
+        app.add_middleware(E2BHosts)  # E2B's requests on such a host: its envd plane's (inside the marking)
         app.add_middleware(PreviewHosts, domain=settings.preview_domain)
     return app
 

@@ -72,6 +72,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
         envd_version=ENVD_VERSION,
         envd_access_token=token,
         traffic_access_token=token,
+        domain=service(request).settings.preview_domain,
     )
 
 

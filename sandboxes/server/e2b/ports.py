@@ -1,6 +1,7 @@
 """A sandbox's other ports on the E2B envd plane: with ``E2B_SANDBOX_URL`` pointed at the service,
 the SDK reaches every port of a sandbox (the code interpreter's 49999, ``get_sandbox_url(port=)``)
-at that one URL, naming the port in ``E2b-Sandbox-Port``. A request under ``/e2b/envd`` whose
+at that one URL, naming the port in ``E2b-Sandbox-Port`` (without it, at ``{port}-{id}.{domain}``,
+which `sandboxes.server.e2b.hosts` turns into the same request). A request under ``/e2b/envd`` whose
 port is not envd's is relayed to that port inside the sandbox (`relay_http`), whatever its path,
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
 envd token, `sandboxes.server.e2b.tokens`), or without one where its create asked

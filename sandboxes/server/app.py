@@ -49,7 +49,7 @@ from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.port_routes import ports
 from sandboxes.server.preview_proxy import HostedRoute, PreviewHosts, Previews
-from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, PreviewAccess
+from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, REVOKED_DIR, PreviewAccess
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, hot_routes, router
@@ -89,7 +89,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     egress = EgressHub(settings, registry.holds)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
-    previews = service.previews = Previews(PreviewAccess(secret, clock))
+    previews = service.previews = Previews(PreviewAccess(secret, settings.data_dir / REVOKED_DIR, clock))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

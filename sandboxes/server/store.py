@@ -198,10 +198,18 @@ class StateStore:
         os.chmod(directory, 0o700)
 
     def save(self, state: SandboxState) -> None:
-        path = self._path(state.id)
-        temporary = path.with_name(f".{path.name}.tmp")
-        _write_private(temporary, json.dumps(state.to_json()))
-        os.replace(temporary, path)
+        replace_private(self._path(state.id), json.dumps(state.to_json()))
+
+    def load(self, sandbox_id: str) -> SandboxState | None:
+        """The state saved of ``sandbox_id`` (by this replica or another sharing the directory);
+        ``None`` if none is, or it cannot be read."""
+        try:
+            return SandboxState.from_json(json.loads(self._path(sandbox_id).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            logger.warning("ignoring unreadable state file of %s: %s", sandbox_id, exc)
+            return None
 
     def save_new(self, state: SandboxState) -> bool:
         """`save`, only if no state of that id is saved: ``False`` (nothing written) if one is.
@@ -234,6 +242,18 @@ class StateStore:
         if not _SAFE_ID.match(sandbox_id):
             raise ValueError(f"unsafe sandbox id {sandbox_id!r}")
         return self.directory / f"{sandbox_id}.json"
+
+
+def replace_private(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path`` (0600), in one step: a ``kill -9`` leaves the old file or
+    the new, and writers racing (replicas sharing the directory) each replace it whole."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        _write_private(temporary, text)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -86,7 +86,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
     sampler = Sampler(lambda: registry.entries, settings.sample_interval, settings.sample_history)
     metrics.registry.register(UsageCollector(sampler, settings.sample_gauges_per_sandbox))
-    egress = EgressHub(settings, registry.holds)
+    egress = EgressHub(settings, registry.holds, refresh=registry.held_confirmed)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
     previews = service.previews = Previews(PreviewAccess(secret, settings.data_dir / REVOKED_DIR, clock))
@@ -134,6 +134,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.router.routes.extend(egress_routes.router.routes)
     app.state.egress = egress
     registry.on_register.append(egress.attach)
+    registry.on_network.append(egress.network_changed)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
         mount_console(app)

@@ -30,7 +30,7 @@ from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
 from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.settings import LABEL_VALUE, ServiceSettings
 from sandboxes.server.store import DELETED_AT, SandboxState, StateStore
 from sandboxes.server.volumes import Volumes
 
@@ -67,6 +67,8 @@ class Holdings:
         self.ready = False
         self.on_register: list[Callable[[Entry], None]] = []
         """Called (on the event loop) with each sandbox this replica starts to hold."""
+        self.on_network: list[Callable[[Entry], None]] = []
+        """Called (on the event loop) with a held sandbox whose network another replica changed."""
         self._entries: dict[str, Entry] = {}
         self.volumes = Volumes(settings, backends)
         self._quotas = Quotas(self._counted, self._held, self.clock.now)
@@ -238,7 +240,51 @@ class Holdings:
             await self._forget(entry)
             raise not_found(sandbox_id)
         self._refresh(entry, recorded, checked)
+        await self._reread_network(entry)
         return entry
+
+    async def held_confirmed(self, sandbox_id: str) -> Entry | None:
+        """The sandbox as this replica holds it, its record (and network) read again first if
+        ``confirm_interval`` has passed, as `find` does; ``None`` if it is not held or gone.
+        A failed read is a `ServiceError` (``backend_unavailable``)."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None or self._trusted(entry):
+            return entry
+        try:
+            return await self._confirm(entry)
+        except ServiceError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+
+    async def network_of(self, sandbox_id: str) -> SandboxState | None:
+        """The state that says who may reach the sandbox's ports without a key: as this replica
+        holds it (`held_confirmed`), else, for a shared backend's, its state file, where another
+        replica sharing the data directory recorded its network (a `find` then adopts it);
+        ``None`` if neither says anything. No backend lookup for a sandbox not held."""
+        entry = await self.held_confirmed(sandbox_id)
+        if entry is not None:
+            return entry.state
+        if not self._shared or not LABEL_VALUE.match(sandbox_id) or self._deleted_here(sandbox_id):
+            return None
+        kept = await asyncio.to_thread(self.store.load, sandbox_id)
+        shared = {backend.name for backend in self.backends.values() if backend.shared}
+        if kept is None or not kept.network_set or kept.backend not in shared or kept.deleted_on_record:
+            return None
+        return kept
+
+    async def _reread_network(self, entry: Entry) -> None:
+        """Take what the sandbox's state file says of its network (`SandboxState.take_network`),
+        which another replica sharing the data directory may have set since (`record_network`),
+        and call `on_network` if that changed what this replica serves."""
+        kept = await asyncio.to_thread(self.store.load, entry.state.id)
+        if kept is None or not kept.network_set or kept.ref != entry.state.ref:
+            return
+        served = _network_of(entry.state)
+        entry.state.take_network(kept)
+        if _network_of(entry.state) != served:
+            for hook in self.on_network:
+                hook(entry)
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
         if checked < entry.confirmed:  # read before what is held was (a renewal here since)
@@ -264,6 +310,9 @@ class Holdings:
             return self._entries[state.id]
         if not state.workdir:
             state.workdir = workdir_of(sandbox)
+        kept = await asyncio.to_thread(self.store.load, state.id)  # its network, if a replica set it
+        if kept is not None and kept.network_set and kept.ref == state.ref:
+            state.take_network(kept)
         logger.info("adopted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
         return await self._register(state, sandbox, backend)
 
@@ -528,3 +577,8 @@ def _close(sandbox: BaseSandbox) -> None:
 
 def _idempotency_key(state: SandboxState) -> str:
     return state.idempotency_key
+
+
+def _network_of(state: SandboxState) -> tuple[object, ...]:
+    """What `SandboxState.take_network` takes, to tell whether it changed anything."""
+    return (state.egress_allow, state.egress_headers, state.public_ports, state.mask_request_host, state.preview_public)

@@ -175,7 +175,7 @@ class PreviewAccess:
             if tenant_id is None:
                 raise ServiceError("unauthorized", "the preview token is not valid for this port, expired or revoked")
         else:
-            tenant_id = _public_tenant(registry, sandbox_id, port)
+            tenant_id = await _public_tenant(registry, sandbox_id, port)
             if tenant_id is None:
                 raise ServiceError("unauthorized", "an API key or a preview token is needed (this port is not public)")
         tenant = Tenant(tenant_id, settings.policy_for(tenant_id))
@@ -203,12 +203,13 @@ def preview_token_of(scope: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _public_tenant(registry: Registry, sandbox_id: str, port: int) -> str | None:
-    """The tenant of a sandbox this replica holds whose port was made public; ``None`` otherwise."""
-    entry = registry.entries.get(sandbox_id)
-    if entry is None or not entry.state.preview_is_public(port):
+async def _public_tenant(registry: Registry, sandbox_id: str, port: int) -> str | None:
+    """The tenant of the sandbox if its port was made public, through any replica sharing the
+    data directory (`Holdings.network_of`); ``None`` otherwise."""
+    state = await registry.network_of(sandbox_id)
+    if state is None or not state.preview_is_public(port):
         return None
-    return entry.state.tenant
+    return state.tenant
 
 
 def _b64(data: bytes) -> str:

@@ -202,7 +202,9 @@ class StateStore:
 
     def load(self, sandbox_id: str) -> SandboxState | None:
         """The state saved of ``sandbox_id`` (by this replica or another sharing the directory);
-        ``None`` if none is, or it cannot be read."""
+        ``None`` if none is, or it cannot be read, or no sandbox can have that id."""
+        if not _SAFE_ID.match(sandbox_id):
+            return None
         try:
             return SandboxState.from_json(json.loads(self._path(sandbox_id).read_text(encoding="utf-8")))
         except FileNotFoundError:

@@ -74,7 +74,7 @@ async def _relayed(request: Request) -> Response:
         raise ServiceError("invalid_request", f"E2b-Sandbox-Port {raw_port!r} is no port", status=400)
     token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token") or ""
     svc = service(request)
-    access = port_access(request, sandbox_id)
+    access = await port_access(request, sandbox_id)
     tenant_id = e2b_state(request).signer.tenant_of(token, sandbox_id) if token else None
     public = tenant_id is None and not token and access is not None and bool(access.public)
     if public and access is not None:

@@ -26,6 +26,9 @@ class Entry:
     """When its record was last read from a shared backend (`time.monotonic`)."""
     pausing: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held across a pause or a resume of it, so they happen one at a time."""
+    network_seen: tuple[object, ...] = ()
+    """Its network (`SandboxState.network`) as this replica last wrote its state file or read it
+    there: one read back the same is no other replica's change (this one's may be newer)."""
     expiring: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held across what its expiry does (a removal, or a pause it asked for), so that a sweep
     finding one under way (a timer's, another sweep's) returns once it is done."""

@@ -168,7 +168,7 @@ class Holdings:
         live in it (`sandboxes.server.processes`)."""
         sandbox.operation_timeout = min(sandbox.operation_timeout, self.settings.file_operation_timeout)
         processes = ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
-        return Entry(state, sandbox, backend, processes)
+        return Entry(state, sandbox, backend, processes, network_seen=state.network())
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
         entry = self._entry(state, sandbox, backend)
@@ -277,12 +277,15 @@ class Holdings:
         """Take what the sandbox's state file says of its network (`SandboxState.take_network`),
         which another replica sharing the data directory may have set since (`record_network`),
         and call `on_network` if that changed what this replica serves."""
+        seen = entry.network_seen
         kept = await asyncio.to_thread(self.store.load, entry.state.id)
         if kept is None or not kept.network_set or kept.ref != entry.state.ref:
             return
-        served = _network_of(entry.state)
+        if kept.network() == seen or entry.network_seen is not seen:  # none since, or this replica's since
+            return
+        served, entry.network_seen = entry.state.network(), kept.network()
         entry.state.take_network(kept)
-        if _network_of(entry.state) != served:
+        if entry.state.network() != served:
             for hook in self.on_network:
                 hook(entry)
 
@@ -577,8 +580,3 @@ def _close(sandbox: BaseSandbox) -> None:
 
 def _idempotency_key(state: SandboxState) -> str:
     return state.idempotency_key
-
-
-def _network_of(state: SandboxState) -> tuple[object, ...]:
-    """What `SandboxState.take_network` takes, to tell whether it changed anything."""
-    return (state.egress_allow, state.egress_headers, state.public_ports, state.mask_request_host, state.preview_public)

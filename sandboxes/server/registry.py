@@ -355,6 +355,7 @@ class Registry(Keeping):
         """Keep what the API set of the sandbox's network (in its state) across a restart and a
         hibernate: in its state file, on every backend (`SandboxState.network_set`)."""
         entry.state.network_set = True
+        entry.network_seen = entry.state.network()  # no re-read of the file undoes it meanwhile
         if self._entries.get(entry.state.id) is entry:
             await asyncio.to_thread(self.store.save, entry.state)
 

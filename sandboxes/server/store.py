@@ -170,6 +170,10 @@ class SandboxState:
         self.preview_public = list(recorded.preview_public)
         self.network_set = recorded.network_set
 
+    def network(self) -> tuple[object, ...]:
+        """What `take_network` takes, to compare."""
+        return (self.egress_allow, self.egress_headers, self.public_ports, self.mask_request_host, self.preview_public)
+
     def set_preview_public(self, port: int, public: bool) -> None:
         """``port`` in `preview_public` or not, the list still sorted with each port once."""
         at = bisect_left(self.preview_public, port)

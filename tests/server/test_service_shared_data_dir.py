@@ -1,11 +1,16 @@
 """Two replicas of the service on ONE data directory: what one records there, the other reads
 from its next request on. A revoked preview token (`sandboxes.server.previews`) is refused by
-both, and by the one that revoked it after a restart."""
+both, and by the one that revoked it after a restart; a sandbox's network read again from its
+state file does not undo a change made meanwhile (the replicas over Docker:
+``test_service_egress.py``)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ from service_harness import ManualClock, create, error_of, running, settings_for
 from support import HAS_BWRAP
 
 from sandboxes.server.previews import REVOKED_DIR, PreviewAccess
+from sandboxes.server.store import SandboxState
 
 PORT = 8000
 """A port nothing listens on: a request a token lets through answers 502, one it does not 401."""
@@ -76,3 +82,38 @@ def test_a_revocation_is_dropped_once_its_token_would_have_expired_anyway(tmp_pa
     clock.advance(7 * 24 * 3600)
     b.revoke(new.token_id)
     assert sorted(path.name for path in revoked.iterdir()) == [new.token_id]  # the first's token expired
+
+
+@pytest.mark.needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
+def test_a_reread_of_the_network_in_flight_does_not_undo_a_change_made_here_meanwhile(tmp_path: Path) -> None:
+    """The state file read again (another replica's change, `Holdings._reread_network`) while a
+    request here changes the network: the older file read back is not taken over the change."""
+    with running(settings_for(tmp_path)) as a, a.client("alice") as alice:
+        sandbox_id = create(alice)["id"]
+        registry = a.registry
+        entry = registry.entries[sandbox_id]
+        theirs = dataclasses.replace(entry.state, preview_public=[9000], network_set=True)
+        registry.store.save(theirs)  # what another replica sharing the directory wrote
+        reading, landed = threading.Event(), threading.Event()
+        load = registry.store.load
+
+        def held_load(sandbox_id: str) -> SandboxState | None:
+            found = load(sandbox_id)  # read before the change below
+            reading.set()
+            landed.wait(30)
+            return found
+
+        registry.store.load = held_load
+        reread = asyncio.run_coroutine_threadsafe(registry._reread_network(entry), registry._loop)
+        assert reading.wait(30)
+        assert alice.put(f"/v1/sandboxes/{sandbox_id}/ports/{PORT}", json={"public": True}).status_code == 200
+        landed.set()
+        reread.result(30)
+        registry.store.load = load
+        assert entry.state.preview_public == [PORT]
+        assert load(sandbox_id).preview_public == [PORT]  # type: ignore[union-attr]
+        theirs = dataclasses.replace(entry.state, preview_public=[9000])
+        registry.store.save(theirs)  # another replica's change, after this one's: taken
+        asyncio.run_coroutine_threadsafe(registry._reread_network(entry), registry._loop).result(30)
+        assert entry.state.preview_public == [9000]
+        assert alice.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204

@@ -1,6 +1,8 @@
 """What one replica holds of the sandboxes, and how it keeps that true: registering and
 adopting handles, reconciling with what the backends have, confirming a shared sandbox against
-its record, counting a tenant's sandboxes for its quotas, and expiring, sweeping and removing.
+its record (and its network against its state file, which replicas sharing the data directory
+all write: `held_confirmed`), counting a tenant's sandboxes for its quotas, and expiring,
+sweeping and removing.
 
 All of it runs on the event loop thread (only backend calls go to worker threads), so a check
 and the change that follows it never interleave with another request's. `Registry` adds the

@@ -12,7 +12,8 @@ Several replicas. A sandbox of a shared backend (Docker, Kubernetes: `ProviderBa
 is its own record: tenant, template, expiry and creation time are on it (`sandboxes.server.
 census`), and what a replica holds of it is a cache. A request for an id this replica does not
 hold finds it by label and adopts it; one for an id it holds re-reads the record once
-``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry),
+``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry;
+its network set elsewhere, by a replica sharing the data directory: the network in its state file),
 and every sweep compares the whole cache with the backend and reaps what expired, whoever
 created it. Quotas are counted from the backend too, before a creation and again after it
 (`sandboxes.server.quotas`): a newcomer that finds its tenant over quota (another replica

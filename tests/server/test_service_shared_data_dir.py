@@ -11,6 +11,7 @@ import dataclasses
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,9 @@ def test_a_revocation_is_dropped_once_its_token_would_have_expired_anyway(tmp_pa
 
 
 @pytest.mark.needs(HAS_BWRAP, "bubblewrap (bwrap) is not installed")
-def test_a_reread_of_the_network_in_flight_does_not_undo_a_change_made_here_meanwhile(tmp_path: Path) -> None:
+def test_a_reread_of_the_network_in_flight_does_not_undo_a_change_made_here_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The state file read again (another replica's change, `Holdings._reread_network`) while a
     request here changes the network: the older file read back is not taken over the change."""
     with running(settings_for(tmp_path)) as a, a.client("alice") as alice:
@@ -95,23 +98,25 @@ def test_a_reread_of_the_network_in_flight_does_not_undo_a_change_made_here_mean
         theirs = dataclasses.replace(entry.state, preview_public=[9000], network_set=True)
         registry.store.save(theirs)  # what another replica sharing the directory wrote
         reading, landed = threading.Event(), threading.Event()
-        load = registry.store.load
+        load: Callable[[str], SandboxState | None] = registry.store.load
 
-        def held_load(sandbox_id: str) -> SandboxState | None:
-            found = load(sandbox_id)  # read before the change below
+        def held_load(wanted: str) -> SandboxState | None:
+            found = load(wanted)  # read before the change below
             reading.set()
             landed.wait(30)
             return found
 
-        registry.store.load = held_load
+        monkeypatch.setattr(registry.store, "load", held_load)
         reread = asyncio.run_coroutine_threadsafe(registry._reread_network(entry), registry._loop)
         assert reading.wait(30)
         assert alice.put(f"/v1/sandboxes/{sandbox_id}/ports/{PORT}", json={"public": True}).status_code == 200
         landed.set()
         reread.result(30)
-        registry.store.load = load
+        monkeypatch.undo()
         assert entry.state.preview_public == [PORT]
-        assert load(sandbox_id).preview_public == [PORT]  # type: ignore[union-attr]
+        kept = load(sandbox_id)
+        assert kept is not None
+        assert kept.preview_public == [PORT]
         theirs = dataclasses.replace(entry.state, preview_public=[9000])
         registry.store.save(theirs)  # another replica's change, after this one's: taken
         asyncio.run_coroutine_threadsafe(registry._reread_network(entry), registry._loop).result(30)

@@ -433,7 +433,7 @@ def replicas(request: pytest.FixtureRequest, allowed: Target, tmp_path: Path) ->
     """Two replicas, A and B, on one Docker engine and ONE data directory, each reading a record
     again at every request (``confirm_interval`` 0)."""
     settings, docker_client = _settings("docker", request, allowed, tmp_path)
-    settings = settings.model_copy(update={"confirm_interval": 0})
+    settings = settings.model_copy(update={"confirm_interval": 0, "preview_domain": "sandboxes.test"})
     with running(settings, docker_client=docker_client) as a, running(settings, docker_client=docker_client) as b:
         yield a, b
 
@@ -472,7 +472,8 @@ def test_a_replica_that_does_not_hold_a_sandbox_reads_the_network_another_set(
     replicas: tuple[Running, Running], refused: Target
 ) -> None:
     """A holds neither sandbox B made and changed: a stranger's request for a public port (ours,
-    E2B's ``allow_public_traffic``) is let in on A, which adopts the sandbox with what B recorded."""
+    E2B's ``allow_public_traffic``, by path and on its host of the preview domain) is let in on
+    A, which adopts the sandbox with what B recorded."""
     a, b = replicas
     changed = [f"127.0.0.3:{refused.port}"]
     with b.client() as on_b, a.client(None) as stranger, a.client() as on_a:
@@ -482,6 +483,8 @@ def test_a_replica_that_does_not_hold_a_sandbox_reads_the_network_another_set(
             assert on_b.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": True}).status_code == 200
             assert on_b.put(f"/v1/sandboxes/{made}/egress", json={"allow": changed}).status_code == 200
             assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 502  # let in
+            host = {"Host": f"8000-{opened.sandbox_id}.sandboxes.test"}  # E2B's, not a preview's 401
+            assert stranger.get("/", headers=host).status_code == 502
             e2b = {"E2b-Sandbox-Id": opened.sandbox_id, "E2b-Sandbox-Port": "8000"}
             assert stranger.get("/e2b/envd/", headers=e2b).status_code == 502  # no traffic token needed
             assert on_a.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": changed}

@@ -37,13 +37,14 @@ class E2BHosts:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = scope.get("preview_target")
-        if target is not None and scope["type"] == "http" and _is_e2b(scope, target[0], target[1]):
+        if target is not None and scope["type"] == "http" and await _is_e2b(scope, target[0], target[1]):
             scope = _on_envd_plane(scope, target[0], target[1])
         await self.app(scope, receive, send)
 
 
-def _is_e2b(scope: Scope, port: int, sandbox_id: str) -> bool:
-    """Whether the request for ``port`` of ``sandbox_id`` is E2B's rather than a preview's."""
+async def _is_e2b(scope: Scope, port: int, sandbox_id: str) -> bool:
+    """Whether the request for ``port`` of ``sandbox_id`` is E2B's rather than a preview's (its
+    public traffic as set through any replica sharing the data directory: `Holdings.network_of`)."""
     if str(port) == ENVD_PORT:
         return True
     names = {key for key, _ in scope["headers"]}
@@ -51,8 +52,8 @@ def _is_e2b(scope: Scope, port: int, sandbox_id: str) -> bool:
         return True
     if b"authorization" in names or preview_token_of(scope) is not None:
         return False
-    entry = scope["app"].state.service.registry.entries.get(sandbox_id)
-    return entry is not None and bool(entry.state.public_ports)
+    state = await scope["app"].state.service.registry.network_of(sandbox_id)
+    return state is not None and bool(state.public_ports)
 
 
 def _on_envd_plane(scope: Scope, port: int, sandbox_id: str) -> Scope:

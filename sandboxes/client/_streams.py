@@ -72,6 +72,20 @@ class _Position:
         self.reattach = False
         return _ops.attach_stream(self.sandbox_id, self.command_id, self.offset)
 
+    def then(self) -> w.Op[None] | None:
+        """After a connection ended: the request to follow next (the one re-attach, once the
+        stream was lost), ``None`` when the stream is over."""
+        return None if self.lost is None else self.again()
+
+    def ending(self) -> p.ExecuteResponse | None:
+        """What ends a stream once `then` said it is over: a ``connection_lost`` response if it
+        was given up as lost, ``None`` if its exit event came."""
+        return None if self.lost is None else w.lost_execution(self.lost)
+
+    def kill(self) -> w.Op[p.ExecuteResponse] | None:
+        """The request that kills the command, ``None`` while its id is unknown (not started)."""
+        return None if self.command_id is None else _ops.kill_stream(self.sandbox_id, self.command_id)
+
     def follows(self, op: w.Op[None]) -> None:
         """``op`` is sent: until its exit event arrives, the stream counts as lost."""
         self.lost = f"{op.what}: the stream ended before the command's exit"
@@ -132,18 +146,16 @@ class CommandStream(_Followed, Iterator[Item]):
         """Stop reading and kill the command's whole process tree; its final response, or
         ``None`` if it never started (nothing was read from this stream yet)."""
         self._items.close()
-        if self._position.command_id is None:
-            return None
-        return self._connection.call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
+        op = self._position.kill()
+        return None if op is None else self._connection.call(op)
 
     def _run(self, op: w.Op[None]) -> Generator[Item]:
         following: w.Op[None] | None = op
         while following is not None:
             yield from self._follow(following)
-            if self._position.lost is None:
-                return
-            following = self._position.again()
-        yield w.lost_execution(self._position.lost or "the stream was lost")
+            following = self._position.then()
+        if (ending := self._position.ending()) is not None:
+            yield ending
 
     def _follow(self, op: w.Op[None]) -> Generator[Item]:
         position = self._position
@@ -192,19 +204,19 @@ class AsyncCommandStream(_Followed, AsyncIterator[Item]):
     async def akill(self) -> p.ExecuteResponse | None:
         """`CommandStream.kill`'s async twin."""
         await self._items.aclose()
-        if self._position.command_id is None:
+        op = self._position.kill()
+        if op is None:
             return None
-        return await self._connect().call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
+        return await self._connect().call(op)
 
     async def _run(self, op: w.Op[None]) -> AsyncGenerator[Item]:
         following: w.Op[None] | None = op
         while following is not None:
             async for item in self._follow(following):
                 yield item
-            if self._position.lost is None:
-                return
-            following = self._position.again()
-        yield w.lost_execution(self._position.lost or "the stream was lost")
+            following = self._position.then()
+        if (ending := self._position.ending()) is not None:
+            yield ending
 
     async def _follow(self, op: w.Op[None]) -> AsyncGenerator[Item]:
         position = self._position

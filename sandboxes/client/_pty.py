@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pydantic
@@ -58,6 +59,31 @@ def _parsed(text: str) -> api.PtyMessage | None:
         return None
 
 
+class _Opening:
+    """``with _Opening():`` around the WebSocket's opening raises its failure as the client's
+    error: the service's refusal of the upgrade as any other call's, no connection as
+    `ServiceUnreachable`."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, InvalidStatus):
+            raise _refused(exc) from exc
+        if isinstance(exc, OSError):
+            raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
+
+
+def _connect_options(config: w.ClientConfig) -> dict[str, Any]:
+    """How both flavours open the socket: the key in a header, the protocol, what it may carry."""
+    return {
+        "additional_headers": config.headers(),
+        "subprotocols": [api.PTY_SUBPROTOCOL],
+        "open_timeout": config.connect_timeout,
+        "max_size": MAX_MESSAGE,
+    }
+
+
 def _control(resize: api.PtySize | None = None, kill: bool = False) -> str:
     return api.PtyControl(resize=resize, kill=kill).model_dump_json(exclude_defaults=True)
 
@@ -68,6 +94,14 @@ class _Named:
     def __init__(self) -> None:
         self.exit: api.PtyExit | None = None
         self.session = ""
+
+    def _named(self, chunk: bytes | None) -> None:
+        """Raises `ConnectionLost` unless the terminal named its session before any output:
+        ``chunk`` is the first output read (``None``: none before the session or the socket's end)."""
+        if chunk is not None:
+            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
+        if not self.session:
+            raise ConnectionLost("the service closed the terminal before naming its session")
 
     def _ends(self, message: str) -> bool:
         """Whether a text message ends the output being read: it named the session, or the exit."""
@@ -89,10 +123,7 @@ class RemoteTerminal(_Named):
     def __init__(self, socket: ClientConnection) -> None:
         super().__init__()
         self._socket = socket
-        for chunk in self._messages():
-            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
-        if not self.session:
-            raise ConnectionLost("the service closed the terminal before naming its session")
+        self._named(next(self._messages(), None))
 
     def _messages(self) -> Iterator[bytes]:
         """Output until the session is named (the first call) or the exit came."""
@@ -148,10 +179,7 @@ class AsyncRemoteTerminal(_Named):
         self._socket = socket
 
     async def _start(self) -> None:
-        async for chunk in self._messages():
-            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
-        if not self.session:
-            raise ConnectionLost("the service closed the terminal before naming its session")
+        self._named(await anext(self._messages(), None))
 
     async def _messages(self) -> AsyncIterator[bytes]:
         while True:
@@ -191,28 +219,13 @@ class AsyncRemoteTerminal(_Named):
         await self.close()
 
 
-def _headers(config: w.ClientConfig) -> dict[str, str]:
-    return config.headers()
-
-
 def open_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> RemoteTerminal:
     """Open (or, with ``session``, reattach to) a terminal in ``sandbox_id``."""
-    url = _url(config, sandbox_id, size, command, session)
-    try:
-        opened = connect(
-            url,
-            additional_headers=_headers(config),
-            subprotocols=[api.PTY_SUBPROTOCOL],  # type: ignore[list-item]
-            open_timeout=config.connect_timeout,
-            max_size=MAX_MESSAGE,
-        )
+    with _Opening():
+        opened = connect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
         socket = opened.__enter__()  # as a context (websockets 17.1 warns otherwise), left by `close`
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except OSError as exc:
-        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
     try:
         return RemoteTerminal(socket)
     except BaseException:
@@ -224,19 +237,8 @@ async def aopen_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> AsyncRemoteTerminal:
     """`open_pty` on an event loop."""
-    url = _url(config, sandbox_id, size, command, session)
-    try:
-        socket = await aconnect(
-            url,
-            additional_headers=_headers(config),
-            subprotocols=[api.PTY_SUBPROTOCOL],  # type: ignore[list-item]
-            open_timeout=config.connect_timeout,
-            max_size=MAX_MESSAGE,
-        )
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except OSError as exc:
-        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
+    with _Opening():
+        socket = await aconnect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
     terminal = AsyncRemoteTerminal(socket)
     try:
         await terminal._start()

@@ -41,6 +41,7 @@ __all__ = [
     "Calls",
     "Patience",
     "PatienceMethods",
+    "Polling",
     "ProcessStatus",
     "TransportErrors",
     "capped_grep",
@@ -289,12 +290,27 @@ class ProcessStatus:
         return self.status == "running"
 
 
+class Polling:
+    """When polling a background process stops, for the sync and async handles alike: once a
+    status says it ended, or once ``timeout`` seconds passed (``None``: no limit) whatever the
+    last status said."""
+
+    __slots__ = ("_deadline",)
+
+    def __init__(self, timeout: float | None) -> None:
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def goes_on(self, status: ProcessStatus) -> bool:
+        """Whether to poll again after ``status``."""
+        return status.running and (self._deadline is None or time.monotonic() < self._deadline)
+
+
 def polled_until_ended(poll: Callable[[], ProcessStatus], timeout: float | None, interval: float) -> ProcessStatus:
     """``poll``'s status once its process has ended, asked every ``interval`` seconds; after
     ``timeout`` seconds (``None``: no limit), the last status, running or not."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    polling = Polling(timeout)
     while True:
         status = poll()
-        if not status.running or (deadline is not None and time.monotonic() >= deadline):
+        if not polling.goes_on(status):
             return status
         time.sleep(interval)

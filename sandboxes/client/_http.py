@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Self, TypeVar
 
@@ -26,7 +28,7 @@ from sandboxes.client import _wire as w
 from sandboxes.client._light import Attempts, TransportErrors, recovered, sent
 from sandboxes.client.errors import SandboxServiceError, error_from_response
 
-__all__ = ["AsyncServiceConnection", "ServiceConnection", "achunks_of", "chunks_of"]
+__all__ = ["AsyncServiceConnection", "Connections", "ServiceConnection", "achunks_of", "chunks_of"]
 
 T = TypeVar("T")
 
@@ -255,6 +257,50 @@ class AsyncServiceConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class Connections:
+    """The connections a `RemoteSandbox` sends through, either flavour from either: the one it
+    was made with is used as is, the other flavour's made on first use from the same
+    configuration. A made-up async connection lives per event loop and keeps no idle
+    connection, so a loop that ends leaves nothing open behind it; `close` releases the ones
+    made here, never the one given."""
+
+    def __init__(self, client: ServiceConnection | AsyncServiceConnection) -> None:
+        self._config = client.config
+        self._given = client if isinstance(client, ServiceConnection) else None
+        self._agiven = client if isinstance(client, AsyncServiceConnection) else None
+        self._made: ServiceConnection | None = None
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncServiceConnection] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def sync(self) -> ServiceConnection:
+        if self._given is not None:
+            return self._given
+        with self._lock:
+            if self._made is None:
+                self._made = ServiceConnection(config=self._config)
+            return self._made
+
+    def async_(self) -> AsyncServiceConnection:
+        """The async connection for the running event loop."""
+        if self._agiven is not None:
+            return self._agiven
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            made = self._per_loop.get(loop)
+            if made is None:
+                no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+                made = self._per_loop[loop] = AsyncServiceConnection(config=self._config, limits=no_idle)
+            return made
+
+    def close(self) -> None:
+        with self._lock:
+            made, self._made = self._made, None
+        if made is not None:
+            made.close()
 
 
 class _Known:

@@ -8,19 +8,14 @@ itself (bad key, sandbox gone, quota, rate limit after retries) raise the except
 `sandboxes.client.errors`: no result dataclass could express them.
 
 Sync methods use a `SandboxClient`, async ones an `AsyncSandboxClient` (native asyncio, no
-threads). The handle works from either: whichever it was made with is used as is, the other's
-connection (`sandboxes.client._http`) is made on first use from the same configuration. A
-made-up async connection lives per event loop and keeps no idle connection, so a loop that ends
-leaves nothing open behind it.
+threads). The handle works from either (`sandboxes.client._http.Connections`): whichever it was
+made with is used as is, the other's connection is made on first use from the same configuration.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
-import weakref
-from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
 from collections.abc import (
     AsyncGenerator,
@@ -33,8 +28,6 @@ from collections.abc import (
     Sequence,
 )
 from typing import IO, TYPE_CHECKING, cast
-
-import httpx
 
 from sandboxes import api
 from sandboxes import protocol as p
@@ -51,7 +44,7 @@ from sandboxes.client._bulk import (
     tar_failure,
     tar_of_one,
 )
-from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
+from sandboxes.client._http import AsyncServiceConnection, Connections, ServiceConnection, achunks_of, chunks_of
 from sandboxes.client._light import Polling, TransportErrors, polled_until_ended
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
@@ -85,13 +78,7 @@ class RemoteSandbox(Sandbox):
         self.info = info
         """The last known lifecycle record (from create, `refresh` or `renew`)."""
         self.config = client.config
-        self._client = client if isinstance(client, ServiceConnection) else None
-        self._aclient = client if isinstance(client, AsyncServiceConnection) else None
-        self._owned: ServiceConnection | None = None
-        self._per_loop: weakref.WeakKeyDictionary[AbstractEventLoop, AsyncServiceConnection] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()
+        self._connections = Connections(client)
 
     @property
     def id(self) -> str:
@@ -108,30 +95,14 @@ class RemoteSandbox(Sandbox):
     # ------------------------------------------------------------------ clients
 
     def _sync(self) -> ServiceConnection:
-        if self._client is not None:
-            return self._client
-        with self._lock:
-            if self._owned is None:
-                self._owned = ServiceConnection(config=self.config)
-            return self._owned
+        return self._connections.sync()
 
     def _async(self) -> AsyncServiceConnection:
-        if self._aclient is not None:
-            return self._aclient
-        loop = get_running_loop()
-        with self._lock:
-            client = self._per_loop.get(loop)
-            if client is None:
-                no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
-                client = self._per_loop[loop] = AsyncServiceConnection(config=self.config, limits=no_idle)
-            return client
+        return self._connections.async_()
 
     def close(self) -> None:
         """Release connections this handle opened itself (not the client it was given)."""
-        with self._lock:
-            owned, self._owned = self._owned, None
-        if owned is not None:
-            owned.close()
+        self._connections.close()
 
     # ------------------------------------------------------------------ ports
 

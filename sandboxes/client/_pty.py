@@ -11,7 +11,7 @@ exceptions as every other call (`sandboxes.client.errors`). What the service sen
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -23,6 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from sandboxes import api
 from sandboxes.client import _wire as w
+from sandboxes.client._pump import apump, pump
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, ServiceUnreachable, error_from_response
 
 __all__ = ["MAX_MESSAGE", "AsyncRemoteTerminal", "RemoteTerminal", "aopen_pty", "open_pty"]
@@ -115,6 +116,35 @@ class _Named:
         return False
 
 
+class _Read:
+    """One read of a terminal's output, free of I/O (a `Reader` of its messages): binary
+    messages are the output; it is done once a text message named the session (the first read)
+    or the exit, or the socket closed."""
+
+    __slots__ = ("_terminal", "done")
+
+    def __init__(self, terminal: _Named) -> None:
+        self._terminal = terminal
+        self.done = False
+
+    def feed(self, message: bytes | str | None) -> bytes | None:
+        if isinstance(message, bytes):
+            return message
+        self.done = message is None or self._terminal._ends(message)
+        return None
+
+    def broke(self, exc: Exception) -> None:
+        self.done = True
+
+
+_CLOSED = (ConnectionClosed,)
+
+
+def _typed(data: bytes | str) -> bytes:
+    """Bytes typed into the terminal: a str as its UTF-8."""
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
 class RemoteTerminal(_Named):
     """A terminal in a sandbox of the service, from threads: one may iterate its output while
     others `send`, `resize` or `kill`. ``session`` reattaches (`RemoteSandbox.pty`); `exit` is
@@ -127,15 +157,7 @@ class RemoteTerminal(_Named):
 
     def _messages(self) -> Iterator[bytes]:
         """Output until the session is named (the first call) or the exit came."""
-        while True:
-            try:
-                message = self._socket.recv()
-            except ConnectionClosed:
-                return
-            if isinstance(message, bytes):
-                yield message
-            elif self._ends(message):
-                return
+        return pump(_Read(self), self._socket.recv, _CLOSED)
 
     def __iter__(self) -> Iterator[bytes]:
         """The terminal's output as it comes, until the command ended (`exit`) or the socket
@@ -144,7 +166,7 @@ class RemoteTerminal(_Named):
 
     def send(self, data: bytes | str) -> None:
         """Bytes typed into the terminal (a str as UTF-8)."""
-        self._socket.send(data.encode("utf-8") if isinstance(data, str) else data)
+        self._socket.send(_typed(data))
 
     def resize(self, cols: int, rows: int) -> None:
         """The terminal's new size; `pydantic.ValidationError` for one out of bounds."""
@@ -181,22 +203,14 @@ class AsyncRemoteTerminal(_Named):
     async def _start(self) -> None:
         self._named(await anext(self._messages(), None))
 
-    async def _messages(self) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                message = await self._socket.recv()
-            except ConnectionClosed:
-                return
-            if isinstance(message, bytes):
-                yield message
-            elif self._ends(message):
-                return
+    def _messages(self) -> AsyncGenerator[bytes]:
+        return apump(_Read(self), self._socket.recv, _CLOSED)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._messages()
 
     async def send(self, data: bytes | str) -> None:
-        await self._socket.send(data.encode("utf-8") if isinstance(data, str) else data)
+        await self._socket.send(_typed(data))
 
     async def resize(self, cols: int, rows: int) -> None:
         await self._socket.send(_control(resize=api.PtySize(cols=cols, rows=rows)))

@@ -17,6 +17,7 @@ from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
 from sandboxes.client._light import TransportErrors
+from sandboxes.client._pump import apump, pump
 from sandboxes.client.errors import ConnectionLost
 
 __all__ = ["AsyncWatchStream", "WatchStream"]
@@ -27,9 +28,9 @@ _LINE_ERRORS = (httpx.TransportError, httpx.StreamClosed)
 
 
 class _Watch:
-    """A watch stream's state, free of I/O and shared by both flavours: fed the stream's lines
-    (``None`` at its end), it gives the events to hand out. Once ``ended`` it gives none, and
-    ``error`` and ``message`` say why (``None``: its client closed it)."""
+    """A watch stream's state, free of I/O and shared by both flavours (a `Reader` of its
+    lines): fed the stream's lines (``None`` at its end), it gives the events to hand out. Once
+    ``ended`` it gives none, and ``error`` and ``message`` say why (``None``: its client closed it)."""
 
     error: p.ErrorCode | None = None
     message: str | None = None
@@ -65,10 +66,16 @@ class _Watch:
             return None
         return event
 
+    feed = take
+
+    @property
+    def done(self) -> bool:
+        return self.ended
+
     def lost(self, message: str) -> None:
         self.ended, self.error, self.message = True, p.CONNECTION_LOST, message
 
-    def _broke(self, exc: Exception) -> None:
+    def broke(self, exc: Exception) -> None:
         """Reading the next line raised ``exc`` (one of `_LINE_ERRORS`): the watch is lost."""
         self.lost(f"{self._what}: {exc}")
 
@@ -91,19 +98,14 @@ class WatchStream(Iterator[api.WatchEvent], _Watch):
         except BaseException:
             self._response.close()
             raise
+        self._events = pump(self, lambda: next(self._lines, None), _LINE_ERRORS)
 
     def __next__(self) -> api.WatchEvent:
-        while not self.ended:
-            try:
-                line = next(self._lines, None)
-            except _LINE_ERRORS as exc:
-                self._broke(exc)
-                continue
-            event = self.take(line)
-            if event is not None:
-                return event
-        self._response.close()
-        raise StopIteration
+        event = next(self._events, None)
+        if event is None:
+            self._response.close()
+            raise StopIteration
+        return event
 
     def close(self) -> None:
         """Stop the watch (the service ends it once its stream is gone)."""
@@ -124,6 +126,7 @@ class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Watch):
         self._response = response
         self._lines = lines
         self._what = what
+        self._events = apump(self, lambda: anext(self._lines, None), _LINE_ERRORS)
 
     @classmethod
     async def open(
@@ -147,17 +150,11 @@ class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Watch):
         return stream
 
     async def __anext__(self) -> api.WatchEvent:
-        while not self.ended:
-            try:
-                line = await anext(self._lines, None)
-            except _LINE_ERRORS as exc:
-                self._broke(exc)
-                continue
-            event = self.take(line)
-            if event is not None:
-                return event
-        await self._response.aclose()
-        raise StopAsyncIteration
+        event = await anext(self._events, None)
+        if event is None:
+            await self._response.aclose()
+            raise StopAsyncIteration
+        return event
 
     async def aclose(self) -> None:
         """`WatchStream.close`'s async twin."""

@@ -277,6 +277,7 @@ class Connections:
         self._lock = threading.Lock()
 
     def sync(self) -> ServiceConnection:
+        """The sync connection: the given one, else one made once and shared by every thread."""
         if self._given is not None:
             return self._given
         with self._lock:
@@ -297,6 +298,7 @@ class Connections:
             return made
 
     def close(self) -> None:
+        """Close the sync connection made here (a later call makes another)."""
         with self._lock:
             made, self._made = self._made, None
         if made is not None:

@@ -70,6 +70,7 @@ class _Watch:
 
     @property
     def done(self) -> bool:
+        """`Reader.done`: the watch ended (or was closed); nothing more is read."""
         return self.ended
 
     def lost(self, message: str) -> None:

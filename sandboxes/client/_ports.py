@@ -11,6 +11,7 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection as AsyncClientConnection
@@ -49,16 +50,14 @@ def _refused(exc: InvalidStatus) -> PortUnreachable:
     return PortUnreachable(exc.response.status_code, body or "the tunnel was refused")
 
 
-class _Opening:
-    """``with _Opening():`` around the tunnel's opening raises the service's refusal of it as
-    `PortUnreachable` (its status, at most 500 characters of its body)."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, InvalidStatus):
-            raise _refused(exc) from None
+@contextlib.contextmanager
+def _opening() -> Iterator[None]:
+    """Around the tunnel's opening: the service's refusal of it raised as `PortUnreachable`
+    (its status, at most 500 characters of its body)."""
+    try:
+        yield
+    except InvalidStatus as exc:
+        raise _refused(exc) from None
 
 
 def _tunnel(config: ClientConfig, sandbox_id: str, port: int) -> tuple[str, dict[str, Any]]:
@@ -84,7 +83,7 @@ class PortConnection:
     def __init__(self, config: ClientConfig, sandbox_id: str, port: int) -> None:
         self._held = contextlib.ExitStack()
         url, options = _tunnel(config, sandbox_id, port)
-        with _Opening():
+        with _opening():
             self._ws: ClientConnection = self._held.enter_context(connect(url, **options))
 
     def sendall(self, data: bytes) -> None:
@@ -122,7 +121,7 @@ class AsyncPortConnection:
     @classmethod
     async def open(cls, config: ClientConfig, sandbox_id: str, port: int) -> AsyncPortConnection:
         url, options = _tunnel(config, sandbox_id, port)
-        with _Opening():
+        with _opening():
             return cls(await aconnect(url, **options))
 
     async def send(self, data: bytes) -> None:

@@ -10,6 +10,7 @@ exceptions as every other call (`sandboxes.client.errors`). What the service sen
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
@@ -60,19 +61,16 @@ def _parsed(text: str) -> api.PtyMessage | None:
         return None
 
 
-class _Opening:
-    """``with _Opening():`` around the WebSocket's opening raises its failure as the client's
-    error: the service's refusal of the upgrade as any other call's, no connection as
-    `ServiceUnreachable`."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if isinstance(exc, InvalidStatus):
-            raise _refused(exc) from exc
-        if isinstance(exc, OSError):
-            raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
+@contextlib.contextmanager
+def _opening() -> Iterator[None]:
+    """Around the WebSocket's opening: its failure raised as the client's error, the service's
+    refusal of the upgrade as any other call's, no connection as `ServiceUnreachable`."""
+    try:
+        yield
+    except InvalidStatus as exc:
+        raise _refused(exc) from exc
+    except OSError as exc:
+        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
 
 
 def _connect_options(config: w.ClientConfig) -> dict[str, Any]:
@@ -237,7 +235,7 @@ def open_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> RemoteTerminal:
     """Open (or, with ``session``, reattach to) a terminal in ``sandbox_id``."""
-    with _Opening():
+    with _opening():
         opened = connect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
         socket = opened.__enter__()  # as a context (websockets 17.1 warns otherwise), left by `close`
     try:
@@ -251,7 +249,7 @@ async def aopen_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> AsyncRemoteTerminal:
     """`open_pty` on an event loop."""
-    with _Opening():
+    with _opening():
         socket = await aconnect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
     terminal = AsyncRemoteTerminal(socket)
     try:

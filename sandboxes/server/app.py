@@ -89,7 +89,9 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     egress = EgressHub(settings, registry.holds, refresh=registry.held_confirmed)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
-    previews = service.previews = Previews(PreviewAccess(secret, settings.data_dir / REVOKED_DIR, clock))
+    previews = service.previews = Previews(
+        PreviewAccess(secret, settings.revoked_previews_dir or settings.data_dir / REVOKED_DIR, clock)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -47,6 +47,7 @@ def _store_volume(objects: list[dict[str, Any]]) -> dict[str, Any]:
     # a subdirectory the service makes and owns: it sets its store to 0700, which it may not do
     # to a volume's root (root's), and a volume's lost+found is no tenant's directory
     assert PurePosixPath(config["snapshot_dir"]).parent == PurePosixPath(MOUNT)
+    assert config["revoked_previews_dir"] == f"{MOUNT}/revoked-previews"  # every replica refuses a revoked token
     assert config["data_dir"] == "/var/lib/sandboxes"
     env = {e["name"] for e in container["env"]}
     assert "SANDBOXES_SNAPSHOT_DIR" not in env  # the config file's is the one
@@ -140,6 +141,7 @@ def test_several_replicas_share_a_read_write_many_claim(render: Render) -> None:
             "or set snapshots.persistence.existingClaim to a claim every replica can mount",
         ),
         (("--set", "config.snapshot_dir=/tmp/s"), "config.snapshot_dir is the chart's to set"),
+        (("--set", "config.revoked_previews_dir=/tmp/r"), "config.revoked_previews_dir is the chart's to set"),
         (
             ("--set-json", 'snapshots.persistence.accessModes=["ReadOnlyMany"]'),
             "snapshots.persistence.accessModes.0 must be one of the following",

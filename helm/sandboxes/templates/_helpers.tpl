@@ -90,6 +90,27 @@ that no user value can have (the schema forbids unknown top-level keys).
 {{- index .Values "_testKey" -}}
 {{- end -}}
 
+{{- define "sandboxes.signingSecret" -}}
+{{- default (printf "%s-signing" (include "sandboxes.fullname" .)) .Values.signingSecrets.existingSecret -}}
+{{- end -}}
+
+{{/*
+The chart's signing secrets (base64, for a Secret's data): those already in the cluster, so an
+upgrade leaves every token valid, else new random ones.
+*/}}
+{{- define "sandboxes.signingData" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "sandboxes.signingSecret" .) -}}
+{{- $data := dict -}}
+{{- range $key := list "preview-token-secret" "e2b-token-secret" -}}
+{{- if and $existing $existing.data (hasKey $existing.data $key) -}}
+{{- $_ := set $data $key (index $existing.data $key) -}}
+{{- else -}}
+{{- $_ := set $data $key (randAlphaNum 64 | b64enc) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end -}}
+
 {{/*
 The snapshot store. The volume is mounted at sandboxes.snapshotMount and the store is a
 subdirectory the service makes there itself: it sets its store's directory to 0700, which only
@@ -141,6 +162,7 @@ own (where it listens, its data directory) is set last and wins.
 {{- $_ := set $config "port" (int .Values.containerPort) -}}
 {{- $_ := set $config "data_dir" "/var/lib/sandboxes" -}}
 {{- $_ := set $config "snapshot_dir" (include "sandboxes.snapshotDir" .) -}}
+{{- $_ := set $config "revoked_previews_dir" (printf "%s/revoked-previews" (include "sandboxes.snapshotMount" .)) -}}
 {{- if and .Values.ingress.enabled .Values.ingress.previews.domain -}}
 {{- $_ := set $config "preview_domain" .Values.ingress.previews.domain -}}
 {{- end -}}
@@ -194,9 +216,9 @@ seccompProfile:
 
 {{/* Checks across values that the schema cannot express, with messages that say what to do. */}}
 {{- define "sandboxes.validate" -}}
-{{- range $key := list "host" "port" "data_dir" "snapshot_dir" "templates" "api_keys" "insecure" "config_file" -}}
+{{- range $key := list "host" "port" "data_dir" "snapshot_dir" "revoked_previews_dir" "templates" "api_keys" "insecure" "config_file" -}}
 {{- if hasKey $.Values.config $key -}}
-{{- fail (printf "sandboxes: config.%s is the chart's to set, not config's (templates: use the templates value; api_keys: apiKeys; snapshot_dir: snapshots.persistence; insecure: never in a cluster)" $key) -}}
+{{- fail (printf "sandboxes: config.%s is the chart's to set, not config's (templates: use the templates value; api_keys: apiKeys; snapshot_dir, revoked_previews_dir: snapshots.persistence; insecure: never in a cluster)" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (not .Values.apiKeys.existingSecret) (not .Values.apiKeys.hashes) (not .Values.tests.enabled) -}}

@@ -8,14 +8,14 @@ data directory as the E2B tokens' is) accept each other's. A token grants that o
 one sandbox, until its expiry or its revocation.
 
 A revocation is one small file per token id in the data directory (`REVOKED_DIR`, or the
-settings' ``revoked_previews_dir``: 0700, outside every sandbox, each file 0600 and replaced whole), written before the revocation is answered (a
-write that fails answers an error, never a 204): every replica sharing that directory, and this
-one after a restart, refuses the token from its next request on, each request costing one look
-for one file. A file says until when it must be kept (the longest a token lives, from its
-revocation): each revocation removes those whose time passed. Which ports are public the
-sandbox's state holds (`SandboxState.preview_public`: kept across a restart, inherited by a
-fork), read from the sandboxes this replica holds, their record (and state file) read again as
-any request for them does (`Holdings.held_confirmed`).
+settings' ``revoked_previews_dir``: 0700, outside every sandbox, each file 0600 and replaced
+whole), written before the revocation is answered (a write that fails answers an error, never a
+204): every replica sharing that directory, and this one after a restart, refuses the token from
+its next request on, each request costing one look for one file. A file says until when it must
+be kept (the longest a token lives, from its revocation): each revocation removes those whose
+time passed. Which ports are public the sandbox's state holds (`SandboxState.preview_public`:
+kept across a restart, inherited by a fork), read from the sandboxes this replica holds, their
+record (and state file) read again as any request for them does (`Holdings.held_confirmed`).
 """
 
 from __future__ import annotations

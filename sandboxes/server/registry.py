@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 
 class Registry(Keeping):
+    _snapshots_swept = 0.0
+    """When (`time.monotonic`) the snapshot store was last swept (`_sweep_snapshots`)."""
+
     # ------------------------------------------------------------------ lifecycle
 
     @functools.cached_property
@@ -81,6 +84,7 @@ class Registry(Keeping):
         await self.hold_hibernated([state for state in mine if state.hibernated])
         for left in await asyncio.to_thread(self.snapshots.sweep):
             logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
+        self._snapshots_swept = time.monotonic()
         await self.reap_unverified()
         for state in states:
             if state.backend not in kinds:
@@ -373,12 +377,27 @@ class Registry(Keeping):
         await self._remove(entry)
 
     async def sweep(self) -> None:
-        """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
+        """`Holdings.sweep`, the warm pools' members that grew stale replaced, and what other
+        writers left of snapshots (`_sweep_snapshots`)."""
         await super().sweep()
         await self.pools.sweep(self._entries, self._unreconciled)
+        await self._sweep_snapshots()
+
+    async def _sweep_snapshots(self) -> None:
+        """At most once per `SNAPSHOT_SWEEP_INTERVAL`: remove what other writers left half
+        written in the store, or half deleted (`SnapshotStore.sweep`, ``others_only``)."""
+        if time.monotonic() - self._snapshots_swept < SNAPSHOT_SWEEP_INTERVAL:
+            return
+        self._snapshots_swept = time.monotonic()
+        for left in await asyncio.to_thread(self.snapshots.sweep, others_only=True):
+            logger.info("removed %s, a snapshot another writer left half written or deleted", left.name)
 
     def _pooled(self) -> frozenset[tuple[str, str]]:
         return self.pools.refs()
+
+
+SNAPSHOT_SWEEP_INTERVAL = 600.0
+"""Seconds between two sweeps of the snapshot store for what other writers left."""
 
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:

@@ -54,6 +54,8 @@ class Networks(Holdings):
                     state.restore_network(entry.network_seen)
                     self._network_served(entry)
                 raise
+        else:  # kept in its state file (`SandboxState.kept_beside_record`)
+            state.network_on_record = False
         state.network_set = True
         entry.network_seen = state.network()  # no re-read of the file undoes it meanwhile
         if self._entries.get(state.id) is entry and (not entry.backend.shared or state.kept_beside_record):

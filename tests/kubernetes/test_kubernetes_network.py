@@ -144,6 +144,27 @@ def test_a_replica_started_afresh_serves_the_network_set_before(replica: Replica
             on_fresh.delete(f"/v1/sandboxes/{made}")
 
 
+def test_a_sandbox_made_again_from_hibernation_has_its_network_on_its_new_pod(
+    pair: tuple[Running, Running], core_v1: Any
+) -> None:
+    """A hibernate releases the pod (its annotation with it); the resume through A makes a new
+    pod, on which A records the network again, and B serves it from there."""
+    a, b = pair
+    with a.client() as on_a, b.client() as on_b, b.client(None) as stranger:
+        made = create(on_a, ttl=300)["id"]
+        try:
+            assert on_a.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": True}).status_code == 200
+            paused = on_a.post(f"/v1/sandboxes/{made}/pause", json={"mode": "hibernate", "ttl": "keep"})
+            assert paused.status_code == 200, paused.text
+            resumed = on_a.post(f"/v1/sandboxes/{made}/resume")
+            assert resumed.status_code == 200, resumed.text
+            assert _annotation(core_v1, made)["ports"] == [8000]
+            assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 502  # let in on B
+            assert on_b.get(f"/v1/sandboxes/{made}").status_code == 200
+        finally:
+            on_a.delete(f"/v1/sandboxes/{made}")
+
+
 def _state() -> SandboxState:
     return SandboxState("s1", "alice", "default", "kubernetes", 0.0, 9e9, 1.0, 1, "pod", "/w")
 

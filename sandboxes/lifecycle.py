@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
@@ -342,11 +342,13 @@ class RecordsNetwork(Protocol):
     it) on each sandbox, changed after creation (a pod's annotation) and read back with its
     record (`SandboxRecord.network`): what one process records there, every other one reads."""
 
-    def set_network(self, ref: str, data: str | None) -> None:
-        """Record ``data`` on the sandbox ``ref`` in place of what was (``None``: nothing), made
-        on the version of it just read, so no other process's change lands between. `ValueError`
-        if longer than `NETWORK_RECORD_LIMIT`; `LookupError` if there is no sandbox by that ref,
-        or it is being removed or recorded deleted (`FINAL_EXPIRY`)."""
+    def set_network(self, ref: str, change: Callable[[str | None], str]) -> None:
+        """Record on the sandbox ``ref`` what ``change`` makes of the text it records now
+        (``None``: none yet), on the version of it just read: if another process changed it
+        since, it is read again and ``change`` called again, so no change lands between.
+        `ValueError` if the text is longer than `NETWORK_RECORD_LIMIT` (nothing recorded);
+        `LookupError` if there is no sandbox by that ref, or it is being removed or recorded
+        deleted (`FINAL_EXPIRY`); what ``change`` raises goes through."""
         ...
 
 

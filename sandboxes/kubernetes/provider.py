@@ -177,16 +177,18 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
 
         self._patch_read(ref, patch, "its expiry")
 
-    def set_network(self, ref: str, data: str | None) -> None:
-        """`sandboxes.lifecycle.RecordsNetwork`: ``data`` as the pod's network annotation
-        (`ANNOTATION_NETWORK`; ``None`` removes it), patched on the version of the pod read before
-        (``resourceVersion``), as `set_expiry` is. `ValueError` beyond `NETWORK_RECORD_LIMIT`;
-        `LookupError` if the pod is gone, being deleted or recorded deleted."""
-        if data is not None and len(data) > NETWORK_RECORD_LIMIT:
-            raise ValueError(f"a network record of {len(data)} characters, the most is {NETWORK_RECORD_LIMIT}")
+    def set_network(self, ref: str, change: Callable[[str | None], str]) -> None:
+        """`sandboxes.lifecycle.RecordsNetwork`: what ``change`` makes of the pod's network
+        annotation (`ANNOTATION_NETWORK`) as last read, patched on that version of the pod
+        (``resourceVersion``), as `set_expiry` is: a 409 reads it and calls ``change`` again.
+        `ValueError` beyond `NETWORK_RECORD_LIMIT`; `LookupError` if the pod is gone, being
+        deleted or recorded deleted."""
 
         def patch(pod: Any) -> dict[str, Any]:
             _refuse_to_move(pod, FINAL_EXPIRY + 1)  # a pod recorded deleted takes no change
+            data = change((pod.metadata.annotations or {}).get(ANNOTATION_NETWORK))
+            if len(data) > NETWORK_RECORD_LIMIT:
+                raise ValueError(f"a network record of {len(data)} characters, the most is {NETWORK_RECORD_LIMIT}")
             version = pod.metadata.resource_version
             return {"metadata": {"resourceVersion": version, "annotations": {ANNOTATION_NETWORK: data}}}
 

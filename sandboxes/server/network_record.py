@@ -15,20 +15,33 @@ import json
 from typing import Any
 
 from sandboxes.lifecycle import NETWORK_RECORD_LIMIT
-from sandboxes.server.store import SandboxState
+from sandboxes.server.store import Network, SandboxState
 
-__all__ = ["allow_from_text", "allow_text", "network_record", "read_network_record"]
+__all__ = [
+    "allow_from_text",
+    "allow_text",
+    "merged",
+    "network_record",
+    "parse_record",
+    "read_network_record",
+    "record_of",
+]
 
 
 def network_record(state: SandboxState) -> str:
     """The record of ``state``'s network (compact JSON); it may exceed `NETWORK_RECORD_LIMIT`,
     which the caller checks before recording it."""
+    return record_of(state.network())
+
+
+def record_of(network: Network) -> str:
+    """The record of ``network`` (compact JSON), as `network_record` writes it."""
     record = {
-        "allow": state.egress_allow,
-        "headers": state.egress_headers,
-        "public": state.public_ports,
-        "mask": state.mask_request_host,
-        "ports": state.preview_public,
+        "allow": None if network.allow is None else list(network.allow),
+        "headers": {host: dict(values) for host, values in network.headers},
+        "public": network.public_ports,
+        "mask": network.mask_request_host,
+        "ports": list(network.preview_public),
     }
     return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
@@ -37,17 +50,39 @@ def read_network_record(state: SandboxState, text: str) -> None:
     """Take the network ``text`` records into ``state`` (marked set through the API and held on
     its record); a record that cannot be read is the closed network."""
     state.network_set = state.network_on_record = True
+    state.restore_network(parse_record(text))
+
+
+def parse_record(text: str) -> Network:
+    """The network ``text`` records; the closed network for one that cannot be read."""
     parsed = _parsed(text)
-    state.egress_allow = _allow(parsed.get("allow", []))
-    state.egress_headers = _headers(parsed.get("headers"))
-    public, mask = parsed.get("public"), parsed.get("mask")
-    state.public_ports = public if isinstance(public, bool) else None
-    state.mask_request_host = mask if isinstance(mask, str) else None
-    ports = parsed.get("ports")
-    if isinstance(ports, list) and all(type(port) is int and 1 <= port <= 65535 for port in ports):
-        state.preview_public = sorted(set(ports))
-    else:
-        state.preview_public = []
+    allow = _allow(parsed.get("allow", []))
+    headers = _headers(parsed.get("headers"))
+    public, mask, ports = parsed.get("public"), parsed.get("mask"), parsed.get("ports")
+    valid = isinstance(ports, list) and all(type(port) is int and 1 <= port <= 65535 for port in ports)
+    return Network(
+        None if allow is None else tuple(allow),
+        tuple((host, tuple(values.items())) for host, values in headers.items()),
+        public if isinstance(public, bool) else None,
+        mask if isinstance(mask, str) else None,
+        tuple(sorted(set(ports))) if valid and isinstance(ports, list) else (),
+    )
+
+
+def merged(current: Network, before: Network, after: Network) -> Network:
+    """What one replica's change (its network ``before`` it, and ``after``) makes of ``current``,
+    the network recorded now, which another replica may have changed since ``before`` was read:
+    each part this change changed is taken from ``after``, the others kept from ``current``; the
+    public ports port by port (one made public here, another made private elsewhere: both hold)."""
+    made = set(after.preview_public) - set(before.preview_public)
+    unmade = set(before.preview_public) - set(after.preview_public)
+    return Network(
+        after.allow if after.allow != before.allow else current.allow,
+        after.headers if after.headers != before.headers else current.headers,
+        after.public_ports if after.public_ports != before.public_ports else current.public_ports,
+        after.mask_request_host if after.mask_request_host != before.mask_request_host else current.mask_request_host,
+        tuple(sorted((set(current.preview_public) | made) - unmade)),
+    )
 
 
 def allow_text(allow: list[str]) -> str:

@@ -18,14 +18,14 @@ import asyncio
 import logging
 import time
 
-from sandboxes.lifecycle import NETWORK_RECORD_LIMIT, RecordsNetwork
+from sandboxes.lifecycle import RecordsNetwork
 from sandboxes.server import census
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError, not_found
 from sandboxes.server.holdings import Holdings
-from sandboxes.server.network_record import network_record
+from sandboxes.server.network_record import merged, parse_record, record_of
 from sandboxes.server.settings import LABEL_VALUE
-from sandboxes.server.store import SandboxState
+from sandboxes.server.store import Network, SandboxState
 
 __all__ = ["Networks"]
 
@@ -62,29 +62,40 @@ class Networks(Holdings):
             await asyncio.to_thread(self.store.save, state)
 
     async def _record_on_sandbox(self, entry: Entry) -> None:
-        """Write the sandbox's network on its record: ``invalid_request`` if it would exceed
-        `NETWORK_RECORD_LIMIT`, ``not_found`` if it is gone (or recorded deleted),
+        """Write the sandbox's network on its record, merged there with what another replica
+        changed since this one last read it (`merged`: what this change changed wins, the rest
+        is the record's), and serve the result: ``invalid_request`` if it would exceed
+        `sandboxes.lifecycle.NETWORK_RECORD_LIMIT`, ``not_found`` if the sandbox is gone (or recorded deleted),
         ``backend_unavailable`` if the backend does not take it."""
         state = entry.state
-        record = network_record(state)
-        if len(record) > NETWORK_RECORD_LIMIT:
-            message = (
-                f"sandbox {state.id}: its network would take {len(record)} characters on its record, "
-                f"the most is {NETWORK_RECORD_LIMIT}: fewer or shorter rules, headers or ports"
-            )
-            raise ServiceError("invalid_request", message)
+        after = state.network()
+        before = after if entry.network_seen is None else entry.network_seen
+        written: list[Network] = []
+
+        def change(current: str | None) -> str:
+            network = after if current is None else merged(parse_record(current), before, after)
+            written.append(network)
+            return record_of(network)
+
+        provider = entry.backend.provider
+        assert isinstance(provider, RecordsNetwork)  # `ProviderBackend.records_network`
         try:
-            provider = entry.backend.provider
-            assert isinstance(provider, RecordsNetwork)  # `ProviderBackend.records_network`
-            await asyncio.to_thread(provider.set_network, state.ref, record)
+            await asyncio.to_thread(provider.set_network, state.ref, change)
         except LookupError:
             await self._forget(entry)
             raise not_found(state.id) from None
+        except ValueError as exc:
+            message = f"sandbox {state.id}: its network does not fit its record ({exc}): fewer or shorter rules"
+            message += ", headers or ports"
+            raise ServiceError("invalid_request", message) from exc
         except Exception as exc:
             logger.warning("recording the network of sandbox %s failed: %s", state.id, exc, exc_info=True)
             message = f"sandbox {state.id}: its network cannot be recorded now; the service log has the request id"
             raise ServiceError("backend_unavailable", message) from exc
         state.network_on_record, entry.network_written = True, time.monotonic()
+        if written[-1] != after:  # another replica's change kept beside this one
+            state.restore_network(written[-1])
+            self._network_served(entry)
 
     def _network_served(self, entry: Entry) -> None:
         for hook in self.on_network:

@@ -24,8 +24,8 @@ from service_harness import Running, create, error_of, running, settings_for
 from support import SESSION_OWNER
 
 from sandboxes.lifecycle import NETWORK_RECORD_LIMIT
-from sandboxes.server.network_record import network_record, read_network_record
-from sandboxes.server.store import SandboxState
+from sandboxes.server.network_record import merged, network_record, read_network_record
+from sandboxes.server.store import Network, SandboxState
 
 PREVIEW = "/ports/8000"
 """A port of the sandbox nothing listens on: a request let in answers 502, one kept out 401."""
@@ -33,7 +33,7 @@ TEMPLATE_ALLOW = ["allowed.example"]
 CHANGED = ["changed.example:443"]
 ANNOTATION = "io.sandboxes.network"
 
-Replica = Callable[[], contextlib.AbstractContextManager[Running]]
+Replica = Callable[..., contextlib.AbstractContextManager[Running]]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,10 @@ def replica(fake_kubeconfig: Path, runtime_image: str, tmp_path_factory: pytest.
         fake_kubeconfig, runtime_image, default_timeout=30, egress=True, egress_allow=TEMPLATE_ALLOW
     )
 
-    def start() -> contextlib.AbstractContextManager[Running]:
+    def start(**overrides: Any) -> contextlib.AbstractContextManager[Running]:
         data_dir = tmp_path_factory.mktemp("replica")
-        settings = settings_for(data_dir, owner=owner, templates={"default": template}, confirm_interval=0)
-        return running(settings)
+        options: dict[str, Any] = {"owner": owner, "templates": {"default": template}, "confirm_interval": 0}
+        return running(settings_for(data_dir, **{**options, **overrides}))
 
     return start
 
@@ -129,6 +129,23 @@ def test_a_network_too_big_for_its_record_is_refused_and_nothing_changes(
             on_a.delete(f"/v1/sandboxes/{made}")
 
 
+def test_a_change_through_a_replica_that_did_not_see_another_keeps_both(replica: Replica, core_v1: Any) -> None:
+    """B holds the sandbox and trusts what it holds for a long while (``confirm_interval``); A
+    changes its allow-list; B, not having read it again, makes a port public: the pod records
+    both (B's change merged with the record, not written over it), and B serves both."""
+    with replica() as a, replica(confirm_interval=300) as b, a.client() as on_a, b.client() as on_b:
+        made = create(on_b, ttl=300)["id"]
+        try:
+            assert on_a.put(f"/v1/sandboxes/{made}/egress", json={"allow": CHANGED}).status_code == 200
+            assert on_b.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": True}).status_code == 200
+            recorded = _annotation(core_v1, made)
+            assert recorded["allow"] == CHANGED
+            assert recorded["ports"] == [8000]
+            assert b.app.state.egress.allow_list(made) == CHANGED
+        finally:
+            on_a.delete(f"/v1/sandboxes/{made}")
+
+
 def test_a_replica_started_afresh_serves_the_network_set_before(replica: Replica) -> None:
     """A sets the network and stops; a new replica, its data directory empty (an ``emptyDir``
     after a restart), serves it."""
@@ -185,6 +202,15 @@ def test_a_record_that_cannot_be_read_is_the_closed_network(text: str) -> None:
     assert (state.egress_allow, state.egress_headers, state.public_ports, state.preview_public) == ([], {}, None, [])
     assert state.network_set
     assert state.network_on_record
+
+
+def test_a_change_merged_with_the_record_keeps_what_it_did_not_change() -> None:
+    """Ports port by port, the other parts whole: what this change changed wins."""
+    before = Network(None, (), None, None, (80,))
+    after = Network(None, (), True, None, (80, 8000))  # public traffic on, 8000 made public
+    current = Network(("a.example",), (), None, "m", (443,))  # another replica: list, mask, 80 closed, 443
+    assert merged(current, before, after) == Network(("a.example",), (), True, "m", (443, 8000))
+    assert merged(before, before, after) == after
 
 
 def test_a_record_reads_back_as_written() -> None:

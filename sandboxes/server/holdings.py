@@ -1,8 +1,7 @@
 """What one replica holds of the sandboxes, and how it keeps that true: registering and
 adopting handles, reconciling with what the backends have, confirming a shared sandbox against
-its record (and its network against its state file, which replicas sharing the data directory
-all write: `held_confirmed`), counting a tenant's sandboxes for its quotas, and expiring,
-sweeping and removing.
+its record (`held_confirmed`; its network: `sandboxes.server.networks`), counting a tenant's
+sandboxes for its quotas, and expiring, sweeping and removing.
 
 All of it runs on the event loop thread (only backend calls go to worker threads), so a check
 and the change that follows it never interleave with another request's. `Registry` adds the
@@ -32,7 +31,7 @@ from sandboxes.server.metrics import Metrics
 from sandboxes.server.processes import ProcessTable
 from sandboxes.server.quotas import Quotas
 from sandboxes.server.reconcile import reconcile
-from sandboxes.server.settings import LABEL_VALUE, ServiceSettings
+from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.store import DELETED_AT, SandboxState, StateStore
 from sandboxes.server.volumes import Volumes
 
@@ -259,37 +258,9 @@ class Holdings:
                 return None
             raise
 
-    async def network_of(self, sandbox_id: str) -> SandboxState | None:
-        """The state that says who may reach the sandbox's ports without a key: as this replica
-        holds it (`held_confirmed`), else, for a shared backend's, its state file, where another
-        replica sharing the data directory recorded its network (a `find` then adopts it);
-        ``None`` if neither says anything. No backend lookup for a sandbox not held."""
-        entry = await self.held_confirmed(sandbox_id)
-        if entry is not None:
-            return entry.state
-        if not self._shared or not LABEL_VALUE.match(sandbox_id) or self._deleted_here(sandbox_id):
-            return None
-        kept = await asyncio.to_thread(self.store.load, sandbox_id)
-        shared = {backend.name for backend in self.backends.values() if backend.shared}
-        if kept is None or not kept.network_set or kept.backend not in shared or kept.deleted_on_record:
-            return None
-        return kept
-
     async def _reread_network(self, entry: Entry) -> None:
-        """Take what the sandbox's state file says of its network (`SandboxState.take_network`),
-        which another replica sharing the data directory may have set since (`record_network`),
-        and call `on_network` if that changed what this replica serves."""
-        seen = entry.network_seen
-        kept = await asyncio.to_thread(self.store.load, entry.state.id)
-        if kept is None or not kept.network_set or kept.ref != entry.state.ref:
-            return
-        if kept.network() == seen or entry.network_seen is not seen:  # none since, or this replica's since
-            return
-        served, entry.network_seen = entry.state.network(), kept.network()
-        entry.state.take_network(kept)
-        if entry.state.network() != served:
-            for hook in self.on_network:
-                hook(entry)
+        """Take what another replica set of the sandbox's network since (`sandboxes.server.
+        networks.Networks`); here, nothing."""
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
         if checked < entry.confirmed:  # read before what is held was (a renewal here since)
@@ -316,8 +287,8 @@ class Holdings:
         if not state.workdir:
             state.workdir = workdir_of(sandbox)
         kept = await asyncio.to_thread(self.store.load, state.id)  # its network, if a replica set it
-        if kept is not None and kept.network_set and kept.ref == state.ref:
-            state.take_network(kept)
+        if kept is not None and kept.network_set and kept.ref == state.ref and not state.network_on_record:
+            state.take_network(kept)  # (a network on its record is every replica's: newer)
         logger.info("adopted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
         return await self._register(state, sandbox, backend)
 

@@ -13,7 +13,8 @@ is its own record: tenant, template, expiry and creation time are on it (`sandbo
 census`), and what a replica holds of it is a cache. A request for an id this replica does not
 hold finds it by label and adopts it; one for an id it holds re-reads the record once
 ``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry;
-its network set elsewhere, by a replica sharing the data directory: the network in its state file),
+its network set elsewhere: the one on its record, or in the state file of a replica sharing the
+data directory: `sandboxes.server.networks`),
 and every sweep compares the whole cache with the backend and reaps what expired, whoever
 created it. Quotas are counted from the backend too, before a creation and again after it
 (`sandboxes.server.quotas`): a newcomer that finds its tenant over quota (another replica
@@ -193,13 +194,22 @@ class Registry(Keeping):
             self._quotas.release(reservation)
         taken = take_kept(state, kept, template)  # before its egress is served (`_register`)
         entry = await self._register(state, sandbox, backend)
-        if taken:
-            await self.record_network(entry)
+        if taken or (backend.records_network and request.egress_allow is not None):  # its labels hold no list
+            await self.record_made_network(entry)
         if request.snapshot is not None:
             entry = await self.restored(entry, request.snapshot)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
+
+    async def record_made_network(self, entry: Entry) -> None:
+        """Record the network a new sandbox was made with (`record_network`); one that cannot be
+        recorded leaves no sandbox behind (removed), and its create answers the error."""
+        try:
+            await self.record_network(entry)
+        except BaseException:
+            await self._remove(entry)
+            raise
 
     async def _claim(
         self,
@@ -355,14 +365,6 @@ class Registry(Keeping):
             await asyncio.to_thread(self.store.save, entry.state)
         self._schedule(sandbox_id)
         return entry
-
-    async def record_network(self, entry: Entry) -> None:
-        """Keep what the API set of the sandbox's network (in its state) across a restart and a
-        hibernate: in its state file, on every backend (`SandboxState.network_set`)."""
-        entry.state.network_set = True
-        entry.network_seen = entry.state.network()  # no re-read of the file undoes it meanwhile
-        if self._entries.get(entry.state.id) is entry:
-            await asyncio.to_thread(self.store.save, entry.state)
 
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
         """Delete the tenant's sandbox: recorded first (`record_deletion`), then destroyed, or,

@@ -19,7 +19,7 @@ import uuid
 from bisect import bisect_left, insort
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sandboxes.lifecycle import FINAL_EXPIRY
 
@@ -35,6 +35,17 @@ or a renewal gives, and final on the backend: no replica's renewal moves it."""
 PAUSED_AT_TIMEOUT = "timeout"
 """`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
 end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
+
+
+class Network(NamedTuple):
+    """A sandbox's network as its state says it at one moment (`SandboxState.network`)."""
+
+    allow: tuple[str, ...] | None
+    headers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    public_ports: bool | None
+    mask_request_host: str | None
+    preview_public: tuple[int, ...]
+
 
 _PAUSES_BESIDE_RECORD = frozenset({"stop", PAUSED_AT_TIMEOUT})
 """The pauses a shared backend's record cannot say (it says frozen alone, read back as ``keep``)."""
@@ -103,7 +114,12 @@ class SandboxState:
     network_set: bool = False
     """Its network was set through the API (a create's E2B ``network``, ``update_network``,
     ``PUT .../egress``): a shared backend's sandbox keeps this file for it (its record holds
-    its create's allow-list alone: `take_recorded` reads the rest from here at adoption)."""
+    its create's allow-list alone: `take_recorded` reads the rest from here at adoption), unless
+    its record holds it all (`network_on_record`)."""
+    network_on_record: bool = False
+    """Its network is recorded on the sandbox itself (a pod's annotation, `sandboxes.lifecycle.
+    RecordsNetwork`), where every replica reads it with its record: no file is kept for it, and
+    a file's network never overrides it."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""
@@ -123,7 +139,8 @@ class SandboxState:
         record cannot say: its network set through the API, or a pause at its timeout or with its
         clock stopped (its record says frozen alone), or a pause under way. `take_recorded` reads
         it back at adoption."""
-        return self.network_set or self.paused in _PAUSES_BESIDE_RECORD or bool(self.pause_intent)
+        beside = self.network_set and not self.network_on_record
+        return beside or self.paused in _PAUSES_BESIDE_RECORD or bool(self.pause_intent)
 
     def take_recorded(self, recorded: SandboxState) -> None:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
@@ -131,7 +148,7 @@ class SandboxState:
         a pause under way (with the expiry a pause at its timeout gives, if later than its record's),
         and a resume under way; and its deletion (`deleting`), which no expiry undoes."""
         self.deleting = self.deleting or recorded.deleting
-        if recorded.network_set:
+        if recorded.network_set and not self.network_on_record:  # its record's is every replica's
             self.take_network(recorded)
         if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:
             self.paused, self.paused_remaining = recorded.paused, recorded.paused_remaining
@@ -170,9 +187,23 @@ class SandboxState:
         self.preview_public = list(recorded.preview_public)
         self.network_set = recorded.network_set
 
-    def network(self) -> tuple[object, ...]:
-        """What `take_network` takes, to compare."""
-        return (self.egress_allow, self.egress_headers, self.public_ports, self.mask_request_host, self.preview_public)
+    def network(self) -> Network:
+        """What `take_network` takes, to compare, and to give back (`restore_network`): a copy,
+        which no later change to this state alters."""
+        return Network(
+            None if self.egress_allow is None else tuple(self.egress_allow),
+            tuple((host, tuple(values.items())) for host, values in self.egress_headers.items()),
+            self.public_ports,
+            self.mask_request_host,
+            tuple(self.preview_public),
+        )
+
+    def restore_network(self, network: Network) -> None:
+        """Its network as ``network`` (what `network` returned then) says it."""
+        self.egress_allow = None if network.allow is None else list(network.allow)
+        self.egress_headers = {host: dict(values) for host, values in network.headers}
+        self.public_ports, self.mask_request_host = network.public_ports, network.mask_request_host
+        self.preview_public = list(network.preview_public)
 
     def set_preview_public(self, port: int, public: bool) -> None:
         """``port`` in `preview_public` or not, the list still sorted with each port once."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
@@ -36,6 +36,8 @@ from sandboxes import protocol as p
 
 __all__ = [
     "DEFAULT_USER_IDS",
+    "FINAL_EXPIRY",
+    "NETWORK_RECORD_LIMIT",
     "CreateOptions",
     "Freezable",
     "FreezeUnavailable",
@@ -44,6 +46,7 @@ __all__ = [
     "Mount",
     "PooledProvider",
     "Provider",
+    "RecordsNetwork",
     "ResumableProvider",
     "Sandbox",
     "SandboxNameTaken",
@@ -98,6 +101,10 @@ class Lifecycle(abc.ABC):
 
 
 DEFAULT_USER_IDS = (1000, 1000)
+
+FINAL_EXPIRY = 1.0
+"""A recorded expiry at or before this (the epoch's first second) is final: `SharedProvider.set_expiry`
+never moves it (a deletion's record, which no other process's renewal may undo)."""
 """The uid and gid a sandbox's commands run as unless its backend says otherwise."""
 
 
@@ -213,6 +220,9 @@ class SandboxRecord:
     """Not running yet, but not stopped either: being made (a pending pod, a container created
     and not started), perhaps by another process, which will run or remove it. Neither adopt
     nor reap it on that account: its expiry and its provider's sweep bound it."""
+    network: str | None = None
+    """What `RecordsNetwork.set_network` recorded on it last (the caller's text, as given);
+    ``None``: nothing, or a provider that records none."""
 
 
 @dataclass
@@ -315,7 +325,30 @@ class SharedProvider(Provider[S], Protocol[S]):
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry on the sandbox ``ref`` (its `SandboxRecord.expires_at` from now
-        on, for every process's sweep). `LookupError` if there is none by that ref."""
+        on, for every process's sweep). `LookupError` if there is none by that ref, or its
+        recorded expiry is final (`FINAL_EXPIRY`) and ``expires_at`` is not."""
+        ...
+
+
+NETWORK_RECORD_LIMIT = 16384
+"""The most characters a `RecordsNetwork.set_network` record holds: far below what a backend
+allows on one object (a pod's annotations: 256 KiB in all), and small enough to read back with
+every record of a list."""
+
+
+@runtime_checkable
+class RecordsNetwork(Protocol):
+    """A `SharedProvider` that keeps a caller's text (its sandbox's network, as the caller writes
+    it) on each sandbox, changed after creation (a pod's annotation) and read back with its
+    record (`SandboxRecord.network`): what one process records there, every other one reads."""
+
+    def set_network(self, ref: str, change: Callable[[str | None], str]) -> None:
+        """Record on the sandbox ``ref`` what ``change`` makes of the text it records now
+        (``None``: none yet), on the version of it just read: if another process changed it
+        since, it is read again and ``change`` called again, so no change lands between.
+        `ValueError` if the text is longer than `NETWORK_RECORD_LIMIT` (nothing recorded);
+        `LookupError` if there is no sandbox by that ref, or it is being removed or recorded
+        deleted (`FINAL_EXPIRY`); what ``change`` raises goes through."""
         ...
 
 

@@ -480,7 +480,8 @@ def test_dropped_connections_retry_reads_and_report_writes(
 def test_a_read_is_attempted_exactly_retries_plus_one_times(
     service: _Service, remote: RemoteSandbox, workdir: str, retries: int
 ) -> None:
-    """The first attempt is made outside tenacity's loop; the count and the outcome stay."""
+    """A call is attempted once, then once more per failure `retries` allows: the count and the
+    outcome stay."""
     proxy = _DroppingProxy(service.url)
     try:
         one_per_request = httpx.HTTPTransport(limits=httpx.Limits(max_keepalive_connections=0))

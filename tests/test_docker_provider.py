@@ -21,6 +21,7 @@ from support import SESSION_OWNER
 
 from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX, DockerSandbox, DockerSandboxConfig
 from sandboxes.docker.provider import LABEL_POOL, DockerProvider, DockerProviderConfig
+from sandboxes.lifecycle import FINAL_EXPIRY
 
 SESSION_LABEL = "io.sandboxes.test-session"
 
@@ -420,3 +421,21 @@ class _RenewedAfterList:
 
     def get(self, ref: str) -> Any:
         return self._client.containers.get(ref)
+
+
+def test_a_final_expiry_is_never_moved(docker_client: Any, runtime_image: str, owner: str) -> None:
+    """A deletion's record (`FINAL_EXPIRY` in the name) outlives another replica's renewal: the
+    renewal reads the name before it renames."""
+    provider = DockerProvider(_template(runtime_image, owner), client=docker_client, sweep_interval=None)
+    renewing = DockerProvider(_template(runtime_image, owner), client=docker_client, sweep_interval=None)
+    sandbox = provider.create()
+    try:
+        provider.set_expiry(sandbox.id, FINAL_EXPIRY)  # the deleting replica's record
+        with pytest.raises(LookupError, match="final"):
+            renewing.set_expiry(sandbox.id, time.time() + 600)
+        assert [r.expires_at for r in provider.select({}) if r.ref == sandbox.id] == [FINAL_EXPIRY]
+        renewing.set_expiry(sandbox.id, FINAL_EXPIRY)  # recorded again: nothing moves
+    finally:
+        sandbox.destroy()
+        provider.close()
+        renewing.close()

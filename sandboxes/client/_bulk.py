@@ -1,5 +1,6 @@
 """How ``upload_files`` moves a batch: small files inline (base64 in JSON, a few per request),
-big ones as a one-member tar streamed to ``PUT /archive``.
+big ones as a one-member tar streamed to ``PUT /archive``; and how ``download_files`` words a
+file it streamed as a tar (``GET /archive``) because it was too large to answer inline.
 
 Base64 in JSON costs a third more bytes and holds the whole body in memory on both sides, and
 the service caps JSON bodies; a tar stream has neither cost. The answers do not change with the
@@ -17,11 +18,28 @@ import tarfile
 import time
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast, get_args
 
 from sandboxes import protocol as p
 from sandboxes.client._wire import ClientConfig
+from sandboxes.client.errors import ConnectionLost, OperationFailed
 from sandboxes.paths import InvalidPathError, normalize_path
-from sandboxes.semantics import message_for, refused_input
+from sandboxes.semantics import download_share, message_for, refused_input, share_refusal
+
+__all__ = [
+    "TAR_OVERHEAD",
+    "Bound",
+    "Inline",
+    "Outcome",
+    "Plan",
+    "Step",
+    "Tarred",
+    "TooLarge",
+    "file_from_tar",
+    "plan_uploads",
+    "tar_failure",
+    "tar_of_one",
+]
 
 _BLOCK = 512
 _CHUNK = 1 << 20
@@ -153,3 +171,46 @@ def file_from_tar(chunks: Iterable[bytes], max_bytes: int) -> bytes | p.ErrorCod
         return p.FILE_TOO_LARGE
     except (tarfile.TarError, EOFError):
         return p.BACKEND_ERROR
+
+
+def tar_failure(step: Tarred, exc: OperationFailed | ConnectionLost) -> Outcome:
+    """A tarred file's failure, worded as every backend words it."""
+    if isinstance(exc, ConnectionLost):
+        return p.CONNECTION_LOST, exc.message
+    code = cast("p.ErrorCode", exc.code)
+    return code, message_for(code, step.path)
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """Each streamed file's bound in a download batch: ``share``, its share of the batch's for
+    ``files`` files, never above ``most`` (the client's ``max_download_bytes``)."""
+
+    share: int
+    files: int
+    most: int
+
+    @classmethod
+    def of_batch(cls, config: ClientConfig, files: int) -> Bound:
+        share = download_share(config.max_download_bytes, config.max_batch_download_bytes, files)
+        return cls(share, files, config.max_download_bytes)
+
+    def answer(self, path: str, outcome: bytes | p.ErrorCode) -> p.FileDownloadResponse:
+        """A streamed file's response: its bytes, or its error worded as every backend words it."""
+        if isinstance(outcome, bytes):
+            return p.FileDownloadResponse(path, outcome)
+        if outcome == p.FILE_TOO_LARGE and self.share < self.most:
+            return p.FileDownloadResponse(path, None, outcome, share_refusal(path, self.share, self.files))
+        too_large = f"larger than {self.most} bytes (the client's max_download_bytes)"
+        detail = too_large if outcome == p.FILE_TOO_LARGE else None
+        return p.FileDownloadResponse(path, None, outcome, message_for(outcome, path, detail))
+
+    def failed(self, path: str, exc: OperationFailed | ConnectionLost) -> p.FileDownloadResponse:
+        """A streamed file's response when its archive failed (the service's code, or the loss)."""
+        if isinstance(exc, ConnectionLost):
+            return p.FileDownloadResponse(path, None, p.CONNECTION_LOST, exc.message)
+        known: dict[str, p.ErrorCode] = {"too_large": p.FILE_TOO_LARGE, "backend_unavailable": p.UNAVAILABLE}
+        code: p.ErrorCode = known.get(exc.code) or (
+            cast("p.ErrorCode", exc.code) if exc.code in get_args(p.ErrorCode) else p.BACKEND_ERROR
+        )
+        return p.FileDownloadResponse(path, None, code, message_for(code, path, exc.message))

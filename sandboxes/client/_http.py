@@ -1,36 +1,34 @@
 """`ServiceConnection` and `AsyncServiceConnection`: a connection pool to the service, the calls
-that need no sandbox handle, and the one loop (per flavour) that sends an `Op` with the retry
-policy of `sandboxes.client._wire`. `RemoteSandbox` sends its calls through them; the public
+that need no sandbox handle, and the loop (per flavour) that sends an `Op` with the retry policy
+of `sandboxes.client._wire`. `RemoteSandbox` sends its calls through them; the public
 `SandboxClient` (`sandboxes.client._clients`) adds what hands out a `RemoteSandbox`, so that
 imports run one way: this module < ``remote`` < ``_clients``.
 
-A call's first attempt is made outside tenacity's retry loop, whose machinery would cost every
-call as much as parsing its answer; the loop takes over only after a failure that
-may be retried, on the same schedule (`_wire.retry_kwargs` counts the attempt made before it).
+What the two flavours share lives once, free of I/O: the request an `Op` makes (`_Known`), which
+attempt comes next and after how long (`sandboxes.client._light.Attempts`), and how a failed
+answer becomes the client's error; each flavour only sends, sleeps and closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Self, TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, Retrying
 
 from sandboxes import api
 from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
-from sandboxes.client._light import recovered, retry_delay, retry_now, sent
-from sandboxes.client.errors import (
-    ConnectionLost,
-    NotFound,
-    SandboxServiceError,
-    error_from_response,
-    error_from_transport,
-)
+from sandboxes.client._light import Attempts, TransportErrors, recovered, sent
+from sandboxes.client.errors import SandboxServiceError, error_from_response
+
+__all__ = ["AsyncServiceConnection", "Connections", "ServiceConnection", "achunks_of", "chunks_of"]
 
 T = TypeVar("T")
 
@@ -138,35 +136,15 @@ class ServiceConnection:
         return self._send_retrying(op, stream=True, content=content)
 
     def _send_retrying(self, op: w.Op[Any], *, stream: bool, content: Any = None) -> httpx.Response:
-        try:  # the first attempt outside tenacity's loop (module docstring)
-            return self._send(op, stream=stream, content=content)
-        except SandboxServiceError as exc:
-            if self.config.retries < 1 or not retry_now(self.config, op, exc):
-                raise
-            failed = exc
-        time.sleep(retry_delay(self.config, 1, failed))
-        response: httpx.Response | None = None
-        maybe_done = isinstance(failed, ConnectionLost)
-        for attempt in Retrying(**w.retry_kwargs(self.config, op, made=1)):
-            with attempt:
-                try:
-                    response = self._send(op, stream=stream, content=content)
-                except ConnectionLost:
-                    maybe_done = True
-                    raise
-                except NotFound:
-                    if not (maybe_done and op.gone_is_done):
-                        raise
-                    response = httpx.Response(204)
-        assert response is not None
-        return response
-
-    def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
-        request = self._http.build_request(
-            op.method, self._known.url(op.path), json=op.json, params=op.params, content=content,
-            headers=op.headers, timeout=self._known.timeout(op.read_timeout),
-        )  # fmt: skip
-        return sent(self._http, request, stream=stream, what=op.what)
+        attempts = Attempts(self.config, op, self.config.retries)
+        while True:
+            try:
+                return sent(self._http, self._known.request(op, content), stream=stream, what=op.what)
+            except SandboxServiceError as exc:
+                delay = attempts.after(exc)
+            if delay is None:
+                return httpx.Response(204)
+            time.sleep(delay)
 
     def close(self) -> None:
         self._http.close()
@@ -261,48 +239,15 @@ class AsyncServiceConnection:
         return await self._send_retrying(op, stream=True, content=content)
 
     async def _send_retrying(self, op: w.Op[Any], *, stream: bool, content: Any = None) -> httpx.Response:
-        try:  # the first attempt outside tenacity's loop (module docstring)
-            return await self._send(op, stream=stream, content=content)
-        except SandboxServiceError as exc:
-            if self.config.retries < 1 or not retry_now(self.config, op, exc):
-                raise
-            failed = exc
-        await asyncio.sleep(retry_delay(self.config, 1, failed))
-        response: httpx.Response | None = None
-        maybe_done = isinstance(failed, ConnectionLost)
-        async for attempt in AsyncRetrying(**w.retry_kwargs(self.config, op, made=1)):
-            with attempt:
-                try:
-                    response = await self._send(op, stream=stream, content=content)
-                except ConnectionLost:
-                    maybe_done = True
-                    raise
-                except NotFound:
-                    if not (maybe_done and op.gone_is_done):
-                        raise
-                    response = httpx.Response(204)
-        assert response is not None
-        return response
-
-    async def _send(self, op: w.Op[Any], *, stream: bool, content: Any) -> httpx.Response:
-        request = self._http.build_request(
-            op.method, self._known.url(op.path), json=op.json, params=op.params, content=content,
-            headers=op.headers, timeout=self._known.timeout(op.read_timeout),
-        )  # fmt: skip
-        try:
-            response = await self._http.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
-        if response.is_success:
-            return response
-        try:
-            if stream:
-                await response.aread()
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
-        finally:
-            await response.aclose()
-        raise error_from_response(response)
+        attempts = Attempts(self.config, op, self.config.retries)
+        while True:
+            try:
+                return await _asent(self._http, self._known.request(op, content), stream=stream, what=op.what)
+            except SandboxServiceError as exc:
+                delay = attempts.after(exc)
+            if delay is None:
+                return httpx.Response(204)
+            await asyncio.sleep(delay)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -312,6 +257,52 @@ class AsyncServiceConnection:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class Connections:
+    """The connections a `RemoteSandbox` sends through, either flavour from either: the one it
+    was made with is used as is, the other flavour's made on first use from the same
+    configuration. A made-up async connection lives per event loop and keeps no idle
+    connection, so a loop that ends leaves nothing open behind it; `close` releases the ones
+    made here, never the one given."""
+
+    def __init__(self, client: ServiceConnection | AsyncServiceConnection) -> None:
+        self._config = client.config
+        self._given = client if isinstance(client, ServiceConnection) else None
+        self._agiven = client if isinstance(client, AsyncServiceConnection) else None
+        self._made: ServiceConnection | None = None
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncServiceConnection] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def sync(self) -> ServiceConnection:
+        """The sync connection: the given one, else one made once and shared by every thread."""
+        if self._given is not None:
+            return self._given
+        with self._lock:
+            if self._made is None:
+                self._made = ServiceConnection(config=self._config)
+            return self._made
+
+    def async_(self) -> AsyncServiceConnection:
+        """The async connection for the running event loop."""
+        if self._agiven is not None:
+            return self._agiven
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            made = self._per_loop.get(loop)
+            if made is None:
+                no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
+                made = self._per_loop[loop] = AsyncServiceConnection(config=self._config, limits=no_idle)
+            return made
+
+    def close(self) -> None:
+        """Close the sync connection made here (a later call makes another)."""
+        with self._lock:
+            made, self._made = self._made, None
+        if made is not None:
+            made.close()
 
 
 class _Known:
@@ -340,6 +331,26 @@ class _Known:
         if timeout is None:
             timeout = self._timeouts[read] = self._config.httpx_timeout(read)
         return timeout
+
+    def request(self, op: w.Op[Any], content: Any) -> httpx.Request:
+        """The request ``op`` describes, with ``content`` as its body (``None``: its JSON)."""
+        return self._http.build_request(
+            op.method, self.url(op.path), json=op.json, params=op.params, content=content,
+            headers=op.headers, timeout=self.timeout(op.read_timeout),
+        )  # fmt: skip
+
+
+async def _asent(http: httpx.AsyncClient, request: httpx.Request, *, stream: bool, what: str) -> httpx.Response:
+    """`sandboxes.client._light.sent` on an event loop: a success's response, else the client's error."""
+    with TransportErrors(what):
+        response = await http.send(request, stream=stream)
+    if response.is_success:
+        return response
+    async with contextlib.aclosing(response):
+        with TransportErrors(what):
+            if stream:
+                await response.aread()
+    raise error_from_response(response)
 
 
 def chunks_of(content: bytes | Iterable[bytes] | Any, size: int = 1 << 16) -> Iterable[bytes] | bytes:

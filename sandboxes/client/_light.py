@@ -8,6 +8,7 @@ dataclasses alone (httpx where its settings are made), so a CLI call that import
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
@@ -19,6 +20,7 @@ from sandboxes import protocol as p
 from sandboxes.client.errors import (
     BackendUnavailable,
     ConnectionLost,
+    NotFound,
     OperationFailed,
     QuotaExceeded,
     RateLimited,
@@ -35,10 +37,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_READ",
     "KEEPALIVE_EXPIRY",
+    "Attempts",
     "Calls",
     "Patience",
     "PatienceMethods",
+    "Polling",
     "ProcessStatus",
+    "TransportErrors",
     "capped_grep",
     "execute_timeout",
     "limits",
@@ -66,24 +71,38 @@ def limits() -> httpx.Limits:
     return httpx.Limits(max_connections=100, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_EXPIRY)
 
 
+class TransportErrors:
+    """``with TransportErrors(what):`` raises httpx's failure of a connection inside it as the
+    client's error for the call ``what`` (`error_from_transport`), from the original; any other
+    exception passes as it is. Usable around a sync or an awaited read alike."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        import httpx
+
+        if isinstance(exc, httpx.TransportError):
+            raise error_from_transport(exc, self._what) from exc
+
+
 def sent(http: httpx.Client, request: httpx.Request, *, stream: bool, what: str) -> httpx.Response:
     """``request`` sent on ``http``: a success's response, else the service's error or the
     transport's raised as the client's `SandboxServiceError` (a failed response is read and closed)."""
-    import httpx
-
-    try:
+    with TransportErrors(what):
         response = http.send(request, stream=stream)
-    except httpx.TransportError as exc:
-        raise error_from_transport(exc, what) from exc
     if response.is_success:
         return response
-    try:
+    with contextlib.closing(response), TransportErrors(what):
         if stream:
             response.read()
-    except httpx.TransportError as exc:
-        raise error_from_transport(exc, what) from exc
-    finally:
-        response.close()
     raise error_from_response(response)
 
 
@@ -119,6 +138,14 @@ class Calls(Protocol):
     def retry(self) -> bool: ...
     @property
     def idempotent(self) -> bool: ...
+
+
+class Retried(Calls, Protocol):
+    """What `Attempts` reads of a call: the retry policy's fields, and whether a `NotFound`
+    after a lost answer means the call took effect (a delete)."""
+
+    @property
+    def gone_is_done(self) -> bool: ...
 
 
 class Recovers(Protocol[T_co]):
@@ -188,6 +215,33 @@ def retry_delay(config: Patience, attempt: int, exc: BaseException | None) -> fl
     return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 - jitter, not secrets
 
 
+class Attempts:
+    """The attempts of one call, as the sync and async connections make them: the first, then
+    one more after each failure `retry_now` allows, ``retries`` more at the most, each after
+    `retry_delay`. Once an attempt's connection was lost, a `NotFound` answers a
+    ``gone_is_done`` call as done: the lost attempt did what the call asked."""
+
+    __slots__ = ("_config", "_made", "_maybe_done", "_op", "_retries")
+
+    def __init__(self, config: Patience, op: Retried, retries: int) -> None:
+        self._config, self._op, self._retries = config, op, retries
+        self._made = 1
+        self._maybe_done = False
+
+    def after(self, exc: SandboxServiceError) -> float | None:
+        """Seconds to wait before the next attempt, the last one having failed with ``exc``;
+        ``None``: the call is done all the same; raises ``exc`` when no attempt is left."""
+        if isinstance(exc, ConnectionLost):
+            self._maybe_done = True
+        elif isinstance(exc, NotFound) and self._maybe_done and self._op.gone_is_done:
+            return None
+        if self._made > self._retries or not retry_now(self._config, self._op, exc):
+            raise exc
+        delay = retry_delay(self._config, self._made, exc)
+        self._made += 1
+        return delay
+
+
 def recovered(op: Recovers[T], exc: SandboxServiceError) -> T:
     """The result standing for ``exc`` when ``op`` has one; re-raises ``exc`` otherwise."""
     if op.recover is not None:
@@ -236,12 +290,27 @@ class ProcessStatus:
         return self.status == "running"
 
 
+class Polling:
+    """When polling a background process stops, for the sync and async handles alike: once a
+    status says it ended, or once ``timeout`` seconds passed (``None``: no limit) whatever the
+    last status said."""
+
+    __slots__ = ("_deadline",)
+
+    def __init__(self, timeout: float | None) -> None:
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def goes_on(self, status: ProcessStatus) -> bool:
+        """Whether to poll again after ``status``."""
+        return status.running and (self._deadline is None or time.monotonic() < self._deadline)
+
+
 def polled_until_ended(poll: Callable[[], ProcessStatus], timeout: float | None, interval: float) -> ProcessStatus:
     """``poll``'s status once its process has ended, asked every ``interval`` seconds; after
     ``timeout`` seconds (``None``: no limit), the last status, running or not."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    polling = Polling(timeout)
     while True:
         status = poll()
-        if not status.running or (deadline is not None and time.monotonic() >= deadline):
+        if not polling.goes_on(status):
             return status
         time.sleep(interval)

@@ -11,6 +11,8 @@ import contextlib
 import logging
 import socket
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 from websockets.asyncio.client import ClientConnection as AsyncClientConnection
 from websockets.asyncio.client import connect as aconnect
@@ -48,24 +50,41 @@ def _refused(exc: InvalidStatus) -> PortUnreachable:
     return PortUnreachable(exc.response.status_code, body or "the tunnel was refused")
 
 
+@contextlib.contextmanager
+def _opening() -> Iterator[None]:
+    """Around the tunnel's opening: the service's refusal of it raised as `PortUnreachable`
+    (its status, at most 500 characters of its body)."""
+    try:
+        yield
+    except InvalidStatus as exc:
+        raise _refused(exc) from None
+
+
+def _tunnel(config: ClientConfig, sandbox_id: str, port: int) -> tuple[str, dict[str, Any]]:
+    """Where both flavours open the tunnel, and how: the key in a header, messages bounded to
+    `_MAX_MESSAGE`, uncompressed (the bytes are the connection's own)."""
+    return _url(config, sandbox_id, port), {
+        "additional_headers": config.headers(),
+        "open_timeout": config.connect_timeout,
+        "max_size": _MAX_MESSAGE,
+        "compression": None,
+    }
+
+
+def _received(message: bytes | str) -> bytes:
+    """A message of the service as the connection's bytes (a text one as its UTF-8)."""
+    return message if isinstance(message, bytes) else message.encode("utf-8")
+
+
 class PortConnection:
     """One TCP connection to the sandbox's port (blocking): ``sendall``, ``recv`` (``b""`` at its
     end), ``shutdown_write``, ``close``. A send and a recv may run on two threads at once."""
 
     def __init__(self, config: ClientConfig, sandbox_id: str, port: int) -> None:
         self._held = contextlib.ExitStack()
-        try:
-            self._ws: ClientConnection = self._held.enter_context(
-                connect(
-                    _url(config, sandbox_id, port),
-                    additional_headers=config.headers(),
-                    open_timeout=config.connect_timeout,
-                    max_size=_MAX_MESSAGE,
-                    compression=None,
-                )
-            )
-        except InvalidStatus as exc:
-            raise _refused(exc) from None
+        url, options = _tunnel(config, sandbox_id, port)
+        with _opening():
+            self._ws: ClientConnection = self._held.enter_context(connect(url, **options))
 
     def sendall(self, data: bytes) -> None:
         if data:
@@ -77,7 +96,7 @@ class PortConnection:
             message = self._ws.recv()
         except ConnectionClosed:
             return b""
-        return message if isinstance(message, bytes) else message.encode("utf-8")
+        return _received(message)
 
     def shutdown_write(self) -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -101,17 +120,9 @@ class AsyncPortConnection:
 
     @classmethod
     async def open(cls, config: ClientConfig, sandbox_id: str, port: int) -> AsyncPortConnection:
-        try:
-            ws = await aconnect(
-                _url(config, sandbox_id, port),
-                additional_headers=config.headers(),
-                open_timeout=config.connect_timeout,
-                max_size=_MAX_MESSAGE,
-                compression=None,
-            )
-        except InvalidStatus as exc:
-            raise _refused(exc) from None
-        return cls(ws)
+        url, options = _tunnel(config, sandbox_id, port)
+        with _opening():
+            return cls(await aconnect(url, **options))
 
     async def send(self, data: bytes) -> None:
         if data:
@@ -122,7 +133,7 @@ class AsyncPortConnection:
             message = await self._ws.recv()
         except ConnectionClosed:
             return b""
-        return message if isinstance(message, bytes) else message.encode("utf-8")
+        return _received(message)
 
     async def shutdown_write(self) -> None:
         with contextlib.suppress(ConnectionClosed):

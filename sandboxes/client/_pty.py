@@ -10,8 +10,10 @@ exceptions as every other call (`sandboxes.client.errors`). What the service sen
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pydantic
@@ -22,6 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from sandboxes import api
 from sandboxes.client import _wire as w
+from sandboxes.client._pump import apump, pump
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, ServiceUnreachable, error_from_response
 
 __all__ = ["MAX_MESSAGE", "AsyncRemoteTerminal", "RemoteTerminal", "aopen_pty", "open_pty"]
@@ -58,6 +61,28 @@ def _parsed(text: str) -> api.PtyMessage | None:
         return None
 
 
+@contextlib.contextmanager
+def _opening() -> Iterator[None]:
+    """Around the WebSocket's opening: its failure raised as the client's error, the service's
+    refusal of the upgrade as any other call's, no connection as `ServiceUnreachable`."""
+    try:
+        yield
+    except InvalidStatus as exc:
+        raise _refused(exc) from exc
+    except OSError as exc:
+        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
+
+
+def _connect_options(config: w.ClientConfig) -> dict[str, Any]:
+    """How both flavours open the socket: the key in a header, the protocol, what it may carry."""
+    return {
+        "additional_headers": config.headers(),
+        "subprotocols": [api.PTY_SUBPROTOCOL],
+        "open_timeout": config.connect_timeout,
+        "max_size": MAX_MESSAGE,
+    }
+
+
 def _control(resize: api.PtySize | None = None, kill: bool = False) -> str:
     return api.PtyControl(resize=resize, kill=kill).model_dump_json(exclude_defaults=True)
 
@@ -68,6 +93,14 @@ class _Named:
     def __init__(self) -> None:
         self.exit: api.PtyExit | None = None
         self.session = ""
+
+    def _named(self, chunk: bytes | None) -> None:
+        """Raises `ConnectionLost` unless the terminal named its session before any output:
+        ``chunk`` is the first output read (``None``: none before the session or the socket's end)."""
+        if chunk is not None:
+            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
+        if not self.session:
+            raise ConnectionLost("the service closed the terminal before naming its session")
 
     def _ends(self, message: str) -> bool:
         """Whether a text message ends the output being read: it named the session, or the exit."""
@@ -81,6 +114,35 @@ class _Named:
         return False
 
 
+class _Read:
+    """One read of a terminal's output, free of I/O (a `Reader` of its messages): binary
+    messages are the output; it is done once a text message named the session (the first read)
+    or the exit, or the socket closed."""
+
+    __slots__ = ("_terminal", "done")
+
+    def __init__(self, terminal: _Named) -> None:
+        self._terminal = terminal
+        self.done = False
+
+    def feed(self, message: bytes | str | None) -> bytes | None:
+        if isinstance(message, bytes):
+            return message
+        self.done = message is None or self._terminal._ends(message)
+        return None
+
+    def broke(self, exc: Exception) -> None:
+        self.done = True
+
+
+_CLOSED = (ConnectionClosed,)
+
+
+def _typed(data: bytes | str) -> bytes:
+    """Bytes typed into the terminal: a str as its UTF-8."""
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
 class RemoteTerminal(_Named):
     """A terminal in a sandbox of the service, from threads: one may iterate its output while
     others `send`, `resize` or `kill`. ``session`` reattaches (`RemoteSandbox.pty`); `exit` is
@@ -89,22 +151,11 @@ class RemoteTerminal(_Named):
     def __init__(self, socket: ClientConnection) -> None:
         super().__init__()
         self._socket = socket
-        for chunk in self._messages():
-            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
-        if not self.session:
-            raise ConnectionLost("the service closed the terminal before naming its session")
+        self._named(next(self._messages(), None))
 
     def _messages(self) -> Iterator[bytes]:
         """Output until the session is named (the first call) or the exit came."""
-        while True:
-            try:
-                message = self._socket.recv()
-            except ConnectionClosed:
-                return
-            if isinstance(message, bytes):
-                yield message
-            elif self._ends(message):
-                return
+        return pump(_Read(self), self._socket.recv, _CLOSED)
 
     def __iter__(self) -> Iterator[bytes]:
         """The terminal's output as it comes, until the command ended (`exit`) or the socket
@@ -113,7 +164,7 @@ class RemoteTerminal(_Named):
 
     def send(self, data: bytes | str) -> None:
         """Bytes typed into the terminal (a str as UTF-8)."""
-        self._socket.send(data.encode("utf-8") if isinstance(data, str) else data)
+        self._socket.send(_typed(data))
 
     def resize(self, cols: int, rows: int) -> None:
         """The terminal's new size; `pydantic.ValidationError` for one out of bounds."""
@@ -148,27 +199,16 @@ class AsyncRemoteTerminal(_Named):
         self._socket = socket
 
     async def _start(self) -> None:
-        async for chunk in self._messages():
-            raise ConnectionLost(f"the service sent {len(chunk)} bytes before the terminal's session")
-        if not self.session:
-            raise ConnectionLost("the service closed the terminal before naming its session")
+        self._named(await anext(self._messages(), None))
 
-    async def _messages(self) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                message = await self._socket.recv()
-            except ConnectionClosed:
-                return
-            if isinstance(message, bytes):
-                yield message
-            elif self._ends(message):
-                return
+    def _messages(self) -> AsyncGenerator[bytes]:
+        return apump(_Read(self), self._socket.recv, _CLOSED)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._messages()
 
     async def send(self, data: bytes | str) -> None:
-        await self._socket.send(data.encode("utf-8") if isinstance(data, str) else data)
+        await self._socket.send(_typed(data))
 
     async def resize(self, cols: int, rows: int) -> None:
         await self._socket.send(_control(resize=api.PtySize(cols=cols, rows=rows)))
@@ -191,28 +231,13 @@ class AsyncRemoteTerminal(_Named):
         await self.close()
 
 
-def _headers(config: w.ClientConfig) -> dict[str, str]:
-    return config.headers()
-
-
 def open_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> RemoteTerminal:
     """Open (or, with ``session``, reattach to) a terminal in ``sandbox_id``."""
-    url = _url(config, sandbox_id, size, command, session)
-    try:
-        opened = connect(
-            url,
-            additional_headers=_headers(config),
-            subprotocols=[api.PTY_SUBPROTOCOL],  # type: ignore[list-item]
-            open_timeout=config.connect_timeout,
-            max_size=MAX_MESSAGE,
-        )
+    with _opening():
+        opened = connect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
         socket = opened.__enter__()  # as a context (websockets 17.1 warns otherwise), left by `close`
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except OSError as exc:
-        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
     try:
         return RemoteTerminal(socket)
     except BaseException:
@@ -224,19 +249,8 @@ async def aopen_pty(
     config: w.ClientConfig, sandbox_id: str, size: api.PtySize, command: str | None, session: str | None
 ) -> AsyncRemoteTerminal:
     """`open_pty` on an event loop."""
-    url = _url(config, sandbox_id, size, command, session)
-    try:
-        socket = await aconnect(
-            url,
-            additional_headers=_headers(config),
-            subprotocols=[api.PTY_SUBPROTOCOL],  # type: ignore[list-item]
-            open_timeout=config.connect_timeout,
-            max_size=MAX_MESSAGE,
-        )
-    except InvalidStatus as exc:
-        raise _refused(exc) from exc
-    except OSError as exc:
-        raise ServiceUnreachable(f"cannot reach the service: {exc}") from exc
+    with _opening():
+        socket = await aconnect(_url(config, sandbox_id, size, command, session), **_connect_options(config))
     terminal = AsyncRemoteTerminal(socket)
     try:
         await terminal._start()

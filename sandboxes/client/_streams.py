@@ -10,6 +10,7 @@ first, keep-alives) and types this client does not know are skipped. Each chunk 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import Literal
 
@@ -20,6 +21,7 @@ from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client import _wire as w
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
+from sandboxes.client._pump import apump, pump
 from sandboxes.client.errors import ConnectionLost, SandboxServiceError, error_from_transport
 
 __all__ = ["AsyncCommandStream", "CommandStream", "OutputChunk"]
@@ -72,27 +74,71 @@ class _Position:
         self.reattach = False
         return _ops.attach_stream(self.sandbox_id, self.command_id, self.offset)
 
-    def follows(self, op: w.Op[None]) -> None:
-        """``op`` is sent: until its exit event arrives, the stream counts as lost."""
-        self.lost = f"{op.what}: the stream ended before the command's exit"
+    def then(self) -> w.Op[None] | None:
+        """After a connection ended: the request to follow next (the one re-attach, once the
+        stream was lost), ``None`` when the stream is over."""
+        return None if self.lost is None else self.again()
 
-    def read(self, line: str) -> Item | None:
-        """What a line of the stream gives the caller, if anything; its exit event ends the loss."""
-        item = _item(self, line)
+    def ending(self) -> p.ExecuteResponse | None:
+        """What ends a stream once `then` said it is over: a ``connection_lost`` response if it
+        was given up as lost, ``None`` if its exit event came."""
+        return None if self.lost is None else w.lost_execution(self.lost)
+
+    def kill(self) -> w.Op[p.ExecuteResponse] | None:
+        """The request that kills the command, ``None`` while its id is unknown (not started)."""
+        return None if self.command_id is None else _ops.kill_stream(self.sandbox_id, self.command_id)
+
+    def follow(self, op: w.Op[None]) -> _Reading:
+        """``op`` is sent: the reader of its answer's lines. Until its exit event arrives, the
+        stream counts as lost."""
+        self.lost = f"{op.what}: the stream ended before the command's exit"
+        return _Reading(self, op)
+
+
+class _Reading:
+    """One connection's lines of a followed stream, free of I/O (a `Reader`): each line moves
+    the position and gives what the caller sees; done at the command's exit or the connection's
+    end. A malformed line ends it as the connection's failure does: the stream is lost from
+    there and may be followed again."""
+
+    __slots__ = ("_op", "_position", "done")
+
+    def __init__(self, position: _Position, op: w.Op[None]) -> None:
+        self._position, self._op = position, op
+        self.done = False
+
+    def feed(self, line: str | None) -> Item | None:
+        """What a line gives the caller, if anything (``None``: the connection's end)."""
+        if line is None:
+            self.done = True
+            return None
+        try:
+            item = _item(self._position, line)
+        except ConnectionLost as exc:
+            self.broke(exc)
+            return None
         if isinstance(item, p.ExecuteResponse):
-            self.lost = None
+            self._position.lost = None
+            self.done = True
         return item
 
-    def broke(self, op: w.Op[None], exc: httpx.TransportError | ConnectionLost) -> None:
-        """The connection that answered ``op`` failed mid-stream."""
-        self.lost = exc.message if isinstance(exc, ConnectionLost) else error_from_transport(exc, op.what).message
+    def broke(self, exc: Exception) -> None:
+        """The connection failed mid-stream (httpx's error), or a line was malformed."""
+        self.done = True
+        if isinstance(exc, httpx.TransportError):
+            exc = error_from_transport(exc, self._op.what)
+        self._position.lost = exc.message if isinstance(exc, SandboxServiceError) else str(exc)
 
-    def refused(self, op: w.Op[None], exc: SandboxServiceError) -> None:
-        """``op`` was not answered with a stream: a refused start raises as any other call
-        does; a lost one, or a re-attach the service cannot serve, ends this stream."""
-        if op.method == "POST" and not isinstance(exc, ConnectionLost):
+    def refused(self, exc: SandboxServiceError) -> None:
+        """The request was not answered with a stream: a refused start raises as any other
+        call does; a lost one, or a re-attach the service cannot serve, ends this stream."""
+        if self._op.method == "POST" and not isinstance(exc, ConnectionLost):
             raise exc
-        self.lost = exc.message
+        self._position.lost = exc.message
+
+
+_BROKEN = (httpx.TransportError,)
+"""What reading a stream's next line may raise: its connection's failure."""
 
 
 class _Followed:
@@ -132,38 +178,28 @@ class CommandStream(_Followed, Iterator[Item]):
         """Stop reading and kill the command's whole process tree; its final response, or
         ``None`` if it never started (nothing was read from this stream yet)."""
         self._items.close()
-        if self._position.command_id is None:
-            return None
-        return self._connection.call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
+        op = self._position.kill()
+        return None if op is None else self._connection.call(op)
 
     def _run(self, op: w.Op[None]) -> Generator[Item]:
         following: w.Op[None] | None = op
         while following is not None:
             yield from self._follow(following)
-            if self._position.lost is None:
-                return
-            following = self._position.again()
-        yield w.lost_execution(self._position.lost or "the stream was lost")
+            following = self._position.then()
+        if (ending := self._position.ending()) is not None:
+            yield ending
 
     def _follow(self, op: w.Op[None]) -> Generator[Item]:
-        position = self._position
-        position.follows(op)
+        reading = self._position.follow(op)
         try:
             response = self._connection.open(op)
         except SandboxServiceError as exc:
-            position.refused(op, exc)
+            reading.refused(exc)
             return
-        try:
-            for line in response.iter_lines():
-                item = position.read(line)
-                if item is not None:
-                    yield item
-                    if position.lost is None:
-                        return
-        except (httpx.TransportError, ConnectionLost) as exc:
-            position.broke(op, exc)
-        finally:
-            response.close()
+        lines = response.iter_lines()
+        items: Generator[Item] = pump(reading, lambda: next(lines, None), _BROKEN)
+        with contextlib.closing(response):
+            yield from items
 
 
 class AsyncCommandStream(_Followed, AsyncIterator[Item]):
@@ -192,39 +228,32 @@ class AsyncCommandStream(_Followed, AsyncIterator[Item]):
     async def akill(self) -> p.ExecuteResponse | None:
         """`CommandStream.kill`'s async twin."""
         await self._items.aclose()
-        if self._position.command_id is None:
+        op = self._position.kill()
+        if op is None:
             return None
-        return await self._connect().call(_ops.kill_stream(self._position.sandbox_id, self._position.command_id))
+        return await self._connect().call(op)
 
     async def _run(self, op: w.Op[None]) -> AsyncGenerator[Item]:
         following: w.Op[None] | None = op
         while following is not None:
             async for item in self._follow(following):
                 yield item
-            if self._position.lost is None:
-                return
-            following = self._position.again()
-        yield w.lost_execution(self._position.lost or "the stream was lost")
+            following = self._position.then()
+        if (ending := self._position.ending()) is not None:
+            yield ending
 
     async def _follow(self, op: w.Op[None]) -> AsyncGenerator[Item]:
-        position = self._position
-        position.follows(op)
+        reading = self._position.follow(op)
         try:
             response = await self._connect().open(op)
         except SandboxServiceError as exc:
-            position.refused(op, exc)
+            reading.refused(exc)
             return
-        try:
-            async for line in response.aiter_lines():
-                item = position.read(line)
-                if item is not None:
-                    yield item
-                    if position.lost is None:
-                        return
-        except (httpx.TransportError, ConnectionLost) as exc:
-            position.broke(op, exc)
-        finally:
-            await response.aclose()
+        lines = response.aiter_lines()
+        items: AsyncGenerator[Item] = apump(reading, lambda: anext(lines, None), _BROKEN)
+        async with contextlib.aclosing(response), contextlib.aclosing(items):
+            async for item in items:
+                yield item
 
 
 def _item(position: _Position, line: str) -> Item | None:

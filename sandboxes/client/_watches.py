@@ -16,30 +16,43 @@ from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client import _ops
 from sandboxes.client._http import AsyncServiceConnection, ServiceConnection
-from sandboxes.client.errors import ConnectionLost, error_from_transport
+from sandboxes.client._light import TransportErrors
+from sandboxes.client._pump import apump, pump
+from sandboxes.client.errors import ConnectionLost
 
 __all__ = ["AsyncWatchStream", "WatchStream"]
 
 _SKIPPED = frozenset({"start", "keepalive"})
+_LINE_ERRORS = (httpx.TransportError, httpx.StreamClosed)
+"""What reading a watch's next line may raise: its connection's loss, or its close."""
 
 
-def _started(line: str) -> bool:
-    """Whether ``line`` is a stream's ``start``."""
-    try:
-        return api.WatchEvent.model_validate_json(line).type == "start"
-    except pydantic.ValidationError:
-        return False
-
-
-class _Ending:
-    """Why a watch stream ended: ``None`` while it runs or when its client closed it."""
+class _Watch:
+    """A watch stream's state, free of I/O and shared by both flavours (a `Reader` of its
+    lines): fed the stream's lines (``None`` at its end), it gives the events to hand out. Once
+    ``ended`` it gives none, and ``error`` and ``message`` say why (``None``: its client closed it)."""
 
     error: p.ErrorCode | None = None
     message: str | None = None
     ended: bool = False
+    _what: str
 
-    def take(self, line: str) -> api.WatchEvent | None:
-        """The event a line carries, ``None`` for one to skip; an ``end`` line ends the stream."""
+    def _start(self, first: str) -> None:
+        """Raises `ConnectionLost` unless ``first``, the stream's first line, is its ``start``."""
+        try:
+            started = api.WatchEvent.model_validate_json(first).type == "start"
+        except pydantic.ValidationError:
+            started = False
+        if not started:
+            raise ConnectionLost(f"{self._what}: the watch did not start ({first[:200]!r})")
+
+    def take(self, line: str | None) -> api.WatchEvent | None:
+        """The event a line carries, ``None`` for one to skip; an ``end`` line, or the stream's
+        end (``None``), ends the watch."""
+        if line is None:
+            if not self.ended:
+                self.lost(f"{self._what}: the stream ended before the watch did")
+            return None
         if not line.strip():
             return None
         try:
@@ -53,11 +66,22 @@ class _Ending:
             return None
         return event
 
+    feed = take
+
+    @property
+    def done(self) -> bool:
+        """`Reader.done`: the watch ended (or was closed); nothing more is read."""
+        return self.ended
+
     def lost(self, message: str) -> None:
         self.ended, self.error, self.message = True, p.CONNECTION_LOST, message
 
+    def broke(self, exc: Exception) -> None:
+        """Reading the next line raised ``exc`` (one of `_LINE_ERRORS`): the watch is lost."""
+        self.lost(f"{self._what}: {exc}")
 
-class WatchStream(Iterator[api.WatchEvent], _Ending):
+
+class WatchStream(Iterator[api.WatchEvent], _Watch):
     """A remote sandbox's directory watched (`RemoteSandbox.watch`): its events until `close`
     or the watch's end."""
 
@@ -69,30 +93,20 @@ class WatchStream(Iterator[api.WatchEvent], _Ending):
         self._response = connection.open(op)
         self._lines = self._response.iter_lines()
         try:
-            first = next(self._lines, "")
-        except httpx.TransportError as exc:
+            with TransportErrors(op.what):
+                first = next(self._lines, "")
+            self._start(first)
+        except BaseException:
             self._response.close()
-            raise error_from_transport(exc, op.what) from exc
-        if not _started(first):
-            self._response.close()
-            raise ConnectionLost(f"{op.what}: the watch did not start ({first[:200]!r})")
+            raise
+        self._events = pump(self, lambda: next(self._lines, None), _LINE_ERRORS)
 
     def __next__(self) -> api.WatchEvent:
-        while not self.ended:
-            try:
-                line = next(self._lines, None)
-            except (httpx.TransportError, httpx.StreamClosed) as exc:
-                line = None
-                self.lost(f"{self._what}: {exc}")
-            if line is None:
-                if not self.ended:
-                    self.lost(f"{self._what}: the stream ended before the watch did")
-                break
-            event = self.take(line)
-            if event is not None:
-                return event
-        self._response.close()
-        raise StopIteration
+        event = next(self._events, None)
+        if event is None:
+            self._response.close()
+            raise StopIteration
+        return event
 
     def close(self) -> None:
         """Stop the watch (the service ends it once its stream is gone)."""
@@ -106,13 +120,14 @@ class WatchStream(Iterator[api.WatchEvent], _Ending):
         self.close()
 
 
-class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Ending):
+class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Watch):
     """`WatchStream`'s async twin, made by `open`."""
 
     def __init__(self, response: httpx.Response, lines: AsyncIterator[str], what: str) -> None:
         self._response = response
         self._lines = lines
         self._what = what
+        self._events = apump(self, lambda: anext(self._lines, None), _LINE_ERRORS)
 
     @classmethod
     async def open(
@@ -125,33 +140,22 @@ class AsyncWatchStream(AsyncIterator[api.WatchEvent], _Ending):
     ) -> AsyncWatchStream:
         op = _ops.watch(sandbox_id, path, recursive, timeout)
         response = await connection.open(op)
-        lines = response.aiter_lines()
+        stream = cls(response, response.aiter_lines(), op.what)
         try:
-            first = await anext(lines, "")
-        except httpx.TransportError as exc:
+            with TransportErrors(op.what):
+                first = await anext(stream._lines, "")
+            stream._start(first)
+        except BaseException:
             await response.aclose()
-            raise error_from_transport(exc, op.what) from exc
-        if not _started(first):
-            await response.aclose()
-            raise ConnectionLost(f"{op.what}: the watch did not start ({first[:200]!r})")
-        return cls(response, lines, op.what)
+            raise
+        return stream
 
     async def __anext__(self) -> api.WatchEvent:
-        while not self.ended:
-            try:
-                line = await anext(self._lines, None)
-            except (httpx.TransportError, httpx.StreamClosed) as exc:
-                line = None
-                self.lost(f"{self._what}: {exc}")
-            if line is None:
-                if not self.ended:
-                    self.lost(f"{self._what}: the stream ended before the watch did")
-                break
-            event = self.take(line)
-            if event is not None:
-                return event
-        await self._response.aclose()
-        raise StopAsyncIteration
+        event = await anext(self._events, None)
+        if event is None:
+            await self._response.aclose()
+            raise StopAsyncIteration
+        return event
 
     async def aclose(self) -> None:
         """`WatchStream.close`'s async twin."""

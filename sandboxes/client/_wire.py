@@ -17,12 +17,11 @@ from typing import Any, Generic, TypeVar, get_args
 import httpx
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
-from tenacity import RetryCallState
 
 from sandboxes import api
 from sandboxes import protocol as p
 from sandboxes.client._light import DEFAULT_READ as DEFAULT_READ
-from sandboxes.client._light import PatienceMethods, capped_grep, retry_delay, retry_now
+from sandboxes.client._light import PatienceMethods, capped_grep
 from sandboxes.client._light import ProcessStatus as ProcessStatus
 from sandboxes.client._light import execute_timeout as execute_timeout
 from sandboxes.client._light import may_retry as may_retry
@@ -112,26 +111,6 @@ def model_json(model: type[M], **fields: Any) -> dict[str, Any]:
         return model(**fields).model_dump(mode="json")
     except pydantic.ValidationError as exc:
         raise InvalidRequest(f"invalid {model.__name__}: {exc}") from exc
-
-
-# ---------------------------------------------------------------------- retry policy
-
-
-def retry_kwargs(config: ClientConfig, op: Op[Any], *, made: int = 0) -> dict[str, Any]:
-    """Arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call, when ``made``
-    attempts were already made (and failed) outside it."""
-    from tenacity import retry_if_exception, stop_after_attempt
-
-    def wait(state: RetryCallState) -> float:
-        outcome = state.outcome
-        return retry_delay(config, state.attempt_number + made, outcome.exception() if outcome is not None else None)
-
-    return {
-        "retry": retry_if_exception(lambda exc: retry_now(config, op, exc)),
-        "wait": wait,
-        "stop": stop_after_attempt(config.retries + 1 - made),
-        "reraise": True,
-    }
 
 
 # ---------------------------------------------------------------------- answers -> results

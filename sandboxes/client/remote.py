@@ -8,26 +8,26 @@ itself (bad key, sandbox gone, quota, rate limit after retries) raise the except
 `sandboxes.client.errors`: no result dataclass could express them.
 
 Sync methods use a `SandboxClient`, async ones an `AsyncSandboxClient` (native asyncio, no
-threads). The handle works from either: whichever it was made with is used as is, the other's
-connection (`sandboxes.client._http`) is made on first use from the same configuration. A
-made-up async connection lives per event loop and keeps no idle connection, so a loop that ends
-leaves nothing open behind it.
+threads). The handle works from either (`sandboxes.client._http.Connections`): whichever it was
+made with is used as is, the other's connection is made on first use from the same configuration.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 import uuid
-import weakref
-from asyncio import AbstractEventLoop, get_running_loop
 from asyncio import sleep as asleep
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, cast, get_args
-
-import httpx
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import IO, TYPE_CHECKING, cast
 
 from sandboxes import api
 from sandboxes import protocol as p
@@ -35,21 +35,21 @@ from sandboxes.client import _ops, _state_ops
 from sandboxes.client import _wire as w
 from sandboxes.client._bulk import (
     TAR_OVERHEAD,
+    Bound,
     Inline,
     Outcome,
     Step,
-    Tarred,
     file_from_tar,
     plan_uploads,
+    tar_failure,
     tar_of_one,
 )
-from sandboxes.client._http import AsyncServiceConnection, ServiceConnection, achunks_of, chunks_of
-from sandboxes.client._light import polled_until_ended
+from sandboxes.client._http import AsyncServiceConnection, Connections, ServiceConnection, achunks_of, chunks_of
+from sandboxes.client._light import Polling, TransportErrors, polled_until_ended
 from sandboxes.client._streams import AsyncCommandStream, CommandStream
 from sandboxes.client._watches import AsyncWatchStream, WatchStream
-from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed, error_from_transport
+from sandboxes.client.errors import ConnectionLost, NotFound, OperationFailed
 from sandboxes.lifecycle import Sandbox
-from sandboxes.semantics import download_share, message_for, share_refusal
 
 if TYPE_CHECKING:  # imported where used: websockets is for ports and terminals alone
     from sandboxes.client._ports import AsyncPortConnection, PortConnection, PortForward
@@ -78,13 +78,7 @@ class RemoteSandbox(Sandbox):
         self.info = info
         """The last known lifecycle record (from create, `refresh` or `renew`)."""
         self.config = client.config
-        self._client = client if isinstance(client, ServiceConnection) else None
-        self._aclient = client if isinstance(client, AsyncServiceConnection) else None
-        self._owned: ServiceConnection | None = None
-        self._per_loop: weakref.WeakKeyDictionary[AbstractEventLoop, AsyncServiceConnection] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()
+        self._connections = Connections(client)
 
     @property
     def id(self) -> str:
@@ -101,30 +95,14 @@ class RemoteSandbox(Sandbox):
     # ------------------------------------------------------------------ clients
 
     def _sync(self) -> ServiceConnection:
-        if self._client is not None:
-            return self._client
-        with self._lock:
-            if self._owned is None:
-                self._owned = ServiceConnection(config=self.config)
-            return self._owned
+        return self._connections.sync()
 
     def _async(self) -> AsyncServiceConnection:
-        if self._aclient is not None:
-            return self._aclient
-        loop = get_running_loop()
-        with self._lock:
-            client = self._per_loop.get(loop)
-            if client is None:
-                no_idle = httpx.Limits(max_connections=100, max_keepalive_connections=0)
-                client = self._per_loop[loop] = AsyncServiceConnection(config=self.config, limits=no_idle)
-            return client
+        return self._connections.async_()
 
     def close(self) -> None:
         """Release connections this handle opened itself (not the client it was given)."""
-        with self._lock:
-            owned, self._owned = self._owned, None
-        if owned is not None:
-            owned.close()
+        self._connections.close()
 
     # ------------------------------------------------------------------ ports
 
@@ -432,10 +410,10 @@ class RemoteSandbox(Sandbox):
         timeout: float | None = None,  # noqa: ASYNC109 - a polling budget, returns the last status
         interval: float = 0.1,
     ) -> w.ProcessStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        polling = Polling(timeout)
         while True:
             status = await self.apoll_process(process_id)
-            if not status.running or (deadline is not None and time.monotonic() >= deadline):
+            if not polling.goes_on(status):
                 return status
             await asleep(interval)
 
@@ -455,9 +433,8 @@ class RemoteSandbox(Sandbox):
         op = _ops.download_archive(self._id, path)
         response = self._sync().open(op)
         try:
-            yield from response.iter_bytes(_CHUNK)
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
+            with TransportErrors(op.what):
+                yield from response.iter_bytes(_CHUNK)
         finally:
             response.close()
 
@@ -469,10 +446,9 @@ class RemoteSandbox(Sandbox):
         op = _ops.download_archive(self._id, path)
         response = await self._async().open(op)
         try:
-            async for chunk in response.aiter_bytes(_CHUNK):
-                yield chunk
-        except httpx.TransportError as exc:
-            raise error_from_transport(exc, op.what) from exc
+            with TransportErrors(op.what):
+                async for chunk in response.aiter_bytes(_CHUNK):
+                    yield chunk
         finally:
             await response.aclose()
 
@@ -516,7 +492,7 @@ class RemoteSandbox(Sandbox):
         try:
             self.upload_archive(step.directory, tar_of_one(step.name, step.data))
         except (OperationFailed, ConnectionLost) as exc:
-            return _tar_failure(step, exc)
+            return tar_failure(step, exc)
         return None, None
 
     def download_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
@@ -525,25 +501,19 @@ class RemoteSandbox(Sandbox):
         if not paths:
             return []
         found = self._sync().call(_ops.download(self._id, paths))
-        bound = self._bound(len(paths))
-        return [self._streamed(item, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
+        bound = Bound.of_batch(self.config, len(paths))
+        return [self._streamed(item.path, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
 
-    def _bound(self, files: int) -> _Bound:
-        """Each streamed file's bound in a batch of ``files``: its share of the batch's."""
-        config = self.config
-        return _Bound(download_share(config.max_download_bytes, config.max_batch_download_bytes, files), files)
-
-    def _streamed(self, item: p.FileDownloadResponse, bound: _Bound) -> p.FileDownloadResponse:
-        stream = self.download_archive(item.path)
+    def _streamed(self, path: str, bound: Bound) -> p.FileDownloadResponse:
+        """``path`` streamed as a tar, read as it arrives and never past ``bound``."""
+        stream = cast("Generator[bytes]", self.download_archive(path))
         try:
-            outcome = file_from_tar(stream, bound.bytes)
+            outcome = file_from_tar(stream, bound.share)
         except (OperationFailed, ConnectionLost) as exc:
-            return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
+            return bound.failed(path, exc)
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-        return _streamed_response(item.path, outcome, bound, self.config.max_download_bytes)
+            stream.close()
+        return bound.answer(path, outcome)
 
     async def als(self, path: str) -> p.LsResult:
         return await self._async().call(_ops.ls(self._id, path))
@@ -583,64 +553,27 @@ class RemoteSandbox(Sandbox):
         try:
             await self.aupload_archive(step.directory, tar_of_one(step.name, step.data))
         except (OperationFailed, ConnectionLost) as exc:
-            return _tar_failure(step, exc)
+            return tar_failure(step, exc)
         return None, None
 
     async def adownload_files(self, paths: list[str]) -> list[p.FileDownloadResponse]:
         if not paths:
             return []
         found = await self._async().call(_ops.download(self._id, paths))
-        bound = self._bound(len(paths))
-        return [await self._astreamed(item, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
+        bound = Bound.of_batch(self.config, len(paths))
+        return [await self._astreamed(item.path, bound) if item.error == p.FILE_TOO_LARGE else item for item in found]
 
-    async def _astreamed(self, item: p.FileDownloadResponse, bound: _Bound) -> p.FileDownloadResponse:
+    async def _astreamed(self, path: str, bound: Bound) -> p.FileDownloadResponse:
         """As `_streamed`: the tar's bytes gathered (bounded as they arrive), then read."""
-        most = self.config.max_download_bytes
         gathered = bytearray()
-        stream = cast("AsyncGenerator[bytes]", self.adownload_archive(item.path))
+        stream = cast("AsyncGenerator[bytes]", self.adownload_archive(path))
         try:
             async for chunk in stream:
                 gathered += chunk
-                if len(gathered) > bound.bytes + TAR_OVERHEAD:
-                    return _streamed_response(item.path, p.FILE_TOO_LARGE, bound, most)
+                if len(gathered) > bound.share + TAR_OVERHEAD:
+                    return bound.answer(path, p.FILE_TOO_LARGE)
         except (OperationFailed, ConnectionLost) as exc:
-            return p.FileDownloadResponse(item.path, None, *_archive_failure(item.path, exc))
+            return bound.failed(path, exc)
         finally:
             await stream.aclose()
-        return _streamed_response(item.path, file_from_tar([bytes(gathered)], bound.bytes), bound, most)
-
-
-def _archive_failure(path: str, exc: OperationFailed | ConnectionLost) -> tuple[p.ErrorCode, str]:
-    """A streamed download's failure, worded as every backend words it."""
-    if isinstance(exc, ConnectionLost):
-        return p.CONNECTION_LOST, exc.message
-    known: dict[str, p.ErrorCode] = {"too_large": p.FILE_TOO_LARGE, "backend_unavailable": p.UNAVAILABLE}
-    code: p.ErrorCode = known.get(exc.code) or (
-        cast("p.ErrorCode", exc.code) if exc.code in get_args(p.ErrorCode) else p.BACKEND_ERROR
-    )
-    return code, message_for(code, path, exc.message)
-
-
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """Each streamed file's bound in a batch: ``bytes``, its share of a batch of ``files``."""
-
-    bytes: int
-    files: int
-
-
-def _streamed_response(path: str, outcome: bytes | p.ErrorCode, bound: _Bound, most: int) -> p.FileDownloadResponse:
-    if isinstance(outcome, bytes):
-        return p.FileDownloadResponse(path, outcome)
-    if outcome == p.FILE_TOO_LARGE and bound.bytes < most:
-        return p.FileDownloadResponse(path, None, outcome, share_refusal(path, bound.bytes, bound.files))
-    detail = f"larger than {most} bytes (the client's max_download_bytes)" if outcome == p.FILE_TOO_LARGE else None
-    return p.FileDownloadResponse(path, None, outcome, message_for(outcome, path, detail))
-
-
-def _tar_failure(step: Tarred, exc: OperationFailed | ConnectionLost) -> Outcome:
-    """A tarred file's failure, worded as every backend words it."""
-    if isinstance(exc, ConnectionLost):
-        return p.CONNECTION_LOST, exc.message
-    code = cast("p.ErrorCode", exc.code)
-    return code, message_for(code, step.path)
+        return bound.answer(path, file_from_tar([bytes(gathered)], bound.share))

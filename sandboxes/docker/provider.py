@@ -47,7 +47,7 @@ from sandboxes.docker.config import (
     DockerSandboxConfig,
 )
 from sandboxes.docker.sandbox import DockerSandbox
-from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+from sandboxes.lifecycle import FINAL_EXPIRY, CreateOptions, SandboxRecord, Sweep
 
 __all__ = ["DockerProvider", "DockerProviderConfig", "SweepReport"]
 
@@ -163,14 +163,19 @@ class DockerProvider(WarmPool[DockerSandbox]):
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Record a new expiry in the container's name (`container_name`: its labels cannot
-        change). Two processes renaming at once: the last rename wins, as a last write would.
-        `LookupError` if this owner has no container ``ref``, or it is being removed."""
+        change). Two processes renaming at once: the last rename wins, as a last write would,
+        except over a final expiry (`FINAL_EXPIRY`), which the name read just before refuses to
+        move. `LookupError` if this owner has no container ``ref``, it is being removed, or its
+        expiry is final."""
         import docker.errors
 
         try:
             container = self.client.containers.get(ref)
             if not self._mine(container.labels or {}):
                 raise LookupError(f"container {ref!r} is not a sandbox of owner {self.template.owner!r}")
+            recorded = recorded_expiry(container.attrs)
+            if recorded is not None and recorded <= FINAL_EXPIRY < expires_at:
+                raise LookupError(f"container {ref!r} is recorded deleted: its expiry is final")
             name = container_name(container.labels[LABEL_SANDBOX], expires_at)
             if container.name != name:
                 with changing(container.id):  # after a removal under way: then NotFound

@@ -15,6 +15,7 @@ from sandboxes.lifecycle import Mount
 
 __all__ = [
     "ANNOTATION_EXPIRES",
+    "ANNOTATION_NETWORK",
     "COMPONENT",
     "LABEL_COMPONENT",
     "LABEL_EXPIRES",
@@ -42,6 +43,9 @@ LABEL_EXPIRES = "io.sandboxes.expires-at"
 most 63 characters: an integer fits)."""
 ANNOTATION_EXPIRES = "io.sandboxes.expires-at"
 """The same instant in RFC 3339, for people reading ``kubectl describe``."""
+ANNOTATION_NETWORK = "io.sandboxes.network"
+"""What `KubernetesProvider.set_network` recorded (its caller's text: the service's JSON of the
+sandbox's network), read back with the pod's record (`sandboxes.lifecycle.SandboxRecord.network`)."""
 LABEL_POOL = "io.sandboxes.pool"
 """Id of the provider whose warm pool made the pod; removed when the pod is handed out."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -35,9 +35,16 @@ from sandboxes.kubernetes._pods import (
     pod_record,
 )
 from sandboxes.kubernetes._volumes import create_claim, delete_claim
-from sandboxes.kubernetes.config import LABEL_EXPIRES, LABEL_POOL, KubernetesSandboxConfig
+from sandboxes.kubernetes.config import ANNOTATION_NETWORK, LABEL_EXPIRES, LABEL_POOL, KubernetesSandboxConfig
 from sandboxes.kubernetes.sandbox import KubernetesSandbox
-from sandboxes.lifecycle import CreateOptions, SandboxRecord, Sweep
+from sandboxes.lifecycle import (
+    FINAL_EXPIRY,
+    NETWORK_RECORD_LIMIT,
+    CreateOptions,
+    SandboxRecord,
+    Sweep,
+    label_expiry,
+)
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -57,8 +64,8 @@ class KubernetesProviderConfig(PoolConfig):
 
 
 class KubernetesProvider(WarmPool[KubernetesSandbox]):
-    """Creates `KubernetesSandbox` instances from one template (a `PooledProvider` and a
-    `SharedProvider`).
+    """Creates `KubernetesSandbox` instances from one template (a `PooledProvider`, a
+    `SharedProvider` and a `RecordsNetwork`: a pod's annotation holds its network).
 
     ``KubernetesProvider(template, api_client=client, pool_size=2)`` takes any
     `KubernetesProviderConfig` field as a keyword. The pool and the periodic sweep run in one
@@ -148,6 +155,7 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
                     expires_at=record.expires_at,
                     running=record.running,
                     starting=not record.running and _phase(pod) in (None, "Pending", "Running"),
+                    network=(pod.metadata.annotations or {}).get(ANNOTATION_NETWORK),
                 )
             )
         return records
@@ -158,23 +166,53 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
 
     def set_expiry(self, ref: str, expires_at: float) -> None:
         """Move the pod's expiry label (what every sweep reads) and its annotation; labels,
-        unlike a container's, can change. `LookupError` if the pod is gone or being deleted."""
+        unlike a container's, can change. A final expiry (`FINAL_EXPIRY`) stays: the patch is
+        made on the version of the pod read before it (``resourceVersion``), so no other
+        process's change lands between. `LookupError` if the pod is gone, being deleted, or its
+        expiry is final."""
+
+        def patch(pod: Any) -> dict[str, Any]:
+            _refuse_to_move(pod, expires_at)
+            return _expiry_patch(self.template, pod, expires_at)
+
+        self._patch_read(ref, patch, "its expiry")
+
+    def set_network(self, ref: str, change: Callable[[str | None], str]) -> None:
+        """`sandboxes.lifecycle.RecordsNetwork`: what ``change`` makes of the pod's network
+        annotation (`ANNOTATION_NETWORK`) as last read, patched on that version of the pod
+        (``resourceVersion``), as `set_expiry` is: a 409 reads it and calls ``change`` again.
+        `ValueError` beyond `NETWORK_RECORD_LIMIT`; `LookupError` if the pod is gone, being
+        deleted or recorded deleted."""
+
+        def patch(pod: Any) -> dict[str, Any]:
+            _refuse_to_move(pod, FINAL_EXPIRY + 1)  # a pod recorded deleted takes no change
+            data = change((pod.metadata.annotations or {}).get(ANNOTATION_NETWORK))
+            if len(data) > NETWORK_RECORD_LIMIT:
+                raise ValueError(f"a network record of {len(data)} characters, the most is {NETWORK_RECORD_LIMIT}")
+            version = pod.metadata.resource_version
+            return {"metadata": {"resourceVersion": version, "annotations": {ANNOTATION_NETWORK: data}}}
+
+        self._patch_read(ref, patch, "its network")
+
+    def _patch_read(self, ref: str, make: Callable[[Any], dict[str, Any]], what: str) -> None:
+        """Patch the pod ``ref`` with what ``make`` says of the version just read; a 409 (it
+        changed since) reads it again. `LookupError` if it is gone or being deleted."""
         from kubernetes.client.exceptions import ApiException
 
-        patch = {
-            "metadata": {
-                "labels": {LABEL_EXPIRES: str(int(expires_at))},
-                "annotations": pod_annotations(self.template, expires_at),
-            }
-        }
-        try:
-            pod: Any = self.api.patch_namespaced_pod(ref, self.template.namespace, patch)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
-            raise
-        if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
-            raise LookupError(f"pod {ref!r} is being deleted")
+        for _ in range(_PATCH_ATTEMPTS):
+            try:
+                pod: Any = self.api.read_namespaced_pod(ref, self.template.namespace)
+                pod = self.api.patch_namespaced_pod(ref, self.template.namespace, make(pod))
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise LookupError(f"no pod {ref!r} in namespace {self.template.namespace!r}") from exc
+                if exc.status == 409:  # changed since the read: read it again
+                    continue
+                raise
+            if pod.metadata.deletion_timestamp is not None:  # gone, as `select` sees it
+                raise LookupError(f"pod {ref!r} is being deleted")
+            return
+        raise RuntimeError(f"pod {ref!r} kept changing: {what} was not recorded")
 
     def destroy(self, ref: str) -> None:
         """Delete the pod and wait until it is gone; gone already is fine."""
@@ -275,3 +313,29 @@ class KubernetesProvider(WarmPool[KubernetesSandbox]):
 
 def _phase(pod: Any) -> str | None:
     return pod.status.phase if pod.status is not None else None
+
+
+_PATCH_ATTEMPTS = 5
+"""Reads and patches of a pod's expiry or network while other processes keep changing it (409s)."""
+
+
+def _refuse_to_move(pod: Any, expires_at: float) -> None:
+    """`LookupError` if ``pod`` is being deleted or its expiry is final (`FINAL_EXPIRY`) and
+    ``expires_at`` is not."""
+    if pod.metadata.deletion_timestamp is not None:
+        raise LookupError(f"pod {pod.metadata.name!r} is being deleted")
+    recorded = label_expiry(pod.metadata.labels or {}, LABEL_EXPIRES, logger)
+    if recorded is not None and recorded <= FINAL_EXPIRY < expires_at:
+        raise LookupError(f"pod {pod.metadata.name!r} is recorded deleted: its expiry is final")
+
+
+def _expiry_patch(template: KubernetesSandboxConfig, pod: Any, expires_at: float) -> dict[str, Any]:
+    """The merge patch of the pod's expiry, valid only on the version read (``resourceVersion``:
+    the API server answers 409 to it once the pod has changed)."""
+    return {
+        "metadata": {
+            "resourceVersion": pod.metadata.resource_version,
+            "labels": {LABEL_EXPIRES: str(int(expires_at))},
+            "annotations": pod_annotations(template, expires_at),
+        }
+    }

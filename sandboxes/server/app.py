@@ -18,6 +18,7 @@ import contextlib
 import logging
 import re
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -27,6 +28,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic.warnings import UnsupportedFieldAttributeWarning
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -37,6 +39,7 @@ from sandboxes.server.backends import make_backends
 from sandboxes.server.clock import Clock
 from sandboxes.server.console import mount as mount_console
 from sandboxes.server.e2b import mount as mount_e2b
+from sandboxes.server.e2b.hosts import E2BHosts
 from sandboxes.server.e2b.tokens import kept_secret
 from sandboxes.server.egress import routes as egress_routes
 from sandboxes.server.egress.hub import EgressHub
@@ -46,7 +49,7 @@ from sandboxes.server.logs import REQUEST_ID, unique_id
 from sandboxes.server.metrics import Metrics
 from sandboxes.server.port_routes import ports
 from sandboxes.server.preview_proxy import HostedRoute, PreviewHosts, Previews
-from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, PreviewAccess
+from sandboxes.server.previews import PREVIEW_PATH, PREVIEW_SECRET_FILE, REVOKED_DIR, PreviewAccess
 from sandboxes.server.registry import Registry
 from sandboxes.server.responses import error_response
 from sandboxes.server.routes import Service, health, hot_routes, router
@@ -55,6 +58,12 @@ from sandboxes.server.usage import Sampler, UsageCollector
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("sandboxes.server.access")
+
+# FastAPI wraps each request body's model as ``Annotated[Model, FieldInfo(alias=<its parameter>)]``
+# and silences pydantic's warning about that alias while it makes the adapter; our models build on
+# first use (``defer_build``), so the adapter is built later, outside FastAPI's silence. Our body
+# parameters are all named ``body``: the same warning, silenced for exactly them.
+warnings.filterwarnings("ignore", r"The 'alias' attribute with value 'body'", UnsupportedFieldAttributeWarning)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MCP_PATH = "/mcp"
@@ -92,10 +101,12 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     service = Service(settings, registry, Authenticator(settings), RateLimiter(), metrics)
     sampler = Sampler(lambda: registry.entries, settings.sample_interval, settings.sample_history)
     metrics.registry.register(UsageCollector(sampler, settings.sample_gauges_per_sandbox))
-    egress = EgressHub(settings, registry.holds)
+    egress = EgressHub(settings, registry.holds, refresh=registry.held_confirmed)
     mcp_sessions: Callable[[], AbstractAsyncContextManager[None]] = nullcontext
     secret = kept_secret(settings.preview_token_secret, settings.data_dir / PREVIEW_SECRET_FILE)
-    previews = service.previews = Previews(PreviewAccess(secret, clock))
+    previews = service.previews = Previews(
+        PreviewAccess(secret, settings.revoked_previews_dir or settings.data_dir / REVOKED_DIR, clock)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,6 +152,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.router.routes.extend(egress_routes.router.routes)
     app.state.egress = egress
     registry.on_register.append(egress.attach)
+    registry.on_network.append(egress.network_changed)
     mount_e2b(app)  # the E2B-compatible API under /e2b
     if settings.console:
         mount_console(app)
@@ -153,6 +165,7 @@ def create_app(settings: ServiceSettings, *, docker_client: Any = None, clock: C
     app.add_middleware(_RequestMiddleware, service=service)
     if settings.preview_domain:  # a Host of {port}-{id}.{domain}: that port's preview, whatever the path
         app.router.routes.insert(0, HostedRoute(api.API_PREFIX))
+        app.add_middleware(E2BHosts)  # E2B's requests on such a host: its envd plane's (inside the marking)
         app.add_middleware(PreviewHosts, domain=settings.preview_domain)
     return app
 

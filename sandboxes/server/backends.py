@@ -29,7 +29,6 @@ import base64
 import binascii
 import functools
 import hashlib
-import json
 import logging
 import os
 import time
@@ -41,7 +40,7 @@ from sandboxes import _scripts
 from sandboxes._helper import _archive, _kill
 from sandboxes._mux._shipped import program
 from sandboxes.base import BaseSandbox, KillsTagged
-from sandboxes.lifecycle import CreateOptions, Mount, Provider, Sandbox, SandboxRecord, SharedProvider
+from sandboxes.lifecycle import CreateOptions, Mount, Provider, RecordsNetwork, Sandbox, SandboxRecord, SharedProvider
 from sandboxes.server.archive import (
     Transform,
     Watch,
@@ -58,6 +57,7 @@ from sandboxes.server.egress.policy import proxy_env
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.extract import extract_through_sandbox
 from sandboxes.server.logs import random_id
+from sandboxes.server.network_record import allow_from_text, allow_text, read_network_record
 from sandboxes.server.settings import ServiceSettings
 from sandboxes.server.startup import start_template
 from sandboxes.server.store import SandboxState
@@ -170,6 +170,13 @@ class ProviderBackend:
         return isinstance(self.provider, SharedProvider)
 
     @functools.cached_property
+    def records_network(self) -> bool:
+        """Whether its sandboxes' network set through the API is recorded on them (a pod's
+        annotation, `RecordsNetwork`), where every replica reads it with their record; otherwise
+        it lives in the state file of the replica that set it. Worked out once, as `shared`."""
+        return self.shared and isinstance(self.provider, RecordsNetwork)
+
+    @functools.cached_property
     def scope(self) -> Hashable:
         """What its `select` lists: backends of the same scope (templates of one engine and
         owner, `ScopedRecords`) list the same sandboxes, so one list serves them all; a provider
@@ -214,7 +221,8 @@ class ProviderBackend:
         if on_timeout != "delete":
             recorded[LABEL_ON_TIMEOUT] = on_timeout
         if egress_allow is not None:
-            recorded[LABEL_EGRESS_ALLOW] = _egress_label(egress_allow, self.template.label_values_only)
+            short = self.template.label_values_only
+            recorded[LABEL_EGRESS_ALLOW] = EGRESS_NOT_RECORDED if short else allow_text(egress_allow)
         recorded.update({LABEL_USER_PREFIX + key: value for key, value in labels.items()})
         name = None if keyed is None else backend_name(self.settings.owner, keyed[0])
         if self.template.egress:  # every command's proxy: the helper's listener (`sandboxes.server.egress`)
@@ -394,7 +402,7 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         created_at = float(labels[LABEL_SERVICE_CREATED])
     except (KeyError, ValueError):
         created_at = record.created_at
-    return SandboxState(
+    state = SandboxState(
         id=sandbox_id,
         tenant=tenant,
         template=labels.get(LABEL_TEMPLATE, "default"),
@@ -411,24 +419,11 @@ def state_from_record(record: SandboxRecord, backend: ProviderBackend) -> Sandbo
         paused="keep" if record.frozen else "",
         auto_resume=labels.get(LABEL_AUTO_RESUME) == "true",
         on_timeout=labels.get(LABEL_ON_TIMEOUT, "delete"),
-        egress_allow=_egress_from_label(labels.get(LABEL_EGRESS_ALLOW)),
+        egress_allow=allow_from_text(labels.get(LABEL_EGRESS_ALLOW)),
     )
-
-
-def _egress_label(allow: list[str], short_values: bool) -> str:
-    return EGRESS_NOT_RECORDED if short_values else json.dumps(allow, separators=(",", ":"))
-
-
-def _egress_from_label(value: str | None) -> list[str] | None:
-    """The allow-list a label recorded: ``None`` without one, nothing allowed for one that does
-    not read back as a list of rule texts."""
-    if value is None:
-        return None
-    try:
-        allow = json.loads(value)
-    except ValueError:
-        return []
-    return allow if isinstance(allow, list) and all(isinstance(rule, str) for rule in allow) else []
+    if record.network is not None:  # set through the API since its create, by whichever replica
+        read_network_record(state, record.network)
+    return state
 
 
 def _claimed(record: SandboxRecord, backend: ProviderBackend, sandbox_id: str) -> SandboxState | None:
@@ -441,6 +436,8 @@ def _claimed(record: SandboxRecord, backend: ProviderBackend, sandbox_id: str) -
     if state is None or state.ref != record.ref:
         return None
     state.paused = "keep" if record.frozen else ""
+    if record.network is not None:
+        read_network_record(state, record.network)
     return state
 
 

@@ -11,7 +11,7 @@ from sandboxes.api import SandboxInfo
 from sandboxes.base import BaseSandbox
 from sandboxes.server.backends import ProviderBackend
 from sandboxes.server.processes import ProcessTable
-from sandboxes.server.store import SandboxState
+from sandboxes.server.store import Network, SandboxState
 
 __all__ = ["Entry"]
 
@@ -26,6 +26,13 @@ class Entry:
     """When its record was last read from a shared backend (`time.monotonic`)."""
     pausing: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held across a pause or a resume of it, so they happen one at a time."""
+    network_seen: Network | None = None
+    """Its network (`SandboxState.network`) as this replica last wrote it (its state file, its
+    record) or read it there: one read back the same is no other replica's change (this one's may
+    be newer); what a change that cannot be recorded gives back."""
+    network_written: float = 0.0
+    """When this replica last recorded its network on its record (`time.monotonic`): a read of
+    its record that started before says nothing newer."""
     expiring: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held across what its expiry does (a removal, or a pause it asked for), so that a sweep
     finding one under way (a timer's, another sweep's) returns once it is done."""

@@ -1,6 +1,7 @@
 """What one replica holds of the sandboxes, and how it keeps that true: registering and
 adopting handles, reconciling with what the backends have, confirming a shared sandbox against
-its record, counting a tenant's sandboxes for its quotas, and expiring, sweeping and removing.
+its record (`held_confirmed`; its network: `sandboxes.server.networks`), counting a tenant's
+sandboxes for its quotas, and expiring, sweeping and removing.
 
 All of it runs on the event loop thread (only backend calls go to worker threads), so a check
 and the change that follows it never interleave with another request's. `Registry` adds the
@@ -42,9 +43,10 @@ _States = list[SandboxState]
 _T = TypeVar("_T")
 
 DELETED_GRACE = 60.0
-"""Seconds a replica leaves a sandbox another one recorded deleted (`SandboxState.deleted_on_record`)
-to that one's destroy and its retries, before its sweep destroys it too: the deleter may be gone
-for good, but while it lives, two removals of one container at once fail one another."""
+"""Seconds (of the service's clock, from its first sweep that saw the mark) a replica leaves a
+sandbox another one recorded deleted (`SandboxState.deleted_on_record`) to that one's destroy and
+its retries, before its sweep destroys it too: the deleter may be gone for good, but while it
+lives, two removals of one container at once fail one another."""
 
 
 class Holdings:
@@ -66,6 +68,8 @@ class Holdings:
         self.ready = False
         self.on_register: list[Callable[[Entry], None]] = []
         """Called (on the event loop) with each sandbox this replica starts to hold."""
+        self.on_network: list[Callable[[Entry], None]] = []
+        """Called (on the event loop) with a held sandbox whose network another replica changed."""
         self._entries: dict[str, Entry] = {}
         self.volumes = Volumes(settings, backends)
         self._quotas = Quotas(self._counted, self._held, self.clock.now)
@@ -169,7 +173,7 @@ class Holdings:
         live in it (`sandboxes.server.processes`)."""
         sandbox.operation_timeout = min(sandbox.operation_timeout, self.settings.file_operation_timeout)
         processes = ProcessTable(sandbox, self.settings.max_processes, self.settings.max_output_bytes)
-        return Entry(state, sandbox, backend, processes)
+        return Entry(state, sandbox, backend, processes, network_seen=state.network())
 
     async def _register(self, state: SandboxState, sandbox: BaseSandbox, backend: ProviderBackend) -> Entry:
         entry = self._entry(state, sandbox, backend)
@@ -241,7 +245,26 @@ class Holdings:
             await self._forget(entry)
             raise not_found(sandbox_id)
         self._refresh(entry, recorded, checked)
+        await self._reread_network(entry)
         return entry
+
+    async def held_confirmed(self, sandbox_id: str) -> Entry | None:
+        """The sandbox as this replica holds it, its record (and network) read again first if
+        ``confirm_interval`` has passed, as `find` does; ``None`` if it is not held or gone.
+        A failed read is a `ServiceError` (``backend_unavailable``)."""
+        entry = self._entries.get(sandbox_id)
+        if entry is None or self._trusted(entry):
+            return entry
+        try:
+            return await self._confirm(entry)
+        except ServiceError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+
+    async def _reread_network(self, entry: Entry) -> None:
+        """Take what another replica set of the sandbox's network since (`sandboxes.server.
+        networks.Networks`); here, nothing."""
 
     def _refresh(self, entry: Entry, recorded: SandboxState, checked: float) -> None:
         if checked < entry.confirmed:  # read before what is held was (a renewal here since)
@@ -267,6 +290,9 @@ class Holdings:
             return self._entries[state.id]
         if not state.workdir:
             state.workdir = workdir_of(sandbox)
+        kept = await asyncio.to_thread(self.store.load, state.id)  # its network, if a replica set it
+        if kept is not None and kept.network_set and kept.ref == state.ref and not state.network_on_record:
+            state.take_network(kept)  # (a network on its record is every replica's: newer)
         logger.info("adopted sandbox", extra={"sandbox": state.id, "tenant": state.tenant})
         return await self._register(state, sandbox, backend)
 
@@ -425,8 +451,8 @@ class Holdings:
             if state.id in self._entries or state.expires_at > now or self._deleted_here(state.id):
                 continue
             if state.deleted_on_record:  # the deleter's to destroy first (`DELETED_GRACE`)
-                seen[state.id] = self._deleted_elsewhere.get(state.id, listed_at)
-                if listed_at - seen[state.id] < DELETED_GRACE:
+                seen[state.id] = self._deleted_elsewhere.get(state.id, now)
+                if now - seen[state.id] < DELETED_GRACE:
                     continue
             await self._reap(state, now)
         self._deleted_elsewhere = seen

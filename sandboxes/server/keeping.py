@@ -265,6 +265,7 @@ class Keeping(Pausing):
         entry.sandbox, entry.processes, entry.confirmed = fresh.sandbox, fresh.processes, fresh.confirmed
         kept, state.ref, state.workdir, state.expires_at = state.hibernated, made.ref, made.workdir, expires_at
         state.paused, state.paused_remaining, state.hibernated = "", 0.0, ""
+        await self._network_again(entry)
         await self._saved(entry)
         await self._forget_hibernated(entry)
         self._schedule(state.id)
@@ -282,10 +283,24 @@ class Keeping(Pausing):
             with contextlib.suppress(ServiceError, OSError):
                 await asyncio.to_thread(self.snapshots.delete, entry.state.tenant, kept)
 
+    async def _network_again(self, entry: Entry) -> None:
+        """A network set through the API recorded on the sandbox made again from hibernation, if
+        its backend records it there; if it cannot be, its state file keeps it (this replica's)."""
+        state = entry.state
+        state.network_on_record = False  # its old record went with its old pod
+        if not (state.network_set and entry.backend.records_network):
+            return
+        try:
+            await self._record_on_sandbox(entry)
+        except ServiceError as exc:
+            logger.warning("sandbox %s resumed; its network kept here alone: %s", state.id, exc.message)
+
     async def _forget_hibernated(self, entry: Entry) -> None:
         """The record `hibernate` kept of a shared backend's sandbox, removed (running again, or
-        gone), or kept for its network while it runs (`SandboxState.network_set`)."""
-        if entry.backend.shared and entry.state.network_set and self._entries.get(entry.state.id) is entry:
+        gone), or kept for its network while it runs if its record does not hold it
+        (`SandboxState.network_set`, ``network_on_record``)."""
+        network_beside = entry.state.network_set and not entry.state.network_on_record
+        if entry.backend.shared and network_beside and self._entries.get(entry.state.id) is entry:
             await asyncio.to_thread(self.store.save, entry.state)
         elif entry.backend.shared:
             await asyncio.to_thread(self.store.remove, entry.state.id)

@@ -25,7 +25,7 @@ from typing import Literal
 from sandboxes.lifecycle import Freezable, FreezeUnavailable
 from sandboxes.server.entry import Entry
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.holdings import Holdings
+from sandboxes.server.networks import Networks
 from sandboxes.server.store import PAUSED_AT_TIMEOUT
 
 __all__ = ["CRASH_AT", "PAUSED_AT_TIMEOUT", "Pausing", "TtlChoice", "crash_point"]
@@ -43,7 +43,7 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Pausing(Holdings):
+class Pausing(Networks):
     """`Holdings` with pause, resume, and the check every operation on a sandbox makes."""
 
     async def pause(self, entry: Entry, ttl: TtlChoice) -> Entry:

@@ -5,6 +5,7 @@ the service's one route table (`sandboxes.server.app`). Authenticated as every `
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import Path, Request, Response
@@ -60,9 +61,10 @@ async def mint_preview_token(
 async def revoke_preview_token(
     request: Request, sandbox_id: str, port: Port, token_id: str, tenant: Authed
 ) -> Response:
-    """Revoke a preview token of the sandbox: it grants nothing from now on."""
+    """Revoke a preview token of the sandbox: it grants nothing from now on, on any replica
+    sharing the data directory (recorded before the answer: see `sandboxes.server.previews`)."""
     svc, _ = await _entry(request, tenant, sandbox_id)
-    _previews(svc).access.revoke(token_id)
+    await asyncio.to_thread(_previews(svc).access.revoke, token_id)
     return Response(status_code=204)
 
 

@@ -5,24 +5,34 @@ A preview token is ``<claims, base64url>.<HMAC-SHA256(secret, claims), base64url
 ``{"t": tenant, "s": sandbox id, "p": port, "e": expiry, "n": token id}``: nothing is stored to
 accept one, and replicas sharing the secret (``preview_token_secret``, else one kept in the
 data directory as the E2B tokens' is) accept each other's. A token grants that one port of that
-one sandbox, until its expiry or its revocation (its id is remembered until it would have
-expired anyway). Which tokens were revoked this replica holds in memory; which ports are public
-the sandbox's state holds (`SandboxState.preview_public`: kept across a restart, inherited by a
-fork), read from the sandboxes this replica holds.
+one sandbox, until its expiry or its revocation.
+
+A revocation is one small file per token id in the data directory (`REVOKED_DIR`, or the
+settings' ``revoked_previews_dir``: 0700, outside every sandbox, each file 0600 and replaced
+whole), written before the revocation is answered (a write that fails answers an error, never a
+204): every replica sharing that directory, and this one after a restart, refuses the token from
+its next request on, each request costing one look for one file. A file says until when it must
+be kept (the longest a token lives, from its revocation): each revocation removes those whose
+time passed. Which ports are public the sandbox's state holds (`SandboxState.preview_public`:
+kept across a restart, inherited by a fork), read from the sandboxes this replica holds, their
+record (and state file) read again as any request for them does (`Holdings.held_confirmed`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
+import os
 import re
 import secrets
-import threading
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
@@ -32,18 +42,33 @@ from sandboxes.server.clock import Clock, WallClock
 from sandboxes.server.errors import ServiceError
 from sandboxes.server.registry import Entry, Registry
 from sandboxes.server.settings import ServiceSettings
+from sandboxes.server.store import replace_private
 
-__all__ = ["PREVIEW_COOKIE", "PREVIEW_PATH", "PREVIEW_SECRET_FILE", "Minted", "PreviewAccess", "preview_token_of"]
+__all__ = [
+    "PREVIEW_COOKIE",
+    "PREVIEW_PATH",
+    "PREVIEW_SECRET_FILE",
+    "REVOKED_DIR",
+    "Minted",
+    "PreviewAccess",
+    "preview_token_of",
+]
+
+logger = logging.getLogger(__name__)
 
 PREVIEW_PATH = re.compile(r"^/v1/sandboxes/([^/]+)/ports/(\d{1,5})/")
 """A preview URL's path (and the tunnel's, and the tokens' route): the routes authenticate it
 themselves, so the request middleware does not ask for a key first."""
 PREVIEW_SECRET_FILE = "preview-token-secret"  # noqa: S105 (a file name, not a secret)
 """The data directory's file holding the default signing secret of preview tokens."""
+REVOKED_DIR = "revoked-previews"
+"""The data directory's directory of revoked preview tokens: a file per token id."""
 PREVIEW_COOKIE = "sandboxes_preview"
 """The cookie a browser keeps a preview token in, for the port's path, once it came in a query."""
 _MAX_TOKEN = 2048
 _MAX_TTL = 7 * 24 * 3600.0
+_TOKEN_ID = re.compile(r"^[0-9a-f]{24}$")
+"""A token id as `PreviewAccess.mint` makes them (a file name, never a path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +79,14 @@ class Minted:
 
 
 class PreviewAccess:
-    """Preview tokens signed with one secret, and the revoked ones."""
+    """Preview tokens signed with one secret, and the revoked ones (files in ``revoked``)."""
 
-    def __init__(self, secret: SecretStr, clock: Clock | None = None) -> None:
+    def __init__(self, secret: SecretStr, revoked: Path, clock: Clock | None = None) -> None:
         self._key = secret.get_secret_value().encode("utf-8")
         self._clock = clock or WallClock()
-        self._lock = threading.Lock()
-        self._revoked: dict[str, float] = {}  # token id -> when it would have expired anyway
+        self._revoked = revoked
+        revoked.mkdir(parents=True, exist_ok=True)
+        os.chmod(revoked, 0o700)
 
     def mint(self, tenant: str, sandbox_id: str, port: int, ttl: float) -> Minted:
         expires_at = float(int(self._clock.now() + min(ttl, _MAX_TTL)))
@@ -71,7 +97,7 @@ class PreviewAccess:
 
     def tenant_of(self, token: str, sandbox_id: str, port: int) -> str | None:
         """The tenant a valid token for this sandbox's port was minted by; ``None`` if it is not
-        one, has expired or was revoked."""
+        one, has expired or was revoked (or whether it was cannot be read)."""
         if len(token) > _MAX_TOKEN:
             return None
         encoded, _, mac = token.partition(".")
@@ -86,16 +112,42 @@ class PreviewAccess:
         expiry, tenant, token_id = claims.get("e"), claims.get("t"), claims.get("n")
         if not isinstance(expiry, float | int) or expiry <= self._clock.now() or not isinstance(tenant, str):
             return None
-        with self._lock:
-            if token_id in self._revoked:
-                return None
+        if not isinstance(token_id, str) or not _TOKEN_ID.match(token_id) or self._is_revoked(token_id):
+            return None
         return tenant
 
     def revoke(self, token_id: str) -> None:
+        """Record ``token_id`` revoked, for every replica sharing the directory and every restart,
+        then remove the revocations whose token has expired anyway. `ServiceError` if it cannot
+        be recorded (the token may still be accepted), or it is no token id."""
+        if not _TOKEN_ID.match(token_id):
+            raise ServiceError("invalid_request", f"{token_id!r} is not a preview token's id")
         now = self._clock.now()
-        with self._lock:
-            self._revoked = {key: until for key, until in self._revoked.items() if until > now}
-            self._revoked[token_id] = now + _MAX_TTL
+        try:
+            replace_private(self._revoked / token_id, repr(now + _MAX_TTL))
+        except OSError as exc:
+            logger.error("could not record the revocation of preview token %s: %s", token_id, exc)
+            raise ServiceError("internal", "the revocation could not be recorded: the token is not revoked") from exc
+        self._forget_expired(now)
+
+    def _is_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id``'s revocation is recorded; ``True`` too if that cannot be known."""
+        try:
+            os.stat(self._revoked / token_id)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            logger.warning("cannot tell whether preview token %s was revoked, refusing it: %s", token_id, exc)
+        return True
+
+    def _forget_expired(self, now: float) -> None:
+        """Remove the revocations kept past the longest a token lives (unreadable ones stay)."""
+        for path in self._revoked.iterdir():
+            if not _TOKEN_ID.match(path.name):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                if float(path.read_text(encoding="ascii")) <= now:
+                    path.unlink()
 
     def _mac(self, encoded: str) -> bytes:
         return hmac.new(self._key, b"preview\x00" + encoded.encode("utf-8", "replace"), hashlib.sha256).digest()
@@ -123,7 +175,7 @@ class PreviewAccess:
             if tenant_id is None:
                 raise ServiceError("unauthorized", "the preview token is not valid for this port, expired or revoked")
         else:
-            tenant_id = _public_tenant(registry, sandbox_id, port)
+            tenant_id = await _public_tenant(registry, sandbox_id, port)
             if tenant_id is None:
                 raise ServiceError("unauthorized", "an API key or a preview token is needed (this port is not public)")
         tenant = Tenant(tenant_id, settings.policy_for(tenant_id))
@@ -151,12 +203,13 @@ def preview_token_of(scope: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _public_tenant(registry: Registry, sandbox_id: str, port: int) -> str | None:
-    """The tenant of a sandbox this replica holds whose port was made public; ``None`` otherwise."""
-    entry = registry.entries.get(sandbox_id)
-    if entry is None or not entry.state.preview_is_public(port):
+async def _public_tenant(registry: Registry, sandbox_id: str, port: int) -> str | None:
+    """The tenant of the sandbox if its port was made public, through any replica sharing the
+    data directory (`Holdings.network_of`); ``None`` otherwise."""
+    state = await registry.network_of(sandbox_id)
+    if state is None or not state.preview_is_public(port):
         return None
-    return entry.state.tenant
+    return state.tenant
 
 
 def _b64(data: bytes) -> str:

@@ -12,7 +12,9 @@ Several replicas. A sandbox of a shared backend (Docker, Kubernetes: `ProviderBa
 is its own record: tenant, template, expiry and creation time are on it (`sandboxes.server.
 census`), and what a replica holds of it is a cache. A request for an id this replica does not
 hold finds it by label and adopts it; one for an id it holds re-reads the record once
-``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry),
+``confirm_interval`` has passed (deleted elsewhere: 404; renewed elsewhere: the new expiry;
+its network set elsewhere: the one on its record, or in the state file of a replica sharing the
+data directory: `sandboxes.server.networks`),
 and every sweep compares the whole cache with the backend and reaps what expired, whoever
 created it. Quotas are counted from the backend too, before a creation and again after it
 (`sandboxes.server.quotas`): a newcomer that finds its tenant over quota (another replica
@@ -65,6 +67,9 @@ a sandbox's first command may start its helper itself, as without."""
 
 
 class Registry(Keeping):
+    _snapshots_swept = 0.0
+    """When (`time.monotonic`) the snapshot store was last swept (`_sweep_snapshots`)."""
+
     # ------------------------------------------------------------------ lifecycle
 
     @functools.cached_property
@@ -86,6 +91,7 @@ class Registry(Keeping):
         await self.hold_hibernated([state for state in mine if state.hibernated])
         for left in await asyncio.to_thread(self.snapshots.sweep):
             logger.info("removed %s, a snapshot a stopped service left half written or deleted", left.name)
+        self._snapshots_swept = time.monotonic()
         await self.reap_unverified()
         for state in states:
             if state.backend not in kinds:
@@ -198,13 +204,22 @@ class Registry(Keeping):
             self._quotas.release(reservation)
         taken = take_kept(state, kept, template)  # before its egress is served (`_register`)
         entry = await self._register(state, sandbox, backend)
-        if taken:
-            await self.record_network(entry)
+        if taken or (backend.records_network and request.egress_allow is not None):  # its labels hold no list
+            await self.record_made_network(entry)
         if request.snapshot is not None:
             entry = await self.restored(entry, request.snapshot)
         self.metrics.create_seconds.labels(backend.name).observe(time.perf_counter() - started)
         logger.info("created sandbox", extra={"sandbox": state.id, "tenant": tenant.id, "template": request.template})
         return entry
+
+    async def record_made_network(self, entry: Entry) -> None:
+        """Record the network a new sandbox was made with (`record_network`); one that cannot be
+        recorded leaves no sandbox behind (removed), and its create answers the error."""
+        try:
+            await self.record_network(entry)
+        except BaseException:
+            await self._remove(entry)
+            raise
 
     async def _claim(
         self,
@@ -385,13 +400,6 @@ class Registry(Keeping):
         self._schedule(sandbox_id)
         return entry
 
-    async def record_network(self, entry: Entry) -> None:
-        """Keep what the API set of the sandbox's network (in its state) across a restart and a
-        hibernate: in its state file, on every backend (`SandboxState.network_set`)."""
-        entry.state.network_set = True
-        if self._entries.get(entry.state.id) is entry:
-            await asyncio.to_thread(self.store.save, entry.state)
-
     async def delete(self, tenant: Tenant, sandbox_id: str) -> None:
         """Delete the tenant's sandbox: recorded first (`record_deletion`), then destroyed, or,
         if that fails, destroyed by a later sweep; answered deleted either way."""
@@ -405,12 +413,27 @@ class Registry(Keeping):
         await self._remove(entry)
 
     async def sweep(self) -> None:
-        """`Holdings.sweep`, and the warm pools' members that grew stale replaced."""
+        """`Holdings.sweep`, the warm pools' members that grew stale replaced, and what other
+        writers left of snapshots (`_sweep_snapshots`)."""
         await super().sweep()
         await self.pools.sweep(self._entries, self._unreconciled)
+        await self._sweep_snapshots()
+
+    async def _sweep_snapshots(self) -> None:
+        """At most once per `SNAPSHOT_SWEEP_INTERVAL`: remove what other writers left half
+        written in the store, or half deleted (`SnapshotStore.sweep`, ``others_only``)."""
+        if time.monotonic() - self._snapshots_swept < SNAPSHOT_SWEEP_INTERVAL:
+            return
+        self._snapshots_swept = time.monotonic()
+        for left in await asyncio.to_thread(self.snapshots.sweep, others_only=True):
+            logger.info("removed %s, a snapshot another writer left half written or deleted", left.name)
 
     def _pooled(self) -> frozenset[tuple[str, str]]:
         return self.pools.refs()
+
+
+SNAPSHOT_SWEEP_INTERVAL = 600.0
+"""Seconds between two sweeps of the snapshot store for what other writers left."""
 
 
 def _expiry(backend: ProviderBackend, ttl: float, now: float) -> float:

@@ -193,6 +193,10 @@ class ServiceSettings(BaseSettings):
     ``{port}-{sandbox id}.{domain}`` is a preview of that port (`sandboxes.server.previews`)."""
     preview_token_secret: SecretStr | None = None
     """Signs preview tokens; replicas must share it. Unset: one kept in the data directory."""
+    revoked_previews_dir: Path | None = None
+    """Where preview tokens' revocations are recorded (`sandboxes.server.previews`): a directory
+    every replica that must refuse them shares (the Helm chart's is on the snapshot store's
+    volume); ``None``: ``<data_dir>/revoked-previews``."""
     log_level: str = "INFO"
 
     @field_validator("api_keys")

@@ -5,8 +5,9 @@ directory per tenant (named by a digest of its id) holding one directory per sna
 A snapshot is complete or absent: it is written in a temporary directory beside its final
 place, every file flushed to disk, then renamed there in one step; a deletion renames it away
 first. `SnapshotStore.sweep` (at every start) removes what a killed service left of either:
-the temporary directories of this replica only (their names carry its ``writer`` tag, from its
-own data directory), never those another replica sharing the store is writing now.
+the temporary directories of this replica (their names carry its ``writer`` tag, from its own
+data directory), and another's once nothing in them changed for `ABANDONED_AFTER` (a replica
+killed for good, a pod replaced under another name), never those a replica is writing now.
 Bytes are counted per tenant against its ``max_snapshot_bytes``: a snapshot being written is
 bounded by what was left when it began, and counted again when it is made visible (one at a
 time), so snapshots written at once may be refused, never all kept over the quota.
@@ -35,6 +36,9 @@ __all__ = ["KeptNetwork", "Part", "Snapshot", "SnapshotStore", "Writing"]
 
 MANIFEST = "manifest.json"
 _TEMP = ".tmp-"
+ABANDONED_AFTER = 3600.0
+"""Seconds after which another writer's temporary directory in which nothing changed is left
+over, not being written (a snapshot being written grows its tar as its bytes arrive)."""
 _GONE = ".gone-"
 _SAFE_ID = re.compile(r"^[a-z0-9]{1,64}$")
 
@@ -227,15 +231,20 @@ class SnapshotStore:
         else:
             threading.Thread(target=shutil.rmtree, args=(gone, True), name="snapshot-delete", daemon=True).start()
 
-    def sweep(self) -> list[Path]:
-        """Remove what this replica, killed, left half written, and any snapshot left half
-        deleted."""
+    def sweep(self, *, others_only: bool = False, now: float | None = None) -> list[Path]:
+        """Remove what this replica, killed, left half written (unless ``others_only``: it may
+        be writing now), what any other writer left untouched for `ABANDONED_AFTER`, and any
+        snapshot left half deleted."""
+        now = time.time() if now is None else now
+        mine = f"{_TEMP}{self.writer}-"
         removed = []
         for tenant_dir in self.directory.iterdir():
             if not tenant_dir.is_dir():
                 continue
             for directory in tenant_dir.iterdir():
-                if directory.name.startswith((f"{_TEMP}{self.writer}-", _GONE)):
+                name = directory.name
+                left = name.startswith(_GONE) or (name.startswith(mine) and not others_only)
+                if left or (name.startswith(_TEMP) and not name.startswith(mine) and _untouched(directory, now)):
                     shutil.rmtree(directory, ignore_errors=True)
                     removed.append(directory)
         return removed
@@ -249,6 +258,16 @@ class SnapshotStore:
         tenant_dir = self._tenant_dir(tenant)
         if tenant_dir.is_dir():
             yield from (d for d in tenant_dir.iterdir() if _SAFE_ID.match(d.name))
+
+
+def _untouched(directory: Path, now: float) -> bool:
+    """Whether nothing in ``directory`` (one level: a snapshot's parts) changed for
+    `ABANDONED_AFTER`; gone meanwhile counts as touched (its writer finished)."""
+    try:
+        newest = max([directory.stat().st_mtime, *(entry.stat().st_mtime for entry in directory.iterdir())])
+    except OSError:
+        return False
+    return now - newest > ABANDONED_AFTER
 
 
 def _over(quota: int) -> ServiceError:

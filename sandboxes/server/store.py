@@ -11,30 +11,42 @@ lives outside every sandbox's root: no sandbox can read or forge it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import os
 import re
+import uuid
 from bisect import bisect_left, insort
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from sandboxes.lifecycle import FINAL_EXPIRY
+from sandboxes.server.logs import random_id
 
 logger = logging.getLogger(__name__)
 
-_TEMPORARIES = itertools.count()
-"""Numbers the temporary files of `StateStore.save_new` within this process."""
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-DELETED_AT = 1.0
+DELETED_AT = FINAL_EXPIRY
 """The expiry a deletion records on a shared backend's sandbox (and its claim) before its destroy
-(`SandboxState.deleted_on_record`): long past on every replica's clock, and no expiry a create
-or a renewal gives."""
+(`SandboxState.deleted_on_record`): long past on every replica's clock, no expiry a create
+or a renewal gives, and final on the backend: no replica's renewal moves it."""
 
 PAUSED_AT_TIMEOUT = "timeout"
 """`SandboxState.paused` of a sandbox its TTL paused (``on_timeout``): its clock runs to the
 end of its retention (then it is removed); ``paused_remaining`` is the TTL a resume gives it."""
+
+
+class Network(NamedTuple):
+    """A sandbox's network as its state says it at one moment (`SandboxState.network`)."""
+
+    allow: tuple[str, ...] | None
+    headers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    public_ports: bool | None
+    mask_request_host: str | None
+    preview_public: tuple[int, ...]
+
 
 _PAUSES_BESIDE_RECORD = frozenset({"stop", PAUSED_AT_TIMEOUT})
 """The pauses a shared backend's record cannot say (it says frozen alone, read back as ``keep``)."""
@@ -103,7 +115,12 @@ class SandboxState:
     network_set: bool = False
     """Its network was set through the API (a create's E2B ``network``, ``update_network``,
     ``PUT .../egress``): a shared backend's sandbox keeps this file for it (its record holds
-    its create's allow-list alone: `take_recorded` reads the rest from here at adoption)."""
+    its create's allow-list alone: `take_recorded` reads the rest from here at adoption), unless
+    its record holds it all (`network_on_record`)."""
+    network_on_record: bool = False
+    """Its network is recorded on the sandbox itself (a pod's annotation, `sandboxes.lifecycle.
+    RecordsNetwork`), where every replica reads it with its record: no file is kept for it, and
+    a file's network never overrides it."""
     deleting: bool = False
     """A tombstone: deletion started. A restart finishes it instead of adopting the sandbox
     back from its container's labels."""
@@ -123,7 +140,8 @@ class SandboxState:
         record cannot say: its network set through the API, or a pause at its timeout or with its
         clock stopped (its record says frozen alone), or a pause under way. `take_recorded` reads
         it back at adoption."""
-        return self.network_set or self.paused in _PAUSES_BESIDE_RECORD or bool(self.pause_intent)
+        beside = self.network_set and not self.network_on_record
+        return beside or self.paused in _PAUSES_BESIDE_RECORD or bool(self.pause_intent)
 
     def take_recorded(self, recorded: SandboxState) -> None:
         """Take what ``recorded`` (its state file) says over its record: its network if set, and
@@ -131,7 +149,7 @@ class SandboxState:
         a pause under way (with the expiry a pause at its timeout gives, if later than its record's),
         and a resume under way; and its deletion (`deleting`), which no expiry undoes."""
         self.deleting = self.deleting or recorded.deleting
-        if recorded.network_set:
+        if recorded.network_set and not self.network_on_record:  # its record's is every replica's
             self.take_network(recorded)
         if self.paused and recorded.paused in _PAUSES_BESIDE_RECORD:
             self.paused, self.paused_remaining = recorded.paused, recorded.paused_remaining
@@ -170,6 +188,24 @@ class SandboxState:
         self.preview_public = list(recorded.preview_public)
         self.network_set = recorded.network_set
 
+    def network(self) -> Network:
+        """What `take_network` takes, to compare, and to give back (`restore_network`): a copy,
+        which no later change to this state alters."""
+        return Network(
+            None if self.egress_allow is None else tuple(self.egress_allow),
+            tuple((host, tuple(values.items())) for host, values in self.egress_headers.items()),
+            self.public_ports,
+            self.mask_request_host,
+            tuple(self.preview_public),
+        )
+
+    def restore_network(self, network: Network) -> None:
+        """Its network as ``network`` (what `network` returned then) says it."""
+        self.egress_allow = None if network.allow is None else list(network.allow)
+        self.egress_headers = {host: dict(values) for host, values in network.headers}
+        self.public_ports, self.mask_request_host = network.public_ports, network.mask_request_host
+        self.preview_public = list(network.preview_public)
+
     def set_preview_public(self, port: int, public: bool) -> None:
         """``port`` in `preview_public` or not, the list still sorted with each port once."""
         at = bisect_left(self.preview_public, port)
@@ -198,16 +234,26 @@ class StateStore:
         os.chmod(directory, 0o700)
 
     def save(self, state: SandboxState) -> None:
-        path = self._path(state.id)
-        temporary = path.with_name(f".{path.name}.tmp")
-        _write_private(temporary, json.dumps(state.to_json()))
-        os.replace(temporary, path)
+        replace_private(self._path(state.id), json.dumps(state.to_json()))
+
+    def load(self, sandbox_id: str) -> SandboxState | None:
+        """The state saved of ``sandbox_id`` (by this replica or another sharing the directory);
+        ``None`` if none is, or it cannot be read, or no sandbox can have that id."""
+        if not _SAFE_ID.match(sandbox_id):
+            return None
+        try:
+            return SandboxState.from_json(json.loads(self._path(sandbox_id).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError) as exc:
+            logger.warning("ignoring unreadable state file of %s: %s", sandbox_id, exc)
+            return None
 
     def save_new(self, state: SandboxState) -> bool:
         """`save`, only if no state of that id is saved: ``False`` (nothing written) if one is.
         The file appears whole or not at all, and of two concurrent callers one alone writes it."""
         path = self._path(state.id)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}-{next(_TEMPORARIES)}.new")  # no other writer's
+        temporary = path.with_name(f".{path.name}.{random_id()}.new")  # no other writer's, on any host
         _write_private(temporary, json.dumps(state.to_json()))
         try:
             os.link(temporary, path)
@@ -234,6 +280,18 @@ class StateStore:
         if not _SAFE_ID.match(sandbox_id):
             raise ValueError(f"unsafe sandbox id {sandbox_id!r}")
         return self.directory / f"{sandbox_id}.json"
+
+
+def replace_private(path: Path, text: str) -> None:
+    """``text`` as the whole of ``path`` (0600), in one step: a ``kill -9`` leaves the old file or
+    the new, and writers racing (replicas sharing the directory) each replace it whole."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        _write_private(temporary, text)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
 
 
 def _write_private(path: Path, text: str) -> None:

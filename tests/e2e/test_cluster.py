@@ -1,7 +1,7 @@
 """End to end on a REAL Kubernetes cluster: the chart installed with locally imported images,
 ``helm test``, the conformance suite over `KubernetesSandbox` and over the service, the
 NetworkPolicy and RBAC refusing what they should, 50 sandboxes at once all reaped after, and an
-uninstall that leaves nothing behind.
+uninstall that leaves nothing behind but the snapshot store's claim (kept on purpose).
 
 Runs only when ``KUBECONFIG`` names a cluster (skipped otherwise, saying so): no Kubernetes
 server can be installed on the machines CI runs on. On kind, for example::
@@ -115,6 +115,9 @@ def release(namespace: str) -> Iterator[str]:
             "name",
         ).stdout.split()
         assert left == [], f"helm uninstall left {left}"
+        # but for the snapshot store's claim (helm.sh/resource-policy: keep); the namespace goes with it
+        claims = kubectl(namespace, "get", "pvc", "-l", instance, "-o", "name").stdout.split()
+        assert claims == [f"persistentvolumeclaim/{RELEASE}-sandboxes-snapshots"], claims
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,27 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from chart_support import CHART, FULLNAME, HARDENED, KUBERNETES, NAMESPACE, RELEASE, VERSION, Render, one, run_helm
+from chart_support import (
+    CHART,
+    FULLNAME,
+    HARDENED,
+    KUBERNETES,
+    NAMESPACE,
+    RELEASE,
+    VERSION,
+    Render,
+    fail_message,
+    one,
+    render_notes,
+    run_helm,
+)
 
 OLDEST = "1.25.0"
 """Chart.yaml's kubeVersion floor (>=1.25.0-0)."""
+SHARED_STORE = "snapshots.persistence.existingClaim=shared-snapshots"
+"""A snapshot store every replica mounts, which more than one replica needs."""
 CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 """Kinds kubernetes-validate has no schema for (CRDs): checked by the assertions below instead."""
-
-
-def fail_message(helm: Path, *args: str) -> str:
-    done = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, *args)
-    assert done.returncode != 0, f"helm template {' '.join(args)} rendered:\n{done.stdout[:2000]}"
-    return done.stderr
 
 
 def pod_specs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,10 +148,12 @@ def test_every_pod_is_hardened(rendered: list[dict[str, Any]]) -> None:
             assert "limits" in container["resources"]
             mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
             volumes = {v["name"]: v for v in spec["volumes"]}
-            assert "sizeLimit" in volumes[mounts["/tmp"]]["emptyDir"]  # the only writable places are emptyDirs
-            for mount in container["volumeMounts"]:
+            assert "sizeLimit" in volumes[mounts["/tmp"]]["emptyDir"]
+            for mount in container["volumeMounts"]:  # writable: emptyDirs, and the snapshot store's claim
                 volume = volumes[mount["name"]]
-                assert "emptyDir" in volume or mount.get("readOnly") is True, mount
+                writable = "emptyDir" in volume or mount["mountPath"] == "/var/lib/sandboxes-snapshots"
+                assert writable or mount.get("readOnly") is True, mount
+                assert "hostPath" not in volume, mount
 
 
 def test_only_the_service_gets_an_api_token(rendered: list[dict[str, Any]]) -> None:
@@ -169,7 +179,7 @@ def test_probes_use_the_services_health_routes(render: Render) -> None:
 
 def test_several_replicas_with_shared_templates_render(render: Render) -> None:
     """Replicas share kubernetes and docker sandboxes (their records are on them)."""
-    args = ("--set", "replicaCount=2", "--set-json", 'templates.box={"backend": "docker"}')
+    args = ("--set", "replicaCount=2", "--set-json", 'templates.box={"backend": "docker"}', "--set", SHARED_STORE)
     assert one(render(*args), "Deployment")["spec"]["replicas"] == 2
     assert one(render(), "Deployment")["spec"]["replicas"] == 1
 
@@ -431,7 +441,7 @@ def test_service_monitor_scrapes_metrics_with_a_key(render: Render) -> None:
         ),
         (
             (
-                *("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=2"),
+                *("--set", "podDisruptionBudget.enabled=true", "--set", "replicaCount=2", "--set", SHARED_STORE),
                 *("--set", "podDisruptionBudget.maxUnavailable=1"),
             ),
             "only one of",
@@ -451,23 +461,8 @@ def test_bad_values_fail_with_a_clear_message(helm: Path, args: tuple[str, ...],
 # ---------------------------------------------------------------------- NOTES.txt
 
 
-def _notes(helm: Path, tmp_path: Path, *args: str) -> str:
-    """NOTES.txt as `helm install` prints it. `helm template` never renders it and an install
-    needs a cluster, so a copy of the chart renders it through `tpl` into a ConfigMap."""
-    chart = tmp_path / "sandboxes"
-    shutil.copytree(CHART, chart)
-    (chart / "files" / "NOTES.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-        'data: {notes: {{ tpl (.Files.Get "files/NOTES.txt") . | quote }}}\n'
-    )
-    done = run_helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-s", "templates/zz-notes.yaml", *args)
-    assert done.returncode == 0, done.stderr
-    return str(yaml.safe_load(done.stdout)["data"]["notes"])
-
-
 def test_notes_say_how_to_reach_and_test_the_service(helm: Path, tmp_path: Path) -> None:
-    notes = _notes(helm, tmp_path)
+    notes = render_notes(helm, tmp_path)
     assert f"port-forward svc/{FULLNAME} 8080:8080" in notes
     assert f"helm test {RELEASE} -n {NAMESPACE}\n" in notes
     # Not `helm test --logs`: on a real cluster (Helm 3.17) a passed test's pod was deleted
@@ -475,16 +470,16 @@ def test_notes_say_how_to_reach_and_test_the_service(helm: Path, tmp_path: Path)
     assert f"kubectl -n {NAMESPACE} logs {FULLNAME}-test" in notes
     assert "WARNING: no API keys are configured" in notes
     assert "egress none" in notes
-    hardened = _notes(helm, tmp_path / "hardened", "-f", str(HARDENED))
+    hardened = render_notes(helm, tmp_path / "hardened", "-f", str(HARDENED))
     assert "no API keys" not in hardened
     assert "Sandbox pods live in namespace sandbox-pods" in hardened
-    opened = _notes(helm, tmp_path / "open", "--set", "networkPolicy.sandboxes.egress.internet=true")
+    opened = render_notes(helm, tmp_path / "open", "--set", "networkPolicy.sandboxes.egress.internet=true")
     assert "egress public internet only" in opened
-    assert "WARNING: networkPolicy.enabled is false" in _notes(
+    assert "WARNING: networkPolicy.enabled is false" in render_notes(
         helm, tmp_path / "off", "--set", "networkPolicy.enabled=false"
     )
     assert "per replica" not in notes
-    replicas = _notes(helm, tmp_path / "replicas", "--set", "replicaCount=3")
+    replicas = render_notes(helm, tmp_path / "replicas", "--set", "replicaCount=3", "--set", SHARED_STORE)
     assert "(3 replica(s)" in replicas
     assert "Every replica answers for every sandbox" in replicas
     assert "up to 3 times them" in replicas

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from chart_support import VERSION, Render, one
+from chart_support import FULLNAME, VERSION, Render, one
 from support import SESSION_OWNER, needs
 
 RUN = uuid.uuid4().hex[:8]
@@ -33,7 +33,9 @@ CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 SOCKET = "/var/run/docker.sock"
 
 
-def _values(tmp: Path) -> Path:
+def _values(tmp: Path, name: str = "values-docker") -> Path:
+    """The values of a service on Docker; each ``name`` its own owner (two services on one
+    engine with one owner would reap each other's sandboxes)."""
     values = {
         "replicaCount": 1,
         "templates": {
@@ -46,10 +48,10 @@ def _values(tmp: Path) -> Path:
                 "labels": {**CLEANUP, SANDBOX_LABEL: RUN},
             },
         },
-        "config": {"owner": f"{SESSION_OWNER}-helm-{RUN}"},
+        "config": {"owner": f"{SESSION_OWNER}-helm-{RUN}-{name}"},
         "tests": {"template": "docker", "timeoutSeconds": 120},
     }
-    path = tmp / "values-docker.yaml"
+    path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(values))  # JSON is YAML
     return path
 
@@ -57,15 +59,16 @@ def _values(tmp: Path) -> Path:
 class Kubelet:
     """The part of a kubelet these pods need, on Docker: a pod spec's one container, its
     security context, env (values and secretKeyRefs) and volumes (configMaps read-only,
-    emptyDirs as fresh world-writable directories group-owned by fsGroup; their sizeLimit is
-    not enforced here)."""
+    emptyDirs as fresh world-writable directories group-owned by fsGroup, their sizeLimit not
+    enforced; a persistentVolumeClaim as one directory per claim, kept from pod to pod, as a
+    fresh volume is once the kubelet applied fsGroup: another user's, group fsGroup, 2775)."""
 
     def __init__(self, docker_client: Any, objects: list[dict[str, Any]], workdir: Path) -> None:
         self.docker = docker_client
         self.objects = objects
         self.workdir = workdir
 
-    def _secret(self, name: str, key: str) -> str:
+    def secret(self, name: str, key: str) -> str:
         secret = one(self.objects, "Secret", name)
         if key in secret.get("stringData", {}):
             return str(secret["stringData"][key])
@@ -78,7 +81,7 @@ class Kubelet:
                 env[item["name"]] = str(item["value"])
             else:
                 ref = item["valueFrom"]["secretKeyRef"]
-                env[item["name"]] = self._secret(ref["name"], ref["key"])
+                env[item["name"]] = self.secret(ref["name"], ref["key"])
         return env
 
     def _config_map_dir(self, name: str) -> str:
@@ -100,6 +103,15 @@ class Kubelet:
         directory.chmod(0o2777)
         return str(directory)
 
+    def _claim(self, name: str, fs_group: int) -> str:
+        """The claim's volume: made on first use, then the same directory for every pod."""
+        directory = self.workdir / f"claim-{name}"
+        if not directory.exists():
+            directory.mkdir()
+            os.chown(directory, -1, fs_group)  # the owner stays this process's, not the service's
+            directory.chmod(0o2775)
+        return str(directory)
+
     def run(self, spec: dict[str, Any], *, extra: dict[str, Any], env: dict[str, str] | None = None) -> Any:
         (container,) = spec["containers"]
         pod, context = spec["securityContext"], container["securityContext"]
@@ -110,7 +122,11 @@ class Kubelet:
             volume = volumes[mount["name"]]
             if "configMap" in volume:
                 binds[self._config_map_dir(volume["configMap"]["name"])] = {"bind": mount["mountPath"], "mode": "ro"}
+            elif "persistentVolumeClaim" in volume:
+                claim = self._claim(volume["persistentVolumeClaim"]["claimName"], pod["fsGroup"])
+                binds[claim] = {"bind": mount["mountPath"], "mode": "ro" if mount.get("readOnly") else "rw"}
             else:
+                assert set(volume) == {"name", "emptyDir"}, volume
                 binds[self._empty_dir(mount["name"], pod["fsGroup"])] = {"bind": mount["mountPath"], "mode": "rw"}
         options = {
             "user": f"{context['runAsUser']}:{context['runAsGroup']}",
@@ -149,9 +165,17 @@ def deployed(
     except Exception:
         pytest.fail(f"{image} is missing: build it with `bash images/build.sh service`")
     workdir = tmp_path_factory.mktemp("helm-docker")
-    objects = render("-f", str(_values(workdir)))
-    kubelet = Kubelet(docker_client, objects, workdir)
-    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    kubelet = Kubelet(docker_client, render("-f", str(_values(workdir))), workdir)
+    container, url = _service_pod(kubelet, socket_gid)
+    try:
+        yield kubelet, url
+    finally:
+        container.remove(force=True)
+
+
+def _service_pod(kubelet: Kubelet, socket_gid: int) -> tuple[Any, str]:
+    """A pod of the rendered Deployment, running and ready, and its URL."""
+    spec = one(kubelet.objects, "Deployment")["spec"]["template"]["spec"]
     container = kubelet.run(
         spec,
         extra={
@@ -161,10 +185,10 @@ def deployed(
         },
     )
     try:
-        url = _wait_ready(container, spec["containers"][0]["readinessProbe"]["httpGet"]["path"])
-        yield kubelet, url
-    finally:
+        return container, _wait_ready(container, spec["containers"][0]["readinessProbe"]["httpGet"]["path"])
+    except BaseException:
         container.remove(force=True)
+        raise
 
 
 def _wait_ready(container: Any, path: str, timeout: float = 60) -> str:
@@ -225,3 +249,65 @@ def test_the_helm_test_pod_fails_when_the_service_refuses_it(deployed: tuple[Kub
     code, logs = _run_helm_test(kubelet, url, SANDBOXES_API_KEY="sbx_not-a-key")
     assert code == 1, logs
     assert "FAIL: could not create a sandbox (401" in logs
+
+
+def test_a_snapshot_outlives_its_pod_on_the_charts_claim(
+    render: Render, docker_client: Any, runtime_image: str, socket_gid: int, tmp_path: Path
+) -> None:
+    """The default values' snapshot store, on a volume as a kubelet gives it (not the service's
+    uid's): the service starts on it, and a snapshot taken through one pod is there for the pod
+    that replaces it (fresh emptyDirs, the same claim), which makes a sandbox from it. A sandbox
+    hibernated there is not (its record was in the old pod's data directory); its workspace's
+    snapshot is, as the README says."""
+    kubelet = Kubelet(docker_client, render("-f", str(_values(tmp_path, "snapshots"))), tmp_path)
+    key = kubelet.secret(f"{FULLNAME}-test-key", "api-key")
+    headers = {"Authorization": f"Bearer {key}"}
+    first, url = _service_pod(kubelet, socket_gid)
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            sandbox = _created(client, {"template": "docker", "ttl": 600})
+            assert _ran(client, sandbox, "printf kept > kept.txt") == ""
+            taken = client.post(f"/v1/sandboxes/{sandbox}/snapshots", json={})
+            assert taken.status_code == 201, taken.text
+            hibernated = client.post(f"/v1/sandboxes/{sandbox}/pause", json={"mode": "hibernate"})
+            assert hibernated.status_code == 200, hibernated.text
+            assert hibernated.json()["processes_kept"] is False
+    finally:
+        first.remove(force=True)
+
+    second, url = _service_pod(kubelet, socket_gid)  # the pod that replaces it
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            # the hibernated sandbox's record was in the pod's data directory: gone with it; its
+            # workspace's snapshot is in the store, the tenant's to make a sandbox from or delete
+            assert client.get(f"/v1/sandboxes/{sandbox}").status_code == 404
+            listed = {s["id"]: s for s in client.get("/v1/snapshots").json()["snapshots"]}
+            assert taken.json()["id"] in listed
+            (kept,) = set(listed) - {taken.json()["id"]}
+            assert listed[kept]["sandbox_id"] == sandbox
+            assert client.delete(f"/v1/snapshots/{kept}").status_code == 204
+            restored = _created(client, {"template": "docker", "ttl": 600, "snapshot": taken.json()["id"]})
+            try:
+                assert _ran(client, restored, "cat kept.txt") == "kept"
+            finally:
+                assert client.delete(f"/v1/sandboxes/{restored}").status_code == 204
+            assert client.delete(f"/v1/snapshots/{taken.json()['id']}").status_code == 204
+    finally:
+        second.remove(force=True)
+    claim = tmp_path / f"claim-{FULLNAME}-snapshots"
+    store = claim / "store"  # the config's snapshot_dir: made by the service, its own, 0700
+    assert (store.stat().st_uid, stat.S_IMODE(store.stat().st_mode)) == (10001, 0o700)
+    assert claim.stat().st_uid != 10001  # the volume's root is not the service's
+
+
+def _created(client: httpx.Client, body: dict[str, Any]) -> str:
+    created = client.post("/v1/sandboxes", json=body)
+    assert created.status_code == 201, created.text
+    return str(created.json()["id"])
+
+
+def _ran(client: httpx.Client, sandbox: str, command: str) -> str:
+    ran = client.post(f"/v1/sandboxes/{sandbox}/execute", json={"command": command, "timeout": 60})
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["exit_code"] == 0, ran.json()
+    return str(ran.json()["output"])

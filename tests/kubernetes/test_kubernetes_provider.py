@@ -5,6 +5,7 @@ Ready, deleted and watched until gone."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +22,14 @@ from sandboxes.kubernetes import (
     KubernetesSandboxConfig,
     PodStartError,
 )
-from sandboxes.lifecycle import CreateOptions, PooledProvider, Provider
+from sandboxes.lifecycle import (
+    FINAL_EXPIRY,
+    NETWORK_RECORD_LIMIT,
+    CreateOptions,
+    PooledProvider,
+    Provider,
+    RecordsNetwork,
+)
 from sandboxes.testing import LifecycleConformance, ProviderConformance, SharedProviderConformance
 
 NS = "sandboxes"
@@ -397,3 +405,81 @@ def test_concurrent_api_calls_keep_their_connections(fake_kubeconfig: Any, caplo
     with caplog.at_level("WARNING", logger="urllib3.connectionpool"), ThreadPoolExecutor(64) as pool:
         list(pool.map(call, range(64)))
     assert not [record for record in caplog.records if "Connection pool is full" in record.getMessage()]
+
+
+def test_a_final_expiry_is_never_moved_by_a_renewal_read_before_it(
+    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deletion's record (`FINAL_EXPIRY`) lands between another process's read of the pod and
+    its patch: the patch, made on the version read, is refused (409), the pod read again, and
+    the renewal refused; the record stays."""
+    deleting = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    sandbox = provider.create(CreateOptions(ttl=60))
+    try:
+        read = provider.api.read_namespaced_pod
+        reads = []
+
+        def deleted_right_after(*args: Any, **kwargs: Any) -> Any:
+            pod = read(*args, **kwargs)
+            reads.append(pod.metadata.resource_version)
+            if len(reads) == 1:
+                deleting.set_expiry(sandbox.id, FINAL_EXPIRY)
+            return pod
+
+        monkeypatch.setattr(provider.api, "read_namespaced_pod", deleted_right_after)
+        with pytest.raises(LookupError, match="final"):
+            provider.set_expiry(sandbox.id, time.time() + 600)
+        monkeypatch.undo()
+        assert len(reads) == 2
+        assert short_expiry(provider, sandbox.id) == FINAL_EXPIRY
+        with pytest.raises(LookupError, match="final"):  # nor moved by a renewal read after it
+            provider.set_expiry(sandbox.id, time.time() + 600)
+    finally:
+        sandbox.destroy()
+        deleting.close()
+
+
+def test_a_network_record_is_patched_on_the_version_read_and_read_back_with_the_pod(
+    provider: KubernetesProvider, template: KubernetesSandboxConfig, api_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`RecordsNetwork.set_network`: another process's change between the read and the patch
+    makes the patch a 409, and the pod is read again and the change made again on what it
+    records then. The record comes back with the pod's (`SandboxRecord.network`); one too long
+    is refused, and none lands on a pod recorded deleted."""
+    other = KubernetesProvider(template, api_client=api_client, sweep_interval=None, sweep_on_start=False)
+    sandbox = provider.create(CreateOptions(ttl=60))
+    try:
+        assert isinstance(provider, RecordsNetwork)
+        provider.set_network(sandbox.id, lambda current: "first")
+        read = provider.api.read_namespaced_pod
+        seen: list[str | None] = []
+
+        def changed_right_after(*args: Any, **kwargs: Any) -> Any:
+            pod = read(*args, **kwargs)
+            if not seen:
+                other.set_network(sandbox.id, lambda current: f"{current}+other")
+                other.set_expiry(sandbox.id, time.time() + 900)
+            return pod
+
+        def change(current: str | None) -> str:
+            seen.append(current)
+            return f"{current}+mine"
+
+        monkeypatch.setattr(provider.api, "read_namespaced_pod", changed_right_after)
+        provider.set_network(sandbox.id, change)
+        monkeypatch.undo()
+        assert seen == ["first", "first+other"]  # made again on what the other recorded
+        (record,) = [found for found in provider.list() if found.ref == sandbox.id]
+        assert record.network == "first+other+mine"
+        assert record.expires_at is not None
+        assert record.expires_at > time.time() + 600  # the other's renewal kept
+        with pytest.raises(ValueError, match=str(NETWORK_RECORD_LIMIT)):
+            provider.set_network(sandbox.id, lambda current: "x" * (NETWORK_RECORD_LIMIT + 1))
+        other.set_expiry(sandbox.id, FINAL_EXPIRY)
+        with pytest.raises(LookupError):
+            provider.set_network(sandbox.id, lambda current: "{}")
+        (record,) = [found for found in provider.list() if found.ref == sandbox.id]
+        assert record.network == "first+other+mine"
+    finally:
+        sandbox.destroy()
+        other.close()

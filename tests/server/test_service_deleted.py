@@ -23,12 +23,21 @@ import httpx
 import pytest
 import removal_refused
 from removal_refused import refused_local_removal, refused_removal
-from service_harness import ServiceProcess, create, execute, running, settings_for, subprocess_config
+from service_harness import (
+    ManualClock,
+    ServiceProcess,
+    create,
+    execute,
+    running,
+    settings_for,
+    subprocess_config,
+)
 from support import SESSION_OWNER
 
 from sandboxes.docker import DockerTemplate
 from sandboxes.local import LocalTemplate
 from sandboxes.local.provider import LocalProvider
+from sandboxes.server.holdings import DELETED_GRACE
 
 CLEANUP = {"io.sandboxes.test-session": SESSION_OWNER}
 REFUSING = (removal_refused.__file__,)
@@ -239,4 +248,33 @@ def test_a_claims_expiry_recorded_late_does_not_undo_its_deletion(
         assert tiny.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
     with running(settings, docker_client=engine) as service, service.client("tiny") as tiny:
         _assert_gone_for_good(tiny, sandbox["id"], "pooled")
+        assert sandbox["id"] not in _on_engine(engine, owner)
+
+
+def test_another_replica_destroys_a_deletion_whose_deleter_is_gone_after_the_grace(
+    tmp_path: Path, engine: Any, owner: str, templates: dict[str, Any]
+) -> None:
+    """Replica A records a deletion whose destroy fails (`removal_refused`) and is killed for good;
+    replica B leaves the marked container to its deleter for `DELETED_GRACE` seconds of its clock
+    from when it first saw the mark, then its sweep destroys it."""
+    kinds = _kinds({"default": templates["default"]})
+    clock = ManualClock()
+    settings = settings_for(tmp_path / "b", owner=owner, templates=kinds, sweep_interval=3600)
+    with running(settings, docker_client=engine, clock=clock) as b:
+        only = {"default": templates["default"]}
+        a = ServiceProcess(subprocess_config(tmp_path / "a", owner=owner, templates=only), tmp_path)
+        a.start(program=REFUSING)
+        try:
+            with a.client("tiny") as tiny:
+                sandbox = create(tiny, ttl=300)
+                assert tiny.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 204
+        finally:
+            a.kill()
+        assert sandbox["id"] in _on_engine(engine, owner)
+        b.sweep()  # B sees the mark: the deleter's to destroy, for now
+        clock.advance(DELETED_GRACE - 5)
+        b.sweep()
+        assert sandbox["id"] in _on_engine(engine, owner)
+        clock.advance(10)
+        b.sweep()
         assert sandbox["id"] not in _on_engine(engine, owner)

@@ -428,6 +428,71 @@ def test_a_changed_allow_list_outlives_a_restart(
             client.delete(f"/v1/sandboxes/{made}")
 
 
+@pytest.fixture
+def replicas(request: pytest.FixtureRequest, allowed: Target, tmp_path: Path) -> Iterator[tuple[Running, Running]]:
+    """Two replicas, A and B, on one Docker engine and ONE data directory, each reading a record
+    again at every request (``confirm_interval`` 0)."""
+    settings, docker_client = _settings("docker", request, allowed, tmp_path)
+    settings = settings.model_copy(update={"confirm_interval": 0, "preview_domain": "sandboxes.test"})
+    with running(settings, docker_client=docker_client) as a, running(settings, docker_client=docker_client) as b:
+        yield a, b
+
+
+PREVIEW = "/ports/8000"
+"""A port of the sandbox nothing listens on: a request let in answers 502, one kept out 401."""
+
+
+def test_a_network_changed_through_one_replica_applies_on_the_replica_serving_it(
+    replicas: tuple[Running, Running], allowed: Target, refused: Target
+) -> None:
+    """B serves the sandbox's egress and its preview URLs; A changes its allow-list and makes a
+    port public (the state file it writes in the shared data directory), and B applies both from
+    its next connection, as it reads the record again."""
+    a, b = replicas
+    changed = [f"127.0.0.3:{refused.port}"]
+    with b.client() as on_b, a.client() as on_a, b.client(None) as stranger:
+        made = create(on_b)["id"]  # B holds it and listens for its egress
+        try:
+            _until_listening(b, made, allowed)
+            assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 401
+            assert on_a.put(f"/v1/sandboxes/{made}/egress", json={"allow": changed}).status_code == 200
+            assert on_a.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": True}).status_code == 200
+            answer = _run(b, made, _fetch(f"http://127.0.0.3:{refused.port}/through-b"))
+            assert answer["output"].strip() == "hello from 127.0.0.3", answer
+            assert "403 egress refused" in _run(b, made, _fetch(f"http://127.0.0.2:{allowed.port}/"))["output"]
+            assert on_b.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": changed}
+            assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 502  # let in
+            assert on_a.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": False}).status_code == 200
+            assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 401
+        finally:
+            on_a.delete(f"/v1/sandboxes/{made}")
+
+
+def test_a_replica_that_does_not_hold_a_sandbox_reads_the_network_another_set(
+    replicas: tuple[Running, Running], refused: Target
+) -> None:
+    """A holds neither sandbox B made and changed: a stranger's request for a public port (ours,
+    E2B's ``allow_public_traffic``, by path and on its host of the preview domain) is let in on
+    A, which adopts the sandbox with what B recorded."""
+    a, b = replicas
+    changed = [f"127.0.0.3:{refused.port}"]
+    with b.client() as on_b, a.client(None) as stranger, a.client() as on_a:
+        made = create(on_b)["id"]
+        opened = Sandbox.create(network={"allow_public_traffic": True}, **opts(b))
+        try:
+            assert on_b.put(f"/v1/sandboxes/{made}{PREVIEW}", json={"public": True}).status_code == 200
+            assert on_b.put(f"/v1/sandboxes/{made}/egress", json={"allow": changed}).status_code == 200
+            assert stranger.get(f"/v1/sandboxes/{made}{PREVIEW}/").status_code == 502  # let in
+            host = {"Host": f"8000-{opened.sandbox_id}.sandboxes.test"}  # E2B's, not a preview's 401
+            assert stranger.get("/", headers=host).status_code == 502
+            e2b = {"E2b-Sandbox-Id": opened.sandbox_id, "E2b-Sandbox-Port": "8000"}
+            assert stranger.get("/e2b/envd/", headers=e2b).status_code == 502  # no traffic token needed
+            assert on_a.get(f"/v1/sandboxes/{made}/egress").json() == {"allow": changed}
+        finally:
+            opened.kill()
+            on_b.delete(f"/v1/sandboxes/{made}")
+
+
 def test_a_list_that_a_record_cannot_hold_reads_back_as_nothing() -> None:
     backend = ProviderBackend("default", LocalTemplate(egress=True), provider=None, settings=None)  # type: ignore[arg-type]
     base = {LABEL_TENANT: "alice", LABEL_SERVICE_ID: "s1", LABEL_SERVICE_EXPIRES: "9999999999"}

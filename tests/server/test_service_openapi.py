@@ -189,3 +189,24 @@ def test_schemathesis_finds_nothing_against_the_service_on_docker(docker_service
     environment = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
     run = subprocess.run(command, capture_output=True, text=True, timeout=BUDGET * 4, cwd=tmp_path, env=environment)
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
+
+
+def test_the_document_and_a_body_route_build_without_a_warning(tmp_path: Path) -> None:
+    """The service's log carries no pydantic warning about the ``body`` parameters' alias at the
+    document's first build or a body route's first request (a fresh process: warnings show once)."""
+    program = (
+        "import pathlib, sys\n"
+        "from fastapi.testclient import TestClient\n"
+        "from sandboxes.server.app import create_app\n"
+        "from sandboxes.server.settings import ServiceSettings\n"
+        "app = create_app(ServiceSettings(data_dir=pathlib.Path(sys.argv[1]), insecure=True))\n"
+        "app.openapi()\n"
+        "with TestClient(app) as client:\n"
+        "    print(client.post('/v1/sandboxes', json={'template': 'nope'}).status_code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", program, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "422"
+    assert "Warning" not in done.stderr, done.stderr

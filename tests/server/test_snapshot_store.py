@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.server.errors import ServiceError
-from sandboxes.server.snapshots import MANIFEST, KeptNetwork, Part, SnapshotStore
+from sandboxes.server.snapshots import ABANDONED_AFTER, MANIFEST, KeptNetwork, Part, SnapshotStore
 
 HEAD = {"sandbox_id": "s1", "template": "default", "backend": "local"}
 
@@ -32,6 +32,22 @@ def test_a_sweep_removes_its_own_replicas_leftovers_only(tmp_path: Path) -> None
     mine.delete("alice", made.id)
     assert mine.of_tenant("alice") == []
     assert [p.name for p in tmp_path.glob("*/*")] == []
+
+
+def test_another_writers_leftovers_go_once_untouched_for_long(tmp_path: Path) -> None:
+    """A replica killed for good (a pod replaced under another name) leaves a half-written
+    snapshot no start of its own will sweep: another replica's sweep removes it once nothing in
+    it changed for `ABANDONED_AFTER`, never while it is written, and the periodic sweep
+    (``others_only``) never removes one of its own."""
+    mine, gone = SnapshotStore(tmp_path, writer="a:/data"), SnapshotStore(tmp_path, writer="b:/data")
+    left = gone.begin("alice", 1 << 20, HEAD)
+    left.path("0.tar").write_bytes(b"\0" * 1024)  # its last bytes
+    writing = mine.begin("alice", 1 << 20, HEAD)
+    written_at = (left.snapshot.directory / "0.tar").stat().st_mtime
+    assert mine.sweep(others_only=True, now=written_at + ABANDONED_AFTER - 1) == []  # may still be written
+    later = written_at + ABANDONED_AFTER + 1
+    assert mine.sweep(others_only=True, now=later) == [left.snapshot.directory]
+    assert writing.snapshot.directory.is_dir()  # its own, being written: kept
 
 
 def test_a_snapshot_over_the_quota_is_not_kept(tmp_path: Path) -> None:

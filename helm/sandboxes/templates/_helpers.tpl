@@ -90,6 +90,56 @@ that no user value can have (the schema forbids unknown top-level keys).
 {{- index .Values "_testKey" -}}
 {{- end -}}
 
+{{- define "sandboxes.signingSecret" -}}
+{{- default (printf "%s-signing" (include "sandboxes.fullname" .)) .Values.signingSecrets.existingSecret -}}
+{{- end -}}
+
+{{/*
+The chart's signing secrets (base64, for a Secret's data): those already in the cluster, so an
+upgrade leaves every token valid, else new random ones.
+*/}}
+{{- define "sandboxes.signingData" -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "sandboxes.signingSecret" .) -}}
+{{- $data := dict -}}
+{{- range $key := list "preview-token-secret" "e2b-token-secret" -}}
+{{- if and $existing $existing.data (hasKey $existing.data $key) -}}
+{{- $_ := set $data $key (index $existing.data $key) -}}
+{{- else -}}
+{{- $_ := set $data $key (randAlphaNum 64 | b64enc) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end -}}
+
+{{/*
+The snapshot store. The volume is mounted at sandboxes.snapshotMount and the store is a
+subdirectory the service makes there itself: it sets its store's directory to 0700, which only
+its owner may, and a volume's root is root's (with lost+found on ext4, which it could not read).
+*/}}
+{{- define "sandboxes.snapshotMount" -}}/var/lib/sandboxes-snapshots{{- end -}}
+
+{{- define "sandboxes.snapshotDir" -}}{{ include "sandboxes.snapshotMount" . }}/store{{- end -}}
+
+{{- define "sandboxes.snapshotClaim" -}}
+{{- default (printf "%s-snapshots" (include "sandboxes.fullname" .)) .Values.snapshots.persistence.existingClaim -}}
+{{- end -}}
+
+{{/* "true" when every replica mounts one snapshot store: a claim asked ReadWriteMany, or a claim of the user's. */}}
+{{- define "sandboxes.snapshotsShared" -}}
+{{- $p := .Values.snapshots.persistence -}}
+{{- if and $p.enabled (or $p.existingClaim (has "ReadWriteMany" $p.accessModes)) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the Deployment must stop its pod before starting the next: one replica on a claim
+not asked ReadWriteMany, which a new pod on another node could not attach while the old one
+holds it (a rolling update would wait forever).
+*/}}
+{{- define "sandboxes.recreate" -}}
+{{- $p := .Values.snapshots.persistence -}}
+{{- if and $p.enabled (eq (int .Values.replicaCount) 1) (not (has "ReadWriteMany" $p.accessModes)) -}}true{{- end -}}
+{{- end -}}
+
 {{/*
 The service's config file (JSON). templates and config come from values as they are (strings
 through tpl), so the chart does not depend on any backend's field names; what the chart must
@@ -111,6 +161,8 @@ own (where it listens, its data directory) is set last and wins.
 {{- $_ := set $config "host" "0.0.0.0" -}}
 {{- $_ := set $config "port" (int .Values.containerPort) -}}
 {{- $_ := set $config "data_dir" "/var/lib/sandboxes" -}}
+{{- $_ := set $config "snapshot_dir" (include "sandboxes.snapshotDir" .) -}}
+{{- $_ := set $config "revoked_previews_dir" (printf "%s/revoked-previews" (include "sandboxes.snapshotMount" .)) -}}
 {{- if and .Values.ingress.enabled .Values.ingress.previews.domain -}}
 {{- $_ := set $config "preview_domain" .Values.ingress.previews.domain -}}
 {{- end -}}
@@ -164,9 +216,9 @@ seccompProfile:
 
 {{/* Checks across values that the schema cannot express, with messages that say what to do. */}}
 {{- define "sandboxes.validate" -}}
-{{- range $key := list "host" "port" "data_dir" "templates" "api_keys" "insecure" "config_file" -}}
+{{- range $key := list "host" "port" "data_dir" "snapshot_dir" "revoked_previews_dir" "templates" "api_keys" "insecure" "config_file" -}}
 {{- if hasKey $.Values.config $key -}}
-{{- fail (printf "sandboxes: config.%s is the chart's to set, not config's (templates: use the templates value; api_keys: apiKeys; insecure: never in a cluster)" $key) -}}
+{{- fail (printf "sandboxes: config.%s is the chart's to set, not config's (templates: use the templates value; api_keys: apiKeys; snapshot_dir, revoked_previews_dir: snapshots.persistence; insecure: never in a cluster)" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (not .Values.apiKeys.existingSecret) (not .Values.apiKeys.hashes) (not .Values.tests.enabled) -}}
@@ -178,6 +230,9 @@ seccompProfile:
 {{- fail (printf "sandboxes: replicaCount > 1 needs every template on a backend the replicas share (kubernetes, docker): templates.%s is %s, whose renewals live on one replica's disk" $name (toString $template.backend)) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if and (gt (int .Values.replicaCount) 1) .Values.snapshots.persistence.enabled (not (include "sandboxes.snapshotsShared" .)) -}}
+{{- fail (printf "sandboxes: replicaCount > 1 needs a snapshot store every replica mounts, and snapshots.persistence.accessModes is %s: set it to [ReadWriteMany] (with a StorageClass that provides it: NFS, CephFS, EFS, Azure Files, ...) or set snapshots.persistence.existingClaim to a claim every replica can mount" (toJson .Values.snapshots.persistence.accessModes)) -}}
 {{- end -}}
 {{- if and .Values.podDisruptionBudget.enabled (lt (int .Values.replicaCount) 2) -}}
 {{- fail "sandboxes: podDisruptionBudget.enabled needs replicaCount >= 2: with one replica the budget blocks every node drain" -}}

@@ -1,6 +1,8 @@
 """The E2B-compatible API: programs written for the E2B SDK reach this service with
 ``E2B_API_URL=$SERVICE/e2b``, ``E2B_SANDBOX_URL=$SERVICE/e2b/envd`` and a tenant's API key as
-``E2B_API_KEY``. `mount` adds both planes to the app."""
+``E2B_API_KEY``; or, where the service has a wildcard ``preview_domain``, without
+``E2B_SANDBOX_URL``: the answers name that domain and its sandbox hosts are the envd plane's
+(`sandboxes.server.e2b.hosts`). `mount` adds both planes to the app."""
 
 from __future__ import annotations
 

@@ -63,13 +63,13 @@ class PortAccess:
         return None if self.mask is None else self.mask.replace("${PORT}", str(port))
 
 
-def port_access(request: Request, sandbox_id: str) -> PortAccess | None:
-    """How the ports of a sandbox this replica holds are reached; ``None``: held elsewhere or
-    not at all (its token needed)."""
-    entry = service(request).registry.entries.get(sandbox_id)
-    if entry is None:
+async def port_access(request: Request, sandbox_id: str) -> PortAccess | None:
+    """How the sandbox's ports are reached, as set through any replica sharing the data directory
+    (`Holdings.network_of`); ``None``: nothing says (its token needed)."""
+    state = await service(request).registry.network_of(sandbox_id)
+    if state is None:
         return None
-    return PortAccess(entry.state.tenant, entry.state.public_ports, entry.state.mask_request_host)
+    return PortAccess(state.tenant, state.public_ports, state.mask_request_host)
 
 
 @dataclass

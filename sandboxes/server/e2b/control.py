@@ -72,6 +72,7 @@ def _created(request: Request, entry: Entry) -> SandboxCreated:
         envd_version=ENVD_VERSION,
         envd_access_token=token,
         traffic_access_token=token,
+        domain=service(request).settings.preview_domain,
     )
 
 
@@ -188,8 +189,8 @@ async def _network_named(
     if network.mask_request_host is not None:
         entry.state.mask_request_host = network.mask_request_host
     ports = (network.rules, network.allow_public_traffic, network.mask_request_host)
-    if allow_named or any(named is not None for named in ports):
-        await service(request).registry.record_network(entry)
+    if allow_named or any(named is not None for named in ports):  # not recorded: no sandbox left
+        await service(request).registry.record_made_network(entry)
 
 
 @router.get("/sandboxes/{sandbox_id}")

@@ -281,6 +281,10 @@ class SandboxCreated(_Wire):
     """What the SDK sends to reach the sandbox's other ports (the code interpreter's): the same
     token, which the port route accepts as the envd routes do."""
     alias: str | None = None
+    domain: str | None = None
+    """The service's ``preview_domain``, where the SDK without ``E2B_SANDBOX_URL`` reaches the
+    sandbox (``{port}-{id}.{domain}``: `sandboxes.server.e2b.hosts`); omitted when none is
+    configured (the SDK then takes its ``E2B_DOMAIN``)."""
 
 
 class SandboxDetail(SandboxCreated):

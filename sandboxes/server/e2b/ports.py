@@ -1,6 +1,7 @@
 """A sandbox's other ports on the E2B envd plane: with ``E2B_SANDBOX_URL`` pointed at the service,
 the SDK reaches every port of a sandbox (the code interpreter's 49999, ``get_sandbox_url(port=)``)
-at that one URL, naming the port in ``E2b-Sandbox-Port``. A request under ``/e2b/envd`` whose
+at that one URL, naming the port in ``E2b-Sandbox-Port`` (without it, at ``{port}-{id}.{domain}``,
+which `sandboxes.server.e2b.hosts` turns into the same request). A request under ``/e2b/envd`` whose
 port is not envd's is relayed to that port inside the sandbox (`relay_http`), whatever its path,
 once its ``X-Access-Token`` or ``E2B-Traffic-Access-Token`` proves access to the sandbox (the
 envd token, `sandboxes.server.e2b.tokens`), or without one where its create asked
@@ -73,7 +74,7 @@ async def _relayed(request: Request) -> Response:
         raise ServiceError("invalid_request", f"E2b-Sandbox-Port {raw_port!r} is no port", status=400)
     token = request.headers.get("x-access-token") or request.headers.get("e2b-traffic-access-token") or ""
     svc = service(request)
-    access = port_access(request, sandbox_id)
+    access = await port_access(request, sandbox_id)
     tenant_id = e2b_state(request).signer.tenant_of(token, sandbox_id) if token else None
     public = tenant_id is None and not token and access is not None and bool(access.public)
     if public and access is not None:

@@ -85,7 +85,7 @@ def _create(path: Path) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.link(temporary, path)
-        logger.info("made the E2B access tokens' signing secret", extra={"path": str(path)})
+        logger.info("made a signing secret (%s)", path.name, extra={"path": str(path)})
     except FileExistsError:
         pass  # another process made it first: its secret is the one
     finally:

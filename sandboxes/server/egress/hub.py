@@ -9,6 +9,9 @@ A listener lives as long as its helper: when the helper is restarted, or the san
 (deleted, expired), it stops. The allow-list and headers a sandbox is served are its state's
 (`SandboxState.egress_allow`, ``egress_headers``: its create's, or its template's list); a change
 through the API (`set_allow`, `set_headers`) is written there and applies to the next connection.
+One made through another replica sharing the data directory applies from the next connection
+too: each connection first has its sandbox's record read again (``refresh``, at most once per
+``confirm_interval``), which takes the network that replica recorded (`network_changed`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sandboxes._mux import HoldsHelper, MuxBroken, MuxClient
 from sandboxes._mux._listen import listen
@@ -25,12 +28,16 @@ from sandboxes.server.egress.policy import EgressPolicy
 from sandboxes.server.egress.proxy import Credential, EgressContext, EgressProxy
 from sandboxes.server.egress.rate import ByteRate
 from sandboxes.server.entry import Entry
+from sandboxes.server.errors import ServiceError
 from sandboxes.server.relay_limits import limits_of
 from sandboxes.server.settings import ServiceSettings
 
 __all__ = ["EgressHub"]
 
 logger = logging.getLogger(__name__)
+
+_Refresh = Callable[[str], Awaitable[object]]
+"""Read a held sandbox's record again if it is due (`Holdings.held_confirmed`)."""
 
 _RETRY_FIRST = 0.5
 _RETRY_MAX = 30.0
@@ -40,8 +47,11 @@ _RETRY_MAX = 30.0
 class _Served:
     """One sandbox's listener, re-made on each new helper, and the connections it took."""
 
-    def __init__(self, entry: Entry, policy: EgressPolicy, context: EgressContext, proxy: EgressProxy) -> None:
+    def __init__(
+        self, entry: Entry, policy: EgressPolicy, context: EgressContext, proxy: EgressProxy, refresh: _Refresh
+    ) -> None:
         self.entry = entry
+        self.refresh = refresh
         self.policy = policy
         self.context = context
         self.proxy = proxy
@@ -108,7 +118,15 @@ class _Served:
         except (MuxBroken, OSError) as exc:
             logger.info("egress connection of sandbox %s lost before it was served: %s", self.entry.state.id, exc)
             return
+        try:
+            await self.refresh(self.entry.state.id)  # another replica's change to its network, taken
+        except ServiceError as exc:  # its record unread: served as held
+            logger.info("egress of sandbox %s served as held, its record unread: %s", self.entry.state.id, exc.message)
         await self.proxy.serve(reader, writer, self.context)
+
+
+async def _unchanged(sandbox_id: str) -> None:
+    """No record to read again: what is held is the sandbox's network."""
 
 
 def _starting_policy(entry: Entry) -> EgressPolicy:
@@ -127,10 +145,15 @@ class EgressHub:
     """The egress of every sandbox this replica holds whose template has egress."""
 
     def __init__(
-        self, settings: ServiceSettings, held: Callable[[str], bool], proxy: EgressProxy | None = None
+        self,
+        settings: ServiceSettings,
+        held: Callable[[str], bool],
+        proxy: EgressProxy | None = None,
+        refresh: _Refresh | None = None,
     ) -> None:
         self._settings = settings
         self._held = held
+        self._refresh = refresh or _unchanged
         self._proxy = proxy or EgressProxy()
         self._served: dict[str, tuple[_Served, asyncio.Task[None]]] = {}
 
@@ -162,7 +185,7 @@ class EgressHub:
             rate=rate,
             limits=limits_of(entry.sandbox, template),
         )
-        served = _Served(entry, policy, context, self._proxy)
+        served = _Served(entry, policy, context, self._proxy, self._refresh)
         task = asyncio.get_running_loop().create_task(served.run(self._held))
         task.add_done_callback(lambda _: self._served.pop(sandbox_id, None))
         self._served[sandbox_id] = (served, task)
@@ -194,6 +217,17 @@ class EgressHub:
         served.entry.state.egress_headers = {host: dict(values) for host, values in headers.items()}
         served.headers_changed()
         return True
+
+    def network_changed(self, entry: Entry) -> None:
+        """Serve the allow-list and headers ``entry``'s state says now (another replica changed
+        them) from the sandbox's next connection on."""
+        found = self._served.get(entry.state.id)
+        if found is None:
+            return
+        served = found[0]
+        served.entry = entry
+        served.policy = _starting_policy(entry)
+        served.headers_changed()
 
     async def close(self) -> None:
         """Stop every listener and the connections they took."""

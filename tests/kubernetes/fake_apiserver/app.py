@@ -201,6 +201,14 @@ class Api:
         ns, name = self._namespace(request), request.path_params["name"]
         kind = request.headers.get("content-type", "").split(";")[0]
         pod, patch = self.store.get(ns, name), await request.json()
+        wanted = (patch.get("metadata") or {}).get("resourceVersion") if isinstance(patch, dict) else None
+        if wanted is not None and wanted != pod["metadata"]["resourceVersion"]:  # a precondition
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+            )
         if kind == "application/json-patch+json":
             new = _json_patch(pod, patch)
         elif kind in ("application/merge-patch+json", "application/strategic-merge-patch+json"):

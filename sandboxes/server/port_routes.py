@@ -12,6 +12,7 @@ from fastapi import Path, Request, Response
 
 from sandboxes import api
 from sandboxes.server.preview_proxy import Previews, preview_routes
+from sandboxes.server.previews import TOKEN_ID
 from sandboxes.server.routes import Authed, Service, _entry, api_router
 
 __all__ = ["ports"]
@@ -25,6 +26,7 @@ def _previews(svc: Service) -> Previews:
 
 
 Port = Annotated[int, Path(ge=1, le=65535, description="A TCP port inside the sandbox")]
+TokenId = Annotated[str, Path(pattern=TOKEN_ID, description="A preview token's id (its mint's `token_id`)")]
 
 
 @ports.put("/sandboxes/{sandbox_id}/ports/{port}", response_model=api.PortInfo)
@@ -59,7 +61,7 @@ async def mint_preview_token(
 
 @ports.delete("/sandboxes/{sandbox_id}/ports/{port}/tokens/{token_id}", status_code=204, response_class=Response)
 async def revoke_preview_token(
-    request: Request, sandbox_id: str, port: Port, token_id: str, tenant: Authed
+    request: Request, sandbox_id: str, port: Port, token_id: TokenId, tenant: Authed
 ) -> Response:
     """Revoke a preview token of the sandbox: it grants nothing from now on, on any replica
     sharing the data directory (recorded before the answer: see `sandboxes.server.previews`)."""

@@ -49,6 +49,7 @@ __all__ = [
     "PREVIEW_PATH",
     "PREVIEW_SECRET_FILE",
     "REVOKED_DIR",
+    "TOKEN_ID",
     "Minted",
     "PreviewAccess",
     "preview_token_of",
@@ -67,8 +68,9 @@ PREVIEW_COOKIE = "sandboxes_preview"
 """The cookie a browser keeps a preview token in, for the port's path, once it came in a query."""
 _MAX_TOKEN = 2048
 _MAX_TTL = 7 * 24 * 3600.0
-_TOKEN_ID = re.compile(r"^[0-9a-f]{24}$")
+TOKEN_ID = r"^[0-9a-f]{24}$"  # noqa: S105 (a pattern, not a secret)
 """A token id as `PreviewAccess.mint` makes them (a file name, never a path)."""
+_TOKEN_ID = re.compile(TOKEN_ID)
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,6 +147,9 @@ def test_what_the_schema_refuses_is_in_the_schema(client: httpx.Client) -> None:
     archive = document["paths"]["/v1/sandboxes/{sandbox_id}/archive"]["get"]["parameters"]
     path = next(parameter for parameter in archive if parameter["name"] == "path")
     assert path["schema"]["pattern"] == r"^/[^\x00]*$"  # absolute, and no NUL (no path holds one)
+    tokens = document["paths"]["/v1/sandboxes/{sandbox_id}/ports/{port}/tokens/{token_id}"]["delete"]
+    token_id = next(parameter for parameter in tokens["parameters"] if parameter["name"] == "token_id")
+    assert token_id["schema"]["pattern"] == "^[0-9a-f]{24}$"  # a token id the service refuses is not valid
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -21,7 +22,9 @@ from support import SESSION_OWNER
 
 from sandboxes.docker import LABEL_EXPIRES, LABEL_SANDBOX, DockerSandbox, DockerSandboxConfig
 from sandboxes.docker.provider import LABEL_POOL, DockerProvider, DockerProviderConfig
+from sandboxes.docker.template import CLIENT_KEY, DockerTemplate
 from sandboxes.lifecycle import FINAL_EXPIRY
+from sandboxes.templates import ProviderContext
 
 SESSION_LABEL = "io.sandboxes.test-session"
 
@@ -439,3 +442,31 @@ def test_a_final_expiry_is_never_moved(docker_client: Any, runtime_image: str, o
         sandbox.destroy()
         provider.close()
         renewing.close()
+
+
+def test_the_services_engine_client_keeps_a_connection_for_each_thread_of_a_burst(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The service's one Docker client (`DockerTemplate`'s) reuses a connection per call of a
+    burst of 40 at once: none is closed for want of room in its pool (urllib3's "Connection pool
+    is full" warning, the default pool of 10's fate)."""
+    context = ProviderContext(data_dir=tmp_path, output_limit=1 << 20)
+    provider = DockerTemplate(backend="docker").provider(context)
+    client = context.shared[CLIENT_KEY]
+    start = threading.Barrier(40)
+
+    def ping() -> None:
+        start.wait(30)
+        client.api.ping()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+            threads = [threading.Thread(target=ping) for _ in range(40)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+    finally:
+        provider.close()
+        client.close()

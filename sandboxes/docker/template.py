@@ -15,6 +15,9 @@ __all__ = ["DockerTemplate"]
 
 CLIENT_KEY = "docker"
 """The key of the Docker client in `ProviderContext.shared`: one per service."""
+ENGINE_CONNECTIONS = 64
+"""Connections to the engine the service's client keeps open for reuse: as many as its
+threads may hold at once in a burst (the default, 10, closes and reopens one per call past it)."""
 
 
 class DockerTemplate(TemplateConfig):
@@ -65,6 +68,7 @@ def _client(context: ProviderContext) -> Any:
         import docker
 
         url = context.options.get("docker_url")
-        client = docker.DockerClient(base_url=url) if url else docker.from_env()
+        pool = {"max_pool_size": ENGINE_CONNECTIONS}
+        client = docker.DockerClient(base_url=url, **pool) if url else docker.from_env(**pool)
         context.shared[CLIENT_KEY] = client
     return client

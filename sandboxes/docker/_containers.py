@@ -72,8 +72,7 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         name=f"{VOLUME_PREFIX}{sandbox_id}", labels=labels, driver="local", driver_opts=workspace_options(config)
     )
     try:
-        container = _create(
-            client,
+        container = client.containers.create(
             config.image,
             command=["sleep", "infinity"],
             name=container_name(sandbox_id),
@@ -108,24 +107,6 @@ def create_container(client: Any, config: DockerSandboxConfig, name: str | None 
         raise
     _start_or_remove(container, volume)
     return container
-
-
-def _create(client: Any, image: str, **options: Any) -> Any:
-    """``client.containers.create(image, **options)`` without the inspection the SDK makes of
-    the new container: what a sandbox holds of it (`slim_container`: its id, name, labels and
-    state) is what was asked for (its labels are the ones given, without the image's), and the
-    engine's answer gives its id. One engine round trip less on every cold create."""
-    from docker.models.containers import Container, _create_container_args
-
-    asked = {**options, "image": image, "version": client.api._version}
-    made = client.api.create_container(**_create_container_args(asked))
-    attrs = {
-        "Id": made["Id"],
-        "Name": "/" + options["name"],
-        "Config": {"Labels": dict(options.get("labels") or {})},
-        "State": {"Status": "created"},
-    }
-    return Container(attrs=attrs, client=client, collection=client.containers)
 
 
 def _start_or_remove(container: Any, volume: Any) -> None:

@@ -38,9 +38,7 @@ import functools
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from sandboxes._mux import HoldsHelper
 from sandboxes.api import CreateSandbox
 from sandboxes.base import BaseSandbox
 from sandboxes.lifecycle import Lifecycle, Mount, SandboxNameTaken, SandboxStartError
@@ -60,10 +58,6 @@ from sandboxes.server.validation import check_egress, check_env, check_labels
 __all__ = ["Entry", "Registry"]
 
 logger = logging.getLogger(__name__)
-
-HELPER_STARTS = 32
-"""Exec helpers of new sandboxes started ahead at once (`Registry._start_helper`); past that,
-a sandbox's first command may start its helper itself, as without."""
 
 
 class Registry(Keeping):
@@ -115,8 +109,6 @@ class Registry(Keeping):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await task
         await self.pools.close()
-        if "_helper_starts" in self.__dict__:
-            self._helper_starts.shutdown(wait=False, cancel_futures=True)
         for entry in self._entries.values():
             entry.processes.close()  # its background processes keep running in the sandbox
             if isinstance(entry.sandbox, Lifecycle):
@@ -192,8 +184,6 @@ class Registry(Keeping):
             claimed = await self._claim(reservation, backend, request, tenant, expires_at, keyed)
         if claimed is None:
             state, sandbox = await self._make(tenant, request, keyed, backend, expires_at, mounts, reservation)
-            if backend.shared:
-                self._start_helper(state.id, sandbox)
         else:
             state, sandbox = claimed
         state.volumes = [volume.name for volume in request.volumes]
@@ -237,30 +227,6 @@ class Registry(Keeping):
         except BaseException:
             self._quotas.release(reservation)
             raise
-
-    @functools.cached_property
-    def _helper_starts(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(HELPER_STARTS, thread_name_prefix="sandboxes-helper-start")
-
-    def _start_helper(self, sandbox_id: str, sandbox: BaseSandbox) -> None:
-        """Start a new sandbox's exec helper now, in a thread of its own, while the rest of its
-        create and its answer go on: its first command then finds the helper up or starting
-        (`HoldsHelper.exec_helper` starts one helper at a time; a command that comes first
-        starts it, and this finds it running). Skipped for a sandbox deleted meanwhile; a start
-        that fails is counted by the sandbox as a command's would be (`HelperStarts`). Shared
-        backends only (Docker, Kubernetes), where the start is an exec through the engine."""
-        if not isinstance(sandbox, HoldsHelper):
-            return
-
-        def start() -> None:
-            if self._deleted_here(sandbox_id):
-                return
-            try:
-                sandbox.exec_helper()
-            except Exception:
-                logger.debug("starting the exec helper of sandbox %s ahead failed", sandbox_id, exc_info=True)
-
-        self._helper_starts.submit(start)
 
     def _holding(self, tenant: Tenant) -> list[SandboxState]:
         """The tenant's sandboxes on the shared backends as this service holds them: registered,

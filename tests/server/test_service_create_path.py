@@ -1,7 +1,6 @@
 """What a create costs on its way, through the service on a real Docker engine: a burst of
-creates shares its quota counts' reads of the engine, a cold sandbox's exec helper starts while
-its create answers, a container is made without the SDK's inspection of it, sandbox ids are
-drawn without a read of the random source each, and the API's models are built at start."""
+creates shares its quota counts' reads of the engine, sandbox ids are drawn without a read of
+the random source each, and the API's models are built at start."""
 
 from __future__ import annotations
 
@@ -15,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_harness import Running, create, running, settings_for
+from service_harness import Running, running, settings_for
 from support import SESSION_OWNER
 
-from sandboxes.docker import DockerSandbox, DockerSandboxConfig, DockerTemplate
+from sandboxes.docker import DockerTemplate
 from sandboxes.server import backends as server_backends
 from sandboxes.server.settings import TenantPolicy
 
@@ -76,62 +75,6 @@ def test_a_burst_of_creates_shares_its_quota_reads(docker_service: Running, monk
                 if response.status_code == 201:
                     alice.delete(f"{URL}/{response.json()['id']}")
     assert len(reads) < 2 * BURST, reads  # one read per count: 2 * BURST
-
-
-def test_a_cold_sandboxs_helper_starts_before_its_first_command(
-    docker_service: Running, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    started: dict[str, str] = {}
-    came = threading.Event()
-    start_helper = DockerSandbox.start_helper
-
-    def noted(sandbox: DockerSandbox) -> Any:
-        started[sandbox.id] = threading.current_thread().name
-        came.set()
-        return start_helper(sandbox)
-
-    monkeypatch.setattr(DockerSandbox, "start_helper", noted)
-    with docker_service.client("alice") as alice:
-        made = create(alice)
-        try:
-            assert came.wait(30), "no exec helper was started without a command"
-            entry = docker_service.registry.entries[made["id"]]
-            assert list(started) == [entry.sandbox.id]
-            assert started[entry.sandbox.id].startswith("sandboxes-helper-start")
-            answer = alice.post(f"{URL}/{made['id']}/execute", json={"command": "echo first"})
-            assert (answer.status_code, answer.json()["output"]) == (200, "first\n"), answer.text
-            assert list(started) == [entry.sandbox.id]  # the command found it started: no second start
-        finally:
-            alice.delete(f"{URL}/{made['id']}")
-
-
-def test_a_container_is_made_without_inspecting_it(docker_client: Any, runtime_image: str) -> None:
-    """The engine's answer to the create gives the id; the rest of what the sandbox holds of its
-    container is what was asked for, as the engine's own inspection says it (which adds the
-    image's labels: nothing reads those from the sandbox's model)."""
-    inspected: list[str] = []
-    inspect = docker_client.api.inspect_container
-
-    def counted(container: str) -> Any:
-        inspected.append(container)
-        return inspect(container)
-
-    labels = {SESSION_LABEL: SESSION_OWNER}
-    config = DockerSandboxConfig(image=runtime_image, owner=f"{SESSION_OWNER}-made", labels=labels)
-    docker_client.api.inspect_container = counted
-    try:
-        sandbox = DockerSandbox.create(config, client=docker_client)
-    finally:
-        del docker_client.api.inspect_container
-    try:
-        assert inspected == []
-        engine = docker_client.containers.get(sandbox.id)
-        assert (sandbox.container.id, sandbox.container.name) == (engine.id, engine.name)
-        assert sandbox.container.labels.items() <= engine.labels.items()  # the image's own are not asked for
-        assert sandbox.container.labels[SESSION_LABEL] == SESSION_OWNER
-        assert sandbox.execute("echo made").output == "made\n"
-    finally:
-        sandbox.destroy()
 
 
 def test_sandbox_ids_are_drawn_from_batches_of_the_random_source(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -333,7 +333,7 @@ def test_another_tenants_sandbox_is_not_found_on_every_route(
                     watcher_id=watcher_id,
                     port=8000,
                     path="x",
-                    token_id="t",
+                    token_id="0" * 24,  # a token id as minted: a malformed one is refused (422) before any lookup
                 )
                 if method == _WEBSOCKET:
                     _assert_websocket_not_found(service, client, path)
